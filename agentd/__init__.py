@@ -1,0 +1,80 @@
+"""agentd: an asyncio elastic agent for distributed training jobs, a drop-in for torchrun.
+
+Public names are imported lazily, so ``import agentd`` (and every worker-side helper, such
+as the guardian) starts fast and pulls in only what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "WorkerSpec": "agentd.spec",
+    "Worker": "agentd.spec",
+    "WorkerGroup": "agentd.spec",
+    "WorkerState": "agentd.spec",
+    "WorkerFailure": "agentd.spec",
+    "RunResult": "agentd.spec",
+    "Std": "agentd.spec",
+    "ElasticAgent": "agentd.agent",
+    "SimpleElasticAgent": "agentd.agent",
+    "LocalElasticAgent": "agentd.local_agent",
+    "RestartBackoff": "agentd.restart",
+    "RestartPolicy": "agentd.restart",
+    "AgentConfig": "agentd.config",
+    "record": "agentd.errors",
+    "AgentdError": "agentd.exceptions",
+    "ConfigError": "agentd.exceptions",
+    "StartError": "agentd.exceptions",
+    "AgentStopped": "agentd.exceptions",
+}
+__all__ = [
+    "AgentConfig",
+    "AgentStopped",
+    "AgentdError",
+    "ConfigError",
+    "ElasticAgent",
+    "LocalElasticAgent",
+    "RestartBackoff",
+    "RestartPolicy",
+    "RunResult",
+    "SimpleElasticAgent",
+    "StartError",
+    "Std",
+    "Worker",
+    "WorkerFailure",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerState",
+    "record",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from agentd.agent import ElasticAgent, SimpleElasticAgent
+    from agentd.config import AgentConfig
+    from agentd.errors import record
+    from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
+    from agentd.local_agent import LocalElasticAgent
+    from agentd.restart import RestartBackoff, RestartPolicy
+    from agentd.spec import (
+        RunResult,
+        Std,
+        Worker,
+        WorkerFailure,
+        WorkerGroup,
+        WorkerSpec,
+        WorkerState,
+    )

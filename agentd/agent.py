@@ -1,0 +1,291 @@
+"""The agent template: rendezvous, rank assignment, start, monitor, restart, stop.
+
+:class:`SimpleElasticAgent` is the seed's template, on asyncio: subclasses provide the
+``_start_workers`` / ``_stop_workers`` / ``_monitor_workers`` / ``_shutdown`` steps and the
+template runs the loop around them. State changes go through :meth:`_set_state` only.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+
+from agentd.exceptions import AgentStopped, ConfigError
+from agentd.rendezvous.api import RendezvousHandler, RendezvousInfo, RoleInstanceInfo
+from agentd.rendezvous.static import SingleNodeRendezvous
+from agentd.spec import (
+    DEFAULT_ROLE,
+    RunResult,
+    Worker,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    check_transition,
+)
+
+log = logging.getLogger(__name__)
+
+StateListener = Callable[[WorkerState, WorkerState, str], None]
+"""Called as ``listener(old, new, reason)`` on every state change."""
+
+
+def assign_worker_ranks(
+    role_infos: Sequence[RoleInstanceInfo], group_rank: int, spec: WorkerSpec
+) -> list[Worker]:
+    """Global and role ranks for this agent's workers, as the seed assigns them.
+
+    Agents are ordered by group rank; an agent's workers take the next ``local_world_size``
+    global ranks, and the next role ranks among agents of the same role.
+    """
+    infos = sorted(role_infos, key=lambda info: info.rank)
+    world_size = sum(info.local_world_size for info in infos)
+    base_rank = sum(info.local_world_size for info in infos if info.rank < group_rank)
+    same_role = [info for info in infos if info.role == spec.role]
+    role_world_size = sum(info.local_world_size for info in same_role)
+    base_role_rank = sum(info.local_world_size for info in same_role if info.rank < group_rank)
+    return [
+        Worker(
+            local_rank=i,
+            global_rank=base_rank + i,
+            role_rank=base_role_rank + i,
+            world_size=world_size,
+            role_world_size=role_world_size,
+        )
+        for i in range(spec.local_world_size)
+    ]
+
+
+class ElasticAgent(abc.ABC):
+    """An agent that runs and supervises one role's worker group on this host."""
+
+    @abc.abstractmethod
+    async def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers until they succeed or fail for good."""
+
+    @abc.abstractmethod
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        """The worker group of ``role`` (its state is live)."""
+
+
+class SimpleElasticAgent(ElasticAgent):
+    """The template of an elastic agent; subclasses implement how workers are handled."""
+
+    def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
+        if spec.rdzv_handler is None:
+            spec.rdzv_handler = SingleNodeRendezvous(run_id="none")
+        if exit_barrier_timeout < 0:
+            raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
+        self._worker_group = WorkerGroup(spec)
+        self._remaining_restarts = spec.max_restarts
+        self._exit_barrier_timeout = exit_barrier_timeout
+        self._listeners: list[StateListener] = []
+        self._wakeup = asyncio.Event()
+        self._force = asyncio.Event()
+        self._stop_signal: int | None = None
+        self._consecutive_failures = 0
+        self._healthy_since: float | None = None
+        self.generation = -1
+        self.restart_count = 0
+        self.last_result: RunResult | None = None
+
+    @property
+    def rdzv_handler(self) -> RendezvousHandler:
+        handler = self._worker_group.spec.rdzv_handler
+        assert handler is not None  # set in __init__
+        return handler
+
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        return self._worker_group
+
+    def add_state_listener(self, listener: StateListener) -> None:
+        """Call ``listener(old, new, reason)`` on every state change (metrics, events, ...)."""
+        self._listeners.append(listener)
+
+    def request_stop(self, signum: int = signal.SIGTERM, force: bool = False) -> None:
+        """Ask the agent to stop its workers and make :meth:`run` raise AgentStopped.
+
+        Safe to call from a signal handler callback; a second request, or ``force``, skips
+        the stop signal's grace period and kills the workers at once.
+        """
+        if self._stop_signal is not None or force:
+            self._force.set()
+        if self._stop_signal is None:
+            self._stop_signal = signum
+        self._wakeup.set()
+
+    # -- the template ----------------------------------------------------------------------
+
+    async def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        started = time.monotonic()
+        try:
+            result = await self._invoke_run(role)
+            self.last_result = result
+            log.info(
+                "[%s] Worker group %s after %.2fs",
+                role,
+                result.state.value,
+                time.monotonic() - started,
+            )
+            return result
+        finally:
+            await asyncio.shield(self._shutdown())
+
+    async def _invoke_run(self, role: str) -> RunResult:
+        group = self._worker_group
+        spec = group.spec
+        log.info(
+            "[%s] Starting agent: %d worker(s) of %s, max_restarts=%d, rendezvous %s",
+            role,
+            spec.local_world_size,
+            spec.get_entrypoint_name(),
+            spec.max_restarts,
+            self.rdzv_handler.get_backend(),
+        )
+        await self._initialize_workers(group)
+        while True:
+            result = await self._monitor_workers(group)
+            self._raise_if_stop_requested()
+            state = result.state
+            if state == WorkerState.HEALTHY:
+                if self.rdzv_handler.needs_membership_checks():
+                    waiting = await self.rdzv_handler.num_nodes_waiting()
+                    if waiting > 0:
+                        log.info(
+                            "[%s] %d node(s) waiting to join; restarting the group", role, waiting
+                        )
+                        await self._restart_workers(group, reason="membership")
+                continue
+            if state == WorkerState.SUCCEEDED:
+                self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
+                await self._exit_barrier()
+                return result
+            # FAILED or UNHEALTHY
+            self._set_state(state, "worker failure" if state == WorkerState.FAILED else "unhealthy")
+            root = result.root_cause
+            retryable = root is None or spec.restart_policy.is_retryable(root.exitcode)
+            if self._remaining_restarts > 0 and retryable:
+                self._remaining_restarts -= 1
+                self.restart_count += 1
+                await self._stop_workers(group)
+                self._set_state(WorkerState.STOPPED, "restarting")
+                await self._backoff(role)
+                log.info(
+                    "[%s] Restarting worker group (restart %d of %d)",
+                    role,
+                    self.restart_count,
+                    spec.max_restarts,
+                )
+                await self._restart_workers(group, reason="failure", stopped=True)
+                continue
+            if not retryable and root is not None:
+                log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
+            await self._stop_workers(group)
+            self._set_state(WorkerState.FAILED, "no restarts left")
+            return RunResult(WorkerState.FAILED, result.return_values, result.failures)
+
+    async def _initialize_workers(self, group: WorkerGroup) -> None:
+        """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
+        self._raise_if_stop_requested()
+        await self._rendezvous(group)
+        self._raise_if_stop_requested()
+        pids = await self._start_workers(group)
+        for worker in group.workers:
+            worker.id = pids.get(worker.local_rank)
+        self._healthy_since = time.monotonic()
+        self._set_state(WorkerState.HEALTHY, "workers started")
+
+    async def _restart_workers(
+        self, group: WorkerGroup, reason: str, stopped: bool = False
+    ) -> None:
+        """Stop (unless already stopped) and start the group again after a new rendezvous."""
+        if not stopped:
+            await self._stop_workers(group)
+            self._set_state(WorkerState.STOPPED, reason)
+        self._set_state(WorkerState.INIT, f"restart ({reason})")
+        await self._initialize_workers(group)
+
+    async def _rendezvous(self, group: WorkerGroup) -> None:
+        spec = group.spec
+        info: RendezvousInfo = await self.rdzv_handler.next_rendezvous()
+        role_infos = info.role_infos or (
+            RoleInstanceInfo(spec.role, info.group_rank, spec.local_world_size),
+        )
+        group.store = info.store
+        group.group_rank = info.group_rank
+        group.group_world_size = info.group_world_size
+        group.master_addr = spec.master_addr or info.master_addr
+        group.master_port = spec.master_port or info.master_port
+        group.workers = assign_worker_ranks(role_infos, info.group_rank, spec)
+        self.generation = info.generation
+        log.info(
+            "[%s] Rendezvous complete: run_id=%s generation=%d group_rank=%d/%d "
+            "master=%s:%s global ranks %s, world size %d",
+            spec.role,
+            info.run_id,
+            info.generation,
+            info.group_rank,
+            info.group_world_size,
+            group.master_addr,
+            group.master_port,
+            [w.global_rank for w in group.workers],
+            group.workers[0].world_size,
+        )
+
+    async def _backoff(self, role: str) -> None:
+        spec = self._worker_group.spec
+        healthy_for = time.monotonic() - (self._healthy_since or time.monotonic())
+        if healthy_for >= spec.restart_backoff.maximum:
+            self._consecutive_failures = 0
+        self._consecutive_failures += 1
+        delay = spec.restart_backoff.delay(self._consecutive_failures)
+        if delay <= 0:
+            return
+        log.info("[%s] Waiting %.2fs before restarting (backoff)", role, delay)
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), delay)
+        except TimeoutError:
+            return
+        self._raise_if_stop_requested()
+
+    async def _exit_barrier(self) -> None:
+        """Wait for the other agents to finish too; a group of one has nobody to wait for."""
+        if (self._worker_group.group_world_size or 1) <= 1:
+            return
+
+    def _raise_if_stop_requested(self) -> None:
+        if self._stop_signal is not None:
+            raise AgentStopped(self._stop_signal)
+
+    def _set_state(self, new: WorkerState, reason: str) -> None:
+        """The one place state changes: checks the table, logs, tells the listeners."""
+        group = self._worker_group
+        old = group.state
+        if old is new:
+            return
+        check_transition(old, new)
+        group.state = new
+        log.debug("[%s] Worker group %s -> %s (%s)", group.spec.role, old.value, new.value, reason)
+        for listener in self._listeners:
+            listener(old, new, reason)
+
+    # -- the steps subclasses provide --------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
+        """Start the group's workers; returns their pids by local rank."""
+
+    @abc.abstractmethod
+    async def _stop_workers(self, group: WorkerGroup) -> None:
+        """Stop every worker of the group with the stop policy."""
+
+    @abc.abstractmethod
+    async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
+        """Wait until something may have changed (an exit, a stop request), then report."""
+
+    @abc.abstractmethod
+    async def _shutdown(self) -> None:
+        """Release everything the agent holds; runs once, at the end of :meth:`run`."""

@@ -1,0 +1,208 @@
+"""The ``agentd`` command line: parse, resolve the config, run, map outcomes to exit codes.
+
+Exit codes: 0 succeeded; 1 the worker group failed; 2 usage or configuration error;
+3 could not start; 128+N stopped by signal N. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from agentd import __version__
+from agentd.config import (
+    OPTIONS,
+    AgentConfig,
+    check_script,
+    config_file_from,
+    local_world_size,
+    resolve,
+)
+from agentd.exceptions import AgentdError, AgentStopped, ConfigError
+
+log = logging.getLogger("agentd")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_START = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so every error is one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="agentd", description="An asyncio elastic agent for training jobs.")
+    parser.add_argument("--version", action="version", version=f"agentd {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = commands.add_parser(
+        "run",
+        help="run a training script's workers on this host (torchrun's flags)",
+        description="Run ``script`` as a worker group; torchrun's flags and worker contract.",
+        argument_default=argparse.SUPPRESS,
+    )
+    run.add_argument("--config", metavar="FILE", help="TOML file of options (see config/)")
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {
+            "dest": option.name,
+            "help": f"{option.help} [env AGENTD_{option.name.upper()}; default {option.default!r}]",
+        }
+        if option.is_flag:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = option.metavar
+        run.add_argument(*option.flags, **kwargs)
+    run.add_argument("script", nargs="?", help="training script, module (-m) or executable")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> AgentConfig:
+    cli = {k: v for k, v in vars(args).items() if k != "command"}
+    if cli.get("script") is None:
+        cli.pop("script", None)
+    return resolve(cli, environ, config_file_from(cli, environ))
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "time": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def worker_spec_from(config: AgentConfig) -> Any:
+    """The WorkerSpec and its rendezvous for a resolved single-host config."""
+    from agentd.rendezvous.static import SingleNodeRendezvous
+    from agentd.spec import WorkerSpec
+
+    if config.nnodes != (1, 1):
+        low, high = config.nnodes
+        raise ConfigError(
+            f"--nnodes: '{low}:{high}' needs multi-host rendezvous, which this version does "
+            "not support yet; use --nnodes 1"
+        )
+    if config.rdzv_backend in ("etcd", "etcd-v2"):
+        raise ConfigError(f"--rdzv-backend: {config.rdzv_backend!r} is not supported yet")
+    run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    rdzv = SingleNodeRendezvous(
+        run_id,
+        master_addr=config.master_addr or "127.0.0.1",
+        master_port=config.master_port or None,
+    )
+    if config.no_python:
+        entrypoint, args = config.script, list(config.script_args)
+    else:
+        entrypoint = sys.executable
+        args = ["-u", *(["-m"] if config.module else []), config.script, *config.script_args]
+    nproc = local_world_size(config.nproc_per_node)
+    env = {}
+    if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=nproc,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        env=env,
+        rdzv_handler=rdzv,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr,
+        master_port=config.master_port or None,
+        local_addr=config.local_addr,
+        redirects=config.redirects,
+        tee=config.tee,
+        local_ranks_filter=config.local_ranks_filter,
+        log_line_prefix_template=config.log_line_prefix_template,
+        stop_signal=config.stop_signal,
+        stop_timeout=config.stop_timeout,
+        restart_backoff=config.restart_backoff,
+        non_retryable_exit_codes=config.non_retryable_exit_codes,
+    )
+
+
+async def run_agent(config: AgentConfig) -> int:
+    """Run one agent to completion; returns the exit code."""
+    from agentd.local_agent import LocalElasticAgent
+
+    spec = worker_spec_from(config)
+    agent = LocalElasticAgent(
+        spec, log_dir=config.log_dir, exit_barrier_timeout=config.exit_barrier_timeout
+    )
+    loop = asyncio.get_running_loop()
+    for sig in config.signals_to_handle:
+        loop.add_signal_handler(sig, agent.request_stop, sig)
+    try:
+        result = await agent.run(spec.role)
+    except AgentStopped as exc:
+        log.warning("Agent %s; workers stopped", exc)
+        return exc.exit_code
+    finally:
+        for sig in config.signals_to_handle:
+            loop.remove_signal_handler(sig)
+    if result.is_failed():
+        log.error("%s", agent.failure_report())
+        log.error("Failure report written to %s", agent.run_dir / "result.json")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    parser = build_parser()
+    environ = dict(os.environ)
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        config = config_from_args(args, environ)
+        check_script(config)
+        setup_logging(config.log_format, config.log_level)
+        worker_spec_from(config)  # validate everything before anything starts
+    except ConfigError as exc:
+        print(f"agentd: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        code = asyncio.run(run_agent(config))
+    except AgentdError as exc:
+        log.error("%s", exc)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    log.debug("agentd exiting with %d after %.3fs", code, time.monotonic() - started)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

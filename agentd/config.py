@@ -1,0 +1,610 @@
+"""AgentConfig: every setting of ``agentd run``, resolved once, in one place.
+
+Each option is declared once in :data:`OPTIONS`; the CLI flags, the environment variables
+(``AGENTD_<NAME>``, then torchrun's ``PET_<NAME>``), the TOML keys (``--config FILE``) and
+the example config all come from that table. Precedence: CLI flag > ``AGENTD_*`` >
+``PET_*`` > TOML file > default. Every problem is a :class:`ConfigError` naming where the
+value came from, the value, and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agentd.exceptions import ConfigError
+from agentd.restart import RestartBackoff
+from agentd.spec import DEFAULT_LOG_PREFIX, DEFAULT_ROLE, Std, check_log_prefix
+
+ENV_PREFIXES = ("AGENTD_", "PET_")
+RDZV_BACKENDS = ("static", "agentd", "c10d", "etcd", "etcd-v2")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class RuleError(ValueError):
+    """A parser's complaint: the rule a value broke (the caller adds where it came from)."""
+
+
+# -- value parsers: text in, typed value out, RuleError with the rule otherwise -------------
+
+
+def _int(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise RuleError("is not an integer") from None
+        if low is not None and value < low:
+            raise RuleError(f"must be >= {low}")
+        if high is not None and value > high:
+            raise RuleError(f"must be <= {high}")
+        return value
+
+    return parse
+
+
+def _float(low: float = 0.0, strict: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise RuleError("is not a number (seconds)") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise RuleError("must be a finite number")
+        if value < low or (strict and value == low):
+            raise RuleError(f"must be {'>' if strict else '>='} {low:g}")
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise RuleError("is not a boolean (use 1/0, true/false, yes/no)")
+
+
+def _str(text: str) -> str:
+    return text
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+def _choice(choices: Sequence[str], upper: bool = False) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip()
+        if value not in choices:
+            raise RuleError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def parse_signal(text: str) -> signal.Signals:
+    """``SIGTERM``, ``TERM`` or ``15``."""
+    name = text.strip().upper()
+    try:
+        if name.isdigit():
+            return signal.Signals(int(name))
+        return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError):
+        raise RuleError("is not a signal name or number (e.g. SIGTERM)") from None
+
+
+def _signals(text: str) -> tuple[signal.Signals, ...]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise RuleError("must list at least one signal")
+    sigs = tuple(parse_signal(item) for item in items)
+    if signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
+        raise RuleError("cannot include SIGKILL or SIGSTOP (they cannot be handled)")
+    return sigs
+
+
+def _exit_codes(text: str) -> frozenset[int]:
+    codes = set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            code = int(item)
+        except ValueError:
+            raise RuleError("must be a comma-separated list of exit codes") from None
+        if not 1 <= code <= 255:
+            raise RuleError("exit codes must be within 1..255")
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _ranks(text: str) -> frozenset[int] | None:
+    if not text.strip():
+        return None
+    try:
+        ranks = frozenset(int(item) for item in text.split(","))
+    except ValueError:
+        raise RuleError("must be a comma-separated list of local ranks, e.g. 0,2") from None
+    if any(rank < 0 for rank in ranks):
+        raise RuleError("local ranks must be >= 0")
+    return ranks
+
+
+def _std(name: str) -> Callable[[str], Std | dict[int, Std]]:
+    def parse(text: str) -> Std | dict[int, Std]:
+        try:
+            return Std.parse(text, name)
+        except ConfigError:
+            raise RuleError(
+                "must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,..."
+            ) from None
+
+    return parse
+
+
+def _backoff(text: str) -> RestartBackoff:
+    try:
+        return RestartBackoff.parse(text)
+    except ConfigError as exc:
+        raise RuleError(str(exc).split(" ", 2)[-1]) from None
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX``."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    if not match:
+        raise RuleError("must be N or MIN:MAX")
+    low = int(match.group(1))
+    high = int(match.group(2) or low)
+    if low < 1 or high < low:
+        raise RuleError("must have 1 <= MIN <= MAX")
+    return low, high
+
+
+def _nproc(text: str) -> str:
+    value = text.strip()
+    if value in ("auto", "cpu", "gpu") or (value.isdigit() and int(value) >= 1):
+        return value
+    raise RuleError("must be a positive integer, auto, cpu or gpu")
+
+
+def _prefix(text: str) -> str:
+    try:
+        return check_log_prefix(text)
+    except ConfigError as exc:
+        raise RuleError(str(exc).split(" ", 2)[-1]) from None
+
+
+# -- the option table --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its field name (also the TOML key), its flags, parser and default."""
+
+    name: str
+    flags: tuple[str, ...]
+    parse: Callable[[str], Any]
+    default: str
+    help: str
+    is_flag: bool = False
+    metavar: str | None = None
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return tuple(prefix + self.name.upper() for prefix in ENV_PREFIXES)
+
+
+def _o(
+    name: str,
+    parse: Callable[[str], Any],
+    default: str,
+    help: str,
+    *extra: str,
+    is_flag: bool = False,
+    metavar: str | None = None,
+) -> Option:
+    dashed = "--" + name.replace("_", "-")
+    flags = [dashed] + (["--" + name] if "_" in name else []) + list(extra)
+    return Option(name, tuple(flags), parse, default, help, is_flag, metavar)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _o(
+        "nnodes",
+        parse_nnodes,
+        "1",
+        "Number of nodes, N or MIN:MAX (this version runs 1).",
+        metavar="N",
+    ),
+    _o(
+        "nproc_per_node",
+        _nproc,
+        "1",
+        "Workers on this host: an integer, auto, cpu or gpu.",
+        metavar="N",
+    ),
+    _o(
+        "standalone",
+        _bool,
+        "false",
+        "Single-node job with a local rendezvous (torchrun's).",
+        is_flag=True,
+    ),
+    _o("rdzv_backend", _choice(RDZV_BACKENDS), "static", "Rendezvous backend.", metavar="NAME"),
+    _o("rdzv_endpoint", _str, "", "Rendezvous endpoint, host:port.", metavar="HOST:PORT"),
+    _o("rdzv_id", _str, "", "Run id shared by the job's agents (default: random).", metavar="ID"),
+    _o("rdzv_conf", _str, "", "Rendezvous settings, key=value,...", metavar="CONF"),
+    _o("node_rank", _int(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
+    _o(
+        "max_restarts",
+        _int(0),
+        "0",
+        "Restarts of the worker group before the job fails.",
+        metavar="N",
+    ),
+    _o(
+        "monitor_interval",
+        _float(0.0, strict=True),
+        "0.1",
+        "Seconds between membership checks (worker exits are seen at once, not polled).",
+        metavar="SECONDS",
+    ),
+    _o("role", _str, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
+    _o(
+        "log_dir",
+        _optional_str,
+        "",
+        "Directory for worker logs, error files and result.json "
+        "(default: a new temporary directory).",
+        metavar="DIR",
+    ),
+    _o(
+        "redirects",
+        _std("redirects"),
+        "0",
+        "Send worker streams to log files only: 0-3 or LOCAL_RANK:0-3,...",
+        "-r",
+        metavar="STD",
+    ),
+    _o(
+        "tee",
+        _std("tee"),
+        "0",
+        "Send worker streams to log files and, prefixed, to the console.",
+        "-t",
+        metavar="STD",
+    ),
+    _o(
+        "local_ranks_filter",
+        _ranks,
+        "",
+        "Show only these local ranks' output on the console.",
+        metavar="RANKS",
+    ),
+    _o(
+        "module",
+        _bool,
+        "false",
+        "Run the script as a Python module (python -m).",
+        "-m",
+        is_flag=True,
+    ),
+    _o(
+        "no_python",
+        _bool,
+        "false",
+        "Run the script as an executable, not with python.",
+        is_flag=True,
+    ),
+    _o(
+        "master_addr",
+        _optional_str,
+        "",
+        "Address of group rank 0 for the workers' own "
+        "process group (default 127.0.0.1 on a single node).",
+        metavar="ADDR",
+    ),
+    _o(
+        "master_port",
+        _int(0, 65535),
+        "0",
+        "Port for the workers' process group (default: a free port every attempt).",
+        metavar="PORT",
+    ),
+    _o("local_addr", _optional_str, "", "This node's address for the rendezvous.", metavar="ADDR"),
+    _o(
+        "stop_signal",
+        parse_signal,
+        "SIGTERM",
+        "Signal that asks workers to stop.",
+        metavar="SIGNAL",
+    ),
+    _o(
+        "stop_timeout",
+        _float(0.0),
+        "30",
+        "Seconds from the stop signal to SIGKILL.",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        metavar="SECONDS",
+    ),
+    _o(
+        "restart_backoff",
+        _backoff,
+        "0",
+        "Delay between restarts: INITIAL[:MAX[:FACTOR"
+        "[:JITTER]]] seconds, exponential (0 restarts at once).",
+        metavar="SPEC",
+    ),
+    _o(
+        "non_retryable_exit_codes",
+        _exit_codes,
+        "",
+        "Worker exit codes that fail the job without a restart, e.g. 2,3.",
+        metavar="CODES",
+    ),
+    _o(
+        "signals_to_handle",
+        _signals,
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "Signals that stop the workers gracefully; the agent exits 128+N.",
+        metavar="SIGNALS",
+    ),
+    _o(
+        "exit_barrier_timeout",
+        _float(0.0),
+        "300",
+        "Seconds to wait for the other nodes' workers after ours succeed.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "log_line_prefix_template",
+        _prefix,
+        DEFAULT_LOG_PREFIX,
+        "Prefix of tee'd lines: {role} {local_rank} {rank} {host} {node_rank} {attempt}.",
+        metavar="TEMPLATE",
+    ),
+    _o(
+        "log_format",
+        _choice(LOG_FORMATS),
+        "text",
+        "The agent's own log format: text or json.",
+        metavar="FORMAT",
+    ),
+    _o(
+        "log_level",
+        _choice(LOG_LEVELS, upper=True),
+        "INFO",
+        "The agent's log level.",
+        metavar="LEVEL",
+    ),
+)
+OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The resolved settings of one ``agentd run``; field meanings are in :data:`OPTIONS`."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    nnodes: tuple[int, int] = (1, 1)
+    nproc_per_node: str = "1"
+    standalone: bool = False
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = ""
+    rdzv_conf: str = ""
+    node_rank: int = 0
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    role: str = DEFAULT_ROLE
+    log_dir: str | None = None
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.NONE
+    local_ranks_filter: frozenset[int] | None = None
+    module: bool = False
+    no_python: bool = False
+    master_addr: str | None = None
+    master_port: int = 0
+    local_addr: str | None = None
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_timeout: float = 30.0
+    restart_backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    non_retryable_exit_codes: frozenset[int] = frozenset()
+    signals_to_handle: tuple[signal.Signals, ...] = (
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+    )
+    exit_barrier_timeout: float = 300.0
+    log_line_prefix_template: str = DEFAULT_LOG_PREFIX
+    log_format: str = "text"
+    log_level: str = "INFO"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each explicitly set value came from (a flag, a variable or the file)."""
+
+
+def _toml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_toml_text(v) for v in value)
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise RuleError("must be a string, number, boolean or list")
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """Read a config file: flat keys named as the options (dashes or underscores)."""
+    try:
+        with open(path, "rb") as fp:
+            data = tomllib.load(fp)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: {path!r} cannot be read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config: {path!r} is not valid TOML ({exc})") from None
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: str | None = None,
+) -> AgentConfig:
+    """Build the config from CLI values (only those given), the environment and a TOML file.
+
+    ``cli`` holds raw strings (or True for flags) keyed by option name, plus ``script`` and
+    ``script_args``. The file's ``script`` and ``args`` keys describe the job when the
+    command line does not.
+    """
+    file_values: dict[str, Any] = {}
+    if config_file:
+        file_values = read_toml(config_file)
+        unknown = set(file_values) - set(OPTIONS_BY_NAME) - {"script", "args"}
+        if unknown:
+            key = sorted(unknown)[0]
+            raise ConfigError(f"{config_file}: {key} is not a known option (see agentd run --help)")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for option in OPTIONS:
+        raw, source = _pick(option, cli, environ, file_values, config_file)
+        try:
+            values[option.name] = option.parse(raw)
+        except RuleError as exc:
+            raise ConfigError(f"{source}: {raw!r} {exc}") from None
+        if source != "default":
+            sources[option.name] = source
+    script = cli.get("script") or file_values.get("script")
+    if not script or not isinstance(script, str):
+        raise ConfigError("script: missing; give the training script (or set script in --config)")
+    args = cli.get("script_args") if cli.get("script") else file_values.get("args", [])
+    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{config_file}: args: {args!r} must be a list of strings")
+    if values["module"] and values["no_python"]:
+        raise ConfigError("--module: cannot be combined with --no-python")
+    return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
+
+
+def _pick(
+    option: Option,
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    config_file: str | None,
+) -> tuple[str, str]:
+    """The raw text of an option and the name of its source, by precedence."""
+    if option.name in cli:
+        value = cli[option.name]
+        return ("true" if value is True else str(value)), option.flags[0]
+    for env_name in option.env_names:
+        if env_name in environ:
+            return environ[env_name], env_name
+    if option.name in file_values:
+        where = f"{config_file}: {option.name}"
+        try:
+            return _toml_text(file_values[option.name]), where
+        except RuleError as exc:
+            raise ConfigError(f"{where}: {file_values[option.name]!r} {exc}") from None
+    return option.default, "default"
+
+
+def config_file_from(cli: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """``--config`` or else ``AGENTD_CONFIG``."""
+    return cli.get("config") or environ.get("AGENTD_CONFIG") or None
+
+
+def gpu_count(environ: Mapping[str, str] = os.environ) -> int:
+    """NVIDIA GPUs visible to workers, without importing torch."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int:
+    """Resolve ``--nproc-per-node`` (int, auto, cpu, gpu) to a number of workers."""
+    if nproc.isdigit():
+        return int(nproc)
+    cpus = len(os.sched_getaffinity(0))
+    if nproc == "cpu":
+        return cpus
+    gpus = gpu_count(environ)
+    if nproc == "gpu" and gpus == 0:
+        raise ConfigError("--nproc-per-node: 'gpu' needs a visible GPU and none was found")
+    return gpus if gpus else cpus
+
+
+def example_toml() -> str:
+    """The documented example config, generated from :data:`OPTIONS` (see config/)."""
+    lines = [
+        "# agentd run configuration. Every key is optional; precedence is",
+        "# CLI flag > AGENTD_<KEY> > PET_<KEY> > this file > default.",
+        "# Keys accept dashes or underscores. Values below are the defaults.",
+        "",
+        "# The job: the training script and its arguments (the command line overrides both).",
+        '# script = "train.py"',
+        '# args = ["--epochs", "10"]',
+        "",
+    ]
+    for option in OPTIONS:
+        lines.append(f"# {option.help} ({', '.join(option.flags)})")
+        lines.append(f"# {option.name} = {_toml_literal(option)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_literal(option: Option) -> str:
+    value = option.parse(option.default)
+    if option.is_flag or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return option.default
+    return '"' + option.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def field_names() -> list[str]:
+    """The AgentConfig fields that options set (for tests and docs)."""
+    return [f.name for f in fields(AgentConfig) if f.name in OPTIONS_BY_NAME]
+
+
+def check_script(config: AgentConfig, cwd: str | None = None) -> None:
+    """Fail before anything starts when the script, module or executable is not there."""
+    import shutil
+
+    cwd = cwd or os.getcwd()
+    script = config.script
+    if config.no_python:
+        if os.sep in script:
+            if not os.access(os.path.join(cwd, script), os.X_OK):
+                raise ConfigError(f"script: {script!r} is not an executable file")
+        elif shutil.which(script) is None:
+            raise ConfigError(f"script: {script!r} is not on PATH")
+        return
+    if config.module:
+        from importlib.machinery import PathFinder
+
+        top = script.split(".")[0]
+        found = top in sys.builtin_module_names or PathFinder.find_spec(top, [cwd, *sys.path])
+        if not found:
+            raise ConfigError(f"--module: {script!r} cannot be found (no module named {top!r})")
+        return
+    if not Path(cwd, script).is_file():
+        raise ConfigError(f"script: {script!r} does not exist")

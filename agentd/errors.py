@@ -1,0 +1,155 @@
+"""Error files (torch's ``@record`` format), agentd's own ``record``, and failure reports."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agentd.spec import RunResult, WorkerFailure
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class ErrorFileContent:
+    """What a worker wrote into its error file: ``message`` and ``traceback`` (may be empty)."""
+
+    message: str
+    traceback: str
+    timestamp: float | None
+
+
+def error_file_payload(exc: BaseException) -> dict[str, Any]:
+    """The torch ``@record`` error-file document for ``exc`` (call while handling it)."""
+    return {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": "".join(
+                    traceback.format_exception(type(exc), exc, exc.__traceback__)
+                ),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+
+
+def write_error_file(exc: BaseException, path: str | None = None) -> None:
+    """Write ``exc`` to ``path`` or ``$TORCHELASTIC_ERROR_FILE``; silently nothing without one."""
+    path = path or os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fp:
+        json.dump(error_file_payload(exc), fp)
+    os.replace(tmp, path)
+
+
+def record(fn: _F) -> _F:
+    """Decorate a worker's main function: an uncaught exception lands in the error file.
+
+    The same contract as torch's ``torch.distributed.elastic.multiprocessing.errors.record``,
+    without needing torch. The exception is re-raised, so the worker still exits non-zero.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                write_error_file(exc)
+            raise
+        except BaseException as exc:
+            write_error_file(exc)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def read_error_file(path: str) -> ErrorFileContent | None:
+    """Read a worker's error file; None when it is missing, empty or not in a known shape.
+
+    Accepts torch's documented shape (``message`` a dict with ``message`` and
+    ``extraInfo.py_callstack``) and a plain string ``message``. Never raises.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fp:
+            data = json.load(fp)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or "message" not in data:
+        return None
+    body = data["message"]
+    if isinstance(body, str):
+        return ErrorFileContent(body, "", None)
+    if not isinstance(body, dict):
+        return None
+    extra = body.get("extraInfo")
+    if not isinstance(extra, dict):
+        extra = {}
+    stamp: float | None
+    try:
+        stamp = float(extra.get("timestamp"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        stamp = None
+    return ErrorFileContent(
+        message=str(body.get("message", "")),
+        traceback=str(extra.get("py_callstack", "")),
+        timestamp=stamp,
+    )
+
+
+def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> str:
+    """The human-readable failure report: the root cause in full, other failures in one line."""
+    root = result.root_cause
+    if root is None:
+        return f"{entrypoint} failed (run {run_id}) with no recorded worker failure"
+    bar = "=" * 72
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.timestamp))
+    lines = [
+        bar,
+        f"{entrypoint} FAILED (run {run_id})",
+        bar,
+        "Root cause (first failure):",
+        f"  time      : {when}.{int(root.timestamp * 1000) % 1000:03d}",
+        f"  host      : {root.host}",
+        f"  node rank : {root.node_rank}",
+        f"  rank      : {root.global_rank} (local rank {root.local_rank}, role {root.role})",
+        f"  pid       : {root.pid}",
+        f"  exit code : {_describe_exit(root)}",
+    ]
+    if root.error_file:
+        lines.append(f"  error file: {root.error_file}")
+    if root.message:
+        lines += ["  message   : " + root.message]
+    if root.traceback:
+        lines += ["  traceback :", *("    " + ln for ln in root.traceback.rstrip().splitlines())]
+    elif root.stderr_tail:
+        lines += ["  stderr (last lines):"]
+        lines += ["    " + ln for ln in root.stderr_tail.rstrip().splitlines()]
+    elif not root.message:
+        lines.append("  (no error file and no stderr captured; decorate main with @record)")
+    others = [f for f in result.failures.values() if f is not root]
+    if others:
+        lines.append("Other failures:")
+        for failure in sorted(others, key=lambda f: f.timestamp):
+            lines.append(
+                f"  rank {failure.global_rank} (local {failure.local_rank}, pid {failure.pid}): "
+                f"{_describe_exit(failure)}" + (f": {failure.message}" if failure.message else "")
+            )
+    lines.append(bar)
+    return "\n".join(lines)
+
+
+def _describe_exit(failure: WorkerFailure) -> str:
+    if failure.signal_name:
+        return f"{failure.exitcode} ({failure.signal_name})"
+    return str(failure.exitcode)

@@ -1,0 +1,41 @@
+"""The exceptions agentd raises. The CLI turns each into one line and an exit code."""
+
+from __future__ import annotations
+
+
+class AgentdError(Exception):
+    """Base of every error agentd raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(AgentdError, ValueError):
+    """A configuration value, flag or spec field broke a rule (names field, value and rule)."""
+
+    exit_code = 2
+
+
+class StartError(AgentdError):
+    """The agent could not start (a store unreachable, a log directory not writable, ...)."""
+
+    exit_code = 3
+
+
+class IllegalTransition(AgentdError):
+    """A worker group was asked to move between two states the state machine does not link."""
+
+
+class AgentStopped(AgentdError):
+    """The agent stopped its workers because it received a stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+def field_error(field: str, value: object, rule: str) -> ConfigError:
+    """Build the standard one-line error: ``<field>: <value!r> <rule>``."""
+    return ConfigError(f"{field}: {value!r} {rule}")

@@ -1,0 +1,340 @@
+"""LocalElasticAgent: runs the worker group as local subprocesses of this agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from agentd import orphans
+from agentd.agent import SimpleElasticAgent
+from agentd.errors import ERROR_FILE_ENV, format_failure_report, read_error_file
+from agentd.function_worker import read_result, write_call
+from agentd.guardian import Guardian
+from agentd.logs import attempt_dir, ensure_dir, plan_route
+from agentd.spec import (
+    RunResult,
+    Std,
+    Worker,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    std_for,
+)
+from agentd.workers import WorkerProcess, spawn_worker, stop_workers
+
+log = logging.getLogger(__name__)
+
+_TAIL_WAIT = 0.5
+
+
+class LocalElasticAgent(SimpleElasticAgent):
+    """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
+
+    ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
+    ``result.json``; without one, a fresh temporary directory is used. With
+    ``process_hygiene`` (the default) the agent becomes a child subreaper, reaps orphans,
+    runs a guardian that kills the workers if the agent is killed, and kills workers left
+    over by a dead agent of the same run id.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        log_dir: str | os.PathLike[str] | None = None,
+        exit_barrier_timeout: float = 300.0,
+        process_hygiene: bool = True,
+    ) -> None:
+        super().__init__(spec, exit_barrier_timeout)
+        self.run_id = self.rdzv_handler.get_run_id()
+        base = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="agentd_"))
+        self.log_dir = base
+        self.run_dir = base / self.run_id
+        self.hostname = socket.gethostname()
+        self.attempt = -1
+        self._hygiene = process_hygiene
+        self._mark = orphans.owner_mark(self.run_id)
+        self._reaper = orphans.ZombieReaper()
+        self._guardian: Guardian | None = None
+        self._procs: dict[int, WorkerProcess] = {}
+        self._sigchld_installed = False
+        self._shut_down = False
+
+    # -- start ---------------------------------------------------------------------------
+
+    async def _prepare(self) -> None:
+        """Once per agent: log dir, process hygiene, guardian."""
+        try:
+            ensure_dir(self.run_dir)
+        except OSError as exc:
+            from agentd.exceptions import StartError
+
+            raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
+        if not self._hygiene:
+            return
+        orphans.kill_leftovers(self.run_id)
+        if not orphans.become_subreaper():
+            log.warning("Could not become a child subreaper; orphans re-parent to init")
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGCHLD, self._reaper.reap)
+        self._sigchld_installed = True
+        self._guardian = Guardian(self._mark)
+        with self._reaper.spawning():
+            await self._guardian.start()
+            assert self._guardian.pid is not None
+            self._reaper.own(self._guardian.pid)
+
+    async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
+        if self.attempt < 0:
+            await self._prepare()
+        self.attempt += 1
+        spec = group.spec
+        plans = [self._plan_worker(group, worker) for worker in group.workers]
+        with self._reaper.spawning():
+            procs = await asyncio.gather(
+                *(spawn_worker(w.local_rank, *plan) for w, *plan in plans),
+                return_exceptions=True,
+            )
+            started = [p for p in procs if isinstance(p, WorkerProcess)]
+            for proc in started:
+                self._reaper.own(proc.pid)
+        errors = [p for p in procs if isinstance(p, BaseException)]
+        self._procs = {p.local_rank: p for p in started}
+        for proc in started:
+            if self._guardian is not None:
+                self._guardian.watch(proc.pgid)
+            proc.exited.add_done_callback(lambda _f: self._wakeup.set())
+        if errors:
+            await self._stop_workers(group)
+            raise errors[0]
+        log.info(
+            "[%s] Started %d worker(s), attempt %d, pids %s, logs in %s",
+            spec.role,
+            len(started),
+            self.attempt,
+            [p.pid for p in started],
+            self.run_dir / f"attempt_{self.attempt}",
+        )
+        return {p.local_rank: p.pid for p in started}
+
+    def _plan_worker(self, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
+        spec = group.spec
+        rank = worker.local_rank
+        wdir = ensure_dir(attempt_dir(self.run_dir, self.attempt, rank))
+        error_file = wdir / "error.json"
+        with contextlib.suppress(FileNotFoundError):
+            error_file.unlink()
+        env = self._worker_env(group, worker, error_file)
+        args = [
+            Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a
+            for a in spec.args
+        ]
+        if isinstance(spec.entrypoint, str):
+            argv = [spec.entrypoint, *map(str, args)]
+        else:
+            call, result = wdir / "call.pickle", wdir / "return.pickle"
+            write_call(call, spec.entrypoint, tuple(args))
+            argv = [sys.executable, "-u", "-m", "agentd.function_worker", str(call), str(result)]
+        shown = spec.local_ranks_filter is None or rank in spec.local_ranks_filter
+        prefix = spec.log_line_prefix_template.format(
+            role=spec.role,
+            local_rank=rank,
+            rank=worker.global_rank,
+            host=self.hostname,
+            node_rank=group.group_rank,
+            attempt=self.attempt,
+        )
+        routes = [
+            plan_route(
+                redirect=bool(std_for(spec.redirects, rank) & std),
+                tee=bool(std_for(spec.tee, rank) & std),
+                shown=shown,
+                is_stderr=std is Std.ERR,
+                file_path=wdir / name,
+                prefix=prefix,
+            )
+            for std, name in ((Std.OUT, "stdout.log"), (Std.ERR, "stderr.log"))
+        ]
+        return worker, argv, env, routes[0], routes[1]
+
+    def _worker_env(self, group: WorkerGroup, worker: Worker, error_file: Path) -> dict[str, str]:
+        spec = group.spec
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(
+            {
+                "RANK": str(worker.global_rank),
+                "LOCAL_RANK": str(worker.local_rank),
+                "GROUP_RANK": str(group.group_rank),
+                "ROLE_RANK": str(worker.role_rank),
+                "ROLE_NAME": spec.role,
+                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+                "WORLD_SIZE": str(worker.world_size),
+                "GROUP_WORLD_SIZE": str(group.group_world_size),
+                "ROLE_WORLD_SIZE": str(worker.role_world_size),
+                "MASTER_ADDR": str(group.master_addr),
+                "MASTER_PORT": str(group.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": self.run_id,
+                "TORCHELASTIC_USE_AGENT_STORE": str(self.rdzv_handler.use_agent_store),
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+                ),
+                ERROR_FILE_ENV: str(error_file),
+                orphans.OWNER_ENV: self._mark,
+                "AGENTD_ATTEMPT": str(self.attempt),
+            }
+        )
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    # -- monitor -------------------------------------------------------------------------
+
+    async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
+        timeout = (
+            group.spec.monitor_interval if self.rdzv_handler.needs_membership_checks() else None
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        self._wakeup.clear()
+        return await self._check_workers(group)
+
+    async def _check_workers(self, group: WorkerGroup) -> RunResult:
+        procs = self._procs
+        failed = [p for p in procs.values() if p.returncode not in (None, 0)]
+        if failed:
+            await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
+            by_rank = {w.local_rank: w for w in group.workers}
+            failures = {
+                by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
+                for p in failed
+            }
+            return RunResult(WorkerState.FAILED, failures=failures)
+        if procs and all(p.returncode == 0 for p in procs.values()):
+            values: dict[int, Any] = {}
+            if not isinstance(group.spec.entrypoint, str):
+                for worker in group.workers:
+                    wdir = attempt_dir(self.run_dir, self.attempt, worker.local_rank)
+                    values[worker.global_rank] = read_result(wdir / "return.pickle")
+            return RunResult(WorkerState.SUCCEEDED, return_values=values)
+        return RunResult(WorkerState.HEALTHY)
+
+    def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
+        error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
+        content = read_error_file(str(error_file))
+        return WorkerFailure(
+            local_rank=worker.local_rank,
+            global_rank=worker.global_rank,
+            role=group.spec.role,
+            pid=proc.pid,
+            exitcode=proc.returncode if proc.returncode is not None else -1,
+            timestamp=proc.exited_at or time.time(),
+            message=content.message if content else "",
+            traceback=content.traceback if content else "",
+            stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
+            error_file=str(error_file) if content else "",
+            host=self.hostname,
+            node_rank=group.group_rank or 0,
+        )
+
+    # -- stop ----------------------------------------------------------------------------
+
+    async def _stop_workers(self, group: WorkerGroup) -> None:
+        procs = list(self._procs.values())
+        if not procs:
+            return
+        spec = group.spec
+        running = sum(p.returncode is None for p in procs)
+        log.log(
+            logging.INFO if running else logging.DEBUG,
+            "[%s] Stopping %d running worker(s) with %s",
+            spec.role,
+            running,
+            spec.stop_signal.name,
+        )
+        strays: list[int] = []
+        try:
+            strays = await stop_workers(
+                procs, spec.stop_signal, spec.stop_timeout, self._force, self._mark
+            )
+        finally:
+            if strays:
+                log.warning(
+                    "[%s] Killed %d process(es) that left their worker's group: %s",
+                    spec.role,
+                    len(strays),
+                    strays,
+                )
+            for proc in procs:
+                self._reaper.disown(proc.pid)
+                if self._guardian is not None:
+                    self._guardian.unwatch(proc.pgid)
+            for worker in group.workers:
+                worker.id = None
+            self._procs = {}
+            level = logging.INFO if running else logging.DEBUG
+            log.log(level, "[%s] Stopped worker group", spec.role)
+
+    async def _shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        group = self._worker_group
+        try:
+            if self._procs:
+                await self._stop_workers(group)
+                if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
+                    self._set_state(WorkerState.STOPPED, "agent shutting down")
+            await self.rdzv_handler.shutdown()
+        finally:
+            if self._guardian is not None:
+                await self._guardian.stop()
+                self._guardian = None
+            if self._sigchld_installed:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
+                self._sigchld_installed = False
+                self._reaper.reap()
+            self._write_result()
+
+    def _write_result(self) -> None:
+        """Write ``result.json`` in the run's log directory (any outcome)."""
+        result = self.last_result
+        group = self._worker_group
+        failures = result.failures if result else {}
+        root = result.root_cause if result else None
+        doc = {
+            "run_id": self.run_id,
+            "role": group.spec.role,
+            "state": group.state.value,
+            "restarts": self.restart_count,
+            "attempts": self.attempt + 1,
+            "host": self.hostname,
+            "root_cause": root.to_dict() if root else None,
+            "failures": [f.to_dict() for f in sorted(failures.values(), key=lambda f: f.timestamp)],
+        }
+        path = self.run_dir / "result.json"
+        try:
+            if self.run_dir.is_dir():
+                path.write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as exc:
+            log.warning("Could not write %s: %s", path, exc)
+
+    def failure_report(self) -> str:
+        """The text report of the last run's failure (empty when it did not fail)."""
+        result = self.last_result
+        if result is None or not result.is_failed():
+            return ""
+        entrypoint = self._worker_group.spec.get_entrypoint_name()
+        return format_failure_report(result, self.run_id, entrypoint)
