@@ -494,7 +494,7 @@ def resolve(
     script = cli.get("script") or file_values.get("script")
     if not script or not isinstance(script, str):
         raise ConfigError("script: missing; give the training script (or set script in --config)")
-    args = cli.get("script_args") if cli.get("script") else file_values.get("args", [])
+    args = cli.get("script_args", []) if cli.get("script") else file_values.get("args", [])
     if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"{config_file}: args: {args!r} must be a list of strings")
     if values["module"] and values["no_python"]:
@@ -570,12 +570,12 @@ def example_toml() -> str:
         lines.append(f"# {option.help} ({', '.join(option.flags)})")
         lines.append(f"# {option.name} = {_toml_literal(option)}")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _toml_literal(option: Option) -> str:
     value = option.parse(option.default)
-    if option.is_flag or (isinstance(value, int | float) and not isinstance(value, bool)):
+    if option.is_flag or type(value) in (int, float):
         return option.default
     return '"' + option.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -608,3 +608,8 @@ def check_script(config: AgentConfig, cwd: str | None = None) -> None:
         return
     if not Path(cwd, script).is_file():
         raise ConfigError(f"script: {script!r} does not exist")
+
+
+if __name__ == "__main__":
+    # Regenerates config/agentd.toml: python -m agentd.config > config/agentd.toml
+    sys.stdout.write(example_toml())

@@ -1,0 +1,22 @@
+# agentd as a container's entrypoint: PID 1, reaps zombies, stops workers on SIGTERM.
+# Build FROM this image and add your framework (e.g. the CPU or CUDA build of torch) and code:
+#   FROM agentd:0.1.0
+#   RUN pip install --no-cache-dir torch==2.13.0
+#   COPY train.py .
+#   CMD ["run", "--standalone", "--nproc-per-node", "2", "train.py"]
+FROM python:3.11.7-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+COPY pyproject.toml README.md /src/
+COPY agentd /src/agentd
+RUN pip install --no-cache-dir /src \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin agentd
+
+USER 10001:10001
+WORKDIR /home/agentd
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["agentd"]
+CMD ["--help"]

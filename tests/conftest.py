@@ -1,0 +1,143 @@
+"""Shared helpers: run real agents and workers, wait on conditions, clean up by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agentd import orphans
+
+TESTS = Path(__file__).parent
+WORKER = str(TESTS / "workers" / "worker.py")
+DEADLINE = 20.0
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float = DEADLINE, what: str = ""
+) -> object:
+    """Poll ``predicate`` until it is truthy or ``timeout`` seconds pass (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            state = fp.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in (b"Z", b"X")
+
+
+def processes_of_agent(agent_pid: int) -> list[int]:
+    """Live processes carrying the owner mark of the agent with ``agent_pid``."""
+    return [
+        pid
+        for pid, mark in orphans.marked_processes()
+        if mark.startswith(f"{agent_pid}.") and pid_alive(pid)
+    ]
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class AgentProc:
+    """An ``agentd`` subprocess under test; output goes to files in its directory."""
+
+    proc: subprocess.Popen[bytes]
+    out_dir: Path
+    log_dir: Path
+    stdout_path: Path
+    stderr_path: Path
+    extra_pids: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float = DEADLINE) -> int:
+        return self.proc.wait(timeout)
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def worker_pids(self, rank: int, attempt: int = 0) -> list[int]:
+        path = self.out_dir / f"pid_{rank}_{attempt}"
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    def wait_ready(self, ranks: int, attempt: int = 0) -> list[int]:
+        """Wait until every rank reported its pids; returns them all."""
+        wait_until(
+            lambda: all((self.out_dir / f"pid_{r}_{attempt}").exists() for r in range(ranks)),
+            what=f"{ranks} worker(s) ready (agent stderr: {self.stderr()[-2000:]})",
+        )
+        return [pid for r in range(ranks) for pid in self.worker_pids(r, attempt)]
+
+
+@pytest.fixture
+def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
+    """Start ``python -m agentd run ...`` as a real process; everything is killed after."""
+    started: list[AgentProc] = []
+
+    def start(
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log_dir: bool = True,
+        command: str = "run",
+    ) -> AgentProc:
+        index = len(started)
+        out_dir = tmp_path / f"out{index}"
+        out_dir.mkdir()
+        logs = tmp_path / f"logs{index}"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
+        full_env["AGENTD_TEST_OUT"] = str(out_dir)
+        full_env.update(env or {})
+        argv = [sys.executable, "-m", "agentd", command]
+        if log_dir and command == "run":
+            argv += ["--log-dir", str(logs)]
+        stdout_path, stderr_path = out_dir / "agent.stdout", out_dir / "agent.stderr"
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(
+                [*argv, *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd or tmp_path,
+            )
+        agent = AgentProc(proc, out_dir, logs, stdout_path, stderr_path)
+        started.append(agent)
+        return agent
+
+    yield start
+
+    for agent in started:
+        leftovers = processes_of_agent(agent.pid)
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait(DEADLINE)
+        kill_pids(leftovers + processes_of_agent(agent.pid) + agent.extra_pids)

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from agentd.config import OPTIONS, example_toml, local_world_size, resolve
+from agentd.exceptions import ConfigError
+from agentd.restart import RestartBackoff
+from agentd.spec import Std
+
+EXAMPLE = Path(__file__).parents[1] / "config" / "agentd.toml"
+
+
+def test_defaults():
+    config = resolve({"script": "t.py"}, {})
+    assert config.nnodes == (1, 1)
+    assert config.max_restarts == 0
+    assert config.stop_signal is signal.SIGTERM
+    assert config.stop_timeout == 30.0
+    assert config.redirects is Std.NONE
+    assert config.restart_backoff == RestartBackoff()
+    assert config.signals_to_handle[:2] == (signal.SIGTERM, signal.SIGINT)
+    assert config.sources == {}
+
+
+def test_precedence_cli_agentd_pet_file_default(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text("max_restarts = 1\nstop-timeout = 5\nrole = 'from-file'\ntee = 3\n")
+    env = {
+        "AGENTD_MAX_RESTARTS": "2",
+        "PET_MAX_RESTARTS": "3",
+        "PET_STOP_TIMEOUT": "6",
+        "PET_ROLE": "from-pet",
+    }
+    config = resolve({"script": "t.py", "max_restarts": "9"}, env, str(file))
+    assert config.max_restarts == 9
+    assert config.sources["max_restarts"] == "--max-restarts"
+    config = resolve({"script": "t.py"}, env, str(file))
+    assert config.max_restarts == 2 and config.sources["max_restarts"] == "AGENTD_MAX_RESTARTS"
+    assert config.stop_timeout == 6.0 and config.role == "from-pet"
+    assert config.tee is Std.ALL and config.sources["tee"] == f"{file}: tee"
+    assert config.log_level == "INFO"
+
+
+def test_file_describes_the_job(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text(
+        'script = "train.py"\nargs = ["--lr", "1"]\nnon_retryable_exit_codes = [2, 3]\n'
+    )
+    config = resolve({}, {}, str(file))
+    assert (config.script, config.script_args) == ("train.py", ("--lr", "1"))
+    assert config.non_retryable_exit_codes == {2, 3}
+    config = resolve({"script": "other.py", "script_args": ["x"]}, {}, str(file))
+    assert (config.script, config.script_args) == ("other.py", ("x",))
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "text", "message"),
+    [
+        ({"max_restarts": "x"}, {}, "", "--max-restarts: 'x' is not an integer"),
+        ({}, {"AGENTD_MONITOR_INTERVAL": "0"}, "", "AGENTD_MONITOR_INTERVAL: '0' must be > 0"),
+        ({}, {"PET_NNODES": "3:2"}, "", "PET_NNODES: '3:2' must have 1 <= MIN <= MAX"),
+        ({}, {}, "stop_timeout = 'soon'", "stop_timeout: 'soon' is not a number"),
+        ({}, {}, "bogus = 1", "bogus is not a known option"),
+        ({}, {}, "role = {a = 1}", "role: {'a': 1} must be a string"),
+        ({}, {}, "max_restarts = [", "is not valid TOML"),
+        ({"signals_to_handle": "SIGKILL"}, {}, "", "cannot include SIGKILL"),
+        ({"non_retryable_exit_codes": "300"}, {}, "", "within 1..255"),
+        ({"local_ranks_filter": "a"}, {}, "", "list of local ranks"),
+        ({"log_format": "xml"}, {}, "", "must be one of text, json"),
+        ({"restart_backoff": "1:0"}, {}, "", "max must be >= the initial delay"),
+        ({"module": True, "no_python": True}, {}, "", "cannot be combined"),
+    ],
+)
+def test_errors_name_source_value_rule(tmp_path, cli, env, text, message):
+    file = tmp_path / "c.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        resolve({"script": "t.py", **cli}, env, str(file))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_script_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="script: missing"):
+        resolve({}, {})
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve({"script": "t.py"}, {}, str(tmp_path / "nope.toml"))
+
+
+def test_nproc_per_node_values():
+    assert local_world_size("4") == 4
+    assert local_world_size("cpu") >= 1
+    assert local_world_size("auto", {"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+    assert local_world_size("gpu", {"CUDA_VISIBLE_DEVICES": "3"}) == 1
+    with pytest.raises(ConfigError, match="needs a visible GPU"):
+        local_world_size("gpu", {"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_example_config_is_current_and_complete():
+    assert EXAMPLE.read_text() == example_toml(), "regenerate: python -m agentd.config"
+    for option in OPTIONS:
+        assert f"# {option.name} = " in EXAMPLE.read_text()
+
+
+def test_example_config_values_parse(tmp_path):
+    uncommented = "\n".join(
+        line[2:] for line in example_toml().splitlines() if " = " in line and line.startswith("# ")
+    )
+    file = tmp_path / "all.toml"
+    file.write_text(uncommented)
+    config = resolve({}, {}, str(file))
+    assert config == resolve({"script": "train.py", "script_args": ["--epochs", "10"]}, {})

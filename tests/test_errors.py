@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentd.errors import format_failure_report, read_error_file, record, write_error_file
+from agentd.spec import RunResult, WorkerFailure, WorkerState
+
+
+def test_record_writes_torch_format(tmp_path, monkeypatch):
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+
+    @record
+    def main():
+        raise KeyError("missing")
+
+    with pytest.raises(KeyError):
+        main()
+    doc = json.loads(path.read_text())
+    assert doc["message"]["message"] == "KeyError: 'missing'"
+    assert "Traceback" in doc["message"]["extraInfo"]["py_callstack"]
+    assert int(doc["message"]["extraInfo"]["timestamp"]) > 0
+    content = read_error_file(str(path))
+    assert content.message == "KeyError: 'missing'" and "main" in content.traceback
+
+
+def test_record_passes_success_and_exit_0(tmp_path, monkeypatch):
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    assert record(lambda: 5)() == 5
+
+    @record
+    def leave():
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        leave()
+    assert not path.exists()
+
+
+def test_write_error_file_without_path_is_silent(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    write_error_file(ValueError("x"))
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "{not json", "[]", '{"other": 1}', '{"message": 5}', "\xff\xfe"],
+)
+def test_corrupt_error_files_never_raise(tmp_path, content):
+    path = tmp_path / "error.json"
+    path.write_text(content, errors="surrogateescape")
+    assert read_error_file(str(path)) is None
+
+
+def test_missing_error_file_and_plain_message(tmp_path):
+    assert read_error_file(str(tmp_path / "none.json")) is None
+    path = tmp_path / "e.json"
+    path.write_text('{"message": "plain text"}')
+    assert read_error_file(str(path)).message == "plain text"
+
+
+def test_report_root_cause_and_others():
+    root = WorkerFailure(
+        1,
+        1,
+        "trainer",
+        42,
+        -11,
+        100.0,
+        message="E: bad",
+        traceback="tb line",
+        host="h",
+        error_file="/e.json",
+    )
+    other = WorkerFailure(0, 0, "trainer", 41, 1, 101.0, stderr_tail="tail")
+    text = format_failure_report(
+        RunResult(WorkerState.FAILED, failures={0: other, 1: root}), "run9", "train.py"
+    )
+    assert "train.py FAILED (run run9)" in text
+    assert "exit code : -11 (SIGSEGV)" in text
+    assert "message   : E: bad" in text and "    tb line" in text
+    assert "rank 0 (local 0, pid 41): 1" in text
+    no_file = WorkerFailure(0, 0, "t", 1, 2, 1.0, stderr_tail="line a\nline b")
+    text = format_failure_report(RunResult(WorkerState.FAILED, failures={0: no_file}), "r", "x")
+    assert "stderr (last lines):\n    line a\n    line b" in text

@@ -1,0 +1,120 @@
+"""LocalElasticAgent through its Python API, with real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+
+from agentd import LocalElasticAgent, WorkerSpec, WorkerState
+from agentd.exceptions import AgentStopped, IllegalTransition
+from agentd.rendezvous.static import SingleNodeRendezvous
+from agentd.restart import RestartBackoff
+from tests.conftest import WORKER
+from tests.workers import functions
+
+
+def make_agent(tmp_path, entrypoint, args=(), **kw) -> LocalElasticAgent:
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=kw.pop("n", 2),
+        entrypoint=entrypoint,
+        args=args,
+        rdzv_handler=SingleNodeRendezvous("api-run"),
+        **kw,
+    )
+    return LocalElasticAgent(spec, log_dir=tmp_path)
+
+
+async def test_function_entrypoint_return_values(tmp_path):
+    agent = make_agent(tmp_path, functions.rank_times, (10,), n=3)
+    result = await agent.run("trainer")
+    assert result.state is WorkerState.SUCCEEDED
+    assert result.return_values == {r: {"rank": r, "value": 10 * r} for r in range(3)}
+
+
+async def test_function_entrypoint_failure_uses_error_file(tmp_path):
+    agent = make_agent(tmp_path, functions.raise_on_rank, (1,))
+    result = await agent.run("trainer")
+    assert result.is_failed()
+    root = result.root_cause
+    assert root.global_rank == 1 and root.exitcode == 1
+    assert root.message == "RuntimeError: function failed on rank 1"
+    assert "raise_on_rank" in root.traceback
+    assert "RuntimeError" in agent.failure_report()
+
+
+async def test_states_seen_by_listener_and_restart_count(tmp_path):
+    agent = make_agent(
+        tmp_path, sys.executable, ("-u", WORKER, "flaky", "--until-attempt", "1"), max_restarts=2
+    )
+    seen: list[tuple[str, str]] = []
+    agent.add_state_listener(lambda old, new, _reason: seen.append((old.value, new.value)))
+    result = await agent.run("trainer")
+    assert result.state is WorkerState.SUCCEEDED
+    assert agent.restart_count == 1
+    assert seen == [
+        ("INIT", "HEALTHY"),
+        ("HEALTHY", "FAILED"),
+        ("FAILED", "STOPPED"),
+        ("STOPPED", "INIT"),
+        ("INIT", "HEALTHY"),
+        ("HEALTHY", "SUCCEEDED"),
+    ]
+    assert agent.get_worker_group().state is WorkerState.SUCCEEDED
+
+
+async def test_backoff_is_waited_between_restarts(tmp_path):
+    agent = make_agent(
+        tmp_path,
+        sys.executable,
+        ("-u", WORKER, "flaky", "--until-attempt", "2"),
+        max_restarts=2,
+        n=1,
+        restart_backoff=RestartBackoff(0.2, 1.0, 2.0, 0.0),
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await agent.run("trainer")
+    assert result.state is WorkerState.SUCCEEDED
+    assert loop.time() - started >= 0.2 + 0.4
+
+
+async def test_request_stop_raises_agent_stopped(tmp_path):
+    agent = make_agent(tmp_path, sys.executable, ("-u", WORKER, "sleep"), n=2)
+    task = asyncio.ensure_future(agent.run("trainer"))
+    async with asyncio.timeout(20):
+        while agent.get_worker_group().state is not WorkerState.HEALTHY:
+            await asyncio.sleep(0.01)
+    pids = [w.id for w in agent.get_worker_group().workers]
+    assert all(pids)
+    agent.request_stop(signal.SIGTERM)
+    with pytest.raises(AgentStopped) as info:
+        await task
+    assert info.value.exit_code == 128 + signal.SIGTERM
+    assert agent.get_worker_group().state is WorkerState.STOPPED
+
+
+async def test_cancelled_run_still_stops_workers(tmp_path):
+    from tests.conftest import pid_alive
+
+    agent = make_agent(
+        tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=1, stop_timeout=0.2
+    )
+    task = asyncio.ensure_future(agent.run("trainer"))
+    async with asyncio.timeout(20):
+        while agent.get_worker_group().state is not WorkerState.HEALTHY:
+            await asyncio.sleep(0.01)
+    pid = agent.get_worker_group().workers[0].id
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not pid_alive(pid)
+
+
+async def test_illegal_state_change_is_rejected(tmp_path):
+    agent = make_agent(tmp_path, "true")
+    with pytest.raises(IllegalTransition):
+        agent._set_state(WorkerState.SUCCEEDED, "test")

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from agentd import orphans
+from tests.conftest import wait_until
+
+
+def is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fp:
+        return fp.read().rsplit(") ", 1)[1][0] == "Z"
+
+
+def test_owner_mark_round_trip():
+    mark = orphans.owner_mark("run-1")
+    pid, ticks, run = orphans.parse_owner_mark(mark)
+    assert (pid, run) == (os.getpid(), "run-1")
+    assert orphans.agent_alive(pid, ticks)
+    assert not orphans.agent_alive(pid, (ticks or 0) + 1)  # same pid, other process
+    assert orphans.parse_owner_mark("garbage") is None
+
+
+def test_marked_processes_finds_mark_anywhere_in_environ():
+    mark = f"{os.getpid()}.1/find-me-{os.getpid()}"
+    env = {"A": "1", "AGENTD_OWNER": mark, "Z": "2"}
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        wait_until(
+            lambda: (proc.pid, mark) in set(orphans.marked_processes()),
+            what="the mark to be visible",
+        )
+        assert orphans.kill_marked(lambda m: m == mark) == [proc.pid]
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_zombie_reaper_reaps_orphans_but_not_owned_children():
+    reaper = orphans.ZombieReaper()
+    # an owned child that exits: left alone for its owner
+    owned = subprocess.Popen([sys.executable, "-c", "pass"])
+    reaper.own(owned.pid)
+    wait_until(lambda: is_zombie(owned.pid), what="owned child to exit")
+    assert reaper.reap() == 0
+    assert owned.wait(timeout=5) == 0  # its status is still ours to collect
+    # a child we do not own (an orphan re-parented to us, as far as the reaper can tell)
+    stray = subprocess.Popen(["true"])
+    stray_pid = stray.pid
+    stray.returncode = 0  # tell Popen not to reap it: the reaper must
+    wait_until(lambda: reaper.reap() == 1, what="the stray to be reaped")
+    assert not os.path.exists(f"/proc/{stray_pid}")
+
+
+def test_reaping_waits_while_a_spawn_is_in_flight():
+    reaper = orphans.ZombieReaper()
+    child = subprocess.Popen(["true"])
+    child.returncode = 0
+    with reaper.spawning():
+        wait_until(lambda: is_zombie(child.pid), what="child to exit")
+        assert reaper.reap() == 0  # deferred
+        assert os.path.exists(f"/proc/{child.pid}")
+    assert not os.path.exists(f"/proc/{child.pid}")  # reaped on leaving the spawn

@@ -1,0 +1,15 @@
+"""Python function entrypoints for LocalElasticAgent tests (importable by reference)."""
+
+from __future__ import annotations
+
+import os
+
+
+def rank_times(factor: int) -> dict[str, int]:
+    return {"rank": int(os.environ["RANK"]), "value": int(os.environ["RANK"]) * factor}
+
+
+def raise_on_rank(bad_rank: int) -> int:
+    if int(os.environ["RANK"]) == bad_rank:
+        raise RuntimeError(f"function failed on rank {bad_rank}")
+    return 0

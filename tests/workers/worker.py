@@ -1,0 +1,115 @@
+"""A tiny worker for agentd's tests: ``worker.py MODE [options]``; prints ``ready``.
+
+Writes what tests need into ``$AGENTD_TEST_OUT`` (a directory): ``pid_<rank>_<attempt>``
+files with the pids it started and an ``env_<rank>_<attempt>.json`` of its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+RANK = int(os.environ.get("LOCAL_RANK", "0"))
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+OUT = os.environ.get("AGENTD_TEST_OUT")
+
+
+def note(name: str, content: str) -> None:
+    if OUT:
+        path = os.path.join(OUT, f"{name}_{RANK}_{ATTEMPT}")
+        with open(path + ".tmp", "w") as fp:
+            fp.write(content)
+        os.replace(path + ".tmp", path)
+
+
+def ready(*pids: int) -> None:
+    note("pid", " ".join(str(p) for p in (os.getpid(), *pids)))
+    print("ready", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode")
+    parser.add_argument("--rank", type=int, default=0, help="the local rank that misbehaves")
+    parser.add_argument("--code", type=int, default=3)
+    parser.add_argument("--after", type=float, default=0.0)
+    parser.add_argument("--until-attempt", type=int, default=1)
+    parser.add_argument("--message", default="boom")
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args()
+
+    if args.mode == "ok":
+        print(f"hello from rank {os.environ.get('RANK')}", flush=True)
+        print(f"note on stderr from rank {os.environ.get('RANK')}", file=sys.stderr, flush=True)
+        return 0
+    if args.mode == "env":
+        note("env", json.dumps({"env": dict(os.environ), "argv": sys.argv[1:]}))
+        return 0
+    if args.mode == "sleep":
+        ready()
+        time.sleep(600)
+        return 0
+    if args.mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ready()
+        time.sleep(600)
+        return 0
+    if args.mode == "term-slow":  # exits on SIGTERM after a short cleanup
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(0)))
+        ready()
+        time.sleep(600)
+        return 0
+    if args.mode == "tree":  # a child in our group and one that escapes into its own session
+        inner = subprocess.Popen(["sleep", "600"])
+        escaped = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        ready(inner.pid, escaped.pid)
+        time.sleep(600)
+        return 0
+    if args.mode == "crash":  # rank --rank exits --code after --after seconds; others sleep
+        if RANK == args.rank:
+            time.sleep(args.after)
+            print(f"rank {RANK} crashing with {args.code}", file=sys.stderr, flush=True)
+            return args.code
+        ready()
+        time.sleep(600)
+        return 0
+    if args.mode == "crash-holding-pipe":  # exits while a grandchild keeps stderr open
+        subprocess.Popen(["sleep", "600"], start_new_session=True)
+        ready()
+        return args.code
+    if args.mode == "flaky":  # fails until the given restart count, then succeeds
+        if ATTEMPT < args.until_attempt:
+            return args.code
+        print(f"succeeded on restart {ATTEMPT}", flush=True)
+        return 0
+    if args.mode == "record":
+        from agentd import record
+
+        @record
+        def fail() -> None:
+            raise ValueError(args.message)
+
+        fail()
+        return 0
+    if args.mode == "signal-self":
+        os.kill(os.getpid(), signal.SIGKILL)
+        return 0
+    if args.mode == "lines":  # partial writes that must reach the console as whole lines
+        for i in range(3):
+            sys.stdout.write(f"part-{i}-a ")
+            sys.stdout.flush()
+            time.sleep(0.01)
+            sys.stdout.write(f"part-{i}-b\n")
+            sys.stdout.flush()
+        sys.stdout.write("no newline at end")
+        return 0
+    raise SystemExit(f"unknown mode {args.mode}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
