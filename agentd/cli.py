@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -113,7 +112,7 @@ def worker_spec_from(config: AgentConfig) -> Any:
         )
     if config.rdzv_backend in ("etcd", "etcd-v2"):
         raise ConfigError(f"--rdzv-backend: {config.rdzv_backend!r} is not supported yet")
-    run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    run_id = config.rdzv_id or os.urandom(6).hex()
     rdzv = SingleNodeRendezvous(
         run_id,
         master_addr=config.master_addr or "127.0.0.1",
@@ -157,7 +156,10 @@ async def run_agent(config: AgentConfig) -> int:
 
     spec = worker_spec_from(config)
     agent = LocalElasticAgent(
-        spec, log_dir=config.log_dir, exit_barrier_timeout=config.exit_barrier_timeout
+        spec,
+        log_dir=config.log_dir,
+        exit_barrier_timeout=config.exit_barrier_timeout,
+        fresh_run_id=not config.rdzv_id,
     )
     loop = asyncio.get_running_loop()
     for sig in config.signals_to_handle:

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -451,6 +450,8 @@ def _toml_text(value: Any) -> str:
 
 def read_toml(path: str) -> dict[str, Any]:
     """Read a config file: flat keys named as the options (dashes or underscores)."""
+    import tomllib  # only when a file is given: it is slow to import
+
     try:
         with open(path, "rb") as fp:
             data = tomllib.load(fp)

@@ -1,12 +1,4 @@
-"""The guardian: kills an agent's workers if the agent dies without stopping them.
-
-Run by the agent as ``python -m agentd.guardian MARK`` in a session of its own. The agent
-writes ``+PGID`` / ``-PGID`` lines on the guardian's stdin as worker process groups come
-and go. End of input means the agent is gone (exited or killed): the guardian then sends
-SIGKILL to every process group still listed and to every process carrying ``MARK`` in
-``AGENTD_OWNER`` (children that left their group), and exits. After a clean stop nothing
-is listed and nothing is marked, so it simply exits.
-"""
+"""The agent's side of the guardian (see :mod:`agentd.guardian_process`)."""
 
 from __future__ import annotations
 
@@ -14,16 +6,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 
-from agentd.orphans import kill_marked
+from agentd import guardian_process
 
 log = logging.getLogger(__name__)
 
 
 class Guardian:
-    """The agent's side: starts the guardian and keeps it told of the worker groups."""
+    """Starts the guardian program and keeps it told of the worker process groups."""
 
     def __init__(self, mark: str) -> None:
         self._mark = mark
@@ -34,16 +25,11 @@ class Guardian:
         return self._process.pid if self._process else None
 
     async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "AGENTD_OWNER"}
+        env = {k: v for k, v in os.environ.items() if k != guardian_process.OWNER_ENV}
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agentd.guardian",
-            self._mark,
-            stdin=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+            sys.executable, "-I", "-S", guardian_process.__file__, self._mark,
+            stdin=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+        )  # fmt: skip
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
@@ -71,30 +57,3 @@ class Guardian:
                 await proc.stdin.wait_closed()
         await proc.wait()
         self._process = None
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m agentd.guardian MARK\n")
-        return 2
-    mark = argv[0]
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_IGN)  # only the end of the agent's pipe ends the guardian
-    groups: set[int] = set()
-    for raw in sys.stdin.buffer:
-        line = raw.strip()
-        if line[:1] in (b"+", b"-") and line[1:].isdigit():
-            pgid = int(line[1:])
-            if line[:1] == b"+":
-                groups.add(pgid)
-            else:
-                groups.discard(pgid)
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    kill_marked(lambda m: m == mark)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

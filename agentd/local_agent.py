@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from string import Template
@@ -18,8 +16,6 @@ from typing import Any
 
 from agentd import orphans
 from agentd.agent import SimpleElasticAgent
-from agentd.errors import ERROR_FILE_ENV, format_failure_report, read_error_file
-from agentd.function_worker import read_result, write_call
 from agentd.guardian import Guardian
 from agentd.logs import attempt_dir, ensure_dir, plan_route
 from agentd.spec import (
@@ -46,7 +42,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     ``result.json``; without one, a fresh temporary directory is used. With
     ``process_hygiene`` (the default) the agent becomes a child subreaper, reaps orphans,
     runs a guardian that kills the workers if the agent is killed, and kills workers left
-    over by a dead agent of the same run id.
+    over by a dead agent of the same run id (``fresh_run_id`` says the id was just
+    generated, so there can be none and the look for them is skipped).
     """
 
     def __init__(
@@ -55,11 +52,18 @@ class LocalElasticAgent(SimpleElasticAgent):
         log_dir: str | os.PathLike[str] | None = None,
         exit_barrier_timeout: float = 300.0,
         process_hygiene: bool = True,
+        fresh_run_id: bool = False,
     ) -> None:
         super().__init__(spec, exit_barrier_timeout)
         self.run_id = self.rdzv_handler.get_run_id()
-        base = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="agentd_"))
+        if log_dir:
+            base = Path(log_dir)
+        else:
+            import tempfile  # only for the default: it is slow to import
+
+            base = Path(tempfile.mkdtemp(prefix="agentd_"))
         self.log_dir = base
+        self._fresh_run_id = fresh_run_id
         self.run_dir = base / self.run_id
         self.hostname = socket.gethostname()
         self.attempt = -1
@@ -83,12 +87,17 @@ class LocalElasticAgent(SimpleElasticAgent):
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
         if not self._hygiene:
             return
-        orphans.kill_leftovers(self.run_id)
+        if not self._fresh_run_id:
+            orphans.kill_leftovers(self.run_id)
         if not orphans.become_subreaper():
             log.warning("Could not become a child subreaper; orphans re-parent to init")
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCHLD, self._reaper.reap)
         self._sigchld_installed = True
+
+    async def _start_guardian(self) -> None:
+        """Started after the first workers, so it never delays them; they have a
+        parent-death signal meanwhile, and it learns of their groups on start."""
         self._guardian = Guardian(self._mark)
         with self._reaper.spawning():
             await self._guardian.start()
@@ -112,9 +121,12 @@ class LocalElasticAgent(SimpleElasticAgent):
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
-            if self._guardian is not None:
-                self._guardian.watch(proc.pgid)
             proc.exited.add_done_callback(lambda _f: self._wakeup.set())
+        if self._hygiene and self._guardian is None:
+            await self._start_guardian()
+        if self._guardian is not None:
+            for proc in started:
+                self._guardian.watch(proc.pgid)
         if errors:
             await self._stop_workers(group)
             raise errors[0]
@@ -143,6 +155,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         if isinstance(spec.entrypoint, str):
             argv = [spec.entrypoint, *map(str, args)]
         else:
+            from agentd.function_worker import write_call
+
             call, result = wdir / "call.pickle", wdir / "return.pickle"
             write_call(call, spec.entrypoint, tuple(args))
             argv = [sys.executable, "-u", "-m", "agentd.function_worker", str(call), str(result)]
@@ -192,7 +206,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
                     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
                 ),
-                ERROR_FILE_ENV: str(error_file),
+                "TORCHELASTIC_ERROR_FILE": str(error_file),
                 orphans.OWNER_ENV: self._mark,
                 "AGENTD_ATTEMPT": str(self.attempt),
             }
@@ -225,6 +239,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         if procs and all(p.returncode == 0 for p in procs.values()):
             values: dict[int, Any] = {}
             if not isinstance(group.spec.entrypoint, str):
+                from agentd.function_worker import read_result
+
                 for worker in group.workers:
                     wdir = attempt_dir(self.run_dir, self.attempt, worker.local_rank)
                     values[worker.global_rank] = read_result(wdir / "return.pickle")
@@ -232,6 +248,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         return RunResult(WorkerState.HEALTHY)
 
     def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
+        from agentd.errors import read_error_file
+
         error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
         content = read_error_file(str(error_file))
         return WorkerFailure(
@@ -310,6 +328,8 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _write_result(self) -> None:
         """Write ``result.json`` in the run's log directory (any outcome)."""
+        import json
+
         result = self.last_result
         group = self._worker_group
         failures = result.failures if result else {}
@@ -336,5 +356,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         result = self.last_result
         if result is None or not result.is_failed():
             return ""
+        from agentd.errors import format_failure_report
+
         entrypoint = self._worker_group.spec.get_entrypoint_name()
         return format_failure_report(result, self.run_id, entrypoint)

@@ -6,11 +6,10 @@ Four mechanisms, each covering what the others cannot:
   everything it starts, so the agent's processes can be found even after ``setsid``;
 * the agent is a *child subreaper*: orphaned grandchildren are re-parented to it and it
   reaps them (:class:`ZombieReaper`), as it also must when it runs as PID 1 in a container;
-* a guardian process (:mod:`agentd.guardian`) kills the workers' process groups and every
+* a guardian process (:mod:`agentd.guardian_process`) kills the workers' process groups and every
   marked process when the agent dies without stopping them (``kill -9``);
 * at start, an agent kills marked processes of the same run whose agent is gone.
 
-This module uses only the standard library: the guardian imports it.
 """
 
 from __future__ import annotations
@@ -22,19 +21,28 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 
+from agentd.guardian_process import OWNER_ENV, kill_marked, marked_processes
+
 log = logging.getLogger(__name__)
 
-OWNER_ENV = "AGENTD_OWNER"
+__all__ = ["OWNER_ENV", "kill_marked", "marked_processes"]
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
+def _load_prctl() -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up once: it also runs in every forked worker before exec
+
+
+def _prctl(option: int, value: int) -> bool:
+    return _PRCTL is not None and _PRCTL(option, value, 0, 0, 0) == 0
 
 
 def become_subreaper() -> bool:
@@ -80,40 +88,6 @@ def agent_alive(pid: int, ticks: int | None) -> bool:
     """Whether the agent process named by a mark still runs (pid reuse is told apart)."""
     current = process_start_ticks(pid)
     return current is not None and (ticks is None or current == ticks)
-
-
-def marked_processes() -> Iterator[tuple[int, str]]:
-    """Every process readable by us that carries an owner mark: ``(pid, mark)``."""
-    needle = OWNER_ENV.encode() + b"="
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fp:
-                environ = fp.read()
-        except OSError:
-            continue
-        if environ.startswith(needle):
-            start = 0
-        else:
-            start = environ.find(b"\0" + needle) + 1
-            if start == 0:
-                continue
-        end = environ.find(b"\0", start)
-        value = environ[start + len(needle) : end if end >= 0 else None]
-        yield int(name), value.decode(errors="replace")
-
-
-def kill_marked(predicate: Callable[[str], bool], sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to every marked process whose mark satisfies ``predicate``."""
-    killed = []
-    for pid, mark in marked_processes():
-        if predicate(mark):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-                killed.append(pid)
-    return killed
 
 
 def kill_leftovers(run_id: str) -> list[int]:

@@ -1,0 +1,87 @@
+"""The guardian program: kills an agent's workers if the agent dies without stopping them.
+
+Run by the agent as ``python -I -S guardian_process.py MARK`` in a session of its own: a
+standalone program on the standard library's lightest modules only, so it
+starts in a few milliseconds and never competes with the workers for the CPU.
+
+The agent writes ``+PGID`` / ``-PGID`` lines on its stdin as worker process groups come and
+go. End of input means the agent is gone (exited or killed): the guardian sends SIGKILL to
+every process group still listed and to every process whose ``AGENTD_OWNER`` is ``MARK``
+(children that left their group), then exits. After a clean stop nothing is listed and
+nothing is marked, so it simply exits.
+
+:func:`marked_processes` and :func:`kill_marked` are also the agent's (see orphans.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+
+OWNER_ENV = "AGENTD_OWNER"
+
+
+def marked_processes() -> Iterator[tuple[int, str]]:
+    """Every process readable by us that carries an owner mark: ``(pid, mark)``."""
+    needle = OWNER_ENV.encode() + b"="
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fp:
+                environ = fp.read()
+        except OSError:
+            continue
+        if environ.startswith(needle):
+            start = 0
+        else:
+            start = environ.find(b"\0" + needle) + 1
+            if start == 0:
+                continue
+        end = environ.find(b"\0", start)
+        value = environ[start + len(needle) : end if end >= 0 else None]
+        yield int(name), value.decode(errors="replace")
+
+
+def kill_marked(predicate: Callable[[str], bool], sig: int = signal.SIGKILL) -> list[int]:
+    """Send ``sig`` to every marked process whose mark satisfies ``predicate``."""
+    killed = []
+    for pid, mark in marked_processes():
+        if predicate(mark):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+            killed.append(pid)
+    return killed
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python guardian_process.py MARK\n")
+        return 2
+    mark = argv[0]
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # only the end of the agent's pipe ends the guardian
+    groups: set[int] = set()
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if line[:1] in (b"+", b"-") and line[1:].isdigit():
+            pgid = int(line[1:])
+            if line[:1] == b"+":
+                groups.add(pgid)
+            else:
+                groups.discard(pgid)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    kill_marked(lambda m: m == mark)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,211 @@
+"""agentd vs torchrun on one host, same workers, same run: launch, restart, idle cost.
+
+    python bench/bench_agent.py [--runs 5] [--idle 10]
+
+Measures, for each launcher (torchrun only where torch is installed):
+  1. launch: the command starts -> the first of 4 trivial workers runs;
+  2. restart: a worker crashes -> the first worker of the next attempt runs;
+  3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep.
+Prints median/min/max per figure and the ratio torchrun/agentd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+WORKER = str(Path(__file__).with_name("worker.py"))
+NPROC = 4
+
+
+def launcher_commands() -> dict[str, list[str]]:
+    commands = {"agentd": [sys.executable, "-m", "agentd", "run"]}
+    if importlib.util.find_spec("torch") is not None:
+        commands["torchrun"] = [sys.executable, "-m", "torch.distributed.run"]
+    return commands
+
+
+def start(cmd: list[str], out: Path, mode: str, *extra: str, restarts: int = 0) -> subprocess.Popen:
+    args = [
+        *cmd,
+        "--standalone",
+        "--nproc-per-node",
+        str(NPROC),
+        "--max-restarts",
+        str(restarts),
+        WORKER,
+        mode,
+        str(out),
+        *extra,
+    ]
+    # Byte-code caching on, as for any installed package (torch's were compiled by pip).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def wait_for(path_glob: Callable[[], list[Path]], timeout: float = 60) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while not (found := path_glob()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark worker did not report in time")
+        time.sleep(0.002)
+    return found
+
+
+def first_start(out: Path, restart: int) -> float:
+    files = wait_for(lambda: list(out.glob(f"start_{restart}_*")))
+    time.sleep(0.05)  # let the other workers of the attempt report too
+    files = list(out.glob(f"start_{restart}_*"))
+    return min(float(f.read_text()) for f in files if f.read_text())
+
+
+def finish(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def measure_launch(cmd: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        t0 = time.time()
+        proc = start(cmd, out, "exit")
+        first = first_start(out, 0)
+        finish(proc)
+        return first - t0
+
+
+def measure_restart(cmd: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        proc = start(cmd, out, "crash", restarts=1)
+        crash = float(
+            wait_for(lambda: [out / "crash_0"] if (out / "crash_0").exists() else [])[0].read_text()
+        )
+        first = first_start(out, 1)
+        proc.terminate()
+        finish(proc)
+        return first - crash
+
+
+def task_stats(proc: psutil.Process) -> tuple[int, int]:
+    """Context switches summed over the process's threads, and its peak RSS in bytes."""
+    switches = 0
+    for tid in os.listdir(f"/proc/{proc.pid}/task"):
+        with open(f"/proc/{proc.pid}/task/{tid}/status") as fp:
+            for line in fp:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    switches += int(line.split()[1])
+    with open(f"/proc/{proc.pid}/status") as fp:
+        hwm = next(int(line.split()[1]) * 1024 for line in fp if line.startswith("VmHWM"))
+    return switches, hwm
+
+
+def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float]:
+    """(peak RSS MiB, CPU seconds, wake-ups per second) of the agent while workers sleep."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        proc = start(cmd, out, "sleep", str(seconds + 5))
+        wait_for(
+            lambda: (
+                [p for p in out.glob("start_0_*")]
+                if len(list(out.glob("start_0_*"))) == NPROC
+                else []
+            )
+        )
+        time.sleep(1.0)  # settle after the start
+        agent = psutil.Process(proc.pid)
+        cpu0, (sw0, _) = sum(agent.cpu_times()[:2]), task_stats(agent)
+        time.sleep(seconds)
+        cpu1, (sw1, hwm) = sum(agent.cpu_times()[:2]), task_stats(agent)
+        proc.terminate()
+        finish(proc)
+        return hwm / 2**20, cpu1 - cpu0, (sw1 - sw0) / seconds
+
+
+def interpreter_start() -> float:
+    """Seconds for this Python to start and exit: the floor of any launch or restart."""
+    times = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def summary(values: list[float], unit: str, scale: float = 1.0) -> str:
+    v = [x * scale for x in values]
+    return f"median {statistics.median(v):8.1f} {unit}  min {min(v):8.1f}  max {max(v):8.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=10.0, help="idle window, seconds")
+    args = parser.parse_args()
+    commands = launcher_commands()
+    if "torchrun" not in commands:
+        print("torch is not installed: measuring agentd alone (pip install torch==2.13.0)")
+    floor = interpreter_start()
+    print(
+        f"{NPROC} workers, {args.runs} runs each, {os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]}; one bare interpreter start takes "
+        f"{floor * 1000:.1f} ms (a launch needs two in a row, a restart one)"
+    )
+
+    results: dict[str, dict[str, list[float]]] = {
+        n: {"launch": [], "restart": []} for n in commands
+    }
+    for cmd in commands.values():  # warm-up, not counted: byte-code caches, page cache
+        measure_launch(cmd)
+    for _ in range(args.runs):  # interleave launchers so drift hits both alike
+        for name, cmd in commands.items():
+            results[name]["launch"].append(measure_launch(cmd))
+            results[name]["restart"].append(measure_restart(cmd))
+    idle = {name: measure_idle(cmd, args.idle) for name, cmd in commands.items()}
+
+    for figure, title in (
+        ("launch", "launch -> first worker running"),
+        ("restart", "worker crash -> next attempt's first worker running"),
+    ):
+        print(f"\n{title}")
+        for name in commands:
+            print(f"  {name:9s} {summary(results[name][figure], 'ms', 1000)}")
+        if "torchrun" in commands:
+            ratio = statistics.median(results["torchrun"][figure]) / statistics.median(
+                results["agentd"][figure]
+            )
+            print(f"  ratio     torchrun/agentd = {ratio:.1f}x")
+    print(f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window")
+    for name in commands:
+        rss, cpu, wakeups = idle[name]
+        print(
+            f"  {name:9s} peak RSS {rss:6.1f} MiB  CPU {cpu * 1000:6.1f} ms  "
+            f"wake-ups {wakeups:5.1f}/s"
+        )
+    if "torchrun" in commands:
+        print(f"  ratio     RSS torchrun/agentd = {idle['torchrun'][0] / idle['agentd'][0]:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
