@@ -252,9 +252,18 @@ class SimpleElasticAgent(ElasticAgent):
         self._raise_if_stop_requested()
 
     async def _exit_barrier(self) -> None:
-        """Wait for the other agents to finish too; a group of one has nobody to wait for."""
-        if (self._worker_group.group_world_size or 1) <= 1:
+        """Wait (up to ``exit_barrier_timeout``) for the other agents' workers to finish, so
+        no agent leaves while its peers may still need it. Skipped on failure."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._exit_barrier_timeout):
+                await self.rdzv_handler.exit_barrier()
+        except TimeoutError:
+            log.warning(
+                "Exit barrier timed out after %.0fs; leaving anyway", self._exit_barrier_timeout
+            )
             return
+        log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
 
     def _raise_if_stop_requested(self) -> None:
         if self._stop_signal is not None:

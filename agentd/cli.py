@@ -26,6 +26,7 @@ from agentd.config import (
     resolve,
 )
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
+from agentd.spec import WorkerSpec
 
 log = logging.getLogger("agentd")
 
@@ -99,10 +100,9 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
-def worker_spec_from(config: AgentConfig) -> Any:
+def worker_spec_from(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved single-host config."""
     from agentd.rendezvous.static import SingleNodeRendezvous
-    from agentd.spec import WorkerSpec
 
     if config.nnodes != (1, 1):
         low, high = config.nnodes
@@ -150,11 +150,10 @@ def worker_spec_from(config: AgentConfig) -> Any:
     )
 
 
-async def run_agent(config: AgentConfig) -> int:
+async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
     from agentd.local_agent import LocalElasticAgent
 
-    spec = worker_spec_from(config)
     agent = LocalElasticAgent(
         spec,
         log_dir=config.log_dir,
@@ -191,12 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)
-        worker_spec_from(config)  # validate everything before anything starts
+        spec = worker_spec_from(config)  # everything is checked before anything starts
     except ConfigError as exc:
         print(f"agentd: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        code = asyncio.run(run_agent(config))
+        code = asyncio.run(run_agent(config, spec))
     except AgentdError as exc:
         log.error("%s", exc)
         code = exc.exit_code

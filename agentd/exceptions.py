@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class AgentdError(Exception):
     """Base of every error agentd raises on purpose."""
@@ -29,8 +31,6 @@ class AgentStopped(AgentdError):
     """The agent stopped its workers because it received a stop signal."""
 
     def __init__(self, signum: int) -> None:
-        import signal
-
         self.signum = signum
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.exit_code = 128 + signum

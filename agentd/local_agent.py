@@ -16,6 +16,7 @@ from typing import Any
 
 from agentd import orphans
 from agentd.agent import SimpleElasticAgent
+from agentd.exceptions import StartError
 from agentd.guardian import Guardian
 from agentd.logs import attempt_dir, ensure_dir, plan_route
 from agentd.spec import (
@@ -82,8 +83,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         try:
             ensure_dir(self.run_dir)
         except OSError as exc:
-            from agentd.exceptions import StartError
-
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
         if not self._hygiene:
             return

@@ -28,6 +28,16 @@ async def wait_line(worker: WorkerProcess, text: str) -> None:
             await asyncio.sleep(0.01)
 
 
+async def spawn_ignoring_sigterm() -> WorkerProcess:
+    code = (
+        "import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "print('ready', file=sys.stderr, flush=True); time.sleep(60)"
+    )
+    worker = await spawn(code)
+    await wait_line(worker, "ready")
+    return worker
+
+
 async def test_exit_code_and_time_are_recorded():
     worker = await spawn("import sys; sys.exit(7)")
     async with asyncio.timeout(20):
@@ -67,12 +77,7 @@ async def test_exit_seen_while_grandchild_holds_pipes():
 
 
 async def test_stop_escalates_to_sigkill_after_timeout():
-    code = (
-        "import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-        "print('ready', file=sys.stderr, flush=True); time.sleep(60)"
-    )
-    worker = await spawn(code)
-    await wait_line(worker, "ready")
+    worker = await spawn_ignoring_sigterm()
     started = time.monotonic()
     await stop_workers([worker], stop_timeout=0.3)
     assert worker.returncode == -signal.SIGKILL
@@ -80,12 +85,7 @@ async def test_stop_escalates_to_sigkill_after_timeout():
 
 
 async def test_force_cuts_the_grace_period():
-    code = (
-        "import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-        "print('ready', file=sys.stderr, flush=True); time.sleep(60)"
-    )
-    worker = await spawn(code)
-    await wait_line(worker, "ready")
+    worker = await spawn_ignoring_sigterm()
     force = asyncio.Event()
     stopping = asyncio.ensure_future(stop_workers([worker], stop_timeout=600, force=force))
     await asyncio.sleep(0)
@@ -113,12 +113,7 @@ async def test_children_of_an_exited_leader_are_killed():
 
 
 async def test_cancelled_stop_still_kills_and_reaps():
-    code = (
-        "import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-        "print('ready', file=sys.stderr, flush=True); time.sleep(60)"
-    )
-    worker = await spawn(code)
-    await wait_line(worker, "ready")
+    worker = await spawn_ignoring_sigterm()
     task = asyncio.ensure_future(stop_workers([worker], stop_timeout=600))
     await asyncio.sleep(0.05)
     task.cancel()

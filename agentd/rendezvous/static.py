@@ -57,6 +57,9 @@ class SingleNodeRendezvous:
     def needs_membership_checks(self) -> bool:
         return False
 
+    async def exit_barrier(self) -> None:
+        """Nobody else to wait for: a rendezvous of one is done when this agent is."""
+
     async def set_closed(self) -> None:
         self._closed = True
 
