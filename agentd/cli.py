@@ -153,12 +153,20 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
     from agentd.local_agent import LocalElasticAgent
+    from agentd.timer.server import WatchdogSettings
 
     agent = LocalElasticAgent(
         spec,
         log_dir=config.log_dir,
         exit_barrier_timeout=config.exit_barrier_timeout,
         fresh_run_id=not config.rdzv_id,
+        watchdog=WatchdogSettings(
+            file_timer=config.file_timer,
+            timer_file=config.timer_file,
+            dump_signal=config.timer_dump_signal,
+            dump_grace=config.timer_dump_grace,
+            uninterruptible_timeout=config.uninterruptible_timeout,
+        ),
     )
     loop = asyncio.get_running_loop()
     for sig in config.signals_to_handle:

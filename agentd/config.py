@@ -103,6 +103,10 @@ def parse_signal(text: str) -> signal.Signals:
         raise RuleError("is not a signal name or number (e.g. SIGTERM)") from None
 
 
+def _optional_signal(text: str) -> signal.Signals | None:
+    return parse_signal(text) if text.strip() else None
+
+
 def _signals(text: str) -> tuple[signal.Signals, ...]:
     items = [item for item in text.split(",") if item.strip()]
     if not items:
@@ -200,10 +204,13 @@ class Option:
     help: str
     is_flag: bool = False
     metavar: str | None = None
+    torch_env: str | None = None
+    """A torch variable that also sets this option, after ``AGENTD_*`` and ``PET_*``."""
 
     @property
     def env_names(self) -> tuple[str, ...]:
-        return tuple(prefix + self.name.upper() for prefix in ENV_PREFIXES)
+        names = tuple(prefix + self.name.upper() for prefix in ENV_PREFIXES)
+        return (*names, self.torch_env) if self.torch_env else names
 
 
 def _o(
@@ -214,10 +221,11 @@ def _o(
     *extra: str,
     is_flag: bool = False,
     metavar: str | None = None,
+    torch_env: str | None = None,
 ) -> Option:
     dashed = "--" + name.replace("_", "-")
     flags = [dashed] + (["--" + name] if "_" in name else []) + list(extra)
-    return Option(name, tuple(flags), parse, default, help, is_flag, metavar)
+    return Option(name, tuple(flags), parse, default, help, is_flag, metavar, torch_env)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -377,6 +385,47 @@ OPTIONS: tuple[Option, ...] = (
         metavar="TEMPLATE",
     ),
     _o(
+        "file_timer",
+        _bool,
+        "false",
+        "Serve torch's named-pipe timer protocol to the workers "
+        "(FileTimerClient, agentd.timer.expires).",
+        is_flag=True,
+        torch_env="TORCHELASTIC_ENABLE_FILE_TIMER",
+    ),
+    _o(
+        "timer_file",
+        _optional_str,
+        "",
+        "Path of the timer pipe (default: a private one; workers get it as "
+        "TORCHELASTIC_TIMER_FILE).",
+        metavar="PATH",
+        torch_env="TORCHELASTIC_TIMER_FILE",
+    ),
+    _o(
+        "timer_dump_signal",
+        _optional_signal,
+        "",
+        "Signal sent to a worker whose timer expired, before the kill "
+        "(e.g. SIGUSR1 for faulthandler stack dumps).",
+        metavar="SIGNAL",
+    ),
+    _o(
+        "timer_dump_grace",
+        _float(0.0),
+        "1",
+        "Seconds between the dump signal and the kill.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "uninterruptible_timeout",
+        _float(0.0),
+        "0",
+        "Restart the group when a worker stays this many seconds in D state (0: off).",
+        metavar="SECONDS",
+        torch_env="TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT",
+    ),
+    _o(
         "log_format",
         _choice(LOG_FORMATS),
         "text",
@@ -432,6 +481,11 @@ class AgentConfig:
     )
     exit_barrier_timeout: float = 300.0
     log_line_prefix_template: str = DEFAULT_LOG_PREFIX
+    file_timer: bool = False
+    timer_file: str | None = None
+    timer_dump_signal: signal.Signals | None = None
+    timer_dump_grace: float = 1.0
+    uninterruptible_timeout: float = 0.0
     log_format: str = "text"
     log_level: str = "INFO"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

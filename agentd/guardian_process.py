@@ -24,27 +24,32 @@ from collections.abc import Callable, Iterator
 OWNER_ENV = "AGENTD_OWNER"
 
 
+def read_mark(pid: int) -> str | None:
+    """The ``AGENTD_OWNER`` value in the environment ``pid`` started with, if readable."""
+    needle = OWNER_ENV.encode() + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fp:
+            environ = fp.read()
+    except OSError:
+        return None
+    if environ.startswith(needle):
+        start = 0
+    else:
+        start = environ.find(b"\0" + needle) + 1
+        if start == 0:
+            return None
+    end = environ.find(b"\0", start)
+    return environ[start + len(needle) : end if end >= 0 else None].decode(errors="replace")
+
+
 def marked_processes() -> Iterator[tuple[int, str]]:
     """Every process readable by us that carries an owner mark: ``(pid, mark)``."""
-    needle = OWNER_ENV.encode() + b"="
     me = os.getpid()
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fp:
-                environ = fp.read()
-        except OSError:
-            continue
-        if environ.startswith(needle):
-            start = 0
-        else:
-            start = environ.find(b"\0" + needle) + 1
-            if start == 0:
-                continue
-        end = environ.find(b"\0", start)
-        value = environ[start + len(needle) : end if end >= 0 else None]
-        yield int(name), value.decode(errors="replace")
+        if name.isdigit() and int(name) != me:
+            mark = read_mark(int(name))
+            if mark is not None:
+                yield int(name), mark
 
 
 def kill_marked(predicate: Callable[[str], bool], sig: int = signal.SIGKILL) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -29,6 +30,9 @@ from agentd.spec import (
     WorkerState,
     std_for,
 )
+from agentd.timer.api import TimerRequest
+from agentd.timer.hang import UninterruptibleMonitor
+from agentd.timer.server import FileTimerServer, TimerServer, WatchdogSettings, signal_name
 from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,10 @@ class LocalElasticAgent(SimpleElasticAgent):
     runs a guardian that kills the workers if the agent is killed, and kills workers left
     over by a dead agent of the same run id (``fresh_run_id`` says the id was just
     generated, so there can be none and the look for them is skipped).
+
+    The watchdog (:attr:`timer_server`) runs with the agent; ``watchdog`` settings add
+    torch's named-pipe timers and D-state detection. A worker reaped by it makes the
+    group UNHEALTHY, which restarts it per policy like a failure.
     """
 
     def __init__(
@@ -54,6 +62,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         exit_barrier_timeout: float = 300.0,
         process_hygiene: bool = True,
         fresh_run_id: bool = False,
+        watchdog: WatchdogSettings | None = None,
     ) -> None:
         super().__init__(spec, exit_barrier_timeout)
         self.run_id = self.rdzv_handler.get_run_id()
@@ -75,15 +84,40 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._procs: dict[int, WorkerProcess] = {}
         self._sigchld_installed = False
         self._shut_down = False
+        self._watchdog = watchdog or WatchdogSettings()
+        self.timer_server = self._make_timer_server()
+        self._hang_monitor: UninterruptibleMonitor | None = None
+        self._unhealthy: list[tuple[int, str, float]] = []
+        """(pid, why, when) of workers the watchdog reaped since the group started."""
+
+    def _make_timer_server(self) -> TimerServer:
+        settings = self._watchdog
+        common: dict[str, Any] = {
+            "trust": self._timer_target,
+            "on_expired": self._on_timer_expired,
+            "dump_signal": settings.dump_signal,
+            "dump_grace": settings.dump_grace,
+        }
+        if settings.file_timer:
+            return FileTimerServer(settings.timer_file, **common)
+        return TimerServer(**common)
 
     # -- start ---------------------------------------------------------------------------
 
     async def _prepare(self) -> None:
-        """Once per agent: log dir, process hygiene, guardian."""
+        """Once per agent: log dir, watchdog, process hygiene."""
         try:
             ensure_dir(self.run_dir)
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
+        await self.timer_server.start()
+        if self._watchdog.uninterruptible_timeout > 0:
+            self._hang_monitor = UninterruptibleMonitor(
+                lambda: [p.pid for p in self._procs.values() if p.returncode is None],
+                self._watchdog.uninterruptible_timeout,
+                self._on_stuck,
+            )
+            await self._hang_monitor.start()
         if not self._hygiene:
             return
         if not self._fresh_run_id:
@@ -210,6 +244,8 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "AGENTD_ATTEMPT": str(self.attempt),
             }
         )
+        if isinstance(self.timer_server, FileTimerServer):
+            env["TORCHELASTIC_TIMER_FILE"] = self.timer_server.path
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -226,6 +262,9 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     async def _check_workers(self, group: WorkerGroup) -> RunResult:
         procs = self._procs
+        self.timer_server.clear_timers(p.pid for p in procs.values() if p.returncode is not None)
+        if self._unhealthy:
+            return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         if failed:
             await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
@@ -245,6 +284,66 @@ class LocalElasticAgent(SimpleElasticAgent):
                     values[worker.global_rank] = read_result(wdir / "return.pickle")
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
+
+    # -- watchdog ------------------------------------------------------------------------
+
+    def _timer_target(self, pid: int) -> int | None:
+        """The process group to signal for a timer of ``pid``; None unless it is ours.
+
+        Ours: in the process group of one of our running workers, or (a descendant that
+        left its group) carrying this agent's owner mark. Never the agent's own group.
+        """
+        try:
+            pgid = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            return None
+        if pgid == os.getpgid(0):
+            return None
+        if any(p.pgid == pgid and p.returncode is None for p in self._procs.values()):
+            return pgid
+        return pgid if orphans.read_mark(pid) == self._mark else None
+
+    def _on_timer_expired(self, request: TimerRequest, pgid: int | None) -> None:
+        if pgid is None:
+            return  # signal <= 0: reported, not enforced
+        why = (
+            f"timer expired: scope {request.scope_id!r} of pid {request.worker_id}, "
+            f"reaped with {signal_name(request.signal)}"
+        )
+        self._unhealthy.append((request.worker_id, why, time.time()))
+        self._wakeup.set()
+
+    def _on_stuck(self, pid: int, seconds: float) -> None:
+        self._unhealthy.append(
+            (pid, f"in uninterruptible sleep (D state) for {seconds:.1f}s", time.time())
+        )
+        self._wakeup.set()
+
+    def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
+        by_rank = {w.local_rank: w for w in group.workers}
+        failures: dict[int, WorkerFailure] = {}
+        for pid, why, when in self._unhealthy:
+            proc = self._proc_of(pid)
+            if proc is None:
+                continue
+            worker = by_rank[proc.local_rank]
+            failures[worker.global_rank] = dataclasses.replace(
+                self._failure(group, worker, proc),
+                exitcode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+                message=why,
+                timestamp=when,
+            )
+        return RunResult(WorkerState.UNHEALTHY, failures=failures)
+
+    def _proc_of(self, pid: int) -> WorkerProcess | None:
+        """The worker whose tree ``pid`` is in (by pid, then by process group)."""
+        for proc in self._procs.values():
+            if proc.pid == pid:
+                return proc
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            pgid = os.getpgid(pid)
+            return next((p for p in self._procs.values() if p.pgid == pgid), None)
+        return None
 
     def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
         from agentd.errors import read_error_file
@@ -300,6 +399,8 @@ class LocalElasticAgent(SimpleElasticAgent):
                     self._guardian.unwatch(proc.pgid)
             for worker in group.workers:
                 worker.id = None
+            self.timer_server.clear_timers(p.pid for p in procs)
+            self._unhealthy.clear()
             self._procs = {}
             level = logging.INFO if running else logging.DEBUG
             log.log(level, "[%s] Stopped worker group", spec.role)
@@ -316,6 +417,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                     self._set_state(WorkerState.STOPPED, "agent shutting down")
             await self.rdzv_handler.shutdown()
         finally:
+            if self._hang_monitor is not None:
+                await self._hang_monitor.stop()
+            await self.timer_server.stop()
             if self._guardian is not None:
                 await self._guardian.stop()
                 self._guardian = None

@@ -21,11 +21,11 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 
-from agentd.guardian_process import OWNER_ENV, kill_marked, marked_processes
+from agentd.guardian_process import OWNER_ENV, kill_marked, marked_processes, read_mark
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OWNER_ENV", "kill_marked", "marked_processes"]
+__all__ = ["OWNER_ENV", "kill_marked", "marked_processes", "read_mark"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

@@ -108,6 +108,74 @@ def main() -> int:
             sys.stdout.flush()
         sys.stdout.write("no newline at end")
         return 0
+    if args.mode == "timer-hang":  # hangs under a 0.5 s timer until --until-attempt
+        from agentd.timer import expires
+
+        ready()
+        with expires(after=0.5):
+            if ATTEMPT < args.until_attempt:
+                time.sleep(600)
+        print(f"finished in time on restart {ATTEMPT}", flush=True)
+        return 0
+    if args.mode == "torch-timer-hang":  # the same through torch's own client
+        from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+
+        configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+        ready()
+        with expires(after=0.5):
+            if ATTEMPT < args.until_attempt:
+                time.sleep(600)
+        print(f"torch timer ok on restart {ATTEMPT}", flush=True)
+        return 0
+    if args.mode == "timer-foreign":  # asks the agent to kill a pid that is not ours
+        path = os.environ["TORCHELASTIC_TIMER_FILE"]
+        line = json.dumps(
+            {
+                "version": 1,
+                "pid": args.code,
+                "scope_id": "evil",
+                "expiration_time": time.time() + 0.1,
+                "signal": 9,
+            }
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, line.encode() + b"\n")
+        os.close(fd)
+        time.sleep(1.0)  # long past the foreign timer's deadline
+        print("foreign request sent", flush=True)
+        return 0
+    if args.mode == "timer-garbage":  # garbage and a dangling partial line, then a real timer
+        from agentd.timer import expires
+
+        path = os.environ["TORCHELASTIC_TIMER_FILE"]
+        holder = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.set_blocking(holder, True)  # the agent drains the pipe as we fill it
+        for junk in (
+            b"not json\n",
+            b"[1,2]\n",
+            b'{"version": 2}\n',
+            b"x" * 70000 + b"\n",
+            b'{"version": 1, "pid": -4}\n',
+            b"\xff\xfe\n",
+        ):
+            os.write(holder, junk)
+        os.write(holder, b'{"version": 1, "pid": 12')  # and never finish this line
+        ready()
+        with expires(after=0.5):
+            if ATTEMPT < args.until_attempt:
+                time.sleep(600)
+        print(f"survived garbage on restart {ATTEMPT}", flush=True)
+        return 0
+    if args.mode == "timer-dump":  # stack dump on SIGUSR1, then hang under a timer
+        import faulthandler
+
+        from agentd.timer import expires
+
+        faulthandler.register(signal.SIGUSR1)
+        ready()
+        with expires(after=0.3):
+            time.sleep(600)
+        return 0
     raise SystemExit(f"unknown mode {args.mode}")
 
 

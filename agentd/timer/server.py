@@ -1,0 +1,326 @@
+"""The watchdog: an asyncio timer server that reaps workers whose timers ran out.
+
+One task holds every deadline in a heap and sleeps until the earliest; a new request that
+comes due sooner wakes it. Deadlines are kept on the monotonic clock (the wire's epoch
+seconds are converted once, on arrival). On expiry the server optionally sends a
+stack-dump signal and waits a grace period, then sends the request's signal to the
+worker's process group and tells its owner (the agent), which restarts the group per
+policy. The agent itself is never signalled.
+
+Requests are honoured only for processes the owner vouches for (``trust``: the pid's
+worker process group, or None). Anything else is logged, counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agentd.timer.api import TimerRequest
+
+log = logging.getLogger(__name__)
+
+Trust = Callable[[int], "int | None"]
+"""``trust(pid)`` -> the process group to signal for ``pid``, or None if not ours."""
+OnExpired = Callable[[TimerRequest, "int | None"], None]
+"""``on_expired(request, pgid)``: a timer ran out; ``pgid`` was signalled (None: it was not)."""
+
+DEFAULT_MAX_OVERDUE = 0.5
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """How the agent's watchdog is set up (``agentd run`` flags of the same names).
+
+    ``file_timer`` serves torch's named-pipe protocol at ``timer_file`` (None: a private
+    pipe); ``dump_signal`` (e.g. SIGUSR1 with ``faulthandler``) is sent ``dump_grace``
+    seconds before the kill; ``uninterruptible_timeout`` > 0 reaps workers stuck that long
+    in D state.
+    """
+
+    file_timer: bool = False
+    timer_file: str | None = None
+    dump_signal: int | None = None
+    dump_grace: float = 1.0
+    uninterruptible_timeout: float = 0.0
+
+
+@dataclass
+class _Entry:
+    request: TimerRequest
+    deadline: float
+    pgid: int | None
+
+
+class TimerServer:
+    """Expiration timers for local workers, enforced by one asyncio task.
+
+    ``register_timers``, ``clear_timers`` and ``get_expired_timers`` are the seed's API and
+    plain synchronous logic on an injectable ``clock`` (monotonic seconds) and
+    ``wall_clock`` (epoch seconds), so they can be tested without waiting.
+    """
+
+    def __init__(
+        self,
+        *,
+        trust: Trust | None = None,
+        on_expired: OnExpired | None = None,
+        dump_signal: int | None = None,
+        dump_grace: float = 1.0,
+        max_overdue: float = DEFAULT_MAX_OVERDUE,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._trust = trust or _trust_own_group
+        self._on_expired = on_expired
+        self._dump_signal = dump_signal
+        self._dump_grace = dump_grace
+        self.max_overdue = max_overdue
+        self._clock = clock
+        self._wall = wall_clock
+        self._timers: dict[tuple[int, str], _Entry] = {}
+        self._heap: list[tuple[float, int, tuple[int, str]]] = []
+        self._seq = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._last_warning: dict[str, float] = {}
+
+    # -- the seed's API: plain logic ---------------------------------------------------------
+
+    def register_timers(self, timer_requests: Iterable[TimerRequest]) -> None:
+        """Acquire or release timers; requests for processes not ours are dropped."""
+        earliest = self.next_deadline()
+        for request in timer_requests:
+            key = (request.worker_id, request.scope_id)
+            if request.is_release:
+                self.stats["released"] += 1
+                self._timers.pop(key, None)
+                continue
+            pgid = self._trust(request.worker_id)
+            if pgid is None:
+                self.count_bad("untrusted", f"pid {request.worker_id} is not one of our workers")
+                continue
+            deadline = self._clock() + (request.expiration_time - self._wall())
+            self._timers[key] = _Entry(request, deadline, pgid)
+            heapq.heappush(self._heap, (deadline, next(self._seq), key))
+            self.stats["acquired"] += 1
+            if earliest is None or deadline < earliest:
+                earliest = deadline
+                if self._wake is not None:
+                    self._wake.set()
+        if len(self._heap) > 2 * len(self._timers) + 64:
+            self._compact()
+
+    def clear_timers(self, worker_ids: Iterable[int]) -> None:
+        """Forget every timer of these workers (they exited or were stopped)."""
+        gone = set(worker_ids)
+        for key in [k for k in self._timers if k[0] in gone]:
+            del self._timers[key]
+
+    def get_expired_timers(self, deadline: float) -> dict[int, list[TimerRequest]]:
+        """Remove and return the timers due at ``deadline`` (monotonic), by worker pid."""
+        expired: dict[int, list[TimerRequest]] = {}
+        for entry in self._pop_due(deadline):
+            expired.setdefault(entry.request.worker_id, []).append(entry.request)
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """The earliest live deadline (monotonic), or None without timers."""
+        while self._heap:
+            deadline, _, key = self._heap[0]
+            entry = self._timers.get(key)
+            if entry is not None and entry.deadline == deadline:
+                return deadline
+            heapq.heappop(self._heap)  # released, cleared or re-acquired since
+        return None
+
+    def __len__(self) -> int:
+        return len(self._timers)
+
+    def count_bad(self, kind: str, detail: str) -> None:
+        """Count a dropped request; log it (at most once a second per kind)."""
+        self.stats[kind] += 1
+        now = self._clock()
+        if now - self._last_warning.get(kind, -1e9) >= 1.0:
+            self._last_warning[kind] = now
+            log.warning("Timer request dropped (%s, %d so far): %s", kind, self.stats[kind], detail)
+
+    def _pop_due(self, deadline: float) -> list[_Entry]:
+        due = []
+        while (head := self.next_deadline()) is not None and head <= deadline:
+            _, _, key = heapq.heappop(self._heap)
+            due.append(self._timers.pop(key))
+        return due
+
+    def _compact(self) -> None:
+        self._heap = [(e.deadline, next(self._seq), k) for k, e in self._timers.items()]
+        heapq.heapify(self._heap)
+
+    # -- the watchdog task -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the watchdog task (idempotent)."""
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="watchdog")
+
+    async def stop(self) -> None:
+        """Stop the watchdog task; pending timers are dropped."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def alive(self) -> bool:
+        """The watchdog's task runs and no deadline is overdue beyond ``max_overdue``.
+
+        Answered from state alone, without waking the task: an idle watchdog is asleep.
+        """
+        if self._task is None or self._task.done():
+            return False
+        head = self.next_deadline()
+        return head is None or self._clock() - head <= self.max_overdue
+
+    async def _watch(self) -> None:
+        assert self._wake is not None
+        while True:
+            head = self.next_deadline()
+            timeout = None if head is None else max(0.0, head - self._clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            for entry in self._pop_due(self._clock()):
+                self._expire(entry)
+
+    def _expire(self, entry: _Entry) -> None:
+        """Reap one worker: never raises, never signals the agent."""
+        request = entry.request
+        self.stats["expired"] += 1
+        pgid = self._trust(request.worker_id)  # again: the pid may have gone since
+        if pgid is None or pgid == os.getpgid(0):
+            log.warning(
+                "Timer %r of pid %d expired, but the pid is no longer ours",
+                request.scope_id,
+                request.worker_id,
+            )
+            return
+        if request.signal <= 0:
+            log.warning(
+                "Timer %r of pid %d expired (signal %d: not killing)",
+                request.scope_id,
+                request.worker_id,
+                request.signal,
+            )
+            self._notify(request, None)
+            return
+        if self._dump_signal:
+            _signal_pid(request.worker_id, self._dump_signal)
+            log.warning(
+                "Timer %r of pid %d expired: sent %s, killing in %.1fs",
+                request.scope_id,
+                request.worker_id,
+                signal.Signals(self._dump_signal).name,
+                self._dump_grace,
+            )
+            asyncio.get_running_loop().call_later(self._dump_grace, self._kill, request, pgid)
+        else:
+            self._kill(request, pgid)
+
+    def _kill(self, request: TimerRequest, pgid: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, request.signal)
+        self.stats["reaped"] += 1
+        log.error(
+            "Timer %r of pid %d expired: sent %s to its process group %d",
+            request.scope_id,
+            request.worker_id,
+            signal_name(request.signal),
+            pgid,
+        )
+        self._notify(request, pgid)
+
+    def _notify(self, request: TimerRequest, pgid: int | None) -> None:
+        if self._on_expired is not None:
+            try:
+                self._on_expired(request, pgid)
+            except Exception:
+                log.exception("Timer expiry callback failed")
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _trust_own_group(pid: int) -> int | None:
+    """Default trust for a standalone server: only children of this process, by group."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            ppid = int(fp.read().rsplit(b")", 1)[1].split()[1])
+        if ppid != os.getpid():
+            return None
+        return os.getpgid(pid)
+    except (OSError, ValueError):
+        return None
+
+
+class FileTimerServer(TimerServer):
+    """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
+
+    ``file_path`` None makes a private pipe; :attr:`path` tells where it is once started.
+    """
+
+    def __init__(self, file_path: str | None = None, **kwargs: object) -> None:
+        from agentd.timer.file_pipe import FifoSource
+
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._source = FifoSource(self, file_path)
+        self.path = ""
+
+    async def start(self) -> None:
+        self.path = self._source.open()
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._source.close()
+
+
+class LocalTimerServer(TimerServer):
+    """A timer server fed by a ``multiprocessing.Queue`` (see :mod:`agentd.timer.local`)."""
+
+    def __init__(self, mp_queue: object, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._queue = mp_queue
+        self._fd = -1
+
+    async def start(self) -> None:
+        from agentd.timer.local import queue_source
+
+        self._fd, on_readable = queue_source(self, self._queue)
+        asyncio.get_running_loop().add_reader(self._fd, on_readable)
+        await super().start()
+
+    async def stop(self) -> None:
+        if self._fd >= 0:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            self._fd = -1
+        await super().stop()

@@ -1,0 +1,174 @@
+"""The named-pipe protocol: parsing, bad input, and a real FIFO."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentd.exceptions import StartError
+from agentd.timer import FileTimerClient, expires
+from agentd.timer.api import RELEASE, TimerRequest
+from agentd.timer.file_pipe import BadRequest, encode_request, parse_line, parse_request
+from agentd.timer.server import FileTimerServer
+
+
+def wire(**kw) -> bytes:
+    doc = {"version": 1, "pid": 42, "scope_id": "s", "expiration_time": 12.5, "signal": 9}
+    doc.update(kw)
+    return json.dumps(doc).encode()
+
+
+def test_round_trip_matches_torch_format():
+    request = TimerRequest(42, "train.py#7", 1700000000.25, 9)
+    line = encode_request(request)
+    assert json.loads(line) == {
+        "version": 1,
+        "pid": 42,
+        "scope_id": "train.py#7",
+        "expiration_time": 1700000000.25,
+        "signal": 9,
+    }
+    assert parse_request(line.rstrip(b"\n")) == request
+    assert parse_request(wire(expiration_time=-1)).expiration_time == RELEASE
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        (b"nope", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (wire(version=2), "version: 2 must be 1"),
+        (wire(pid=0), "pid: 0 must be a positive integer"),
+        (wire(pid=True), "pid: True"),
+        (wire(pid="42"), "pid: '42'"),
+        (wire(scope_id=5), "scope_id"),
+        (wire(scope_id="x" * 2000), "scope_id"),
+        (wire(expiration_time="soon"), "expiration_time: 'soon'"),
+        (b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": NaN}', "finite"),
+        (wire(signal=999), "signal: 999"),
+    ],
+)
+def test_bad_requests_name_the_rule(line, rule):
+    with pytest.raises(BadRequest, match=rule.replace("(", r"\(")):
+        parse_request(line)
+
+
+def test_request_glued_to_a_partial_line_is_recovered():
+    request, problem = parse_line(b'{"version": 1, "pid": 12' + wire(scope_id="a{b}"))
+    assert request is not None and request.scope_id == "a{b}"
+    assert "stray bytes" in problem
+    assert parse_line(b"garbage") == (None, "not JSON")
+
+
+def test_oversized_request_is_refused_by_the_client():
+    with pytest.raises(ValueError, match="the pipe takes"):
+        encode_request(TimerRequest(1, "x" * 5000, 1.0))
+
+
+async def write_all(fd: int, data: bytes) -> None:
+    """Write to a non-blocking pipe, letting the server's loop drain it when full."""
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+
+
+async def test_fifo_end_to_end_with_garbage_and_a_stuck_writer(tmp_path):
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    server = FileTimerServer(
+        str(tmp_path / "timer.fifo"),
+        trust=lambda pid: os.getpgid(pid) if pid == child.pid else None,
+    )
+    await server.start()
+    holder = None
+    try:
+        assert stat.S_ISFIFO(os.stat(server.path).st_mode)
+        holder = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
+        await write_all(holder, b"garbage\n" + b"y" * 100_000 + b"\n[]\n")
+        await write_all(holder, b'{"version": 1, "pid"')  # never finishes this line
+        client = FileTimerClient(server.path)
+        # the client's pid is ours, not the child's: write the child's request by hand
+        line = encode_request(TimerRequest(child.pid, "hang", time.time() + 0.05))
+        fd = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, line)
+        os.close(fd)
+        async with asyncio.timeout(10):
+            while child.poll() is None:
+                await asyncio.sleep(0.005)
+        assert child.returncode == -9
+        assert server.stats["invalid"] >= 2 and server.stats["oversized"] >= 1
+        client.release("nothing")  # releasing an unknown scope is harmless
+    finally:
+        if holder is not None:
+            os.close(holder)
+        await server.stop()
+        child.kill()
+        child.wait()
+    assert not os.path.exists(tmp_path / "timer.fifo")  # we made it, we removed it
+
+
+async def test_private_fifo_is_0600_in_a_0700_dir():
+    server = FileTimerServer(None)
+    await server.start()
+    try:
+        assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(server.path)).st_mode) == 0o700
+    finally:
+        await server.stop()
+    assert not os.path.exists(os.path.dirname(server.path))
+
+
+async def test_existing_regular_file_is_refused_not_deleted(tmp_path):
+    path = tmp_path / "not-a-fifo"
+    path.write_text("precious")
+    server = FileTimerServer(str(path))
+    with pytest.raises(StartError, match="not a named pipe owned by uid"):
+        await server.start()
+    assert path.read_text() == "precious"
+
+
+async def test_client_without_server_fails_clearly(tmp_path):
+    path = tmp_path / "dead.fifo"
+    os.mkfifo(path)  # a pipe nobody reads
+    with pytest.raises(BrokenPipeError, match="is not available"):
+        FileTimerClient(str(path)).acquire("s", time.time() + 1)
+
+
+def test_expires_without_a_client_says_how_to_get_one(monkeypatch):
+    import agentd.timer.api as api
+
+    monkeypatch.setattr(api, "_client", None)
+    monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)
+    with pytest.raises(RuntimeError, match="--file-timer"), expires(after=1):
+        pass
+
+
+def test_local_timer_client_and_server_through_an_mp_queue():
+    code = """
+import asyncio, multiprocessing as mp, subprocess, time
+from agentd.timer import LocalTimerClient, LocalTimerServer, expires
+async def main():
+    q = mp.Queue()
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    server = LocalTimerServer(q, trust=lambda pid: pid if pid == child.pid else None)
+    await server.start()
+    client = LocalTimerClient(q)
+    client._queue.put(__import__("agentd.timer.api", fromlist=["x"]).TimerRequest(
+        child.pid, "s", time.time() + 0.05))
+    async with asyncio.timeout(10):
+        while child.poll() is None:
+            await asyncio.sleep(0.005)
+    await server.stop()
+    print(child.returncode)
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "-9", out.stderr
