@@ -1,11 +1,12 @@
 """The watchdog: an asyncio timer server that reaps workers whose timers ran out.
 
 One task holds every deadline in a heap and sleeps until the earliest; a new request that
-comes due sooner wakes it. Deadlines are kept on the monotonic clock (the wire's epoch
-seconds are converted once, on arrival). On expiry the server optionally sends a
-stack-dump signal and waits a grace period, then sends the request's signal to the
-worker's process group and tells its owner (the agent), which restarts the group per
-policy. The agent itself is never signalled.
+comes due sooner wakes it. The loop's timeouts are whole milliseconds rounded up, so it
+wakes two milliseconds early and sleeps the rest exactly. Deadlines are kept on the
+monotonic clock (the wire's epoch seconds are converted once, on arrival). On expiry the
+server optionally sends a stack-dump signal and waits a grace period, then sends the
+request's signal to the worker's process group and tells its owner (the agent), which
+restarts the group per policy. The agent itself is never signalled.
 
 Requests are honoured only for processes the owner vouches for (``trust``: the pid's
 worker process group, or None). Anything else is logged, counted and dropped.
@@ -35,6 +36,7 @@ OnExpired = Callable[[TimerRequest, "int | None"], None]
 """``on_expired(request, pgid)``: a timer ran out; ``pgid`` was signalled (None: it was not)."""
 
 DEFAULT_MAX_OVERDUE = 0.5
+_FINE_SLEEP = 0.002
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class TimerServer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
+        self.last_reap_lateness: float | None = None
+        """Seconds from the last reaped timer's deadline to its signal being sent."""
         self._last_warning: dict[str, float] = {}
 
     # -- the seed's API: plain logic ---------------------------------------------------------
@@ -196,12 +200,16 @@ class TimerServer:
         assert self._wake is not None
         while True:
             head = self.next_deadline()
-            timeout = None if head is None else max(0.0, head - self._clock())
+            if head is not None and head - self._clock() <= _FINE_SLEEP:
+                # epoll counts whole milliseconds, rounded up: sleep the last ones exactly
+                time.sleep(max(0.0, head - self._clock()))  # noqa: ASYNC251 (<= 2 ms)
+                for entry in self._pop_due(max(head, self._clock())):
+                    self._expire(entry)
+                continue
+            timeout = None if head is None else head - self._clock() - _FINE_SLEEP
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
-            for entry in self._pop_due(self._clock()):
-                self._expire(entry)
 
     def _expire(self, entry: _Entry) -> None:
         """Reap one worker: never raises, never signals the agent."""
@@ -233,20 +241,24 @@ class TimerServer:
                 signal.Signals(self._dump_signal).name,
                 self._dump_grace,
             )
-            asyncio.get_running_loop().call_later(self._dump_grace, self._kill, request, pgid)
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._dump_grace, self._kill, request, pgid, entry.deadline)
         else:
-            self._kill(request, pgid)
+            self._kill(request, pgid, entry.deadline)
 
-    def _kill(self, request: TimerRequest, pgid: int) -> None:
+    def _kill(self, request: TimerRequest, pgid: int, deadline: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, request.signal)
+        late = self._clock() - deadline
         self.stats["reaped"] += 1
+        self.last_reap_lateness = late
         log.error(
-            "Timer %r of pid %d expired: sent %s to its process group %d",
+            "Timer %r of pid %d expired: sent %s to its process group %d (%.2f ms late)",
             request.scope_id,
             request.worker_id,
             signal_name(request.signal),
             pgid,
+            late * 1000,
         )
         self._notify(request, pgid)
 
