@@ -8,7 +8,9 @@ FROM python:3.11.7-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    AGENTD_HEALTH_PORT=29401 \
+    AGENTD_HEALTH_HOST=0.0.0.0
 
 COPY pyproject.toml README.md /src/
 COPY agentd /src/agentd
@@ -17,6 +19,9 @@ RUN pip install --no-cache-dir /src \
 
 USER 10001:10001
 WORKDIR /home/agentd
+EXPOSE 29401
 STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=4s --start-period=30s --retries=3 \
+    CMD ["agentd", "status", "--check", "livez", "--timeout", "3"]
 ENTRYPOINT ["agentd"]
 CMD ["--help"]

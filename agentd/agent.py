@@ -12,15 +12,17 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from agentd.exceptions import AgentStopped, ConfigError
+from agentd.observer import AgentObserver
 from agentd.rendezvous.api import RendezvousHandler, RendezvousInfo, RoleInstanceInfo
 from agentd.rendezvous.static import SingleNodeRendezvous
 from agentd.spec import (
     DEFAULT_ROLE,
     RunResult,
     Worker,
+    WorkerFailure,
     WorkerGroup,
     WorkerSpec,
     WorkerState,
@@ -28,9 +30,6 @@ from agentd.spec import (
 )
 
 log = logging.getLogger(__name__)
-
-StateListener = Callable[[WorkerState, WorkerState, str], None]
-"""Called as ``listener(old, new, reason)`` on every state change."""
 
 
 def assign_worker_ranks(
@@ -82,8 +81,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._exit_barrier_timeout = exit_barrier_timeout
-        self._listeners: list[StateListener] = []
+        self._observers: list[AgentObserver] = []
         self._wakeup = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._stop_signal: int | None = None
         self._consecutive_failures = 0
@@ -91,6 +91,8 @@ class SimpleElasticAgent(ElasticAgent):
         self.generation = -1
         self.restart_count = 0
         self.last_result: RunResult | None = None
+        self.last_failure: WorkerFailure | None = None
+        """The root cause of the latest failure, even one that a restart recovered from."""
 
     @property
     def rdzv_handler(self) -> RendezvousHandler:
@@ -101,9 +103,16 @@ class SimpleElasticAgent(ElasticAgent):
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
         return self._worker_group
 
-    def add_state_listener(self, listener: StateListener) -> None:
-        """Call ``listener(old, new, reason)`` on every state change (metrics, events, ...)."""
-        self._listeners.append(listener)
+    def add_observer(self, observer: AgentObserver) -> None:
+        """Tell ``observer`` about state changes, recovery phases, restarts and failures."""
+        self._observers.append(observer)
+
+    def _notify(self, hook: str, *args: object) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                log.exception("Agent observer %r failed in %s", observer, hook)
 
     def request_stop(self, signum: int = signal.SIGTERM, force: bool = False) -> None:
         """Ask the agent to stop its workers and make :meth:`run` raise AgentStopped.
@@ -115,6 +124,7 @@ class SimpleElasticAgent(ElasticAgent):
             self._force.set()
         if self._stop_signal is None:
             self._stop_signal = signum
+        self._stop_requested.set()
         self._wakeup.set()
 
     # -- the template ----------------------------------------------------------------------
@@ -122,6 +132,7 @@ class SimpleElasticAgent(ElasticAgent):
     async def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         started = time.monotonic()
         try:
+            await self._startup()
             result = await self._invoke_run(role)
             self.last_result = result
             log.info(
@@ -157,6 +168,7 @@ class SimpleElasticAgent(ElasticAgent):
                         log.info(
                             "[%s] %d node(s) waiting to join; restarting the group", role, waiting
                         )
+                        self._notify("restarted", "membership", self.restart_count)
                         await self._restart_workers(group, reason="membership")
                 continue
             if state == WorkerState.SUCCEEDED:
@@ -164,13 +176,20 @@ class SimpleElasticAgent(ElasticAgent):
                 await self._exit_barrier()
                 return result
             # FAILED or UNHEALTHY
-            self._set_state(state, "worker failure" if state == WorkerState.FAILED else "unhealthy")
+            reason = "failure" if state == WorkerState.FAILED else "unhealthy"
+            self._set_state(state, reason)
             root = result.root_cause
+            if root is not None:
+                self.last_failure = root
+                self._notify("phase_timed", "detect", max(0.0, time.time() - root.timestamp))
+            for failure in sorted(result.failures.values(), key=lambda f: f.timestamp):
+                self._notify("worker_failed", failure)
             retryable = root is None or spec.restart_policy.is_retryable(root.exitcode)
             if self._remaining_restarts > 0 and retryable:
                 self._remaining_restarts -= 1
                 self.restart_count += 1
-                await self._stop_workers(group)
+                self._notify("restarted", reason, self.restart_count)
+                await self._timed_stop(group)
                 self._set_state(WorkerState.STOPPED, "restarting")
                 await self._backoff(role)
                 log.info(
@@ -179,20 +198,24 @@ class SimpleElasticAgent(ElasticAgent):
                     self.restart_count,
                     spec.max_restarts,
                 )
-                await self._restart_workers(group, reason="failure", stopped=True)
+                await self._restart_workers(group, reason=reason, stopped=True)
                 continue
             if not retryable and root is not None:
                 log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
-            await self._stop_workers(group)
+            await self._timed_stop(group)
             self._set_state(WorkerState.FAILED, "no restarts left")
             return RunResult(WorkerState.FAILED, result.return_values, result.failures)
 
     async def _initialize_workers(self, group: WorkerGroup) -> None:
         """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
         self._raise_if_stop_requested()
+        began = time.monotonic()
         await self._rendezvous(group)
+        self._notify("phase_timed", "rendezvous", time.monotonic() - began)
         self._raise_if_stop_requested()
+        began = time.monotonic()
         pids = await self._start_workers(group)
+        self._notify("phase_timed", "start", time.monotonic() - began)
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
         self._healthy_since = time.monotonic()
@@ -203,10 +226,15 @@ class SimpleElasticAgent(ElasticAgent):
     ) -> None:
         """Stop (unless already stopped) and start the group again after a new rendezvous."""
         if not stopped:
-            await self._stop_workers(group)
+            await self._timed_stop(group)
             self._set_state(WorkerState.STOPPED, reason)
         self._set_state(WorkerState.INIT, f"restart ({reason})")
         await self._initialize_workers(group)
+
+    async def _timed_stop(self, group: WorkerGroup) -> None:
+        began = time.monotonic()
+        await self._stop_workers(group)
+        self._notify("phase_timed", "stop", time.monotonic() - began)
 
     async def _rendezvous(self, group: WorkerGroup) -> None:
         spec = group.spec
@@ -245,8 +273,8 @@ class SimpleElasticAgent(ElasticAgent):
         if delay <= 0:
             return
         log.info("[%s] Waiting %.2fs before restarting (backoff)", role, delay)
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), delay)
+        try:  # only a stop request cuts the backoff short, not the stopped workers' exits
+            await asyncio.wait_for(self._stop_requested.wait(), delay)
         except TimeoutError:
             return
         self._raise_if_stop_requested()
@@ -270,7 +298,7 @@ class SimpleElasticAgent(ElasticAgent):
             raise AgentStopped(self._stop_signal)
 
     def _set_state(self, new: WorkerState, reason: str) -> None:
-        """The one place state changes: checks the table, logs, tells the listeners."""
+        """The one place state changes: checks the table, logs, tells the observers."""
         group = self._worker_group
         old = group.state
         if old is new:
@@ -278,10 +306,12 @@ class SimpleElasticAgent(ElasticAgent):
         check_transition(old, new)
         group.state = new
         log.debug("[%s] Worker group %s -> %s (%s)", group.spec.role, old.value, new.value, reason)
-        for listener in self._listeners:
-            listener(old, new, reason)
+        self._notify("state_changed", old, new, reason)
 
     # -- the steps subclasses provide --------------------------------------------------------
+
+    async def _startup(self) -> None:
+        """Set up what the agent needs before its first rendezvous (nothing, by default)."""
 
     @abc.abstractmethod
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:

@@ -63,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(*option.flags, **kwargs)
     run.add_argument("script", nargs="?", help="training script, module (-m) or executable")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    status = commands.add_parser(
+        "status",
+        help="show a running agent's status (its --health-port endpoint)",
+        description="Ask a running agent for its status; exit 0 ok, 1 unhealthy, 3 unreachable.",
+    )
+    status.add_argument("--url", help="the agent's health endpoint "
+                        "(default: AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT "
+                        "or :29401)")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--check", choices=("livez", "readyz"),
+                        help="only probe /livez or /readyz (for exec probes)")  # fmt: skip
+    status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     return parser
 
 
@@ -152,6 +164,7 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
 
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
+    from agentd.health import HealthSettings
     from agentd.local_agent import LocalElasticAgent
     from agentd.timer.server import WatchdogSettings
 
@@ -167,6 +180,10 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
             dump_grace=config.timer_dump_grace,
             uninterruptible_timeout=config.uninterruptible_timeout,
         ),
+        health=None
+        if config.health_port is None
+        else HealthSettings(config.health_port, config.health_host, config.health_timeout),
+        event_log=config.event_log,
     )
     loop = asyncio.get_running_loop()
     for sig in config.signals_to_handle:
@@ -195,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if args.command == "status":
+            from agentd import status_cli
+
+            return status_cli.run(args.url, args.json, args.check, args.timeout)
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)

@@ -103,6 +103,10 @@ def parse_signal(text: str) -> signal.Signals:
         raise RuleError("is not a signal name or number (e.g. SIGTERM)") from None
 
 
+def _optional_port(text: str) -> int | None:
+    return _int(0, 65535)(text) if text.strip() else None
+
+
 def _optional_signal(text: str) -> signal.Signals | None:
     return parse_signal(text) if text.strip() else None
 
@@ -426,6 +430,35 @@ OPTIONS: tuple[Option, ...] = (
         torch_env="TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT",
     ),
     _o(
+        "health_port",
+        _optional_port,
+        "",
+        "Serve /livez /readyz /status /metrics on this port (0: any free port; empty: off).",
+        metavar="PORT",
+        torch_env="TORCHELASTIC_HEALTH_CHECK_PORT",
+    ),
+    _o(
+        "health_host",
+        _str,
+        "127.0.0.1",
+        "Address of the health endpoint (0.0.0.0 for probes from outside the host).",
+        metavar="HOST",
+    ),
+    _o(
+        "health_timeout",
+        _float(0.0, strict=True),
+        "5",
+        "Seconds the watchdog may be overdue, or the event loop late, before /livez fails.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "event_log",
+        _optional_str,
+        "",
+        "Append the run's events (state changes, restarts, failures) to this file as JSON lines.",
+        metavar="FILE",
+    ),
+    _o(
         "log_format",
         _choice(LOG_FORMATS),
         "text",
@@ -486,6 +519,10 @@ class AgentConfig:
     timer_dump_signal: signal.Signals | None = None
     timer_dump_grace: float = 1.0
     uninterruptible_timeout: float = 0.0
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
+    health_timeout: float = 5.0
+    event_log: str | None = None
     log_format: str = "text"
     log_level: str = "INFO"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

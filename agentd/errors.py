@@ -136,7 +136,7 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
         lines += ["  stderr (last lines):"]
         lines += ["    " + ln for ln in root.stderr_tail.rstrip().splitlines()]
     elif not root.message:
-        lines.append("  (no error file and no stderr captured; decorate main with @record)")
+        lines.append("  (no error file and nothing on stderr; decorate main with @record)")
     others = [f for f in result.failures.values() if f is not root]
     if others:
         lines.append("Other failures:")

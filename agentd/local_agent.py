@@ -11,12 +11,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentd import orphans
 from agentd.agent import SimpleElasticAgent
+from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
 from agentd.guardian import Guardian
 from agentd.logs import attempt_dir, ensure_dir, plan_route
@@ -35,7 +37,16 @@ from agentd.timer.hang import UninterruptibleMonitor
 from agentd.timer.server import FileTimerServer, TimerServer, WatchdogSettings, signal_name
 from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
+if TYPE_CHECKING:
+    from agentd.health import Check, HealthCheckServer, HealthSettings, LoopLagMonitor
+    from agentd.metrics import AgentMetrics
+
 log = logging.getLogger(__name__)
+
+
+def _debug_event(event: Event) -> None:
+    log.debug("event %s", event.to_json())
+
 
 _TAIL_WAIT = 0.5
 
@@ -53,6 +64,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     The watchdog (:attr:`timer_server`) runs with the agent; ``watchdog`` settings add
     torch's named-pipe timers and D-state detection. A worker reaped by it makes the
     group UNHEALTHY, which restarts it per policy like a failure.
+
+    ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` from before the
+    first rendezvous to the end; ``event_log`` appends the run's events as JSON lines.
     """
 
     def __init__(
@@ -63,6 +77,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         process_hygiene: bool = True,
         fresh_run_id: bool = False,
         watchdog: WatchdogSettings | None = None,
+        health: HealthSettings | None = None,
+        event_log: str | None = None,
     ) -> None:
         super().__init__(spec, exit_barrier_timeout)
         self.run_id = self.rdzv_handler.get_run_id()
@@ -85,7 +101,16 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._sigchld_installed = False
         self._shut_down = False
         self._watchdog = watchdog or WatchdogSettings()
+        self._health_settings = health
+        self._event_log = event_log
         self.timer_server = self._make_timer_server()
+        if health is not None:
+            self.timer_server.max_overdue = health.timeout
+        self.health_server: HealthCheckServer | None = None
+        self.metrics: AgentMetrics | None = None
+        self._lag: LoopLagMonitor | None = None
+        self._event_file: JsonLinesFile | None = None
+        self._started_at = time.time()
         self._hang_monitor: UninterruptibleMonitor | None = None
         self._unhealthy: list[tuple[int, str, float]] = []
         """(pid, why, when) of workers the watchdog reaped since the group started."""
@@ -104,13 +129,16 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     # -- start ---------------------------------------------------------------------------
 
-    async def _prepare(self) -> None:
+    async def _startup(self) -> None:
         """Once per agent: log dir, watchdog, process hygiene."""
         try:
             ensure_dir(self.run_dir)
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
+        self._start_events()
         await self.timer_server.start()
+        if self._health_settings is not None:
+            await self._start_health(self._health_settings)
         if self._watchdog.uninterruptible_timeout > 0:
             self._hang_monitor = UninterruptibleMonitor(
                 lambda: [p.pid for p in self._procs.values() if p.returncode is None],
@@ -128,6 +156,109 @@ class LocalElasticAgent(SimpleElasticAgent):
         loop.add_signal_handler(signal.SIGCHLD, self._reaper.reap)
         self._sigchld_installed = True
 
+    def _start_events(self) -> None:
+        sinks: list[Callable[[Event], None]] = [_debug_event]
+        if self._event_log:
+            try:
+                self._event_file = JsonLinesFile(self._event_log)
+            except OSError as exc:
+                raise StartError(
+                    f"event_log: cannot open {self._event_log}: {exc.strerror}"
+                ) from None
+            sinks.append(self._event_file)
+        events = AgentEvents(self.run_id, self._worker_group.spec.role, sinks)
+        self.add_observer(events)
+        events.emit("agent_started", host=self.hostname, pid=os.getpid())
+
+    async def _start_health(self, settings: HealthSettings) -> None:
+        from agentd.health import HealthCheckServer, LoopLagMonitor
+        from agentd.metrics import AgentMetrics
+
+        self.metrics = AgentMetrics(self)
+        self.add_observer(self.metrics)
+        self._lag = LoopLagMonitor()
+        self._lag.start()
+        self.health_server = HealthCheckServer(
+            self.liveness_checks, settings.port, settings.timeout, settings.host,
+            ready=lambda: self._worker_group.state is WorkerState.HEALTHY,
+            status=self.status, metrics=self._render_metrics,
+        )  # fmt: skip
+        await self.health_server.start()
+
+    def _render_metrics(self) -> bytes:
+        assert self.metrics is not None and self._lag is not None
+        self.metrics.loop_lag.set(self._lag.current_lag())
+        return self.metrics.render()
+
+    def liveness_checks(self) -> list[Check]:
+        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
+        from agentd.health import Check
+
+        timeout = self._health_settings.timeout if self._health_settings else 5.0
+        lag = self._lag.current_lag() if self._lag else 0.0
+        return [
+            Check("watchdog", self.timer_server.alive(), f"{len(self.timer_server)} timer(s)"),
+            Check("event-loop", lag <= timeout, f"lag {lag * 1000:.1f} ms"),
+        ]
+
+    def worker_readings(self) -> list[dict[str, Any]]:
+        """Each worker of the current attempt: ranks, pid, state, start time, CPU and RSS."""
+        from agentd.metrics import process_tree_usage
+
+        by_rank = {w.local_rank: w for w in self._worker_group.workers}
+        readings = []
+        for proc in self._procs.values():
+            worker = by_rank.get(proc.local_rank)
+            running = proc.returncode is None
+            cpu, rss = process_tree_usage(proc.pid) if running else (0.0, 0)
+            readings.append({
+                "local_rank": proc.local_rank,
+                "rank": worker.global_rank if worker else -1,
+                "pid": proc.pid,
+                "state": "running" if running else "exited",
+                "exitcode": proc.returncode,
+                "started_at": proc.started_at,
+                "cpu_seconds": round(cpu, 3),
+                "rss_bytes": rss,
+            })  # fmt: skip
+        return readings
+
+    def status(self) -> dict[str, Any]:
+        """What ``/status`` shows (no environment, no output, no tracebacks)."""
+        group = self._worker_group
+        failure = self.last_failure
+        workers = group.workers
+        return {
+            "run_id": self.run_id,
+            "role": group.spec.role,
+            "state": group.state.value,
+            "host": self.hostname,
+            "agent_pid": os.getpid(),
+            "started_at": self._started_at,
+            "restart_count": self.restart_count,
+            "max_restarts": group.spec.max_restarts,
+            "attempt": self.attempt,
+            "generation": self.generation,
+            "node_rank": group.group_rank,
+            "group_world_size": group.group_world_size,
+            "world_size": workers[0].world_size if workers else None,
+            "watchdog": {
+                "alive": self.timer_server.alive(),
+                "timers": len(self.timer_server),
+                "reaped": self.timer_server.stats["reaped"],
+            },
+            "workers": self.worker_readings(),
+            "last_failure": None if failure is None else {
+                "rank": failure.global_rank,
+                "local_rank": failure.local_rank,
+                "pid": failure.pid,
+                "exitcode": failure.exitcode,
+                "signal": failure.signal_name,
+                "message": failure.message,
+                "timestamp": failure.timestamp,
+            },
+        }  # fmt: skip
+
     async def _start_guardian(self) -> None:
         """Started after the first workers, so it never delays them; they have a
         parent-death signal meanwhile, and it learns of their groups on start."""
@@ -138,8 +269,6 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._reaper.own(self._guardian.pid)
 
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
-        if self.attempt < 0:
-            await self._prepare()
         self.attempt += 1
         spec = group.spec
         plans = [self._plan_worker(group, worker) for worker in group.workers]
@@ -420,6 +549,12 @@ class LocalElasticAgent(SimpleElasticAgent):
             if self._hang_monitor is not None:
                 await self._hang_monitor.stop()
             await self.timer_server.stop()
+            if self._lag is not None:
+                self._lag.stop()
+            if self.health_server is not None:
+                await self.health_server.stop()
+            if self._event_file is not None:
+                self._event_file.close()
             if self._guardian is not None:
                 await self._guardian.stop()
                 self._guardian = None

@@ -27,3 +27,19 @@ def test_exec_form_entrypoint_and_non_root():
     assert 'ENTRYPOINT ["agentd"]' in text
     assert "\nUSER 10001:10001\n" in text  # numeric: resolvable without /etc/passwd
     assert ":latest" not in text
+
+
+def test_healthcheck_and_examples_agree_on_the_health_port():
+    import re
+
+    root = DOCKERFILE.parent
+    port = re.search(r"AGENTD_HEALTH_PORT=(\d+)", DOCKERFILE.read_text()).group(1)
+    assert f"EXPOSE {port}" in DOCKERFILE.read_text()
+    assert 'CMD ["agentd", "status", "--check", "livez"' in DOCKERFILE.read_text()
+    job = (root / "config" / "kubernetes-job.yaml").read_text()
+    assert f"containerPort: {port}" in job
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz"),
+                        ("startupProbe", "/livez")):  # fmt: skip
+        assert re.search(rf"{probe}:.*\n\s+httpGet: {{path: {path}, port: health}}", job)
+    unit = (root / "config" / "agentd.service").read_text()
+    assert f"--health-port {port}" in unit and "KillMode=mixed" in unit

@@ -10,6 +10,7 @@ import pytest
 
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
 from agentd.exceptions import AgentStopped, IllegalTransition
+from agentd.observer import AgentObserver
 from agentd.rendezvous.static import SingleNodeRendezvous
 from agentd.restart import RestartBackoff
 from tests.conftest import WORKER
@@ -51,7 +52,17 @@ async def test_states_seen_by_listener_and_restart_count(tmp_path):
         tmp_path, sys.executable, ("-u", WORKER, "flaky", "--until-attempt", "1"), max_restarts=2
     )
     seen: list[tuple[str, str]] = []
-    agent.add_state_listener(lambda old, new, _reason: seen.append((old.value, new.value)))
+    phases: list[str] = []
+
+    class Watcher(AgentObserver):
+        def state_changed(self, old, new, reason):
+            seen.append((old.value, new.value))
+
+        def phase_timed(self, phase, seconds):
+            assert seconds >= 0
+            phases.append(phase)
+
+    agent.add_observer(Watcher())
     result = await agent.run("trainer")
     assert result.state is WorkerState.SUCCEEDED
     assert agent.restart_count == 1
@@ -64,6 +75,7 @@ async def test_states_seen_by_listener_and_restart_count(tmp_path):
         ("HEALTHY", "SUCCEEDED"),
     ]
     assert agent.get_worker_group().state is WorkerState.SUCCEEDED
+    assert phases == ["rendezvous", "start", "detect", "stop", "rendezvous", "start"]
 
 
 async def test_backoff_is_waited_between_restarts(tmp_path):
@@ -72,7 +84,7 @@ async def test_backoff_is_waited_between_restarts(tmp_path):
         sys.executable,
         ("-u", WORKER, "flaky", "--until-attempt", "2"),
         max_restarts=2,
-        n=1,
+        n=2,  # the stopped sibling's exit must not cut the backoff short
         restart_backoff=RestartBackoff(0.2, 1.0, 2.0, 0.0),
     )
     loop = asyncio.get_running_loop()

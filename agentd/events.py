@@ -1,0 +1,115 @@
+"""Events: what happened to a run, as JSON lines (``--event-log FILE``) and log records.
+
+Seed parity: ``Event``, ``EventSource`` and ``record(event)``. The agent records its own
+events through :class:`AgentEvents`, an observer; ``record`` is for anyone else (a worker
+or a library) and goes to the handler set with :func:`configure` (the log by default).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentd.observer import AgentObserver
+from agentd.spec import WorkerFailure, WorkerState
+
+log = logging.getLogger(__name__)
+
+
+class EventSource(enum.StrEnum):
+    """Who an event is about."""
+
+    AGENT = "AGENT"
+    WORKER = "WORKER"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened: a name, its source, when (epoch seconds), and details."""
+
+    name: str
+    source: EventSource = EventSource.AGENT
+    timestamp: float = field(default_factory=time.time)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "source": self.source.value, "timestamp": self.timestamp,
+             "metadata": self.metadata},
+            default=str,
+        )  # fmt: skip
+
+
+EventHandler = Callable[[Event], None]
+
+
+def log_event(event: Event) -> None:
+    """The default handler: one INFO log line per event."""
+    log.info("event %s", event.to_json())
+
+
+_handler: EventHandler = log_event
+
+
+def configure(handler: EventHandler) -> None:
+    """Send what :func:`record` is given to ``handler`` from now on."""
+    global _handler
+    _handler = handler
+
+
+def record(event: Event) -> None:
+    """Record ``event`` with the configured handler; a failing handler is only logged."""
+    try:
+        _handler(event)
+    except Exception:
+        log.exception("Event handler failed for %s", event.name)
+
+
+class JsonLinesFile:
+    """Appends events to a file, one JSON object per line, each written at once."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def __call__(self, event: Event) -> None:
+        os.write(self._fd, (event.to_json() + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class AgentEvents(AgentObserver):
+    """Turns an agent's hooks into events for its own sinks (an event log file, the log)."""
+
+    def __init__(self, run_id: str, role: str, sinks: list[EventHandler]) -> None:
+        self._base = {"run_id": run_id, "role": role}
+        self._sinks = sinks
+
+    def emit(self, name: str, source: EventSource = EventSource.AGENT, **metadata: Any) -> None:
+        event = Event(name, source, metadata={**self._base, **metadata})
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception:
+                log.exception("Event sink %r failed for %s", sink, name)
+
+    def state_changed(self, old: WorkerState, new: WorkerState, reason: str) -> None:
+        self.emit("state_changed", old=old.value, new=new.value, reason=reason)
+
+    def restarted(self, reason: str, restart_count: int) -> None:
+        self.emit("restart", reason=reason, restart_count=restart_count)
+
+    def worker_failed(self, failure: WorkerFailure) -> None:
+        details = failure.to_dict()
+        details.pop("traceback")
+        details.pop("stderr_tail")
+        self.emit("worker_failed", EventSource.WORKER, **details)

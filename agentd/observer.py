@@ -1,0 +1,28 @@
+"""AgentObserver: the hooks an agent calls as things happen (metrics and events use them)."""
+
+from __future__ import annotations
+
+from agentd.spec import WorkerFailure, WorkerState
+
+PHASES = ("detect", "stop", "rendezvous", "start")
+"""The phases of a recovery, in order: see a failure, stop the group, rendezvous, start."""
+
+
+class AgentObserver:
+    """Subclass and override what you need; every hook here does nothing.
+
+    Hooks run on the agent's event loop and must not block; an exception in one is logged
+    and does not disturb the agent.
+    """
+
+    def state_changed(self, old: WorkerState, new: WorkerState, reason: str) -> None:
+        """The worker group moved from ``old`` to ``new``."""
+
+    def phase_timed(self, phase: str, seconds: float) -> None:
+        """One of :data:`PHASES` took ``seconds``."""
+
+    def restarted(self, reason: str, restart_count: int) -> None:
+        """The group is being restarted (``failure``, ``unhealthy`` or ``membership``)."""
+
+    def worker_failed(self, failure: WorkerFailure) -> None:
+        """A worker failed (once per failure, root cause first)."""

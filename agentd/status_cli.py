@@ -1,0 +1,92 @@
+"""``agentd status``: ask a running agent's health endpoint, print it for people or scripts.
+
+Plain ``urllib``, so it starts fast and works in a container probe (``exec`` probes and the
+Dockerfile's HEALTHCHECK use ``agentd status --check livez``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+DEFAULT_PORT = 29401
+
+
+def default_url(environ: dict[str, str]) -> str:
+    """``AGENTD_STATUS_URL``, else the local agent on ``AGENTD_HEALTH_PORT`` (or 29401)."""
+    if environ.get("AGENTD_STATUS_URL"):
+        return environ["AGENTD_STATUS_URL"]
+    port = environ.get("AGENTD_HEALTH_PORT") or environ.get("TORCHELASTIC_HEALTH_CHECK_PORT")
+    return f"http://127.0.0.1:{port or DEFAULT_PORT}"
+
+
+def fetch(url: str, timeout: float) -> tuple[int, bytes]:
+    """GET ``url``: the status code and body (HTTP errors included, not raised)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> int:
+    """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable)."""
+    base = (url or default_url(dict(os.environ))).rstrip("/")
+    path = f"/{check}" if check else "/status"
+    try:
+        code, body = fetch(base + path, timeout)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
+        return 3
+    if check:
+        sys.stdout.write(body.decode(errors="replace"))
+        return 0 if code == 200 else 1
+    if code != 200:
+        sys.stderr.write(f"agentd: error: {base}/status answered {code}\n")
+        return 1
+    doc = json.loads(body)
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if as_json else render(doc))
+    return 0
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The status as a short report and a table of workers."""
+    watchdog = doc.get("watchdog") or {}
+    lines = [
+        f"run {doc['run_id']}  role {doc['role']}  state {doc['state']}  "
+        f"host {doc['host']} (agent pid {doc['agent_pid']})",
+        f"node rank {doc['node_rank']} of {doc['group_world_size']}  world size "
+        f"{doc['world_size']}  generation {doc['generation']}  restarts "
+        f"{doc['restart_count']}/{doc['max_restarts']}  up {_age(doc['started_at'])}",
+        f"watchdog {'alive' if watchdog.get('alive') else 'NOT ALIVE'}, "
+        f"{watchdog.get('timers', 0)} timer(s), {watchdog.get('reaped', 0)} reaped",
+        "",
+        f"{'LOCAL':>5} {'RANK':>5} {'PID':>8} {'STATE':<8} {'UP':>8} {'CPU s':>9} {'RSS MiB':>8}",
+    ]
+    for w in doc.get("workers", []):
+        state = w["state"] if w["exitcode"] is None else f"exit {w['exitcode']}"
+        lines.append(
+            f"{w['local_rank']:>5} {w['rank']:>5} {w['pid']:>8} {state:<8} "
+            f"{_age(w['started_at']):>8} {w['cpu_seconds']:>9.2f} {w['rss_bytes'] / 2**20:>8.1f}"
+        )
+    failure = doc.get("last_failure")
+    if failure:
+        what = failure["signal"] or f"exit code {failure['exitcode']}"
+        lines += [
+            "",
+            f"last failure: rank {failure['rank']} (pid {failure['pid']}) {what}"
+            + (f": {failure['message']}" if failure["message"] else ""),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _age(since: float) -> str:
+    seconds = max(0, int(time.time() - since))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
