@@ -3,6 +3,7 @@
 Served by aiohttp inside the agent's own loop (``AppRunner`` + ``TCPSite``, never
 ``run_app``). Read-only: GET (and HEAD) only, so other methods get 405 and unknown paths
 404. ``/livez`` answers from state alone and never depends on the store or other hosts.
+aiohttp is imported when a server starts, so an agent without one never loads it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,8 @@ class HealthCheckServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/healthz", self._livez)
@@ -163,15 +167,19 @@ class HealthCheckServer:
         return _probe_response(ready, checks, "verbose" in request.query)
 
     async def _status_handler(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         if self._status is None:
             raise web.HTTPNotFound()
         return web.Response(text=json.dumps(self._status(), indent=2) + "\n",
                             content_type="application/json")  # fmt: skip
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+        from prometheus_client import CONTENT_TYPE_LATEST
+
         if self._metrics is None:
             raise web.HTTPNotFound()
-        from prometheus_client import CONTENT_TYPE_LATEST
 
         response = web.Response(body=self._metrics())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
@@ -179,6 +187,8 @@ class HealthCheckServer:
 
 
 def _probe_response(ok: bool, checks: list[Check], verbose: bool) -> web.Response:
+    from aiohttp import web
+
     if verbose:
         lines = [
             f"[{'+' if c.ok else '-'}]{c.name} {'ok' if c.ok else 'failed'}"

@@ -1,0 +1,29 @@
+"""What each entry point loads: heavy libraries only where their feature is used.
+
+The agent's start path (and its RSS) must not pay for aiohttp, prometheus_client or psutil
+unless the health endpoint is on; a worker using timers must not pay for asyncio.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PROBE = "import sys; {imports}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+
+
+def loaded(imports: str, heavy: tuple[str, ...]) -> list[str]:
+    code = PROBE.format(imports=imports, heavy=heavy)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)  # fmt: skip
+    return eval(out.stdout)  # a printed list of names
+
+
+def test_agent_start_path_without_health_is_lean():
+    imports = "import agentd.cli, agentd.local_agent, agentd.health, agentd.timer.server"
+    assert loaded(imports, ("aiohttp", "prometheus_client", "psutil", "torch")) == []
+
+
+def test_worker_side_timer_client_needs_no_asyncio():
+    imports = "from agentd.timer import expires, FileTimerClient, configure; import agentd.errors"
+    assert loaded(imports, ("asyncio", "aiohttp", "torch")) == []
