@@ -75,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--check", choices=("livez", "readyz"),
                         help="only probe /livez or /readyz (for exec probes)")  # fmt: skip
     status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    store = commands.add_parser(
+        "store",
+        help="run the rendezvous store server on its own",
+        description="Serve the key-value store agents rendezvous through (HTTP, in memory).",
+    )
+    store.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    store.add_argument("--port", type=int, default=29400, help="port (default 29400; 0: any)")
+    store.add_argument("--store-token", help="bearer token clients must send; required off "
+                       "loopback (prefer AGENTD_STORE_TOKEN: flags show in ps)")  # fmt: skip
+    store.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return parser
 
 
@@ -203,6 +213,23 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     return EXIT_OK
 
 
+def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
+    """``agentd store``: validate, then serve until a stop signal."""
+    from agentd.store.serve import serve
+    from agentd.store.server import StoreServer
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: {args.port!r} must be within 0..65535")
+    token = args.store_token or environ.get("AGENTD_STORE_TOKEN") or None
+    StoreServer(args.host, args.port, token)  # every rule is checked before binding
+    setup_logging("text", args.log_level)
+    try:
+        return asyncio.run(serve(args.host, args.port, token))
+    except AgentdError as exc:
+        log.error("%s", exc)
+        return exc.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     parser = build_parser()
@@ -216,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agentd import status_cli
 
             return status_cli.run(args.url, args.json, args.check, args.timeout)
+        if args.command == "store":
+            return run_store(args, environ)
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)

@@ -1,0 +1,21 @@
+"""The key-value store agents rendezvous through: a protocol, a server, and clients."""
+
+from agentd.store.api import (
+    KeyEvent,
+    Store,
+    StoreAuthError,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+    WatchResult,
+)
+
+__all__ = [
+    "KeyEvent",
+    "Store",
+    "StoreAuthError",
+    "StoreError",
+    "StoreTimeout",
+    "StoreUnavailable",
+    "WatchResult",
+]

@@ -1,0 +1,113 @@
+"""The ``Store`` protocol: what rendezvous needs from a key-value store, any backend.
+
+Keys are strings, values are bytes (nothing is ever pickled). Every change bumps a store
+wide revision; :meth:`Store.watch` blocks until a key under a prefix changes after a
+revision, so nothing waits by polling. Keys may carry a TTL (heartbeats): they vanish,
+as a change, when not refreshed in time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentd.exceptions import AgentdError, StartError
+
+
+class StoreError(AgentdError):
+    """The store refused a request (the message says why)."""
+
+
+class StoreUnavailable(StoreError, StartError):
+    """The store could not be reached, even after retries."""
+
+
+class StoreAuthError(StoreError):
+    """The store refused our token (401)."""
+
+    exit_code = 3
+
+
+class StoreTimeout(StoreError, TimeoutError):
+    """A wait or watch ran out of time before its condition held."""
+
+
+@dataclass(frozen=True)
+class KeyEvent:
+    """One change: ``value`` None means the key was deleted (or its TTL ran out)."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    """What a watch saw: the changes after the asked revision, and the store's revision.
+
+    ``compacted`` says the asked revision is older than the history the store keeps; the
+    caller must re-read the keys it cares about and watch from ``revision``.
+    """
+
+    revision: int
+    events: tuple[KeyEvent, ...] = ()
+    compacted: bool = False
+
+
+class Store(Protocol):
+    """An async key-value store with revisions, TTLs and watches."""
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        """Set ``key``; returns the new revision. ``ttl`` seconds make it expire."""
+        ...
+
+    async def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None."""
+        ...
+
+    async def add(self, key: str, delta: int) -> int:
+        """Add ``delta`` to the integer at ``key`` (0 if missing); returns the new value."""
+        ...
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+    ) -> tuple[bool, bytes | None]:
+        """Set ``key`` to ``desired`` only if it holds ``expected`` (None: is missing).
+
+        Returns whether it was set, and the value the key holds now.
+        """
+        ...
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Several values at once (None for each missing key)."""
+        ...
+
+    async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
+        """Set several keys in one step; returns the new revision."""
+        ...
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        ...
+
+    async def num_keys(self) -> int:
+        """How many keys the store holds."""
+        ...
+
+    async def wait(self, keys: Sequence[str], timeout: float) -> None:
+        """Return once every key exists; :class:`StoreTimeout` after ``timeout`` seconds."""
+        ...
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        """Changes to keys under ``prefix`` after ``after_revision``; waits up to ``timeout``
+        seconds for the first one (an empty result then)."""
+        ...
+
+    async def revision(self) -> int:
+        """The store's current revision."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,173 @@
+"""HttpStore: the Store protocol over the embedded server's HTTP API (aiohttp).
+
+Connection failures are retried with jittered exponential backoff until ``retry_timeout``
+runs out, so a store that restarts, or starts a little after its clients, is waited for.
+A request that may have reached the server is resent only if resending cannot change
+the outcome (everything but ``add``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from agentd.store.api import (
+    KeyEvent,
+    StoreAuthError,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+    WatchResult,
+)
+from agentd.store.server import MAX_POLL
+
+log = logging.getLogger(__name__)
+
+_NOT_SENT = (aiohttp.ClientConnectorError,)
+_MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
+               aiohttp.ClientPayloadError)  # fmt: skip
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode()
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+class HttpStore:
+    """A client of :class:`~agentd.store.server.StoreServer` at ``host:port``."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        token: str | None = None,
+        *,
+        retry_timeout: float = 30.0,
+        request_timeout: float = 10.0,
+        backoff_initial: float = 0.02,
+        backoff_max: float = 1.0,
+    ) -> None:
+        base = endpoint if "://" in endpoint else f"http://{endpoint}"
+        self.url = base.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._retry_timeout = retry_timeout
+        self._request_timeout = request_timeout
+        self._backoff = (backoff_initial, backoff_max)
+        self._session: aiohttp.ClientSession | None = None
+        self.requests = 0
+        """Requests sent, retries included (for benchmarks and metrics)."""
+
+    async def _call(
+        self, op: str, body: dict[str, Any], poll: float = 0.0, idempotent: bool = True
+    ) -> dict[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._headers)
+        url = f"{self.url}/v1/{op}"
+        deadline = time.monotonic() + self._retry_timeout
+        delay = self._backoff[0]
+        timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
+        while True:
+            self.requests += 1
+            try:
+                async with self._session.post(url, json=body, timeout=timeout) as response:
+                    data = await response.json(content_type=None)
+                    status = response.status
+            except _NOT_SENT as exc:
+                problem: BaseException = exc
+            except _MAYBE_SENT as exc:
+                if not idempotent:
+                    raise StoreUnavailable(
+                        f"store at {self.url}: {op} failed ({exc!r}); "
+                        "not resent, it may have been applied"
+                    ) from exc
+                problem = exc
+            except ValueError as exc:
+                raise StoreError(f"store at {self.url}: {op}: the answer is not JSON") from exc
+            else:
+                return self._answer(op, status, data)
+            if time.monotonic() + delay > deadline:
+                raise StoreUnavailable(
+                    f"store at {self.url} is unreachable after {self._retry_timeout:g}s: {problem}"
+                ) from problem
+            log.debug("Store %s: %s failed (%s); retrying in %.2fs", self.url, op, problem, delay)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(self._backoff[1], delay * 2)
+
+    def _answer(self, op: str, status: int, data: Any) -> dict[str, Any]:
+        message = data.get("error", "") if isinstance(data, dict) else ""
+        if status == 200 and isinstance(data, dict):
+            return data
+        if status == 401:
+            raise StoreAuthError(f"store at {self.url} refused our token: {message}")
+        if status == 408:
+            raise StoreTimeout(message)
+        raise StoreError(f"store at {self.url} refused {op} ({status}): {message}")
+
+    # -- the Store protocol ------------------------------------------------------------------
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        doc = await self._call("set", {"key": key, "value": _b64(value), "ttl": ttl})
+        return int(doc["revision"])
+
+    async def get(self, key: str) -> bytes | None:
+        return _unb64((await self._call("get", {"key": key}))["value"])
+
+    async def add(self, key: str, delta: int) -> int:
+        doc = await self._call("add", {"key": key, "delta": delta}, idempotent=False)
+        return int(doc["value"])
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+    ) -> tuple[bool, bytes | None]:
+        body = {"key": key, "expected": _b64(expected), "desired": _b64(desired), "ttl": ttl}
+        doc = await self._call("compare_set", body)
+        return bool(doc["succeeded"]), _unb64(doc["value"])
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [_unb64(v) for v in (await self._call("multi_get", {"keys": list(keys)}))["values"]]
+
+    async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
+        body = {"items": {k: _b64(v) for k, v in items.items()}, "ttl": ttl}
+        return int((await self._call("multi_set", body))["revision"])
+
+    async def delete(self, key: str) -> bool:
+        return bool((await self._call("delete", {"key": key}))["deleted"])
+
+    async def num_keys(self) -> int:
+        return int((await self._call("num_keys", {}))["count"])
+
+    async def revision(self) -> int:
+        return int((await self._call("revision", {}))["revision"])
+
+    async def wait(self, keys: Sequence[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            poll = max(0.0, min(MAX_POLL, deadline - time.monotonic()))
+            try:
+                await self._call("wait", {"keys": list(keys), "timeout": poll}, poll=poll)
+                return
+            except StoreTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        poll = max(0.0, min(MAX_POLL, timeout))
+        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll}
+        doc = await self._call("watch", body, poll=poll)
+        events = tuple(KeyEvent(e["key"], _unb64(e["value"]), int(e["revision"]))
+                       for e in doc["events"])  # fmt: skip
+        return WatchResult(int(doc["revision"]), events, bool(doc["compacted"]))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,190 @@
+"""MemoryStore: the Store protocol in one process (what the embedded server serves).
+
+Every change bumps the revision and is kept in a bounded history for watches; a watch
+from a revision older than that history reports ``compacted``, as etcd does. TTL keys
+expire on one loop timer set for the earliest expiry. Waiters sleep on an event that every
+change replaces, so a change wakes exactly the waiters that were asleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import heapq
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agentd.store.api import KeyEvent, StoreError, StoreTimeout, WatchResult
+
+DEFAULT_HISTORY = 10_000
+
+
+@dataclass
+class _Item:
+    value: bytes
+    revision: int
+    expires_at: float | None
+
+
+class MemoryStore:
+    """An in-memory :class:`~agentd.store.api.Store`; all methods run on the event loop."""
+
+    def __init__(
+        self, history: int = DEFAULT_HISTORY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._items: dict[str, _Item] = {}
+        self._revision = 0
+        self._history: collections.deque[KeyEvent] = collections.deque(maxlen=history)
+        self._clock = clock
+        self._changed = asyncio.Event()
+        self._expiries: list[tuple[float, str]] = []
+        self._expiry_timer: asyncio.TimerHandle | None = None
+
+    # -- reads and writes --------------------------------------------------------------------
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        return self._put(key, value, ttl)
+
+    async def get(self, key: str) -> bytes | None:
+        item = self._live(key)
+        return item.value if item else None
+
+    async def add(self, key: str, delta: int) -> int:
+        item = self._live(key)
+        try:
+            current = int(item.value) if item else 0
+        except ValueError:
+            raise StoreError(f"add: key {key!r} does not hold an integer") from None
+        total = current + delta
+        self._put(key, str(total).encode(), None)
+        return total
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+    ) -> tuple[bool, bytes | None]:
+        item = self._live(key)
+        current = item.value if item else None
+        if current != expected:
+            return False, current
+        self._put(key, desired, ttl)
+        return True, desired
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [await self.get(key) for key in keys]
+
+    async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
+        for key, value in items.items():
+            self._put(key, value, ttl)
+        return self._revision
+
+    async def delete(self, key: str) -> bool:
+        if self._live(key) is None:
+            return False
+        self._remove(key)
+        return True
+
+    async def num_keys(self) -> int:
+        self._expire_due()
+        return len(self._items)
+
+    async def revision(self) -> int:
+        return self._revision
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    async def wait(self, keys: Sequence[str], timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                while not all(self._live(key) for key in keys):
+                    await self._changed.wait()
+        except TimeoutError:
+            missing = [key for key in keys if self._live(key) is None]
+            raise StoreTimeout(f"wait: keys {missing} still missing after {timeout}s") from None
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while True:
+                    result = self.changes_since(prefix, after_revision)
+                    if result.events or result.compacted:
+                        return result
+                    await self._changed.wait()
+        return WatchResult(self._revision)
+
+    def changes_since(self, prefix: str, after_revision: int) -> WatchResult:
+        """The changes under ``prefix`` after ``after_revision`` that the history still has."""
+        self._expire_due()
+        oldest = self._history[0].revision if self._history else self._revision + 1
+        if after_revision < oldest - 1 and after_revision < self._revision:
+            return WatchResult(self._revision, compacted=True)
+        events = tuple(
+            e for e in self._history if e.revision > after_revision and e.key.startswith(prefix)
+        )
+        return WatchResult(self._revision, events)
+
+    async def close(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _live(self, key: str) -> _Item | None:
+        item = self._items.get(key)
+        if item is not None and item.expires_at is not None and item.expires_at <= self._clock():
+            self._remove(key)
+            return None
+        return item
+
+    def _put(self, key: str, value: bytes, ttl: float | None) -> int:
+        expires_at = None if ttl is None else self._clock() + ttl
+        self._revision += 1
+        self._items[key] = _Item(value, self._revision, expires_at)
+        self._record(KeyEvent(key, value, self._revision))
+        if expires_at is not None:
+            heapq.heappush(self._expiries, (expires_at, key))
+            self._schedule_expiry()
+        return self._revision
+
+    def _remove(self, key: str) -> None:
+        del self._items[key]
+        self._revision += 1
+        self._record(KeyEvent(key, None, self._revision))
+
+    def _record(self, event: KeyEvent) -> None:
+        self._history.append(event)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _expire_due(self) -> None:
+        now = self._clock()
+        while self._expiries and self._expiries[0][0] <= now:
+            _, key = heapq.heappop(self._expiries)
+            item = self._items.get(key)
+            if item is not None and item.expires_at is not None and item.expires_at <= now:
+                self._remove(key)
+
+    def _schedule_expiry(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on a loop: expiry happens lazily, on the next read
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        while self._expiries:  # drop heap entries of keys since rewritten or deleted
+            at, key = self._expiries[0]
+            item = self._items.get(key)
+            if item is not None and item.expires_at == at:
+                break
+            heapq.heappop(self._expiries)
+        if self._expiries:
+            at = self._expiries[0][0]
+            self._expiry_timer = loop.call_at(loop.time() + max(0.0, at - self._clock()),
+                                              self._on_expiry_timer)  # fmt: skip
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_timer = None
+        self._expire_due()
+        self._schedule_expiry()

@@ -1,0 +1,301 @@
+"""The embedded store server: a :class:`MemoryStore` over HTTP (aiohttp), for rendezvous.
+
+``POST /v1/<op>`` with a JSON body; values travel as base64. Bearer-token auth (required
+when binding anything but loopback); bounded key, value and body sizes; every bad
+request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls (``wait``,
+``watch``) are capped at :data:`MAX_POLL` seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agentd.exceptions import ConfigError, StartError
+from agentd.store.api import StoreError, StoreTimeout, WatchResult
+from agentd.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+MAX_KEY = 1024
+MAX_VALUE = 1 << 20
+MAX_BODY = 4 << 20
+MAX_KEYS = 4096
+MAX_POLL = 60.0
+MAX_TTL = 86400.0
+
+
+class BadRequest(ValueError):
+    """A request broke a rule; the message names the field, the value and the rule."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only ever means this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class StoreServer:
+    """Serves a :class:`MemoryStore` on ``host:port`` (port 0: an ephemeral one)."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        store: MemoryStore | None = None,
+    ) -> None:
+        if not token and not is_loopback(host):
+            raise ConfigError(
+                f"store_token: required when the store binds {host!r}, which is not loopback "
+                "(set --store-token or AGENTD_STORE_TOKEN)"
+            )
+        self.host = host
+        self.port = port
+        self._token = token.encode() if token else None
+        self.store = store or MemoryStore()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Any) -> Any:
+            return await self._guard(request, handler)
+
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
+        app.router.add_post("/v1/{op}", self._dispatch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise StartError(f"store: cannot listen on {self.endpoint} ({exc.strerror})") from None
+        self.port = int(self._runner.addresses[0][1])
+        log.info("Store listening on http://%s", self.endpoint)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.store.close()
+
+    # -- request handling --------------------------------------------------------------------
+
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        from aiohttp import web
+
+        return web.json_response({"error": message}, status=status)
+
+    async def _guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]
+    ) -> Any:
+        """Auth first, then the handler, with every failure turned into a 4xx JSON error."""
+        from aiohttp import web
+
+        if self._token is not None:
+            given = request.headers.get("Authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme != "Bearer" or not hmac.compare_digest(token.encode(), self._token):
+                return self._error(401, "authorization: a valid bearer token is required")
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return self._error(400, str(exc))
+        except StoreTimeout as exc:
+            return self._error(408, str(exc))
+        except StoreError as exc:
+            return self._error(409, str(exc))
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(413, f"body: larger than {MAX_BODY} bytes")
+        except web.HTTPException as exc:
+            return self._error(exc.status, exc.reason)
+
+    async def _dispatch(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        op = request.match_info["op"]
+        method = _OPS.get(op)
+        if method is None:
+            return self._error(404, f"op: {op!r} is not one of {sorted(_OPS)}")
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("body: not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body: must be a JSON object")
+        result = await method(self.store, _Args(body))
+        return web.json_response(result)
+
+
+class _Args:
+    """Typed access to a request body; every problem is a BadRequest naming the field."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self._body = body
+
+    def key(self, name: str = "key") -> str:
+        value = self._body.get(name)
+        if not isinstance(value, str) or not value or len(value.encode()) > MAX_KEY:
+            raise BadRequest(f"{name}: {_show(value)} must be a string of 1..{MAX_KEY} bytes")
+        return value
+
+    def keys(self) -> list[str]:
+        value = self._body.get("keys")
+        if not isinstance(value, list) or len(value) > MAX_KEYS:
+            raise BadRequest(f"keys: must be a list of at most {MAX_KEYS} keys")
+        return [_Args({"key": k}).key() for k in value]
+
+    def value(self, name: str = "value", optional: bool = False) -> bytes | None:
+        value = self._body.get(name)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise BadRequest(f"{name}: {_show(value)} must be a base64 string")
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"{name}: {_show(value)} is not valid base64") from None
+        if len(data) > MAX_VALUE:
+            raise BadRequest(f"{name}: {len(data)} bytes is more than {MAX_VALUE}")
+        return data
+
+    def items(self) -> dict[str, bytes]:
+        value = self._body.get("items")
+        if not isinstance(value, dict) or len(value) > MAX_KEYS:
+            raise BadRequest(f"items: must be an object of at most {MAX_KEYS} keys")
+        out = {}
+        for key, raw in value.items():
+            args = _Args({"key": key, "value": raw})
+            out[args.key()] = args.value() or b""
+        return out
+
+    def number(self, name: str, low: float, high: float, default: float | None = None) -> float:
+        value = self._body.get(name, default)
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
+            raise BadRequest(f"{name}: {_show(value)} must be a number within {low:g}..{high:g}")
+        return float(value)
+
+    def ttl(self) -> float | None:
+        if self._body.get("ttl") is None:
+            return None
+        return self.number("ttl", 0.001, MAX_TTL)
+
+    def integer(self, name: str) -> int:
+        value = self._body.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63:
+            raise BadRequest(f"{name}: {_show(value)} must be a 64-bit integer")
+        return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode()
+
+
+def _watch_doc(result: WatchResult) -> dict[str, Any]:
+    return {
+        "revision": result.revision,
+        "compacted": result.compacted,
+        "events": [{"key": e.key, "value": _b64(e.value), "revision": e.revision}
+                   for e in result.events],
+    }  # fmt: skip
+
+
+async def _set(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"revision": await store.set(a.key(), a.value() or b"", a.ttl())}
+
+
+async def _get(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"value": _b64(await store.get(a.key()))}
+
+
+async def _add(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"value": await store.add(a.key(), a.integer("delta"))}
+
+
+async def _compare_set(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    ok, current = await store.compare_set(
+        a.key(), a.value("expected", optional=True), a.value("desired") or b"", a.ttl()
+    )
+    return {"succeeded": ok, "value": _b64(current)}
+
+
+async def _multi_get(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"values": [_b64(v) for v in await store.multi_get(a.keys())]}
+
+
+async def _multi_set(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"revision": await store.multi_set(a.items(), a.ttl())}
+
+
+async def _delete(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"deleted": await store.delete(a.key())}
+
+
+async def _num_keys(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"count": await store.num_keys()}
+
+
+async def _revision(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"revision": await store.revision()}
+
+
+async def _wait(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    await store.wait(a.keys(), a.number("timeout", 0, MAX_POLL))
+    return {}
+
+
+async def _watch(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    prefix = a._body.get("prefix", "")
+    if not isinstance(prefix, str) or len(prefix.encode()) > MAX_KEY:
+        raise BadRequest(f"prefix: {_show(prefix)} must be a string of at most {MAX_KEY} bytes")
+    after = a.integer("after_revision")
+    return _watch_doc(await store.watch(prefix, after, a.number("timeout", 0, MAX_POLL)))
+
+
+_OPS: dict[str, Callable[[MemoryStore, _Args], Awaitable[dict[str, Any]]]] = {
+    "set": _set,
+    "get": _get,
+    "add": _add,
+    "compare_set": _compare_set,
+    "multi_get": _multi_get,
+    "multi_set": _multi_set,
+    "delete": _delete,
+    "num_keys": _num_keys,
+    "revision": _revision,
+    "wait": _wait,
+    "watch": _watch,
+}

@@ -1,0 +1,57 @@
+"""``agentd store`` as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+
+from agentd.store.http_client import HttpStore
+from tests.conftest import wait_until
+
+
+def test_store_serves_and_stops_on_sigterm(tmp_path):
+    err = tmp_path / "store.err"
+    with open(err, "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", "0"],
+            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    try:
+        endpoint = wait_until(
+            lambda: re.search(r"Store listening on http://(\S+)", err.read_text()),
+            what="the store to listen",
+        ).group(1)
+
+        async def use() -> bytes | None:
+            client = HttpStore(endpoint, token="tok")
+            try:
+                await client.set("job/x", b"42")
+                return await client.get("job/x")
+            finally:
+                await client.close()
+
+        assert asyncio.run(use()) == b"42"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert "Store stopped by SIGTERM" in err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_store_refuses_a_public_address_without_a_token():
+    out = subprocess.run(
+        [sys.executable, "-m", "agentd", "store", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin"},
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("agentd: error: store_token: required when the store binds")
+    assert out.stderr.count("\n") == 1

@@ -1,0 +1,136 @@
+"""The Store contract, run against every backend: one suite, parametrized."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentd.store.api import Store, StoreError, StoreTimeout
+from agentd.store.http_client import HttpStore
+from agentd.store.memory import MemoryStore
+from agentd.store.server import StoreServer
+
+
+@pytest.fixture(params=["memory", "http"])
+async def store(request) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        memory = MemoryStore()
+        yield memory
+        await memory.close()
+        return
+    server = StoreServer("127.0.0.1", 0, token="s3cret")
+    await server.start()
+    client = HttpStore(server.endpoint, token="s3cret")
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_set_get_delete(store: Store):
+    assert await store.get("a") is None
+    rev = await store.set("a", b"\x00\xffbytes")
+    assert rev > 0
+    assert await store.get("a") == b"\x00\xffbytes"
+    assert await store.num_keys() == 1
+    assert await store.delete("a") is True
+    assert await store.delete("a") is False
+    assert await store.get("a") is None
+
+
+async def test_revisions_grow(store: Store):
+    first = await store.set("k", b"1")
+    second = await store.set("k", b"2")
+    assert second > first and await store.revision() == second
+
+
+async def test_add(store: Store):
+    assert await store.add("n", 5) == 5
+    assert await store.add("n", -2) == 3
+    await store.set("text", b"abc")
+    with pytest.raises(StoreError, match="does not hold an integer"):
+        await store.add("text", 1)
+
+
+async def test_compare_set(store: Store):
+    assert await store.compare_set("c", None, b"first") == (True, b"first")
+    assert await store.compare_set("c", None, b"again") == (False, b"first")
+    assert await store.compare_set("c", b"wrong", b"x") == (False, b"first")
+    assert await store.compare_set("c", b"first", b"second") == (True, b"second")
+
+
+async def test_multi(store: Store):
+    await store.multi_set({"m/1": b"one", "m/2": b"two"})
+    assert await store.multi_get(["m/1", "m/2", "m/3"]) == [b"one", b"two", None]
+
+
+async def test_ttl_key_expires_as_a_change(store: Store):
+    start = await store.revision()
+    await store.set("hb/node0", b"alive", ttl=0.2)
+    assert await store.get("hb/node0") == b"alive"
+    gone = None
+    async with asyncio.timeout(10):
+        after = start
+        while gone is None:
+            result = await store.watch("hb/", after, timeout=5)
+            after = result.revision
+            gone = next((e for e in result.events if e.value is None), None)
+    assert gone.key == "hb/node0"
+    assert await store.get("hb/node0") is None
+
+
+async def test_ttl_refresh_keeps_a_key(store: Store):
+    await store.set("hb", b"1", ttl=0.3)
+    for _ in range(3):
+        await asyncio.sleep(0.15)
+        await store.set("hb", b"1", ttl=0.3)
+    assert await store.get("hb") == b"1"
+
+
+async def test_wait(store: Store):
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        await store.set("w/1", b"x")
+        await store.set("w/2", b"y")
+
+    task = asyncio.ensure_future(later())
+    await store.wait(["w/1", "w/2"], timeout=10)
+    await task
+    with pytest.raises(StoreTimeout, match="still missing"):
+        await store.wait(["w/never"], timeout=0.1)
+
+
+async def test_watch_sees_changes_after_a_revision_under_a_prefix(store: Store):
+    base = await store.set("other", b"-")
+
+    async def writer() -> None:
+        await asyncio.sleep(0.05)
+        await store.set("gen/1", b"a")
+        await store.set("elsewhere", b"b")
+        await store.delete("gen/1")
+
+    task = asyncio.ensure_future(writer())
+    result = await store.watch("gen/", base, timeout=10)
+    seen = list(result.events)
+    await task
+    while len(seen) < 2:
+        more = await store.watch("gen/", seen[-1].revision, timeout=10)
+        seen += more.events
+    assert [(e.key, e.value) for e in seen] == [("gen/1", b"a"), ("gen/1", None)]
+    assert all(e.revision > base for e in seen)
+
+
+async def test_watch_times_out_empty(store: Store):
+    now = await store.revision()
+    result = await store.watch("nothing/", now, timeout=0.05)
+    assert result.events == () and result.revision == now and not result.compacted
+
+
+async def test_watch_returns_past_changes_at_once(store: Store):
+    before = await store.revision()
+    await store.set("p/x", b"1")
+    result = await store.watch("p/", before, timeout=10)
+    assert [e.key for e in result.events] == ["p/x"]

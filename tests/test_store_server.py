@@ -1,0 +1,137 @@
+"""The store server over real HTTP: auth, bad input, limits, retries, compaction."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+
+import aiohttp
+import pytest
+
+from agentd.exceptions import ConfigError
+from agentd.store.api import StoreAuthError, StoreUnavailable
+from agentd.store.http_client import HttpStore
+from agentd.store.memory import MemoryStore
+from agentd.store.server import MAX_BODY, StoreServer
+
+
+@pytest.fixture
+async def server():
+    srv = StoreServer("127.0.0.1", 0, token="right")
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+async def post(url: str, data: bytes | str, token: str | None = "right") -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    payload = io.BytesIO(data.encode() if isinstance(data, str) else data)
+    async with aiohttp.ClientSession() as http, http.post(url, data=payload, headers=headers) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_wrong_or_missing_token_is_401_and_changes_nothing(server):
+    url = f"http://{server.endpoint}/v1/set"
+    body = '{"key": "k", "value": "eA=="}'
+    for token in (None, "wrong", ""):
+        status, doc = await post(url, body, token)
+        assert status == 401 and "bearer token" in doc["error"]
+    assert await server.store.num_keys() == 0
+    client = HttpStore(server.endpoint, token="wrong")
+    with pytest.raises(StoreAuthError, match="refused our token"):
+        await client.get("k")
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("op", "body", "status", "message"),
+    [
+        ("set", "{not json", 400, "body: not valid JSON"),
+        ("set", "[1, 2]", 400, "body: must be a JSON object"),
+        ("set", '{"key": "", "value": "eA=="}', 400, "key: '' must be a string of 1..1024"),
+        ("set", '{"key": 5, "value": "eA=="}', 400, "key: 5 must be a string"),
+        ("set", '{"key": "k", "value": "!!!"}', 400, "value: '!!!' is not valid base64"),
+        ("set", '{"key": "k", "value": "eA==", "ttl": -1}', 400, "ttl: -1 must be a number"),
+        ("add", '{"key": "k", "delta": "1"}', 400, "delta: '1' must be a 64-bit integer"),
+        ("watch", '{"prefix": "", "after_revision": 0, "timeout": 999}', 400, "timeout: 999"),
+        ("multi_get", '{"keys": "k"}', 400, "keys: must be a list"),
+        ("frobnicate", "{}", 404, "op: 'frobnicate' is not one of"),
+    ],
+)
+async def test_malformed_requests_get_4xx_json(server, op, body, status, message):
+    code, doc = await post(f"http://{server.endpoint}/v1/{op}", body)
+    assert code == status and message in doc["error"]
+    assert await server.store.num_keys() == 0
+
+
+async def test_oversized_body_and_value(server):
+    code, doc = await post(f"http://{server.endpoint}/v1/set",
+                           '{"key": "k", "value": "' + "A" * (MAX_BODY + 8) + '"}')  # fmt: skip
+    assert code == 413 and "larger than" in doc["error"]
+    big = base64.b64encode(bytes(2 << 20)).decode()  # 2 MiB: over the value limit
+    code, doc = await post(f"http://{server.endpoint}/v1/set", f'{{"key": "k", "value": "{big}"}}')
+    assert code == 400 and "bytes is more than" in doc["error"]
+    assert await server.store.num_keys() == 0
+
+
+async def test_other_methods_405(server):
+    async with aiohttp.ClientSession() as http, http.get(f"http://{server.endpoint}/v1/get",
+                        headers={"Authorization": "Bearer right"}) as r:  # fmt: skip
+        assert r.status == 405
+
+
+async def test_token_required_off_loopback():
+    with pytest.raises(ConfigError, match="store_token: required when the store binds"):
+        StoreServer("0.0.0.0", 0)
+    StoreServer("127.0.0.1", 0)  # loopback: allowed without a token
+    StoreServer("::1", 0)
+
+
+async def test_client_waits_for_a_store_that_starts_late():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = HttpStore(f"127.0.0.1:{port}", retry_timeout=20)
+    server = StoreServer("127.0.0.1", port)
+
+    async def start_later() -> None:
+        await asyncio.sleep(0.3)
+        await server.start()
+
+    starter = asyncio.ensure_future(start_later())
+    try:
+        assert await client.set("k", b"v") > 0  # retried until the server came up
+        assert client.requests > 1
+    finally:
+        await starter
+        await client.close()
+        await server.stop()
+
+
+async def test_unreachable_store_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = HttpStore(f"127.0.0.1:{port}", retry_timeout=0.3)
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port} is unreachable after 0.3s"):
+        await client.get("k")
+    await client.close()
+    assert StoreUnavailable.exit_code == 3
+
+
+async def test_watch_from_a_compacted_revision_says_so():
+    memory = MemoryStore(history=4)
+    server = StoreServer(store=memory)
+    await server.start()
+    client = HttpStore(server.endpoint)
+    try:
+        for i in range(10):
+            await client.set(f"k{i}", b"v")
+        result = await client.watch("", 1, timeout=1)
+        assert result.compacted and result.revision == 10
+        assert not (await client.watch("", 8, timeout=1)).compacted
+    finally:
+        await client.close()
+        await server.stop()
