@@ -6,8 +6,9 @@ as the guardian) starts fast and pulls in only what it uses.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentd.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -53,13 +54,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentd' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:

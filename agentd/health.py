@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
+from agentd.http_site import serve_app
+
 log = logging.getLogger(__name__)
 
 LAG_INTERVAL = 1.0
@@ -123,21 +125,9 @@ class HealthCheckServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/status", self._status_handler)
         app.router.add_get("/metrics", self._metrics_handler)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._requested_port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            self._runner = None
-            from agentd.exceptions import StartError
-
-            raise StartError(
-                f"health_port: cannot listen on {self._host}:{self._requested_port} "
-                f"({exc.strerror})"
-            ) from None
-        self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await serve_app(
+            app, self._host, self._requested_port, "health_port"
+        )
         log.info("Health endpoint on %s (/livez /readyz /status /metrics)", self.url)
 
     async def stop(self) -> None:

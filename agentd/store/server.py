@@ -18,7 +18,8 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from agentd.exceptions import ConfigError, StartError
+from agentd.exceptions import ConfigError
+from agentd.http_site import serve_app
 from agentd.store.api import StoreError, StoreTimeout, WatchResult
 from agentd.store.memory import MemoryStore
 
@@ -83,16 +84,7 @@ class StoreServer:
 
         app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
         app.router.add_post("/v1/{op}", self._dispatch)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            self._runner = None
-            raise StartError(f"store: cannot listen on {self.endpoint} ({exc.strerror})") from None
-        self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await serve_app(app, self.host, self.port, "store")
         log.info("Store listening on http://%s", self.endpoint)
 
     async def stop(self) -> None:

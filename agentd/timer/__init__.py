@@ -8,9 +8,9 @@ the same named pipe torch's ``FileTimerClient`` uses.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agentd.lazy import lazy_getattr
 from agentd.timer.api import TimerClient, TimerRequest, configure, expires, get_client
 
 _LAZY = {
@@ -35,13 +35,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentd.timer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:
