@@ -30,7 +30,7 @@ from agentd.spec import WorkerSpec
 
 log = logging.getLogger("agentd")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_START = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):

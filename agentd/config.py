@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -670,11 +670,6 @@ def _toml_literal(option: Option) -> str:
     if option.is_flag or type(value) in (int, float):
         return option.default
     return '"' + option.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def field_names() -> list[str]:
-    """The AgentConfig fields that options set (for tests and docs)."""
-    return [f.name for f in fields(AgentConfig) if f.name in OPTIONS_BY_NAME]
 
 
 def check_script(config: AgentConfig, cwd: str | None = None) -> None:

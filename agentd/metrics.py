@@ -8,6 +8,7 @@ timer counts, watchdog liveness) is read at scrape time, so nothing polls.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -192,7 +193,7 @@ def prof(fn: _F | None = None, group: str = "agentd") -> Any:
             put_metric(f"{name}.{'success' if ok else 'failure'}", 1, group)
             put_metric(f"{name}.duration.ms", (time.monotonic() - began) * 1000, group)
 
-        if _is_coroutine_function(func):
+        if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -221,9 +222,3 @@ def prof(fn: _F | None = None, group: str = "agentd") -> Any:
         return wrapper  # type: ignore[return-value]
 
     return wrap(fn) if fn is not None else wrap
-
-
-def _is_coroutine_function(func: Callable[..., Any]) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(func)

@@ -140,7 +140,6 @@ class ZombieReaper:
         self._owned: set[int] = set()
         self._spawning = 0
         self._deferred = False
-        self.reaped = 0
 
     def own(self, pid: int) -> None:
         self._owned.add(pid)
@@ -175,5 +174,4 @@ class ZombieReaper:
                 continue
             if done:
                 count += 1
-        self.reaped += count
         return count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
+from agentd.exceptions import StartError
 from agentd.health import Check, HealthCheckServer, HealthSettings, create_healthcheck_server
 from agentd.rendezvous.static import SingleNodeRendezvous
 from agentd.restart import RestartBackoff
@@ -183,24 +185,13 @@ async def test_seed_style_server_with_a_heartbeat_callback():
 
 
 async def test_port_in_use_is_a_start_error():
-    first = create_healthcheck_server(lambda: True, port=0, timeout=5)
-    await first.start()
-    try:
-        from agentd.exceptions import StartError
-
-        second = create_healthcheck_server(lambda: True, port=first.port, timeout=5)
-        second._requested_port = first.port
-        import socket
-
-        with socket.socket() as probe:  # hold the port without SO_REUSEADDR sharing
-            probe.bind(("127.0.0.1", 0))
-            probe.listen()
-            blocked = create_healthcheck_server(lambda: True, port=probe.getsockname()[1],
-                                                timeout=5)  # fmt: skip
-            with pytest.raises(StartError, match="health_port: cannot listen"):
-                await blocked.start()
-    finally:
-        await first.stop()
+    with socket.socket() as holder:  # a listener that does not share its port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        blocked = create_healthcheck_server(lambda: True, port=holder.getsockname()[1],
+                                            timeout=5)  # fmt: skip
+        with pytest.raises(StartError, match="health_port: cannot listen"):
+            await blocked.start()
 
 
 async def _up(agent) -> bool:

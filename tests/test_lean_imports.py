@@ -6,6 +6,7 @@ unless the health endpoint is on; a worker using timers must not pay for asyncio
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ def loaded(imports: str, heavy: tuple[str, ...]) -> list[str]:
     code = PROBE.format(imports=imports, heavy=heavy)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)  # fmt: skip
-    return eval(out.stdout)  # a printed list of names
+    return ast.literal_eval(out.stdout)  # a printed list of names
 
 
 def test_agent_start_path_without_health_is_lean():

@@ -154,15 +154,15 @@ def test_expires_without_a_client_says_how_to_get_one(monkeypatch):
 def test_local_timer_client_and_server_through_an_mp_queue():
     code = """
 import asyncio, multiprocessing as mp, subprocess, time
-from agentd.timer import LocalTimerClient, LocalTimerServer, expires
+from agentd.timer import LocalTimerClient, LocalTimerServer
+from agentd.timer.api import TimerRequest
 async def main():
     q = mp.Queue()
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     server = LocalTimerServer(q, trust=lambda pid: pid if pid == child.pid else None)
     await server.start()
-    client = LocalTimerClient(q)
-    client._queue.put(__import__("agentd.timer.api", fromlist=["x"]).TimerRequest(
-        child.pid, "s", time.time() + 0.05))
+    LocalTimerClient(q).release("nothing")  # the client's own requests travel the same way
+    q.put(TimerRequest(child.pid, "s", time.time() + 0.05))  # as the child would, for itself
     async with asyncio.timeout(10):
         while child.poll() is None:
             await asyncio.sleep(0.005)

@@ -27,7 +27,6 @@ class SingleNodeRendezvous:
         self._master_addr = master_addr
         self._master_port = master_port
         self._generation = -1
-        self._closed = False
 
     def get_backend(self) -> str:
         return "static"
@@ -60,11 +59,5 @@ class SingleNodeRendezvous:
     async def exit_barrier(self) -> None:
         """Nobody else to wait for: a rendezvous of one is done when this agent is."""
 
-    async def set_closed(self) -> None:
-        self._closed = True
-
-    def is_closed(self) -> bool:
-        return self._closed
-
     async def shutdown(self) -> None:
-        self._closed = True
+        """Nothing to release: a rendezvous of one holds no connection."""

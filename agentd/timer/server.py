@@ -95,8 +95,6 @@ class TimerServer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
-        self.last_reap_lateness: float | None = None
-        """Seconds from the last reaped timer's deadline to its signal being sent."""
         self._last_warning: dict[str, float] = {}
 
     # -- the seed's API: plain logic ---------------------------------------------------------
@@ -251,7 +249,6 @@ class TimerServer:
             os.killpg(pgid, request.signal)
         late = self._clock() - deadline
         self.stats["reaped"] += 1
-        self.last_reap_lateness = late
         log.error(
             "Timer %r of pid %d expired: sent %s to its process group %d (%.2f ms late)",
             request.scope_id,
