@@ -90,6 +90,24 @@ async def test_ttl_refresh_keeps_a_key(store: Store):
     assert await store.get("hb") == b"1"
 
 
+async def test_refresh_extends_a_ttl_without_a_change(store: Store):
+    await store.set("hb/a", b"1", ttl=0.5)
+    quiet = await store.revision()
+    for _ in range(4):
+        await asyncio.sleep(0.2)
+        assert await store.refresh("hb/a", 0.5) is True
+    assert await store.get("hb/a") == b"1"
+    result = await store.watch("hb/", quiet, timeout=0.05)
+    assert result.events == () and result.revision == quiet  # heartbeats are not changes
+    assert await store.refresh("hb/missing", 1.0) is False
+
+
+async def test_watch_from_a_revision_the_store_never_had_says_compacted(store: Store):
+    now = await store.set("k", b"v")
+    result = await store.watch("", now + 100, timeout=5)
+    assert result.compacted and result.revision == now
+
+
 async def test_wait(store: Store):
     async def later() -> None:
         await asyncio.sleep(0.05)

@@ -79,6 +79,11 @@ class Store(Protocol):
         """
         ...
 
+    async def refresh(self, key: str, ttl: float) -> bool:
+        """Push ``key``'s expiry to ``ttl`` seconds from now, without a change (a heartbeat:
+        watchers see a heartbeat key only appear and vanish). False if it does not exist."""
+        ...
+
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         """Several values at once (None for each missing key)."""
         ...
@@ -101,7 +106,11 @@ class Store(Protocol):
 
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
         """Changes to keys under ``prefix`` after ``after_revision``; waits up to ``timeout``
-        seconds for the first one (an empty result then)."""
+        seconds for the first one (an empty result then).
+
+        ``compacted`` answers a revision older than the kept history, and one newer than the
+        store's own: the store lost its state (it restarted), so the caller must re-read.
+        """
         ...
 
     async def revision(self) -> int:

@@ -132,6 +132,9 @@ class HttpStore:
         doc = await self._call("compare_set", body)
         return bool(doc["succeeded"]), _unb64(doc["value"])
 
+    async def refresh(self, key: str, ttl: float) -> bool:
+        return bool((await self._call("refresh", {"key": key, "ttl": ttl}))["refreshed"])
+
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         return [_unb64(v) for v in (await self._call("multi_get", {"keys": list(keys)}))["values"]]
 

@@ -71,6 +71,15 @@ class MemoryStore:
         self._put(key, desired, ttl)
         return True, desired
 
+    async def refresh(self, key: str, ttl: float) -> bool:
+        item = self._live(key)
+        if item is None:
+            return False
+        item.expires_at = self._clock() + ttl
+        heapq.heappush(self._expiries, (item.expires_at, key))
+        self._schedule_expiry()
+        return True
+
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         return [await self.get(key) for key in keys]
 
@@ -118,6 +127,8 @@ class MemoryStore:
         self._expire_due()
         oldest = self._history[0].revision if self._history else self._revision + 1
         if after_revision < oldest - 1 and after_revision < self._revision:
+            return WatchResult(self._revision, compacted=True)
+        if after_revision > self._revision:  # a revision we never had: we restarted
             return WatchResult(self._revision, compacted=True)
         events = tuple(
             e for e in self._history if e.revision > after_revision and e.key.startswith(prefix)

@@ -245,6 +245,10 @@ async def _compare_set(store: MemoryStore, a: _Args) -> dict[str, Any]:
     return {"succeeded": ok, "value": _b64(current)}
 
 
+async def _refresh(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"refreshed": await store.refresh(a.key(), a.number("ttl", 0.001, MAX_TTL))}
+
+
 async def _multi_get(store: MemoryStore, a: _Args) -> dict[str, Any]:
     return {"values": [_b64(v) for v in await store.multi_get(a.keys())]}
 
@@ -283,6 +287,7 @@ _OPS: dict[str, Callable[[MemoryStore, _Args], Awaitable[dict[str, Any]]]] = {
     "get": _get,
     "add": _add,
     "compare_set": _compare_set,
+    "refresh": _refresh,
     "multi_get": _multi_get,
     "multi_set": _multi_set,
     "delete": _delete,
