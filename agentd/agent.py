@@ -14,10 +14,10 @@ import signal
 import time
 from collections.abc import Sequence
 
-from agentd.exceptions import AgentStopped, ConfigError
+from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.observer import AgentObserver
 from agentd.rendezvous.api import RendezvousHandler, RendezvousInfo, RoleInstanceInfo
-from agentd.rendezvous.static import SingleNodeRendezvous
+from agentd.rendezvous.static import StaticRendezvous
 from agentd.spec import (
     DEFAULT_ROLE,
     RunResult,
@@ -30,6 +30,8 @@ from agentd.spec import (
 )
 
 log = logging.getLogger(__name__)
+
+_WATCH_RETRY = 5.0
 
 
 def assign_worker_ranks(
@@ -75,7 +77,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
         if spec.rdzv_handler is None:
-            spec.rdzv_handler = SingleNodeRendezvous(run_id="none")
+            spec.rdzv_handler = StaticRendezvous(run_id="none")
         if exit_barrier_timeout < 0:
             raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
         self._worker_group = WorkerGroup(spec)
@@ -88,6 +90,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._stop_signal: int | None = None
         self._consecutive_failures = 0
         self._healthy_since: float | None = None
+        self._round_watch: asyncio.Task[None] | None = None
+        self._round_ended: str | None = None
+        """Why the rendezvous round ended elsewhere, once :meth:`_watch_round` saw it."""
         self.generation = -1
         self.restart_count = 0
         self.last_result: RunResult | None = None
@@ -143,6 +148,7 @@ class SimpleElasticAgent(ElasticAgent):
             )
             return result
         finally:
+            self._stop_round_watch()
             await asyncio.shield(self._shutdown())
 
     async def _invoke_run(self, role: str) -> RunResult:
@@ -162,18 +168,17 @@ class SimpleElasticAgent(ElasticAgent):
             self._raise_if_stop_requested()
             state = result.state
             if state == WorkerState.HEALTHY:
-                if self.rdzv_handler.needs_membership_checks():
-                    waiting = await self.rdzv_handler.num_nodes_waiting()
-                    if waiting > 0:
-                        log.info(
-                            "[%s] %d node(s) waiting to join; restarting the group", role, waiting
-                        )
-                        self._notify("restarted", "membership", self.restart_count)
-                        await self._restart_workers(group, reason="membership")
+                if self._round_ended is not None:
+                    log.info("[%s] Rendezvous round over (%s); restarting the group without "
+                             "spending a restart", role, self._round_ended)  # fmt: skip
+                    self._notify("restarted", "membership", self.restart_count)
+                    await self._restart_workers(group, reason="membership")
                 continue
             if state == WorkerState.SUCCEEDED:
                 self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
+                self._stop_round_watch()
                 await self._exit_barrier()
+                await self._close_rendezvous(True, "the workers succeeded")
                 return result
             # FAILED or UNHEALTHY
             reason = "failure" if state == WorkerState.FAILED else "unhealthy"
@@ -189,7 +194,10 @@ class SimpleElasticAgent(ElasticAgent):
                 self._remaining_restarts -= 1
                 self.restart_count += 1
                 self._notify("restarted", reason, self.restart_count)
-                await self._timed_stop(group)
+                self._stop_round_watch()
+                ending = asyncio.create_task(self._end_round(f"worker {reason} on this node"))
+                await self._timed_stop(group)  # while the peers learn of it
+                await ending
                 self._set_state(WorkerState.STOPPED, "restarting")
                 await self._backoff(role)
                 log.info(
@@ -202,13 +210,18 @@ class SimpleElasticAgent(ElasticAgent):
                 continue
             if not retryable and root is not None:
                 log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
+            self._stop_round_watch()
+            why = root.summary() if root is not None else f"worker group {reason}"
+            closing = asyncio.create_task(self._close_rendezvous(False, why))
             await self._timed_stop(group)
+            await closing
             self._set_state(WorkerState.FAILED, "no restarts left")
             return RunResult(WorkerState.FAILED, result.return_values, result.failures)
 
     async def _initialize_workers(self, group: WorkerGroup) -> None:
         """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
         self._raise_if_stop_requested()
+        self._stop_round_watch()
         began = time.monotonic()
         await self._rendezvous(group)
         self._notify("phase_timed", "rendezvous", time.monotonic() - began)
@@ -219,7 +232,41 @@ class SimpleElasticAgent(ElasticAgent):
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
         self._healthy_since = time.monotonic()
+        self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
         self._set_state(WorkerState.HEALTHY, "workers started")
+
+    async def _watch_round(self) -> None:
+        """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""
+        while True:
+            try:
+                why = await self.rdzv_handler.round_over()
+            except AgentdError as exc:  # the store is down: the workers go on meanwhile
+                log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc,
+                            _WATCH_RETRY)  # fmt: skip
+                await asyncio.sleep(_WATCH_RETRY)
+                continue
+            self._round_ended = why
+            self._wakeup.set()
+            return
+
+    def _stop_round_watch(self) -> None:
+        if self._round_watch is not None:
+            self._round_watch.cancel()
+            self._round_watch = None
+        self._round_ended = None
+
+    async def _end_round(self, reason: str) -> None:
+        """Tell the peers this round is over; a store problem is logged, not fatal."""
+        try:
+            await self.rdzv_handler.end_round(reason)
+        except AgentdError as exc:
+            log.warning("Could not tell the other nodes to restart: %s", exc)
+
+    async def _close_rendezvous(self, succeeded: bool, reason: str) -> None:
+        try:
+            await self.rdzv_handler.set_closed(succeeded, reason)
+        except AgentdError as exc:
+            log.warning("Could not close the rendezvous: %s", exc)
 
     async def _restart_workers(
         self, group: WorkerGroup, reason: str, stopped: bool = False

@@ -123,29 +123,21 @@ class _JsonFormatter(logging.Formatter):
 
 
 def worker_spec_from(config: AgentConfig) -> WorkerSpec:
-    """The WorkerSpec and its rendezvous for a resolved single-host config."""
-    from agentd.rendezvous.static import SingleNodeRendezvous
+    """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
+    from agentd.rendezvous.from_config import build_rendezvous
 
-    if config.nnodes != (1, 1):
-        low, high = config.nnodes
-        raise ConfigError(
-            f"--nnodes: '{low}:{high}' needs multi-host rendezvous, which this version does "
-            "not support yet; use --nnodes 1"
-        )
-    if config.rdzv_backend in ("etcd", "etcd-v2"):
-        raise ConfigError(f"--rdzv-backend: {config.rdzv_backend!r} is not supported yet")
     run_id = config.rdzv_id or os.urandom(6).hex()
-    rdzv = SingleNodeRendezvous(
-        run_id,
-        master_addr=config.master_addr or "127.0.0.1",
-        master_port=config.master_port or None,
-    )
+    nproc = local_world_size(config.nproc_per_node)
+    rdzv = build_rendezvous(config, run_id, nproc)
+    static = rdzv.get_backend() == "static"
+    if config.master_addr and not static:
+        log.warning("--master-addr is ignored by the %s rendezvous: group rank 0's address is "
+                    "used", rdzv.get_backend())  # fmt: skip
     if config.no_python:
         entrypoint, args = config.script, list(config.script_args)
     else:
         entrypoint = sys.executable
         args = ["-u", *(["-m"] if config.module else []), config.script, *config.script_args]
-    nproc = local_world_size(config.nproc_per_node)
     env = {}
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
@@ -158,7 +150,7 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
         rdzv_handler=rdzv,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
-        master_addr=config.master_addr,
+        master_addr=config.master_addr if static else None,
         master_port=config.master_port or None,
         local_addr=config.local_addr,
         redirects=config.redirects,

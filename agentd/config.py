@@ -237,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
         "nnodes",
         parse_nnodes,
         "1",
-        "Number of nodes, N or MIN:MAX (this version runs 1).",
+        "Number of nodes, N or MIN:MAX (elastic, with --rdzv-backend agentd).",
         metavar="N",
     ),
     _o(
@@ -255,9 +255,30 @@ OPTIONS: tuple[Option, ...] = (
         is_flag=True,
     ),
     _o("rdzv_backend", _choice(RDZV_BACKENDS), "static", "Rendezvous backend.", metavar="NAME"),
-    _o("rdzv_endpoint", _str, "", "Rendezvous endpoint, host:port.", metavar="HOST:PORT"),
+    _o(
+        "rdzv_endpoint",
+        _str,
+        "",
+        "The rendezvous store, host:port; the agent on that host serves it.",
+        metavar="HOST:PORT",
+    ),
     _o("rdzv_id", _str, "", "Run id shared by the job's agents (default: random).", metavar="ID"),
-    _o("rdzv_conf", _str, "", "Rendezvous settings, key=value,...", metavar="CONF"),
+    _o(
+        "rdzv_conf",
+        _str,
+        "",
+        "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
+        "close_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout.",
+        metavar="CONF",
+    ),
+    _o(
+        "store_token",
+        _optional_str,
+        "",
+        "Bearer token of the rendezvous store; required to serve it off loopback "
+        "(prefer the variable: flags show in ps).",
+        metavar="TOKEN",
+    ),
     _o("node_rank", _int(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
     _o(
         "max_restarts",
@@ -270,7 +291,7 @@ OPTIONS: tuple[Option, ...] = (
         "monitor_interval",
         _float(0.0, strict=True),
         "0.1",
-        "Seconds between membership checks (worker exits are seen at once, not polled).",
+        "Accepted for torchrun's command lines; agentd watches, it never polls.",
         metavar="SECONDS",
     ),
     _o("role", _str, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
@@ -489,6 +510,7 @@ class AgentConfig:
     rdzv_endpoint: str = ""
     rdzv_id: str = ""
     rdzv_conf: str = ""
+    store_token: str | None = None
     node_rank: int = 0
     max_restarts: int = 0
     monitor_interval: float = 0.1

@@ -381,11 +381,7 @@ class LocalElasticAgent(SimpleElasticAgent):
     # -- monitor -------------------------------------------------------------------------
 
     async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
-        timeout = (
-            group.spec.monitor_interval if self.rdzv_handler.needs_membership_checks() else None
-        )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        await self._wakeup.wait()
         self._wakeup.clear()
         return await self._check_workers(group)
 

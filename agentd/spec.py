@@ -239,6 +239,12 @@ class WorkerFailure:
         except ValueError:
             return f"signal {-self.exitcode}"
 
+    def summary(self) -> str:
+        """One line: who failed, how, and the error message if there is one."""
+        how = f"signal {self.signal_name}" if self.signal_name else f"exit code {self.exitcode}"
+        where = f"rank {self.global_rank} (pid {self.pid} on {self.host or 'this host'})"
+        return f"{where} failed with {how}" + (f": {self.message}" if self.message else "")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "local_rank": self.local_rank,

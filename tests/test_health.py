@@ -15,13 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
 from agentd.exceptions import StartError
 from agentd.health import Check, HealthCheckServer, HealthSettings, create_healthcheck_server
-from agentd.rendezvous.static import SingleNodeRendezvous
+from agentd.rendezvous.static import StaticRendezvous
 from agentd.restart import RestartBackoff
 from agentd.timer.api import TimerRequest
 from tests.conftest import WORKER
 
 
-class GatedRendezvous(SingleNodeRendezvous):
+class GatedRendezvous(StaticRendezvous):
     """Holds the first rendezvous until the test opens the gate."""
 
     def __init__(self) -> None:
@@ -35,7 +35,7 @@ class GatedRendezvous(SingleNodeRendezvous):
 
 def agent_with_health(tmp_path, args, rdzv=None, **kw) -> LocalElasticAgent:
     spec = WorkerSpec(role="trainer", local_world_size=kw.pop("n", 2), entrypoint=sys.executable,
-                      args=("-u", WORKER, *args), rdzv_handler=rdzv or SingleNodeRendezvous("h"),
+                      args=("-u", WORKER, *args), rdzv_handler=rdzv or StaticRendezvous("h"),
                       env={"SECRET_TOKEN": "hunter2"}, **kw)  # fmt: skip
     return LocalElasticAgent(spec, log_dir=tmp_path, health=HealthSettings(port=0))
 

@@ -11,7 +11,7 @@ import pytest
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
 from agentd.exceptions import AgentStopped, IllegalTransition
 from agentd.observer import AgentObserver
-from agentd.rendezvous.static import SingleNodeRendezvous
+from agentd.rendezvous.static import StaticRendezvous
 from agentd.restart import RestartBackoff
 from tests.conftest import WORKER
 from tests.workers import functions
@@ -23,7 +23,7 @@ def make_agent(tmp_path, entrypoint, args=(), **kw) -> LocalElasticAgent:
         local_world_size=kw.pop("n", 2),
         entrypoint=entrypoint,
         args=args,
-        rdzv_handler=SingleNodeRendezvous("api-run"),
+        rdzv_handler=StaticRendezvous("api-run"),
         **kw,
     )
     return LocalElasticAgent(spec, log_dir=tmp_path)

@@ -5,6 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agentd.exceptions import AgentdError, StartError
+
+
+class RendezvousClosedError(AgentdError):
+    """The rendezvous was closed: the job ended (``succeeded``) or a node failed for good."""
+
+    def __init__(self, message: str, succeeded: bool = False) -> None:
+        super().__init__(message)
+        self.succeeded = succeeded
+        self.exit_code = 0 if succeeded else 1
+
+
+class RendezvousTimeoutError(StartError):
+    """Too few nodes joined within the join timeout."""
+
 
 @dataclass(frozen=True)
 class RoleInstanceInfo:
@@ -44,16 +59,28 @@ class RendezvousHandler(Protocol):
         """Join the next round and return its outcome once it completes."""
         ...
 
-    async def num_nodes_waiting(self) -> int:
-        """How many nodes wait to join: > 0 makes a healthy group restart to admit them."""
+    async def round_over(self) -> str:
+        """Return, saying why, once the current round ends for a reason outside this agent:
+        a peer failed, a node joined or left, the rendezvous closed. A rendezvous of one
+        never returns. The agent awaits it while its group runs: watched, not polled."""
         ...
 
-    def needs_membership_checks(self) -> bool:
-        """Whether the agent must call :meth:`num_nodes_waiting` while the group runs."""
+    async def end_round(self, reason: str) -> None:
+        """This agent's group failed and restarts: end the round for every peer at once."""
+        ...
+
+    async def num_nodes_waiting(self) -> int:
+        """How many nodes wait for the next round (torch's query; agentd watches instead)."""
         ...
 
     async def exit_barrier(self) -> None:
         """Return once every agent of this round is done (the caller bounds the wait)."""
         ...
 
-    async def shutdown(self) -> None: ...
+    async def set_closed(self, succeeded: bool, reason: str) -> None:
+        """Close the rendezvous for good: the job succeeded, or this node failed for good."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Leave: the other agents re-form without this one (unless closed), then release."""
+        ...

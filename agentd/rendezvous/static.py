@@ -1,10 +1,18 @@
-"""The single-node rendezvous: ``--standalone`` and ``--nnodes 1`` need no peers."""
+"""The static rendezvous: a fixed set of nodes that know their ranks, no store, no peers' news.
+
+``--rdzv-backend static`` (torchrun's default): each node is told ``--node-rank`` of a fixed
+``--nnodes N`` and where group rank 0's workers listen (``--master-addr``/``--master-port``).
+Nodes are assumed alike (same role, same ``--nproc-per-node``); nothing is exchanged, so a
+failure on one node reaches the others only through their workers' collectives. With
+``--nnodes 1`` (and ``--standalone`` without a store) it is a rendezvous of one.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
-from agentd.rendezvous.api import RendezvousInfo
+from agentd.rendezvous.api import RendezvousInfo, RoleInstanceInfo
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -15,17 +23,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-class SingleNodeRendezvous:
-    """A rendezvous of one: group rank 0 of 1, with a fresh master port every round.
+class StaticRendezvous:
+    """Group rank ``node_rank`` of ``nnodes``, each node running ``local_world_size`` workers.
 
-    ``master_port`` pins the port (``--master-port``); otherwise each round picks a free
-    one, so a restarted group never trips over its predecessor's socket in TIME_WAIT.
+    ``master_port`` pins the workers' port; without one (only allowed for one node) each
+    round picks a free port, so a restarted group never trips over its predecessor's
+    socket in TIME_WAIT.
     """
 
-    def __init__(self, run_id: str, master_addr: str = "127.0.0.1", master_port: int | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        *,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        role: str = "default",
+        local_world_size: int = 1,
+    ) -> None:
+        if nnodes > 1 and not master_port:
+            raise ValueError("a static rendezvous of several nodes needs a fixed master_port")
         self._run_id = run_id
         self._master_addr = master_addr
         self._master_port = master_port
+        self._node_rank = node_rank
+        self._nnodes = nnodes
+        self._role = role
+        self._local_world_size = local_world_size
         self._generation = -1
 
     def get_backend(self) -> str:
@@ -41,23 +66,35 @@ class SingleNodeRendezvous:
     async def next_rendezvous(self) -> RendezvousInfo:
         self._generation += 1
         port = self._master_port or free_port(self._master_addr)
+        infos = tuple(
+            RoleInstanceInfo(self._role, rank, self._local_world_size)
+            for rank in range(self._nnodes)
+        )
         return RendezvousInfo(
             run_id=self._run_id,
-            group_rank=0,
-            group_world_size=1,
+            group_rank=self._node_rank,
+            group_world_size=self._nnodes,
             master_addr=self._master_addr,
             master_port=port,
             generation=self._generation,
+            role_infos=infos if self._nnodes > 1 else (),
         )
+
+    async def round_over(self) -> str:
+        await asyncio.Future()  # a static rendezvous hears nothing from its peers
+        raise AssertionError("unreachable")
+
+    async def end_round(self, reason: str) -> None:
+        """No channel to the peers: they learn of it through their collectives."""
 
     async def num_nodes_waiting(self) -> int:
         return 0
 
-    def needs_membership_checks(self) -> bool:
-        return False
-
     async def exit_barrier(self) -> None:
-        """Nobody else to wait for: a rendezvous of one is done when this agent is."""
+        """No store to meet in: each node leaves when its workers are done."""
+
+    async def set_closed(self, succeeded: bool, reason: str) -> None:
+        """Nothing to close."""
 
     async def shutdown(self) -> None:
-        """Nothing to release: a rendezvous of one holds no connection."""
+        """Nothing to release: a static rendezvous holds no connection."""

@@ -1,0 +1,127 @@
+"""The rendezvous ``agentd run`` asks for: backend, store and settings from the resolved config.
+
+Everything is checked here, before anything starts; each problem is one ConfigError naming
+the flag, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+from agentd.exceptions import ConfigError
+from agentd.rendezvous.api import RendezvousHandler
+from agentd.rendezvous.conf import (
+    parse_rdzv_conf,
+    pop_bool,
+    pop_seconds,
+    reject_unknown,
+    settings_from_conf,
+)
+from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings, StoreOpener
+from agentd.rendezvous.static import StaticRendezvous
+
+if TYPE_CHECKING:
+    from agentd.config import AgentConfig
+
+TORCHRUN_MASTER_PORT = 29500
+_IGNORED_TORCH_KEYS = ("use_libuv", "store_type")
+"""torch ``--rdzv-conf`` keys about its TCPStore, which mean nothing here."""
+
+
+def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) -> RendezvousHandler:
+    """The rendezvous handler for ``config``."""
+    low, high = config.nnodes
+    conf = parse_rdzv_conf(config.rdzv_conf)
+    if config.standalone:
+        if (low, high) != (1, 1):
+            raise ConfigError(f"--nnodes: '{low}:{high}' cannot be combined with --standalone "
+                              "(one node; use --rdzv-backend agentd for several)")  # fmt: skip
+        from agentd.store.connect import open_memory_store
+
+        settings = settings_from_conf(conf, (1, 1))
+        reject_unknown(conf, "agentd")
+        addr = config.local_addr or "127.0.0.1"
+        return _handler(config, run_id, local_world_size, open_memory_store, settings, addr)
+    backend = config.rdzv_backend
+    if backend == "static":
+        return _static(config, run_id, local_world_size, conf)
+    if backend in ("etcd", "etcd-v2"):
+        raise ConfigError(f"--rdzv-backend: {backend!r} is not supported yet")
+    return _dynamic(config, run_id, local_world_size, conf)
+
+
+def _static(
+    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+) -> StaticRendezvous:
+    low, high = config.nnodes
+    if low != high:
+        raise ConfigError(f"--nnodes: '{low}:{high}' needs an elastic backend "
+                          "(--rdzv-backend agentd); static takes a fixed N")  # fmt: skip
+    if not 0 <= config.node_rank < low:
+        raise ConfigError(f"--node-rank: {config.node_rank!r} must be within 0..{low - 1} "
+                          f"(--nnodes {low})")  # fmt: skip
+    reject_unknown(conf, "static")
+    addr = config.master_addr or "127.0.0.1"
+    if low == 1:
+        return StaticRendezvous(run_id, addr, config.master_port or None)
+    return StaticRendezvous(
+        run_id,
+        addr,
+        config.master_port or TORCHRUN_MASTER_PORT,
+        node_rank=config.node_rank,
+        nnodes=low,
+        role=config.role,
+        local_world_size=local_world_size,
+    )
+
+
+def _dynamic(
+    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+) -> DynamicRendezvous:
+    from agentd.store.connect import http_store_opener, is_local_address, split_endpoint
+    from agentd.store.server import is_loopback
+
+    if not config.rdzv_endpoint:
+        raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+                          "(host:port of the store), or use --standalone")  # fmt: skip
+    host, port = split_endpoint(config.rdzv_endpoint)
+    is_host = pop_bool(conf, "is_host")
+    if is_host is None:
+        is_host = is_local_address(host)
+    read_timeout = pop_seconds(conf, "read_timeout") or 10.0
+    settings = settings_from_conf(conf, config.nnodes)
+    for key in _IGNORED_TORCH_KEYS:
+        conf.pop(key, None)
+    reject_unknown(conf, config.rdzv_backend)
+    token = config.store_token
+    if is_host and not token and not is_loopback(host):
+        raise ConfigError(
+            f"--store-token: required to host the store on {host!r}, which is not loopback "
+            "(set AGENTD_STORE_TOKEN on every node)"
+        )
+    if port == 0 and not is_host:
+        raise ConfigError(f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
+                          "on the host that serves the store")  # fmt: skip
+    addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
+    opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout)
+    return _handler(config, run_id, local_world_size, opener, settings, addr)
+
+
+def _handler(
+    config: AgentConfig,
+    run_id: str,
+    local_world_size: int,
+    open_store: StoreOpener,
+    settings: RendezvousSettings,
+    addr: str,
+) -> DynamicRendezvous:
+    return DynamicRendezvous(
+        run_id,
+        open_store,
+        settings,
+        role=config.role,
+        local_world_size=local_world_size,
+        addr=addr,
+        master_port=config.master_port or None,
+    )

@@ -1,0 +1,93 @@
+"""Opening the store a rendezvous runs on, and hosting it when this agent should.
+
+Openers return ``(store, close)``; ``close`` also stops a server the agent hosts. They run
+in the agent's loop, on the first rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+
+from agentd.exceptions import ConfigError, StartError
+from agentd.store.api import Store
+from agentd.store.memory import MemoryStore
+
+log = logging.getLogger(__name__)
+
+Opened = tuple[Store, Callable[[], Awaitable[None]]]
+
+
+def split_endpoint(
+    endpoint: str, field: str = "--rdzv-endpoint", default_port: int = 29400
+) -> tuple[str, int]:
+    """``host[:port]`` (``[v6]:port`` too) into its parts; a bad one is a ConfigError."""
+    text = endpoint.strip()
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    if not host:
+        raise ConfigError(f"{field}: {endpoint!r} must be host:port")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{field}: {endpoint!r} has no valid port (0..65535)")
+    return host, int(port_text)
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` names this machine: loopback, or an address we can bind."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((sockaddr[0], 0))
+            return True
+    return False
+
+
+async def open_memory_store() -> Opened:
+    """A store inside this agent: ``--standalone``, where no other agent could join."""
+    store = MemoryStore()
+    return store, store.close
+
+
+def http_store_opener(
+    host: str,
+    port: int,
+    token: str | None,
+    is_host: bool,
+    *,
+    retry_timeout: float = 30.0,
+    request_timeout: float = 10.0,
+) -> Callable[[], Awaitable[Opened]]:
+    """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
+    is free (another agent on this host may have bound it first), else be its client."""
+
+    async def open_store() -> Opened:
+        from agentd.store.http_client import HttpStore
+        from agentd.store.server import StoreServer
+
+        if is_host:
+            server = StoreServer(host, port, token)
+            try:
+                await server.start()
+            except StartError as exc:
+                log.debug("Not hosting the store (%s); connecting to it instead", exc)
+            else:
+                log.info("Hosting the rendezvous store on %s", server.endpoint)
+                return server.store, server.stop
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        client = HttpStore(
+            where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
+        )
+        return client, client.close
+
+    return open_store
