@@ -16,7 +16,12 @@ from collections.abc import Sequence
 
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.observer import AgentObserver
-from agentd.rendezvous.api import RendezvousHandler, RendezvousInfo, RoleInstanceInfo
+from agentd.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RoleInstanceInfo,
+)
 from agentd.rendezvous.static import StaticRendezvous
 from agentd.spec import (
     DEFAULT_ROLE,
@@ -92,6 +97,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._healthy_since: float | None = None
         self._round_watch: asyncio.Task[None] | None = None
         self._round_ended: str | None = None
+        self._round_closed: RendezvousClosedError | None = None
         """Why the rendezvous round ended elsewhere, once :meth:`_watch_round` saw it."""
         self.generation = -1
         self.restart_count = 0
@@ -168,6 +174,12 @@ class SimpleElasticAgent(ElasticAgent):
             self._raise_if_stop_requested()
             state = result.state
             if state == WorkerState.HEALTHY:
+                if self._round_closed is not None:
+                    closed = self._round_closed
+                    log.error("[%s] %s; stopping the workers", role, closed)
+                    await self._timed_stop(group)
+                    self._set_state(WorkerState.FAILED, "a peer failed for good")
+                    raise closed
                 if self._round_ended is not None:
                     log.info("[%s] Rendezvous round over (%s); restarting the group without "
                              "spending a restart", role, self._round_ended)  # fmt: skip
@@ -240,6 +252,10 @@ class SimpleElasticAgent(ElasticAgent):
         while True:
             try:
                 why = await self.rdzv_handler.round_over()
+            except RendezvousClosedError as exc:
+                self._round_closed = exc
+                self._wakeup.set()
+                return
             except AgentdError as exc:  # the store is down: the workers go on meanwhile
                 log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc,
                             _WATCH_RETRY)  # fmt: skip

@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = asyncio.run(run_agent(config, spec))
     except AgentdError as exc:
-        log.error("%s", exc)
+        log.log(logging.INFO if exc.exit_code == 0 else logging.ERROR, "%s", exc)
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130

@@ -44,6 +44,7 @@ def main() -> None:
     if rank == 0:
         weight = model.module.weight.detach().flatten().tolist()
         print(f"learned weight {[round(w, 2) for w in weight]} (true [2.0, -3.0])", flush=True)
+    dist.barrier()  # rank 0 hosts the process group's store: nobody may leave before all are done
     dist.destroy_process_group()
 
 

@@ -61,8 +61,9 @@ class RendezvousHandler(Protocol):
 
     async def round_over(self) -> str:
         """Return, saying why, once the current round ends for a reason outside this agent:
-        a peer failed, a node joined or left, the rendezvous closed. A rendezvous of one
-        never returns. The agent awaits it while its group runs: watched, not polled."""
+        a peer failed, a node joined or left. Raises :class:`RendezvousClosedError` when a
+        peer failed for good. A rendezvous of one never returns. The agent awaits it while
+        its group runs: watched, not polled."""
         ...
 
     async def end_round(self, reason: str) -> None:

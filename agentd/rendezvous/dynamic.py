@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +41,15 @@ from agentd.rendezvous.api import (
 )
 from agentd.rendezvous.static import free_port
 from agentd.store.api import Store, StoreError
+from agentd.store.connect import OpenedStore, StoreOpener
 
 log = logging.getLogger(__name__)
-
-StoreOpener = Callable[[], Awaitable[tuple[Store, Callable[[], Awaitable[None]]]]]
-"""Opens the store on the first rendezvous: returns it and a closer (see store.connect)."""
 
 _POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
 _FOREVER = 7 * 86400.0
+_LEAVE_TIMEOUT = 2.0
+"""Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ class _Round:
 class DynamicRendezvous:
     """An elastic rendezvous for ``run_id`` over a store opened by ``open_store``.
 
-    ``open_store`` returns the store and a closer (which also stops a store this agent
-    hosts); it is called on the first rendezvous, in the agent's loop. ``role`` and
+    ``open_store`` is called on the first rendezvous, in the agent's loop (see
+    :mod:`agentd.store.connect`). ``role`` and
     ``local_world_size`` are what this agent contributes to rank assignment; ``addr`` is
     where its workers are reachable, used as MASTER_ADDR when it is group rank 0.
     """
@@ -118,7 +118,7 @@ class DynamicRendezvous:
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._prefix = f"agentd/{run_id}/"
         self._store: Store | None = None
-        self._close_store: Callable[[], Awaitable[None]] | None = None
+        self._opened: OpenedStore | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._round: _Round | None = None
         self._ended: set[int] = set()
@@ -212,9 +212,7 @@ class DynamicRendezvous:
                 if event.key == self._gen_key and event.value != str(current.generation).encode():
                     return f"generation {current.generation} ended"
                 if event.key == self._closed_key and event.value is not None:
-                    error = self._closed_error(event.value)
-                    if not error.succeeded:  # a peer's success must not stop our workers
-                        return str(error)
+                    self._raise_if_failed(event.value)
                 if event.key in members and event.value is None:
                     why = f"node {members[event.key]} left (no heartbeat)"
                     await self.end_round(why)
@@ -224,8 +222,8 @@ class DynamicRendezvous:
         """Why round ``generation`` is over already ('' if it is not)."""
         keys = [self._gen_key, self._closed_key, *members]
         gen, closed, *beats = await self.store.multi_get(keys)
-        if closed is not None and not self._closed_error(closed).succeeded:
-            return str(self._closed_error(closed))
+        if closed is not None:
+            self._raise_if_failed(closed)
         if gen != str(generation).encode():
             return f"generation {generation} ended"
         for key, beat in zip(members, beats, strict=True):
@@ -272,26 +270,45 @@ class DynamicRendezvous:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        if self._store is None:
+        if self._store is None or self._opened is None:
             return
         try:
-            async with asyncio.timeout(self.settings.close_timeout):
-                if not self._closed:
+            if not self._closed:  # the others re-form without us
+                async with asyncio.timeout(self.settings.close_timeout):
                     await self.end_round(f"node {self.node_id} left")
+            async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._hb_key(self.node_id))
+            if self._opened.hosted:
+                await self._wait_for_peers_to_leave()
         except (StoreError, TimeoutError) as exc:
             log.warning("Rendezvous %s: could not leave cleanly: %s", self._run_id, exc)
         finally:
-            assert self._close_store is not None
-            await self._close_store()
-            self._store = None
+            await self._opened.close()
+            self._store = self._opened = None
+
+    async def _wait_for_peers_to_leave(self) -> None:
+        """Keep the store we serve up until the round's other members are gone (their
+        heartbeats deleted or expired), at most ``close_timeout`` seconds."""
+        current = self._round
+        if current is None:
+            return
+        store = self.store
+        keys = [self._hb_key(str(node["node"])) for node in current.nodes]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.close_timeout):
+                while True:
+                    revision = await store.revision()
+                    if all(beat is None for beat in await store.multi_get(keys)):
+                        return
+                    await store.watch(self._ctl + "hb/", revision, _POLL)
 
     # -- joining -----------------------------------------------------------------------------
 
     async def _open(self) -> None:
         if self._store is not None:
             return
-        self._store, self._close_store = await self._open_store()
+        self._opened = await self._open_store()
+        self._store = self._opened.store
         await self._store.set(self._hb_key(self.node_id), self._beat_value(),
                               ttl=self.settings.heartbeat_ttl)  # fmt: skip
         self._heartbeat = asyncio.create_task(self._keep_alive(), name="rdzv-heartbeat")
@@ -319,6 +336,14 @@ class DynamicRendezvous:
         if gen is None:
             _, gen = await store.compare_set(self._gen_key, None, b"0")
         return int(gen or 0)
+
+    def _raise_if_failed(self, closed: bytes) -> None:
+        """A peer failed for good: the job is over here too (a peer's success is not: our
+        workers may still be running when it leaves the exit barrier)."""
+        error = self._closed_error(closed)
+        if not error.succeeded:
+            self._closed = True  # nobody left to tell when we leave
+            raise error
 
     def _closed_error(self, raw: bytes) -> RendezvousClosedError:
         try:

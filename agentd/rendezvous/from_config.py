@@ -18,8 +18,9 @@ from agentd.rendezvous.conf import (
     reject_unknown,
     settings_from_conf,
 )
-from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings, StoreOpener
+from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.static import StaticRendezvous
+from agentd.store.connect import StoreOpener
 
 if TYPE_CHECKING:
     from agentd.config import AgentConfig

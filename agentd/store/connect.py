@@ -1,7 +1,7 @@
 """Opening the store a rendezvous runs on, and hosting it when this agent should.
 
-Openers return ``(store, close)``; ``close`` also stops a server the agent hosts. They run
-in the agent's loop, on the first rendezvous.
+Openers return an :class:`OpenedStore`, whose ``close`` also stops a server the agent
+hosts. They run in the agent's loop, on the first rendezvous.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.store.api import Store
@@ -17,7 +18,18 @@ from agentd.store.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
-Opened = tuple[Store, Callable[[], Awaitable[None]]]
+
+@dataclass(frozen=True)
+class OpenedStore:
+    """A store a rendezvous runs on, and how to let go of it."""
+
+    store: Store
+    close: Callable[[], Awaitable[None]]
+    hosted: bool = False
+    """This agent serves the store, so it must outlive the other agents' last requests."""
+
+
+StoreOpener = Callable[[], Awaitable[OpenedStore]]
 
 
 def split_endpoint(
@@ -53,10 +65,10 @@ def is_local_address(host: str) -> bool:
     return False
 
 
-async def open_memory_store() -> Opened:
+async def open_memory_store() -> OpenedStore:
     """A store inside this agent: ``--standalone``, where no other agent could join."""
     store = MemoryStore()
-    return store, store.close
+    return OpenedStore(store, store.close)
 
 
 def http_store_opener(
@@ -67,11 +79,11 @@ def http_store_opener(
     *,
     retry_timeout: float = 30.0,
     request_timeout: float = 10.0,
-) -> Callable[[], Awaitable[Opened]]:
+) -> StoreOpener:
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
     is free (another agent on this host may have bound it first), else be its client."""
 
-    async def open_store() -> Opened:
+    async def open_store() -> OpenedStore:
         from agentd.store.http_client import HttpStore
         from agentd.store.server import StoreServer
 
@@ -83,11 +95,11 @@ def http_store_opener(
                 log.debug("Not hosting the store (%s); connecting to it instead", exc)
             else:
                 log.info("Hosting the rendezvous store on %s", server.endpoint)
-                return server.store, server.stop
+                return OpenedStore(server.store, server.stop, hosted=True)
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         client = HttpStore(
             where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
         )
-        return client, client.close
+        return OpenedStore(client, client.close)
 
     return open_store

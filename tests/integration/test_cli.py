@@ -295,14 +295,22 @@ def test_leftover_cleanup_spares_live_agents(run_agentd):
         (["--nnodes", "2", "--node-rank", "2", WORKER], "--node-rank: 2 must be within 0..1"),
         (["--standalone", "--nnodes", "2", WORKER], "cannot be combined with --standalone"),
         (["--rdzv-backend", "c10d", "--nnodes", "2", WORKER], "--rdzv-endpoint: required"),
-        (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:x", WORKER],
-         "--rdzv-endpoint: '127.0.0.1:x' has no valid port"),
-        (["--standalone", "--rdzv-conf", "join_timeout=-1", WORKER],
-         "--rdzv-conf: join_timeout='-1' must be a number of seconds > 0"),
-        (["--standalone", "--rdzv-conf", "bogus=1", WORKER],
-         "--rdzv-conf: 'bogus' is not a setting of the agentd backend"),
-        (["--standalone", "--rdzv-conf", "novalue", WORKER],
-         "--rdzv-conf: 'novalue' must be key=value"),
+        (
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:x", WORKER],
+            "--rdzv-endpoint: '127.0.0.1:x' has no valid port",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "join_timeout=-1", WORKER],
+            "--rdzv-conf: join_timeout='-1' must be a number of seconds > 0",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "bogus=1", WORKER],
+            "--rdzv-conf: 'bogus' is not a setting of the agentd backend",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "novalue", WORKER],
+            "--rdzv-conf: 'novalue' must be key=value",
+        ),
         (["--log-line-prefix-template", "{nope}", WORKER], "unknown field(s) ['nope']"),
     ],
 )
