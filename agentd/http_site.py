@@ -20,7 +20,8 @@ async def serve_app(
     """
     from aiohttp import web
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # Long polls would hold a stop for up to a minute; clients retry them elsewhere.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

@@ -135,3 +135,26 @@ async def test_watch_from_a_compacted_revision_says_so():
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_watch_across_a_store_restart_says_compacted():
+    first = StoreServer("127.0.0.1", 0)
+    await first.start()
+    port = first.port
+    client = HttpStore(f"127.0.0.1:{port}", retry_timeout=20)
+    try:
+        for i in range(5):
+            await client.set(f"k{i}", b"old")
+        seen = await client.revision()
+        await first.stop()
+        second = StoreServer("127.0.0.1", port)  # a new store that soon passes our revision
+        await second.start()
+        try:
+            for i in range(10):
+                await second.store.set(f"n{i}", b"new")
+            result = await client.watch("", seen, timeout=5)
+            assert result.compacted and result.events == ()
+        finally:
+            await second.stop()
+    finally:
+        await client.close()

@@ -26,7 +26,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.server import MAX_POLL
+from agentd.store.server import INSTANCE_HEADER, MAX_POLL
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class HttpStore:
         self._session: aiohttp.ClientSession | None = None
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
+        self._instance: str | None = None
+        """The server instance we last heard from; a watch naming an older one is answered
+        ``compacted`` (the revision it asks from belonged to a store that is gone)."""
 
     async def _call(
         self, op: str, body: dict[str, Any], poll: float = 0.0, idempotent: bool = True
@@ -81,6 +84,7 @@ class HttpStore:
                 async with self._session.post(url, json=body, timeout=timeout) as response:
                     data = await response.json(content_type=None)
                     status = response.status
+                    self._note_instance(response.headers.get(INSTANCE_HEADER))
             except _NOT_SENT as exc:
                 problem: BaseException = exc
             except _MAYBE_SENT as exc:
@@ -101,6 +105,13 @@ class HttpStore:
             log.debug("Store %s: %s failed (%s); retrying in %.2fs", self.url, op, problem, delay)
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(self._backoff[1], delay * 2)
+
+    def _note_instance(self, instance: str | None) -> None:
+        if instance is None:
+            return
+        if self._instance is not None and instance != self._instance:
+            log.warning("Store %s restarted: its state is gone", self.url)
+        self._instance = instance
 
     def _answer(self, op: str, status: int, data: Any) -> dict[str, Any]:
         message = data.get("error", "") if isinstance(data, dict) else ""
@@ -164,7 +175,8 @@ class HttpStore:
 
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
         poll = max(0.0, min(MAX_POLL, timeout))
-        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll}
+        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll,
+                "instance": self._instance}  # fmt: skip
         doc = await self._call("watch", body, poll=poll)
         events = tuple(KeyEvent(e["key"], _unb64(e["value"]), int(e["revision"]))
                        for e in doc["events"])  # fmt: skip

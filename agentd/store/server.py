@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import math
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ MAX_BODY = 4 << 20
 MAX_KEYS = 4096
 MAX_POLL = 60.0
 MAX_TTL = 86400.0
+INSTANCE_HEADER = "Agentd-Store-Instance"
 
 
 class BadRequest(ValueError):
@@ -69,6 +71,8 @@ class StoreServer:
         self.port = port
         self._token = token.encode() if token else None
         self.store = store or MemoryStore()
+        self.instance = os.urandom(8).hex()
+        """Names this server's lifetime: clients see a restart (state lost) when it changes."""
         self._runner: web.AppRunner | None = None
 
     @property
@@ -139,15 +143,24 @@ class StoreServer:
             raise BadRequest("body: not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
-        result = await method(self.store, _Args(body))
-        return web.json_response(result)
+        result = await method(self.store, _Args(body, self.instance))
+        return web.json_response(result, headers={INSTANCE_HEADER: self.instance})
 
 
 class _Args:
     """Typed access to a request body; every problem is a BadRequest naming the field."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], instance: str = "") -> None:
         self._body = body
+        self._instance = instance
+
+    @property
+    def instance_changed(self) -> bool:
+        """The request names a server instance (the one it last heard from) that is not us."""
+        named = self._body.get("instance")
+        if named is not None and not isinstance(named, str):
+            raise BadRequest(f"instance: {_show(named)} must be a string")
+        return named is not None and named != self._instance
 
     def key(self, name: str = "key") -> str:
         value = self._body.get(name)
@@ -279,7 +292,10 @@ async def _watch(store: MemoryStore, a: _Args) -> dict[str, Any]:
     if not isinstance(prefix, str) or len(prefix.encode()) > MAX_KEY:
         raise BadRequest(f"prefix: {_show(prefix)} must be a string of at most {MAX_KEY} bytes")
     after = a.integer("after_revision")
-    return _watch_doc(await store.watch(prefix, after, a.number("timeout", 0, MAX_POLL)))
+    timeout = a.number("timeout", 0, MAX_POLL)
+    if a.instance_changed:  # the revision is another store's: the caller must re-read
+        return _watch_doc(WatchResult(await store.revision(), compacted=True))
+    return _watch_doc(await store.watch(prefix, after, timeout))
 
 
 _OPS: dict[str, Callable[[MemoryStore, _Args], Awaitable[dict[str, Any]]]] = {

@@ -1,0 +1,218 @@
+"""DynamicRendezvous: many handlers over one store, in one loop (in-process and over HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentd.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
+from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.store.connect import OpenedStore
+from agentd.store.http_client import HttpStore
+from agentd.store.memory import MemoryStore
+from agentd.store.server import StoreServer
+
+FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "last_call_timeout": 0.2,
+        "join_timeout": 20.0}  # fmt: skip
+
+
+class Counting:
+    """A MemoryStore that counts the operations its clients make."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.ops = 0
+
+    def __getattr__(self, name: str):
+        self.ops += 1
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[Counting]:
+    counting = Counting()
+    yield counting
+    await counting.inner.close()
+
+
+def handler(store, run_id="job", nodes=(1, 1), role="default", nproc=1, **settings):
+    async def open_store() -> OpenedStore:
+        async def nothing() -> None:
+            pass
+
+        return OpenedStore(store, nothing)
+
+    conf = RendezvousSettings(min_nodes=nodes[0], max_nodes=nodes[1], **{**FAST, **settings})
+    return DynamicRendezvous(run_id, open_store, conf, role=role, local_world_size=nproc)
+
+
+async def shutdown_all(*handlers: DynamicRendezvous) -> None:
+    for h in handlers:
+        await h.shutdown()
+
+
+async def test_a_full_round_completes_with_ranks_master_and_role_infos(store):
+    nodes = [handler(store, nodes=(3, 3), role="trainer" if i else "reader", nproc=i + 1)
+             for i in range(3)]  # fmt: skip
+    infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    try:
+        assert sorted(i.group_rank for i in infos) == [0, 1, 2]
+        assert {i.group_world_size for i in infos} == {3}
+        assert len({(i.master_addr, i.master_port) for i in infos}) == 1
+        assert {i.generation for i in infos} == {0}
+        by_rank = {i.group_rank: i for i in infos}
+        roles = by_rank[0].role_infos
+        assert [r.rank for r in roles] == [0, 1, 2]
+        assert all(i.role_infos == roles for i in infos)  # every node sees the same table
+    finally:
+        await shutdown_all(*nodes)
+
+
+async def test_store_operations_per_node_stay_constant_as_the_job_grows(store):
+    per_node = {}
+    for size in (4, 32):
+        store.ops = 0
+        nodes = [handler(store, run_id=f"grow{size}", nodes=(size, size)) for _ in range(size)]
+        await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+        per_node[size] = store.ops / size
+        await shutdown_all(*nodes)
+    assert per_node[32] <= per_node[4] + 1, per_node  # linear in total, not quadratic
+
+
+async def test_last_call_completes_with_min_nodes(store):
+    a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
+    infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    assert {i.group_world_size for i in infos} == {2}
+    await shutdown_all(a, b)
+
+
+async def test_a_late_node_ends_the_round_and_all_three_meet_in_the_next(store):
+    a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    watches = [asyncio.create_task(h.round_over()) for h in (a, b)]
+    c = handler(store, nodes=(2, 3))
+    late = asyncio.create_task(c.next_rendezvous())
+    reasons = await asyncio.wait_for(asyncio.gather(*watches), 10)
+    assert all("generation 0 ended" in r for r in reasons)
+    assert await a.num_nodes_waiting() == 1
+    infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), late)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 3)}
+    await shutdown_all(a, b, c)
+
+
+async def test_a_node_beyond_max_waits_for_a_departure(store):
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    c = handler(store, nodes=(1, 2))
+    spare = asyncio.create_task(c.next_rendezvous())
+    await asyncio.sleep(0.3)
+    assert not spare.done()  # the round is full: no restart for the others
+    watch = asyncio.create_task(a.round_over())
+    await b.shutdown()  # b leaves: the round ends, c gets its place
+    assert "ended" in await asyncio.wait_for(watch, 10)
+    infos = await asyncio.gather(a.next_rendezvous(), spare)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(a, c)
+
+
+async def test_an_expired_heartbeat_ends_the_round(store):
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    watch = asyncio.create_task(a.round_over())
+    assert b._heartbeat is not None
+    b._heartbeat.cancel()  # b's agent was SIGKILLed: its heartbeat stops, nothing else
+    why = await asyncio.wait_for(watch, 10)
+    assert f"node {b.node_id} left (no heartbeat)" == why
+    info = await a.next_rendezvous()
+    assert (info.generation, info.group_world_size, info.group_rank) == (1, 1, 0)
+    await shutdown_all(a)
+
+
+async def test_end_round_reaches_every_peer(store):
+    nodes = [handler(store, nodes=(3, 3)) for _ in range(3)]
+    await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    watches = [asyncio.create_task(h.round_over()) for h in nodes[1:]]
+    await nodes[0].end_round("a worker failed")
+    assert all("generation 0 ended" in r for r in await asyncio.wait_for(asyncio.gather(*watches), 10))
+    assert json.loads(await store.get("agentd/job/ctl/gen") or b"") == 1
+    await nodes[0].end_round("twice")  # one round ends once
+    assert await store.get("agentd/job/ctl/gen") == b"1"
+    await shutdown_all(*nodes)
+
+
+async def test_closing_on_failure_stops_peers_and_turns_away_newcomers(store):
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    watch = asyncio.create_task(b.round_over())
+    await a.set_closed(False, "rank 3 failed with exit code 1")
+    with pytest.raises(RendezvousClosedError, match="failed .rank 3 failed") as caught:
+        await asyncio.wait_for(watch, 10)
+    assert caught.value.exit_code == 1
+    with pytest.raises(RendezvousClosedError):
+        await handler(store, nodes=(2, 2)).next_rendezvous()
+    await shutdown_all(a, b)
+
+
+async def test_a_peers_success_does_not_end_a_running_round(store):
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    watch = asyncio.create_task(b.round_over())
+    await a.set_closed(True, "done")
+    await asyncio.sleep(0.2)
+    assert not watch.done()  # b's workers may still be running
+    watch.cancel()
+    late = handler(store, nodes=(2, 2))
+    with pytest.raises(RendezvousClosedError, match="the job succeeded") as caught:
+        await late.next_rendezvous()
+    assert caught.value.exit_code == 0
+    await shutdown_all(a, b, late)
+
+
+async def test_exit_barrier_waits_for_every_member(store):
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    first = asyncio.create_task(a.exit_barrier())
+    await asyncio.sleep(0.1)
+    assert not first.done()
+    await asyncio.wait_for(asyncio.gather(first, b.exit_barrier()), 10)
+    await shutdown_all(a, b)
+
+
+async def test_join_timeout_names_what_was_missing(store):
+    lonely = handler(store, nodes=(2, 2), join_timeout=0.3)
+    with pytest.raises(RendezvousTimeoutError, match=r"1 node\(s\) joined, 2..2 needed"):
+        await lonely.next_rendezvous()
+    await lonely.shutdown()
+
+
+async def test_a_store_restart_mid_rendezvous_is_survived():
+    server = StoreServer("127.0.0.1", 0)
+    await server.start()
+    port = server.port
+
+    def over_http() -> DynamicRendezvous:
+        async def open_store() -> OpenedStore:
+            client = HttpStore(f"127.0.0.1:{port}", retry_timeout=20)
+            return OpenedStore(client, client.close)
+
+        conf = RendezvousSettings(min_nodes=2, max_nodes=2, **FAST)
+        return DynamicRendezvous("restart", open_store, conf)
+
+    a = over_http()
+    waiting = asyncio.create_task(a.next_rendezvous())
+    await asyncio.sleep(0.3)  # a joined and waits for the seal
+    await server.stop()  # everything the store knew is gone
+    server = StoreServer("127.0.0.1", port)
+    await server.start()
+    b = over_http()
+    try:
+        infos = await asyncio.wait_for(asyncio.gather(waiting, b.next_rendezvous()), 20)
+        assert sorted(i.group_rank for i in infos) == [0, 1]
+    finally:
+        with contextlib.suppress(Exception):
+            await shutdown_all(a, b)
+        await server.stop()
