@@ -309,8 +309,6 @@ class DynamicRendezvous:
             return
         self._opened = await self._open_store()
         self._store = self._opened.store
-        await self._store.set(self._hb_key(self.node_id), self._beat_value(),
-                              ttl=self.settings.heartbeat_ttl)  # fmt: skip
         self._heartbeat = asyncio.create_task(self._keep_alive(), name="rdzv-heartbeat")
 
     def _beat_value(self) -> bytes:
@@ -361,6 +359,8 @@ class DynamicRendezvous:
     async def _join_round(self) -> _Round | None:
         """Join the current round and wait for it to be sealed; None: try the next round."""
         store, settings = self.store, self.settings
+        # (re)announce ourselves: a store that restarted has forgotten our heartbeat
+        await store.set(self._hb_key(self.node_id), self._beat_value(), ttl=settings.heartbeat_ttl)
         generation = await self._generation()
         rank = await store.add(self._round_key(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
@@ -386,6 +386,11 @@ class DynamicRendezvous:
             loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
         )
         sealed = await store.get(sealed_key)
+        if sealed is None:
+            log.info(
+                "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
+                self._run_id, generation, rank, settings.min_nodes, settings.max_nodes,
+            )  # fmt: skip
         while sealed is None:
             timeout = _POLL if last_call is None else max(0.0, last_call - loop.time())
             result = await store.watch(sealed_key, revision, min(timeout, _POLL))

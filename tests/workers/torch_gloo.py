@@ -11,4 +11,5 @@ assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"]
 tensor = torch.tensor([rank + 1.0])
 dist.all_reduce(tensor)
 print(f"rank {rank}/{world} all_reduce={tensor.item():g}", flush=True)
+dist.barrier()  # rank 0 hosts the group's store: nobody leaves before everyone is done
 dist.destroy_process_group()

@@ -40,9 +40,35 @@ def main() -> int:
     parser.add_argument("--after", type=float, default=0.0)
     parser.add_argument("--until-attempt", type=int, default=1)
     parser.add_argument("--message", default="boom")
+    parser.add_argument("--crash-group", type=int, default=-1, help="member: its node fails")
+    parser.add_argument("--stop-file", default="", help="member: exit 0 once it exists")
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
 
+    if args.mode == "member":  # reports its place in the job, runs until --stop-file exists
+        place = {
+            name: os.environ.get(name)
+            for name in (
+                "RANK",
+                "WORLD_SIZE",
+                "GROUP_RANK",
+                "GROUP_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT",
+                "AGENTD_ATTEMPT",
+                "ROLE_RANK",
+            )
+        }
+        note(f"member_a{os.environ.get('AGENTD_ATTEMPT')}", json.dumps(place))
+        group = int(os.environ.get("GROUP_RANK", "0"))
+        attempt = int(os.environ.get("AGENTD_ATTEMPT", "0"))  # this agent's, restarts or not
+        if group == args.crash_group and RANK == args.rank and attempt < args.until_attempt:
+            time.sleep(args.after)
+            return args.code
+        while args.stop_file and not os.path.exists(args.stop_file):
+            time.sleep(0.05)
+        return 0
     if args.mode == "ok":
         print(f"hello from rank {os.environ.get('RANK')}", flush=True)
         print(f"note on stderr from rank {os.environ.get('RANK')}", file=sys.stderr, flush=True)

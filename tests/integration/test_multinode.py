@@ -1,0 +1,259 @@
+"""Several real ``agentd`` processes form one job on 127.0.0.1 through the rendezvous store."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import TESTS, WORKER, AgentProc, processes_of_agent, wait_until
+
+TOKEN = "job-secret"
+FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range: a client retrying an ephemeral port with no
+    listener can connect to itself (TCP self-connect) and hold the port a restart needs."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(20000, min(low, 32768)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+@dataclass
+class StoreProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    err: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
+    """Start ``agentd store`` processes (on a given port to restart one); killed by pid after."""
+    started: list[StoreProc] = []
+
+    def start(port: int | None = None, token: str = TOKEN) -> StoreProc:
+        err = tmp_path / f"store{len(started)}.err"
+        store = StoreProc(None, port or free_port(), err)  # type: ignore[arg-type]
+        with open(err, "wb") as fp:
+            store.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd", "store", "--port", str(store.port)],
+                stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                env={**os.environ, "AGENTD_STORE_TOKEN": token},
+            )  # fmt: skip
+        started.append(store)
+        wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")
+        return store
+
+    yield start
+    for store in started:
+        if store.proc.poll() is None:
+            store.proc.kill()
+            store.proc.wait()
+
+
+def members(agent: AgentProc, attempt: int) -> list[dict[str, str]]:
+    """What each worker of the agent's ``attempt`` reported (``member`` mode)."""
+    paths = sorted(agent.out_dir.glob(f"member_a{attempt}_*"))
+    return [json.loads(p.read_text()) for p in paths if p.suffix != ".tmp"]
+
+
+def world_sizes(agent: AgentProc, attempt: int) -> set[int]:
+    return {int(m["WORLD_SIZE"]) for m in members(agent, attempt)}
+
+
+def agent_args(
+    endpoint: str, nnodes: str, *extra: str, conf: str = FAST + ",is_host=0"
+) -> list[str]:
+    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
+            "--nnodes", nnodes, "--rdzv-conf", conf, *extra]  # fmt: skip
+
+
+def member_job(stop_file: Path, *extra: str) -> list[str]:
+    return [WORKER, "member", "--stop-file", str(stop_file), *extra]
+
+
+def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"  # the first agent to bind it serves the store
+    stop = tmp_path / "stop"
+    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST),
+                         *member_job(stop)) for _ in range(2)]  # fmt: skip
+    for agent in agents:
+        wait_until(lambda a=agent: len(members(a, 0)) == 2, what="workers to report")
+    places = [m for agent in agents for m in members(agent, 0)]
+    assert sorted(int(m["RANK"]) for m in places) == [0, 1, 2, 3]
+    assert {m["WORLD_SIZE"] for m in places} == {"4"} and {
+        m["GROUP_WORLD_SIZE"] for m in places
+    } == {"2"}
+    assert len({(m["MASTER_ADDR"], m["MASTER_PORT"]) for m in places}) == 1
+    assert {m["MASTER_ADDR"] for m in places} == {"127.0.0.1"}
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    hosts = [a for a in agents if "Hosting the rendezvous store" in a.stderr()]
+    assert len(hosts) == 1
+
+
+@pytest.mark.torch
+def test_gloo_all_reduce_across_two_agents(run_agentd):
+    pytest.importorskip("torch")
+    endpoint = f"127.0.0.1:{free_port()}"
+    script = str(TESTS / "workers" / "torch_gloo.py")
+    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), script)
+              for _ in range(2)]  # fmt: skip
+    assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
+    out = "".join(a.stdout() for a in agents)
+    for rank in range(4):  # 1 + 2 + 3 + 4
+        assert f"rank {rank}/4 all_reduce=10" in out
+
+
+def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    first = [run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
+             for _ in range(2)]  # fmt: skip
+    for agent in first:
+        wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
+    third = run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
+    wait_until(lambda: world_sizes(third, 0) == {3}, what="the third agent to be admitted")
+    for agent in first:  # scale-up restarted them without spending a restart
+        wait_until(lambda a=agent: world_sizes(a, 1) == {3}, what="the first two to restart")
+        assert {m["TORCHELASTIC_RESTART_COUNT"] for m in members(agent, 1)} == {"0"}
+    stop.touch()
+    assert [a.wait(30) for a in (*first, third)] == [0, 0, 0]
+
+
+def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
+              for _ in range(3)]  # fmt: skip
+    for agent in agents:
+        wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
+    victim = agents.pop()
+    workers = processes_of_agent(victim.pid)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait()
+    for agent in agents:  # its heartbeat expires: the others re-form without it
+        wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
+    wait_until(lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
+               what="the killed agent's workers to be gone")  # fmt: skip
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0]
+
+
+def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = member_job(stop, "--crash-group", "1", "--after", "0.3", "--until-attempt", "1")
+    agents = [run_agentd(*agent_args(store.endpoint, "2", "--max-restarts", "1"), *job, env=env)
+              for _ in range(2)]  # fmt: skip
+    for agent in agents:
+        wait_until(lambda a=agent: len(members(a, 1)) == 1, what="every node to restart")
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0]
+    logs = "".join(a.stderr() for a in agents)
+    assert "Rendezvous round over (generation 0 ended)" in logs  # the healthy node followed
+    assert "restart 1 of 1" in logs  # the failed node spent its restart
+
+
+def test_a_node_failing_for_good_ends_the_job_everywhere(run_agentd, run_store, tmp_path):
+    store = run_store()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = member_job(tmp_path / "never", "--crash-group", "0", "--code", "7")
+    agents = [run_agentd(*agent_args(store.endpoint, "2"), *job, env=env) for _ in range(2)]
+    codes = [a.wait(30) for a in agents]
+    assert codes == [1, 1], [a.stderr()[-2000:] for a in agents]
+    logs = "".join(a.stderr() for a in agents)
+    assert "is closed: node" in logs and "failed with exit code 7" in logs
+
+
+def test_a_wrong_store_token_is_refused(run_agentd, run_store):
+    store = run_store()
+    agent = run_agentd(*agent_args(store.endpoint, "2"), WORKER, "ok",
+                       env={"AGENTD_STORE_TOKEN": "wrong"})  # fmt: skip
+    assert agent.wait(30) == 3
+    assert "refused our token" in agent.stderr()
+
+
+def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [run_agentd(*agent_args(store.endpoint, "2"), *member_job(stop), env=env)
+              for _ in range(2)]  # fmt: skip
+    for agent in agents:
+        wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
+
+    async def abuse() -> list[int]:
+        url = f"http://{store.endpoint}/v1"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        bodies = [(f"{url}/set", b"{not json"), (f"{url}/set", b'{"key": 5}'),
+                  (f"{url}/compare_set", b'{"key": "agentd/job/ctl/gen", "desired": "!!"}'),
+                  (f"{url}/watch", b'{"prefix": "", "after_revision": "x"}'),
+                  (f"{url}/set", b"x" * (8 << 20))]  # fmt: skip
+        async with aiohttp.ClientSession(headers=auth) as http:
+            statuses = []
+            for target, body in bodies:
+                async with http.post(target, data=io.BytesIO(body)) as response:
+                    statuses.append(response.status)
+            return statuses
+
+    statuses = asyncio.run(abuse())
+    assert all(400 <= s < 500 for s in statuses), statuses
+    assert 413 in statuses
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0]
+    assert store.proc.poll() is None
+
+
+def test_a_store_restarting_mid_rendezvous_is_retried(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    first = run_agentd(*agent_args(store.endpoint, "2"), *member_job(stop), env=env)
+    wait_until(lambda: "joined round 0" in first.stderr(), what="the first agent to join")
+    store.proc.send_signal(signal.SIGTERM)  # everything the store knew is lost
+    store.proc.wait(20)
+    again = run_store(port=store.port)
+    second = run_agentd(*agent_args(again.endpoint, "2"), *member_job(stop), env=env)
+    for agent in (first, second):  # in some attempt: the restart may cost a round or two
+        wait_until(lambda a=agent: {2} in (world_sizes(a, n) for n in range(20)),
+                   what="the job to form")  # fmt: skip
+    stop.touch()
+    assert [a.wait(30) for a in (first, second)] == [0, 0]
+
+
+def test_static_rendezvous_of_two_nodes(run_agentd, tmp_path):
+    port = str(free_port())
+    stop = tmp_path / "stop"
+    stop.touch()
+    agents = [run_agentd("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2",
+                         "--master-port", port, *member_job(stop)) for rank in (0, 1)]  # fmt: skip
+    assert [a.wait(30) for a in agents] == [0, 0]
+    assert sorted(int(m["RANK"]) for m in members(agents[1], 0)) == [2, 3]
+    assert {m["MASTER_PORT"] for a in agents for m in members(a, 0)} == {port}
