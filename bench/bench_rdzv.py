@@ -184,7 +184,8 @@ def measure_crash(cmd: list[str]) -> float:
 
 def line(name: str, values: list[float], unit: str = "ms", scale_by: float = 1000) -> str:
     v = [x * scale_by for x in values]
-    return f"  {name:9s} median {statistics.median(v):9.1f} {unit}  min {min(v):9.1f}  max {max(v):9.1f}"
+    mid = statistics.median(v)
+    return f"  {name:9s} median {mid:9.1f} {unit}  min {min(v):9.1f}  max {max(v):9.1f}"
 
 
 def ratio(results: dict[str, list[float]]) -> str:
