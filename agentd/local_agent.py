@@ -176,6 +176,9 @@ class LocalElasticAgent(SimpleElasticAgent):
 
         self.metrics = AgentMetrics(self)
         self.add_observer(self.metrics)
+        observe_store = getattr(self.rdzv_handler, "observe_store", None)
+        if observe_store is not None:  # a rendezvous over a networked store
+            observe_store(self.metrics.store_request)
         self._lag = LoopLagMonitor()
         self._lag.start()
         self.health_server = HealthCheckServer(
@@ -239,6 +242,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             "max_restarts": group.spec.max_restarts,
             "attempt": self.attempt,
             "generation": self.generation,
+            "rendezvous": self.rdzv_handler.get_backend(),
             "node_rank": group.group_rank,
             "group_world_size": group.group_world_size,
             "world_size": workers[0].world_size if workers else None,

@@ -55,6 +55,9 @@ class AgentMetrics(AgentObserver):
             "How late the event loop ran a callback it had scheduled, at the last check",
             registry=r,
         )
+        self.store_latency = Histogram("agentd_store_request_seconds", "Latency of rendezvous "
+                                       "store requests (long polls excluded)", ["op"],
+                                       buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
         self.custom = Gauge("agentd_custom_metric", "Values given to put_metric",
                             ["group", "name"], registry=r)  # fmt: skip
         r.register(_Readings(agent))
@@ -79,6 +82,9 @@ class AgentMetrics(AgentObserver):
         if failure.message.startswith("timer expired"):
             kind = "timer"
         self.failures.labels(kind).inc()
+
+    def store_request(self, op: str, seconds: float) -> None:
+        self.store_latency.labels(op).observe(seconds)
 
     def put_metric(self, name: str, value: float, group: str) -> None:
         self.custom.labels(group, name).set(value)

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,13 @@ class DynamicRendezvous:
         self._round: _Round | None = None
         self._ended: set[int] = set()
         self._closed = False
+        self._observer: Callable[[str, float], None] | None = None
+
+    def observe_store(self, observer: Callable[[str, float], None]) -> None:
+        """Tell ``observer`` (operation, seconds) of every store request over the network."""
+        self._observer = observer
+        if self._store is not None and hasattr(self._store, "observer"):
+            self._store.observer = observer
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -309,6 +316,8 @@ class DynamicRendezvous:
             return
         self._opened = await self._open_store()
         self._store = self._opened.store
+        if self._observer is not None and hasattr(self._store, "observer"):
+            self._store.observer = self._observer
         self._heartbeat = asyncio.create_task(self._keep_alive(), name="rdzv-heartbeat")
 
     def _beat_value(self) -> bytes:

@@ -13,7 +13,7 @@ import base64
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -65,6 +65,8 @@ class HttpStore:
         self._session: aiohttp.ClientSession | None = None
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
+        self.observer: Callable[[str, float], None] | None = None
+        """Told (operation, seconds) after each answered request but long polls (metrics)."""
         self._instance: str | None = None
         """The server instance we last heard from; a watch naming an older one is answered
         ``compacted`` (the revision it asks from belonged to a store that is gone)."""
@@ -80,6 +82,7 @@ class HttpStore:
         timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
         while True:
             self.requests += 1
+            began = time.monotonic()
             try:
                 async with self._session.post(url, json=body, timeout=timeout) as response:
                     data = await response.json(content_type=None)
@@ -97,6 +100,8 @@ class HttpStore:
             except ValueError as exc:
                 raise StoreError(f"store at {self.url}: {op}: the answer is not JSON") from exc
             else:
+                if self.observer is not None and not poll:  # a long poll's time is not latency
+                    self.observer(op, time.monotonic() - began)
                 return self._answer(op, status, data)
             if time.monotonic() + delay > deadline:
                 raise StoreUnavailable(

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -204,8 +205,9 @@ def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tm
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2"), *member_job(stop), env=env)
-              for _ in range(2)]  # fmt: skip
+    health = free_port()
+    agents = [run_agentd(*agent_args(store.endpoint, "2"), *extra, *member_job(stop), env=env)
+              for extra in ((), ("--health-port", str(health)))]  # fmt: skip
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
 
@@ -226,6 +228,15 @@ def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tm
     statuses = asyncio.run(abuse())
     assert all(400 <= s < 500 for s in statuses), statuses
     assert 413 in statuses
+
+    async def scrape(path: str) -> str:
+        url = f"http://127.0.0.1:{health}{path}"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            return await response.text()
+
+    assert json.loads(asyncio.run(scrape("/status")))["rendezvous"] == "agentd"
+    metrics = asyncio.run(scrape("/metrics"))  # the agent timed its store requests
+    assert re.search(r'agentd_store_request_seconds_count\{op="add"\} [1-9]', metrics), metrics
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0]
     assert store.proc.poll() is None
