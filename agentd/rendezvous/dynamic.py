@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.exceptions import ConfigError
+from agentd.exceptions import ConfigError, StartError
 from agentd.rendezvous.api import (
     RendezvousClosedError,
     RendezvousInfo,
@@ -383,7 +383,7 @@ class DynamicRendezvous:
             "role": self._role,
             "nproc": self._local_world_size,
             "addr": self._addr,
-            "port": self._master_port or free_port(self._addr),
+            "port": self._master_port or self._pick_port(),
         }
         mine = json.dumps(node).encode()
         revision = await store.set(self._round_key(generation, f"node/{rank}"), mine)
@@ -441,6 +441,15 @@ class DynamicRendezvous:
         beats = await self.store.multi_get([self._hb_key(str(n["node"])) for n in nodes])
         if any(beat is None for beat in beats):
             await self._advance(generation, "a member of the full round is gone")
+
+    def _pick_port(self) -> int:
+        """A free port on our address, for the workers' store should we be group rank 0."""
+        try:
+            return free_port(self._addr)
+        except OSError as exc:
+            raise StartError(
+                f"--local-addr: {self._addr!r} is not an address of this host ({exc.strerror})"
+            ) from None
 
     async def _read_round(self, generation: int, rank: int, size: int) -> _Round:
         store = self.store

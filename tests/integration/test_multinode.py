@@ -193,6 +193,14 @@ def test_a_node_failing_for_good_ends_the_job_everywhere(run_agentd, run_store, 
     assert "is closed: node" in logs and "failed with exit code 7" in logs
 
 
+def test_a_local_addr_that_is_not_ours_is_a_clear_error(run_agentd, run_store):
+    store = run_store()
+    agent = run_agentd(*agent_args(store.endpoint, "1"), "--local-addr", "192.0.2.1", WORKER,
+                       "ok", env={"AGENTD_STORE_TOKEN": TOKEN})  # fmt: skip
+    assert agent.wait(30) == 3
+    assert "--local-addr: '192.0.2.1' is not an address of this host" in agent.stderr()
+
+
 def test_a_wrong_store_token_is_refused(run_agentd, run_store):
     store = run_store()
     agent = run_agentd(*agent_args(store.endpoint, "2"), WORKER, "ok",
