@@ -206,7 +206,7 @@ async def test_a_store_restart_mid_rendezvous_is_survived():
 
     a = over_http()
     waiting = asyncio.create_task(a.next_rendezvous())
-    await asyncio.sleep(0.3)  # a joined and waits for the seal
+    await server.store.wait(["agentd/restart/round/0/node/0"], 20)  # a joined; it waits
     await server.stop()  # everything the store knew is gone
     server = StoreServer("127.0.0.1", port)
     await server.start()

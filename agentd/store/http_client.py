@@ -68,8 +68,9 @@ class HttpStore:
         self.observer: Callable[[str, float], None] | None = None
         """Told (operation, seconds) after each answered request but long polls (metrics)."""
         self._instance: str | None = None
-        """The server instance we last heard from; a watch naming an older one is answered
-        ``compacted`` (the revision it asks from belonged to a store that is gone)."""
+        """The server instance we last heard from (its ``Agentd-Store-Instance`` header)."""
+        self._restarted = False
+        """The server restarted since the last watch: revisions from before mean nothing."""
 
     async def _call(
         self, op: str, body: dict[str, Any], poll: float = 0.0, idempotent: bool = True
@@ -116,6 +117,7 @@ class HttpStore:
             return
         if self._instance is not None and instance != self._instance:
             log.warning("Store %s restarted: its state is gone", self.url)
+            self._restarted = True
         self._instance = instance
 
     def _answer(self, op: str, status: int, data: Any) -> dict[str, Any]:
@@ -179,13 +181,19 @@ class HttpStore:
                     raise
 
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        """As the protocol says; a restart of the server, seen by this call or by any request
+        since the last watch, answers ``compacted``: ``after_revision`` was the old store's,
+        which the new one may even have overtaken. (One watch at a time per client.)"""
         poll = max(0.0, min(MAX_POLL, timeout))
-        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll,
-                "instance": self._instance}  # fmt: skip
-        doc = await self._call("watch", body, poll=poll)
-        events = tuple(KeyEvent(e["key"], _unb64(e["value"]), int(e["revision"]))
-                       for e in doc["events"])  # fmt: skip
-        return WatchResult(int(doc["revision"]), events, bool(doc["compacted"]))
+        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll}
+        if not self._restarted:
+            doc = await self._call("watch", body, poll=poll)
+            if not self._restarted:
+                events = tuple(KeyEvent(e["key"], _unb64(e["value"]), int(e["revision"]))
+                               for e in doc["events"])  # fmt: skip
+                return WatchResult(int(doc["revision"]), events, bool(doc["compacted"]))
+        self._restarted = False
+        return WatchResult(await self.revision(), compacted=True)
 
     async def close(self) -> None:
         if self._session is not None:

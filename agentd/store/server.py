@@ -143,24 +143,15 @@ class StoreServer:
             raise BadRequest("body: not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
-        result = await method(self.store, _Args(body, self.instance))
+        result = await method(self.store, _Args(body))
         return web.json_response(result, headers={INSTANCE_HEADER: self.instance})
 
 
 class _Args:
     """Typed access to a request body; every problem is a BadRequest naming the field."""
 
-    def __init__(self, body: dict[str, Any], instance: str = "") -> None:
+    def __init__(self, body: dict[str, Any]) -> None:
         self._body = body
-        self._instance = instance
-
-    @property
-    def instance_changed(self) -> bool:
-        """The request names a server instance (the one it last heard from) that is not us."""
-        named = self._body.get("instance")
-        if named is not None and not isinstance(named, str):
-            raise BadRequest(f"instance: {_show(named)} must be a string")
-        return named is not None and named != self._instance
 
     def key(self, name: str = "key") -> str:
         value = self._body.get(name)
@@ -292,10 +283,7 @@ async def _watch(store: MemoryStore, a: _Args) -> dict[str, Any]:
     if not isinstance(prefix, str) or len(prefix.encode()) > MAX_KEY:
         raise BadRequest(f"prefix: {_show(prefix)} must be a string of at most {MAX_KEY} bytes")
     after = a.integer("after_revision")
-    timeout = a.number("timeout", 0, MAX_POLL)
-    if a.instance_changed:  # the revision is another store's: the caller must re-read
-        return _watch_doc(WatchResult(await store.revision(), compacted=True))
-    return _watch_doc(await store.watch(prefix, after, timeout))
+    return _watch_doc(await store.watch(prefix, after, a.number("timeout", 0, MAX_POLL)))
 
 
 _OPS: dict[str, Callable[[MemoryStore, _Args], Awaitable[dict[str, Any]]]] = {

@@ -57,13 +57,14 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
 
     def start(port: int | None = None, token: str = TOKEN) -> StoreProc:
         err = tmp_path / f"store{len(started)}.err"
-        store = StoreProc(None, port or free_port(), err)  # type: ignore[arg-type]
+        port = port or free_port()
         with open(err, "wb") as fp:
-            store.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd", "store", "--port", str(store.port)],
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd", "store", "--port", str(port)],
                 stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 env={**os.environ, "AGENTD_STORE_TOKEN": token},
             )  # fmt: skip
+        store = StoreProc(proc, port, err)
         started.append(store)
         wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")
         return store
