@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from agentd.store.api import Store, StoreError, StoreTimeout
+from agentd.store.etcd import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
+from tests.etcd_server import EtcdCluster, etcd_binary, etcd_call
 
 
-@pytest.fixture(params=["memory", "http"])
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory) -> Iterator[EtcdCluster]:
+    """One real etcd member for the whole session; each test gets its own key prefix."""
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (Debian package etcd-server)")
+    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["memory", "http", "etcd"])
 async def store(request) -> AsyncIterator[Store]:
+    if request.param == "etcd":
+        cluster = request.getfixturevalue("etcd_cluster")
+        etcd = EtcdStore(cluster.urls, prefix=f"/contract/{uuid.uuid4().hex}/")
+        yield etcd
+        await etcd.close()
+        return
     if request.param == "memory":
         memory = MemoryStore()
         yield memory
@@ -65,6 +83,13 @@ async def test_compare_set(store: Store):
 async def test_multi(store: Store):
     await store.multi_set({"m/1": b"one", "m/2": b"two"})
     assert await store.multi_get(["m/1", "m/2", "m/3"]) == [b"one", b"two", None]
+
+
+async def test_multi_beyond_one_transaction(store: Store):
+    items = {f"many/{i:03}": str(i).encode() for i in range(300)}  # etcd: 128 ops per txn
+    await store.multi_set(items)
+    assert await store.multi_get([*items, "many/none"]) == [*items.values(), None]
+    await store.wait(list(items), timeout=10)
 
 
 async def test_ttl_key_expires_as_a_change(store: Store):
@@ -152,3 +177,16 @@ async def test_watch_returns_past_changes_at_once(store: Store):
     await store.set("p/x", b"1")
     result = await store.watch("p/", before, timeout=10)
     assert [e.key for e in result.events] == ["p/x"]
+
+
+async def test_watch_after_a_real_etcd_compaction_says_compacted(etcd_cluster):
+    store = EtcdStore(etcd_cluster.urls, prefix=f"/contract/{uuid.uuid4().hex}/")
+    try:
+        old = await store.set("gen", b"1")
+        now = await store.set("gen", b"2")
+        etcd_call(etcd_cluster.urls[0], "/v3/kv/compaction", {"revision": str(now)})
+        result = await store.watch("", old - 1, timeout=5)  # from old: compacted away
+        assert result.compacted and result.revision >= now
+        assert (await store.watch("", result.revision - 1, timeout=5)).events[-1].value == b"2"
+    finally:
+        await store.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
+from agentd.store.retry import Backoff
 from agentd.store.server import INSTANCE_HEADER, MAX_POLL
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ class HttpStore:
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers)
         url = f"{self.url}/v1/{op}"
-        deadline = time.monotonic() + self._retry_timeout
-        delay = self._backoff[0]
+        backoff = Backoff(self._retry_timeout, *self._backoff)
         timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
         while True:
             self.requests += 1
@@ -104,13 +103,11 @@ class HttpStore:
                 if self.observer is not None and not poll:  # a long poll's time is not latency
                     self.observer(op, time.monotonic() - began)
                 return self._answer(op, status, data)
-            if time.monotonic() + delay > deadline:
+            log.debug("Store %s: %s failed (%s); retrying", self.url, op, problem)
+            if not await backoff.pause():
                 raise StoreUnavailable(
                     f"store at {self.url} is unreachable after {self._retry_timeout:g}s: {problem}"
                 ) from problem
-            log.debug("Store %s: %s failed (%s); retrying in %.2fs", self.url, op, problem, delay)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(self._backoff[1], delay * 2)
 
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:

@@ -6,10 +6,8 @@ import asyncio
 import io
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,24 +17,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import TESTS, WORKER, AgentProc, processes_of_agent, wait_until
+from tests.conftest import (
+    TESTS,
+    WORKER,
+    AgentProc,
+    free_port,
+    processes_of_agent,
+    wait_until,
+)
 
 TOKEN = "job-secret"
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range: a client retrying an ephemeral port with no
-    listener can connect to itself (TCP self-connect) and hold the port a restart needs."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(20000, min(low, 32768)), 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
