@@ -73,6 +73,7 @@ class EtcdCluster:
         binary = etcd_binary()
         if binary is None:
             raise RuntimeError("etcd is not installed (Debian package etcd-server)")
+        self.root.mkdir(parents=True, exist_ok=True)
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         token = f"agentd-test-{os.getpid()}-{time.monotonic_ns()}"
         for member in self.members:

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from agentd.config import AgentConfig
 
 TORCHRUN_MASTER_PORT = 29500
+_ALIASES = {"c10d": "agentd", "etcd-v2": "etcd"}
+"""torchrun's backend names, and the backend each one runs here (what /status reports)."""
+_RETRY_TIMEOUT = 30.0
+"""How long store requests are retried, at most: the join timeout if shorter."""
 _IGNORED_TORCH_KEYS = ("use_libuv", "store_type")
 """torch ``--rdzv-conf`` keys about its TCPStore, which mean nothing here."""
 
@@ -48,7 +52,7 @@ def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) ->
     if backend == "static":
         return _static(config, run_id, local_world_size, conf)
     if backend in ("etcd", "etcd-v2"):
-        raise ConfigError(f"--rdzv-backend: {backend!r} is not supported yet")
+        return _etcd(config, run_id, local_world_size, conf)
     return _dynamic(config, run_id, local_world_size, conf)
 
 
@@ -109,6 +113,28 @@ def _dynamic(
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 
+def _etcd(
+    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+) -> DynamicRendezvous:
+    """The same rendezvous, on an etcd cluster: the agents are all its clients."""
+    from agentd.store.etcd_connect import etcd_settings, etcd_store_opener
+    from agentd.store.server import is_loopback
+
+    if not config.rdzv_endpoint:
+        raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+                          "(host:port[,host:port...] of etcd's members)")  # fmt: skip
+    read_timeout = pop_seconds(conf, "read_timeout") or 10.0
+    etcd = etcd_settings(config.rdzv_endpoint, conf, read_timeout)
+    settings = settings_from_conf(conf, config.nnodes)
+    for key in _IGNORED_TORCH_KEYS:
+        conf.pop(key, None)
+    reject_unknown(conf, config.rdzv_backend)
+    local = all(is_loopback(host) for host in etcd.hosts)
+    addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
+    opener = etcd_store_opener(etcd, retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout))
+    return _handler(config, run_id, local_world_size, opener, settings, addr)
+
+
 def _handler(
     config: AgentConfig,
     run_id: str,
@@ -117,6 +143,9 @@ def _handler(
     settings: RendezvousSettings,
     addr: str,
 ) -> DynamicRendezvous:
+    backend = (
+        "agentd" if config.standalone else _ALIASES.get(config.rdzv_backend, config.rdzv_backend)
+    )
     return DynamicRendezvous(
         run_id,
         open_store,
@@ -125,4 +154,5 @@ def _handler(
         local_world_size=local_world_size,
         addr=addr,
         master_port=config.master_port or None,
+        backend=backend,
     )

@@ -365,9 +365,8 @@ class EtcdStore:
         return int((await self._post("num_keys", "/v3/kv/range", body)).get("count", 0))
 
     async def revision(self) -> int:
-        doc = await self._post(
-            "revision", "/v3/kv/range", {"key": self._key(""), "count_only": True}
-        )
+        probe = _b64(self._prefix.encode() or b"\0")  # any one key; etcd refuses an empty one
+        doc = await self._post("revision", "/v3/kv/range", {"key": probe, "count_only": True})
         return int(doc["header"]["revision"])
 
     async def wait(self, keys: Sequence[str], timeout: float) -> None:

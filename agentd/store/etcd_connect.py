@@ -1,0 +1,132 @@
+"""Reaching etcd from ``--rdzv-endpoint`` and ``--rdzv-conf``: members, TLS, auth, prefix.
+
+Everything is checked when the config is built (a bad value is one ConfigError naming the
+key, the value and the rule); the connection itself opens on the first rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentd.exceptions import ConfigError
+from agentd.store.connect import OpenedStore, StoreOpener, split_endpoint
+
+DEFAULT_PORT = 2379
+PASSWORD_ENV = "AGENTD_ETCD_PASSWORD"
+"""Where the etcd password may come from instead of ``--rdzv-conf`` (which ``ps`` shows)."""
+_TORCH_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
+"""torch's etcd-v2 backend names for the TLS keys."""
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """How to reach one etcd cluster."""
+
+    urls: tuple[str, ...]
+    hosts: tuple[str, ...]
+    key_prefix: str = ""
+    ssl_context: ssl.SSLContext | None = None
+    username: str | None = None
+    password: str | None = None
+    request_timeout: float = 10.0
+
+
+def etcd_settings(
+    endpoints: str,
+    conf: dict[str, str],
+    request_timeout: float = 10.0,
+    env: Mapping[str, str] = os.environ,
+) -> EtcdSettings:
+    """Parse ``host:port[,host:port...]`` and take etcd's keys out of ``conf``."""
+    for alias, name in _TORCH_ALIASES.items():
+        if alias in conf:
+            conf.setdefault(name, conf.pop(alias))
+    cacert, cert, key = (conf.pop(k, "") or None for k in ("cacert", "cert", "key"))
+    protocol = conf.pop("protocol", "") or None
+    if protocol is not None and protocol not in ("http", "https"):
+        raise ConfigError(f"--rdzv-conf: protocol={protocol!r} must be http or https")
+    hosts, urls = [], []
+    for item in endpoints.split(","):
+        text = item.strip()
+        scheme, sep, rest = text.partition("://")
+        if sep:
+            if scheme not in ("http", "https"):
+                raise ConfigError(f"--rdzv-endpoint: {text!r} must be host:port or "
+                                  "http(s)://host:port")  # fmt: skip
+            if protocol not in (None, scheme):
+                raise ConfigError(f"--rdzv-endpoint: {text!r} disagrees with "
+                                  f"--rdzv-conf protocol={protocol}")  # fmt: skip
+            protocol, text = scheme, rest.rstrip("/")
+        host, port = split_endpoint(text, default_port=DEFAULT_PORT)
+        hosts.append(host)
+        urls.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if protocol is None:
+        protocol = "https" if (cacert or cert) else "http"
+    if protocol == "http" and (cacert or cert or key):
+        name = "cacert" if cacert else "cert" if cert else "key"
+        raise ConfigError(f"--rdzv-conf: {name} needs protocol=https (TLS), not http")
+    context = _ssl_context(cacert, cert, key) if protocol == "https" else None
+    username = conf.pop("username", None) or None
+    password = conf.pop("password", None) or env.get(PASSWORD_ENV) or None
+    if password and not username:
+        raise ConfigError("--rdzv-conf: password needs username= too")
+    if username and not password:
+        raise ConfigError(f"--rdzv-conf: username={username!r} needs password= "
+                          f"(or {PASSWORD_ENV})")  # fmt: skip
+    return EtcdSettings(
+        urls=tuple(f"{protocol}://{u}" for u in urls),
+        hosts=tuple(hosts),
+        key_prefix=conf.pop("key_prefix", ""),
+        ssl_context=context,
+        username=username,
+        password=password,
+        request_timeout=request_timeout,
+    )
+
+
+def _ssl_context(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    if key and not cert:
+        raise ConfigError(f"--rdzv-conf: key={key!r} needs cert= (the client certificate)")
+    for name, path in (("cacert", cacert), ("cert", cert), ("key", key)):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"--rdzv-conf: {name}={path!r} must be a readable file")
+    try:
+        context = ssl.create_default_context(cafile=cacert)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"--rdzv-conf: cacert={cacert!r} is not a PEM CA bundle: {exc}") from exc
+    if cert:
+        try:
+            context.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"--rdzv-conf: cert={cert!r} (key={key!r}) is not a PEM "
+                              f"certificate and its key: {exc}") from exc  # fmt: skip
+    return context
+
+
+def etcd_store_opener(settings: EtcdSettings, retry_timeout: float = 30.0) -> StoreOpener:
+    """Open an :class:`~agentd.store.etcd.EtcdStore` and check that the cluster answers, so
+    an unreachable cluster or refused credentials fail the first rendezvous clearly."""
+
+    async def open_store() -> OpenedStore:
+        from agentd.store.etcd import EtcdStore
+
+        store = EtcdStore(
+            settings.urls,
+            prefix=settings.key_prefix,
+            ssl_context=settings.ssl_context,
+            username=settings.username,
+            password=settings.password,
+            retry_timeout=retry_timeout,
+            request_timeout=settings.request_timeout,
+        )
+        try:
+            await store.revision()
+        except BaseException:
+            await store.close()
+            raise
+        return OpenedStore(store, store.close)
+
+    return open_store
