@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -24,6 +25,43 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
+def make_tls(folder: Path) -> TlsFiles:
+    """Make :class:`TlsFiles` in ``folder`` with the openssl command."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=agentd test CA", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                            ("client", "extendedKeyUsage=clientAuth")):  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=agentd test {name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        (folder / f"{name}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                "-out", f"{name}.pem")  # fmt: skip
+    return TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key",
+                    folder / "client.pem", folder / "client.key")  # fmt: skip
+
+
 @dataclass
 class EtcdMember:
     name: str
@@ -31,11 +69,12 @@ class EtcdMember:
     peer_port: int
     data_dir: Path
     log: Path
+    scheme: str = "http"
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def endpoint(self) -> str:
@@ -48,17 +87,21 @@ class EtcdMember:
 
 @dataclass
 class EtcdCluster:
-    """``size`` etcd members under ``root``; use as a context manager, or start/stop."""
+    """``size`` etcd members under ``root``; use as a context manager, or start/stop.
+
+    With ``tls``, clients must speak https and show a certificate the CA signed."""
 
     root: Path
     size: int = 1
+    tls: TlsFiles | None = None
     members: list[EtcdMember] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        scheme = "https" if self.tls else "http"
         for index in range(self.size):
             name = f"m{index}"
             self.members.append(EtcdMember(name, free_port(), free_port(), self.root / name,
-                                           self.root / f"{name}.log"))  # fmt: skip
+                                           self.root / f"{name}.log", scheme))  # fmt: skip
 
     @property
     def endpoints(self) -> str:
@@ -87,6 +130,10 @@ class EtcdCluster:
                 "--heartbeat-interval", "10", "--election-timeout", "100",
                 "--logger", "zap", "--log-level", "warn",
             ]  # fmt: skip
+            if self.tls is not None:
+                argv += ["--cert-file", str(self.tls.server_cert),
+                         "--key-file", str(self.tls.server_key),
+                         "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]  # fmt: skip
             with open(member.log, "ab") as log:
                 member.proc = subprocess.Popen(argv, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL)  # fmt: skip
@@ -101,8 +148,19 @@ class EtcdCluster:
         """Wait until every running member answers ``/health`` with a leader."""
         for member in self.members:
             if member.proc is not None and member.proc.poll() is None:
-                wait_until(lambda m=member: _healthy(m), timeout,  # type: ignore[misc]
+                wait_until(lambda m=member: self._healthy(m), timeout,  # type: ignore[misc]
                            what=f"etcd {member.name} healthy ({_tail(member.log)})")  # fmt: skip
+
+    def _healthy(self, member: EtcdMember) -> bool:
+        if member.proc is None or member.proc.poll() is not None:
+            raise AssertionError(f"etcd {member.name} exited: {_tail(member.log)}")
+        context = self.tls.client_context() if self.tls else None
+        with (
+            contextlib.suppress(OSError, ValueError),
+            urllib.request.urlopen(member.url + "/health", timeout=2, context=context) as answer,
+        ):
+            return json.loads(answer.read()).get("health") == "true"
+        return False
 
     def kill(self, index: int) -> None:
         """SIGKILL one member (its data dir stays)."""
@@ -129,17 +187,6 @@ def etcd_call(url: str, path: str, body: dict[str, object], token: str | None = 
         request.add_header("Authorization", token)
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
-
-
-def _healthy(member: EtcdMember) -> bool:
-    if member.proc is None or member.proc.poll() is not None:
-        raise AssertionError(f"etcd {member.name} exited: {_tail(member.log)}")
-    with (
-        contextlib.suppress(OSError, ValueError),
-        urllib.request.urlopen(member.url + "/health", timeout=2) as response,
-    ):
-        return json.loads(response.read()).get("health") == "true"
-    return False
 
 
 def _tail(path: Path) -> str:

@@ -56,6 +56,7 @@ _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 _RETRYABLE = {_UNAVAILABLE, _DEADLINE_EXCEEDED}
 
+_TLS_FAILED = (aiohttp.ClientSSLError,)
 _NOT_SENT = (aiohttp.ClientConnectorError,)
 _MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
                aiohttp.ClientPayloadError)  # fmt: skip
@@ -105,6 +106,8 @@ class EtcdStore:
         self._retry_timeout = retry_timeout
         self._request_timeout = request_timeout
         self._current = 0
+        self._answering = True
+        """The member in use answered last time (so a failure is news worth a warning)."""
         self._session: aiohttp.ClientSession | None = None
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
@@ -127,8 +130,14 @@ class EtcdStore:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": self._token} if self._token else {}
 
-    def _fail_over(self) -> None:
+    def _fail_over(self, problem: str) -> None:
+        """Move to the next member; say so once when the one in use stops answering."""
+        failed = self.endpoints[self._current]
         self._current = (self._current + 1) % len(self.endpoints)
+        if self._answering and len(self.endpoints) > 1:
+            log.warning("etcd member %s failed (%s); trying %s", failed, problem,
+                        self.endpoints[self._current])  # fmt: skip
+        self._answering = False
 
     async def _post(self, op: str, path: str, body: dict[str, Any], *, idempotent: bool = True,
                     token: bool = True) -> dict[str, Any]:  # fmt: skip
@@ -149,9 +158,13 @@ class EtcdStore:
                                                timeout=timeout) as response:  # fmt: skip
                     data = await response.json(content_type=None)
                     status = response.status
+            except _TLS_FAILED as exc:
+                raise self._tls_refused(endpoint, exc) from exc
             except _NOT_SENT as exc:
                 problem = f"{endpoint}: {exc}"
             except _MAYBE_SENT as exc:
+                if _is_tls(exc):
+                    raise self._tls_refused(endpoint, exc) from exc
                 if not idempotent:
                     raise StoreUnavailable(
                         f"etcd at {endpoint}: {op} failed ({exc!r}); not resent, it may have "
@@ -164,6 +177,7 @@ class EtcdStore:
             else:
                 code = self._code(endpoint, path, status, data)
                 if code == 0:
+                    self._answering = True
                     if self.observer is not None:
                         self.observer(op, time.monotonic() - began)
                     return data
@@ -177,8 +191,7 @@ class EtcdStore:
                     raise StoreUnavailable(f"etcd at {endpoint}: {op} failed ({message}); "
                                            "not resent, it may have been applied")  # fmt: skip
                 problem = f"{endpoint}: {message}"
-            log.debug("etcd %s failed (%s); trying again", op, problem)
-            self._fail_over()
+            self._fail_over(problem)
             if not await backoff.pause():
                 raise StoreUnavailable(self._unavailable(problem))
 
@@ -203,6 +216,11 @@ class EtcdStore:
                                  "--rdzv-conf username= and password=)")  # fmt: skip
         if code not in _RETRYABLE:
             raise StoreError(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
+
+    @staticmethod
+    def _tls_refused(endpoint: str, exc: Exception) -> StoreAuthError:
+        return StoreAuthError(f"etcd at {endpoint}: TLS failed: {exc} (check --rdzv-conf "
+                              "protocol, cacert, cert and key)")  # fmt: skip
 
     def _unavailable(self, problem: str) -> str:
         hint = ""
@@ -399,8 +417,7 @@ class EtcdStore:
                 return await self._watch_once(prefix, after_revision, deadline)
             except _Retry as exc:
                 problem = str(exc)
-            log.debug("etcd watch failed (%s); trying again", problem)
-            self._fail_over()
+            self._fail_over(problem)
             if time.monotonic() >= deadline:
                 return WatchResult(after_revision)
             if not await backoff.pause():
@@ -425,12 +442,15 @@ class EtcdStore:
                         code = self._code(endpoint, "/v3/watch", response.status, data)
                         self._raise_refusal(endpoint, "watch", code, str(data.get("message")))
                         raise _Retry(f"{endpoint}: {data.get('message')}")
+                    self._answering = True
                     return await self._read_watch(endpoint, response, after_revision)
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
                 raise _Retry(f"{endpoint}: {exc!r}") from exc
             return WatchResult(after_revision)
         except (*_NOT_SENT, *_MAYBE_SENT) as exc:
+            if _is_tls(exc):
+                raise self._tls_refused(endpoint, exc) from exc
             raise _Retry(f"{endpoint}: {exc!r}") from exc
         except ValueError as exc:
             raise StoreError(f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an "
@@ -482,6 +502,13 @@ class EtcdStore:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _is_tls(exc: BaseException) -> bool:
+    """A TLS handshake or certificate failure: no retry can fix it."""
+    return isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError) or (
+        isinstance(exc, aiohttp.ClientOSError) and "[SSL" in str(exc)
+    )
 
 
 def _common_prefix(keys: Sequence[str]) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from agentd.store.etcd import prefix_end
 from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
-from tests.etcd_server import EtcdCluster, etcd_binary, etcd_call
+from tests.etcd_server import EtcdCluster, etcd_binary, etcd_call, make_tls
 from tests.integration.test_multinode import FAST, member_job, members, world_sizes
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-server is not installed")
@@ -125,6 +125,8 @@ def test_the_job_survives_losing_the_etcd_leader(run_agentd, tmp_path):
         stop.touch()
         codes = [a.wait(40) for a in (*first, third)]
         assert codes == [0, 0, 0], [a.stderr()[-2000:] for a in (*first, third)]
+        dead = cluster.members[leader].url
+        assert all(f"etcd member {dead} failed" in a.stderr() for a in first)
 
 
 def _leader(cluster: EtcdCluster) -> int:
@@ -199,6 +201,23 @@ def test_status_names_the_etcd_backend(run_agentd, etcd, tmp_path):
         assert json.loads(response.read())["rendezvous"] == "etcd"
     stop.touch()
     assert agent.wait(30) == 0
+
+
+def test_a_job_over_tls_with_client_certificates(run_agentd, tmp_path):
+    tls = make_tls(tmp_path / "tls")
+    with EtcdCluster(tmp_path / "cluster", tls=tls) as cluster:
+        stop = tmp_path / "stop"
+        stop.touch()
+        conf = f"{FAST},cacert={tls.ca},cert={tls.client_cert},key={tls.client_key}"
+        agents = [run_agentd(*etcd_args(cluster.endpoints, "2", conf=conf), *member_job(stop))
+                  for _ in range(2)]  # fmt: skip
+        assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+        assert [world_sizes(a, 0) for a in agents] == [{2}, {2}]
+        no_cert = run_agentd(*etcd_args(cluster.endpoints, "1", conf=f"cacert={tls.ca}"),
+                             WORKER, "ok")  # fmt: skip
+        assert no_cert.wait(30) == 3
+        err = no_cert.stderr()
+        assert f"etcd at {cluster.urls[0]}: TLS failed" in err and "BAD_CERTIFICATE" in err, err
 
 
 def test_tls_paths_are_checked_before_anything_starts(run_agentd, tmp_path: Path):
