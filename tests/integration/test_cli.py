@@ -312,6 +312,19 @@ def test_leftover_cleanup_spares_live_agents(run_agentd):
             "--rdzv-conf: 'novalue' must be key=value",
         ),
         (["--log-line-prefix-template", "{nope}", WORKER], "unknown field(s) ['nope']"),
+        (["--rdzv-backend", "etcd", WORKER], "--rdzv-endpoint: required by --rdzv-backend etcd"),
+        (
+            [
+                "--rdzv-backend",
+                "etcd-v2",
+                "--rdzv-endpoint",
+                "h",
+                "--rdzv-conf",
+                "is_host=1",
+                WORKER,
+            ],
+            "--rdzv-conf: 'is_host' is not a setting of the etcd-v2 backend",
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2(run_agentd, args, message):
