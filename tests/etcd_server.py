@@ -17,12 +17,24 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port, wait_until
 
 
 def etcd_binary() -> str | None:
     """The etcd server binary, or None when it is not installed."""
     return shutil.which("etcd")
+
+
+def require_etcd() -> None:
+    """Skip a test that needs etcd where it is not installed; in CI, fail it instead (a
+    skipped backend would pass unseen)."""
+    if etcd_binary() is None:
+        message = "etcd is not installed (Debian package etcd-server)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; .ci/run installs it")
+        pytest.skip(message)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,13 @@ from agentd.store.etcd import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
-from tests.etcd_server import EtcdCluster, etcd_binary, etcd_call
+from tests.etcd_server import EtcdCluster, etcd_call, require_etcd
 
 
 @pytest.fixture(scope="session")
 def etcd_cluster(tmp_path_factory) -> Iterator[EtcdCluster]:
     """One real etcd member for the whole session; each test gets its own key prefix."""
-    if etcd_binary() is None:
-        pytest.skip("etcd is not installed (Debian package etcd-server)")
+    require_etcd()
     with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
 

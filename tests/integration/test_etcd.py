@@ -15,10 +15,13 @@ import pytest
 
 from agentd.store.etcd import prefix_end
 from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
-from tests.etcd_server import EtcdCluster, etcd_binary, etcd_call, make_tls
+from tests.etcd_server import EtcdCluster, etcd_call, make_tls, require_etcd
 from tests.integration.test_multinode import FAST, member_job, members, world_sizes
 
-pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-server is not installed")
+
+@pytest.fixture(autouse=True)
+def _needs_etcd() -> None:
+    require_etcd()
 
 
 @pytest.fixture(scope="module")
