@@ -157,3 +157,13 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
             agent.proc.kill()
             agent.proc.wait(DEADLINE)
         kill_pids(leftovers + processes_of_agent(agent.pid) + agent.extra_pids)
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory):
+    """One real etcd member for the whole session; tests keep apart by key prefix or run id."""
+    from tests.etcd_server import EtcdCluster, require_etcd
+
+    require_etcd()
+    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster

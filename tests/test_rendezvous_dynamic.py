@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.store.api import Store
 from agentd.store.connect import OpenedStore
+from agentd.store.etcd import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
@@ -21,10 +24,10 @@ FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "last_call_time
 
 
 class Counting:
-    """A MemoryStore that counts the operations its clients make."""
+    """A store that counts the operations its clients make."""
 
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
         self.ops = 0
 
     def __getattr__(self, name: str):
@@ -32,11 +35,17 @@ class Counting:
         return getattr(self.inner, name)
 
 
-@pytest.fixture
-async def store() -> AsyncIterator[Counting]:
-    counting = Counting()
+@pytest.fixture(params=["memory", "etcd"])
+async def store(request) -> AsyncIterator[Counting]:
+    """The rendezvous on the embedded store's core, and on a real etcd (the same code)."""
+    if request.param == "etcd":
+        cluster = request.getfixturevalue("etcd_cluster")
+        inner: Store = EtcdStore(cluster.urls, prefix=f"/rdzv/{uuid.uuid4().hex}/")
+    else:
+        inner = MemoryStore()
+    counting = Counting(inner)
     yield counting
-    await counting.inner.close()
+    await inner.close()
 
 
 def handler(store, run_id="job", nodes=(1, 1), role="default", nproc=1, **settings):
@@ -76,7 +85,10 @@ async def test_store_operations_per_node_stay_constant_as_the_job_grows(store):
     per_node = {}
     for size in (4, 32):
         store.ops = 0
-        nodes = [handler(store, run_id=f"grow{size}", nodes=(size, size)) for _ in range(size)]
+        nodes = [
+            handler(store, run_id=f"grow{size}", nodes=(size, size), keep_alive_interval=60)
+            for _ in range(size)
+        ]  # fmt: skip (heartbeats are per second, not per round)
         await asyncio.gather(*(h.next_rendezvous() for h in nodes))
         per_node[size] = store.ops / size
         await shutdown_all(*nodes)

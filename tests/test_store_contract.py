@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,15 +13,7 @@ from agentd.store.etcd import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
-from tests.etcd_server import EtcdCluster, etcd_call, require_etcd
-
-
-@pytest.fixture(scope="session")
-def etcd_cluster(tmp_path_factory) -> Iterator[EtcdCluster]:
-    """One real etcd member for the whole session; each test gets its own key prefix."""
-    require_etcd()
-    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
-        yield cluster
+from tests.etcd_server import etcd_call
 
 
 @pytest.fixture(params=["memory", "http", "etcd"])
