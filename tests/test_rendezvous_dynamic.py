@@ -88,7 +88,7 @@ async def test_store_operations_per_node_stay_constant_as_the_job_grows(store):
         nodes = [
             handler(store, run_id=f"grow{size}", nodes=(size, size), keep_alive_interval=60)
             for _ in range(size)
-        ]  # fmt: skip (heartbeats are per second, not per round)
+        ]  # no heartbeats: they count seconds, not rounds
         await asyncio.gather(*(h.next_rendezvous() for h in nodes))
         per_node[size] = store.ops / size
         await shutdown_all(*nodes)
