@@ -74,15 +74,16 @@ def rdzv_args(port: int, run_id: str, restarts: int = 0) -> list[str]:
             "--max-restarts", str(restarts)]  # fmt: skip
 
 
-def measure_launch(cmd: list[str]) -> float:
-    """Seconds from starting 4 agents to the last of their workers running."""
-    port = free_port()
+def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
+    """Seconds from starting 4 agents to the last of their workers running; ``rdzv`` are
+    the rendezvous flags (default: c10d on a free port, the first agent hosts the store)."""
+    rdzv = rdzv or rdzv_args(free_port(), "launch")
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp, str(i)) for i in range(NODES)]
         for out in outs:
             out.mkdir()
         t0 = time.time()
-        procs = [subprocess.Popen([*cmd, *rdzv_args(port, "launch"), str(HERE / "worker.py"),
+        procs = [subprocess.Popen([*cmd, *rdzv, str(HERE / "worker.py"),
                                    "exit", str(out)], env=env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for out in outs]  # fmt: skip
         try:

@@ -106,6 +106,7 @@ class EtcdCluster:
     root: Path
     size: int = 1
     tls: TlsFiles | None = None
+    extra_args: tuple[str, ...] = ()
     members: list[EtcdMember] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -140,7 +141,7 @@ class EtcdCluster:
                 "--initial-cluster", initial, "--initial-cluster-token", token,
                 "--initial-cluster-state", "new",
                 "--heartbeat-interval", "10", "--election-timeout", "100",
-                "--logger", "zap", "--log-level", "warn",
+                "--logger", "zap", "--log-level", "warn", *self.extra_args,
             ]  # fmt: skip
             if self.tls is not None:
                 argv += ["--cert-file", str(self.tls.server_cert),

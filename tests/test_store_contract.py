@@ -181,3 +181,17 @@ async def test_watch_after_a_real_etcd_compaction_says_compacted(etcd_cluster):
         assert (await store.watch("", now - 1, timeout=5)).events[-1].value == b"2"
     finally:
         await store.close()
+
+
+async def test_a_watch_from_the_past_sees_deletions_and_then_live_changes(store: Store):
+    await store.set("d/x", b"1")
+    before = await store.revision()
+    await store.delete("d/x")
+    await store.set("other/y", b"2")
+    result = await store.watch("d/", before, timeout=10)
+    assert [(e.key, e.value) for e in result.events] == [("d/x", None)]
+    # nothing under q/ changed since `before`: the watch waits for a live change
+    later = asyncio.ensure_future(store.watch("q/", before, timeout=10))
+    await asyncio.sleep(0.05)
+    await store.set("q/z", b"3")
+    assert [(e.key, e.value) for e in (await later).events] == [("q/z", b"3")]

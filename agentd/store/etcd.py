@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import math
+import random
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +77,14 @@ def prefix_end(prefix: bytes) -> bytes:
             return bytes(end)
         end.pop()
     return b"\0"  # an empty prefix (or all 0xff): every key
+
+
+class _Resync(Exception):
+    """Nothing under the watched prefix changed up to ``revision``: watch from there."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
 
 
 class _Retry(Exception):
@@ -312,9 +322,16 @@ class EtcdStore:
         return self._value(self._first_kv(doc))
 
     async def add(self, key: str, delta: int) -> int:
+        """A transaction on the revision read; on a lost race, again after a jittered pause
+        of up to a round trip, doubling with each loss, so that N adders at once do not
+        cost N^2 transactions."""
         doc = await self._post("get", "/v3/kv/range", {"key": self._key(key)})
         kv = self._first_kv(doc)
-        while True:
+        round_trip = 0.0
+        for lost in itertools.count():
+            if lost > 1:  # the others' transactions take about a round trip each: spread out
+                await asyncio.sleep(random.uniform(0, round_trip * 2 ** min(lost - 2, 5)))
+            began = time.monotonic()
             try:
                 total = int(self._value(kv) or b"0") + delta
             except ValueError:
@@ -324,9 +341,11 @@ class EtcdStore:
             put = [{"request_put": self._put(key, str(total).encode(), None)}]
             reread = [{"request_range": {"key": self._key(key)}}]
             doc = await self._txn("add", compare, put, reread, idempotent=False)
+            round_trip = time.monotonic() - began
             if doc.get("succeeded"):
                 return total
             kv = self._first_kv(doc["responses"][0]["response_range"])
+        raise AssertionError("unreachable")
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
@@ -412,9 +431,13 @@ class EtcdStore:
         etcd may still be replaying history to a watch it has just created."""
         deadline = time.monotonic() + timeout
         backoff = Backoff(self._retry_timeout)
+        resyncs = 0
         while True:
             try:
-                return await self._watch_once(prefix, after_revision, deadline)
+                return await self._watch_once(prefix, after_revision, deadline, resyncs < 3)
+            except _Resync as exc:  # nothing of ours changed up to exc.revision: watch from there
+                after_revision, resyncs = exc.revision, resyncs + 1
+                continue
             except _Retry as exc:
                 problem = str(exc)
             self._fail_over(problem)
@@ -423,7 +446,9 @@ class EtcdStore:
             if not await backoff.pause():
                 raise StoreUnavailable(self._unavailable(problem))
 
-    async def _watch_once(self, prefix: str, after_revision: int, deadline: float) -> WatchResult:
+    async def _watch_once(
+        self, prefix: str, after_revision: int, deadline: float, resync: bool
+    ) -> WatchResult:
         if self._credentials and self._token is None:
             await self._authenticate()
         start = (self._prefix + prefix).encode()
@@ -443,7 +468,8 @@ class EtcdStore:
                         self._raise_refusal(endpoint, "watch", code, str(data.get("message")))
                         raise _Retry(f"{endpoint}: {data.get('message')}")
                     self._answering = True
-                    return await self._read_watch(endpoint, response, after_revision)
+                    return await self._read_watch(endpoint, response, start, after_revision,
+                                                  resync)  # fmt: skip
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
                 raise _Retry(f"{endpoint}: {exc!r}") from exc
@@ -457,9 +483,20 @@ class EtcdStore:
                              "etcd v3 client URL?") from exc  # fmt: skip
 
     async def _read_watch(
-        self, endpoint: str, response: aiohttp.ClientResponse, after_revision: int
+        self,
+        endpoint: str,
+        response: aiohttp.ClientResponse,
+        start: bytes,
+        after_revision: int,
+        resync: bool,
     ) -> WatchResult:
-        """Read the stream until a batch of events, a cancel, or the caller's deadline."""
+        """Read the stream until a batch of events, a cancel, or the caller's deadline.
+
+        etcd serves a watch that starts in the past ("unsynced") only on its next sync, up
+        to 100 ms later, and keeps doing so until it has caught up. So a watch created
+        behind etcd's revision first reads what changed in between: changes are returned
+        at once, and no changes mean ``_Resync``: a new watch from etcd's revision, which
+        is live (with ``resync`` false, it waits for the sync instead)."""
         while True:
             line = await response.content.readline()
             if not line:
@@ -485,9 +522,34 @@ class EtcdStore:
                 current = int(result["header"].get("revision", 0))
                 if current < after_revision:  # etcd lost the history we knew: it was wiped
                     return WatchResult(current, compacted=True)
+                if current > after_revision:
+                    caught_up = await self._changes_between(start, after_revision, current)
+                    if caught_up is not None and caught_up.events:
+                        return caught_up
+                    if caught_up is not None and resync:
+                        raise _Resync(current)
             events = result.get("events")
             if events:
                 return self._events(events)
+
+    async def _changes_between(self, start: bytes, old: int, new: int) -> WatchResult | None:
+        """The keys under ``start`` that differ between revisions ``old`` and ``new``, as
+        events at their state in ``new`` (None: ``old`` is compacted away). Several changes
+        of one key in between come out as one (its latest state), a deletion at ``new``."""
+        body: dict[str, Any] = {"key": _b64(start or b"\0"), "range_end": _b64(prefix_end(start))}
+        try:
+            before = await self._post("watch_catch_up", "/v3/kv/range", {**body, "revision": old})
+        except StoreError:
+            return None
+        after = await self._post("watch_catch_up", "/v3/kv/range", {**body, "revision": new})
+        was = {kv["key"]: kv for kv in before.get("kvs", [])}
+        events = []
+        for kv in after.get("kvs", []):
+            if was.pop(kv["key"], {}).get("mod_revision") != kv["mod_revision"]:
+                value = base64.b64decode(kv.get("value", ""))
+                events.append(KeyEvent(self._unkey(kv["key"]), value, int(kv["mod_revision"])))
+        events += [KeyEvent(self._unkey(key), None, new) for key in was]
+        return WatchResult(new, tuple(sorted(events, key=lambda e: e.revision)))
 
     def _events(self, raw: list[dict[str, Any]]) -> WatchResult:
         events = []

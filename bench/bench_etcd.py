@@ -1,0 +1,225 @@
+"""Rendezvous on etcd vs on agentd's embedded store, and torchrun's etcd-v2, in the same run.
+
+    python bench/bench_etcd.py [--runs 3] [--sizes 4,64] [--ops 400] [--etcd-endpoint URL]
+
+  1. launch: 4 agents (1 worker each) start -> the last worker runs: agentd on etcd,
+     agentd on its embedded store, and torchrun --rdzv-backend etcd-v2 on the same etcd
+     (needs torch and python-etcd: ``pip install python-etcd``; skipped without them);
+  2. rendezvous: N agentd handlers in one process, each with its own client, rendezvous at
+     once: time to complete and requests per node, on etcd and on an `agentd store`;
+  3. store operations: latency p50/p99 of each Store operation, one client, on both, and
+     a watch's wake-up (a set -> the watcher returns).
+
+etcd is started here (Debian's etcd-server, one member, v2 API on for torch) unless
+``--etcd-endpoint`` names a running one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))  # tests.etcd_server starts etcd for us
+
+from bench_rdzv import NODES, free_port, launchers, line, measure_launch, reap  # noqa: E402
+
+from agentd.store.api import Store  # noqa: E402
+
+
+def etcd_flags(endpoint: str, backend: str = "etcd") -> list[str]:
+    return ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id",
+            f"launch-{time.monotonic_ns()}", "--nnodes", str(NODES), "--nproc-per-node", "1",
+            "--max-restarts", "0"]  # fmt: skip
+
+
+def start_store() -> tuple[subprocess.Popen[str], str]:
+    """An ``agentd store`` process; (process, host:port)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentd", "store", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stderr is not None
+    while "Store listening" not in proc.stderr.readline():
+        pass
+    return proc, f"127.0.0.1:{port}"
+
+
+def store_factory(kind: str, target: str) -> Callable[[], Store]:
+    from agentd.store.etcd import EtcdStore
+    from agentd.store.http_client import HttpStore
+
+    if kind == "etcd":
+        prefix = f"/bench/{time.monotonic_ns()}/"
+        return lambda: EtcdStore([target], prefix=prefix)
+    return lambda: HttpStore(target)
+
+
+async def rendezvous(new_store: Callable[[], Store], n: int) -> tuple[float, float]:
+    """(seconds, requests per node) for ``n`` handlers, each with its own client."""
+    from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+    from agentd.store.connect import OpenedStore
+
+    clients = [new_store() for _ in range(n)]
+
+    def opener(client: Store) -> Callable[[], Awaitable[OpenedStore]]:
+        async def open_store() -> OpenedStore:
+            return OpenedStore(client, client.close)
+
+        return open_store
+
+    settings = RendezvousSettings(min_nodes=n, max_nodes=n)
+    handlers = [DynamicRendezvous(f"scale{n}", opener(c), settings) for c in clients]
+    try:
+        for handler in handlers:
+            await handler._open()
+            await handler.store.revision()  # connected before the clock starts
+        for client in clients:
+            client.requests = 0  # type: ignore[attr-defined]
+        began = time.perf_counter()
+        infos = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
+        elapsed = time.perf_counter() - began
+        assert sorted(i.group_rank for i in infos) == list(range(n))
+        return elapsed, sum(c.requests for c in clients) / n  # type: ignore[attr-defined]
+    finally:
+        for handler in handlers:
+            await handler.shutdown()
+
+
+async def op_latencies(store: Store, count: int) -> dict[str, list[float]]:
+    """Seconds per call of each operation, ``count`` calls each, one after another."""
+    await store.set("hb", b"alive", ttl=30)
+    keys = [f"m/{i}" for i in range(8)]
+    await store.multi_set({k: b"v" for k in keys})
+    ops: dict[str, Callable[[int], Awaitable[object]]] = {
+        "set": lambda i: store.set("k", str(i).encode()),
+        "get": lambda i: store.get("k"),
+        "add": lambda i: store.add("n", 1),
+        "compare_set": lambda i: store.compare_set("c", None if i == 0 else str(i - 1).encode(),
+                                                   str(i).encode()),  # fmt: skip
+        "refresh": lambda i: store.refresh("hb", 30),
+        "multi_get(8)": lambda i: store.multi_get(keys),
+    }
+    times: dict[str, list[float]] = {}
+    for name, call in ops.items():
+        times[name] = []
+        for i in range(count):
+            began = time.perf_counter()
+            await call(i)
+            times[name].append(time.perf_counter() - began)
+    times["watch wake-up"] = await watch_wakeups(store, max(20, count // 4))
+    return times
+
+
+async def watch_wakeups(store: Store, count: int) -> list[float]:
+    """Seconds from a set (its call starting) to a watcher on its key returning."""
+    wakeups = []
+    for i in range(count):
+        revision = await store.revision()
+        watcher = asyncio.ensure_future(store.watch("w/", revision, 10))
+        await asyncio.sleep(0.005)  # the watch is open
+        began = time.perf_counter()
+        await store.set("w/k", str(i).encode())
+        result = await watcher
+        wakeups.append(time.perf_counter() - began)
+        assert result.events, "the watch missed the set"
+    return wakeups
+
+
+async def latencies(new_store: Callable[[], Store], count: int) -> dict[str, list[float]]:
+    store = new_store()
+    try:
+        return await op_latencies(store, count)
+    finally:
+        await store.close()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def main() -> int:
+    from tests.etcd_server import EtcdCluster
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="4,64", help="handler counts for the rendezvous")
+    parser.add_argument("--ops", type=int, default=400, help="calls per store operation")
+    parser.add_argument("--etcd-endpoint", help="a running etcd (host:port) instead of ours")
+    args = parser.parse_args()
+    sizes = [int(s) for s in re.split(r"[ ,]+", args.sizes) if s]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = None
+        if args.etcd_endpoint:
+            endpoint = args.etcd_endpoint
+        else:
+            cluster = EtcdCluster(Path(tmp), extra_args=("--enable-v2=true",)).start()
+            endpoint = cluster.members[0].endpoint
+        store_proc, store_endpoint = start_store()
+        try:
+            report(args, sizes, endpoint, store_endpoint)
+        finally:
+            reap([store_proc])
+            if cluster is not None:
+                cluster.stop()
+    return 0
+
+
+def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str) -> None:
+    version = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
+    print(f"etcd {version.split()[2] if version else '?'} (one member) on 127.0.0.1; "
+          f"{args.runs} runs each")  # fmt: skip
+    cmds = launchers()
+    launch: dict[str, list[float]] = {"agentd etcd": [], "agentd store": []}
+    torch_etcd = "torchrun" in cmds and importlib.util.find_spec("etcd") is not None
+    if torch_etcd:
+        launch["torchrun etcd-v2"] = []
+    for _ in range(args.runs):
+        launch["agentd etcd"].append(measure_launch(cmds["agentd"], etcd_flags(etcd)))
+        launch["agentd store"].append(measure_launch(cmds["agentd"]))
+        if torch_etcd:
+            flags = etcd_flags(etcd, "etcd-v2")
+            launch["torchrun etcd-v2"].append(measure_launch(cmds["torchrun"], flags))
+    print(f"\nlaunch of {NODES} agents -> the last worker running")
+    for name, values in launch.items():
+        print(line(name, values).replace("  " + name.ljust(9), f"  {name:17s}"))
+    if torch_etcd:
+        value = statistics.median(launch["torchrun etcd-v2"]) / statistics.median(
+            launch["agentd etcd"]
+        )
+        print(f"  ratio     torchrun etcd-v2 / agentd etcd = {value:.1f}x")
+    else:
+        print("  (torchrun etcd-v2 skipped: needs torch and python-etcd)")
+
+    print("\nrendezvous of N handlers (one process, a client each): median time, requests/node")
+    for n in sizes:
+        for kind, target in (("etcd", f"http://{etcd}"), ("store", embedded)):
+            runs = [asyncio.run(rendezvous(store_factory(kind, target), n))
+                    for _ in range(args.runs)]  # fmt: skip
+            elapsed = statistics.median(r[0] for r in runs) * 1000
+            print(f"  {n:4d} nodes on {kind:5s}: {elapsed:8.1f} ms, "
+                  f"{runs[0][1]:.1f} requests per node")  # fmt: skip
+
+    print(f"\nstore operation latency, one client, {args.ops} calls each (ms)")
+    print(f"  {'operation':15s} {'etcd p50':>9s} {'etcd p99':>9s} {'store p50':>10s} "
+          f"{'store p99':>10s}")  # fmt: skip
+    on_etcd = asyncio.run(latencies(store_factory("etcd", f"http://{etcd}"), args.ops))
+    on_store = asyncio.run(latencies(store_factory("store", embedded), args.ops))
+    for op in on_etcd:
+        a, b = on_etcd[op], on_store[op]
+        print(f"  {op:15s} {pct(a, 0.5):9.2f} {pct(a, 0.99):9.2f} {pct(b, 0.5):10.2f} "
+              f"{pct(b, 0.99):10.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
