@@ -237,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
         "nnodes",
         parse_nnodes,
         "1",
-        "Number of nodes, N or MIN:MAX (elastic, with --rdzv-backend agentd).",
+        "Number of nodes, N or MIN:MAX (elastic, with --rdzv-backend agentd or etcd).",
         metavar="N",
     ),
     _o(
@@ -254,12 +254,20 @@ OPTIONS: tuple[Option, ...] = (
         "Single-node job with a local rendezvous (torchrun's).",
         is_flag=True,
     ),
-    _o("rdzv_backend", _choice(RDZV_BACKENDS), "static", "Rendezvous backend.", metavar="NAME"),
+    _o(
+        "rdzv_backend",
+        _choice(RDZV_BACKENDS),
+        "static",
+        "Rendezvous backend: static, agentd (alias c10d: the embedded store) or etcd "
+        "(alias etcd-v2: an etcd v3 cluster).",
+        metavar="NAME",
+    ),
     _o(
         "rdzv_endpoint",
         _str,
         "",
-        "The rendezvous store, host:port; the agent on that host serves it.",
+        "The rendezvous store, host:port (the agent on that host serves it); for etcd, "
+        "its members, host:port[,host:port...].",
         metavar="HOST:PORT",
     ),
     _o("rdzv_id", _str, "", "Run id shared by the job's agents (default: random).", metavar="ID"),
@@ -268,7 +276,8 @@ OPTIONS: tuple[Option, ...] = (
         _str,
         "",
         "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
-        "close_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout.",
+        "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host "
+        "(agentd); protocol, cacert, cert, key, username, password, key_prefix (etcd).",
         metavar="CONF",
     ),
     _o(
