@@ -94,6 +94,11 @@ async def rendezvous(new_store: Callable[[], Store], n: int) -> tuple[float, flo
             await handler.shutdown()
 
 
+def previous(i: int) -> bytes | None:
+    """What the compare_set benchmark key holds before call ``i``."""
+    return None if i == 0 else str(i - 1).encode()
+
+
 async def op_latencies(store: Store, count: int) -> dict[str, list[float]]:
     """Seconds per call of each operation, ``count`` calls each, one after another."""
     await store.set("hb", b"alive", ttl=30)
@@ -103,8 +108,7 @@ async def op_latencies(store: Store, count: int) -> dict[str, list[float]]:
         "set": lambda i: store.set("k", str(i).encode()),
         "get": lambda i: store.get("k"),
         "add": lambda i: store.add("n", 1),
-        "compare_set": lambda i: store.compare_set("c", None if i == 0 else str(i - 1).encode(),
-                                                   str(i).encode()),  # fmt: skip
+        "compare_set": lambda i: store.compare_set("c", previous(i), str(i).encode()),
         "refresh": lambda i: store.refresh("hb", 30),
         "multi_get(8)": lambda i: store.multi_get(keys),
     }
