@@ -31,7 +31,15 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # tests.etcd_server starts etcd for us
 
-from bench_rdzv import NODES, free_port, launchers, line, measure_launch, reap  # noqa: E402
+from bench_rdzv import (  # noqa: E402
+    NODES,
+    launchers,
+    line,
+    measure_launch,
+    reap,
+    rendezvous_at_once,
+    start_store,
+)
 
 from agentd.store.api import Store  # noqa: E402
 
@@ -42,17 +50,6 @@ def etcd_flags(endpoint: str, backend: str = "etcd") -> list[str]:
             "--max-restarts", "0"]  # fmt: skip
 
 
-def start_store() -> tuple[subprocess.Popen[str], str]:
-    """An ``agentd store`` process; (process, host:port)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentd", "store", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stderr is not None
-    while "Store listening" not in proc.stderr.readline():
-        pass
-    return proc, f"127.0.0.1:{port}"
-
-
 def store_factory(kind: str, target: str) -> Callable[[], Store]:
     from agentd.store.etcd import EtcdStore
     from agentd.store.http_client import HttpStore
@@ -61,37 +58,6 @@ def store_factory(kind: str, target: str) -> Callable[[], Store]:
         prefix = f"/bench/{time.monotonic_ns()}/"
         return lambda: EtcdStore([target], prefix=prefix)
     return lambda: HttpStore(target)
-
-
-async def rendezvous(new_store: Callable[[], Store], n: int) -> tuple[float, float]:
-    """(seconds, requests per node) for ``n`` handlers, each with its own client."""
-    from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-    from agentd.store.connect import OpenedStore
-
-    clients = [new_store() for _ in range(n)]
-
-    def opener(client: Store) -> Callable[[], Awaitable[OpenedStore]]:
-        async def open_store() -> OpenedStore:
-            return OpenedStore(client, client.close)
-
-        return open_store
-
-    settings = RendezvousSettings(min_nodes=n, max_nodes=n)
-    handlers = [DynamicRendezvous(f"scale{n}", opener(c), settings) for c in clients]
-    try:
-        for handler in handlers:
-            await handler._open()
-            await handler.store.revision()  # connected before the clock starts
-        for client in clients:
-            client.requests = 0  # type: ignore[attr-defined]
-        began = time.perf_counter()
-        infos = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
-        elapsed = time.perf_counter() - began
-        assert sorted(i.group_rank for i in infos) == list(range(n))
-        return elapsed, sum(c.requests for c in clients) / n  # type: ignore[attr-defined]
-    finally:
-        for handler in handlers:
-            await handler.shutdown()
 
 
 def previous(i: int) -> bytes | None:
@@ -196,7 +162,7 @@ def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str)
             launch["torchrun etcd-v2"].append(measure_launch(cmds["torchrun"], flags))
     print(f"\nlaunch of {NODES} agents -> the last worker running")
     for name, values in launch.items():
-        print(line(name, values).replace("  " + name.ljust(9), f"  {name:17s}"))
+        print(line(name, values, width=17))
     if torch_etcd:
         value = statistics.median(launch["torchrun etcd-v2"]) / statistics.median(
             launch["agentd etcd"]
@@ -208,7 +174,7 @@ def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str)
     print("\nrendezvous of N handlers (one process, a client each): median time, requests/node")
     for n in sizes:
         for kind, target in (("etcd", f"http://{etcd}"), ("store", embedded)):
-            runs = [asyncio.run(rendezvous(store_factory(kind, target), n))
+            runs = [asyncio.run(rendezvous_at_once(store_factory(kind, target), n))
                     for _ in range(args.runs)]  # fmt: skip
             elapsed = statistics.median(r[0] for r in runs) * 1000
             print(f"  {n:4d} nodes on {kind:5s}: {elapsed:8.1f} ms, "

@@ -25,7 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentd.store.api import Store
 
 HERE = Path(__file__).parent
 NODES = 4
@@ -116,21 +121,26 @@ def measure_last_join(backend: str) -> float:
             reap(procs)
 
 
-async def scale(n: int) -> tuple[float, float]:
-    """(seconds, store requests per node) for n agentd handlers rendezvousing at once."""
+def start_store() -> tuple[subprocess.Popen[str], str]:
+    """An ``agentd store`` process on a free port; (process, host:port)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentd", "store", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stderr is not None
+    while "Store listening" not in proc.stderr.readline():
+        pass
+    return proc, f"127.0.0.1:{port}"
+
+
+async def rendezvous_at_once(new_store: Callable[[], Store], n: int) -> tuple[float, float]:
+    """(seconds, store requests per node) for ``n`` agentd handlers, each with its own
+    client from ``new_store``, rendezvousing at once."""
     from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
     from agentd.store.connect import OpenedStore
-    from agentd.store.http_client import HttpStore
 
-    port = free_port()
-    store = subprocess.Popen([sys.executable, "-m", "agentd", "store", "--port", str(port)],
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert store.stderr is not None
-    while "Store listening" not in store.stderr.readline():
-        pass
-    clients = [HttpStore(f"127.0.0.1:{port}") for _ in range(n)]
+    clients = [new_store() for _ in range(n)]
 
-    def opener(client: HttpStore):
+    def opener(client: Store) -> Callable[[], Awaitable[OpenedStore]]:
         async def open_store() -> OpenedStore:
             return OpenedStore(client, client.close)
 
@@ -141,16 +151,27 @@ async def scale(n: int) -> tuple[float, float]:
     try:
         for handler in handlers:
             await handler._open()
+            await handler.store.revision()  # connected before the clock starts
         for client in clients:
-            client.requests = 0
-        t0 = time.perf_counter()
+            client.requests = 0  # type: ignore[attr-defined]
+        began = time.perf_counter()
         infos = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - began
         assert sorted(i.group_rank for i in infos) == list(range(n))
-        return elapsed, sum(c.requests for c in clients) / n
+        return elapsed, sum(c.requests for c in clients) / n  # type: ignore[attr-defined]
     finally:
         for handler in handlers:
             await handler.shutdown()
+
+
+async def scale(n: int) -> tuple[float, float]:
+    """:func:`rendezvous_at_once` through an ``agentd store`` process."""
+    from agentd.store.http_client import HttpStore
+
+    store, endpoint = start_store()
+    try:
+        return await rendezvous_at_once(lambda: HttpStore(endpoint), n)
+    finally:
         reap([store])
 
 
@@ -183,10 +204,12 @@ def measure_crash(cmd: list[str]) -> float:
             reap(procs)
 
 
-def line(name: str, values: list[float], unit: str = "ms", scale_by: float = 1000) -> str:
+def line(
+    name: str, values: list[float], unit: str = "ms", scale_by: float = 1000, width: int = 9
+) -> str:
     v = [x * scale_by for x in values]
     mid = statistics.median(v)
-    return f"  {name:9s} median {mid:9.1f} {unit}  min {min(v):9.1f}  max {max(v):9.1f}"
+    return f"  {name:{width}s} median {mid:9.1f} {unit}  min {min(v):9.1f}  max {max(v):9.1f}"
 
 
 def ratio(results: dict[str, list[float]]) -> str:

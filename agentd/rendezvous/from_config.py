@@ -95,10 +95,7 @@ def _dynamic(
     if is_host is None:
         is_host = is_local_address(host)
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
-    settings = settings_from_conf(conf, config.nnodes)
-    for key in _IGNORED_TORCH_KEYS:
-        conf.pop(key, None)
-    reject_unknown(conf, config.rdzv_backend)
+    settings = _rendezvous_settings(config, conf)
     token = config.store_token
     if is_host and not token and not is_loopback(host):
         raise ConfigError(
@@ -125,14 +122,20 @@ def _etcd(
                           "(host:port[,host:port...] of etcd's members)")  # fmt: skip
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     etcd = etcd_settings(config.rdzv_endpoint, conf, read_timeout)
-    settings = settings_from_conf(conf, config.nnodes)
-    for key in _IGNORED_TORCH_KEYS:
-        conf.pop(key, None)
-    reject_unknown(conf, config.rdzv_backend)
+    settings = _rendezvous_settings(config, conf)
     local = all(is_loopback(host) for host in etcd.hosts)
     addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     opener = etcd_store_opener(etcd, retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout))
     return _handler(config, run_id, local_world_size, opener, settings, addr)
+
+
+def _rendezvous_settings(config: AgentConfig, conf: dict[str, str]) -> RendezvousSettings:
+    """The rendezvous keys, once the backend took its own; any key left is an error."""
+    settings = settings_from_conf(conf, config.nnodes)
+    for key in _IGNORED_TORCH_KEYS:
+        conf.pop(key, None)
+    reject_unknown(conf, config.rdzv_backend)
+    return settings
 
 
 def _handler(

@@ -41,7 +41,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.retry import Backoff
+from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,12 @@ MAX_TXN_OPS = 128
 # gRPC status codes the gateway puts in an error body's "code".
 _INVALID_ARGUMENT = 3
 _DEADLINE_EXCEEDED = 4
-_FAILED_PRECONDITION = 9
 _PERMISSION_DENIED = 7
 _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 _RETRYABLE = {_UNAVAILABLE, _DEADLINE_EXCEEDED}
 
 _TLS_FAILED = (aiohttp.ClientSSLError,)
-_NOT_SENT = (aiohttp.ClientConnectorError,)
-_MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
-               aiohttp.ClientPayloadError)  # fmt: skip
 
 
 def _b64(data: bytes) -> str:
@@ -170,9 +166,9 @@ class EtcdStore:
                     status = response.status
             except _TLS_FAILED as exc:
                 raise self._tls_refused(endpoint, exc) from exc
-            except _NOT_SENT as exc:
+            except NOT_SENT as exc:
                 problem = f"{endpoint}: {exc}"
-            except _MAYBE_SENT as exc:
+            except MAYBE_SENT as exc:
                 if _is_tls(exc):
                     raise self._tls_refused(endpoint, exc) from exc
                 if not idempotent:
@@ -474,7 +470,7 @@ class EtcdStore:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
                 raise _Retry(f"{endpoint}: {exc!r}") from exc
             return WatchResult(after_revision)
-        except (*_NOT_SENT, *_MAYBE_SENT) as exc:
+        except (*NOT_SENT, *MAYBE_SENT) as exc:
             if _is_tls(exc):
                 raise self._tls_refused(endpoint, exc) from exc
             raise _Retry(f"{endpoint}: {exc!r}") from exc

@@ -8,7 +8,6 @@ the outcome (everything but ``add``).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
@@ -25,14 +24,10 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.retry import Backoff
+from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.server import INSTANCE_HEADER, MAX_POLL
 
 log = logging.getLogger(__name__)
-
-_NOT_SENT = (aiohttp.ClientConnectorError,)
-_MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
-               aiohttp.ClientPayloadError)  # fmt: skip
 
 
 def _b64(value: bytes | None) -> str | None:
@@ -88,9 +83,9 @@ class HttpStore:
                     data = await response.json(content_type=None)
                     status = response.status
                     self._note_instance(response.headers.get(INSTANCE_HEADER))
-            except _NOT_SENT as exc:
+            except NOT_SENT as exc:
                 problem: BaseException = exc
-            except _MAYBE_SENT as exc:
+            except MAYBE_SENT as exc:
                 if not idempotent:
                     raise StoreUnavailable(
                         f"store at {self.url}: {op} failed ({exc!r}); "

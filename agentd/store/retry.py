@@ -1,10 +1,19 @@
-"""Retrying a store request: jittered exponential backoff up to a monotonic deadline."""
+"""Retrying a store request: which failures allow it, and jittered exponential backoff up to
+a monotonic deadline."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+
+import aiohttp
+
+NOT_SENT = (aiohttp.ClientConnectorError,)
+"""Failures before the request left: always safe to send again."""
+MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
+              aiohttp.ClientPayloadError)  # fmt: skip
+"""Failures after the request may have reached the server: resend only what is idempotent."""
 
 
 class Backoff:
