@@ -97,6 +97,19 @@ class EtcdMember:
         return f"http://127.0.0.1:{self.peer_port}"
 
 
+class MemberExited(AssertionError):
+    """An etcd member exited while the cluster started; names it and quotes its log."""
+
+    def __init__(self, member: EtcdMember) -> None:
+        log = _tail(member.log)
+        code = member.proc.returncode if member.proc is not None else None
+        super().__init__(
+            f"etcd {member.name} (client port {member.client_port}, peer port "
+            f"{member.peer_port}) exited with {code}; its log {member.log}: {log}"
+        )
+        self.lost_port = "address already in use" in log
+
+
 @dataclass
 class EtcdCluster:
     """``size`` etcd members under ``root``; use as a context manager, or start/stop.
@@ -116,6 +129,13 @@ class EtcdCluster:
             self.members.append(EtcdMember(name, free_port(), free_port(), self.root / name,
                                            self.root / f"{name}.log", scheme))  # fmt: skip
 
+    def _new_ports(self) -> None:
+        """Give every member fresh ports and an empty data dir (a member lost its port)."""
+        for member in self.members:
+            member.client_port, member.peer_port = free_port(), free_port()
+            shutil.rmtree(member.data_dir, ignore_errors=True)
+            member.log.unlink(missing_ok=True)
+
     @property
     def endpoints(self) -> str:
         """``host:port,...`` as ``--rdzv-endpoint`` takes it."""
@@ -125,7 +145,31 @@ class EtcdCluster:
     def urls(self) -> list[str]:
         return [m.url for m in self.members]
 
-    def start(self, timeout: float = 20.0) -> EtcdCluster:
+    def start(self, timeout: float = 20.0, tries: int = 3) -> EtcdCluster:
+        """Start every member and wait until each is healthy.
+
+        Ports come from :func:`free_port`, which cannot hold them until etcd binds them: a
+        member that finds its port taken ("address already in use") makes the whole
+        cluster start again on new ports (the peers' URLs are in every member's flags).
+        Any other exit fails at once, naming the member and its log.
+        """
+        for attempt in range(tries):
+            try:
+                self._launch()
+                self.wait_healthy(timeout)
+            except MemberExited as exc:
+                self.stop()
+                if not exc.lost_port or attempt == tries - 1:
+                    raise
+                self._new_ports()
+            except BaseException:
+                self.stop()
+                raise
+            else:
+                return self
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
         binary = etcd_binary()
         if binary is None:
             raise RuntimeError("etcd is not installed (Debian package etcd-server)")
@@ -150,23 +194,19 @@ class EtcdCluster:
             with open(member.log, "ab") as log:
                 member.proc = subprocess.Popen(argv, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL)  # fmt: skip
-        try:
-            self.wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
-        """Wait until every running member answers ``/health`` with a leader."""
+        """Wait until every started member answers ``/health`` with a leader; a member that
+        exited raises :class:`MemberExited` (never skipped: a cluster short of a member
+        fails later, and less clearly)."""
         for member in self.members:
-            if member.proc is not None and member.proc.poll() is None:
+            if member.proc is not None:
                 wait_until(lambda m=member: self._healthy(m), timeout,  # type: ignore[misc]
                            what=f"etcd {member.name} healthy ({_tail(member.log)})")  # fmt: skip
 
     def _healthy(self, member: EtcdMember) -> bool:
         if member.proc is None or member.proc.poll() is not None:
-            raise AssertionError(f"etcd {member.name} exited: {_tail(member.log)}")
+            raise MemberExited(member)
         context = self.tls.client_context() if self.tls else None
         with (
             contextlib.suppress(OSError, ValueError),
