@@ -20,12 +20,22 @@ from typing import Any
 
 from agentd.exceptions import ConfigError
 from agentd.restart import RestartBackoff
-from agentd.spec import DEFAULT_LOG_PREFIX, DEFAULT_ROLE, Std, check_log_prefix
+from agentd.spec import (
+    DEFAULT_LOG_PREFIX,
+    DEFAULT_ROLE,
+    MAX_LOCAL_WORLD_SIZE,
+    NAME_RULE,
+    Std,
+    check_log_prefix,
+    check_name,
+)
 
 ENV_PREFIXES = ("AGENTD_", "PET_")
 RDZV_BACKENDS = ("static", "agentd", "c10d", "etcd", "etcd-v2")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MAX_NODES = 65536
+"""The most nodes a rendezvous may wait for (``--nnodes``)."""
 
 
 class RuleError(ValueError):
@@ -122,11 +132,13 @@ def _signals(text: str) -> tuple[signal.Signals, ...]:
 
 
 def _exit_codes(text: str) -> frozenset[int]:
-    codes = set()
+    codes: set[int] = set()
+    if not text.strip():
+        return frozenset()
     for item in text.split(","):
         item = item.strip()
         if not item:
-            continue
+            raise RuleError("has an empty item; write a comma-separated list such as 2,3")
         try:
             code = int(item)
         except ValueError:
@@ -177,14 +189,29 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     high = int(match.group(2) or low)
     if low < 1 or high < low:
         raise RuleError("must have 1 <= MIN <= MAX")
+    if high > MAX_NODES:
+        raise RuleError(f"must be at most {MAX_NODES} nodes")
     return low, high
 
 
 def _nproc(text: str) -> str:
     value = text.strip()
-    if value in ("auto", "cpu", "gpu") or (value.isdigit() and int(value) >= 1):
+    if value in ("auto", "cpu", "gpu"):
         return value
-    raise RuleError("must be a positive integer, auto, cpu or gpu")
+    if value.isdigit() and 1 <= int(value) <= MAX_LOCAL_WORLD_SIZE:
+        return str(int(value))
+    raise RuleError(f"must be an integer within 1..{MAX_LOCAL_WORLD_SIZE}, auto, cpu or gpu")
+
+
+def _name(text: str) -> str:
+    try:
+        return check_name("name", text)
+    except ConfigError:
+        raise RuleError(NAME_RULE) from None
+
+
+def _optional_name(text: str) -> str:
+    return _name(text) if text else ""
 
 
 def _prefix(text: str) -> str:
@@ -270,7 +297,13 @@ OPTIONS: tuple[Option, ...] = (
         "its members, host:port[,host:port...].",
         metavar="HOST:PORT",
     ),
-    _o("rdzv_id", _str, "", "Run id shared by the job's agents (default: random).", metavar="ID"),
+    _o(
+        "rdzv_id",
+        _optional_name,
+        "",
+        "Run id shared by the job's agents, 1..128 of [A-Za-z0-9_.-] (default: random).",
+        metavar="ID",
+    ),
     _o(
         "rdzv_conf",
         _str,
@@ -303,7 +336,7 @@ OPTIONS: tuple[Option, ...] = (
         "Accepted for torchrun's command lines; agentd watches, it never polls.",
         metavar="SECONDS",
     ),
-    _o("role", _str, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
+    _o("role", _name, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
     _o(
         "log_dir",
         _optional_str,
@@ -614,12 +647,18 @@ def resolve(
             raise ConfigError(f"{source}: {raw!r} {exc}") from None
         if source != "default":
             sources[option.name] = source
-    script = cli.get("script") or file_values.get("script")
-    if not script or not isinstance(script, str):
+    # The file's job is checked even when the command line names its own: a broken file
+    # must not pass unseen until the day someone runs it without arguments.
+    file_script = file_values.get("script")
+    if file_script is not None and (not isinstance(file_script, str) or not file_script):
+        raise ConfigError(f"{config_file}: script: {file_script!r} must be a non-empty string")
+    file_args = file_values.get("args", [])
+    if not isinstance(file_args, list) or not all(isinstance(a, str) for a in file_args):
+        raise ConfigError(f"{config_file}: args: {file_args!r} must be a list of strings")
+    script = cli.get("script") or file_script
+    if not script:
         raise ConfigError("script: missing; give the training script (or set script in --config)")
-    args = cli.get("script_args", []) if cli.get("script") else file_values.get("args", [])
-    if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
-        raise ConfigError(f"{config_file}: args: {args!r} must be a list of strings")
+    args = cli.get("script_args", []) if cli.get("script") else file_args
     if values["module"] and values["no_python"]:
         raise ConfigError("--module: cannot be combined with --no-python")
     return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
@@ -669,12 +708,14 @@ def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int
     if nproc.isdigit():
         return int(nproc)
     cpus = len(os.sched_getaffinity(0))
-    if nproc == "cpu":
-        return cpus
     gpus = gpu_count(environ)
     if nproc == "gpu" and gpus == 0:
         raise ConfigError("--nproc-per-node: 'gpu' needs a visible GPU and none was found")
-    return gpus if gpus else cpus
+    count = cpus if nproc == "cpu" or not gpus else gpus
+    if count > MAX_LOCAL_WORLD_SIZE:
+        raise ConfigError(f"--nproc-per-node: {nproc!r} means {count} workers, more than "
+                          f"{MAX_LOCAL_WORLD_SIZE}; give a number")  # fmt: skip
+    return count
 
 
 def example_toml() -> str:

@@ -30,6 +30,7 @@ from agentd.spec import (
     WorkerGroup,
     WorkerSpec,
     WorkerState,
+    check_name,
     std_for,
 )
 from agentd.timer.api import TimerRequest
@@ -81,7 +82,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         event_log: str | None = None,
     ) -> None:
         super().__init__(spec, exit_barrier_timeout)
-        self.run_id = self.rdzv_handler.get_run_id()
+        self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
         if log_dir:
             base = Path(log_dir)
         else:

@@ -23,6 +23,30 @@ if TYPE_CHECKING:
 DEFAULT_ROLE = "default"
 DEFAULT_LOG_PREFIX = "[{role}{local_rank}]:"
 LOG_PREFIX_FIELDS = frozenset({"role", "local_rank", "rank", "host", "node_rank", "attempt"})
+MAX_LOG_PREFIX = 256
+MAX_LOCAL_WORLD_SIZE = 1024
+"""Workers per agent: each costs the agent about six descriptors and a process."""
+MAX_NAME = 128
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+NAME_RULE = (
+    f"must be 1..{MAX_NAME} characters of letters, digits, '_', '.' and '-', "
+    "not starting with '.' or '-'"
+)
+"""The rule for run ids and role names: they become directory names and label values."""
+
+
+def check_name(field_name: str, value: object) -> str:
+    """A run id or role name that is safe as one path component; a ConfigError otherwise
+    (``../../etc``, ``a/b`` and a 5,000-character id are all refused)."""
+    if not isinstance(value, str) or len(value) > MAX_NAME or not _NAME.fullmatch(value):
+        raise field_error(field_name, _short(value), NAME_RULE)
+    return value
+
+
+def _short(value: object, size: int = 60) -> object:
+    if isinstance(value, str) and len(value) > size:
+        return value[: size - 3] + "..."
+    return value
 
 
 class WorkerState(enum.StrEnum):
@@ -90,13 +114,27 @@ def std_for(setting: Std | Mapping[int, Std], local_rank: int) -> Std:
 
 
 def check_log_prefix(template: str) -> str:
-    """Validate a tee prefix template: only the documented ``{fields}`` may appear."""
+    """Validate a tee prefix template: only the documented ``{fields}`` may appear, bare
+    (no format spec or conversion: ``{rank:>99999999}`` would pad every line by 95 MB)."""
+    if len(template) > MAX_LOG_PREFIX:
+        raise field_error("log_line_prefix_template", _short(template),
+                          f"is longer than {MAX_LOG_PREFIX} characters")  # fmt: skip
     try:
-        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        parts = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
     except ValueError as exc:
         raise field_error(
             "log_line_prefix_template", template, f"is not a valid template ({exc})"
         ) from None
+    for name, spec, conversion in parts:
+        if spec or conversion:
+            raise field_error("log_line_prefix_template", template,
+                              f"field {{{name}}} may not have a format spec or conversion "
+                              "(write the field bare, e.g. {rank})")  # fmt: skip
+    names = {name for name, _, _ in parts}
     unknown = names - LOG_PREFIX_FIELDS
     if unknown:
         raise field_error(
@@ -137,10 +175,13 @@ class WorkerSpec:
     non_retryable_exit_codes: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        if not self.role or not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.role):
-            raise field_error("role", self.role, "must be a non-empty name of [A-Za-z0-9_.-]")
-        if not isinstance(self.local_world_size, int) or self.local_world_size < 1:
-            raise field_error("local_world_size", self.local_world_size, "must be an int >= 1")
+        check_name("role", self.role)
+        if (
+            not isinstance(self.local_world_size, int)
+            or not 1 <= self.local_world_size <= MAX_LOCAL_WORLD_SIZE
+        ):
+            raise field_error("local_world_size", self.local_world_size,
+                              f"must be an int within 1..{MAX_LOCAL_WORLD_SIZE}")  # fmt: skip
         if isinstance(self.entrypoint, str):
             if not self.entrypoint:
                 raise field_error("entrypoint", self.entrypoint, "must not be empty")

@@ -6,6 +6,7 @@ Dockerfile's HEALTHCHECK use ``agentd status --check livez``).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import sys
@@ -25,6 +26,20 @@ def default_url(environ: dict[str, str]) -> str:
     return f"http://127.0.0.1:{port or DEFAULT_PORT}"
 
 
+def url_problem(url: str) -> str:
+    """Why ``url`` cannot be an agent's health endpoint ('' when it can)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s)://host:port URL, e.g. http://127.0.0.1:29401"
+    return ""
+
+
 def fetch(url: str, timeout: float) -> tuple[int, bytes]:
     """GET ``url``: the status code and body (HTTP errors included, not raised)."""
     try:
@@ -37,10 +52,20 @@ def fetch(url: str, timeout: float) -> tuple[int, bytes]:
 def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> int:
     """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable)."""
     base = (url or default_url(dict(os.environ))).rstrip("/")
+    problem = url_problem(base)
+    if problem:
+        env = os.environ
+        where = "--url" if url else ("AGENTD_STATUS_URL" if env.get("AGENTD_STATUS_URL")
+                                     else "AGENTD_HEALTH_PORT")  # fmt: skip
+        sys.stderr.write(f"agentd: error: {where}: {base!r} {problem}\n")
+        return 2
+    if not 0 < timeout <= 3600:
+        sys.stderr.write(f"agentd: error: --timeout: {timeout!r} must be within 0..3600 seconds\n")
+        return 2
     path = f"/{check}" if check else "/status"
     try:
         code, body = fetch(base + path, timeout)
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
         return 3
@@ -50,7 +75,12 @@ def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> in
     if code != 200:
         sys.stderr.write(f"agentd: error: {base}/status answered {code}\n")
         return 1
-    doc = json.loads(body)
+    try:
+        doc = json.loads(body)
+        render(doc)
+    except (ValueError, KeyError, TypeError):
+        sys.stderr.write(f"agentd: error: {base}/status did not answer agentd's status JSON\n")
+        return 3
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if as_json else render(doc))
     return 0
 

@@ -113,3 +113,22 @@ def test_example_config_values_parse(tmp_path):
     file.write_text(uncommented)
     config = resolve({}, {}, str(file))
     assert config == resolve({"script": "train.py", "script_args": ["--epochs", "10"]}, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("h:1", ("h", 1)), ("h", ("h", 29400)), ("[::1]:5", ("::1", 5)), ("[::1]", ("::1", 29400)),
+     ("::1", ("::1", 29400))],
+)  # fmt: skip
+def test_endpoints_parse(text, expected):
+    from agentd.store.connect import split_endpoint
+
+    assert split_endpoint(text) == expected
+
+
+@pytest.mark.parametrize("text", ["[::1", "[::1]x", ":5", "h:x", "h:70000", "a b:1", "h/p:1"])
+def test_malformed_endpoints_are_refused(text):
+    from agentd.store.connect import split_endpoint
+
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint: .* must be host:port|no valid port"):
+        split_endpoint(text)

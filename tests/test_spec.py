@@ -14,6 +14,7 @@ from agentd.spec import (
     WorkerGroup,
     WorkerSpec,
     WorkerState,
+    check_name,
     check_transition,
     std_for,
 )
@@ -67,7 +68,7 @@ def test_std_parse():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"local_world_size": 0}, "local_world_size: 0 must be an int >= 1"),
+        ({"local_world_size": 0}, "local_world_size: 0 must be an int within 1..1024"),
         ({"role": "a b"}, "role: 'a b' must be"),
         ({"entrypoint": ""}, "entrypoint: '' must not be empty"),
         ({"entrypoint": 3}, "entrypoint: 3 must be a command or a function"),
@@ -81,6 +82,24 @@ def test_std_parse():
 def test_worker_spec_validation(kw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         spec(**kw)
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", ".hidden", "-x", "", "x" * 129, "é"])
+def test_run_ids_and_roles_must_be_one_safe_path_component(name):
+    with pytest.raises(ConfigError, match=r"must be 1\.\.128 characters"):
+        check_name("run_id", name)
+    with pytest.raises(ConfigError, match=r"role: .* must be 1\.\.128 characters"):
+        spec(role=name)
+
+
+def test_a_local_elastic_agent_refuses_an_unsafe_run_id(tmp_path):
+    from agentd.local_agent import LocalElasticAgent
+    from agentd.rendezvous.static import StaticRendezvous
+
+    unsafe = spec(rdzv_handler=StaticRendezvous(run_id="../escape"))
+    with pytest.raises(ConfigError, match=r"run_id: '../escape' must be"):
+        LocalElasticAgent(unsafe, log_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_worker_spec_defaults_and_names():

@@ -37,15 +37,18 @@ def split_endpoint(
 ) -> tuple[str, int]:
     """``host[:port]`` (``[v6]:port`` too) into its parts; a bad one is a ConfigError."""
     text = endpoint.strip()
-    host, port_text = text, ""
+    host, port_text, has_port = text, "", False
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else rest
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ConfigError(f"{field}: {endpoint!r} must be host:port, or [IPv6]:port")
+        has_port, port_text = bool(rest), rest[1:]
     elif text.count(":") == 1:
         host, _, port_text = text.partition(":")
-    if not host:
+        has_port = True
+    if not host or any(c.isspace() or c in "/[]" for c in host):
         raise ConfigError(f"{field}: {endpoint!r} must be host:port")
-    if not port_text:
+    if not has_port:
         return host, default_port
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"{field}: {endpoint!r} has no valid port (0..65535)")
