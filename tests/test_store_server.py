@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
+import logging
 import socket
 
 import aiohttp
@@ -158,3 +160,41 @@ async def test_a_watch_across_a_store_restart_says_compacted():
             await second.stop()
     finally:
         await client.close()
+
+
+async def raw_request(port: int, op: str, body: bytes, auth: bytes = b"Bearer right") -> bytes:
+    """One hand-written HTTP request (bytes no client library would send) and its answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/" + op.encode() + b" HTTP/1.1\r\nHost: store\r\nAuthorization: "
+                 + auth + b"\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("op", "body", "auth", "status", "message"),
+    [
+        ("set", b"{}", b"Bearer \xff\xfe\xc3\xa9", 401, "bearer token is required"),
+        ("set", b"[" * 100_000 + b"]" * 100_000, b"Bearer right", 400, "nested too deeply"),
+        ("set", b'{"key": "\\ud800", "value": ""}', b"Bearer right", 400, "lone surrogate"),
+        ("multi_set", b'{"items": {"\\udfff": ""}}', b"Bearer right", 400, "lone surrogate"),
+        ("watch", b'{"prefix": "\\udc00", "after_revision": 0, "timeout": 0}', b"Bearer right",
+         400, "lone surrogate"),
+        ("wait", b'{"keys": ["k"], "timeout": 1' + b"0" * 400 + b"}", b"Bearer right", 400,
+         "must be a number within 0..60"),
+        ("add", b'{"key": "k", "delta": 1' + b"0" * 400 + b"}", b"Bearer right", 400,
+         "must be a 64-bit integer"),
+    ],
+)  # fmt: skip
+async def test_hostile_bytes_get_a_4xx_json_error_and_no_traceback(
+    server, caplog, op, body, auth, status, message
+):
+    answer = await raw_request(server.port, op, body, auth)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+    assert message in json.loads(payload)["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert await server.store.num_keys() == 0

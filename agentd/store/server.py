@@ -14,13 +14,13 @@ import hmac
 import ipaddress
 import json
 import logging
-import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
 from agentd.http_site import serve_app
+from agentd.ratelog import RateLimitedLog
 from agentd.store.api import StoreError, StoreTimeout, WatchResult
 from agentd.store.memory import MemoryStore
 
@@ -74,6 +74,7 @@ class StoreServer:
         self.instance = os.urandom(8).hex()
         """Names this server's lifetime: clients see a restart (state lost) when it changes."""
         self._runner: web.AppRunner | None = None
+        self._problems = RateLimitedLog(log)
 
     @property
     def endpoint(self) -> str:
@@ -111,11 +112,8 @@ class StoreServer:
         """Auth first, then the handler, with every failure turned into a 4xx JSON error."""
         from aiohttp import web
 
-        if self._token is not None:
-            given = request.headers.get("Authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme != "Bearer" or not hmac.compare_digest(token.encode(), self._token):
-                return self._error(401, "authorization: a valid bearer token is required")
+        if self._token is not None and not self._authorized(request):
+            return self._error(401, "authorization: a valid bearer token is required")
         try:
             return await handler(request)
         except BadRequest as exc:
@@ -128,6 +126,17 @@ class StoreServer:
             return self._error(413, f"body: larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
             return self._error(exc.status, exc.reason)
+        except Exception as exc:  # a bug, not the client's fault: one line, never a traceback
+            self._problems.error("internal", "Store: %s failed: %r", request.path, exc)
+            return self._error(500, f"internal error: {type(exc).__name__}")
+
+    def _authorized(self, request: web.Request) -> bool:
+        """The request carries our bearer token (compared in constant time, as bytes: a
+        header of undecodable bytes is simply not our token)."""
+        assert self._token is not None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        given = token.encode("utf-8", "surrogateescape")
+        return scheme == "Bearer" and hmac.compare_digest(given, self._token)
 
     async def _dispatch(self, request: web.Request) -> web.Response:
         from aiohttp import web
@@ -141,6 +150,8 @@ class StoreServer:
             body = json.loads(raw) if raw else {}
         except (ValueError, UnicodeDecodeError):
             raise BadRequest("body: not valid JSON") from None
+        except RecursionError:
+            raise BadRequest("body: JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
         result = await method(self.store, _Args(body))
@@ -155,7 +166,7 @@ class _Args:
 
     def key(self, name: str = "key") -> str:
         value = self._body.get(name)
-        if not isinstance(value, str) or not value or len(value.encode()) > MAX_KEY:
+        if not isinstance(value, str) or not 1 <= _utf8_size(name, value) <= MAX_KEY:
             raise BadRequest(f"{name}: {_show(value)} must be a string of 1..{MAX_KEY} bytes")
         return value
 
@@ -191,11 +202,11 @@ class _Args:
 
     def number(self, name: str, low: float, high: float, default: float | None = None) -> float:
         value = self._body.get(name, default)
+        # compared before any float conversion: a 400-digit integer must not overflow
         if (
             not isinstance(value, int | float)
             or isinstance(value, bool)
-            or not math.isfinite(value)
-            or not low <= value <= high
+            or not (low <= value <= high)
         ):
             raise BadRequest(f"{name}: {_show(value)} must be a number within {low:g}..{high:g}")
         return float(value)
@@ -212,8 +223,20 @@ class _Args:
         return value
 
 
+def _utf8_size(name: str, text: str) -> int:
+    """The UTF-8 size of ``text``; a string that has none (a lone surrogate) is refused."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        problem = "is not valid Unicode (a lone surrogate?)"
+        raise BadRequest(f"{name}: {_show(text)} {problem}") from None
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -280,7 +303,7 @@ async def _wait(store: MemoryStore, a: _Args) -> dict[str, Any]:
 
 async def _watch(store: MemoryStore, a: _Args) -> dict[str, Any]:
     prefix = a._body.get("prefix", "")
-    if not isinstance(prefix, str) or len(prefix.encode()) > MAX_KEY:
+    if not isinstance(prefix, str) or _utf8_size("prefix", prefix) > MAX_KEY:
         raise BadRequest(f"prefix: {_show(prefix)} must be a string of at most {MAX_KEY} bytes")
     after = a.integer("after_revision")
     return _watch_doc(await store.watch(prefix, after, a.number("timeout", 0, MAX_POLL)))
