@@ -121,6 +121,7 @@ class _Readings:
             "invalid",
             "oversized",
             "untrusted",
+            "capped",
         ):
             requests.add_metric([outcome], timers.stats[outcome])
         yield requests

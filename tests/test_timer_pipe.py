@@ -51,8 +51,19 @@ def test_round_trip_matches_torch_format():
         (wire(scope_id=5), "scope_id"),
         (wire(scope_id="x" * 2000), "scope_id"),
         (wire(expiration_time="soon"), "expiration_time: 'soon'"),
-        (b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": NaN}', "finite"),
+        (
+            b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": NaN}',
+            "nan must be -1 or epoch",
+        ),
         (wire(signal=999), "signal: 999"),
+        (wire(signal=-(2**70)), "signal: -1180591620717411303424"),
+        (wire(pid=2**31), "pid: 2147483648 must be a positive integer"),
+        (wire(pid=2**64), "pid: 18446744073709551616 must be a positive integer"),
+        (
+            b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": 1' + b"0" * 400 + b"}",
+            "expiration_time: <a 401-digit integer> must be -1 or",
+        ),
+        (wire(expiration_time=-5), "expiration_time: -5 must be -1 or"),
     ],
 )
 def test_bad_requests_name_the_rule(line, rule):
@@ -113,6 +124,77 @@ async def test_fifo_end_to_end_with_garbage_and_a_stuck_writer(tmp_path):
         child.kill()
         child.wait()
     assert not os.path.exists(tmp_path / "timer.fifo")  # we made it, we removed it
+
+
+async def test_requests_read_with_overflowing_ones_are_all_honoured(tmp_path):
+    """pid 2**31, pid 2**64 and a 400-digit deadline once raised OverflowError in the reader
+    and took the valid requests of the same read down with them."""
+    pids: set[int] = set()
+    server = FileTimerServer(
+        str(tmp_path / "timer.fifo"), trust=lambda pid: os.getpgid(pid) if pid in pids else None
+    )
+    children = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
+    pids.update(c.pid for c in children)
+    await server.start()
+    try:
+        soon = time.time() + 0.05
+        chunk = b"".join([
+            encode_request(TimerRequest(children[0].pid, "a", soon)),
+            wire(pid=2**31) + b"\n",
+            wire(pid=2**64) + b"\n",
+            b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": 1'
+            + b"0" * 400 + b"}\n",
+            encode_request(TimerRequest(children[1].pid, "b", soon)),
+        ])  # fmt: skip
+        fd = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
+        await write_all(fd, chunk)  # one write: the server reads it in one go
+        os.close(fd)
+        async with asyncio.timeout(10):
+            while any(c.poll() is None for c in children):
+                await asyncio.sleep(0.005)
+        assert [c.returncode for c in children] == [-9, -9]
+        assert server.stats["invalid"] == 3
+    finally:
+        await server.stop()
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+async def test_one_worker_cannot_hold_more_than_its_share_of_timers(tmp_path):
+    pids: set[int] = set()
+    server = FileTimerServer(
+        str(tmp_path / "timer.fifo"),
+        max_timers_per_worker=100,
+        trust=lambda pid: os.getpgid(pid) if pid in pids else None,
+    )
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    pids.add(child.pid)
+    await server.start()
+    try:
+        later = time.time() + 3600
+        lines = b"".join(encode_request(TimerRequest(child.pid, f"s{i}", later))
+                         for i in range(5000))  # fmt: skip
+        fd = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
+        await write_all(fd, lines)
+        async with asyncio.timeout(10):
+            while server.stats["acquired"] + server.stats["capped"] < 5000:
+                await asyncio.sleep(0.005)
+        assert len(server) == 100 and server.stats["capped"] == 4900
+        os.write(fd, encode_request(TimerRequest(child.pid, "s0", later + 1)))  # a renewal
+        os.write(fd, encode_request(TimerRequest(child.pid, "s1", RELEASE)))
+        os.write(fd, encode_request(TimerRequest(child.pid, "new", later)))  # room again
+        os.close(fd)
+        async with asyncio.timeout(10):
+            while server.stats["acquired"] < 102:
+                await asyncio.sleep(0.005)
+        assert len(server) == 100 and server.stats["capped"] == 4900
+        server.clear_timers([child.pid])
+        assert len(server) == 0
+    finally:
+        await server.stop()
+        child.kill()
+        child.wait()
 
 
 async def test_private_fifo_is_0600_in_a_0700_dir():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import select
 import signal
@@ -32,6 +31,10 @@ log = logging.getLogger(__name__)
 
 PIPE_BUF = select.PIPE_BUF
 MAX_SCOPE = 1024
+MAX_PID = 1 << 22
+"""Linux's PID_MAX_LIMIT: no pid is larger (and os.getpgid overflows past 2**31)."""
+MAX_EXPIRATION = 1e12
+"""Epoch seconds far past any real deadline (the year 33658), and far below float's range."""
 _READ_SIZE = 1 << 16
 _RECOVERY_TRIES = 8
 
@@ -67,19 +70,34 @@ def parse_request(line: bytes) -> TimerRequest:
     version = doc.get("version")
     if version != 1:
         raise BadRequest(f"version: {version!r} must be 1")
+    # Numbers are range-checked as Python numbers before any conversion: a pid of 2**64 or a
+    # 400-digit deadline must be refused here, not overflow in os.getpgid() or float().
     pid = doc.get("pid")
-    if type(pid) is not int or pid <= 0:
-        raise BadRequest(f"pid: {pid!r} must be a positive integer")
+    if type(pid) is not int or not 0 < pid <= MAX_PID:
+        raise BadRequest(f"pid: {pid!r} must be a positive integer up to {MAX_PID}")
     scope = doc.get("scope_id")
     if not isinstance(scope, str) or len(scope) > MAX_SCOPE:
         raise BadRequest(f"scope_id: must be a string of at most {MAX_SCOPE} characters")
     when = doc.get("expiration_time")
-    if not isinstance(when, int | float) or isinstance(when, bool) or not math.isfinite(when):
-        raise BadRequest(f"expiration_time: {when!r} must be a finite number")
+    if (
+        not isinstance(when, int | float)
+        or isinstance(when, bool)
+        or not (when == RELEASE or 0 <= when <= MAX_EXPIRATION)
+    ):
+        raise BadRequest(f"expiration_time: {_number(when)} must be -1 or epoch seconds "
+                         f"within 0..{MAX_EXPIRATION:g}")  # fmt: skip
     sig = doc.get("signal", int(signal.SIGKILL))
-    if type(sig) is not int or sig >= signal.NSIG:
-        raise BadRequest(f"signal: {sig!r} must be an integer below {signal.NSIG}")
-    return TimerRequest(pid, scope, RELEASE if when < 0 else float(when), sig)
+    if type(sig) is not int or not -signal.NSIG < sig < signal.NSIG:
+        raise BadRequest(f"signal: {sig!r} must be an integer within "
+                         f"{-signal.NSIG + 1}..{signal.NSIG - 1}")  # fmt: skip
+    return TimerRequest(pid, scope, float(when), sig)
+
+
+def _number(value: object) -> str:
+    """``value`` for an error message; an integer too long to print is described."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"<a {len(str(abs(value)))}-digit integer>"
+    return repr(value)
 
 
 def parse_line(line: bytes) -> tuple[TimerRequest | None, str | None]:
@@ -224,7 +242,10 @@ class FifoSource:
             if len(line) >= PIPE_BUF:
                 self._server.count_bad("oversized", f"a line of {len(line)} bytes")
                 line = line[-(PIPE_BUF - 1) :]  # a request glued at its end may survive
-            request, problem = parse_line(line)
+            try:
+                request, problem = parse_line(line)
+            except Exception as exc:  # one line must never cost the others
+                request, problem = None, f"unreadable ({exc!r})"
             if problem:
                 self._server.count_bad("invalid", f"{problem}: {_excerpt(line)}")
             if request is not None:

@@ -36,6 +36,10 @@ OnExpired = Callable[[TimerRequest, "int | None"], None]
 """``on_expired(request, pgid)``: a timer ran out; ``pgid`` was signalled (None: it was not)."""
 
 DEFAULT_MAX_OVERDUE = 0.5
+MAX_TIMERS_PER_WORKER = 1024
+"""Live timers one process may hold; more are dropped and counted (``capped``)."""
+MAX_TIMERS = 16384
+"""Live timers in all, whatever the number of workers."""
 _FINE_SLEEP = 0.002
 
 
@@ -69,6 +73,10 @@ class TimerServer:
     ``register_timers``, ``clear_timers`` and ``get_expired_timers`` are the seed's API and
     plain synchronous logic on an injectable ``clock`` (monotonic seconds) and
     ``wall_clock`` (epoch seconds), so they can be tested without waiting.
+
+    A process holds at most ``max_timers_per_worker`` live timers and the server at most
+    ``max_timers``; a new scope beyond either is dropped and counted as ``capped`` (moving
+    or releasing a scope it holds always works), so a runaway worker costs bounded memory.
     """
 
     def __init__(
@@ -79,6 +87,8 @@ class TimerServer:
         dump_signal: int | None = None,
         dump_grace: float = 1.0,
         max_overdue: float = DEFAULT_MAX_OVERDUE,
+        max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
+        max_timers: int = MAX_TIMERS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -89,7 +99,10 @@ class TimerServer:
         self.max_overdue = max_overdue
         self._clock = clock
         self._wall = wall_clock
+        self._max_per_worker = max_timers_per_worker
+        self._max_timers = max_timers
         self._timers: dict[tuple[int, str], _Entry] = {}
+        self._per_pid: collections.Counter[int] = collections.Counter()
         self._heap: list[tuple[float, int, tuple[int, str]]] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
@@ -106,13 +119,26 @@ class TimerServer:
             key = (request.worker_id, request.scope_id)
             if request.is_release:
                 self.stats["released"] += 1
-                self._timers.pop(key, None)
+                self._remove(key)
                 continue
-            pgid = self._trust(request.worker_id)
+            if key not in self._timers and (
+                self._per_pid[request.worker_id] >= self._max_per_worker
+                or len(self._timers) >= self._max_timers
+            ):
+                held = self._per_pid[request.worker_id]
+                limits = f"at most {self._max_per_worker} each, {self._max_timers} in all"
+                self.count_bad("capped", f"pid {request.worker_id} holds {held} timers ({limits})")
+                continue
+            try:
+                pgid = self._trust(request.worker_id)
+            except (OverflowError, ValueError):
+                pgid = None
             if pgid is None:
                 self.count_bad("untrusted", f"pid {request.worker_id} is not one of our workers")
                 continue
             deadline = self._clock() + (request.expiration_time - self._wall())
+            if key not in self._timers:
+                self._per_pid[request.worker_id] += 1
             self._timers[key] = _Entry(request, deadline, pgid)
             heapq.heappush(self._heap, (deadline, next(self._seq), key))
             self.stats["acquired"] += 1
@@ -127,7 +153,15 @@ class TimerServer:
         """Forget every timer of these workers (they exited or were stopped)."""
         gone = set(worker_ids)
         for key in [k for k in self._timers if k[0] in gone]:
-            del self._timers[key]
+            self._remove(key)
+
+    def _remove(self, key: tuple[int, str]) -> _Entry | None:
+        entry = self._timers.pop(key, None)
+        if entry is not None:
+            self._per_pid[key[0]] -= 1
+            if self._per_pid[key[0]] <= 0:
+                del self._per_pid[key[0]]
+        return entry
 
     def get_expired_timers(self, deadline: float) -> dict[int, list[TimerRequest]]:
         """Remove and return the timers due at ``deadline`` (monotonic), by worker pid."""
@@ -161,7 +195,9 @@ class TimerServer:
         due = []
         while (head := self.next_deadline()) is not None and head <= deadline:
             _, _, key = heapq.heappop(self._heap)
-            due.append(self._timers.pop(key))
+            entry = self._remove(key)
+            assert entry is not None  # next_deadline() vouched for it
+            due.append(entry)
         return due
 
     def _compact(self) -> None:
