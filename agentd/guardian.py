@@ -9,6 +9,7 @@ import os
 import sys
 
 from agentd import guardian_process
+from agentd.worker_env import without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class Guardian:
         return self._process.pid if self._process else None
 
     async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != guardian_process.OWNER_ENV}
+        env = without_secrets(os.environ)
+        env.pop(guardian_process.OWNER_ENV, None)
         self._process = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", guardian_process.__file__, self._mark,
             stdin=asyncio.subprocess.PIPE, env=env, start_new_session=True,

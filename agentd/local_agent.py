@@ -36,6 +36,7 @@ from agentd.spec import (
 from agentd.timer.api import TimerRequest
 from agentd.timer.hang import UninterruptibleMonitor
 from agentd.timer.server import FileTimerServer, TimerServer, WatchdogSettings, signal_name
+from agentd.worker_env import WorkerEnvContext, worker_env
 from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
@@ -350,38 +351,15 @@ class LocalElasticAgent(SimpleElasticAgent):
         return worker, argv, env, routes[0], routes[1]
 
     def _worker_env(self, group: WorkerGroup, worker: Worker, error_file: Path) -> dict[str, str]:
-        spec = group.spec
-        env = dict(os.environ)
-        env.update(spec.env)
-        env.update(
-            {
-                "RANK": str(worker.global_rank),
-                "LOCAL_RANK": str(worker.local_rank),
-                "GROUP_RANK": str(group.group_rank),
-                "ROLE_RANK": str(worker.role_rank),
-                "ROLE_NAME": spec.role,
-                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-                "WORLD_SIZE": str(worker.world_size),
-                "GROUP_WORLD_SIZE": str(group.group_world_size),
-                "ROLE_WORLD_SIZE": str(worker.role_world_size),
-                "MASTER_ADDR": str(group.master_addr),
-                "MASTER_PORT": str(group.master_port),
-                "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
-                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
-                "TORCHELASTIC_RUN_ID": self.run_id,
-                "TORCHELASTIC_USE_AGENT_STORE": str(self.rdzv_handler.use_agent_store),
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
-                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
-                ),
-                "TORCHELASTIC_ERROR_FILE": str(error_file),
-                orphans.OWNER_ENV: self._mark,
-                "AGENTD_ATTEMPT": str(self.attempt),
-            }
+        timer_file = (
+            self.timer_server.path if isinstance(self.timer_server, FileTimerServer) else None
         )
-        if isinstance(self.timer_server, FileTimerServer):
-            env["TORCHELASTIC_TIMER_FILE"] = self.timer_server.path
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return worker_env(group, worker, str(error_file), WorkerEnvContext(
+            run_id=self.run_id, restart_count=self.restart_count,
+            max_restarts=group.spec.max_restarts,
+            use_agent_store=self.rdzv_handler.use_agent_store, owner_mark=self._mark,
+            attempt=self.attempt, timer_file=timer_file,
+        ))  # fmt: skip
 
     # -- monitor -------------------------------------------------------------------------
 

@@ -137,3 +137,11 @@ def test_root_cause_is_first_failure():
     assert RunResult(WorkerState.SUCCEEDED).root_cause is None
     assert WorkerFailure(0, 0, "r", 1, -9, 0.0).signal_name == "SIGKILL"
     assert WorkerFailure(0, 0, "r", 1, 3, 0.0).signal_name is None
+
+
+def test_rdzv_conf_variables_lose_only_their_password():
+    from agentd.worker_env import without_secrets
+
+    env = without_secrets({"PET_RDZV_CONF": "join_timeout=5, password = pw ,key_prefix=/x",
+                           "AGENTD_STORE_TOKEN": "t", "PATH": "/bin"})  # fmt: skip
+    assert env == {"PET_RDZV_CONF": "join_timeout=5,key_prefix=/x", "PATH": "/bin"}

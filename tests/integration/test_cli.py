@@ -41,6 +41,20 @@ def result_json(agent) -> dict:
     return json.loads(path.read_text())
 
 
+def test_agentd_secrets_never_reach_a_worker(run_agentd):
+    secrets = {"AGENTD_STORE_TOKEN": "tok-s3cret", "PET_STORE_TOKEN": "pet-s3cret",
+               "AGENTD_ETCD_PASSWORD": "pw-s3cret"}  # fmt: skip
+    agent = run_agentd("--standalone", "--rdzv-id", "sec", "-r", "1", WORKER, "print-env",
+                       env={**secrets, "KEEP_ME": "1"})  # fmt: skip
+    assert agent.wait() == 0, agent.stderr()
+    [stdout_log] = agent.log_dir.glob("sec/attempt_0/0/stdout.log")
+    env = json.loads(stdout_log.read_text())
+    assert env["KEEP_ME"] == "1" and not set(secrets) & set(env)
+    files = [p for p in agent.log_dir.rglob("*") if p.is_file()]
+    assert files and not any("s3cret" in p.read_text(errors="replace") for p in files)
+    assert "s3cret" not in agent.stderr() + agent.stdout()
+
+
 def test_success_exit_0_and_output(run_agentd):
     agent = run_agentd("--nproc-per-node", "2", WORKER, "ok")
     assert agent.wait() == 0, agent.stderr()

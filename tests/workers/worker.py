@@ -76,6 +76,9 @@ def main() -> int:
     if args.mode == "env":
         note("env", json.dumps({"env": dict(os.environ), "argv": sys.argv[1:]}))
         return 0
+    if args.mode == "print-env":  # what a careless training script does
+        print(json.dumps(dict(os.environ)), flush=True)
+        return 0
     if args.mode == "sleep":
         ready()
         time.sleep(600)
