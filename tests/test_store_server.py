@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from agentd.exceptions import ConfigError
-from agentd.store.api import StoreAuthError, StoreUnavailable
+from agentd.store.api import StoreAuthError, StoreFull, StoreUnavailable
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import MAX_BODY, StoreServer
@@ -198,3 +198,34 @@ async def test_hostile_bytes_get_a_4xx_json_error_and_no_traceback(
     assert message in json.loads(payload)["error"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert await server.store.num_keys() == 0
+
+
+async def test_the_history_is_bounded_by_bytes_and_old_watchers_read_compacted():
+    memory = MemoryStore(history_bytes=4 << 20)
+    for _ in range(50):
+        await memory.set("big", b"x" * (1 << 20))
+    assert memory._history_bytes <= 4 << 20 and len(memory._history) <= 4
+    assert (await memory.watch("", 1, timeout=0)).compacted
+    assert not (await memory.watch("", 49, timeout=0)).compacted
+
+
+async def test_a_full_store_answers_507_and_keeps_what_it_had():
+    server = StoreServer(store=MemoryStore(max_bytes=5 << 19))  # 2.5 MiB
+    await server.start()
+    client = HttpStore(server.endpoint)
+    try:
+        await client.set("a", b"x" * (1 << 20))
+        await client.set("b", b"x" * (1 << 20))
+        with pytest.raises(StoreFull, match="store is full"):
+            await client.set("c", b"x" * (1 << 20))
+        with pytest.raises(StoreFull):  # all or nothing
+            await client.multi_set({"d": b"1", "e": b"x" * (1 << 20)})
+        assert await client.multi_get(["c", "d", "e"]) == [None, None, None]
+        await client.set("a", b"small")  # shrinking always works, and makes room
+        await client.set("c", b"x" * (1 << 20))
+        body = '{"key": "f", "value": "' + "eHh4" * 300_000 + '"}'  # 900 KB
+        status, doc = await post(f"http://{server.endpoint}/v1/set", body, None)
+        assert status == 507 and "store is full" in doc["error"]
+    finally:
+        await client.close()
+        await server.stop()

@@ -29,6 +29,10 @@ class StoreAuthError(StoreError):
     exit_code = 3
 
 
+class StoreFull(StoreError):
+    """The store refused a write that would take it past its size limit."""
+
+
 class StoreTimeout(StoreError, TimeoutError):
     """A wait or watch ran out of time before its condition held."""
 

@@ -9,6 +9,8 @@ the outcome (everything but ``add``).
 from __future__ import annotations
 
 import base64
+import io
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +22,7 @@ from agentd.store.api import (
     KeyEvent,
     StoreAuthError,
     StoreError,
+    StoreFull,
     StoreTimeout,
     StoreUnavailable,
     WatchResult,
@@ -28,6 +31,16 @@ from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.server import INSTANCE_HEADER, MAX_POLL
 
 log = logging.getLogger(__name__)
+
+
+_JSON = {"Content-Type": "application/json"}
+_LARGE = 1 << 16
+
+
+def _payload(body: dict[str, Any]) -> bytes | io.BytesIO:
+    """The JSON body; a large one as a stream, which aiohttp sends without blocking."""
+    data = json.dumps(body).encode()
+    return io.BytesIO(data) if len(data) > _LARGE else data
 
 
 def _b64(value: bytes | None) -> str | None:
@@ -79,7 +92,8 @@ class HttpStore:
             self.requests += 1
             began = time.monotonic()
             try:
-                async with self._session.post(url, json=body, timeout=timeout) as response:
+                async with self._session.post(url, data=_payload(body), timeout=timeout,
+                                              headers=_JSON) as response:  # fmt: skip
                     data = await response.json(content_type=None)
                     status = response.status
                     self._note_instance(response.headers.get(INSTANCE_HEADER))
@@ -120,6 +134,8 @@ class HttpStore:
             raise StoreAuthError(f"store at {self.url} refused our token: {message}")
         if status == 408:
             raise StoreTimeout(message)
+        if status == 507:
+            raise StoreFull(f"store at {self.url} refused {op}: {message}")
         raise StoreError(f"store at {self.url} refused {op} ({status}): {message}")
 
     # -- the Store protocol ------------------------------------------------------------------

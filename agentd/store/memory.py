@@ -1,9 +1,11 @@
 """MemoryStore: the Store protocol in one process (what the embedded server serves).
 
-Every change bumps the revision and is kept in a bounded history for watches; a watch
-from a revision older than that history reports ``compacted``, as etcd does. TTL keys
-expire on one loop timer set for the earliest expiry. Waiters sleep on an event that every
-change replaces, so a change wakes exactly the waiters that were asleep.
+Every change bumps the revision and is kept in a history for watches, bounded by count
+and by bytes (an old value is let go once no watcher can ask for it); a watch from a
+revision older than that history reports ``compacted``, as etcd does. The live keys and
+values are bounded too: a write past ``max_bytes`` is refused with :class:`StoreFull`.
+TTL keys expire on one loop timer set for the earliest expiry. Waiters sleep on an event
+that every change replaces, so a change wakes exactly the waiters that were asleep.
 """
 
 from __future__ import annotations
@@ -16,9 +18,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agentd.store.api import KeyEvent, StoreError, StoreTimeout, WatchResult
+from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
 
 DEFAULT_HISTORY = 10_000
+DEFAULT_HISTORY_BYTES = 8 << 20
+"""Bytes of keys and values the watch history keeps (200 overwrites of a 1 MiB key once
+pinned 200 MiB)."""
+DEFAULT_MAX_BYTES = 64 << 20
+"""Bytes of live keys and values; rendezvous needs a few KiB per node."""
+_EVENT_OVERHEAD = 64
+"""What one event or item costs beyond its key and value, roughly (so empty values count)."""
+
+
+def _size(key: str, value: bytes | None) -> int:
+    return len(key) + (len(value) if value is not None else 0) + _EVENT_OVERHEAD
 
 
 @dataclass
@@ -32,11 +45,21 @@ class MemoryStore:
     """An in-memory :class:`~agentd.store.api.Store`; all methods run on the event loop."""
 
     def __init__(
-        self, history: int = DEFAULT_HISTORY, clock: Callable[[], float] = time.monotonic
+        self,
+        history: int = DEFAULT_HISTORY,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        history_bytes: int = DEFAULT_HISTORY_BYTES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._items: dict[str, _Item] = {}
         self._revision = 0
-        self._history: collections.deque[KeyEvent] = collections.deque(maxlen=history)
+        self._history: collections.deque[KeyEvent] = collections.deque()
+        self._history_limit = (history, history_bytes)
+        self._history_bytes = 0
+        self._max_bytes = max_bytes
+        self.bytes = 0
+        """What the live keys and values take (see :data:`_EVENT_OVERHEAD`)."""
         self._clock = clock
         self._changed = asyncio.Event()
         self._expiries: list[tuple[float, str]] = []
@@ -84,6 +107,13 @@ class MemoryStore:
         return [await self.get(key) for key in keys]
 
     async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
+        grown = sum(
+            _size(key, value) - (_size(key, old.value) if (old := self._items.get(key)) else 0)
+            for key, value in items.items()
+        )
+        if grown > 0 and self.bytes + grown > self._max_bytes:  # all or nothing
+            raise StoreFull(f"store is full: {len(items)} keys would take it past "
+                            f"{self._max_bytes} bytes ({self.bytes} used)")  # fmt: skip
         for key, value in items.items():
             self._put(key, value, ttl)
         return self._revision
@@ -150,6 +180,12 @@ class MemoryStore:
         return item
 
     def _put(self, key: str, value: bytes, ttl: float | None) -> int:
+        old = self._items.get(key)
+        grown = _size(key, value) - (_size(key, old.value) if old is not None else 0)
+        if grown > 0 and self.bytes + grown > self._max_bytes:
+            raise StoreFull(f"store is full: {key!r} would take it past {self._max_bytes} bytes "
+                            f"of keys and values ({self.bytes} used)")  # fmt: skip
+        self.bytes += grown
         expires_at = None if ttl is None else self._clock() + ttl
         self._revision += 1
         self._items[key] = _Item(value, self._revision, expires_at)
@@ -160,12 +196,19 @@ class MemoryStore:
         return self._revision
 
     def _remove(self, key: str) -> None:
-        del self._items[key]
+        item = self._items.pop(key)
+        self.bytes -= _size(key, item.value)
         self._revision += 1
         self._record(KeyEvent(key, None, self._revision))
 
     def _record(self, event: KeyEvent) -> None:
-        self._history.append(event)
+        history = self._history
+        history.append(event)
+        self._history_bytes += _size(event.key, event.value)
+        count, size = self._history_limit
+        while len(history) > 1 and (len(history) > count or self._history_bytes > size):
+            gone = history.popleft()  # watchers from before it now read "compacted"
+            self._history_bytes -= _size(gone.key, gone.value)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

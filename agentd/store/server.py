@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.exceptions import ConfigError
 from agentd.http_site import serve_app
 from agentd.ratelog import RateLimitedLog
-from agentd.store.api import StoreError, StoreTimeout, WatchResult
+from agentd.store.api import StoreError, StoreFull, StoreTimeout, WatchResult
 from agentd.store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -120,6 +120,9 @@ class StoreServer:
             return self._error(400, str(exc))
         except StoreTimeout as exc:
             return self._error(408, str(exc))
+        except StoreFull as exc:
+            self._problems.warning("full", "Store: %s", exc)
+            return self._error(507, str(exc))
         except StoreError as exc:
             return self._error(409, str(exc))
         except web.HTTPRequestEntityTooLarge:

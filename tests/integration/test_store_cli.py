@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
 import sys
 
+import psutil
+
 from agentd.store.http_client import HttpStore
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 
 
 def test_store_serves_and_stops_on_sigterm(tmp_path):
@@ -55,3 +58,33 @@ def test_store_refuses_a_public_address_without_a_token():
     assert out.returncode == 2
     assert out.stderr.startswith("agentd: error: store_token: required when the store binds")
     assert out.stderr.count("\n") == 1
+
+
+def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
+    """200 overwrites of one key with 1 MiB once took the store from 47 to 251 MiB."""
+    port = free_port()
+    with open(tmp_path / "store.err", "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "Store listening" in (tmp_path / "store.err").read_text())
+        rss = psutil.Process(proc.pid).memory_info
+        before = rss().rss
+
+        async def overwrite() -> None:
+            client = HttpStore(f"127.0.0.1:{port}", token="tok")
+            try:
+                for _ in range(200):
+                    await client.set("big", os.urandom(1 << 20))
+            finally:
+                await client.close()
+
+        asyncio.run(overwrite())
+        grown = (rss().rss - before) / 2**20
+        assert grown < 64, f"the store grew by {grown:.0f} MiB"
+    finally:
+        proc.kill()
+        proc.wait()
