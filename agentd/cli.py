@@ -200,7 +200,8 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
             loop.remove_signal_handler(sig)
     if result.is_failed():
         log.error("%s", agent.failure_report())
-        log.error("Failure report written to %s", agent.run_dir / "result.json")
+        if agent.result_written:
+            log.error("Failure report written to %s", agent.result_file.path)
         return EXIT_FAILED
     return EXIT_OK
 

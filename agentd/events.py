@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentd.observer import AgentObserver
@@ -79,7 +80,12 @@ class JsonLinesFile:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def __call__(self, event: Event) -> None:
-        os.write(self._fd, (event.to_json() + "\n").encode())
+        try:
+            os.write(self._fd, (event.to_json() + "\n").encode())
+        except OSError as exc:  # a full disk: one line per interval, never a traceback
+            from agentd.logs import disk_problem
+
+            disk_problem(Path(self.path), exc)
 
     def close(self) -> None:
         if self._fd >= 0:

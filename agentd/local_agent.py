@@ -21,7 +21,8 @@ from agentd.agent import SimpleElasticAgent
 from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
 from agentd.guardian import Guardian
-from agentd.logs import attempt_dir, ensure_dir, plan_route
+from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route
+from agentd.results import ResultFile
 from agentd.spec import (
     RunResult,
     Std,
@@ -93,6 +94,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self.log_dir = base
         self._fresh_run_id = fresh_run_id
         self.run_dir = base / self.run_id
+        self.result_file = ResultFile(self.run_dir / "result.json")
+        self.result_written = False
         self.hostname = socket.gethostname()
         self.attempt = -1
         self._hygiene = process_hygiene
@@ -137,6 +140,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             ensure_dir(self.run_dir)
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
+        self.result_file.reserve({"run_id": self.run_id, "state": "INIT", "outcome": "running"})
         self._start_events()
         await self.timer_server.start()
         if self._health_settings is not None:
@@ -311,7 +315,11 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _plan_worker(self, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
         spec = group.spec
         rank = worker.local_rank
-        wdir = ensure_dir(attempt_dir(self.run_dir, self.attempt, rank))
+        wdir = attempt_dir(self.run_dir, self.attempt, rank)
+        try:
+            ensure_dir(wdir)
+        except OSError as exc:  # the worker runs all the same; its output reaches the console
+            disk_problem(wdir, exc)
         error_file = wdir / "error.json"
         with contextlib.suppress(FileNotFoundError):
             error_file.unlink()
@@ -545,8 +553,6 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _write_result(self) -> None:
         """Write ``result.json`` in the run's log directory (any outcome)."""
-        import json
-
         result = self.last_result
         group = self._worker_group
         failures = result.failures if result else {}
@@ -561,12 +567,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             "root_cause": root.to_dict() if root else None,
             "failures": [f.to_dict() for f in sorted(failures.values(), key=lambda f: f.timestamp)],
         }
-        path = self.run_dir / "result.json"
-        try:
-            if self.run_dir.is_dir():
-                path.write_text(json.dumps(doc, indent=2) + "\n")
-        except OSError as exc:
-            log.warning("Could not write %s: %s", path, exc)
+        if self.run_dir.is_dir():
+            self.result_written = self.result_file.write(doc)
 
     def failure_report(self) -> str:
         """The text report of the last run's failure (empty when it did not fail)."""

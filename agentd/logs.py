@@ -6,11 +6,18 @@ every attempt has its own directory, so a restart never overwrites what came bef
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from agentd.ratelog import RateLimitedLog
+
+log = logging.getLogger(__name__)
 
 TAIL_BYTES = 16 * 1024
 
@@ -72,17 +79,39 @@ def plan_route(
 class StreamSink:
     """Copies one worker stream, chunk by chunk as it arrives, to its route.
 
-    Never splits a prefixed line: a partial line waits for its end (or the end of the
-    stream). Keeps the last bytes when asked, for failure reports.
+    Linear in the bytes copied, with bounded memory, whatever the worker writes:
+
+    * a prefixed console line is never split while it is shorter than
+      :data:`MAX_PARTIAL_LINE`; a longer one (output without newlines) is flushed in
+      pieces of that size, each on a line of its own;
+    * ``\r`` ends a console line like ``\n`` and is kept, so a progress bar redraws in
+      place, behind its prefix;
+    * the log file gets the bytes exactly as written. If it cannot be written (a full disk)
+      the console copy and the tail go on, and one "log dir full" error is logged per
+      interval for all streams; writing is tried again on later chunks.
+
+    Keeps the last bytes when asked, for failure reports.
     """
 
     def __init__(self, route: StreamRoute) -> None:
         self._route = route
+        self._after_line_end = rb"\g<0>" + (route.prefix or b"").replace(b"\\", b"\\\\")
+        """The substitution that puts the prefix after each line end."""
         self._tail = bytearray()
-        self._partial = b""
-        self._file = open(route.file_path, "ab", buffering=0) if route.file_path else None  # noqa: SIM115
+        self._partial = bytearray()
+        self._file = self._open(route.file_path) if route.file_path else None
         self.bytes = 0
+        self.lost_bytes = 0
+        """Bytes the log file did not get (its disk was full, or it could not be opened)."""
         self.closed = False
+
+    @staticmethod
+    def _open(path: Path) -> BinaryIO | None:
+        try:
+            return open(path, "ab", buffering=0)  # closed in close()
+        except OSError as exc:
+            disk_problem(path, exc)
+            return None
 
     def tail(self, max_lines: int = 20) -> str:
         """The last ``max_lines`` lines seen on this stream (only when ``keep_tail``)."""
@@ -91,8 +120,8 @@ class StreamSink:
 
     def feed(self, chunk: bytes) -> None:
         self.bytes += len(chunk)
-        if self._file is not None:
-            self._file.write(chunk)
+        if self._route.file_path is not None:
+            self._to_file(chunk)
         if self._route.keep_tail:
             self._tail += chunk
             del self._tail[:-TAIL_BYTES]
@@ -105,22 +134,56 @@ class StreamSink:
             return
         self.closed = True
         if self._partial and self._route.console is not None:
-            self._write_console((self._route.prefix or b"") + self._partial + b"\n")
-        self._partial = b""
+            self._write_console(self._prefixed(self._partial, ended=False))
+        self._partial = bytearray()
         if self._file is not None:
             self._file.close()
+
+    def _to_file(self, chunk: bytes) -> None:
+        file = self._file
+        if file is None:
+            self.lost_bytes += len(chunk)
+            return
+        view = memoryview(chunk)
+        try:
+            while view:  # an unbuffered write may be short when the disk is nearly full
+                view = view[file.write(view) or 0 :]
+        except OSError as exc:
+            self.lost_bytes += len(view)
+            disk_problem(self._route.file_path, exc)
 
     def _to_console(self, chunk: bytes) -> None:
         prefix = self._route.prefix
         if prefix is None:
             self._write_console(chunk)
             return
-        data = self._partial + chunk
-        cut = data.rfind(b"\n") + 1
-        self._partial = data[cut:]
+        out = bytearray()
+        partial = self._partial
+        if partial[-1:] == b"\r":  # held back last time: was it the first half of \r\n?
+            if chunk[:1] == b"\n":
+                partial += b"\n"
+                chunk = chunk[1:]
+            out += prefix + partial
+            partial.clear()
+        # Everything up to the last line end goes out now, a prefix after each line end (one
+        # substitution in C, not a loop per line). A \r at the very end may be half of a
+        # \r\n: its line waits for the next chunk.
+        last = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)
+        cut = max(chunk.rfind(b"\n", 0, last), chunk.rfind(b"\r", 0, last)) + 1
         if cut:
-            lines = data[:cut].splitlines(keepends=True)
-            self._write_console(b"".join(prefix + line for line in lines))
+            body = _LINE_END.sub(self._after_line_end, chunk[:cut])
+            out += prefix + partial + body[: len(body) - len(prefix)]
+            partial.clear()
+        partial += chunk[cut:]
+        while len(partial) >= MAX_PARTIAL_LINE:  # no line end in sight: flush a piece
+            out += self._prefixed(partial[:MAX_PARTIAL_LINE], ended=False)
+            del partial[:MAX_PARTIAL_LINE]
+        if out:
+            self._write_console(bytes(out))
+
+    def _prefixed(self, line: bytes | bytearray, ended: bool = True) -> bytes:
+        """One console line: the prefix, the line, and a newline if it had no ending."""
+        return (self._route.prefix or b"") + bytes(line) + (b"" if ended else b"\n")
 
     def _write_console(self, data: bytes) -> None:
         console = self._route.console
@@ -130,6 +193,20 @@ class StreamSink:
             console.flush()
         except (OSError, ValueError):
             pass  # a closed console must not stop the copy to the log file
+
+
+MAX_PARTIAL_LINE = 64 * 1024
+"""The longest console line held back waiting for its end; longer ones come in pieces."""
+_LINE_END = re.compile(rb"\r\n|\n|\r")
+_DISK_PROBLEMS = RateLimitedLog(log, interval=30.0)
+
+
+def disk_problem(path: Path | None, exc: OSError) -> None:
+    """Say once per interval, for every stream and attempt, that worker logs are lost."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    kind = "log dir full" if full else "log file unwritable"
+    _DISK_PROBLEMS.error(kind, "%s: cannot write %s: %s; worker output still goes to the "
+                         "console and to failure reports", kind, path, exc.strerror)  # fmt: skip
 
 
 def ensure_dir(path: Path) -> Path:

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import io
+import logging
 
-from agentd.logs import StreamRoute, StreamSink, plan_route
+from agentd import logs
+from agentd.logs import MAX_PARTIAL_LINE, StreamRoute, StreamSink, plan_route
+from agentd.ratelog import RateLimitedLog
 
 
 class Console(io.BytesIO):
@@ -59,3 +62,57 @@ def test_routes(tmp_path):
         redirect=False, tee=False, shown=False, is_stderr=False, file_path=path, prefix="p"
     )
     assert not hidden.piped and not hidden.inherit  # to /dev/null
+
+
+def test_carriage_returns_end_console_lines_and_keep_their_prefix():
+    console = Console()
+    sink = StreamSink(StreamRoute(None, console, b"[r0]:"))
+    for chunk in (b" 10%|#", b"  |\r 20%|##  |\r", b" 30%|###|\r", b"\ndone\r\n", b"x\r", b"y"):
+        sink.feed(chunk)
+    sink.close()
+    assert console.getvalue() == (
+        b"[r0]: 10%|#  |\r[r0]: 20%|##  |\r[r0]: 30%|###|\r\n[r0]:done\r\n[r0]:x\r[r0]:y\n"
+    )
+
+
+def test_a_line_without_end_is_flushed_in_bounded_pieces():
+    console = Console()
+    sink = StreamSink(StreamRoute(None, console, b">"))
+    piece = MAX_PARTIAL_LINE
+    for _ in range(40):
+        sink.feed(b"z" * (piece // 4))
+        assert len(sink._partial) < piece
+    sink.close()
+    lines = console.getvalue().split(b"\n")
+    assert lines[-1] == b"" and all(line == b">" + b"z" * piece for line in lines[:-1])
+    assert len(lines) - 1 == 10
+
+
+def test_a_full_disk_costs_neither_the_console_nor_the_tail(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logs, "_DISK_PROBLEMS", RateLimitedLog(logs.log, 30.0))
+    full = tmp_path / "out.log"
+    full.symlink_to("/dev/full")  # every write: ENOSPC, as on a full filesystem
+    console = Console()
+    sinks = [StreamSink(StreamRoute(full, console, b"[r]:", keep_tail=True)) for _ in range(3)]
+    with caplog.at_level(logging.WARNING):
+        for i in range(100):
+            for sink in sinks:
+                sink.feed(f"line {i}\n".encode())
+    assert console.getvalue().count(b"[r]:line 99\n") == 3
+    assert sinks[0].tail(1) == "line 99" and sinks[0].lost_bytes == sum(
+        len(f"line {i}\n") for i in range(100)
+    )
+    [record] = caplog.records  # one line for every stream and every write
+    assert record.getMessage().startswith(f"log dir full: cannot write {full}: No space left")
+    for sink in sinks:
+        sink.close()
+
+
+def test_a_prefix_is_copied_literally_whatever_it_holds():
+    console = Console()
+    sink = StreamSink(StreamRoute(None, console, rb"[C:\new\1 \g<0>]"))
+    sink.feed(b"a\nb\r\nc")
+    sink.close()
+    assert console.getvalue() == rb"[C:\new\1 \g<0>]a" + b"\n" + rb"[C:\new\1 \g<0>]b" + (
+        b"\r\n" + rb"[C:\new\1 \g<0>]c" + b"\n"
+    )

@@ -76,6 +76,12 @@ def main() -> int:
     if args.mode == "env":
         note("env", json.dumps({"env": dict(os.environ), "argv": sys.argv[1:]}))
         return 0
+    if args.mode == "chatty":  # fills a log dir, then fails with --code after last words
+        for i in range(int(args.after)):
+            print(f"out {i:05d} " + "o" * 90, flush=True)
+            print(f"err {i:05d} " + "e" * 90, file=sys.stderr, flush=True)
+        print("final words", file=sys.stderr, flush=True)
+        return args.code
     if args.mode == "print-env":  # what a careless training script does
         print(json.dumps(dict(os.environ)), flush=True)
         return 0

@@ -1,0 +1,108 @@
+"""``result.json``: the run's outcome and root cause, written even when the disk is full.
+
+The file is reserved when the agent starts: a small placeholder document padded with
+whitespace to :data:`RESERVED_BYTES`, so its blocks are allocated while there is room.
+The outcome then overwrites it in place, which needs no new blocks: the placeholder's
+JSON is shorter than any outcome, so the file holds one valid document (with whitespace
+after it) even before it is cut to size. An outcome larger than the reservation is
+written whole when the disk allows; when it does not, tracebacks and tails are trimmed
+until it fits the reservation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RESERVED_BYTES = 64 * 1024
+_TRIMMED = 2048
+"""What is kept of each traceback and tail when the outcome must shrink to fit."""
+
+
+class ResultFile:
+    """The ``result.json`` of one run at ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reserved = False
+
+    def reserve(self, placeholder: dict[str, Any]) -> None:
+        """Allocate the file now, holding ``placeholder``; a failure is only logged (the
+        outcome is tried again at the end)."""
+        data = _encode(placeholder)
+        try:
+            with open(self.path, "wb") as fp:
+                fp.write(data + b" " * max(0, RESERVED_BYTES - len(data)))
+                fp.flush()
+                os.fsync(fp.fileno())
+        except OSError as exc:
+            log.warning("Could not reserve %s: %s", self.path, exc.strerror)
+            return
+        self.reserved = True
+
+    def write(self, outcome: dict[str, Any]) -> bool:
+        """Record ``outcome``; returns whether it reached the file."""
+        data = _encode(outcome)
+        if len(data) > RESERVED_BYTES or not self.reserved:
+            if self._replace(data):
+                return True
+            data = _encode(_trimmed(outcome))
+        if len(data) <= RESERVED_BYTES and self.reserved and self._overwrite(data):
+            return True
+        log.error("Could not write %s: the report above is the only record of this run",
+                  self.path)  # fmt: skip
+        return False
+
+    def _overwrite(self, data: bytes) -> bool:
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except OSError as exc:
+            log.warning("Could not open %s: %s", self.path, exc.strerror)
+            return False
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            return True
+        except OSError as exc:
+            log.warning("Could not write %s: %s", self.path, exc.strerror)
+            return False
+        finally:
+            os.close(fd)
+
+    def _replace(self, data: bytes) -> bool:
+        """Write ``data`` to a new file and rename it over the old one (needs free space)."""
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            return False
+        self.reserved = False  # the new file has just the outcome's size
+        return True
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _trimmed(outcome: dict[str, Any]) -> dict[str, Any]:
+    """``outcome`` with every traceback and stderr tail cut to its last lines."""
+
+    def trim(failure: dict[str, Any] | None) -> dict[str, Any] | None:
+        if failure is None:
+            return None
+        return {k: (v[-_TRIMMED:] if k in ("traceback", "stderr_tail") and isinstance(v, str)
+                    else v) for k, v in failure.items()}  # fmt: skip
+
+    failures = outcome.get("failures") or []
+    return {**outcome, "root_cause": trim(outcome.get("root_cause")),
+            "failures": [trim(f) for f in failures[-8:]],
+            "failures_trimmed": len(failures) > 8}  # fmt: skip

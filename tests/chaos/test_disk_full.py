@@ -1,0 +1,36 @@
+"""A log dir on a full filesystem: the job's outcome, the console copy and the failure
+report's tail are unaffected, and the agent says so in one line (no tracebacks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.chaos.conftest import require_root
+from tests.conftest import WORKER
+
+
+def test_a_full_log_dir_changes_nothing_but_the_log_files(tmp_path):
+    require_root("a tmpfs that fills up")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    agent = (f"{sys.executable} -m agentd run --log-dir {logs} --rdzv-id full -t 3 "
+             f"{WORKER} chatty --after 3000 --code 7")  # fmt: skip
+    # a private mount namespace: the 256 KiB tmpfs is gone with the agent
+    # ... and the result.json it reserved at start is copied out before the tmpfs goes
+    script = (f"mount -t tmpfs -o size=256k agentd-full {logs} && {{ {agent}; code=$?; "
+              f"cp {logs}/full/result.json {tmp_path}/result.json; exit $code; }}")  # fmt: skip
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    stdout, stderr = out.stdout.decode(), out.stderr.decode()
+    assert out.returncode == 1, stderr[-3000:]  # the worker's failure: not 3, not a crash
+    assert stdout.count("[default0]:out ") == 3000  # the console copy never stopped
+    assert "final words" in stderr  # the failure report quotes the tail all the same
+    assert "exit code : 7" in stderr
+    assert stderr.count("log dir full: cannot write") == 1, stderr[-3000:]
+    assert "Traceback" not in stderr
+    result = json.loads((tmp_path / "result.json").read_text())  # reserved at start: complete
+    assert result["state"] == "FAILED" and result["root_cause"]["exitcode"] == 7
+    assert "final words" in result["root_cause"]["stderr_tail"]
+    assert f"Failure report written to {logs}/full/result.json" in stderr
