@@ -168,6 +168,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
     from agentd.health import HealthSettings
     from agentd.local_agent import LocalElasticAgent
+    from agentd.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings
 
     agent = LocalElasticAgent(
@@ -188,6 +189,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
         event_log=config.event_log,
     )
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(rate_limited_loop_errors())
     for sig in config.signals_to_handle:
         loop.add_signal_handler(sig, agent.request_stop, sig)
     try:

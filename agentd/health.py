@@ -19,11 +19,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
-from agentd.http_site import serve_app
+from agentd.http_site import Limits, serve_app
 
 log = logging.getLogger(__name__)
 
 LAG_INTERVAL = 1.0
+MAX_CONNECTIONS = 64
+"""Probes and scrapes need a few; a flood of idle connections gets 503 beyond this."""
+IDLE_TIMEOUT = 5.0
+"""Seconds a connection may take to send its request, or idle between requests."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class HealthCheckServer:
         ready: Callable[[], bool] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], bytes] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._alive = alive_callback
         self._timeout = timeout
@@ -109,6 +114,7 @@ class HealthCheckServer:
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
+        self._limits = Limits(max_connections=max_connections, idle_timeout=IDLE_TIMEOUT)
         self.port = port
 
     @property
@@ -126,7 +132,7 @@ class HealthCheckServer:
         app.router.add_get("/status", self._status_handler)
         app.router.add_get("/metrics", self._metrics_handler)
         self._runner, self.port = await serve_app(
-            app, self._host, self._requested_port, "health_port"
+            app, self._host, self._requested_port, "health_port", self._limits
         )
         log.info("Health endpoint on %s (/livez /readyz /status /metrics)", self.url)
 

@@ -1,17 +1,89 @@
-"""Embedding an aiohttp app in the running loop: one way, for every server agentd runs."""
+"""Embedding an aiohttp app in the running loop: one way, for every server agentd runs.
+
+Every listener is bounded (:class:`Limits`): at most ``max_connections`` open at once, a
+connection that has not sent a whole request within ``idle_timeout`` (a slowloris, or an
+idle keep-alive) is closed, and handlers of a client that went away are cancelled. A
+connection beyond the cap gets a ready-made ``503`` and is closed at once, without a
+request handler or a task; that is logged once per interval, never per connection.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
+from agentd.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from aiohttp import web
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one listener may hold (see the module docstring)."""
+
+    max_connections: int = 64
+    idle_timeout: float = 5.0
+    """Seconds a connection may take to send a whole request's headers, or sit idle
+    between requests, before it is closed."""
+    body_timeout: float = 10.0
+    """Seconds a request's body may take to arrive (for handlers that read one)."""
+    cancel_abandoned: bool = True
+    """Cancel a request's handler when its client disconnects (long polls would otherwise
+    run their course for nobody)."""
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 and closed, nothing read."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self._answer)
+        transport.close()
+
+
+class _Bounded:
+    """The protocol factory a site serves: the runner's aiohttp ``Server`` while it has
+    room, :class:`_Refused` beyond ``limit`` open connections. Everything else (shutdown,
+    the connection list) is the server's own."""
+
+    def __init__(self, server: web.Server, limit: int, what: str) -> None:
+        self._server = server
+        self._limit = limit
+        self._what = what
+        body = json.dumps({"error": f"{what}: too many connections ({limit}); retry"}).encode()
+        self._answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body
+        )  # fmt: skip
+        self._problems = RateLimitedLog(log)
+        self.refused = 0
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self._server.connections) >= self._limit:
+            self.refused += 1
+            self._problems.warning("full", "%s: %d connections open, the most it takes; "
+                                   "refusing new ones with 503 (%d so far)", self._what,
+                                   self._limit, self.refused)  # fmt: skip
+            return _Refused(self._answer)
+        return self._server()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
 
 async def serve_app(
-    app: web.Application, host: str, port: int, what: str
+    app: web.Application, host: str, port: int, what: str, limits: Limits | None = None
 ) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop.
 
@@ -20,8 +92,23 @@ async def serve_app(
     """
     from aiohttp import web
 
+    bounds = limits or Limits()
+
+    class BoundedRunner(web.AppRunner):
+        async def _make_server(self) -> web.Server:
+            server = await super()._make_server()
+            return _Bounded(server, bounds.max_connections, what)  # type: ignore[return-value]
+
     # Long polls would hold a stop for up to a minute; clients retry them elsewhere.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    runner = BoundedRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=0.5,
+        keepalive_timeout=bounds.idle_timeout,
+        lingering_time=min(2.0, bounds.body_timeout),  # reading an unwanted body's rest
+        handler_cancellation=bounds.cancel_abandoned,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

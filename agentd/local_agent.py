@@ -16,7 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from agentd import orphans
+from agentd import fdlimits, orphans
 from agentd.agent import SimpleElasticAgent
 from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
@@ -117,6 +117,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._event_file: JsonLinesFile | None = None
         self._started_at = time.time()
         self._hang_monitor: UninterruptibleMonitor | None = None
+        self._fd_limit = 1024
         self._unhealthy: list[tuple[int, str, float]] = []
         """(pid, why, when) of workers the watchdog reaped since the group started."""
 
@@ -141,6 +142,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
         self.result_file.reserve({"run_id": self.run_id, "state": "INIT", "outcome": "running"})
+        self._fd_limit = fdlimits.raise_open_files_limit()
         self._start_events()
         await self.timer_server.start()
         if self._health_settings is not None:
@@ -177,6 +179,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         events.emit("agent_started", host=self.hostname, pid=os.getpid())
 
     async def _start_health(self, settings: HealthSettings) -> None:
+        from agentd.health import MAX_CONNECTIONS as HEALTH_MAX_CONNECTIONS
         from agentd.health import HealthCheckServer, LoopLagMonitor
         from agentd.metrics import AgentMetrics
 
@@ -191,6 +194,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             self.liveness_checks, settings.port, settings.timeout, settings.host,
             ready=lambda: self._worker_group.state is WorkerState.HEALTHY,
             status=self.status, metrics=self._render_metrics,
+            max_connections=fdlimits.listener_cap(
+                HEALTH_MAX_CONNECTIONS, self._fd_limit,
+                fdlimits.worker_reserve(self._worker_group.spec.local_world_size), share=0.25,
+            ),
         )  # fmt: skip
         await self.health_server.start()
 

@@ -7,9 +7,11 @@ left out since, never once per occurrence.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 class RateLimitedLog:
@@ -55,3 +57,27 @@ class RateLimitedLog:
 
     def error(self, kind: str, message: str, *args: object) -> bool:
         return self(logging.ERROR, kind, message, *args)
+
+
+def rate_limited_loop_errors(interval: float = 10.0) -> Callable[..., None]:
+    """An asyncio exception handler that logs each kind of error once per interval.
+
+    asyncio reports some failures again and again (``socket.accept() out of system
+    resource`` once a second while descriptors run out): the first of a kind is logged
+    with its traceback, the rest are counted into the next line of their kind.
+    """
+    problems = RateLimitedLog(logging.getLogger("asyncio"), interval)
+    seen: set[str] = set()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", "unhandled error in the event loop"))
+        exc = context.get("exception")
+        kind = f"{message}: {type(exc).__name__}" if exc else message
+        if kind not in seen:
+            seen.add(kind)
+            loop.default_exception_handler(context)
+            problems(logging.ERROR, kind, "%s%s", message, f" ({exc!r})" if exc else "")
+            return
+        problems(logging.ERROR, kind, "%s%s", message, f" ({exc!r})" if exc else "")
+
+    return handler

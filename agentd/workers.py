@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import StartError
+from agentd.fdlimits import restore_for_child
 from agentd.logs import StreamRoute, StreamSink
 from agentd.orphans import kill_marked, set_parent_death_signal
 
@@ -132,13 +133,20 @@ async def spawn_worker(
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=set_parent_death_signal,
+            preexec_fn=_in_child,
         )
     except OSError as exc:
         for sink in sinks.values():
             sink.close()
         raise StartError(f"could not start worker {local_rank}: {argv[0]}: {exc.strerror}") from exc
     return worker
+
+
+def _in_child() -> None:
+    """In the forked worker, before exec: die with the agent, and see the agent's original
+    open files limit (the agent raised its own)."""
+    set_parent_death_signal()
+    restore_for_child()
 
 
 def _stdio(route: StreamRoute) -> int | None:

@@ -124,6 +124,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         cwd: Path | None = None,
         log_dir: bool = True,
         command: str = "run",
+        preexec: Callable[[], None] | None = None,
     ) -> AgentProc:
         index = len(started)
         out_dir = tmp_path / f"out{index}"
@@ -144,6 +145,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
                 stdin=subprocess.DEVNULL,
                 env=full_env,
                 cwd=cwd or tmp_path,
+                preexec_fn=preexec,
             )
         agent = AgentProc(proc, out_dir, logs, stdout_path, stderr_path)
         started.append(agent)
@@ -157,6 +159,47 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
             agent.proc.kill()
             agent.proc.wait(DEADLINE)
         kill_pids(leftovers + processes_of_agent(agent.pid) + agent.extra_pids)
+
+
+@dataclass
+class StoreProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    err: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
+    """Start ``agentd store`` processes (on a given port to restart one); killed by pid after."""
+    started: list[StoreProc] = []
+
+    def start(
+        port: int | None = None,
+        token: str = "job-secret",
+        preexec: Callable[[], None] | None = None,
+    ) -> StoreProc:
+        err = tmp_path / f"store{len(started)}.err"
+        port = port or free_port()
+        with open(err, "wb") as fp:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+                stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                env={**os.environ, "AGENTD_STORE_TOKEN": token}, preexec_fn=preexec,
+            )  # fmt: skip
+        store = StoreProc(proc, port, err)
+        started.append(store)
+        wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")
+        return store
+
+    yield start
+    for store in started:
+        if store.proc.poll() is None:
+            store.proc.kill()
+            store.proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -106,7 +106,8 @@ def _dynamic(
         raise ConfigError(f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
                           "on the host that serves the store")  # fmt: skip
     addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
-    opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout)
+    opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout,
+                               workers=local_world_size)  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 

@@ -82,16 +82,23 @@ def http_store_opener(
     *,
     retry_timeout: float = 30.0,
     request_timeout: float = 10.0,
+    workers: int = 1,
 ) -> StoreOpener:
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
-    is free (another agent on this host may have bound it first), else be its client."""
+    is free (another agent on this host may have bound it first), else be its client.
+    A store served here takes at most the connections this agent can spare beside its
+    ``workers`` (see :mod:`agentd.fdlimits`)."""
 
     async def open_store() -> OpenedStore:
+        from agentd import fdlimits
         from agentd.store.http_client import HttpStore
-        from agentd.store.server import StoreServer
+        from agentd.store.server import MAX_CONNECTIONS, StoreServer
 
         if is_host:
-            server = StoreServer(host, port, token)
+            soft = fdlimits.raise_open_files_limit()
+            cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.worker_reserve(workers),
+                                        share=0.75)  # fmt: skip
+            server = StoreServer(host, port, token, max_connections=cap)
             try:
                 await server.start()
             except StartError as exc:

@@ -32,6 +32,10 @@ from agentd.store.server import INSTANCE_HEADER, MAX_POLL
 
 log = logging.getLogger(__name__)
 
+KEEPALIVE = 5.0
+"""Seconds an idle pooled connection is kept: less than the server's idle timeout, so a
+connection is never reused just as the server closes it."""
+
 
 _JSON = {"Content-Type": "application/json"}
 _LARGE = 1 << 16
@@ -84,7 +88,8 @@ class HttpStore:
         self, op: str, body: dict[str, Any], poll: float = 0.0, idempotent: bool = True
     ) -> dict[str, Any]:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers)
+            connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE)
+            self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
         url = f"{self.url}/v1/{op}"
         backoff = Backoff(self._retry_timeout, *self._backoff)
         timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
@@ -109,9 +114,14 @@ class HttpStore:
             except ValueError as exc:
                 raise StoreError(f"store at {self.url}: {op}: the answer is not JSON") from exc
             else:
-                if self.observer is not None and not poll:  # a long poll's time is not latency
-                    self.observer(op, time.monotonic() - began)
-                return self._answer(op, status, data)
+                if status == 503:  # overloaded (too many connections): nothing was done
+                    problem = StoreError(
+                        f"{op}: 503 {data.get('error', '') if isinstance(data, dict) else ''}"
+                    )
+                else:
+                    if self.observer is not None and not poll:  # a long poll is not latency
+                        self.observer(op, time.monotonic() - began)
+                    return self._answer(op, status, data)
             log.debug("Store %s: %s failed (%s); retrying", self.url, op, problem)
             if not await backoff.pause():
                 raise StoreUnavailable(

@@ -6,7 +6,9 @@ import asyncio
 import logging
 import signal
 
-from agentd.store.server import StoreServer
+from agentd import fdlimits
+from agentd.ratelog import rate_limited_loop_errors
+from agentd.store.server import MAX_CONNECTIONS, StoreServer
 
 log = logging.getLogger(__name__)
 
@@ -15,9 +17,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 async def serve(host: str, port: int, token: str | None) -> int:
     """Serve until SIGTERM/SIGINT/SIGHUP; returns 128+N as every agentd command does."""
-    server = StoreServer(host, port, token)
-    await server.start()
+    soft = fdlimits.raise_open_files_limit()
+    cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.BASE_RESERVE)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(rate_limited_loop_errors())
+    server = StoreServer(host, port, token, max_connections=cap)
+    await server.start()
     received: list[int] = []
     stopped = asyncio.Event()
 

@@ -8,8 +8,10 @@ request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls (``
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import dataclasses
 import hmac
 import ipaddress
 import json
@@ -19,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
-from agentd.http_site import serve_app
+from agentd.http_site import Limits, serve_app
 from agentd.ratelog import RateLimitedLog
 from agentd.store.api import StoreError, StoreFull, StoreTimeout, WatchResult
 from agentd.store.memory import MemoryStore
@@ -35,6 +37,11 @@ MAX_BODY = 4 << 20
 MAX_KEYS = 4096
 MAX_POLL = 60.0
 MAX_TTL = 86400.0
+MAX_CONNECTIONS = 4096
+"""About three per agent at once (a long poll, a heartbeat, an operation): 1,000+ agents."""
+LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout=10.0)
+"""The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
+so a connection is never reused just as the server closes it."""
 INSTANCE_HEADER = "Agentd-Store-Instance"
 
 
@@ -61,6 +68,8 @@ class StoreServer:
         port: int = 0,
         token: str | None = None,
         store: MemoryStore | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        limits: Limits = LIMITS,
     ) -> None:
         if not token and not is_loopback(host):
             raise ConfigError(
@@ -75,6 +84,7 @@ class StoreServer:
         """Names this server's lifetime: clients see a restart (state lost) when it changes."""
         self._runner: web.AppRunner | None = None
         self._problems = RateLimitedLog(log)
+        self._limits = dataclasses.replace(limits, max_connections=max_connections)
 
     @property
     def endpoint(self) -> str:
@@ -89,7 +99,8 @@ class StoreServer:
 
         app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
         app.router.add_post("/v1/{op}", self._dispatch)
-        self._runner, self.port = await serve_app(app, self.host, self.port, "store")
+        self._runner, self.port = await serve_app(app, self.host, self.port, "store",
+                                                  self._limits)  # fmt: skip
         log.info("Store listening on http://%s", self.endpoint)
 
     async def stop(self) -> None:
@@ -148,7 +159,14 @@ class StoreServer:
         method = _OPS.get(op)
         if method is None:
             return self._error(404, f"op: {op!r} is not one of {sorted(_OPS)}")
-        raw = await request.read()
+        timeout = self._limits.body_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
+        except TimeoutError:
+            response = self._error(408, f"body: not received within {timeout:g}s")
+            response.force_close()  # the rest of the body may still come: not on this connection
+            return response
         try:
             body = json.loads(raw) if raw else {}
         except (ValueError, UnicodeDecodeError):

@@ -55,6 +55,27 @@ def test_agentd_secrets_never_reach_a_worker(run_agentd):
     assert "s3cret" not in agent.stderr() + agent.stdout()
 
 
+def test_the_agent_raises_its_open_files_limit_and_its_workers_keep_theirs(run_agentd):
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard <= 1024:
+        pytest.skip("the hard limit leaves nothing to raise")
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    agent = run_agentd(WORKER, "limits", preexec=low)
+    agent.wait_ready(1)
+    wait_until(lambda: "nofile" in agent.stdout())
+    assert agent.stdout().split()[:3] == ["nofile", "1024", str(hard)]  # as under torchrun
+    limits = Path(f"/proc/{agent.pid}/limits").read_text()
+    [line] = [ln for ln in limits.splitlines() if ln.startswith("Max open files")]
+    assert line.split()[3] == str(min(hard, 1 << 20))  # the agent's own: raised
+    agent.proc.terminate()
+    assert agent.wait() == 128 + signal.SIGTERM
+
+
 def test_success_exit_0_and_output(run_agentd):
     agent = run_agentd("--nproc-per-node", "2", WORKER, "ok")
     assert agent.wait() == 0, agent.stderr()

@@ -8,84 +8,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.conftest import (
-    TESTS,
-    WORKER,
-    AgentProc,
-    free_port,
-    processes_of_agent,
-    wait_until,
-)
-
-TOKEN = "job-secret"
-FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
-
-
-@dataclass
-class StoreProc:
-    proc: subprocess.Popen[bytes]
-    port: int
-    err: Path
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-@pytest.fixture
-def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
-    """Start ``agentd store`` processes (on a given port to restart one); killed by pid after."""
-    started: list[StoreProc] = []
-
-    def start(port: int | None = None, token: str = TOKEN) -> StoreProc:
-        err = tmp_path / f"store{len(started)}.err"
-        port = port or free_port()
-        with open(err, "wb") as fp:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd", "store", "--port", str(port)],
-                stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                env={**os.environ, "AGENTD_STORE_TOKEN": token},
-            )  # fmt: skip
-        store = StoreProc(proc, port, err)
-        started.append(store)
-        wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")
-        return store
-
-    yield start
-    for store in started:
-        if store.proc.poll() is None:
-            store.proc.kill()
-            store.proc.wait()
-
-
-def members(agent: AgentProc, attempt: int) -> list[dict[str, str]]:
-    """What each worker of the agent's ``attempt`` reported (``member`` mode)."""
-    paths = sorted(agent.out_dir.glob(f"member_a{attempt}_*"))
-    return [json.loads(p.read_text()) for p in paths if p.suffix != ".tmp"]
-
-
-def world_sizes(agent: AgentProc, attempt: int) -> set[int]:
-    return {int(m["WORLD_SIZE"]) for m in members(agent, attempt)}
-
-
-def agent_args(
-    endpoint: str, nnodes: str, *extra: str, conf: str = FAST + ",is_host=0"
-) -> list[str]:
-    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
-            "--nnodes", nnodes, "--rdzv-conf", conf, *extra]  # fmt: skip
-
-
-def member_job(stop_file: Path, *extra: str) -> list[str]:
-    return [WORKER, "member", "--stop-file", str(stop_file), *extra]
+from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
+from tests.jobs import FAST, TOKEN, agent_args, member_job, members, world_sizes
 
 
 def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):

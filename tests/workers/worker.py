@@ -42,6 +42,7 @@ def main() -> int:
     parser.add_argument("--message", default="boom")
     parser.add_argument("--crash-group", type=int, default=-1, help="member: its node fails")
     parser.add_argument("--stop-file", default="", help="member: exit 0 once it exists")
+    parser.add_argument("--go-file", default="", help="go-then-stop: fail once it exists")
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
 
@@ -82,6 +83,23 @@ def main() -> int:
             print(f"err {i:05d} " + "e" * 90, file=sys.stderr, flush=True)
         print("final words", file=sys.stderr, flush=True)
         return args.code
+    if args.mode == "go-then-stop":  # attempt 0 fails once --go-file exists; later ones
+        go = args.go_file  # run until --stop-file exists
+        ready()
+        while True:
+            if ATTEMPT == 0 and go and os.path.exists(go):
+                return 1
+            if ATTEMPT > 0 and os.path.exists(args.stop_file):
+                return 0
+            time.sleep(0.05)
+    if args.mode == "limits":  # the open files limit this worker was started with
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        print(f"nofile {soft} {hard}", flush=True)
+        ready()
+        time.sleep(600)
+        return 0
     if args.mode == "print-env":  # what a careless training script does
         print(json.dumps(dict(os.environ)), flush=True)
         return 0

@@ -1,0 +1,84 @@
+"""Floods of connections against the health port and the store: the job goes on.
+
+Target (issue 11): 5,000 idle connections against either port while a job runs; the job
+finishes, /livez answers within 1 s after they close, and the log stays under 100 lines.
+Agents start with a soft RLIMIT_NOFILE of 1024 (as on many hosts) and must raise it.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.chaos.flood import idle_connections, raise_own_fd_limit, slowloris
+from tests.conftest import WORKER, free_port, wait_until
+from tests.jobs import TOKEN, agent_args, member_job, world_sizes
+
+FLOOD = 5000
+
+
+def low_soft_limit() -> None:
+    """In the agent's child: a soft limit of 1024 under a higher hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+
+def livez(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+@pytest.fixture
+def flood_size() -> int:
+    room = raise_own_fd_limit(FLOOD)
+    if room < FLOOD:
+        pytest.skip(f"this process may open only {room} descriptors")
+    return FLOOD
+
+
+def test_an_idle_flood_on_the_health_port_leaves_the_job_alone(run_agentd, tmp_path, flood_size):
+    port = free_port()
+    go, stop = tmp_path / "go", tmp_path / "stop"
+    agent = run_agentd("--health-port", str(port), "--max-restarts", "1", "--nproc-per-node",
+                       "2", WORKER, "go-then-stop", "--go-file", str(go), "--stop-file",
+                       str(stop), preexec=low_soft_limit)  # fmt: skip
+    agent.wait_ready(2)
+    with idle_connections(port, flood_size):
+        time.sleep(1)  # the agent accepts what it can
+        go.touch()  # a restart needs new descriptors in the middle of the flood
+        agent.wait_ready(2, attempt=1)
+        assert agent.proc.poll() is None
+    closed = time.monotonic()
+    wait_until(lambda: livez(port) == 200, timeout=5, what="/livez after the flood")
+    assert time.monotonic() - closed < 1.0 + 1.0  # the target, plus this test's polling
+    stop.touch()
+    assert agent.wait(30) == 0, agent.stderr()[-3000:]
+    assert len(agent.stderr().splitlines()) < 100
+
+
+def test_floods_on_the_store_leave_the_job_alone(run_agentd, run_store, tmp_path, flood_size):
+    store = run_store(preexec=low_soft_limit)
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [run_agentd(*agent_args(store.endpoint, "2"), *member_job(stop), env=env,
+                         preexec=low_soft_limit) for _ in range(2)]  # fmt: skip
+    for agent in agents:
+        wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
+    with idle_connections(store.port, flood_size):
+        slowloris(store.port, 50, seconds=4)
+        assert store.proc.poll() is None and all(a.proc.poll() is None for a in agents)
+    stop.touch()
+    assert [a.wait(60) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    for agent in agents:  # nobody restarted: the job never noticed
+        assert world_sizes(agent, 1) == set()
+    assert store.proc.poll() is None
+    assert len(store.err.read_text().splitlines()) < 100, store.err.read_text()[-3000:]

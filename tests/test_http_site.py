@@ -1,0 +1,101 @@
+"""Every listener is bounded: connections, time to send a request, time to send a body."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentd.health import HealthCheckServer
+from agentd.http_site import Limits
+from agentd.store.server import StoreServer
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` on a new connection; everything the server answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+GET_LIVEZ = b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+@pytest.fixture
+async def health():
+    server = HealthCheckServer(lambda: True, 0, 5.0, max_connections=3)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_connections_beyond_the_cap_get_503_and_room_comes_back(health, caplog):
+    held = [await asyncio.open_connection("127.0.0.1", health.port) for _ in range(3)]
+    await asyncio.sleep(0.05)  # accepted
+    for _ in range(20):
+        answer = await exchange(health.port, GET_LIVEZ)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ") and b"too many connections (3)" in body
+    assert json.loads(body)["error"].startswith("health_port: too many connections")
+    assert len([r for r in caplog.records if "refusing new ones" in r.getMessage()]) == 1
+    for _, writer in held:
+        writer.close()
+    async with asyncio.timeout(5):
+        while not (await exchange(health.port, GET_LIVEZ)).startswith(b"HTTP/1.1 200 "):
+            await asyncio.sleep(0.01)
+
+
+async def test_a_connection_that_never_sends_a_request_is_closed():
+    server = HealthCheckServer(lambda: True, 0, 5.0)
+    server._limits = Limits(max_connections=8, idle_timeout=0.3)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /livez HTTP/1.1\r\nHost:")  # a slowloris: never finishes
+        await writer.drain()
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed by the server
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_store_request_whose_body_never_arrives_gets_408():
+    server = StoreServer(limits=Limits(max_connections=8, idle_timeout=5, body_timeout=0.3))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b'POST /v1/get HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"key"')
+        async with asyncio.timeout(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in head
+            assert b"not received within 0.3s" in await reader.readuntil(b"}")
+            assert await reader.read() == b""  # closed, after a short linger
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_an_abandoned_long_poll_is_cancelled():
+    server = StoreServer()
+    await server.start()
+    try:
+        body = b'{"prefix": "", "after_revision": 0, "timeout": 60}'
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /v1/watch HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+        await writer.drain()
+        async with asyncio.timeout(5):
+            while not server.store._changed._waiters:  # the watch is waiting
+                await asyncio.sleep(0.01)
+        writer.close()
+        async with asyncio.timeout(5):
+            while server.store._changed._waiters:  # and is gone with its client
+                await asyncio.sleep(0.01)
+    finally:
+        await server.stop()
