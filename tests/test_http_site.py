@@ -70,7 +70,9 @@ async def test_a_store_request_whose_body_never_arrives_gets_408():
     await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b'POST /v1/get HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"key"')
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        writer.write(b"POST /v1/get HTTP/1.1\r\nHost: x\r\n" + auth
+                     + b'Content-Length: 100\r\n\r\n{"key"')  # fmt: skip
         async with asyncio.timeout(5):
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in head
@@ -87,7 +89,8 @@ async def test_an_abandoned_long_poll_is_cancelled():
     try:
         body = b'{"prefix": "", "after_revision": 0, "timeout": 60}'
         _, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"POST /v1/watch HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        writer.write(b"POST /v1/watch HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: "
                      + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
         await writer.drain()
         async with asyncio.timeout(5):

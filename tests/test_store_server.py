@@ -224,7 +224,7 @@ async def test_a_full_store_answers_507_and_keeps_what_it_had():
         await client.set("a", b"small")  # shrinking always works, and makes room
         await client.set("c", b"x" * (1 << 20))
         body = '{"key": "f", "value": "' + "eHh4" * 300_000 + '"}'  # 900 KB
-        status, doc = await post(f"http://{server.endpoint}/v1/set", body, None)
+        status, doc = await post(f"http://{server.endpoint}/v1/set", body, server.token)
         assert status == 507 and "store is full" in doc["error"]
     finally:
         await client.close()

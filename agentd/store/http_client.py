@@ -15,9 +15,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from agentd.store import token_file
 from agentd.store.api import (
     KeyEvent,
     StoreAuthError,
@@ -28,7 +30,7 @@ from agentd.store.api import (
     WatchResult,
 )
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
-from agentd.store.server import INSTANCE_HEADER, MAX_POLL
+from agentd.store.server import INSTANCE_HEADER, MAX_POLL, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,12 @@ def _unb64(value: str | None) -> bytes | None:
 
 
 class HttpStore:
-    """A client of :class:`~agentd.store.server.StoreServer` at ``host:port``."""
+    """A client of :class:`~agentd.store.server.StoreServer` at ``host:port``.
+
+    Without a ``token``, a client of a loopback store uses the one its server published
+    for this user (:mod:`agentd.store.token_file`), waiting for it to appear and reading it
+    again when refused, as a store that restarts makes a new one.
+    """
 
     def __init__(
         self,
@@ -70,7 +77,13 @@ class HttpStore:
     ) -> None:
         base = endpoint if "://" in endpoint else f"http://{endpoint}"
         self.url = base.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token
+        self._token_port: int | None = None
+        """The loopback store whose published token we use (None: ``token`` was given)."""
+        if not token:
+            parts = urlsplit(self.url)
+            if parts.hostname and is_loopback(parts.hostname) and parts.port:
+                self._token_port = parts.port
         self._retry_timeout = retry_timeout
         self._request_timeout = request_timeout
         self._backoff = (backoff_initial, backoff_max)
@@ -89,16 +102,17 @@ class HttpStore:
     ) -> dict[str, Any]:
         if self._session is None:
             connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE)
-            self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
+            self._session = aiohttp.ClientSession(connector=connector)
         url = f"{self.url}/v1/{op}"
         backoff = Backoff(self._retry_timeout, *self._backoff)
         timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
         while True:
             self.requests += 1
             began = time.monotonic()
+            headers = self._headers()
             try:
                 async with self._session.post(url, data=_payload(body), timeout=timeout,
-                                              headers=_JSON) as response:  # fmt: skip
+                                              headers=headers) as response:  # fmt: skip
                     data = await response.json(content_type=None)
                     status = response.status
                     self._note_instance(response.headers.get(INSTANCE_HEADER))
@@ -118,15 +132,39 @@ class HttpStore:
                     problem = StoreError(
                         f"{op}: 503 {data.get('error', '') if isinstance(data, dict) else ''}"
                     )
+                elif status == 401 and self._token_port is not None:
+                    # the published token: not there yet, or an earlier store's; read again
+                    problem = self._auth_problem(headers)
                 else:
                     if self.observer is not None and not poll:  # a long poll is not latency
                         self.observer(op, time.monotonic() - began)
                     return self._answer(op, status, data)
             log.debug("Store %s: %s failed (%s); retrying", self.url, op, problem)
             if not await backoff.pause():
+                if isinstance(problem, StoreAuthError):
+                    raise problem
                 raise StoreUnavailable(
                     f"store at {self.url} is unreachable after {self._retry_timeout:g}s: {problem}"
                 ) from problem
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token
+        if self._token_port is not None:
+            token = token_file.read(self._token_port)
+        headers = dict(_JSON)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _auth_problem(self, sent: dict[str, str]) -> StoreAuthError:
+        assert self._token_port is not None
+        path = token_file.token_path(self._token_port)
+        if "Authorization" not in sent:
+            why = f"no token was given and {path} does not exist (yet)"
+        else:
+            why = f"it refused the token in {path}"
+        return StoreAuthError(f"store at {self.url}: {why}; a store served by another user "
+                              "needs its token in AGENTD_STORE_TOKEN")  # fmt: skip
 
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:

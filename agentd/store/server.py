@@ -18,11 +18,13 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentd.exceptions import ConfigError
+from agentd.exceptions import ConfigError, StartError
 from agentd.http_site import Limits, serve_app
 from agentd.ratelog import RateLimitedLog
+from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreTimeout, WatchResult
 from agentd.store.memory import MemoryStore
 
@@ -60,7 +62,12 @@ def is_loopback(host: str) -> bool:
 
 
 class StoreServer:
-    """Serves a :class:`MemoryStore` on ``host:port`` (port 0: an ephemeral one)."""
+    """Serves a :class:`MemoryStore` on ``host:port`` (port 0: an ephemeral one).
+
+    Every request needs the bearer ``token``. Without one, the server makes its own (only
+    on loopback) and publishes it for this user's clients on this host, from the moment it
+    listens until it stops (see :mod:`agentd.store.token_file`).
+    """
 
     def __init__(
         self,
@@ -78,7 +85,11 @@ class StoreServer:
             )
         self.host = host
         self.port = port
-        self._token = token.encode() if token else None
+        self._given_token = bool(token)
+        self.token = token or token_file.new_token()
+        self._token = self.token.encode()
+        self.token_file: Path | None = None
+        """Where the token this server made is published (None: the user gave one)."""
         self.store = store or MemoryStore()
         self.instance = os.urandom(8).hex()
         """Names this server's lifetime: clients see a restart (state lost) when it changes."""
@@ -101,9 +112,20 @@ class StoreServer:
         app.router.add_post("/v1/{op}", self._dispatch)
         self._runner, self.port = await serve_app(app, self.host, self.port, "store",
                                                   self._limits)  # fmt: skip
-        log.info("Store listening on http://%s", self.endpoint)
+        if not self._given_token:
+            try:
+                self.token_file = token_file.publish(self.port, self.token)
+            except (OSError, StartError) as exc:
+                await self.stop()
+                raise StartError(f"store token: cannot publish it: {exc}") from None
+        log.info("Store listening on http://%s%s", self.endpoint,
+                 f" (its token in {self.token_file}, for this user only)"
+                 if self.token_file else "")  # fmt: skip
 
     async def stop(self) -> None:
+        if self.token_file is not None:
+            token_file.withdraw(self.port, self.token)
+            self.token_file = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -123,7 +145,7 @@ class StoreServer:
         """Auth first, then the handler, with every failure turned into a 4xx JSON error."""
         from aiohttp import web
 
-        if self._token is not None and not self._authorized(request):
+        if not self._authorized(request):
             return self._error(401, "authorization: a valid bearer token is required")
         try:
             return await handler(request)
@@ -147,7 +169,6 @@ class StoreServer:
     def _authorized(self, request: web.Request) -> bool:
         """The request carries our bearer token (compared in constant time, as bytes: a
         header of undecodable bytes is simply not our token)."""
-        assert self._token is not None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.encode("utf-8", "surrogateescape")
         return scheme == "Bearer" and hmac.compare_digest(given, self._token)

@@ -1,0 +1,80 @@
+"""The store's secret when none is given: made by the server, found by same-user clients.
+
+A store is never served without a token. When the user gives none (``--store-token``,
+``AGENTD_STORE_TOKEN``) and the store listens on loopback, the server makes a random one
+and publishes it in ``<run dir>/store-<port>.token`` (mode 0600). The run dir is private to
+the user: ``$XDG_RUNTIME_DIR/agentd`` or ``/tmp/agentd-<uid>``, mode 0700, owned by the user,
+not a symlink; anything else there is refused, never used. Clients of a loopback store
+without a token read the file, so one user's agents on one host meet with no
+configuration, while another local user can neither read the token nor use the store.
+Off loopback, a token must be given (the file cannot reach another host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from agentd.exceptions import StartError
+
+
+def run_dir() -> Path:
+    """The user's private directory for agentd's secrets (created 0700 if missing)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "agentd" if runtime else Path(f"/tmp/agentd-{os.getuid()}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StartError(f"store token: cannot create {base}: {exc.strerror}") from None
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise StartError(f"store token: {base} is not a directory owned by uid {os.getuid()}; "
+                         "refusing to keep a secret there (remove it, or set "
+                         "AGENTD_STORE_TOKEN)")  # fmt: skip
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(base, 0o700)  # ours, but readable by others: close it first
+    return base
+
+
+def token_path(port: int) -> Path:
+    """Where the token of the loopback store on ``port`` is published."""
+    return run_dir() / f"store-{port}.token"
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def publish(port: int, token: str) -> Path:
+    """Publish ``token`` as the one of the store on ``port`` (atomically, mode 0600)."""
+    path = token_path(port)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    return path
+
+
+def read(port: int) -> str | None:
+    """The published token of the loopback store on ``port``, if there is one."""
+    try:
+        return token_path(port).read_text().strip() or None
+    except (OSError, StartError):
+        return None
+
+
+def withdraw(port: int, token: str) -> None:
+    """Remove the published token, if it is still ours (a newer store may have replaced it)."""
+    with contextlib.suppress(OSError, StartError):
+        path = token_path(port)
+        if path.read_text().strip() == token:
+            path.unlink()

@@ -1,0 +1,91 @@
+"""The store's own token: a private per-user directory, a 0600 file, read by same-user
+clients; anything suspicious in the directory's place is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+
+import pytest
+
+from agentd.exceptions import StartError
+from agentd.store import token_file
+from agentd.store.api import StoreAuthError
+from agentd.store.http_client import HttpStore
+from agentd.store.server import StoreServer
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return tmp_path / "agentd"
+
+
+def test_published_tokens_are_private_and_withdrawn_only_by_their_owner(private_runtime_dir):
+    path = token_file.publish(29400, "first")
+    assert stat.S_IMODE(os.stat(private_runtime_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert token_file.read(29400) == "first"
+    token_file.publish(29400, "second")  # a newer store on the same port
+    token_file.withdraw(29400, "first")  # the old one leaves: the new token stays
+    assert token_file.read(29400) == "second"
+    token_file.withdraw(29400, "second")
+    assert token_file.read(29400) is None
+
+
+def test_an_open_run_dir_of_ours_is_closed(private_runtime_dir):
+    private_runtime_dir.mkdir(mode=0o755)
+    os.chmod(private_runtime_dir, 0o755)
+    token_file.publish(1, "t")
+    assert stat.S_IMODE(os.stat(private_runtime_dir).st_mode) == 0o700
+
+
+def test_a_symlink_in_place_of_the_run_dir_is_refused(private_runtime_dir, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    private_runtime_dir.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(StartError, match="is not a directory owned by uid"):
+        token_file.publish(1, "t")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_run_dir_owned_by_someone_else_is_refused(private_runtime_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory away")
+    private_runtime_dir.mkdir(mode=0o700)
+    os.chown(private_runtime_dir, 65534, 65534)
+    with pytest.raises(StartError, match="refusing to keep a secret there"):
+        token_file.publish(1, "t")
+
+
+async def test_a_client_waits_for_a_token_published_late_and_follows_a_new_one():
+    server = StoreServer()
+    await server.start()
+    port = server.port
+    token = server.token
+    token_file.withdraw(port, token)  # as if the server had not published it yet
+    client = HttpStore(f"127.0.0.1:{port}", retry_timeout=10)
+    try:
+        asyncio.get_running_loop().call_later(0.3, token_file.publish, port, token)
+        await client.set("k", b"v")
+        await server.stop()  # a new store on the same port: a new token
+        server = StoreServer(port=port)
+        await server.start()
+        await client.set("k", b"again")
+        assert await server.store.get("k") == b"again"
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_without_a_token_a_client_gives_up_with_a_clear_error():
+    server = StoreServer()
+    await server.start()
+    token_file.withdraw(server.port, server.token)
+    client = HttpStore(f"127.0.0.1:{server.port}", retry_timeout=0.3)
+    try:
+        with pytest.raises(StoreAuthError, match=r"no token was given and .* does not exist"):
+            await client.get("k")
+    finally:
+        await client.close()
+        await server.stop()
