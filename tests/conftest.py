@@ -113,6 +113,16 @@ class AgentProc:
         return [pid for r in range(ranks) for pid in self.worker_pids(r, attempt)]
 
 
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Store tokens (agentd.store.token_file) go to this test's own directory, for the
+    test and every agent it starts: nothing is left in /tmp."""
+    run = tmp_path / "xdg-runtime"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    return run
+
+
 @pytest.fixture
 def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
     """Start ``python -m agentd run ...`` as a real process; everything is killed after."""

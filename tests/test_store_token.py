@@ -16,10 +16,9 @@ from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
 
 
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    return tmp_path / "agentd"
+@pytest.fixture
+def private_runtime_dir(private_runtime_dir):
+    return private_runtime_dir / "agentd"
 
 
 def test_published_tokens_are_private_and_withdrawn_only_by_their_owner(private_runtime_dir):
