@@ -33,6 +33,7 @@ from agentd.spec import (
     WorkerState,
     check_transition,
 )
+from agentd.store.api import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class SimpleElasticAgent(ElasticAgent):
         self.last_result: RunResult | None = None
         self.last_failure: WorkerFailure | None = None
         """The root cause of the latest failure, even one that a restart recovered from."""
+        self.exit_error: BaseException | None = None
+        """What ended :meth:`run` when it did not return a result (a stop signal, ...)."""
 
     @property
     def rdzv_handler(self) -> RendezvousHandler:
@@ -153,9 +156,25 @@ class SimpleElasticAgent(ElasticAgent):
                 time.monotonic() - started,
             )
             return result
+        except BaseException as exc:
+            self.exit_error = exc
+            self._settle_state(exc)
+            raise
         finally:
             self._stop_round_watch()
             await asyncio.shield(self._shutdown())
+
+    def _settle_state(self, exc: BaseException) -> None:
+        """The group's final state when :meth:`run` ends by an exception: STOPPED for a
+        stop signal, FAILED for anything else (the state machine never ends in INIT)."""
+        state = self._worker_group.state
+        if state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNKNOWN):
+            return
+        if isinstance(exc, AgentStopped | asyncio.CancelledError | KeyboardInterrupt):
+            if state is not WorkerState.STOPPED:
+                self._set_state(WorkerState.STOPPED, str(exc) or type(exc).__name__)
+            return
+        self._set_state(WorkerState.FAILED, str(exc) or type(exc).__name__)
 
     async def _invoke_run(self, role: str) -> RunResult:
         group = self._worker_group
@@ -173,18 +192,24 @@ class SimpleElasticAgent(ElasticAgent):
             result = await self._monitor_workers(group)
             self._raise_if_stop_requested()
             state = result.state
+            if self._round_closed is not None and state == WorkerState.HEALTHY:
+                closed = self._round_closed
+                log.error("[%s] %s; stopping the workers", role, closed)
+                await self._timed_stop(group)
+                self._set_state(WorkerState.FAILED, "a peer failed for good")
+                raise closed
+            # Our workers may have died because we lost our membership (killed at the end of
+            # its lease while the agent was frozen, say): that is a membership change, not
+            # their failure, and it spends no restart.
+            lost = self._membership_lost()
+            if lost or (state == WorkerState.HEALTHY and self._round_ended is not None):
+                why = lost or self._round_ended
+                log.info("[%s] Rendezvous round over (%s); restarting the group without "
+                         "spending a restart", role, why)  # fmt: skip
+                self._notify("restarted", "membership", self.restart_count)
+                await self._restart_workers(group, reason="membership")
+                continue
             if state == WorkerState.HEALTHY:
-                if self._round_closed is not None:
-                    closed = self._round_closed
-                    log.error("[%s] %s; stopping the workers", role, closed)
-                    await self._timed_stop(group)
-                    self._set_state(WorkerState.FAILED, "a peer failed for good")
-                    raise closed
-                if self._round_ended is not None:
-                    log.info("[%s] Rendezvous round over (%s); restarting the group without "
-                             "spending a restart", role, self._round_ended)  # fmt: skip
-                    self._notify("restarted", "membership", self.restart_count)
-                    await self._restart_workers(group, reason="membership")
                 continue
             if state == WorkerState.SUCCEEDED:
                 self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
@@ -299,6 +324,22 @@ class SimpleElasticAgent(ElasticAgent):
         await self._stop_workers(group)
         self._notify("phase_timed", "stop", time.monotonic() - began)
 
+    def _stop_timeout(self) -> float:
+        """How long stopping may wait before SIGKILL: the spec's stop timeout, but never
+        past the end of our membership lease (the others may reuse our ranks then)."""
+        timeout = self._worker_group.spec.stop_timeout
+        lease = getattr(self.rdzv_handler, "lease_deadline", None)
+        deadline = lease() if lease is not None else None
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
+
+    def _membership_lost(self) -> str:
+        """Why we are no longer a member of our round ('' while we are, or if the
+        rendezvous has no notion of it)."""
+        lost = getattr(self.rdzv_handler, "membership_lost", None)
+        return lost() if lost is not None else ""
+
     async def _rendezvous(self, group: WorkerGroup) -> None:
         spec = group.spec
         info: RendezvousInfo = await self.rdzv_handler.next_rendezvous()
@@ -353,6 +394,10 @@ class SimpleElasticAgent(ElasticAgent):
             log.warning(
                 "Exit barrier timed out after %.0fs; leaving anyway", self._exit_barrier_timeout
             )
+            return
+        except StoreError as exc:  # our workers succeeded: that is the outcome
+            log.warning("Exit barrier: the store cannot be reached (%s); our workers "
+                        "succeeded, so the job is done here (exit 0)", exc)  # fmt: skip
             return
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
 

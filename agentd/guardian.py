@@ -36,6 +36,10 @@ class Guardian:
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
 
+    def set_lease(self, deadline: float | None) -> None:
+        """The workers must be gone by ``deadline`` (monotonic); None: no such limit."""
+        self._send("L-\n" if deadline is None else f"L{deadline:.6f}\n")
+
     def unwatch(self, pgid: int) -> None:
         self._send(f"-{pgid}\n")
 

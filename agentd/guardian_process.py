@@ -10,6 +10,12 @@ every process group still listed and to every process whose ``AGENTD_OWNER`` is 
 (children that left their group), then exits. After a clean stop nothing is listed and
 nothing is marked, so it simply exits.
 
+``L<seconds>`` gives the end of the agent's membership lease (``time.monotonic()``, one
+clock for every process), ``L-`` takes it back. A lease not renewed by its end (plus
+:data:`LEASE_SLACK`) means the agent could not stop its workers in time (frozen, or
+starved): the guardian kills them as above and goes on guarding, so no worker outlives
+the lease on its ranks.
+
 :func:`marked_processes` and :func:`kill_marked` are also the agent's (see orphans.py).
 """
 
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 OWNER_ENV = "AGENTD_OWNER"
@@ -65,6 +73,18 @@ def kill_marked(predicate: Callable[[str], bool], sig: int = signal.SIGKILL) -> 
     return killed
 
 
+LEASE_SLACK = 0.5
+"""Seconds past the lease's end before the guardian acts (the agent's own stop comes first)."""
+
+
+def kill_all(groups: set[int], mark: str) -> None:
+    """SIGKILL every listed process group and every process carrying ``mark``."""
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    kill_marked(lambda m: m == mark)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python guardian_process.py MARK\n")
@@ -73,18 +93,35 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # only the end of the agent's pipe ends the guardian
     groups: set[int] = set()
-    for raw in sys.stdin.buffer:
-        line = raw.strip()
-        if line[:1] in (b"+", b"-") and line[1:].isdigit():
-            pgid = int(line[1:])
-            if line[:1] == b"+":
-                groups.add(pgid)
-            else:
-                groups.discard(pgid)
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    kill_marked(lambda m: m == mark)
+    lease: float | None = None
+    fd = sys.stdin.fileno()
+    pending = b""
+    while True:
+        timeout = None if lease is None else max(0.0, lease + LEASE_SLACK - time.monotonic())
+        readable, _, _ = select.select([fd], [], [], timeout)
+        if not readable:  # the lease ran out and the agent did not stop its workers
+            kill_all(groups, mark)
+            groups.clear()
+            lease = None
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.strip()
+            if line[:1] in (b"+", b"-") and line[1:].isdigit():
+                pgid = int(line[1:])
+                if line[:1] == b"+":
+                    groups.add(pgid)
+                else:
+                    groups.discard(pgid)
+            elif line == b"L-":
+                lease = None
+            elif line[:1] == b"L":
+                with contextlib.suppress(ValueError):
+                    lease = float(line[1:])
+    kill_all(groups, mark)
     return 0
 
 

@@ -51,6 +51,27 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+_KEEPALIVE_RECHECK = 0.1
+"""Seconds an idle-connection close waits, so the loop polls for I/O first (see below)."""
+
+
+def _freeze_safe(handler_class: type) -> type:
+    """aiohttp's request handler, whose idle-connection timer looks again after the loop
+    has polled for I/O. After a stall (a frozen process), the loop's first poll can return
+    on its timeout, empty, and run every overdue timer before reading any socket: the
+    timer then closed connections with a request waiting unread (the client gets a
+    reset), such as the heartbeats a frozen store must answer when it resumes."""
+
+    class FreezeSafeHandler(handler_class):  # type: ignore[misc,valid-type]
+        __slots__ = ()
+
+        def _process_keepalive(self) -> None:
+            process = super()._process_keepalive
+            asyncio.get_running_loop().call_later(_KEEPALIVE_RECHECK, process)
+
+    return FreezeSafeHandler
+
+
 class _Bounded:
     """The protocol factory a site serves: the runner's aiohttp ``Server`` while it has
     room, :class:`_Refused` beyond ``limit`` open connections. Everything else (shutdown,
@@ -67,6 +88,7 @@ class _Bounded:
             + str(len(body)).encode() + b"\r\n\r\n" + body
         )  # fmt: skip
         self._problems = RateLimitedLog(log)
+        self._handler_class: type | None = None
         self.refused = 0
 
     def __call__(self) -> asyncio.BaseProtocol:
@@ -76,7 +98,11 @@ class _Bounded:
                                    "refusing new ones with 503 (%d so far)", self._what,
                                    self._limit, self.refused)  # fmt: skip
             return _Refused(self._answer)
-        return self._server()
+        handler = self._server()
+        if self._handler_class is None:
+            self._handler_class = _freeze_safe(type(handler))
+        handler.__class__ = self._handler_class  # same slots: only a method differs
+        return handler
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)

@@ -120,6 +120,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._fd_limit = 1024
         self._unhealthy: list[tuple[int, str, float]] = []
         """(pid, why, when) of workers the watchdog reaped since the group started."""
+        self._lease: float | None = None
+        on_lease = getattr(self.rdzv_handler, "on_lease", None)
+        if on_lease is not None:
+            on_lease(self._on_lease)
 
     def _make_timer_server(self) -> TimerServer:
         settings = self._watchdog
@@ -284,6 +288,15 @@ class LocalElasticAgent(SimpleElasticAgent):
             await self._guardian.start()
             assert self._guardian.pid is not None
             self._reaper.own(self._guardian.pid)
+        if self._lease is not None:
+            self._guardian.set_lease(self._lease)
+
+    def _on_lease(self, deadline: float | None) -> None:
+        """Our membership lease moved: the guardian kills the workers if it runs out while
+        the agent cannot (frozen), so no worker outlives the lease on its ranks."""
+        self._lease = deadline
+        if self._guardian is not None:
+            self._guardian.set_lease(deadline)
 
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
         self.attempt += 1
@@ -506,7 +519,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         strays: list[int] = []
         try:
             strays = await stop_workers(
-                procs, spec.stop_signal, spec.stop_timeout, self._force, self._mark
+                procs, spec.stop_signal, self._stop_timeout(), self._force, self._mark
             )
         finally:
             if strays:

@@ -135,6 +135,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         log_dir: bool = True,
         command: str = "run",
         preexec: Callable[[], None] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> AgentProc:
         index = len(started)
         out_dir = tmp_path / f"out{index}"
@@ -143,7 +144,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
         full_env["AGENTD_TEST_OUT"] = str(out_dir)
         full_env.update(env or {})
-        argv = [sys.executable, "-m", "agentd", command]
+        argv = [*prefix, sys.executable, "-m", "agentd", command]
         if log_dir and command == "run":
             argv += ["--log-dir", str(logs)]
         stdout_path, stderr_path = out_dir / "agent.stdout", out_dir / "agent.stderr"
@@ -176,10 +177,11 @@ class StoreProc:
     proc: subprocess.Popen[bytes]
     port: int
     err: Path
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 @pytest.fixture
@@ -191,16 +193,17 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
         port: int | None = None,
         token: str = "job-secret",
         preexec: Callable[[], None] | None = None,
+        host: str = "127.0.0.1",
     ) -> StoreProc:
         err = tmp_path / f"store{len(started)}.err"
         port = port or free_port()
         with open(err, "wb") as fp:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+                [sys.executable, "-m", "agentd", "store", "--host", host, "--port", str(port)],
                 stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 env={**os.environ, "AGENTD_STORE_TOKEN": token}, preexec_fn=preexec,
             )  # fmt: skip
-        store = StoreProc(proc, port, err)
+        store = StoreProc(proc, port, err, host)
         started.append(store)
         wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")
         return store

@@ -30,3 +30,26 @@ def agent_args(
 
 def member_job(stop_file: Path, *extra: str) -> list[str]:
     return [WORKER, "member", "--stop-file", str(stop_file), *extra]
+
+
+def latest_attempt(agent: AgentProc) -> int:
+    """The newest attempt whose workers have reported (-1: none yet)."""
+    attempts = [int(p.name.split("_")[1][1:]) for p in agent.out_dir.glob("member_a*")
+                if p.suffix != ".tmp"]  # fmt: skip
+    return max(attempts, default=-1)
+
+
+def one_round(agents: list[AgentProc], world: int, after: dict[int, int] | None = None) -> bool:
+    """Whether every agent's newest attempt (newer than ``after[pid]``) is one round of
+    ``world`` workers: the same size, master and ranks 0..world-1 each held once."""
+    places = []
+    for agent in agents:
+        attempt = latest_attempt(agent)
+        if attempt < 0 or (after is not None and attempt <= after.get(agent.pid, -1)):
+            return False
+        places += members(agent, attempt)
+    if {int(m["WORLD_SIZE"]) for m in places} != {world}:
+        return False
+    if len({(m["MASTER_ADDR"], m["MASTER_PORT"]) for m in places}) != 1:
+        return False
+    return sorted(int(m["RANK"]) for m in places) == list(range(world))

@@ -135,8 +135,8 @@ async def test_an_expired_heartbeat_ends_the_round(store):
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
     await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
     watch = asyncio.create_task(a.round_over())
-    assert b._heartbeat is not None
-    b._heartbeat.cancel()  # b's agent was SIGKILLed: its heartbeat stops, nothing else
+    assert b._membership is not None
+    await b._membership.stop()  # b's agent was SIGKILLed: its heartbeat stops, nothing else
     why = await asyncio.wait_for(watch, 10)
     assert f"node {b.node_id} left (no heartbeat)" == why
     info = await a.next_rendezvous()

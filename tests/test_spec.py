@@ -97,9 +97,12 @@ def test_a_local_elastic_agent_refuses_an_unsafe_run_id(tmp_path):
     from agentd.rendezvous.static import StaticRendezvous
 
     unsafe = spec(rdzv_handler=StaticRendezvous(run_id="../escape"))
+    logs = tmp_path / "logs"
+    logs.mkdir()
     with pytest.raises(ConfigError, match=r"run_id: '../escape' must be"):
-        LocalElasticAgent(unsafe, log_dir=tmp_path)
-    assert list(tmp_path.iterdir()) == []
+        LocalElasticAgent(unsafe, log_dir=logs)
+    assert list(logs.iterdir()) == []  # nothing escaped to ../escape either
+    assert not (tmp_path / "escape").exists()
 
 
 def test_worker_spec_defaults_and_names():

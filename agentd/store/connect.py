@@ -27,6 +27,13 @@ class OpenedStore:
     close: Callable[[], Awaitable[None]]
     hosted: bool = False
     """This agent serves the store, so it must outlive the other agents' last requests."""
+    remote: bool = False
+    """The store lives in another process: this agent's membership is a lease on it."""
+    single_process: bool = False
+    """That process is one event loop (the embedded store, not etcd): a heartbeat it holds
+    unanswered proves it frozen (see rendezvous/membership.py)."""
+    where: str = "this agent"
+    """The store's endpoint(s), for messages."""
 
 
 StoreOpener = Callable[[], Awaitable[OpenedStore]]
@@ -105,11 +112,12 @@ def http_store_opener(
                 log.debug("Not hosting the store (%s); connecting to it instead", exc)
             else:
                 log.info("Hosting the rendezvous store on %s", server.endpoint)
-                return OpenedStore(server.store, server.stop, hosted=True)
+                return OpenedStore(server.store, server.stop, hosted=True,
+                                   where=server.endpoint)  # fmt: skip
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         client = HttpStore(
             where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
         )
-        return OpenedStore(client, client.close)
+        return OpenedStore(client, client.close, remote=True, single_process=True, where=where)
 
     return open_store

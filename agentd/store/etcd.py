@@ -42,6 +42,7 @@ from agentd.store.api import (
     WatchResult,
 )
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+from agentd.store.sockets import keepalive_socket
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ class EtcdStore:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True,
+                                             socket_factory=keepalive_socket)  # fmt: skip
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 

@@ -127,6 +127,6 @@ def etcd_store_opener(settings: EtcdSettings, retry_timeout: float = 30.0) -> St
         except BaseException:
             await store.close()
             raise
-        return OpenedStore(store, store.close)
+        return OpenedStore(store, store.close, remote=True, where=store.where)
 
     return open_store

@@ -31,6 +31,7 @@ from agentd.store.api import (
 )
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.server import INSTANCE_HEADER, MAX_POLL, is_loopback
+from agentd.store.sockets import keepalive_socket
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +99,27 @@ class HttpStore:
         """The server restarted since the last watch: revisions from before mean nothing."""
 
     async def _call(
-        self, op: str, body: dict[str, Any], poll: float = 0.0, idempotent: bool = True
+        self,
+        op: str,
+        body: dict[str, Any],
+        poll: float = 0.0,
+        idempotent: bool = True,
+        once: bool = False,
     ) -> dict[str, Any]:
+        """POST ``body`` to ``op``, retrying what can be retried for ``retry_timeout``.
+
+        ``once``: a single attempt with no time limit but TCP's own (see
+        :mod:`agentd.store.sockets`): answered, or failed because the store is out of
+        reach, never given up on while it merely waits at a frozen store."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE)
+            connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE,
+                                             socket_factory=keepalive_socket)  # fmt: skip
             self._session = aiohttp.ClientSession(connector=connector)
         url = f"{self.url}/v1/{op}"
-        backoff = Backoff(self._retry_timeout, *self._backoff)
+        backoff = Backoff(0.0 if once else self._retry_timeout, *self._backoff)
         timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
+        if once:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout)
         while True:
             self.requests += 1
             began = time.monotonic()
@@ -143,8 +157,9 @@ class HttpStore:
             if not await backoff.pause():
                 if isinstance(problem, StoreAuthError):
                     raise problem
+                after = "" if once else f" after {self._retry_timeout:g}s"
                 raise StoreUnavailable(
-                    f"store at {self.url} is unreachable after {self._retry_timeout:g}s: {problem}"
+                    f"store at {self.url} is unreachable{after}: {problem}"
                 ) from problem
 
     def _headers(self) -> dict[str, str]:
@@ -208,6 +223,12 @@ class HttpStore:
 
     async def refresh(self, key: str, ttl: float) -> bool:
         return bool((await self._call("refresh", {"key": key, "ttl": ttl}))["refreshed"])
+
+    async def heartbeat(self, key: str, ttl: float) -> bool:
+        """:meth:`refresh`, in one attempt that waits as long as the connection lives (the
+        rendezvous learns from a heartbeat held by a frozen store; see membership.py)."""
+        doc = await self._call("refresh", {"key": key, "ttl": ttl}, once=True)
+        return bool(doc["refreshed"])
 
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         return [_unb64(v) for v in (await self._call("multi_get", {"keys": list(keys)}))["values"]]

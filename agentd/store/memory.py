@@ -4,8 +4,11 @@ Every change bumps the revision and is kept in a history for watches, bounded by
 and by bytes (an old value is let go once no watcher can ask for it); a watch from a
 revision older than that history reports ``compacted``, as etcd does. The live keys and
 values are bounded too: a write past ``max_bytes`` is refused with :class:`StoreFull`.
-TTL keys expire on one loop timer set for the earliest expiry. Waiters sleep on an event
-that every change replaces, so a change wakes exactly the waiters that were asleep.
+TTL keys expire on one loop timer set for the earliest expiry, measured on the
+:class:`ServingClock`: time the store was frozen (SIGSTOP) or starved does not count, so
+on resume it reads the heartbeats queued meanwhile before it expires anyone. Waiters
+sleep on an event that every change replaces, so a change wakes exactly the waiters that
+were asleep.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import heapq
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +32,46 @@ DEFAULT_MAX_BYTES = 64 << 20
 """Bytes of live keys and values; rendezvous needs a few KiB per node."""
 _EVENT_OVERHEAD = 64
 """What one event or item costs beyond its key and value, roughly (so empty values count)."""
+
+
+STALL = 2.0
+"""The most serving time one gap between two readings of the clock may count."""
+TICK = 1.0
+"""While TTL keys exist, the clock is read this often, so only a stall makes a long gap."""
+
+log = logging.getLogger(__name__)
+
+
+class ServingClock:
+    """Seconds the store has been serving: ``clock`` time, except that a gap of more than
+    ``stall`` seconds between two readings (the process was frozen, or the loop starved)
+    counts as ``stall``. The store reads it at least every :data:`TICK` while it has TTL
+    keys, so a longer gap can only be a stall."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        stall: float = STALL,
+        on_stall: Callable[[float], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._stall = stall
+        self._on_stall = on_stall
+        self._last = clock()
+        self._serving = 0.0
+        self.stalled = 0.0
+        """Seconds left uncounted so far."""
+
+    def __call__(self) -> float:
+        now = self._clock()
+        step, self._last = now - self._last, now
+        if step > self._stall:
+            self.stalled += step - self._stall
+            if self._on_stall is not None:
+                self._on_stall(step)
+            step = self._stall
+        self._serving += max(0.0, step)
+        return self._serving
 
 
 def _size(key: str, value: bytes | None) -> int:
@@ -52,6 +96,8 @@ class MemoryStore:
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
+        self._clock = ServingClock(clock, on_stall=self._stalled)
+        self._tick: asyncio.TimerHandle | None = None
         self._items: dict[str, _Item] = {}
         self._revision = 0
         self._history: collections.deque[KeyEvent] = collections.deque()
@@ -60,7 +106,6 @@ class MemoryStore:
         self._max_bytes = max_bytes
         self.bytes = 0
         """What the live keys and values take (see :data:`_EVENT_OVERHEAD`)."""
-        self._clock = clock
         self._changed = asyncio.Event()
         self._expiries: list[tuple[float, str]] = []
         self._expiry_timer: asyncio.TimerHandle | None = None
@@ -169,6 +214,9 @@ class MemoryStore:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -237,8 +285,22 @@ class MemoryStore:
             at = self._expiries[0][0]
             self._expiry_timer = loop.call_at(loop.time() + max(0.0, at - self._clock()),
                                               self._on_expiry_timer)  # fmt: skip
+            if self._tick is None:
+                self._tick = loop.call_later(TICK, self._on_tick)
 
     def _on_expiry_timer(self) -> None:
         self._expiry_timer = None
         self._expire_due()
         self._schedule_expiry()
+
+    def _stalled(self, seconds: float) -> None:
+        if self._expiries:  # only then is the clock read every tick: a long gap is a stall
+            log.warning("Store: stood still for %.1fs (frozen or starved); heartbeats do not "
+                        "expire for that time", seconds)  # fmt: skip
+
+    def _on_tick(self) -> None:
+        """Keep the serving clock read while TTL keys exist (see :class:`ServingClock`)."""
+        self._tick = None
+        self._clock()
+        if self._expiries:
+            self._tick = asyncio.get_running_loop().call_later(TICK, self._on_tick)

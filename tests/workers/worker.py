@@ -61,6 +61,7 @@ def main() -> int:
                 "ROLE_RANK",
             )
         }
+        place.update(PID=str(os.getpid()), STARTED=repr(time.time()))
         note(f"member_a{os.environ.get('AGENTD_ATTEMPT')}", json.dumps(place))
         group = int(os.environ.get("GROUP_RANK", "0"))
         attempt = int(os.environ.get("AGENTD_ATTEMPT", "0"))  # this agent's, restarts or not

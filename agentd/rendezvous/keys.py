@@ -1,0 +1,34 @@
+"""Where a run's rendezvous keeps its state in the store (one prefix per run).
+
+Keys, under ``agentd/<run_id>/``::
+
+    ctl/gen             the current round (generation); any agent ends a round by moving it
+                        on with compare_set, so stale agents never end a newer round
+    ctl/closed          JSON {"outcome", "node", "reason"}: no more rounds
+    ctl/hb/<node>       each agent's heartbeat, a TTL key refreshed without a change
+    round/<g>/join      the arrival counter (add): an agent's arrival index is its group rank
+    round/<g>/node/<i>  arrival i's JSON: node id, role, worker count, address, master port
+    round/<g>/sealed    the member count n, set once: arrivals < n are the round's members;
+                        "0" when the round ended before it was sealed
+    round/<g>/done/<i>  member i's workers succeeded (the exit barrier)
+"""
+
+from __future__ import annotations
+
+
+class RunKeys:
+    """The keys of run ``run_id`` (see the module docstring)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.prefix = f"agentd/{run_id}/"
+        self.ctl = self.prefix + "ctl/"
+        self.gen = self.ctl + "gen"
+        self.closed = self.ctl + "closed"
+        self.heartbeats = self.ctl + "hb/"
+
+    def heartbeat(self, node: str) -> str:
+        return self.heartbeats + node
+
+    def round(self, generation: int, name: str = "") -> str:
+        """A key of round ``generation`` (its prefix, without ``name``)."""
+        return f"{self.prefix}round/{generation}/{name}"

@@ -1,0 +1,247 @@
+"""Membership: this agent's heartbeat in the store, and the lease it proves.
+
+An agent is a member of a round only while the store holds its heartbeat, a TTL key the
+store deletes when it is not refreshed for ``ttl`` seconds of the store's serving time.
+The agent cannot see that deletion as it happens, so it keeps a lease of its own that
+never outlasts the store's:
+
+    lease = (the send time of the last heartbeat the store confirmed) + ttl
+
+The store received that heartbeat after it was sent, so it expires the key no earlier
+than the lease ends. :meth:`Membership.lost` returns a little before the lease ends
+(``margin``) unless a newer heartbeat was confirmed, so the agent can stop its workers
+before anyone could be given their ranks; a heartbeat the store reports expired (or a
+store that forgot it) ends membership at once. The lease is kept for stores in another
+process only: one inside the agent is never out of reach.
+
+One exception keeps a *frozen* store from costing every agent a restart. On a store that
+serves from one process (the embedded one, not etcd), a heartbeat still waiting for its
+answer after :data:`~agentd.store.sockets.DELIVERED_AFTER` seconds, on a connection that
+has not failed, reached the store's host (TCP would have given up on bytes it could not
+deliver). Such a store is not serving anyone (it reads every connection as it runs), so
+it cannot expire us either (its TTLs run on serving time): the lease is extended in short
+steps while that holds, and ends the moment the connection fails (a partition, a dead
+store). When the held heartbeat is answered, the lease counts from its send time, as
+always. So a store frozen for less than the TTL minus the margin costs no restart, as
+long as the TTL leaves room to see the proof (``ttl - margin - interval`` at least
+``DELIVERED_AFTER``: 15 s, 1 s and 5 s by default); a longer freeze cannot be told from
+a lost store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from agentd.ratelog import RateLimitedLog
+from agentd.store.api import Store, StoreError
+from agentd.store.sockets import DELIVERED_AFTER
+
+log = logging.getLogger(__name__)
+
+LeaseListener = Callable[["float | None"], None]
+"""Told the lease's end (monotonic seconds) whenever it moves; None: no lease now."""
+
+_EXTEND_STEP = 1.0
+"""While a frozen store holds our heartbeat, the lease is extended this much at a time."""
+
+
+class Membership:
+    """The heartbeat of one agent (``key`` in ``store``) and its lease.
+
+    ``lease`` False: the store is in this process (no lease, never lost by silence).
+    ``single_process``: the store serves from one process, so a delivered, unanswered
+    heartbeat proves it is frozen (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        value: bytes,
+        ttl: float,
+        interval: float,
+        *,
+        lease: bool,
+        single_process: bool,
+        where: str,
+    ) -> None:
+        self._store = store
+        self._key = key
+        self._value = value
+        self.ttl = ttl
+        self._interval = interval
+        self._leased = lease
+        self._extendable = lease and single_process
+        self._where = where
+        self.margin = min(1.0, ttl / 4)
+        """How long before the lease ends :meth:`lost` returns, to stop the workers in."""
+        self.member = False
+        """In a round now: an expired heartbeat then means membership is lost."""
+        self._confirmed_until: float | None = None
+        self._deadline: float | None = None
+        self._pending_since: float | None = None
+        self._lost: str | None = None
+        self._changed = asyncio.Event()
+        self._listeners: list[LeaseListener] = []
+        self._task: asyncio.Task[None] | None = None
+        self._problems = RateLimitedLog(log, interval=max(10.0, ttl))
+        self._failing_since: float | None = None
+
+    # -- the lease -------------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float | None:
+        """When the lease ends (monotonic seconds); None without a lease."""
+        return self._deadline if self._leased else None
+
+    def on_lease(self, listener: LeaseListener) -> None:
+        self._listeners.append(listener)
+        listener(self.deadline)
+
+    def expired(self) -> str:
+        """Why membership is over already ('' while it holds)."""
+        if self._lost:
+            return self._lost
+        deadline = self.deadline
+        if deadline is not None and time.monotonic() >= deadline and not self._delivered():
+            return self._silence_reason()
+        return ""
+
+    def rejoined(self) -> None:
+        """A new round begins: forget why the last membership ended."""
+        self._lost = None
+
+    async def lost(self) -> str:
+        """Return, saying why, once membership is lost: the store reported our heartbeat
+        expired, or no heartbeat was confirmed until ``margin`` before the lease ends."""
+        while True:
+            if self._lost:
+                return self._lost
+            deadline = self.deadline
+            now = time.monotonic()
+            if deadline is None:
+                wake_at = None
+            elif now < deadline - self.margin:
+                wake_at = deadline - self.margin
+            elif self._delivered():
+                self._extend(now)
+                wake_at = now + _EXTEND_STEP / 2
+            else:
+                self._lose(self._silence_reason())
+                continue
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def _delivered(self) -> bool:
+        """A heartbeat reached the frozen store's host and waits there, unanswered."""
+        pending = self._pending_since
+        return (
+            self._extendable
+            and pending is not None
+            and time.monotonic() - pending >= DELIVERED_AFTER
+        )
+
+    def _extend(self, now: float) -> None:
+        if self._deadline is None or self._deadline < now + _EXTEND_STEP:
+            self._problems.warning("frozen", "Rendezvous: the store at %s has held our "
+                                   "heartbeat for %.0fs without answering (frozen?); it "
+                                   "cannot expire us meanwhile, so the workers go on",
+                                   self._where, now - (self._pending_since or now))  # fmt: skip
+            self._set_deadline(now + _EXTEND_STEP)
+
+    def _silence_reason(self) -> str:
+        since = self._failing_since
+        last_sent = (self._confirmed_until or self.ttl) - self.ttl
+        what = (f"no heartbeat sent in the last {time.monotonic() - last_sent:.1f}s was "
+                f"confirmed by the store at {self._where}")  # fmt: skip
+        if since is not None:
+            what += f" (unreachable since {time.monotonic() - since:.1f}s ago)"
+        return what + f", within the heartbeat TTL of {self.ttl:g}s"
+
+    def _lose(self, reason: str) -> None:
+        if not self._lost:
+            self._lost = reason
+            self._changed.set()
+
+    def _confirm(self, sent: float) -> None:
+        until = sent + self.ttl
+        if self._confirmed_until is None or until > self._confirmed_until:
+            self._confirmed_until = until
+        if self._failing_since is not None:
+            log.info("Rendezvous: the store at %s answers again", self._where)
+            self._failing_since = None
+        self._set_deadline(max(until, self._deadline or until))
+
+    def _set_deadline(self, deadline: float) -> None:
+        self._deadline = deadline
+        self._changed.set()
+        for listener in self._listeners:
+            try:
+                listener(self.deadline)
+            except Exception:
+                log.exception("Lease listener %r failed", listener)
+
+    # -- the heartbeat ---------------------------------------------------------------------
+
+    async def announce(self) -> None:
+        """(Re)create our heartbeat, as on every join (a restarted store forgot it)."""
+        sent = time.monotonic()
+        await self._store.set(self._key, self._value, ttl=self.ttl)
+        self._deadline = None  # a new lease: the old one may have been extended
+        self._confirm(sent)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._beat(), name="rdzv-heartbeat")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _beat(self) -> None:
+        beat: Callable[[str, float], Awaitable[bool]] = getattr(
+            self._store, "heartbeat", self._store.refresh
+        )
+        sent = time.monotonic()
+        while True:
+            # due an interval after the last one was sent: one answered late (held by a
+            # frozen store) is followed at once, before the lease it renewed runs out
+            await asyncio.sleep(max(0.0, sent + self._interval - time.monotonic()))
+            sent = self._pending_since = time.monotonic()
+            try:
+                if self._extendable:  # a frozen store may hold it: wait for the answer
+                    alive = await beat(self._key, self.ttl)
+                else:  # etcd answers or fails in time; never let an attempt pile up
+                    async with asyncio.timeout(max(self._interval, self.ttl / 2)):
+                        alive = await beat(self._key, self.ttl)
+            except (StoreError, TimeoutError) as exc:
+                self._failed(exc)
+                continue
+            finally:
+                self._pending_since = None
+            if alive:
+                self._confirm(sent)
+            elif self.member:
+                self._lose(f"the store at {self._where} says our heartbeat had expired (or it "
+                           "forgot it: restarted?)")  # fmt: skip
+            else:  # not in a round: nobody counts on it, so just make it again
+                with contextlib.suppress(StoreError):
+                    await self.announce()
+
+    def _failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        left = (self.deadline or now) - now
+        self._problems.warning("unreachable", "Rendezvous: heartbeat to the store at %s failed "
+                               "(%s); membership lapses in %.1fs unless it answers", self._where,
+                               exc or type(exc).__name__, max(0.0, left))  # fmt: skip

@@ -1,0 +1,252 @@
+"""Rounds: joining one, waiting for it to be sealed, reading it, ending it.
+
+The mechanics of :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`'s rounds over a
+store (keys in :mod:`agentd.rendezvous.keys`). Each agent does a fixed number of store
+operations per round: it announces its heartbeat, reads the generation, takes an arrival
+index with ``add``, writes its node entry and watches the one ``sealed`` key.
+
+Generations only go forward: :meth:`Rounds.generation` never returns one below the
+*floor*, the lowest generation this agent may join (one past the last round it was in,
+and at least every generation it has read). A store without a generation, or behind
+the floor, is moved forward to it, and the round it was at is marked ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agentd.exceptions import StartError
+from agentd.rendezvous.api import RendezvousClosedError
+from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.membership import Membership
+from agentd.rendezvous.static import free_port
+from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+POLL = 60.0
+"""Longest single watch; the servers cap long polls at a minute."""
+ENDED = b"0"
+"""The ``sealed`` value of a round that ended before it was sealed."""
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """How long a round may wait to fill (``--nnodes`` and ``--rdzv-conf``)."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout: float
+    join_timeout: float
+
+
+@dataclass(frozen=True)
+class Round:
+    """A round this agent is a member of."""
+
+    generation: int
+    rank: int
+    size: int
+    nodes: tuple[dict[str, Any], ...]
+    revision: int
+    """The store's revision when the round was read; watch for its end after it."""
+    mine: bytes
+    """Our own node entry, as written: gone from the store means the store lost the round."""
+
+
+def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
+    """The error a closed rendezvous raises, from its ``ctl/closed`` document."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = {}
+    succeeded = doc.get("outcome") == "succeeded"
+    what = "the job succeeded" if succeeded else f"node {doc.get('node', '?')} failed"
+    reason = doc.get("reason", "")
+    return RendezvousClosedError(
+        f"rendezvous {run_id!r} is closed: {what}" + (f" ({reason})" if reason else ""),
+        succeeded=succeeded,
+    )
+
+
+class Rounds:
+    """The rounds of run ``run_id`` on ``store``, as joined by the node described in
+    ``node`` (id, role, worker count, address and master port, 0 for any free one)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        store: Store,
+        keys: RunKeys,
+        settings: RoundSettings,
+        membership: Membership,
+        node: dict[str, Any],
+    ) -> None:
+        self._run_id = run_id
+        self._store = store
+        self._keys = keys
+        self._settings = settings
+        self._membership = membership
+        self._node = node
+        self.floor = 0
+        """The lowest generation this agent may join."""
+
+    async def generation(self) -> int:
+        """The generation to join now (raises if the run is closed). A store without one,
+        or behind what this agent has seen, is moved forward to our floor first."""
+        store = self._store
+        raw, closed = await store.multi_get([self._keys.gen, self._keys.closed])
+        if closed is not None:
+            raise closed_error(self._run_id, closed)
+        while raw is None or int(raw) < self.floor:
+            behind = None if raw is None else int(raw)
+            moved, raw = await store.compare_set(self._keys.gen, raw, str(self.floor).encode())
+            if moved:
+                if behind is not None:  # its round, if anyone waits in it, is over
+                    await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
+                if self.floor > 0:
+                    log.warning("Rendezvous %s: the store's generation was %s, behind the %d "
+                                "this agent has seen (it restarted?); moved it to %d",
+                                self._run_id, behind, self.floor, self.floor)  # fmt: skip
+        generation = int(raw)
+        self.floor = max(self.floor, generation)
+        return generation
+
+    async def join(self) -> Round | None:
+        """Join the current round and wait for it to be sealed; None: try the next round."""
+        store, settings, keys = self._store, self._settings, self._keys
+        await self._membership.announce()  # a store that restarted has forgotten our heartbeat
+        generation = await self.generation()
+        rank = await store.add(keys.round(generation, "join"), 1) - 1
+        if rank >= settings.max_nodes:
+            log.info("Rendezvous %s: round %d is full; waiting for the next", self._run_id,
+                     generation)  # fmt: skip
+            await self._end_if_abandoned(generation, settings.max_nodes)
+            await self.wait_for_generation_after(generation)
+            return None
+        node = {**self._node, "port": self._node["port"] or self._pick_port()}
+        mine = json.dumps(node).encode()
+        revision = await store.set(keys.round(generation, f"node/{rank}"), mine)
+        sealed_key = keys.round(generation, "sealed")
+        if rank + 1 == settings.max_nodes:
+            await store.compare_set(sealed_key, None, str(settings.max_nodes).encode())
+        sealed = await self._wait_for_seal(generation, rank, mine, revision)
+        if sealed is None:
+            return None
+        size = int(sealed)
+        if size == 0:
+            log.info("Rendezvous %s: round %d ended before it was sealed; joining the next",
+                     self._run_id, generation)  # fmt: skip
+            return None
+        if rank >= size:
+            log.info("Rendezvous %s: arrived after round %d was sealed; waiting for the next",
+                     self._run_id, generation)  # fmt: skip
+            if size < settings.max_nodes:  # there is room: end the round to admit us
+                await self.advance(generation, f"node {self._node['node']} wants to join")
+            else:
+                await self._end_if_abandoned(generation, size)
+            await self.wait_for_generation_after(generation)
+            return None
+        return await self._read_round(generation, rank, size, mine)
+
+    async def _wait_for_seal(
+        self, generation: int, rank: int, mine: bytes, revision: int
+    ) -> bytes | None:
+        """The round's ``sealed`` value once it is set; None if the round went away while
+        we waited (the store lost it, or its generation moved on and nobody sealed it)."""
+        store, settings = self._store, self._settings
+        sealed_key = self._keys.round(generation, "sealed")
+        loop = asyncio.get_running_loop()
+        last_call = (
+            loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
+        )
+        sealed = await store.get(sealed_key)
+        if sealed is None:
+            log.info(
+                "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
+                self._run_id, generation, rank, settings.min_nodes, settings.max_nodes,
+            )  # fmt: skip
+        while sealed is None:
+            timeout = POLL if last_call is None else max(0.0, last_call - loop.time())
+            result = await store.watch(sealed_key, revision, min(timeout, POLL))
+            revision = result.revision
+            if result.compacted:
+                if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
+                    log.warning("Rendezvous %s: the store lost round %d; joining again",
+                                self._run_id, generation)  # fmt: skip
+                    return None
+                sealed = await store.get(sealed_key)
+            else:
+                sealed = next((e.value for e in result.events if e.value is not None), None)
+            if sealed is not None:
+                break
+            if not result.events and await self.generation() != generation:
+                return None  # ended by an agent that could not seal it (it died): move on
+            if last_call is None:
+                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
+                if joined >= settings.min_nodes:
+                    last_call = loop.time() + settings.last_call_timeout
+            elif loop.time() >= last_call:
+                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
+                count = str(min(joined, settings.max_nodes)).encode()
+                _, sealed = await store.compare_set(sealed_key, None, count)
+        return sealed
+
+    async def _end_if_abandoned(self, generation: int, size: int) -> None:
+        """End a full round whose members are gone, so a late arrival never waits on it."""
+        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
+        nodes = [json.loads(v) for v in await self._store.multi_get(keys) if v is not None]
+        beats = await self._store.multi_get([self._keys.heartbeat(str(n["node"])) for n in nodes])
+        if any(beat is None for beat in beats):
+            await self.advance(generation, "a member of the full round is gone")
+
+    def _pick_port(self) -> int:
+        """A free port on our address, for the workers' store should we be group rank 0."""
+        addr = str(self._node["addr"])
+        try:
+            return free_port(addr)
+        except OSError as exc:
+            raise StartError(
+                f"--local-addr: {addr!r} is not an address of this host ({exc.strerror})"
+            ) from None
+
+    async def _read_round(self, generation: int, rank: int, size: int, mine: bytes) -> Round:
+        store = self._store
+        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
+        revision = await store.revision()
+        values = await store.multi_get(keys)
+        if any(value is None for value in values):  # an arrival between add and set
+            await store.wait([k for k, v in zip(keys, values, strict=True) if v is None],
+                             self._settings.join_timeout)  # fmt: skip
+            revision = await store.revision()
+            values = await store.multi_get(keys)
+        nodes = tuple(json.loads(value or b"{}") for value in values)
+        return Round(generation, rank, size, nodes, revision, mine)
+
+    async def advance(self, generation: int, reason: str) -> None:
+        """End round ``generation`` (if it is still the current one) for every agent, and
+        mark it ended for any agent still waiting for it to be sealed."""
+        store = self._store
+        moved, current = await store.compare_set(
+            self._keys.gen, str(generation).encode(), str(generation + 1).encode()
+        )
+        if moved:
+            log.info("Rendezvous %s: ended round %d: %s", self._run_id, generation, reason)
+            await store.compare_set(self._keys.round(generation, "sealed"), None, ENDED)
+        else:
+            log.debug("Rendezvous %s: round %d had already ended (now %s)", self._run_id,
+                      generation, current)  # fmt: skip
+
+    async def wait_for_generation_after(self, generation: int) -> None:
+        """Return once the current generation is not ``generation`` (raise if closed)."""
+        store = self._store
+        while True:
+            revision = await store.revision()
+            if await self.generation() != generation:
+                return
+            await store.watch(self._keys.ctl, revision, POLL)
+            # loop: re-read, so a compacted or restarted store cannot hide the change

@@ -1,0 +1,49 @@
+"""A store that is killed and comes back empty (5 s and 45 s later): every live agent
+meets in one new round, with N:N and MIN:MAX alike.
+
+Before, one agent rejoined round 0 of the fresh store while the others still believed in
+round 0 of the old one; a later round end moved the generation 0 -> 1 under the rejoined
+agent's unsealed round, and it exited 3 after the join timeout ("? node(s) joined").
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.jobs import TOKEN, agent_args, latest_attempt, member_job, one_round
+
+FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=90"
+
+
+@pytest.mark.parametrize("outage", [5, 45])
+def test_every_agent_meets_in_one_round_after_the_store_comes_back(
+    run_agentd, run_store, tmp_path, outage
+):
+    jobs = {}
+    for nnodes in ("3", "2:3"):  # both jobs at once, each on its own store
+        store = run_store()
+        stop = tmp_path / f"stop-{nnodes.replace(':', '-')}"
+        agents = [run_agentd(*agent_args(store.endpoint, nnodes, conf=FAST + ",is_host=0"),
+                             *member_job(stop), env={"AGENTD_STORE_TOKEN": TOKEN})
+                  for _ in range(3)]  # fmt: skip
+        jobs[nnodes] = (store, stop, agents)
+    for _, _, agents in jobs.values():
+        wait_until(lambda a=agents: one_round(a, 3), what="a job of three")
+    before = {a.pid: latest_attempt(a) for _, _, agents in jobs.values() for a in agents}
+    for store, _, _ in jobs.values():
+        store.proc.kill()  # everything it knew is lost
+        store.proc.wait()
+    time.sleep(outage)  # the outage is the scenario: nothing to wait for but the clock
+    for nnodes, (store, stop, agents) in jobs.items():
+        jobs[nnodes] = (run_store(port=store.port), stop, agents)
+    for nnodes, (_, _, agents) in jobs.items():
+        wait_until(lambda a=agents: one_round(a, 3, after=before), timeout=60,
+                   what=f"--nnodes {nnodes}: one new round of three "
+                        f"({[a.stderr()[-1500:] for a in agents]})")  # fmt: skip
+    for _, stop, _ in jobs.values():
+        stop.touch()
+    for _, _, agents in jobs.values():
+        assert [a.wait(60) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
