@@ -170,7 +170,8 @@ class SimpleElasticAgent(ElasticAgent):
         state = self._worker_group.state
         if state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNKNOWN):
             return
-        if isinstance(exc, AgentStopped | asyncio.CancelledError | KeyboardInterrupt):
+        stopped = (AgentStopped, asyncio.CancelledError, KeyboardInterrupt)
+        if isinstance(exc, stopped) or getattr(exc, "exit_code", 1) == 0:
             if state is not WorkerState.STOPPED:
                 self._set_state(WorkerState.STOPPED, str(exc) or type(exc).__name__)
             return
@@ -297,11 +298,12 @@ class SimpleElasticAgent(ElasticAgent):
         self._round_ended = None
 
     async def _end_round(self, reason: str) -> None:
-        """Tell the peers this round is over; a store problem is logged, not fatal."""
+        """Tell the peers this round is over; a store problem is logged, not fatal (the
+        peers' membership leases run out instead)."""
         try:
             await self.rdzv_handler.end_round(reason)
         except AgentdError as exc:
-            log.warning("Could not tell the other nodes to restart: %s", exc)
+            log.warning("Could not tell the other nodes to restart yet: %s", exc)
 
     async def _close_rendezvous(self, succeeded: bool, reason: str) -> None:
         try:

@@ -22,7 +22,7 @@ from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
 from agentd.guardian import Guardian
 from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route
-from agentd.results import ResultFile
+from agentd.results import ResultFile, outcome
 from agentd.spec import (
     RunResult,
     Std,
@@ -573,20 +573,13 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _write_result(self) -> None:
         """Write ``result.json`` in the run's log directory (any outcome)."""
-        result = self.last_result
         group = self._worker_group
-        failures = result.failures if result else {}
-        root = result.root_cause if result else None
-        doc = {
-            "run_id": self.run_id,
-            "role": group.spec.role,
-            "state": group.state.value,
-            "restarts": self.restart_count,
-            "attempts": self.attempt + 1,
-            "host": self.hostname,
-            "root_cause": root.to_dict() if root else None,
-            "failures": [f.to_dict() for f in sorted(failures.values(), key=lambda f: f.timestamp)],
-        }
+        doc = outcome(
+            {"run_id": self.run_id, "role": group.spec.role, "state": group.state.value,
+             "restarts": self.restart_count, "attempts": self.attempt + 1,
+             "host": self.hostname},
+            self.last_result, self.last_failure, self.exit_error,
+        )  # fmt: skip
         if self.run_dir.is_dir():
             self.result_written = self.result_file.write(doc)
 

@@ -16,7 +16,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentd.spec import RunResult, WorkerFailure
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +109,38 @@ def _trimmed(outcome: dict[str, Any]) -> dict[str, Any]:
     return {**outcome, "root_cause": trim(outcome.get("root_cause")),
             "failures": [trim(f) for f in failures[-8:]],
             "failures_trimmed": len(failures) > 8}  # fmt: skip
+
+
+def outcome(
+    facts: dict[str, Any],
+    result: RunResult | None,
+    last_failure: WorkerFailure | None,
+    error: BaseException | None,
+) -> dict[str, Any]:
+    """The ``result.json`` document: ``facts`` about the run, how it ended, and why.
+
+    The root cause is the run's last result's when it has one, else the latest failure
+    seen (a crash the agent restarted from before something else ended the run); the
+    ``error`` that ended the run, if any, is named with the exit code it leads to.
+    """
+    failures = sorted(result.failures.values(), key=lambda f: f.timestamp) if result else []
+    root = result.root_cause if result and result.failures else last_failure
+    if not failures and last_failure is not None:
+        failures = [last_failure]
+    doc = {**facts, "outcome": _outcome_word(facts.get("state"), error)}
+    if error is not None:
+        doc["error"] = str(error) or type(error).__name__
+        doc["exit_code"] = getattr(error, "exit_code", 1)
+    else:
+        doc["exit_code"] = 1 if result is not None and result.is_failed() else 0
+    doc["root_cause"] = root.to_dict() if root is not None else None
+    doc["failures"] = [f.to_dict() for f in failures]
+    return doc
+
+
+def _outcome_word(state: object, error: BaseException | None) -> str:
+    if error is None:
+        return "succeeded" if state == "SUCCEEDED" else "failed"
+    if getattr(error, "exit_code", 1) == 0:
+        return "succeeded"
+    return "stopped" if state == "STOPPED" else "failed"

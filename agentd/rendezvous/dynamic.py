@@ -305,11 +305,20 @@ class DynamicRendezvous:
         return ""
 
     async def end_round(self, reason: str) -> None:
+        """End our round for every peer. A store out of reach is not waited for longer
+        than the heartbeat TTL (the peers lose their leases meanwhile anyway): the round
+        is ended as soon as the store answers, when this agent rejoins."""
         current = self._round
         if current is None or self._ended_generation == current.generation:
             return
         self._ended_generation = current.generation
-        await self._rounds_or_fail().advance(current.generation, reason)
+        try:
+            async with asyncio.timeout(self.settings.heartbeat_ttl):
+                await self._rounds_or_fail().advance(current.generation, reason)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._unended = current.generation
+            raise StoreUnavailable(f"the store cannot be reached ({exc or 'timed out'}); the "
+                                   "round will be ended when it answers") from None  # fmt: skip
 
     async def num_nodes_waiting(self) -> int:
         current = self._round
@@ -319,9 +328,26 @@ class DynamicRendezvous:
         return max(0, int(joined or 0) - current.size)
 
     async def exit_barrier(self) -> None:
+        """Wait for every member's workers to be done; a store out of reach for as long as
+        our lease lasts ends the wait (:class:`StoreUnavailable`): nobody can be waited
+        for without it."""
         current = self._round
-        if current is None:
+        membership = self._membership
+        if current is None or membership is None:
             return
+        barrier = asyncio.ensure_future(self._barrier(current))
+        lost = asyncio.ensure_future(membership.lost())
+        try:
+            await asyncio.wait({barrier, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (barrier, lost):
+                task.cancel()
+            await asyncio.gather(barrier, lost, return_exceptions=True)
+        if not barrier.done() or barrier.cancelled():
+            raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
+        barrier.result()
+
+    async def _barrier(self, current: Round) -> None:
         store = self.store
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
@@ -334,7 +360,11 @@ class DynamicRendezvous:
         self._closed = True
         doc = {"outcome": "succeeded" if succeeded else "failed", "node": self.node_id,
                "reason": reason}  # fmt: skip
-        await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
+        try:  # the outcome is ours already: a store out of reach is not waited for long
+            async with asyncio.timeout(self.settings.heartbeat_ttl):
+                await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
+        except TimeoutError:
+            raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
 
     async def shutdown(self) -> None:
         if self._membership is not None:
@@ -407,16 +437,21 @@ class DynamicRendezvous:
             raise error
 
     async def _timeout_message(self) -> str:
+        """Why no round formed: the store out of reach, or too few nodes (how many)."""
         settings = self.settings
         window = (f"{settings.min_nodes}..{settings.max_nodes} needed, within "
                   f"join_timeout={settings.join_timeout:g}s")  # fmt: skip
-        if self._store_problem:
+        problem = self._store_problem
+        joined = ""
+        if not problem:
+            try:
+                async with asyncio.timeout(2):
+                    generation = await self._rounds_or_fail().generation()
+                    count = await self.store.get(self._keys.round(generation, "join"))
+                    joined = (count or b"0").decode()
+            except (StoreError, TimeoutError) as exc:
+                problem = str(exc) or "it did not answer within 2s"
+        if problem:
             return (f"rendezvous {self._run_id!r}: the store could not be reached "
-                    f"({self._store_problem}); no round of {window}")  # fmt: skip
-        joined = "an unknown number of"
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(2):
-                generation = await self._rounds_or_fail().generation()
-                count = await self.store.get(self._keys.round(generation, "join"))
-                joined = (count or b"0").decode()
+                    f"({problem}); no round of {window}")  # fmt: skip
         return f"rendezvous {self._run_id!r}: {joined} node(s) joined, {window}"

@@ -107,6 +107,7 @@ def _dynamic(
                           "on the host that serves the store")  # fmt: skip
     addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
     opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout,
+                               retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
                                workers=local_world_size)  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 

@@ -67,6 +67,8 @@ def main() -> int:
         attempt = int(os.environ.get("AGENTD_ATTEMPT", "0"))  # this agent's, restarts or not
         if group == args.crash_group and RANK == args.rank and attempt < args.until_attempt:
             time.sleep(args.after)
+            while args.go_file and not os.path.exists(args.go_file):
+                time.sleep(0.05)
             return args.code
         while args.stop_file and not os.path.exists(args.stop_file):
             time.sleep(0.05)
