@@ -174,6 +174,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     agent = LocalElasticAgent(
         spec,
         log_dir=config.log_dir,
+        keep_attempts=config.keep_attempts,
         exit_barrier_timeout=config.exit_barrier_timeout,
         fresh_run_id=not config.rdzv_id,
         watchdog=WatchdogSettings(

@@ -346,6 +346,13 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
     ),
     _o(
+        "keep_attempts",
+        _int(0, 1_000_000),
+        "10",
+        "Attempt log directories kept: the first and the last N (0: all of them).",
+        metavar="N",
+    ),
+    _o(
         "redirects",
         _std("redirects"),
         "0",
@@ -558,6 +565,7 @@ class AgentConfig:
     monitor_interval: float = 0.1
     role: str = DEFAULT_ROLE
     log_dir: str | None = None
+    keep_attempts: int = 10
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.NONE
     local_ranks_filter: frozenset[int] | None = None

@@ -72,20 +72,46 @@ def record(event: Event) -> None:
         log.exception("Event handler failed for %s", event.name)
 
 
-class JsonLinesFile:
-    """Appends events to a file, one JSON object per line, each written at once."""
+MAX_EVENT_LOG = 10 << 20
+"""Bytes an event log grows to before it is rotated to ``FILE.1`` (one old file is kept)."""
 
-    def __init__(self, path: str) -> None:
+
+class JsonLinesFile:
+    """Appends events to a file, one JSON object per line, each written at once.
+
+    Past ``max_bytes`` the file is renamed ``<path>.1`` (replacing the previous one) and a
+    new one is started, so a crash-looping job's event log stays bounded.
+    """
+
+    def __init__(self, path: str, max_bytes: int = MAX_EVENT_LOG) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._max_bytes = max_bytes
+        self._fd = -1
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
     def __call__(self, event: Event) -> None:
+        line = (event.to_json() + "\n").encode()
         try:
-            os.write(self._fd, (event.to_json() + "\n").encode())
+            if self._size and self._size + len(line) > self._max_bytes:
+                self._rotate()
+            self._size += os.write(self._fd, line)
         except OSError as exc:  # a full disk: one line per interval, never a traceback
             from agentd.logs import disk_problem
 
             disk_problem(Path(self.path), exc)
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            os.replace(self.path, self.path + ".1")
+        finally:  # rotated or not, go on writing
+            self._open()
 
     def close(self) -> None:
         if self._fd >= 0:

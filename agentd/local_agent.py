@@ -21,7 +21,7 @@ from agentd.agent import SimpleElasticAgent
 from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
 from agentd.guardian import Guardian
-from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route
+from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route, prune_attempts
 from agentd.results import ResultFile, outcome
 from agentd.spec import (
     RunResult,
@@ -58,7 +58,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
 
     ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
-    ``result.json``; without one, a fresh temporary directory is used. With
+    ``result.json``; without one, a fresh temporary directory is used. The first attempt's
+    directory and the last ``keep_attempts`` are kept (0: all). With
     ``process_hygiene`` (the default) the agent becomes a child subreaper, reaps orphans,
     runs a guardian that kills the workers if the agent is killed, and kills workers left
     over by a dead agent of the same run id (``fresh_run_id`` says the id was just
@@ -82,6 +83,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         watchdog: WatchdogSettings | None = None,
         health: HealthSettings | None = None,
         event_log: str | None = None,
+        keep_attempts: int = 10,
     ) -> None:
         super().__init__(spec, exit_barrier_timeout)
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
@@ -95,6 +97,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._fresh_run_id = fresh_run_id
         self.run_dir = base / self.run_id
         self.result_file = ResultFile(self.run_dir / "result.json")
+        self._keep_attempts = keep_attempts
         self.result_written = False
         self.hostname = socket.gethostname()
         self.attempt = -1
@@ -300,6 +303,7 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
         self.attempt += 1
+        prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
         spec = group.spec
         plans = [self._plan_worker(group, worker) for worker in group.workers]
         with self._reaper.spawning():

@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,20 @@ def disk_problem(path: Path | None, exc: OSError) -> None:
     kind = "log dir full" if full else "log file unwritable"
     _DISK_PROBLEMS.error(kind, "%s: cannot write %s: %s; worker output still goes to the "
                          "console and to failure reports", kind, path, exc.strerror)  # fmt: skip
+
+
+def prune_attempts(run_dir: Path, current: int, keep: int) -> list[int]:
+    """Delete attempt directories but the first and the last ``keep`` (0: keep them all),
+    so a crash-looping job's log dir stops growing; returns the attempts deleted."""
+    if keep <= 0:
+        return []
+    doomed = []
+    for path in run_dir.glob("attempt_*"):
+        suffix = path.name.removeprefix("attempt_")
+        if suffix.isdigit() and 0 < int(suffix) <= current - keep:
+            shutil.rmtree(path, ignore_errors=True)
+            doomed.append(int(suffix))
+    return sorted(doomed)
 
 
 def ensure_dir(path: Path) -> Path:

@@ -114,11 +114,13 @@ class AgentProc:
 
 
 @pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Store tokens (agentd.store.token_file) go to this test's own directory, for the
-    test and every agent it starts: nothing is left in /tmp."""
-    run = tmp_path / "xdg-runtime"
-    run.mkdir(mode=0o700)
+def private_runtime_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Store tokens (agentd.store.token_file) go to this test's own directory (not in its
+    tmp_path), for the test and every agent it starts: nothing is left in /tmp."""
+    run = tmp_path_factory.mktemp("xdg-runtime")
+    run.chmod(0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     return run
 

@@ -116,3 +116,27 @@ def test_a_prefix_is_copied_literally_whatever_it_holds():
     assert console.getvalue() == rb"[C:\new\1 \g<0>]a" + b"\n" + rb"[C:\new\1 \g<0>]b" + (
         b"\r\n" + rb"[C:\new\1 \g<0>]c" + b"\n"
     )
+
+
+def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
+    from agentd.logs import prune_attempts
+
+    for attempt in range(12):
+        (tmp_path / f"attempt_{attempt}" / "0").mkdir(parents=True)
+    assert prune_attempts(tmp_path, 11, 3) == list(range(1, 9))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "attempt_0", "attempt_10", "attempt_11", "attempt_9"]  # fmt: skip
+    assert prune_attempts(tmp_path, 11, 0) == []  # 0 keeps everything
+
+
+def test_the_event_log_is_rotated_past_its_size(tmp_path):
+    from agentd.events import Event, JsonLinesFile
+
+    path = tmp_path / "events.jsonl"
+    sink = JsonLinesFile(str(path), max_bytes=2000)
+    for i in range(100):
+        sink(Event("restart", metadata={"restart_count": i}))
+    sink.close()
+    assert path.stat().st_size <= 2000 and (tmp_path / "events.jsonl.1").stat().st_size <= 2000
+    assert '"restart_count": 99' in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "events.jsonl.1"]

@@ -144,6 +144,18 @@ async def test_an_expired_heartbeat_ends_the_round(store):
     await shutdown_all(a)
 
 
+async def test_old_rounds_are_forgotten_so_the_store_stays_flat(store):
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    sizes = []
+    for generation in range(12):
+        infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+        assert {i.generation for i in infos} == {generation}
+        sizes.append(await store.inner.num_keys())
+        await a.end_round("again")
+    assert sizes[-1] == sizes[3], sizes  # two rounds' keys at most, whatever the count
+    await shutdown_all(a, b)
+
+
 async def test_end_round_reaches_every_peer(store):
     nodes = [handler(store, nodes=(3, 3)) for _ in range(3)]
     await asyncio.gather(*(h.next_rendezvous() for h in nodes))

@@ -50,6 +50,18 @@ async def test_set_get_delete(store: Store):
     assert await store.get("a") is None
 
 
+async def test_delete_prefix_removes_a_subtree_only(store: Store):
+    await store.multi_set({"r/1/a": b"1", "r/1/b": b"2", "r/10/a": b"3", "r/2/a": b"4"})
+    revision = await store.revision()
+    assert await store.delete_prefix("r/1/") == 2
+    assert await store.multi_get(["r/1/a", "r/1/b", "r/10/a", "r/2/a"]) == [None, None, b"3", b"4"]
+    seen = await store.watch("r/1/", revision, timeout=5)  # deletions are changes
+    assert {(e.key, e.value) for e in seen.events} == {("r/1/a", None), ("r/1/b", None)}
+    assert await store.delete_prefix("r/nothing/") == 0
+    with pytest.raises(StoreError):
+        await store.delete_prefix("")
+
+
 async def test_revisions_grow(store: Store):
     first = await store.set("k", b"1")
     second = await store.set("k", b"2")

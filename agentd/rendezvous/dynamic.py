@@ -182,6 +182,8 @@ class DynamicRendezvous:
         self._joined_once = True
         rounds = self._rounds_or_fail()
         rounds.floor = max(rounds.floor, joined.generation + 1)
+        if joined.rank == 0:
+            await self._forget_round(joined.generation - 2)
         membership.rejoined()
         membership.member = True
         master = joined.nodes[0]
@@ -197,6 +199,17 @@ class DynamicRendezvous:
                 for rank, node in enumerate(joined.nodes)
             ),
         )
+
+    async def _forget_round(self, generation: int) -> None:
+        """Delete an old round's keys, so a long job's store does not grow with every
+        restart (the round before ours stays: a late reader may still want it)."""
+        if generation < 0:
+            return
+        try:
+            await self.store.delete_prefix(self._keys.round(generation))
+        except StoreError as exc:  # a few keys left behind; the job does not care
+            log.debug("Rendezvous %s: could not delete round %d: %s", self._run_id,
+                      generation, exc)  # fmt: skip
 
     def _rounds_or_fail(self) -> Rounds:
         if self._rounds is None:

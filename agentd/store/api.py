@@ -100,6 +100,10 @@ class Store(Protocol):
         """Delete ``key``; whether it existed."""
         ...
 
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix`` (not empty); how many there were."""
+        ...
+
     async def num_keys(self) -> int:
         """How many keys the store holds."""
         ...

@@ -393,6 +393,14 @@ class EtcdStore:
         doc = await self._post("delete", "/v3/kv/deleterange", {"key": self._key(key)})
         return int(doc.get("deleted", 0)) > 0
 
+    async def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise StoreError("delete_prefix: the prefix must not be empty")
+        start = (self._prefix + prefix).encode()
+        body = {"key": _b64(start), "range_end": _b64(prefix_end(start))}
+        doc = await self._post("delete_prefix", "/v3/kv/deleterange", body)
+        return int(doc.get("deleted", 0))
+
     async def num_keys(self) -> int:
         start = self._prefix.encode() or b"\0"
         body = {"key": _b64(start), "range_end": _b64(prefix_end(self._prefix.encode())),

@@ -240,6 +240,9 @@ class HttpStore:
     async def delete(self, key: str) -> bool:
         return bool((await self._call("delete", {"key": key}))["deleted"])
 
+    async def delete_prefix(self, prefix: str) -> int:
+        return int((await self._call("delete_prefix", {"prefix": prefix}))["deleted"])
+
     async def num_keys(self) -> int:
         return int((await self._call("num_keys", {}))["count"])
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
 
-DEFAULT_HISTORY = 10_000
+DEFAULT_HISTORY = 1024
+"""Events the watch history keeps: watchers re-watch at once, and one that falls further
+behind reads the keys again ("compacted"); a long-running job's store stays flat."""
 DEFAULT_HISTORY_BYTES = 8 << 20
 """Bytes of keys and values the watch history keeps (200 overwrites of a 1 MiB key once
 pinned 200 MiB)."""
@@ -168,6 +170,14 @@ class MemoryStore:
             return False
         self._remove(key)
         return True
+
+    async def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise StoreError("delete_prefix: the prefix must not be empty")
+        doomed = [key for key in self._items if key.startswith(prefix)]
+        for key in doomed:
+            self._remove(key)
+        return len(doomed)
 
     async def num_keys(self) -> int:
         self._expire_due()

@@ -330,6 +330,10 @@ async def _delete(store: MemoryStore, a: _Args) -> dict[str, Any]:
     return {"deleted": await store.delete(a.key())}
 
 
+async def _delete_prefix(store: MemoryStore, a: _Args) -> dict[str, Any]:
+    return {"deleted": await store.delete_prefix(a.key("prefix"))}
+
+
 async def _num_keys(store: MemoryStore, a: _Args) -> dict[str, Any]:
     return {"count": await store.num_keys()}
 
@@ -360,6 +364,7 @@ _OPS: dict[str, Callable[[MemoryStore, _Args], Awaitable[dict[str, Any]]]] = {
     "multi_get": _multi_get,
     "multi_set": _multi_set,
     "delete": _delete,
+    "delete_prefix": _delete_prefix,
     "num_keys": _num_keys,
     "revision": _revision,
     "wait": _wait,

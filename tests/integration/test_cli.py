@@ -76,6 +76,18 @@ def test_the_agent_raises_its_open_files_limit_and_its_workers_keep_theirs(run_a
     assert agent.wait() == 128 + signal.SIGTERM
 
 
+def test_a_crash_loop_keeps_its_log_dir_bounded(run_agentd, tmp_path):
+    events = tmp_path / "events.jsonl"
+    agent = run_agentd("--rdzv-id", "loop", "--max-restarts", "12", "--keep-attempts", "3",
+                       "--event-log", str(events), WORKER, "crash", "--code", "5")  # fmt: skip
+    assert agent.wait(60) == 1
+    run = agent.log_dir / "loop"
+    assert sorted(p.name for p in run.glob("attempt_*")) == [
+        "attempt_0", "attempt_10", "attempt_11", "attempt_12"]  # fmt: skip
+    assert json.loads((run / "result.json").read_text())["restarts"] == 12
+    assert len([ln for ln in events.read_text().splitlines() if '"restart"' in ln]) == 12
+
+
 def test_success_exit_0_and_output(run_agentd):
     agent = run_agentd("--nproc-per-node", "2", WORKER, "ok")
     assert agent.wait() == 0, agent.stderr()
