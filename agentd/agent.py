@@ -14,6 +14,8 @@ import signal
 import time
 from collections.abc import Sequence
 
+import anyio
+
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.observer import AgentObserver
 from agentd.rendezvous.api import (
@@ -162,7 +164,8 @@ class SimpleElasticAgent(ElasticAgent):
             raise
         finally:
             self._stop_round_watch()
-            await asyncio.shield(self._shutdown())
+            with anyio.CancelScope(shield=True):  # a cancelled run still stops everything
+                await self._shutdown()
 
     def _settle_state(self, exc: BaseException) -> None:
         """The group's final state when :meth:`run` ends by an exception: STOPPED for a

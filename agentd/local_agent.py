@@ -1,4 +1,11 @@
-"""LocalElasticAgent: runs the worker group as local subprocesses of this agent."""
+"""LocalElasticAgent: runs the worker group as local subprocesses of this agent.
+
+The core is the worker lifecycle: plan each worker (its log routes, environment and
+argv), spawn it, watch the group through exit events, and stop it with the one stop
+policy. Everything else the agent does is a service (:mod:`agentd.services`), started in
+order before the first rendezvous and stopped in reverse at the end: the run's record
+(``result.json``), the event log, the watchdog, the health endpoint and process hygiene.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +18,19 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
 from agentd import fdlimits, orphans
 from agentd.agent import SimpleElasticAgent
-from agentd.events import AgentEvents, Event, JsonLinesFile
 from agentd.exceptions import StartError
-from agentd.guardian import Guardian
 from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route, prune_attempts
-from agentd.results import ResultFile, outcome
+from agentd.services.events import EventLog
+from agentd.services.hygiene import ProcessHygiene
+from agentd.services.results import RunRecord
+from agentd.services.watchdog import Watchdog
 from agentd.spec import (
     RunResult,
     Std,
@@ -34,22 +42,17 @@ from agentd.spec import (
     check_name,
     std_for,
 )
-from agentd.timer.api import TimerRequest
-from agentd.timer.hang import UninterruptibleMonitor
-from agentd.timer.server import FileTimerServer, TimerServer, WatchdogSettings, signal_name
+from agentd.timer.server import TimerServer, WatchdogSettings
 from agentd.worker_env import WorkerEnvContext, worker_env
 from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
-    from agentd.health import Check, HealthCheckServer, HealthSettings, LoopLagMonitor
+    from agentd.health import Check, HealthCheckServer, HealthSettings
     from agentd.metrics import AgentMetrics
+    from agentd.services import Service
+    from agentd.services.health import HealthService
 
 log = logging.getLogger(__name__)
-
-
-def _debug_event(event: Event) -> None:
-    log.debug("event %s", event.to_json())
-
 
 _TAIL_WAIT = 0.5
 
@@ -94,235 +97,136 @@ class LocalElasticAgent(SimpleElasticAgent):
 
             base = Path(tempfile.mkdtemp(prefix="agentd_"))
         self.log_dir = base
-        self._fresh_run_id = fresh_run_id
         self.run_dir = base / self.run_id
-        self.result_file = ResultFile(self.run_dir / "result.json")
-        self._keep_attempts = keep_attempts
-        self.result_written = False
         self.hostname = socket.gethostname()
+        self.started_at = time.time()
         self.attempt = -1
-        self._hygiene = process_hygiene
+        self._keep_attempts = keep_attempts
         self._mark = orphans.owner_mark(self.run_id)
-        self._reaper = orphans.ZombieReaper()
-        self._guardian: Guardian | None = None
         self._procs: dict[int, WorkerProcess] = {}
-        self._sigchld_installed = False
         self._shut_down = False
-        self._watchdog = watchdog or WatchdogSettings()
-        self._health_settings = health
-        self._event_log = event_log
-        self.timer_server = self._make_timer_server()
+        self._record = RunRecord(self)
+        self._hygiene = ProcessHygiene(self._mark, self.run_id, enabled=process_hygiene,
+                                       fresh_run_id=fresh_run_id)  # fmt: skip
+        self._watchdog = Watchdog(
+            watchdog or WatchdogSettings(), lambda: self._procs, self._mark, self._wakeup.set,
+            max_overdue=health.timeout if health is not None else None,
+        )  # fmt: skip
+        self._health: HealthService | None = None
         if health is not None:
-            self.timer_server.max_overdue = health.timeout
-        self.health_server: HealthCheckServer | None = None
-        self.metrics: AgentMetrics | None = None
-        self._lag: LoopLagMonitor | None = None
-        self._event_file: JsonLinesFile | None = None
-        self._started_at = time.time()
-        self._hang_monitor: UninterruptibleMonitor | None = None
-        self._fd_limit = 1024
-        self._unhealthy: list[tuple[int, str, float]] = []
-        """(pid, why, when) of workers the watchdog reaped since the group started."""
-        self._lease: float | None = None
+            from agentd.services.health import HealthService
+
+            self._health = HealthService(self, health)
+        events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
+        services: list[Service | None] = [self._record, events, self._watchdog, self._health,
+                                          self._hygiene]  # fmt: skip
+        self._services = [s for s in services if s is not None]
+        """Started in this order before the first rendezvous, stopped in reverse."""
+        self._running: list[Service] = []
         on_lease = getattr(self.rdzv_handler, "on_lease", None)
         if on_lease is not None:
-            on_lease(self._on_lease)
+            on_lease(self._hygiene.on_lease)
 
-    def _make_timer_server(self) -> TimerServer:
-        settings = self._watchdog
-        common: dict[str, Any] = {
-            "trust": self._timer_target,
-            "on_expired": self._on_timer_expired,
-            "dump_signal": settings.dump_signal,
-            "dump_grace": settings.dump_grace,
-        }
-        if settings.file_timer:
-            return FileTimerServer(settings.timer_file, **common)
-        return TimerServer(**common)
+    # -- views (read-only; the services and the Python API use them) -------------------
 
-    # -- start ---------------------------------------------------------------------------
+    @property
+    def timer_server(self) -> TimerServer:
+        return self._watchdog.timer_server
+
+    @property
+    def health_server(self) -> HealthCheckServer | None:
+        return self._health.server if self._health is not None else None
+
+    @property
+    def metrics(self) -> AgentMetrics | None:
+        return self._health.metrics if self._health is not None else None
+
+    @property
+    def result_file(self) -> Any:
+        return self._record.file
+
+    @property
+    def result_written(self) -> bool:
+        return self._record.written
+
+    def worker_processes(self) -> Mapping[int, WorkerProcess]:
+        """The current attempt's worker processes, by local rank."""
+        return self._procs
+
+    def worker_readings(self) -> list[dict[str, Any]]:
+        from agentd.services.health import worker_readings
+
+        return worker_readings(self)
+
+    def status(self) -> dict[str, Any]:
+        """What ``/status`` shows (no environment, no output, no tracebacks)."""
+        from agentd.services.health import status_document
+
+        return status_document(self)
+
+    def liveness_checks(self) -> list[Check]:
+        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
+        if self._health is not None:
+            return self._health.liveness_checks()
+        from agentd.health import Check
+
+        alive = self.timer_server.alive()
+        return [Check("watchdog", alive, f"{len(self.timer_server)} timer(s)")]
+
+    def failure_report(self) -> str:
+        """The text report of the last run's failure (empty when it did not fail)."""
+        return self._record.failure_report()
+
+    # -- start and shutdown --------------------------------------------------------------
 
     async def _startup(self) -> None:
-        """Once per agent: log dir, watchdog, process hygiene."""
+        """Once per agent: the log dir, the descriptor limit, then the services."""
         try:
             ensure_dir(self.run_dir)
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
-        self.result_file.reserve({"run_id": self.run_id, "state": "INIT", "outcome": "running"})
-        self._fd_limit = fdlimits.raise_open_files_limit()
-        self._start_events()
-        await self.timer_server.start()
-        if self._health_settings is not None:
-            await self._start_health(self._health_settings)
-        if self._watchdog.uninterruptible_timeout > 0:
-            self._hang_monitor = UninterruptibleMonitor(
-                lambda: [p.pid for p in self._procs.values() if p.returncode is None],
-                self._watchdog.uninterruptible_timeout,
-                self._on_stuck,
-            )
-            await self._hang_monitor.start()
-        if not self._hygiene:
+        fdlimits.raise_open_files_limit()
+        for service in self._services:
+            await service.start()
+            self._running.append(service)
+
+    async def _shutdown(self) -> None:
+        if self._shut_down:
             return
-        if not self._fresh_run_id:
-            orphans.kill_leftovers(self.run_id)
-        if not orphans.become_subreaper():
-            log.warning("Could not become a child subreaper; orphans re-parent to init")
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGCHLD, self._reaper.reap)
-        self._sigchld_installed = True
-
-    def _start_events(self) -> None:
-        sinks: list[Callable[[Event], None]] = [_debug_event]
-        if self._event_log:
-            try:
-                self._event_file = JsonLinesFile(self._event_log)
-            except OSError as exc:
-                raise StartError(
-                    f"event_log: cannot open {self._event_log}: {exc.strerror}"
-                ) from None
-            sinks.append(self._event_file)
-        events = AgentEvents(self.run_id, self._worker_group.spec.role, sinks)
-        self.add_observer(events)
-        events.emit("agent_started", host=self.hostname, pid=os.getpid())
-
-    async def _start_health(self, settings: HealthSettings) -> None:
-        from agentd.health import MAX_CONNECTIONS as HEALTH_MAX_CONNECTIONS
-        from agentd.health import HealthCheckServer, LoopLagMonitor
-        from agentd.metrics import AgentMetrics
-
-        self.metrics = AgentMetrics(self)
-        self.add_observer(self.metrics)
-        observe_store = getattr(self.rdzv_handler, "observe_store", None)
-        if observe_store is not None:  # a rendezvous over a networked store
-            observe_store(self.metrics.store_request)
-        self._lag = LoopLagMonitor()
-        self._lag.start()
-        self.health_server = HealthCheckServer(
-            self.liveness_checks, settings.port, settings.timeout, settings.host,
-            ready=lambda: self._worker_group.state is WorkerState.HEALTHY,
-            status=self.status, metrics=self._render_metrics,
-            max_connections=fdlimits.listener_cap(
-                HEALTH_MAX_CONNECTIONS, self._fd_limit,
-                fdlimits.worker_reserve(self._worker_group.spec.local_world_size), share=0.25,
-            ),
-        )  # fmt: skip
-        await self.health_server.start()
-
-    def _render_metrics(self) -> bytes:
-        assert self.metrics is not None and self._lag is not None
-        self.metrics.loop_lag.set(self._lag.current_lag())
-        return self.metrics.render()
-
-    def liveness_checks(self) -> list[Check]:
-        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
-        from agentd.health import Check
-
-        timeout = self._health_settings.timeout if self._health_settings else 5.0
-        lag = self._lag.current_lag() if self._lag else 0.0
-        return [
-            Check("watchdog", self.timer_server.alive(), f"{len(self.timer_server)} timer(s)"),
-            Check("event-loop", lag <= timeout, f"lag {lag * 1000:.1f} ms"),
-        ]
-
-    def worker_readings(self) -> list[dict[str, Any]]:
-        """Each worker of the current attempt: ranks, pid, state, start time, CPU and RSS."""
-        from agentd.metrics import process_tree_usage
-
-        by_rank = {w.local_rank: w for w in self._worker_group.workers}
-        readings = []
-        for proc in self._procs.values():
-            worker = by_rank.get(proc.local_rank)
-            running = proc.returncode is None
-            cpu, rss = process_tree_usage(proc.pid) if running else (0.0, 0)
-            readings.append({
-                "local_rank": proc.local_rank,
-                "rank": worker.global_rank if worker else -1,
-                "pid": proc.pid,
-                "state": "running" if running else "exited",
-                "exitcode": proc.returncode,
-                "started_at": proc.started_at,
-                "cpu_seconds": round(cpu, 3),
-                "rss_bytes": rss,
-            })  # fmt: skip
-        return readings
-
-    def status(self) -> dict[str, Any]:
-        """What ``/status`` shows (no environment, no output, no tracebacks)."""
+        self._shut_down = True
         group = self._worker_group
-        failure = self.last_failure
-        workers = group.workers
-        return {
-            "run_id": self.run_id,
-            "role": group.spec.role,
-            "state": group.state.value,
-            "host": self.hostname,
-            "agent_pid": os.getpid(),
-            "started_at": self._started_at,
-            "restart_count": self.restart_count,
-            "max_restarts": group.spec.max_restarts,
-            "attempt": self.attempt,
-            "generation": self.generation,
-            "rendezvous": self.rdzv_handler.get_backend(),
-            "node_rank": group.group_rank,
-            "group_world_size": group.group_world_size,
-            "world_size": workers[0].world_size if workers else None,
-            "watchdog": {
-                "alive": self.timer_server.alive(),
-                "timers": len(self.timer_server),
-                "reaped": self.timer_server.stats["reaped"],
-            },
-            "workers": self.worker_readings(),
-            "last_failure": None if failure is None else {
-                "rank": failure.global_rank,
-                "local_rank": failure.local_rank,
-                "pid": failure.pid,
-                "exitcode": failure.exitcode,
-                "signal": failure.signal_name,
-                "message": failure.message,
-                "timestamp": failure.timestamp,
-            },
-        }  # fmt: skip
+        try:
+            if self._procs:
+                await self._stop_workers(group)
+                if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
+                    self._set_state(WorkerState.STOPPED, "agent shutting down")
+            await self.rdzv_handler.shutdown()
+        finally:
+            while self._running:
+                service = self._running.pop()
+                try:
+                    await service.stop()
+                except Exception:
+                    log.exception("Could not stop %s", type(service).__name__)
 
-    async def _start_guardian(self) -> None:
-        """Started after the first workers, so it never delays them; they have a
-        parent-death signal meanwhile, and it learns of their groups on start."""
-        self._guardian = Guardian(self._mark)
-        with self._reaper.spawning():
-            await self._guardian.start()
-            assert self._guardian.pid is not None
-            self._reaper.own(self._guardian.pid)
-        if self._lease is not None:
-            self._guardian.set_lease(self._lease)
-
-    def _on_lease(self, deadline: float | None) -> None:
-        """Our membership lease moved: the guardian kills the workers if it runs out while
-        the agent cannot (frozen), so no worker outlives the lease on its ranks."""
-        self._lease = deadline
-        if self._guardian is not None:
-            self._guardian.set_lease(deadline)
+    # -- the worker lifecycle ------------------------------------------------------------
 
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
         self.attempt += 1
         prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
         spec = group.spec
         plans = [self._plan_worker(group, worker) for worker in group.workers]
-        with self._reaper.spawning():
+        with self._hygiene.spawning():
             procs = await asyncio.gather(
                 *(spawn_worker(w.local_rank, *plan) for w, *plan in plans),
                 return_exceptions=True,
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
-            for proc in started:
-                self._reaper.own(proc.pid)
+            await self._hygiene.started(started)
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
             proc.exited.add_done_callback(lambda _f: self._wakeup.set())
-        if self._hygiene and self._guardian is None:
-            await self._start_guardian()
-        if self._guardian is not None:
-            for proc in started:
-                self._guardian.watch(proc.pgid)
         if errors:
             await self._stop_workers(group)
             raise errors[0]
@@ -347,7 +251,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         error_file = wdir / "error.json"
         with contextlib.suppress(FileNotFoundError):
             error_file.unlink()
-        env = self._worker_env(group, worker, error_file)
+        env = worker_env(group, worker, str(error_file), WorkerEnvContext(
+            run_id=self.run_id, restart_count=self.restart_count,
+            max_restarts=spec.max_restarts, use_agent_store=self.rdzv_handler.use_agent_store,
+            owner_mark=self._mark, attempt=self.attempt, timer_file=self._watchdog.timer_file,
+        ))  # fmt: skip
         args = [
             Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a
             for a in spec.args
@@ -382,19 +290,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         ]
         return worker, argv, env, routes[0], routes[1]
 
-    def _worker_env(self, group: WorkerGroup, worker: Worker, error_file: Path) -> dict[str, str]:
-        timer_file = (
-            self.timer_server.path if isinstance(self.timer_server, FileTimerServer) else None
-        )
-        return worker_env(group, worker, str(error_file), WorkerEnvContext(
-            run_id=self.run_id, restart_count=self.restart_count,
-            max_restarts=group.spec.max_restarts,
-            use_agent_store=self.rdzv_handler.use_agent_store, owner_mark=self._mark,
-            attempt=self.attempt, timer_file=timer_file,
-        ))  # fmt: skip
-
-    # -- monitor -------------------------------------------------------------------------
-
     async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
         await self._wakeup.wait()
         self._wakeup.clear()
@@ -402,8 +297,8 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     async def _check_workers(self, group: WorkerGroup) -> RunResult:
         procs = self._procs
-        self.timer_server.clear_timers(p.pid for p in procs.values() if p.returncode is not None)
-        if self._unhealthy:
+        self._watchdog.forget(p.pid for p in procs.values() if p.returncode is not None)
+        if self._watchdog.unhealthy:
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         if failed:
@@ -425,44 +320,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
 
-    # -- watchdog ------------------------------------------------------------------------
-
-    def _timer_target(self, pid: int) -> int | None:
-        """The process group to signal for a timer of ``pid``; None unless it is ours.
-
-        Ours: in the process group of one of our running workers, or (a descendant that
-        left its group) carrying this agent's owner mark. Never the agent's own group.
-        """
-        try:
-            pgid = os.getpgid(pid)
-        except (ProcessLookupError, PermissionError):
-            return None
-        if pgid == os.getpgid(0):
-            return None
-        if any(p.pgid == pgid and p.returncode is None for p in self._procs.values()):
-            return pgid
-        return pgid if orphans.read_mark(pid) == self._mark else None
-
-    def _on_timer_expired(self, request: TimerRequest, pgid: int | None) -> None:
-        if pgid is None:
-            return  # signal <= 0: reported, not enforced
-        why = (
-            f"timer expired: scope {request.scope_id!r} of pid {request.worker_id}, "
-            f"reaped with {signal_name(request.signal)}"
-        )
-        self._unhealthy.append((request.worker_id, why, time.time()))
-        self._wakeup.set()
-
-    def _on_stuck(self, pid: int, seconds: float) -> None:
-        self._unhealthy.append(
-            (pid, f"in uninterruptible sleep (D state) for {seconds:.1f}s", time.time())
-        )
-        self._wakeup.set()
-
     def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
         by_rank = {w.local_rank: w for w in group.workers}
         failures: dict[int, WorkerFailure] = {}
-        for pid, why, when in self._unhealthy:
+        for pid, why, when in self._watchdog.unhealthy:
             proc = self._proc_of(pid)
             if proc is None:
                 continue
@@ -505,21 +366,15 @@ class LocalElasticAgent(SimpleElasticAgent):
             node_rank=group.group_rank or 0,
         )
 
-    # -- stop ----------------------------------------------------------------------------
-
     async def _stop_workers(self, group: WorkerGroup) -> None:
         procs = list(self._procs.values())
         if not procs:
             return
         spec = group.spec
         running = sum(p.returncode is None for p in procs)
-        log.log(
-            logging.INFO if running else logging.DEBUG,
-            "[%s] Stopping %d running worker(s) with %s",
-            spec.role,
-            running,
-            spec.stop_signal.name,
-        )
+        level = logging.INFO if running else logging.DEBUG
+        log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
+                spec.stop_signal.name)  # fmt: skip
         strays: list[int] = []
         try:
             strays = await stop_workers(
@@ -527,72 +382,12 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
         finally:
             if strays:
-                log.warning(
-                    "[%s] Killed %d process(es) that left their worker's group: %s",
-                    spec.role,
-                    len(strays),
-                    strays,
-                )
-            for proc in procs:
-                self._reaper.disown(proc.pid)
-                if self._guardian is not None:
-                    self._guardian.unwatch(proc.pgid)
+                log.warning("[%s] Killed %d process(es) that left their worker's group: %s",
+                            spec.role, len(strays), strays)  # fmt: skip
+            self._hygiene.stopped(procs)
             for worker in group.workers:
                 worker.id = None
-            self.timer_server.clear_timers(p.pid for p in procs)
-            self._unhealthy.clear()
+            self._watchdog.forget(p.pid for p in procs)
+            self._watchdog.clear()
             self._procs = {}
-            level = logging.INFO if running else logging.DEBUG
             log.log(level, "[%s] Stopped worker group", spec.role)
-
-    async def _shutdown(self) -> None:
-        if self._shut_down:
-            return
-        self._shut_down = True
-        group = self._worker_group
-        try:
-            if self._procs:
-                await self._stop_workers(group)
-                if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
-                    self._set_state(WorkerState.STOPPED, "agent shutting down")
-            await self.rdzv_handler.shutdown()
-        finally:
-            if self._hang_monitor is not None:
-                await self._hang_monitor.stop()
-            await self.timer_server.stop()
-            if self._lag is not None:
-                self._lag.stop()
-            if self.health_server is not None:
-                await self.health_server.stop()
-            if self._event_file is not None:
-                self._event_file.close()
-            if self._guardian is not None:
-                await self._guardian.stop()
-                self._guardian = None
-            if self._sigchld_installed:
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
-                self._sigchld_installed = False
-                self._reaper.reap()
-            self._write_result()
-
-    def _write_result(self) -> None:
-        """Write ``result.json`` in the run's log directory (any outcome)."""
-        group = self._worker_group
-        doc = outcome(
-            {"run_id": self.run_id, "role": group.spec.role, "state": group.state.value,
-             "restarts": self.restart_count, "attempts": self.attempt + 1,
-             "host": self.hostname},
-            self.last_result, self.last_failure, self.exit_error,
-        )  # fmt: skip
-        if self.run_dir.is_dir():
-            self.result_written = self.result_file.write(doc)
-
-    def failure_report(self) -> str:
-        """The text report of the last run's failure (empty when it did not fail)."""
-        result = self.last_result
-        if result is None or not result.is_failed():
-            return ""
-        from agentd.errors import format_failure_report
-
-        entrypoint = self._worker_group.spec.get_entrypoint_name()
-        return format_failure_report(result, self.run_id, entrypoint)

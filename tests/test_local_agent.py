@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 
@@ -13,7 +14,7 @@ from agentd.exceptions import AgentStopped, IllegalTransition
 from agentd.observer import AgentObserver
 from agentd.rendezvous.static import StaticRendezvous
 from agentd.restart import RestartBackoff
-from tests.conftest import WORKER
+from tests.conftest import WORKER, pid_alive
 from tests.workers import functions
 
 
@@ -130,3 +131,25 @@ async def test_illegal_state_change_is_rejected(tmp_path):
     agent = make_agent(tmp_path, "true")
     with pytest.raises(IllegalTransition):
         agent._set_state(WorkerState.SUCCEEDED, "test")
+
+
+async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp_path):
+    """A second cancel while the agent shuts down (an outer timeout, a task group) must not
+    cut the shutdown short: asyncio.shield would return at once, with workers alive."""
+    agent = make_agent(
+        tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=2, stop_timeout=0.5
+    )  # stopping takes half a second: SIGTERM is ignored
+    run = asyncio.create_task(agent.run("trainer"))
+    async with asyncio.timeout(20):
+        while len(agent.worker_processes()) < 2:
+            await asyncio.sleep(0.01)
+    pids = [p.pid for p in agent.worker_processes().values()]
+    await asyncio.sleep(0.3)  # let them install their SIGTERM handler
+    run.cancel()
+    await asyncio.sleep(0.1)  # the shutdown is under way, waiting for the stop timeout
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not any(pid_alive(pid) for pid in pids)  # stopped before the cancel went on
+    result = json.loads((tmp_path / "api-run" / "result.json").read_text())
+    assert (result["state"], result["outcome"]) == ("STOPPED", "stopped")
