@@ -383,7 +383,8 @@ class SimpleElasticAgent(ElasticAgent):
             return
         log.info("[%s] Waiting %.2fs before restarting (backoff)", role, delay)
         try:  # only a stop request cuts the backoff short, not the stopped workers' exits
-            await asyncio.wait_for(self._stop_requested.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self._stop_requested.wait()
         except TimeoutError:
             return
         self._raise_if_stop_requested()

@@ -104,7 +104,8 @@ class WorkerProcess(asyncio.SubprocessProtocol):
     async def drain(self) -> None:
         """After the exit: let the output pipes reach their end (bounded), then close."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.pipes_closed), _PIPE_DRAIN_TIMEOUT)
+            async with asyncio.timeout(_PIPE_DRAIN_TIMEOUT):
+                await asyncio.shield(self.pipes_closed)
         for sink in self.sinks.values():
             sink.close()
         if self._transport is not None:

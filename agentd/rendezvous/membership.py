@@ -49,6 +49,11 @@ _EXTEND_STEP = 1.0
 """While a frozen store holds our heartbeat, the lease is extended this much at a time."""
 
 
+def _loop_time(deadline: float) -> float:
+    """A ``time.monotonic`` deadline on the running loop's clock."""
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
 class Membership:
     """The heartbeat of one agent (``key`` in ``store``) and its lease.
 
@@ -134,9 +139,12 @@ class Membership:
                 self._lose(self._silence_reason())
                 continue
             self._changed.clear()
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that comes as
+            # the event is set (a heartbeat confirmed as the round watch is cancelled), and
+            # the task then waited on, uncancelled, holding up whoever cancelled it.
             with contextlib.suppress(TimeoutError):
-                timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout_at(None if wake_at is None else _loop_time(wake_at)):
+                    await self._changed.wait()
 
     def _delivered(self) -> bool:
         """A heartbeat reached the frozen store's host and waits there, unanswered."""

@@ -241,8 +241,9 @@ class TimerServer:
                     self._expire(entry)
                 continue
             timeout = None if head is None else head - self._clock() - _FINE_SLEEP
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see membership.py
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             self._wake.clear()
 
     def _expire(self, entry: _Entry) -> None:

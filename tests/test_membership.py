@@ -1,0 +1,66 @@
+"""Membership: the lease on our heartbeat, as the rendezvous and the agent see it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agentd.rendezvous.membership import Membership
+from agentd.store.memory import MemoryStore
+
+
+def membership(store, **kw) -> Membership:
+    settings = {"ttl": 2.0, "interval": 0.5, "lease": True, "single_process": True,
+                "where": "test"}  # fmt: skip
+    return Membership(store, "hb", b"me", **{**settings, **kw})
+
+
+async def test_a_cancel_that_comes_as_the_lease_moves_is_never_lost():
+    """3.11's wait_for swallowed a cancel arriving as the event it waited on was set: the
+    round watch and the exit barrier then waited forever for lost() to finish cancelling."""
+    m = membership(MemoryStore())
+    await m.announce()
+    for _ in range(50):  # the race, many times over: set and cancel in the same iteration
+        task = asyncio.create_task(m.lost())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        m._changed.set()
+        task.cancel()
+        async with asyncio.timeout(2):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
+async def test_silence_ends_membership_a_margin_before_the_lease():
+    store = MemoryStore()
+    m = membership(store, ttl=0.8, single_process=False)
+    await m.announce()  # confirmed now; no heartbeat task, so nothing renews it
+    began = time.monotonic()
+    why = await asyncio.wait_for(m.lost(), 5)
+    assert "no heartbeat sent in the last" in why
+    assert 0.8 - m.margin - 0.05 <= time.monotonic() - began < 0.8
+    assert m.expired() == why
+
+
+async def test_a_heartbeat_the_store_forgot_ends_membership_at_once():
+    store = MemoryStore()
+    m = membership(store, ttl=5.0, interval=0.05)
+    await m.announce()
+    m.member = True
+    m.start()
+    try:
+        await store.delete("hb")  # a store that restarted, or expired us
+        why = await asyncio.wait_for(m.lost(), 5)
+        assert "says our heartbeat had expired" in why
+    finally:
+        await m.stop()
+
+
+async def test_without_a_lease_silence_is_never_loss():
+    m = membership(MemoryStore(), ttl=0.2, lease=False)
+    await m.announce()
+    assert m.deadline is None
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(m.lost(), 0.5)
