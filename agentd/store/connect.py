@@ -77,7 +77,7 @@ def is_local_address(host: str) -> bool:
 
 async def open_memory_store() -> OpenedStore:
     """A store inside this agent: ``--standalone``, where no other agent could join."""
-    store = MemoryStore()
+    store = MemoryStore(stall_guard=False)
     return OpenedStore(store, store.close)
 
 

@@ -97,8 +97,14 @@ class MemoryStore:
         *,
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        stall_guard: bool = True,
     ) -> None:
-        self._clock = ServingClock(clock, on_stall=self._stalled)
+        self._clock: Callable[[], float] = (
+            ServingClock(clock, on_stall=self._stalled) if stall_guard else clock
+        )
+        """``stall_guard`` False: plain time and no tick, for a store only its own process
+        uses (``--standalone``): there is nobody for whom to survive its freezes."""
+        self._stall_guard = stall_guard
         self._tick: asyncio.TimerHandle | None = None
         self._items: dict[str, _Item] = {}
         self._revision = 0
@@ -295,7 +301,7 @@ class MemoryStore:
             at = self._expiries[0][0]
             self._expiry_timer = loop.call_at(loop.time() + max(0.0, at - self._clock()),
                                               self._on_expiry_timer)  # fmt: skip
-            if self._tick is None:
+            if self._tick is None and self._stall_guard:
                 self._tick = loop.call_later(TICK, self._on_tick)
 
     def _on_expiry_timer(self) -> None:
