@@ -36,6 +36,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from agentd.aio import first_done
 from agentd.exceptions import ConfigError
 from agentd.ratelog import RateLimitedLog
 from agentd.rendezvous.api import (
@@ -245,14 +246,7 @@ class DynamicRendezvous:
         membership = self._membership
         if current is None or membership is None:
             raise RuntimeError("round_over() needs a completed rendezvous")
-        watch = asyncio.ensure_future(self._watch_round(current))
-        lost = asyncio.ensure_future(membership.lost())
-        try:
-            await asyncio.wait({watch, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (watch, lost):
-                task.cancel()
-            await asyncio.gather(watch, lost, return_exceptions=True)
+        watch, lost = await first_done(self._watch_round(current), membership.lost())
         if lost.done() and not lost.cancelled():
             membership.member = False
             self._unended = current.generation
@@ -348,15 +342,8 @@ class DynamicRendezvous:
         membership = self._membership
         if current is None or membership is None:
             return
-        barrier = asyncio.ensure_future(self._barrier(current))
-        lost = asyncio.ensure_future(membership.lost())
-        try:
-            await asyncio.wait({barrier, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (barrier, lost):
-                task.cancel()
-            await asyncio.gather(barrier, lost, return_exceptions=True)
-        if not barrier.done() or barrier.cancelled():
+        barrier, lost = await first_done(self._barrier(current), membership.lost())
+        if barrier.cancelled():
             raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
         barrier.result()
 

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from agentd.aio import cancel_and_wait
 from agentd.ratelog import RateLimitedLog
 from agentd.store.api import Store, StoreError
 from agentd.store.sockets import DELIVERED_AFTER
@@ -210,10 +211,7 @@ class Membership:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _beat(self) -> None:
         beat: Callable[[str, float], Awaitable[bool]] = getattr(

@@ -8,10 +8,11 @@ it is enabled; it reports a worker that stayed in D state longer than the timeou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
+
+from agentd.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,7 @@ class UninterruptibleMonitor:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from agentd.aio import cancel_and_wait
 from agentd.timer.api import TimerRequest
 
 log = logging.getLogger(__name__)
@@ -215,10 +216,7 @@ class TimerServer:
     async def stop(self) -> None:
         """Stop the watchdog task; pending timers are dropped."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def alive(self) -> bool:
         """The watchdog's task runs and no deadline is overdue beyond ``max_overdue``.

@@ -1,0 +1,32 @@
+"""Two asyncio patterns the agent's long-lived tasks share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` and wait until it has really finished (its cancellation swallowed)."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def first_done(*coros: Coroutine[Any, Any, Any]) -> list[asyncio.Task[Any]]:
+    """Run ``coros`` until the first one finishes; the others are cancelled and waited for.
+
+    Returns their tasks in the order given: read the one that is done (not cancelled).
+    """
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tasks
