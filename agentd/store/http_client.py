@@ -164,8 +164,8 @@ class HttpStore:
 
     def _headers(self) -> dict[str, str]:
         token = self._token
-        if self._token_port is not None:
-            token = token_file.read(self._token_port)
+        if self._token_port is not None and token is None:  # read once; again when refused
+            token = self._token = token_file.read(self._token_port)
         headers = dict(_JSON)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -173,6 +173,7 @@ class HttpStore:
 
     def _auth_problem(self, sent: dict[str, str]) -> StoreAuthError:
         assert self._token_port is not None
+        self._token = None  # refused, or none yet: read the file again for the next try
         path = token_file.token_path(self._token_port)
         if "Authorization" not in sent:
             why = f"no token was given and {path} does not exist (yet)"
