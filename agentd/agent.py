@@ -204,8 +204,9 @@ class SimpleElasticAgent(ElasticAgent):
                 raise closed
             # Our workers may have died because we lost our membership (killed at the end of
             # its lease while the agent was frozen, say): that is a membership change, not
-            # their failure, and it spends no restart.
-            lost = self._membership_lost()
+            # their failure, and it spends no restart. Workers that succeeded did, lease or
+            # not: their exit barrier copes with a store out of reach.
+            lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
             if lost or (state == WorkerState.HEALTHY and self._round_ended is not None):
                 why = lost or self._round_ended
                 log.info("[%s] Rendezvous round over (%s); restarting the group without "
@@ -402,7 +403,7 @@ class SimpleElasticAgent(ElasticAgent):
             )
             return
         except StoreError as exc:  # our workers succeeded: that is the outcome
-            log.warning("Exit barrier: the store cannot be reached (%s); our workers "
+            log.warning("Exit barrier: could not wait for the other nodes (%s); our workers "
                         "succeeded, so the job is done here (exit 0)", exc)  # fmt: skip
             return
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)

@@ -229,3 +229,27 @@ async def test_a_full_store_answers_507_and_keeps_what_it_had():
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_watch_on_a_restarted_store_is_answered_at_once_even_past_its_revision():
+    """The new store has already passed the revision the client knew, so revisions cannot
+    tell: the watch names the server instance it belongs to."""
+    first = StoreServer("127.0.0.1", 0)
+    await first.start()
+    port = first.port
+    client = HttpStore(f"127.0.0.1:{port}", retry_timeout=20)
+    try:
+        await client.set("a", b"1")
+        known = await client.revision()
+        await first.stop()
+        second = StoreServer("127.0.0.1", port)
+        await second.start()
+        for i in range(known + 5):  # the new store runs ahead of the old revision
+            await second.store.set(f"other/{i}", b"x")
+        client._restarted = False  # as if no response had told the client yet
+        async with asyncio.timeout(5):  # not the 30 s the watch asks for
+            result = await client.watch("a", known, timeout=30)
+        assert result.compacted
+    finally:
+        await client.close()
+        await second.stop()

@@ -337,10 +337,20 @@ class DynamicRendezvous:
     async def exit_barrier(self) -> None:
         """Wait for every member's workers to be done; a store out of reach for as long as
         our lease lasts ends the wait (:class:`StoreUnavailable`): nobody can be waited
-        for without it."""
+        for without it. A lease already gone (the agent was frozen while its workers
+        finished) leaves the barrier a heartbeat TTL to get through: the store may answer,
+        and the peers then need not wait for us."""
         current = self._round
         membership = self._membership
         if current is None or membership is None:
+            return
+        if membership.expired():
+            try:
+                async with asyncio.timeout(self.settings.heartbeat_ttl):
+                    await self._barrier(current)
+            except TimeoutError:
+                raise StoreUnavailable("our membership had lapsed and the barrier did not "
+                                       "complete within the heartbeat TTL") from None  # fmt: skip
             return
         barrier, lost = await first_done(self._barrier(current), membership.lost())
         if barrier.cancelled():

@@ -264,9 +264,12 @@ class HttpStore:
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
         """As the protocol says; a restart of the server, seen by this call or by any request
         since the last watch, answers ``compacted``: ``after_revision`` was the old store's,
-        which the new one may even have overtaken. (One watch at a time per client.)"""
+        which the new one may even have overtaken. The watch names the server instance it
+        belongs to, so a restarted server answers it at once, even one retried after the
+        restart. (One watch at a time per client.)"""
         poll = max(0.0, min(MAX_POLL, timeout))
-        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll}
+        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll,
+                "instance": self._instance}  # a different server answers at once  # fmt: skip
         if not self._restarted:
             doc = await self._call("watch", body, poll=poll)
             if not self._restarted:

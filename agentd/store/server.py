@@ -196,6 +196,12 @@ class StoreServer:
             raise BadRequest("body: JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
+        seen = body.get("instance")
+        if op == "watch" and seen is not None and seen != self.instance:
+            # the client's revisions are another store's (we restarted): a long poll on them
+            # could wait for changes that will never come, so say so at once
+            lost = WatchResult(await self.store.revision(), compacted=True)
+            return web.json_response(_watch_doc(lost), headers={INSTANCE_HEADER: self.instance})
         result = await method(self.store, _Args(body))
         return web.json_response(result, headers={INSTANCE_HEADER: self.instance})
 

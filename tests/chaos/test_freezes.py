@@ -90,3 +90,27 @@ def test_a_frozen_store_costs_no_agent_a_restart(run_agentd, run_store, tmp_path
     stop.touch()
     assert [a.wait(30) for a in agents] == [0] * 4, [a.stderr()[-2000:] for a in agents]
     assert [latest_attempt(a) for a in agents] == [0] * 4, [a.stderr()[-2000:] for a in agents]
+
+
+def test_workers_that_succeed_while_their_agent_is_frozen_are_not_run_again(
+    run_agentd, run_store, tmp_path
+):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [run_agentd(*agent_args(store.endpoint, "2", "--exit-barrier-timeout", "20",
+                                     conf=FAST + ",is_host=0"), *member_job(stop), env=env)
+              for _ in range(2)]  # fmt: skip
+    wait_until(lambda: one_round(agents, 2), what="a job of two")
+    victim = agents[0]
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        stop.touch()  # every worker succeeds, the frozen agent's too
+        time.sleep(TTL + 1.5)  # its lease runs out meanwhile
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+    thawed = time.monotonic()
+    assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    assert latest_attempt(victim) == 0  # not restarted: its workers were done
+    assert time.monotonic() - thawed < 10  # and its peer did not wait out the barrier's 20 s
+    assert "Exit barrier timed out" not in "".join(a.stderr() for a in agents)
