@@ -31,6 +31,7 @@ from agentd.services.events import EventLog
 from agentd.services.hygiene import ProcessHygiene
 from agentd.services.results import RunRecord
 from agentd.services.watchdog import Watchdog
+from agentd.services.worker_store import WorkerStoreService
 from agentd.spec import (
     RunResult,
     Std,
@@ -118,8 +119,9 @@ class LocalElasticAgent(SimpleElasticAgent):
 
             self._health = HealthService(self, health)
         events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
+        self._workers_store = WorkerStoreService(self)
         services: list[Service | None] = [self._record, events, self._watchdog, self._health,
-                                          self._hygiene]  # fmt: skip
+                                          self._workers_store, self._hygiene]  # fmt: skip
         self._services = [s for s in services if s is not None]
         """Started in this order before the first rendezvous, stopped in reverse."""
         self._running: list[Service] = []
@@ -214,6 +216,7 @@ class LocalElasticAgent(SimpleElasticAgent):
     async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
         self.attempt += 1
         prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
+        await self._workers_store.open_for(group)
         spec = group.spec
         plans = [self._plan_worker(group, worker) for worker in group.workers]
         with self._hygiene.spawning():

@@ -137,6 +137,8 @@ async def test_an_expired_heartbeat_ends_the_round(store):
     watch = asyncio.create_task(a.round_over())
     assert b._membership is not None
     await b._membership.stop()  # b's agent was SIGKILLed: its heartbeat stops, nothing else
+    assert b._rounds is not None
+    b._rounds.release()  # ... and its sockets close with it
     why = await asyncio.wait_for(watch, 10)
     assert f"node {b.node_id} left (no heartbeat)" == why
     info = await a.next_rendezvous()

@@ -160,7 +160,20 @@ class DynamicRendezvous:
 
     @property
     def use_agent_store(self) -> bool:
-        return False
+        """Group rank 0's agent serves the workers' store (see :meth:`take_master_socket`)."""
+        return True
+
+    def take_master_socket(self, port: int) -> socket.socket | None:
+        """The socket bound to ``port`` for the workers' store, if this agent offered it in
+        the round just completed (the caller owns it then); None otherwise."""
+        rounds = self._rounds
+        if rounds is None or rounds.reserved is None:
+            return None
+        sock, rounds.reserved = rounds.reserved, None
+        if sock.getsockname()[1] != port:
+            sock.close()
+            return None
+        return sock
 
     @property
     def store(self) -> Store:
@@ -185,6 +198,8 @@ class DynamicRendezvous:
         rounds.floor = max(rounds.floor, joined.generation + 1)
         if joined.rank == 0:
             await self._forget_round(joined.generation - 2)
+        else:
+            rounds.release()  # group rank 0's agent serves the workers' store, not us
         membership.rejoined()
         membership.member = True
         master = joined.nodes[0]
@@ -377,6 +392,8 @@ class DynamicRendezvous:
             raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
 
     async def shutdown(self) -> None:
+        if self._rounds is not None:
+            self._rounds.release()
         if self._membership is not None:
             await self._membership.stop()
         if self._store is None or self._opened is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from agentd.exceptions import StartError
 from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
-from agentd.rendezvous.static import free_port
+from agentd.rendezvous.static import reserve_port
 from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class Rounds:
         self._node = node
         self.floor = 0
         """The lowest generation this agent may join."""
+        self.reserved: socket.socket | None = None
+        """The port our last node entry offered for the workers' store, still bound."""
 
     async def generation(self) -> int:
         """The generation to join now (raises if the run is closed). A store without one,
@@ -128,7 +131,7 @@ class Rounds:
             await self._end_if_abandoned(generation, settings.max_nodes)
             await self.wait_for_generation_after(generation)
             return None
-        node = {**self._node, "port": self._node["port"] or self._pick_port()}
+        node = {**self._node, "port": self._node["port"] or self._reserve_port()}
         mine = json.dumps(node).encode()
         revision = await store.set(keys.round(generation, f"node/{rank}"), mine)
         sealed_key = keys.round(generation, "sealed")
@@ -204,15 +207,24 @@ class Rounds:
         if any(beat is None for beat in beats):
             await self.advance(generation, "a member of the full round is gone")
 
-    def _pick_port(self) -> int:
-        """A free port on our address, for the workers' store should we be group rank 0."""
+    def _reserve_port(self) -> int:
+        """A free port on our address for the workers' store, should we be group rank 0;
+        it is held (:attr:`reserved`) until the round tells who serves it."""
         addr = str(self._node["addr"])
+        self.release()
         try:
-            return free_port(addr)
+            self.reserved = reserve_port(addr)
         except OSError as exc:
             raise StartError(
                 f"--local-addr: {addr!r} is not an address of this host ({exc.strerror})"
             ) from None
+        return int(self.reserved.getsockname()[1])
+
+    def release(self) -> None:
+        """Let go of a port held for the workers' store."""
+        if self.reserved is not None:
+            self.reserved.close()
+            self.reserved = None
 
     async def _read_round(self, generation: int, rank: int, size: int, mine: bytes) -> Round:
         store = self._store

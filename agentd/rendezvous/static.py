@@ -17,10 +17,22 @@ from agentd.rendezvous.api import RendezvousInfo, RoleInstanceInfo
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free on ``host`` a moment ago (the workers' own store binds it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+    with reserve_port(host) as sock:
         return int(sock.getsockname()[1])
+
+
+def reserve_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port), not yet listening: the port stays
+    ours until the socket is closed or listens (the agent's store for the workers)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class StaticRendezvous:

@@ -127,7 +127,7 @@ def test_worker_environment_matches_torchrun(run_agentd):
         assert env["TORCHELASTIC_RUN_ID"] == "job7"
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert env["TORCHELASTIC_MAX_RESTARTS"] == "2"
-        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the agent serves the store
         assert env["OMP_NUM_THREADS"] == "1"
         assert env["PYTHONUNBUFFERED"] == "1"
         error_file = Path(env["TORCHELASTIC_ERROR_FILE"])

@@ -49,6 +49,34 @@ def test_gloo_all_reduce_across_two_agents(run_agentd):
         assert f"rank {rank}/4 all_reduce=10" in out
 
 
+@pytest.mark.torch
+def test_init_process_group_with_8_ranks_across_2_agents_meets_in_the_agents_store(run_agentd):
+    pytest.importorskip("torch")
+    endpoint = f"127.0.0.1:{free_port()}"
+    script = str(TESTS / "workers" / "torch_store.py")
+    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "4", conf=FAST), script,
+                         "late") for _ in range(2)]  # fmt: skip
+    assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
+    out = "".join(a.stdout() for a in agents)
+    assert out.count("all_reduce=36") == 8  # 1 + 2 + ... + 8
+    assert out.count("used the store after rank 0 left") == 7
+    servers = [a for a in agents if "Serving the workers' store" in a.stderr()]
+    assert len(servers) == 1, "group rank 0's agent alone serves the store"
+
+
+@pytest.mark.torch
+def test_a_restarted_attempt_meets_in_a_new_store_and_the_old_one_is_gone(run_agentd):
+    pytest.importorskip("torch")
+    endpoint = f"127.0.0.1:{free_port()}"
+    script = str(TESTS / "workers" / "torch_store.py")
+    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2",
+                                     "--max-restarts", "1", conf=FAST), script, "restart")
+              for _ in range(2)]  # fmt: skip
+    assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
+    out = "".join(a.stdout() for a in agents)
+    assert out.count("the old store is gone") == 4, out
+
+
 def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path):
     store = run_store()
     stop = tmp_path / "stop"
