@@ -1,0 +1,31 @@
+"""Benchmark worker for bench_recovery.py: a gloo job that crashes once, then recovers.
+
+``recovery_worker.py OUT_DIR``. Joins the process group and all-reduces; then writes
+``past_<restart>_<rank>`` (epoch seconds). On the first attempt, rank 0 writes ``crash``
+and exits 1 once every rank is past its all-reduce; the others wait to be stopped.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+out = sys.argv[1]
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+tensor = torch.ones(1)
+dist.all_reduce(tensor)
+with open(os.path.join(out, f"past_{restart}_{rank}"), "w") as fp:
+    fp.write(repr(time.time()))
+if restart == "0":
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out, "crash"), "w") as fp:
+            fp.write(repr(time.time()))
+        os._exit(1)
+    time.sleep(600)  # stopped by the agent
+dist.barrier()
+dist.destroy_process_group()
