@@ -12,80 +12,73 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
-from agentd.exceptions import AgentdError, AgentStopped, ConfigError
+from agentd.agent_rounds import RendezvousSteps
+from agentd.exceptions import AgentStopped, ConfigError
 from agentd.observer import AgentObserver
 from agentd.rendezvous.api import (
     RendezvousClosedError,
-    RendezvousHandler,
-    RendezvousInfo,
-    RoleInstanceInfo,
 )
-from agentd.rendezvous.static import StaticRendezvous
 from agentd.spec import (
     DEFAULT_ROLE,
     RunResult,
-    Worker,
     WorkerFailure,
     WorkerGroup,
     WorkerSpec,
     WorkerState,
     check_transition,
 )
-from agentd.store.api import StoreError
+from agentd.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
 
 log = logging.getLogger(__name__)
 
 _WATCH_RETRY = 5.0
 
 
-def assign_worker_ranks(
-    role_infos: Sequence[RoleInstanceInfo], group_rank: int, spec: WorkerSpec
-) -> list[Worker]:
-    """Global and role ranks for this agent's workers, as the seed assigns them.
-
-    Agents are ordered by group rank; an agent's workers take the next ``local_world_size``
-    global ranks, and the next role ranks among agents of the same role.
-    """
-    infos = sorted(role_infos, key=lambda info: info.rank)
-    world_size = sum(info.local_world_size for info in infos)
-    base_rank = sum(info.local_world_size for info in infos if info.rank < group_rank)
-    same_role = [info for info in infos if info.role == spec.role]
-    role_world_size = sum(info.local_world_size for info in same_role)
-    base_role_rank = sum(info.local_world_size for info in same_role if info.rank < group_rank)
-    return [
-        Worker(
-            local_rank=i,
-            global_rank=base_rank + i,
-            role_rank=base_role_rank + i,
-            world_size=world_size,
-            role_world_size=role_world_size,
-        )
-        for i in range(spec.local_world_size)
-    ]
-
-
 class ElasticAgent(abc.ABC):
     """An agent that runs and supervises one role's worker group on this host."""
 
     @abc.abstractmethod
-    async def run(self, role: str = DEFAULT_ROLE) -> RunResult:
-        """Run the workers until they succeed or fail for good."""
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers until they succeed or fail for good (blocks)."""
 
     @abc.abstractmethod
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
         """The worker group of ``role`` (its state is live)."""
 
 
-class SimpleElasticAgent(ElasticAgent):
-    """The template of an elastic agent; subclasses implement how workers are handled."""
+class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
+    """The template of an elastic agent; subclasses implement how workers are handled.
+
+    :meth:`run` blocks until the job is done, on an event loop of its own; code already on
+    a loop awaits :meth:`run_async` instead. The steps a subclass provides
+    (``_start_workers``, ``_stop_workers``, ``_monitor_workers``, ``_shutdown``, and
+    ``_restart_workers`` if it wants) may be ``async def`` or, as in torch, plain methods,
+    which run in a worker thread (:mod:`agentd.sync_bridge`). A plain ``_monitor_workers``
+    is called every ``spec.monitor_interval`` seconds, as torch polls; agentd's own is
+    event-driven and returns only when something happened.
+    """
 
     def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
+        self.fresh_run_id = spec.rdzv_handler is None
+        """No rendezvous was given: the group runs alone here, under a new run id."""
         if spec.rdzv_handler is None:
-            spec.rdzv_handler = StaticRendezvous(run_id="none")
+            import os
+
+            from agentd.rendezvous.static import StaticRendezvous
+
+            run_id = os.urandom(6).hex()
+            spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
+        else:
+            from agentd.rendezvous.registry import as_agentd_handler
+
+            spec.rdzv_handler = as_agentd_handler(spec.rdzv_handler)
+        bind = getattr(spec.rdzv_handler, "bind_worker_spec", None)
+        if bind is not None:
+            bind(spec.role, spec.local_world_size)
         if exit_barrier_timeout < 0:
             raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
         self._worker_group = WorkerGroup(spec)
@@ -109,12 +102,6 @@ class SimpleElasticAgent(ElasticAgent):
         """The root cause of the latest failure, even one that a restart recovered from."""
         self.exit_error: BaseException | None = None
         """What ended :meth:`run` when it did not return a result (a stop signal, ...)."""
-
-    @property
-    def rdzv_handler(self) -> RendezvousHandler:
-        handler = self._worker_group.spec.rdzv_handler
-        assert handler is not None  # set in __init__
-        return handler
 
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
         return self._worker_group
@@ -145,7 +132,15 @@ class SimpleElasticAgent(ElasticAgent):
 
     # -- the template ----------------------------------------------------------------------
 
-    async def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers until they succeed or fail for good, on a new event loop.
+
+        Raises RuntimeError when called from inside a running event loop: await
+        :meth:`run_async` there."""
+        return run_blocking(self.run_async(role), "agent.run_async()")
+
+    async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """:meth:`run`, on the running loop."""
         started = time.monotonic()
         try:
             await self._startup()
@@ -165,7 +160,7 @@ class SimpleElasticAgent(ElasticAgent):
         finally:
             self._stop_round_watch()
             with anyio.CancelScope(shield=True):  # a cancelled run still stops everything
-                await self._shutdown()
+                await call_step(self._shutdown)
 
     def _settle_state(self, exc: BaseException) -> None:
         """The group's final state when :meth:`run` ends by an exception: STOPPED for a
@@ -192,8 +187,14 @@ class SimpleElasticAgent(ElasticAgent):
             self.rdzv_handler.get_backend(),
         )
         await self._initialize_workers(group)
+        event_driven = is_agentd_step(self._monitor_workers)
         while True:
-            result = await self._monitor_workers(group)
+            if not event_driven:
+                await self._pace(spec.monitor_interval)
+            result = await call_step(self._monitor_workers, group)
+            if not isinstance(result, RunResult):
+                raise TypeError(f"{type(self).__name__}._monitor_workers() returned "
+                                f"{result!r}; it must return a RunResult")  # fmt: skip
             self._raise_if_stop_requested()
             state = result.state
             if self._round_closed is not None and state == WorkerState.HEALTHY:
@@ -212,7 +213,7 @@ class SimpleElasticAgent(ElasticAgent):
                 log.info("[%s] Rendezvous round over (%s); restarting the group without "
                          "spending a restart", role, why)  # fmt: skip
                 self._notify("restarted", "membership", self.restart_count)
-                await self._restart_workers(group, reason="membership")
+                await self._restart_group(group, reason="membership")
                 continue
             if state == WorkerState.HEALTHY:
                 continue
@@ -248,7 +249,7 @@ class SimpleElasticAgent(ElasticAgent):
                     self.restart_count,
                     spec.max_restarts,
                 )
-                await self._restart_workers(group, reason=reason, stopped=True)
+                await self._restart_group(group, reason=reason, stopped=True)
                 continue
             if not retryable and root is not None:
                 log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
@@ -260,8 +261,20 @@ class SimpleElasticAgent(ElasticAgent):
             self._set_state(WorkerState.FAILED, "no restarts left")
             return RunResult(WorkerState.FAILED, result.return_values, result.failures)
 
-    async def _initialize_workers(self, group: WorkerGroup) -> None:
+    async def _pace(self, interval: float) -> None:
+        """Wait ``interval`` before polling a plain ``_monitor_workers`` again (a stop
+        request or the end of the round cuts the wait short)."""
+        try:
+            async with asyncio.timeout(interval):
+                await self._wakeup.wait()
+        except TimeoutError:
+            return
+        self._wakeup.clear()
+
+    @agent_step
+    async def _initialize_workers(self, worker_group: WorkerGroup) -> None:
         """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
+        group = worker_group
         self._raise_if_stop_requested()
         self._stop_round_watch()
         began = time.monotonic()
@@ -269,55 +282,34 @@ class SimpleElasticAgent(ElasticAgent):
         self._notify("phase_timed", "rendezvous", time.monotonic() - began)
         self._raise_if_stop_requested()
         began = time.monotonic()
-        pids = await self._start_workers(group)
+        pids = await call_step(self._start_workers, group)
+        if not isinstance(pids, dict):
+            raise TypeError(f"{type(self).__name__}._start_workers() returned {pids!r}; it "
+                            "must return the workers' ids (pids) by local rank")  # fmt: skip
         self._notify("phase_timed", "start", time.monotonic() - began)
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
         self._healthy_since = time.monotonic()
         self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
+        if group.state in (WorkerState.STOPPED, WorkerState.FAILED):  # set by a subclass
+            self._set_state(WorkerState.INIT, "workers starting")
         self._set_state(WorkerState.HEALTHY, "workers started")
 
-    async def _watch_round(self) -> None:
-        """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""
-        while True:
-            try:
-                why = await self.rdzv_handler.round_over()
-            except RendezvousClosedError as exc:
-                self._round_closed = exc
-                self._wakeup.set()
-                return
-            except AgentdError as exc:  # the store is down: the workers go on meanwhile
-                log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc,
-                            _WATCH_RETRY)  # fmt: skip
-                await asyncio.sleep(_WATCH_RETRY)
-                continue
-            self._round_ended = why
-            self._wakeup.set()
+    @agent_step
+    async def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        """Stop the group and start it again after a new rendezvous (torch's step)."""
+        await self._stop_then_start(worker_group, "restart", stopped=False)
+
+    async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
+        """The template's restart: a subclass's own ``_restart_workers`` if it has one."""
+        if is_agentd_step(self._restart_workers):
+            await self._stop_then_start(group, reason, stopped)
             return
+        if stopped:
+            self._set_state(WorkerState.INIT, f"restart ({reason})")
+        await call_step(self._restart_workers, group)
 
-    def _stop_round_watch(self) -> None:
-        if self._round_watch is not None:
-            self._round_watch.cancel()
-            self._round_watch = None
-        self._round_ended = None
-
-    async def _end_round(self, reason: str) -> None:
-        """Tell the peers this round is over; a store problem is logged, not fatal (the
-        peers' membership leases run out instead)."""
-        try:
-            await self.rdzv_handler.end_round(reason)
-        except AgentdError as exc:
-            log.warning("Could not tell the other nodes to restart yet: %s", exc)
-
-    async def _close_rendezvous(self, succeeded: bool, reason: str) -> None:
-        try:
-            await self.rdzv_handler.set_closed(succeeded, reason)
-        except AgentdError as exc:
-            log.warning("Could not close the rendezvous: %s", exc)
-
-    async def _restart_workers(
-        self, group: WorkerGroup, reason: str, stopped: bool = False
-    ) -> None:
+    async def _stop_then_start(self, group: WorkerGroup, reason: str, stopped: bool) -> None:
         """Stop (unless already stopped) and start the group again after a new rendezvous."""
         if not stopped:
             await self._timed_stop(group)
@@ -327,51 +319,8 @@ class SimpleElasticAgent(ElasticAgent):
 
     async def _timed_stop(self, group: WorkerGroup) -> None:
         began = time.monotonic()
-        await self._stop_workers(group)
+        await call_step(self._stop_workers, group)
         self._notify("phase_timed", "stop", time.monotonic() - began)
-
-    def _stop_timeout(self) -> float:
-        """How long stopping may wait before SIGKILL: the spec's stop timeout, but never
-        past the end of our membership lease (the others may reuse our ranks then)."""
-        timeout = self._worker_group.spec.stop_timeout
-        lease = getattr(self.rdzv_handler, "lease_deadline", None)
-        deadline = lease() if lease is not None else None
-        if deadline is not None:
-            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
-        return timeout
-
-    def _membership_lost(self) -> str:
-        """Why we are no longer a member of our round ('' while we are, or if the
-        rendezvous has no notion of it)."""
-        lost = getattr(self.rdzv_handler, "membership_lost", None)
-        return lost() if lost is not None else ""
-
-    async def _rendezvous(self, group: WorkerGroup) -> None:
-        spec = group.spec
-        info: RendezvousInfo = await self.rdzv_handler.next_rendezvous()
-        role_infos = info.role_infos or (
-            RoleInstanceInfo(spec.role, info.group_rank, spec.local_world_size),
-        )
-        group.store = info.store
-        group.group_rank = info.group_rank
-        group.group_world_size = info.group_world_size
-        group.master_addr = spec.master_addr or info.master_addr
-        group.master_port = spec.master_port or info.master_port
-        group.workers = assign_worker_ranks(role_infos, info.group_rank, spec)
-        self.generation = info.generation
-        log.info(
-            "[%s] Rendezvous complete: run_id=%s generation=%d group_rank=%d/%d "
-            "master=%s:%s global ranks %s, world size %d",
-            spec.role,
-            info.run_id,
-            info.generation,
-            info.group_rank,
-            info.group_world_size,
-            group.master_addr,
-            group.master_port,
-            [w.global_rank for w in group.workers],
-            group.workers[0].world_size,
-        )
 
     async def _backoff(self, role: str) -> None:
         spec = self._worker_group.spec
@@ -389,24 +338,6 @@ class SimpleElasticAgent(ElasticAgent):
         except TimeoutError:
             return
         self._raise_if_stop_requested()
-
-    async def _exit_barrier(self) -> None:
-        """Wait (up to ``exit_barrier_timeout``) for the other agents' workers to finish, so
-        no agent leaves while its peers may still need it. Skipped on failure."""
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self._exit_barrier_timeout):
-                await self.rdzv_handler.exit_barrier()
-        except TimeoutError:
-            log.warning(
-                "Exit barrier timed out after %.0fs; leaving anyway", self._exit_barrier_timeout
-            )
-            return
-        except StoreError as exc:  # our workers succeeded: that is the outcome
-            log.warning("Exit barrier: could not wait for the other nodes (%s); our workers "
-                        "succeeded, so the job is done here (exit 0)", exc)  # fmt: skip
-            return
-        log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
 
     def _raise_if_stop_requested(self) -> None:
         if self._stop_signal is not None:
@@ -429,17 +360,23 @@ class SimpleElasticAgent(ElasticAgent):
         """Set up what the agent needs before its first rendezvous (nothing, by default)."""
 
     @abc.abstractmethod
-    async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
-        """Start the group's workers; returns their pids by local rank."""
+    @agent_step
+    async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        """Start the group's workers; returns their ids (pids) by local rank."""
 
     @abc.abstractmethod
-    async def _stop_workers(self, group: WorkerGroup) -> None:
+    @agent_step
+    async def _stop_workers(self, worker_group: WorkerGroup) -> None:
         """Stop every worker of the group with the stop policy."""
 
     @abc.abstractmethod
-    async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
-        """Wait until something may have changed (an exit, a stop request), then report."""
+    @agent_step
+    async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        """Report the group's state (agentd's own waits until something may have changed)."""
 
     @abc.abstractmethod
-    async def _shutdown(self) -> None:
+    @agent_step
+    async def _shutdown(
+        self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
+    ) -> None:
         """Release everything the agent holds; runs once, at the end of :meth:`run`."""

@@ -170,6 +170,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     from agentd.local_agent import LocalElasticAgent
     from agentd.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings
+    from agentd.worker_env import SIGNALS_ENV
 
     agent = LocalElasticAgent(
         spec,
@@ -191,10 +192,11 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     )
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())
+    os.environ[SIGNALS_ENV] = ",".join(sig.name for sig in config.signals_to_handle)
     for sig in config.signals_to_handle:
         loop.add_signal_handler(sig, agent.request_stop, sig)
     try:
-        result = await agent.run(spec.role)
+        result = await agent.run_async(spec.role)
     except AgentStopped as exc:
         log.warning("Agent %s; workers stopped", exc)
         return exc.exit_code

@@ -24,6 +24,8 @@ class ErrorFileContent:
     message: str
     traceback: str
     timestamp: float | None
+    data: dict[str, Any]
+    """The whole document, as torch's ``ProcessFailure.error_file_data``."""
 
 
 def error_file_payload(exc: BaseException) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def read_error_file(path: str) -> ErrorFileContent | None:
         return None
     body = data["message"]
     if isinstance(body, str):
-        return ErrorFileContent(body, "", None)
+        return ErrorFileContent(body, "", None, data)
     if not isinstance(body, dict):
         return None
     extra = body.get("extraInfo")
@@ -104,6 +106,7 @@ def read_error_file(path: str) -> ErrorFileContent | None:
         message=str(body.get("message", "")),
         traceback=str(extra.get("py_callstack", "")),
         timestamp=stamp,
+        data=data,
     )
 
 
@@ -150,6 +153,6 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
 
 
 def _describe_exit(failure: WorkerFailure) -> str:
-    if failure.signal_name:
-        return f"{failure.exitcode} ({failure.signal_name})"
+    if failure.signal_name():
+        return f"{failure.exitcode} ({failure.signal_name()})"
     return str(failure.exitcode)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 from agentd.http_site import Limits, serve_app
+from agentd.sync_bridge import StartedInBackground
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,11 @@ class LoopLagMonitor:
         self._handle = loop.call_at(self._due, self._tick)
 
 
-class HealthCheckServer:
+class HealthCheckServer(StartedInBackground):
     """Serves the health endpoints on ``host:port`` (port 0: an ephemeral one).
+
+    torch's API: ``start()`` serves on a daemon thread and returns, ``stop()`` ends it;
+    on a running loop, ``await start_async()``/``stop_async()`` serve on that loop.
 
     ``alive_callback`` decides ``/livez``; ``ready``, ``status`` and ``metrics`` (each
     optional) provide ``/readyz``, ``/status`` and ``/metrics``.
@@ -122,7 +126,7 @@ class HealthCheckServer:
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}"
 
-    async def start(self) -> None:
+    async def start_async(self) -> None:
         from aiohttp import web
 
         app = web.Application()
@@ -136,7 +140,7 @@ class HealthCheckServer:
         )
         log.info("Health endpoint on %s (/livez /readyz /status /metrics)", self.url)
 
-    async def stop(self) -> None:
+    async def stop_async(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -200,5 +204,5 @@ def _probe_response(ok: bool, checks: list[Check], verbose: bool) -> web.Respons
 def create_healthcheck_server(
     alive_callback: AliveCallback, port: int, timeout: float, **kwargs: Any
 ) -> HealthCheckServer:
-    """The seed's factory: a :class:`HealthCheckServer` (start it with ``await start()``)."""
+    """The seed's factory: a :class:`HealthCheckServer`, not yet started."""
     return HealthCheckServer(alive_callback, port, timeout, **kwargs)

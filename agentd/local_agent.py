@@ -16,35 +16,36 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from string import Template
 from typing import TYPE_CHECKING, Any
 
 from agentd import fdlimits, orphans
 from agentd.agent import SimpleElasticAgent
+from agentd.agent_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
 from agentd.exceptions import StartError
-from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route, prune_attempts
+from agentd.logs import attempt_dir, ensure_dir, prune_attempts
 from agentd.services.events import EventLog
 from agentd.services.hygiene import ProcessHygiene
 from agentd.services.results import RunRecord
 from agentd.services.watchdog import Watchdog
 from agentd.services.worker_store import WorkerStoreService
 from agentd.spec import (
+    LogsSpecs,
     RunResult,
-    Std,
     Worker,
     WorkerFailure,
     WorkerGroup,
     WorkerSpec,
     WorkerState,
+    check_log_prefix,
     check_name,
-    std_for,
+    check_start_method,
 )
+from agentd.sync_bridge import agent_step
 from agentd.timer.server import TimerServer, WatchdogSettings
-from agentd.worker_env import WorkerEnvContext, worker_env
+from agentd.worker_plan import plan_worker
 from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
@@ -80,8 +81,12 @@ class LocalElasticAgent(SimpleElasticAgent):
     def __init__(
         self,
         spec: WorkerSpec,
-        log_dir: str | os.PathLike[str] | None = None,
+        logs_specs: LogsSpecs | None = None,
+        start_method: str = "spawn",
         exit_barrier_timeout: float = 300.0,
+        log_line_prefix_template: str | None = None,
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
         process_hygiene: bool = True,
         fresh_run_id: bool = False,
         watchdog: WatchdogSettings | None = None,
@@ -89,7 +94,20 @@ class LocalElasticAgent(SimpleElasticAgent):
         event_log: str | None = None,
         keep_attempts: int = 10,
     ) -> None:
+        if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
+            logs_specs, start_method = None, logs_specs
+        check_start_method(start_method)
+        watchdog = watchdog or watchdog_from_env()
+        if health is None and os.environ.get(HEALTH_PORT_ENV):
+            health = health_from_env()
+        if logs_specs is not None:
+            log_dir = log_dir or logs_specs.root_log_dir
+            spec.redirects, spec.tee = logs_specs.redirects, logs_specs.tee
+            spec.local_ranks_filter = logs_specs.local_ranks_filter
+        if log_line_prefix_template is not None:
+            spec.log_line_prefix_template = check_log_prefix(log_line_prefix_template)
         super().__init__(spec, exit_barrier_timeout)
+        self.start_method = start_method
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
         if log_dir:
             base = Path(log_dir)
@@ -108,7 +126,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._shut_down = False
         self._record = RunRecord(self)
         self._hygiene = ProcessHygiene(self._mark, self.run_id, enabled=process_hygiene,
-                                       fresh_run_id=fresh_run_id)  # fmt: skip
+                                       fresh_run_id=fresh_run_id or self.fresh_run_id)  # fmt: skip
         self._watchdog = Watchdog(
             watchdog or WatchdogSettings(), lambda: self._procs, self._mark, self._wakeup.set,
             max_overdue=health.timeout if health is not None else None,
@@ -130,6 +148,11 @@ class LocalElasticAgent(SimpleElasticAgent):
             on_lease(self._hygiene.on_lease)
 
     # -- views (read-only; the services and the Python API use them) -------------------
+
+    @property
+    def timer_file(self) -> str | None:
+        """The named pipe workers write timer requests to (None without the file timer)."""
+        return self._watchdog.timer_file
 
     @property
     def timer_server(self) -> TimerServer:
@@ -192,7 +215,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             await service.start()
             self._running.append(service)
 
-    async def _shutdown(self) -> None:
+    @agent_step
+    async def _shutdown(
+        self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
+    ) -> None:
         if self._shut_down:
             return
         self._shut_down = True
@@ -213,12 +239,14 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     # -- the worker lifecycle ------------------------------------------------------------
 
-    async def _start_workers(self, group: WorkerGroup) -> dict[int, int]:
+    @agent_step
+    async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        group = worker_group
         self.attempt += 1
         prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
         await self._workers_store.open_for(group)
         spec = group.spec
-        plans = [self._plan_worker(group, worker) for worker in group.workers]
+        plans = [plan_worker(self, group, worker) for worker in group.workers]
         with self._hygiene.spawning():
             procs = await asyncio.gather(
                 *(spawn_worker(w.local_rank, *plan) for w, *plan in plans),
@@ -243,60 +271,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         )
         return {p.local_rank: p.pid for p in started}
 
-    def _plan_worker(self, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
-        spec = group.spec
-        rank = worker.local_rank
-        wdir = attempt_dir(self.run_dir, self.attempt, rank)
-        try:
-            ensure_dir(wdir)
-        except OSError as exc:  # the worker runs all the same; its output reaches the console
-            disk_problem(wdir, exc)
-        error_file = wdir / "error.json"
-        with contextlib.suppress(FileNotFoundError):
-            error_file.unlink()
-        env = worker_env(group, worker, str(error_file), WorkerEnvContext(
-            run_id=self.run_id, restart_count=self.restart_count,
-            max_restarts=spec.max_restarts, use_agent_store=self.rdzv_handler.use_agent_store,
-            owner_mark=self._mark, attempt=self.attempt, timer_file=self._watchdog.timer_file,
-        ))  # fmt: skip
-        args = [
-            Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a
-            for a in spec.args
-        ]
-        if isinstance(spec.entrypoint, str):
-            argv = [spec.entrypoint, *map(str, args)]
-        else:
-            from agentd.function_worker import write_call
-
-            call, result = wdir / "call.pickle", wdir / "return.pickle"
-            write_call(call, spec.entrypoint, tuple(args))
-            argv = [sys.executable, "-u", "-m", "agentd.function_worker", str(call), str(result)]
-        shown = spec.local_ranks_filter is None or rank in spec.local_ranks_filter
-        prefix = spec.log_line_prefix_template.format(
-            role=spec.role,
-            local_rank=rank,
-            rank=worker.global_rank,
-            host=self.hostname,
-            node_rank=group.group_rank,
-            attempt=self.attempt,
-        )
-        routes = [
-            plan_route(
-                redirect=bool(std_for(spec.redirects, rank) & std),
-                tee=bool(std_for(spec.tee, rank) & std),
-                shown=shown,
-                is_stderr=std is Std.ERR,
-                file_path=wdir / name,
-                prefix=prefix,
-            )
-            for std, name in ((Std.OUT, "stdout.log"), (Std.ERR, "stderr.log"))
-        ]
-        return worker, argv, env, routes[0], routes[1]
-
-    async def _monitor_workers(self, group: WorkerGroup) -> RunResult:
+    @agent_step
+    async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         await self._wakeup.wait()
         self._wakeup.clear()
-        return await self._check_workers(group)
+        return await self._check_workers(worker_group)
 
     async def _check_workers(self, group: WorkerGroup) -> RunResult:
         procs = self._procs
@@ -350,26 +329,23 @@ class LocalElasticAgent(SimpleElasticAgent):
         return None
 
     def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
-        from agentd.errors import read_error_file
-
         error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
-        content = read_error_file(str(error_file))
         return WorkerFailure(
             local_rank=worker.local_rank,
-            global_rank=worker.global_rank,
-            role=group.spec.role,
             pid=proc.pid,
             exitcode=proc.returncode if proc.returncode is not None else -1,
+            error_file=str(error_file),
+            global_rank=worker.global_rank,
+            role=group.spec.role,
             timestamp=proc.exited_at or time.time(),
-            message=content.message if content else "",
-            traceback=content.traceback if content else "",
             stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
-            error_file=str(error_file) if content else "",
             host=self.hostname,
             node_rank=group.group_rank or 0,
         )
 
-    async def _stop_workers(self, group: WorkerGroup) -> None:
+    @agent_step
+    async def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        group = worker_group
         procs = list(self._procs.values())
         if not procs:
             return

@@ -78,7 +78,7 @@ class AgentMetrics(AgentObserver):
         self.restarts.labels(reason).inc()
 
     def worker_failed(self, failure: WorkerFailure) -> None:
-        kind = "signal" if failure.signal_name else "exit"
+        kind = "signal" if failure.exitcode < 0 else "exit"
         if failure.message.startswith("timer expired"):
             kind = "timer"
         self.failures.labels(kind).inc()

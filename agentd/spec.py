@@ -10,6 +10,7 @@ import enum
 import re
 import signal
 import string
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,48 @@ class Std(enum.IntFlag):
         )
 
 
+class LogsSpecs:
+    """Where the workers' output goes: torch's ``LogsSpecs``/``DefaultLogsSpecs``.
+
+    ``log_dir`` is the root of agentd's layout (``<run_id>/attempt_<n>/<local_rank>/``; a
+    temporary directory when None); ``redirects``, ``tee`` and ``local_ranks_filter`` are
+    the worker spec's fields of those names.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        redirects: Std | dict[int, Std] = Std.NONE,
+        tee: Std | dict[int, Std] = Std.NONE,
+        local_ranks_filter: set[int] | None = None,
+    ) -> None:
+        self._root_log_dir = log_dir
+        self.redirects = redirects
+        self.tee = tee
+        self.local_ranks_filter = (
+            frozenset(local_ranks_filter) if local_ranks_filter is not None else None
+        )
+
+    @property
+    def root_log_dir(self) -> str | None:
+        return self._root_log_dir
+
+
+class DefaultLogsSpecs(LogsSpecs):
+    """torch's default :class:`LogsSpecs` (the same thing here)."""
+
+
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
+def check_start_method(value: object) -> str:
+    """torch's ``start_method`` for function entrypoints. Every one of them runs as
+    ``spawn`` here: forking the agent's process (an event loop, threads) is not safe."""
+    if value not in START_METHODS:
+        raise field_error("start_method", value, f"must be one of {', '.join(START_METHODS)}")
+    return str(value)
+
+
 def std_for(setting: Std | Mapping[int, Std], local_rank: int) -> Std:
     """The setting that applies to one local rank."""
     if isinstance(setting, Std):
@@ -145,26 +188,47 @@ def check_log_prefix(template: str) -> str:
     return template
 
 
+def check_picklable_function(function: Callable[..., Any]) -> None:
+    """A function entrypoint must reach a spawned worker by reference (module and name),
+    as with torch's ``spawn`` start method: a lambda or a nested function cannot."""
+    import pickle
+
+    try:
+        pickle.dumps(function)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        name = getattr(function, "__qualname__", repr(function))
+        raise field_error("entrypoint", name,
+                          "must be a function defined at the top level of a module (workers "
+                          f"are spawned and get it by reference; {exc})") from None  # fmt: skip
+
+
 @dataclass
 class WorkerSpec:
     """What to run on this host: one role, ``local_world_size`` copies of an entrypoint.
 
-    ``entrypoint`` is an executable (``args`` follow it on the command line) or a Python
-    function (called with ``*args`` in a worker subprocess; its return value lands in
-    :attr:`RunResult.return_values`). ``${local_rank}`` in string args is substituted.
+    The fields up to ``local_addr`` are torch's, in torch's order and with its defaults;
+    agentd's own follow (pass them by keyword). ``entrypoint`` is an executable (``args``
+    follow it on the command line) or a Python function, called with ``*args`` in a
+    spawned worker process as torch's ``spawn`` start method does (its return value lands
+    in :attr:`RunResult.return_values`); ``fn`` is torch's deprecated name for a function
+    entrypoint. ``${local_rank}`` in string args is substituted. Without an
+    ``rdzv_handler`` the group runs alone on this host under a fresh run id.
+    ``master_addr``/``master_port`` pin the workers' store; ``local_addr`` is this host's
+    address, the master address when none is pinned and this node is group rank 0.
     """
 
     role: str
     local_world_size: int
-    entrypoint: str | Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
     rdzv_handler: RendezvousHandler | None = None
-    max_restarts: int = 0
+    fn: Callable[..., Any] | None = None
+    entrypoint: str | Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+    max_restarts: int = 3
     monitor_interval: float = 0.1
-    master_addr: str | None = None
     master_port: int | None = None
+    master_addr: str | None = None
     local_addr: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.NONE
     local_ranks_filter: frozenset[int] | None = None
@@ -182,11 +246,22 @@ class WorkerSpec:
         ):
             raise field_error("local_world_size", self.local_world_size,
                               f"must be an int within 1..{MAX_LOCAL_WORLD_SIZE}")  # fmt: skip
+        if self.fn is not None:
+            import warnings
+
+            warnings.warn("WorkerSpec.fn is deprecated, use WorkerSpec.entrypoint",
+                          DeprecationWarning, stacklevel=3)  # fmt: skip
+            if self.entrypoint is None:
+                self.entrypoint = self.fn
+        if self.entrypoint is None:
+            raise field_error("entrypoint", None, "is required (a command or a function)")
         if isinstance(self.entrypoint, str):
             if not self.entrypoint:
                 raise field_error("entrypoint", self.entrypoint, "must not be empty")
         elif not callable(self.entrypoint):
             raise field_error("entrypoint", self.entrypoint, "must be a command or a function")
+        else:
+            check_picklable_function(self.entrypoint)
         if self.max_restarts < 0:
             raise field_error("max_restarts", self.max_restarts, "must be >= 0")
         if self.monitor_interval <= 0:
@@ -249,32 +324,50 @@ class WorkerGroup:
             self.workers = [Worker(local_rank=i) for i in range(self.spec.local_world_size)]
 
 
-@dataclass(frozen=True)
+@dataclass
 class WorkerFailure:
     """Why one worker failed: the facts a person needs to find the root cause.
 
-    ``exitcode`` is negative for a death by signal (``-signum``), as in ``subprocess``.
-    ``timestamp`` is the epoch time at which the agent saw the worker exit.
+    The first four fields are torch's ``ProcessFailure`` (also importable under that name):
+    ``exitcode`` is negative for a death by signal (``-signum``). Built with only those,
+    it reads ``error_file`` as torch does: ``error_file_data`` is the document,
+    ``message``, ``traceback`` and ``timestamp`` come from it. ``timestamp`` is epoch
+    seconds: when the worker recorded its error, else when the agent saw it exit.
     """
 
     local_rank: int
-    global_rank: int
-    role: str
     pid: int
     exitcode: int
-    timestamp: float
+    error_file: str = ""
+    global_rank: int = -1
+    role: str = ""
+    timestamp: float = 0.0
     message: str = ""
     traceback: str = ""
     stderr_tail: str = ""
-    error_file: str = ""
     host: str = ""
     node_rank: int = 0
+    error_file_data: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def signal_name(self) -> str | None:
-        """``SIGKILL`` and the like for a death by signal, else None."""
+    def __post_init__(self) -> None:
+        if self.error_file and not self.error_file_data:
+            from agentd.errors import read_error_file
+
+            content = read_error_file(self.error_file)
+            if content is None:
+                self.error_file = ""
+            else:
+                self.error_file_data = content.data
+                self.message = self.message or content.message
+                self.traceback = self.traceback or content.traceback
+                self.timestamp = self.timestamp or content.timestamp or 0.0
+        if not self.timestamp:
+            self.timestamp = time.time()
+
+    def signal_name(self) -> str:
+        """``SIGKILL`` and the like for a death by signal, else "" (torch's method)."""
         if self.exitcode >= 0:
-            return None
+            return ""
         try:
             return signal.Signals(-self.exitcode).name
         except ValueError:
@@ -282,7 +375,7 @@ class WorkerFailure:
 
     def summary(self) -> str:
         """One line: who failed, how, and the error message if there is one."""
-        how = f"signal {self.signal_name}" if self.signal_name else f"exit code {self.exitcode}"
+        how = f"signal {self.signal_name()}" if self.exitcode < 0 else f"exit code {self.exitcode}"
         where = f"rank {self.global_rank} (pid {self.pid} on {self.host or 'this host'})"
         return f"{where} failed with {how}" + (f": {self.message}" if self.message else "")
 
@@ -295,7 +388,7 @@ class WorkerFailure:
             "node_rank": self.node_rank,
             "pid": self.pid,
             "exitcode": self.exitcode,
-            "signal": self.signal_name,
+            "signal": self.signal_name() or None,
             "timestamp": self.timestamp,
             "message": self.message,
             "traceback": self.traceback,

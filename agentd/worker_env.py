@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from agentd import orphans
 from agentd.spec import Worker, WorkerGroup
 
+SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 SECRET_ENV = ("AGENTD_STORE_TOKEN", "PET_STORE_TOKEN", "AGENTD_ETCD_PASSWORD")
 """Variables that hold agentd's secrets: never passed to a worker."""
 _CONF_ENV = ("AGENTD_RDZV_CONF", "PET_RDZV_CONF")
@@ -80,4 +82,5 @@ def worker_env(
     if ctx.timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = ctx.timer_file
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
     return env

@@ -119,8 +119,10 @@ async def spawn_worker(
     stdout: StreamRoute,
     stderr: StreamRoute,
     cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> WorkerProcess:
-    """Start one worker in a new session with a parent-death signal; output flows at once."""
+    """Start one worker in a new session with a parent-death signal; output flows at once.
+    ``pass_fds`` stay open in the worker under the same numbers."""
     use_pidfd_child_watcher()
     loop = asyncio.get_running_loop()
     sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
@@ -135,6 +137,7 @@ async def spawn_worker(
             cwd=cwd,
             start_new_session=True,
             preexec_fn=_in_child,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
         for sink in sinks.values():

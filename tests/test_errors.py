@@ -65,17 +65,18 @@ def test_missing_error_file_and_plain_message(tmp_path):
 def test_report_root_cause_and_others():
     root = WorkerFailure(
         1,
-        1,
-        "trainer",
         42,
         -11,
-        100.0,
+        global_rank=1,
+        role="trainer",
+        timestamp=100.0,
         message="E: bad",
         traceback="tb line",
         host="h",
         error_file="/e.json",
     )
-    other = WorkerFailure(0, 0, "trainer", 41, 1, 101.0, stderr_tail="tail")
+    other = WorkerFailure(0, 41, 1, global_rank=0, role="trainer", timestamp=101.0,
+                          stderr_tail="tail")  # fmt: skip
     text = format_failure_report(
         RunResult(WorkerState.FAILED, failures={0: other, 1: root}), "run9", "train.py"
     )
@@ -83,6 +84,7 @@ def test_report_root_cause_and_others():
     assert "exit code : -11 (SIGSEGV)" in text
     assert "message   : E: bad" in text and "    tb line" in text
     assert "rank 0 (local 0, pid 41): 1" in text
-    no_file = WorkerFailure(0, 0, "t", 1, 2, 1.0, stderr_tail="line a\nline b")
+    no_file = WorkerFailure(0, 1, 2, global_rank=0, role="t", timestamp=1.0,
+                            stderr_tail="line a\nline b")  # fmt: skip
     text = format_failure_report(RunResult(WorkerState.FAILED, failures={0: no_file}), "r", "x")
     assert "stderr (last lines):\n    line a\n    line b" in text

@@ -56,7 +56,7 @@ async def test_codes_through_init_healthy_restart_and_stop(tmp_path):
     agent = agent_with_health(tmp_path, ["flaky", "--until-attempt", "1", "--code", "3"],
                               rdzv=rdzv, max_restarts=1,
                               restart_backoff=RestartBackoff(0.5, 0.5, 1.0, 0.0))  # fmt: skip
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     async with aiohttp.ClientSession() as http:
         await until(lambda: _up(agent))
         url = agent.health_server.url
@@ -75,7 +75,7 @@ async def test_codes_through_init_healthy_restart_and_stop(tmp_path):
 
 async def test_ready_while_healthy_then_stopped(tmp_path):
     agent = agent_with_health(tmp_path, ["sleep"])
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     async with aiohttp.ClientSession() as http:
         await until(lambda: _state(agent, WorkerState.HEALTHY))
         url = agent.health_server.url
@@ -94,7 +94,7 @@ async def test_ready_while_healthy_then_stopped(tmp_path):
 
 async def test_livez_fails_when_the_watchdog_stalls_or_dies(tmp_path):
     agent = agent_with_health(tmp_path, ["sleep"], n=1)
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     try:
         async with aiohttp.ClientSession() as http:
             await until(lambda: _state(agent, WorkerState.HEALTHY))
@@ -121,7 +121,7 @@ async def test_livez_fails_when_the_watchdog_stalls_or_dies(tmp_path):
 
 async def test_status_metrics_and_errors(tmp_path):
     agent = agent_with_health(tmp_path, ["sleep"])
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     try:
         async with aiohttp.ClientSession() as http:
             await until(lambda: _state(agent, WorkerState.HEALTHY))
@@ -172,7 +172,7 @@ async def test_seed_style_server_with_a_heartbeat_callback():
     beat = [time.time()]
     server = create_healthcheck_server(lambda: beat[0], port=0, timeout=5)
     assert isinstance(server, HealthCheckServer)
-    await server.start()
+    await server.start_async()
     try:
         async with aiohttp.ClientSession() as http:
             assert await code(http, server.url + "/livez") == 200
@@ -180,7 +180,7 @@ async def test_seed_style_server_with_a_heartbeat_callback():
             assert await code(http, server.url + "/livez") == 503
             assert await code(http, server.url + "/status") == 404  # none was given
     finally:
-        await server.stop()
+        await server.stop_async()
     assert server.checks()[0] == Check("heartbeat", False, server.checks()[0].detail)
 
 
@@ -191,7 +191,7 @@ async def test_port_in_use_is_a_start_error():
         blocked = create_healthcheck_server(lambda: True, port=holder.getsockname()[1],
                                             timeout=5)  # fmt: skip
         with pytest.raises(StartError, match="health_port: cannot listen"):
-            await blocked.start()
+            await blocked.start_async()
 
 
 async def _up(agent) -> bool:

@@ -29,9 +29,9 @@ GET_LIVEZ = b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 @pytest.fixture
 async def health():
     server = HealthCheckServer(lambda: True, 0, 5.0, max_connections=3)
-    await server.start()
+    await server.start_async()
     yield server
-    await server.stop()
+    await server.stop_async()
 
 
 async def test_connections_beyond_the_cap_get_503_and_room_comes_back(health, caplog):
@@ -53,7 +53,7 @@ async def test_connections_beyond_the_cap_get_503_and_room_comes_back(health, ca
 async def test_a_connection_that_never_sends_a_request_is_closed():
     server = HealthCheckServer(lambda: True, 0, 5.0)
     server._limits = Limits(max_connections=8, idle_timeout=0.3)
-    await server.start()
+    await server.start_async()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"GET /livez HTTP/1.1\r\nHost:")  # a slowloris: never finishes
@@ -62,7 +62,7 @@ async def test_a_connection_that_never_sends_a_request_is_closed():
             assert await reader.read() == b""  # closed by the server
         writer.close()
     finally:
-        await server.stop()
+        await server.stop_async()
 
 
 async def test_a_store_request_whose_body_never_arrives_gets_408():

@@ -32,14 +32,14 @@ def make_agent(tmp_path, entrypoint, args=(), **kw) -> LocalElasticAgent:
 
 async def test_function_entrypoint_return_values(tmp_path):
     agent = make_agent(tmp_path, functions.rank_times, (10,), n=3)
-    result = await agent.run("trainer")
+    result = await agent.run_async("trainer")
     assert result.state is WorkerState.SUCCEEDED
     assert result.return_values == {r: {"rank": r, "value": 10 * r} for r in range(3)}
 
 
 async def test_function_entrypoint_failure_uses_error_file(tmp_path):
     agent = make_agent(tmp_path, functions.raise_on_rank, (1,))
-    result = await agent.run("trainer")
+    result = await agent.run_async("trainer")
     assert result.is_failed()
     root = result.root_cause
     assert root.global_rank == 1 and root.exitcode == 1
@@ -64,7 +64,7 @@ async def test_states_seen_by_listener_and_restart_count(tmp_path):
             phases.append(phase)
 
     agent.add_observer(Watcher())
-    result = await agent.run("trainer")
+    result = await agent.run_async("trainer")
     assert result.state is WorkerState.SUCCEEDED
     assert agent.restart_count == 1
     assert seen == [
@@ -90,14 +90,14 @@ async def test_backoff_is_waited_between_restarts(tmp_path):
     )
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await agent.run("trainer")
+    result = await agent.run_async("trainer")
     assert result.state is WorkerState.SUCCEEDED
     assert loop.time() - started >= 0.2 + 0.4
 
 
 async def test_request_stop_raises_agent_stopped(tmp_path):
     agent = make_agent(tmp_path, sys.executable, ("-u", WORKER, "sleep"), n=2)
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     async with asyncio.timeout(20):
         while agent.get_worker_group().state is not WorkerState.HEALTHY:
             await asyncio.sleep(0.01)
@@ -116,7 +116,7 @@ async def test_cancelled_run_still_stops_workers(tmp_path):
     agent = make_agent(
         tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=1, stop_timeout=0.2
     )
-    task = asyncio.ensure_future(agent.run("trainer"))
+    task = asyncio.ensure_future(agent.run_async("trainer"))
     async with asyncio.timeout(20):
         while agent.get_worker_group().state is not WorkerState.HEALTHY:
             await asyncio.sleep(0.01)
@@ -139,7 +139,7 @@ async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp
     agent = make_agent(
         tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=2, stop_timeout=0.5
     )  # stopping takes half a second: SIGTERM is ignored
-    run = asyncio.create_task(agent.run("trainer"))
+    run = asyncio.create_task(agent.run_async("trainer"))
     async with asyncio.timeout(20):
         while len(agent.worker_processes()) < 2:
             await asyncio.sleep(0.01)

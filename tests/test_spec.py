@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from agentd.agent import assign_worker_ranks
+from agentd.agent_rounds import assign_worker_ranks
 from agentd.exceptions import ConfigError, IllegalTransition
 from agentd.rendezvous.api import RoleInstanceInfo
 from agentd.spec import (
@@ -132,14 +132,14 @@ def test_rank_assignment_single_and_multi_role():
 
 def test_root_cause_is_first_failure():
     def failure(rank, ts):
-        return WorkerFailure(rank, rank, "r", 100 + rank, 1, ts)
+        return WorkerFailure(rank, 100 + rank, 1, global_rank=rank, role="r", timestamp=ts)
 
     result = RunResult(WorkerState.FAILED, failures={0: failure(0, 5.0), 1: failure(1, 4.0)})
     assert result.root_cause.global_rank == 1
     assert result.is_failed()
     assert RunResult(WorkerState.SUCCEEDED).root_cause is None
-    assert WorkerFailure(0, 0, "r", 1, -9, 0.0).signal_name == "SIGKILL"
-    assert WorkerFailure(0, 0, "r", 1, 3, 0.0).signal_name is None
+    assert WorkerFailure(0, 1, -9).signal_name() == "SIGKILL"
+    assert WorkerFailure(0, 1, 3).signal_name() == ""
 
 
 def test_rdzv_conf_variables_lose_only_their_password():

@@ -98,7 +98,7 @@ async def test_fifo_end_to_end_with_garbage_and_a_stuck_writer(tmp_path):
         str(tmp_path / "timer.fifo"),
         trust=lambda pid: os.getpgid(pid) if pid == child.pid else None,
     )
-    await server.start()
+    await server.start_async()
     holder = None
     try:
         assert stat.S_ISFIFO(os.stat(server.path).st_mode)
@@ -120,7 +120,7 @@ async def test_fifo_end_to_end_with_garbage_and_a_stuck_writer(tmp_path):
     finally:
         if holder is not None:
             os.close(holder)
-        await server.stop()
+        await server.stop_async()
         child.kill()
         child.wait()
     assert not os.path.exists(tmp_path / "timer.fifo")  # we made it, we removed it
@@ -135,7 +135,7 @@ async def test_requests_read_with_overflowing_ones_are_all_honoured(tmp_path):
     )
     children = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
     pids.update(c.pid for c in children)
-    await server.start()
+    await server.start_async()
     try:
         soon = time.time() + 0.05
         chunk = b"".join([
@@ -155,7 +155,7 @@ async def test_requests_read_with_overflowing_ones_are_all_honoured(tmp_path):
         assert [c.returncode for c in children] == [-9, -9]
         assert server.stats["invalid"] == 3
     finally:
-        await server.stop()
+        await server.stop_async()
         for child in children:
             child.kill()
             child.wait()
@@ -170,7 +170,7 @@ async def test_one_worker_cannot_hold_more_than_its_share_of_timers(tmp_path):
     )
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     pids.add(child.pid)
-    await server.start()
+    await server.start_async()
     try:
         later = time.time() + 3600
         lines = b"".join(encode_request(TimerRequest(child.pid, f"s{i}", later))
@@ -192,19 +192,19 @@ async def test_one_worker_cannot_hold_more_than_its_share_of_timers(tmp_path):
         server.clear_timers([child.pid])
         assert len(server) == 0
     finally:
-        await server.stop()
+        await server.stop_async()
         child.kill()
         child.wait()
 
 
 async def test_private_fifo_is_0600_in_a_0700_dir():
     server = FileTimerServer(None)
-    await server.start()
+    await server.start_async()
     try:
         assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(os.path.dirname(server.path)).st_mode) == 0o700
     finally:
-        await server.stop()
+        await server.stop_async()
     assert not os.path.exists(os.path.dirname(server.path))
 
 
@@ -213,7 +213,7 @@ async def test_existing_regular_file_is_refused_not_deleted(tmp_path):
     path.write_text("precious")
     server = FileTimerServer(str(path))
     with pytest.raises(StartError, match="not a named pipe owned by uid"):
-        await server.start()
+        await server.start_async()
     assert path.read_text() == "precious"
 
 
@@ -242,13 +242,13 @@ async def main():
     q = mp.Queue()
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     server = LocalTimerServer(q, trust=lambda pid: pid if pid == child.pid else None)
-    await server.start()
+    await server.start_async()
     LocalTimerClient(q).release("nothing")  # the client's own requests travel the same way
     q.put(TimerRequest(child.pid, "s", time.time() + 0.05))  # as the child would, for itself
     async with asyncio.timeout(10):
         while child.poll() is None:
             await asyncio.sleep(0.005)
-    await server.stop()
+    await server.stop_async()
     print(child.returncode)
 asyncio.run(main())
 """

@@ -40,9 +40,9 @@ def test_expiry_order_and_release():
     server.register_timers([TimerRequest(13, "c", RELEASE)])
     assert server.next_deadline() == clock.mono + 2
     clock.advance(1)
-    assert server.get_expired_timers(clock.mono) == {}
+    assert server.get_expired_timers(clock.wall) == {}
     clock.advance(5)
-    expired = server.get_expired_timers(clock.mono)
+    expired = server.get_expired_timers(clock.wall)
     assert {pid: [r.scope_id for r in reqs] for pid, reqs in expired.items()} == {
         12: ["b"],
         11: ["a"],
@@ -57,9 +57,9 @@ def test_reacquire_moves_the_deadline():
     clock.advance(0.9)
     server.register_timers([req(clock, 11, "step", 1)])  # the next step starts a new timer
     clock.advance(0.5)
-    assert server.get_expired_timers(clock.mono) == {}
+    assert server.get_expired_timers(clock.wall) == {}
     clock.advance(0.6)
-    assert list(server.get_expired_timers(clock.mono)) == [11]
+    assert list(server.get_expired_timers(clock.wall)) == [11]
 
 
 def test_wall_clock_converted_once_on_arrival():
@@ -68,7 +68,7 @@ def test_wall_clock_converted_once_on_arrival():
     server.register_timers([req(clock, 11, "s", 3)])
     clock.wall -= 3600  # the wall clock jumps back an hour: the deadline must not move
     clock.mono += 3
-    assert list(server.get_expired_timers(clock.mono)) == [11]
+    assert list(server.get_expired_timers(clock.wall)) == [11]
 
 
 def test_untrusted_pids_are_dropped_and_counted():
@@ -85,7 +85,7 @@ def test_clear_timers_of_gone_workers():
     server.register_timers([req(clock, 11, "a", 1), req(clock, 11, "b", 2), req(clock, 12, "c", 3)])
     server.clear_timers([11])
     clock.advance(10)
-    assert list(server.get_expired_timers(clock.mono)) == [12]
+    assert list(server.get_expired_timers(clock.wall)) == [12]
 
 
 def test_heap_stays_bounded_under_reacquire():
@@ -100,14 +100,14 @@ async def test_alive_means_running_and_not_overdue():
     clock = Clock()
     server = make(clock)
     assert not server.alive()  # not started
-    await server.start()
+    await server.start_async()
     try:
         assert server.alive()
         server.register_timers([req(clock, 11, "s", 1)])
         clock.advance(1 + server.max_overdue + 0.1)  # due, but the task never got to run
         assert not server.alive()
     finally:
-        await server.stop()
+        await server.stop_async()
     assert not server.alive()
 
 
@@ -115,7 +115,7 @@ async def test_watchdog_reaps_a_real_child_and_tells_its_owner():
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     expired = []
     server = TimerServer(on_expired=lambda r, pgid: expired.append((r.scope_id, pgid)))
-    await server.start()
+    await server.start_async()
     try:
         loop = asyncio.get_running_loop()
         import time
@@ -130,7 +130,7 @@ async def test_watchdog_reaps_a_real_child_and_tells_its_owner():
         assert loop.time() - started < 5
         assert server.stats["reaped"] == 1
     finally:
-        await server.stop()
+        await server.stop_async()
         child.kill()
         child.wait()
 
@@ -139,7 +139,7 @@ async def test_signal_zero_reports_without_killing():
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     expired = []
     server = TimerServer(on_expired=lambda r, pgid: expired.append(pgid))
-    await server.start()
+    await server.start_async()
     try:
         import time
 
@@ -149,7 +149,7 @@ async def test_signal_zero_reports_without_killing():
                 await asyncio.sleep(0.005)
         assert expired == [None] and child.poll() is None
     finally:
-        await server.stop()
+        await server.stop_async()
         child.kill()
         child.wait()
 

@@ -158,6 +158,10 @@ class DynamicRendezvous:
     def get_run_id(self) -> str:
         return self._run_id
 
+    def bind_worker_spec(self, role: str, local_world_size: int) -> None:
+        """The agent's role and worker count, for a handler built before its spec."""
+        self._role, self._local_world_size = role, local_world_size
+
     @property
     def use_agent_store(self) -> bool:
         """Group rank 0's agent serves the workers' store (see :meth:`take_master_socket`)."""

@@ -71,6 +71,10 @@ class StaticRendezvous:
     def get_run_id(self) -> str:
         return self._run_id
 
+    def bind_worker_spec(self, role: str, local_world_size: int) -> None:
+        """The agent's role and worker count, for a handler built before its spec."""
+        self._role, self._local_world_size = role, local_world_size
+
     @property
     def use_agent_store(self) -> bool:
         return False

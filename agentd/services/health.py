@@ -51,13 +51,13 @@ class HealthService:
             status=lambda: status_document(agent), metrics=self._render_metrics,
             max_connections=cap,
         )  # fmt: skip
-        await self.server.start()
+        await self.server.start_async()
 
     async def stop(self) -> None:
         if self._lag is not None:
             self._lag.stop()
         if self.server is not None:
-            await self.server.stop()
+            await self.server.stop_async()
 
     def liveness_checks(self) -> list[Check]:
         """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
@@ -128,7 +128,7 @@ def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
             "local_rank": failure.local_rank,
             "pid": failure.pid,
             "exitcode": failure.exitcode,
-            "signal": failure.signal_name,
+            "signal": failure.signal_name() or None,
             "message": failure.message,
             "timestamp": failure.timestamp,
         },

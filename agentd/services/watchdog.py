@@ -60,7 +60,7 @@ class Watchdog:
         return server.path if isinstance(server, FileTimerServer) else None
 
     async def start(self) -> None:
-        await self.timer_server.start()
+        await self.timer_server.start_async()
         if self._settings.uninterruptible_timeout > 0:
             self._hang_monitor = UninterruptibleMonitor(
                 lambda: [p.pid for p in self._procs().values() if p.returncode is None],
@@ -73,7 +73,7 @@ class Watchdog:
         if self._hang_monitor is not None:
             await self._hang_monitor.stop()
             self._hang_monitor = None
-        await self.timer_server.stop()
+        await self.timer_server.stop_async()
 
     def forget(self, pids: Iterable[int]) -> None:
         """These workers exited or were stopped: their timers go, and so does what was

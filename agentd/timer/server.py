@@ -25,8 +25,10 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from agentd.aio import cancel_and_wait
+from agentd.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,20 @@ class _Entry:
     pgid: int | None
 
 
-class TimerServer:
+class TimerServer(StartedInBackground):
     """Expiration timers for local workers, enforced by one asyncio task.
 
     ``register_timers``, ``clear_timers`` and ``get_expired_timers`` are the seed's API and
     plain synchronous logic on an injectable ``clock`` (monotonic seconds) and
-    ``wall_clock`` (epoch seconds), so they can be tested without waiting.
+    ``wall_clock`` (epoch seconds), so they can be tested without waiting. Deadlines come
+    and go in epoch seconds, as ``TimerRequest.expiration_time`` (torch's ``time.time()``).
+
+    The positional arguments are torch's: ``request_queue`` (an object with torch's
+    ``RequestQueue`` methods ``size()`` and ``get(size, timeout)``, drained every
+    ``max_interval`` seconds; the subclasses here are fed by events instead, and expire
+    timers on time whatever ``max_interval`` says) and ``daemon`` (the thread of a
+    server started with the synchronous :meth:`start`). In async code, ``await
+    start_async()`` runs the server on the running loop.
 
     A process holds at most ``max_timers_per_worker`` live timers and the server at most
     ``max_timers``; a new scope beyond either is dropped and counted as ``capped`` (moving
@@ -82,6 +92,9 @@ class TimerServer:
 
     def __init__(
         self,
+        request_queue: object = None,
+        max_interval: float = 1.0,
+        daemon: bool = True,
         *,
         trust: Trust | None = None,
         on_expired: OnExpired | None = None,
@@ -93,6 +106,9 @@ class TimerServer:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._request_queue = request_queue
+        self.max_interval = max_interval
+        self.daemon = daemon
         self._trust = trust or _trust_own_group
         self._on_expired = on_expired
         self._dump_signal = dump_signal
@@ -108,6 +124,7 @@ class TimerServer:
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._drain: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._last_warning: dict[str, float] = {}
 
@@ -165,9 +182,10 @@ class TimerServer:
         return entry
 
     def get_expired_timers(self, deadline: float) -> dict[int, list[TimerRequest]]:
-        """Remove and return the timers due at ``deadline`` (monotonic), by worker pid."""
+        """Remove and return the timers due at ``deadline`` (epoch seconds, the clock of
+        ``TimerRequest.expiration_time``), by worker pid."""
         expired: dict[int, list[TimerRequest]] = {}
-        for entry in self._pop_due(deadline):
+        for entry in self._pop_due(self._clock() + (deadline - self._wall())):
             expired.setdefault(entry.request.worker_id, []).append(entry.request)
         return expired
 
@@ -207,16 +225,33 @@ class TimerServer:
 
     # -- the watchdog task -------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start the watchdog task (idempotent)."""
+    async def start_async(self) -> None:
+        """Start the watchdog task on the running loop (idempotent)."""
         if self._task is None:
             self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="watchdog")
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._watch(), name="watchdog")
+            if self._request_queue is not None:
+                self._drain = loop.create_task(self._drain_queue(), name="timer-queue")
 
-    async def stop(self) -> None:
+    async def stop_async(self) -> None:
         """Stop the watchdog task; pending timers are dropped."""
         task, self._task = self._task, None
+        drain, self._drain = self._drain, None
+        await cancel_and_wait(drain)
         await cancel_and_wait(task)
+
+    async def _drain_queue(self) -> None:
+        """torch's polling of a ``RequestQueue``: whatever is there, every max_interval."""
+        import anyio.to_thread
+
+        queue: Any = self._request_queue
+        while True:
+            size = max(1, queue.size())
+            requests = await anyio.to_thread.run_sync(
+                queue.get, size, self.max_interval, abandon_on_cancel=True
+            )
+            self.register_timers(requests)
 
     def alive(self) -> bool:
         """The watchdog's task runs and no deadline is overdue beyond ``max_overdue``.
@@ -244,10 +279,14 @@ class TimerServer:
                     await self._wake.wait()
             self._wake.clear()
 
+    def log_event(self, name: str, request: TimerRequest | None) -> None:
+        """Hook for torch's ``log_event`` (see :class:`FileTimerServer`)."""
+
     def _expire(self, entry: _Entry) -> None:
         """Reap one worker: never raises, never signals the agent."""
         request = entry.request
         self.stats["expired"] += 1
+        self.log_event("timer expired", request)
         pgid = self._trust(request.worker_id)  # again: the pid may have gone since
         if pgid is None or pgid == os.getpgid(0):
             log.warning(
@@ -284,6 +323,7 @@ class TimerServer:
             os.killpg(pgid, request.signal)
         late = self._clock() - deadline
         self.stats["reaped"] += 1
+        self.log_event("kill worker process", request)
         log.error(
             "Timer %r of pid %d expired: sent %s to its process group %d (%.2f ms late)",
             request.scope_id,
@@ -329,42 +369,66 @@ def _trust_own_group(pid: int) -> int | None:
 class FileTimerServer(TimerServer):
     """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
 
-    ``file_path`` None makes a private pipe; :attr:`path` tells where it is once started.
+    torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
+    once started). ``log_event(name, request)`` hears "watchdog started", "timer expired",
+    "kill worker process" and "watchdog stopped", as torch's.
     """
 
-    def __init__(self, file_path: str | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        file_path: str | None = None,
+        run_id: str = "",
+        max_interval: float = 10,
+        daemon: bool = True,
+        log_event: Callable[[str, TimerRequest | None], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         from agentd.timer.file_pipe import FifoSource
 
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(None, max_interval, daemon, **kwargs)
+        self.run_id = run_id
         self._source = FifoSource(self, file_path)
+        self._log_event = log_event
         self.path = ""
 
-    async def start(self) -> None:
+    async def start_async(self) -> None:
         self.path = self._source.open()
-        await super().start()
+        await super().start_async()
+        self.log_event("watchdog started", None)
 
-    async def stop(self) -> None:
-        await super().stop()
+    async def stop_async(self) -> None:
+        await super().stop_async()
         self._source.close()
+        self.log_event("watchdog stopped", None)
+
+    def log_event(self, name: str, request: TimerRequest | None) -> None:
+        if self._log_event is not None:
+            try:
+                self._log_event(name, request)
+            except Exception:
+                log.exception("FileTimerServer log_event(%r) failed", name)
 
 
 class LocalTimerServer(TimerServer):
-    """A timer server fed by a ``multiprocessing.Queue`` (see :mod:`agentd.timer.local`)."""
+    """A timer server fed by a ``multiprocessing.Queue`` (see :mod:`agentd.timer.local`),
+    which it watches on the loop (no polling: ``max_interval`` is accepted for torch)."""
 
-    def __init__(self, mp_queue: object, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, mp_queue: object, max_interval: float = 60, daemon: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(None, max_interval, daemon, **kwargs)
         self._queue = mp_queue
         self._fd = -1
 
-    async def start(self) -> None:
+    async def start_async(self) -> None:
         from agentd.timer.local import queue_source
 
         self._fd, on_readable = queue_source(self, self._queue)
         asyncio.get_running_loop().add_reader(self._fd, on_readable)
-        await super().start()
+        await super().start_async()
 
-    async def stop(self) -> None:
+    async def stop_async(self) -> None:
         if self._fd >= 0:
             asyncio.get_running_loop().remove_reader(self._fd)
             self._fd = -1
-        await super().stop()
+        await super().stop_async()

@@ -1,0 +1,14 @@
+"""``torch.distributed.elastic.agent.server``: the agent API."""
+
+from agentd.agent import ElasticAgent, SimpleElasticAgent
+from agentd.spec import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
+
+__all__ = [
+    "ElasticAgent",
+    "RunResult",
+    "SimpleElasticAgent",
+    "Worker",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerState",
+]

@@ -1,0 +1,112 @@
+"""Rendezvous handlers built from Python, as torch's ``rendezvous.registry`` builds them.
+
+``get_rendezvous_handler(RendezvousParameters(backend, endpoint, run_id, min_nodes,
+max_nodes, **conf))`` returns agentd's handler for ``c10d``/``agentd``, ``etcd``/
+``etcd-v2`` and ``static``, checked exactly as ``agentd run`` checks the same settings
+(``conf`` is what ``--rdzv-conf`` takes). A handler object of another kind, such as a
+site's own torch ``RendezvousHandler`` with synchronous methods, is accepted wherever a
+handler is (see :func:`as_agentd_handler`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentd.exceptions import ConfigError
+from agentd.rendezvous.api import RendezvousHandler
+
+BACKENDS = ("c10d", "agentd", "etcd", "etcd-v2", "static")
+
+
+class RendezvousParameters:
+    """torch's rendezvous parameters: the backend, its endpoint, the run id, the node
+    range, this node's address, and backend settings as keyword arguments."""
+
+    def __init__(
+        self,
+        backend: str,
+        endpoint: str,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not backend:
+            raise ValueError("The rendezvous backend name must be a non-empty string.")
+        if min_nodes < 1:
+            raise ValueError(f"The minimum number of rendezvous nodes ({min_nodes}) must "
+                             "be greater than zero.")  # fmt: skip
+        if max_nodes < min_nodes:
+            raise ValueError(f"The maximum number of rendezvous nodes ({max_nodes}) must be "
+                             f"greater than or equal to the minimum ({min_nodes}).")  # fmt: skip
+        self.backend = backend
+        self.endpoint = endpoint
+        self.run_id = run_id
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes
+        self.local_addr = local_addr
+        self.config = kwargs
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+    def get_as_bool(self, key: str, default: bool | None = None) -> bool | None:
+        value = self.get(key, default)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        text = str(value).strip().lower()
+        if text in ("1", "true", "t", "yes", "y"):
+            return True
+        if text in ("0", "false", "f", "no", "n"):
+            return False
+        raise ValueError(f"The rendezvous configuration option '{key}' does not represent "
+                         "a valid boolean value.")  # fmt: skip
+
+    def get_as_int(self, key: str, default: int | None = None) -> int | None:
+        value = self.get(key, default)
+        if value is None:
+            return value
+        try:
+            return int(value)
+        except ValueError as exc:
+            raise ValueError(f"The rendezvous configuration option '{key}' does not "
+                             "represent a valid integer value.") from exc  # fmt: skip
+
+
+def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """agentd's handler for ``params`` (a ConfigError names a bad setting)."""
+    from agentd.config import AgentConfig
+    from agentd.rendezvous.from_config import build_rendezvous
+
+    if params.backend not in BACKENDS:
+        raise ConfigError(f"backend: {params.backend!r} is not a rendezvous backend here; "
+                          f"known: {', '.join(BACKENDS)}")  # fmt: skip
+    conf = dict(params.config)
+    static = params.backend == "static"
+    master_addr = master_port = None
+    if static and params.endpoint:
+        master_addr, _, port = params.endpoint.rpartition(":")
+        master_port = int(port) if port else None
+    config = AgentConfig(
+        script="",
+        nnodes=(params.min_nodes, params.max_nodes),
+        rdzv_backend=params.backend,
+        rdzv_endpoint="" if static else params.endpoint,
+        rdzv_conf=",".join(f"{k}={v}" for k, v in conf.items() if k != "rank"),
+        node_rank=int(conf.get("rank", 0)),
+        local_addr=params.local_addr,
+        master_addr=master_addr or None,
+        master_port=master_port or 0,
+    )
+    return build_rendezvous(config, params.run_id, local_world_size=1)
+
+
+def as_agentd_handler(handler: Any) -> RendezvousHandler:
+    """``handler`` itself if it is agentd's kind (async), else an adapter that drives its
+    synchronous, torch-style methods off the loop."""
+    from agentd.rendezvous.foreign import SyncRendezvousHandler, is_agentd_handler
+
+    return handler if is_agentd_handler(handler) else SyncRendezvousHandler(handler)

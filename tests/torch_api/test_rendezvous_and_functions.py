@@ -1,0 +1,95 @@
+"""Rendezvous handlers built in Python, a torch handler object driving agentd's agent, and
+function entrypoints that cannot be spawned."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.conftest import free_port
+from tests.torch_api.conftest import elastic, run_script
+
+CHECK_RANK = "import os, sys; sys.exit(0 if os.environ['RANK'] in ('0', '1') else 5)"
+
+
+def test_a_c10d_handler_from_rendezvous_parameters_runs_a_job(impl, tmp_path):
+    rdzv, registry = elastic(impl, "rendezvous"), elastic(impl, "rendezvous.registry")
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    params = rdzv.RendezvousParameters(
+        backend="c10d",
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="c10d-py",
+        min_nodes=1,
+        max_nodes=1,
+    )
+    handler = registry.get_rendezvous_handler(params)
+    assert handler.get_run_id() == "c10d-py"
+    spec = server.WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        rdzv_handler=handler,
+        entrypoint=sys.executable,
+        args=("-c", CHECK_RANK),
+        max_restarts=0,
+    )
+    logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
+    result = local.LocalElasticAgent(spec, logs).run()
+    assert result.state == server.WorkerState.SUCCEEDED
+
+
+def test_an_unknown_backend_is_a_clear_error(impl):
+    rdzv, registry = elastic(impl, "rendezvous"), elastic(impl, "rendezvous.registry")
+    params = rdzv.RendezvousParameters(
+        backend="nope", endpoint="127.0.0.1:1", run_id="x", min_nodes=1, max_nodes=1
+    )
+    with pytest.raises((ValueError, RuntimeError), match="nope"):
+        registry.get_rendezvous_handler(params)
+
+
+@pytest.mark.torch
+def test_a_torch_rendezvous_handler_drives_agentds_agent(tmp_path):
+    """A site's own handler (here torch's static one: synchronous methods) keeps working."""
+    torch_rdzv = pytest.importorskip("torch.distributed.elastic.rendezvous")
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from agentd.elastic.agent.server import WorkerSpec, WorkerState
+    from agentd.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    params = torch_rdzv.RendezvousParameters(
+        backend="static",
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="foreign",
+        min_nodes=1,
+        max_nodes=1,
+        rank=0,
+    )
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        rdzv_handler=get_rendezvous_handler(params),
+        entrypoint=sys.executable,
+        args=("-c", CHECK_RANK),
+        max_restarts=0,
+    )
+    agent = LocalElasticAgent(spec, log_dir=tmp_path)
+    assert agent.run().state == WorkerState.SUCCEEDED
+    assert agent.run_id == "foreign"
+
+
+@pytest.mark.parametrize("impl", ["agentd"])
+def test_a_lambda_entrypoint_is_a_clear_error(impl):
+    """torch fails later, in the worker's spawn; agentd says so when the spec is built."""
+    server = elastic(impl, "agent.server")
+    with pytest.raises(ValueError, match=r"entrypoint: .*<lambda>.*top level of a module"):
+        server.WorkerSpec(role="t", local_world_size=1, entrypoint=lambda: None)
+
+
+@pytest.mark.parametrize("impl", ["agentd"])
+def test_a_worker_that_cannot_load_its_function_names_the_error(impl):
+    """The launching script breaks when re-imported in the worker: the root cause is that
+    error (torch reports only the exit code)."""
+    out = run_script(impl, "unloadable.py")
+    assert out["state"] == "FAILED"
+    assert "RuntimeError: this module refuses to load in a worker" in out["message"]

@@ -1,0 +1,206 @@
+"""Constructors, signatures and clocks, written as torch users write them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+
+import pytest
+
+from tests.conftest import free_port
+from tests.torch_api.conftest import elastic
+
+
+def trainer() -> None:
+    """A function entrypoint for specs built here."""
+
+
+def static_handler(impl: str, run_id: str = "sig"):
+    rdzv = elastic(impl, "rendezvous")
+    registry = elastic(impl, "rendezvous.registry")
+    params = rdzv.RendezvousParameters(
+        backend="static",
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id=run_id,
+        min_nodes=1,
+        max_nodes=1,
+        rank=0,
+    )
+    return registry.get_rendezvous_handler(params)
+
+
+def test_worker_spec_takes_torch_fields_in_torch_order(impl):
+    server = elastic(impl, "agent.server")
+    handler = static_handler(impl)
+    spec = server.WorkerSpec("trainer", 2, handler, None, sys.executable, ("-c", "pass"))
+    assert (spec.role, spec.local_world_size, spec.rdzv_handler) == ("trainer", 2, handler)
+    assert spec.entrypoint == sys.executable and spec.args == ("-c", "pass")
+    assert (spec.max_restarts, spec.monitor_interval) == (3, 0.1)
+    assert (spec.master_port, spec.master_addr, spec.local_addr) == (None, None, None)
+
+
+def test_worker_spec_fn_is_deprecated_but_works(impl):
+    server = elastic(impl, "agent.server")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = server.WorkerSpec(
+            role="t", local_world_size=1, rdzv_handler=static_handler(impl), fn=trainer
+        )
+    assert spec.fn is trainer and caught  # torch warns that fn is deprecated
+
+
+def test_local_elastic_agent_takes_torch_positional_arguments(impl, tmp_path):
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
+    spec = server.WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        entrypoint=sys.executable,
+        args=("-c", "pass"),
+        rdzv_handler=static_handler(impl),
+        max_restarts=0,
+    )
+    agent = local.LocalElasticAgent(
+        spec, logs, "spawn", 5, "[${rank}]:" if impl == "torch" else "[{rank}]:"
+    )
+    result = agent.run()
+    assert result.state == server.WorkerState.SUCCEEDED
+    assert not (tmp_path / "spawn").exists()  # "spawn" is the start method, not a directory
+
+
+def test_process_failure_reads_the_error_file_as_torch_does(impl, tmp_path):
+    errors = elastic(impl, "multiprocessing.errors")
+    path = tmp_path / "error.json"
+    data = {
+        "message": {
+            "message": "RuntimeError: boom",
+            "extraInfo": {"py_callstack": "Traceback: ...", "timestamp": "1700000000"},
+        }
+    }
+    path.write_text(json.dumps(data))
+    failure = errors.ProcessFailure(local_rank=1, pid=42, exitcode=1, error_file=str(path))
+    assert failure.error_file_data == data
+    # torch's message is the document's message object; agentd's is its text (README)
+    assert "RuntimeError: boom" in str(failure.message)
+    assert int(failure.timestamp) == 1700000000
+    assert failure.signal_name() == "" or failure.signal_name() is None or failure.exitcode >= 0
+    killed = errors.ProcessFailure(local_rank=0, pid=43, exitcode=-9, error_file="")
+    assert killed.signal_name() == "SIGKILL"
+    assert abs(killed.timestamp - time.time()) < 60
+
+
+def test_expired_timers_are_found_on_the_clock_of_expiration_time(impl):
+    """``get_expired_timers(deadline)`` takes ``time.time()`` seconds, the clock of
+    ``TimerRequest.expiration_time``: a 100 s timer is not due now."""
+    import multiprocessing as mp
+
+    timer = elastic(impl, "timer")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server = timer.LocalTimerServer(mp.get_context("spawn").Queue(), 60, True)
+        server.register_timers([timer.TimerRequest(child.pid, "scope", time.time() + 100)])
+        assert server.get_expired_timers(time.time()) == {}
+        due = server.get_expired_timers(time.time() + 200)
+        assert [r.scope_id for r in due[child.pid]] == ["scope"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_file_timer_server_signature_and_its_log_events(impl, tmp_path):
+    timer = elastic(impl, "timer")
+    events: list[str] = []
+    server = timer.FileTimerServer(
+        str(tmp_path / "timer.fifo"),
+        "run-1",
+        max_interval=0.1,
+        daemon=True,
+        log_event=lambda name, req: events.append(name),
+    )
+    server.start()  # returns at once; the server runs on a daemon thread
+    server.stop()
+    assert events[0] == "watchdog started" and events[-1] == "watchdog stopped"
+
+
+def test_health_check_server_starts_and_stops_synchronously(impl):
+    health = elastic(impl, "agent.server.health_check_server")
+    port = free_port()
+    server = health.create_healthcheck_server(
+        alive_callback=lambda: int(time.time()), port=port, timeout=60
+    )
+    server.start()
+    try:
+        if impl == "agentd":  # torch's open-source server is a stub that serves nothing
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5) as resp:
+                assert resp.status == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("impl", ["agentd"])
+def test_run_inside_a_running_loop_names_the_async_twin(impl):
+    import asyncio
+
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    spec = server.WorkerSpec(
+        role="t", local_world_size=1, entrypoint=sys.executable, args=("-c", "pass")
+    )
+    agent = local.LocalElasticAgent(spec)
+
+    async def inside() -> None:
+        with pytest.raises(RuntimeError, match=r"await agent\.run_async\(\)"):
+            agent.run()
+        result = await agent.run_async()
+        assert result.state == server.WorkerState.SUCCEEDED
+
+    asyncio.run(inside())
+
+
+@pytest.mark.parametrize("impl", ["agentd"])
+def test_a_run_without_rendezvous_gets_its_own_run_id(impl, tmp_path):
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    ids = []
+    for _ in range(2):
+        spec = server.WorkerSpec(
+            role="t", local_world_size=1, entrypoint=sys.executable, args=("-c", "pass")
+        )
+        agent = local.LocalElasticAgent(spec, log_dir=tmp_path)
+        assert agent.run().state == server.WorkerState.SUCCEEDED
+        ids.append(agent.run_id)
+    assert ids[0] != ids[1] and all((tmp_path / i / "result.json").exists() for i in ids)
+
+
+@pytest.mark.parametrize("impl", ["agentd"])
+def test_the_file_timer_and_health_port_come_from_torch_variables(impl, tmp_path, monkeypatch):
+    """torch's LocalElasticAgent reads these itself; so does agentd's, built in Python."""
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    fifo, seen = tmp_path / "timer.fifo", tmp_path / "env.json"
+    monkeypatch.setenv("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+    monkeypatch.setenv("TORCHELASTIC_TIMER_FILE", str(fifo))
+    monkeypatch.setenv("TORCHELASTIC_HEALTH_CHECK_PORT", "0")
+    script = (
+        "import os, json, sys; json.dump({k: os.environ.get(k) for k in "
+        "('TORCHELASTIC_TIMER_FILE', 'TORCHELASTIC_SIGNALS_TO_HANDLE')}, "
+        "open(sys.argv[1], 'w'))"
+    )
+    spec = server.WorkerSpec(
+        role="t",
+        local_world_size=1,
+        entrypoint=sys.executable,
+        args=("-c", script, str(seen)),
+        max_restarts=0,
+    )
+    agent = local.LocalElasticAgent(spec, log_dir=tmp_path)
+    assert agent.run().state == server.WorkerState.SUCCEEDED
+    assert agent.health_server is not None and agent.timer_server.path == str(fifo)
+    env = json.loads(seen.read_text())
+    assert env["TORCHELASTIC_TIMER_FILE"] == str(fifo)
+    assert env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
