@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from agentd.agent_records import record_restart, record_run
 from agentd.agent_rounds import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
 from agentd.observer import AgentObserver
@@ -89,6 +90,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._stop_signal: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._consecutive_failures = 0
         self._healthy_since: float | None = None
         self._round_watch: asyncio.Task[None] | None = None
@@ -102,6 +104,11 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         """The root cause of the latest failure, even one that a restart recovered from."""
         self.exit_error: BaseException | None = None
         """What ended :meth:`run` when it did not return a result (a stop signal, ...)."""
+
+    @property
+    def remaining_restarts(self) -> int:
+        """Restarts left before a failure is final."""
+        return self._remaining_restarts
 
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
         return self._worker_group
@@ -120,9 +127,14 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
     def request_stop(self, signum: int = signal.SIGTERM, force: bool = False) -> None:
         """Ask the agent to stop its workers and make :meth:`run` raise AgentStopped.
 
-        Safe to call from a signal handler callback; a second request, or ``force``, skips
-        the stop signal's grace period and kills the workers at once.
+        Safe to call from a signal handler callback and from any thread (a run on another
+        thread's loop gets the request through that loop); a second request, or ``force``,
+        skips the stop signal's grace period and kills the workers at once.
         """
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not _on_loop(loop):
+            loop.call_soon_threadsafe(self.request_stop, signum, force)
+            return
         if self._stop_signal is not None or force:
             self._force.set()
         if self._stop_signal is None:
@@ -141,11 +153,13 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
 
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult:
         """:meth:`run`, on the running loop."""
+        self._loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
             await self._startup()
             result = await self._invoke_run(role)
             self.last_result = result
+            record_run(self, result, started)
             log.info(
                 "[%s] Worker group %s after %.2fs",
                 role,
@@ -235,6 +249,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
             retryable = root is None or spec.restart_policy.is_retryable(root.exitcode)
             if self._remaining_restarts > 0 and retryable:
                 self._remaining_restarts -= 1
+                record_restart(self)
                 self.restart_count += 1
                 self._notify("restarted", reason, self.restart_count)
                 self._stop_round_watch()
@@ -380,3 +395,11 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
     ) -> None:
         """Release everything the agent holds; runs once, at the end of :meth:`run`."""
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs on ``loop`` (its thread, while it runs)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -47,21 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run a training script's workers on this host (torchrun's flags)",
-        description="Run ``script`` as a worker group; torchrun's flags and worker contract.",
+        description="Run SCRIPT's workers on this host as a worker group, with torchrun's "
+        "flags and worker contract.",
+        epilog="Each option is also read from AGENTD_<NAME> and then torchrun's PET_<NAME> "
+        "(e.g. AGENTD_NPROC_PER_NODE, PET_NNODES), and some from torch's own variables, as "
+        "listed; the command line wins. Precedence: flag > AGENTD_* > PET_* > torch's "
+        "variable > --config file > default.",
         argument_default=argparse.SUPPRESS,
     )
     run.add_argument("--config", metavar="FILE", help="TOML file of options (see config/)")
     for option in OPTIONS:
         kwargs: dict[str, Any] = {
             "dest": option.name,
-            "help": f"{option.help} [env AGENTD_{option.name.upper()}; default {option.default!r}]",
+            "help": f"{option.help} [env {', '.join(option.env_names)}; "
+            f"default {option.default!r}]",
         }
         if option.is_flag:
             kwargs["action"] = "store_true"
         else:
             kwargs["metavar"] = option.metavar
         run.add_argument(*option.flags, **kwargs)
-    run.add_argument("script", nargs="?", help="training script, module (-m) or executable")
+    run.add_argument("script", nargs="?", metavar="SCRIPT",
+                     help="training script, module (-m) or executable")  # fmt: skip
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     status = commands.add_parser(
         "status",
@@ -161,11 +168,14 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
         stop_timeout=config.stop_timeout,
         restart_backoff=config.restart_backoff,
         non_retryable_exit_codes=config.non_retryable_exit_codes,
+        event_log_handler=config.event_log_handler,
+        virtual_local_rank=config.virtual_local_rank,
     )
 
 
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
+    from agentd.errors import copy_error_file
     from agentd.health import HealthSettings
     from agentd.local_agent import LocalElasticAgent
     from agentd.ratelog import rate_limited_loop_errors
@@ -207,6 +217,9 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
         log.error("%s", agent.failure_report())
         if agent.result_written:
             log.error("Failure report written to %s", agent.result_file.path)
+        root = result.root_cause
+        if root is not None and copy_error_file(root.error_file):  # for a launcher above us
+            log.info("Root cause's error file copied to $TORCHELASTIC_ERROR_FILE")
         return EXIT_FAILED
     return EXIT_OK
 

@@ -25,6 +25,7 @@ from agentd.spec import (
     DEFAULT_ROLE,
     MAX_LOCAL_WORLD_SIZE,
     NAME_RULE,
+    START_METHODS,
     Std,
     check_log_prefix,
     check_name,
@@ -90,6 +91,23 @@ def _str(text: str) -> str:
 
 def _optional_str(text: str) -> str | None:
     return text or None
+
+
+def _logs_specs(text: str) -> str:
+    name = text.strip()
+    if name in ("", "default"):
+        return ""
+    raise RuleError("must be 'default': agentd has one log layout, and custom LogsSpecs "
+                    "plugins (torchrun.logs_specs entry points) are not supported")  # fmt: skip
+
+
+def _unsupported(why: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.strip():
+            raise RuleError(why)
+        return ""
+
+    return parse
 
 
 def _choice(choices: Sequence[str], upper: bool = False) -> Callable[[str], str]:
@@ -235,13 +253,14 @@ class Option:
     help: str
     is_flag: bool = False
     metavar: str | None = None
-    torch_env: str | None = None
-    """A torch variable that also sets this option, after ``AGENTD_*`` and ``PET_*``."""
+    torch_env: str | tuple[str, ...] | None = None
+    """torch variables that also set this option, after ``AGENTD_*`` and ``PET_*``."""
 
     @property
     def env_names(self) -> tuple[str, ...]:
         names = tuple(prefix + self.name.upper() for prefix in ENV_PREFIXES)
-        return (*names, self.torch_env) if self.torch_env else names
+        extra = (self.torch_env,) if isinstance(self.torch_env, str) else self.torch_env or ()
+        return (*names, *extra)
 
 
 def _o(
@@ -252,7 +271,7 @@ def _o(
     *extra: str,
     is_flag: bool = False,
     metavar: str | None = None,
-    torch_env: str | None = None,
+    torch_env: str | tuple[str, ...] | None = None,
 ) -> Option:
     dashed = "--" + name.replace("_", "-")
     flags = [dashed] + (["--" + name] if "_" in name else []) + list(extra)
@@ -391,6 +410,66 @@ OPTIONS: tuple[Option, ...] = (
         is_flag=True,
     ),
     _o(
+        "run_path",
+        _bool,
+        "false",
+        "torchrun's runpy.run_path mode; agentd runs the script as python -u script either "
+        "way (same __main__, argv and sys.path).",
+        is_flag=True,
+    ),
+    _o(
+        "start_method",
+        _choice(START_METHODS),
+        "spawn",
+        "torchrun's start method for function entrypoints (all run as spawn here).",
+        metavar="METHOD",
+    ),
+    _o(
+        "logs_specs",
+        _logs_specs,
+        "",
+        "torchrun.logs_specs entry point name; only the default layout is supported.",
+        metavar="NAME",
+    ),
+    _o(
+        "event_log_handler",
+        _choice(("null", "console")),
+        "null",
+        "torch's event destination: null, or console (events on stderr as JSON).",
+        metavar="NAME",
+    ),
+    _o(
+        "numa_binding",
+        _unsupported(
+            "NUMA binding is not supported by agentd; bind in the entrypoint, "
+            "e.g. --no-python numactl --cpunodebind=N python train.py"
+        ),
+        "",
+        "torchrun's NUMA binding: refused with an explanation (not supported).",
+        metavar="MODE",
+    ),
+    _o(
+        "duplicate_stdout_filters",
+        _unsupported("not supported by agentd; use --tee and grep the log files"),
+        "",
+        "torchrun's duplicated stdout lines: refused with an explanation (not supported).",
+        metavar="FILTERS",
+    ),
+    _o(
+        "duplicate_stderr_filters",
+        _unsupported("not supported by agentd; use --tee and grep the log files"),
+        "",
+        "torchrun's duplicated stderr lines: refused with an explanation (not supported).",
+        metavar="FILTERS",
+    ),
+    _o(
+        "virtual_local_rank",
+        _bool,
+        "false",
+        "Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES).",
+        is_flag=True,
+    ),
+    _o(
         "master_addr",
         _optional_str,
         "",
@@ -421,6 +500,7 @@ OPTIONS: tuple[Option, ...] = (
         "--shutdown-timeout",
         "--shutdown_timeout",
         metavar="SECONDS",
+        torch_env=("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
     ),
     _o(
         "restart_backoff",
@@ -455,8 +535,10 @@ OPTIONS: tuple[Option, ...] = (
         "log_line_prefix_template",
         _prefix,
         DEFAULT_LOG_PREFIX,
-        "Prefix of tee'd lines: {role} {local_rank} {rank} {host} {node_rank} {attempt}.",
+        "Prefix of tee'd lines: {role} {local_rank} {rank} {host} {node_rank} {attempt} "
+        "(or torch's ${role_name} ${rank} ${local_rank}).",
         metavar="TEMPLATE",
+        torch_env="TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
     ),
     _o(
         "file_timer",
@@ -571,6 +653,14 @@ class AgentConfig:
     local_ranks_filter: frozenset[int] | None = None
     module: bool = False
     no_python: bool = False
+    run_path: bool = False
+    start_method: str = "spawn"
+    logs_specs: str = ""
+    event_log_handler: str = "null"
+    numa_binding: str = ""
+    duplicate_stdout_filters: str = ""
+    duplicate_stderr_filters: str = ""
+    virtual_local_rank: bool = False
     master_addr: str | None = None
     master_port: int = 0
     local_addr: str | None = None
@@ -773,6 +863,9 @@ def check_script(config: AgentConfig, cwd: str | None = None) -> None:
         if not found:
             raise ConfigError(f"--module: {script!r} cannot be found (no module named {top!r})")
         return
+    if Path(cwd, script).is_dir():
+        raise ConfigError(f"script: {script!r} is a directory; give a Python file, or a "
+                          "module with --module")  # fmt: skip
     if not Path(cwd, script).is_file():
         raise ConfigError(f"script: {script!r} does not exist")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentd.spec import RunResult, WorkerFailure
+from agentd.spec import RunResult, WorkerFailure, WorkerState
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -54,11 +54,37 @@ def write_error_file(exc: BaseException, path: str | None = None) -> None:
     os.replace(tmp, path)
 
 
+class ChildFailedError(Exception):
+    """A worker group failed: ``failures`` by global rank, the first one the root cause.
+
+    torch's exception of that name (``elastic_launch`` raises it). A ``@record``-decorated
+    launcher that lets it escape copies the root cause's error file into its own error
+    file, so a scheduler above sees the worker's error, not the launcher's.
+    """
+
+    def __init__(self, name: str, failures: dict[int, WorkerFailure]) -> None:
+        if not failures:
+            raise ValueError("failures: must name at least one failed worker")
+        self.name = name
+        self.failures = failures
+        super().__init__(self.format_msg())
+
+    def get_first_failure(self) -> tuple[int, WorkerFailure]:
+        """(global rank, failure) of the root cause: the earliest failure."""
+        rank = min(self.failures, key=lambda r: (self.failures[r].timestamp, r))
+        return rank, self.failures[rank]
+
+    def format_msg(self) -> str:
+        result = RunResult(WorkerState.FAILED, failures=self.failures)
+        return "\n" + format_failure_report(result, "", self.name)
+
+
 def record(fn: _F) -> _F:
     """Decorate a worker's main function: an uncaught exception lands in the error file.
 
     The same contract as torch's ``torch.distributed.elastic.multiprocessing.errors.record``,
     without needing torch. The exception is re-raised, so the worker still exits non-zero.
+    For a :class:`ChildFailedError` (a launcher's), the root cause's error file is copied.
     """
 
     @functools.wraps(fn)
@@ -69,11 +95,30 @@ def record(fn: _F) -> _F:
             if exc.code not in (None, 0):
                 write_error_file(exc)
             raise
+        except ChildFailedError as exc:
+            _, root = exc.get_first_failure()
+            if not copy_error_file(root.error_file):
+                write_error_file(exc)
+            raise
         except BaseException as exc:
             write_error_file(exc)
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def copy_error_file(source: str, path: str | None = None) -> bool:
+    """Copy a worker's error file to ``path`` or ``$TORCHELASTIC_ERROR_FILE`` (a launcher's
+    own); False when there is nothing to copy or nowhere to put it."""
+    path = path or os.environ.get(ERROR_FILE_ENV)
+    content = read_error_file(source) if source else None
+    if not path or content is None or os.path.abspath(source) == os.path.abspath(path):
+        return False
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fp:
+        json.dump(content.data, fp)
+    os.replace(tmp, path)
+    return True
 
 
 def read_error_file(path: str) -> ErrorFileContent | None:
@@ -119,7 +164,7 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.timestamp))
     lines = [
         bar,
-        f"{entrypoint} FAILED (run {run_id})",
+        f"{entrypoint} FAILED" + (f" (run {run_id})" if run_id else ""),
         bar,
         "Root cause (first failure):",
         f"  time      : {when}.{int(root.timestamp * 1000) % 1000:03d}",

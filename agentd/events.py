@@ -39,6 +39,10 @@ class Event:
     timestamp: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def serialize(self) -> str:
+        """torch's name for :meth:`to_json`."""
+        return self.to_json()
+
     def to_json(self) -> str:
         return json.dumps(
             {"name": self.name, "source": self.source.value, "timestamp": self.timestamp,
@@ -64,12 +68,31 @@ def configure(handler: EventHandler) -> None:
     _handler = handler
 
 
-def record(event: Event) -> None:
-    """Record ``event`` with the configured handler; a failing handler is only logged."""
+def record(event: Event, destination: str = "null") -> None:
+    """Record ``event`` with the configured handler (a failing one is only logged), and,
+    as torch does, as one INFO record of the logger ``torchelastic-events-<destination>``
+    (which does not propagate), where a site's logging handler may be listening."""
     try:
         _handler(event)
     except Exception:
         log.exception("Event handler failed for %s", event.name)
+    torch_logger(destination).info(event.serialize())
+
+
+def torch_logger(destination: str) -> logging.Logger:
+    """torch's per-destination event logger (silent unless someone adds a handler)."""
+    logger = logging.getLogger(f"torchelastic-events-{destination}")
+    if not getattr(logger, "_agentd_ready", False):
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        if destination == "console":
+            handler: logging.Handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+        else:
+            handler = logging.NullHandler()
+        logger.addHandler(handler)
+        logger._agentd_ready = True  # type: ignore[attr-defined]
+    return logger
 
 
 MAX_EVENT_LOG = 10 << 20

@@ -1,4 +1,5 @@
-"""Metrics: one agent's Prometheus registry, and the seed's ``put_metric`` / ``prof``.
+"""Metrics: one agent's Prometheus registry (the seed's ``put_metric`` is in
+:mod:`agentd.metrics_api`; its values show here as ``agentd_custom_metric``).
 
 Every agent has its own registry (no global one). What changes as events happen is
 counted by :class:`AgentMetrics`, an observer; what is a reading (worker CPU and memory,
@@ -7,12 +8,9 @@ timer counts, watchdog liveness) is read at scrape time, so nothing polls.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -163,69 +161,3 @@ def process_tree_usage(pid: int) -> tuple[float, int]:
         except psutil.Error:
             continue
     return cpu, rss
-
-
-# -- the seed's metric API ------------------------------------------------------------------
-
-MetricHandler = Callable[[str, float, str], None]
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _log_metric(name: str, value: float, group: str) -> None:
-    log.debug("metric %s.%s = %s", group, name, value)
-
-
-_handler: MetricHandler = _log_metric
-
-
-def configure(handler: MetricHandler) -> None:
-    """Send :func:`put_metric` values to ``handler(name, value, group)`` from now on."""
-    global _handler
-    _handler = handler
-
-
-def put_metric(metric_name: str, metric_value: float, metric_group: str = "agentd") -> None:
-    """Publish one value (a running agent shows it as ``agentd_custom_metric``)."""
-    _handler(metric_name, metric_value, metric_group)
-
-
-def prof(fn: _F | None = None, group: str = "agentd") -> Any:
-    """Decorate a function (sync or async) to publish ``<name>.success`` / ``.failure``
-    counts and ``<name>.duration.ms``, as the seed's ``prof`` does."""
-
-    def wrap(func: _F) -> _F:
-        name = func.__qualname__
-
-        def report(ok: bool, began: float) -> None:
-            put_metric(f"{name}.{'success' if ok else 'failure'}", 1, group)
-            put_metric(f"{name}.duration.ms", (time.monotonic() - began) * 1000, group)
-
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                began = time.monotonic()
-                try:
-                    result = await func(*args, **kwargs)
-                except BaseException:
-                    report(False, began)
-                    raise
-                report(True, began)
-                return result
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            began = time.monotonic()
-            try:
-                result = func(*args, **kwargs)
-            except BaseException:
-                report(False, began)
-                raise
-            report(True, began)
-            return result
-
-        return wrapper  # type: ignore[return-value]
-
-    return wrap(fn) if fn is not None else wrap

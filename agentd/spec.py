@@ -156,12 +156,34 @@ def std_for(setting: Std | Mapping[int, Std], local_rank: int) -> Std:
     return setting.get(local_rank, Std.NONE)
 
 
+_TORCH_PREFIX_FIELDS = {"role_name": "role", "rank": "rank", "local_rank": "local_rank"}
+
+
+def from_torch_prefix(template: str) -> str:
+    """torch's ``${role_name}``/``${rank}``/``${local_rank}`` template in agentd's syntax."""
+
+    def field(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in _TORCH_PREFIX_FIELDS:
+            raise field_error("log_line_prefix_template", template,
+                              f"uses unknown field ${{{name}}}; torch's are "
+                              + ", ".join(f"${{{n}}}" for n in _TORCH_PREFIX_FIELDS))  # fmt: skip
+        return "{" + _TORCH_PREFIX_FIELDS[name] + "}"
+
+    if "$" not in template:
+        return template
+    escaped = template.replace("{", "{{").replace("}", "}}")
+    return re.sub(r"\$\{\{(\w+)\}\}", field, escaped)
+
+
 def check_log_prefix(template: str) -> str:
     """Validate a tee prefix template: only the documented ``{fields}`` may appear, bare
-    (no format spec or conversion: ``{rank:>99999999}`` would pad every line by 95 MB)."""
+    (no format spec or conversion: ``{rank:>99999999}`` would pad every line by 95 MB).
+    torch's ``${rank}`` syntax is accepted too; returns the template in agentd's syntax."""
     if len(template) > MAX_LOG_PREFIX:
         raise field_error("log_line_prefix_template", _short(template),
                           f"is longer than {MAX_LOG_PREFIX} characters")  # fmt: skip
+    template = from_torch_prefix(template)
     try:
         parts = [
             (name, spec, conversion)
@@ -206,7 +228,7 @@ def check_picklable_function(function: Callable[..., Any]) -> None:
 class WorkerSpec:
     """What to run on this host: one role, ``local_world_size`` copies of an entrypoint.
 
-    The fields up to ``local_addr`` are torch's, in torch's order and with its defaults;
+    The fields up to ``event_log_handler`` are torch's, in torch's order and defaults;
     agentd's own follow (pass them by keyword). ``entrypoint`` is an executable (``args``
     follow it on the command line) or a Python function, called with ``*args`` in a
     spawned worker process as torch's ``spawn`` start method does (its return value lands
@@ -228,6 +250,7 @@ class WorkerSpec:
     master_port: int | None = None
     master_addr: str | None = None
     local_addr: str | None = None
+    event_log_handler: str = "null"
     env: Mapping[str, str] = field(default_factory=dict)
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.NONE
@@ -237,6 +260,8 @@ class WorkerSpec:
     stop_timeout: float = 30.0
     restart_backoff: RestartBackoff = field(default_factory=RestartBackoff)
     non_retryable_exit_codes: frozenset[int] = frozenset()
+    virtual_local_rank: bool = False
+    """torch's: every worker sees LOCAL_RANK=0 and only its own GPU."""
 
     def __post_init__(self) -> None:
         check_name("role", self.role)
@@ -272,7 +297,7 @@ class WorkerSpec:
             raise field_error("master_port", self.master_port, "must be within 0..65535")
         self.args = tuple(self.args)
         self.stop_signal = signal.Signals(self.stop_signal)
-        check_log_prefix(self.log_line_prefix_template)
+        self.log_line_prefix_template = check_log_prefix(self.log_line_prefix_template)
 
     @property
     def restart_policy(self) -> RestartPolicy:

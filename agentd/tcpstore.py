@@ -122,19 +122,22 @@ class TCPStoreServer:
         if server is not None:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
+        await asyncio.sleep(0)  # the closed transports' last callbacks run before we return
 
     # -- a connection --------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._connections) >= self.limits.max_connections:
-            self._problems.warning("full", "Workers' store: %d connections open, the most it "
-                                   "takes; closing new ones", len(self._connections))  # fmt: skip
-            writer.close()
-            return
-        self._connections.add(task)
+        full = len(self._connections) >= self.limits.max_connections
+        self._connections.add(task)  # even one turned away: stop() waits for its close
         try:
+            if full:
+                self._problems.warning(
+                    "full", "Workers' store: %d connections open, the most it takes; closing "
+                    "new ones", self.limits.max_connections,
+                )  # fmt: skip
+                return
             session = _Session(self, reader, writer)
             await session.run()
         except ProtocolError as exc:
@@ -142,10 +145,10 @@ class TCPStoreServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # a client that went away
         finally:
-            self._connections.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
+            self._connections.discard(task)
 
     # -- the data ----------------------------------------------------------------------------
 

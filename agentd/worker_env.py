@@ -81,6 +81,13 @@ def worker_env(
     )
     if ctx.timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = ctx.timer_file
+    if spec.virtual_local_rank:  # torch's: device 0 of a one-GPU view is this worker's GPU
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        rank = worker.local_rank
+        env["CUDA_VISIBLE_DEVICES"] = (
+            visible[rank] if rank < len(visible) and visible[0] else str(rank)
+        )
+        env["LOCAL_RANK"] = "0"
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
     return env

@@ -138,6 +138,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         command: str = "run",
         preexec: Callable[[], None] | None = None,
         prefix: tuple[str, ...] = (),
+        launcher: str = "agentd",
     ) -> AgentProc:
         index = len(started)
         out_dir = tmp_path / f"out{index}"
@@ -146,7 +147,10 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
         full_env["AGENTD_TEST_OUT"] = str(out_dir)
         full_env.update(env or {})
-        argv = [*prefix, sys.executable, "-m", "agentd", command]
+        if launcher == "torchrun":  # the reference, for tests run through both
+            argv = [*prefix, sys.executable, "-m", "torch.distributed.run"]
+        else:
+            argv = [*prefix, sys.executable, "-m", "agentd", command]
         if log_dir and command == "run":
             argv += ["--log-dir", str(logs)]
         stdout_path, stderr_path = out_dir / "agent.stdout", out_dir / "agent.stderr"

@@ -117,9 +117,14 @@ def test_example_config_values_parse(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("h:1", ("h", 1)), ("h", ("h", 29400)), ("[::1]:5", ("::1", 5)), ("[::1]", ("::1", 29400)),
-     ("::1", ("::1", 29400))],
-)  # fmt: skip
+    [
+        ("h:1", ("h", 1)),
+        ("h", ("h", 29400)),
+        ("[::1]:5", ("::1", 5)),
+        ("[::1]", ("::1", 29400)),
+        ("::1", ("::1", 29400)),
+    ],
+)
 def test_endpoints_parse(text, expected):
     from agentd.store.connect import split_endpoint
 
@@ -132,3 +137,22 @@ def test_malformed_endpoints_are_refused(text):
 
     with pytest.raises(ConfigError, match=r"--rdzv-endpoint: .* must be host:port|no valid port"):
         split_endpoint(text)
+
+
+@pytest.mark.parametrize(("backend", "join_timeout"), [("c10d", 600.0), ("etcd", 5.0)])
+def test_rdzv_conf_timeout_means_what_it_means_to_torchs_backend(backend, join_timeout):
+    """torch's etcd backend takes ``timeout`` as the join timeout; its c10d backend does
+    not (``join_timeout`` is), so a c10d job keeps its 600 s."""
+    from agentd.rendezvous.conf import parse_rdzv_conf, settings_from_conf
+
+    conf = parse_rdzv_conf("timeout=5")
+    settings = settings_from_conf(conf, (1, 2), timeout_is_join=backend == "etcd")
+    assert settings.join_timeout == join_timeout and conf == {}
+
+
+def test_torchs_log_prefix_syntax_is_accepted_and_unknown_fields_are_named():
+    template = "[${role_name}${local_rank}|${rank}]:"
+    config = resolve({"log_line_prefix_template": template, "script": "x.py"}, {}, None)
+    assert config.log_line_prefix_template == "[{role}{local_rank}|{rank}]:"
+    with pytest.raises(ConfigError, match=r"unknown field \$\{host\}"):
+        resolve({"log_line_prefix_template": "${host}", "script": "x.py"}, {}, None)

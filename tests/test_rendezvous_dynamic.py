@@ -244,3 +244,22 @@ async def test_a_store_restart_mid_rendezvous_is_survived():
         with contextlib.suppress(Exception):
             await shutdown_all(a, b)
         await server.stop()
+
+
+async def test_a_round_short_of_its_minimum_says_what_it_waits_for(store, monkeypatch, caplog):
+    from agentd.rendezvous import rounds
+
+    monkeypatch.setattr(rounds, "REPORT", 0.1)
+    caplog.set_level("INFO", logger="agentd.rendezvous.rounds")
+    lonely = handler(store, nodes=(2, 2))
+    joining = asyncio.create_task(lonely.next_rendezvous())
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while "still waiting for nodes: 1 of at least 2" not in caplog.text:
+            assert asyncio.get_running_loop().time() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+    finally:
+        joining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await joining
+        await shutdown_all(lonely)

@@ -1,5 +1,23 @@
 """``torch.distributed.elastic.metrics``."""
 
-from agentd.metrics import configure, prof, put_metric
+from agentd.metrics_api import (
+    ConsoleMetricHandler,
+    MetricData,
+    MetricHandler,
+    NullMetricHandler,
+    configure,
+    getStream,
+    prof,
+    put_metric,
+)
 
-__all__ = ["configure", "prof", "put_metric"]
+__all__ = [
+    "ConsoleMetricHandler",
+    "MetricData",
+    "MetricHandler",
+    "NullMetricHandler",
+    "configure",
+    "getStream",
+    "prof",
+    "put_metric",
+]

@@ -49,10 +49,18 @@ def pop_bool(conf: dict[str, str], key: str) -> bool | None:
     raise ConfigError(f"--rdzv-conf: {key}={raw!r} must be true or false")
 
 
-def settings_from_conf(conf: dict[str, str], nnodes: tuple[int, int]) -> RendezvousSettings:
-    """Take the rendezvous keys out of ``conf`` (the rest belong to the backend's store)."""
-    if "timeout" in conf:  # torch's etcd backend calls the join timeout so
-        conf.setdefault("join_timeout", conf.pop("timeout"))
+def settings_from_conf(
+    conf: dict[str, str], nnodes: tuple[int, int], timeout_is_join: bool = False
+) -> RendezvousSettings:
+    """Take the rendezvous keys out of ``conf`` (the rest belong to the backend's store).
+
+    ``timeout`` means what torch's backend of the same name makes of it: the join timeout
+    for etcd (``timeout_is_join``); nothing for c10d, whose join timeout is
+    ``join_timeout``, so it is taken and ignored."""
+    if "timeout" in conf:
+        timeout = conf.pop("timeout")
+        if timeout_is_join:
+            conf.setdefault("join_timeout", timeout)
     values: dict[str, float | int] = {"min_nodes": nnodes[0], "max_nodes": nnodes[1]}
     for key in _SECONDS:
         seconds = pop_seconds(conf, key)

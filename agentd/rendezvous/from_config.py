@@ -133,7 +133,7 @@ def _etcd(
 
 def _rendezvous_settings(config: AgentConfig, conf: dict[str, str]) -> RendezvousSettings:
     """The rendezvous keys, once the backend took its own; any key left is an error."""
-    settings = settings_from_conf(conf, config.nnodes)
+    settings = settings_from_conf(conf, config.nnodes, config.rdzv_backend in ("etcd", "etcd-v2"))
     for key in _IGNORED_TORCH_KEYS:
         conf.pop(key, None)
     reject_unknown(conf, config.rdzv_backend)

@@ -30,6 +30,8 @@ from agentd.store.api import Store
 log = logging.getLogger(__name__)
 
 POLL = 60.0
+REPORT = 30.0
+"""While a round waits for its minimum, how often the agent says so."""
 """Longest single watch; the servers cap long polls at a minute."""
 ENDED = b"0"
 """The ``sealed`` value of a round that ended before it was sealed."""
@@ -173,8 +175,9 @@ class Rounds:
                 "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
                 self._run_id, generation, rank, settings.min_nodes, settings.max_nodes,
             )  # fmt: skip
+        waiting_since = loop.time()
         while sealed is None:
-            timeout = POLL if last_call is None else max(0.0, last_call - loop.time())
+            timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
             result = await store.watch(sealed_key, revision, min(timeout, POLL))
             revision = result.revision
             if result.compacted:
@@ -193,6 +196,11 @@ class Rounds:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 if joined >= settings.min_nodes:
                     last_call = loop.time() + settings.last_call_timeout
+                elif not result.events:
+                    log.info("Rendezvous %s: still waiting for nodes: %d of at least %d "
+                             "joined round %d (%.0fs so far, join timeout %.0fs)",
+                             self._run_id, joined, settings.min_nodes, generation,
+                             loop.time() - waiting_since, settings.join_timeout)  # fmt: skip
             elif loop.time() >= last_call:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 count = str(min(joined, settings.max_nodes)).encode()

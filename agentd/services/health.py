@@ -9,6 +9,7 @@ sample wakes the agent (once a second), and only while the endpoint is served.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd import fdlimits
@@ -29,14 +30,17 @@ class HealthService:
         self.server: HealthCheckServer | None = None
         self.metrics: AgentMetrics | None = None
         self._lag: LoopLagMonitor | None = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     async def start(self) -> None:
         from agentd.health import MAX_CONNECTIONS, HealthCheckServer, LoopLagMonitor
         from agentd.metrics import AgentMetrics
+        from agentd.metrics_api import subscribe
 
         agent, settings = self._agent, self.settings
         self.metrics = AgentMetrics(agent)
         agent.add_observer(self.metrics)
+        self._unsubscribe = subscribe(self.metrics.put_metric)  # put_metric -> /metrics
         observe_store = getattr(agent.rdzv_handler, "observe_store", None)
         if observe_store is not None:  # a rendezvous over a networked store
             observe_store(self.metrics.store_request)
@@ -54,6 +58,9 @@ class HealthService:
         await self.server.start_async()
 
     async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         if self._lag is not None:
             self._lag.stop()
         if self.server is not None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 
 from agentd import orphans
@@ -43,8 +44,11 @@ class ProcessHygiene:
             orphans.kill_leftovers(self._run_id)
         if not orphans.become_subreaper():
             log.warning("Could not become a child subreaper; orphans re-parent to init")
-        asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self._reaper.reap)
-        self._sigchld = True
+        if threading.current_thread() is threading.main_thread():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self._reaper.reap)
+            self._sigchld = True
+        else:  # signal handlers are the main thread's: orphans are reaped at each stop
+            log.debug("Agent off the main thread: orphans are reaped when workers stop")
 
     async def stop(self) -> None:
         if self._guardian is not None:
@@ -53,6 +57,7 @@ class ProcessHygiene:
         if self._sigchld:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
             self._sigchld = False
+        if self._enabled:
             self._reaper.reap()
 
     @contextlib.contextmanager
@@ -77,6 +82,8 @@ class ProcessHygiene:
             self._reaper.disown(proc.pid)
             if self._guardian is not None:
                 self._guardian.unwatch(proc.pgid)
+        if self._enabled and not self._sigchld:
+            self._reaper.reap()
 
     def on_lease(self, deadline: float | None) -> None:
         """Our membership lease moved: the guardian kills the workers if it runs out while

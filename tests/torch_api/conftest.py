@@ -16,6 +16,7 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PREFIXES = {"torch": "torch.distributed.elastic", "agentd": "agentd.elastic"}
+LAUNCHERS = {"torch": "torch.distributed.launcher.api", "agentd": "agentd.launcher"}
 
 
 @pytest.fixture(params=["torch", "agentd"])
@@ -32,10 +33,18 @@ def elastic(impl: str, module: str = ""):
     return importlib.import_module(name)
 
 
-def run_script(impl: str, name: str, *args: str, timeout: float = 120) -> dict:
+def run_script(
+    impl: str, name: str, *args: str, timeout: float = 120, extra_env: dict | None = None
+) -> dict:
     """Run ``scripts/<name>`` with ``ELASTIC`` naming the implementation's prefix; returns
     the JSON object its last stdout line holds."""
-    env = {**os.environ, "ELASTIC": PREFIXES[impl], "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "ELASTIC": PREFIXES[impl],
+        "LAUNCHER": LAUNCHERS[impl],
+        "PYTHONWARNINGS": "ignore",
+        **(extra_env or {}),
+    }
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args],
         capture_output=True,

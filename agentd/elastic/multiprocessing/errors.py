@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.multiprocessing.errors``."""
 
-from agentd.errors import record
+from agentd.errors import ChildFailedError, record
 from agentd.spec import WorkerFailure as ProcessFailure
 
-__all__ = ["ProcessFailure", "record"]
+__all__ = ["ChildFailedError", "ProcessFailure", "record"]

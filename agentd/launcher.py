@@ -1,0 +1,136 @@
+"""torch's launcher API (``torch.distributed.launcher.api``): launch an agent from Python.
+
+``elastic_launch(LaunchConfig(...), entrypoint)(*args)`` builds the rendezvous handler,
+the worker spec and a :class:`~agentd.local_agent.LocalElasticAgent` from the config, runs
+it to completion, and returns the workers' return values by global rank (empty for a
+command). A failed group raises :class:`~agentd.errors.ChildFailedError` naming the root
+cause; decorated with ``@record``, the launching process copies the root cause's error
+file into its own ``TORCHELASTIC_ERROR_FILE``, as torch's does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentd.exceptions import field_error
+from agentd.spec import DefaultLogsSpecs, LogsSpecs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RDZV_TIMEOUT = 900
+
+
+@dataclass
+class LaunchConfig:
+    """torch's launch configuration, field for field. Settings that have no meaning here
+    are refused when set (``numa_options``, the duplicate-output filters, a
+    ``virtual_local_rank``); ``metrics_cfg`` and ``event_log_handler`` are accepted for
+    compatibility (metrics and events go through :mod:`agentd.metrics` and
+    :mod:`agentd.events`)."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    logs_specs: LogsSpecs | None = None
+    run_id: str = ""
+    role: str = "default_role"
+    rdzv_endpoint: str = ""
+    rdzv_backend: str = "etcd"
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    rdzv_timeout: int = -1
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_line_prefix_template: str | None = None
+    metrics_cfg: dict[str, str] = field(default_factory=dict)
+    local_addr: str | None = None
+    event_log_handler: str = "null"
+    numa_options: Any = None
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+    shutdown_timeout: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rdzv_timeout != -1:
+            self.rdzv_configs["timeout"] = self.rdzv_timeout
+        elif "timeout" not in self.rdzv_configs:
+            self.rdzv_configs["timeout"] = DEFAULT_RDZV_TIMEOUT
+        if self.logs_specs is None:
+            self.logs_specs = DefaultLogsSpecs()
+        unsupported = {
+            "numa_options": (self.numa_options, "NUMA binding is not supported by agentd"),
+            "duplicate_stdout_filters": (self.duplicate_stdout_filters, "not supported"),
+            "duplicate_stderr_filters": (self.duplicate_stderr_filters, "not supported"),
+            "virtual_local_rank": (self.virtual_local_rank or None, "not supported"),
+        }
+        for name, (value, rule) in unsupported.items():
+            if value is not None:
+                raise field_error(name, value, f"must be left unset ({rule})")
+
+
+class elastic_launch:
+    """``elastic_launch(config, entrypoint)(*args)``: run ``entrypoint`` (a function or a
+    command) under an agent built from ``config``; see the module docstring."""
+
+    def __init__(self, config: LaunchConfig, entrypoint: Callable[..., Any] | str | None) -> None:
+        self._config = config
+        self._entrypoint = entrypoint
+
+    def __call__(self, *args: Any) -> dict[int, Any]:
+        return launch_agent(self._config, self._entrypoint, list(args))
+
+
+def launch_agent(
+    config: LaunchConfig, entrypoint: Callable[..., Any] | str | None, args: list[Any]
+) -> dict[int, Any]:
+    """Run one agent for ``config`` to completion (see the module docstring)."""
+    from agentd.errors import ChildFailedError
+    from agentd.local_agent import LocalElasticAgent
+    from agentd.rendezvous.registry import RendezvousParameters, get_rendezvous_handler
+    from agentd.spec import WorkerSpec
+    from agentd.worker_env import SIGNALS_ENV
+
+    if not config.run_id:
+        config.run_id = os.urandom(8).hex()
+        log.warning("config has no run_id; using a random one: %s", config.run_id)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    handler = get_rendezvous_handler(params)
+    os.environ[SIGNALS_ENV] = config.signals_to_handle
+    if entrypoint is None:
+        raise field_error("entrypoint", None, "is required (a function or a command)")
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+    )
+    if config.shutdown_timeout is not None:
+        spec.stop_timeout = float(config.shutdown_timeout)
+    agent = LocalElasticAgent(
+        spec,
+        config.logs_specs,
+        config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+    )
+    result = agent.run()
+    if result.is_failed():
+        raise ChildFailedError(name=spec.get_entrypoint_name(), failures=result.failures)
+    return result.return_values

@@ -1,0 +1,194 @@
+"""torchrun's command line, as its users write it, through torchrun and through agentd.
+
+Each test runs against both launchers where torch is installed (a behaviour that holds
+for agentd and not for torchrun is the wrong one); the ones that hold for agentd only
+say why.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import wait_until
+
+PRINT_ENV = (
+    "import json, os; print('ENV ' + json.dumps({k: os.environ.get(k) for k in "
+    "('LOCAL_RANK', 'RANK', 'CUDA_VISIBLE_DEVICES')}), flush=True)"
+)
+
+
+@pytest.fixture(params=["torchrun", "agentd"])
+def launcher(request) -> str:
+    if request.param == "torchrun":
+        pytest.importorskip("torch.distributed.run")
+    return request.param
+
+
+def script(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_torchs_prefix_template_variable_and_syntax(run_agentd, launcher, tmp_path):
+    hello = script(tmp_path, "hello.py", "print('hello', flush=True)\n")
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--tee",
+        "3",
+        hello,
+        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${role_name}-${rank}]:"},
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    out = agent.stdout()
+    assert "[default-0]:hello" in out.replace(" ", "") and "[default-1]:hello" in out.replace(
+        " ", ""
+    )
+
+
+@pytest.mark.parametrize("variable", ["PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+def test_the_shutdown_timeout_variables_bound_the_stop(run_agentd, launcher, tmp_path, variable):
+    if launcher == "torchrun" and variable == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT":
+        pytest.skip("torchrun 2.13's command line reads PET_SHUTDOWN_TIMEOUT only")
+    stubborn = script(
+        tmp_path,
+        "stubborn.py",
+        """
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+        time.sleep(600)
+    """,
+    )
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        stubborn,
+        str(tmp_path),
+        env={variable: "2"},
+        launcher=launcher,
+    )
+    wait_until(lambda: (tmp_path / "ready_0").exists(), 60, "worker ready")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(20) != 0  # 2 s to SIGKILL, not the default 30
+
+
+def test_the_launchers_own_error_file_gets_the_root_cause(run_agentd, launcher, tmp_path):
+    pytest.importorskip("torch")
+    failing = script(
+        tmp_path,
+        "failing.py",
+        """
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def main():
+            raise ValueError("the root cause, from the worker")
+
+        main()
+    """,
+    )
+    error_file = tmp_path / "launcher_error.json"
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        failing,
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+        launcher=launcher,
+    )
+    assert agent.wait(120) != 0
+    assert "the root cause, from the worker" in json.dumps(json.loads(error_file.read_text()))
+
+
+def test_torchrun_flags_that_change_nothing_for_a_script_are_accepted(
+    run_agentd, launcher, tmp_path
+):
+    hello = script(tmp_path, "hello.py", "print('hello', flush=True)\n")
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--start-method",
+        "forkserver",
+        "--run-path",
+        "--event-log-handler",
+        "null",
+        hello,
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+
+
+def test_virtual_local_rank(run_agentd, launcher, tmp_path):
+    env_script = script(tmp_path, "env.py", PRINT_ENV + "\n")
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--virtual-local-rank",
+        "--tee",
+        "3",
+        env_script,
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    seen = [
+        json.loads(line.split("ENV ", 1)[1])
+        for line in agent.stdout().splitlines()
+        if "ENV " in line
+    ]
+    by_rank = {s["RANK"]: s for s in seen}
+    assert {r: (s["LOCAL_RANK"], s["CUDA_VISIBLE_DEVICES"]) for r, s in by_rank.items()} == {
+        "0": ("0", "0"),
+        "1": ("0", "1"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--numa-binding", "node"], "--numa-binding: 'node' NUMA binding is not supported"),
+        (["--duplicate-stdout-filters", "loss"], "--duplicate-stdout-filters: 'loss'"),
+        (["--logs-specs", "mine"], "--logs-specs: 'mine' must be 'default'"),
+    ],
+)
+def test_torchrun_flags_agentd_cannot_honour_are_one_line_errors(
+    run_agentd, tmp_path, args, message
+):
+    """agentd only: torchrun honours these (NUMA binding, filtered copies, LogsSpecs
+    plugins); agentd says it does not, in one line, and starts nothing (README)."""
+    hello = script(tmp_path, "hello.py", "print('hello')\n")
+    agent = run_agentd("--standalone", *args, hello)
+    assert agent.wait(60) == 2
+    assert message in agent.stderr() and len(agent.stderr().strip().splitlines()) == 1
+
+
+def test_a_directory_as_the_script_says_so(run_agentd, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    agent = run_agentd("--standalone", "pkg")
+    assert agent.wait(60) == 2
+    assert "script: 'pkg' is a directory" in agent.stderr()
+
+
+def test_help_is_plain_text_and_names_the_variables():
+    import subprocess
+
+    text = subprocess.run(
+        [sys.executable, "-m", "agentd", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "``" not in text
+    assert "PET_NNODES" in text and "TORCHELASTIC_HEALTH_CHECK_PORT" in text
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in text
