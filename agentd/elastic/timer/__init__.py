@@ -1,25 +1,4 @@
 """``torch.distributed.elastic.timer``: expiration timers."""
 
-from agentd.timer import (
-    FileTimerClient,
-    FileTimerServer,
-    LocalTimerClient,
-    LocalTimerServer,
-    TimerClient,
-    TimerRequest,
-    TimerServer,
-    configure,
-    expires,
-)
-
-__all__ = [
-    "FileTimerClient",
-    "FileTimerServer",
-    "LocalTimerClient",
-    "LocalTimerServer",
-    "TimerClient",
-    "TimerRequest",
-    "TimerServer",
-    "configure",
-    "expires",
-]
+from agentd.timer import *  # noqa: F403
+from agentd.timer import __all__ as __all__

@@ -1,14 +1,4 @@
-"""``torch.distributed.elastic.agent.server``: the agent API."""
+"""``torch.distributed.elastic.agent.server``: the agent API (as its ``.api``)."""
 
-from agentd.agent import ElasticAgent, SimpleElasticAgent
-from agentd.spec import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
-
-__all__ = [
-    "ElasticAgent",
-    "RunResult",
-    "SimpleElasticAgent",
-    "Worker",
-    "WorkerGroup",
-    "WorkerSpec",
-    "WorkerState",
-]
+from agentd.elastic.agent.server.api import *  # noqa: F403
+from agentd.elastic.agent.server.api import __all__ as __all__
