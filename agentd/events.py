@@ -55,8 +55,10 @@ EventHandler = Callable[[Event], None]
 
 
 def log_event(event: Event) -> None:
-    """The default handler: one INFO log line per event."""
-    log.info("event %s", event.to_json())
+    """The default handler: one log line per event (INFO; DEBUG for the per-worker status
+    events torch's agent records at the end of a run, which would crowd the console)."""
+    level = logging.DEBUG if event.source is EventSource.WORKER else logging.INFO
+    log.log(level, "event %s", event.to_json())
 
 
 _handler: EventHandler = log_event
