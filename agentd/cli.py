@@ -170,6 +170,8 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
         non_retryable_exit_codes=config.non_retryable_exit_codes,
         event_log_handler=config.event_log_handler,
         virtual_local_rank=config.virtual_local_rank,
+        duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
+        duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
 
 

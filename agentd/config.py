@@ -101,6 +101,12 @@ def _logs_specs(text: str) -> str:
                     "plugins (torchrun.logs_specs entry points) are not supported")  # fmt: skip
 
 
+def _filters(text: str) -> tuple[str, ...]:
+    """torchrun's filter list: comma-separated, a doubled comma stands for a comma."""
+    parts = text.replace(",,", "\0").split(",")
+    return tuple(p.replace("\0", ",") for p in parts if p)
+
+
 def _unsupported(why: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.strip():
@@ -450,16 +456,17 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "duplicate_stdout_filters",
-        _unsupported("not supported by agentd; use --tee and grep the log files"),
+        _filters,
         "",
-        "torchrun's duplicated stdout lines: refused with an explanation (not supported).",
+        "Also copy stdout lines containing any of these words (a,b; ',,' is a comma) to "
+        "attempt_<n>/filtered_stdout.log.",
         metavar="FILTERS",
     ),
     _o(
         "duplicate_stderr_filters",
-        _unsupported("not supported by agentd; use --tee and grep the log files"),
+        _filters,
         "",
-        "torchrun's duplicated stderr lines: refused with an explanation (not supported).",
+        "The same for stderr lines, to attempt_<n>/filtered_stderr.log.",
         metavar="FILTERS",
     ),
     _o(
@@ -658,8 +665,8 @@ class AgentConfig:
     logs_specs: str = ""
     event_log_handler: str = "null"
     numa_binding: str = ""
-    duplicate_stdout_filters: str = ""
-    duplicate_stderr_filters: str = ""
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     master_addr: str | None = None
     master_port: int = 0

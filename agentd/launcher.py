@@ -26,11 +26,9 @@ DEFAULT_RDZV_TIMEOUT = 900
 
 @dataclass
 class LaunchConfig:
-    """torch's launch configuration, field for field. Settings that have no meaning here
-    are refused when set (``numa_options``, the duplicate-output filters, a
-    ``virtual_local_rank``); ``metrics_cfg`` and ``event_log_handler`` are accepted for
-    compatibility (metrics and events go through :mod:`agentd.metrics` and
-    :mod:`agentd.events`)."""
+    """torch's launch configuration, field for field. ``numa_options`` is refused when set
+    (agentd does not bind workers to NUMA nodes); ``metrics_cfg`` is accepted for
+    compatibility (metrics go through :mod:`agentd.metrics_api`)."""
 
     min_nodes: int
     max_nodes: int
@@ -63,15 +61,9 @@ class LaunchConfig:
             self.rdzv_configs["timeout"] = DEFAULT_RDZV_TIMEOUT
         if self.logs_specs is None:
             self.logs_specs = DefaultLogsSpecs()
-        unsupported = {
-            "numa_options": (self.numa_options, "NUMA binding is not supported by agentd"),
-            "duplicate_stdout_filters": (self.duplicate_stdout_filters, "not supported"),
-            "duplicate_stderr_filters": (self.duplicate_stderr_filters, "not supported"),
-            "virtual_local_rank": (self.virtual_local_rank or None, "not supported"),
-        }
-        for name, (value, rule) in unsupported.items():
-            if value is not None:
-                raise field_error(name, value, f"must be left unset ({rule})")
+        if self.numa_options is not None:
+            raise field_error("numa_options", self.numa_options,
+                              "must be left unset (agentd does not bind NUMA nodes)")  # fmt: skip
 
 
 class elastic_launch:
@@ -121,6 +113,10 @@ def launch_agent(
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        virtual_local_rank=config.virtual_local_rank,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
     )
     if config.shutdown_timeout is not None:
         spec.stop_timeout = float(config.shutdown_timeout)

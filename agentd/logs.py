@@ -6,6 +6,7 @@ every attempt has its own directory, so a restart never overwrites what came bef
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -43,11 +44,19 @@ class StreamRoute:
     prefix: bytes | None = None
     keep_tail: bool = False
     inherit: bool = False
+    duplicate_filters: tuple[bytes, ...] = ()
+    """torch's duplicate filters: lines containing any of these are also appended, with
+    the prefix, to ``duplicate_path`` (one file for the attempt's workers)."""
+    duplicate_path: Path | None = None
+    duplicate_prefix: bytes = b""
 
     @property
     def piped(self) -> bool:
         return not self.inherit and (
-            self.file_path is not None or self.console is not None or self.keep_tail
+            self.file_path is not None
+            or self.console is not None
+            or self.keep_tail
+            or self.duplicate_path is not None
         )
 
 
@@ -59,6 +68,8 @@ def plan_route(
     is_stderr: bool,
     file_path: Path,
     prefix: str,
+    duplicate_filters: tuple[str, ...] = (),
+    duplicate_path: Path | None = None,
 ) -> StreamRoute:
     """Decide a stream's route from torchrun's settings for one local rank.
 
@@ -68,6 +79,28 @@ def plan_route(
     by the agent (when not inherited) so a failure report can quote its last lines.
     """
     console = (sys.stderr if is_stderr else sys.stdout).buffer if shown else None
+    route = _plain_route(redirect, tee, shown, is_stderr, file_path, prefix, console)
+    if not duplicate_filters or duplicate_path is None:
+        return route
+    if route.inherit:  # the lines must pass through the agent to be filtered
+        route = StreamRoute(None, console)
+    return dataclasses.replace(
+        route,
+        duplicate_filters=tuple(f.encode() for f in duplicate_filters),
+        duplicate_path=duplicate_path,
+        duplicate_prefix=prefix.encode(),
+    )
+
+
+def _plain_route(
+    redirect: bool,
+    tee: bool,
+    shown: bool,
+    is_stderr: bool,
+    file_path: Path,
+    prefix: str,
+    console: BinaryIO | None,
+) -> StreamRoute:
     if tee:
         return StreamRoute(file_path, console, prefix.encode(), keep_tail=is_stderr)
     if redirect:
@@ -101,6 +134,8 @@ class StreamSink:
         self._tail = bytearray()
         self._partial = bytearray()
         self._file = self._open(route.file_path) if route.file_path else None
+        self._duplicates = self._open(route.duplicate_path) if route.duplicate_path else None
+        self._dup_partial = bytearray()
         self.bytes = 0
         self.lost_bytes = 0
         """Bytes the log file did not get (its disk was full, or it could not be opened)."""
@@ -128,6 +163,29 @@ class StreamSink:
             del self._tail[:-TAIL_BYTES]
         if self._route.console is not None:
             self._to_console(chunk)
+        if self._duplicates is not None:
+            self._to_duplicates(chunk)
+
+    def _to_duplicates(self, chunk: bytes) -> None:
+        """Whole lines that contain a filter, prefixed, to the attempt's filtered file."""
+        partial = self._dup_partial
+        partial += chunk
+        cut = partial.rfind(b"\n") + 1
+        if not cut:
+            del partial[: max(0, len(partial) - MAX_PARTIAL_LINE)]  # bounded, never matched
+            return
+        lines, filters = (
+            bytes(partial[:cut]).splitlines(keepends=True),
+            self._route.duplicate_filters,
+        )
+        del partial[:cut]
+        out = b"".join(self._route.duplicate_prefix + line for line in lines
+                       if any(f in line for f in filters))  # fmt: skip
+        if out and self._duplicates is not None:
+            try:
+                self._duplicates.write(out)
+            except OSError as exc:
+                disk_problem(self._route.duplicate_path, exc)
 
     def close(self) -> None:
         """End of stream: flush a partial prefixed line and close the log file."""
@@ -139,6 +197,8 @@ class StreamSink:
         self._partial = bytearray()
         if self._file is not None:
             self._file.close()
+        if self._duplicates is not None:
+            self._duplicates.close()
 
     def _to_file(self, chunk: bytes) -> None:
         file = self._file

@@ -262,6 +262,10 @@ class WorkerSpec:
     non_retryable_exit_codes: frozenset[int] = frozenset()
     virtual_local_rank: bool = False
     """torch's: every worker sees LOCAL_RANK=0 and only its own GPU."""
+    duplicate_stdout_filters: list[str] | None = None
+    """torch's: stdout lines containing any of these also go to the attempt's
+    ``filtered_stdout.log`` (prefixed as tee'd lines are)."""
+    duplicate_stderr_filters: list[str] | None = None
 
     def __post_init__(self) -> None:
         check_name("role", self.role)

@@ -63,7 +63,12 @@ def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) ->
             is_stderr=std is Std.ERR,
             file_path=wdir / name,
             prefix=prefix,
+            duplicate_filters=tuple(filters or ()),
+            duplicate_path=wdir.parent / f"filtered_{name}",
         )
-        for std, name in ((Std.OUT, "stdout.log"), (Std.ERR, "stderr.log"))
+        for std, name, filters in (
+            (Std.OUT, "stdout.log", spec.duplicate_stdout_filters),
+            (Std.ERR, "stderr.log", spec.duplicate_stderr_filters),
+        )
     ]
     return worker, argv, env, routes[0], routes[1], None, pass_fds

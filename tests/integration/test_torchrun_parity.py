@@ -158,15 +158,15 @@ def test_virtual_local_rank(run_agentd, launcher, tmp_path):
     ("args", "message"),
     [
         (["--numa-binding", "node"], "--numa-binding: 'node' NUMA binding is not supported"),
-        (["--duplicate-stdout-filters", "loss"], "--duplicate-stdout-filters: 'loss'"),
         (["--logs-specs", "mine"], "--logs-specs: 'mine' must be 'default'"),
     ],
 )
 def test_torchrun_flags_agentd_cannot_honour_are_one_line_errors(
     run_agentd, tmp_path, args, message
 ):
-    """agentd only: torchrun honours these (NUMA binding, filtered copies, LogsSpecs
-    plugins); agentd says it does not, in one line, and starts nothing (README)."""
+    """agentd only: torchrun honours these (NUMA binding near GPUs, which fails on a
+    CPU-only host; LogsSpecs plugins); agentd says it does not, in one line, and starts
+    nothing (README)."""
     hello = script(tmp_path, "hello.py", "print('hello')\n")
     agent = run_agentd("--standalone", *args, hello)
     assert agent.wait(60) == 2
@@ -192,3 +192,49 @@ def test_help_is_plain_text_and_names_the_variables():
     assert "``" not in text
     assert "PET_NNODES" in text and "TORCHELASTIC_HEALTH_CHECK_PORT" in text
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in text
+
+
+def test_duplicate_filters_copy_matching_lines_to_the_attempts_file(run_agentd, launcher, tmp_path):
+    """With --tee, as torchrun needs (agentd copies the lines without --tee too)."""
+    chatty = script(
+        tmp_path,
+        "chatty.py",
+        """
+        import sys
+        for step in range(3):
+            print(f"loss {step}", flush=True)
+            print(f"acc {step}", flush=True)
+        print("warn, loss", file=sys.stderr, flush=True)
+    """,
+    )
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--tee",
+        "3",
+        "--duplicate-stdout-filters",
+        "loss",
+        "--duplicate-stderr-filters",
+        "warn,, loss",
+        chatty,
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    [out] = list(agent.log_dir.rglob("filtered_stdout.log"))
+    assert sorted(out.read_text().splitlines()) == sorted(
+        f"[default{rank}]:loss {step}" for rank in range(2) for step in range(3)
+    )
+    [err] = list(agent.log_dir.rglob("filtered_stderr.log"))
+    assert err.read_text().count("warn, loss") == 2
+
+
+def test_duplicate_filters_work_without_tee_too(run_agentd, tmp_path):
+    """agentd only: torchrun's copy reads the tee'd files, so without --tee its file stays
+    empty; agentd filters the stream itself."""
+    chatty = script(tmp_path, "chatty.py", "print('loss 1'); print('acc 1')\n")
+    agent = run_agentd("--standalone", "--duplicate-stdout-filters", "loss", chatty)
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    assert "loss 1" in agent.stdout()  # the console still gets everything
+    [out] = list(agent.log_dir.rglob("filtered_stdout.log"))
+    assert out.read_text() == "[default0]:loss 1\n"
