@@ -20,9 +20,7 @@ from agentd.agent_records import record_restart, record_run
 from agentd.agent_rounds import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
 from agentd.observer import AgentObserver
-from agentd.rendezvous.api import (
-    RendezvousClosedError,
-)
+from agentd.rendezvous.api import RendezvousClosedError
 from agentd.spec import (
     DEFAULT_ROLE,
     RunResult,
@@ -35,8 +33,6 @@ from agentd.spec import (
 from agentd.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
 
 log = logging.getLogger(__name__)
-
-_WATCH_RETRY = 5.0
 
 
 class ElasticAgent(abc.ABC):

@@ -2,249 +2,37 @@
 
 Each option is declared once in :data:`OPTIONS`; the CLI flags, the environment variables
 (``AGENTD_<NAME>``, then torchrun's ``PET_<NAME>``), the TOML keys (``--config FILE``) and
-the example config all come from that table. Precedence: CLI flag > ``AGENTD_*`` >
-``PET_*`` > TOML file > default. Every problem is a :class:`ConfigError` naming where the
-value came from, the value, and the rule it broke.
+the example config all come from that table; the values' parsers are in
+:mod:`agentd.config_values`. Precedence: CLI flag > ``AGENTD_*`` > ``PET_*`` > torch's
+variable (``Option.torch_env``) > TOML file > default. Every problem is a
+:class:`ConfigError` naming where the value came from, the value, and the rule it broke.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentd import config_values as v
 from agentd.exceptions import ConfigError
 from agentd.restart import RestartBackoff
 from agentd.spec import (
     DEFAULT_LOG_PREFIX,
     DEFAULT_ROLE,
     MAX_LOCAL_WORLD_SIZE,
-    NAME_RULE,
     START_METHODS,
     Std,
-    check_log_prefix,
-    check_name,
 )
 
 ENV_PREFIXES = ("AGENTD_", "PET_")
 RDZV_BACKENDS = ("static", "agentd", "c10d", "etcd", "etcd-v2")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-MAX_NODES = 65536
-"""The most nodes a rendezvous may wait for (``--nnodes``)."""
-
-
-class RuleError(ValueError):
-    """A parser's complaint: the rule a value broke (the caller adds where it came from)."""
-
-
-# -- value parsers: text in, typed value out, RuleError with the rule otherwise -------------
-
-
-def _int(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise RuleError("is not an integer") from None
-        if low is not None and value < low:
-            raise RuleError(f"must be >= {low}")
-        if high is not None and value > high:
-            raise RuleError(f"must be <= {high}")
-        return value
-
-    return parse
-
-
-def _float(low: float = 0.0, strict: bool = False) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise RuleError("is not a number (seconds)") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise RuleError("must be a finite number")
-        if value < low or (strict and value == low):
-            raise RuleError(f"must be {'>' if strict else '>='} {low:g}")
-        return value
-
-    return parse
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise RuleError("is not a boolean (use 1/0, true/false, yes/no)")
-
-
-def _str(text: str) -> str:
-    return text
-
-
-def _optional_str(text: str) -> str | None:
-    return text or None
-
-
-def _logs_specs(text: str) -> str:
-    name = text.strip()
-    if name in ("", "default"):
-        return ""
-    raise RuleError("must be 'default': agentd has one log layout, and custom LogsSpecs "
-                    "plugins (torchrun.logs_specs entry points) are not supported")  # fmt: skip
-
-
-def _filters(text: str) -> tuple[str, ...]:
-    """torchrun's filter list: comma-separated, a doubled comma stands for a comma."""
-    parts = text.replace(",,", "\0").split(",")
-    return tuple(p.replace("\0", ",") for p in parts if p)
-
-
-def _unsupported(why: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.strip():
-            raise RuleError(why)
-        return ""
-
-    return parse
-
-
-def _choice(choices: Sequence[str], upper: bool = False) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().upper() if upper else text.strip()
-        if value not in choices:
-            raise RuleError(f"must be one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def parse_signal(text: str) -> signal.Signals:
-    """``SIGTERM``, ``TERM`` or ``15``."""
-    name = text.strip().upper()
-    try:
-        if name.isdigit():
-            return signal.Signals(int(name))
-        return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except (KeyError, ValueError):
-        raise RuleError("is not a signal name or number (e.g. SIGTERM)") from None
-
-
-def _optional_port(text: str) -> int | None:
-    return _int(0, 65535)(text) if text.strip() else None
-
-
-def _optional_signal(text: str) -> signal.Signals | None:
-    return parse_signal(text) if text.strip() else None
-
-
-def _signals(text: str) -> tuple[signal.Signals, ...]:
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        raise RuleError("must list at least one signal")
-    sigs = tuple(parse_signal(item) for item in items)
-    if signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
-        raise RuleError("cannot include SIGKILL or SIGSTOP (they cannot be handled)")
-    return sigs
-
-
-def _exit_codes(text: str) -> frozenset[int]:
-    codes: set[int] = set()
-    if not text.strip():
-        return frozenset()
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            raise RuleError("has an empty item; write a comma-separated list such as 2,3")
-        try:
-            code = int(item)
-        except ValueError:
-            raise RuleError("must be a comma-separated list of exit codes") from None
-        if not 1 <= code <= 255:
-            raise RuleError("exit codes must be within 1..255")
-        codes.add(code)
-    return frozenset(codes)
-
-
-def _ranks(text: str) -> frozenset[int] | None:
-    if not text.strip():
-        return None
-    try:
-        ranks = frozenset(int(item) for item in text.split(","))
-    except ValueError:
-        raise RuleError("must be a comma-separated list of local ranks, e.g. 0,2") from None
-    if any(rank < 0 for rank in ranks):
-        raise RuleError("local ranks must be >= 0")
-    return ranks
-
-
-def _std(name: str) -> Callable[[str], Std | dict[int, Std]]:
-    def parse(text: str) -> Std | dict[int, Std]:
-        try:
-            return Std.parse(text, name)
-        except ConfigError:
-            raise RuleError(
-                "must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,..."
-            ) from None
-
-    return parse
-
-
-def _backoff(text: str) -> RestartBackoff:
-    try:
-        return RestartBackoff.parse(text)
-    except ConfigError as exc:
-        raise RuleError(str(exc).split(" ", 2)[-1]) from None
-
-
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """``N`` or ``MIN:MAX``."""
-    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
-    if not match:
-        raise RuleError("must be N or MIN:MAX")
-    low = int(match.group(1))
-    high = int(match.group(2) or low)
-    if low < 1 or high < low:
-        raise RuleError("must have 1 <= MIN <= MAX")
-    if high > MAX_NODES:
-        raise RuleError(f"must be at most {MAX_NODES} nodes")
-    return low, high
-
-
-def _nproc(text: str) -> str:
-    value = text.strip()
-    if value in ("auto", "cpu", "gpu"):
-        return value
-    if value.isdigit() and 1 <= int(value) <= MAX_LOCAL_WORLD_SIZE:
-        return str(int(value))
-    raise RuleError(f"must be an integer within 1..{MAX_LOCAL_WORLD_SIZE}, auto, cpu or gpu")
-
-
-def _name(text: str) -> str:
-    try:
-        return check_name("name", text)
-    except ConfigError:
-        raise RuleError(NAME_RULE) from None
-
-
-def _optional_name(text: str) -> str:
-    return _name(text) if text else ""
-
-
-def _prefix(text: str) -> str:
-    try:
-        return check_log_prefix(text)
-    except ConfigError as exc:
-        raise RuleError(str(exc).split(" ", 2)[-1]) from None
-
-
 # -- the option table --------------------------------------------------------------------------
 
 
@@ -287,28 +75,28 @@ def _o(
 OPTIONS: tuple[Option, ...] = (
     _o(
         "nnodes",
-        parse_nnodes,
+        v.parse_nnodes,
         "1",
         "Number of nodes, N or MIN:MAX (elastic, with --rdzv-backend agentd or etcd).",
         metavar="N",
     ),
     _o(
         "nproc_per_node",
-        _nproc,
+        v.nproc,
         "1",
         "Workers on this host: an integer, auto, cpu or gpu.",
         metavar="N",
     ),
     _o(
         "standalone",
-        _bool,
+        v.boolean,
         "false",
         "Single-node job with a local rendezvous (torchrun's).",
         is_flag=True,
     ),
     _o(
         "rdzv_backend",
-        _choice(RDZV_BACKENDS),
+        v.choice(RDZV_BACKENDS),
         "static",
         "Rendezvous backend: static, agentd (alias c10d: the embedded store) or etcd "
         "(alias etcd-v2: an etcd v3 cluster).",
@@ -316,7 +104,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "rdzv_endpoint",
-        _str,
+        v.text,
         "",
         "The rendezvous store, host:port (the agent on that host serves it); for etcd, "
         "its members, host:port[,host:port...].",
@@ -324,14 +112,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "rdzv_id",
-        _optional_name,
+        v.optional_run_name,
         "",
         "Run id shared by the job's agents, 1..128 of [A-Za-z0-9_.-] (default: random).",
         metavar="ID",
     ),
     _o(
         "rdzv_conf",
-        _str,
+        v.text,
         "",
         "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
         "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host "
@@ -340,31 +128,31 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "store_token",
-        _optional_str,
+        v.optional_text,
         "",
         "Bearer token of the rendezvous store; required to serve it off loopback "
         "(prefer the variable: flags show in ps).",
         metavar="TOKEN",
     ),
-    _o("node_rank", _int(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
+    _o("node_rank", v.integer(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
     _o(
         "max_restarts",
-        _int(0),
+        v.integer(0),
         "0",
         "Restarts of the worker group before the job fails.",
         metavar="N",
     ),
     _o(
         "monitor_interval",
-        _float(0.0, strict=True),
+        v.number(0.0, strict=True),
         "0.1",
         "Accepted for torchrun's command lines; agentd watches, it never polls.",
         metavar="SECONDS",
     ),
-    _o("role", _name, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
+    _o("role", v.run_name, DEFAULT_ROLE, "The workers' role name.", metavar="ROLE"),
     _o(
         "log_dir",
-        _optional_str,
+        v.optional_text,
         "",
         "Directory for worker logs, error files and result.json "
         "(default: a new temporary directory).",
@@ -372,14 +160,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "keep_attempts",
-        _int(0, 1_000_000),
+        v.integer(0, 1_000_000),
         "10",
         "Attempt log directories kept: the first and the last N (0: all of them).",
         metavar="N",
     ),
     _o(
         "redirects",
-        _std("redirects"),
+        v.std_setting("redirects"),
         "0",
         "Send worker streams to log files only: 0-3 or LOCAL_RANK:0-3,...",
         "-r",
@@ -387,7 +175,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "tee",
-        _std("tee"),
+        v.std_setting("tee"),
         "0",
         "Send worker streams to log files and, prefixed, to the console.",
         "-t",
@@ -395,14 +183,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "local_ranks_filter",
-        _ranks,
+        v.ranks,
         "",
         "Show only these local ranks' output on the console.",
         metavar="RANKS",
     ),
     _o(
         "module",
-        _bool,
+        v.boolean,
         "false",
         "Run the script as a Python module (python -m).",
         "-m",
@@ -410,14 +198,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "no_python",
-        _bool,
+        v.boolean,
         "false",
         "Run the script as an executable, not with python.",
         is_flag=True,
     ),
     _o(
         "run_path",
-        _bool,
+        v.boolean,
         "false",
         "torchrun's runpy.run_path mode; agentd runs the script as python -u script either "
         "way (same __main__, argv and sys.path).",
@@ -425,28 +213,28 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "start_method",
-        _choice(START_METHODS),
+        v.choice(START_METHODS),
         "spawn",
         "torchrun's start method for function entrypoints (all run as spawn here).",
         metavar="METHOD",
     ),
     _o(
         "logs_specs",
-        _logs_specs,
+        v.logs_specs,
         "",
         "torchrun.logs_specs entry point name; only the default layout is supported.",
         metavar="NAME",
     ),
     _o(
         "event_log_handler",
-        _choice(("null", "console")),
+        v.choice(("null", "console")),
         "null",
         "torch's event destination: null, or console (events on stderr as JSON).",
         metavar="NAME",
     ),
     _o(
         "numa_binding",
-        _unsupported(
+        v.unsupported(
             "NUMA binding is not supported by agentd; bind in the entrypoint, "
             "e.g. --no-python numactl --cpunodebind=N python train.py"
         ),
@@ -456,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "duplicate_stdout_filters",
-        _filters,
+        v.filters,
         "",
         "Also copy stdout lines containing any of these words (a,b; ',,' is a comma) to "
         "attempt_<n>/filtered_stdout.log.",
@@ -464,21 +252,21 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "duplicate_stderr_filters",
-        _filters,
+        v.filters,
         "",
         "The same for stderr lines, to attempt_<n>/filtered_stderr.log.",
         metavar="FILTERS",
     ),
     _o(
         "virtual_local_rank",
-        _bool,
+        v.boolean,
         "false",
         "Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES).",
         is_flag=True,
     ),
     _o(
         "master_addr",
-        _optional_str,
+        v.optional_text,
         "",
         "Address of group rank 0 for the workers' own "
         "process group (default 127.0.0.1 on a single node).",
@@ -486,22 +274,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "master_port",
-        _int(0, 65535),
+        v.integer(0, 65535),
         "0",
         "Port for the workers' process group (default: a free port every attempt).",
         metavar="PORT",
     ),
-    _o("local_addr", _optional_str, "", "This node's address for the rendezvous.", metavar="ADDR"),
+    _o(
+        "local_addr", v.optional_text, "", "This node's address for the rendezvous.", metavar="ADDR"
+    ),
     _o(
         "stop_signal",
-        parse_signal,
+        v.parse_signal,
         "SIGTERM",
         "Signal that asks workers to stop.",
         metavar="SIGNAL",
     ),
     _o(
         "stop_timeout",
-        _float(0.0),
+        v.number(0.0),
         "30",
         "Seconds from the stop signal to SIGKILL.",
         "--shutdown-timeout",
@@ -511,7 +301,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "restart_backoff",
-        _backoff,
+        v.backoff,
         "0",
         "Delay between restarts: INITIAL[:MAX[:FACTOR"
         "[:JITTER]]] seconds, exponential (0 restarts at once).",
@@ -519,28 +309,28 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "non_retryable_exit_codes",
-        _exit_codes,
+        v.exit_codes,
         "",
         "Worker exit codes that fail the job without a restart, e.g. 2,3.",
         metavar="CODES",
     ),
     _o(
         "signals_to_handle",
-        _signals,
+        v.signals,
         "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "Signals that stop the workers gracefully; the agent exits 128+N.",
         metavar="SIGNALS",
     ),
     _o(
         "exit_barrier_timeout",
-        _float(0.0),
+        v.number(0.0),
         "300",
         "Seconds to wait for the other nodes' workers after ours succeed.",
         metavar="SECONDS",
     ),
     _o(
         "log_line_prefix_template",
-        _prefix,
+        v.log_prefix,
         DEFAULT_LOG_PREFIX,
         "Prefix of tee'd lines: {role} {local_rank} {rank} {host} {node_rank} {attempt} "
         "(or torch's ${role_name} ${rank} ${local_rank}).",
@@ -549,7 +339,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "file_timer",
-        _bool,
+        v.boolean,
         "false",
         "Serve torch's named-pipe timer protocol to the workers "
         "(FileTimerClient, agentd.timer.expires).",
@@ -558,7 +348,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "timer_file",
-        _optional_str,
+        v.optional_text,
         "",
         "Path of the timer pipe (default: a private one; workers get it as "
         "TORCHELASTIC_TIMER_FILE).",
@@ -567,7 +357,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "timer_dump_signal",
-        _optional_signal,
+        v.optional_signal,
         "",
         "Signal sent to a worker whose timer expired, before the kill "
         "(e.g. SIGUSR1 for faulthandler stack dumps).",
@@ -575,14 +365,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "timer_dump_grace",
-        _float(0.0),
+        v.number(0.0),
         "1",
         "Seconds between the dump signal and the kill.",
         metavar="SECONDS",
     ),
     _o(
         "uninterruptible_timeout",
-        _float(0.0),
+        v.number(0.0),
         "0",
         "Restart the group when a worker stays this many seconds in D state (0: off).",
         metavar="SECONDS",
@@ -590,7 +380,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "health_port",
-        _optional_port,
+        v.optional_port,
         "",
         "Serve /livez /readyz /status /metrics on this port (0: any free port; empty: off).",
         metavar="PORT",
@@ -598,35 +388,35 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "health_host",
-        _str,
+        v.text,
         "127.0.0.1",
         "Address of the health endpoint (0.0.0.0 for probes from outside the host).",
         metavar="HOST",
     ),
     _o(
         "health_timeout",
-        _float(0.0, strict=True),
+        v.number(0.0, strict=True),
         "5",
         "Seconds the watchdog may be overdue, or the event loop late, before /livez fails.",
         metavar="SECONDS",
     ),
     _o(
         "event_log",
-        _optional_str,
+        v.optional_text,
         "",
         "Append the run's events (state changes, restarts, failures) to this file as JSON lines.",
         metavar="FILE",
     ),
     _o(
         "log_format",
-        _choice(LOG_FORMATS),
+        v.choice(LOG_FORMATS),
         "text",
         "The agent's own log format: text or json.",
         metavar="FORMAT",
     ),
     _o(
         "log_level",
-        _choice(LOG_LEVELS, upper=True),
+        v.choice(LOG_LEVELS, upper=True),
         "INFO",
         "The agent's log level.",
         metavar="LEVEL",
@@ -705,7 +495,7 @@ def _toml_text(value: Any) -> str:
         return ",".join(_toml_text(v) for v in value)
     if isinstance(value, int | float | str):
         return str(value)
-    raise RuleError("must be a string, number, boolean or list")
+    raise v.RuleError("must be a string, number, boolean or list")
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -748,7 +538,7 @@ def resolve(
         raw, source = _pick(option, cli, environ, file_values, config_file)
         try:
             values[option.name] = option.parse(raw)
-        except RuleError as exc:
+        except v.RuleError as exc:
             raise ConfigError(f"{source}: {raw!r} {exc}") from None
         if source != "default":
             sources[option.name] = source
@@ -787,7 +577,7 @@ def _pick(
         where = f"{config_file}: {option.name}"
         try:
             return _toml_text(file_values[option.name]), where
-        except RuleError as exc:
+        except v.RuleError as exc:
             raise ConfigError(f"{where}: {file_values[option.name]!r} {exc}") from None
     return option.default, "default"
 

@@ -8,6 +8,7 @@ or a library) and goes to the handler set with :func:`configure` (the log by def
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import os
@@ -81,19 +82,19 @@ def record(event: Event, destination: str = "null") -> None:
     torch_logger(destination).info(event.serialize())
 
 
+@functools.cache
 def torch_logger(destination: str) -> logging.Logger:
-    """torch's per-destination event logger (silent unless someone adds a handler)."""
+    """torch's per-destination event logger (silent unless someone adds a handler), set
+    up once per destination."""
     logger = logging.getLogger(f"torchelastic-events-{destination}")
-    if not getattr(logger, "_agentd_ready", False):
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-        if destination == "console":
-            handler: logging.Handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
-        else:
-            handler = logging.NullHandler()
-        logger.addHandler(handler)
-        logger._agentd_ready = True  # type: ignore[attr-defined]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    if destination == "console":
+        handler: logging.Handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.NullHandler()
+    logger.addHandler(handler)
     return logger
 
 

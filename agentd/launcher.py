@@ -88,6 +88,8 @@ def launch_agent(
     from agentd.spec import WorkerSpec
     from agentd.worker_env import SIGNALS_ENV
 
+    if entrypoint is None:
+        raise field_error("entrypoint", None, "is required (a function or a command)")
     if not config.run_id:
         config.run_id = os.urandom(8).hex()
         log.warning("config has no run_id; using a random one: %s", config.run_id)
@@ -102,8 +104,6 @@ def launch_agent(
     )
     handler = get_rendezvous_handler(params)
     os.environ[SIGNALS_ENV] = config.signals_to_handle
-    if entrypoint is None:
-        raise field_error("entrypoint", None, "is required (a function or a command)")
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,

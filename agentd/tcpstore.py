@@ -95,6 +95,7 @@ class TCPStoreServer:
         self._bytes = 0
         self._changed = asyncio.Event()
         self._connections: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._problems = RateLimitedLog(log)
 
     async def start(self) -> None:
@@ -114,15 +115,19 @@ class TCPStoreServer:
     async def stop(self) -> None:
         """Close the listener and every connection (workers of this attempt are gone)."""
         server, self._server = self._server, None
+        self._closing = True
         if server is not None:
             server.close()
+        # A connection accepted just now has a task that has not run yet: let it start (it
+        # closes its socket at once, see _serve), or cancelling it before its first step
+        # would leave the socket open.
+        await asyncio.sleep(0)
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if server is not None:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
-        await asyncio.sleep(0)  # the closed transports' last callbacks run before we return
 
     # -- a connection --------------------------------------------------------------------
 
@@ -132,6 +137,8 @@ class TCPStoreServer:
         full = len(self._connections) >= self.limits.max_connections
         self._connections.add(task)  # even one turned away: stop() waits for its close
         try:
+            if self._closing:  # accepted as the store stopped: not served
+                return
             if full:
                 self._problems.warning(
                     "full", "Workers' store: %d connections open, the most it takes; closing "

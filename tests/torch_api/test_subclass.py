@@ -19,3 +19,10 @@ def test_a_bug_in_an_override_surfaces_with_its_own_traceback(impl):
     assert out["error"] == "ValueError: a bug in _monitor_workers"
     assert "in _monitor_workers" in out["traceback"]
     assert "awaitable" not in out["traceback"] and out["shutdowns"] == 1
+
+
+def test_a_plain_override_calls_up_to_the_agents_own_step(impl):
+    """``super()._start_workers(group)`` from a plain override returns the ids, as
+    torch's synchronous method does (agentd runs its async step on the agent's loop)."""
+    out = run_script(impl, "calls_super.py", str(free_port()))
+    assert out["state"] == "SUCCEEDED" and out["started"] == [[0, 1]]
