@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["metavar"] = option.metavar
         run.add_argument(*option.flags, **kwargs)
+    run.add_argument("--no-preload", dest="preload", action="store_const", const="off",
+                     help="spawn every worker (turns off a --preload from the environment or "
+                     "the --config file)")  # fmt: skip
     run.add_argument("script", nargs="?", metavar="SCRIPT",
                      help="training script, module (-m) or executable")  # fmt: skip
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -170,6 +173,7 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
         non_retryable_exit_codes=config.non_retryable_exit_codes,
         event_log_handler=config.event_log_handler,
         virtual_local_rank=config.virtual_local_rank,
+        preload=config.preload,
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )

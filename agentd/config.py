@@ -265,6 +265,15 @@ OPTIONS: tuple[Option, ...] = (
         is_flag=True,
     ),
     _o(
+        "preload",
+        v.preload,
+        "off",
+        "Warm restarts: a zygote imports these modules once (comma-separated, e.g. torch; "
+        "empty: only the interpreter) and forks every worker from them; 'off' spawns "
+        "each worker (--no-preload).",
+        metavar="MODULES",
+    ),
+    _o(
         "master_addr",
         v.optional_text,
         "",
@@ -458,6 +467,7 @@ class AgentConfig:
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
+    preload: tuple[str, ...] | None = None
     master_addr: str | None = None
     master_port: int = 0
     local_addr: str | None = None
@@ -556,6 +566,9 @@ def resolve(
     args = cli.get("script_args", []) if cli.get("script") else file_args
     if values["module"] and values["no_python"]:
         raise ConfigError("--module: cannot be combined with --no-python")
+    if values["preload"] is not None and values["no_python"]:
+        raise ConfigError("--preload: needs a Python script or module; --no-python runs an "
+                          "executable (use --no-preload)")  # fmt: skip
     return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
 
 

@@ -89,6 +89,18 @@ def filters(text: str) -> tuple[str, ...]:
     return tuple(p.replace("\0", ",") for p in parts if p)
 
 
+def preload(text: str) -> tuple[str, ...] | None:
+    """``--preload``: ``off`` (spawn), or the modules a zygote imports (may be none)."""
+    if text.strip().lower() in ("off", "false"):
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise RuleError(f"names {name!r}, which is not a module name (dotted Python "
+                            "identifiers, comma-separated; 'off': no preload)")  # fmt: skip
+    return names
+
+
 def unsupported(why: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.strip():

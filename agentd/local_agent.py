@@ -28,6 +28,7 @@ from agentd.exceptions import StartError
 from agentd.logs import attempt_dir, ensure_dir, prune_attempts
 from agentd.services.events import EventLog
 from agentd.services.hygiene import ProcessHygiene
+from agentd.services.preload import PreloadService
 from agentd.services.results import RunRecord
 from agentd.services.watchdog import Watchdog
 from agentd.services.worker_store import WorkerStoreService
@@ -138,8 +139,11 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._health = HealthService(self, health)
         events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
         self._workers_store = WorkerStoreService(self)
-        services: list[Service | None] = [self._record, events, self._watchdog, self._health,
-                                          self._workers_store, self._hygiene]  # fmt: skip
+        self._preload = PreloadService(spec, self._hygiene)
+        services: list[Service | None] = [
+            self._record, events, self._watchdog, self._health, self._workers_store,
+            self._hygiene, self._preload,
+        ]  # fmt: skip
         self._services = [s for s in services if s is not None]
         """Started in this order before the first rendezvous, stopped in reverse."""
         self._running: list[Service] = []
@@ -247,9 +251,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         await self._workers_store.open_for(group)
         spec = group.spec
         plans = [plan_worker(self, group, worker) for worker in group.workers]
+        spawn = self._preload.spawn if self._preload.enabled else spawn_worker
         with self._hygiene.spawning():
             procs = await asyncio.gather(
-                *(spawn_worker(w.local_rank, *plan) for w, *plan in plans),
+                *(spawn(w.local_rank, *plan) for w, *plan in plans),
                 return_exceptions=True,
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]

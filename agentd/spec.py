@@ -44,6 +44,18 @@ def check_name(field_name: str, value: object) -> str:
     return value
 
 
+def check_module_names(field_name: str, names: object) -> tuple[str, ...]:
+    """Dotted module names (``torch``, ``torch.nn``); a ConfigError naming the first that
+    is not one."""
+    if isinstance(names, str) or not isinstance(names, tuple | list):
+        raise field_error(field_name, _short(names), "must be a list of module names")
+    for name in names:
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            raise field_error(field_name, _short(name), "is not a module name (dotted "
+                              "Python identifiers, such as torch or torch.nn)")  # fmt: skip
+    return tuple(names)
+
+
 def _short(value: object, size: int = 60) -> object:
     if isinstance(value, str) and len(value) > size:
         return value[: size - 3] + "..."
@@ -266,6 +278,9 @@ class WorkerSpec:
     """torch's: stdout lines containing any of these also go to the attempt's
     ``filtered_stdout.log`` (prefixed as tee'd lines are)."""
     duplicate_stderr_filters: list[str] | None = None
+    preload: tuple[str, ...] | None = None
+    """Modules a zygote imports once, to fork every worker from (warm restarts; see
+    :mod:`agentd.preload`). None spawns each worker; ``()`` pre-starts the interpreter only."""
 
     def __post_init__(self) -> None:
         check_name("role", self.role)
@@ -299,6 +314,8 @@ class WorkerSpec:
             raise field_error("stop_timeout", self.stop_timeout, "must be >= 0 seconds")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise field_error("master_port", self.master_port, "must be within 0..65535")
+        if self.preload is not None:
+            self.preload = check_module_names("preload", self.preload)
         self.args = tuple(self.args)
         self.stop_signal = signal.Signals(self.stop_signal)
         self.log_line_prefix_template = check_log_prefix(self.log_line_prefix_template)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentd import orphans
-from agentd.spec import Worker, WorkerGroup
+from agentd.spec import Worker, WorkerGroup, WorkerSpec
 
 SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -47,13 +47,23 @@ class WorkerEnvContext:
     timer_file: str | None = None
 
 
+def common_env(spec: WorkerSpec) -> dict[str, str]:
+    """What every worker of ``spec`` starts with before its own variables (a preload
+    zygote's environment)."""
+    env = without_secrets(os.environ)
+    env.update(spec.env)
+    env.pop(orphans.OWNER_ENV, None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
+    return env
+
+
 def worker_env(
     group: WorkerGroup, worker: Worker, error_file: str, ctx: WorkerEnvContext
 ) -> dict[str, str]:
     """The full environment of ``worker`` of ``group`` for this attempt."""
     spec = group.spec
-    env = without_secrets(os.environ)
-    env.update(spec.env)
+    env = common_env(spec)
     env.update(
         {
             "RANK": str(worker.global_rank),
@@ -88,6 +98,4 @@ def worker_env(
             visible[rank] if rank < len(visible) and visible[0] else str(rank)
         )
         env["LOCAL_RANK"] = "0"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
     return env

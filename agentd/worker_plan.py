@@ -9,11 +9,22 @@ from string import Template
 from typing import TYPE_CHECKING, Any
 
 from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route
-from agentd.spec import Std, Worker, WorkerGroup, std_for
+from agentd.spec import Std, Worker, WorkerGroup, WorkerSpec, std_for
 from agentd.worker_env import WorkerEnvContext, worker_env
 
 if TYPE_CHECKING:
     from agentd.local_agent import LocalElasticAgent
+
+
+FUNCTION_WORKER = (sys.executable, "-u", "-m", "agentd.function_worker")
+"""How a function entrypoint's worker starts (the call and result files follow)."""
+
+
+def worker_command(spec: WorkerSpec) -> list[str]:
+    """The command line ``spec``'s workers run (with ``${local_rank}`` unsubstituted)."""
+    if isinstance(spec.entrypoint, str):
+        return [spec.entrypoint, *map(str, spec.args)]
+    return [*FUNCTION_WORKER, "CALL", "RESULT"]
 
 
 def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
@@ -45,7 +56,7 @@ def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) ->
 
         call, result = wdir / "call.pickle", wdir / "return.pickle"
         pass_fds = write_call(call, spec.entrypoint, tuple(args))
-        argv = [sys.executable, "-u", "-m", "agentd.function_worker", str(call), str(result)]
+        argv = [*FUNCTION_WORKER, str(call), str(result)]
     shown = spec.local_ranks_filter is None or rank in spec.local_ranks_filter
     prefix = spec.log_line_prefix_template.format(
         role=spec.role,

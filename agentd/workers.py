@@ -96,10 +96,14 @@ class WorkerProcess(asyncio.SubprocessProtocol):
 
     def process_exited(self) -> None:
         assert self._transport is not None
-        self.exited_at = time.time()
-        self.returncode = self._transport.get_returncode()
+        self.set_exit(self._transport.get_returncode())
+
+    def set_exit(self, returncode: int | None, at: float | None = None) -> None:
+        """The worker exited with ``returncode`` (negative: the signal) at ``at`` (now)."""
+        self.exited_at = at if at is not None else time.time()
+        self.returncode = returncode
         if not self.exited.done():
-            self.exited.set_result(self.returncode if self.returncode is not None else -1)
+            self.exited.set_result(returncode if returncode is not None else -1)
 
     async def drain(self) -> None:
         """After the exit: let the output pipes reach their end (bounded), then close."""
@@ -144,6 +148,18 @@ async def spawn_worker(
             sink.close()
         raise StartError(f"could not start worker {local_rank}: {argv[0]}: {exc.strerror}") from exc
     return worker
+
+
+async def spawn_process(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pass_fds: Sequence[int] = ()
+) -> asyncio.subprocess.Process:
+    """A helper of the agent's (not a worker): in a session of its own, with no stdin, the
+    agent's stdout and stderr, and the workers' parent-death signal and limits."""
+    use_pidfd_child_watcher()
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=subprocess.DEVNULL, env=dict(env), cwd=cwd, start_new_session=True,
+        preexec_fn=_in_child, pass_fds=tuple(pass_fds),
+    )  # fmt: skip
 
 
 def _in_child() -> None:

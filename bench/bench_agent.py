@@ -6,7 +6,9 @@ Measures, for each launcher (torchrun only where torch is installed):
   1. launch: the command starts -> the first of 4 trivial workers runs;
   2. restart: a worker crashes -> the first worker of the next attempt runs;
   3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep.
-Prints median/min/max per figure and the ratio torchrun/agentd.
+``agentd-preload`` forks the workers from a zygote with an empty preload (``--preload=``:
+the interpreter is started ahead). Prints median/min/max per figure and the ratios
+torchrun/agentd.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ NPROC = 4
 
 
 def launcher_commands() -> dict[str, list[str]]:
-    commands = {"agentd": [sys.executable, "-m", "agentd", "run"]}
+    agentd = [sys.executable, "-m", "agentd", "run"]
+    commands = {"agentd": agentd, "agentd-preload": [*agentd, "--preload="]}
     if importlib.util.find_spec("torch") is not None:
         commands["torchrun"] = [sys.executable, "-m", "torch.distributed.run"]
     return commands
@@ -189,17 +192,18 @@ def main() -> int:
     ):
         print(f"\n{title}")
         for name in commands:
-            print(f"  {name:9s} {summary(results[name][figure], 'ms', 1000)}")
+            print(f"  {name:14s} {summary(results[name][figure], 'ms', 1000)}")
         if "torchrun" in commands:
-            ratio = statistics.median(results["torchrun"][figure]) / statistics.median(
-                results["agentd"][figure]
-            )
-            print(f"  ratio     torchrun/agentd = {ratio:.1f}x")
+            for name in (n for n in commands if n != "torchrun"):
+                ratio = statistics.median(results["torchrun"][figure]) / statistics.median(
+                    results[name][figure]
+                )
+                print(f"  ratio torchrun/{name} = {ratio:.1f}x")
     print(f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window")
     for name in commands:
         rss, cpu, wakeups = idle[name]
         print(
-            f"  {name:9s} peak RSS {rss:6.1f} MiB  CPU {cpu * 1000:6.1f} ms  "
+            f"  {name:14s} peak RSS {rss:6.1f} MiB  CPU {cpu * 1000:6.1f} ms  "
             f"wake-ups {wakeups:5.1f}/s"
         )
     if "torchrun" in commands:

@@ -1,12 +1,14 @@
 """A real job's recovery: crash -> every worker of the next attempt past its first all-reduce.
 
-    python bench/bench_recovery.py [--runs 5] [--nproc 4] [--launchers agentd,torchrun]
+    python bench/bench_recovery.py [--runs 5] [--nproc 4]
+        [--launchers agentd-preload,agentd,torchrun]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
 torch, join the process group and all-reduce); rank 0 crashes once all are past the
 all-reduce, and the figure is the time from its crash to the last worker of the next
-attempt past its all-reduce. Prints median/min/max per launcher and the ratio; a run that
-does not recover within the timeout is counted as failed.
+attempt past its all-reduce. ``agentd-preload`` forks the workers from a zygote that
+imported torch (``--preload torch``). Prints median/min/max per launcher and the ratios;
+a run that does not recover within the timeout is counted as failed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 COMMANDS = {
+    "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd": [sys.executable, "-m", "agentd", "run"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
@@ -54,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--launchers", default="agentd,torchrun")
+    parser.add_argument("--launchers", default="agentd-preload,agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
@@ -65,14 +68,16 @@ def main() -> None:
     for name in args.launchers.split(","):
         times = [run_once(COMMANDS[name], args.nproc, args.timeout) for _ in range(args.runs)]
         ok = [t for t in times if t is not None]
-        line = f"  {name:<9} recovered {len(ok)}/{args.runs}"
+        line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
             line += (f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
                      f"  max {max(ok) * 1000:7.0f}")  # fmt: skip
         print(line, flush=True)
-    if "agentd" in medians and "torchrun" in medians:
-        print(f"  ratio     torchrun/agentd = {medians['torchrun'] / medians['agentd']:.1f}x")
+    for faster in ("agentd-preload", "agentd"):
+        for slower in ("agentd", "torchrun"):
+            if faster != slower and faster in medians and slower in medians:
+                print(f"  ratio {slower}/{faster} = {medians[slower] / medians[faster]:.1f}x")
 
 
 if __name__ == "__main__":

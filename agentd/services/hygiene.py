@@ -76,6 +76,17 @@ class ProcessHygiene:
             for proc in procs:
                 self._guardian.watch(proc.pgid)
 
+    def own(self, pid: int | None) -> None:
+        """A helper the agent spawned (inside :meth:`spawning`): its exit status is not the
+        reaper's to take."""
+        if pid is not None:
+            self._reaper.own(pid)
+
+    def disown(self, pid: int | None) -> None:
+        """A helper was reaped by its owner."""
+        if pid is not None:
+            self._reaper.disown(pid)
+
     def stopped(self, procs: Sequence[WorkerProcess]) -> None:
         """Workers were stopped and reaped: nothing is left to guard."""
         for proc in procs:

@@ -1,0 +1,239 @@
+"""In a worker just forked by the zygote: become what a spawned worker is, then run the
+target as ``python script.py`` or ``python -m module`` would, and exit as Python does.
+
+Before any user code runs the worker has its own session and process group, a
+parent-death signal, the agent's descriptors as its stdin/stdout/stderr and inherited
+descriptors, its working directory and environment, fresh ``sys.std*`` streams (buffered as
+Python buffers them for that environment), default signal handlers, and reseeded random
+generators. ``__main__``, ``__file__``, ``sys.argv`` and ``sys.path[0]`` are what the
+command line gives. At the end, non-daemon threads are joined, ``atexit`` handlers run and
+the streams are flushed, with Python's exit status (an uncaught ``KeyboardInterrupt`` ends
+by SIGINT, as it does in Python).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import fcntl
+import io
+import os
+import signal
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from agentd.orphans import set_parent_death_signal
+
+START_FAILED = 127
+"""The exit status of a worker that could not be set up (its stderr says why)."""
+
+
+@dataclass(frozen=True)
+class ForkRequest:
+    """One worker to fork: the descriptors arrive beside it, in ``targets`` order."""
+
+    id: int
+    kind: str
+    target: str
+    args: tuple[str, ...]
+    path0: str
+    cwd: str | None
+    set_env: Mapping[str, str]
+    unset_env: tuple[str, ...]
+    targets: tuple[int, ...]
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any], fd_count: int) -> ForkRequest:
+        """Checks every field; raises ValueError naming the first that is wrong."""
+        env = message.get("env")
+        if not isinstance(env, dict):
+            raise ValueError("env: must be an object")
+        fields: dict[str, Any] = {
+            "id": message.get("fork"),
+            "kind": message.get("kind"),
+            "target": message.get("target"),
+            "args": message.get("args"),
+            "path0": message.get("path0"),
+            "set_env": env.get("set"),
+            "unset_env": env.get("unset"),
+            "targets": message.get("fds"),
+        }
+        ok = (
+            isinstance(fields["id"], int)
+            and fields["kind"] in ("script", "module")
+            and isinstance(fields["target"], str)
+            and isinstance(fields["path0"], str)
+            and _strings(fields["args"])
+            and isinstance(fields["set_env"], dict)
+            and _strings([*fields["set_env"], *fields["set_env"].values()])
+            and _strings(fields["unset_env"])
+            and isinstance(fields["targets"], list)
+            and all(isinstance(t, int) and t >= 0 for t in fields["targets"])
+        )
+        if not ok:
+            raise ValueError(f"malformed fork request: {sorted(message)}")
+        if len(fields["targets"]) != fd_count or fields["targets"][:3] != [0, 1, 2]:
+            raise ValueError(f"fds: {fields['targets']} for {fd_count} descriptor(s)")
+        cwd = message.get("cwd")
+        return cls(
+            id=fields["id"],
+            kind=fields["kind"],
+            target=fields["target"],
+            args=tuple(fields["args"]),
+            path0=fields["path0"],
+            cwd=cwd if isinstance(cwd, str) else None,
+            set_env=fields["set_env"],
+            unset_env=tuple(fields["unset_env"]),
+            targets=tuple(fields["targets"]),
+        )
+
+
+def _strings(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+
+
+def become_worker(request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int]) -> NoReturn:
+    """In the forked child: set up, run, exit. Never returns."""
+    try:
+        _set_up(request, fds, zygote_fds)
+    except BaseException as exc:  # nothing of the user's ran yet: say why, plainly
+        os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
+        os._exit(START_FAILED)
+    os._exit(_run(request))
+
+
+def _set_up(request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int]) -> None:
+    os.setsid()
+    set_parent_death_signal()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for fd in zygote_fds:
+        os.close(fd)
+    _install_fds(fds, request.targets)
+    if request.cwd is not None:
+        os.chdir(request.cwd)
+    for name in request.unset_env:
+        os.environ.pop(name, None)
+    os.environ.update(request.set_env)
+    _fresh_std_streams()
+    _reseed()
+
+
+def _install_fds(fds: Sequence[int], targets: Sequence[int]) -> None:
+    """Put each received descriptor at its target number (inheritable, as spawn does)."""
+    floor = max(targets, default=2) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(moved, targets, strict=True):
+        os.dup2(fd, target, inheritable=True)
+        os.close(fd)
+
+
+def _fresh_std_streams() -> None:
+    """``sys.stdin/stdout/stderr`` as Python makes them for this worker's descriptors."""
+    zygote_stdout = sys.stdout  # write-through when the interpreter runs with -u
+    unbuffered = bool(getattr(zygote_stdout, "write_through", False)
+                      or os.environ.get("PYTHONUNBUFFERED"))  # fmt: skip
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        encoding = getattr(old, "encoding", None) or "utf-8"
+        errors = getattr(old, "errors", None) or "strict"
+        try:
+            raw = io.FileIO(fd, "rb" if fd == 0 else "wb", closefd=False)
+        except OSError:  # a closed descriptor: Python leaves the stream None
+            setattr(sys, name, None)
+            setattr(sys, f"__{name}__", None)
+            continue
+        buffer: Any
+        if fd == 0:
+            buffer = io.BufferedReader(raw)
+        else:
+            buffer = raw if unbuffered else io.BufferedWriter(raw)
+        line_buffering = not unbuffered and (fd == 2 or raw.isatty())
+        stream = io.TextIOWrapper(
+            buffer, encoding, errors, "\n", line_buffering=line_buffering, write_through=unbuffered
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _reseed() -> None:
+    """Generators that would otherwise repeat the zygote's sequence in every worker
+    (``random`` reseeds itself at fork)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _run(request: ForkRequest) -> int:
+    code = 0
+    try:
+        _run_target(request)
+    except SystemExit as exc:
+        code = _exit_status(exc)
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+        if isinstance(exc, KeyboardInterrupt):
+            code = -signal.SIGINT
+    return _finalize(code)
+
+
+def _run_target(request: ForkRequest) -> None:
+    sys.path[0] = request.path0
+    if request.kind == "module":
+        import runpy
+
+        sys.argv = ["-m", *request.args]
+        runpy._run_module_as_main(request.target, alter_argv=True)  # type: ignore[attr-defined]
+        return
+    path = os.path.abspath(request.target)
+    sys.argv = [request.target, *request.args]
+    main = types.ModuleType("__main__")
+    from importlib.machinery import SourceFileLoader
+
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=SourceFileLoader("__main__", path))  # fmt: skip
+    sys.modules["__main__"] = main
+    with io.open_code(path) as fp:
+        source = fp.read()
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    if sys.stderr is not None:
+        sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def _finalize(code: int) -> int:
+    """What the interpreter does on its way out: threads, atexit, streams."""
+    import atexit
+    import threading
+
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:
+            code = code or 120
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    return code

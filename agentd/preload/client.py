@@ -1,0 +1,367 @@
+"""The agent's side of a zygote: start it, fork workers from it, watch them by pidfd.
+
+A worker forked by the zygote is not the agent's child, yet it is watched like one: its
+pidfd (opened by the zygote before it could be reaped, so never for a reused pid) turns
+its exit into an event on the loop the moment it happens; the zygote reports its wait
+status. Should the zygote die, its workers die with it (their parent-death signal) and
+are re-parented to the agent, which is a child subreaper: their status is then read from
+the pidfd directly. Output is read from pipes the agent made, passed to the worker with
+SCM_RIGHTS, so a forked worker's stdio is routed exactly as a spawned one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentd.exceptions import ConfigError, StartError
+from agentd.logs import StreamRoute, StreamSink
+from agentd.preload import command, wire
+from agentd.preload.command import PythonCommand
+from agentd.workers import WorkerProcess, spawn_process
+
+log = logging.getLogger(__name__)
+
+_STATUS_WAIT = 2.0
+"""Seconds to wait for the zygote's report of a wait status after the pidfd fired."""
+_STOP_WAIT = 5.0
+
+
+class ZygoteWorker(WorkerProcess):
+    """A worker forked by the zygote: the exit comes from its pidfd, output from pipes."""
+
+    def __init__(self, local_rank: int, sinks: Mapping[int, StreamSink], zygote: Zygote) -> None:
+        super().__init__(local_rank, sinks)
+        self._zygote = zygote
+        self._pipes: list[asyncio.BaseTransport] = []
+        self._pidfd = -1
+
+    async def read_pipe(self, fd: int, read_end: int) -> None:
+        """Feed this worker's stream ``fd`` (1 or 2) from the pipe's read end."""
+        self._open_pipes.add(fd)
+        loop = asyncio.get_running_loop()
+        pipe = os.fdopen(read_end, "rb", buffering=0)
+        transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(self, fd), pipe)
+        self._pipes.append(transport)
+
+    def attach(self, pid: int, pidfd: int) -> None:
+        """The worker runs as ``pid``: watch its exit through ``pidfd`` (now ours)."""
+        self.pid = pid
+        self._pidfd = pidfd
+        if not self._open_pipes and not self.pipes_closed.done():
+            self.pipes_closed.set_result(None)
+        asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
+
+    def _on_exit(self) -> None:
+        at = time.time()
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        task = asyncio.ensure_future(self._collect(at))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _collect(self, at: float) -> None:
+        try:
+            code = await self._zygote.exit_status(self.pid, self._pidfd)
+        finally:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self.set_exit(code, at)
+
+    def abandon(self) -> None:
+        """Never forked: close what was opened for it."""
+        for transport in self._pipes:
+            transport.close()
+        for sink in self.sinks.values():
+            sink.close()
+
+    async def drain(self) -> None:
+        await super().drain()
+        for transport in self._pipes:
+            transport.close()
+
+
+class _PipeReader(asyncio.Protocol):
+    def __init__(self, worker: ZygoteWorker, fd: int) -> None:
+        self._worker, self._fd = worker, fd
+
+    def data_received(self, data: bytes) -> None:
+        self._worker.pipe_data_received(self._fd, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._worker.pipe_connection_lost(self._fd, exc)
+
+
+class Zygote:
+    """One zygote process for ``cmd``'s interpreter and options, preloading ``modules``.
+
+    ``env`` is the zygote's environment (the workers' common one, without their
+    per-worker variables); each fork sends only what differs. ``on_lost(zygote, code)``
+    is called when it dies while it was not asked to stop.
+    """
+
+    def __init__(
+        self,
+        cmd: PythonCommand,
+        modules: Sequence[str],
+        env: Mapping[str, str],
+        on_lost: Callable[[Zygote, int | None], None] | None = None,
+    ) -> None:
+        self.command = cmd
+        self.modules = tuple(modules)
+        self.env = dict(env)
+        self.pid: int | None = None
+        self.ready_info: dict[str, Any] = {}
+        self._on_lost = on_lost
+        self._process: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._forks: dict[int, asyncio.Future[tuple[int, int]]] = {}
+        self._statuses: dict[int, asyncio.Future[int]] = {}
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self.alive = False
+
+    async def start(self, cwd: str) -> None:
+        """Start the zygote (the preload goes on in the background: see :meth:`ready`)."""
+        loop = asyncio.get_running_loop()
+        ours, theirs = wire.socketpair()
+        argv = [self.command.executable, *self.command.options, "-m", "agentd.preload.zygote",
+                str(theirs.fileno()), self.command.path0(cwd), *self.modules]  # fmt: skip
+        try:
+            self._process = await spawn_process(argv, self.env, cwd, pass_fds=[theirs.fileno()])
+        except OSError as exc:
+            ours.close()
+            raise StartError(f"--preload: could not start the zygote: {exc.strerror}") from exc
+        finally:
+            theirs.close()
+        self.pid = self._process.pid
+        self.alive = True
+        ours.setblocking(False)
+        self._sock = ours
+        self._ready = loop.create_future()
+        loop.add_reader(ours, self._on_readable)
+
+    async def ready(self) -> dict[str, Any]:
+        """Wait for the preload: its report, or ConfigError (a module failed to import,
+        CUDA) or StartError (the zygote died first)."""
+        assert self._ready is not None, "start() first"
+        return await asyncio.shield(self._ready)
+
+    async def fork(
+        self,
+        local_rank: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdout: StreamRoute,
+        stderr: StreamRoute,
+        cwd: str | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> ZygoteWorker:
+        """A worker forked from the zygote, as :func:`agentd.workers.spawn_worker` spawns one."""
+        await self.ready()
+        cmd = command.parse(argv)
+        if (cmd.executable, cmd.options) != (self.command.executable, self.command.options):
+            interpreter = " ".join([cmd.executable, *cmd.options])
+            raise StartError(f"could not start worker {local_rank}: its interpreter "
+                             f"{interpreter} is not the zygote's")  # fmt: skip
+        cwd = cwd or os.getcwd()
+        sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
+        worker = ZygoteWorker(local_rank, sinks, self)
+        send_fds, close_after = [0], []
+        try:
+            for fd, route in ((1, stdout), (2, stderr)):
+                if route.inherit:
+                    send_fds.append(fd)
+                elif route.piped:
+                    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                    close_after.append(write_end)
+                    send_fds.append(write_end)
+                    await worker.read_pipe(fd, read_end)
+                else:
+                    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+                    close_after.append(devnull)
+                    send_fds.append(devnull)
+            pid, pidfd = await self._request(
+                {"kind": cmd.kind, "target": cmd.target, "args": list(cmd.args),
+                 "path0": cmd.path0(cwd), "cwd": cwd, "env": self._env_change(env),
+                 "fds": [0, 1, 2, *pass_fds]},
+                [*send_fds, *pass_fds],
+            )  # fmt: skip
+        except BaseException:
+            worker.abandon()
+            raise
+        finally:
+            for fd in close_after:
+                os.close(fd)
+        worker.attach(pid, pidfd)
+        return worker
+
+    def _env_change(self, env: Mapping[str, str]) -> dict[str, Any]:
+        base = self.env
+        return {"set": {k: v for k, v in env.items() if base.get(k) != v},
+                "unset": [k for k in base if k not in env]}  # fmt: skip
+
+    async def _request(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
+        if not self.alive or self._sock is None:
+            raise StartError(f"the zygote (pid {self.pid}) is gone")
+        loop = asyncio.get_running_loop()
+        request_id = next(self._ids)
+        reply: asyncio.Future[tuple[int, int]] = loop.create_future()
+        self._forks[request_id] = reply
+        try:
+            await _send(self._sock, {"fork": request_id, **message}, fds)
+            return await reply
+        finally:
+            self._forks.pop(request_id, None)
+
+    async def exit_status(self, pid: int, pidfd: int) -> int:
+        """The exit code of our worker ``pid`` (negative: its signal), once it exited."""
+        loop = asyncio.get_running_loop()
+        status = self._statuses.setdefault(pid, loop.create_future())
+        if self.alive and not status.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STATUS_WAIT):
+                    await asyncio.shield(status)
+        self._statuses.pop(pid, None)
+        if status.done() and not status.cancelled():
+            return status.result()
+        return _status_from_pidfd(pid, pidfd)
+
+    # -- the channel -------------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                received = wire.recv(self._sock)
+            except BlockingIOError:
+                return
+            except wire.WireError as exc:
+                log.warning("Zygote %s sent a bad message: %s", self.pid, exc)
+                continue
+            except OSError:
+                received = None
+            if received is None:
+                self._lost()
+                return
+            self._dispatch(*received)
+
+    def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        if "exited" in message and isinstance(message.get("status"), int):
+            status = self._statuses.setdefault(int(message["exited"]), loop.create_future())
+            if not status.done():
+                status.set_result(os.waitstatus_to_exitcode(message["status"]))
+        elif "forked" in message:
+            reply = self._forks.get(message["forked"])
+            if reply is None or reply.done():
+                _close_all(fds)
+            elif "error" in message or not fds:
+                _close_all(fds)
+                reply.set_exception(StartError(f"the zygote could not fork: "
+                                               f"{message.get('error', 'no pidfd')}"))  # fmt: skip
+            else:
+                reply.set_result((int(message["pid"]), fds[0]))
+                _close_all(fds[1:])
+        elif "ready" in message and self._ready is not None and not self._ready.done():
+            self.ready_info = message
+            self._ready.set_result(message)
+        elif "failed" in message and self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ConfigError(str(message["failed"])))
+        else:
+            _close_all(fds)
+
+    def _lost(self) -> None:
+        """The channel closed: the zygote is gone (or going)."""
+        if not self.alive:
+            return
+        self.alive = False
+        loop = asyncio.get_running_loop()
+        if self._sock is not None:
+            loop.remove_reader(self._sock)
+            self._sock.close()
+            self._sock = None
+        for reply in self._forks.values():
+            if not reply.done():
+                reply.set_exception(StartError(f"the zygote (pid {self.pid}) died"))
+        for status in self._statuses.values():  # wake the waiters: read their pidfds now
+            if not status.done():
+                status.cancel()
+        task = asyncio.ensure_future(self._report_loss())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _report_loss(self) -> None:
+        code = await self._process.wait() if self._process is not None else None
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(StartError(
+                f"--preload: the zygote exited with {_describe(code)} before its preload "
+                "finished"))  # fmt: skip
+            self._ready.exception()  # retrieved: a failure nobody waits for is not an error
+            return
+        if not self._stopping and self._on_lost is not None:
+            self._on_lost(self, code)
+
+    async def stop(self) -> None:
+        """Close the channel (the zygote exits; its workers, if any, die) and reap it."""
+        self._stopping = True
+        self._lost()
+        process = self._process
+        if process is None:
+            return
+        try:
+            async with asyncio.timeout(_STOP_WAIT):
+                await process.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
+async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            wire.send(sock, message, fds)
+            return
+        except BlockingIOError:
+            writable = loop.create_future()
+            loop.add_writer(sock, writable.set_result, None)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(sock)
+
+
+def _status_from_pidfd(pid: int, pidfd: int) -> int:
+    """The exit code read from the pidfd of a worker re-parented to us; SIGKILL's when the
+    status went with the zygote."""
+    try:
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
+    except (ChildProcessError, OSError):
+        info = None
+    if info is None:
+        log.warning("Exit status of worker pid %d was lost with the zygote; taken as SIGKILL", pid)
+        return -signal.SIGKILL
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return -int(info.si_status)
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+    return f"exit code {code}"
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

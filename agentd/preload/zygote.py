@@ -1,0 +1,174 @@
+"""The zygote program: import the preload modules once, then fork a worker per request.
+
+``python [worker options] -m agentd.preload.zygote FD PATH0 [MODULE...]``, started by the
+agent in a session of its own with a parent-death signal, ``FD`` being its end of the
+control channel (:mod:`agentd.preload.wire`). It sets ``sys.path[0]`` to ``PATH0`` (what
+the workers will have), imports the modules, refuses to go on when that started a CUDA
+context (a forked child cannot use its parent's), and says ``ready`` with the threads alive
+(fork copies only the calling one). Then it only forks: the zygote itself never runs user
+code, so every worker is a fork of the same pristine process. It reaps its workers and
+reports each wait status; it exits when the agent closes the channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from agentd.orphans import set_parent_death_signal  # noqa: F401  (imported once, used per fork)
+from agentd.preload import child, wire
+
+
+def import_problem(name: str, exc: BaseException) -> str:
+    """One line naming the module and why it failed (with where, for an error it raised)."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not isinstance(exc, ModuleNotFoundError):
+        last = frames[-1]
+        where = f" ({os.path.basename(last.filename)}:{last.lineno})"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"--preload: importing {name!r} failed: {type(exc).__name__}: {text}{where}"
+
+
+def cuda_problem() -> str | None:
+    """Why the zygote must not fork: a CUDA context exists (torch's own flag)."""
+    cuda = sys.modules.get("torch.cuda")
+    is_initialized = getattr(cuda, "is_initialized", None)
+    if callable(is_initialized) and is_initialized():
+        return ("--preload: the preloaded modules initialized CUDA; a forked worker cannot "
+                "use its parent's CUDA context: preload only modules that do not touch the "
+                "GPU at import")  # fmt: skip
+    return None
+
+
+def live_threads() -> list[str]:
+    """Threads other than this one: Python's by name, native ones by their ``comm``."""
+    names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    try:
+        tids = [t for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]
+    except OSError:
+        return names
+    python_tids = {t.native_id for t in threading.enumerate()}
+    for tid in tids:
+        if int(tid) not in python_tids:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as fp:
+                    names.append(f"{fp.read().strip()} (native)")
+            except OSError:
+                continue
+    return names
+
+
+def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
+    """Import ``modules``; tell the agent ready or failed."""
+    sys.path[0] = path0
+    began = time.monotonic()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt at import too
+            wire.send(sock, {"failed": import_problem(name, exc)})
+            return False
+    problem = cuda_problem()
+    if problem is not None:
+        wire.send(sock, {"failed": problem})
+        return False
+    wire.send(sock, {"ready": True, "pid": os.getpid(), "modules": modules,
+                     "seconds": round(time.monotonic() - began, 6),
+                     "threads": live_threads()})  # fmt: skip
+    return True
+
+
+class Zygote:
+    """The fork loop: requests on the channel, SIGCHLD through a wakeup socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.selector = selectors.DefaultSelector()
+
+    def serve(self) -> int:
+        for s in (self.wake_r, self.wake_w):
+            s.setblocking(False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        self.selector.register(self.sock, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in self.selector.select():
+                if key.fileobj is self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        while self.wake_r.recv(4096):
+                            pass
+                elif not self.on_request():
+                    return 0
+            self.reap()
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            wire.send(self.sock, {"exited": pid, "status": status})
+
+    def on_request(self) -> bool:
+        """Handle one message; False when the agent closed the channel."""
+        try:
+            received = wire.recv(self.sock)
+        except BlockingIOError:
+            return True
+        except wire.WireError as exc:
+            sys.stderr.write(f"agentd zygote: bad request dropped: {exc}\n")
+            return True
+        if received is None:
+            return False
+        message, fds = received
+        try:
+            request = child.ForkRequest.from_message(message, len(fds))
+        except ValueError as exc:
+            for fd in fds:
+                os.close(fd)
+            wire.send(self.sock, {"forked": message.get("fork"), "error": str(exc)})
+            return True
+        self.fork(request, fds)
+        return True
+
+    def fork(self, request: child.ForkRequest, fds: list[int]) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            own = [self.sock.fileno(), self.wake_r.fileno(), self.wake_w.fileno(),
+                   self.selector.fileno()]  # fmt: skip
+            child.become_worker(request, fds, own)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)  # before any reap: the pid cannot be reused yet
+        try:
+            wire.send(self.sock, {"forked": request.id, "pid": pid}, [pidfd])
+        finally:
+            os.close(pidfd)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        sys.stderr.write("usage: python -m agentd.preload.zygote FD PATH0 [MODULE...]\n")
+        return 2
+    sock = socket.socket(fileno=int(argv[0]))
+    sock.set_inheritable(False)
+    if not preload(sock, argv[1], argv[2:]):
+        return 2
+    return Zygote(sock).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
