@@ -44,6 +44,8 @@ class ForkRequest:
     set_env: Mapping[str, str]
     unset_env: tuple[str, ...]
     targets: tuple[int, ...]
+    argv: tuple[str, ...] = ()
+    """The worker's command line, as ``ps`` should show it."""
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any], fd_count: int) -> ForkRequest:
@@ -72,6 +74,7 @@ class ForkRequest:
             and _strings(fields["unset_env"])
             and isinstance(fields["targets"], list)
             and all(isinstance(t, int) and t >= 0 for t in fields["targets"])
+            and _strings(message.get("argv", []))
         )
         if not ok:
             raise ValueError(f"malformed fork request: {sorted(message)}")
@@ -88,6 +91,7 @@ class ForkRequest:
             set_env=fields["set_env"],
             unset_env=tuple(fields["unset_env"]),
             targets=tuple(fields["targets"]),
+            argv=tuple(message.get("argv", [])),
         )
 
 
@@ -123,6 +127,26 @@ def _set_up(request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int])
     os.environ.update(request.set_env)
     _fresh_std_streams()
     _reseed()
+    show_command_line(request.argv)
+
+
+def show_command_line(argv: Sequence[str]) -> bool:
+    """Make ``/proc/<pid>/cmdline`` (what ``ps`` shows) read ``argv`` instead of the
+    zygote's command, by rewriting the process's own argument area in place; the zygote
+    pads its command line so there is room. False when it does not fit."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as fp:
+            fields = fp.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat 48, 49)
+    except (OSError, IndexError, ValueError):
+        return False
+    text = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
+    if not start or len(text) > end - start:
+        return False
+    ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
+    return True
 
 
 def _install_fds(fds: Sequence[int], targets: Sequence[int]) -> None:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 _STATUS_WAIT = 2.0
 """Seconds to wait for the zygote's report of a wait status after the pidfd fired."""
 _STOP_WAIT = 5.0
+_ROOM_FOR_ARGV = 4096
+"""Bytes the zygote's command line is padded with, so a worker can show its own in ``ps``."""
 
 
 class ZygoteWorker(WorkerProcess):
@@ -133,7 +135,8 @@ class Zygote:
         loop = asyncio.get_running_loop()
         ours, theirs = wire.socketpair()
         argv = [self.command.executable, *self.command.options, "-m", "agentd.preload.zygote",
-                str(theirs.fileno()), self.command.path0(cwd), *self.modules]  # fmt: skip
+                str(theirs.fileno()), self.command.path0(cwd), ",".join(self.modules),
+                " " * _ROOM_FOR_ARGV]  # fmt: skip
         try:
             self._process = await spawn_process(argv, self.env, cwd, pass_fds=[theirs.fileno()])
         except OSError as exc:
@@ -188,8 +191,9 @@ class Zygote:
                     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
                     close_after.append(devnull)
                     send_fds.append(devnull)
+            argv = list(argv)
             pid, pidfd = await self._request(
-                {"kind": cmd.kind, "target": cmd.target, "args": list(cmd.args),
+                {"kind": cmd.kind, "target": cmd.target, "args": list(cmd.args), "argv": argv,
                  "path0": cmd.path0(cwd), "cwd": cwd, "env": self._env_change(env),
                  "fds": [0, 1, 2, *pass_fds]},
                 [*send_fds, *pass_fds],

@@ -1,7 +1,7 @@
 """The zygote program: import the preload modules once, then fork a worker per request.
 
-``python [worker options] -m agentd.preload.zygote FD PATH0 [MODULE...]``, started by the
-agent in a session of its own with a parent-death signal, ``FD`` being its end of the
+``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] [PADDING]``: run by
+the agent in a session of its own with a parent-death signal, ``FD`` being its end of the
 control channel (:mod:`agentd.preload.wire`). It sets ``sys.path[0]`` to ``PATH0`` (what
 the workers will have), imports the modules, refuses to go on when that started a CUDA
 context (a forked child cannot use its parent's), and says ``ready`` with the threads alive
@@ -160,12 +160,13 @@ class Zygote:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        sys.stderr.write("usage: python -m agentd.preload.zygote FD PATH0 [MODULE...]\n")
+    if len(argv) < 3 or not argv[0].isdigit():
+        sys.stderr.write("usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] "
+                         "[PADDING]\n")  # fmt: skip
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
-    if not preload(sock, argv[1], argv[2:]):
+    if not preload(sock, argv[1], [m for m in argv[2].split(",") if m]):
         return 2
     return Zygote(sock).serve()
 

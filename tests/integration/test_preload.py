@@ -1,0 +1,247 @@
+"""--preload end to end: workers forked from a zygote are indistinguishable from spawned
+ones, and every fault (a bad preload, a dead zygote, a killed agent) is handled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import TESTS, WORKER, pid_alive, wait_until
+
+INTROSPECT = str(TESTS / "workers" / "introspect.py")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (zygotes and forked workers carry no owner mark
+    in their start environment, so the fixture's cleanup cannot find them by it)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def zygotes_of(agent) -> list[int]:
+    zygotes = []
+    for child in psutil.Process(agent.pid).children():
+        try:
+            if "agentd.preload.zygote" in child.cmdline():
+                zygotes.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return zygotes
+
+
+def reports(agent, nproc: int) -> list[dict]:
+    return [json.loads((agent.out_dir / f"report_{r}.json").read_text()) for r in range(nproc)]
+
+
+def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: int = 0):
+    agent = run_agentd(
+        "--nproc-per-node", "2", "--tee", "3", *flags, INTROSPECT, str(code), "arg one",
+        env={"EXTRA_VAR": "extra"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert agent.wait(timeout=60) == (1 if code else 0), agent.stderr()
+    return agent
+
+
+def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
+    spawned = run_introspect(run_agentd, tmp_path)
+    numpy = importlib.util.find_spec("numpy") is not None
+    modules = "json,email.message" + (",numpy" if numpy else "")
+    forked = run_introspect(run_agentd, tmp_path, "--preload", modules)
+    assert "Zygote pid" in forked.stderr() and "Zygote pid" not in spawned.stderr()
+    randoms = ("random", "numpy_random")
+    for before, after in zip(reports(spawned, 2), reports(forked, 2), strict=True):
+        for name in (*randoms, "MASTER_PORT"):
+            (before if name in before else before["env"]).pop(name, None)
+            (after if name in after else after["env"]).pop(name, None)
+        assert before == after
+    [a, b] = reports(forked, 2)
+    for name in randoms if numpy else randoms[:1]:
+        assert a[name] != b[name]  # each fork reseeded: not the zygote's sequence twice
+    assert a["argv"] == [INTROSPECT, "0", "arg one"] and a["name"] == "__main__"
+    for agent in (spawned, forked):
+        for rank in (0, 1):
+            assert (agent.out_dir / f"atexit_{rank}").read_text() == "ran"
+            assert (agent.out_dir / f"thread_{rank}").read_text() == "joined"
+            assert f"[default{rank}]:stdout of rank {rank}" in agent.stdout()
+            assert f"[default{rank}]:stderr of rank {rank}" in agent.stderr()
+            [log] = agent.log_dir.glob(f"*/attempt_0/{rank}/stdout.log")
+            assert log.read_text() == f"stdout of rank {rank}\n"
+
+
+def test_exit_codes_and_stderr_tail_reach_the_report(run_agentd, tmp_path):
+    agent = run_introspect(run_agentd, tmp_path, "--preload=", code=7)
+    [result] = agent.log_dir.glob("*/result.json")
+    root = json.loads(result.read_text())["root_cause"]
+    assert root["exitcode"] == 7
+    assert "stderr of rank" in agent.stderr()
+
+
+def test_module_entrypoint_runs_as_python_dash_m(run_agentd, tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "job.py").write_text(
+        "import json, os, sys\n"
+        "out = os.environ['AGENTD_TEST_OUT']\n"
+        "open(os.path.join(out, 'module'), 'w').write(json.dumps("
+        "[__name__, __spec__.name, sys.argv, sys.path[0]]))\n"
+    )
+    agent = run_agentd("--preload", "json", "-m", "pkg.job", "x", cwd=tmp_path)
+    assert agent.wait(timeout=60) == 0, agent.stderr()
+    name, spec, argv, path0 = json.loads((agent.out_dir / "module").read_text())
+    assert (name, spec) == ("__main__", "pkg.job")
+    assert argv == [str(package / "job.py"), "x"] and path0 == str(tmp_path)
+
+
+def test_a_preload_module_that_fails_is_a_one_line_error_exit_2(run_agentd, tmp_path):
+    (tmp_path / "broken_mod.py").write_text("x = 1\nraise RuntimeError('no GPU driver')\n")
+    (tmp_path / "job.py").write_text("print('never')\n")
+    agent = run_agentd("--preload", "json,broken_mod", "job.py", cwd=tmp_path)
+    assert agent.wait(timeout=60) == 2
+    err = agent.stderr()
+    line = ("--preload: importing 'broken_mod' failed: RuntimeError: no GPU driver "
+            "(broken_mod.py:2)")  # fmt: skip
+    assert line in err and "never" not in agent.stdout()
+    assert "Traceback" not in err
+
+
+def test_a_missing_preload_module_is_named(run_agentd, tmp_path):
+    (tmp_path / "job.py").write_text("print('never')\n")
+    agent = run_agentd("--preload", "no_such_module_x", "job.py", cwd=tmp_path)
+    assert agent.wait(timeout=60) == 2
+    assert "--preload: importing 'no_such_module_x' failed: ModuleNotFoundError" in agent.stderr()
+
+
+def test_a_preload_that_starts_cuda_is_refused(run_agentd, tmp_path):
+    pytest.importorskip("torch")
+    # torch.cuda.is_initialized() reads this flag: the zygote's check sees a CUDA context
+    (tmp_path / "fake_cuda.py").write_text("import torch.cuda\ntorch.cuda._initialized = True\n")
+    (tmp_path / "job.py").write_text("print('never')\n")
+    agent = run_agentd("--preload", "fake_cuda", "job.py", cwd=tmp_path)
+    assert agent.wait(timeout=120) == 2
+    assert "--preload: the preloaded modules initialized CUDA" in agent.stderr()
+
+
+def test_no_preload_overrides_the_environment(run_agentd, tmp_path):
+    agent = run_introspect(run_agentd, tmp_path, "--no-preload")
+    assert "Zygote" not in agent.stderr()
+    env_on = run_agentd("--nproc-per-node", "1", INTROSPECT, "0", env={"AGENTD_PRELOAD": "json"},
+                        cwd=tmp_path)  # fmt: skip
+    assert env_on.wait(timeout=60) == 0, env_on.stderr()
+    assert "Zygote pid" in env_on.stderr()
+
+
+def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
+    agent = run_agentd("--preload=", "--nproc-per-node", "2", "--max-restarts", "1",
+                       WORKER, "sleep", "--after", "60")  # fmt: skip
+    workers = agent.wait_ready(2)
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
+    agent.extra_pids += [*workers, zygote]
+    os.kill(zygote, signal.SIGKILL)
+    wait_until(lambda: not any(pid_alive(p) for p in workers), what="workers gone")
+    new_workers = agent.wait_ready(2, attempt=1)
+    agent.extra_pids += new_workers
+    [new_zygote] = wait_until(lambda: zygotes_of(agent), what="a new zygote")
+    agent.extra_pids.append(new_zygote)
+    assert new_zygote != zygote
+    assert all(psutil.Process(p).ppid() == new_zygote for p in new_workers)
+    err = agent.stderr()
+    assert f"Zygote pid {zygote} died (exit status -9); starting a new one" in err
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
+
+
+def test_zygote_killed_between_attempts(run_agentd):
+    agent = run_agentd("--preload=", "--nproc-per-node", "2", "--max-restarts", "1",
+                       "--restart-backoff", "3", WORKER, "flaky")  # fmt: skip
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
+    agent.extra_pids.append(zygote)
+    wait_until(lambda: "Stopped worker group" in agent.stderr(), what="attempt 0 stopped")
+    assert "Restarting worker group" not in agent.stderr()  # within the 3 s backoff
+    os.kill(zygote, signal.SIGKILL)
+    assert agent.wait(timeout=60) == 0, agent.stderr()
+    err = agent.stderr()
+    assert f"Zygote pid {zygote} died" in err and err.count("ready: preloaded") == 2
+
+
+@pytest.mark.parametrize("victim", ["agent", "zygote-then-agent"])
+def test_killed_agent_leaves_nothing_alive(run_agentd, victim):
+    agent = run_agentd("--preload=", "--nproc-per-node", "2", WORKER, "tree")
+    pids = agent.wait_ready(2)
+    [zygote] = zygotes_of(agent)
+    everything = [*pids, zygote, *descendants(agent.pid)]
+    agent.extra_pids += everything
+    if victim == "zygote-then-agent":
+        os.kill(zygote, signal.SIGKILL)
+    agent.proc.send_signal(signal.SIGKILL)
+    agent.wait()
+    wait_until(lambda: not any(pid_alive(p) for p in everything), what="nothing left")
+
+
+def test_python_api_function_entrypoint_with_preload(tmp_path):
+    from agentd import LocalElasticAgent, WorkerSpec
+    from tests.workers.functions import rank_times
+
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=rank_times, args=(3,),
+                      preload=("json",))  # fmt: skip
+    result = LocalElasticAgent(spec, log_dir=tmp_path).run()
+    assert result.return_values == {0: {"rank": 0, "value": 0}, 1: {"rank": 1, "value": 3}}
+
+
+def test_preload_names_are_checked(run_agentd, tmp_path):
+    agent = run_agentd("--preload", "torch,not-a-module", WORKER, "exit", cwd=tmp_path)
+    assert agent.wait(timeout=30) == 2
+    assert "--preload: 'torch,not-a-module' names 'not-a-module', which is not a module" in (
+        agent.stderr()
+    )
+    noexe = run_agentd("--preload", "json", "--no-python", "true")
+    assert noexe.wait(timeout=30) == 2
+    assert "--preload: needs a Python script or module" in noexe.stderr()
+
+
+torch_only = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed"
+)
+
+
+@torch_only
+def test_ddp_trains_to_the_known_weights_across_a_forced_restart(run_agentd, tmp_path):
+    script = str(TESTS / "workers" / "torch_ddp_restart.py")
+    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                       "--preload", "torch", script)  # fmt: skip
+    assert agent.wait(timeout=180) == 0, agent.stderr()
+    out = agent.stdout()
+    assert "learned weight [2.0, -3.0]" in out and "restart 1" in out
+    assert "preloaded torch: True" in out  # the script's first line saw torch imported
+
+
+@torch_only
+def test_torch_record_and_file_timer_under_preload(run_agentd):
+    agent = run_agentd("--preload", "torch", str(TESTS / "workers" / "torch_record.py"))
+    assert agent.wait(timeout=120) == 1
+    [result] = agent.log_dir.glob("*/result.json")
+    root = json.loads(result.read_text())["root_cause"]
+    assert root["message"] == "RuntimeError: torch-recorded failure: loss is NaN"
+    timer = run_agentd("--preload", "torch", "--max-restarts", "1", WORKER, "torch-timer-hang",
+                       "--until-attempt", "1", env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})  # fmt: skip
+    assert timer.wait(timeout=120) == 0, timer.stderr()
+    assert "torch timer ok on restart 1" in timer.stdout()
+    assert "expired: sent SIGKILL" in timer.stderr()
+
+
+def test_the_zygote_program_without_its_channel_is_a_usage_error():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "agentd.preload.zygote"], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 2 and "usage: python -m agentd.preload.zygote" in done.stderr

@@ -1,0 +1,94 @@
+"""Reports what a worker process looks like from inside, for the spawn/preload peer tests.
+
+``introspect.py CODE [ARGS...]``: writes ``report_<local_rank>.json`` to
+``$AGENTD_TEST_OUT``, prints one line on stdout and one on stderr, leaves a non-daemon
+thread and an atexit handler that must both run, and exits with CODE.
+"""
+
+import atexit
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+rank = os.environ["LOCAL_RANK"]
+out = os.environ["AGENTD_TEST_OUT"]
+handlers = {
+    name: repr(signal.getsignal(getattr(signal, name)))
+    for name in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGCHLD", "SIGHUP", "SIGUSR1")
+}
+report = {
+    "name": __name__,
+    "file": __file__,
+    "argv": sys.argv,
+    "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0"),
+    "path0": sys.path[0],
+    "cwd": os.getcwd(),
+    "package": __package__,
+    "spec": repr(__spec__),
+    "main_is_module": sys.modules["__main__"].__dict__ is globals(),
+    "env": {
+        k: os.environ.get(k)
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT",
+            "PYTHONUNBUFFERED",
+            "AGENTD_ATTEMPT",
+            "EXTRA_VAR",
+        )
+    },
+    "session_leader": os.getsid(0) == os.getpid(),
+    "group_leader": os.getpgid(0) == os.getpid(),
+    "stdin_readable": sys.stdin is not None and sys.stdin.readable(),
+    "stdout": [
+        sys.stdout.encoding,
+        sys.stdout.errors,
+        sys.stdout.write_through,
+        sys.stdout.line_buffering,
+    ],
+    "stderr": [
+        sys.stderr.encoding,
+        sys.stderr.errors,
+        sys.stderr.write_through,
+        sys.stderr.line_buffering,
+    ],
+    "handlers": handlers,
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "main_thread": threading.current_thread() is threading.main_thread(),
+    "threads": threading.active_count(),
+    "random": random.random(),
+    "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) < 3),
+    "fds_3_up": len([fd for fd in os.listdir("/proc/self/fd") if int(fd) >= 3]),
+}
+try:
+    import numpy
+
+    report["numpy_random"] = float(numpy.random.random())
+except ImportError:
+    pass
+with open(os.path.join(out, f"report_{rank}.json"), "w") as fp:
+    json.dump(report, fp)
+
+
+def at_exit() -> None:
+    with open(os.path.join(out, f"atexit_{rank}"), "w") as fp:
+        fp.write("ran")
+
+
+def late_thread() -> None:
+    time.sleep(0.2)
+    with open(os.path.join(out, f"thread_{rank}"), "w") as fp:
+        fp.write("joined")
+
+
+atexit.register(at_exit)
+threading.Thread(target=late_thread).start()
+print(f"stdout of rank {rank}")
+print(f"stderr of rank {rank}", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
