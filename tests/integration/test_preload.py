@@ -232,8 +232,10 @@ def test_torch_record_and_file_timer_under_preload(run_agentd):
     [result] = agent.log_dir.glob("*/result.json")
     root = json.loads(result.read_text())["root_cause"]
     assert root["message"] == "RuntimeError: torch-recorded failure: loss is NaN"
-    timer = run_agentd("--preload", "torch", "--max-restarts", "1", WORKER, "torch-timer-hang",
-                       "--until-attempt", "1", env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})  # fmt: skip
+    timer = run_agentd(
+        "--preload", "torch", "--max-restarts", "1", WORKER, "torch-timer-hang",
+        "--until-attempt", "1", env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"},
+    )  # fmt: skip
     assert timer.wait(timeout=120) == 0, timer.stderr()
     assert "torch timer ok on restart 1" in timer.stdout()
     assert "expired: sent SIGKILL" in timer.stderr()

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 rank = os.environ["LOCAL_RANK"]
 out = os.environ["AGENTD_TEST_OUT"]
@@ -24,7 +25,7 @@ report = {
     "name": __name__,
     "file": __file__,
     "argv": sys.argv,
-    "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0"),
+    "cmdline": Path("/proc/self/cmdline").read_bytes().rstrip(b"\0").decode().split("\0"),
     "path0": sys.path[0],
     "cwd": os.getcwd(),
     "package": __package__,
