@@ -182,6 +182,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         """The current attempt's worker processes, by local rank."""
         return self._procs
 
+    def preload_status(self) -> dict[str, Any] | None:
+        """The zygote of ``--preload`` (None when workers are spawned)."""
+        return self._preload.status()
+
     def worker_readings(self) -> list[dict[str, Any]]:
         from agentd.services.health import worker_readings
 

@@ -99,19 +99,26 @@ def _strings(values: Any) -> bool:
     return isinstance(values, list) and all(isinstance(v, str) for v in values)
 
 
-def become_worker(request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int]) -> NoReturn:
-    """In the forked child: set up, run, exit. Never returns."""
+def become_worker(
+    request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int], leading: int
+) -> NoReturn:
+    """In the forked child: set up, run, exit. Never returns. One byte on ``leading`` tells
+    the zygote the worker leads its own session and process group."""
     try:
-        _set_up(request, fds, zygote_fds)
+        _set_up(request, fds, zygote_fds, leading)
     except BaseException as exc:  # nothing of the user's ran yet: say why, plainly
         os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
         os._exit(START_FAILED)
     os._exit(_run(request))
 
 
-def _set_up(request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int]) -> None:
+def _set_up(
+    request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int], leading: int
+) -> None:
     os.setsid()
     set_parent_death_signal()
+    os.write(leading, b"1")
+    os.close(leading)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)

@@ -179,8 +179,11 @@ class Zygote:
         worker = ZygoteWorker(local_rank, sinks, self)
         send_fds, close_after = [0], []
         try:
+            if not _is_open(0):  # an agent without stdin: the worker reads /dev/null
+                send_fds[0] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                close_after.append(send_fds[0])
             for fd, route in ((1, stdout), (2, stderr)):
-                if route.inherit:
+                if route.inherit and _is_open(fd):
                     send_fds.append(fd)
                 elif route.piped:
                     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -265,7 +268,10 @@ class Zygote:
                 status.set_result(os.waitstatus_to_exitcode(message["status"]))
         elif "forked" in message:
             reply = self._forks.get(message["forked"])
-            if reply is None or reply.done():
+            if reply is None or reply.done():  # a fork nobody waits for any more: end it
+                if fds and "pid" in message:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
                 _close_all(fds)
             elif "error" in message or not fds:
                 _close_all(fds)
@@ -356,6 +362,14 @@ def _status_from_pidfd(pid: int, pidfd: int) -> int:
     if info.si_code == os.CLD_EXITED:
         return int(info.si_status)
     return -int(info.si_status)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _describe(code: int | None) -> str:

@@ -145,13 +145,19 @@ class Zygote:
         return True
 
     def fork(self, request: child.ForkRequest, fds: list[int]) -> None:
+        leading, led = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             own = [self.sock.fileno(), self.wake_r.fileno(), self.wake_w.fileno(),
-                   self.selector.fileno()]  # fmt: skip
-            child.become_worker(request, fds, own)
+                   self.selector.fileno(), leading]  # fmt: skip
+            child.become_worker(request, fds, own, led)
+        os.close(led)
         for fd in fds:
             os.close(fd)
+        # Reply once the worker leads its process group (or died trying): from then on a
+        # signal to its group reaches it.
+        os.read(leading, 1)
+        os.close(leading)
         pidfd = os.pidfd_open(pid)  # before any reap: the pid cannot be reused yet
         try:
             wire.send(self.sock, {"forked": request.id, "pid": pid}, [pidfd])

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
 from agentd.logs import StreamRoute
@@ -54,6 +54,18 @@ class PreloadService:
         if zygote is not None:
             await zygote.stop()
             self._hygiene.disown(zygote.pid)
+
+    def status(self) -> dict[str, Any] | None:
+        """For ``/status``: the modules, the zygote's pid, whether it is up, how many ran."""
+        if self._spec.preload is None:
+            return None
+        zygote = self.zygote
+        return {
+            "modules": list(self._spec.preload),
+            "zygote_pid": zygote.pid if zygote is not None else None,
+            "ready": bool(zygote is not None and zygote.alive and zygote.ready_info),
+            "zygotes_started": self.zygotes_started,
+        }
 
     async def spawn(
         self,

@@ -8,12 +8,13 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import TESTS, WORKER, pid_alive, wait_until
+from tests.conftest import TESTS, WORKER, free_port, pid_alive, wait_until
 
 INTROSPECT = str(TESTS / "workers" / "introspect.py")
 
@@ -141,8 +142,9 @@ def test_no_preload_overrides_the_environment(run_agentd, tmp_path):
 
 
 def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
+    port = free_port()
     agent = run_agentd("--preload=", "--nproc-per-node", "2", "--max-restarts", "1",
-                       WORKER, "sleep", "--after", "60")  # fmt: skip
+                       "--health-port", str(port), WORKER, "sleep")  # fmt: skip
     workers = agent.wait_ready(2)
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
     agent.extra_pids += [*workers, zygote]
@@ -156,6 +158,10 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert all(psutil.Process(p).ppid() == new_zygote for p in new_workers)
     err = agent.stderr()
     assert f"Zygote pid {zygote} died (exit status -9); starting a new one" in err
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+        preload = json.loads(response.read())["preload"]
+    assert preload == {"modules": [], "zygote_pid": new_zygote, "ready": True,
+                       "zygotes_started": 2}  # fmt: skip
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
