@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
-from agentd.logs import StreamRoute
 from agentd.preload import command
 from agentd.preload.client import Zygote, ZygoteWorker
 from agentd.worker_env import common_env
@@ -67,24 +65,16 @@ class PreloadService:
             "zygotes_started": self.zygotes_started,
         }
 
-    async def spawn(
-        self,
-        local_rank: int,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        stdout: StreamRoute,
-        stderr: StreamRoute,
-        cwd: str | None = None,
-        pass_fds: Sequence[int] = (),
-    ) -> ZygoteWorker:
-        """Fork one worker (the arguments of :func:`agentd.workers.spawn_worker`)."""
+    async def spawn(self, local_rank: int, *launch: Any) -> ZygoteWorker:
+        """Fork one worker; ``launch`` is the rest of :func:`agentd.workers.spawn_worker`'s
+        arguments (argv, env, stdout and stderr routes, cwd, pass_fds)."""
         if self._replacing is not None:
             await asyncio.shield(self._replacing)
         if self.zygote is None or not self.zygote.alive:
             await self._start_zygote()
         assert self.zygote is not None
         await self.zygote.ready()
-        return await self.zygote.fork(local_rank, argv, env, stdout, stderr, cwd, pass_fds)
+        return await self.zygote.fork(local_rank, *launch)
 
     async def _start_zygote(self) -> None:
         spec = self._spec

@@ -172,7 +172,7 @@ def test_zygote_killed_between_attempts(run_agentd):
                        "--restart-backoff", "3", WORKER, "flaky")  # fmt: skip
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
     agent.extra_pids.append(zygote)
-    wait_until(lambda: "Stopped worker group" in agent.stderr(), what="attempt 0 stopped")
+    wait_until(lambda: "before restarting (backoff)" in agent.stderr(), what="the backoff")
     assert "Restarting worker group" not in agent.stderr()  # within the 3 s backoff
     os.kill(zygote, signal.SIGKILL)
     assert agent.wait(timeout=60) == 0, agent.stderr()
