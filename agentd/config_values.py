@@ -18,6 +18,7 @@ from agentd.spec import (
     Std,
     check_log_prefix,
     check_name,
+    is_module_name,
 )
 
 MAX_NODES = 65536
@@ -95,7 +96,7 @@ def preload(text: str) -> tuple[str, ...] | None:
         return None
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     for name in names:
-        if not all(part.isidentifier() for part in name.split(".")):
+        if not is_module_name(name):
             raise RuleError(f"names {name!r}, which is not a module name (dotted Python "
                             "identifiers, comma-separated; 'off': no preload)")  # fmt: skip
     return names

@@ -44,13 +44,18 @@ def check_name(field_name: str, value: object) -> str:
     return value
 
 
+def is_module_name(name: object) -> bool:
+    """Whether ``name`` is a dotted module name (``torch``, ``torch.nn``)."""
+    return isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
+
+
 def check_module_names(field_name: str, names: object) -> tuple[str, ...]:
     """Dotted module names (``torch``, ``torch.nn``); a ConfigError naming the first that
     is not one."""
     if isinstance(names, str) or not isinstance(names, tuple | list):
         raise field_error(field_name, _short(names), "must be a list of module names")
     for name in names:
-        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+        if not is_module_name(name):
             raise field_error(field_name, _short(name), "is not a module name (dotted "
                               "Python identifiers, such as torch or torch.nn)")  # fmt: skip
     return tuple(names)

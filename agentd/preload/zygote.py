@@ -23,7 +23,6 @@ import threading
 import time
 import traceback
 
-from agentd.orphans import set_parent_death_signal  # noqa: F401  (imported once, used per fork)
 from agentd.preload import child, wire
 
 

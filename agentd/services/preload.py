@@ -40,8 +40,7 @@ class PreloadService:
         self._replacing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.enabled:
-            command.parse(worker_command(self._spec))  # ConfigError before anything runs
+        if self.enabled:  # a command a zygote cannot run is a ConfigError before it starts
             await self._start_zygote()
 
     async def stop(self) -> None:
