@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--port", type=int, default=29400, help="port (default 29400; 0: any)")
     store.add_argument("--store-token", help="bearer token clients must send; required off "
                        "loopback (prefer AGENTD_STORE_TOKEN: flags show in ps)")  # fmt: skip
+    store.add_argument("--peers", default="", metavar="HOST:PORT,...",
+                       help="every candidate store, in order, this one (--host:--port) among "
+                       "them: one serves, the others stand by to take over (the agents' "
+                       "--rdzv-endpoint lists the same)")  # fmt: skip
     store.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return parser
 
@@ -239,12 +243,30 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
         raise ConfigError(f"--port: {args.port!r} must be within 0..65535")
     token = args.store_token or environ.get("AGENTD_STORE_TOKEN") or None
     StoreServer(args.host, args.port, token)  # every rule is checked before binding
+    peers, index = store_peers(args.peers, args.host, args.port, token)
     setup_logging("text", args.log_level)
     try:
-        return asyncio.run(serve(args.host, args.port, token))
+        return asyncio.run(serve(args.host, args.port, token, peers, index))
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code
+
+
+def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[list[str], int | None]:
+    """``--peers`` checked: the candidate list and this store's place in it."""
+    from agentd.store.candidates import endpoint_text, parse_candidates
+
+    if not text:
+        return [], None
+    peers = [endpoint_text(*pair) for pair in parse_candidates(text, "--peers")]
+    own = endpoint_text(host, port)
+    if own not in peers:
+        raise ConfigError(f"--peers: {text!r} must list this store's own address {own!r} "
+                          "(--host:--port), spelled the same")  # fmt: skip
+    if not token:
+        raise ConfigError("--store-token: required with --peers: the candidates and every "
+                          "agent share it (set AGENTD_STORE_TOKEN)")  # fmt: skip
+    return peers, peers.index(own)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -200,12 +200,15 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
         token: str = "job-secret",
         preexec: Callable[[], None] | None = None,
         host: str = "127.0.0.1",
+        peers: str = "",
     ) -> StoreProc:
         err = tmp_path / f"store{len(started)}.err"
         port = port or free_port()
+        extra = ["--peers", peers] if peers else []
         with open(err, "wb") as fp:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd", "store", "--host", host, "--port", str(port)],
+                [sys.executable, "-m", "agentd", "store", "--host", host, "--port", str(port),
+                 *extra],
                 stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 env={**os.environ, "AGENTD_STORE_TOKEN": token}, preexec_fn=preexec,
             )  # fmt: skip

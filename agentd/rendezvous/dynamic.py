@@ -35,6 +35,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agentd.aio import first_done
 from agentd.exceptions import ConfigError
@@ -138,6 +139,11 @@ class DynamicRendezvous:
         self._lease_listeners.append(listener)
         if self._membership is not None:
             self._membership.on_lease(listener)
+
+    def store_status(self) -> dict[str, Any] | None:
+        """Which store candidate serves, and which ones failed (candidate lists only)."""
+        opened = self._opened
+        return opened.describe() if opened is not None and opened.describe else None
 
     def lease_deadline(self) -> float | None:
         """When our membership lease ends (monotonic seconds): no worker of ours may run

@@ -90,6 +90,8 @@ def _dynamic(
     if not config.rdzv_endpoint:
         raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
                           "(host:port of the store), or use --standalone")  # fmt: skip
+    if "," in config.rdzv_endpoint:
+        return _candidates(config, run_id, local_world_size, conf)
     host, port = split_endpoint(config.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
     if is_host is None:
@@ -108,6 +110,34 @@ def _dynamic(
     addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
     opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout,
                                retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
+                               workers=local_world_size)  # fmt: skip
+    return _handler(config, run_id, local_world_size, opener, settings, addr)
+
+
+def _candidates(
+    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+) -> DynamicRendezvous:
+    """The embedded store, served by one of several candidates, failing over among them."""
+    from agentd.store.candidates import parse_candidates
+    from agentd.store.connect import candidates_opener
+    from agentd.store.server import is_loopback
+
+    endpoints = parse_candidates(config.rdzv_endpoint)
+    is_host = pop_bool(conf, "is_host")
+    read_timeout = pop_seconds(conf, "read_timeout") or 10.0
+    settings = _rendezvous_settings(config, conf)
+    if not config.store_token:
+        raise ConfigError(f"--store-token: required with several --rdzv-endpoint candidates "
+                          f"({config.rdzv_endpoint!r}): they and every agent share it "
+                          "(set AGENTD_STORE_TOKEN on every node)")  # fmt: skip
+    # a frozen server must be left for another in time to keep our lease (TTL)
+    request_timeout = min(read_timeout, settings.heartbeat_ttl / 3)
+    local = all(is_loopback(host) for host, _ in endpoints)
+    addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
+    # each try names every candidate and why it does not serve; the join timeout ends it
+    opener = candidates_opener(endpoints, config.store_token, is_host,
+                               retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout / 2),
+                               request_timeout=request_timeout,
                                workers=local_world_size)  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 

@@ -124,6 +124,7 @@ def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
         "attempt": agent.attempt,
         "generation": agent.generation,
         "rendezvous": agent.rdzv_handler.get_backend(),
+        "store": getattr(agent.rdzv_handler, "store_status", lambda: None)(),
         "node_rank": group.group_rank,
         "group_world_size": group.group_world_size,
         "world_size": workers[0].world_size if workers else None,

@@ -23,6 +23,14 @@ class StoreUnavailable(StoreError, StartError):
     """The store could not be reached, even after retries."""
 
 
+class StoreOutcomeUnknown(StoreUnavailable):
+    """A request that must not be resent (``add``) failed after it may have been applied."""
+
+
+class StoreNotServing(StoreError):
+    """A candidate store server stands by: another one serves (see store/candidates.py)."""
+
+
 class StoreAuthError(StoreError):
     """The store refused our token (401)."""
 

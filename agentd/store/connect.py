@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.store.api import Store
@@ -34,6 +35,8 @@ class OpenedStore:
     unanswered proves it frozen (see rendezvous/membership.py)."""
     where: str = "this agent"
     """The store's endpoint(s), for messages."""
+    describe: Callable[[], dict[str, Any]] | None = None
+    """What ``/status`` shows of the store (candidate lists only)."""
 
 
 StoreOpener = Callable[[], Awaitable[OpenedStore]]
@@ -119,5 +122,65 @@ def http_store_opener(
             where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
         )
         return OpenedStore(client, client.close, remote=True, single_process=True, where=where)
+
+    return open_store
+
+
+def candidates_opener(
+    endpoints: Sequence[tuple[str, int]],
+    token: str,
+    is_host: bool | None,
+    *,
+    retry_timeout: float,
+    request_timeout: float,
+    workers: int = 1,
+) -> StoreOpener:
+    """Open a store served by one of several candidates (see :mod:`agentd.store.candidates`).
+
+    Unless ``is_host`` is False, this agent stands as the first candidate it can bind on
+    this host (``is_host`` None: those whose address is this machine's; True: any), so
+    two agents on one host take two candidates, or one and leave the rest. It is a client
+    of whichever candidate serves, its own included, with a lease like any other."""
+
+    async def open_store() -> OpenedStore:
+        from agentd import fdlimits
+        from agentd.store.candidacy import Candidacy
+        from agentd.store.candidates import endpoint_text
+        from agentd.store.failover import FailoverStore
+        from agentd.store.server import MAX_CONNECTIONS, StoreServer
+
+        texts = [endpoint_text(host, port) for host, port in endpoints]
+        server: StoreServer | None = None
+        for index, (host, port) in enumerate(endpoints):
+            if is_host is False or (is_host is None and not is_local_address(host)):
+                continue
+            soft = fdlimits.raise_open_files_limit()
+            cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.worker_reserve(workers),
+                                        share=0.75)  # fmt: skip
+            candidate = StoreServer(host, port, token, max_connections=cap,
+                                    candidacy=Candidacy(texts, index, token))  # fmt: skip
+            try:
+                await candidate.start()
+            except StartError as exc:
+                log.debug("Not standing as store candidate %s (%s)", texts[index], exc)
+                continue
+            server = candidate
+            log.info("Standing as store candidate %d of %d on %s", index, len(texts),
+                     texts[index])  # fmt: skip
+            break
+        client = FailoverStore(texts, token, retry_timeout=retry_timeout,
+                               request_timeout=request_timeout)  # fmt: skip
+
+        async def close() -> None:
+            await client.close()
+            if server is not None:
+                await server.stop()
+
+        def describe() -> dict[str, Any]:
+            hosting = server.candidacy if server is not None else None
+            return {**client.status(), "hosting": hosting and hosting.document()}
+
+        return OpenedStore(client, close, hosted=server is not None, remote=True,
+                           where=",".join(texts), describe=describe)  # fmt: skip
 
     return open_store

@@ -25,10 +25,13 @@ from agentd.store.api import (
     StoreAuthError,
     StoreError,
     StoreFull,
+    StoreNotServing,
+    StoreOutcomeUnknown,
     StoreTimeout,
     StoreUnavailable,
     WatchResult,
 )
+from agentd.store.candidates import NOT_SERVING, TERM_HEADER
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.server import INSTANCE_HEADER, MAX_POLL, is_loopback
 from agentd.store.sockets import keepalive_socket
@@ -97,6 +100,18 @@ class HttpStore:
         """The server instance we last heard from (its ``Agentd-Store-Instance`` header)."""
         self._restarted = False
         """The server restarted since the last watch: revisions from before mean nothing."""
+        self.extra_headers: dict[str, str] = {}
+        """Sent with every request (a candidate list's term and fingerprint)."""
+        self.server_term = 0
+        """The term the server last answered under (candidate servers only)."""
+
+    def move_to(self, endpoint: str, *, lost_state: bool) -> None:
+        """Talk to the server at ``endpoint`` from now on. ``lost_state``: it is not the
+        store we talked to before, so the next watch answers ``compacted``."""
+        self.url = f"http://{endpoint}"
+        self._instance = None
+        self._restarted = self._restarted or lost_state
+        self.server_term = 0
 
     async def _call(
         self,
@@ -130,11 +145,14 @@ class HttpStore:
                     data = await response.json(content_type=None)
                     status = response.status
                     self._note_instance(response.headers.get(INSTANCE_HEADER))
+                    term = response.headers.get(TERM_HEADER, "")
+                    if term.isdigit():
+                        self.server_term = int(term)
             except NOT_SENT as exc:
                 problem: BaseException = exc
             except MAYBE_SENT as exc:
                 if not idempotent:
-                    raise StoreUnavailable(
+                    raise StoreOutcomeUnknown(
                         f"store at {self.url}: {op} failed ({exc!r}); "
                         "not resent, it may have been applied"
                     ) from exc
@@ -167,6 +185,7 @@ class HttpStore:
         if self._token_port is not None and token is None:  # read once; again when refused
             token = self._token = token_file.read(self._token_port)
         headers = dict(_JSON)
+        headers.update(self.extra_headers)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         return headers
@@ -198,6 +217,8 @@ class HttpStore:
             raise StoreAuthError(f"store at {self.url} refused our token: {message}")
         if status == 408:
             raise StoreTimeout(message)
+        if status == NOT_SERVING:
+            raise StoreNotServing(f"store at {self.url}: {message}")
         if status == 507:
             raise StoreFull(f"store at {self.url} refused {op}: {message}")
         raise StoreError(f"store at {self.url} refused {op} ({status}): {message}")

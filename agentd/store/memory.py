@@ -98,7 +98,11 @@ class MemoryStore:
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
         stall_guard: bool = True,
+        on_lapse: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_lapse = on_lapse
+        """Told why, when a TTL key expires or the store stood still: signs that a client
+        was cut off from it, or it from them (see :mod:`agentd.store.candidacy`)."""
         self._clock: Callable[[], float] = (
             ServingClock(clock, on_stall=self._stalled) if stall_guard else clock
         )
@@ -239,7 +243,7 @@ class MemoryStore:
     def _live(self, key: str) -> _Item | None:
         item = self._items.get(key)
         if item is not None and item.expires_at is not None and item.expires_at <= self._clock():
-            self._remove(key)
+            self._expire(key)
             return None
         return item
 
@@ -282,7 +286,12 @@ class MemoryStore:
             _, key = heapq.heappop(self._expiries)
             item = self._items.get(key)
             if item is not None and item.expires_at is not None and item.expires_at <= now:
-                self._remove(key)
+                self._expire(key)
+
+    def _expire(self, key: str) -> None:
+        self._remove(key)
+        if self._on_lapse is not None:
+            self._on_lapse(f"{key!r} expired")
 
     def _schedule_expiry(self) -> None:
         try:
@@ -311,6 +320,8 @@ class MemoryStore:
 
     def _stalled(self, seconds: float) -> None:
         if self._expiries:  # only then is the clock read every tick: a long gap is a stall
+            if self._on_lapse is not None:
+                self._on_lapse(f"the store stood still for {seconds:.1f}s")
             log.warning("Store: stood still for %.1fs (frozen or starved); heartbeats do not "
                         "expire for that time", seconds)  # fmt: skip
 

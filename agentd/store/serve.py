@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 
 from agentd import fdlimits
 from agentd.ratelog import rate_limited_loop_errors
+from agentd.store.candidacy import Candidacy
 from agentd.store.server import MAX_CONNECTIONS, StoreServer
 
 log = logging.getLogger(__name__)
@@ -15,14 +17,26 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def serve(host: str, port: int, token: str | None) -> int:
-    """Serve until SIGTERM/SIGINT/SIGHUP; returns 128+N as every agentd command does."""
+async def serve(
+    host: str,
+    port: int,
+    token: str | None,
+    peers: Sequence[str] = (),
+    index: int | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT/SIGHUP; returns 128+N as every agentd command does.
+    With ``peers``, as candidate ``index`` among them (standing by until promoted)."""
     soft = fdlimits.raise_open_files_limit()
     cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.BASE_RESERVE)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())
-    server = StoreServer(host, port, token, max_connections=cap)
+    candidacy = None
+    if peers and index is not None and token:
+        candidacy = Candidacy(peers, index, token)
+    server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy)
     await server.start()
+    if candidacy is not None:
+        log.info("Standing by as store candidate %d of %d", index, len(peers))
     received: list[int] = []
     stopped = asyncio.Event()
 

@@ -25,7 +25,9 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.http_site import Limits, serve_app
 from agentd.ratelog import RateLimitedLog
 from agentd.store import token_file
-from agentd.store.api import StoreError, StoreFull, StoreTimeout, WatchResult
+from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
+from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import CANDIDATES_HEADER, NOT_SERVING, TERM_HEADER
 from agentd.store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class StoreServer:
     Every request needs the bearer ``token``. Without one, the server makes its own (only
     on loopback) and publishes it for this user's clients on this host, from the moment it
     listens until it stops (see :mod:`agentd.store.token_file`).
+
+    With a ``candidacy``, it is one of several candidates: it serves only while promoted,
+    each time from an empty store, and answers 421 meanwhile (see
+    :mod:`agentd.store.candidacy`).
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class StoreServer:
         store: MemoryStore | None = None,
         max_connections: int = MAX_CONNECTIONS,
         limits: Limits = LIMITS,
+        candidacy: Candidacy | None = None,
     ) -> None:
         if not token and not is_loopback(host):
             raise ConfigError(
@@ -92,7 +99,11 @@ class StoreServer:
         """Where the token this server made is published (None: the user gave one)."""
         self.store = store or MemoryStore()
         self.instance = os.urandom(8).hex()
-        """Names this server's lifetime: clients see a restart (state lost) when it changes."""
+        """Names this server's state: clients see a restart (state lost) when it changes."""
+        self.candidacy = candidacy
+        if candidacy is not None:
+            candidacy.on_promote = self._fresh_store
+            candidacy.on_step_down = self._drop_store
         self._runner: web.AppRunner | None = None
         self._problems = RateLimitedLog(log)
         self._limits = dataclasses.replace(limits, max_connections=max_connections)
@@ -122,7 +133,18 @@ class StoreServer:
                  f" (its token in {self.token_file}, for this user only)"
                  if self.token_file else "")  # fmt: skip
 
+    def _fresh_store(self) -> None:
+        candidacy = self.candidacy
+        assert candidacy is not None
+        self.store = MemoryStore(on_lapse=candidacy.suspect)
+        self.instance = os.urandom(8).hex()
+
+    async def _drop_store(self) -> None:
+        await self.store.close()
+
     async def stop(self) -> None:
+        if self.candidacy is not None:
+            await self.candidacy.close()
         if self.token_file is not None:
             token_file.withdraw(self.port, self.token)
             self.token_file = None
@@ -147,8 +169,19 @@ class StoreServer:
 
         if not self._authorized(request):
             return self._error(401, "authorization: a valid bearer token is required")
+        candidacy = self.candidacy
         try:
+            if candidacy is not None:
+                mismatch = candidacy.mismatch(request.headers.get(CANDIDATES_HEADER))
+                if mismatch:
+                    return web.json_response({"error": mismatch, "mismatch": True}, status=409)
+                candidacy.observe(_term(request.headers.get(TERM_HEADER, "0")))
+                response = await handler(request)
+                response.headers[TERM_HEADER] = str(candidacy.term)
+                return response
             return await handler(request)
+        except StoreNotServing as exc:
+            return self._error(NOT_SERVING, str(exc))
         except BadRequest as exc:
             return self._error(400, str(exc))
         except StoreTimeout as exc:
@@ -178,8 +211,19 @@ class StoreServer:
 
         op = request.match_info["op"]
         method = _OPS.get(op)
+        candidacy = self.candidacy
+        if candidacy is not None and op in ("role", "promote"):
+            if op == "promote":
+                try:
+                    body = json.loads(await request.read() or b"{}")
+                except (ValueError, UnicodeDecodeError):
+                    raise BadRequest("body: not valid JSON") from None
+                candidacy.promote(_Args(body if isinstance(body, dict) else {}).integer("term"))
+            return web.json_response(candidacy.document())
         if method is None:
             return self._error(404, f"op: {op!r} is not one of {sorted(_OPS)}")
+        if candidacy is not None and not candidacy.serving:
+            raise StoreNotServing(candidacy.not_serving_message())
         timeout = self._limits.body_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -202,8 +246,12 @@ class StoreServer:
             # could wait for changes that will never come, so say so at once
             lost = WatchResult(await self.store.revision(), compacted=True)
             return web.json_response(_watch_doc(lost), headers={INSTANCE_HEADER: self.instance})
-        result = await method(self.store, _Args(body))
-        return web.json_response(result, headers={INSTANCE_HEADER: self.instance})
+        instance = self.instance
+        if candidacy is not None:
+            result = await candidacy.while_serving(method(self.store, _Args(body)))
+        else:
+            result = await method(self.store, _Args(body))
+        return web.json_response(result, headers={INSTANCE_HEADER: instance})
 
 
 class _Args:
@@ -269,6 +317,12 @@ class _Args:
         if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63:
             raise BadRequest(f"{name}: {_show(value)} must be a 64-bit integer")
         return value
+
+
+def _term(text: str) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise BadRequest(f"{TERM_HEADER}: {_show(text)} must be a non-negative integer")
+    return int(text)
 
 
 def _utf8_size(name: str, text: str) -> int:

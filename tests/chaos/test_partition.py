@@ -66,3 +66,43 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
     assert time.time() - healed < 15, "the healed agent took too long to rejoin"
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
+
+
+def test_a_partition_from_the_store_host_leaves_one_server_on_the_larger_side(
+    run_agentd, tmp_path, bridge
+):
+    """Candidates on h0 and h1; h0 serves and is cut off. h1 takes over for h1 and h2,
+    who go on at two; h0, alone, forms no round (MIN is 2) and its worker is stopped
+    within the lease bound; after the heal, h0's server steps down and h0 joins the
+    others."""
+    addresses = [bridge.add_host(host) for host in ("h0", "h1", "h2")]
+    port = 29400
+    endpoints = f"{addresses[0]}:{port},{addresses[1]}:{port}"
+    stop = tmp_path / "stop"
+    agents = []
+    for index, host in enumerate(("h0", "h1", "h2")):
+        agents.append(run_agentd(
+            *agent_args(endpoints, "2:3", "--local-addr", addresses[index], conf=FAST),
+            *member_job(stop), env={"AGENTD_STORE_TOKEN": TOKEN}, prefix=tuple(bridge.run_in(host)),
+        ))  # fmt: skip
+        if index == 0:
+            wait_until(lambda: "now serving" in agents[0].stderr(), what="h0 to serve")
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    cut_off, others = agents[0], agents[1:]
+    [worker] = [int(m["PID"]) for m in members(cut_off, latest_attempt(cut_off))]
+    before = {a.pid: latest_attempt(a) for a in agents}
+    bridge.cut("h0")
+    wait_until(lambda: one_round(others, 2, after=before), timeout=30, what="a job of two")
+    wait_until(lambda: not pid_alive(worker), timeout=10, what="the cut-off agent's worker")
+    died = time.time()
+    successors = [m for a in others for m in members(a, latest_attempt(a))]
+    overlap = died - min(float(m["STARTED"]) for m in successors)
+    assert overlap <= TTL + 1.0  # the lease invariant: a rank is never held twice for longer
+    assert latest_attempt(cut_off) == before[cut_off.pid]  # no round formed on h0's side
+    assert all("now using " + f"{addresses[1]}:{port}" in a.stderr() for a in others)
+    shrunk = {a.pid: latest_attempt(a) for a in agents}
+    bridge.heal("h0")
+    wait_until(lambda: "stepping down" in cut_off.stderr(), timeout=30, what="h0 to step down")
+    wait_until(lambda: one_round(agents, 3, after=shrunk), timeout=60, what="a job of three")
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]

@@ -1,0 +1,147 @@
+"""One candidate store server's role: standing by, or serving under a term.
+
+A candidate starts standing by (term 0); a client promotes it (``POST /v1/promote``) when
+it finds no candidate serving (see :mod:`agentd.store.candidates`). It serves until it
+steps down, which it does on evidence of a successor:
+
+* a request carrying a higher term than its own (a client that moved on), or
+* a candidate found serving under a higher term, or the same term at a lower index. It
+  looks for one only after a sign that it may have been cut off or frozen: a heartbeat
+  key expired in its store (its clients went quiet), or its loop stood still. It then asks
+  the other candidates every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR` seconds.
+
+Stepping down drops the state (a later promotion starts empty) and answers the long
+polls waiting on it at once, so their clients move to the successor without delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from agentd.aio import cancel_and_wait
+from agentd.store.api import StoreNotServing
+from agentd.store.candidates import Prober, fingerprint
+
+log = logging.getLogger(__name__)
+
+LOOK_EVERY = 2.0
+LOOK_FOR = 300.0
+"""After a sign of trouble, how long a serving candidate keeps looking for a successor."""
+
+T = TypeVar("T")
+
+
+class Candidacy:
+    """Candidate ``index`` of ``endpoints``, sharing ``token`` with the others."""
+
+    def __init__(self, endpoints: Sequence[str], index: int, token: str) -> None:
+        self.endpoints = tuple(endpoints)
+        self.index = index
+        self.fingerprint = fingerprint(self.endpoints)
+        self.role = "standby"
+        self.term = 0
+        self.on_promote: Callable[[], None] = lambda: None
+        """Called as serving begins: the server makes a fresh, empty store."""
+        self.on_step_down: Callable[[], Coroutine[Any, Any, None]] | None = None
+        """Called as serving ends: the server lets its store go."""
+        self._prober = Prober(self.endpoints, token)
+        self._standing_by = asyncio.Event()
+        self._standing_by.set()
+        self._look_until = 0.0
+        self._looking: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self.index]
+
+    @property
+    def serving(self) -> bool:
+        return self.role == "serving"
+
+    def document(self) -> dict[str, Any]:
+        return {"role": self.role, "term": self.term, "index": self.index,
+                "endpoint": self.endpoint}  # fmt: skip
+
+    def mismatch(self, given: str | None) -> str:
+        """Why a client with candidate list ``given`` (a fingerprint) is refused ('' if not)."""
+        if given is None or given == self.fingerprint:
+            return ""
+        return (f"the candidate at {self.endpoint} was started with the list "
+                f"{','.join(self.endpoints)!r}, another list (or order) than this client's: "
+                "every agent and store must be given the same list, in the same order")  # fmt: skip
+
+    def observe(self, term: int) -> None:
+        """A request showed ``term``: one higher than ours means we were replaced."""
+        if term > self.term:
+            if self.serving:
+                self._step_down(f"a client has seen term {term}, newer than ours ({self.term})")
+            self.term = term
+
+    def promote(self, term: int) -> None:
+        """Serve under ``term``, if it is newer than ours (else nothing changes)."""
+        if term <= self.term:
+            return
+        if self.serving:
+            self._step_down(f"promoted again, under term {term}")
+        self.term, self.role = term, "serving"
+        self._standing_by = asyncio.Event()
+        self.on_promote()
+        log.log(logging.INFO if term == 1 else logging.WARNING,
+                "Store %s: now serving (candidate %d of %d, term %d)", self.endpoint,
+                self.index, len(self.endpoints), term)  # fmt: skip
+
+    def suspect(self, why: str) -> None:
+        """A sign we may have been replaced: look for a successor for a while."""
+        if not self.serving or len(self.endpoints) < 2:
+            return
+        self._look_until = time.monotonic() + LOOK_FOR
+        if self._looking is None or self._looking.done():
+            log.debug("Store %s: %s; looking for another candidate serving", self.endpoint, why)
+            self._looking = asyncio.create_task(self._look_for_successor(), name="store-look")
+
+    async def while_serving(self, call: Awaitable[T]) -> T:
+        """``call``'s result, unless this candidate steps down first (:class:`StoreNotServing`)."""
+        task = asyncio.ensure_future(call)
+        stop = asyncio.ensure_future(self._standing_by.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not task.done():
+            await cancel_and_wait(task)
+            raise StoreNotServing(self.not_serving_message())
+        return task.result()
+
+    def not_serving_message(self) -> str:
+        return f"the candidate at {self.endpoint} stands by (term {self.term}); it does not serve"
+
+    async def _look_for_successor(self) -> None:
+        while self.serving and time.monotonic() < self._look_until:
+            for report in await self._prober.roles(self.term, skip=self.index):
+                if report.serving and (report.term, -report.index) > (self.term, -self.index):
+                    self._step_down(f"{report.endpoint} serves under term {report.term}")
+                    self.term = max(self.term, report.term)
+                    return
+            await asyncio.sleep(LOOK_EVERY)
+
+    def _step_down(self, why: str) -> None:
+        log.warning("Store %s: stepping down (%s); its state is dropped", self.endpoint, why)
+        self.role = "standby"
+        self._standing_by.set()
+        if self.on_step_down is not None:
+            task = asyncio.create_task(self.on_step_down())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._looking)
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+        await self._prober.close()

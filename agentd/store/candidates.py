@@ -1,0 +1,155 @@
+"""A list of candidate store servers (``--rdzv-endpoint a:p,b:p,c:p``): the protocol they
+and their clients share.
+
+Every candidate runs a store server, but one serves at a time; the others stand by. The
+one serving does so under a **term**, a number that only grows: each promotion takes a
+term higher than any the promoting client has seen. Every request carries the highest
+term its client has seen (:data:`TERM_HEADER`), and every answer the server's own, so a
+server that was replaced while frozen or cut off learns it from the first request of a
+client that moved on, and steps down. Which candidate serves, and when one steps down:
+
+* A client talks to the candidate that answers as serving under the highest term (the
+  lowest index among equals). When it finds none serving, it promotes the lowest-index
+  candidate that answers, under a new term.
+* A server steps down when a request shows it a higher term, or when it finds another
+  candidate serving under a higher term (or the same term at a lower index). It looks
+  for one only after a sign it may have been replaced (see :mod:`agentd.store.candidacy`),
+  so nothing is asked while nothing fails.
+
+The state a new server starts from is empty: the rendezvous re-creates it (it is soft
+state), and the clients see the switch as a store that restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentd.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+TERM_HEADER = "Agentd-Store-Term"
+CANDIDATES_HEADER = "Agentd-Store-Candidates"
+"""A fingerprint of the client's candidate list: a server with another list refuses it."""
+NOT_SERVING = 421
+"""The HTTP status of a store operation sent to a candidate that stands by."""
+PROBE_TIMEOUT = 2.0
+"""Seconds a candidate has to answer a probe before it counts as out of reach."""
+
+
+def parse_candidates(text: str, field: str = "--rdzv-endpoint") -> tuple[tuple[str, int], ...]:
+    """``host:port[,host:port...]`` into (host, port) pairs; duplicates are an error."""
+    from agentd.store.connect import split_endpoint
+
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        raise ConfigError(f"{field}: {text!r} has an empty entry (host:port,host:port,...)")
+    endpoints = tuple(split_endpoint(part, field) for part in parts)
+    seen: set[tuple[str, int]] = set()
+    for host, port in endpoints:
+        if (host, port) in seen:
+            raise ConfigError(f"{field}: {text!r} lists {host}:{port} twice")
+        if port == 0 and len(endpoints) > 1:
+            raise ConfigError(f"{field}: {text!r}: a candidate needs a fixed port, not 0")
+        seen.add((host, port))
+    return endpoints
+
+
+def endpoint_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def fingerprint(endpoints: Sequence[str]) -> str:
+    """Names one ordered candidate list (the same list in another order is another one)."""
+    return hashlib.sha256(",".join(endpoints).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RoleReport:
+    """What one candidate said when asked its role (``problem``: why it did not answer)."""
+
+    index: int
+    endpoint: str
+    role: str = ""
+    term: int = 0
+    problem: str = ""
+
+    @property
+    def serving(self) -> bool:
+        return self.role == "serving"
+
+    @property
+    def reachable(self) -> bool:
+        return not self.problem
+
+
+class CandidateMismatch(ConfigError):
+    """A candidate was started with another candidate list than ours."""
+
+
+class Prober:
+    """Asks candidates their role, or to serve; one connection pool for all of them."""
+
+    def __init__(self, endpoints: Sequence[str], token: str, timeout: float = PROBE_TIMEOUT):
+        self.endpoints = tuple(endpoints)
+        self._token = token
+        self._fingerprint = fingerprint(self.endpoints)
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def headers(self, term: int) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}", TERM_HEADER: str(term),
+                CANDIDATES_HEADER: self._fingerprint}  # fmt: skip
+
+    async def roles(self, term: int, skip: int | None = None) -> list[RoleReport]:
+        """Every candidate's role (but ``skip``'s), asked at once, each within the timeout."""
+        indexes = [i for i in range(len(self.endpoints)) if i != skip]
+        return list(await asyncio.gather(*(self.ask(i, "role", {}, term) for i in indexes)))
+
+    async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
+        """``role`` or ``promote`` at candidate ``index``; a mismatched list raises."""
+        import aiohttp
+
+        from agentd.store.sockets import keepalive_socket
+
+        endpoint = self.endpoints[index]
+        if self._session is None:
+            connector = aiohttp.TCPConnector(socket_factory=keepalive_socket, force_close=True)
+            self._session = aiohttp.ClientSession(connector=connector)
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        try:
+            async with self._session.post(f"http://{endpoint}/v1/{op}", json=body,
+                                          headers=self.headers(term),
+                                          timeout=timeout) as response:  # fmt: skip
+                doc = await response.json(content_type=None)
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return RoleReport(index, endpoint, problem=_describe(exc))
+        error = doc.get("error", "") if isinstance(doc, dict) else ""
+        if status == 409 and doc.get("mismatch"):
+            raise CandidateMismatch(f"--rdzv-endpoint: {error}")
+        if status != 200 or not isinstance(doc, dict):
+            return RoleReport(index, endpoint, problem=f"{status} {error}".strip())
+        return RoleReport(index, endpoint, str(doc.get("role", "")), int(doc.get("term", 0)))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await self._session.close()
+            self._session = None
+
+
+def _describe(exc: BaseException) -> str:
+    import aiohttp
+
+    if isinstance(exc, TimeoutError):
+        return "no answer within the probe timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,232 @@
+"""Candidate stores and their client, over real HTTP on loopback addresses: who serves,
+who steps down, what a client does when its server goes, and what it costs when nothing
+fails."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import aiohttp
+import pytest
+
+from agentd.exceptions import ConfigError
+from agentd.store.api import StoreUnavailable
+from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import (
+    CANDIDATES_HEADER,
+    TERM_HEADER,
+    CandidateMismatch,
+    fingerprint,
+    parse_candidates,
+)
+from agentd.store.failover import FailoverStore
+from agentd.store.http_client import HttpStore
+from agentd.store.server import StoreServer
+from tests.conftest import free_port
+
+TOKEN = "secret"
+
+
+class Candidates:
+    """Candidate servers on 127.0.0.1, .2, ... at one port; each can be stopped and restarted."""
+
+    def __init__(self, count: int) -> None:
+        self.port = free_port()
+        self.endpoints = [f"127.0.0.{i + 1}:{self.port}" for i in range(count)]
+        self.servers: list[StoreServer | None] = [None] * count
+        self.clients: list[FailoverStore] = []
+
+    async def start(self, index: int) -> StoreServer:
+        server = StoreServer(f"127.0.0.{index + 1}", self.port, TOKEN,
+                             candidacy=Candidacy(self.endpoints, index, TOKEN))  # fmt: skip
+        await server.start()
+        self.servers[index] = server
+        return server
+
+    async def stop(self, index: int) -> None:
+        server, self.servers[index] = self.servers[index], None
+        if server is not None:
+            await server.stop()
+
+    def client(self, endpoints: list[str] | None = None, retry: float = 5.0) -> FailoverStore:
+        client = FailoverStore(endpoints or self.endpoints, TOKEN, retry_timeout=retry,
+                               request_timeout=2.0)  # fmt: skip
+        self.clients.append(client)
+        return client
+
+    def role(self, index: int) -> tuple[str, int]:
+        server = self.servers[index]
+        assert server is not None and server.candidacy is not None
+        return server.candidacy.role, server.candidacy.term
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+        for index in range(len(self.servers)):
+            await self.stop(index)
+
+
+@pytest.fixture
+async def three():
+    group = Candidates(3)
+    for index in range(3):
+        await group.start(index)
+    yield group
+    await group.close()
+
+
+async def post(endpoint: str, op: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {TOKEN}", **headers}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://{endpoint}/v1/{op}", data=io.BytesIO(body), headers=headers) as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def test_the_lowest_candidate_is_promoted_and_every_client_meets_there(three):
+    first, second = three.client(), three.client()
+    await first.set("k", b"v")
+    assert await second.get("k") == b"v"
+    assert [three.role(i) for i in range(3)] == [("serving", 1), ("standby", 0), ("standby", 0)]
+    assert first.status()["serving"] == three.endpoints[0]
+    assert first.status()["failed"] == {}
+
+
+async def test_a_standby_refuses_store_operations_with_421(three):
+    await three.client().set("k", b"v")
+    status, doc = await post(three.endpoints[1], "get", b'{"key": "k"}', {})
+    assert status == 421 and "stands by" in doc["error"]
+
+
+async def test_the_server_lost_moves_every_client_to_the_next_candidate(three):
+    client, watcher = three.client(), three.client()
+    await client.set("k", b"v")
+    revision = await watcher.revision()
+    watch = asyncio.create_task(watcher.watch("", revision, 30))
+    await asyncio.sleep(0.1)
+    await three.stop(0)
+    result = await asyncio.wait_for(watch, 10)
+    assert result.compacted  # the new store's revisions are not the old one's
+    assert await client.get("k") is None  # the state starts empty there
+    assert three.role(1) == ("serving", 2)
+    status = client.status()
+    assert (status["serving"], status["term"], status["failovers"]) == (three.endpoints[1], 2, 1)
+    assert three.endpoints[0] in status["failed"]
+
+
+async def test_a_restarted_candidate_stands_by_and_takes_nothing_back(three):
+    client = three.client()
+    await client.set("k", b"v")
+    await three.stop(0)
+    await client.set("k", b"w")
+    await three.start(0)
+    newcomer = three.client()
+    assert await newcomer.get("k") == b"w"  # the newest term serves, not the lowest index
+    assert three.role(0) == ("standby", 0)
+
+
+async def test_a_server_shown_a_newer_term_steps_down_and_ends_its_long_polls(three):
+    client = three.client()
+    await client.set("k", b"v")
+    stale = HttpStore(three.endpoints[0], TOKEN)
+    waiting = asyncio.create_task(stale.wait(["never"], 30))
+    await asyncio.sleep(0.1)
+    status, _ = await post(three.endpoints[0], "get", b'{"key": "k"}', {TERM_HEADER: "5"})
+    assert status == 421
+    with pytest.raises(Exception, match="stands by"):
+        await asyncio.wait_for(waiting, 5)
+    assert three.role(0) == ("standby", 5)
+    await stale.close()
+    assert await client.get("k") is None  # moved to a new server, under a newer term
+    assert client.term > 5
+
+
+async def test_a_serving_candidate_that_finds_a_newer_term_steps_down(three):
+    """Two servers at once (a partition healed): the one under the older term goes, as
+    soon as it has a sign it may have been cut off (here, a heartbeat key expiring)."""
+    old, new = three.client(), three.client()
+    await old.set("beat", b"1", ttl=0.2)
+    assert three.role(0) == ("serving", 1)
+    three.servers[1].candidacy.promote(2)  # as a client cut off from candidate 0 would
+    await asyncio.sleep(0.5)  # the heartbeat expires: candidate 0 looks for a successor
+    for _ in range(50):
+        if three.role(0)[0] == "standby":
+            break
+        await asyncio.sleep(0.1)
+    assert three.role(0) == ("standby", 2)
+    await new.set("k", b"v")
+    assert await old.get("k") == b"v"  # both clients end up on the newest server
+
+
+async def test_nothing_is_asked_beyond_the_requests_while_nothing_fails(three):
+    client = three.client()
+    await client.set("k", b"v")  # finding the server: one probe of each candidate
+    sent = client.requests
+    for _ in range(20):
+        await client.refresh("k", 5)
+    assert client.requests == sent + 20
+    assert [three.servers[i].candidacy.term for i in range(3)] == [1, 0, 0]
+
+
+async def test_no_candidate_answering_is_one_error_naming_each(three):
+    client = three.client(retry=1.0)
+    await client.set("k", b"v")
+    for index in range(3):
+        await three.stop(index)
+    with pytest.raises(StoreUnavailable, match="no store candidate serves") as caught:
+        await client.get("k")
+    assert all(endpoint in str(caught.value) for endpoint in three.endpoints)
+
+
+async def test_a_list_in_another_order_is_refused_naming_both(three):
+    with pytest.raises(CandidateMismatch, match="another list \\(or order\\)"):
+        await three.client(list(reversed(three.endpoints))).get("k")
+    status, doc = await post(three.endpoints[0], "role", b"", {CANDIDATES_HEADER: "0" * 16})
+    assert status == 409 and ",".join(three.endpoints) in doc["error"]
+
+
+async def test_a_client_waits_a_little_for_lower_candidates_to_start():
+    group = Candidates(2)
+    try:
+        await group.start(1)
+        client = group.client()
+        setting = asyncio.create_task(client.set("k", b"v"))
+        await asyncio.sleep(0.5)
+        await group.start(0)  # the primary arrives within the grace period: it serves
+        await asyncio.wait_for(setting, 10)
+        assert group.role(0) == ("serving", 1) and group.role(1) == ("standby", 0)
+    finally:
+        await group.close()
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "message"),
+    [
+        ({TERM_HEADER: "-1"}, b"{}", "Agentd-Store-Term: '-1' must be a non-negative integer"),
+        ({}, b'{"term": "2"}', "term: '2' must be a 64-bit integer"),
+        ({}, b"{not json", "body: not valid JSON"),
+    ],
+)
+async def test_bad_candidate_requests_are_400_naming_the_field(three, headers, body, message):
+    status, doc = await post(three.endpoints[1], "promote", body, headers)
+    assert (status, doc["error"]) == (400, message)
+    assert three.role(1) == ("standby", 0)
+
+
+def test_candidate_lists_are_checked():
+    assert parse_candidates("a:1, b:2") == (("a", 1), ("b", 2))
+    for text, rule in (("a:1,,b:2", "empty entry"), ("a:1,a:1", "twice"),
+                       ("a:0,b:1", "fixed port")):  # fmt: skip
+        with pytest.raises(ConfigError, match=rule):
+            parse_candidates(text)
+    assert fingerprint(["a:1", "b:2"]) != fingerprint(["b:2", "a:1"])
+
+
+def test_the_status_document_before_any_request():
+    status = FailoverStore(["127.0.0.1:1", "127.0.0.2:1"], TOKEN).status()
+    assert json.loads(json.dumps(status)) == {
+        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "serving": None, "term": 0,
+        "failovers": 0, "failed": {}}  # fmt: skip
