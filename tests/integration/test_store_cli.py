@@ -88,3 +88,34 @@ def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def store_error(*args: str, token: str = "tok") -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "agentd", "store", *args],
+        capture_output=True, text=True, timeout=30,
+        env={"PATH": "/usr/bin", **({"AGENTD_STORE_TOKEN": token} if token else {})},
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    return out.stderr
+
+
+def test_store_peers_are_checked_before_anything_binds():
+    port = str(free_port())
+    assert "--peers: '127.0.0.2:1,127.0.0.3:1' must list this store's own address " in (
+        store_error("--port", port, "--peers", "127.0.0.2:1,127.0.0.3:1"))  # fmt: skip
+    assert "lists 127.0.0.1:5 twice" in store_error("--port", "5", "--peers",
+                                                     "127.0.0.1:5,127.0.0.1:5")  # fmt: skip
+    mine = f"127.0.0.1:{port},127.0.0.2:{port}"
+    assert "--store-token: required with --peers" in store_error("--port", port, "--peers", mine,
+                                                                 token="")  # fmt: skip
+
+
+def test_an_agent_with_candidates_needs_a_token():
+    out = subprocess.run(
+        [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         "127.0.0.1:29400,127.0.0.2:29400", "--nnodes", "2", "--no-python", "true"],
+        capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--store-token: required with several --rdzv-endpoint candidates" in out.stderr
