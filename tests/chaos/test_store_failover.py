@@ -13,7 +13,9 @@ import signal
 import time
 import urllib.request
 
-from tests.conftest import free_port, pid_alive, wait_until
+import pytest
+
+from tests.conftest import TESTS, free_port, pid_alive, wait_until
 from tests.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
 
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
@@ -146,3 +148,29 @@ def test_standalone_store_candidates_take_over(run_agentd, run_store, tmp_path):
     assert "now serving (candidate 1 of 2, term 2)" in stores[1].err.read_text()
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+
+
+@pytest.mark.torch
+def test_examples_train_survives_a_kill_of_the_store_host(run_agentd, tmp_path):
+    pytest.importorskip("torch")
+    endpoint_list, endpoints = candidates(2)
+    train = str(TESTS.parent / "examples" / "train.py")
+    agents = []
+    for index in range(3):
+        agents.append(run_agentd(
+            *agent_args(endpoint_list, "2:3", "--max-restarts", "3", conf=FAST),
+            train, "--steps", "3000", env={**ENV, "OMP_NUM_THREADS": "1"},
+        ))  # fmt: skip
+        if index < 2:
+            wait_until(lambda a=agents[-1]: "Standing as store candidate" in a.stderr(),
+                       what="the agent to stand as a candidate")  # fmt: skip
+    wait_until(lambda: any("(world 3," in a.stdout() for a in agents), timeout=120,
+               what="training at world 3")  # fmt: skip
+    agents[0].proc.kill()
+    agents[0].proc.wait()
+    survivors = agents[1:]
+    assert [a.wait(180) for a in survivors] == [0, 0], [a.stderr()[-3000:] for a in survivors]
+    out = "".join(a.stdout() for a in survivors)
+    assert "(world 2," in out
+    assert "learned weight [2.0, -3.0]" in out
+    assert all("now using " + endpoints[1] in a.stderr() for a in survivors)
