@@ -1,0 +1,146 @@
+"""The store's host is lost mid-job: do the other nodes go on, and how fast?
+
+    python bench/bench_failover.py [--runs 3] [--launchers agentd-candidates,agentd,torchrun]
+
+Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3``
+job (one worker each, ``member_worker.py``: it records its start and world size, then
+runs until a stop file appears), and SIGKILLs the node that serves the rendezvous store
+once the job runs at world 3. The figure is the time from the kill to both survivors'
+workers running again at world 2; then the stop file is made and the survivors' exit
+codes are read. The launchers:
+
+* ``agentd-candidates``: ``--rdzv-endpoint 127.0.0.1:P,127.0.0.2:P`` (the store fails over);
+* ``agentd``: ``--rdzv-endpoint 127.0.0.1:P`` (one store, in the first agent);
+* ``torchrun``: its c10d rendezvous, whose TCPStore lives in the first agent (needs torch).
+
+All use a heartbeat TTL of 3 s (``keep_alive_interval=1,keep_alive_max_attempt=3``) and a
+last call of 1 s, so the target is TTL + 2 s = 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKER = str(Path(__file__).with_name("member_worker.py"))
+CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=30"
+TTL = 3.0
+TOKEN = "bench-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def command(launcher: str, port: int) -> list[str]:
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", CONF]  # fmt: skip
+    endpoint = f"127.0.0.1:{port}"
+    if launcher == "agentd-candidates":
+        endpoint += f",127.0.0.2:{port}"
+    return [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-conf", CONF]  # fmt: skip
+
+
+def reports(out: Path) -> list[dict[str, float]]:
+    found = []
+    for path in out.glob("member_*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            continue  # being written
+    return found
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | None]]:
+    """(seconds from the kill to world 2 running again, or None; the survivors' exit codes)."""
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
+        out, port = Path(tmp), free_port()
+        stop = out / "stop"
+        env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN, "PYTHONWARNINGS": "ignore",
+               "OMP_NUM_THREADS": "1"}  # fmt: skip
+        argv = [*command(launcher, port), "--nnodes", "2:3", "--rdzv-id", "bench",
+                "--max-restarts", "3", WORKER, tmp, str(stop)]  # fmt: skip
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for _ in range(3):  # one after the other: the first serves the store
+                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, env=env))  # fmt: skip
+                time.sleep(0.5)
+            if not wait_for(lambda: sum(r["world"] == 3 for r in reports(out)) == 3, timeout):
+                return None, []
+            host = procs[0]
+            host.send_signal(signal.SIGKILL)
+            host.wait()
+            killed = time.time()
+
+            def again() -> list[dict[str, float]]:
+                return [r for r in reports(out) if r["world"] == 2 and r["started"] > killed]
+
+            recovered = wait_for(lambda: len(again()) == 2, timeout)
+            took = max(r["started"] for r in again()) - killed if recovered else None
+            stop.touch()
+            codes: list[int | None] = []
+            for proc in procs[1:]:
+                try:
+                    codes.append(proc.wait(timeout))
+                except subprocess.TimeoutExpired:
+                    codes.append(None)
+            return took, codes
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--launchers", default="agentd-candidates,agentd,torchrun")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    launchers = args.launchers.split(",")
+    if "torchrun" in launchers and importlib.util.find_spec("torch") is None:
+        print("torch is not installed: torchrun is left out")
+        launchers.remove("torchrun")
+    print(f"store host SIGKILLed in a 3-node --nnodes 2:3 job -> both survivors at world 2 "
+          f"(target TTL + 2 = {TTL + 2:g}s; {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
+    for name in launchers:
+        results = [run_once(name, args.timeout) for _ in range(args.runs)]
+        ok = [took for took, _ in results if took is not None]
+        finished = sum(codes == [0, 0] for _, codes in results)
+        line = (f"  {name:<18} went on {len(ok)}/{args.runs}, "
+                f"finished with exit 0 {finished}/{args.runs}")  # fmt: skip
+        if ok:
+            line += (f"  median {statistics.median(ok):5.2f} s  min {min(ok):5.2f}"
+                     f"  max {max(ok):5.2f}")  # fmt: skip
+        codes = sorted({str(c) for _, cs in results for c in cs})
+        print(line + f"  (survivors' exit codes: {', '.join(codes) or 'none'})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
