@@ -106,8 +106,9 @@ OPTIONS: tuple[Option, ...] = (
         "rdzv_endpoint",
         v.text,
         "",
-        "The rendezvous store, host:port (the agent on that host serves it); for etcd, "
-        "its members, host:port[,host:port...].",
+        "The rendezvous store, host:port (the agent on that host serves it), or candidate "
+        "stores host:port,host:port,... (one serves, the others take over); for etcd, its "
+        "members, host:port[,host:port...].",
         metavar="HOST:PORT",
     ),
     _o(
