@@ -101,18 +101,14 @@ class FailoverStore:
             try:
                 result = await request(self._client)
             except StoreOutcomeUnknown as exc:  # never resent; the next request moves on
-                self._forget_server(moves, str(exc))
+                if self.serving is not None:
+                    self.failed[self.endpoints[self.serving]] = str(exc)
                 raise
             except (StoreUnavailable, StoreNotServing) as exc:
                 await self._find_server(moves, str(exc))
                 continue
             self._adopt(self._client.server_term)
             return result
-
-    def _forget_server(self, moves: int, why: str) -> None:
-        if self._moves == moves and self.serving is not None:
-            self.failed[self.endpoints[self.serving]] = why
-            self.serving = None
 
     async def _find_server(self, moves: int, why: str) -> None:
         """Move to the candidate serving now (promoting one if none does), unless another
@@ -154,10 +150,12 @@ class FailoverStore:
         return promoted if promoted.serving else None
 
     def _move(self, old: int | None, found: RoleReport, why: str) -> None:
+        self.failed.pop(found.endpoint, None)
+        if found.index == old:  # it serves still (a slow answer, not a lost server); had it
+            return  # lost its state meanwhile, its new instance would tell the client so
         self.serving = found.index
         self._moves += 1
         self._client.move_to(found.endpoint, lost_state=old is not None)
-        self.failed.pop(found.endpoint, None)
         if old is None and self.failovers == 0 and self._moves == 1:
             log.info("Store: candidate %d of %d, %s, serves (term %d)", found.index,
                      len(self.endpoints), found.endpoint, found.term)  # fmt: skip
