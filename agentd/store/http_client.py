@@ -32,8 +32,9 @@ from agentd.store.api import (
     WatchResult,
 )
 from agentd.store.candidates import NOT_SERVING, TERM_HEADER
+from agentd.store.ops import MAX_POLL
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
-from agentd.store.server import INSTANCE_HEADER, MAX_POLL, is_loopback
+from agentd.store.server import INSTANCE_HEADER, is_loopback
 from agentd.store.sockets import keepalive_socket
 
 log = logging.getLogger(__name__)
