@@ -78,6 +78,17 @@ def is_local_address(host: str) -> bool:
     return False
 
 
+def _connection_cap(workers: int) -> int:
+    """The connections a store served by this agent may take: what it can spare beside
+    its ``workers`` (see :mod:`agentd.fdlimits`)."""
+    from agentd import fdlimits
+    from agentd.store.server import MAX_CONNECTIONS
+
+    soft = fdlimits.raise_open_files_limit()
+    reserve = fdlimits.worker_reserve(workers)
+    return fdlimits.listener_cap(MAX_CONNECTIONS, soft, reserve, share=0.75)
+
+
 async def open_memory_store() -> OpenedStore:
     """A store inside this agent: ``--standalone``, where no other agent could join."""
     store = MemoryStore(stall_guard=False)
@@ -100,15 +111,12 @@ def http_store_opener(
     ``workers`` (see :mod:`agentd.fdlimits`)."""
 
     async def open_store() -> OpenedStore:
-        from agentd import fdlimits
+        from agentd.store.candidates import endpoint_text
         from agentd.store.http_client import HttpStore
-        from agentd.store.server import MAX_CONNECTIONS, StoreServer
+        from agentd.store.server import StoreServer
 
         if is_host:
-            soft = fdlimits.raise_open_files_limit()
-            cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.worker_reserve(workers),
-                                        share=0.75)  # fmt: skip
-            server = StoreServer(host, port, token, max_connections=cap)
+            server = StoreServer(host, port, token, max_connections=_connection_cap(workers))
             try:
                 await server.start()
             except StartError as exc:
@@ -117,7 +125,7 @@ def http_store_opener(
                 log.info("Hosting the rendezvous store on %s", server.endpoint)
                 return OpenedStore(server.store, server.stop, hosted=True,
                                    where=server.endpoint)  # fmt: skip
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        where = endpoint_text(host, port)
         client = HttpStore(
             where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
         )
@@ -143,21 +151,17 @@ def candidates_opener(
     of whichever candidate serves, its own included, with a lease like any other."""
 
     async def open_store() -> OpenedStore:
-        from agentd import fdlimits
         from agentd.store.candidacy import Candidacy
         from agentd.store.candidates import endpoint_text
         from agentd.store.failover import FailoverStore
-        from agentd.store.server import MAX_CONNECTIONS, StoreServer
+        from agentd.store.server import StoreServer
 
         texts = [endpoint_text(host, port) for host, port in endpoints]
         server: StoreServer | None = None
         for index, (host, port) in enumerate(endpoints):
             if is_host is False or (is_host is None and not is_local_address(host)):
                 continue
-            soft = fdlimits.raise_open_files_limit()
-            cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.worker_reserve(workers),
-                                        share=0.75)  # fmt: skip
-            candidate = StoreServer(host, port, token, max_connections=cap,
+            candidate = StoreServer(host, port, token, max_connections=_connection_cap(workers),
                                     candidacy=Candidacy(texts, index, token))  # fmt: skip
             try:
                 await candidate.start()

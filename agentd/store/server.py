@@ -42,6 +42,8 @@ LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout
 """The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
 so a connection is never reused just as the server closes it."""
 INSTANCE_HEADER = "Agentd-Store-Instance"
+LONG_POLLS = frozenset({"wait", "watch"})
+"""The operations that wait: a candidate stepping down answers them at once."""
 
 
 def is_loopback(host: str) -> bool:
@@ -213,8 +215,6 @@ class StoreServer:
             return web.json_response(candidacy.document())
         if method is None:
             return self._error(404, f"op: {op!r} is not one of {sorted(OPS)}")
-        if candidacy is not None and not candidacy.serving:
-            raise StoreNotServing(candidacy.not_serving_message())
         timeout = self._limits.body_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -231,6 +231,8 @@ class StoreServer:
             raise BadRequest("body: JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
+        if candidacy is not None and not candidacy.serving:  # checked after the last await:
+            raise StoreNotServing(candidacy.not_serving_message())  # no step-down comes first
         seen = body.get("instance")
         if op == "watch" and seen is not None and seen != self.instance:
             # the client's revisions are another store's (we restarted): a long poll on them
@@ -238,7 +240,7 @@ class StoreServer:
             lost = WatchResult(await self.store.revision(), compacted=True)
             return web.json_response(watch_doc(lost), headers={INSTANCE_HEADER: self.instance})
         instance = self.instance
-        if candidacy is not None:
+        if candidacy is not None and op in LONG_POLLS:  # the others never wait on the loop
             result = await candidacy.while_serving(method(self.store, Args(body)))
         else:
             result = await method(self.store, Args(body))
