@@ -27,6 +27,9 @@ _EXPORTS = {
     "RestartPolicy": "agentd.restart",
     "AgentConfig": "agentd.config",
     "record": "agentd.errors",
+    "heartbeat": "agentd.progress",
+    "section": "agentd.progress",
+    "end_heartbeats": "agentd.progress",
     "AgentdError": "agentd.exceptions",
     "ConfigError": "agentd.exceptions",
     "StartError": "agentd.exceptions",
@@ -50,7 +53,10 @@ __all__ = [
     "WorkerGroup",
     "WorkerSpec",
     "WorkerState",
+    "end_heartbeats",
+    "heartbeat",
     "record",
+    "section",
 ]
 
 
@@ -63,6 +69,7 @@ if TYPE_CHECKING:
     from agentd.errors import record
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
     from agentd.local_agent import LocalElasticAgent
+    from agentd.progress import end_heartbeats, heartbeat, section
     from agentd.restart import RestartBackoff, RestartPolicy
     from agentd.spec import (
         RunResult,

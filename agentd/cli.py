@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         }
         if option.is_flag:
             kwargs["action"] = "store_true"
+        elif option.repeatable:
+            kwargs["action"] = "append"
+            kwargs["metavar"] = option.metavar
         else:
             kwargs["metavar"] = option.metavar
         run.add_argument(*option.flags, **kwargs)
@@ -187,6 +190,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
     from agentd.errors import copy_error_file
     from agentd.health import HealthSettings
+    from agentd.heartbeats.timeouts import HeartbeatSettings
     from agentd.local_agent import LocalElasticAgent
     from agentd.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings
@@ -209,6 +213,15 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
         if config.health_port is None
         else HealthSettings(config.health_port, config.health_host, config.health_timeout),
         event_log=config.event_log,
+        heartbeats=HeartbeatSettings(
+            initial_timeout=config.initial_heartbeat_timeout,
+            step_timeout=config.heartbeat_timeout,
+            section_timeouts=config.section_timeout,
+            safety_factor=config.heartbeat_safety_factor,
+            min_timeout=config.heartbeat_min_timeout,
+            straggler_factor=config.straggler_factor,
+            straggler_steps=config.straggler_steps,
+        ),
     )
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())

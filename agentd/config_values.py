@@ -68,6 +68,33 @@ def boolean(text: str) -> bool:
     raise RuleError("is not a boolean (use 1/0, true/false, yes/no)")
 
 
+def optional_seconds(text: str) -> float | None:
+    """A timeout in seconds (> 0), or empty for none."""
+    return number(0.0, strict=True)(text) if text.strip() else None
+
+
+def section_timeouts(text: str) -> dict[str, float]:
+    """``NAME=SECONDS[,NAME=SECONDS...]``: a timeout for each named section."""
+    from agentd.timer.progress_wire import check_section_name
+
+    out: dict[str, float] = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        name, sep, seconds = item.rpartition("=")
+        if not sep:
+            raise RuleError(f"must be NAME=SECONDS items; {item!r} has no '='")
+        try:
+            check_section_name(name.strip())
+        except ValueError as exc:
+            raise RuleError(str(exc)) from None
+        try:
+            out[name.strip()] = number(0.0, strict=True)(seconds)
+        except RuleError as exc:
+            raise RuleError(f"{name.strip()}: {seconds.strip()!r} {exc}") from None
+    return out
+
+
 def text(text: str) -> str:
     return text
 

@@ -14,12 +14,15 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentd.observer import AgentObserver
 from agentd.spec import WorkerFailure, WorkerState
+
+if TYPE_CHECKING:
+    from agentd.heartbeats.stragglers import Straggler
 
 log = logging.getLogger(__name__)
 
@@ -171,3 +174,9 @@ class AgentEvents(AgentObserver):
         details.pop("traceback")
         details.pop("stderr_tail")
         self.emit("worker_failed", EventSource.WORKER, **details)
+
+    def hang_detected(self, details: dict[str, Any]) -> None:
+        self.emit("hang", **details)
+
+    def straggler(self, straggler: Straggler) -> None:
+        self.emit("straggler", **asdict(straggler))

@@ -25,8 +25,10 @@ from agentd import fdlimits, orphans
 from agentd.agent import SimpleElasticAgent
 from agentd.agent_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
 from agentd.exceptions import StartError
+from agentd.heartbeats.timeouts import HeartbeatSettings
 from agentd.logs import attempt_dir, ensure_dir, prune_attempts
 from agentd.services.events import EventLog
+from agentd.services.heartbeats import HeartbeatService
 from agentd.services.hygiene import ProcessHygiene
 from agentd.services.preload import PreloadService
 from agentd.services.results import RunRecord
@@ -51,6 +53,7 @@ from agentd.workers import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
     from agentd.health import Check, HealthCheckServer, HealthSettings
+    from agentd.heartbeats.stragglers import StepTimes
     from agentd.metrics import AgentMetrics
     from agentd.services import Service
     from agentd.services.health import HealthService
@@ -75,6 +78,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     torch's named-pipe timers and D-state detection. A worker reaped by it makes the
     group UNHEALTHY, which restarts it per policy like a failure.
 
+    Workers that call :func:`agentd.heartbeat` are watched for hangs as ``heartbeats``
+    says: a hung group has its stacks dumped, then restarts per policy like a failure.
+
     ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` from before the
     first rendezvous to the end; ``event_log`` appends the run's events as JSON lines.
     """
@@ -94,6 +100,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         health: HealthSettings | None = None,
         event_log: str | None = None,
         keep_attempts: int = 10,
+        heartbeats: HeartbeatSettings | None = None,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
@@ -132,6 +139,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             watchdog or WatchdogSettings(), lambda: self._procs, self._mark, self._wakeup.set,
             max_overdue=health.timeout if health is not None else None,
         )  # fmt: skip
+        self._heartbeats = HeartbeatService(
+            self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
+            dump_wait=max(1.0, self._watchdog.dump_grace),
+        )  # fmt: skip
         self._health: HealthService | None = None
         if health is not None:
             from agentd.services.health import HealthService
@@ -141,7 +152,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         services: list[Service | None] = [
-            self._record, events, self._watchdog, self._health, self._workers_store,
+            self._record, events, self._watchdog, self._heartbeats, self._health,
+            self._workers_store,
             self._hygiene, self._preload,
         ]  # fmt: skip
         self._services = [s for s in services if s is not None]
@@ -161,6 +173,19 @@ class LocalElasticAgent(SimpleElasticAgent):
     @property
     def timer_server(self) -> TimerServer:
         return self._watchdog.timer_server
+
+    @property
+    def progress_pipe(self) -> str | None:
+        """The named pipe workers send heartbeats on (once the agent started)."""
+        return self._watchdog.progress_pipe
+
+    def heartbeat_status(self) -> dict[str, Any]:
+        """Hang detection's view: timeouts, each worker's progress, hangs and stragglers."""
+        return self._heartbeats.status()
+
+    @property
+    def step_times(self) -> StepTimes:
+        return self._heartbeats.step_times
 
     @property
     def health_server(self) -> HealthCheckServer | None:
@@ -263,6 +288,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
             await self._hygiene.started(started)
+        self._heartbeats.started(group, started)
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
@@ -314,20 +340,21 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
         by_rank = {w.local_rank: w for w in group.workers}
         failures: dict[int, WorkerFailure] = {}
-        for pid, why, when in self._watchdog.unhealthy:
-            proc = self._proc_of(pid)
+        for found in self._watchdog.unhealthy:
+            proc = self.worker_process_of(found.pid)
             if proc is None:
                 continue
             worker = by_rank[proc.local_rank]
             failures[worker.global_rank] = dataclasses.replace(
                 self._failure(group, worker, proc),
                 exitcode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
-                message=why,
-                timestamp=when,
+                message=found.why,
+                timestamp=found.when,
+                hang=found.details,
             )
         return RunResult(WorkerState.UNHEALTHY, failures=failures)
 
-    def _proc_of(self, pid: int) -> WorkerProcess | None:
+    def worker_process_of(self, pid: int) -> WorkerProcess | None:
         """The worker whose tree ``pid`` is in (by pid, then by process group)."""
         for proc in self._procs.values():
             if proc.pid == pid:
@@ -363,6 +390,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         level = logging.INFO if running else logging.DEBUG
         log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
                 spec.stop_signal.name)  # fmt: skip
+        await self._heartbeats.stopped()
         strays: list[int] = []
         try:
             strays = await stop_workers(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from agentd.observer import AgentObserver
@@ -142,6 +142,53 @@ class _Readings:
             rss.add_metric(labels, worker["rss_bytes"])
         yield cpu
         yield rss
+        yield from _progress_metrics(agent)
+
+
+def _progress_metrics(agent: LocalElasticAgent) -> Iterator[Metric]:
+    """Step and section times per rank, heartbeat timeouts, hangs and stragglers."""
+    from agentd.heartbeats.stragglers import BUCKETS
+
+    steps = HistogramMetricFamily(
+        "agentd_worker_step_seconds",
+        "Time per step of each rank, from its heartbeats",
+        labels=["local_rank", "rank"],
+    )
+    sections = HistogramMetricFamily(
+        "agentd_worker_section_seconds",
+        "Time in each named section, per rank",
+        labels=["local_rank", "rank", "section"],
+    )
+    for local_rank, rank, name, counts, total, count in agent.step_times.histograms():
+        cumulative, running = [], 0
+        for bound, n in zip(BUCKETS, counts, strict=True):
+            running += n
+            cumulative.append((str(bound), running))
+        cumulative.append(("+Inf", count))
+        labels = [str(local_rank), str(rank)]
+        if name == "step":
+            steps.add_metric(labels, cumulative, total)
+        else:
+            sections.add_metric([*labels, name], cumulative, total)
+    yield steps
+    yield sections
+    status = agent.heartbeat_status()
+    timeouts = GaugeMetricFamily("agentd_heartbeat_timeout_seconds", "The timeout the workers "
+                                 "are held to, per step or section, and where it came from",
+                                 labels=["of", "source"])  # fmt: skip
+    for name, timeout in status["timeouts"].items():
+        timeouts.add_metric([name, timeout["source"]], timeout["seconds"])
+    yield timeouts
+    for name, text in (("hangs", "Hangs found (workers silent past their timeout)"),
+                       ("stragglers", "Ranks found slower than the others' median")):  # fmt: skip
+        counter = CounterMetricFamily(f"agentd_{name}", text)
+        counter.add_metric([], status[name])
+        yield counter
+    messages = CounterMetricFamily("agentd_progress_messages", "Heartbeat and section "
+                                   "messages by outcome", labels=["outcome"])  # fmt: skip
+    for outcome, count in status["messages"].items():
+        messages.add_metric([outcome], count)
+    yield messages
 
 
 def process_tree_usage(pid: int) -> tuple[float, int]:

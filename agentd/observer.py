@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from agentd.spec import WorkerFailure, WorkerState
+
+if TYPE_CHECKING:
+    from agentd.heartbeats.stragglers import Straggler
 
 PHASES = ("detect", "stop", "rendezvous", "start")
 """The phases of a recovery, in order: see a failure, stop the group, rendezvous, start."""
@@ -26,3 +31,10 @@ class AgentObserver:
 
     def worker_failed(self, failure: WorkerFailure) -> None:
         """A worker failed (once per failure, root cause first)."""
+
+    def hang_detected(self, details: dict[str, Any]) -> None:
+        """The workers stopped heartbeating; ``details`` name who stopped first, where each
+        rank was and where the stack dumps are (as in ``result.json``'s ``hang``)."""
+
+    def straggler(self, straggler: Straggler) -> None:
+        """A rank has been slower than the others' median for a while (reported once)."""

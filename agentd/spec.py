@@ -399,6 +399,8 @@ class WorkerFailure:
     host: str = ""
     node_rank: int = 0
     error_file_data: dict[str, Any] = field(default_factory=dict)
+    hang: dict[str, Any] | None = None
+    """For a hang: who went silent first, where every rank was, where the stack dumps are."""
 
     def __post_init__(self) -> None:
         if self.error_file and not self.error_file_data:
@@ -445,7 +447,7 @@ class WorkerFailure:
             "traceback": self.traceback,
             "stderr_tail": self.stderr_tail,
             "error_file": self.error_file,
-        }
+        } | ({"hang": self.hang} if self.hang is not None else {})
 
 
 @dataclass

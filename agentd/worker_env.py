@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentd import orphans
+from agentd.progress import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 from agentd.spec import Worker, WorkerGroup, WorkerSpec
 
 SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
@@ -45,6 +46,8 @@ class WorkerEnvContext:
     owner_mark: str
     attempt: int
     timer_file: str | None = None
+    progress_pipe: str | None = None
+    stack_file: str | None = None
 
 
 def common_env(spec: WorkerSpec) -> dict[str, str]:
@@ -53,6 +56,8 @@ def common_env(spec: WorkerSpec) -> dict[str, str]:
     env = without_secrets(os.environ)
     env.update(spec.env)
     env.pop(orphans.OWNER_ENV, None)
+    for name in (PIPE_ENV, STACK_FILE_ENV, DUMP_SIGNAL_ENV):  # an outer agent's, if nested
+        env.pop(name, None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
     return env
@@ -91,6 +96,13 @@ def worker_env(
     )
     if ctx.timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = ctx.timer_file
+    if ctx.progress_pipe is not None:
+        from agentd.heartbeats import DUMP_SIGNAL
+
+        env[PIPE_ENV] = ctx.progress_pipe
+        env[DUMP_SIGNAL_ENV] = str(int(DUMP_SIGNAL))
+        if ctx.stack_file is not None:
+            env[STACK_FILE_ENV] = ctx.stack_file
     if spec.virtual_local_rank:  # torch's: device 0 of a one-GPU view is this worker's GPU
         visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
         rank = worker.local_rank

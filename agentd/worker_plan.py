@@ -8,6 +8,7 @@ import sys
 from string import Template
 from typing import TYPE_CHECKING, Any
 
+from agentd.heartbeats.stacks import STACK_FILE
 from agentd.logs import attempt_dir, disk_problem, ensure_dir, plan_route
 from agentd.spec import Std, Worker, WorkerGroup, WorkerSpec, std_for
 from agentd.worker_env import WorkerEnvContext, worker_env
@@ -44,6 +45,7 @@ def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) ->
         run_id=agent.run_id, restart_count=agent.restart_count,
         max_restarts=spec.max_restarts, use_agent_store=agent.rdzv_handler.use_agent_store,
         owner_mark=agent._mark, attempt=agent.attempt, timer_file=agent.timer_file,
+        progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
     ))  # fmt: skip
     args = [
         Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a for a in spec.args

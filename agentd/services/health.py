@@ -132,6 +132,7 @@ def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
                      "reaped": timers.stats["reaped"]},
         "workers": worker_readings(agent),
         "preload": agent.preload_status(),
+        "heartbeats": agent.heartbeat_status(),
         "last_failure": None if failure is None else {
             "rank": failure.global_rank,
             "local_rank": failure.local_rank,

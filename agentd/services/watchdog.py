@@ -11,13 +11,26 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agentd import orphans
 from agentd.timer.api import TimerRequest
 from agentd.timer.hang import UninterruptibleMonitor
-from agentd.timer.server import FileTimerServer, TimerServer, WatchdogSettings, signal_name
+from agentd.timer.progress_wire import ProgressMessage
+from agentd.timer.server import FileTimerServer, WatchdogSettings, signal_name
 from agentd.workers import WorkerProcess
+
+
+@dataclass(frozen=True)
+class Unhealthy:
+    """Worker ``pid`` was found unhealthy at ``when`` (epoch seconds) because ``why``."""
+
+    pid: int
+    why: str
+    when: float
+    details: dict[str, Any] | None = None
+    """What a hang report adds (see :mod:`agentd.heartbeats.verdict`)."""
 
 
 class Watchdog:
@@ -42,22 +55,44 @@ class Watchdog:
             "dump_signal": settings.dump_signal,
             "dump_grace": settings.dump_grace,
         }
-        self.timer_server: TimerServer = (
-            FileTimerServer(settings.timer_file, **common)
-            if settings.file_timer
-            else TimerServer(**common)
+        # The pipe is always served: heartbeats travel on it. Only --file-timer tells the
+        # workers about it as torch's TORCHELASTIC_TIMER_FILE (torch scripts look for it).
+        self.timer_server: FileTimerServer = FileTimerServer(
+            settings.timer_file if settings.file_timer else None,
+            on_progress=self._on_progress,
+            **common,
         )
         if max_overdue is not None:
             self.timer_server.max_overdue = max_overdue
         self._hang_monitor: UninterruptibleMonitor | None = None
-        self.unhealthy: list[tuple[int, str, float]] = []
-        """(pid, why, when) of workers reaped or found stuck since the group started."""
+        self.progress_sink: Callable[[list[ProgressMessage]], None] | None = None
+        """Who hears the pipe's progress messages (the heartbeat service)."""
+        self.unhealthy: list[Unhealthy] = []
+        """Workers reaped, found stuck or hung since the group started."""
+
+    @property
+    def dump_grace(self) -> float:
+        return self._settings.dump_grace
 
     @property
     def timer_file(self) -> str | None:
         """The named pipe workers write timer requests to (None without --file-timer)."""
-        server = self.timer_server
-        return server.path if isinstance(server, FileTimerServer) else None
+        return self.timer_server.path if self._settings.file_timer else None
+
+    @property
+    def progress_pipe(self) -> str | None:
+        """The named pipe workers write heartbeats to (the same pipe), once started."""
+        return self.timer_server.path or None
+
+    def _on_progress(self, messages: list[ProgressMessage]) -> None:
+        if self.progress_sink is not None:
+            self.progress_sink(messages)
+
+    def report(self, pid: int, why: str, details: dict[str, Any] | None = None) -> None:
+        """Worker ``pid`` is unhealthy (``details`` go to its failure's report): the
+        group restarts per policy."""
+        self.unhealthy.append(Unhealthy(pid, why, time.time(), details))
+        self._wake()
 
     async def start(self) -> None:
         await self.timer_server.start_async()
@@ -107,11 +142,7 @@ class Watchdog:
             f"timer expired: scope {request.scope_id!r} of pid {request.worker_id}, "
             f"reaped with {signal_name(request.signal)}"
         )
-        self.unhealthy.append((request.worker_id, why, time.time()))
-        self._wake()
+        self.report(request.worker_id, why)
 
     def _on_stuck(self, pid: int, seconds: float) -> None:
-        self.unhealthy.append(
-            (pid, f"in uninterruptible sleep (D state) for {seconds:.1f}s", time.time())
-        )
-        self._wake()
+        self.report(pid, f"in uninterruptible sleep (D state) for {seconds:.1f}s")

@@ -20,9 +20,12 @@ import os
 import select
 import signal
 import stat
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agentd.timer import progress_wire
 from agentd.timer.api import RELEASE, TIMER_FILE_ENV, TimerClient, TimerRequest
+from agentd.timer.progress_wire import ProgressMessage
 
 if TYPE_CHECKING:
     from agentd.timer.server import TimerServer
@@ -59,8 +62,10 @@ def encode_request(request: TimerRequest) -> bytes:
     return line + b"\n"
 
 
-def parse_request(line: bytes) -> TimerRequest:
-    """One wire line (without its newline) as a request; :class:`BadRequest` otherwise."""
+def parse_request(line: bytes) -> TimerRequest | ProgressMessage:
+    """One wire line (without its newline) as a timer request (version 1) or a progress
+    message (version 2, see :mod:`agentd.timer.progress_wire`); :class:`BadRequest`
+    otherwise."""
     try:
         doc = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -68,8 +73,13 @@ def parse_request(line: bytes) -> TimerRequest:
     if not isinstance(doc, dict):
         raise BadRequest("not a JSON object")
     version = doc.get("version")
+    if version == progress_wire.VERSION:
+        try:
+            return progress_wire.parse(doc, MAX_PID)
+        except progress_wire.BadMessage as exc:
+            raise BadRequest(str(exc)) from None
     if version != 1:
-        raise BadRequest(f"version: {version!r} must be 1")
+        raise BadRequest(f"version: {version!r} must be 1 (a timer request) or 2 (progress)")
     # Numbers are range-checked as Python numbers before any conversion: a pid of 2**64 or a
     # 400-digit deadline must be refused here, not overflow in os.getpgid() or float().
     pid = doc.get("pid")
@@ -100,8 +110,8 @@ def _number(value: object) -> str:
     return repr(value)
 
 
-def parse_line(line: bytes) -> tuple[TimerRequest | None, str | None]:
-    """A request and/or why (part of) the line was bad.
+def parse_line(line: bytes) -> tuple[TimerRequest | ProgressMessage | None, str | None]:
+    """A request (or progress message) and/or why (part of) the line was bad.
 
     A writer that left a partial line glues it to the next writer's request, which is a
     flat object at the end of the line: trying the last few ``{`` from the right finds it.
@@ -149,16 +159,24 @@ class FileTimerClient(TimerClient):
         self._send(TimerRequest(os.getpid(), scope_id, RELEASE, 0))
 
 
+OnProgress = Callable[[list[ProgressMessage]], None]
+
+
 class FifoSource:
-    """Agent side: serves the named pipe and feeds its requests to a timer server.
+    """Agent side: serves the named pipe and feeds its requests to a timer server, and its
+    progress messages to ``on_progress`` (without one, they are dropped as unsupported).
 
     ``file_path`` None creates a private pipe (mode 0600 in a new 0700 directory). A given
     path is created if missing; an existing FIFO of ours is reused; anything else there is
     refused, never deleted.
     """
 
-    def __init__(self, server: TimerServer, file_path: str | None = None) -> None:
+    def __init__(
+        self, server: TimerServer, file_path: str | None = None,
+        on_progress: OnProgress | None = None,
+    ) -> None:  # fmt: skip
         self._server = server
+        self.on_progress = on_progress
         self._requested_path = file_path
         self.path = ""
         self._created_dir: str | None = None
@@ -235,7 +253,8 @@ class FifoSource:
         """Take bytes from the pipe; complete lines become requests."""
         data = self._buffer + chunk
         *lines, self._buffer = data.split(b"\n")
-        requests = []
+        requests: list[TimerRequest] = []
+        progress: list[ProgressMessage] = []
         for line in lines:
             if not line.strip():
                 continue
@@ -248,10 +267,23 @@ class FifoSource:
                 request, problem = None, f"unreadable ({exc!r})"
             if problem:
                 self._server.count_bad("invalid", f"{problem}: {_excerpt(line)}")
-            if request is not None:
+            if isinstance(request, TimerRequest):
                 requests.append(request)
+            elif request is not None:
+                progress.append(request)
         if requests:
             self._server.register_timers(requests)
+        if progress:
+            self._take_progress(progress)
+
+    def _take_progress(self, messages: list[ProgressMessage]) -> None:
+        if self.on_progress is None:
+            self._server.count_bad("unsupported", "progress messages are not watched here")
+            return
+        try:
+            self.on_progress(messages)
+        except Exception:  # the pipe must go on serving the timers
+            log.exception("Progress messages could not be handled")
 
     def _bound_partial_line(self) -> None:
         """A writer that never ends its line must not grow the buffer without bound."""

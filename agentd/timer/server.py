@@ -30,6 +30,7 @@ from typing import Any
 from agentd.aio import cancel_and_wait
 from agentd.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
+from agentd.timer.progress_wire import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +371,9 @@ class FileTimerServer(TimerServer):
     """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
 
     torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
-    once started). ``log_event(name, request)`` hears "watchdog started", "timer expired",
+    once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
+    sections, :mod:`agentd.timer.progress_wire`), which torch's server does not know.
+    ``log_event(name, request)`` hears "watchdog started", "timer expired",
     "kill worker process" and "watchdog stopped", as torch's.
     """
 
@@ -381,13 +384,14 @@ class FileTimerServer(TimerServer):
         max_interval: float = 10,
         daemon: bool = True,
         log_event: Callable[[str, TimerRequest | None], None] | None = None,
+        on_progress: Callable[[list[ProgressMessage]], None] | None = None,
         **kwargs: Any,
     ) -> None:
         from agentd.timer.file_pipe import FifoSource
 
         super().__init__(None, max_interval, daemon, **kwargs)
         self.run_id = run_id
-        self._source = FifoSource(self, file_path)
+        self._source = FifoSource(self, file_path, on_progress)
         self._log_event = log_event
         self.path = ""
 

@@ -1,0 +1,234 @@
+"""The progress monitor: each worker's last sign of progress and its deadline, one timer.
+
+Fed the progress messages of the agent's workers (see
+:mod:`agentd.timer.progress_wire`), it keeps for each worker when it last made progress,
+which sections it is in, and so its deadline: the last progress plus the timeout of the
+innermost section (or of the step), or its start plus the initial timeout before its
+first message. One loop timer is armed at the earliest deadline (none while nothing is
+watched); when it fires with a worker past its deadline, ``on_hang`` gets what every
+watched worker was doing, once per attempt. Intervals go to the learned timeouts, step
+and section times to the straggler statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentd.heartbeats.stragglers import StepTimes
+from agentd.heartbeats.timeouts import STEP, LearnedTimeouts, Timeout
+from agentd.timer.progress_wire import ProgressMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Watch:
+    local_rank: int
+    pid: int
+    started: float
+    last: float | None = None
+    last_kind: str = ""
+    sections: list[tuple[str, float]] = field(default_factory=list)
+    steps: int = 0
+    beat_at: float | None = None
+    beat_steps: int = 0
+    done: bool = False
+    dump_signal: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.sections[-1][0] if self.sections else STEP
+
+
+@dataclass(frozen=True)
+class Silence:
+    """What one watched worker was doing when a hang was found."""
+
+    local_rank: int
+    pid: int
+    section: str
+    """The innermost section's name, or :data:`STEP` outside sections."""
+    last_progress: float | None
+    """Monotonic time of its last message; None: it never sent one."""
+    silent_for: float
+    timeout: Timeout
+    overdue: bool
+    steps: int
+    dump_signal: int
+
+
+class ProgressMonitor:
+    """Watches one attempt's workers at a time (see the module's docstring).
+
+    ``active()`` says whether workers that never sent a message are held to the initial
+    timeout (the run is instrumented, or the user set that timeout); ``running(local_rank)``
+    whether a worker still runs (an exited worker is not hung).
+    """
+
+    def __init__(
+        self,
+        timeouts: LearnedTimeouts,
+        step_times: StepTimes,
+        on_hang: Callable[[list[Silence]], None],
+        running: Callable[[int], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeouts = timeouts
+        self.step_times = step_times
+        self._on_hang = on_hang
+        self._running = running
+        self._clock = clock
+        self._watches: dict[int, _Watch] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_at: float | None = None
+        self._reported = False
+
+    def active(self) -> bool:
+        return self.timeouts.instrumented or self.timeouts.settings.initial_timeout is not None
+
+    def watch(self, pids: dict[int, int], ranks: dict[int, int]) -> None:
+        """Watch a new attempt's workers: ``pids`` and global ``ranks`` by local rank."""
+        now = self._clock()
+        self._cancel()
+        self._reported = False
+        self._watches = {lr: _Watch(lr, pid, now) for lr, pid in pids.items()}
+        self.step_times.new_attempt(ranks)
+        self._arm()
+
+    def unwatch(self) -> None:
+        """The attempt's workers are stopped: nothing is watched until the next one."""
+        self._cancel()
+        self._watches = {}
+
+    def feed(self, messages: Iterable[tuple[int, ProgressMessage]]) -> None:
+        """Take (local rank, message) pairs, in the order they arrived."""
+        now = self._clock()
+        for local_rank, message in messages:
+            watch = self._watches.get(local_rank)
+            if watch is not None:
+                self._take(watch, message, now)
+        self.timeouts.save_if_due(now)
+        self._arm()
+
+    def _take(self, w: _Watch, m: ProgressMessage, now: float) -> None:
+        at = min(m.at, now)
+        if w.last is not None:
+            at = max(at, w.last)
+        self.timeouts.mark_instrumented()
+        # A sample is a whole span at one level: from a heartbeat or a section's entry to
+        # the next heartbeat, or to that section's exit.
+        ends_span = m.kind == "beat" or (m.kind == "exit" and w.key == m.section)
+        if w.last is not None and not w.done and w.last_kind in ("beat", "enter") and ends_span:
+            self.timeouts.observe(w.key, at - w.last)
+        if m.kind == "beat":
+            if not w.sections:
+                if w.beat_at is not None and m.steps > w.beat_steps:
+                    count = m.steps - w.beat_steps
+                    self.step_times.observe(w.local_rank, "step", (at - w.beat_at) / count, count)
+                w.beat_at, w.beat_steps = at, m.steps
+        elif m.kind == "enter":
+            assert m.section is not None
+            w.sections.append((m.section, at))
+            w.beat_at = None
+        elif m.kind == "exit":
+            for i in range(len(w.sections) - 1, -1, -1):
+                name, entered = w.sections[i]
+                if name == m.section:
+                    del w.sections[i:]
+                    self.step_times.observe(w.local_rank, name, at - entered)
+                    break
+            w.beat_at = None
+        else:  # done
+            w.sections.clear()
+            w.beat_at = None
+        w.done = m.kind == "done"
+        w.last, w.last_kind, w.steps = at, m.kind, m.steps
+        if m.dump_signal:
+            w.dump_signal = m.dump_signal
+
+    def _deadline(self, w: _Watch) -> tuple[float, Timeout] | None:
+        if w.done or not self._running(w.local_rank):
+            return None
+        if w.last is None:
+            if not self.active():
+                return None
+            timeout = Timeout(self.timeouts.settings.initial, "initial")
+            return w.started + timeout.seconds, timeout
+        timeout = self.timeouts.timeout(w.key)
+        return w.last + timeout.seconds, timeout
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of the watched workers (monotonic), if any."""
+        deadlines = [d[0] for w in self._watches.values() if (d := self._deadline(w))]
+        return min(deadlines) if deadlines else None
+
+    def _arm(self) -> None:
+        """Arm the timer at the earliest deadline, unless it already fires before that (a
+        timer that fires early finds nothing overdue and arms itself again)."""
+        if self._reported:
+            return
+        head = self.next_deadline()
+        if head is None or (self._armed_at is not None and self._armed_at <= head):
+            return
+        self._cancel()
+        loop = asyncio.get_running_loop()
+        self._armed_at = head
+        self._timer = loop.call_at(loop.time() + max(0.0, head - self._clock()), self._fire)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._armed_at = None, None
+
+    def _fire(self) -> None:
+        self._timer, self._armed_at = None, None
+        now = self._clock()
+        silences = self.silences(now)
+        if not any(s.overdue for s in silences):
+            self._arm()
+            return
+        self._reported = True
+        self.timeouts.save()
+        try:
+            self._on_hang(silences)
+        except Exception:
+            log.exception("The hang handler failed")
+
+    def silences(self, now: float | None = None) -> list[Silence]:
+        """What every watched worker that still runs is doing now."""
+        now = self._clock() if now is None else now
+        out = []
+        for w in self._watches.values():
+            found = self._deadline(w)
+            if found is None:
+                continue
+            deadline, timeout = found
+            since = w.last if w.last is not None else w.started
+            out.append(Silence(w.local_rank, w.pid, w.key, w.last, now - since, timeout,
+                               now >= deadline, w.steps, w.dump_signal))  # fmt: skip
+        return out
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each watched worker: steps, section, seconds since its last progress, timeout."""
+        now = self._clock()
+        out = []
+        for w in self._watches.values():
+            found = self._deadline(w)
+            since = w.last if w.last is not None else w.started
+            entry: dict[str, Any] = {
+                "local_rank": w.local_rank,
+                "steps": w.steps,
+                "section": w.sections[-1][0] if w.sections else None,
+                "silent_for": round(now - since, 3),
+                "heartbeating": w.last is not None and not w.done,
+                "timeout": round(found[1].seconds, 3) if found else None,
+                "timeout_source": found[1].source if found else None,
+            }
+            entry["times"] = self.step_times.status(w.local_rank)
+            out.append(entry)
+        return out

@@ -1,0 +1,200 @@
+"""How long a worker may go without progress: set by flags, or learned from what it did.
+
+Every interval the agent sees between two progress messages at the same level (heartbeat
+to heartbeat outside sections; entry, heartbeat or exit inside a section) is a sample of
+its key: :data:`STEP` for the step, the section's name inside one. Once a key has
+:data:`MIN_SAMPLES`, its timeout is the :data:`QUANTILE` of the last :data:`WINDOW`
+samples times the safety factor, never below the floor. Until then, and until a worker's
+first message, the initial timeout applies. Flags override what is learned.
+
+The samples live in ``<run dir>/heartbeats.json``, so an agent restarted for the same run
+starts with what the last one learned.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STEP = ""
+"""The key of the intervals between heartbeats outside any section."""
+DEFAULT_INITIAL_TIMEOUT = 600.0
+MIN_SAMPLES = 8
+WINDOW = 256
+QUANTILE = 0.99
+SAVE_INTERVAL = 5.0
+"""Seconds between two writes of the learned samples while they change."""
+MAX_KEYS = 64
+"""Sections remembered (the step included); more are held to the initial timeout."""
+_RELOG_RATIO = 1.25
+
+
+def key_name(key: str) -> str:
+    """How a key reads in logs and reports."""
+    return "step" if key == STEP else f"section {key!r}"
+
+
+@dataclass(frozen=True)
+class HeartbeatSettings:
+    """Hang detection settings (``agentd run`` flags of the same names).
+
+    ``initial_timeout`` None means :data:`DEFAULT_INITIAL_TIMEOUT`, applied only once some
+    worker of the group has heartbeated; given explicitly, it also holds a job that never
+    heartbeats. ``step_timeout`` and ``section_timeouts`` override learning.
+    """
+
+    initial_timeout: float | None = None
+    step_timeout: float | None = None
+    section_timeouts: Mapping[str, float] = field(default_factory=dict)
+    safety_factor: float = 2.0
+    min_timeout: float = 2.0
+    straggler_factor: float = 1.5
+    straggler_steps: int = 20
+
+    @property
+    def initial(self) -> float:
+        return self.initial_timeout if self.initial_timeout is not None else DEFAULT_INITIAL_TIMEOUT
+
+    def explicit(self, key: str) -> float | None:
+        return self.step_timeout if key == STEP else self.section_timeouts.get(key)
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """A key's timeout now: ``source`` is explicit, learned or initial."""
+
+    seconds: float
+    source: str
+    samples: int = 0
+    observed: float = 0.0
+    """The learned quantile the timeout was made from (learned only)."""
+
+    def describe(self) -> str:
+        if self.source == "learned":
+            return (f"{self.seconds:.2f}s learned (p{QUANTILE * 100:g} of {self.samples} "
+                    f"intervals {self.observed:.3f}s)")  # fmt: skip
+        return f"{self.seconds:.2f}s {self.source}"
+
+
+class LearnedTimeouts:
+    """The samples of every key, the timeouts made from them, and their file."""
+
+    def __init__(self, settings: HeartbeatSettings, path: Path | None = None) -> None:
+        self.settings = settings
+        self.path = path
+        self.instrumented = False
+        """Some worker of this run heartbeated (in this agent or, per the file, a former)."""
+        self._samples: dict[str, collections.deque[float]] = {}
+        self._cache: dict[str, Timeout] = {}
+        self._logged: dict[str, float] = {}
+        self._dirty = False
+        self._saved_at = -math.inf
+
+    def load(self) -> None:
+        """Take the samples a former agent of this run saved; a bad file is only logged."""
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            doc = json.loads(self.path.read_text())
+            samples = doc["samples"]
+            loaded = {str(k): [float(x) for x in v if float(x) >= 0] for k, v in samples.items()}
+            instrumented = bool(doc.get("instrumented", True))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("Ignoring %s: not a heartbeat record (%s)", self.path, exc)
+            return
+        for key, values in list(loaded.items())[:MAX_KEYS]:
+            self._samples[key] = collections.deque(values[-WINDOW:], maxlen=WINDOW)
+        self.instrumented = instrumented
+        learned = [f"{key_name(k)} {t.seconds:.2f}s" for k in self._samples
+                   if (t := self.timeout(k)).source == "learned"]  # fmt: skip
+        if learned:
+            log.info("Heartbeat timeouts learned by an earlier agent of this run (%s): %s",
+                     self.path, ", ".join(learned))  # fmt: skip
+            self._logged.update({k: self.timeout(k).seconds for k in self._samples})
+
+    def observe(self, key: str, interval: float) -> None:
+        """One interval of ``key`` seen."""
+        samples = self._samples.get(key)
+        if samples is None:
+            if len(self._samples) >= MAX_KEYS:
+                return
+            samples = self._samples[key] = collections.deque(maxlen=WINDOW)
+        samples.append(max(0.0, interval))
+        self._cache.pop(key, None)
+        self._dirty = True
+        timeout = self.timeout(key)
+        if timeout.source != "learned":
+            return
+        before = self._logged.get(key)
+        if before is None or not 1 / _RELOG_RATIO < timeout.seconds / before < _RELOG_RATIO:
+            self._logged[key] = timeout.seconds
+            log.info("Heartbeat timeout for the %s: %s x %g (floor %gs)", key_name(key),
+                     timeout.describe(), self.settings.safety_factor,
+                     self.settings.min_timeout)  # fmt: skip
+
+    def timeout(self, key: str) -> Timeout:
+        """``key``'s timeout: the flag's, else the learned one, else the initial one."""
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        explicit = self.settings.explicit(key)
+        samples = self._samples.get(key, ())
+        if explicit is not None:
+            timeout = Timeout(explicit, "explicit", len(samples))
+        elif len(samples) >= MIN_SAMPLES:
+            ordered = sorted(samples)
+            observed = ordered[min(len(ordered) - 1, math.ceil(QUANTILE * len(ordered)) - 1)]
+            seconds = max(self.settings.min_timeout, observed * self.settings.safety_factor)
+            timeout = Timeout(seconds, "learned", len(samples), observed)
+        else:
+            timeout = Timeout(self.settings.initial, "initial", len(samples))
+        self._cache[key] = timeout
+        return timeout
+
+    def mark_instrumented(self) -> None:
+        """A worker of this run heartbeated: from now on (restarts included) every worker
+        is held to the initial timeout until its first heartbeat."""
+        if not self.instrumented:
+            self.instrumented = self._dirty = True
+
+    def save_if_due(self, now: float) -> None:
+        """Write the samples if they changed and the last write is :data:`SAVE_INTERVAL` old."""
+        if self._dirty and now - self._saved_at >= SAVE_INTERVAL:
+            self._saved_at = now
+            self.save()
+
+    def save(self) -> None:
+        """Write the samples now (atomically: a crash leaves the old file or the new)."""
+        self._dirty = False
+        if self.path is None:
+            return
+        samples = {k: [round(x, 6) for x in v] for k, v in self._samples.items()}
+        doc = {"version": 1, "instrumented": self.instrumented, "samples": samples}
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        try:
+            temporary.write_text(json.dumps(doc))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            log.warning("Could not save the heartbeat timeouts to %s: %s", self.path, exc.strerror)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+
+    def status(self) -> dict[str, Any]:
+        """Each key's timeout, for ``/status``."""
+        keys = dict.fromkeys([STEP, *self._samples, *self.settings.section_timeouts])
+        out = {}
+        for key in keys:
+            timeout = self.timeout(key)
+            out[key_name(key)] = {"seconds": round(timeout.seconds, 3), "source": timeout.source,
+                                  "samples": timeout.samples}  # fmt: skip
+        return out

@@ -1,0 +1,94 @@
+"""Progress messages: version 2 of the timer pipe's wire format (heartbeats and sections).
+
+One JSON object per line, written atomically like a timer request (see
+:mod:`agentd.timer.file_pipe`)::
+
+    {"version": 2, "kind": "beat", "pid": 123, "steps": 4711, "at": 81234.5}
+    {"version": 2, "kind": "enter", "pid": 123, "steps": 4711, "at": 81234.6,
+     "section": "checkpoint"}
+
+``kind`` is ``beat`` (a step ended), ``enter``/``exit`` (a named section began or ended),
+or ``done`` (the worker will heartbeat no more: stop watching it until its next message).
+``steps`` counts the worker's heartbeats so far, ``at`` is when the message's event
+happened on the host's monotonic clock (``time.monotonic()``, the same for every process
+of the host). The first message of a process may carry ``dump_signal``: the signal on
+which it registered :mod:`faulthandler` to dump its stacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from dataclasses import dataclass
+
+VERSION = 2
+KINDS = ("beat", "enter", "exit", "done")
+MAX_SECTION = 128
+MAX_STEPS = 1 << 53
+"""Steps beyond this lose precision as JSON numbers: no real job gets there."""
+
+
+class BadMessage(ValueError):
+    """A version-2 line that is not a valid progress message (the text names the rule)."""
+
+
+@dataclass(frozen=True)
+class ProgressMessage:
+    """One progress event of worker process ``pid`` (see the module's docstring)."""
+
+    pid: int
+    kind: str
+    steps: int
+    at: float
+    section: str | None = None
+    dump_signal: int = 0
+
+
+def check_section_name(name: object) -> str:
+    """``name`` if it can name a section; ValueError naming the rule otherwise."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_SECTION:
+        raise ValueError(f"section: {name!r} must be a non-empty string of at most "
+                         f"{MAX_SECTION} characters")  # fmt: skip
+    return name
+
+
+def encode(
+    kind: str, pid: int, steps: int, at: float, section: str | None = None, dump_signal: int = 0
+) -> bytes:
+    """The wire line of one message, newline included (at most a few hundred bytes)."""
+    line = f'{{"version":2,"kind":"{kind}","pid":{pid},"steps":{steps},"at":{at!r}'
+    if section is not None:
+        line += ',"section":' + json.dumps(section)
+    if dump_signal:
+        line += f',"dump_signal":{dump_signal}'
+    return (line + "}\n").encode()
+
+
+def parse(doc: dict[str, object], max_pid: int) -> ProgressMessage:
+    """A decoded version-2 object as a message; :class:`BadMessage` otherwise."""
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise BadMessage(f"kind: {kind!r} must be one of {', '.join(KINDS)}")
+    pid = doc.get("pid")
+    if type(pid) is not int or not 0 < pid <= max_pid:
+        raise BadMessage(f"pid: {pid!r} must be a positive integer up to {max_pid}")
+    steps = doc.get("steps")
+    if type(steps) is not int or not 0 <= steps <= MAX_STEPS:
+        raise BadMessage(f"steps: {steps!r} must be an integer within 0..{MAX_STEPS}")
+    at = doc.get("at")
+    if not isinstance(at, int | float) or isinstance(at, bool) or not 0 <= at < math.inf:
+        raise BadMessage(f"at: {at!r} must be a finite number >= 0 (monotonic seconds)")
+    section = doc.get("section")
+    if kind in ("enter", "exit"):
+        try:
+            section = check_section_name(section)
+        except ValueError as exc:
+            raise BadMessage(str(exc)) from None
+    elif section is not None:
+        raise BadMessage(f"section: only enter and exit messages name one, not {kind}")
+    dump = doc.get("dump_signal", 0)
+    if type(dump) is not int or not 0 <= dump < signal.NSIG:
+        raise BadMessage(f"dump_signal: {dump!r} must be a signal number within "
+                         f"0..{signal.NSIG - 1}")  # fmt: skip
+    return ProgressMessage(pid, str(kind), steps, float(at), section, dump)
