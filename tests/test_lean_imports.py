@@ -28,3 +28,9 @@ def test_agent_start_path_without_health_is_lean():
 def test_worker_side_timer_client_needs_no_asyncio():
     imports = "from agentd.timer import expires, FileTimerClient, configure; import agentd.errors"
     assert loaded(imports, ("asyncio", "aiohttp", "torch")) == []
+
+
+def test_worker_side_heartbeats_need_no_asyncio():
+    imports = ("import agentd; agentd.heartbeat(); agentd.section('x').__enter__(); "
+               "agentd.end_heartbeats()")  # fmt: skip
+    assert loaded(imports, ("asyncio", "aiohttp", "torch", "prometheus_client")) == []

@@ -32,7 +32,6 @@ class _Watch:
     pid: int
     started: float
     last: float | None = None
-    last_kind: str = ""
     sections: list[tuple[str, float]] = field(default_factory=list)
     steps: int = 0
     beat_at: float | None = None
@@ -120,10 +119,9 @@ class ProgressMonitor:
         if w.last is not None:
             at = max(at, w.last)
         self.timeouts.mark_instrumented()
-        # A sample is a whole span at one level: from a heartbeat or a section's entry to
-        # the next heartbeat, or to that section's exit.
-        ends_span = m.kind == "beat" or (m.kind == "exit" and w.key == m.section)
-        if w.last is not None and not w.done and w.last_kind in ("beat", "enter") and ends_span:
+        # The timeout bounds the time from one message to the next, wherever they come
+        # from: every such interval is a sample of the innermost section it passed in.
+        if w.last is not None and not w.done:
             self.timeouts.observe(w.key, at - w.last)
         if m.kind == "beat":
             if not w.sections:
@@ -147,7 +145,7 @@ class ProgressMonitor:
             w.sections.clear()
             w.beat_at = None
         w.done = m.kind == "done"
-        w.last, w.last_kind, w.steps = at, m.kind, m.steps
+        w.last, w.steps = at, m.steps
         if m.dump_signal:
             w.dump_signal = m.dump_signal
 

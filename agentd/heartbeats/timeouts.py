@@ -1,8 +1,7 @@
 """How long a worker may go without progress: set by flags, or learned from what it did.
 
-Every interval the agent sees between two progress messages at the same level (heartbeat
-to heartbeat outside sections; entry, heartbeat or exit inside a section) is a sample of
-its key: :data:`STEP` for the step, the section's name inside one. Once a key has
+Every interval the agent sees between two progress messages of a worker is a sample of
+the key it passed in: :data:`STEP` outside sections, else the innermost section. Once a key has
 :data:`MIN_SAMPLES`, its timeout is the :data:`QUANTILE` of the last :data:`WINDOW`
 samples times the safety factor, never below the floor. Until then, and until a worker's
 first message, the initial timeout applies. Flags override what is learned.

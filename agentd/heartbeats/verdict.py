@@ -3,9 +3,9 @@
 All ranks of a data-parallel job go silent when one hangs: the others wait for it in
 their next collective. Their last heartbeats are often a few milliseconds apart, so the
 order of silence alone names the culprit at random. The dumps decide: a rank that is not
-waiting in a collective (or in backward, where DDP's all_reduce waits) is the suspect;
-among suspects (or among all, when the dumps do not tell them apart) the one silent the
-longest is named.
+waiting in a collective (or in backward, where DDP's all_reduce waits), or has no dump,
+is a suspect; among suspects (or among all, when every dump shows a wait) the one silent
+the longest is named.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
     """
     pool = list(silences)
     dumped = [s for s in pool if s.local_rank in dumps and dumps[s.local_rank].ok]
-    free = [s for s in dumped if dumps[s.local_rank].waiting_in is None]
-    suspects = free if 0 < len(free) < len(pool) else pool
+    waiting = {s.local_rank for s in dumped if dumps[s.local_rank].waiting_in}
+    suspects = [s for s in pool if s.local_rank not in waiting] or pool
     culprit = max(suspects, key=lambda s: (s.silent_for, -s.local_rank))
     rank = ranks.get(culprit.local_rank, culprit.local_rank)
     if culprit.last_progress is None:
@@ -48,11 +48,11 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
     if dump is not None and dump.ok:
         inside = f", in {dump.waiting_in}" if dump.waiting_in else ""
         parts.append(f"it was at {dump.where}{inside}")
-    waiting: dict[str, list[int]] = {}
+    waiting_in: dict[str, list[int]] = {}
     for s in dumped:
         if s is not culprit and (what := dumps[s.local_rank].waiting_in):
-            waiting.setdefault(what, []).append(ranks.get(s.local_rank, s.local_rank))
-    for what, who in waiting.items():
+            waiting_in.setdefault(what, []).append(ranks.get(s.local_rank, s.local_rank))
+    for what, who in waiting_in.items():
         listed = ", ".join(str(r) for r in sorted(who))
         parts.append(f"rank{'s' if len(who) > 1 else ''} {listed} waiting in {what}")
     parts.append(f"stacks in {stacks_glob}")

@@ -1,0 +1,68 @@
+"""A PyTorch Lightning callback: a heartbeat per training batch, sections for the rest.
+
+``Trainer(callbacks=[HeartbeatCallback()])``. Each training batch ends with a heartbeat;
+validation runs in the section ``validation`` (with a heartbeat per batch, so its
+timeout is learned from batches, not from whole validation runs); every checkpoint write
+runs in the section ``checkpoint``; the end of training (or an exception) ends the
+heartbeats, so teardown is not taken for a hang. Built on ``lightning.pytorch`` (or, when
+only that is installed, ``pytorch_lightning``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import agentd.progress as progress
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # the older package name
+    from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]
+
+
+class HeartbeatCallback(Callback):  # type: ignore[misc]
+    """Heartbeats and sections for agentd's hang detection (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._validation: progress.section | None = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        save = io.save_checkpoint
+        if getattr(save, "_agentd_section", False):
+            return
+
+        @functools.wraps(save)
+        def save_in_section(*args: Any, **kwargs: Any) -> Any:
+            with progress.section("checkpoint"):
+                return save(*args, **kwargs)
+
+        save_in_section._agentd_section = True  # type: ignore[attr-defined]
+        io.save_checkpoint = save_in_section
+
+    def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        progress.heartbeat()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._leave_validation()
+        self._validation = progress.section("validation").__enter__()
+
+    def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        progress.heartbeat()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._leave_validation()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._leave_validation()
+        progress.end_heartbeats()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._leave_validation()
+        progress.end_heartbeats()
+
+    def _leave_validation(self) -> None:
+        if self._validation is not None:
+            self._validation.__exit__(None, None, None)
+            self._validation = None

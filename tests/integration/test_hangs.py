@@ -1,0 +1,258 @@
+"""Hang detection end to end: real agents, real workers heartbeating on the real pipe.
+
+Steps are short here (0.1 s), so learned step timeouts sit at the floor
+(``--heartbeat-min-timeout``); the timing targets are the benchmark's
+(bench/bench_hang.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentd.timer.progress_wire import encode
+from tests.conftest import TESTS, wait_until
+
+JOB = str(TESTS / "workers" / "heartbeat_job.py")
+FLOOR = ("--heartbeat-min-timeout", "1")
+
+
+def trained(agent) -> list[str]:
+    """The ranks that finished (lines of two workers may interleave on the console)."""
+    return sorted(re.findall(r"trained \d+", agent.stdout()))
+
+
+def result_json(log_dir: Path) -> dict:
+    [path] = log_dir.glob("*/result.json")
+    return json.loads(path.read_text())
+
+
+def samples(log_dir: Path) -> dict[str, list[float]]:
+    [path] = log_dir.glob("*/heartbeats.json")
+    return json.loads(path.read_text())["samples"]
+
+
+def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(run_agentd):
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        *FLOOR,
+        JOB,
+        "--steps",
+        "40",
+        "--hang-rank",
+        "1",
+        "--hang-at",
+        "15",
+    )
+    assert agent.wait(timeout=90) == 0, agent.stderr()
+    err = agent.stderr()
+    assert "Heartbeat timeout for the step: 1.00s learned" in err
+    assert "hang: rank 1 stopped first (no progress for" in err
+    assert "in the step; timeout 1.00s learned" in err
+    assert "it was at hang (" in err and "heartbeat_job.py:" in err
+    assert trained(agent) == ["trained 0", "trained 1"]
+    [run_dir] = agent.log_dir.iterdir()
+    dump = (run_dir / "attempt_0" / "1" / "stacks.txt").read_text()
+    assert "most recent call first" in dump and " in hang\n" in dump
+    assert " in main\n" in (run_dir / "attempt_0" / "0" / "stacks.txt").read_text()
+    root = result_json(agent.log_dir)["root_cause"]  # the hang, recovered from
+    assert root["rank"] == 1 and root["hang"]["timeout_source"] == "learned"
+
+
+def test_a_hang_in_a_section_without_restarts_is_the_root_cause_in_result_json(run_agentd):
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--section-timeout",
+        "checkpoint=1.5",
+        *FLOOR,
+        JOB,
+        "--steps",
+        "40",
+        "--hang-rank",
+        "0",
+        "--hang-at",
+        "12",
+        "--hang-in-section",
+    )
+    assert agent.wait(timeout=90) == 1
+    doc = result_json(agent.log_dir)
+    root = doc["root_cause"]
+    assert root["rank"] == 0 and root["message"].startswith("hang: rank 0 stopped first")
+    hang = root["hang"]
+    assert (hang["section"], hang["timeout"], hang["timeout_source"]) == (
+        "checkpoint",
+        1.5,
+        "explicit",
+    )
+    assert hang["silent_for"] >= 1.5
+    ranks = {r["rank"]: r for r in hang["ranks"]}
+    assert ranks[0]["section"] == "checkpoint" and ranks[1]["section"] is None
+    for entry in ranks.values():
+        assert entry["stack"]["method"] == "faulthandler"
+        assert Path(entry["stack"]["file"]).read_text().count("most recent call first") >= 1
+    assert ranks[0]["stack"]["where"].startswith("hang (")
+    assert "in the section 'checkpoint'" in agent.stderr()
+
+
+def test_sections_learn_their_own_timeouts_longer_than_the_step(run_agentd):
+    """Checkpoints of 0.8 s pass while the step's timeout is 0.5 s; once learned, the
+    checkpoint's own timeout (2 x 0.8 s) catches a checkpoint that hangs."""
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--heartbeat-min-timeout",
+        "0.5",
+        JOB,
+        "--steps",
+        "40",
+        "--step",
+        "0.05",
+        "--section-every",
+        "4",
+        "--section-time",
+        "0.8",
+        "--hang-rank",
+        "1",
+        "--hang-at",
+        "38",
+        "--hang-in-section",
+    )
+    assert agent.wait(timeout=90) == 1
+    err = agent.stderr()
+    assert "Heartbeat timeout for the step: 0.50s learned" in err
+    assert "Heartbeat timeout for the section 'checkpoint': 1.6" in err
+    hang = result_json(agent.log_dir)["root_cause"]["hang"]
+    assert (hang["rank"], hang["section"], hang["timeout_source"]) == (1, "checkpoint", "learned")
+    assert len(samples(agent.log_dir)["checkpoint"]) >= 8
+
+
+def test_a_worker_that_never_heartbeats_is_caught_by_the_initial_timeout(run_agentd):
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--initial-heartbeat-timeout",
+        "2",
+        JOB,
+        "--steps",
+        "200",
+        "--silent-rank",
+        "1",
+    )
+    assert agent.wait(timeout=90) == 1
+    root = result_json(agent.log_dir)["root_cause"]
+    assert root["rank"] == 1
+    assert "rank 1 stopped first (sent no heartbeat since it started" in root["message"]
+    assert root["hang"]["timeout_source"] == "initial"
+    silent = next(r for r in root["hang"]["ranks"] if r["rank"] == 1)
+    assert silent["heartbeated"] is False
+    assert silent["stack"]["method"].startswith(("none:", "py-spy"))  # never registered
+
+
+def test_heartbeats_from_a_foreign_pid_are_dropped(run_agentd, tmp_path):
+    agent = run_agentd("--nproc-per-node", "1", *FLOOR, JOB, "--steps", "40")
+    pipe = wait_until(
+        lambda: (agent.out_dir / "pipe").exists() and (agent.out_dir / "pipe").read_text(),
+        what="the pipe's path",
+    )
+    fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    try:  # the test's own pid, then a pid claimed by nobody: neither is our worker
+        os.write(fd, encode("enter", os.getpid(), 1, 0.0, "forged"))
+        os.write(fd, encode("beat", 4_000_000, 1, 0.0))
+    finally:
+        os.close(fd)
+    assert agent.wait(timeout=90) == 0, agent.stderr()
+    assert "Progress message dropped (untrusted, 1 so far): pid" in agent.stderr()
+    assert "forged" not in samples(agent.log_dir)
+
+
+def test_learned_timeouts_survive_an_agent_restart(run_agentd, tmp_path):
+    logs = tmp_path / "shared-logs"
+    common = ("--log-dir", str(logs), "--rdzv-id", "learned", "--nproc-per-node", "2", *FLOOR)
+    first = run_agentd(*common, JOB, "--steps", "15", log_dir=False)
+    assert first.wait(timeout=90) == 0, first.stderr()
+    assert len(samples(logs)[""]) >= 8
+    # A new agent of the same run: a worker hangs after its second heartbeat, long before
+    # 8 new intervals, and is caught by the learned 1 s, not the initial 600 s.
+    second = run_agentd(*common, JOB, "--hang-rank", "1", "--hang-at", "2", log_dir=False)
+    assert second.wait(timeout=60) == 1
+    err = second.stderr()
+    assert "Heartbeat timeouts learned by an earlier agent of this run" in err
+    assert result_json(logs)["root_cause"]["hang"]["timeout"] == 1.0
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_a_torch_rank_hung_while_the_others_wait_in_all_reduce(run_agentd):
+    pytest.importorskip("torch")
+    job = str(TESTS / "workers" / "torch_hang.py")
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        *FLOOR,
+        job,
+        "--steps",
+        "80",
+        "--step",
+        "0.05",
+        "--hang-at",
+        "60",
+    )
+    assert agent.wait(timeout=120) == 0, agent.stderr()
+    err = agent.stderr()
+    assert "hang: rank 1 stopped first" in err
+    assert "rank 0 waiting in all_reduce" in err
+    assert trained(agent) == ["trained 0", "trained 1"]
+    [run_dir] = agent.log_dir.iterdir()
+    assert " in all_reduce\n" in (run_dir / "attempt_0" / "0" / "stacks.txt").read_text()
+    assert " in compute\n" in (run_dir / "attempt_0" / "1" / "stacks.txt").read_text()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_the_lightning_callback_in_a_ddp_cpu_job(run_agentd, tmp_path):
+    pytest.importorskip("lightning")
+    job = str(TESTS / "workers" / "lightning_ddp.py")
+    agent = run_agentd("--nproc-per-node", "2", job, str(tmp_path / "lightning"))
+    assert agent.wait(timeout=180) == 0, agent.stderr()
+    assert trained(agent) == ["trained 0", "trained 1"]
+    learned = samples(agent.log_dir)
+    assert {"", "validation", "checkpoint"} <= set(learned)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_the_hugging_face_callback_in_a_trainer_job(run_agentd, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    job = str(TESTS / "workers" / "hf_trainer.py")
+    agent = run_agentd(job, str(tmp_path / "hf"), env={"TRANSFORMERS_OFFLINE": "1"})
+    assert agent.wait(timeout=180) == 0, agent.stderr()
+    assert "trained" in agent.stdout()
+    learned = samples(agent.log_dir)
+    assert {"", "evaluate", "checkpoint"} <= set(learned)
+
+
+def test_the_job_scripts_run_unchanged_without_agentd(tmp_path):
+    """No agent, no pipe: heartbeat() and section() do nothing (as under torchrun)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    done = subprocess.run(
+        [sys.executable, JOB, "--steps", "3", "--section-every", "1", "--section-time", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "trained 0\n", "")

@@ -1,0 +1,62 @@
+"""A training loop that heartbeats, for the hang tests: ``heartbeat_job.py [options]``.
+
+Every rank runs ``--steps`` steps of ``--step`` seconds, heartbeating after each; every
+``--section-every`` steps it spends ``--section-time`` in the section ``--section``.
+Rank ``--hang-rank`` hangs at step ``--hang-at`` (inside the section with
+``--hang-in-section``) while the restart count is below ``--until-attempt``; with
+``--silent-rank`` that rank never heartbeats. Prints ``trained <rank>`` at the end.
+Writes its progress pipe's path to ``$AGENTD_TEST_OUT/pipe`` (for the foreign-pid test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import agentd
+
+RANK = int(os.environ.get("RANK", "0"))
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def hang() -> None:
+    time.sleep(3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--step", type=float, default=0.1)
+    parser.add_argument("--section", default="checkpoint")
+    parser.add_argument("--section-every", type=int, default=0)
+    parser.add_argument("--section-time", type=float, default=0.5)
+    parser.add_argument("--hang-rank", type=int, default=-1)
+    parser.add_argument("--hang-at", type=int, default=10)
+    parser.add_argument("--hang-in-section", action="store_true")
+    parser.add_argument("--until-attempt", type=int, default=1)
+    parser.add_argument("--silent-rank", type=int, default=-1)
+    args = parser.parse_args()
+    out = os.environ.get("AGENTD_TEST_OUT")
+    if out and RANK == 0:
+        with open(os.path.join(out, "pipe"), "w") as fp:
+            fp.write(os.environ.get("AGENTD_PROGRESS_PIPE", ""))
+    hangs = RANK == args.hang_rank and ATTEMPT < args.until_attempt
+    for step in range(1, args.steps + 1):
+        time.sleep(args.step)
+        if hangs and step == args.hang_at:
+            if args.hang_in_section:
+                with agentd.section(args.section):
+                    hang()
+            hang()
+        if RANK != args.silent_rank:
+            agentd.heartbeat()
+        if args.section_every and step % args.section_every == 0:
+            with agentd.section(args.section):
+                time.sleep(args.section_time)
+    agentd.end_heartbeats()
+    print(f"trained {RANK}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

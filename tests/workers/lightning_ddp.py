@@ -1,0 +1,53 @@
+"""A Lightning DDP job on CPU with agentd's callback: training, validation, checkpoints.
+
+Run by tests/integration/test_hangs.py under ``agentd run --nproc-per-node 2``.
+"""
+
+import os
+import sys
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from agentd.integrations.lightning import HeartbeatCallback
+
+
+class Line(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4096, 2)
+    data = TensorDataset(x, x @ torch.tensor([[2.0], [-3.0]]))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        strategy="ddp",
+        max_epochs=2,
+        default_root_dir=sys.argv[1],
+        callbacks=[HeartbeatCallback()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+    )
+    trainer.fit(Line(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=32))
+    print("trained", os.environ["RANK"], flush=True)
+
+
+if __name__ == "__main__":
+    main()
