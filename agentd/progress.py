@@ -20,7 +20,8 @@ every :data:`SEND_INTERVAL` seconds, carrying the number of steps so far. Enteri
 leaving a section always sends one (a few microseconds): sections are for phases, not for
 every operation. The first call that sends registers :mod:`faulthandler` on the signal
 the agent chose (``$AGENTD_DUMP_SIGNAL``), writing every thread's stack to
-``$AGENTD_STACK_FILE`` when the agent asks. Nothing here needs torch or asyncio.
+``$AGENTD_STACK_FILE`` when the agent asks (each message names that signal, so the agent
+never sends it to a process that did not register it). Nothing here needs torch or asyncio.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ class _Channel:
         self.fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self.dump_signal = 0
         self._stack_file: IO[str] | None = None
-        self._announced = False
 
     def register_dumps(self) -> None:
         """Dump every thread's stack to the agent's file on its signal (if it gave both)."""
@@ -77,14 +77,11 @@ class _Channel:
     def send(self, kind: str, section: str | None = None) -> None:
         from agentd.timer.progress_wire import encode
 
-        pid = os.getpid()
-        first = not self._announced or pid != self.pid
-        data = encode(kind, pid, _steps, monotonic(), section, self.dump_signal if first else 0)
-        try:
+        # Every message says how to ask for a dump: any one of them may be the first the
+        # agent reads (it drops what comes before it knows the worker).
+        data = encode(kind, os.getpid(), _steps, monotonic(), section, self.dump_signal)
+        with contextlib.suppress(BlockingIOError):  # the agent is behind: the next one tells
             os.write(self.fd, data)  # at most PIPE_BUF bytes: atomic
-        except BlockingIOError:
-            return  # the agent is behind: this one is dropped, the next one will tell
-        self._announced, self.pid = True, pid
 
 
 _channel: _Channel | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,29 @@ async def test_the_loop_timer_fires_once_at_the_deadline_with_every_workers_sile
     assert by_rank[0].silent_for >= 0.2
     await asyncio.sleep(0.3)
     assert len(hangs) == 1  # once per attempt
+    monitor.unwatch()
+
+
+async def test_messages_waiting_when_the_timer_fires_are_read_before_judging():
+    """A loop that ran late (a stall, a busy moment) must not take progress it has not
+    read yet for silence: the timer reads the pipe first."""
+    hangs: list[list[Silence]] = []
+    waiting: list[tuple[int, ProgressMessage]] = []
+    timeouts = LearnedTimeouts(HeartbeatSettings(step_timeout=0.2))
+
+    def drain() -> None:
+        monitor.feed(list(waiting))
+        waiting.clear()
+
+    monitor = ProgressMonitor(timeouts, StepTimes(2, 5, lambda s: None), hangs.append,
+                              lambda lr: True, drain=drain)  # fmt: skip
+    loop = asyncio.get_running_loop()
+    monitor.watch({0: 100}, {0: 0})
+    monitor.feed([(0, msg("beat", 1, loop.time()))])
+    time.sleep(0.3)  # noqa: ASYNC251 (the loop stalls past the deadline; the worker goes on)
+    waiting.append((0, msg("beat", 2, loop.time())))
+    await asyncio.sleep(0.05)
+    assert hangs == [] and waiting == []
     monitor.unwatch()
 
 

@@ -66,7 +66,8 @@ class ProgressMonitor:
 
     ``active()`` says whether workers that never sent a message are held to the initial
     timeout (the run is instrumented, or the user set that timeout); ``running(local_rank)``
-    whether a worker still runs (an exited worker is not hung).
+    whether a worker still runs (an exited worker is not hung); ``drain()`` reads what is
+    waiting on the pipe, before a deadline is judged.
     """
 
     def __init__(
@@ -76,12 +77,14 @@ class ProgressMonitor:
         on_hang: Callable[[list[Silence]], None],
         running: Callable[[int], bool],
         clock: Callable[[], float] = time.monotonic,
+        drain: Callable[[], None] = lambda: None,
     ) -> None:
         self.timeouts = timeouts
         self.step_times = step_times
         self._on_hang = on_hang
         self._running = running
         self._clock = clock
+        self._drain = drain
         self._watches: dict[int, _Watch] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
@@ -185,6 +188,9 @@ class ProgressMonitor:
 
     def _fire(self) -> None:
         self._timer, self._armed_at = None, None
+        self._drain()  # messages already sent (the loop may have been late) count first
+        if self._reported:
+            return
         now = self._clock()
         silences = self.silences(now)
         if not any(s.overdue for s in silences):

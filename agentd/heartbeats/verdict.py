@@ -63,6 +63,7 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
         "silent_for": round(culprit.silent_for, 3),
         "timeout": round(culprit.timeout.seconds, 3),
         "timeout_source": culprit.timeout.source,
+        "learned_interval": round(culprit.timeout.observed, 6) or None,
         "ranks": [
             _rank_entry(s, dumps.get(s.local_rank), ranks)
             for s in sorted(pool, key=lambda s: s.local_rank)

@@ -55,10 +55,13 @@ class HeartbeatService:
         self._dump_wait = dump_wait
         self.settings = settings
         self.timeouts = LearnedTimeouts(settings, agent.run_dir / "heartbeats.json")
-        self.step_times = StepTimes(settings.straggler_factor, settings.straggler_steps,
-                                    self._on_straggler)  # fmt: skip
-        self.monitor = ProgressMonitor(self.timeouts, self.step_times, self._on_hang,
-                                       self._running)  # fmt: skip
+        self.step_times = StepTimes(
+            settings.straggler_factor, settings.straggler_steps, self._on_straggler
+        )
+        self.monitor = ProgressMonitor(
+            self.timeouts, self.step_times, self._on_hang, self._running,
+            drain=watchdog.timer_server.drain,
+        )  # fmt: skip
         self.stats: collections.Counter[str] = collections.Counter()
         self._pids: dict[int, int] = {}
         """The workers' own pids -> local rank, this attempt (trusted while they run)."""
@@ -132,6 +135,7 @@ class HeartbeatService:
         )
 
     async def _handle_hang(self, silences: list[Silence]) -> None:
+        detected_at = time.time()
         overdue = [s for s in silences if s.overdue]
         group = self._agent.get_worker_group()
         ranks = {w.local_rank: w.global_rank for w in group.workers}
@@ -147,6 +151,7 @@ class HeartbeatService:
         dumps = await stacks.capture(targets, self._dump_wait)
         where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
         verdict = judge(silences, dumps, ranks, str(where))
+        verdict.details["detected_at"] = detected_at
         self.stats["hangs"] += 1
         log.error("%s", verdict.why)
         self._notify("hang_detected", verdict.details)

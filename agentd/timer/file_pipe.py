@@ -238,6 +238,11 @@ class FifoSource:
                 os.rmdir(self._created_dir)
             self._created_dir = None
 
+    def drain(self) -> None:
+        """Read what is waiting on the pipe now (nothing once closed)."""
+        if self._rfd >= 0:
+            self._on_readable()
+
     def _on_readable(self) -> None:
         while True:
             try:

@@ -11,8 +11,8 @@ One JSON object per line, written atomically like a timer request (see
 or ``done`` (the worker will heartbeat no more: stop watching it until its next message).
 ``steps`` counts the worker's heartbeats so far, ``at`` is when the message's event
 happened on the host's monotonic clock (``time.monotonic()``, the same for every process
-of the host). The first message of a process may carry ``dump_signal``: the signal on
-which it registered :mod:`faulthandler` to dump its stacks.
+of the host). ``dump_signal``, when present, is the signal on which the process
+registered :mod:`faulthandler` to dump its stacks.
 """
 
 from __future__ import annotations

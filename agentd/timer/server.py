@@ -405,6 +405,10 @@ class FileTimerServer(TimerServer):
         self._source.close()
         self.log_event("watchdog stopped", None)
 
+    def drain(self) -> None:
+        """Read what is waiting on the pipe now (the loop would, at its next turn)."""
+        self._source.drain()
+
     def log_event(self, name: str, request: TimerRequest | None) -> None:
         if self._log_event is not None:
             try:

@@ -1,0 +1,48 @@
+"""A worker that heartbeats about --rate times a second for --seconds, then reports the
+cost of a heartbeat() call in its own process (``OUT/cost_<rank>.json``).
+
+``beat_worker.py OUT --rate 1000 --seconds 10 [--no-beats]``
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import agentd
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--rate", type=float, default=1000.0)
+parser.add_argument("--seconds", type=float, default=10.0)
+parser.add_argument("--no-beats", action="store_true")
+args = parser.parse_args()
+rank = os.environ.get("RANK", "0")
+
+period = 1.0 / args.rate
+end = time.monotonic() + args.seconds
+beats = 0
+next_at = time.monotonic()
+while time.monotonic() < end:
+    next_at += period
+    if not args.no_beats:
+        agentd.heartbeat()
+        beats += 1
+    delay = next_at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+calls = 1_000_000
+started = time.perf_counter()
+for _ in range(calls):
+    agentd.heartbeat()
+per_call = (time.perf_counter() - started) / calls
+started = time.perf_counter()
+for _ in range(10_000):
+    with agentd.section("bench"):
+        pass
+per_section = (time.perf_counter() - started) / 10_000
+agentd.end_heartbeats()
+doc = {"beats": beats, "heartbeat_ns": per_call * 1e9, "section_us": per_section * 1e6}
+(Path(args.out) / f"cost_{rank}.json").write_text(json.dumps(doc))
