@@ -27,6 +27,7 @@ _EXPORTS = {
     "RestartPolicy": "agentd.restart",
     "AgentConfig": "agentd.config",
     "record": "agentd.errors",
+    "HeartbeatSettings": "agentd.heartbeats.timeouts",
     "heartbeat": "agentd.progress",
     "section": "agentd.progress",
     "end_heartbeats": "agentd.progress",
@@ -41,6 +42,7 @@ __all__ = [
     "AgentdError",
     "ConfigError",
     "ElasticAgent",
+    "HeartbeatSettings",
     "LocalElasticAgent",
     "RestartBackoff",
     "RestartPolicy",
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from agentd.config import AgentConfig
     from agentd.errors import record
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
+    from agentd.heartbeats.timeouts import HeartbeatSettings
     from agentd.local_agent import LocalElasticAgent
     from agentd.progress import end_heartbeats, heartbeat, section
     from agentd.restart import RestartBackoff, RestartPolicy

@@ -153,3 +153,31 @@ async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp
     assert not any(pid_alive(pid) for pid in pids)  # stopped before the cancel went on
     result = json.loads((tmp_path / "api-run" / "result.json").read_text())
     assert (result["state"], result["outcome"]) == ("STOPPED", "stopped")
+
+
+async def test_a_hang_fails_the_group_with_its_report_through_the_python_api(tmp_path):
+    """``LocalElasticAgent(heartbeats=...)``: a rank that stops heartbeating is found,
+    dumped and reported; observers hear ``hang_detected``."""
+    from agentd import HeartbeatSettings
+    from tests.conftest import TESTS
+
+    job = str(TESTS / "workers" / "heartbeat_job.py")
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=sys.executable,
+                      args=("-u", job, "--steps", "40", "--hang-rank", "1", "--hang-at", "5"),
+                      rdzv_handler=StaticRendezvous("api-hang"), max_restarts=0)  # fmt: skip
+    agent = LocalElasticAgent(spec, log_dir=tmp_path,
+                              heartbeats=HeartbeatSettings(step_timeout=0.8))  # fmt: skip
+    heard: list[dict] = []
+
+    class Listener(AgentObserver):
+        def hang_detected(self, details):
+            heard.append(details)
+
+    agent.add_observer(Listener())
+    result = await agent.run_async("trainer")
+    assert result.is_failed()
+    root = result.root_cause
+    assert root.global_rank == 1 and root.message.startswith("hang: rank 1 stopped first")
+    assert root.hang is not None and root.hang["timeout_source"] == "explicit"
+    assert [d["rank"] for d in heard] == [1]
+    assert agent.heartbeat_status()["hangs"] == 1

@@ -225,7 +225,7 @@ def test_the_lightning_callback_in_a_ddp_cpu_job(run_agentd, tmp_path):
     job = str(TESTS / "workers" / "lightning_ddp.py")
     agent = run_agentd("--nproc-per-node", "2", job, str(tmp_path / "lightning"))
     assert agent.wait(timeout=180) == 0, agent.stderr()
-    assert trained(agent) == ["trained 0", "trained 1"]
+    assert trained(agent) == ["trained 0", "trained 1"], agent.stdout() + agent.stderr()
     learned = samples(agent.log_dir)
     assert {"", "validation", "checkpoint"} <= set(learned)
 
