@@ -33,6 +33,8 @@ from time import monotonic, monotonic_ns
 from types import TracebackType
 from typing import IO
 
+from agentd.timer.progress_wire import check_section_name, encode
+
 PIPE_ENV = "AGENTD_PROGRESS_PIPE"
 STACK_FILE_ENV = "AGENTD_STACK_FILE"
 DUMP_SIGNAL_ENV = "AGENTD_DUMP_SIGNAL"
@@ -75,8 +77,6 @@ class _Channel:
         self.dump_signal = sig
 
     def send(self, kind: str, section: str | None = None) -> None:
-        from agentd.timer.progress_wire import encode
-
         # Every message says how to ask for a dump: any one of them may be the first the
         # agent reads (it drops what comes before it knows the worker).
         data = encode(kind, os.getpid(), _steps, monotonic(), section, self.dump_signal)
@@ -157,8 +157,6 @@ class section(contextlib.ContextDecorator):
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        from agentd.timer.progress_wire import check_section_name
-
         self.name = check_section_name(name)
 
     def __enter__(self) -> section:

@@ -14,8 +14,8 @@ the collective times out (``--collective-timeout``; torch's default is 30 minute
 
 **Cost.** Four workers call ``heartbeat()`` 1,000 times a second each for ``--seconds``
 (``beat_worker.py``): the agent's CPU use with heartbeats, without (the same workers not
-calling it) and torchrun's with the same workers; and the cost of one ``heartbeat()``
-call (ns) and of one ``section()`` (µs) measured inside a worker.
+calling it) and torchrun's with the same workers; and the CPU cost of one ``heartbeat()``
+call (ns) and of one ``section()`` entered and left (µs), measured inside the workers.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def hang_once(launcher: str, args: argparse.Namespace) -> dict[str, object]:
             failed = [t for r in range(4) if (t := read_float(out / f"failed_at_{r}"))]
             if hang_at is not None and failed:
                 found["detected"] = min(failed) - hang_at
+            if done.returncode != 0:
+                errors = [ln for ln in done.stderr.splitlines() if "RuntimeError" in ln]
+                found["last_error"] = errors[-1][-160:] if errors else "?"
             return found
         events = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
         hangs = [e["metadata"] for e in events if e["name"] == "hang"]
@@ -137,6 +140,9 @@ def main() -> None:
         ratio = agentd["detected"] / agentd["interval"]
         print(f"  agentd detected the hang in {agentd['detected']:.2f}s = {ratio:.2f}x the "
               f"learned step interval {agentd['interval']:.2f}s (target <= 3x)")  # fmt: skip
+    if isinstance(torchrun.get("detected"), float):
+        print(f"  torchrun learned of it when the collective timed out, "
+              f"{torchrun['detected']:.1f}s after the hang")  # fmt: skip
     if isinstance(agentd.get("training_again"), float) and isinstance(
         torchrun.get("training_again"), float
     ):

@@ -14,6 +14,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.aio import cancel_and_wait
@@ -124,7 +125,7 @@ class HeartbeatService:
         proc = self._agent.worker_processes().get(local_rank)
         return proc is not None and proc.returncode is None
 
-    def _stack_file(self, local_rank: int) -> Any:
+    def _stack_file(self, local_rank: int) -> Path:
         return attempt_dir(self._agent.run_dir, self._agent.attempt, local_rank) / STACK_FILE
 
     # -- a hang ------------------------------------------------------------------------------
@@ -139,13 +140,10 @@ class HeartbeatService:
         overdue = [s for s in silences if s.overdue]
         group = self._agent.get_worker_group()
         ranks = {w.local_rank: w.global_rank for w in group.workers}
-        log.error(
-            "Hang: no progress from rank(s) %s within their timeout (%s); dumping the stacks of "
-            "%d worker(s)",
-            ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue),
-            "; ".join(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue),
-            len(silences),
-        )
+        who = ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue)
+        limits = dict.fromkeys(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue)
+        log.error("Hang: no progress from rank(s) %s within their timeout (%s); dumping the "
+                  "stacks of %d worker(s)", who, "; ".join(limits), len(silences))  # fmt: skip
         targets = [stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal,
                                      self._stack_file(s.local_rank)) for s in silences]  # fmt: skip
         dumps = await stacks.capture(targets, self._dump_wait)

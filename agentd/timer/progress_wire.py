@@ -17,6 +17,7 @@ registered :mod:`faulthandler` to dump its stacks.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import signal
@@ -59,10 +60,16 @@ def encode(
     """The wire line of one message, newline included (at most a few hundred bytes)."""
     line = f'{{"version":2,"kind":"{kind}","pid":{pid},"steps":{steps},"at":{at!r}'
     if section is not None:
-        line += ',"section":' + json.dumps(section)
+        line += ',"section":' + _quoted(section)
     if dump_signal:
         line += f',"dump_signal":{dump_signal}'
     return (line + "}\n").encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _quoted(name: str) -> str:
+    """A section name as a JSON string (names repeat: each is escaped once)."""
+    return json.dumps(name)
 
 
 def parse(doc: dict[str, object], max_pid: int) -> ProgressMessage:
