@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -157,18 +158,32 @@ def test_a_worker_that_never_heartbeats_is_caught_by_the_initial_timeout(run_age
     assert silent["stack"]["method"].startswith(("none:", "py-spy"))  # never registered
 
 
-def test_heartbeats_from_a_foreign_pid_are_dropped(run_agentd, tmp_path):
-    agent = run_agentd("--nproc-per-node", "1", *FLOOR, JOB, "--steps", "40")
-    pipe = wait_until(
-        lambda: (agent.out_dir / "pipe").exists() and (agent.out_dir / "pipe").read_text(),
-        what="the pipe's path",
-    )
+def test_heartbeats_from_a_foreign_pid_are_dropped_and_status_shows_the_rest(run_agentd):
+    agent = run_agentd("--nproc-per-node", "2", "--health-port", "0", *FLOOR,
+                       JOB, "--steps", "60")  # fmt: skip
+    pipe = wait_until(lambda: (agent.out_dir / "pipe").exists()
+                      and (agent.out_dir / "pipe").read_text(), what="the pipe's path")  # fmt: skip
     fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
     try:  # the test's own pid, then a pid claimed by nobody: neither is our worker
         os.write(fd, encode("enter", os.getpid(), 1, 0.0, "forged"))
         os.write(fd, encode("beat", 4_000_000, 1, 0.0))
     finally:
         os.close(fd)
+    url = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+                     what="the health endpoint").group(1)  # fmt: skip
+
+    def learned() -> dict | None:
+        doc = json.loads(urllib.request.urlopen(url + "/status", timeout=10).read())["heartbeats"]
+        return doc if doc["timeouts"]["step"]["source"] == "learned" else None
+
+    status = wait_until(learned, what="a learned step timeout")
+    assert status["messages"]["untrusted"] == 2
+    assert [w["local_rank"] for w in status["workers"]] == [0, 1]
+    assert all(w["heartbeating"] and w["steps"] > 0 for w in status["workers"])
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    assert 'agentd_worker_step_seconds_count{local_rank="1",rank="1"}' in metrics
+    assert 'agentd_heartbeat_timeout_seconds{of="step",source="learned"} 1.0' in metrics
+    assert 'agentd_progress_messages_total{outcome="untrusted"} 2.0' in metrics
     assert agent.wait(timeout=90) == 0, agent.stderr()
     assert "Progress message dropped (untrusted, 1 so far): pid" in agent.stderr()
     assert "forged" not in samples(agent.log_dir)
