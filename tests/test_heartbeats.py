@@ -350,3 +350,13 @@ def test_without_telling_dumps_the_rank_silent_longest_is_named():
     verdict = judge(silences, {}, {0: 0, 1: 1}, "stacks")
     assert verdict.culprit.local_rank == 1
     assert "sent no heartbeat since it started" in verdict.why
+
+
+def test_when_every_local_rank_waits_the_report_points_to_another_node():
+    timeout = Timeout(2.0, "learned", 30, 1.0)
+    silences = [Silence(0, 100, STEP, 1.0, 2.2, timeout, True, 9, 39)]
+    waiting, _ = parse_faulthandler(FAULTHANDLER)
+    dumps = {0: StackDump(0, Path("/l/0/stacks.txt"), "faulthandler", waiting, 2)}
+    verdict = judge(silences, dumps, {0: 0}, "/l/*/stacks.txt")
+    assert "every local rank waits in a collective" in verdict.why
+    assert verdict.details["waiting_on_another_node"] is True

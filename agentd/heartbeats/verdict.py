@@ -4,8 +4,9 @@ All ranks of a data-parallel job go silent when one hangs: the others wait for i
 their next collective. Their last heartbeats are often a few milliseconds apart, so the
 order of silence alone names the culprit at random. The dumps decide: a rank that is not
 waiting in a collective (or in backward, where DDP's all_reduce waits), or has no dump,
-is a suspect; among suspects (or among all, when every dump shows a wait) the one silent
-the longest is named.
+is a suspect; among suspects the one silent the longest is named. When every local rank
+waits, the culprit is on another node: the report says so (and names the local rank
+silent longest, as the one this node reports).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
     for what, who in waiting_in.items():
         listed = ", ".join(str(r) for r in sorted(who))
         parts.append(f"rank{'s' if len(who) > 1 else ''} {listed} waiting in {what}")
+    elsewhere = len(waiting) == len(pool)
+    if elsewhere:
+        parts.append("every local rank waits in a collective: the rank they wait for is on "
+                     "another node, whose agent names it")  # fmt: skip
     parts.append(f"stacks in {stacks_glob}")
     details = {
         "rank": rank,
@@ -64,6 +69,7 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
         "timeout": round(culprit.timeout.seconds, 3),
         "timeout_source": culprit.timeout.source,
         "learned_interval": round(culprit.timeout.observed, 6) or None,
+        "waiting_on_another_node": elsewhere,
         "ranks": [
             _rank_entry(s, dumps.get(s.local_rank), ranks)
             for s in sorted(pool, key=lambda s: s.local_rank)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _WARN_INTERVAL = 10.0
+WAIT_FOR_OTHER_NODE = 3.0
+"""Seconds a node whose ranks all wait in a collective leaves the other nodes to report."""
 
 
 class HeartbeatService:
@@ -150,6 +152,12 @@ class HeartbeatService:
         where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
         verdict = judge(silences, dumps, ranks, str(where))
         verdict.details["detected_at"] = detected_at
+        if verdict.details["waiting_on_another_node"]:
+            # Let the node of the rank we wait for report first: its report ends the round,
+            # which restarts us too (and cancels this). Only then is ours the one to read.
+            log.warning("Every local rank waits in a collective; giving the node that holds "
+                        "them up %.0fs to report its hung rank", WAIT_FOR_OTHER_NODE)  # fmt: skip
+            await asyncio.sleep(WAIT_FOR_OTHER_NODE)
         self.stats["hangs"] += 1
         log.error("%s", verdict.why)
         self._notify("hang_detected", verdict.details)

@@ -271,3 +271,26 @@ def test_the_job_scripts_run_unchanged_without_agentd(tmp_path):
         timeout=60,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "trained 0\n", "")
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_hang_on_one_node_restarts_every_node(run_agentd, tmp_path):
+    """Two agents, one rank each: the node of the hung rank names it; the other node's rank
+    waits in all_reduce, and its report points to the other node. Both train again."""
+    pytest.importorskip("torch")
+    from tests.conftest import free_port
+    from tests.jobs import FAST, agent_args
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    job = str(TESTS / "workers" / "torch_hang.py")
+    agents = [run_agentd(*agent_args(endpoint, "2", "--max-restarts", "1", *FLOOR, conf=FAST),
+                         job, "--steps", "80", "--step", "0.05", "--hang-at", "60",
+                         "--once-file", str(tmp_path / "hung"))
+              for _ in range(2)]  # fmt: skip
+    assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
+    assert sorted(r for a in agents for r in trained(a)) == ["trained 0", "trained 1"]
+    errs = [a.stderr() for a in agents]
+    assert sum("hang: rank 1 stopped first" in e for e in errs) == 1
+    waiting_side = next(e for e in errs if "hang: rank 1 stopped first" not in e)
+    assert "Rendezvous round over" in waiting_side  # restarted by the report of the other

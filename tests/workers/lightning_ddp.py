@@ -46,7 +46,7 @@ def main() -> None:
         logger=False,
     )
     trainer.fit(Line(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=32))
-    print("trained", os.environ["RANK"], flush=True)
+    print(f"trained {os.environ['RANK']}", flush=True)
 
 
 if __name__ == "__main__":
