@@ -52,7 +52,6 @@ class _Channel:
     """The write end of the agent's pipe, held open, for one process."""
 
     def __init__(self, path: str) -> None:
-        self.pid = os.getpid()
         self.fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self.dump_signal = 0
         self._stack_file: IO[str] | None = None
@@ -88,10 +87,8 @@ _channel: _Channel | None = None
 
 
 def _open_channel() -> _Channel | None:
-    """The channel to the agent, opened on first use; None (for good) without one."""
+    """Open the channel to the agent (first use); None, for good, without one."""
     global _channel, _next_send_ns
-    if _channel is not None:
-        return _channel
     path = os.environ.get(PIPE_ENV)
     if not path:
         _next_send_ns = _NEVER
@@ -119,8 +116,7 @@ def _send(kind: str, section: str | None = None) -> None:
             os.close(channel.fd)
         _channel, _next_send_ns = None, _NEVER
         return
-    if _next_send_ns != _NEVER:
-        _next_send_ns = monotonic_ns() + _SEND_INTERVAL_NS
+    _next_send_ns = monotonic_ns() + _SEND_INTERVAL_NS
 
 
 def _warn(text: str) -> None:

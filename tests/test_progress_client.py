@@ -143,3 +143,16 @@ def test_a_heartbeat_costs_well_under_two_microseconds_when_nothing_is_sent(pipe
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert float(out) < 20e-6
+
+
+def test_every_message_names_the_dump_signal(pipe, tmp_path):
+    """The agent may read a worker's later message first (it drops what arrives before it
+    knows the worker), so each one says how to ask for a dump."""
+    path, fd = pipe
+    code = "import agentd, time\nagentd.heartbeat()\ntime.sleep(0.3)\nagentd.heartbeat()"
+    env = {PIPE_ENV: str(path), STACK_FILE_ENV: str(tmp_path / "stacks.txt"),
+           DUMP_SIGNAL_ENV: str(DUMP_SIGNAL)}  # fmt: skip
+    proc = run_worker(code, env)
+    proc.communicate(timeout=60)
+    messages = read_messages(fd, until=2)
+    assert [m["dump_signal"] for m in messages] == [DUMP_SIGNAL, DUMP_SIGNAL]

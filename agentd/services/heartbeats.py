@@ -90,8 +90,7 @@ class HeartbeatService:
         self.monitor.unwatch()
         self._pids = {}
         handling, self._handling = self._handling, None
-        if handling is not None and handling is not asyncio.current_task():
-            await cancel_and_wait(handling)
+        await cancel_and_wait(handling)
 
     def feed(self, messages: list[ProgressMessage]) -> None:
         """Progress messages from the pipe, in order; foreign pids are dropped."""
