@@ -121,6 +121,7 @@ class EtcdCluster:
     tls: TlsFiles | None = None
     extra_args: tuple[str, ...] = ()
     members: list[EtcdMember] = field(default_factory=list)
+    _token: str = ""
 
     def __post_init__(self) -> None:
         scheme = "https" if self.tls else "http"
@@ -170,30 +171,34 @@ class EtcdCluster:
         raise AssertionError("unreachable")
 
     def _launch(self) -> None:
-        binary = etcd_binary()
-        if binary is None:
+        if etcd_binary() is None:
             raise RuntimeError("etcd is not installed (Debian package etcd-server)")
         self.root.mkdir(parents=True, exist_ok=True)
-        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        token = f"agentd-test-{os.getpid()}-{time.monotonic_ns()}"
+        self._token = f"agentd-test-{os.getpid()}-{time.monotonic_ns()}"
         for member in self.members:
-            argv = [
-                binary, "--name", member.name, "--data-dir", str(member.data_dir),
-                "--listen-client-urls", member.url, "--advertise-client-urls", member.url,
-                "--listen-peer-urls", member.peer_url,
-                "--initial-advertise-peer-urls", member.peer_url,
-                "--initial-cluster", initial, "--initial-cluster-token", token,
-                "--initial-cluster-state", "new",
-                "--heartbeat-interval", "10", "--election-timeout", "100",
-                "--logger", "zap", "--log-level", "warn", *self.extra_args,
-            ]  # fmt: skip
-            if self.tls is not None:
-                argv += ["--cert-file", str(self.tls.server_cert),
-                         "--key-file", str(self.tls.server_key),
-                         "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]  # fmt: skip
-            with open(member.log, "ab") as log:
-                member.proc = subprocess.Popen(argv, stdout=log, stderr=log,
-                                               stdin=subprocess.DEVNULL)  # fmt: skip
+            self._launch_member(member)
+
+    def _launch_member(self, member: EtcdMember) -> None:
+        """Start one member; one whose data dir exists rejoins with what it holds (etcd then
+        ignores the initial-cluster flags)."""
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        argv = [
+            str(etcd_binary()), "--name", member.name, "--data-dir", str(member.data_dir),
+            "--listen-client-urls", member.url, "--advertise-client-urls", member.url,
+            "--listen-peer-urls", member.peer_url,
+            "--initial-advertise-peer-urls", member.peer_url,
+            "--initial-cluster", initial, "--initial-cluster-token", self._token,
+            "--initial-cluster-state", "new",
+            "--heartbeat-interval", "10", "--election-timeout", "100",
+            "--logger", "zap", "--log-level", "warn", *self.extra_args,
+        ]  # fmt: skip
+        if self.tls is not None:
+            argv += ["--cert-file", str(self.tls.server_cert),
+                     "--key-file", str(self.tls.server_key),
+                     "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]  # fmt: skip
+        with open(member.log, "ab") as log:
+            member.proc = subprocess.Popen(argv, stdout=log, stderr=log,
+                                           stdin=subprocess.DEVNULL)  # fmt: skip
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         """Wait until every started member answers ``/health`` with a leader; a member that
@@ -221,6 +226,26 @@ class EtcdCluster:
         if member.proc is not None and member.proc.poll() is None:
             member.proc.kill()
             member.proc.wait()
+
+    def restart(self, *indexes: int, timeout: float = 20.0) -> None:
+        """Start killed members again on their ports and data dirs; wait until healthy."""
+        for index in indexes:
+            member = self.members[index]
+            if member.proc is not None and member.proc.poll() is None:
+                raise RuntimeError(f"etcd {member.name} is still running")
+            self._launch_member(member)
+        self.wait_healthy(timeout)
+
+    def leader(self) -> int:
+        """The index of the member that leads, as the running members see it."""
+        running = [
+            i for i, m in enumerate(self.members) if m.proc is not None and m.proc.poll() is None
+        ]
+        statuses = {
+            i: etcd_call(self.members[i].url, "/v3/maintenance/status", {}) for i in running
+        }
+        leader = statuses[running[0]]["leader"]
+        return next(i for i, s in statuses.items() if s["header"]["member_id"] == leader)
 
     def stop(self) -> None:
         for index in range(len(self.members)):

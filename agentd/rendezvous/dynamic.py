@@ -349,8 +349,9 @@ class DynamicRendezvous:
                 await self._rounds_or_fail().advance(current.generation, reason)
         except (StoreUnavailable, TimeoutError) as exc:
             self._unended = current.generation
-            raise StoreUnavailable(f"the store cannot be reached ({exc or 'timed out'}); the "
-                                   "round will be ended when it answers") from None  # fmt: skip
+            why = str(exc) or "no answer in time"
+            raise StoreUnavailable(f"the store cannot be reached ({why}); the round will be "
+                                   "ended when it answers") from None  # fmt: skip
 
     async def num_nodes_waiting(self) -> int:
         current = self._round
@@ -417,7 +418,11 @@ class DynamicRendezvous:
             if self._opened.hosted:
                 await self._wait_for_peers_to_leave()
         except (StoreError, TimeoutError) as exc:
-            log.warning("Rendezvous %s: could not leave cleanly: %s", self._run_id, exc)
+            log.warning(
+                "Rendezvous %s: could not leave cleanly: %s",
+                self._run_id,
+                str(exc) or "no answer in time",
+            )
         finally:
             await self._opened.close()
             self._store = self._opened = self._membership = self._rounds = None

@@ -250,4 +250,4 @@ class Membership:
         left = (self.deadline or now) - now
         self._problems.warning("unreachable", "Rendezvous: heartbeat to the store at %s failed "
                                "(%s); membership lapses in %.1fs unless it answers", self._where,
-                               exc or type(exc).__name__, max(0.0, left))  # fmt: skip
+                               str(exc) or "no answer in time", max(0.0, left))  # fmt: skip

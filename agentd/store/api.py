@@ -31,10 +31,14 @@ class StoreNotServing(StoreError):
     """A candidate store server stands by: another one serves (see store/candidates.py)."""
 
 
-class StoreAuthError(StoreError):
-    """The store refused our token (401)."""
+class StoreRefused(StoreError):
+    """The store refused a request in a way no retry can fix (the message says why)."""
 
     exit_code = 3
+
+
+class StoreAuthError(StoreRefused):
+    """The store refused our credentials: a token, a password, a certificate."""
 
 
 class StoreFull(StoreError):

@@ -11,10 +11,12 @@ The mapping:
 * ``wait`` reads the keys and their revision in one transaction, then watches from the
   next revision, so no change between the read and the watch is missed.
 
-The gateway answers errors as a gRPC ``code`` in the body. "Unavailable" (no leader, leader
-changed, request timed out) and connection failures move on to the next endpoint and retry
+The gateway answers errors as a gRPC ``code`` in the body; :mod:`agentd.store.etcd_codes`
+says which are the cluster's passing state (no leader, a request timed out inside etcd, too
+many requests, ...). Those and connection failures move on to the next endpoint and retry
 with backoff until ``retry_timeout``; a write that may have been applied is resent only when
-resending cannot change its outcome (everything but ``add``).
+resending cannot change its outcome (everything but ``add``). The rest, refusals of the
+request itself, raise :class:`~agentd.store.api.StoreRefused` at once.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ from agentd.store.api import (
     KeyEvent,
     StoreAuthError,
     StoreError,
+    StoreOutcomeUnknown,
+    StoreRefused,
     StoreTimeout,
     StoreUnavailable,
     WatchResult,
 )
+from agentd.store.etcd_codes import UNAUTHENTICATED, Verdict, classify, watch_cancel_code
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.sockets import keepalive_socket
 
@@ -49,14 +54,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 2379
 MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: longer multi-key requests are split."""
-
-# gRPC status codes the gateway puts in an error body's "code".
-_INVALID_ARGUMENT = 3
-_DEADLINE_EXCEEDED = 4
-_PERMISSION_DENIED = 7
-_UNAVAILABLE = 14
-_UNAUTHENTICATED = 16
-_RETRYABLE = {_UNAVAILABLE, _DEADLINE_EXCEEDED}
 
 _TLS_FAILED = (aiohttp.ClientSSLError,)
 
@@ -190,15 +187,15 @@ class EtcdStore:
                         self.observer(op, time.monotonic() - began)
                     return data
                 message = str(data.get("message") or data.get("error"))
-                if code == _UNAUTHENTICATED and token and self._credentials and not reauthenticated:
+                if code == UNAUTHENTICATED and token and self._credentials and not reauthenticated:
                     await self._authenticate()  # tokens expire; get a new one, once
                     reauthenticated = True
                     continue
-                self._raise_refusal(endpoint, op, code, message)
-                if not idempotent and "no leader" not in message:
-                    raise StoreUnavailable(f"etcd at {endpoint}: {op} failed ({message}); "
-                                           "not resent, it may have been applied")  # fmt: skip
-                problem = f"{endpoint}: {message}"
+                maybe_applied = self._raise_refusal(endpoint, op, code, message)
+                if not idempotent and maybe_applied:
+                    raise StoreOutcomeUnknown(f"etcd at {endpoint}: {op} failed ({message}); "
+                                              "not resent, it may have been applied")  # fmt: skip
+                problem = f"{endpoint}: {message} (gRPC code {code})"
             self._fail_over(problem)
             if not await backoff.pause():
                 raise StoreUnavailable(self._unavailable(problem))
@@ -215,15 +212,17 @@ class EtcdStore:
                              "etcd (v3.4 or later) client URL?")  # fmt: skip
         return int(code)
 
-    def _raise_refusal(self, endpoint: str, op: str, code: int, message: str) -> None:
-        """Raise for an error no retry can fix; return for one worth retrying."""
-        if code in (_UNAUTHENTICATED, _PERMISSION_DENIED) or (
-            code == _INVALID_ARGUMENT and ("user name" in message or "authenticat" in message)
-        ):
+    @staticmethod
+    def _raise_refusal(endpoint: str, op: str, code: int, message: str) -> bool:
+        """Raise for an error no retry can fix; for one worth retrying, return whether the
+        refused request may have been applied all the same."""
+        refusal = classify(code, message)
+        if refusal.verdict is Verdict.AUTH:
             raise StoreAuthError(f"etcd at {endpoint} refused {op}: {message} (set "
                                  "--rdzv-conf username= and password=)")  # fmt: skip
-        if code not in _RETRYABLE:
-            raise StoreError(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
+        if refusal.verdict is Verdict.REFUSED:
+            raise StoreRefused(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
+        return refusal.maybe_applied
 
     @staticmethod
     def _tls_refused(endpoint: str, exc: Exception) -> StoreAuthError:
@@ -232,7 +231,8 @@ class EtcdStore:
 
     def _unavailable(self, problem: str) -> str:
         hint = ""
-        if any(text in problem for text in ("no leader", "timed out", "leader changed")):
+        if any(text in problem for text in ("no leader", "timed out", "leader changed",
+                                            "deadline exceeded")):  # fmt: skip
             hint = "; the cluster has no quorum (too few members up?)"
         return (
             f"etcd at {self.where} is unavailable after {self._retry_timeout:g}s: {problem}{hint}"
@@ -510,7 +510,7 @@ class EtcdStore:
             message = json.loads(line)
             if "error" in message:  # the gateway's in-stream error: {"error": {"grpc_code": ...}}
                 error = message["error"]
-                code = int(error.get("grpc_code", _UNAVAILABLE))
+                code = int(error.get("grpc_code", watch_cancel_code("")))
                 self._raise_refusal(endpoint, "watch", code, str(error.get("message")))
                 raise _Retry(f"{endpoint}: {error.get('message')}")
             result = message.get("result", {})
@@ -521,8 +521,7 @@ class EtcdStore:
                 if "Unauthenticated" in reason and self._credentials:
                     self._token = None
                     raise _Retry(f"{endpoint}: {reason}")
-                self._raise_refusal(endpoint, "watch", _UNAUTHENTICATED if "auth" in reason
-                                    else _UNAVAILABLE, reason)  # fmt: skip
+                self._raise_refusal(endpoint, "watch", watch_cancel_code(reason), reason)
                 raise _Retry(f"{endpoint}: watch cancelled: {reason}")
             if result.get("created"):
                 current = int(result["header"].get("revision", 0))

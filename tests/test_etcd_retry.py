@@ -1,0 +1,95 @@
+"""EtcdStore against a scripted gateway on 127.0.0.1: transient refusals are retried with
+backoff, permanent ones end at once (exit 3), and a write that may have been applied is not
+resent. (The real cluster's outages are in tests/integration/test_etcd.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from agentd.store.api import StoreOutcomeUnknown, StoreRefused, StoreUnavailable
+from agentd.store.etcd import EtcdStore
+
+Answer = tuple[int, dict[str, object]]
+DEADLINE = (500, {"code": 2, "message": "context deadline exceeded"})
+SUCCEEDED = (200, {"header": {"revision": "7"}, "succeeded": True})
+
+
+class Gateway:
+    """Answers each POST with the next scripted answer (the last one repeats)."""
+
+    def __init__(self) -> None:
+        self.answers: list[Answer] = []
+        self.paths: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.paths.append(request.path)
+        status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return web.json_response(body, status=status)
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[tuple[Gateway, Callable[..., EtcdStore]]]:
+    fake = Gateway()
+    app = web.Application()
+    app.router.add_post("/{path:.*}", fake.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    stores: list[EtcdStore] = []
+
+    def store(retry_timeout: float = 10.0) -> EtcdStore:
+        stores.append(EtcdStore([f"http://127.0.0.1:{port}"], retry_timeout=retry_timeout))
+        return stores[-1]
+
+    yield fake, store
+    for each in stores:
+        await each.close()
+    await runner.cleanup()
+
+
+async def test_deadline_exceeded_inside_etcd_is_retried_until_it_answers(gateway):
+    fake, store = gateway
+    fake.answers = [DEADLINE, DEADLINE, (503, {"code": 14, "message": "etcdserver: no leader"}),
+                    SUCCEEDED]  # fmt: skip
+    assert await store().compare_set("k", None, b"v") == (True, b"v")
+    assert fake.paths == ["/v3/kv/txn"] * 4
+
+
+async def test_a_cluster_that_stays_unavailable_is_store_unavailable_saying_why(gateway):
+    fake, store = gateway
+    fake.answers = [DEADLINE]
+    with pytest.raises(StoreUnavailable) as caught:
+        await store(retry_timeout=0.3).set("k", b"v")
+    text = str(caught.value)
+    assert "context deadline exceeded (gRPC code 2)" in text and "no quorum" in text, text
+    assert caught.value.exit_code == 3 and len(fake.paths) > 1
+
+
+async def test_a_refused_request_ends_at_once_with_exit_3(gateway):
+    fake, store = gateway
+    fake.answers = [(400, {"code": 3, "message": "etcdserver: too many operations in txn request"})]
+    with pytest.raises(StoreRefused) as caught:
+        await store().compare_set("k", None, b"v")
+    assert caught.value.exit_code == 3 and len(fake.paths) == 1
+    assert "refused compare_set: etcdserver: too many operations" in str(caught.value)
+
+
+async def test_an_add_that_may_have_been_applied_is_not_resent(gateway):
+    fake, store = gateway
+    fake.answers = [(200, {"header": {"revision": "3"}}), DEADLINE]  # the read, then the txn
+    with pytest.raises(StoreOutcomeUnknown, match="not resent, it may have been applied"):
+        await store().add("counter", 1)
+    assert fake.paths == ["/v3/kv/range", "/v3/kv/txn"]
+
+
+async def test_an_add_refused_before_raft_is_resent(gateway):
+    fake, store = gateway
+    busy = (429, {"code": 8, "message": "etcdserver: too many requests"})
+    fake.answers = [(200, {"header": {"revision": "3"}}), busy, SUCCEEDED]
+    assert await store().add("counter", 2) == 2
+    assert fake.paths == ["/v3/kv/range", "/v3/kv/txn", "/v3/kv/txn"]
