@@ -5,6 +5,12 @@ connection that has not sent a whole request within ``idle_timeout`` (a slowlori
 idle keep-alive) is closed, and handlers of a client that went away are cancelled. A
 connection beyond the cap gets a ready-made ``503`` and is closed at once, without a
 request handler or a task; that is logged once per interval, never per connection.
+
+A client's malformed request (a NUL byte in a header, an oversized header line, a bad
+request line: aiohttp's ``HttpProcessingError``) is answered 400 by aiohttp and logged by
+:class:`ServerLog` as one WARNING line per interval with the count so far, never as a
+traceback: anyone who can connect could otherwise fill the log. A failure of agentd's own
+handlers keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,71 @@ class Limits:
     cancel_abandoned: bool = True
     """Cancel a request's handler when its client disconnects (long polls would otherwise
     run their course for nobody)."""
+    log_interval: float = 10.0
+    """Seconds between two log lines of one kind of client fault (the count goes on)."""
+
+
+class ServerLog:
+    """The logger aiohttp's request handlers of one listener report to (``logger=``).
+
+    A protocol error of the client becomes one WARNING line per ``interval`` naming the
+    listener, the count so far, the latest client and what was wrong; anything else is
+    logged with its traceback, as aiohttp would.
+    """
+
+    def __init__(self, what: str, interval: float = 10.0) -> None:
+        self._what = what
+        self._problems = RateLimitedLog(log, interval)
+        self.malformed = 0
+        """Malformed requests answered 400 since the listener started."""
+        self._last: BaseException | None = None
+        """The fault counted last: aiohttp reports a broken body again when it drains the
+        rest after the handler has answered, with the same exception."""
+
+    def debug(self, message: str, *args: object, **kwargs: Any) -> None:
+        _aiohttp_log.debug(message, *args, **kwargs)
+
+    def exception(self, message: str, *args: object, exc_info: object = True,
+                  **kwargs: Any) -> None:  # fmt: skip
+        if not is_client_fault(exc_info):
+            _aiohttp_log.exception(message, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
+            return
+        assert isinstance(exc_info, BaseException)
+        self.client_fault(str(args[0]) if args and "from %s" in message else "a client",
+                          exc_info)  # fmt: skip
+
+    def client_fault(self, client: str, exc: BaseException) -> None:
+        """Count the malformed request ``exc`` from ``client``; log it within the limit."""
+        if exc is self._last:
+            return
+        self._last = exc
+        self.malformed += 1
+        self._problems.warning("malformed", "%s: answered 400 to %d malformed request(s) so "
+                               "far; the latest from %s: %s", self._what, self.malformed,
+                               client, _one_line(client_problem(exc)))  # fmt: skip
+
+
+def is_client_fault(exc: object) -> bool:
+    """``exc`` is aiohttp's word that a client sent a malformed request or body."""
+    from aiohttp.http_exceptions import HttpProcessingError
+    from aiohttp.web_protocol import RequestPayloadError
+
+    return isinstance(exc, HttpProcessingError | RequestPayloadError)
+
+
+def client_problem(exc: BaseException) -> str:
+    """What was wrong with a client's request, without aiohttp's ``400, message:`` frame."""
+    text = str(getattr(exc, "message", "") or exc)
+    return re.sub(r"^\d{3}, message:\s*", "", text)
+
+
+_aiohttp_log = logging.getLogger("aiohttp.server")
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line, at most ``limit`` characters (a client chose it)."""
+    flat = re.sub(r"\s+", " ", text).strip()
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class _Refused(asyncio.Protocol):
@@ -109,9 +181,15 @@ class _Bounded:
 
 
 async def serve_app(
-    app: web.Application, host: str, port: int, what: str, limits: Limits | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    what: str,
+    limits: Limits | None = None,
+    server_log: ServerLog | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop.
+    """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop;
+    aiohttp reports to ``server_log`` (a new :class:`ServerLog` by default).
 
     Returns the runner (``await runner.cleanup()`` stops it) and the port really bound.
     A port that cannot be bound is a :class:`StartError` naming ``what`` and the address.
@@ -125,6 +203,9 @@ async def serve_app(
             server = await super()._make_server()
             return _Bounded(server, bounds.max_connections, what)  # type: ignore[return-value]
 
+    if server_log is None:
+        server_log = ServerLog(what, bounds.log_interval)
+
     # Long polls would hold a stop for up to a minute; clients retry them elsewhere.
     runner = BoundedRunner(
         app,
@@ -134,6 +215,7 @@ async def serve_app(
         keepalive_timeout=bounds.idle_timeout,
         lingering_time=min(2.0, bounds.body_timeout),  # reading an unwanted body's rest
         handler_cancellation=bounds.cancel_abandoned,
+        logger=server_log,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)

@@ -102,3 +102,35 @@ async def test_an_abandoned_long_poll_is_cancelled():
                 await asyncio.sleep(0.01)
     finally:
         await server.stop()
+
+
+async def test_malformed_requests_are_counted_in_one_warning_line_per_interval(caplog):
+    server = StoreServer(limits=Limits(log_interval=0.0))
+    await server.start()
+    try:
+        for _ in range(3):
+            answer = await exchange(server.port, b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.0 400 Bad Request")
+    finally:
+        await server.stop()
+    lines = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert [line.split(" so far")[0] for line in lines] == [
+        f"store: answered 400 to {n} malformed request(s)" for n in (1, 2, 3)
+    ]
+    assert all(r.exc_info is None and r.levelname == "WARNING" for r in caplog.records)
+    assert server.server_log.malformed == 3
+
+
+async def test_a_body_that_cannot_be_decoded_is_400_not_an_internal_error(caplog):
+    server = StoreServer()
+    await server.start()
+    try:
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        answer = await exchange(server.port, b"POST /v1/get HTTP/1.1\r\nHost: x\r\n" + auth
+                                + b"Content-Encoding: gzip\r\nContent-Length: 5\r\n"
+                                + b"Connection: close\r\n\r\nabcde")  # fmt: skip
+    finally:
+        await server.stop()
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Can not decode content-encoding" in answer
+    assert [r.levelname for r in caplog.records if r.levelno >= 30] == ["WARNING"]
+    assert server.server_log.malformed == 1

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError, StartError
-from agentd.http_site import Limits, serve_app
+from agentd.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
 from agentd.ratelog import RateLimitedLog
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
@@ -100,6 +100,8 @@ class StoreServer:
         self._runner: web.AppRunner | None = None
         self._problems = RateLimitedLog(log)
         self._limits = dataclasses.replace(limits, max_connections=max_connections)
+        self.server_log = ServerLog("store", self._limits.log_interval)
+        """Where aiohttp reports, and malformed requests are counted."""
 
     @property
     def endpoint(self) -> str:
@@ -115,7 +117,7 @@ class StoreServer:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
         app.router.add_post("/v1/{op}", self._dispatch)
         self._runner, self.port = await serve_app(app, self.host, self.port, "store",
-                                                  self._limits)  # fmt: skip
+                                                  self._limits, self.server_log)  # fmt: skip
         if not self._given_token:
             try:
                 self.token_file = token_file.publish(self.port, self.token)
@@ -188,7 +190,11 @@ class StoreServer:
             return self._error(413, f"body: larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
             return self._error(exc.status, exc.reason)
-        except Exception as exc:  # a bug, not the client's fault: one line, never a traceback
+        except Exception as exc:
+            if is_client_fault(exc):  # a body that cannot be decoded
+                self.server_log.client_fault(str(request.remote), exc)
+                return self._error(400, f"body: {client_problem(exc)}")
+            # a bug, not the client's fault: one line, never a traceback
             self._problems.error("internal", "Store: %s failed: %r", request.path, exc)
             return self._error(500, f"internal error: {type(exc).__name__}")
 

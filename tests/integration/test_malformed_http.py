@@ -1,0 +1,84 @@
+"""Malformed HTTP from anyone who can connect: every listener answers 400 and logs one
+WARNING line per interval with a count, never a traceback (issue 23)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WORKER, free_port, wait_until
+
+MALFORMED = [
+    b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Nul: a\x00b\r\n\r\n",  # a NUL byte in a header
+    b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 8192 + b"\r\n\r\n",  # 8 KiB line
+    b"GET /livez HTTP/9.9\r\nHost: x\r\n\r\n",  # a bad request line
+    b"POST /v1/get HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"GET /livez HTTP/1.1\r\n Host: x\r\n\r\n",  # a header line that starts with a space
+] * 2
+
+
+def send(port: int, request: bytes) -> bytes:
+    """``request`` on a fresh connection; the status line of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def assert_one_warning_per_listener(err: str, listener: str) -> None:
+    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if "malformed request" in line]
+    assert len(lines) == 1, lines
+    assert f"WARNING agentd.http_site: {listener}: answered 400 to 1 malformed request" in lines[0]
+
+
+@pytest.fixture
+def store_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``agentd store`` as one of two candidates (the other never starts)."""
+    err = tmp_path / "store.err"
+    port = free_port()
+    peers = f"127.0.0.1:{port},127.0.0.1:{free_port()}"
+    with open(err, "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", str(port), "--peers", peers],
+            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
+        yield proc, err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_candidate_store_answers_garbage_400_with_one_warning(store_process):
+    proc, err = store_process
+    port = int(re.search(r"Store listening on http://127\.0\.0\.1:(\d+)", err.read_text())[1])
+    assert {send(port, request) for request in MALFORMED} == {b"HTTP/1.0 400 Bad Request"}
+    assert proc.poll() is None
+    assert_one_warning_per_listener(err.read_text(), "store")
+
+
+def test_the_health_port_answers_garbage_400_with_one_warning(run_agentd, tmp_path):
+    stop = tmp_path / "stop"
+    agent = run_agentd("--health-port", "0", WORKER, "member", "--stop-file", str(stop))
+    url = wait_until(lambda: re.search(r"Health endpoint on http://127\.0\.0\.1:(\d+)",
+                                       agent.stderr()), what="the health endpoint")  # fmt: skip
+    port = int(url[1])  # type: ignore[index]
+    assert {send(port, request) for request in MALFORMED} == {b"HTTP/1.0 400 Bad Request"}
+    stop.touch()
+    assert agent.wait(30) == 0
+    assert_one_warning_per_listener(agent.stderr(), "health_port")
