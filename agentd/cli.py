@@ -25,6 +25,7 @@ from agentd.config import (
     local_world_size,
     resolve,
 )
+from agentd.config_values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.spec import WorkerSpec
 
@@ -254,6 +255,10 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port: {args.port!r} must be within 0..65535")
+    try:
+        args.host = host(args.host)
+    except RuleError as exc:
+        raise ConfigError(f"--host: {args.host!r} {exc}") from None
     token = args.store_token or environ.get("AGENTD_STORE_TOKEN") or None
     StoreServer(args.host, args.port, token)  # every rule is checked before binding
     peers, index = store_peers(args.peers, args.host, args.port, token)

@@ -265,7 +265,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "master_addr",
-        v.optional_text,
+        v.optional_host,
         "",
         "Address of group rank 0 for the workers' own "
         "process group (default 127.0.0.1 on a single node).",
@@ -279,7 +279,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PORT",
     ),
     _o(
-        "local_addr", v.optional_text, "", "This node's address for the rendezvous.", metavar="ADDR"
+        "local_addr", v.optional_host, "", "This node's address for the rendezvous.", metavar="ADDR"
     ),
     _o(
         "stop_signal",
@@ -441,7 +441,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _o(
         "health_host",
-        v.text,
+        v.host,
         "127.0.0.1",
         "Address of the health endpoint (0.0.0.0 for probes from outside the host).",
         metavar="HOST",

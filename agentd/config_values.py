@@ -99,6 +99,32 @@ def text(text: str) -> str:
     return text
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def host(text: str) -> str:
+    """An IP address (v4, or v6 with or without brackets) or a DNS host name: the syntax
+    only, so a typo is a usage error (exit 2) and not a failure to listen or connect."""
+    import ipaddress
+
+    name = text.strip()
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        ipaddress.ip_address(bare)
+        return bare
+    except ValueError:
+        pass
+    labels = name.removesuffix(".").split(".")
+    if not name or len(name) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in labels):
+        raise RuleError("must be an IP address or a host name (letters, digits, '-' and '_' in "
+                        "dot-separated labels)")  # fmt: skip
+    return name
+
+
+def optional_host(text: str) -> str | None:
+    return host(text) if text.strip() else None
+
+
 def optional_text(text: str) -> str | None:
     return text or None
 

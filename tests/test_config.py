@@ -72,6 +72,9 @@ def test_file_describes_the_job(tmp_path):
         ({"log_format": "xml"}, {}, "", "must be one of text, json"),
         ({"restart_backoff": "1:0"}, {}, "", "max must be >= the initial delay"),
         ({"module": True, "no_python": True}, {}, "", "cannot be combined"),
+        ({"health_host": "not a host!!"}, {}, "", "--health-host: 'not a host!!' must be an IP"),
+        ({}, {"PET_LOCAL_ADDR": "a b"}, "", "PET_LOCAL_ADDR: 'a b' must be an IP address or"),
+        ({}, {}, "master_addr = '-x.example'", "master_addr: '-x.example' must be an IP"),
     ],
 )
 def test_errors_name_source_value_rule(tmp_path, cli, env, text, message):
@@ -156,3 +159,13 @@ def test_torchs_log_prefix_syntax_is_accepted_and_unknown_fields_are_named():
     assert config.log_line_prefix_template == "[{role}{local_rank}|{rank}]:"
     with pytest.raises(ConfigError, match=r"unknown field \$\{host\}"):
         resolve({"log_line_prefix_template": "${host}", "script": "x.py"}, {}, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("[::1]", "::1"), ("0.0.0.0", "0.0.0.0"),
+     ("localhost", "localhost"), ("node-7.cluster.local.", "node-7.cluster.local."),
+     ("compose_service_1", "compose_service_1")],
+)  # fmt: skip
+def test_hosts_that_are_accepted(text, value):
+    assert resolve({"script": "x.py", "health_host": text}, {}).health_host == value

@@ -67,3 +67,8 @@ def test_bad_health_flags_exit_2(run_agentd):
     agent = run_agentd("--health-port", "99999", WORKER)
     assert agent.wait() == 2
     assert "--health-port: '99999' must be <= 65535" in agent.stderr()
+    agent = run_agentd("--health-host", "not a host!!", "--health-port", "0", WORKER)
+    assert agent.wait() == 2  # a usage error, not a failure to listen (3)
+    assert agent.stderr() == ("agentd: error: --health-host: 'not a host!!' must be an IP "
+                              "address or a host name (letters, digits, '-' and '_' in "
+                              "dot-separated labels)\n")  # fmt: skip

@@ -111,6 +111,11 @@ def test_store_peers_are_checked_before_anything_binds():
                                                                  token="")  # fmt: skip
 
 
+def test_a_malformed_store_host_is_a_usage_error():
+    assert "--host: 'not a host!!' must be an IP address or a host name" in store_error(
+        "--host", "not a host!!", "--port", "0")  # fmt: skip
+
+
 def test_an_agent_with_candidates_needs_a_token():
     out = subprocess.run(
         [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
