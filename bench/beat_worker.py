@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from report_files import write_report
+
 import agentd
 
 parser = argparse.ArgumentParser()
@@ -47,4 +49,4 @@ for _ in range(10_000):
 per_section = (time.process_time() - started) / 10_000
 agentd.end_heartbeats()
 doc = {"beats": beats, "heartbeat_ns": per_call * 1e9, "section_us": per_section * 1e6}
-(Path(args.out) / f"cost_{rank}.json").write_text(json.dumps(doc))
+write_report(Path(args.out) / f"cost_{rank}.json", json.dumps(doc))

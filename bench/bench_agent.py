@@ -21,10 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+from report_files import wait_reports
 
 WORKER = str(Path(__file__).with_name("worker.py"))
 NPROC = 4
@@ -63,20 +63,10 @@ def start(cmd: list[str], out: Path, mode: str, *extra: str, restarts: int = 0) 
     )
 
 
-def wait_for(path_glob: Callable[[], list[Path]], timeout: float = 60) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while not (found := path_glob()):
-        if time.monotonic() > deadline:
-            raise TimeoutError("benchmark worker did not report in time")
-        time.sleep(0.002)
-    return found
-
-
-def first_start(out: Path, restart: int) -> float:
-    files = wait_for(lambda: list(out.glob(f"start_{restart}_*")))
-    time.sleep(0.05)  # let the other workers of the attempt report too
-    files = list(out.glob(f"start_{restart}_*"))
-    return min(float(f.read_text()) for f in files if f.read_text())
+def first_start(out: Path, restart: int, proc: subprocess.Popen) -> float:
+    """When the first worker of attempt ``restart`` ran (every worker reports)."""
+    starts = [out / f"start_{restart}_{rank}" for rank in range(NPROC)]
+    return min(map(float, wait_reports(starts, 60, alive=lambda: proc.poll() is None)))
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -92,7 +82,7 @@ def measure_launch(cmd: list[str]) -> float:
         out = Path(tmp)
         t0 = time.time()
         proc = start(cmd, out, "exit")
-        first = first_start(out, 0)
+        first = first_start(out, 0, proc)
         finish(proc)
         return first - t0
 
@@ -101,10 +91,8 @@ def measure_restart(cmd: list[str]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = start(cmd, out, "crash", restarts=1)
-        crash = float(
-            wait_for(lambda: [out / "crash_0"] if (out / "crash_0").exists() else [])[0].read_text()
-        )
-        first = first_start(out, 1)
+        crash = float(wait_reports([out / "crash_0"], 60)[0])
+        first = first_start(out, 1, proc)
         proc.terminate()
         finish(proc)
         return first - crash
@@ -128,13 +116,7 @@ def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = start(cmd, out, "sleep", str(seconds + 5))
-        wait_for(
-            lambda: (
-                [p for p in out.glob("start_0_*")]
-                if len(list(out.glob("start_0_*"))) == NPROC
-                else []
-            )
-        )
+        first_start(out, 0, proc)
         time.sleep(1.0)  # settle after the start
         agent = psutil.Process(proc.pid)
         cpu0, (sw0, _) = sum(agent.cpu_times()[:2]), task_stats(agent)

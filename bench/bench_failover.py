@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report_files import reports as finished_reports
+
 WORKER = str(Path(__file__).with_name("member_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=30"
 TTL = 3.0
@@ -56,13 +58,8 @@ def command(launcher: str, port: int) -> list[str]:
 
 
 def reports(out: Path) -> list[dict[str, float]]:
-    found = []
-    for path in out.glob("member_*.json"):
-        try:
-            found.append(json.loads(path.read_text()))
-        except ValueError:
-            continue  # being written
-    return found
+    """What the workers reported so far (each file whole: written by a rename)."""
+    return [json.loads(p.read_text()) for p in finished_reports(out, "member_*.json")]
 
 
 def wait_for(condition, timeout: float) -> bool:

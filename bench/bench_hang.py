@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import psutil
+from report_files import reports
 
 BENCH = Path(__file__).parent
 HANG_WORKER = str(BENCH / "hang_worker.py")
@@ -108,7 +109,7 @@ def cost_once(launcher: str, args: argparse.Namespace, beats: bool) -> dict[str,
         time.sleep(window)
         used = sum(agent.cpu_times()[:2]) - before
         proc.wait(timeout=args.seconds + 120)
-        costs = [json.loads(p.read_text()) for p in out.glob("cost_*.json")]
+        costs = [json.loads(p.read_text()) for p in reports(out, "cost_*.json")]
         return {
             "agent_cpu": used / window,
             "beats_per_s": sum(c["beats"] for c in costs) / args.seconds,

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report_files import reports, wait_reports
+
 HERE = Path(__file__).parent
 WORKER = str(HERE / "torch_start_worker.py")
 TRIVIAL = str(HERE / "worker.py")
@@ -42,13 +44,13 @@ def launch(cmd: list[str], nproc: int, script_args: list[str]) -> subprocess.Pop
 
 
 def wait_files(out: Path, prefix: str, count: int, timeout: float = 120) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        files = list(out.glob(f"{prefix}_*"))
-        if len([f for f in files if not f.name.endswith(".tmp")]) >= count:
-            return [f.read_text() for f in files if not f.name.endswith(".tmp")]
-        time.sleep(0.005)
-    raise TimeoutError(f"{count} workers did not report in {timeout}s")
+    """The texts of ``count`` reports ``prefix_*`` in ``out``, once all are written."""
+
+    def enough() -> list[Path]:
+        found = reports(out, f"{prefix}_*")
+        return found if len(found) >= count else []
+
+    return wait_reports(enough, timeout, what=f"{count} workers")
 
 
 def finish(proc: subprocess.Popen[bytes]) -> None:

@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from report_files import wait_reports
+
 if TYPE_CHECKING:
     from agentd.store.api import Store
 
@@ -51,14 +53,6 @@ def launchers() -> dict[str, list[str]]:
     if importlib.util.find_spec("torch") is not None:
         found["torchrun"] = [sys.executable, "-m", "torch.distributed.run"]
     return found
-
-
-def wait_files(paths: list[Path], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"benchmark processes did not report: {paths}")
-        time.sleep(0.002)
 
 
 def reap(procs: list[subprocess.Popen]) -> None:
@@ -92,9 +86,8 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
                                    "exit", str(out)], env=env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for out in outs]  # fmt: skip
         try:
-            starts = [out / "start_0_0" for out in outs]
-            wait_files(starts)
-            return max(float(p.read_text()) for p in starts) - t0
+            starts = wait_reports([out / "start_0_0" for out in outs])
+            return max(map(float, starts)) - t0
         finally:
             reap(procs)
 
@@ -111,11 +104,10 @@ def measure_last_join(backend: str) -> float:
             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for i, out in enumerate(outs)]  # fmt: skip
         try:
-            wait_files([Path(f"{out}.ready") for out in outs])
+            wait_reports([Path(f"{out}.ready") for out in outs])
             time.sleep(1.5)  # the first three are waiting in the rendezvous
             go.touch()
-            wait_files(outs)
-            results = [json.loads(p.read_text()) for p in outs]
+            results = [json.loads(text) for text in wait_reports(outs)]
             return max(r["done"] for r in results) - results[-1]["joined"]
         finally:
             reap(procs)
@@ -198,8 +190,8 @@ def measure_crash(cmd: list[str]) -> float:
                                   env=env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for _ in range(2)]  # fmt: skip
         try:
-            wait_files([out / "crash", out / "stopped_1"])
-            return float((out / "stopped_1").read_text()) - float((out / "crash").read_text())
+            crash, stopped = map(float, wait_reports([out / "crash", out / "stopped_1"]))
+            return stopped - crash
         finally:
             reap(procs)
 

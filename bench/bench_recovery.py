@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from report_files import wait_reports
+
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 COMMANDS = {
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
@@ -48,9 +50,9 @@ def run_once(cmd: list[str], nproc: int, timeout: float) -> float | None:
         out = Path(tmp)
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
-            return None
+            return None  # the agent has exited: every report written is whole (renamed)
         crash = float((out / "crash").read_text())
-        return max(float(p.read_text()) for p in past) - crash
+        return max(float(text) for text in wait_reports(past, 0)) - crash
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict |
         if proc.poll() is not None or time.monotonic() > deadline:
             return None
         time.sleep(0.002)
-    return json.loads(path.read_text())
+    return json.loads(path.read_text())  # written atomically (a rename): whole once there
 
 
 def time_of_death(pid: int, timeout: float = 30) -> float | None:

@@ -10,16 +10,15 @@ import signal
 import sys
 import time
 
+from report_files import write_report
+
 out = sys.argv[1]
 group = os.environ["GROUP_RANK"]
 first = os.environ.get("AGENTD_ATTEMPT", os.environ["TORCHELASTIC_RESTART_COUNT"]) == "0"
 
 
 def stamp(name: str) -> None:
-    value = repr(time.time())
-    with open(os.path.join(out, name + ".tmp"), "w") as fp:
-        fp.write(value)
-    os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+    write_report(os.path.join(out, name), repr(time.time()))
 
 
 def on_term(signum: int, frame: object) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from report_files import write_report
 from torch.nn.parallel import DistributedDataParallel
 
 import agentd
@@ -41,8 +42,7 @@ x, y = torch.randn(32, 64), torch.randn(32, 1)
 
 
 def write(name: str, value: float) -> None:
-    (out / f"{name}.tmp").write_text(repr(value))
-    os.replace(out / f"{name}.tmp", out / name)
+    write_report(out / name, repr(value))
 
 
 def step(number: int) -> None:

@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from report_files import write_report
+
 
 def wait_for_go(go: str) -> None:
     while go and not os.path.exists(go):
@@ -26,13 +28,12 @@ def torch_node(endpoint: str, run_id: str, nnodes: int, host: bool, out: str, go
     params = RendezvousParameters("c10d", endpoint, run_id, nnodes, nnodes,
                                   is_host=host)  # fmt: skip
     handler = get_rendezvous_handler(params)
-    open(out + ".ready", "w").close()
+    write_report(out + ".ready", "")
     wait_for_go(go)
     joined = time.time()
     handler.next_rendezvous()
     done = time.time()
-    with open(out, "w") as fp:
-        json.dump({"joined": joined, "done": done}, fp)
+    write_report(out, json.dumps({"joined": joined, "done": done}))
     time.sleep(2)  # keep the TCPStore up while the others read their result
 
 
@@ -49,13 +50,12 @@ async def agentd_node(
         RendezvousSettings(min_nodes=nnodes, max_nodes=nnodes),
     )
     await handler._open()  # connect (or serve) before the clock starts, as torch's does
-    open(out + ".ready", "w").close()
+    write_report(out + ".ready", "")
     await asyncio.to_thread(wait_for_go, go)
     joined = time.time()
     await handler.next_rendezvous()
     done = time.time()
-    with open(out, "w") as fp:
-        json.dump({"joined": joined, "done": done}, fp)
+    write_report(out, json.dumps({"joined": joined, "done": done}))
     await asyncio.sleep(2)  # keep a hosted store up while the others read their result
     await handler.shutdown()
 

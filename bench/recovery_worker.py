@@ -11,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from report_files import write_report
 
 out = sys.argv[1]
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
@@ -18,13 +19,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
-with open(os.path.join(out, f"past_{restart}_{rank}"), "w") as fp:
-    fp.write(repr(time.time()))
+write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(time.time()))
 if restart == "0":
     dist.barrier()
     if rank == 0:
-        with open(os.path.join(out, "crash"), "w") as fp:
-            fp.write(repr(time.time()))
+        write_report(os.path.join(out, "crash"), repr(time.time()))
         os._exit(1)
     time.sleep(600)  # stopped by the agent
 dist.barrier()

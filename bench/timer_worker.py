@@ -11,14 +11,15 @@ import random
 import sys
 import time
 
+from report_files import write_report
+
 impl, out, last = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rank = int(os.environ["LOCAL_RANK"])
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 if restart >= last:
     sys.exit(0)
 if rank != 0:
-    with open(os.path.join(out, f"sibling_{restart}"), "w") as fp:
-        fp.write(str(os.getpid()))
+    write_report(os.path.join(out, f"sibling_{restart}"), str(os.getpid()))
     time.sleep(120)
     sys.exit(0)
 if impl == "torch":
@@ -28,8 +29,7 @@ else:
 client = FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"])
 deadline = time.time() + 0.3 + random.random() * 0.5
 client.acquire("bench", deadline)
-path = os.path.join(out, f"timer_{restart}")
-with open(path + ".tmp", "w") as fp:
-    json.dump({"pid": os.getpid(), "deadline": deadline}, fp)
-os.replace(path + ".tmp", path)
+write_report(
+    os.path.join(out, f"timer_{restart}"), json.dumps({"pid": os.getpid(), "deadline": deadline})
+)
 time.sleep(120)

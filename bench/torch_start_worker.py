@@ -9,12 +9,10 @@ import sys
 import time
 
 import torch
+from report_files import write_report
 
 model = torch.nn.Linear(256, 256)
 model(torch.randn(32, 256)).sum().backward()
 rank = os.environ["LOCAL_RANK"]
-path = os.path.join(sys.argv[1], f"ready_{rank}")
-with open(path + ".tmp", "w") as fp:
-    fp.write(f"{time.time()!r} {os.getpid()}")
-os.replace(path + ".tmp", path)
+write_report(os.path.join(sys.argv[1], f"ready_{rank}"), f"{time.time()!r} {os.getpid()}")
 time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -12,12 +12,11 @@ STARTED = time.time()
 import os  # noqa: E402
 import sys  # noqa: E402
 
+from report_files import write_report  # noqa: E402
+
 
 def stamp(name: str, value: float) -> None:
-    path = os.path.join(sys.argv[2], name)
-    with open(path + ".tmp", "w") as fp:
-        fp.write(repr(value))
-    os.replace(path + ".tmp", path)
+    write_report(os.path.join(sys.argv[2], name), repr(value))
 
 
 rank = os.environ["LOCAL_RANK"]
