@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentd.lazy import lazy_getattr
+from agentd.support.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -20,17 +20,17 @@ _EXPORTS = {
     "WorkerFailure": "agentd.spec",
     "RunResult": "agentd.spec",
     "Std": "agentd.spec",
-    "ElasticAgent": "agentd.agent",
-    "SimpleElasticAgent": "agentd.agent",
-    "LocalElasticAgent": "agentd.local_agent",
-    "RestartBackoff": "agentd.restart",
-    "RestartPolicy": "agentd.restart",
-    "AgentConfig": "agentd.config",
-    "record": "agentd.errors",
+    "ElasticAgent": "agentd.agent.template",
+    "SimpleElasticAgent": "agentd.agent.template",
+    "LocalElasticAgent": "agentd.agent.local",
+    "RestartBackoff": "agentd.agent.restart_policy",
+    "RestartPolicy": "agentd.agent.restart_policy",
+    "AgentConfig": "agentd.config.resolve",
+    "record": "agentd.reports.error_files",
     "HeartbeatSettings": "agentd.heartbeats.timeouts",
-    "heartbeat": "agentd.progress",
-    "section": "agentd.progress",
-    "end_heartbeats": "agentd.progress",
+    "heartbeat": "agentd.heartbeats.client",
+    "section": "agentd.heartbeats.client",
+    "end_heartbeats": "agentd.heartbeats.client",
     "AgentdError": "agentd.exceptions",
     "ConfigError": "agentd.exceptions",
     "StartError": "agentd.exceptions",
@@ -66,14 +66,14 @@ __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:
-    from agentd.agent import ElasticAgent, SimpleElasticAgent
-    from agentd.config import AgentConfig
-    from agentd.errors import record
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
+    from agentd.agent.template import ElasticAgent, SimpleElasticAgent
+    from agentd.config.resolve import AgentConfig
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
+    from agentd.heartbeats.client import end_heartbeats, heartbeat, section
     from agentd.heartbeats.timeouts import HeartbeatSettings
-    from agentd.local_agent import LocalElasticAgent
-    from agentd.progress import end_heartbeats, heartbeat, section
-    from agentd.restart import RestartBackoff, RestartPolicy
+    from agentd.reports.error_files import record
     from agentd.spec import (
         RunResult,
         Std,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from agentd import __version__
-from agentd.config import (
+from agentd.config.resolve import (
     OPTIONS,
     AgentConfig,
     check_script,
@@ -25,7 +25,7 @@ from agentd.config import (
     local_world_size,
     resolve,
 )
-from agentd.config_values import RuleError, host
+from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.spec import WorkerSpec
 
@@ -189,13 +189,13 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
 
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
-    from agentd.errors import copy_error_file
-    from agentd.health import HealthSettings
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.health.server import HealthSettings
     from agentd.heartbeats.timeouts import HeartbeatSettings
-    from agentd.local_agent import LocalElasticAgent
-    from agentd.ratelog import rate_limited_loop_errors
+    from agentd.reports.error_files import copy_error_file
+    from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings
-    from agentd.worker_env import SIGNALS_ENV
+    from agentd.workers.env import SIGNALS_ENV
 
     agent = LocalElasticAgent(
         spec,
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         if args.command == "status":
-            from agentd import status_cli
+            from agentd.health import status_cli
 
             return status_cli.run(args.url, args.json, args.check, args.timeout)
         if args.command == "store":

@@ -1,11 +1,11 @@
 """torch's launcher API (``torch.distributed.launcher.api``): launch an agent from Python.
 
 ``elastic_launch(LaunchConfig(...), entrypoint)(*args)`` builds the rendezvous handler,
-the worker spec and a :class:`~agentd.local_agent.LocalElasticAgent` from the config, runs
+the worker spec and a :class:`~agentd.agent.local.LocalElasticAgent` from the config, runs
 it to completion, and returns the workers' return values by global rank (empty for a
-command). A failed group raises :class:`~agentd.errors.ChildFailedError` naming the root
-cause; decorated with ``@record``, the launching process copies the root cause's error
-file into its own ``TORCHELASTIC_ERROR_FILE``, as torch's does.
+command). A failed group raises :class:`~agentd.reports.error_files.ChildFailedError`
+naming the root cause; decorated with ``@record``, the launching process copies the root
+cause's error file into its own ``TORCHELASTIC_ERROR_FILE``, as torch's does.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DEFAULT_RDZV_TIMEOUT = 900
 class LaunchConfig:
     """torch's launch configuration, field for field. ``numa_options`` is refused when set
     (agentd does not bind workers to NUMA nodes); ``metrics_cfg`` is accepted for
-    compatibility (metrics go through :mod:`agentd.metrics_api`)."""
+    compatibility (metrics go through :mod:`agentd.reports.metrics_api`)."""
 
     min_nodes: int
     max_nodes: int
@@ -82,11 +82,11 @@ def launch_agent(
     config: LaunchConfig, entrypoint: Callable[..., Any] | str | None, args: list[Any]
 ) -> dict[int, Any]:
     """Run one agent for ``config`` to completion (see the module docstring)."""
-    from agentd.errors import ChildFailedError
-    from agentd.local_agent import LocalElasticAgent
+    from agentd.agent.local import LocalElasticAgent
     from agentd.rendezvous.registry import RendezvousParameters, get_rendezvous_handler
+    from agentd.reports.error_files import ChildFailedError
     from agentd.spec import WorkerSpec
-    from agentd.worker_env import SIGNALS_ENV
+    from agentd.workers.env import SIGNALS_ENV
 
     if entrypoint is None:
         raise field_error("entrypoint", None, "is required (a function or a command)")

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
 from agentd.exceptions import IllegalTransition, field_error
-from agentd.restart import RestartBackoff, RestartPolicy
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler
@@ -404,7 +404,7 @@ class WorkerFailure:
 
     def __post_init__(self) -> None:
         if self.error_file and not self.error_file_data:
-            from agentd.errors import read_error_file
+            from agentd.reports.error_files import read_error_file
 
             content = read_error_file(self.error_file)
             if content is None:

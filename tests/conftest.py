@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd import orphans
+from agentd.hygiene import orphans
 
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "workers" / "worker.py")

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from agentd.config import OPTIONS, example_toml, local_world_size, resolve
+from agentd.agent.restart_policy import RestartBackoff
+from agentd.config.resolve import OPTIONS, example_toml, local_world_size, resolve
 from agentd.exceptions import ConfigError
-from agentd.restart import RestartBackoff
 from agentd.spec import Std
 
 EXAMPLE = Path(__file__).parents[1] / "config" / "agentd.toml"
@@ -103,7 +103,7 @@ def test_nproc_per_node_values():
 
 
 def test_example_config_is_current_and_complete():
-    assert EXAMPLE.read_text() == example_toml(), "regenerate: python -m agentd.config"
+    assert EXAMPLE.read_text() == example_toml(), "regenerate: python -m agentd.config.resolve"
     for option in OPTIONS:
         assert f"# {option.name} = " in EXAMPLE.read_text()
 

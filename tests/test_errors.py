@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from agentd.errors import format_failure_report, read_error_file, record, write_error_file
+from agentd.reports.error_files import (
+    format_failure_report,
+    read_error_file,
+    record,
+    write_error_file,
+)
 from agentd.spec import RunResult, WorkerFailure, WorkerState
 
 

@@ -25,8 +25,8 @@ from agentd.heartbeats.timeouts import (
     Timeout,
 )
 from agentd.heartbeats.verdict import judge
+from agentd.heartbeats.wire import ProgressMessage, encode
 from agentd.timer.file_pipe import BadRequest, parse_line, parse_request
-from agentd.timer.progress_wire import ProgressMessage, encode
 
 
 class Clock:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from agentd.health import HealthCheckServer
-from agentd.http_site import Limits
+from agentd.health.server import HealthCheckServer
 from agentd.store.server import StoreServer
+from agentd.support.http_site import Limits
 
 
 async def exchange(port: int, request: bytes) -> bytes:

@@ -21,12 +21,15 @@ def loaded(imports: str, heavy: tuple[str, ...]) -> list[str]:
 
 
 def test_agent_start_path_without_health_is_lean():
-    imports = "import agentd.cli, agentd.local_agent, agentd.health, agentd.timer.server"
+    imports = "import agentd.cli, agentd.agent.local, agentd.health.server, agentd.timer.server"
     assert loaded(imports, ("aiohttp", "prometheus_client", "psutil", "torch")) == []
 
 
 def test_worker_side_timer_client_needs_no_asyncio():
-    imports = "from agentd.timer import expires, FileTimerClient, configure; import agentd.errors"
+    imports = (
+        "from agentd.timer import expires, FileTimerClient, configure; "
+        "import agentd.reports.error_files"
+    )
     assert loaded(imports, ("asyncio", "aiohttp", "torch")) == []
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import io
 import logging
 
-from agentd import logs
-from agentd.logs import MAX_PARTIAL_LINE, StreamRoute, StreamSink, plan_route
-from agentd.ratelog import RateLimitedLog
+from agentd.support.ratelog import RateLimitedLog
+from agentd.workers import output as logs
+from agentd.workers.output import MAX_PARTIAL_LINE, StreamRoute, StreamSink, plan_route
 
 
 class Console(io.BytesIO):
@@ -119,7 +119,7 @@ def test_a_prefix_is_copied_literally_whatever_it_holds():
 
 
 def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
-    from agentd.logs import prune_attempts
+    from agentd.workers.output import prune_attempts
 
     for attempt in range(12):
         (tmp_path / f"attempt_{attempt}" / "0").mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
 
 
 def test_the_event_log_is_rotated_past_its_size(tmp_path):
-    from agentd.events import Event, JsonLinesFile
+    from agentd.reports.events import Event, JsonLinesFile
 
     path = tmp_path / "events.jsonl"
     sink = JsonLinesFile(str(path), max_bytes=2000)

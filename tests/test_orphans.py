@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from agentd import orphans
+from agentd.hygiene import orphans
 from tests.conftest import wait_until
 
 

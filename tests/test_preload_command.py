@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from agentd.config import resolve
+from agentd.config.resolve import resolve
 from agentd.exceptions import ConfigError
 from agentd.preload.command import parse
 from agentd.spec import WorkerSpec

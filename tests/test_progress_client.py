@@ -16,7 +16,7 @@ import time
 import pytest
 
 from agentd.heartbeats import DUMP_SIGNAL
-from agentd.progress import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
+from agentd.heartbeats.client import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 
 
 def run_worker(code: str, env: dict[str, str], **kwargs) -> subprocess.Popen[str]:
@@ -129,7 +129,7 @@ def test_an_agent_that_is_gone_turns_heartbeats_off_with_one_line(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, "trained\n")
     assert err.count("\n") == 1
-    assert err.startswith(f"agentd.progress: cannot reach the agent at {path}")
+    assert err.startswith(f"agentd.heartbeats.client: cannot reach the agent at {path}")
 
 
 def test_a_heartbeat_costs_well_under_two_microseconds_when_nothing_is_sent(pipe):

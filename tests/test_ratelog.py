@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from agentd.ratelog import RateLimitedLog
+from agentd.support.ratelog import RateLimitedLog
 
 
 def test_one_line_per_interval_and_kind_with_the_count_held_back(caplog):

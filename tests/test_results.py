@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentd.results import RESERVED_BYTES, ResultFile
+from agentd.reports.result_file import RESERVED_BYTES, ResultFile
 
 
 def test_the_placeholder_is_valid_json_and_reserves_its_blocks(tmp_path):

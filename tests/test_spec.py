@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from agentd.agent_rounds import assign_worker_ranks
+from agentd.agent.rendezvous_steps import assign_worker_ranks
 from agentd.exceptions import ConfigError, IllegalTransition
 from agentd.rendezvous.api import RoleInstanceInfo
 from agentd.spec import (
@@ -93,7 +93,7 @@ def test_run_ids_and_roles_must_be_one_safe_path_component(name):
 
 
 def test_a_local_elastic_agent_refuses_an_unsafe_run_id(tmp_path):
-    from agentd.local_agent import LocalElasticAgent
+    from agentd.agent.local import LocalElasticAgent
     from agentd.rendezvous.static import StaticRendezvous
 
     unsafe = spec(rdzv_handler=StaticRendezvous(run_id="../escape"))
@@ -143,7 +143,7 @@ def test_root_cause_is_first_failure():
 
 
 def test_rdzv_conf_variables_lose_only_their_password():
-    from agentd.worker_env import without_secrets
+    from agentd.workers.env import without_secrets
 
     env = without_secrets({"PET_RDZV_CONF": "join_timeout=5, password = pw ,key_prefix=/x",
                            "AGENTD_STORE_TOKEN": "t", "PATH": "/bin"})  # fmt: skip

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from agentd.tcpstore import MAGIC, StoreLimits, TCPStoreServer
+from agentd.tcpstore.server import MAGIC, StoreLimits, TCPStoreServer
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.torch

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from agentd.timer.api import RELEASE, TimerRequest
-from agentd.timer.hang import UninterruptibleMonitor
+from agentd.timer.dstate import UninterruptibleMonitor
 from agentd.timer.server import TimerServer
 
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from agentd.logs import StreamRoute
-from agentd.workers import WorkerProcess, spawn_worker, stop_workers
+from agentd.workers.output import StreamRoute
+from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from tests.conftest import pid_alive
 
 PY = sys.executable

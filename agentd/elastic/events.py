@@ -1,5 +1,5 @@
 """``torch.distributed.elastic.events``."""
 
-from agentd.events import Event, EventSource, record
+from agentd.reports.events import Event, EventSource, record
 
 __all__ = ["Event", "EventSource", "record"]

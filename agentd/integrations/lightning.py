@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import agentd.progress as progress
+import agentd.heartbeats.client as progress
 
 try:
     from lightning.pytorch import Callback

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-import agentd.progress as progress
+import agentd.heartbeats.client as progress
 
 
 class HeartbeatCallback(TrainerCallback):  # type: ignore[misc]

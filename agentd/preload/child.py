@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agentd.orphans import set_parent_death_signal
+from agentd.hygiene.orphans import set_parent_death_signal
 
 START_FAILED = 127
 """The exit status of a worker that could not be set up (its stderr says why)."""

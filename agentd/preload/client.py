@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
-from agentd.logs import StreamRoute, StreamSink
 from agentd.preload import command, wire
 from agentd.preload.command import PythonCommand
-from agentd.workers import WorkerProcess, spawn_process
+from agentd.workers.output import StreamRoute, StreamSink
+from agentd.workers.processes import WorkerProcess, spawn_process
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,8 @@ class Zygote:
         cwd: str | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ZygoteWorker:
-        """A worker forked from the zygote, as :func:`agentd.workers.spawn_worker` spawns one."""
+        """A worker forked from the zygote, as :func:`~agentd.workers.processes.spawn_worker`
+        spawns one."""
         await self.ready()
         cmd = command.parse(argv)
         if (cmd.executable, cmd.options) != (self.command.executable, self.command.options):

@@ -37,9 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.aio import first_done
 from agentd.exceptions import ConfigError
-from agentd.ratelog import RateLimitedLog
 from agentd.rendezvous.api import (
     RendezvousInfo,
     RendezvousTimeoutError,
@@ -50,6 +48,8 @@ from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
+from agentd.support.aio import first_done
+from agentd.support.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

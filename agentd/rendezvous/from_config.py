@@ -23,7 +23,7 @@ from agentd.rendezvous.static import StaticRendezvous
 from agentd.store.connect import StoreOpener
 
 if TYPE_CHECKING:
-    from agentd.config import AgentConfig
+    from agentd.config.resolve import AgentConfig
 
 TORCHRUN_MASTER_PORT = 29500
 _ALIASES = {"c10d": "agentd", "etcd-v2": "etcd"}

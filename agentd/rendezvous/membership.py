@@ -36,10 +36,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from agentd.aio import cancel_and_wait
-from agentd.ratelog import RateLimitedLog
 from agentd.store.api import Store, StoreError
 from agentd.store.sockets import DELIVERED_AFTER
+from agentd.support.aio import cancel_and_wait
+from agentd.support.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

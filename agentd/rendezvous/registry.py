@@ -78,7 +78,7 @@ class RendezvousParameters:
 
 def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
     """agentd's handler for ``params`` (a ConfigError names a bad setting)."""
-    from agentd.config import AgentConfig
+    from agentd.config.resolve import AgentConfig
     from agentd.rendezvous.from_config import build_rendezvous
 
     if params.backend not in BACKENDS:

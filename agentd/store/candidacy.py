@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from agentd.aio import cancel_and_wait
 from agentd.store.api import StoreNotServing
 from agentd.store.candidates import Prober, fingerprint
+from agentd.support.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

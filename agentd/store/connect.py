@@ -80,8 +80,8 @@ def is_local_address(host: str) -> bool:
 
 def _connection_cap(workers: int) -> int:
     """The connections a store served by this agent may take: what it can spare beside
-    its ``workers`` (see :mod:`agentd.fdlimits`)."""
-    from agentd import fdlimits
+    its ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
+    from agentd.hygiene import fdlimits
     from agentd.store.server import MAX_CONNECTIONS
 
     soft = fdlimits.raise_open_files_limit()
@@ -108,7 +108,7 @@ def http_store_opener(
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
     is free (another agent on this host may have bound it first), else be its client.
     A store served here takes at most the connections this agent can spare beside its
-    ``workers`` (see :mod:`agentd.fdlimits`)."""
+    ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
 
     async def open_store() -> OpenedStore:
         from agentd.store.candidates import endpoint_text

@@ -7,10 +7,10 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from agentd import fdlimits
-from agentd.ratelog import rate_limited_loop_errors
+from agentd.hygiene import fdlimits
 from agentd.store.candidacy import Candidacy
 from agentd.store.server import MAX_CONNECTIONS, StoreServer
+from agentd.support.ratelog import rate_limited_loop_errors
 
 log = logging.getLogger(__name__)
 

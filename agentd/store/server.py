@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError, StartError
-from agentd.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
-from agentd.ratelog import RateLimitedLog
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import CANDIDATES_HEADER, NOT_SERVING, TERM_HEADER
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
+from agentd.support.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
+from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentd.lazy import lazy_getattr
+from agentd.support.lazy import lazy_getattr
 from agentd.timer.api import TimerClient, TimerRequest, configure, expires, get_client
 
 _LAZY = {

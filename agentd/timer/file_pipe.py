@@ -23,9 +23,9 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentd.timer import progress_wire
+from agentd.heartbeats import wire as progress_wire
+from agentd.heartbeats.wire import ProgressMessage
 from agentd.timer.api import RELEASE, TIMER_FILE_ENV, TimerClient, TimerRequest
-from agentd.timer.progress_wire import ProgressMessage
 
 if TYPE_CHECKING:
     from agentd.timer.server import TimerServer
@@ -64,7 +64,7 @@ def encode_request(request: TimerRequest) -> bytes:
 
 def parse_request(line: bytes) -> TimerRequest | ProgressMessage:
     """One wire line (without its newline) as a timer request (version 1) or a progress
-    message (version 2, see :mod:`agentd.timer.progress_wire`); :class:`BadRequest`
+    message (version 2, see :mod:`agentd.heartbeats.wire`); :class:`BadRequest`
     otherwise."""
     try:
         doc = json.loads(line)

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.aio import cancel_and_wait
-from agentd.sync_bridge import StartedInBackground
+from agentd.heartbeats.wire import ProgressMessage
+from agentd.support.aio import cancel_and_wait
+from agentd.support.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
-from agentd.timer.progress_wire import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class FileTimerServer(TimerServer):
 
     torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
     once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
-    sections, :mod:`agentd.timer.progress_wire`), which torch's server does not know.
+    sections, :mod:`agentd.heartbeats.wire`), which torch's server does not know.
     ``log_event(name, request)`` hears "watchdog started", "timer expired",
     "kill worker process" and "watchdog stopped", as torch's.
     """

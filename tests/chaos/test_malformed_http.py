@@ -41,7 +41,10 @@ def assert_one_warning_per_listener(err: str, listener: str) -> None:
     assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if "malformed request" in line]
     assert len(lines) == 1, lines
-    assert f"WARNING agentd.http_site: {listener}: answered 400 to 1 malformed request" in lines[0]
+    assert (
+        f"WARNING agentd.support.http_site: {listener}: answered 400 to 1 malformed "
+        "request" in lines[0]
+    )
 
 
 @pytest.fixture

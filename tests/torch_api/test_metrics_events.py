@@ -38,8 +38,8 @@ def test_put_metric_values_show_on_the_agents_metrics_endpoint(impl, tmp_path):
 
     metrics = elastic(impl, "metrics")
     server = elastic(impl, "agent.server")
-    from agentd.health import HealthSettings
-    from agentd.local_agent import LocalElasticAgent
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.health.server import HealthSettings
 
     spec = server.WorkerSpec(
         role="t",

@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.agent.server.api``."""
 
-from agentd.agent import ElasticAgent, SimpleElasticAgent
+from agentd.agent.template import ElasticAgent, SimpleElasticAgent
 from agentd.spec import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 __all__ = [

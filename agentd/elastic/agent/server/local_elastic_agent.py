@@ -1,5 +1,5 @@
 """``torch.distributed.elastic.agent.server.local_elastic_agent``."""
 
-from agentd.local_agent import LocalElasticAgent
+from agentd.agent.local import LocalElasticAgent
 
 __all__ = ["LocalElasticAgent"]

@@ -1,0 +1,409 @@
+"""LocalElasticAgent: runs the worker group as local subprocesses of this agent.
+
+The core is the worker lifecycle: plan each worker (its log routes, environment and
+argv), spawn it, watch the group through exit events, and stop it with the one stop
+policy. Everything else the agent does is a service (:mod:`agentd.view`), started in
+order before the first rendezvous and stopped in reverse at the end: the run's record
+(``result.json``), the event log, the watchdog, the health endpoint and process hygiene.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentd.agent.template import SimpleElasticAgent
+from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
+from agentd.exceptions import StartError
+from agentd.heartbeats.service import HeartbeatService
+from agentd.heartbeats.timeouts import HeartbeatSettings
+from agentd.hygiene import fdlimits, orphans
+from agentd.hygiene.service import ProcessHygiene
+from agentd.preload.service import PreloadService
+from agentd.reports.event_log import EventLog
+from agentd.reports.service import RunRecord
+from agentd.spec import (
+    LogsSpecs,
+    RunResult,
+    Worker,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    check_log_prefix,
+    check_name,
+    check_start_method,
+)
+from agentd.support.sync_bridge import agent_step
+from agentd.tcpstore.service import WorkerStoreService
+from agentd.timer.server import TimerServer, WatchdogSettings
+from agentd.timer.service import Watchdog
+from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
+from agentd.workers.plan import plan_worker
+from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
+
+if TYPE_CHECKING:
+    from agentd.health.metrics import AgentMetrics
+    from agentd.health.server import Check, HealthCheckServer, HealthSettings
+    from agentd.health.service import HealthService
+    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.view import Service
+
+log = logging.getLogger(__name__)
+
+_TAIL_WAIT = 0.5
+
+
+class LocalElasticAgent(SimpleElasticAgent):
+    """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
+
+    ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
+    ``result.json``; without one, a fresh temporary directory is used. The first attempt's
+    directory and the last ``keep_attempts`` are kept (0: all). With
+    ``process_hygiene`` (the default) the agent becomes a child subreaper, reaps orphans,
+    runs a guardian that kills the workers if the agent is killed, and kills workers left
+    over by a dead agent of the same run id (``fresh_run_id`` says the id was just
+    generated, so there can be none and the look for them is skipped).
+
+    The watchdog (:attr:`timer_server`) runs with the agent; ``watchdog`` settings add
+    torch's named-pipe timers and D-state detection. A worker reaped by it makes the
+    group UNHEALTHY, which restarts it per policy like a failure.
+
+    Workers that call :func:`agentd.heartbeat` are watched for hangs as ``heartbeats``
+    says: a hung group has its stacks dumped, then restarts per policy like a failure.
+
+    ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` from before the
+    first rendezvous to the end; ``event_log`` appends the run's events as JSON lines.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs | None = None,
+        start_method: str = "spawn",
+        exit_barrier_timeout: float = 300.0,
+        log_line_prefix_template: str | None = None,
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        process_hygiene: bool = True,
+        fresh_run_id: bool = False,
+        watchdog: WatchdogSettings | None = None,
+        health: HealthSettings | None = None,
+        event_log: str | None = None,
+        keep_attempts: int = 10,
+        heartbeats: HeartbeatSettings | None = None,
+    ) -> None:
+        if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
+            logs_specs, start_method = None, logs_specs
+        check_start_method(start_method)
+        watchdog = watchdog or watchdog_from_env()
+        if health is None and os.environ.get(HEALTH_PORT_ENV):
+            health = health_from_env()
+        if logs_specs is not None:
+            log_dir = log_dir or logs_specs.root_log_dir
+            spec.redirects, spec.tee = logs_specs.redirects, logs_specs.tee
+            spec.local_ranks_filter = logs_specs.local_ranks_filter
+        if log_line_prefix_template is not None:
+            spec.log_line_prefix_template = check_log_prefix(log_line_prefix_template)
+        super().__init__(spec, exit_barrier_timeout)
+        self.start_method = start_method
+        self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
+        if log_dir:
+            base = Path(log_dir)
+        else:
+            import tempfile  # only for the default: it is slow to import
+
+            base = Path(tempfile.mkdtemp(prefix="agentd_"))
+        self.log_dir = base
+        self.run_dir = base / self.run_id
+        self.hostname = socket.gethostname()
+        self.started_at = time.time()
+        self.attempt = -1
+        self._keep_attempts = keep_attempts
+        self._mark = orphans.owner_mark(self.run_id)
+        self._procs: dict[int, WorkerProcess] = {}
+        self._shut_down = False
+        self._record = RunRecord(self)
+        self._hygiene = ProcessHygiene(self._mark, self.run_id, enabled=process_hygiene,
+                                       fresh_run_id=fresh_run_id or self.fresh_run_id)  # fmt: skip
+        self._watchdog = Watchdog(
+            watchdog or WatchdogSettings(), lambda: self._procs, self._mark, self._wakeup.set,
+            max_overdue=health.timeout if health is not None else None,
+        )  # fmt: skip
+        self._heartbeats = HeartbeatService(
+            self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
+            dump_wait=max(1.0, self._watchdog.dump_grace),
+        )  # fmt: skip
+        self._health: HealthService | None = None
+        if health is not None:
+            from agentd.health.service import HealthService
+
+            self._health = HealthService(self, health)
+        events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
+        self._workers_store = WorkerStoreService(self)
+        self._preload = PreloadService(spec, self._hygiene)
+        services: list[Service | None] = [
+            self._record, events, self._watchdog, self._heartbeats, self._health,
+            self._workers_store,
+            self._hygiene, self._preload,
+        ]  # fmt: skip
+        self._services = [s for s in services if s is not None]
+        """Started in this order before the first rendezvous, stopped in reverse."""
+        self._running: list[Service] = []
+        on_lease = getattr(self.rdzv_handler, "on_lease", None)
+        if on_lease is not None:
+            on_lease(self._hygiene.on_lease)
+
+    # -- views (read-only; the services and the Python API use them) -------------------
+
+    @property
+    def timer_file(self) -> str | None:
+        """The named pipe workers write timer requests to (None without the file timer)."""
+        return self._watchdog.timer_file
+
+    @property
+    def timer_server(self) -> TimerServer:
+        return self._watchdog.timer_server
+
+    @property
+    def progress_pipe(self) -> str | None:
+        """The named pipe workers send heartbeats on (once the agent started)."""
+        return self._watchdog.progress_pipe
+
+    def heartbeat_status(self) -> dict[str, Any]:
+        """Hang detection's view: timeouts, each worker's progress, hangs and stragglers."""
+        return self._heartbeats.status()
+
+    @property
+    def step_times(self) -> StepTimes:
+        return self._heartbeats.step_times
+
+    @property
+    def health_server(self) -> HealthCheckServer | None:
+        return self._health.server if self._health is not None else None
+
+    @property
+    def metrics(self) -> AgentMetrics | None:
+        return self._health.metrics if self._health is not None else None
+
+    @property
+    def result_file(self) -> Any:
+        return self._record.file
+
+    @property
+    def result_written(self) -> bool:
+        return self._record.written
+
+    def worker_processes(self) -> Mapping[int, WorkerProcess]:
+        """The current attempt's worker processes, by local rank."""
+        return self._procs
+
+    def preload_status(self) -> dict[str, Any] | None:
+        """The zygote of ``--preload`` (None when workers are spawned)."""
+        return self._preload.status()
+
+    def worker_readings(self) -> list[dict[str, Any]]:
+        from agentd.health.service import worker_readings
+
+        return worker_readings(self)
+
+    def status(self) -> dict[str, Any]:
+        """What ``/status`` shows (no environment, no output, no tracebacks)."""
+        from agentd.health.service import status_document
+
+        return status_document(self)
+
+    def liveness_checks(self) -> list[Check]:
+        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
+        if self._health is not None:
+            return self._health.liveness_checks()
+        from agentd.health.server import Check
+
+        alive = self.timer_server.alive()
+        return [Check("watchdog", alive, f"{len(self.timer_server)} timer(s)")]
+
+    def failure_report(self) -> str:
+        """The text report of the last run's failure (empty when it did not fail)."""
+        return self._record.failure_report()
+
+    # -- start and shutdown --------------------------------------------------------------
+
+    async def _startup(self) -> None:
+        """Once per agent: the log dir, the descriptor limit, then the services."""
+        try:
+            ensure_dir(self.run_dir)
+        except OSError as exc:
+            raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
+        fdlimits.raise_open_files_limit()
+        for service in self._services:
+            await service.start()
+            self._running.append(service)
+
+    @agent_step
+    async def _shutdown(
+        self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
+    ) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        group = self._worker_group
+        try:
+            if self._procs:
+                await self._stop_workers(group)
+                if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
+                    self._set_state(WorkerState.STOPPED, "agent shutting down")
+            await self.rdzv_handler.shutdown()
+        finally:
+            while self._running:
+                service = self._running.pop()
+                try:
+                    await service.stop()
+                except Exception:
+                    log.exception("Could not stop %s", type(service).__name__)
+
+    # -- the worker lifecycle ------------------------------------------------------------
+
+    @agent_step
+    async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        group = worker_group
+        self.attempt += 1
+        prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
+        await self._workers_store.open_for(group)
+        spec = group.spec
+        plans = [plan_worker(self, group, worker) for worker in group.workers]
+        spawn = self._preload.spawn if self._preload.enabled else spawn_worker
+        with self._hygiene.spawning():
+            procs = await asyncio.gather(
+                *(spawn(w.local_rank, *plan) for w, *plan in plans),
+                return_exceptions=True,
+            )
+            started = [p for p in procs if isinstance(p, WorkerProcess)]
+            await self._hygiene.started(started)
+        self._heartbeats.started(group, started)
+        errors = [p for p in procs if isinstance(p, BaseException)]
+        self._procs = {p.local_rank: p for p in started}
+        for proc in started:
+            proc.exited.add_done_callback(lambda _f: self._wakeup.set())
+        if errors:
+            await self._stop_workers(group)
+            raise errors[0]
+        log.info(
+            "[%s] Started %d worker(s), attempt %d, pids %s, logs in %s",
+            spec.role,
+            len(started),
+            self.attempt,
+            [p.pid for p in started],
+            self.run_dir / f"attempt_{self.attempt}",
+        )
+        return {p.local_rank: p.pid for p in started}
+
+    @agent_step
+    async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        await self._wakeup.wait()
+        self._wakeup.clear()
+        return await self._check_workers(worker_group)
+
+    async def _check_workers(self, group: WorkerGroup) -> RunResult:
+        procs = self._procs
+        self._watchdog.forget(p.pid for p in procs.values() if p.returncode is not None)
+        if self._watchdog.unhealthy:
+            return self._unhealthy_result(group)
+        failed = [p for p in procs.values() if p.returncode not in (None, 0)]
+        if failed:
+            await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
+            by_rank = {w.local_rank: w for w in group.workers}
+            failures = {
+                by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
+                for p in failed
+            }
+            return RunResult(WorkerState.FAILED, failures=failures)
+        if procs and all(p.returncode == 0 for p in procs.values()):
+            values: dict[int, Any] = {}
+            if not isinstance(group.spec.entrypoint, str):
+                from agentd.workers.function import read_result
+
+                for worker in group.workers:
+                    wdir = attempt_dir(self.run_dir, self.attempt, worker.local_rank)
+                    values[worker.global_rank] = read_result(wdir / "return.pickle")
+            return RunResult(WorkerState.SUCCEEDED, return_values=values)
+        return RunResult(WorkerState.HEALTHY)
+
+    def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
+        by_rank = {w.local_rank: w for w in group.workers}
+        failures: dict[int, WorkerFailure] = {}
+        for found in self._watchdog.unhealthy:
+            proc = self.worker_process_of(found.pid)
+            if proc is None:
+                continue
+            worker = by_rank[proc.local_rank]
+            failures[worker.global_rank] = dataclasses.replace(
+                self._failure(group, worker, proc),
+                exitcode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+                message=found.why,
+                timestamp=found.when,
+                hang=found.details,
+            )
+        return RunResult(WorkerState.UNHEALTHY, failures=failures)
+
+    def worker_process_of(self, pid: int) -> WorkerProcess | None:
+        """The worker whose tree ``pid`` is in (by pid, then by process group)."""
+        for proc in self._procs.values():
+            if proc.pid == pid:
+                return proc
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            pgid = os.getpgid(pid)
+            return next((p for p in self._procs.values() if p.pgid == pgid), None)
+        return None
+
+    def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
+        error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
+        return WorkerFailure(
+            local_rank=worker.local_rank,
+            pid=proc.pid,
+            exitcode=proc.returncode if proc.returncode is not None else -1,
+            error_file=str(error_file),
+            global_rank=worker.global_rank,
+            role=group.spec.role,
+            timestamp=proc.exited_at or time.time(),
+            stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
+            host=self.hostname,
+            node_rank=group.group_rank or 0,
+        )
+
+    @agent_step
+    async def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        group = worker_group
+        procs = list(self._procs.values())
+        if not procs:
+            return
+        spec = group.spec
+        running = sum(p.returncode is None for p in procs)
+        level = logging.INFO if running else logging.DEBUG
+        log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
+                spec.stop_signal.name)  # fmt: skip
+        await self._heartbeats.stopped()
+        strays: list[int] = []
+        try:
+            strays = await stop_workers(
+                procs, spec.stop_signal, self._stop_timeout(), self._force, self._mark
+            )
+        finally:
+            if strays:
+                log.warning("[%s] Killed %d process(es) that left their worker's group: %s",
+                            spec.role, len(strays), strays)  # fmt: skip
+            self._hygiene.stopped(procs)
+            for worker in group.workers:
+                worker.id = None
+            self._watchdog.forget(p.pid for p in procs)
+            self._watchdog.clear()
+            self._procs = {}
+            log.log(level, "[%s] Stopped worker group", spec.role)

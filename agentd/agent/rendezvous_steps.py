@@ -1,0 +1,174 @@
+"""The template's side of the rendezvous: rank assignment, the round watch, the exit
+barrier, and what the membership lease allows (a mixin of :class:`SimpleElasticAgent`).
+
+Everything here talks to the rendezvous handler and nothing else; the template calls it
+at the points of its loop that torch's agent has (rendezvous before a start, the exit
+barrier after success), and the round watch wakes the loop when the round ends elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from agentd.exceptions import AgentdError
+from agentd.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RoleInstanceInfo,
+)
+from agentd.spec import Worker, WorkerGroup, WorkerSpec
+from agentd.store.api import StoreError
+from agentd.support.sync_bridge import agent_step
+
+log = logging.getLogger(__name__)
+
+_WATCH_RETRY = 5.0
+
+
+def assign_worker_ranks(
+    role_infos: Sequence[RoleInstanceInfo], group_rank: int, spec: WorkerSpec
+) -> list[Worker]:
+    """Global and role ranks for this agent's workers, as the seed assigns them.
+
+    Agents are ordered by group rank; an agent's workers take the next ``local_world_size``
+    global ranks, and the next role ranks among agents of the same role.
+    """
+    infos = sorted(role_infos, key=lambda info: info.rank)
+    world_size = sum(info.local_world_size for info in infos)
+    base_rank = sum(info.local_world_size for info in infos if info.rank < group_rank)
+    same_role = [info for info in infos if info.role == spec.role]
+    role_world_size = sum(info.local_world_size for info in same_role)
+    base_role_rank = sum(info.local_world_size for info in same_role if info.rank < group_rank)
+    return [
+        Worker(
+            local_rank=i,
+            global_rank=base_rank + i,
+            role_rank=base_role_rank + i,
+            world_size=world_size,
+            role_world_size=role_world_size,
+        )
+        for i in range(spec.local_world_size)
+    ]
+
+
+class RendezvousSteps:
+    """The rendezvous steps of the agent template (state lives on the agent)."""
+
+    _worker_group: WorkerGroup
+    _wakeup: asyncio.Event
+    _exit_barrier_timeout: float
+    _round_watch: asyncio.Task[None] | None
+    _round_ended: str | None
+    _round_closed: RendezvousClosedError | None
+    generation: int
+
+    @property
+    def rdzv_handler(self) -> RendezvousHandler:
+        handler = self._worker_group.spec.rdzv_handler
+        assert handler is not None  # set in SimpleElasticAgent.__init__
+        return handler
+
+    async def _watch_round(self) -> None:
+        """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""
+        while True:
+            try:
+                why = await self.rdzv_handler.round_over()
+            except RendezvousClosedError as exc:
+                self._round_closed = exc
+                self._wakeup.set()
+                return
+            except AgentdError as exc:  # the store is down: the workers go on meanwhile
+                log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc,
+                            _WATCH_RETRY)  # fmt: skip
+                await asyncio.sleep(_WATCH_RETRY)
+                continue
+            self._round_ended = why
+            self._wakeup.set()
+            return
+
+    def _stop_round_watch(self) -> None:
+        if self._round_watch is not None:
+            self._round_watch.cancel()
+            self._round_watch = None
+        self._round_ended = None
+
+    async def _end_round(self, reason: str) -> None:
+        """Tell the peers this round is over; a store problem is logged, not fatal (the
+        peers' membership leases run out instead)."""
+        try:
+            await self.rdzv_handler.end_round(reason)
+        except AgentdError as exc:
+            log.warning("Could not tell the other nodes to restart yet: %s", exc)
+
+    async def _close_rendezvous(self, succeeded: bool, reason: str) -> None:
+        try:
+            await self.rdzv_handler.set_closed(succeeded, reason)
+        except AgentdError as exc:
+            log.warning("Could not close the rendezvous: %s", exc)
+
+    def _stop_timeout(self) -> float:
+        """How long stopping may wait before SIGKILL: the spec's stop timeout, but never
+        past the end of our membership lease (the others may reuse our ranks then)."""
+        timeout = self._worker_group.spec.stop_timeout
+        lease = getattr(self.rdzv_handler, "lease_deadline", None)
+        deadline = lease() if lease is not None else None
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
+
+    def _membership_lost(self) -> str:
+        """Why we are no longer a member of our round ('' while we are, or if the
+        rendezvous has no notion of it)."""
+        lost = getattr(self.rdzv_handler, "membership_lost", None)
+        return lost() if lost is not None else ""
+
+    @agent_step
+    async def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        group = worker_group
+        spec = group.spec
+        info: RendezvousInfo = await self.rdzv_handler.next_rendezvous()
+        role_infos = info.role_infos or (
+            RoleInstanceInfo(spec.role, info.group_rank, spec.local_world_size),
+        )
+        group.store = info.store
+        group.group_rank = info.group_rank
+        group.group_world_size = info.group_world_size
+        group.master_addr = spec.master_addr or info.master_addr
+        group.master_port = spec.master_port or info.master_port
+        group.workers = assign_worker_ranks(role_infos, info.group_rank, spec)
+        self.generation = info.generation
+        log.info(
+            "[%s] Rendezvous complete: run_id=%s generation=%d group_rank=%d/%d "
+            "master=%s:%s global ranks %s, world size %d",
+            spec.role,
+            info.run_id,
+            info.generation,
+            info.group_rank,
+            info.group_world_size,
+            group.master_addr,
+            group.master_port,
+            [w.global_rank for w in group.workers],
+            group.workers[0].world_size,
+        )
+
+    async def _exit_barrier(self) -> None:
+        """Wait (up to ``exit_barrier_timeout``) for the other agents' workers to finish, so
+        no agent leaves while its peers may still need it. Skipped on failure."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._exit_barrier_timeout):
+                await self.rdzv_handler.exit_barrier()
+        except TimeoutError:
+            log.warning(
+                "Exit barrier timed out after %.0fs; leaving anyway", self._exit_barrier_timeout
+            )
+            return
+        except StoreError as exc:  # our workers succeeded: that is the outcome
+            log.warning("Exit barrier: could not wait for the other nodes (%s); our workers "
+                        "succeeded, so the job is done here (exit 0)", exc)  # fmt: skip
+            return
+        log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)

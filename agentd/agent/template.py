@@ -1,0 +1,401 @@
+"""The agent template: rendezvous, rank assignment, start, monitor, restart, stop.
+
+:class:`SimpleElasticAgent` is the seed's template, on asyncio: subclasses provide the
+``_start_workers`` / ``_stop_workers`` / ``_monitor_workers`` / ``_shutdown`` steps and the
+template runs the loop around them. State changes go through :meth:`_set_state` only.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+import anyio
+
+from agentd.agent.observer import AgentObserver
+from agentd.agent.rendezvous_steps import RendezvousSteps
+from agentd.exceptions import AgentStopped, ConfigError
+from agentd.rendezvous.api import RendezvousClosedError
+from agentd.reports.torch_records import record_restart, record_run
+from agentd.spec import (
+    DEFAULT_ROLE,
+    RunResult,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    check_transition,
+)
+from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
+
+log = logging.getLogger(__name__)
+
+
+class ElasticAgent(abc.ABC):
+    """An agent that runs and supervises one role's worker group on this host."""
+
+    @abc.abstractmethod
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers until they succeed or fail for good (blocks)."""
+
+    @abc.abstractmethod
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        """The worker group of ``role`` (its state is live)."""
+
+
+class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
+    """The template of an elastic agent; subclasses implement how workers are handled.
+
+    :meth:`run` blocks until the job is done, on an event loop of its own; code already on
+    a loop awaits :meth:`run_async` instead. The steps a subclass provides
+    (``_start_workers``, ``_stop_workers``, ``_monitor_workers``, ``_shutdown``, and
+    ``_restart_workers`` if it wants) may be ``async def`` or, as in torch, plain methods,
+    which run in a worker thread (:mod:`agentd.support.sync_bridge`). A plain ``_monitor_workers``
+    is called every ``spec.monitor_interval`` seconds, as torch polls; agentd's own is
+    event-driven and returns only when something happened.
+    """
+
+    def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
+        self.fresh_run_id = spec.rdzv_handler is None
+        """No rendezvous was given: the group runs alone here, under a new run id."""
+        if spec.rdzv_handler is None:
+            import os
+
+            from agentd.rendezvous.static import StaticRendezvous
+
+            run_id = os.urandom(6).hex()
+            spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
+        else:
+            from agentd.rendezvous.registry import as_agentd_handler
+
+            spec.rdzv_handler = as_agentd_handler(spec.rdzv_handler)
+        bind = getattr(spec.rdzv_handler, "bind_worker_spec", None)
+        if bind is not None:
+            bind(spec.role, spec.local_world_size)
+        if exit_barrier_timeout < 0:
+            raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
+        self._worker_group = WorkerGroup(spec)
+        self._remaining_restarts = spec.max_restarts
+        self._exit_barrier_timeout = exit_barrier_timeout
+        self._observers: list[AgentObserver] = []
+        self._wakeup = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._force = asyncio.Event()
+        self._stop_signal: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._consecutive_failures = 0
+        self._healthy_since: float | None = None
+        self._round_watch: asyncio.Task[None] | None = None
+        self._round_ended: str | None = None
+        self._round_closed: RendezvousClosedError | None = None
+        """Why the rendezvous round ended elsewhere, once :meth:`_watch_round` saw it."""
+        self.generation = -1
+        self.restart_count = 0
+        self.last_result: RunResult | None = None
+        self.last_failure: WorkerFailure | None = None
+        """The root cause of the latest failure, even one that a restart recovered from."""
+        self.exit_error: BaseException | None = None
+        """What ended :meth:`run` when it did not return a result (a stop signal, ...)."""
+
+    @property
+    def remaining_restarts(self) -> int:
+        """Restarts left before a failure is final."""
+        return self._remaining_restarts
+
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        return self._worker_group
+
+    def add_observer(self, observer: AgentObserver) -> None:
+        """Tell ``observer`` about state changes, recovery phases, restarts and failures."""
+        self._observers.append(observer)
+
+    def _notify(self, hook: str, *args: object) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                log.exception("Agent observer %r failed in %s", observer, hook)
+
+    def request_stop(self, signum: int = signal.SIGTERM, force: bool = False) -> None:
+        """Ask the agent to stop its workers and make :meth:`run` raise AgentStopped.
+
+        Safe to call from a signal handler callback and from any thread (a run on another
+        thread's loop gets the request through that loop); a second request, or ``force``,
+        skips the stop signal's grace period and kills the workers at once.
+        """
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not _on_loop(loop):
+            loop.call_soon_threadsafe(self.request_stop, signum, force)
+            return
+        if self._stop_signal is not None or force:
+            self._force.set()
+        if self._stop_signal is None:
+            self._stop_signal = signum
+        self._stop_requested.set()
+        self._wakeup.set()
+
+    # -- the template ----------------------------------------------------------------------
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers until they succeed or fail for good, on a new event loop.
+
+        Raises RuntimeError when called from inside a running event loop: await
+        :meth:`run_async` there."""
+        return run_blocking(self.run_async(role), "agent.run_async()")
+
+    async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """:meth:`run`, on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            await self._startup()
+            result = await self._invoke_run(role)
+            self.last_result = result
+            record_run(self, result, started)
+            log.info(
+                "[%s] Worker group %s after %.2fs",
+                role,
+                result.state.value,
+                time.monotonic() - started,
+            )
+            return result
+        except BaseException as exc:
+            self.exit_error = exc
+            self._settle_state(exc)
+            raise
+        finally:
+            self._stop_round_watch()
+            with anyio.CancelScope(shield=True):  # a cancelled run still stops everything
+                await call_step(self._shutdown)
+
+    def _settle_state(self, exc: BaseException) -> None:
+        """The group's final state when :meth:`run` ends by an exception: STOPPED for a
+        stop signal, FAILED for anything else (the state machine never ends in INIT)."""
+        state = self._worker_group.state
+        if state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNKNOWN):
+            return
+        stopped = (AgentStopped, asyncio.CancelledError, KeyboardInterrupt)
+        if isinstance(exc, stopped) or getattr(exc, "exit_code", 1) == 0:
+            if state is not WorkerState.STOPPED:
+                self._set_state(WorkerState.STOPPED, str(exc) or type(exc).__name__)
+            return
+        self._set_state(WorkerState.FAILED, str(exc) or type(exc).__name__)
+
+    async def _invoke_run(self, role: str) -> RunResult:
+        group = self._worker_group
+        spec = group.spec
+        log.info(
+            "[%s] Starting agent: %d worker(s) of %s, max_restarts=%d, rendezvous %s",
+            role,
+            spec.local_world_size,
+            spec.get_entrypoint_name(),
+            spec.max_restarts,
+            self.rdzv_handler.get_backend(),
+        )
+        await self._initialize_workers(group)
+        event_driven = is_agentd_step(self._monitor_workers)
+        while True:
+            if not event_driven:
+                await self._pace(spec.monitor_interval)
+            result = await call_step(self._monitor_workers, group)
+            if not isinstance(result, RunResult):
+                raise TypeError(f"{type(self).__name__}._monitor_workers() returned "
+                                f"{result!r}; it must return a RunResult")  # fmt: skip
+            self._raise_if_stop_requested()
+            state = result.state
+            if self._round_closed is not None and state == WorkerState.HEALTHY:
+                closed = self._round_closed
+                log.error("[%s] %s; stopping the workers", role, closed)
+                await self._timed_stop(group)
+                self._set_state(WorkerState.FAILED, "a peer failed for good")
+                raise closed
+            # Our workers may have died because we lost our membership (killed at the end of
+            # its lease while the agent was frozen, say): that is a membership change, not
+            # their failure, and it spends no restart. Workers that succeeded did, lease or
+            # not: their exit barrier copes with a store out of reach.
+            lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
+            if lost or (state == WorkerState.HEALTHY and self._round_ended is not None):
+                why = lost or self._round_ended
+                log.info("[%s] Rendezvous round over (%s); restarting the group without "
+                         "spending a restart", role, why)  # fmt: skip
+                self._notify("restarted", "membership", self.restart_count)
+                await self._restart_group(group, reason="membership")
+                continue
+            if state == WorkerState.HEALTHY:
+                continue
+            if state == WorkerState.SUCCEEDED:
+                self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
+                self._stop_round_watch()
+                await self._exit_barrier()
+                await self._close_rendezvous(True, "the workers succeeded")
+                return result
+            # FAILED or UNHEALTHY
+            reason = "failure" if state == WorkerState.FAILED else "unhealthy"
+            self._set_state(state, reason)
+            root = result.root_cause
+            if root is not None:
+                self.last_failure = root
+                self._notify("phase_timed", "detect", max(0.0, time.time() - root.timestamp))
+            for failure in sorted(result.failures.values(), key=lambda f: f.timestamp):
+                self._notify("worker_failed", failure)
+            retryable = root is None or spec.restart_policy.is_retryable(root.exitcode)
+            if self._remaining_restarts > 0 and retryable:
+                self._remaining_restarts -= 1
+                record_restart(self)
+                self.restart_count += 1
+                self._notify("restarted", reason, self.restart_count)
+                self._stop_round_watch()
+                ending = asyncio.create_task(self._end_round(f"worker {reason} on this node"))
+                await self._timed_stop(group)  # while the peers learn of it
+                await ending
+                self._set_state(WorkerState.STOPPED, "restarting")
+                await self._backoff(role)
+                log.info(
+                    "[%s] Restarting worker group (restart %d of %d)",
+                    role,
+                    self.restart_count,
+                    spec.max_restarts,
+                )
+                await self._restart_group(group, reason=reason, stopped=True)
+                continue
+            if not retryable and root is not None:
+                log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
+            self._stop_round_watch()
+            why = root.summary() if root is not None else f"worker group {reason}"
+            closing = asyncio.create_task(self._close_rendezvous(False, why))
+            await self._timed_stop(group)
+            await closing
+            self._set_state(WorkerState.FAILED, "no restarts left")
+            return RunResult(WorkerState.FAILED, result.return_values, result.failures)
+
+    async def _pace(self, interval: float) -> None:
+        """Wait ``interval`` before polling a plain ``_monitor_workers`` again (a stop
+        request or the end of the round cuts the wait short)."""
+        try:
+            async with asyncio.timeout(interval):
+                await self._wakeup.wait()
+        except TimeoutError:
+            return
+        self._wakeup.clear()
+
+    @agent_step
+    async def _initialize_workers(self, worker_group: WorkerGroup) -> None:
+        """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
+        group = worker_group
+        self._raise_if_stop_requested()
+        self._stop_round_watch()
+        began = time.monotonic()
+        await self._rendezvous(group)
+        self._notify("phase_timed", "rendezvous", time.monotonic() - began)
+        self._raise_if_stop_requested()
+        began = time.monotonic()
+        pids = await call_step(self._start_workers, group)
+        if not isinstance(pids, dict):
+            raise TypeError(f"{type(self).__name__}._start_workers() returned {pids!r}; it "
+                            "must return the workers' ids (pids) by local rank")  # fmt: skip
+        self._notify("phase_timed", "start", time.monotonic() - began)
+        for worker in group.workers:
+            worker.id = pids.get(worker.local_rank)
+        self._healthy_since = time.monotonic()
+        self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
+        if group.state in (WorkerState.STOPPED, WorkerState.FAILED):  # set by a subclass
+            self._set_state(WorkerState.INIT, "workers starting")
+        self._set_state(WorkerState.HEALTHY, "workers started")
+
+    @agent_step
+    async def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        """Stop the group and start it again after a new rendezvous (torch's step)."""
+        await self._stop_then_start(worker_group, "restart", stopped=False)
+
+    async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
+        """The template's restart: a subclass's own ``_restart_workers`` if it has one."""
+        if is_agentd_step(self._restart_workers):
+            await self._stop_then_start(group, reason, stopped)
+            return
+        if stopped:
+            self._set_state(WorkerState.INIT, f"restart ({reason})")
+        await call_step(self._restart_workers, group)
+
+    async def _stop_then_start(self, group: WorkerGroup, reason: str, stopped: bool) -> None:
+        """Stop (unless already stopped) and start the group again after a new rendezvous."""
+        if not stopped:
+            await self._timed_stop(group)
+            self._set_state(WorkerState.STOPPED, reason)
+        self._set_state(WorkerState.INIT, f"restart ({reason})")
+        await self._initialize_workers(group)
+
+    async def _timed_stop(self, group: WorkerGroup) -> None:
+        began = time.monotonic()
+        await call_step(self._stop_workers, group)
+        self._notify("phase_timed", "stop", time.monotonic() - began)
+
+    async def _backoff(self, role: str) -> None:
+        spec = self._worker_group.spec
+        healthy_for = time.monotonic() - (self._healthy_since or time.monotonic())
+        if healthy_for >= spec.restart_backoff.maximum:
+            self._consecutive_failures = 0
+        self._consecutive_failures += 1
+        delay = spec.restart_backoff.delay(self._consecutive_failures)
+        if delay <= 0:
+            return
+        log.info("[%s] Waiting %.2fs before restarting (backoff)", role, delay)
+        try:  # only a stop request cuts the backoff short, not the stopped workers' exits
+            async with asyncio.timeout(delay):
+                await self._stop_requested.wait()
+        except TimeoutError:
+            return
+        self._raise_if_stop_requested()
+
+    def _raise_if_stop_requested(self) -> None:
+        if self._stop_signal is not None:
+            raise AgentStopped(self._stop_signal)
+
+    def _set_state(self, new: WorkerState, reason: str) -> None:
+        """The one place state changes: checks the table, logs, tells the observers."""
+        group = self._worker_group
+        old = group.state
+        if old is new:
+            return
+        check_transition(old, new)
+        group.state = new
+        log.debug("[%s] Worker group %s -> %s (%s)", group.spec.role, old.value, new.value, reason)
+        self._notify("state_changed", old, new, reason)
+
+    # -- the steps subclasses provide --------------------------------------------------------
+
+    async def _startup(self) -> None:
+        """Set up what the agent needs before its first rendezvous (nothing, by default)."""
+
+    @abc.abstractmethod
+    @agent_step
+    async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        """Start the group's workers; returns their ids (pids) by local rank."""
+
+    @abc.abstractmethod
+    @agent_step
+    async def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        """Stop every worker of the group with the stop policy."""
+
+    @abc.abstractmethod
+    @agent_step
+    async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        """Report the group's state (agentd's own waits until something may have changed)."""
+
+    @abc.abstractmethod
+    @agent_step
+    async def _shutdown(
+        self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
+    ) -> None:
+        """Release everything the agent holds; runs once, at the end of :meth:`run`."""
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs on ``loop`` (its thread, while it runs)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,290 @@
+"""AgentConfig: every setting of ``agentd run``, resolved once, in one place.
+
+Each option is declared once in :data:`agentd.config.options.OPTIONS`; the CLI flags,
+the environment variables (``AGENTD_<NAME>``, then torchrun's ``PET_<NAME>``), the TOML
+keys (``--config FILE``) and the example config all come from that table; the values' parsers are in
+:mod:`agentd.config.values`. Precedence: CLI flag > ``AGENTD_*`` > ``PET_*`` > torch's
+variable (``Option.torch_env``) > TOML file > default. Every problem is a
+:class:`ConfigError` naming where the value came from, the value, and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentd.agent.restart_policy import RestartBackoff
+from agentd.config import values as v
+from agentd.config.options import OPTIONS, OPTIONS_BY_NAME, Option
+from agentd.exceptions import ConfigError
+from agentd.spec import (
+    DEFAULT_LOG_PREFIX,
+    DEFAULT_ROLE,
+    MAX_LOCAL_WORLD_SIZE,
+    Std,
+)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The resolved settings of one ``agentd run``; field meanings are in :data:`OPTIONS`."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    nnodes: tuple[int, int] = (1, 1)
+    nproc_per_node: str = "1"
+    standalone: bool = False
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = ""
+    rdzv_conf: str = ""
+    store_token: str | None = None
+    node_rank: int = 0
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    role: str = DEFAULT_ROLE
+    log_dir: str | None = None
+    keep_attempts: int = 10
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.NONE
+    local_ranks_filter: frozenset[int] | None = None
+    module: bool = False
+    no_python: bool = False
+    run_path: bool = False
+    start_method: str = "spawn"
+    logs_specs: str = ""
+    event_log_handler: str = "null"
+    numa_binding: str = ""
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    virtual_local_rank: bool = False
+    preload: tuple[str, ...] | None = None
+    master_addr: str | None = None
+    master_port: int = 0
+    local_addr: str | None = None
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_timeout: float = 30.0
+    restart_backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    non_retryable_exit_codes: frozenset[int] = frozenset()
+    signals_to_handle: tuple[signal.Signals, ...] = (
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+    )
+    exit_barrier_timeout: float = 300.0
+    log_line_prefix_template: str = DEFAULT_LOG_PREFIX
+    file_timer: bool = False
+    timer_file: str | None = None
+    timer_dump_signal: signal.Signals | None = None
+    timer_dump_grace: float = 1.0
+    uninterruptible_timeout: float = 0.0
+    initial_heartbeat_timeout: float | None = None
+    heartbeat_timeout: float | None = None
+    section_timeout: Mapping[str, float] = field(default_factory=dict)
+    heartbeat_safety_factor: float = 2.0
+    heartbeat_min_timeout: float = 2.0
+    straggler_factor: float = 1.5
+    straggler_steps: int = 20
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
+    health_timeout: float = 5.0
+    event_log: str | None = None
+    log_format: str = "text"
+    log_level: str = "INFO"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each explicitly set value came from (a flag, a variable or the file)."""
+
+
+def _toml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_toml_text(v) for v in value)
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise v.RuleError("must be a string, number, boolean or list")
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """Read a config file: flat keys named as the options (dashes or underscores)."""
+    import tomllib  # only when a file is given: it is slow to import
+
+    try:
+        with open(path, "rb") as fp:
+            data = tomllib.load(fp)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: {path!r} cannot be read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config: {path!r} is not valid TOML ({exc})") from None
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: str | None = None,
+) -> AgentConfig:
+    """Build the config from CLI values (only those given), the environment and a TOML file.
+
+    ``cli`` holds raw strings (or True for flags) keyed by option name, plus ``script`` and
+    ``script_args``. The file's ``script`` and ``args`` keys describe the job when the
+    command line does not.
+    """
+    file_values: dict[str, Any] = {}
+    if config_file:
+        file_values = read_toml(config_file)
+        unknown = set(file_values) - set(OPTIONS_BY_NAME) - {"script", "args"}
+        if unknown:
+            key = sorted(unknown)[0]
+            raise ConfigError(f"{config_file}: {key} is not a known option (see agentd run --help)")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for option in OPTIONS:
+        raw, source = _pick(option, cli, environ, file_values, config_file)
+        try:
+            values[option.name] = option.parse(raw)
+        except v.RuleError as exc:
+            raise ConfigError(f"{source}: {raw!r} {exc}") from None
+        if source != "default":
+            sources[option.name] = source
+    # The file's job is checked even when the command line names its own: a broken file
+    # must not pass unseen until the day someone runs it without arguments.
+    file_script = file_values.get("script")
+    if file_script is not None and (not isinstance(file_script, str) or not file_script):
+        raise ConfigError(f"{config_file}: script: {file_script!r} must be a non-empty string")
+    file_args = file_values.get("args", [])
+    if not isinstance(file_args, list) or not all(isinstance(a, str) for a in file_args):
+        raise ConfigError(f"{config_file}: args: {file_args!r} must be a list of strings")
+    script = cli.get("script") or file_script
+    if not script:
+        raise ConfigError("script: missing; give the training script (or set script in --config)")
+    args = cli.get("script_args", []) if cli.get("script") else file_args
+    if values["module"] and values["no_python"]:
+        raise ConfigError("--module: cannot be combined with --no-python")
+    if values["preload"] is not None and values["no_python"]:
+        raise ConfigError("--preload: needs a Python script or module; --no-python runs an "
+                          "executable (use --no-preload)")  # fmt: skip
+    return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
+
+
+def _pick(
+    option: Option,
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    config_file: str | None,
+) -> tuple[str, str]:
+    """The raw text of an option and the name of its source, by precedence."""
+    if option.name in cli:
+        value = cli[option.name]
+        if isinstance(value, list):  # a repeatable flag
+            return ",".join(map(str, value)), option.flags[0]
+        return ("true" if value is True else str(value)), option.flags[0]
+    for env_name in option.env_names:
+        if env_name in environ:
+            return environ[env_name], env_name
+    if option.name in file_values:
+        where = f"{config_file}: {option.name}"
+        try:
+            return _toml_text(file_values[option.name]), where
+        except v.RuleError as exc:
+            raise ConfigError(f"{where}: {file_values[option.name]!r} {exc}") from None
+    return option.default, "default"
+
+
+def config_file_from(cli: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """``--config`` or else ``AGENTD_CONFIG``."""
+    return cli.get("config") or environ.get("AGENTD_CONFIG") or None
+
+
+def gpu_count(environ: Mapping[str, str] = os.environ) -> int:
+    """NVIDIA GPUs visible to workers, without importing torch."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int:
+    """Resolve ``--nproc-per-node`` (int, auto, cpu, gpu) to a number of workers."""
+    if nproc.isdigit():
+        return int(nproc)
+    cpus = len(os.sched_getaffinity(0))
+    gpus = gpu_count(environ)
+    if nproc == "gpu" and gpus == 0:
+        raise ConfigError("--nproc-per-node: 'gpu' needs a visible GPU and none was found")
+    count = cpus if nproc == "cpu" or not gpus else gpus
+    if count > MAX_LOCAL_WORLD_SIZE:
+        raise ConfigError(f"--nproc-per-node: {nproc!r} means {count} workers, more than "
+                          f"{MAX_LOCAL_WORLD_SIZE}; give a number")  # fmt: skip
+    return count
+
+
+def example_toml() -> str:
+    """The documented example config, generated from :data:`OPTIONS` (see config/)."""
+    lines = [
+        "# agentd run configuration. Every key is optional; precedence is",
+        "# CLI flag > AGENTD_<KEY> > PET_<KEY> > this file > default.",
+        "# Keys accept dashes or underscores. Values below are the defaults.",
+        "",
+        "# The job: the training script and its arguments (the command line overrides both).",
+        '# script = "train.py"',
+        '# args = ["--epochs", "10"]',
+        "",
+    ]
+    for option in OPTIONS:
+        lines.append(f"# {option.help} ({', '.join(option.flags)})")
+        lines.append(f"# {option.name} = {_toml_literal(option)}")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _toml_literal(option: Option) -> str:
+    value = option.parse(option.default)
+    if option.is_flag or type(value) in (int, float):
+        return option.default
+    return '"' + option.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_script(config: AgentConfig, cwd: str | None = None) -> None:
+    """Fail before anything starts when the script, module or executable is not there."""
+    import shutil
+
+    cwd = cwd or os.getcwd()
+    script = config.script
+    if config.no_python:
+        if os.sep in script:
+            if not os.access(os.path.join(cwd, script), os.X_OK):
+                raise ConfigError(f"script: {script!r} is not an executable file")
+        elif shutil.which(script) is None:
+            raise ConfigError(f"script: {script!r} is not on PATH")
+        return
+    if config.module:
+        from importlib.machinery import PathFinder
+
+        top = script.split(".")[0]
+        found = top in sys.builtin_module_names or PathFinder.find_spec(top, [cwd, *sys.path])
+        if not found:
+            raise ConfigError(f"--module: {script!r} cannot be found (no module named {top!r})")
+        return
+    if Path(cwd, script).is_dir():
+        raise ConfigError(f"script: {script!r} is a directory; give a Python file, or a "
+                          "module with --module")  # fmt: skip
+    if not Path(cwd, script).is_file():
+        raise ConfigError(f"script: {script!r} does not exist")
+
+
+if __name__ == "__main__":
+    # Regenerates config/agentd.toml: python -m agentd.config.resolve > config/agentd.toml
+    sys.stdout.write(example_toml())

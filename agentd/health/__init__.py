@@ -1,0 +1,2 @@
+"""The health endpoint: /livez /readyz /status /metrics, its Prometheus metrics, and the
+`agentd status` command."""

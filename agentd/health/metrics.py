@@ -1,0 +1,210 @@
+"""Metrics: one agent's Prometheus registry (the seed's ``put_metric`` is in
+:mod:`agentd.reports.metrics_api`; its values show here as ``agentd_custom_metric``).
+
+Every agent has its own registry (no global one). What changes as events happen is
+counted by :class:`AgentMetrics`, an observer; what is a reading (worker CPU and memory,
+timer counts, watchdog liveness) is read at scrape time, so nothing polls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from agentd.agent.observer import AgentObserver
+from agentd.spec import WorkerFailure, WorkerState
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+
+log = logging.getLogger(__name__)
+
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+
+
+class AgentMetrics(AgentObserver):
+    """The Prometheus metrics of one LocalElasticAgent."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.state = Gauge("agentd_worker_group_state", "1 for the worker group's current "
+                           "state, 0 for the others", ["state"], registry=r)  # fmt: skip
+        for state in WorkerState:
+            self.state.labels(state.value).set(1 if state is WorkerState.INIT else 0)
+        self.transitions = Counter("agentd_state_transitions", "Worker group state changes",
+                                   ["from_state", "to_state"], registry=r)  # fmt: skip
+        self.restarts = Counter("agentd_restarts", "Worker group restarts by reason",
+                                ["reason"], registry=r)  # fmt: skip
+        self.failures = Counter("agentd_worker_failures", "Worker failures by kind",
+                                ["kind"], registry=r)  # fmt: skip
+        self.phases = Histogram("agentd_recovery_phase_seconds", "Duration of each recovery "
+                                "phase: detect, stop, rendezvous, start", ["phase"],
+                                buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
+        self.loop_lag = Gauge(
+            "agentd_event_loop_lag_seconds",
+            "How late the event loop ran a callback it had scheduled, at the last check",
+            registry=r,
+        )
+        self.store_latency = Histogram("agentd_store_request_seconds", "Latency of rendezvous "
+                                       "store requests (long polls excluded)", ["op"],
+                                       buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
+        self.custom = Gauge("agentd_custom_metric", "Values given to put_metric",
+                            ["group", "name"], registry=r)  # fmt: skip
+        r.register(_Readings(agent))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def state_changed(self, old: WorkerState, new: WorkerState, reason: str) -> None:
+        self.state.labels(old.value).set(0)
+        self.state.labels(new.value).set(1)
+        self.transitions.labels(old.value, new.value).inc()
+
+    def phase_timed(self, phase: str, seconds: float) -> None:
+        self.phases.labels(phase).observe(seconds)
+
+    def restarted(self, reason: str, restart_count: int) -> None:
+        self.restarts.labels(reason).inc()
+
+    def worker_failed(self, failure: WorkerFailure) -> None:
+        kind = "signal" if failure.exitcode < 0 else "exit"
+        if failure.message.startswith("timer expired"):
+            kind = "timer"
+        self.failures.labels(kind).inc()
+
+    def store_request(self, op: str, seconds: float) -> None:
+        self.store_latency.labels(op).observe(seconds)
+
+    def put_metric(self, name: str, value: float, group: str) -> None:
+        self.custom.labels(group, name).set(value)
+
+
+class _Readings:
+    """Values read at scrape time: workers' CPU and memory, the watchdog's counts."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self._agent = agent
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        agent = self._agent
+        timers = agent.timer_server
+        alive = GaugeMetricFamily("agentd_watchdog_alive", "1 while the watchdog is alive")
+        alive.add_metric([], 1 if timers.alive() else 0)
+        yield alive
+        active = GaugeMetricFamily("agentd_timers_active", "Timers the watchdog holds")
+        active.add_metric([], len(timers))
+        yield active
+        requests = CounterMetricFamily(
+            "agentd_timer_requests",
+            "Timer requests by outcome (reaped: a worker was signalled)",
+            labels=["outcome"],
+        )
+        for outcome in (
+            "acquired",
+            "released",
+            "expired",
+            "reaped",
+            "invalid",
+            "oversized",
+            "untrusted",
+            "capped",
+        ):
+            requests.add_metric([outcome], timers.stats[outcome])
+        yield requests
+        restarts = GaugeMetricFamily("agentd_restart_count", "TORCHELASTIC_RESTART_COUNT now")
+        restarts.add_metric([], agent.restart_count)
+        yield restarts
+        cpu = CounterMetricFamily(
+            "agentd_worker_cpu_seconds",
+            "CPU time of each worker and its children",
+            labels=["local_rank", "rank"],
+        )
+        rss = GaugeMetricFamily(
+            "agentd_worker_rss_bytes",
+            "Resident memory of each worker and its children",
+            labels=["local_rank", "rank"],
+        )
+        for worker in agent.worker_readings():
+            labels = [str(worker["local_rank"]), str(worker["rank"])]
+            cpu.add_metric(labels, worker["cpu_seconds"])
+            rss.add_metric(labels, worker["rss_bytes"])
+        yield cpu
+        yield rss
+        yield from _progress_metrics(agent)
+
+
+def _progress_metrics(agent: LocalElasticAgent) -> Iterator[Metric]:
+    """Step and section times per rank, heartbeat timeouts, hangs and stragglers."""
+    from agentd.heartbeats.stragglers import BUCKETS
+
+    steps = HistogramMetricFamily(
+        "agentd_worker_step_seconds",
+        "Time per step of each rank, from its heartbeats",
+        labels=["local_rank", "rank"],
+    )
+    sections = HistogramMetricFamily(
+        "agentd_worker_section_seconds",
+        "Time in each named section, per rank",
+        labels=["local_rank", "rank", "section"],
+    )
+    for local_rank, rank, name, counts, total, count in agent.step_times.histograms():
+        cumulative, running = [], 0
+        for bound, n in zip(BUCKETS, counts, strict=True):
+            running += n
+            cumulative.append((str(bound), running))
+        cumulative.append(("+Inf", count))
+        labels = [str(local_rank), str(rank)]
+        if name == "step":
+            steps.add_metric(labels, cumulative, total)
+        else:
+            sections.add_metric([*labels, name], cumulative, total)
+    yield steps
+    yield sections
+    status = agent.heartbeat_status()
+    timeouts = GaugeMetricFamily("agentd_heartbeat_timeout_seconds", "The timeout the workers "
+                                 "are held to, per step or section, and where it came from",
+                                 labels=["of", "source"])  # fmt: skip
+    for name, timeout in status["timeouts"].items():
+        timeouts.add_metric([name, timeout["source"]], timeout["seconds"])
+    yield timeouts
+    for name, text in (("hangs", "Hangs found (workers silent past their timeout)"),
+                       ("stragglers", "Ranks found slower than the others' median")):  # fmt: skip
+        counter = CounterMetricFamily(f"agentd_{name}", text)
+        counter.add_metric([], status[name])
+        yield counter
+    messages = CounterMetricFamily("agentd_progress_messages", "Heartbeat and section "
+                                   "messages by outcome", labels=["outcome"])  # fmt: skip
+    for outcome, count in status["messages"].items():
+        messages.add_metric([outcome], count)
+    yield messages
+
+
+def process_tree_usage(pid: int) -> tuple[float, int]:
+    """CPU seconds and RSS bytes of ``pid`` and its descendants (0, 0 if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0
+    cpu, rss = 0.0, 0
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                rss += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return cpu, rss

@@ -1,0 +1,145 @@
+"""The health service: ``/livez`` ``/readyz`` ``/status`` ``/metrics`` for one agent.
+
+Everything here is a read-only view of the agent, taken when a request asks: the
+watchdog's state and the loop's lag for liveness, the group's state for readiness, the
+run and its workers for status, a Prometheus registry for metrics. Only the loop-lag
+sample wakes the agent (once a second), and only while the endpoint is served.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agentd.hygiene import fdlimits
+from agentd.spec import WorkerState
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.health.metrics import AgentMetrics
+    from agentd.health.server import Check, HealthCheckServer, HealthSettings, LoopLagMonitor
+
+
+class HealthService:
+    """Serves ``agent``'s health endpoint as ``settings`` say."""
+
+    def __init__(self, agent: LocalElasticAgent, settings: HealthSettings) -> None:
+        self._agent = agent
+        self.settings = settings
+        self.server: HealthCheckServer | None = None
+        self.metrics: AgentMetrics | None = None
+        self._lag: LoopLagMonitor | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        from agentd.health.metrics import AgentMetrics
+        from agentd.health.server import MAX_CONNECTIONS, HealthCheckServer, LoopLagMonitor
+        from agentd.reports.metrics_api import subscribe
+
+        agent, settings = self._agent, self.settings
+        self.metrics = AgentMetrics(agent)
+        agent.add_observer(self.metrics)
+        self._unsubscribe = subscribe(self.metrics.put_metric)  # put_metric -> /metrics
+        observe_store = getattr(agent.rdzv_handler, "observe_store", None)
+        if observe_store is not None:  # a rendezvous over a networked store
+            observe_store(self.metrics.store_request)
+        self._lag = LoopLagMonitor()
+        self._lag.start()
+        workers = agent.get_worker_group().spec.local_world_size
+        cap = fdlimits.listener_cap(MAX_CONNECTIONS, fdlimits.raise_open_files_limit(),
+                                    fdlimits.worker_reserve(workers), share=0.25)  # fmt: skip
+        self.server = HealthCheckServer(
+            self.liveness_checks, settings.port, settings.timeout, settings.host,
+            ready=lambda: agent.get_worker_group().state is WorkerState.HEALTHY,
+            status=lambda: status_document(agent), metrics=self._render_metrics,
+            max_connections=cap,
+        )  # fmt: skip
+        await self.server.start_async()
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._lag is not None:
+            self._lag.stop()
+        if self.server is not None:
+            await self.server.stop_async()
+
+    def liveness_checks(self) -> list[Check]:
+        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
+        from agentd.health.server import Check
+
+        timers = self._agent.timer_server
+        lag = self._lag.current_lag() if self._lag else 0.0
+        return [
+            Check("watchdog", timers.alive(), f"{len(timers)} timer(s)"),
+            Check("event-loop", lag <= self.settings.timeout, f"lag {lag * 1000:.1f} ms"),
+        ]
+
+    def _render_metrics(self) -> bytes:
+        assert self.metrics is not None and self._lag is not None
+        self.metrics.loop_lag.set(self._lag.current_lag())
+        return self.metrics.render()
+
+
+def worker_readings(agent: LocalElasticAgent) -> list[dict[str, Any]]:
+    """Each worker of the current attempt: ranks, pid, state, start time, CPU and RSS."""
+    from agentd.health.metrics import process_tree_usage
+
+    by_rank = {w.local_rank: w for w in agent.get_worker_group().workers}
+    readings = []
+    for proc in agent.worker_processes().values():
+        worker = by_rank.get(proc.local_rank)
+        running = proc.returncode is None
+        cpu, rss = process_tree_usage(proc.pid) if running else (0.0, 0)
+        readings.append({
+            "local_rank": proc.local_rank,
+            "rank": worker.global_rank if worker else -1,
+            "pid": proc.pid,
+            "state": "running" if running else "exited",
+            "exitcode": proc.returncode,
+            "started_at": proc.started_at,
+            "cpu_seconds": round(cpu, 3),
+            "rss_bytes": rss,
+        })  # fmt: skip
+    return readings
+
+
+def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
+    """What ``/status`` shows (no environment, no output, no tracebacks, no secrets)."""
+    group = agent.get_worker_group()
+    failure = agent.last_failure
+    workers = group.workers
+    timers = agent.timer_server
+    return {
+        "run_id": agent.run_id,
+        "role": group.spec.role,
+        "state": group.state.value,
+        "host": agent.hostname,
+        "agent_pid": os.getpid(),
+        "started_at": agent.started_at,
+        "restart_count": agent.restart_count,
+        "max_restarts": group.spec.max_restarts,
+        "attempt": agent.attempt,
+        "generation": agent.generation,
+        "rendezvous": agent.rdzv_handler.get_backend(),
+        "store": getattr(agent.rdzv_handler, "store_status", lambda: None)(),
+        "node_rank": group.group_rank,
+        "group_world_size": group.group_world_size,
+        "world_size": workers[0].world_size if workers else None,
+        "watchdog": {"alive": timers.alive(), "timers": len(timers),
+                     "reaped": timers.stats["reaped"]},
+        "workers": worker_readings(agent),
+        "preload": agent.preload_status(),
+        "heartbeats": agent.heartbeat_status(),
+        "last_failure": None if failure is None else {
+            "rank": failure.global_rank,
+            "local_rank": failure.local_rank,
+            "pid": failure.pid,
+            "exitcode": failure.exitcode,
+            "signal": failure.signal_name() or None,
+            "message": failure.message,
+            "timestamp": failure.timestamp,
+        },
+    }  # fmt: skip

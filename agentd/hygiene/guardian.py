@@ -1,0 +1,65 @@
+"""The agent's side of the guardian (see :mod:`agentd.hygiene.guardian_process`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+
+from agentd.hygiene import guardian_process
+from agentd.workers.env import without_secrets
+
+log = logging.getLogger(__name__)
+
+
+class Guardian:
+    """Starts the guardian program and keeps it told of the worker process groups."""
+
+    def __init__(self, mark: str) -> None:
+        self._mark = mark
+        self._process: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def start(self) -> None:
+        env = without_secrets(os.environ)
+        env.pop(guardian_process.OWNER_ENV, None)
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", guardian_process.__file__, self._mark,
+            stdin=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+        )  # fmt: skip
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}\n")
+
+    def set_lease(self, deadline: float | None) -> None:
+        """The workers must be gone by ``deadline`` (monotonic); None: no such limit."""
+        self._send("L-\n" if deadline is None else f"L{deadline:.6f}\n")
+
+    def unwatch(self, pgid: int) -> None:
+        self._send(f"-{pgid}\n")
+
+    def _send(self, line: str) -> None:
+        proc = self._process
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            return
+        try:
+            proc.stdin.write(line.encode())
+        except (BrokenPipeError, ConnectionResetError):
+            log.warning("Guardian %s is gone: workers may outlive a killed agent", proc.pid)
+
+    async def stop(self) -> None:
+        """Close the guardian's input (nothing is left to kill) and reap it."""
+        proc = self._process
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await proc.stdin.wait_closed()
+        await proc.wait()
+        self._process = None

@@ -1,0 +1,177 @@
+"""Process hygiene: no worker, and no child of a worker, outlives the agent that started it.
+
+Four mechanisms, each covering what the others cannot:
+
+* every worker carries an owner mark in its environment (``AGENTD_OWNER``), inherited by
+  everything it starts, so the agent's processes can be found even after ``setsid``;
+* the agent is a *child subreaper*: orphaned grandchildren are re-parented to it and it
+  reaps them (:class:`ZombieReaper`), as it also must when it runs as PID 1 in a container;
+* a guardian process (:mod:`agentd.hygiene.guardian_process`) kills the workers' process
+  groups and every marked process when the agent dies without stopping them (``kill -9``);
+* at start, an agent kills marked processes of the same run whose agent is gone.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator
+
+from agentd.hygiene.guardian_process import OWNER_ENV, kill_marked, marked_processes, read_mark
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OWNER_ENV", "kill_marked", "marked_processes", "read_mark"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up once: it also runs in every forked worker before exec
+
+
+def _prctl(option: int, value: int) -> bool:
+    return _PRCTL is not None and _PRCTL(option, value, 0, 0, 0) == 0
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux); False where unsupported."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """In a forked child: die with ``sig`` when the parent dies (and if it already has)."""
+    parent = os.getppid()
+    _prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot; None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            stat = fp.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(b")", 1)[1].split()[19])
+
+
+def owner_mark(run_id: str, pid: int | None = None) -> str:
+    """The ``AGENTD_OWNER`` value that identifies one agent process and its run."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}.{process_start_ticks(pid)}/{run_id}"
+
+
+def parse_owner_mark(mark: str) -> tuple[int, int | None, str] | None:
+    """``(agent pid, agent start ticks, run id)`` from a mark; None if malformed."""
+    owner, sep, run_id = mark.partition("/")
+    pid_text, _, ticks_text = owner.partition(".")
+    if not sep or not pid_text.isdigit():
+        return None
+    ticks = int(ticks_text) if ticks_text.isdigit() else None
+    return int(pid_text), ticks, run_id
+
+
+def agent_alive(pid: int, ticks: int | None) -> bool:
+    """Whether the agent process named by a mark still runs (pid reuse is told apart)."""
+    current = process_start_ticks(pid)
+    return current is not None and (ticks is None or current == ticks)
+
+
+def kill_leftovers(run_id: str) -> list[int]:
+    """Kill processes left by an earlier, dead agent of ``run_id``; live agents' are spared."""
+
+    def is_leftover(mark: str) -> bool:
+        parsed = parse_owner_mark(mark)
+        if parsed is None:
+            return False
+        pid, ticks, mark_run = parsed
+        return mark_run == run_id and not agent_alive(pid, ticks)
+
+    killed = kill_marked(is_leftover)
+    if killed:
+        log.warning(
+            "Killed %d process(es) left by an earlier agent of run %s: %s",
+            len(killed),
+            run_id,
+            killed,
+        )
+    return killed
+
+
+def child_pids() -> list[int]:
+    """This process's children, from ``/proc`` (every thread's ``children`` list)."""
+    pids: list[int] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as fp:
+                pids.extend(int(p) for p in fp.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+class ZombieReaper:
+    """Reap children this process did not spawn itself, on every SIGCHLD.
+
+    Children the agent spawns are *owned*: their exit status belongs to asyncio's child
+    watcher, so they are never reaped here. Everything else is an orphan re-parented to
+    this subreaper (or to PID 1) and is reaped, so no zombie piles up. While a spawn is in
+    flight its pid is not known yet, so reaping waits until the spawn is registered.
+    """
+
+    def __init__(self) -> None:
+        self._owned: set[int] = set()
+        self._spawning = 0
+        self._deferred = False
+
+    def own(self, pid: int) -> None:
+        self._owned.add(pid)
+
+    def disown(self, pid: int) -> None:
+        self._owned.discard(pid)
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """Hold reaping off while a child is being spawned and not yet owned."""
+        self._spawning += 1
+        try:
+            yield
+        finally:
+            self._spawning -= 1
+            if not self._spawning and self._deferred:
+                self.reap()
+
+    def reap(self) -> int:
+        """Reap every exited child that is not owned; returns how many were reaped."""
+        if self._spawning:
+            self._deferred = True
+            return 0
+        self._deferred = False
+        count = 0
+        for pid in child_pids():
+            if pid in self._owned:
+                continue
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if done:
+                count += 1
+        return count

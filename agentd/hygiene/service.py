@@ -1,0 +1,115 @@
+"""Process hygiene: no worker, and no child of a worker, outlives the agent or its lease.
+
+The agent becomes a child subreaper and reaps orphans on SIGCHLD; at start it kills the
+workers an earlier, dead agent of the same run left behind; after the first workers start,
+a guardian process learns every worker's process group, kills them if the agent dies, and
+kills them when the agent's membership lease runs out while the agent cannot act
+(frozen). See :mod:`agentd.hygiene.orphans` and :mod:`agentd.hygiene.guardian_process`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+
+from agentd.hygiene import orphans
+from agentd.hygiene.guardian import Guardian
+from agentd.workers.processes import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+
+class ProcessHygiene:
+    """The hygiene of one agent, whose workers carry ``mark``. With ``enabled`` False
+    (the Python API's ``process_hygiene=False``) only the reaper's bookkeeping runs."""
+
+    def __init__(self, mark: str, run_id: str, *, enabled: bool, fresh_run_id: bool) -> None:
+        self._mark = mark
+        self._run_id = run_id
+        self._enabled = enabled
+        self._fresh_run_id = fresh_run_id
+        self._reaper = orphans.ZombieReaper()
+        self._guardian: Guardian | None = None
+        self._sigchld = False
+        self._lease: float | None = None
+
+    async def start(self) -> None:
+        if not self._enabled:
+            return
+        if not self._fresh_run_id:
+            orphans.kill_leftovers(self._run_id)
+        if not orphans.become_subreaper():
+            log.warning("Could not become a child subreaper; orphans re-parent to init")
+        if threading.current_thread() is threading.main_thread():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self._reaper.reap)
+            self._sigchld = True
+        else:  # signal handlers are the main thread's: orphans are reaped at each stop
+            log.debug("Agent off the main thread: orphans are reaped when workers stop")
+
+    async def stop(self) -> None:
+        if self._guardian is not None:
+            await self._guardian.stop()
+            self._guardian = None
+        if self._sigchld:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
+            self._sigchld = False
+        if self._enabled:
+            self._reaper.reap()
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """Around a spawn: the new children are not reaped before they are known."""
+        with self._reaper.spawning():
+            yield
+
+    async def started(self, procs: Sequence[WorkerProcess]) -> None:
+        """Workers were spawned (inside :meth:`spawning`): own them, and guard them."""
+        for proc in procs:
+            self._reaper.own(proc.pid)
+        if self._enabled and self._guardian is None:
+            await self._start_guardian()
+        if self._guardian is not None:
+            for proc in procs:
+                self._guardian.watch(proc.pgid)
+
+    def own(self, pid: int | None) -> None:
+        """A helper the agent spawned (inside :meth:`spawning`): its exit status is not the
+        reaper's to take."""
+        if pid is not None:
+            self._reaper.own(pid)
+
+    def disown(self, pid: int | None) -> None:
+        """A helper was reaped by its owner."""
+        if pid is not None:
+            self._reaper.disown(pid)
+
+    def stopped(self, procs: Sequence[WorkerProcess]) -> None:
+        """Workers were stopped and reaped: nothing is left to guard."""
+        for proc in procs:
+            self._reaper.disown(proc.pid)
+            if self._guardian is not None:
+                self._guardian.unwatch(proc.pgid)
+        if self._enabled and not self._sigchld:
+            self._reaper.reap()
+
+    def on_lease(self, deadline: float | None) -> None:
+        """Our membership lease moved: the guardian kills the workers if it runs out while
+        the agent cannot (frozen), so no worker outlives the lease on its ranks."""
+        self._lease = deadline
+        if self._guardian is not None:
+            self._guardian.set_lease(deadline)
+
+    async def _start_guardian(self) -> None:
+        """Started after the first workers, so it never delays them; they have a
+        parent-death signal meanwhile, and it learns of their groups at once."""
+        guardian = self._guardian = Guardian(self._mark)
+        with self._reaper.spawning():
+            await guardian.start()
+            assert guardian.pid is not None
+            self._reaper.own(guardian.pid)
+        if self._lease is not None:
+            guardian.set_lease(self._lease)

@@ -1,0 +1,118 @@
+"""The preload service: the zygote that forks the workers when ``spec.preload`` is set.
+
+The zygote starts with the agent, before the first rendezvous, so the interpreter and the
+preloaded imports overlap with the wait for peers. Every attempt forks its workers from
+it; a zygote that dies is replaced at once (with a warning), so the next attempt is warm
+again. A preload that cannot work (a module fails to import, CUDA initialized at import)
+is a configuration error: the first attempt fails with it, never falling back to spawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from agentd.exceptions import StartError
+from agentd.preload import command
+from agentd.preload.client import Zygote, ZygoteWorker
+from agentd.workers.env import common_env
+from agentd.workers.plan import worker_command
+
+if TYPE_CHECKING:
+    from agentd.hygiene.service import ProcessHygiene
+    from agentd.spec import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+
+class PreloadService:
+    """Keeps one zygote for ``spec``'s workers while the agent runs; with
+    ``spec.preload`` None it does nothing and :attr:`enabled` is False."""
+
+    def __init__(self, spec: WorkerSpec, hygiene: ProcessHygiene) -> None:
+        self._spec = spec
+        self._hygiene = hygiene
+        self.enabled = spec.preload is not None
+        self.zygote: Zygote | None = None
+        self.zygotes_started = 0
+        self._replacing: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.enabled:  # a command a zygote cannot run is a ConfigError before it starts
+            await self._start_zygote()
+
+    async def stop(self) -> None:
+        self.enabled = False
+        if self._replacing is not None:
+            self._replacing.cancel()
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            await zygote.stop()
+            self._hygiene.disown(zygote.pid)
+
+    def status(self) -> dict[str, Any] | None:
+        """For ``/status``: the modules, the zygote's pid, whether it is up, how many ran."""
+        if self._spec.preload is None:
+            return None
+        zygote = self.zygote
+        return {
+            "modules": list(self._spec.preload),
+            "zygote_pid": zygote.pid if zygote is not None else None,
+            "ready": bool(zygote is not None and zygote.alive and zygote.ready_info),
+            "zygotes_started": self.zygotes_started,
+        }
+
+    async def spawn(self, local_rank: int, *launch: Any) -> ZygoteWorker:
+        """Fork one worker; ``launch`` is the rest of
+        :func:`~agentd.workers.processes.spawn_worker`'s arguments (argv, env, stdout and
+        stderr routes, cwd, pass_fds)."""
+        if self._replacing is not None:
+            await asyncio.shield(self._replacing)
+        if self.zygote is None or not self.zygote.alive:
+            await self._start_zygote()
+        assert self.zygote is not None
+        await self.zygote.ready()
+        return await self.zygote.fork(local_rank, *launch)
+
+    async def _start_zygote(self) -> None:
+        spec = self._spec
+        zygote = Zygote(command.parse(worker_command(spec)), spec.preload or (),
+                        common_env(spec), on_lost=self._lost)  # fmt: skip
+        with self._hygiene.spawning():  # the zygote's exit status is its watcher's
+            await zygote.start(os.getcwd())
+            self._hygiene.own(zygote.pid)
+        self.zygote = zygote
+        self.zygotes_started += 1
+        asyncio.ensure_future(self._announce(zygote)).add_done_callback(
+            lambda t: t.cancelled() or t.exception()
+        )
+
+    async def _announce(self, zygote: Zygote) -> None:
+        """Log the zygote's preload once it is done (a failure is the first attempt's)."""
+        info = await zygote.ready()
+        modules = ", ".join(info.get("modules", [])) or "nothing"
+        log.info("[%s] Zygote pid %s ready: preloaded %s in %.2fs", self._spec.role,
+                 zygote.pid, modules, info.get("seconds", 0.0))  # fmt: skip
+        threads = info.get("threads") or []
+        if threads:
+            log.info("[%s] Zygote pid %s has %d other thread(s) at fork time (not copied to "
+                     "the workers): %s", self._spec.role, zygote.pid, len(threads),
+                     ", ".join(map(str, threads)))  # fmt: skip
+
+    def _lost(self, zygote: Zygote, code: int | None) -> None:
+        self._hygiene.disown(zygote.pid)
+        if not self.enabled or zygote is not self.zygote:
+            return
+        log.warning("[%s] Zygote pid %s died (exit status %s); starting a new one",
+                    self._spec.role, zygote.pid, code)  # fmt: skip
+        self._replacing = asyncio.ensure_future(self._replace())
+
+    async def _replace(self) -> None:
+        try:
+            await self._start_zygote()
+        except StartError as exc:
+            log.error("[%s] %s", self._spec.role, exc)
+        finally:
+            self._replacing = None

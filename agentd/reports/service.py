@@ -1,0 +1,47 @@
+"""The record of a run: ``result.json`` (reserved at start, the outcome at the end) and the
+failure report printed for people. See :mod:`agentd.reports.result_file` for the file itself."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentd.reports.result_file import ResultFile, outcome
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+
+
+class RunRecord:
+    """``result.json`` of ``agent``'s run. Stopped last, so it records how everything
+    else ended."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self._agent = agent
+        self.file = ResultFile(agent.run_dir / "result.json")
+        self.written = False
+        """Whether the outcome reached the file (not on a full disk without a reservation)."""
+
+    async def start(self) -> None:
+        agent = self._agent
+        self.file.reserve({"run_id": agent.run_id, "state": "INIT", "outcome": "running"})
+
+    async def stop(self) -> None:
+        agent = self._agent
+        group = agent.get_worker_group()
+        facts = {"run_id": agent.run_id, "role": group.spec.role, "state": group.state.value,
+                 "restarts": agent.restart_count, "attempts": agent.attempt + 1,
+                 "host": agent.hostname}  # fmt: skip
+        doc = outcome(facts, agent.last_result, agent.last_failure, agent.exit_error)
+        if agent.run_dir.is_dir():
+            self.written = self.file.write(doc)
+
+    def failure_report(self) -> str:
+        """The text report of the run's failure (empty when it did not fail)."""
+        agent = self._agent
+        result = agent.last_result
+        if result is None or not result.is_failed():
+            return ""
+        from agentd.reports.error_files import format_failure_report
+
+        entrypoint = agent.get_worker_group().spec.get_entrypoint_name()
+        return format_failure_report(result, agent.run_id, entrypoint)

@@ -1,0 +1,227 @@
+"""Embedding an aiohttp app in the running loop: one way, for every server agentd runs.
+
+Every listener is bounded (:class:`Limits`): at most ``max_connections`` open at once, a
+connection that has not sent a whole request within ``idle_timeout`` (a slowloris, or an
+idle keep-alive) is closed, and handlers of a client that went away are cancelled. A
+connection beyond the cap gets a ready-made ``503`` and is closed at once, without a
+request handler or a task; that is logged once per interval, never per connection.
+
+A client's malformed request (a NUL byte in a header, an oversized header line, a bad
+request line: aiohttp's ``HttpProcessingError``) is answered 400 by aiohttp and logged by
+:class:`ServerLog` as one WARNING line per interval with the count so far, never as a
+traceback: anyone who can connect could otherwise fill the log. A failure of agentd's own
+handlers keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentd.exceptions import StartError
+from agentd.support.ratelog import RateLimitedLog
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one listener may hold (see the module docstring)."""
+
+    max_connections: int = 64
+    idle_timeout: float = 5.0
+    """Seconds a connection may take to send a whole request's headers, or sit idle
+    between requests, before it is closed."""
+    body_timeout: float = 10.0
+    """Seconds a request's body may take to arrive (for handlers that read one)."""
+    cancel_abandoned: bool = True
+    """Cancel a request's handler when its client disconnects (long polls would otherwise
+    run their course for nobody)."""
+    log_interval: float = 10.0
+    """Seconds between two log lines of one kind of client fault (the count goes on)."""
+
+
+class ServerLog:
+    """The logger aiohttp's request handlers of one listener report to (``logger=``).
+
+    A protocol error of the client becomes one WARNING line per ``interval`` naming the
+    listener, the count so far, the latest client and what was wrong; anything else is
+    logged with its traceback, as aiohttp would.
+    """
+
+    def __init__(self, what: str, interval: float = 10.0) -> None:
+        self._what = what
+        self._problems = RateLimitedLog(log, interval)
+        self.malformed = 0
+        """Malformed requests answered 400 since the listener started."""
+        self._last: BaseException | None = None
+        """The fault counted last: aiohttp reports a broken body again when it drains the
+        rest after the handler has answered, with the same exception."""
+
+    def debug(self, message: str, *args: object, **kwargs: Any) -> None:
+        _aiohttp_log.debug(message, *args, **kwargs)
+
+    def exception(self, message: str, *args: object, exc_info: object = True,
+                  **kwargs: Any) -> None:  # fmt: skip
+        if not is_client_fault(exc_info):
+            _aiohttp_log.exception(message, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
+            return
+        assert isinstance(exc_info, BaseException)
+        self.client_fault(str(args[0]) if args and "from %s" in message else "a client",
+                          exc_info)  # fmt: skip
+
+    def client_fault(self, client: str, exc: BaseException) -> None:
+        """Count the malformed request ``exc`` from ``client``; log it within the limit."""
+        if exc is self._last:
+            return
+        self._last = exc
+        self.malformed += 1
+        self._problems.warning("malformed", "%s: answered 400 to %d malformed request(s) so "
+                               "far; the latest from %s: %s", self._what, self.malformed,
+                               client, _one_line(client_problem(exc)))  # fmt: skip
+
+
+def is_client_fault(exc: object) -> bool:
+    """``exc`` is aiohttp's word that a client sent a malformed request or body."""
+    from aiohttp.http_exceptions import HttpProcessingError
+    from aiohttp.web_protocol import RequestPayloadError
+
+    return isinstance(exc, HttpProcessingError | RequestPayloadError)
+
+
+def client_problem(exc: BaseException) -> str:
+    """What was wrong with a client's request, without aiohttp's ``400, message:`` frame."""
+    text = str(getattr(exc, "message", "") or exc)
+    return re.sub(r"^\d{3}, message:\s*", "", text)
+
+
+_aiohttp_log = logging.getLogger("aiohttp.server")
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line, at most ``limit`` characters (a client chose it)."""
+    flat = re.sub(r"\s+", " ", text).strip()
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 and closed, nothing read."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self._answer)
+        transport.close()
+
+
+_KEEPALIVE_RECHECK = 0.1
+"""Seconds an idle-connection close waits, so the loop polls for I/O first (see below)."""
+
+
+def _freeze_safe(handler_class: type) -> type:
+    """aiohttp's request handler, whose idle-connection timer looks again after the loop
+    has polled for I/O. After a stall (a frozen process), the loop's first poll can return
+    on its timeout, empty, and run every overdue timer before reading any socket: the
+    timer then closed connections with a request waiting unread (the client gets a
+    reset), such as the heartbeats a frozen store must answer when it resumes."""
+
+    class FreezeSafeHandler(handler_class):  # type: ignore[misc,valid-type]
+        __slots__ = ()
+
+        def _process_keepalive(self) -> None:
+            process = super()._process_keepalive
+            asyncio.get_running_loop().call_later(_KEEPALIVE_RECHECK, process)
+
+    return FreezeSafeHandler
+
+
+class _Bounded:
+    """The protocol factory a site serves: the runner's aiohttp ``Server`` while it has
+    room, :class:`_Refused` beyond ``limit`` open connections. Everything else (shutdown,
+    the connection list) is the server's own."""
+
+    def __init__(self, server: web.Server, limit: int, what: str) -> None:
+        self._server = server
+        self._limit = limit
+        self._what = what
+        body = json.dumps({"error": f"{what}: too many connections ({limit}); retry"}).encode()
+        self._answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body
+        )  # fmt: skip
+        self._problems = RateLimitedLog(log)
+        self._handler_class: type | None = None
+        self.refused = 0
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self._server.connections) >= self._limit:
+            self.refused += 1
+            self._problems.warning("full", "%s: %d connections open, the most it takes; "
+                                   "refusing new ones with 503 (%d so far)", self._what,
+                                   self._limit, self.refused)  # fmt: skip
+            return _Refused(self._answer)
+        handler = self._server()
+        if self._handler_class is None:
+            self._handler_class = _freeze_safe(type(handler))
+        handler.__class__ = self._handler_class  # same slots: only a method differs
+        return handler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+async def serve_app(
+    app: web.Application,
+    host: str,
+    port: int,
+    what: str,
+    limits: Limits | None = None,
+    server_log: ServerLog | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop;
+    aiohttp reports to ``server_log`` (a new :class:`ServerLog` by default).
+
+    Returns the runner (``await runner.cleanup()`` stops it) and the port really bound.
+    A port that cannot be bound is a :class:`StartError` naming ``what`` and the address.
+    """
+    from aiohttp import web
+
+    bounds = limits or Limits()
+
+    class BoundedRunner(web.AppRunner):
+        async def _make_server(self) -> web.Server:
+            server = await super()._make_server()
+            return _Bounded(server, bounds.max_connections, what)  # type: ignore[return-value]
+
+    if server_log is None:
+        server_log = ServerLog(what, bounds.log_interval)
+
+    # Long polls would hold a stop for up to a minute; clients retry them elsewhere.
+    runner = BoundedRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=0.5,
+        keepalive_timeout=bounds.idle_timeout,
+        lingering_time=min(2.0, bounds.body_timeout),  # reading an unwanted body's rest
+        handler_cancellation=bounds.cancel_abandoned,
+        logger=server_log,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartError(f"{what}: cannot listen on {host}:{port} ({exc.strerror})") from None
+    return runner, int(runner.addresses[0][1])

@@ -1,0 +1,61 @@
+"""The workers' store service: group rank 0's agent serves the store its workers' process
+group meets in (:mod:`agentd.tcpstore.server`), a new one for every attempt.
+
+A store opens just before its attempt's workers start, and closes when the next attempt's
+opens or when the agent shuts down (after the exit barrier). The next attempt starts only
+after a round completes, and every member of a round has stopped its workers before it
+rejoins, so a store is never closed under a worker of its attempt, on any node. A worker
+of an earlier attempt can never reach a later store: it has a new port, or, with a pinned
+``--master-port``, is a new listener on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agentd.hygiene import fdlimits
+from agentd.tcpstore.server import StoreLimits, TCPStoreServer
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.spec import WorkerGroup
+
+log = logging.getLogger(__name__)
+
+
+class WorkerStoreService:
+    """Serves ``agent``'s workers' store whenever it is group rank 0 (and its rendezvous
+    wants an agent store: torch's ``use_agent_store``)."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self._agent = agent
+        self.server: TCPStoreServer | None = None
+
+    async def start(self) -> None:
+        """Nothing until an attempt needs it."""
+
+    async def stop(self) -> None:
+        await self._close()
+
+    async def open_for(self, group: WorkerGroup) -> None:
+        """The store of the attempt about to start: this agent's if it is group rank 0."""
+        await self._close()
+        handler = self._agent.rdzv_handler
+        if not handler.use_agent_store or group.group_rank != 0:
+            return
+        host, port = str(group.master_addr), int(group.master_port or 0)
+        take = getattr(handler, "take_master_socket", None)
+        sock = take(port) if take is not None else None
+        workers = group.spec.local_world_size
+        cap = fdlimits.listener_cap(StoreLimits.max_connections, fdlimits.raise_open_files_limit(),
+                                    fdlimits.worker_reserve(workers), share=0.5)  # fmt: skip
+        server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
+        await server.start()
+        self.server = server
+        log.info("[%s] Serving the workers' store on %s:%d", group.spec.role, host, server.port)
+
+    async def _close(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            await server.stop()

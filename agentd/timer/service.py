@@ -1,0 +1,148 @@
+"""The watchdog service: expiration timers and D-state detection for the agent's workers.
+
+A worker whose timer runs out is reaped by the timer server; one stuck in uninterruptible
+sleep past the timeout is reported by the hang monitor. Either way the worker is noted as
+unhealthy and the agent woken: the group then restarts per policy, like a failure. Timer
+requests are trusted only for the agent's own worker trees (:meth:`Watchdog.trust`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentd.heartbeats.wire import ProgressMessage
+from agentd.hygiene import orphans
+from agentd.timer.api import TimerRequest
+from agentd.timer.dstate import UninterruptibleMonitor
+from agentd.timer.server import FileTimerServer, WatchdogSettings, signal_name
+from agentd.workers.processes import WorkerProcess
+
+
+@dataclass(frozen=True)
+class Unhealthy:
+    """Worker ``pid`` was found unhealthy at ``when`` (epoch seconds) because ``why``."""
+
+    pid: int
+    why: str
+    when: float
+    details: dict[str, Any] | None = None
+    """What a hang report adds (see :mod:`agentd.heartbeats.verdict`)."""
+
+
+class Watchdog:
+    """The watchdog of an agent whose current workers are ``procs()`` and carry ``mark``;
+    ``wake()`` tells the agent to look at its workers again."""
+
+    def __init__(
+        self,
+        settings: WatchdogSettings,
+        procs: Callable[[], Mapping[int, WorkerProcess]],
+        mark: str,
+        wake: Callable[[], None],
+        max_overdue: float | None = None,
+    ) -> None:
+        self._settings = settings
+        self._procs = procs
+        self._mark = mark
+        self._wake = wake
+        common: dict[str, Any] = {
+            "trust": self.trust,
+            "on_expired": self._on_timer_expired,
+            "dump_signal": settings.dump_signal,
+            "dump_grace": settings.dump_grace,
+        }
+        # The pipe is always served: heartbeats travel on it. Only --file-timer tells the
+        # workers about it as torch's TORCHELASTIC_TIMER_FILE (torch scripts look for it).
+        self.timer_server: FileTimerServer = FileTimerServer(
+            settings.timer_file if settings.file_timer else None,
+            on_progress=self._on_progress,
+            **common,
+        )
+        if max_overdue is not None:
+            self.timer_server.max_overdue = max_overdue
+        self._hang_monitor: UninterruptibleMonitor | None = None
+        self.progress_sink: Callable[[list[ProgressMessage]], None] | None = None
+        """Who hears the pipe's progress messages (the heartbeat service)."""
+        self.unhealthy: list[Unhealthy] = []
+        """Workers reaped, found stuck or hung since the group started."""
+
+    @property
+    def dump_grace(self) -> float:
+        return self._settings.dump_grace
+
+    @property
+    def timer_file(self) -> str | None:
+        """The named pipe workers write timer requests to (None without --file-timer)."""
+        return self.timer_server.path if self._settings.file_timer else None
+
+    @property
+    def progress_pipe(self) -> str | None:
+        """The named pipe workers write heartbeats to (the same pipe), once started."""
+        return self.timer_server.path or None
+
+    def _on_progress(self, messages: list[ProgressMessage]) -> None:
+        if self.progress_sink is not None:
+            self.progress_sink(messages)
+
+    def report(self, pid: int, why: str, details: dict[str, Any] | None = None) -> None:
+        """Worker ``pid`` is unhealthy (``details`` go to its failure's report): the
+        group restarts per policy."""
+        self.unhealthy.append(Unhealthy(pid, why, time.time(), details))
+        self._wake()
+
+    async def start(self) -> None:
+        await self.timer_server.start_async()
+        if self._settings.uninterruptible_timeout > 0:
+            self._hang_monitor = UninterruptibleMonitor(
+                lambda: [p.pid for p in self._procs().values() if p.returncode is None],
+                self._settings.uninterruptible_timeout,
+                self._on_stuck,
+            )
+            await self._hang_monitor.start()
+
+    async def stop(self) -> None:
+        if self._hang_monitor is not None:
+            await self._hang_monitor.stop()
+            self._hang_monitor = None
+        await self.timer_server.stop_async()
+
+    def forget(self, pids: Iterable[int]) -> None:
+        """These workers exited or were stopped: their timers go, and so does what was
+        noted against them once every worker is gone."""
+        self.timer_server.clear_timers(pids)
+
+    def clear(self) -> None:
+        """The group was stopped: start the next one with a clean slate."""
+        self.unhealthy.clear()
+
+    def trust(self, pid: int) -> int | None:
+        """The process group to signal for a timer of ``pid``; None unless it is ours.
+
+        Ours: in the process group of one of our running workers, or (a descendant that
+        left its group) carrying this agent's owner mark. Never the agent's own group.
+        """
+        try:
+            pgid = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            return None
+        if pgid == os.getpgid(0):
+            return None
+        if any(p.pgid == pgid and p.returncode is None for p in self._procs().values()):
+            return pgid
+        return pgid if orphans.read_mark(pid) == self._mark else None
+
+    def _on_timer_expired(self, request: TimerRequest, pgid: int | None) -> None:
+        if pgid is None:
+            return  # signal <= 0: reported, not enforced
+        why = (
+            f"timer expired: scope {request.scope_id!r} of pid {request.worker_id}, "
+            f"reaped with {signal_name(request.signal)}"
+        )
+        self.report(request.worker_id, why)
+
+    def _on_stuck(self, pid: int, seconds: float) -> None:
+        self.report(pid, f"in uninterruptible sleep (D state) for {seconds:.1f}s")

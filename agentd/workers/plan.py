@@ -1,0 +1,87 @@
+"""How one worker of an attempt is launched: its directory, environment, argv and output
+routes (the arguments of :func:`agentd.workers.processes.spawn_worker`, after the local rank)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+from agentd.heartbeats.stacks import STACK_FILE
+from agentd.spec import Std, Worker, WorkerGroup, WorkerSpec, std_for
+from agentd.workers.env import WorkerEnvContext, worker_env
+from agentd.workers.output import attempt_dir, disk_problem, ensure_dir, plan_route
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+
+
+FUNCTION_WORKER = (sys.executable, "-u", "-m", "agentd.workers.function")
+"""How a function entrypoint's worker starts (the call and result files follow)."""
+
+
+def worker_command(spec: WorkerSpec) -> list[str]:
+    """The command line ``spec``'s workers run (with ``${local_rank}`` unsubstituted)."""
+    if isinstance(spec.entrypoint, str):
+        return [spec.entrypoint, *map(str, spec.args)]
+    return [*FUNCTION_WORKER, "CALL", "RESULT"]
+
+
+def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
+    """``(worker, argv, env, stdout route, stderr route, cwd, pass_fds)`` for ``worker`` in
+    ``agent``'s current attempt (a function entrypoint's call file is written here)."""
+    spec = group.spec
+    rank = worker.local_rank
+    wdir = attempt_dir(agent.run_dir, agent.attempt, rank)
+    try:
+        ensure_dir(wdir)
+    except OSError as exc:  # the worker runs all the same; its output reaches the console
+        disk_problem(wdir, exc)
+    error_file = wdir / "error.json"
+    with contextlib.suppress(FileNotFoundError):
+        error_file.unlink()
+    env = worker_env(group, worker, str(error_file), WorkerEnvContext(
+        run_id=agent.run_id, restart_count=agent.restart_count,
+        max_restarts=spec.max_restarts, use_agent_store=agent.rdzv_handler.use_agent_store,
+        owner_mark=agent._mark, attempt=agent.attempt, timer_file=agent.timer_file,
+        progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
+    ))  # fmt: skip
+    args = [
+        Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a for a in spec.args
+    ]
+    pass_fds: list[int] = []
+    if isinstance(spec.entrypoint, str):
+        argv = [spec.entrypoint, *map(str, args)]
+    else:
+        from agentd.workers.function import write_call
+
+        call, result = wdir / "call.pickle", wdir / "return.pickle"
+        pass_fds = write_call(call, spec.entrypoint, tuple(args))
+        argv = [*FUNCTION_WORKER, str(call), str(result)]
+    shown = spec.local_ranks_filter is None or rank in spec.local_ranks_filter
+    prefix = spec.log_line_prefix_template.format(
+        role=spec.role,
+        local_rank=rank,
+        rank=worker.global_rank,
+        host=agent.hostname,
+        node_rank=group.group_rank,
+        attempt=agent.attempt,
+    )
+    routes = [
+        plan_route(
+            redirect=bool(std_for(spec.redirects, rank) & std),
+            tee=bool(std_for(spec.tee, rank) & std),
+            shown=shown,
+            is_stderr=std is Std.ERR,
+            file_path=wdir / name,
+            prefix=prefix,
+            duplicate_filters=tuple(filters or ()),
+            duplicate_path=wdir.parent / f"filtered_{name}",
+        )
+        for std, name, filters in (
+            (Std.OUT, "stdout.log", spec.duplicate_stdout_filters),
+            (Std.ERR, "stderr.log", spec.duplicate_stderr_filters),
+        )
+    ]
+    return worker, argv, env, routes[0], routes[1], None, pass_fds
