@@ -26,7 +26,7 @@ _EXPORTS = {
     "RestartBackoff": "agentd.agent.restart_policy",
     "RestartPolicy": "agentd.agent.restart_policy",
     "AgentConfig": "agentd.config.resolve",
-    "record": "agentd.reports.error_files",
+    "record": "agentd.reports.failure",
     "HeartbeatSettings": "agentd.heartbeats.timeouts",
     "heartbeat": "agentd.heartbeats.client",
     "section": "agentd.heartbeats.client",
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
     from agentd.heartbeats.client import end_heartbeats, heartbeat, section
     from agentd.heartbeats.timeouts import HeartbeatSettings
-    from agentd.reports.error_files import record
+    from agentd.reports.failure import record
     from agentd.spec import (
         RunResult,
         Std,

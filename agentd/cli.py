@@ -192,7 +192,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     from agentd.agent.local import LocalElasticAgent
     from agentd.health.server import HealthSettings
     from agentd.heartbeats.timeouts import HeartbeatSettings
-    from agentd.reports.error_files import copy_error_file
+    from agentd.reports.error_file import copy_error_file
     from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings
     from agentd.workers.env import SIGNALS_ENV
@@ -272,7 +272,8 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
 def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[list[str], int | None]:
     """``--peers`` checked: the candidate list and this store's place in it."""
-    from agentd.store.candidates import endpoint_text, parse_candidates
+    from agentd.store.candidates import parse_candidates
+    from agentd.support.net import endpoint_text
 
     if not text:
         return [], None

@@ -3,7 +3,7 @@
 ``elastic_launch(LaunchConfig(...), entrypoint)(*args)`` builds the rendezvous handler,
 the worker spec and a :class:`~agentd.agent.local.LocalElasticAgent` from the config, runs
 it to completion, and returns the workers' return values by global rank (empty for a
-command). A failed group raises :class:`~agentd.reports.error_files.ChildFailedError`
+command). A failed group raises :class:`~agentd.reports.failure.ChildFailedError`
 naming the root cause; decorated with ``@record``, the launching process copies the root
 cause's error file into its own ``TORCHELASTIC_ERROR_FILE``, as torch's does.
 """
@@ -84,7 +84,7 @@ def launch_agent(
     """Run one agent for ``config`` to completion (see the module docstring)."""
     from agentd.agent.local import LocalElasticAgent
     from agentd.rendezvous.registry import RendezvousParameters, get_rendezvous_handler
-    from agentd.reports.error_files import ChildFailedError
+    from agentd.reports.failure import ChildFailedError
     from agentd.spec import WorkerSpec
     from agentd.workers.env import SIGNALS_ENV
 

@@ -1,13 +1,26 @@
-"""The agent's services: each one duty of LocalElasticAgent beside its worker lifecycle.
+"""How the agent's core and its services see each other: two small protocols.
 
-A service is started with the agent (in order) and stopped with it (in reverse, whatever
-happened); it sees the agent through read-only views and small callbacks, never its
-internals. The worker lifecycle (plan, spawn, watch, stop) stays in the agent's core.
+The core (:mod:`agentd.agent.local`) starts its services in order and stops them in reverse,
+whatever happened; it knows each only as a :class:`Service`. A service sees the agent only
+as an :class:`AgentView`: read-only facts about the run and lookups of its workers, never
+the agent's internals. So a feature (health, heartbeats, reports, the workers' store, ...)
+depends on this module and the spec, never on the local agent, and the agent can be
+replaced by anything that offers the same view (tests do).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agentd.agent.observer import AgentObserver
+    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.rendezvous.api import RendezvousHandler
+    from agentd.spec import RunResult, WorkerFailure, WorkerGroup
+    from agentd.timer.server import TimerServer
+    from agentd.workers.processes import WorkerProcess
 
 
 class Service(Protocol):
@@ -20,3 +33,88 @@ class Service(Protocol):
     async def stop(self) -> None:
         """Stop and release everything; never raises (it runs on every way out)."""
         ...
+
+
+class AgentView(Protocol):
+    """What a service may know of the local agent (all read-only)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def run_dir(self) -> Path:
+        """``<log_dir>/<run_id>``: every attempt's files and the run's own."""
+        ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def started_at(self) -> float:
+        """When the agent started (epoch seconds)."""
+        ...
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt (-1 before the first)."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """The rendezvous round the workers belong to (-1 before the first)."""
+        ...
+
+    @property
+    def restart_count(self) -> int: ...
+
+    @property
+    def remaining_restarts(self) -> int: ...
+
+    @property
+    def owner_mark(self) -> str:
+        """The mark in every worker's environment that names this agent's run."""
+        ...
+
+    @property
+    def rdzv_handler(self) -> RendezvousHandler: ...
+
+    @property
+    def last_result(self) -> RunResult | None: ...
+
+    @property
+    def last_failure(self) -> WorkerFailure | None: ...
+
+    @property
+    def exit_error(self) -> BaseException | None:
+        """Why the run ended, when it ended with an error."""
+        ...
+
+    @property
+    def timer_server(self) -> TimerServer: ...
+
+    @property
+    def timer_file(self) -> str | None: ...
+
+    @property
+    def progress_pipe(self) -> str | None: ...
+
+    @property
+    def step_times(self) -> StepTimes: ...
+
+    def get_worker_group(self) -> WorkerGroup: ...
+
+    def worker_processes(self) -> Mapping[int, WorkerProcess]:
+        """The current attempt's worker processes, by local rank."""
+        ...
+
+    def worker_process_of(self, pid: int) -> WorkerProcess | None:
+        """The worker whose process tree ``pid`` belongs to."""
+        ...
+
+    def heartbeat_status(self) -> dict[str, Any]: ...
+
+    def preload_status(self) -> dict[str, Any] | None: ...
+
+    def worker_readings(self) -> list[dict[str, Any]]: ...
+
+    def add_observer(self, observer: AgentObserver) -> None: ...

@@ -41,7 +41,8 @@ async def agentd_node(
     endpoint: str, run_id: str, nnodes: int, host: bool, out: str, go: str
 ) -> None:
     from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-    from agentd.store.connect import http_store_opener, split_endpoint
+    from agentd.store.connect import http_store_opener
+    from agentd.support.net import split_endpoint
 
     address, port = split_endpoint(endpoint)
     handler = DynamicRendezvous(

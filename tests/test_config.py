@@ -129,14 +129,14 @@ def test_example_config_values_parse(tmp_path):
     ],
 )
 def test_endpoints_parse(text, expected):
-    from agentd.store.connect import split_endpoint
+    from agentd.support.net import split_endpoint
 
     assert split_endpoint(text) == expected
 
 
 @pytest.mark.parametrize("text", ["[::1", "[::1]x", ":5", "h:x", "h:70000", "a b:1", "h/p:1"])
 def test_malformed_endpoints_are_refused(text):
-    from agentd.store.connect import split_endpoint
+    from agentd.support.net import split_endpoint
 
     with pytest.raises(ConfigError, match=r"--rdzv-endpoint: .* must be host:port|no valid port"):
         split_endpoint(text)

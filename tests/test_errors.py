@@ -4,12 +4,8 @@ import json
 
 import pytest
 
-from agentd.reports.error_files import (
-    format_failure_report,
-    read_error_file,
-    record,
-    write_error_file,
-)
+from agentd.reports.error_file import read_error_file, write_error_file
+from agentd.reports.failure import format_failure_report, record
 from agentd.spec import RunResult, WorkerFailure, WorkerState
 
 

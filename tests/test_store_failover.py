@@ -14,16 +14,11 @@ import pytest
 from agentd.exceptions import ConfigError
 from agentd.store.api import StoreUnavailable
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import (
-    CANDIDATES_HEADER,
-    TERM_HEADER,
-    CandidateMismatch,
-    fingerprint,
-    parse_candidates,
-)
+from agentd.store.candidates import CandidateMismatch, fingerprint, parse_candidates
 from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
+from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 from tests.conftest import free_port
 
 TOKEN = "secret"

@@ -226,7 +226,7 @@ async def test_client_without_server_fails_clearly(tmp_path):
 
 
 def test_expires_without_a_client_says_how_to_get_one(monkeypatch):
-    import agentd.timer.api as api
+    import agentd.timer.default_client as api
 
     monkeypatch.setattr(api, "_client", None)
     monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)

@@ -29,6 +29,7 @@ from agentd.heartbeats.timeouts import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
+from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.event_log import EventLog
 from agentd.reports.service import RunRecord
 from agentd.spec import (
@@ -159,11 +160,15 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._services = [s for s in services if s is not None]
         """Started in this order before the first rendezvous, stopped in reverse."""
         self._running: list[Service] = []
-        on_lease = getattr(self.rdzv_handler, "on_lease", None)
-        if on_lease is not None:
-            on_lease(self._hygiene.on_lease)
+        if isinstance(self.rdzv_handler, LeasedMembership):
+            self.rdzv_handler.on_lease(self._hygiene.on_lease)
 
     # -- views (read-only; the services and the Python API use them) -------------------
+
+    @property
+    def owner_mark(self) -> str:
+        """The mark in every worker's environment that names this agent's run."""
+        return self._mark
 
     @property
     def timer_file(self) -> str | None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from agentd.exceptions import AgentdError
 from agentd.rendezvous.api import (
+    LeasedMembership,
     RendezvousClosedError,
     RendezvousHandler,
     RendezvousInfo,
@@ -114,8 +115,8 @@ class RendezvousSteps:
         """How long stopping may wait before SIGKILL: the spec's stop timeout, but never
         past the end of our membership lease (the others may reuse our ranks then)."""
         timeout = self._worker_group.spec.stop_timeout
-        lease = getattr(self.rdzv_handler, "lease_deadline", None)
-        deadline = lease() if lease is not None else None
+        handler = self.rdzv_handler
+        deadline = handler.lease_deadline() if isinstance(handler, LeasedMembership) else None
         if deadline is not None:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return timeout
@@ -123,8 +124,8 @@ class RendezvousSteps:
     def _membership_lost(self) -> str:
         """Why we are no longer a member of our round ('' while we are, or if the
         rendezvous has no notion of it)."""
-        lost = getattr(self.rdzv_handler, "membership_lost", None)
-        return lost() if lost is not None else ""
+        handler = self.rdzv_handler
+        return handler.membership_lost() if isinstance(handler, LeasedMembership) else ""
 
     @agent_step
     async def _rendezvous(self, worker_group: WorkerGroup) -> None:

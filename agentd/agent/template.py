@@ -19,7 +19,7 @@ import anyio
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
-from agentd.rendezvous.api import RendezvousClosedError
+from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError
 from agentd.reports.torch_records import record_restart, record_run
 from agentd.spec import (
     DEFAULT_ROLE,
@@ -73,9 +73,8 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
             from agentd.rendezvous.registry import as_agentd_handler
 
             spec.rdzv_handler = as_agentd_handler(spec.rdzv_handler)
-        bind = getattr(spec.rdzv_handler, "bind_worker_spec", None)
-        if bind is not None:
-            bind(spec.role, spec.local_world_size)
+        if isinstance(spec.rdzv_handler, BindsWorkerSpec):
+            spec.rdzv_handler.bind_worker_spec(spec.role, spec.local_world_size)
         if exit_barrier_timeout < 0:
             raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
         self._worker_group = WorkerGroup(spec)

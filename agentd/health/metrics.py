@@ -21,7 +21,7 @@ from agentd.agent.observer import AgentObserver
 from agentd.spec import WorkerFailure, WorkerState
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
+    from agentd.view import AgentView
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 
 class AgentMetrics(AgentObserver):
-    """The Prometheus metrics of one LocalElasticAgent."""
+    """The Prometheus metrics of one local agent."""
 
-    def __init__(self, agent: LocalElasticAgent) -> None:
+    def __init__(self, agent: AgentView) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.state = Gauge("agentd_worker_group_state", "1 for the worker group's current "
@@ -91,7 +91,7 @@ class AgentMetrics(AgentObserver):
 class _Readings:
     """Values read at scrape time: workers' CPU and memory, the watchdog's counts."""
 
-    def __init__(self, agent: LocalElasticAgent) -> None:
+    def __init__(self, agent: AgentView) -> None:
         self._agent = agent
 
     def describe(self) -> list[Metric]:
@@ -145,7 +145,7 @@ class _Readings:
         yield from _progress_metrics(agent)
 
 
-def _progress_metrics(agent: LocalElasticAgent) -> Iterator[Metric]:
+def _progress_metrics(agent: AgentView) -> Iterator[Metric]:
     """Step and section times per rank, heartbeat timeouts, hangs and stragglers."""
     from agentd.heartbeats.stragglers import BUCKETS
 

@@ -13,18 +13,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.hygiene import fdlimits
+from agentd.rendezvous.api import ReportsStore
 from agentd.spec import WorkerState
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer, HealthSettings, LoopLagMonitor
+    from agentd.view import AgentView
 
 
 class HealthService:
     """Serves ``agent``'s health endpoint as ``settings`` say."""
 
-    def __init__(self, agent: LocalElasticAgent, settings: HealthSettings) -> None:
+    def __init__(self, agent: AgentView, settings: HealthSettings) -> None:
         self._agent = agent
         self.settings = settings
         self.server: HealthCheckServer | None = None
@@ -41,9 +42,8 @@ class HealthService:
         self.metrics = AgentMetrics(agent)
         agent.add_observer(self.metrics)
         self._unsubscribe = subscribe(self.metrics.put_metric)  # put_metric -> /metrics
-        observe_store = getattr(agent.rdzv_handler, "observe_store", None)
-        if observe_store is not None:  # a rendezvous over a networked store
-            observe_store(self.metrics.store_request)
+        if isinstance(agent.rdzv_handler, ReportsStore):  # a rendezvous over a networked store
+            agent.rdzv_handler.observe_store(self.metrics.store_request)
         self._lag = LoopLagMonitor()
         self._lag.start()
         workers = agent.get_worker_group().spec.local_world_size
@@ -83,7 +83,7 @@ class HealthService:
         return self.metrics.render()
 
 
-def worker_readings(agent: LocalElasticAgent) -> list[dict[str, Any]]:
+def worker_readings(agent: AgentView) -> list[dict[str, Any]]:
     """Each worker of the current attempt: ranks, pid, state, start time, CPU and RSS."""
     from agentd.health.metrics import process_tree_usage
 
@@ -106,12 +106,13 @@ def worker_readings(agent: LocalElasticAgent) -> list[dict[str, Any]]:
     return readings
 
 
-def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
+def status_document(agent: AgentView) -> dict[str, Any]:
     """What ``/status`` shows (no environment, no output, no tracebacks, no secrets)."""
     group = agent.get_worker_group()
     failure = agent.last_failure
     workers = group.workers
     timers = agent.timer_server
+    handler = agent.rdzv_handler
     return {
         "run_id": agent.run_id,
         "role": group.spec.role,
@@ -124,7 +125,7 @@ def status_document(agent: LocalElasticAgent) -> dict[str, Any]:
         "attempt": agent.attempt,
         "generation": agent.generation,
         "rendezvous": agent.rdzv_handler.get_backend(),
-        "store": getattr(agent.rdzv_handler, "store_status", lambda: None)(),
+        "store": handler.store_status() if isinstance(handler, ReportsStore) else None,
         "node_rank": group.group_rank,
         "group_world_size": group.group_world_size,
         "world_size": workers[0].world_size if workers else None,

@@ -28,9 +28,9 @@ from agentd.support.aio import cancel_and_wait
 from agentd.workers.output import attempt_dir
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
     from agentd.spec import WorkerGroup
     from agentd.timer.service import Watchdog
+    from agentd.view import AgentView
     from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class HeartbeatService:
 
     def __init__(
         self,
-        agent: LocalElasticAgent,
+        agent: AgentView,
         watchdog: Watchdog,
         settings: HeartbeatSettings,
         notify: Callable[..., None],

@@ -1,9 +1,13 @@
-"""The rendezvous seam: a small protocol the agent drives, one implementation per backend."""
+"""The rendezvous seam: a small protocol the agent drives, one implementation per backend,
+and the optional capabilities a backend may add, each declared as a protocol of its own
+(the agent asks ``isinstance(handler, Capability)``, never probes for a method)."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agentd.exceptions import AgentdError, StartError
 
@@ -84,4 +88,53 @@ class RendezvousHandler(Protocol):
 
     async def shutdown(self) -> None:
         """Leave: the other agents re-form without this one (unless closed), then release."""
+        ...
+
+
+@runtime_checkable
+class BindsWorkerSpec(Protocol):
+    """A handler built before its agent's spec (torch's registry builds them first)."""
+
+    def bind_worker_spec(self, role: str, local_world_size: int) -> None:
+        """The agent's role and worker count, for rank assignment."""
+        ...
+
+
+@runtime_checkable
+class LeasedMembership(Protocol):
+    """A rendezvous whose membership is a lease on a heartbeat in a shared store."""
+
+    def on_lease(self, listener: Callable[[float | None], None]) -> None:
+        """Tell ``listener`` the lease's end (monotonic seconds) whenever it moves."""
+        ...
+
+    def lease_deadline(self) -> float | None:
+        """When the lease ends (monotonic seconds): no worker may run after it."""
+        ...
+
+    def membership_lost(self) -> str:
+        """Why this agent is no longer a member of its round ('' while it is)."""
+        ...
+
+
+@runtime_checkable
+class ReservesMasterPort(Protocol):
+    """A rendezvous that binds group rank 0's MASTER_PORT itself, so no other process can
+    take it before the workers' store listens on it."""
+
+    def take_master_socket(self, port: int) -> socket.socket | None:
+        """The socket bound to ``port`` (the caller owns it then), or None."""
+        ...
+
+
+@runtime_checkable
+class ReportsStore(Protocol):
+    """A rendezvous over a networked store, whose requests and state health reports."""
+
+    def observe_store(self, observer: Callable[[str, float], None]) -> None:
+        """Tell ``observer`` (operation, seconds) of every store request."""
+        ...
+
+    def store_status(self) -> dict[str, Any] | None:
+        """Which store serves (candidate stores), for /status."""
         ...

@@ -84,8 +84,8 @@ def _static(
 def _dynamic(
     config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
-    from agentd.store.connect import http_store_opener, is_local_address, split_endpoint
-    from agentd.store.server import is_loopback
+    from agentd.store.connect import http_store_opener
+    from agentd.support.net import is_local_address, is_loopback, split_endpoint
 
     if not config.rdzv_endpoint:
         raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
@@ -120,7 +120,7 @@ def _candidates(
     """The embedded store, served by one of several candidates, failing over among them."""
     from agentd.store.candidates import parse_candidates
     from agentd.store.connect import candidates_opener
-    from agentd.store.server import is_loopback
+    from agentd.support.net import is_loopback
 
     endpoints = parse_candidates(config.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
@@ -147,7 +147,7 @@ def _etcd(
 ) -> DynamicRendezvous:
     """The same rendezvous, on an etcd cluster: the agents are all its clients."""
     from agentd.store.etcd_connect import etcd_settings, etcd_store_opener
-    from agentd.store.server import is_loopback
+    from agentd.support.net import is_loopback
 
     if not config.rdzv_endpoint:
         raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "

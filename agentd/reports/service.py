@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 from agentd.reports.result_file import ResultFile, outcome
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
+    from agentd.view import AgentView
 
 
 class RunRecord:
     """``result.json`` of ``agent``'s run. Stopped last, so it records how everything
     else ended."""
 
-    def __init__(self, agent: LocalElasticAgent) -> None:
+    def __init__(self, agent: AgentView) -> None:
         self._agent = agent
         self.file = ResultFile(agent.run_dir / "result.json")
         self.written = False
@@ -41,7 +41,7 @@ class RunRecord:
         result = agent.last_result
         if result is None or not result.is_failed():
             return ""
-        from agentd.reports.error_files import format_failure_report
+        from agentd.reports.failure import format_failure_report
 
         entrypoint = agent.get_worker_group().spec.get_entrypoint_name()
         return format_failure_report(result, agent.run_id, entrypoint)

@@ -15,21 +15,34 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from agentd.reports.metrics_api import put_metric
-from agentd.spec import RunResult, WorkerState
+from agentd.spec import RunResult, WorkerGroup, WorkerState
 
 if TYPE_CHECKING:
-    from agentd.agent.template import SimpleElasticAgent
+    from agentd.rendezvous.api import RendezvousHandler
 
 
-def record_restart(agent: SimpleElasticAgent) -> None:
+class RunView(Protocol):
+    """What the records need of an agent: any
+    :class:`~agentd.agent.template.SimpleElasticAgent` offers it."""
+
+    @property
+    def rdzv_handler(self) -> RendezvousHandler: ...
+
+    @property
+    def remaining_restarts(self) -> int: ...
+
+    def get_worker_group(self) -> WorkerGroup: ...
+
+
+def record_restart(agent: RunView) -> None:
     role = agent.get_worker_group().spec.role
     put_metric(f"workers.{role}.remaining_restarts", agent.remaining_restarts)
 
 
-def record_run(agent: SimpleElasticAgent, result: RunResult, started: float) -> None:
+def record_run(agent: RunView, result: RunResult, started: float) -> None:
     """The end-of-run metrics and the workers' status events (see the module doc)."""
     spec = agent.get_worker_group().spec
     failed = result.is_failed()
@@ -49,7 +62,7 @@ def record_run(agent: SimpleElasticAgent, result: RunResult, started: float) -> 
     _record_worker_events(agent, result, time.monotonic() - started)
 
 
-def _record_worker_events(agent: SimpleElasticAgent, result: RunResult, took: float) -> None:
+def _record_worker_events(agent: RunView, result: RunResult, took: float) -> None:
     from agentd.reports.events import Event, EventSource, record
 
     group = agent.get_worker_group()

@@ -30,22 +30,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
+from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
 if TYPE_CHECKING:
     import aiohttp
 
-TERM_HEADER = "Agentd-Store-Term"
-CANDIDATES_HEADER = "Agentd-Store-Candidates"
-"""A fingerprint of the client's candidate list: a server with another list refuses it."""
-NOT_SERVING = 421
-"""The HTTP status of a store operation sent to a candidate that stands by."""
 PROBE_TIMEOUT = 2.0
 """Seconds a candidate has to answer a probe before it counts as out of reach."""
 
 
 def parse_candidates(text: str, field: str = "--rdzv-endpoint") -> tuple[tuple[str, int], ...]:
     """``host:port[,host:port...]`` into (host, port) pairs; duplicates are an error."""
-    from agentd.store.connect import split_endpoint
+    from agentd.support.net import split_endpoint
 
     parts = [part.strip() for part in text.split(",")]
     if any(not part for part in parts):
@@ -59,10 +55,6 @@ def parse_candidates(text: str, field: str = "--rdzv-endpoint") -> tuple[tuple[s
             raise ConfigError(f"{field}: {text!r}: a candidate needs a fixed port, not 0")
         seen.add((host, port))
     return endpoints
-
-
-def endpoint_text(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def fingerprint(endpoints: Sequence[str]) -> str:

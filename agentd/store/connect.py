@@ -6,16 +6,15 @@ hosts. They run in the agent's loop, on the first rendezvous.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.exceptions import ConfigError, StartError
+from agentd.exceptions import StartError
 from agentd.store.api import Store
 from agentd.store.memory import MemoryStore
+from agentd.support.net import is_local_address
 
 log = logging.getLogger(__name__)
 
@@ -40,42 +39,6 @@ class OpenedStore:
 
 
 StoreOpener = Callable[[], Awaitable[OpenedStore]]
-
-
-def split_endpoint(
-    endpoint: str, field: str = "--rdzv-endpoint", default_port: int = 29400
-) -> tuple[str, int]:
-    """``host[:port]`` (``[v6]:port`` too) into its parts; a bad one is a ConfigError."""
-    text = endpoint.strip()
-    host, port_text, has_port = text, "", False
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise ConfigError(f"{field}: {endpoint!r} must be host:port, or [IPv6]:port")
-        has_port, port_text = bool(rest), rest[1:]
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-        has_port = True
-    if not host or any(c.isspace() or c in "/[]" for c in host):
-        raise ConfigError(f"{field}: {endpoint!r} must be host:port")
-    if not has_port:
-        return host, default_port
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"{field}: {endpoint!r} has no valid port (0..65535)")
-    return host, int(port_text)
-
-
-def is_local_address(host: str) -> bool:
-    """Whether ``host`` names this machine: loopback, or an address we can bind."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, _, _, _, sockaddr in infos:
-        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((sockaddr[0], 0))
-            return True
-    return False
 
 
 def _connection_cap(workers: int) -> int:
@@ -111,9 +74,9 @@ def http_store_opener(
     ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
 
     async def open_store() -> OpenedStore:
-        from agentd.store.candidates import endpoint_text
         from agentd.store.http_client import HttpStore
         from agentd.store.server import StoreServer
+        from agentd.support.net import endpoint_text
 
         if is_host:
             server = StoreServer(host, port, token, max_connections=_connection_cap(workers))
@@ -152,9 +115,9 @@ def candidates_opener(
 
     async def open_store() -> OpenedStore:
         from agentd.store.candidacy import Candidacy
-        from agentd.store.candidates import endpoint_text
         from agentd.store.failover import FailoverStore
         from agentd.store.server import StoreServer
+        from agentd.support.net import endpoint_text
 
         texts = [endpoint_text(host, port) for host, port in endpoints]
         server: StoreServer | None = None

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentd.exceptions import ConfigError
-from agentd.store.connect import OpenedStore, StoreOpener, split_endpoint
+from agentd.store.connect import OpenedStore, StoreOpener
+from agentd.support.net import split_endpoint
 
 DEFAULT_PORT = 2379
 PASSWORD_ENV = "AGENTD_ETCD_PASSWORD"

@@ -24,9 +24,10 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.candidates import CANDIDATES_HEADER, TERM_HEADER, Prober, RoleReport
+from agentd.store.candidates import Prober, RoleReport
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
+from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
 log = logging.getLogger(__name__)
 

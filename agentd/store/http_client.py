@@ -31,11 +31,10 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.candidates import NOT_SERVING, TERM_HEADER
-from agentd.store.ops import MAX_POLL
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
-from agentd.store.server import INSTANCE_HEADER, is_loopback
 from agentd.store.sockets import keepalive_socket
+from agentd.store.wire import INSTANCE_HEADER, MAX_POLL, NOT_SERVING, TERM_HEADER
+from agentd.support.net import is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentd.store.api import WatchResult
-from agentd.store.candidates import TERM_HEADER
 from agentd.store.memory import MemoryStore
+from agentd.store.wire import MAX_POLL, TERM_HEADER
 
 MAX_KEY = 1024
 MAX_VALUE = 1 << 20
 MAX_KEYS = 4096
-MAX_POLL = 60.0
 MAX_TTL = 86400.0
 
 

@@ -3,7 +3,7 @@
 ``POST /v1/<op>`` with a JSON body; values travel as base64. Bearer-token auth (required
 when binding anything but loopback); bounded key, value and body sizes; every bad
 request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls (``wait``,
-``watch``) are capped at :data:`~agentd.store.ops.MAX_POLL` seconds. The operations and
+``watch``) are capped at :data:`~agentd.store.wire.MAX_POLL` seconds. The operations and
 their checks are in :mod:`agentd.store.ops`.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -24,10 +23,11 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import CANDIDATES_HEADER, NOT_SERVING, TERM_HEADER
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
+from agentd.store.wire import CANDIDATES_HEADER, INSTANCE_HEADER, NOT_SERVING, TERM_HEADER
 from agentd.support.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
+from agentd.support.net import is_loopback
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -41,19 +41,8 @@ MAX_CONNECTIONS = 4096
 LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout=10.0)
 """The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
 so a connection is never reused just as the server closes it."""
-INSTANCE_HEADER = "Agentd-Store-Instance"
 LONG_POLLS = frozenset({"wait", "watch"})
 """The operations that wait: a candidate stepping down answers them at once."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only ever means this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class StoreServer:

@@ -15,11 +15,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from agentd.hygiene import fdlimits
+from agentd.rendezvous.api import ReservesMasterPort
 from agentd.tcpstore.server import StoreLimits, TCPStoreServer
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
     from agentd.spec import WorkerGroup
+    from agentd.view import AgentView
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class WorkerStoreService:
     """Serves ``agent``'s workers' store whenever it is group rank 0 (and its rendezvous
     wants an agent store: torch's ``use_agent_store``)."""
 
-    def __init__(self, agent: LocalElasticAgent) -> None:
+    def __init__(self, agent: AgentView) -> None:
         self._agent = agent
         self.server: TCPStoreServer | None = None
 
@@ -45,8 +46,7 @@ class WorkerStoreService:
         if not handler.use_agent_store or group.group_rank != 0:
             return
         host, port = str(group.master_addr), int(group.master_port or 0)
-        take = getattr(handler, "take_master_socket", None)
-        sock = take(port) if take is not None else None
+        sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
         workers = group.spec.local_world_size
         cap = fdlimits.listener_cap(StoreLimits.max_connections, fdlimits.raise_open_files_limit(),
                                     fdlimits.worker_reserve(workers), share=0.5)  # fmt: skip

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentd.support.lazy import lazy_getattr
-from agentd.timer.api import TimerClient, TimerRequest, configure, expires, get_client
+from agentd.timer.api import TimerClient, TimerRequest
+from agentd.timer.default_client import configure, expires, get_client
 
 _LAZY = {
     "FileTimerClient": "agentd.timer.file_pipe",

@@ -1,4 +1,4 @@
-"""Timer requests, the client interface, ``configure`` and ``expires`` (worker side).
+"""Timer requests, the client interface, and what a request source feeds (the server).
 
 The same contract as ``torch.distributed.elastic.timer``: a worker acquires a countdown
 timer for a scope; if it does not release it before ``expiration_time`` (epoch seconds,
@@ -8,13 +8,10 @@ as on the wire), the agent's timer server reaps it.
 from __future__ import annotations
 
 import abc
-import contextlib
-import os
 import signal
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
 RELEASE = -1.0
@@ -54,47 +51,14 @@ class TimerClient(abc.ABC):
         """Cancel the timer of ``scope_id``."""
 
 
-_client: TimerClient | None = None
+class TimerRegistry(Protocol):
+    """What a source of timer requests (the named pipe, a ``multiprocessing`` queue) feeds:
+    the timer server (:class:`agentd.timer.server.TimerServer`)."""
 
+    def register_timers(self, timer_requests: Iterable[TimerRequest]) -> None:
+        """Acquire or release the timers of trusted workers (untrusted pids are dropped)."""
+        ...
 
-def configure(timer_client: TimerClient) -> None:
-    """Make ``timer_client`` the one :func:`expires` uses by default."""
-    global _client
-    _client = timer_client
-
-
-def get_client() -> TimerClient:
-    """The configured client; under ``agentd run --file-timer`` one is made on first use."""
-    global _client
-    if _client is None:
-        path = os.environ.get(TIMER_FILE_ENV)
-        if not path:
-            raise RuntimeError(
-                "no timer client: call agentd.timer.configure(...) or run under "
-                f"`agentd run --file-timer`, which sets {TIMER_FILE_ENV}"
-            )
-        from agentd.timer.file_pipe import FileTimerClient
-
-        _client = FileTimerClient(path)
-    return _client
-
-
-@contextlib.contextmanager
-def expires(
-    after: float, scope: str | None = None, client: TimerClient | None = None
-) -> Iterator[None]:
-    """Run the block under a timer: unless it finishes within ``after`` seconds, the worker
-    is reaped (by default: SIGKILL to its process group, then a restart of the group).
-    ``scope`` defaults to the caller's ``file#line``.
-    """
-    if after < 0:
-        raise ValueError(f"after: {after!r} must be >= 0 seconds")
-    client = client or get_client()
-    if scope is None:
-        caller = sys._getframe(2)  # 0: here, 1: contextmanager's __enter__, 2: the caller
-        scope = f"{caller.f_code.co_filename}#{caller.f_lineno}"
-    client.acquire(scope, time.time() + after)
-    try:
-        yield
-    finally:
-        client.release(scope)
+    def count_bad(self, kind: str, detail: str) -> None:
+        """Count (and log within a rate limit) an input that was dropped, and why."""
+        ...

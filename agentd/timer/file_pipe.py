@@ -21,14 +21,11 @@ import select
 import signal
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentd.heartbeats import wire as progress_wire
 from agentd.heartbeats.wire import ProgressMessage
-from agentd.timer.api import RELEASE, TIMER_FILE_ENV, TimerClient, TimerRequest
-
-if TYPE_CHECKING:
-    from agentd.timer.server import TimerServer
+from agentd.timer.api import RELEASE, TIMER_FILE_ENV, TimerClient, TimerRegistry, TimerRequest
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +169,7 @@ class FifoSource:
     """
 
     def __init__(
-        self, server: TimerServer, file_path: str | None = None,
+        self, server: TimerRegistry, file_path: str | None = None,
         on_progress: OnProgress | None = None,
     ) -> None:  # fmt: skip
         self._server = server

@@ -10,7 +10,7 @@ import os
 import queue
 from typing import Any
 
-from agentd.timer.api import RELEASE, TimerClient, TimerRequest
+from agentd.timer.api import RELEASE, TimerClient, TimerRegistry, TimerRequest
 
 
 class LocalTimerClient(TimerClient):
@@ -48,7 +48,7 @@ def _reader_fd(mp_queue: Any) -> int:
     return int(reader.fileno())
 
 
-def queue_source(server: Any, mp_queue: Any) -> tuple[int, Any]:
+def queue_source(server: TimerRegistry, mp_queue: Any) -> tuple[int, Any]:
     """The fd to watch and the callback that moves queued requests into ``server``."""
     fd = _reader_fd(mp_queue)
 

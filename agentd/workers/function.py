@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentd.reports.error_files import record
+from agentd.reports.failure import record
 
 
 class _SpawnRecorder:

@@ -14,7 +14,7 @@ from agentd.workers.env import WorkerEnvContext, worker_env
 from agentd.workers.output import attempt_dir, disk_problem, ensure_dir, plan_route
 
 if TYPE_CHECKING:
-    from agentd.agent.local import LocalElasticAgent
+    from agentd.view import AgentView
 
 
 FUNCTION_WORKER = (sys.executable, "-u", "-m", "agentd.workers.function")
@@ -28,7 +28,7 @@ def worker_command(spec: WorkerSpec) -> list[str]:
     return [*FUNCTION_WORKER, "CALL", "RESULT"]
 
 
-def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
+def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
     """``(worker, argv, env, stdout route, stderr route, cwd, pass_fds)`` for ``worker`` in
     ``agent``'s current attempt (a function entrypoint's call file is written here)."""
     spec = group.spec
@@ -44,7 +44,7 @@ def plan_worker(agent: LocalElasticAgent, group: WorkerGroup, worker: Worker) ->
     env = worker_env(group, worker, str(error_file), WorkerEnvContext(
         run_id=agent.run_id, restart_count=agent.restart_count,
         max_restarts=spec.max_restarts, use_agent_store=agent.rdzv_handler.use_agent_store,
-        owner_mark=agent._mark, attempt=agent.attempt, timer_file=agent.timer_file,
+        owner_mark=agent.owner_mark, attempt=agent.attempt, timer_file=agent.timer_file,
         progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
     ))  # fmt: skip
     args = [

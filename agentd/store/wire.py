@@ -1,0 +1,16 @@
+"""What travels between the embedded store's clients and servers besides the JSON bodies:
+headers, status codes and limits both sides agree on (see :mod:`agentd.store.server` and
+:mod:`agentd.store.http_client`)."""
+
+from __future__ import annotations
+
+TERM_HEADER = "Agentd-Store-Term"
+"""The highest candidate term a client or server has seen (candidate stores)."""
+CANDIDATES_HEADER = "Agentd-Store-Candidates"
+"""A fingerprint of the client's candidate list: a server with another list refuses it."""
+NOT_SERVING = 421
+"""The HTTP status of a store operation sent to a candidate that stands by."""
+INSTANCE_HEADER = "Agentd-Store-Instance"
+"""Names a server's state: a client sees a restart (state lost) when it changes."""
+MAX_POLL = 60.0
+"""The longest a wait or watch may block on the server; clients split longer ones."""

@@ -1,0 +1,60 @@
+"""Network addresses as agentd's flags spell them: ``host:port`` endpoints, loopback, and
+whether an address belongs to this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+
+from agentd.exceptions import ConfigError
+
+
+def split_endpoint(
+    endpoint: str, field: str = "--rdzv-endpoint", default_port: int = 29400
+) -> tuple[str, int]:
+    """``host[:port]`` (``[v6]:port`` too) into its parts; a bad one is a ConfigError."""
+    text = endpoint.strip()
+    host, port_text, has_port = text, "", False
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ConfigError(f"{field}: {endpoint!r} must be host:port, or [IPv6]:port")
+        has_port, port_text = bool(rest), rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        has_port = True
+    if not host or any(c.isspace() or c in "/[]" for c in host):
+        raise ConfigError(f"{field}: {endpoint!r} must be host:port")
+    if not has_port:
+        return host, default_port
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{field}: {endpoint!r} has no valid port (0..65535)")
+    return host, int(port_text)
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` names this machine: loopback, or an address we can bind."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((sockaddr[0], 0))
+            return True
+    return False
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only ever means this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def endpoint_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
