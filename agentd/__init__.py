@@ -14,11 +14,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "WorkerSpec": "agentd.spec",
-    "Worker": "agentd.spec",
-    "WorkerGroup": "agentd.spec",
-    "WorkerState": "agentd.spec",
-    "WorkerFailure": "agentd.spec",
-    "RunResult": "agentd.spec",
+    "Worker": "agentd.group",
+    "WorkerGroup": "agentd.group",
+    "WorkerState": "agentd.group",
+    "WorkerFailure": "agentd.group",
+    "RunResult": "agentd.group",
     "Std": "agentd.spec",
     "ElasticAgent": "agentd.agent.template",
     "SimpleElasticAgent": "agentd.agent.template",
@@ -71,15 +71,8 @@ if TYPE_CHECKING:
     from agentd.agent.template import ElasticAgent, SimpleElasticAgent
     from agentd.config.resolve import AgentConfig
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
+    from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
     from agentd.heartbeats.client import end_heartbeats, heartbeat, section
     from agentd.heartbeats.timeouts import HeartbeatSettings
     from agentd.reports.failure import record
-    from agentd.spec import (
-        RunResult,
-        Std,
-        Worker,
-        WorkerFailure,
-        WorkerGroup,
-        WorkerSpec,
-        WorkerState,
-    )
+    from agentd.spec import Std, WorkerSpec

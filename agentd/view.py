@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from agentd.agent.observer import AgentObserver
+    from agentd.group import RunResult, WorkerFailure, WorkerGroup
     from agentd.heartbeats.stragglers import StepTimes
     from agentd.rendezvous.api import RendezvousHandler
-    from agentd.spec import RunResult, WorkerFailure, WorkerGroup
     from agentd.timer.server import TimerServer
     from agentd.workers.processes import WorkerProcess
 

@@ -51,7 +51,7 @@ def etcd_flags(endpoint: str, backend: str = "etcd") -> list[str]:
 
 
 def store_factory(kind: str, target: str) -> Callable[[], Store]:
-    from agentd.store.etcd import EtcdStore
+    from agentd.store.etcd.store import EtcdStore
     from agentd.store.http_client import HttpStore
 
     if kind == "etcd":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentd.store.etcd_codes import Verdict, classify, watch_cancel_code
+from agentd.store.etcd.codes import Verdict, classify, watch_cancel_code
 
 RETRY, AUTH, REFUSED = Verdict.RETRY, Verdict.AUTH, Verdict.REFUSED
 

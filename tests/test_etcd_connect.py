@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentd.exceptions import ConfigError
-from agentd.store.etcd import prefix_end
-from agentd.store.etcd_connect import etcd_settings
+from agentd.store.etcd.connect import etcd_settings
+from agentd.store.etcd.gateway import prefix_end
 from tests.etcd_server import make_tls
 
 

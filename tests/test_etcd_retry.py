@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from agentd.store.api import StoreOutcomeUnknown, StoreRefused, StoreUnavailable
-from agentd.store.etcd import EtcdStore
+from agentd.store.etcd.store import EtcdStore
 
 Answer = tuple[int, dict[str, object]]
 DEADLINE = (500, {"code": 2, "message": "context deadline exceeded"})

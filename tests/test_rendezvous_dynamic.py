@@ -14,7 +14,7 @@ from agentd.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.store.api import Store
 from agentd.store.connect import OpenedStore
-from agentd.store.etcd import EtcdStore
+from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer

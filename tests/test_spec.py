@@ -6,18 +6,9 @@ import pytest
 
 from agentd.agent.rendezvous_steps import assign_worker_ranks
 from agentd.exceptions import ConfigError, IllegalTransition
+from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState, check_transition
 from agentd.rendezvous.api import RoleInstanceInfo
-from agentd.spec import (
-    RunResult,
-    Std,
-    WorkerFailure,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerState,
-    check_name,
-    check_transition,
-    std_for,
-)
+from agentd.spec import Std, WorkerSpec, check_name, std_for
 
 
 def spec(**kw) -> WorkerSpec:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentd.store.api import Store, StoreError, StoreTimeout
-from agentd.store.etcd import EtcdStore
+from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer

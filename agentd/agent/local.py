@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.agent.template import SimpleElasticAgent
 from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
 from agentd.exceptions import StartError
+from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.timeouts import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
@@ -32,18 +33,7 @@ from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.event_log import EventLog
 from agentd.reports.service import RunRecord
-from agentd.spec import (
-    LogsSpecs,
-    RunResult,
-    Worker,
-    WorkerFailure,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerState,
-    check_log_prefix,
-    check_name,
-    check_start_method,
-)
+from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support.sync_bridge import agent_step
 from agentd.tcpstore.service import WorkerStoreService
 from agentd.timer.server import TimerServer, WatchdogSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentd.spec import WorkerFailure, WorkerState
+from agentd.group import WorkerFailure, WorkerState
 
 if TYPE_CHECKING:
     from agentd.heartbeats.stragglers import Straggler

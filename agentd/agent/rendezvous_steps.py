@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from agentd.exceptions import AgentdError
+from agentd.group import Worker, WorkerGroup
 from agentd.rendezvous.api import (
     LeasedMembership,
     RendezvousClosedError,
@@ -21,7 +22,7 @@ from agentd.rendezvous.api import (
     RendezvousInfo,
     RoleInstanceInfo,
 )
-from agentd.spec import Worker, WorkerGroup, WorkerSpec
+from agentd.spec import WorkerSpec
 from agentd.store.api import StoreError
 from agentd.support.sync_bridge import agent_step
 

@@ -16,20 +16,14 @@ from typing import Any
 
 import anyio
 
+from agentd.agent.decide import Action, Situation, decide
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
+from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState, check_transition
 from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError
 from agentd.reports.torch_records import record_restart, record_run
-from agentd.spec import (
-    DEFAULT_ROLE,
-    RunResult,
-    WorkerFailure,
-    WorkerGroup,
-    WorkerSpec,
-    WorkerState,
-    check_transition,
-)
+from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
 
 log = logging.getLogger(__name__)
@@ -206,70 +200,81 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
                                 f"{result!r}; it must return a RunResult")  # fmt: skip
             self._raise_if_stop_requested()
             state = result.state
-            if self._round_closed is not None and state == WorkerState.HEALTHY:
-                closed = self._round_closed
+            # Our workers may have died because we lost our membership (killed at the end of
+            # its lease while the agent was frozen, say): that is a membership change, not
+            # their failure, and it spends no restart.
+            lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
+            root = result.root_cause
+            action = decide(Situation(
+                state, peer_failed=self._round_closed is not None, membership_lost=bool(lost),
+                round_ended=self._round_ended is not None,
+                remaining_restarts=self._remaining_restarts,
+                retryable=root is None or spec.restart_policy.is_retryable(root.exitcode),
+            ))  # fmt: skip
+            if action is Action.WATCH:
+                continue
+            closed = self._round_closed
+            if action is Action.FAIL_PEER and closed is not None:
                 log.error("[%s] %s; stopping the workers", role, closed)
                 await self._timed_stop(group)
                 self._set_state(WorkerState.FAILED, "a peer failed for good")
                 raise closed
-            # Our workers may have died because we lost our membership (killed at the end of
-            # its lease while the agent was frozen, say): that is a membership change, not
-            # their failure, and it spends no restart. Workers that succeeded did, lease or
-            # not: their exit barrier copes with a store out of reach.
-            lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
-            if lost or (state == WorkerState.HEALTHY and self._round_ended is not None):
+            if action is Action.REJOIN:
                 why = lost or self._round_ended
                 log.info("[%s] Rendezvous round over (%s); restarting the group without "
                          "spending a restart", role, why)  # fmt: skip
                 self._notify("restarted", "membership", self.restart_count)
                 await self._restart_group(group, reason="membership")
                 continue
-            if state == WorkerState.HEALTHY:
-                continue
-            if state == WorkerState.SUCCEEDED:
+            if action is Action.SUCCEED:
                 self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
                 self._stop_round_watch()
                 await self._exit_barrier()
                 await self._close_rendezvous(True, "the workers succeeded")
                 return result
-            # FAILED or UNHEALTHY
+            # FAILED or UNHEALTHY: RESTART or GIVE_UP
             reason = "failure" if state == WorkerState.FAILED else "unhealthy"
             self._set_state(state, reason)
-            root = result.root_cause
             if root is not None:
                 self.last_failure = root
                 self._notify("phase_timed", "detect", max(0.0, time.time() - root.timestamp))
             for failure in sorted(result.failures.values(), key=lambda f: f.timestamp):
                 self._notify("worker_failed", failure)
-            retryable = root is None or spec.restart_policy.is_retryable(root.exitcode)
-            if self._remaining_restarts > 0 and retryable:
-                self._remaining_restarts -= 1
-                record_restart(self)
-                self.restart_count += 1
-                self._notify("restarted", reason, self.restart_count)
-                self._stop_round_watch()
-                ending = asyncio.create_task(self._end_round(f"worker {reason} on this node"))
-                await self._timed_stop(group)  # while the peers learn of it
-                await ending
-                self._set_state(WorkerState.STOPPED, "restarting")
-                await self._backoff(role)
-                log.info(
-                    "[%s] Restarting worker group (restart %d of %d)",
-                    role,
-                    self.restart_count,
-                    spec.max_restarts,
-                )
-                await self._restart_group(group, reason=reason, stopped=True)
+            if action is Action.RESTART:
+                await self._restart_after(group, reason)
                 continue
-            if not retryable and root is not None:
-                log.error("[%s] Exit code %d is non-retryable; not restarting", role, root.exitcode)
-            self._stop_round_watch()
-            why = root.summary() if root is not None else f"worker group {reason}"
-            closing = asyncio.create_task(self._close_rendezvous(False, why))
-            await self._timed_stop(group)
-            await closing
-            self._set_state(WorkerState.FAILED, "no restarts left")
-            return RunResult(WorkerState.FAILED, result.return_values, result.failures)
+            return await self._give_up(group, result, reason)
+
+    async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
+        """Spend a restart on a failed or unhealthy group: the peers restart too."""
+        spec = group.spec
+        self._remaining_restarts -= 1
+        record_restart(self)
+        self.restart_count += 1
+        self._notify("restarted", reason, self.restart_count)
+        self._stop_round_watch()
+        ending = asyncio.create_task(self._end_round(f"worker {reason} on this node"))
+        await self._timed_stop(group)  # while the peers learn of it
+        await ending
+        self._set_state(WorkerState.STOPPED, "restarting")
+        await self._backoff(spec.role)
+        log.info("[%s] Restarting worker group (restart %d of %d)", spec.role,
+                 self.restart_count, spec.max_restarts)  # fmt: skip
+        await self._restart_group(group, reason=reason, stopped=True)
+
+    async def _give_up(self, group: WorkerGroup, result: RunResult, reason: str) -> RunResult:
+        """The group failed for good: close the rendezvous as failed, stop, FAILED."""
+        root = result.root_cause
+        if root is not None and not group.spec.restart_policy.is_retryable(root.exitcode):
+            log.error("[%s] Exit code %d is non-retryable; not restarting", group.spec.role,
+                      root.exitcode)  # fmt: skip
+        self._stop_round_watch()
+        why = root.summary() if root is not None else f"worker group {reason}"
+        closing = asyncio.create_task(self._close_rendezvous(False, why))
+        await self._timed_stop(group)
+        await closing
+        self._set_state(WorkerState.FAILED, "no restarts left")
+        return RunResult(WorkerState.FAILED, result.return_values, result.failures)
 
     async def _pace(self, interval: float) -> None:
         """Wait ``interval`` before polling a plain ``_monitor_workers`` again (a stop

@@ -20,7 +20,8 @@ from typing import Any
 
 from agentd.agent.restart_policy import RestartBackoff
 from agentd.config import values as v
-from agentd.config.options import OPTIONS, OPTIONS_BY_NAME, Option
+from agentd.config.option import Option
+from agentd.config.options import OPTIONS, OPTIONS_BY_NAME
 from agentd.exceptions import ConfigError
 from agentd.spec import (
     DEFAULT_LOG_PREFIX,

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from agentd.agent.observer import AgentObserver
-from agentd.spec import WorkerFailure, WorkerState
+from agentd.group import WorkerFailure, WorkerState
 
 if TYPE_CHECKING:
     from agentd.view import AgentView

@@ -12,9 +12,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agentd.group import WorkerState
 from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReportsStore
-from agentd.spec import WorkerState
 
 if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics

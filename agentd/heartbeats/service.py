@@ -28,7 +28,7 @@ from agentd.support.aio import cancel_and_wait
 from agentd.workers.output import attempt_dir
 
 if TYPE_CHECKING:
-    from agentd.spec import WorkerGroup
+    from agentd.group import WorkerGroup
     from agentd.timer.service import Watchdog
     from agentd.view import AgentView
     from agentd.workers.processes import WorkerProcess

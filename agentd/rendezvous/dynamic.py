@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from agentd.rendezvous.api import (
 )
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import LeaseListener, Membership
+from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
@@ -56,8 +57,6 @@ log = logging.getLogger(__name__)
 _FOREVER = 7 * 86400.0
 _LEAVE_TIMEOUT = 2.0
 """Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
-_RETRY = 1.0
-"""Pause between tries at a store that cannot be reached (each try retries for a while)."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +259,7 @@ class DynamicRendezvous:
                 self._problems.warning("unreachable", "Rendezvous %s: the store is unreachable "
                                        "(%s); trying again until the join timeout",
                                        self._run_id, exc)  # fmt: skip
-                await asyncio.sleep(_RETRY)
+                await asyncio.sleep(RETRY_PAUSE)
                 continue
             if joined is not None:
                 self._store_problem = ""
@@ -271,70 +270,16 @@ class DynamicRendezvous:
         membership = self._membership
         if current is None or membership is None:
             raise RuntimeError("round_over() needs a completed rendezvous")
-        watch, lost = await first_done(self._watch_round(current), membership.lost())
+        watch = RoundWatch(self.store, self._keys, current, self._run_id, self.end_round,
+                           self._raise_if_failed, self._problems)  # fmt: skip
+        watch_task, lost = await first_done(watch.reason(), membership.lost())
         if lost.done() and not lost.cancelled():
             membership.member = False
             self._unended = current.generation
             log.warning("Rendezvous %s: no longer a member of round %d: %s", self._run_id,
                         current.generation, lost.result())  # fmt: skip
             return f"membership lost: {lost.result()}"
-        return watch.result()
-
-    async def _watch_round(self, current: Round) -> str:
-        """Why round ``current`` ended elsewhere, once it has; store trouble is waited out
-        (the membership lease decides when it is too much)."""
-        store = self.store
-        members = {self._keys.heartbeat(str(node["node"])): str(node["node"])
-                   for node in current.nodes}  # fmt: skip
-        revision = current.revision
-        check = True
-        while True:
-            try:
-                if check:  # at the start, and whenever the store may have lost events
-                    revision = await store.revision()
-                    why = await self._round_state(current, members)
-                    if why:
-                        return why
-                    check = False
-                result = await store.watch(self._keys.ctl, revision, POLL)
-            except StoreUnavailable as exc:
-                self._problems.warning("watch", "Rendezvous %s: cannot watch the round (%s); "
-                                       "retrying", self._run_id, exc)  # fmt: skip
-                await asyncio.sleep(_RETRY)
-                check = True
-                continue
-            if result.compacted:
-                check = True
-                continue
-            revision = result.revision
-            for event in result.events:
-                if event.key == self._keys.gen and event.value != str(current.generation).encode():
-                    return f"generation {current.generation} ended"
-                if event.key == self._keys.closed and event.value is not None:
-                    self._raise_if_failed(event.value)
-                if event.key in members and event.value is None:
-                    why = f"node {members[event.key]} left (no heartbeat)"
-                    await self.end_round(why)
-                    return why
-
-    async def _round_state(self, current: Round, members: Mapping[str, str]) -> str:
-        """Why round ``current`` is over already ('' if it is not)."""
-        generation = current.generation
-        mine = self._keys.round(generation, f"node/{current.rank}")
-        keys = [self._keys.gen, self._keys.closed, mine, *members]
-        gen, closed, entry, *beats = await self.store.multi_get(keys)
-        if closed is not None:
-            self._raise_if_failed(closed)
-        if gen != str(generation).encode():
-            return f"generation {generation} ended"
-        if entry != current.mine:
-            return f"the store lost round {generation} (it restarted?)"
-        for key, beat in zip(members, beats, strict=True):
-            if beat is None:
-                why = f"node {members[key]} left (no heartbeat)"
-                await self.end_round(why)
-                return why
-        return ""
+        return watch_task.result()
 
     async def end_round(self, reason: str) -> None:
         """End our round for every peer. A store out of reach is not waited for longer

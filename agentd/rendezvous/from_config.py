@@ -146,7 +146,7 @@ def _etcd(
     config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     """The same rendezvous, on an etcd cluster: the agents are all its clients."""
-    from agentd.store.etcd_connect import etcd_settings, etcd_store_opener
+    from agentd.store.etcd.connect import etcd_settings, etcd_store_opener
     from agentd.support.net import is_loopback
 
     if not config.rdzv_endpoint:

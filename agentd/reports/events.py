@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.agent.observer import AgentObserver
-from agentd.spec import WorkerFailure, WorkerState
+from agentd.group import WorkerFailure, WorkerState
 
 if TYPE_CHECKING:
     from agentd.heartbeats.stragglers import Straggler

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from agentd.group import RunResult, WorkerFailure, WorkerState
 from agentd.reports.error_file import copy_error_file, write_error_file
-from agentd.spec import RunResult, WorkerFailure, WorkerState
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

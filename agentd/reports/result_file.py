@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentd.spec import RunResult, WorkerFailure
+    from agentd.group import RunResult, WorkerFailure
 
 log = logging.getLogger(__name__)
 

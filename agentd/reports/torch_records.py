@@ -17,8 +17,8 @@ import socket
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from agentd.group import RunResult, WorkerGroup, WorkerState
 from agentd.reports.metrics_api import put_metric
-from agentd.spec import RunResult, WorkerGroup, WorkerState
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler

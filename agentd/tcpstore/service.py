@@ -19,7 +19,7 @@ from agentd.rendezvous.api import ReservesMasterPort
 from agentd.tcpstore.server import StoreLimits, TCPStoreServer
 
 if TYPE_CHECKING:
-    from agentd.spec import WorkerGroup
+    from agentd.group import WorkerGroup
     from agentd.view import AgentView
 
 log = logging.getLogger(__name__)

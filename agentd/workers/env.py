@@ -13,9 +13,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agentd.group import Worker, WorkerGroup
 from agentd.heartbeats.client import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 from agentd.hygiene import orphans
-from agentd.spec import Worker, WorkerGroup, WorkerSpec
+from agentd.spec import WorkerSpec
 
 SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"

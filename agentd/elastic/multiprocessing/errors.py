@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.multiprocessing.errors``."""
 
+from agentd.group import WorkerFailure as ProcessFailure
 from agentd.reports.failure import ChildFailedError, record
-from agentd.spec import WorkerFailure as ProcessFailure
 
 __all__ = ["ChildFailedError", "ProcessFailure", "record"]

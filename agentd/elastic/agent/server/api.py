@@ -1,7 +1,8 @@
 """``torch.distributed.elastic.agent.server.api``."""
 
 from agentd.agent.template import ElasticAgent, SimpleElasticAgent
-from agentd.spec import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
+from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
+from agentd.spec import WorkerSpec
 
 __all__ = [
     "ElasticAgent",

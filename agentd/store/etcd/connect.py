@@ -108,11 +108,11 @@ def _ssl_context(cacert: str | None, cert: str | None, key: str | None) -> ssl.S
 
 
 def etcd_store_opener(settings: EtcdSettings, retry_timeout: float = 30.0) -> StoreOpener:
-    """Open an :class:`~agentd.store.etcd.EtcdStore` and check that the cluster answers, so
+    """Open an :class:`~agentd.store.etcd.store.EtcdStore` and check that the cluster answers, so
     an unreachable cluster or refused credentials fail the first rendezvous clearly."""
 
     async def open_store() -> OpenedStore:
-        from agentd.store.etcd import EtcdStore
+        from agentd.store.etcd.store import EtcdStore
 
         store = EtcdStore(
             settings.urls,

@@ -1,0 +1,68 @@
+"""What the agent does after each look at its worker group: a pure decision.
+
+The run loop (:meth:`agentd.agent.template.SimpleElasticAgent._invoke_run`) gathers the
+facts into a :class:`Situation` and acts on the :class:`Action` that :func:`decide`
+returns; everything that waits or talks to the network stays in the loop. The order of the
+rules is the contract:
+
+1. A peer closed the rendezvous as failed while our group is healthy: the job is over
+   (FAIL_PEER): stop the workers, FAILED, and raise the peer's error.
+2. The round is over for us (our membership lease lapsed, or the round ended elsewhere: a
+   failure or a join on another node): re-form without spending a restart (REJOIN). Workers
+   that succeeded are not asked about their lease: their exit barrier copes with a store
+   out of reach.
+3. Healthy: keep watching (WATCH). Succeeded: the exit barrier, then done (SUCCEED).
+4. Failed or unhealthy: restart while restarts remain and the root cause's exit code is
+   retryable (RESTART); otherwise the group has failed for good (GIVE_UP).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from agentd.group import WorkerState
+
+
+class Action(enum.Enum):
+    """What the run loop does next."""
+
+    WATCH = "watch"
+    FAIL_PEER = "fail_peer"
+    REJOIN = "rejoin"
+    SUCCEED = "succeed"
+    RESTART = "restart"
+    GIVE_UP = "give_up"
+
+
+@dataclass(frozen=True)
+class Situation:
+    """The facts one decision needs."""
+
+    state: WorkerState
+    """What the last look at the workers found (never INIT or STOPPED here)."""
+    peer_failed: bool = False
+    """The rendezvous was closed as failed by a peer."""
+    membership_lost: bool = False
+    """Our lease on the round lapsed."""
+    round_ended: bool = False
+    """The round ended elsewhere (a new generation, a member gone)."""
+    remaining_restarts: int = 0
+    retryable: bool = True
+    """The root cause's exit code is not listed as non-retryable."""
+
+
+def decide(situation: Situation) -> Action:
+    """The next action for ``situation`` (see the module docstring for the rules)."""
+    state = situation.state
+    if situation.peer_failed and state is WorkerState.HEALTHY:
+        return Action.FAIL_PEER
+    if state is not WorkerState.SUCCEEDED and situation.membership_lost:
+        return Action.REJOIN
+    if state is WorkerState.HEALTHY:
+        return Action.REJOIN if situation.round_ended else Action.WATCH
+    if state is WorkerState.SUCCEEDED:
+        return Action.SUCCEED
+    if situation.remaining_restarts > 0 and situation.retryable:
+        return Action.RESTART
+    return Action.GIVE_UP

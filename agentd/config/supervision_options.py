@@ -1,0 +1,206 @@
+"""The options that watch and stop a job: the stop policy and restarts, the watchdog
+(timers, D-state), hang detection (heartbeats, stragglers), health and logging. Part of the
+option table (:mod:`agentd.config.options`)."""
+
+from __future__ import annotations
+
+from agentd.config import values as v
+from agentd.config.option import LOG_FORMATS, LOG_LEVELS, Option
+from agentd.config.option import option as _o
+from agentd.spec import DEFAULT_LOG_PREFIX
+
+SUPERVISION_OPTIONS: tuple[Option, ...] = (
+    _o(
+        "stop_signal",
+        v.parse_signal,
+        "SIGTERM",
+        "Signal that asks workers to stop.",
+        metavar="SIGNAL",
+    ),
+    _o(
+        "stop_timeout",
+        v.number(0.0),
+        "30",
+        "Seconds from the stop signal to SIGKILL.",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        metavar="SECONDS",
+        torch_env=("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+    ),
+    _o(
+        "restart_backoff",
+        v.backoff,
+        "0",
+        "Delay between restarts: INITIAL[:MAX[:FACTOR"
+        "[:JITTER]]] seconds, exponential (0 restarts at once).",
+        metavar="SPEC",
+    ),
+    _o(
+        "non_retryable_exit_codes",
+        v.exit_codes,
+        "",
+        "Worker exit codes that fail the job without a restart, e.g. 2,3.",
+        metavar="CODES",
+    ),
+    _o(
+        "signals_to_handle",
+        v.signals,
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "Signals that stop the workers gracefully; the agent exits 128+N.",
+        metavar="SIGNALS",
+    ),
+    _o(
+        "exit_barrier_timeout",
+        v.number(0.0),
+        "300",
+        "Seconds to wait for the other nodes' workers after ours succeed.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "log_line_prefix_template",
+        v.log_prefix,
+        DEFAULT_LOG_PREFIX,
+        "Prefix of tee'd lines: {role} {local_rank} {rank} {host} {node_rank} {attempt} "
+        "(or torch's ${role_name} ${rank} ${local_rank}).",
+        metavar="TEMPLATE",
+        torch_env="TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+    ),
+    _o(
+        "file_timer",
+        v.boolean,
+        "false",
+        "Serve torch's named-pipe timer protocol to the workers "
+        "(FileTimerClient, agentd.timer.expires).",
+        is_flag=True,
+        torch_env="TORCHELASTIC_ENABLE_FILE_TIMER",
+    ),
+    _o(
+        "timer_file",
+        v.optional_text,
+        "",
+        "Path of the timer pipe (default: a private one; workers get it as "
+        "TORCHELASTIC_TIMER_FILE).",
+        metavar="PATH",
+        torch_env="TORCHELASTIC_TIMER_FILE",
+    ),
+    _o(
+        "timer_dump_signal",
+        v.optional_signal,
+        "",
+        "Signal sent to a worker whose timer expired, before the kill "
+        "(e.g. SIGUSR1 for faulthandler stack dumps).",
+        metavar="SIGNAL",
+    ),
+    _o(
+        "timer_dump_grace",
+        v.number(0.0),
+        "1",
+        "Seconds between the dump signal and the kill.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "uninterruptible_timeout",
+        v.number(0.0),
+        "0",
+        "Restart the group when a worker stays this many seconds in D state (0: off).",
+        metavar="SECONDS",
+        torch_env="TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT",
+    ),
+    _o(
+        "initial_heartbeat_timeout",
+        v.optional_seconds,
+        "",
+        "Seconds a worker may run before its first heartbeat (agentd.heartbeat()); given, "
+        "it also holds workers that never heartbeat (default: 600, once any worker "
+        "heartbeats).",
+        metavar="SECONDS",
+    ),
+    _o(
+        "heartbeat_timeout",
+        v.optional_seconds,
+        "",
+        "Seconds between two heartbeats before a worker counts as hung (default: learned "
+        "from the intervals seen).",
+        metavar="SECONDS",
+    ),
+    _o(
+        "section_timeout",
+        v.section_timeouts,
+        "",
+        "Timeout of a named section (agentd.section(NAME)), NAME=SECONDS; repeat the flag "
+        "or list them with commas (default: learned).",
+        metavar="NAME=SECONDS",
+        repeatable=True,
+    ),
+    _o(
+        "heartbeat_safety_factor",
+        v.number(1.0),
+        "2",
+        "A learned timeout is the 99th percentile of the intervals seen times this factor.",
+        metavar="FACTOR",
+    ),
+    _o(
+        "heartbeat_min_timeout",
+        v.number(0.0, strict=True),
+        "2",
+        "A learned timeout is never shorter than this many seconds.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "straggler_factor",
+        v.number(1.0, strict=True),
+        "1.5",
+        "A rank whose step takes this many times the other local ranks' median is slow.",
+        metavar="FACTOR",
+    ),
+    _o(
+        "straggler_steps",
+        v.integer(1),
+        "20",
+        "Steps a rank must stay slow before it is reported as a straggler.",
+        metavar="N",
+    ),
+    _o(
+        "health_port",
+        v.optional_port,
+        "",
+        "Serve /livez /readyz /status /metrics on this port (0: any free port; empty: off).",
+        metavar="PORT",
+        torch_env="TORCHELASTIC_HEALTH_CHECK_PORT",
+    ),
+    _o(
+        "health_host",
+        v.host,
+        "127.0.0.1",
+        "Address of the health endpoint (0.0.0.0 for probes from outside the host).",
+        metavar="HOST",
+    ),
+    _o(
+        "health_timeout",
+        v.number(0.0, strict=True),
+        "5",
+        "Seconds the watchdog may be overdue, or the event loop late, before /livez fails.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "event_log",
+        v.optional_text,
+        "",
+        "Append the run's events (state changes, restarts, failures) to this file as JSON lines.",
+        metavar="FILE",
+    ),
+    _o(
+        "log_format",
+        v.choice(LOG_FORMATS),
+        "text",
+        "The agent's own log format: text or json.",
+        metavar="FORMAT",
+    ),
+    _o(
+        "log_level",
+        v.choice(LOG_LEVELS, upper=True),
+        "INFO",
+        "The agent's log level.",
+        metavar="LEVEL",
+    ),
+)

@@ -1,0 +1,243 @@
+"""The etcd v3 JSON gateway as one client talks to it: members, failover, retries, auth.
+
+Every request is a POST of JSON to the member in use. A connection failure or a transient
+refusal (:mod:`agentd.store.etcd.codes`) moves to the next member and retries with backoff
+until ``retry_timeout``; a write that may have been applied is resent only when it is
+idempotent. A refusal of the request itself, TLS trouble and refused credentials raise at
+once (exit 3). With a username, the password is traded for a token, again when it expires.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+from agentd.store.api import (
+    StoreAuthError,
+    StoreError,
+    StoreOutcomeUnknown,
+    StoreRefused,
+    StoreUnavailable,
+)
+from agentd.store.etcd.codes import UNAUTHENTICATED, Verdict, classify
+from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+from agentd.store.sockets import keepalive_socket
+
+log = logging.getLogger(__name__)
+
+_TLS_FAILED = (aiohttp.ClientSSLError,)
+
+
+class EtcdGateway:
+    """Requests to the etcd cluster at ``endpoints`` (base URLs, ``http://host:port`` or
+    ``https://...``), failing over between them."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        retry_timeout: float = 30.0,
+        request_timeout: float = 10.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("EtcdStore needs at least one endpoint")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self._ssl = ssl_context
+        self._credentials = (username, password or "") if username else None
+        self._token: str | None = None
+        self.retry_timeout = retry_timeout
+        self.request_timeout = request_timeout
+        self._current = 0
+        self.answering = True
+        """The member in use answered last time (so a failure is news worth a warning)."""
+        self._session: aiohttp.ClientSession | None = None
+        self.requests = 0
+        """Requests sent, retries included (for benchmarks and metrics)."""
+        self.observer: Callable[[str, float], None] | None = None
+        """Told (operation, seconds) after each answered request but watches (metrics)."""
+
+    @property
+    def where(self) -> str:
+        """The endpoints, for messages."""
+        return ",".join(self.endpoints)
+
+    @property
+    def endpoint(self) -> str:
+        """The member in use."""
+        return self.endpoints[self._current]
+
+    @property
+    def has_credentials(self) -> bool:
+        return self._credentials is not None
+
+    async def ensure_token(self) -> None:
+        """Authenticate first if a username is set and no token is held."""
+        if self._credentials and self._token is None:
+            await self.authenticate()
+
+    def forget_token(self) -> None:
+        """The token expired (a watch was cancelled for it): get a new one next time."""
+        self._token = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True,
+                                             socket_factory=keepalive_socket)  # fmt: skip
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token else {}
+
+    def fail_over(self, problem: str) -> None:
+        """Move to the next member; say so once when the one in use stops answering."""
+        failed = self.endpoints[self._current]
+        self._current = (self._current + 1) % len(self.endpoints)
+        if self.answering and len(self.endpoints) > 1:
+            log.warning("etcd member %s failed (%s); trying %s", failed, problem,
+                        self.endpoints[self._current])  # fmt: skip
+        self.answering = False
+
+    async def post(self, op: str, path: str, body: dict[str, Any], *, idempotent: bool = True,
+                    token: bool = True) -> dict[str, Any]:  # fmt: skip
+        """POST ``body`` to ``path`` on the current member, failing over and retrying.
+
+        ``token``: the request needs our auth token (all but authenticating itself)."""
+        if token and self._credentials and self._token is None:
+            await self.authenticate()
+        backoff = Backoff(self.retry_timeout)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        reauthenticated = False
+        while True:
+            endpoint = self.endpoints[self._current]
+            self.requests += 1
+            began = time.monotonic()
+            try:
+                async with self.session().post(endpoint + path, json=body, headers=self.headers(),
+                                               timeout=timeout) as response:  # fmt: skip
+                    data = await response.json(content_type=None)
+                    status = response.status
+            except _TLS_FAILED as exc:
+                raise self.tls_refused(endpoint, exc) from exc
+            except NOT_SENT as exc:
+                problem = f"{endpoint}: {exc}"
+            except MAYBE_SENT as exc:
+                if is_tls(exc):
+                    raise self.tls_refused(endpoint, exc) from exc
+                if not idempotent:
+                    raise StoreOutcomeUnknown(
+                        f"etcd at {endpoint}: {op} failed ({exc!r}); not resent, it may have "
+                        "been applied"
+                    ) from exc
+                problem = f"{endpoint}: {exc!r}"
+            except ValueError as exc:
+                raise StoreError(f"etcd at {endpoint}: {path} did not answer JSON; is this "
+                                 "an etcd v3 client URL?") from exc  # fmt: skip
+            else:
+                code = self.answer_code(endpoint, path, status, data)
+                if code == 0:
+                    self.answering = True
+                    if self.observer is not None:
+                        self.observer(op, time.monotonic() - began)
+                    return data
+                message = str(data.get("message") or data.get("error"))
+                if code == UNAUTHENTICATED and token and self._credentials and not reauthenticated:
+                    await self.authenticate()  # tokens expire; get a new one, once
+                    reauthenticated = True
+                    continue
+                maybe_applied = self.raise_refusal(endpoint, op, code, message)
+                if not idempotent and maybe_applied:
+                    raise StoreOutcomeUnknown(f"etcd at {endpoint}: {op} failed ({message}); "
+                                              "not resent, it may have been applied")  # fmt: skip
+                problem = f"{endpoint}: {message} (gRPC code {code})"
+            self.fail_over(problem)
+            if not await backoff.pause():
+                raise StoreUnavailable(self.unavailable(problem))
+
+    @staticmethod
+    def answer_code(endpoint: str, path: str, status: int, data: Any) -> int:
+        """The gRPC code of an answer (0: success); not etcd's answer shape is a StoreError."""
+        if not isinstance(data, dict):
+            raise StoreError(f"etcd at {endpoint}: {path} answered {type(data).__name__} JSON; "
+                             "is this an etcd v3 client URL?")  # fmt: skip
+        code = data.get("code", 0)
+        if status != 200 and not code:
+            raise StoreError(f"etcd at {endpoint}: {path} answered HTTP {status}; is this an "
+                             "etcd (v3.4 or later) client URL?")  # fmt: skip
+        return int(code)
+
+    @staticmethod
+    def raise_refusal(endpoint: str, op: str, code: int, message: str) -> bool:
+        """Raise for an error no retry can fix; for one worth retrying, return whether the
+        refused request may have been applied all the same."""
+        refusal = classify(code, message)
+        if refusal.verdict is Verdict.AUTH:
+            raise StoreAuthError(f"etcd at {endpoint} refused {op}: {message} (set "
+                                 "--rdzv-conf username= and password=)")  # fmt: skip
+        if refusal.verdict is Verdict.REFUSED:
+            raise StoreRefused(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
+        return refusal.maybe_applied
+
+    @staticmethod
+    def tls_refused(endpoint: str, exc: Exception) -> StoreAuthError:
+        return StoreAuthError(f"etcd at {endpoint}: TLS failed: {exc} (check --rdzv-conf "
+                              "protocol, cacert, cert and key)")  # fmt: skip
+
+    def unavailable(self, problem: str) -> str:
+        hint = ""
+        if any(text in problem for text in ("no leader", "timed out", "leader changed",
+                                            "deadline exceeded")):  # fmt: skip
+            hint = "; the cluster has no quorum (too few members up?)"
+        return f"etcd at {self.where} is unavailable after {self.retry_timeout:g}s: {problem}{hint}"
+
+    async def authenticate(self) -> None:
+        """Trade the username and password for a token (etcd's simple tokens expire)."""
+        assert self._credentials is not None
+        user, password = self._credentials
+        self._token = None
+        body = {"name": user, "password": password}
+        try:
+            doc = await self.post("authenticate", "/v3/auth/authenticate", body, token=False)
+        except StoreError as exc:
+            if "authentication is not enabled" not in str(exc):
+                raise StoreAuthError(f"{exc}; user {user!r}") from exc
+            log.warning("etcd at %s has authentication off; ignoring username %r", self.where, user)
+            self._credentials = None
+            return
+        self._token = str(doc["token"])
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def is_tls(exc: BaseException) -> bool:
+    """A TLS handshake or certificate failure: no retry can fix it."""
+    return isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError) or (
+        isinstance(exc, aiohttp.ClientOSError) and "[SSL" in str(exc)
+    )
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (etcd's ``range_end``)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # an empty prefix (or all 0xff): every key

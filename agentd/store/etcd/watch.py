@@ -1,0 +1,191 @@
+"""Watches on etcd: one ``/v3/watch`` stream per call, read until the first batch of
+events under the prefix, a cancel, or the caller's deadline.
+
+etcd serves a watch that starts behind its current revision ("unsynced") only on its next
+sync, and a compacted start revision cancels the watch (``compacted`` for the caller). So a
+watch created behind first reads what changed in between, and one that finds nothing of
+ours re-watches from etcd's revision (at most a few times), which is live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from agentd.store.api import KeyEvent, StoreError, StoreUnavailable, WatchResult
+from agentd.store.etcd.codes import watch_cancel_code
+from agentd.store.etcd.gateway import EtcdGateway, b64, is_tls, prefix_end
+from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+
+
+class _Resync(Exception):
+    """Nothing under the watched prefix changed up to ``revision``: watch from there."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
+class _Retry(Exception):
+    """One attempt failed in a way another attempt, maybe on another member, can fix."""
+
+
+class EtcdWatch:
+    """Watches for one :class:`~agentd.store.etcd.store.EtcdStore`: keys under ``prefix``
+    through ``gateway``; ``revision`` reads the store's current revision."""
+
+    def __init__(
+        self, gateway: EtcdGateway, prefix: str, revision: Callable[[], Awaitable[int]]
+    ) -> None:
+        self._gw = gateway
+        self._prefix = prefix
+        self._revision = revision
+
+    def _unkey(self, raw: str) -> str:
+        return base64.b64decode(raw).decode()[len(self._prefix) :]
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        """As the protocol says. On timeout the result's revision stays ``after_revision``:
+        etcd may still be replaying history to a watch it has just created."""
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(self._gw.retry_timeout)
+        resyncs = 0
+        while True:
+            try:
+                return await self._watch_once(prefix, after_revision, deadline, resyncs < 3)
+            except _Resync as exc:  # nothing of ours changed up to exc.revision: watch from there
+                after_revision, resyncs = exc.revision, resyncs + 1
+                continue
+            except _Retry as exc:
+                problem = str(exc)
+            self._gw.fail_over(problem)
+            if time.monotonic() >= deadline:
+                return WatchResult(after_revision)
+            if not await backoff.pause():
+                raise StoreUnavailable(self._gw.unavailable(problem))
+
+    async def _watch_once(
+        self, prefix: str, after_revision: int, deadline: float, resync: bool
+    ) -> WatchResult:
+        await self._gw.ensure_token()
+        start = (self._prefix + prefix).encode()
+        create = {"key": b64(start or b"\0"), "range_end": b64(prefix_end(start)),
+                  "start_revision": str(after_revision + 1)}  # fmt: skip
+        endpoint = self._gw.endpoint
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._gw.request_timeout)
+        self._gw.requests += 1
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                async with self._gw.session().post(endpoint + "/v3/watch",
+                                                   headers=self._gw.headers(),
+                                                   json={"create_request": create},
+                                                   timeout=timeout) as response:  # fmt: skip
+                    if response.status != 200:
+                        data = await response.json(content_type=None)
+                        code = self._gw.answer_code(endpoint, "/v3/watch", response.status, data)
+                        self._gw.raise_refusal(endpoint, "watch", code, str(data.get("message")))
+                        raise _Retry(f"{endpoint}: {data.get('message')}")
+                    self._gw.answering = True
+                    return await self._read_watch(endpoint, response, start, after_revision,
+                                                  resync)  # fmt: skip
+        except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
+                raise _Retry(f"{endpoint}: {exc!r}") from exc
+            return WatchResult(after_revision)
+        except (*NOT_SENT, *MAYBE_SENT) as exc:
+            if is_tls(exc):
+                raise self._gw.tls_refused(endpoint, exc) from exc
+            raise _Retry(f"{endpoint}: {exc!r}") from exc
+        except ValueError as exc:
+            raise StoreError(f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an "
+                             "etcd v3 client URL?") from exc  # fmt: skip
+
+    async def _read_watch(
+        self,
+        endpoint: str,
+        response: aiohttp.ClientResponse,
+        start: bytes,
+        after_revision: int,
+        resync: bool,
+    ) -> WatchResult:
+        """Read the stream until a batch of events, a cancel, or the caller's deadline.
+
+        etcd serves a watch that starts in the past ("unsynced") only on its next sync, up
+        to 100 ms later, and keeps doing so until it has caught up. So a watch created
+        behind etcd's revision first reads what changed in between: changes are returned
+        at once, and no changes mean ``_Resync``: a new watch from etcd's revision, which
+        is live (with ``resync`` false, it waits for the sync instead)."""
+        while True:
+            line = await response.content.readline()
+            if not line:
+                raise _Retry(f"{endpoint}: the watch stream ended")
+            message = json.loads(line)
+            if "error" in message:  # the gateway's in-stream error: {"error": {"grpc_code": ...}}
+                error = message["error"]
+                code = int(error.get("grpc_code", watch_cancel_code("")))
+                self._gw.raise_refusal(endpoint, "watch", code, str(error.get("message")))
+                raise _Retry(f"{endpoint}: {error.get('message')}")
+            result = message.get("result", {})
+            if result.get("canceled"):
+                if "compact_revision" in result:
+                    return WatchResult(await self._revision(), compacted=True)
+                reason = str(result.get("cancel_reason", ""))
+                if "Unauthenticated" in reason and self._gw.has_credentials:
+                    self._gw.forget_token()
+                    raise _Retry(f"{endpoint}: {reason}")
+                self._gw.raise_refusal(endpoint, "watch", watch_cancel_code(reason), reason)
+                raise _Retry(f"{endpoint}: watch cancelled: {reason}")
+            if result.get("created"):
+                current = int(result["header"].get("revision", 0))
+                if current < after_revision:  # etcd lost the history we knew: it was wiped
+                    return WatchResult(current, compacted=True)
+                if current > after_revision:
+                    caught_up = await self._changes_between(start, after_revision, current)
+                    if caught_up is not None and caught_up.events:
+                        return caught_up
+                    if caught_up is not None and resync:
+                        raise _Resync(current)
+            events = result.get("events")
+            if events:
+                return self._events(events)
+
+    async def _changes_between(self, start: bytes, old: int, new: int) -> WatchResult | None:
+        """The keys under ``start`` that differ between revisions ``old`` and ``new``, as
+        events at their state in ``new`` (None: ``old`` is compacted away). Several changes
+        of one key in between come out as one (its latest state), a deletion at ``new``."""
+        body: dict[str, Any] = {"key": b64(start or b"\0"), "range_end": b64(prefix_end(start))}
+        try:
+            before = await self._gw.post(
+                "watch_catch_up", "/v3/kv/range", {**body, "revision": old}
+            )
+        except StoreError:
+            return None
+        after = await self._gw.post("watch_catch_up", "/v3/kv/range", {**body, "revision": new})
+        was = {kv["key"]: kv for kv in before.get("kvs", [])}
+        events = []
+        for kv in after.get("kvs", []):
+            if was.pop(kv["key"], {}).get("mod_revision") != kv["mod_revision"]:
+                value = base64.b64decode(kv.get("value", ""))
+                events.append(KeyEvent(self._unkey(kv["key"]), value, int(kv["mod_revision"])))
+        events += [KeyEvent(self._unkey(key), None, new) for key in was]
+        return WatchResult(new, tuple(sorted(events, key=lambda e: e.revision)))
+
+    def _events(self, raw: list[dict[str, Any]]) -> WatchResult:
+        events = []
+        for event in raw:
+            kv = event["kv"]
+            deleted = event.get("type") == "DELETE"  # PUT, the zero value, is left out
+            value = None if deleted else base64.b64decode(kv.get("value", ""))
+            events.append(KeyEvent(self._unkey(kv["key"]), value, int(kv["mod_revision"])))
+        return WatchResult(max(e.revision for e in events), tuple(events))
+
+
+def _loop_time(deadline: float) -> float:
+    """A ``time.monotonic`` deadline on the running loop's clock."""
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
