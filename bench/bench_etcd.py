@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))  # tests.etcd_server starts etcd for us
+sys.path.insert(0, str(HERE.parent))  # tests.helpers.etcd_server starts etcd for us
 
 from bench_rdzv import (  # noqa: E402
     NODES,
@@ -118,7 +118,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    from tests.etcd_server import EtcdCluster
+    from tests.helpers.etcd_server import EtcdCluster
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)

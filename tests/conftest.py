@@ -227,7 +227,7 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
 @pytest.fixture(scope="session")
 def etcd_cluster(tmp_path_factory):
     """One real etcd member for the whole session; tests keep apart by key prefix or run id."""
-    from tests.etcd_server import EtcdCluster, require_etcd
+    from tests.helpers.etcd_server import EtcdCluster, require_etcd
 
     require_etcd()
     with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:

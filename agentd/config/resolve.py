@@ -232,32 +232,6 @@ def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int
     return count
 
 
-def example_toml() -> str:
-    """The documented example config, generated from :data:`OPTIONS` (see config/)."""
-    lines = [
-        "# agentd run configuration. Every key is optional; precedence is",
-        "# CLI flag > AGENTD_<KEY> > PET_<KEY> > this file > default.",
-        "# Keys accept dashes or underscores. Values below are the defaults.",
-        "",
-        "# The job: the training script and its arguments (the command line overrides both).",
-        '# script = "train.py"',
-        '# args = ["--epochs", "10"]',
-        "",
-    ]
-    for option in OPTIONS:
-        lines.append(f"# {option.help} ({', '.join(option.flags)})")
-        lines.append(f"# {option.name} = {_toml_literal(option)}")
-        lines.append("")
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def _toml_literal(option: Option) -> str:
-    value = option.parse(option.default)
-    if option.is_flag or type(value) in (int, float):
-        return option.default
-    return '"' + option.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def check_script(config: AgentConfig, cwd: str | None = None) -> None:
     """Fail before anything starts when the script, module or executable is not there."""
     import shutil
@@ -284,8 +258,3 @@ def check_script(config: AgentConfig, cwd: str | None = None) -> None:
                           "module with --module")  # fmt: skip
     if not Path(cwd, script).is_file():
         raise ConfigError(f"script: {script!r} does not exist")
-
-
-if __name__ == "__main__":
-    # Regenerates config/agentd.toml: python -m agentd.config.resolve > config/agentd.toml
-    sys.stdout.write(example_toml())

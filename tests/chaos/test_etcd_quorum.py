@@ -7,9 +7,9 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.etcd_server import EtcdCluster, require_etcd
+from tests.helpers.etcd_server import EtcdCluster, require_etcd
+from tests.helpers.jobs import latest_attempt, member_job, one_round
 from tests.integration.test_etcd import etcd_args
-from tests.jobs import latest_attempt, member_job, one_round
 
 
 @pytest.fixture(autouse=True)

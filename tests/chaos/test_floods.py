@@ -16,7 +16,7 @@ import pytest
 
 from tests.chaos.flood import idle_connections, raise_own_fd_limit, slowloris
 from tests.conftest import WORKER, free_port, wait_until
-from tests.jobs import TOKEN, agent_args, member_job, world_sizes
+from tests.helpers.jobs import TOKEN, agent_args, member_job, world_sizes
 
 FLOOD = 5000
 

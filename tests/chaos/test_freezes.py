@@ -14,7 +14,7 @@ import signal
 import time
 
 from tests.conftest import pid_alive, wait_until
-from tests.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
+from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
 
 TTL = 2.0
 

@@ -16,7 +16,7 @@ import pytest
 from tests.chaos.conftest import require_root
 from tests.chaos.netns import Bridge
 from tests.conftest import pid_alive, wait_until
-from tests.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
+from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
 
 TTL = 2.0
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.jobs import TOKEN, agent_args, latest_attempt, member_job, one_round
+from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, one_round
 
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=90"
 

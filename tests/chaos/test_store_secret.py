@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.conftest import require_root
 from tests.conftest import free_port, wait_until
-from tests.jobs import FAST, agent_args, member_job, world_sizes
+from tests.helpers.jobs import FAST, agent_args, member_job, world_sizes
 
 ATTACK = """
 import json, sys, urllib.request, urllib.error

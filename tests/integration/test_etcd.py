@@ -15,8 +15,8 @@ import pytest
 
 from agentd.store.etcd.gateway import prefix_end
 from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
-from tests.etcd_server import EtcdCluster, etcd_call, make_tls, require_etcd
-from tests.jobs import FAST, member_job, members, world_sizes
+from tests.helpers.etcd_server import EtcdCluster, etcd_call, make_tls, require_etcd
+from tests.helpers.jobs import FAST, member_job, members, world_sizes
 
 
 @pytest.fixture(autouse=True)

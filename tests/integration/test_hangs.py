@@ -280,7 +280,7 @@ def test_a_hang_on_one_node_restarts_every_node(run_agentd, tmp_path):
     waits in all_reduce, and its report points to the other node. Both train again."""
     pytest.importorskip("torch")
     from tests.conftest import free_port
-    from tests.jobs import FAST, agent_args
+    from tests.helpers.jobs import FAST, agent_args
 
     endpoint = f"127.0.0.1:{free_port()}"
     job = str(TESTS / "workers" / "torch_hang.py")

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
-from tests.jobs import FAST, TOKEN, agent_args, member_job, members, world_sizes
+from tests.helpers.jobs import FAST, TOKEN, agent_args, member_job, members, world_sizes
 
 
 def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from agentd.exceptions import ConfigError
 from agentd.store.etcd.connect import etcd_settings
 from agentd.store.etcd.gateway import prefix_end
-from tests.etcd_server import make_tls
+from tests.helpers.etcd_server import make_tls
 
 
 def test_members_default_port_and_prefix():

@@ -13,7 +13,7 @@ from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
-from tests.etcd_server import etcd_call
+from tests.helpers.etcd_server import etcd_call
 
 
 @pytest.fixture(params=["memory", "http", "etcd"])

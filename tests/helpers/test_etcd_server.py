@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from tests.etcd_server import EtcdCluster, MemberExited, require_etcd
+from tests.helpers.etcd_server import EtcdCluster, MemberExited, require_etcd
 
 
 def test_a_member_whose_port_was_taken_is_started_again_on_new_ports(tmp_path):

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 from agentd.agent.restart_policy import RestartBackoff
-from agentd.config.resolve import OPTIONS, example_toml, local_world_size, resolve
+from agentd.config.reference import example_toml, options_markdown
+from agentd.config.resolve import OPTIONS, local_world_size, resolve
 from agentd.exceptions import ConfigError
 from agentd.spec import Std
 
-EXAMPLE = Path(__file__).parents[1] / "config" / "agentd.toml"
+EXAMPLE = Path(__file__).parents[2] / "config" / "agentd.toml"
 
 
 def test_defaults():
@@ -102,8 +103,18 @@ def test_nproc_per_node_values():
         local_world_size("gpu", {"CUDA_VISIBLE_DEVICES": ""})
 
 
+def test_options_reference_page_is_current():
+    page = Path(__file__).parents[2] / "docs" / "options.md"
+    assert page.read_text() == options_markdown(), (
+        "regenerate: python -m agentd.config.reference markdown > docs/options.md"
+    )
+    assert all(f"| `{option.name}` |" in page.read_text() for option in OPTIONS)
+
+
 def test_example_config_is_current_and_complete():
-    assert EXAMPLE.read_text() == example_toml(), "regenerate: python -m agentd.config.resolve"
+    assert EXAMPLE.read_text() == example_toml(), (
+        "regenerate: python -m agentd.config.reference toml > config/agentd.toml"
+    )
     for option in OPTIONS:
         assert f"# {option.name} = " in EXAMPLE.read_text()
 
