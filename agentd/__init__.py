@@ -27,7 +27,7 @@ _EXPORTS = {
     "RestartPolicy": "agentd.agent.restart_policy",
     "AgentConfig": "agentd.config.resolve",
     "record": "agentd.reports.failure",
-    "HeartbeatSettings": "agentd.heartbeats.timeouts",
+    "HeartbeatSettings": "agentd.heartbeats.settings",
     "heartbeat": "agentd.heartbeats.client",
     "section": "agentd.heartbeats.client",
     "end_heartbeats": "agentd.heartbeats.client",
@@ -73,6 +73,6 @@ if TYPE_CHECKING:
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
     from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
     from agentd.heartbeats.client import end_heartbeats, heartbeat, section
-    from agentd.heartbeats.timeouts import HeartbeatSettings
+    from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.reports.failure import record
     from agentd.spec import Std, WorkerSpec

@@ -190,8 +190,8 @@ def worker_spec_from(config: AgentConfig) -> WorkerSpec:
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
     from agentd.agent.local import LocalElasticAgent
-    from agentd.health.server import HealthSettings
-    from agentd.heartbeats.timeouts import HeartbeatSettings
+    from agentd.health.settings import HealthSettings
+    from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.reports.error_file import copy_error_file
     from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.timer.server import WatchdogSettings

@@ -10,6 +10,8 @@ import ast
 import subprocess
 import sys
 
+from tests.conftest import WORKER
+
 PROBE = "import sys; {imports}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
 
 
@@ -37,3 +39,46 @@ def test_worker_side_heartbeats_need_no_asyncio():
     imports = ("import agentd; agentd.heartbeat(); agentd.section('x').__enter__(); "
                "agentd.end_heartbeats()")  # fmt: skip
     assert loaded(imports, ("asyncio", "aiohttp", "torch", "prometheus_client")) == []
+
+
+NOT_FOR_A_PLAIN_JOB = (
+    "anyio",
+    "aiohttp",
+    "prometheus_client",
+    "psutil",
+    "statistics",
+    "agentd.health.server",
+    "agentd.support.http_site",
+    "agentd.heartbeats.hang_watch",
+    "agentd.heartbeats.monitor",
+    "agentd.heartbeats.stacks",
+    "agentd.heartbeats.stragglers",
+    "agentd.preload.client",
+    "agentd.rendezvous.registry",
+    "agentd.rendezvous.foreign",
+)
+"""What a standalone job that asked for no health port, no preload and no event log, whose
+workers never heartbeat, must never import: each is the cost of a feature it did not use."""
+
+
+def test_a_standalone_job_imports_only_what_it_uses(tmp_path):
+    argv = [sys.executable, "-X", "importtime", "-m", "agentd", "run", "--standalone",
+            "--nproc-per-node", "2", "--log-dir", str(tmp_path), WORKER, "ok"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}  # fmt: skip
+    assert "agentd.agent.local" in imported  # the probe works
+    assert sorted(imported & set(NOT_FOR_A_PLAIN_JOB)) == []
+
+
+def test_the_heartbeat_engine_loads_at_the_first_heartbeat(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("import agentd\nfor _ in range(3):\n    agentd.heartbeat()\n")
+    argv = [sys.executable, "-X", "importtime", "-m", "agentd", "run", "--standalone",
+            "--log-dir", str(tmp_path), str(job)]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}  # fmt: skip
+    assert "agentd.heartbeats.hang_watch" in imported

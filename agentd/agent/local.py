@@ -26,7 +26,7 @@ from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_fr
 from agentd.exceptions import StartError
 from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
-from agentd.heartbeats.timeouts import HeartbeatSettings
+from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
@@ -44,8 +44,9 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
-    from agentd.health.server import Check, HealthCheckServer, HealthSettings
+    from agentd.health.server import Check, HealthCheckServer
     from agentd.health.service import HealthService
+    from agentd.health.settings import HealthSettings
     from agentd.heartbeats.stragglers import StepTimes
     from agentd.view import Service
 
@@ -134,6 +135,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
             dump_wait=max(1.0, self._watchdog.dump_grace),
         )  # fmt: skip
+        self._watchdog.on_progress(self._heartbeats.feed)
         self._health: HealthService | None = None
         if health is not None:
             from agentd.health.service import HealthService

@@ -14,16 +14,15 @@ import signal
 import time
 from typing import Any
 
-import anyio
-
 from agentd.agent.decide import Action, Situation, decide
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
 from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState, check_transition
-from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError
+from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError, is_agentd_handler
 from agentd.reports.torch_records import record_restart, record_run
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
+from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
 
             run_id = os.urandom(6).hex()
             spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
-        else:
+        elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: adapt it
             from agentd.rendezvous.registry import as_agentd_handler
 
             spec.rdzv_handler = as_agentd_handler(spec.rdzv_handler)
@@ -162,8 +161,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
             raise
         finally:
             self._stop_round_watch()
-            with anyio.CancelScope(shield=True):  # a cancelled run still stops everything
-                await call_step(self._shutdown)
+            await run_shielded(call_step(self._shutdown))  # a cancelled run still stops all
 
     def _settle_state(self, exc: BaseException) -> None:
         """The group's final state when :meth:`run` ends by an exception: STOPPED for a

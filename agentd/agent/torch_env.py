@@ -14,7 +14,7 @@ from agentd.timer.api import TIMER_FILE_ENV
 from agentd.timer.server import WatchdogSettings
 
 if TYPE_CHECKING:
-    from agentd.health.server import HealthSettings
+    from agentd.health.settings import HealthSettings
 
 HEALTH_PORT_ENV = "TORCHELASTIC_HEALTH_CHECK_PORT"
 
@@ -30,7 +30,7 @@ def watchdog_from_env() -> WatchdogSettings:
 
 def health_from_env() -> HealthSettings:
     """``TORCHELASTIC_HEALTH_CHECK_PORT``: serve the health endpoint there, as torch's."""
-    from agentd.health.server import HealthSettings
+    from agentd.health.settings import HealthSettings
 
     value = os.environ[HEALTH_PORT_ENV]
     if not value.isdigit() or int(value) > 65535:

@@ -32,15 +32,6 @@ IDLE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
-class HealthSettings:
-    """Where the endpoint listens and how stale the watchdog may get (``--health-*``)."""
-
-    port: int
-    host: str = "127.0.0.1"
-    timeout: float = 5.0
-
-
-@dataclass(frozen=True)
 class Check:
     """One liveness check: its name, whether it passed, and a word on why."""
 

@@ -18,7 +18,8 @@ from agentd.rendezvous.api import ReportsStore
 
 if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
-    from agentd.health.server import Check, HealthCheckServer, HealthSettings, LoopLagMonitor
+    from agentd.health.server import Check, HealthCheckServer, LoopLagMonitor
+    from agentd.health.settings import HealthSettings
     from agentd.view import AgentView
 
 

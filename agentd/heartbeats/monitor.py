@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentd.heartbeats.settings import STEP
 from agentd.heartbeats.stragglers import StepTimes
-from agentd.heartbeats.timeouts import STEP, LearnedTimeouts, Timeout
+from agentd.heartbeats.timeouts import LearnedTimeouts, Timeout
 from agentd.heartbeats.wire import ProgressMessage
 
 log = logging.getLogger(__name__)

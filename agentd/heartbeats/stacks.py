@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STACK_FILE = "stacks.txt"
-"""Each worker's dump file, in its attempt directory (``$AGENTD_STACK_FILE``)."""
 PY_SPY_TIMEOUT = 10.0
 _SETTLE = 0.1
 """A dump that has not grown for this long is complete."""

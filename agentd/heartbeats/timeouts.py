@@ -18,16 +18,14 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentd.heartbeats.settings import STEP, HeartbeatSettings
+
 log = logging.getLogger(__name__)
 
-STEP = ""
-"""The key of the intervals between heartbeats outside any section."""
-DEFAULT_INITIAL_TIMEOUT = 600.0
 MIN_SAMPLES = 8
 WINDOW = 256
 QUANTILE = 0.99
@@ -41,31 +39,6 @@ _RELOG_RATIO = 1.25
 def key_name(key: str) -> str:
     """How a key reads in logs and reports."""
     return "step" if key == STEP else f"section {key!r}"
-
-
-@dataclass(frozen=True)
-class HeartbeatSettings:
-    """Hang detection settings (``agentd run`` flags of the same names).
-
-    ``initial_timeout`` None means :data:`DEFAULT_INITIAL_TIMEOUT`, applied only once some
-    worker of the group has heartbeated; given explicitly, it also holds a job that never
-    heartbeats. ``step_timeout`` and ``section_timeouts`` override learning.
-    """
-
-    initial_timeout: float | None = None
-    step_timeout: float | None = None
-    section_timeouts: Mapping[str, float] = field(default_factory=dict)
-    safety_factor: float = 2.0
-    min_timeout: float = 2.0
-    straggler_factor: float = 1.5
-    straggler_steps: int = 20
-
-    @property
-    def initial(self) -> float:
-        return self.initial_timeout if self.initial_timeout is not None else DEFAULT_INITIAL_TIMEOUT
-
-    def explicit(self, key: str) -> float | None:
-        return self.step_timeout if key == STEP else self.section_timeouts.get(key)
 
 
 @dataclass(frozen=True)

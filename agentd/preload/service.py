@@ -15,13 +15,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
-from agentd.preload import command
-from agentd.preload.client import Zygote, ZygoteWorker
 from agentd.workers.env import common_env
 from agentd.workers.plan import worker_command
 
 if TYPE_CHECKING:
     from agentd.hygiene.service import ProcessHygiene
+    from agentd.preload.client import Zygote, ZygoteWorker
     from agentd.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -77,6 +76,9 @@ class PreloadService:
         return await self.zygote.fork(local_rank, *launch)
 
     async def _start_zygote(self) -> None:
+        from agentd.preload import command  # only a job that asked for --preload loads these
+        from agentd.preload.client import Zygote
+
         spec = self._spec
         zygote = Zygote(command.parse(worker_command(spec)), spec.preload or (),
                         common_env(spec), on_lost=self._lost)  # fmt: skip

@@ -4,6 +4,7 @@ and the optional capabilities a backend may add, each declared as a protocol of 
 
 from __future__ import annotations
 
+import inspect
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,3 +139,12 @@ class ReportsStore(Protocol):
     def store_status(self) -> dict[str, Any] | None:
         """Which store serves (candidate stores), for /status."""
         ...
+
+
+_AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")
+
+
+def is_agentd_handler(handler: Any) -> bool:
+    """True for a handler that speaks agentd's async protocol."""
+    return all(inspect.iscoroutinefunction(getattr(handler, name, None))
+               for name in _AGENTD_METHODS)  # fmt: skip

@@ -19,20 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 from typing import Any
 
 import anyio.to_thread
 
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousInfo
-
-_AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")
-
-
-def is_agentd_handler(handler: Any) -> bool:
-    """True for a handler that speaks agentd's async protocol."""
-    return all(inspect.iscoroutinefunction(getattr(handler, name, None))
-               for name in _AGENTD_METHODS)  # fmt: skip
 
 
 class SyncRendezvousHandler:

@@ -107,6 +107,7 @@ def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
 def as_agentd_handler(handler: Any) -> RendezvousHandler:
     """``handler`` itself if it is agentd's kind (async), else an adapter that drives its
     synchronous, torch-style methods off the loop."""
-    from agentd.rendezvous.foreign import SyncRendezvousHandler, is_agentd_handler
+    from agentd.rendezvous.api import is_agentd_handler
+    from agentd.rendezvous.foreign import SyncRendezvousHandler
 
     return handler if is_agentd_handler(handler) else SyncRendezvousHandler(handler)

@@ -1,20 +1,23 @@
-"""The event log service: the run's events as log records and, with ``--event-log``, JSON
-lines in a file (rotated past its size; see :class:`agentd.reports.events.JsonLinesFile`)."""
+"""The event log service: the run's events as DEBUG log records and, with ``--event-log``,
+JSON lines in a file (rotated past its size; see :class:`agentd.reports.events.JsonLinesFile`)."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agentd.agent.observer import AgentObserver
 from agentd.exceptions import StartError
-from agentd.reports.events import AgentEvents, Event, JsonLinesFile
+
+if TYPE_CHECKING:
+    from agentd.reports.events import Event, JsonLinesFile
 
 log = logging.getLogger(__name__)
 
 
-def _debug_event(event: Event) -> None:
+def _debug_event(event: Event) -> None:  # the events as DEBUG records
     log.debug("event %s", event.to_json())
 
 
@@ -36,6 +39,12 @@ class EventLog:
         self._file: JsonLinesFile | None = None
 
     async def start(self) -> None:
+        """Record the events into the file, and as DEBUG records when they are logged; with
+        neither, nothing is loaded."""
+        if not self._path and not log.isEnabledFor(logging.DEBUG):
+            return
+        from agentd.reports.events import AgentEvents, JsonLinesFile
+
         sinks: list[Callable[[Event], None]] = [_debug_event]
         if self._path:
             try:

@@ -1,11 +1,13 @@
-"""Two asyncio patterns the agent's long-lived tasks share."""
+"""Asyncio patterns the agent's long-lived tasks share."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
@@ -30,3 +32,21 @@ async def first_done(*coros: Coroutine[Any, Any, Any]) -> list[asyncio.Task[Any]
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return tasks
+
+
+async def run_shielded(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (cleanup that
+    survives cancellation); a cancellation that arrived is raised once it is done."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():  # the cleanup itself was cancelled (or raised it)
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result

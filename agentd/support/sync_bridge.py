@@ -25,9 +25,6 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-import anyio.from_thread
-import anyio.to_thread
-
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _in_step = threading.local()
@@ -81,6 +78,8 @@ def agent_step(
     @functools.wraps(method)
     def step(*args: Any, **kwargs: Any) -> Any:
         if getattr(_in_step, "active", False):  # a plain override calling up: block on it
+            import anyio.from_thread
+
             return anyio.from_thread.run(functools.partial(method, *args, **kwargs))
         return method(*args, **kwargs)
 
@@ -105,6 +104,8 @@ async def call_step(bound: Callable[..., Any], *args: Any) -> Any:
             return bound(*args)
         finally:
             _in_step.active = False
+
+    import anyio.to_thread  # only for a subclass's plain (torch-style) override
 
     result = await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
     if inspect.isawaitable(result):

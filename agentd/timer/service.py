@@ -65,8 +65,7 @@ class Watchdog:
         if max_overdue is not None:
             self.timer_server.max_overdue = max_overdue
         self._hang_monitor: UninterruptibleMonitor | None = None
-        self.progress_sink: Callable[[list[ProgressMessage]], None] | None = None
-        """Who hears the pipe's progress messages (the heartbeat service)."""
+        self._progress_sink: Callable[[list[ProgressMessage]], None] | None = None
         self.unhealthy: list[Unhealthy] = []
         """Workers reaped, found stuck or hung since the group started."""
 
@@ -84,9 +83,13 @@ class Watchdog:
         """The named pipe workers write heartbeats to (the same pipe), once started."""
         return self.timer_server.path or None
 
+    def on_progress(self, sink: Callable[[list[ProgressMessage]], None]) -> None:
+        """Send the pipe's progress messages to ``sink`` (the heartbeat service)."""
+        self._progress_sink = sink
+
     def _on_progress(self, messages: list[ProgressMessage]) -> None:
-        if self.progress_sink is not None:
-            self.progress_sink(messages)
+        if self._progress_sink is not None:
+            self._progress_sink(messages)
 
     def report(self, pid: int, why: str, details: dict[str, Any] | None = None) -> None:
         """Worker ``pid`` is unhealthy (``details`` go to its failure's report): the

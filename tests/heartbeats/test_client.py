@@ -92,13 +92,15 @@ def test_heartbeats_are_rate_limited_and_carry_the_step_count(pipe):
 def test_the_first_message_registers_the_stack_dump_on_the_agents_signal(pipe, tmp_path):
     path, fd = pipe
     stacks = tmp_path / "stacks.txt"
-    code = "import agentd, time\ndef hang():\n    time.sleep(60)\nagentd.heartbeat()\nhang()"
+    code = ("import agentd, time\ndef hang():\n    time.sleep(60)\nagentd.heartbeat()\n"
+            "print('hanging', flush=True)\nhang()")  # fmt: skip
     env = {PIPE_ENV: str(path), STACK_FILE_ENV: str(stacks), DUMP_SIGNAL_ENV: str(DUMP_SIGNAL)}
     proc = run_worker(code, env)
     try:
         [first] = read_messages(fd, until=1)
         assert first["dump_signal"] == DUMP_SIGNAL
-        os.kill(proc.pid, first["dump_signal"])
+        assert proc.stdout is not None and proc.stdout.readline() == "hanging\n"
+        os.kill(proc.pid, first["dump_signal"])  # in hang(), not still in heartbeat()
         end = time.monotonic() + 20
         while "in hang" not in stacks.read_text() and time.monotonic() < end:
             time.sleep(0.02)

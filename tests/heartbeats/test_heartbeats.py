@@ -15,15 +15,10 @@ from pathlib import Path
 import pytest
 
 from agentd.heartbeats.monitor import ProgressMonitor, Silence
+from agentd.heartbeats.settings import STEP, HeartbeatSettings
 from agentd.heartbeats.stacks import StackDump, parse_faulthandler, parse_py_spy
 from agentd.heartbeats.stragglers import StepTimes, Straggler
-from agentd.heartbeats.timeouts import (
-    MIN_SAMPLES,
-    STEP,
-    HeartbeatSettings,
-    LearnedTimeouts,
-    Timeout,
-)
+from agentd.heartbeats.timeouts import MIN_SAMPLES, LearnedTimeouts, Timeout
 from agentd.heartbeats.verdict import judge
 from agentd.heartbeats.wire import ProgressMessage, encode
 from agentd.timer.file_pipe import BadRequest, parse_line, parse_request

@@ -39,7 +39,7 @@ def test_put_metric_values_show_on_the_agents_metrics_endpoint(impl, tmp_path):
     metrics = elastic(impl, "metrics")
     server = elastic(impl, "agent.server")
     from agentd.agent.local import LocalElasticAgent
-    from agentd.health.server import HealthSettings
+    from agentd.health.settings import HealthSettings
 
     spec = server.WorkerSpec(
         role="t",

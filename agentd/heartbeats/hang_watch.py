@@ -1,0 +1,123 @@
+"""The engine of hang detection, built at the first heartbeat (or at start when flags or a
+previous run's learned timeouts ask for it): learned timeouts, step times and stragglers,
+the monitor that holds each worker to its timeout, and what a hang sets off: the stacks of
+every local worker dumped, the verdict on who hung first, and the watchdog told, so the
+group restarts per policy like any failure."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentd.heartbeats import stacks
+from agentd.heartbeats.monitor import ProgressMonitor, Silence
+from agentd.heartbeats.settings import STACK_FILE, HeartbeatSettings
+from agentd.heartbeats.stragglers import StepTimes, Straggler
+from agentd.heartbeats.timeouts import LearnedTimeouts, key_name
+from agentd.heartbeats.verdict import judge
+from agentd.heartbeats.wire import ProgressMessage
+from agentd.support.aio import cancel_and_wait
+from agentd.workers.output import attempt_dir
+
+if TYPE_CHECKING:
+    from agentd.timer.service import Watchdog
+    from agentd.view import AgentView
+
+log = logging.getLogger(__name__)
+
+WAIT_FOR_OTHER_NODE = 3.0
+"""Seconds a node whose ranks all wait in a collective leaves the other nodes to report."""
+
+
+class HangWatch:
+    """Hang detection for ``agent``'s workers as ``settings`` say; ``notify(hook, *args)``
+    tells the agent's observers (``hang_detected``, ``straggler``); ``stats`` counts hangs
+    and stragglers."""
+
+    def __init__(
+        self,
+        agent: AgentView,
+        watchdog: Watchdog,
+        settings: HeartbeatSettings,
+        notify: Callable[..., None],
+        dump_wait: float,
+        stats: collections.Counter[str],
+    ) -> None:
+        self._agent = agent
+        self._watchdog = watchdog
+        self._notify = notify
+        self._dump_wait = dump_wait
+        self.stats = stats
+        self.timeouts = LearnedTimeouts(settings, agent.run_dir / "heartbeats.json")
+        self.timeouts.load()
+        self.step_times = StepTimes(
+            settings.straggler_factor, settings.straggler_steps, self._on_straggler
+        )
+        self.monitor = ProgressMonitor(
+            self.timeouts, self.step_times, self._on_hang, self._running,
+            drain=watchdog.timer_server.drain,
+        )  # fmt: skip
+        self._handling: asyncio.Task[None] | None = None
+
+    def watch(self, pids: dict[int, int], ranks: dict[int, int]) -> None:
+        """Watch an attempt's workers: pid by local rank, global rank by local rank."""
+        self.monitor.watch(pids, ranks)
+
+    async def unwatch(self) -> None:
+        """Watch nothing, dump nothing more (the attempt's workers are being stopped)."""
+        self.monitor.unwatch()
+        handling, self._handling = self._handling, None
+        await cancel_and_wait(handling)
+
+    def feed(self, pairs: list[tuple[int, ProgressMessage]]) -> None:
+        """Trusted progress messages, by local rank, in order."""
+        self.monitor.feed(pairs)
+
+    def _running(self, local_rank: int) -> bool:
+        proc = self._agent.worker_processes().get(local_rank)
+        return proc is not None and proc.returncode is None
+
+    def _stack_file(self, local_rank: int) -> Path:
+        return attempt_dir(self._agent.run_dir, self._agent.attempt, local_rank) / STACK_FILE
+
+    # -- a hang ------------------------------------------------------------------------------
+
+    def _on_hang(self, silences: list[Silence]) -> None:
+        self._handling = asyncio.get_running_loop().create_task(
+            self._handle_hang(silences), name="hang-report"
+        )
+
+    async def _handle_hang(self, silences: list[Silence]) -> None:
+        detected_at = time.time()
+        overdue = [s for s in silences if s.overdue]
+        group = self._agent.get_worker_group()
+        ranks = {w.local_rank: w.global_rank for w in group.workers}
+        who = ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue)
+        limits = dict.fromkeys(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue)
+        log.error("Hang: no progress from rank(s) %s within their timeout (%s); dumping the "
+                  "stacks of %d worker(s)", who, "; ".join(limits), len(silences))  # fmt: skip
+        targets = [stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal,
+                                     self._stack_file(s.local_rank)) for s in silences]  # fmt: skip
+        dumps = await stacks.capture(targets, self._dump_wait)
+        where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
+        verdict = judge(silences, dumps, ranks, str(where))
+        verdict.details["detected_at"] = detected_at
+        if verdict.details["waiting_on_another_node"]:
+            # Let the node of the rank we wait for report first: its report ends the round,
+            # which restarts us too (and cancels this). Only then is ours the one to read.
+            log.warning("Every local rank waits in a collective; giving the node that holds "
+                        "them up %.0fs to report its hung rank", WAIT_FOR_OTHER_NODE)  # fmt: skip
+            await asyncio.sleep(WAIT_FOR_OTHER_NODE)
+        self.stats["hangs"] += 1
+        log.error("%s", verdict.why)
+        self._notify("hang_detected", verdict.details)
+        self._watchdog.report(verdict.culprit.pid, verdict.why, verdict.details)
+
+    def _on_straggler(self, straggler: Straggler) -> None:
+        self.stats["stragglers"] += 1
+        self._notify("straggler", straggler)

@@ -1,0 +1,40 @@
+"""Hang detection's settings (``agentd run``'s heartbeat flags), light enough for the
+command line and the agent to hold without loading the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+STEP = ""
+"""The key of the intervals between heartbeats outside any section."""
+DEFAULT_INITIAL_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class HeartbeatSettings:
+    """Hang detection settings (``agentd run`` flags of the same names).
+
+    ``initial_timeout`` None means :data:`DEFAULT_INITIAL_TIMEOUT`, applied only once some
+    worker of the group has heartbeated; given explicitly, it also holds a job that never
+    heartbeats. ``step_timeout`` and ``section_timeouts`` override learning.
+    """
+
+    initial_timeout: float | None = None
+    step_timeout: float | None = None
+    section_timeouts: Mapping[str, float] = field(default_factory=dict)
+    safety_factor: float = 2.0
+    min_timeout: float = 2.0
+    straggler_factor: float = 1.5
+    straggler_steps: int = 20
+
+    @property
+    def initial(self) -> float:
+        return self.initial_timeout if self.initial_timeout is not None else DEFAULT_INITIAL_TIMEOUT
+
+    def explicit(self, key: str) -> float | None:
+        return self.step_timeout if key == STEP else self.section_timeouts.get(key)
+
+
+STACK_FILE = "stacks.txt"
+"""Each worker's dump file, in its attempt directory (``$AGENTD_STACK_FILE``)."""
