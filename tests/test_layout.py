@@ -99,7 +99,14 @@ def test_a_small_top_level_and_small_modules():
     assert long == {}
 
 
-CORE_AND_EDGES = ("agentd.agent", "agentd.elastic", "agentd.cli", "agentd.launcher")
+CORE_AND_EDGES = (
+    "agentd.agent",
+    "agentd.elastic",
+    "agentd.cli",
+    "agentd.launcher",
+    "agentd.config.build",
+)
+"""The core, and the edges that compose it (the CLI builds its agent in config/build.py)."""
 
 
 def test_services_see_the_agent_only_through_its_view():

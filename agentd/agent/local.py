@@ -32,7 +32,7 @@ from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.event_log import EventLog
-from agentd.reports.service import RunRecord
+from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support.sync_bridge import agent_step
 from agentd.tcpstore.service import WorkerStoreService
@@ -124,7 +124,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._mark = orphans.owner_mark(self.run_id)
         self._procs: dict[int, WorkerProcess] = {}
         self._shut_down = False
-        self._record = RunRecord(self)
+        self._result = ResultFileService(self)
         self._hygiene = ProcessHygiene(self._mark, self.run_id, enabled=process_hygiene,
                                        fresh_run_id=fresh_run_id or self.fresh_run_id)  # fmt: skip
         self._watchdog = Watchdog(
@@ -145,7 +145,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         services: list[Service | None] = [
-            self._record, events, self._watchdog, self._heartbeats, self._health,
+            self._result, events, self._watchdog, self._heartbeats, self._health,
             self._workers_store,
             self._hygiene, self._preload,
         ]  # fmt: skip
@@ -194,11 +194,11 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     @property
     def result_file(self) -> Any:
-        return self._record.file
+        return self._result.file
 
     @property
     def result_written(self) -> bool:
-        return self._record.written
+        return self._result.written
 
     def worker_processes(self) -> Mapping[int, WorkerProcess]:
         """The current attempt's worker processes, by local rank."""
@@ -230,7 +230,7 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def failure_report(self) -> str:
         """The text report of the last run's failure (empty when it did not fail)."""
-        return self._record.failure_report()
+        return self._result.failure_report()
 
     # -- start and shutdown --------------------------------------------------------------
 

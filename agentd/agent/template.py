@@ -20,7 +20,7 @@ from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.exceptions import AgentStopped, ConfigError
 from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState, check_transition
 from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError, is_agentd_handler
-from agentd.reports.torch_records import record_restart, record_run
+from agentd.reports.torch_metrics import publish_restart, publish_run
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
@@ -147,7 +147,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
             await self._startup()
             result = await self._invoke_run(role)
             self.last_result = result
-            record_run(self, result, started)
+            publish_run(self, result, started)
             log.info(
                 "[%s] Worker group %s after %.2fs",
                 role,
@@ -247,7 +247,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         """Spend a restart on a failed or unhealthy group: the peers restart too."""
         spec = group.spec
         self._remaining_restarts -= 1
-        record_restart(self)
+        publish_restart(self)
         self.restart_count += 1
         self._notify("restarted", reason, self.restart_count)
         self._stop_round_watch()

@@ -6,7 +6,7 @@ its own) to ``handler.emit(MetricData)``; torch's handler objects work as they a
 plain function ``handler(name, value, group)`` works too. Every running agent in this
 process also shows each value on ``/metrics`` as ``agentd_custom_metric{group,name}``.
 The agent itself publishes torch's ``workers.<role>.*`` metrics (see
-:mod:`agentd.reports.torch_records`).
+:mod:`agentd.reports.torch_metrics`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The record of a run: ``result.json`` (reserved at start, the outcome at the end) and the
+"""The result service: ``result.json`` (reserved at start, the outcome at the end) and the
 failure report printed for people. See :mod:`agentd.reports.result_file` for the file itself."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from agentd.view import AgentView
 
 
-class RunRecord:
+class ResultFileService:
     """``result.json`` of ``agent``'s run. Stopped last, so it records how everything
     else ended."""
 

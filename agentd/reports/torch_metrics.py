@@ -37,12 +37,12 @@ class RunView(Protocol):
     def get_worker_group(self) -> WorkerGroup: ...
 
 
-def record_restart(agent: RunView) -> None:
+def publish_restart(agent: RunView) -> None:
     role = agent.get_worker_group().spec.role
     put_metric(f"workers.{role}.remaining_restarts", agent.remaining_restarts)
 
 
-def record_run(agent: RunView, result: RunResult, started: float) -> None:
+def publish_run(agent: RunView, result: RunResult, started: float) -> None:
     """The end-of-run metrics and the workers' status events (see the module doc)."""
     spec = agent.get_worker_group().spec
     failed = result.is_failed()

@@ -1,0 +1,104 @@
+"""From a resolved :class:`~agentd.config.resolve.AgentConfig` to what runs: the
+``WorkerSpec`` with its rendezvous handler, and the local agent with each feature's
+settings. Everything is checked here, before anything starts; ``agentd run`` calls both
+(torch's ``elastic_launch`` builds its spec from its own ``LaunchConfig``, in
+:mod:`agentd.launcher`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from agentd.config.resolve import AgentConfig, local_world_size
+from agentd.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from agentd.agent.local import LocalElasticAgent
+
+log = logging.getLogger(__name__)
+
+
+def worker_spec(config: AgentConfig) -> WorkerSpec:
+    """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
+    from agentd.rendezvous.from_config import build_rendezvous
+
+    run_id = config.rdzv_id or os.urandom(6).hex()
+    nproc = local_world_size(config.nproc_per_node)
+    rdzv = build_rendezvous(config, run_id, nproc)
+    static = rdzv.get_backend() == "static"
+    if config.master_addr and not static:
+        log.warning("--master-addr is ignored by the %s rendezvous: group rank 0's address is "
+                    "used", rdzv.get_backend())  # fmt: skip
+    if config.no_python:
+        entrypoint, args = config.script, list(config.script_args)
+    else:
+        entrypoint = sys.executable
+        args = ["-u", *(["-m"] if config.module else []), config.script, *config.script_args]
+    env = {}
+    if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=nproc,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        env=env,
+        rdzv_handler=rdzv,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr if static else None,
+        master_port=config.master_port or None,
+        local_addr=config.local_addr,
+        redirects=config.redirects,
+        tee=config.tee,
+        local_ranks_filter=config.local_ranks_filter,
+        log_line_prefix_template=config.log_line_prefix_template,
+        stop_signal=config.stop_signal,
+        stop_timeout=config.stop_timeout,
+        restart_backoff=config.restart_backoff,
+        non_retryable_exit_codes=config.non_retryable_exit_codes,
+        event_log_handler=config.event_log_handler,
+        virtual_local_rank=config.virtual_local_rank,
+        preload=config.preload,
+        duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
+        duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
+    )
+
+
+def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
+    """The local agent that runs ``spec`` with ``config``'s settings (each feature gets its
+    own settings object, never the whole config)."""
+    from agentd.agent.local import LocalElasticAgent
+    from agentd.health.settings import HealthSettings
+    from agentd.heartbeats.settings import HeartbeatSettings
+    from agentd.timer.server import WatchdogSettings
+
+    return LocalElasticAgent(
+        spec,
+        log_dir=config.log_dir,
+        keep_attempts=config.keep_attempts,
+        exit_barrier_timeout=config.exit_barrier_timeout,
+        fresh_run_id=not config.rdzv_id,
+        watchdog=WatchdogSettings(
+            file_timer=config.file_timer,
+            timer_file=config.timer_file,
+            dump_signal=config.timer_dump_signal,
+            dump_grace=config.timer_dump_grace,
+            uninterruptible_timeout=config.uninterruptible_timeout,
+        ),
+        health=None
+        if config.health_port is None
+        else HealthSettings(config.health_port, config.health_host, config.health_timeout),
+        event_log=config.event_log,
+        heartbeats=HeartbeatSettings(
+            initial_timeout=config.initial_heartbeat_timeout,
+            step_timeout=config.heartbeat_timeout,
+            section_timeouts=config.section_timeout,
+            safety_factor=config.heartbeat_safety_factor,
+            min_timeout=config.heartbeat_min_timeout,
+            straggler_factor=config.straggler_factor,
+            straggler_steps=config.straggler_steps,
+        ),
+    )
