@@ -53,3 +53,9 @@ def one_round(agents: list[AgentProc], world: int, after: dict[int, int] | None 
     if len({(m["MASTER_ADDR"], m["MASTER_PORT"]) for m in places}) != 1:
         return False
     return sorted(int(m["RANK"]) for m in places) == list(range(world))
+
+
+def result_json(agent: AgentProc) -> dict:
+    """The run's result.json (the agent's log dir holds one run)."""
+    [path] = agent.log_dir.glob("*/result.json")
+    return json.loads(path.read_text())

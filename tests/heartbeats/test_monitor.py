@@ -1,0 +1,133 @@
+"""The monitor, on a clock the tests move (deadlines are plain arithmetic on it); one test
+lets the loop's own timer fire. End-to-end with real workers: tests/integration/test_hangs.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agentd.heartbeats.monitor import ProgressMonitor, Silence
+from agentd.heartbeats.settings import STEP, HeartbeatSettings
+from agentd.heartbeats.stragglers import StepTimes
+from agentd.heartbeats.timeouts import LearnedTimeouts
+from agentd.heartbeats.wire import ProgressMessage
+from tests.heartbeats.fakes import make_monitor, msg
+
+
+async def test_intervals_are_learned_per_level_and_deadlines_follow_the_section():
+    monitor, clock, _, _ = make_monitor(HeartbeatSettings(initial_timeout=100.0, min_timeout=0.1))
+    monitor.watch({0: 100}, {0: 0})
+    t = clock.now
+    assert monitor.next_deadline() == t + 100.0  # before any message: the initial timeout
+    feed = []
+    for step in range(1, 11):  # ten steps of 0.2 s
+        feed.append((0, msg("beat", step, t + 0.2 * step)))
+    feed.append((0, msg("enter", 10, t + 2.1, "ckpt")))  # 0.1 s of the step, then the section
+    feed.append((0, msg("exit", 10, t + 5.1, "ckpt")))
+    clock.now = t + 5.1
+    monitor.feed(feed)
+    timeouts = monitor.timeouts
+    assert timeouts.timeout(STEP).samples == 10  # every interval spent outside sections
+    assert timeouts.timeout("ckpt").samples == 1
+    assert timeouts.timeout(STEP).seconds == pytest.approx(0.4)
+    assert monitor.next_deadline() == pytest.approx(t + 5.1 + 0.4)
+    clock.now = t + 5.2
+    monitor.feed([(0, msg("enter", 10, t + 5.2, "ckpt"))])
+    assert monitor.next_deadline() == pytest.approx(t + 5.2 + 100.0)  # ckpt: not learned yet
+    monitor.unwatch()
+
+
+async def test_a_worker_that_never_heartbeats_is_held_to_the_initial_timeout_once_watched():
+    monitor, clock, _, _ = make_monitor()
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    assert monitor.next_deadline() is None  # nobody heartbeats: not an instrumented job
+    monitor.feed([(0, msg("beat", 1, clock.now))])
+    assert monitor.next_deadline() == clock.now + 600.0  # rank 1's start + the default
+    clock.now += 500
+    monitor.feed([(0, msg("beat", 2, clock.now))])
+    clock.now += 101
+    silent = {s.local_rank: s for s in monitor.silences()}
+    assert silent[1].overdue and silent[1].last_progress is None
+    assert not silent[0].overdue  # its step timeout is still the initial one
+    monitor.unwatch()
+
+
+async def test_done_workers_are_not_watched_until_they_speak_again():
+    monitor, clock, _, _ = make_monitor(HeartbeatSettings(step_timeout=5.0))
+    monitor.watch({0: 100}, {0: 0})
+    monitor.feed([(0, msg("beat", 1, clock.now)), (0, msg("done", 1, clock.now))])
+    assert monitor.next_deadline() is None
+    monitor.feed([(0, msg("beat", 2, clock.now))])
+    assert monitor.next_deadline() == clock.now + 5.0
+    monitor.unwatch()
+
+
+async def test_the_loop_timer_fires_once_at_the_deadline_with_every_workers_silence():
+    hangs: list[list[Silence]] = []
+    timeouts = LearnedTimeouts(HeartbeatSettings(step_timeout=0.2))
+    monitor = ProgressMonitor(
+        timeouts, StepTimes(2, 5, lambda s: None), hangs.append, lambda lr: True
+    )
+    loop = asyncio.get_running_loop()
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    monitor.feed([(0, msg("beat", 1, loop.time())), (1, msg("beat", 1, loop.time()))])
+    async with asyncio.timeout(10):
+        while not hangs:
+            await asyncio.sleep(0.02)
+            monitor.feed([(1, msg("beat", 2, loop.time()))])  # rank 1 keeps going
+    [silences] = hangs
+    by_rank = {s.local_rank: s for s in silences}
+    assert by_rank[0].overdue and not by_rank[1].overdue
+    assert by_rank[0].silent_for >= 0.2
+    await asyncio.sleep(0.3)
+    assert len(hangs) == 1  # once per attempt
+    monitor.unwatch()
+
+
+async def test_messages_waiting_when_the_timer_fires_are_read_before_judging():
+    """A loop that ran late (a stall, a busy moment) must not take progress it has not
+    read yet for silence: the timer reads the pipe first."""
+    hangs: list[list[Silence]] = []
+    waiting: list[tuple[int, ProgressMessage]] = []
+    timeouts = LearnedTimeouts(HeartbeatSettings(step_timeout=0.2))
+
+    def drain() -> None:
+        monitor.feed(list(waiting))
+        waiting.clear()
+
+    monitor = ProgressMonitor(timeouts, StepTimes(2, 5, lambda s: None), hangs.append,
+                              lambda lr: True, drain=drain)  # fmt: skip
+    loop = asyncio.get_running_loop()
+    monitor.watch({0: 100}, {0: 0})
+    monitor.feed([(0, msg("beat", 1, loop.time()))])
+    time.sleep(0.3)  # noqa: ASYNC251 (the loop stalls past the deadline; the worker goes on)
+    waiting.append((0, msg("beat", 2, loop.time())))
+    await asyncio.sleep(0.05)
+    assert hangs == [] and waiting == []
+    monitor.unwatch()
+
+
+async def test_step_times_and_stragglers_come_from_the_beats():
+    monitor, clock, _, stragglers = make_monitor()
+    monitor.watch({0: 100, 1: 101, 2: 102}, {0: 10, 1: 11, 2: 12})
+    t = clock.now
+    feed = []
+    for step in range(0, 8):
+        feed += [
+            (0, msg("beat", step, t + 1.0 * step)),
+            (1, msg("beat", step, t + 1.0 * step)),
+            (2, msg("beat", step, t + 2.0 * step)),
+        ]
+    clock.now = t + 20
+    monitor.feed(feed)
+    [slow] = stragglers
+    assert (slow.rank, slow.series, slow.ratio, slow.steps) == (12, "step", 2.0, 3)
+    status = {w["local_rank"]: w for w in monitor.status()}
+    assert status[2]["times"]["step"]["vs_median"] == 2.0
+    assert status[2]["times"]["step"]["straggler"] is True
+    assert status[0]["times"]["step"]["straggler"] is False
+    histograms = {(lr, name): count for lr, _, name, _, _, count in monitor.step_times.histograms()}
+    assert histograms[(0, "step")] == 7
+    monitor.unwatch()

@@ -1,0 +1,144 @@
+"""Bad input end to end: one line naming the field, the value and the rule, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import WORKER
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-restarts", "-1", WORKER], "--max-restarts: '-1' must be >= 0"),
+        (
+            ["--nproc-per-node", "zero", WORKER],
+            "--nproc-per-node: 'zero' must be an integer within",
+        ),
+        (["--stop-signal", "SIGNOPE", WORKER], "--stop-signal: 'SIGNOPE' is not a signal"),
+        (["--redirects", "7", WORKER], "--redirects: '7' must be 0-3"),
+        (["--bogus-flag", WORKER], "unrecognized arguments: --bogus-flag"),
+        (["missing_script.py"], "script: 'missing_script.py' does not exist"),
+        (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["--no-python", "no-such-binary-xyz"], "'no-such-binary-xyz' is not on PATH"),
+        (["--nnodes", "1:2", WORKER], "--nnodes: '1:2' needs an elastic backend"),
+        (["--nnodes", "2", "--node-rank", "2", WORKER], "--node-rank: 2 must be within 0..1"),
+        (["--standalone", "--nnodes", "2", WORKER], "cannot be combined with --standalone"),
+        (["--rdzv-backend", "c10d", "--nnodes", "2", WORKER], "--rdzv-endpoint: required"),
+        (
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:x", WORKER],
+            "--rdzv-endpoint: '127.0.0.1:x' has no valid port",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "join_timeout=-1", WORKER],
+            "--rdzv-conf: join_timeout='-1' must be a number of seconds > 0",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "bogus=1", WORKER],
+            "--rdzv-conf: 'bogus' is not a setting of the agentd backend",
+        ),
+        (
+            ["--standalone", "--rdzv-conf", "novalue", WORKER],
+            "--rdzv-conf: 'novalue' must be key=value",
+        ),
+        (["--log-line-prefix-template", "{nope}", WORKER], "unknown field(s) ['nope']"),
+        (
+            ["--log-line-prefix-template", "{rank:>99999999}", WORKER],
+            "field {rank} may not have a format spec",
+        ),
+        (["--rdzv-id", "../../etc", WORKER], "--rdzv-id: '../../etc' must be 1..128 characters"),
+        (["--rdzv-id", "a/b", WORKER], "--rdzv-id: 'a/b' must be 1..128 characters"),
+        (["--rdzv-id", "x" * 5000, WORKER], "--rdzv-id: 'xxxxxxxx"),
+        (["--role", "../up", WORKER], "--role: '../up' must be 1..128 characters"),
+        (
+            ["--nproc-per-node", "100000", WORKER],
+            "--nproc-per-node: '100000' must be an integer within 1..1024",
+        ),
+        (
+            [
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "127.0.0.1:1",
+                "--nnodes",
+                "1:999999999999999999999",
+                WORKER,
+            ],
+            "--nnodes: '1:999999999999999999999' must be at most 65536 nodes",
+        ),
+        (
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1", WORKER],
+            "--rdzv-endpoint: '[::1' must be host:port, or [IPv6]:port",
+        ),
+        (
+            ["--non-retryable-exit-codes", "1,,2", WORKER],
+            "--non-retryable-exit-codes: '1,,2' has an empty item",
+        ),
+        (["--rdzv-backend", "etcd", WORKER], "--rdzv-endpoint: required by --rdzv-backend etcd"),
+        (
+            [
+                "--rdzv-backend",
+                "etcd-v2",
+                "--rdzv-endpoint",
+                "h",
+                "--rdzv-conf",
+                "is_host=1",
+                WORKER,
+            ],
+            "--rdzv-conf: 'is_host' is not a setting of the etcd-v2 backend",
+        ),
+    ],
+)
+def test_bad_input_one_line_exit_2(run_agentd, args, message):
+    agent = run_agentd(*args)
+    assert agent.wait() == 2
+    err = agent.stderr()
+    assert err.count("\n") == 1, err
+    assert message in err
+    assert list(agent.out_dir.glob("pid_*")) == []
+
+
+def test_bad_config_file_and_env(run_agentd, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('max_restarts = "many"\n')
+    agent = run_agentd("--config", str(bad), WORKER)
+    assert agent.wait() == 2
+    assert agent.stderr() == f"agentd: error: {bad}: max_restarts: 'many' is not an integer\n"
+    agent = run_agentd(WORKER, env={"AGENTD_STOP_TIMEOUT": "-1"})
+    assert agent.wait() == 2
+    assert agent.stderr() == "agentd: error: AGENTD_STOP_TIMEOUT: '-1' must be >= 0\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("script = 5\n", "script: 5 must be a non-empty string"),
+     ('args = "notalist"\n', "args: 'notalist' must be a list of strings")],
+)  # fmt: skip
+def test_a_broken_job_in_the_config_file_fails_even_when_the_cli_names_one(
+    run_agentd, tmp_path, text, message
+):
+    bad = tmp_path / "job.toml"
+    bad.write_text(text)
+    agent = run_agentd("--config", str(bad), WORKER, "ok")
+    assert agent.wait() == 2
+    assert agent.stderr() == f"agentd: error: {bad}: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--url", "notaurl"], "--url: 'notaurl' must be an http(s)://host:port URL"),
+     (["--url", "http://127.0.0.1:99999"], "is not a valid URL (Port out of range"),
+     (["--timeout", "-1"], "--timeout: -1.0 must be within 0..3600 seconds")],
+)  # fmt: skip
+def test_status_with_a_bad_url_is_one_line_exit_2(run_agentd, args, message):
+    agent = run_agentd(*args, command="status")
+    assert agent.wait() == 2
+    assert agent.stderr().count("\n") == 1 and message in agent.stderr(), agent.stderr()
+
+
+def test_config_file_and_pet_env(run_agentd, tmp_path):
+    config = tmp_path / "job.toml"
+    config.write_text(f'nproc-per-node = 2\nscript = "{WORKER}"\nargs = ["ok"]\n')
+    agent = run_agentd("--config", str(config), env={"PET_NPROC_PER_NODE": "3"})
+    assert agent.wait() == 0, agent.stderr()
+    assert len(agent.stdout().splitlines()) == 3  # PET_ beats the file

@@ -1,0 +1,79 @@
+"""Stopping end to end: signals, the stop timeout, a second Ctrl-C, kill -9, leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from tests.conftest import WORKER, pid_alive, wait_until
+from tests.helpers.jobs import result_json
+
+
+def test_sigterm_stops_workers_and_exits_143(run_agentd):
+    agent = run_agentd("--nproc-per-node", "2", WORKER, "tree")
+    pids = agent.wait_ready(2)
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait() == 128 + signal.SIGTERM
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout=5, what="workers gone")
+    assert "stopped by SIGTERM" in agent.stderr()
+    assert result_json(agent)["state"] == "STOPPED"
+
+
+def test_stop_timeout_then_sigkill(run_agentd):
+    agent = run_agentd("--stop-timeout", "0.3", WORKER, "ignore-term")
+    [pid] = agent.wait_ready(1)
+    agent.proc.send_signal(signal.SIGINT)
+    assert agent.wait() == 128 + signal.SIGINT
+    assert not pid_alive(pid)
+
+
+def test_second_sigint_forces_kill(run_agentd):
+    agent = run_agentd("--stop-timeout", "600", WORKER, "ignore-term")
+    [pid] = agent.wait_ready(1)
+    agent.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "Stopping 1 running worker" in agent.stderr(), what="stop started")
+    agent.proc.send_signal(signal.SIGINT)
+    assert agent.wait(timeout=10) == 128 + signal.SIGINT
+    assert not pid_alive(pid)
+
+
+def test_kill_9_leaves_nothing_behind(run_agentd):
+    agent = run_agentd("--nproc-per-node", "2", WORKER, "tree")
+    pids = agent.wait_ready(2)
+    assert len(pids) == 6  # 2 workers, each with a grandchild in its group and one escaped
+    agent.proc.kill()
+    agent.wait()
+    wait_until(
+        lambda: not any(pid_alive(p) for p in pids),
+        timeout=1.0,
+        what="workers and grandchildren dead within a second",
+    )
+
+
+def test_leftovers_of_a_dead_agent_are_cleaned_at_start(run_agentd):
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names an agent that no longer exists
+    mark = f"{dead.pid}.1/same"
+    leftover = subprocess.Popen(["sleep", "600"], env={**os.environ, "AGENTD_OWNER": mark})
+    other_run = subprocess.Popen(["sleep", "600"], env={**os.environ, "AGENTD_OWNER": mark + "x"})
+    try:
+        agent = run_agentd("--rdzv-id", "same", WORKER, "ok")
+        assert agent.wait() == 0
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+        assert "left by an earlier agent of run same" in agent.stderr()
+        assert other_run.poll() is None  # another run's processes are not ours
+    finally:
+        for proc in (leftover, other_run):
+            proc.kill()
+            proc.wait()
+
+
+def test_leftover_cleanup_spares_live_agents(run_agentd):
+    first = run_agentd("--rdzv-id", "same", WORKER, "sleep")
+    [old] = first.wait_ready(1)
+    os.kill(first.pid, signal.SIGSTOP)  # a frozen agent still counts as alive
+    second = run_agentd("--rdzv-id", "same", WORKER, "ok")
+    assert second.wait() == 0
+    assert pid_alive(old)  # a live agent's workers are never touched
+    os.kill(first.pid, signal.SIGCONT)
