@@ -50,18 +50,19 @@ def options_markdown() -> str:
         "",
         "Every option of `agentd run`, in the order `agentd run --help` lists them. Each can",
         "also be set as `AGENTD_<NAME>`, as torchrun's `PET_<NAME>`, by the torch variables",
-        "named, or as a key of a `--config` TOML file (dashes or underscores); the precedence",
-        "is flag, `AGENTD_*`, `PET_*`, torch's variable, file, default.",
+        "named, or as a key of a `--config` TOML file (the name after `--`, with dashes or",
+        "underscores); the precedence is flag, `AGENTD_*`, `PET_*`, torch's variable, file,",
+        "default.",
         "",
-        "| option | flags | default | environment | meaning |",
-        "| --- | --- | --- | --- | --- |",
+        "| option | default | meaning |",
+        "| --- | --- | --- |",
     ]
     for option in OPTIONS:
-        flags = ", ".join(f"`{flag}`" for flag in option.flags)
         default = "" if option.is_flag and option.default in ("", "0", "false") else option.default
-        env = ", ".join(f"`{name}`" for name in option.env_names)
-        lines.append(f"| `{option.name}` | {flags} | {_cell(default, code=True)} | {env} | "
-                     f"{_cell(option.help)} |")  # fmt: skip
+        also = [f"`{flag}`" for flag in option.flags[1:]]
+        also += [f"`{name}`" for name in option.env_names]
+        meaning = f"{_cell(option.help)}<br>Also: {', '.join(also)}."
+        lines.append(f"| `{option.flags[0]}` | {_cell(default, code=True)} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 

@@ -108,7 +108,7 @@ def test_options_reference_page_is_current():
     assert page.read_text() == options_markdown(), (
         "regenerate: python -m agentd.config.reference markdown > docs/options.md"
     )
-    assert all(f"| `{option.name}` |" in page.read_text() for option in OPTIONS)
+    assert all(f"| `{option.flags[0]}` |" in page.read_text() for option in OPTIONS)
 
 
 def test_example_config_is_current_and_complete():
