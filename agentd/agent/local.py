@@ -244,6 +244,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         for service in self._services:
             await service.start()
             self._running.append(service)
+        pipe_dir = self._watchdog.timer_server.private_dir
+        if pipe_dir:  # a killed agent cannot remove it: its guardian will
+            self._hygiene.remove_when_gone(pipe_dir)
 
     @agent_step
     async def _shutdown(

@@ -40,6 +40,10 @@ class Guardian:
         """The workers must be gone by ``deadline`` (monotonic); None: no such limit."""
         self._send("L-\n" if deadline is None else f"L{deadline:.6f}\n")
 
+    def remove_when_gone(self, path: str) -> None:
+        """Remove the agent's private pipe directory ``path`` once the agent is gone."""
+        self._send(f"R{path}\n")
+
     def unwatch(self, pgid: int) -> None:
         self._send(f"-{pgid}\n")
 

@@ -10,6 +10,10 @@ every process group still listed and to every process whose ``AGENTD_OWNER`` is 
 (children that left their group), then exits. After a clean stop nothing is listed and
 nothing is marked, so it simply exits.
 
+``R<path>`` names a private directory of the agent's (its named pipe's) to remove when the
+agent is gone, so a killed agent leaves no litter in ``/tmp``: only a directory named
+``agentd-*`` that holds nothing but named pipes is removed.
+
 ``L<seconds>`` gives the end of the agent's membership lease (``time.monotonic()``, one
 clock for every process), ``L-`` takes it back. A lease not renewed by its end (plus
 :data:`LEASE_SLACK`) means the agent could not stop its workers in time (frozen, or
@@ -25,6 +29,7 @@ import contextlib
 import os
 import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -85,6 +90,21 @@ def kill_all(groups: set[int], mark: str) -> None:
     kill_marked(lambda m: m == mark)
 
 
+def remove_private_dir(path: str) -> None:
+    """Remove ``path`` if it is one of the agent's pipe directories (see the module doc)."""
+    if not os.path.basename(path).startswith("agentd-"):
+        return
+    try:
+        entries = [os.path.join(path, name) for name in os.listdir(path)]
+        if not all(stat.S_ISFIFO(os.lstat(entry).st_mode) for entry in entries):
+            return
+        for entry in entries:
+            os.unlink(entry)
+        os.rmdir(path)
+    except OSError:
+        return
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python guardian_process.py MARK\n")
@@ -93,6 +113,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # only the end of the agent's pipe ends the guardian
     groups: set[int] = set()
+    private_dirs: set[str] = set()
     lease: float | None = None
     fd = sys.stdin.fileno()
     pending = b""
@@ -116,12 +137,16 @@ def main(argv: list[str]) -> int:
                     groups.add(pgid)
                 else:
                     groups.discard(pgid)
+            elif line[:1] == b"R" and len(line) > 1:
+                private_dirs.add(os.fsdecode(line[1:]))
             elif line == b"L-":
                 lease = None
             elif line[:1] == b"L":
                 with contextlib.suppress(ValueError):
                     lease = float(line[1:])
     kill_all(groups, mark)
+    for path in private_dirs:
+        remove_private_dir(path)
     return 0
 
 

@@ -34,6 +34,7 @@ class ProcessHygiene:
         self._fresh_run_id = fresh_run_id
         self._reaper = orphans.ZombieReaper()
         self._guardian: Guardian | None = None
+        self._private_dirs: list[str] = []
         self._sigchld = False
         self._lease: float | None = None
 
@@ -103,6 +104,13 @@ class ProcessHygiene:
         if self._guardian is not None:
             self._guardian.set_lease(deadline)
 
+    def remove_when_gone(self, path: str) -> None:
+        """A private directory of the agent's (its named pipe's) that the guardian removes
+        if the agent dies without removing it."""
+        self._private_dirs.append(path)
+        if self._guardian is not None:
+            self._guardian.remove_when_gone(path)
+
     async def _start_guardian(self) -> None:
         """Started after the first workers, so it never delays them; they have a
         parent-death signal meanwhile, and it learns of their groups at once."""
@@ -113,3 +121,5 @@ class ProcessHygiene:
             self._reaper.own(guardian.pid)
         if self._lease is not None:
             guardian.set_lease(self._lease)
+        for path in self._private_dirs:
+            guardian.remove_when_gone(path)

@@ -216,6 +216,11 @@ class FifoSource:
         asyncio.get_running_loop().add_reader(self._rfd, self._on_readable)
         return self.path
 
+    @property
+    def private_dir(self) -> str | None:
+        """The private directory this source created for its pipe (None: a given path)."""
+        return self._created_dir
+
     def close(self) -> None:
         """Stop reading; remove the pipe (and directory) if this source created them."""
         import asyncio

@@ -394,9 +394,12 @@ class FileTimerServer(TimerServer):
         self._source = FifoSource(self, file_path, on_progress)
         self._log_event = log_event
         self.path = ""
+        self.private_dir: str | None = None
+        """The private directory holding the pipe, when this server made it."""
 
     async def start_async(self) -> None:
         self.path = self._source.open()
+        self.private_dir = self._source.private_dir
         await super().start_async()
         self.log_event("watchdog started", None)
 

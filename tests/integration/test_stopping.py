@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 from tests.conftest import WORKER, pid_alive, wait_until
 from tests.helpers.jobs import result_json
@@ -42,6 +43,8 @@ def test_kill_9_leaves_nothing_behind(run_agentd):
     agent = run_agentd("--nproc-per-node", "2", WORKER, "tree")
     pids = agent.wait_ready(2)
     assert len(pids) == 6  # 2 workers, each with a grandchild in its group and one escaped
+    pipe_dir = Path(worker_env(pids[0])["AGENTD_PROGRESS_PIPE"]).parent
+    assert pipe_dir.is_dir() and pipe_dir.name.startswith("agentd-timer-")
     agent.proc.kill()
     agent.wait()
     wait_until(
@@ -49,6 +52,12 @@ def test_kill_9_leaves_nothing_behind(run_agentd):
         timeout=1.0,
         what="workers and grandchildren dead within a second",
     )
+    wait_until(lambda: not pipe_dir.exists(), what="the guardian to remove the pipe's directory")
+
+
+def worker_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode().partition("=")[::2] for item in raw.split(b"\0") if item)
 
 
 def test_leftovers_of_a_dead_agent_are_cleaned_at_start(run_agentd):
