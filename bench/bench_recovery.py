@@ -22,8 +22,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from report_files import wait_reports
-
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 COMMANDS = {
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
@@ -52,7 +50,7 @@ def run_once(cmd: list[str], nproc: int, timeout: float) -> float | None:
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
             return None  # the agent has exited: every report written is whole (renamed)
         crash = float((out / "crash").read_text())
-        return max(float(text) for text in wait_reports(past, 0)) - crash
+        return max(float(p.read_text()) for p in past) - crash
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentd.heartbeats import stacks
 from agentd.heartbeats.monitor import ProgressMonitor, Silence
-from agentd.heartbeats.settings import STACK_FILE, HeartbeatSettings
+from agentd.heartbeats.settings import LEARNED_FILE, STACK_FILE, HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes, Straggler
 from agentd.heartbeats.timeouts import LearnedTimeouts, key_name
 from agentd.heartbeats.verdict import judge
@@ -53,7 +53,7 @@ class HangWatch:
         self._notify = notify
         self._dump_wait = dump_wait
         self.stats = stats
-        self.timeouts = LearnedTimeouts(settings, agent.run_dir / "heartbeats.json")
+        self.timeouts = LearnedTimeouts(settings, agent.run_dir / LEARNED_FILE)
         self.timeouts.load()
         self.step_times = StepTimes(
             settings.straggler_factor, settings.straggler_steps, self._on_straggler

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentd.heartbeats.settings import HeartbeatSettings
+from agentd.heartbeats.settings import LEARNED_FILE, HeartbeatSettings
 from agentd.heartbeats.wire import ProgressMessage
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _WARN_INTERVAL = 10.0
-LEARNED_FILE = "heartbeats.json"
 
 
 class HeartbeatService:

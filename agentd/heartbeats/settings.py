@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 STEP = ""
 """The key of the intervals between heartbeats outside any section."""
 DEFAULT_INITIAL_TIMEOUT = 600.0
+LEARNED_FILE = "heartbeats.json"
+"""Where a run's learned samples are kept, in its run directory (a new agent reads them)."""
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,6 @@ class EtcdStore:
     def _key(self, key: str) -> str:
         return b64((self._prefix + key).encode())
 
-    def _unkey(self, raw: str) -> str:
-        return base64.b64decode(raw).decode()[len(self._prefix) :]
-
     async def _grant(self, ttl: float) -> str:
         """A new lease of ``ttl`` seconds (rounded up; etcd may raise it to its minimum)."""
         doc = await self._gw.post("lease_grant", "/v3/lease/grant", {"TTL": max(1, math.ceil(ttl))})

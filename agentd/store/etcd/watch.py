@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from agentd.store.api import KeyEvent, StoreError, StoreUnavailable, WatchResult
-from agentd.store.etcd.codes import watch_cancel_code
+from agentd.store.etcd.codes import UNAVAILABLE, watch_cancel_code
 from agentd.store.etcd.gateway import EtcdGateway, b64, is_tls, prefix_end
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 
@@ -128,7 +128,7 @@ class EtcdWatch:
             message = json.loads(line)
             if "error" in message:  # the gateway's in-stream error: {"error": {"grpc_code": ...}}
                 error = message["error"]
-                code = int(error.get("grpc_code", watch_cancel_code("")))
+                code = int(error.get("grpc_code", UNAVAILABLE))
                 self._gw.raise_refusal(endpoint, "watch", code, str(error.get("message")))
                 raise _Retry(f"{endpoint}: {error.get('message')}")
             result = message.get("result", {})
