@@ -47,6 +47,14 @@ class Event:
         """torch's name for :meth:`to_json`."""
         return self.to_json()
 
+    @classmethod
+    def deserialize(cls, data: str | Event) -> Event:
+        """The event :meth:`serialize` wrote (an event is returned as it is)."""
+        if isinstance(data, Event):
+            return data
+        doc = json.loads(data)
+        return cls(doc["name"], EventSource[doc["source"]], doc["timestamp"], doc["metadata"])
+
     def to_json(self) -> str:
         return json.dumps(
             {"name": self.name, "source": self.source.value, "timestamp": self.timestamp,

@@ -1,9 +1,11 @@
 """The seed's metric API: ``configure``, ``put_metric``, ``prof`` and metric handlers.
 
-As torch's ``torch.distributed.elastic.metrics``: ``configure(handler, group=None)`` sends
-the values of one metric group (or, with no group, of every group without a handler of
-its own) to ``handler.emit(MetricData)``; torch's handler objects work as they are. A
-plain function ``handler(name, value, group)`` works too. Every running agent in this
+As torch's ``torch.distributed.elastic.metrics`` (and its ``.api``, which is this module):
+``configure(handler, group=None)`` sends the values of one metric group (or, with no group,
+of every group without a handler of its own) to ``handler.emit(MetricData)``; torch's
+handler objects work as they are. A plain function ``handler(name, value, group)`` works
+too. ``put_metric`` goes through ``getStream(group).add_value``, looked up at each call, so
+patching ``getStream`` here redirects every value, as in torch. Every running agent in this
 process also shows each value on ``/metrics`` as ``agentd_custom_metric{group,name}``.
 The agent itself publishes torch's ``workers.<role>.*`` metrics (see
 :mod:`agentd.reports.torch_metrics`).
@@ -90,9 +92,32 @@ def configure(handler: MetricHandler | Callable[[str, float, str], None],
         _by_group[group] = target
 
 
-def getStream(group: str) -> MetricHandler:
-    """The handler that ``group``'s values go to."""
-    return _by_group.get(group, _default)
+class MetricStream:
+    """One group's values, on their way to a handler (torch's ``MetricStream``)."""
+
+    def __init__(self, group_name: str, handler: MetricHandler) -> None:
+        self.group_name = group_name
+        self.handler = handler
+
+    def add_value(self, metric_name: str, metric_value: float) -> None:
+        self.handler.emit(MetricData(time.time(), self.group_name, metric_name, metric_value))
+
+
+@dataclass
+class MetricsConfig:
+    """torch's metrics configuration (``params`` for a handler); agentd needs none."""
+
+    params: dict[str, str] | None = None
+
+
+def initialize_metrics(cfg: MetricsConfig | None = None) -> None:
+    """torch's hook for a metrics backend; the handlers given to :func:`configure` are
+    agentd's backend, so there is nothing to set up."""
+
+
+def getStream(group: str) -> MetricStream:
+    """The stream that ``group``'s values go through (to its configured handler)."""
+    return MetricStream(group, _by_group.get(group, _default))
 
 
 def subscribe(sink: Callable[[str, float, str], None]) -> Callable[[], None]:
@@ -105,21 +130,64 @@ def subscribe(sink: Callable[[str, float, str], None]) -> Callable[[], None]:
 def put_metric(metric_name: str, metric_value: float, metric_group: str = DEFAULT_GROUP) -> None:
     """Publish one value to its group's handler and to every running agent's registry; a
     failing handler is logged, never raised to the caller."""
-    data = MetricData(time.time(), metric_group, metric_name, metric_value)
     try:
-        getStream(metric_group).emit(data)
+        getStream(metric_group).add_value(metric_name, metric_value)
     except Exception:
         log.exception("Metric handler failed for %s.%s", metric_group, metric_name)
     for sink in list(_sinks):
         sink(metric_name, metric_value, metric_group)
 
 
-def prof(fn: _F | None = None, group: str = DEFAULT_GROUP) -> Any:
-    """Decorate a function (sync or async) to publish ``<name>.success`` / ``.failure``
-    counts and ``<name>.duration.ms``, as the seed's ``prof`` does."""
+def publish_metric(metric_group: str, metric_name: str, metric_value: float) -> None:
+    """torch's older spelling of :func:`put_metric` (group first)."""
+    put_metric(metric_name, metric_value, metric_group)
+
+
+def get_elapsed_time_ms(start_time_in_seconds: float) -> int:
+    """Milliseconds since ``start_time_in_seconds`` (epoch seconds)."""
+    return int((time.time() - start_time_in_seconds) * 1000)
+
+
+def _get_metric_name(fn: Callable[..., Any]) -> str:
+    """``Class.method`` for a method, ``module.function`` for a function (torch's names)."""
+    qualname = fn.__qualname__
+    if "." in qualname:
+        return qualname
+    module = getattr(fn, "__module__", "") or ""
+    return f"{module.rsplit('.', 1)[-1]}.{qualname}" if module else qualname
+
+
+def profile(group: str | None = None) -> Callable[[_F], _F]:
+    """torch's older decorator: ``<function>.success`` / ``.failure`` and ``.duration.ms``
+    under the function's bare name."""
 
     def wrap(func: _F) -> _F:
-        name = func.__qualname__
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.time()
+            try:
+                result = func(*args, **kwargs)
+                put_metric(f"{func.__name__}.success", 1, group or DEFAULT_GROUP)
+            except Exception:
+                put_metric(f"{func.__name__}.failure", 1, group or DEFAULT_GROUP)
+                raise
+            finally:
+                put_metric(f"{func.__name__}.duration.ms", get_elapsed_time_ms(began),
+                           group or DEFAULT_GROUP)  # fmt: skip
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
+
+
+def prof(fn: _F | None = None, group: str = DEFAULT_GROUP) -> Any:
+    """Decorate a function (sync or async) to publish ``<name>.success`` / ``.failure``
+    counts and ``<name>.duration.ms``, as the seed's ``prof`` does (``<name>`` as
+    :func:`_get_metric_name`)."""
+
+    def wrap(func: _F) -> _F:
+        name = _get_metric_name(func)
 
         def report(ok: bool, began: float) -> None:
             put_metric(f"{name}.{'success' if ok else 'failure'}", 1, group)

@@ -11,22 +11,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentd.support.lazy import lazy_getattr
-from agentd.timer.api import TimerClient, TimerRequest
+from agentd.timer.api import RequestQueue, TimerClient, TimerRequest
 from agentd.timer.default_client import configure, expires, get_client
 
 _LAZY = {
     "FileTimerClient": "agentd.timer.file_pipe",
-    "FileTimerServer": "agentd.timer.server",
+    "FileTimerRequest": "agentd.timer.file_pipe",
+    "FileTimerServer": "agentd.timer.file_server",
     "TimerServer": "agentd.timer.server",
     "LocalTimerClient": "agentd.timer.local",
-    "LocalTimerServer": "agentd.timer.server",
+    "LocalTimerServer": "agentd.timer.local",
+    "MultiprocessingRequestQueue": "agentd.timer.local",
 }
 
 __all__ = [
     "FileTimerClient",
+    "FileTimerRequest",
     "FileTimerServer",
     "LocalTimerClient",
     "LocalTimerServer",
+    "MultiprocessingRequestQueue",
+    "RequestQueue",
     "TimerClient",
     "TimerRequest",
     "TimerServer",
@@ -40,6 +45,7 @@ __getattr__ = lazy_getattr(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:
-    from agentd.timer.file_pipe import FileTimerClient
-    from agentd.timer.local import LocalTimerClient
-    from agentd.timer.server import FileTimerServer, LocalTimerServer, TimerServer
+    from agentd.timer.file_pipe import FileTimerClient, FileTimerRequest
+    from agentd.timer.file_server import FileTimerServer
+    from agentd.timer.local import LocalTimerClient, LocalTimerServer, MultiprocessingRequestQueue
+    from agentd.timer.server import TimerServer

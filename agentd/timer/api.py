@@ -51,6 +51,18 @@ class TimerClient(abc.ABC):
         """Cancel the timer of ``scope_id``."""
 
 
+class RequestQueue(abc.ABC):
+    """torch's source of timer requests for a polling :class:`TimerServer`."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """How many requests are waiting now."""
+
+    @abc.abstractmethod
+    def get(self, size: int, timeout: float) -> list[TimerRequest]:
+        """Up to ``size`` requests, waiting at most ``timeout`` seconds."""
+
+
 class TimerRegistry(Protocol):
     """What a source of timer requests (the named pipe, a ``multiprocessing`` queue) feeds:
     the timer server (:class:`agentd.timer.server.TimerServer`)."""

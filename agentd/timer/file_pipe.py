@@ -21,6 +21,7 @@ import select
 import signal
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agentd.heartbeats import wire as progress_wire
@@ -126,6 +127,22 @@ def parse_line(line: bytes) -> tuple[TimerRequest | ProgressMessage | None, str 
         return None, str(exc)
 
 
+@dataclass(frozen=True)
+class FileTimerRequest:
+    """torch's request on the pipe: ``signal`` 0 (the default) means report, do not kill."""
+
+    worker_pid: int
+    scope_id: str
+    expiration_time: float
+    signal: int = 0
+
+    def as_timer_request(self) -> TimerRequest:
+        return TimerRequest(self.worker_pid, self.scope_id, self.expiration_time, self.signal)
+
+    def to_json(self) -> str:
+        return encode_request(self.as_timer_request()).decode().rstrip("\n")
+
+
 class FileTimerClient(TimerClient):
     """Worker side: writes requests to the agent's named pipe (torch's wire format)."""
 
@@ -148,6 +165,12 @@ class FileTimerClient(TimerClient):
             os.write(fd, data)  # one write of <= PIPE_BUF bytes: atomic
         finally:
             os.close(fd)
+
+    def _send_request(self, request: TimerRequest | FileTimerRequest) -> None:
+        """torch's name: send one request as it is (any pid, any signal)."""
+        if isinstance(request, FileTimerRequest):
+            request = request.as_timer_request()
+        self._send(request)
 
     def acquire(self, scope_id: str, expiration_time: float) -> None:
         self._send(TimerRequest(os.getpid(), scope_id, expiration_time, self.signal))

@@ -1,16 +1,19 @@
 """Timers through a ``multiprocessing`` queue, for workers started by ``multiprocessing``.
 
-The seed's ``LocalTimerClient(mp_queue)`` / ``LocalTimerServer(mp_queue)`` pair. The server
-watches the queue's pipe on the event loop (no thread, no polling).
+The seed's ``LocalTimerClient(mp_queue)`` / ``LocalTimerServer(mp_queue)`` pair, and torch's
+``MultiprocessingRequestQueue``. The server watches the queue's pipe on the event loop (no
+thread, no polling).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import time
 from typing import Any
 
-from agentd.timer.api import RELEASE, TimerClient, TimerRegistry, TimerRequest
+from agentd.timer.api import RELEASE, RequestQueue, TimerClient, TimerRegistry, TimerRequest
+from agentd.timer.server import TimerServer
 
 
 class LocalTimerClient(TimerClient):
@@ -58,3 +61,60 @@ def queue_source(server: TimerRegistry, mp_queue: Any) -> tuple[int, Any]:
             server.register_timers(requests)
 
     return fd, on_readable
+
+
+class MultiprocessingRequestQueue(RequestQueue):
+    """torch's ``RequestQueue`` over a ``multiprocessing.Queue``."""
+
+    def __init__(self, mp_queue: Any) -> None:
+        self._queue = mp_queue
+
+    def size(self) -> int:
+        return int(self._queue.qsize())
+
+    def get(self, size: int, timeout: float) -> list[TimerRequest]:
+        """Up to ``size`` requests, waiting at most ``timeout`` seconds in all."""
+        requests: list[TimerRequest] = []
+        deadline = time.monotonic() + timeout
+        while len(requests) < size:
+            left = deadline - time.monotonic()
+            try:
+                item = self._queue.get(block=left > 0, timeout=max(left, 0) or None)
+            except (queue.Empty, EOFError, OSError):
+                break
+            if isinstance(item, TimerRequest):
+                requests.append(item)
+        return requests
+
+
+class LocalTimerServer(TimerServer):
+    """A timer server fed by a ``multiprocessing.Queue``, which it watches on the loop (no
+    polling: ``max_interval`` is accepted for torch and bounds :meth:`_run_watchdog`'s wait).
+    A standalone server (no ``trust``) kills an expired pid alone, as torch's does."""
+
+    def __init__(
+        self, mp_queue: object, max_interval: float = 60, daemon: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(None, max_interval, daemon, **kwargs)
+        self._queue = mp_queue
+        self._requests = MultiprocessingRequestQueue(mp_queue)
+        self._fd = -1
+
+    def _take_requests(self) -> list[TimerRequest]:
+        return self._requests.get(max(1, self._requests.size()), self.max_interval)
+
+    async def start_async(self) -> None:
+        import asyncio
+
+        if self._fd < 0:
+            self._fd, on_readable = queue_source(self, self._queue)
+            asyncio.get_running_loop().add_reader(self._fd, on_readable)
+        await super().start_async()
+
+    async def stop_async(self) -> None:
+        import asyncio
+
+        if self._fd >= 0:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            self._fd = -1
+        await super().stop_async()

@@ -8,8 +8,11 @@ server optionally sends a stack-dump signal and waits a grace period, then sends
 request's signal to the worker's process group and tells its owner (the agent), which
 restarts the group per policy. The agent itself is never signalled.
 
-Requests are honoured only for processes the owner vouches for (``trust``: the pid's
-worker process group, or None). Anything else is logged, counted and dropped.
+Under an agent, requests are honoured only for processes the owner vouches for (``trust``:
+the pid's worker process group, or None); anything else is logged, counted and dropped.
+A server built without ``trust`` is torch's standalone server: whoever can write to its
+queue or pipe is believed, and an expired pid is signalled alone (as torch's
+``os.kill(pid, sig)``), once it is still running, never this process nor a pid <= 0.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.support.aio import cancel_and_wait
 from agentd.support.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
@@ -79,12 +81,12 @@ class TimerServer(StartedInBackground):
     ``wall_clock`` (epoch seconds), so they can be tested without waiting. Deadlines come
     and go in epoch seconds, as ``TimerRequest.expiration_time`` (torch's ``time.time()``).
 
-    The positional arguments are torch's: ``request_queue`` (an object with torch's
-    ``RequestQueue`` methods ``size()`` and ``get(size, timeout)``, drained every
-    ``max_interval`` seconds; the subclasses here are fed by events instead, and expire
-    timers on time whatever ``max_interval`` says) and ``daemon`` (the thread of a
-    server started with the synchronous :meth:`start`). In async code, ``await
-    start_async()`` runs the server on the running loop.
+    The positional arguments are torch's: ``request_queue`` (a
+    :class:`~agentd.timer.api.RequestQueue`, drained every ``max_interval`` seconds; the
+    subclasses here are fed by events instead, and expire timers on time whatever
+    ``max_interval`` says) and ``daemon`` (the thread of a server started with the
+    synchronous :meth:`start`). In async code, ``await start_async()`` runs the server on
+    the running loop. :meth:`_run_watchdog` is torch's one synchronous pass.
 
     A process holds at most ``max_timers_per_worker`` live timers and the server at most
     ``max_timers``; a new scope beyond either is dropped and counted as ``capped`` (moving
@@ -110,7 +112,8 @@ class TimerServer(StartedInBackground):
         self._request_queue = request_queue
         self.max_interval = max_interval
         self.daemon = daemon
-        self._trust = trust or _trust_own_group
+        self._trust = trust
+        self._request_count = 0
         self._on_expired = on_expired
         self._dump_signal = dump_signal
         self._dump_grace = dump_grace
@@ -135,6 +138,7 @@ class TimerServer(StartedInBackground):
         """Acquire or release timers; requests for processes not ours are dropped."""
         earliest = self.next_deadline()
         for request in timer_requests:
+            self._request_count += 1
             key = (request.worker_id, request.scope_id)
             if request.is_release:
                 self.stats["released"] += 1
@@ -148,11 +152,8 @@ class TimerServer(StartedInBackground):
                 limits = f"at most {self._max_per_worker} each, {self._max_timers} in all"
                 self.count_bad("capped", f"pid {request.worker_id} holds {held} timers ({limits})")
                 continue
-            try:
-                pgid = self._trust(request.worker_id)
-            except (OverflowError, ValueError):
-                pgid = None
-            if pgid is None:
+            pgid = self._trusted_group(request.worker_id)
+            if pgid is None and self._trust is not None:
                 self.count_bad("untrusted", f"pid {request.worker_id} is not one of our workers")
                 continue
             deadline = self._clock() + (request.expiration_time - self._wall())
@@ -167,6 +168,14 @@ class TimerServer(StartedInBackground):
                     self._wake.set()
         if len(self._heap) > 2 * len(self._timers) + 64:
             self._compact()
+
+    def _trusted_group(self, pid: int) -> int | None:
+        if self._trust is None:
+            return None
+        try:
+            return self._trust(pid)
+        except (OverflowError, ValueError):
+            return None
 
     def clear_timers(self, worker_ids: Iterable[int]) -> None:
         """Forget every timer of these workers (they exited or were stopped)."""
@@ -223,6 +232,66 @@ class TimerServer(StartedInBackground):
     def _compact(self) -> None:
         self._heap = [(e.deadline, next(self._seq), k) for k, e in self._timers.items()]
         heapq.heapify(self._heap)
+
+    # -- torch's synchronous pass and reaping -------------------------------------------------
+
+    def _run_watchdog(self) -> None:
+        """One pass, as torch's watchdog thread makes every ``max_interval``: register what
+        the requests source holds (:meth:`_take_requests`), reap each worker with an expired
+        timer and forget the timers of those reaped. A reap that raises is logged and counted
+        as done (the worker is not retried forever); one that returns False is retried at the
+        next pass. agentd's own task expires timers on time without these passes."""
+        self.register_timers(self._take_requests())
+        reaped: set[int] = set()
+        for worker_id, expired in self.get_expired_timers(self._wall()).items():
+            scopes = [request.scope_id for request in expired]
+            try:
+                if self._reap_expired(worker_id, expired):
+                    reaped.add(worker_id)
+                else:
+                    log.error("Could not reap pid %d (timers %s); retrying", worker_id, scopes)
+                    TimerServer.register_timers(self, expired)  # back as they were
+            except Exception:
+                log.exception("Reaping pid %d (timers %s) failed", worker_id, scopes)
+                reaped.add(worker_id)
+        self.clear_timers(reaped)
+
+    def _take_requests(self) -> list[TimerRequest]:
+        """torch's ``request_queue.get(max(1, size()), max_interval)``; [] without one."""
+        queue: Any = self._request_queue
+        if queue is None:
+            return []
+        return list(queue.get(max(1, queue.size()), self.max_interval))
+
+    def _reap_expired(self, worker_id: int, expired: list[TimerRequest]) -> bool:
+        """Reap one worker whose timers ran out (a subclass may need the signal)."""
+        return bool(self._reap_worker(worker_id))
+
+    def _reap_worker(self, worker_id: int, signal: int = int(signal.SIGKILL)) -> bool:
+        """torch's standalone reaping: ``signal`` to the pid alone. True when done (or the
+        pid is already gone); a pid <= 0 or this process is refused and reported."""
+        if worker_id <= 0 or worker_id == os.getpid():
+            log.error("Timer of pid %d expired; refusing to signal it", worker_id)
+            return True
+        if not self.is_process_running(worker_id):
+            return True
+        try:
+            os.kill(worker_id, signal)
+        except ProcessLookupError:
+            return True
+        self.stats["reaped"] += 1
+        return True
+
+    @staticmethod
+    def is_process_running(pid: int) -> bool:
+        """True when ``pid`` is a live process (torch's check before reaping)."""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, OverflowError, ValueError):
+            return pid > 0
+        return True
 
     # -- the watchdog task -------------------------------------------------------------------
 
@@ -288,7 +357,10 @@ class TimerServer(StartedInBackground):
         request = entry.request
         self.stats["expired"] += 1
         self.log_event("timer expired", request)
-        pgid = self._trust(request.worker_id)  # again: the pid may have gone since
+        if self._trust is None:
+            self._reap_standalone(request)
+            return
+        pgid = self._trusted_group(request.worker_id)  # again: the pid may have gone since
         if pgid is None or pgid == os.getpgid(0):
             log.warning(
                 "Timer %r of pid %d expired, but the pid is no longer ours",
@@ -318,6 +390,19 @@ class TimerServer(StartedInBackground):
             loop.call_later(self._dump_grace, self._kill, request, pgid, entry.deadline)
         else:
             self._kill(request, pgid, entry.deadline)
+
+    def _reap_standalone(self, request: TimerRequest) -> None:
+        if request.signal <= 0 or not self.is_process_running(request.worker_id):
+            self._notify(request, None)
+            return
+        try:
+            self._reap_expired(request.worker_id, [request])
+        except Exception:
+            log.exception("Reaping pid %d failed", request.worker_id)
+        log.error("Timer %r of pid %d expired: sent %s", request.scope_id, request.worker_id,
+                  signal_name(request.signal))  # fmt: skip
+        self.log_event("kill worker process", request)
+        self._notify(request, None)
 
     def _kill(self, request: TimerRequest, pgid: int, deadline: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -353,93 +438,3 @@ def signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
-
-
-def _trust_own_group(pid: int) -> int | None:
-    """Default trust for a standalone server: only children of this process, by group."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            ppid = int(fp.read().rsplit(b")", 1)[1].split()[1])
-        if ppid != os.getpid():
-            return None
-        return os.getpgid(pid)
-    except (OSError, ValueError):
-        return None
-
-
-class FileTimerServer(TimerServer):
-    """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
-
-    torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
-    once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
-    sections, :mod:`agentd.heartbeats.wire`), which torch's server does not know.
-    ``log_event(name, request)`` hears "watchdog started", "timer expired",
-    "kill worker process" and "watchdog stopped", as torch's.
-    """
-
-    def __init__(
-        self,
-        file_path: str | None = None,
-        run_id: str = "",
-        max_interval: float = 10,
-        daemon: bool = True,
-        log_event: Callable[[str, TimerRequest | None], None] | None = None,
-        on_progress: Callable[[list[ProgressMessage]], None] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        from agentd.timer.file_pipe import FifoSource
-
-        super().__init__(None, max_interval, daemon, **kwargs)
-        self.run_id = run_id
-        self._source = FifoSource(self, file_path, on_progress)
-        self._log_event = log_event
-        self.path = ""
-        self.private_dir: str | None = None
-        """The private directory holding the pipe, when this server made it."""
-
-    async def start_async(self) -> None:
-        self.path = self._source.open()
-        self.private_dir = self._source.private_dir
-        await super().start_async()
-        self.log_event("watchdog started", None)
-
-    async def stop_async(self) -> None:
-        await super().stop_async()
-        self._source.close()
-        self.log_event("watchdog stopped", None)
-
-    def drain(self) -> None:
-        """Read what is waiting on the pipe now (the loop would, at its next turn)."""
-        self._source.drain()
-
-    def log_event(self, name: str, request: TimerRequest | None) -> None:
-        if self._log_event is not None:
-            try:
-                self._log_event(name, request)
-            except Exception:
-                log.exception("FileTimerServer log_event(%r) failed", name)
-
-
-class LocalTimerServer(TimerServer):
-    """A timer server fed by a ``multiprocessing.Queue`` (see :mod:`agentd.timer.local`),
-    which it watches on the loop (no polling: ``max_interval`` is accepted for torch)."""
-
-    def __init__(
-        self, mp_queue: object, max_interval: float = 60, daemon: bool = True, **kwargs: Any
-    ) -> None:
-        super().__init__(None, max_interval, daemon, **kwargs)
-        self._queue = mp_queue
-        self._fd = -1
-
-    async def start_async(self) -> None:
-        from agentd.timer.local import queue_source
-
-        self._fd, on_readable = queue_source(self, self._queue)
-        asyncio.get_running_loop().add_reader(self._fd, on_readable)
-        await super().start_async()
-
-    async def stop_async(self) -> None:
-        if self._fd >= 0:
-            asyncio.get_running_loop().remove_reader(self._fd)
-            self._fd = -1
-        await super().stop_async()

@@ -18,7 +18,8 @@ from agentd.heartbeats.wire import ProgressMessage
 from agentd.hygiene import orphans
 from agentd.timer.api import TimerRequest
 from agentd.timer.dstate import UninterruptibleMonitor
-from agentd.timer.server import FileTimerServer, WatchdogSettings, signal_name
+from agentd.timer.file_server import FileTimerServer
+from agentd.timer.server import WatchdogSettings, signal_name
 from agentd.workers.processes import WorkerProcess
 
 

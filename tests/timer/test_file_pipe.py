@@ -16,7 +16,7 @@ from agentd.exceptions import StartError
 from agentd.timer import FileTimerClient, expires
 from agentd.timer.api import RELEASE, TimerRequest
 from agentd.timer.file_pipe import BadRequest, encode_request, parse_line, parse_request
-from agentd.timer.server import FileTimerServer
+from agentd.timer.file_server import FileTimerServer
 
 
 def wire(**kw) -> bytes:

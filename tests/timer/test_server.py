@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 
 from agentd.timer.api import RELEASE, TimerRequest
 from agentd.timer.dstate import UninterruptibleMonitor
@@ -126,7 +127,7 @@ async def test_watchdog_reaps_a_real_child_and_tells_its_owner():
             while child.poll() is None:
                 await asyncio.sleep(0.005)
         assert child.returncode == -9
-        assert expired == [("step", child.pid)]
+        assert expired == [("step", None)]  # standalone: the pid alone, no group
         assert loop.time() - started < 5
         assert server.stats["reaped"] == 1
     finally:
@@ -154,14 +155,18 @@ async def test_signal_zero_reports_without_killing():
         child.wait()
 
 
-def test_default_trust_is_own_children_only():
-    from agentd.timer.server import _trust_own_group
-
-    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+def test_standalone_server_kills_the_pid_alone_and_never_itself_or_a_group():
+    """torch's standalone server: a child sharing our process group is killed by pid (the
+    group, ours, survives); pid <= 0 (a group or everything) and this process are refused."""
+    child = subprocess.Popen(["sleep", "60"])  # same process group as the test
+    server = TimerServer()
     try:
-        assert _trust_own_group(child.pid) == child.pid
-        assert _trust_own_group(os.getppid()) is None
-        assert _trust_own_group(os.getpid()) is None
+        past = time.time() - 1
+        server.register_timers([TimerRequest(p, "s", past) for p in (child.pid, -1, 0, os.getpid())])
+        assert len(server) == 4  # believed, as torch's
+        server._run_watchdog()
+        assert child.wait(timeout=10) == -9
+        assert len(server) == 0 and server.stats["reaped"] == 1
     finally:
         child.kill()
         child.wait()

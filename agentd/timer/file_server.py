@@ -1,0 +1,90 @@
+"""The timer server torch's ``FileTimerClient`` talks to: requests arrive on a named pipe.
+
+Under an agent the pipe is ``$TORCHELASTIC_TIMER_FILE`` (or a private one) and only the
+agent's workers are believed; built on its own, as torch's tests and examples do, it is
+torch's standalone server (see :mod:`agentd.timer.server`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentd.heartbeats.wire import ProgressMessage
+from agentd.timer.api import TimerRequest
+from agentd.timer.server import TimerServer
+
+log = logging.getLogger(__name__)
+
+
+class FileTimerServer(TimerServer):
+    """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
+
+    torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
+    once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
+    sections, :mod:`agentd.heartbeats.wire`), which torch's server does not know.
+    ``log_event(name, request)`` hears "watchdog started", "timer expired",
+    "kill worker process" and "watchdog stopped", as torch's.
+    """
+
+    def __init__(
+        self,
+        file_path: str | None = None,
+        run_id: str = "",
+        max_interval: float = 10,
+        daemon: bool = True,
+        log_event: Callable[[str, TimerRequest | None], None] | None = None,
+        on_progress: Callable[[list[ProgressMessage]], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from agentd.timer.file_pipe import FifoSource
+
+        super().__init__(None, max_interval, daemon, **kwargs)
+        self.run_id = run_id
+        self._source = FifoSource(self, file_path, on_progress)
+        self._log_event = log_event
+        self.path = ""
+        self.private_dir: str | None = None
+        """The private directory holding the pipe, when this server made it."""
+
+    async def start_async(self) -> None:
+        self.path = self._source.open()
+        self.private_dir = self._source.private_dir
+        await super().start_async()
+        self.log_event("watchdog started", None)
+
+    async def stop_async(self) -> None:
+        await super().stop_async()
+        self._source.close()
+        self.log_event("watchdog stopped", None)
+
+    def drain(self) -> None:
+        """Read what is waiting on the pipe now (the loop would, at its next turn)."""
+        self._source.drain()
+
+    def _take_requests(self) -> list[TimerRequest]:
+        self.drain()  # the pipe's requests go straight to register_timers
+        return []
+
+    def _reap_expired(self, worker_id: int, expired: list[TimerRequest]) -> bool:
+        return bool(self._reap_worker(worker_id, expired[-1].signal))
+
+    def run_once(self) -> None:
+        """torch's ``run_once``: one watchdog pass now (read the pipe, reap what expired),
+        on the server's own loop when it was started with :meth:`start`."""
+        if self._background is not None:
+
+            async def one_pass() -> None:
+                self._run_watchdog()
+
+            self._background.call(one_pass)
+        else:
+            self._run_watchdog()
+
+    def log_event(self, name: str, request: TimerRequest | None) -> None:
+        if self._log_event is not None:
+            try:
+                self._log_event(name, request)
+            except Exception:
+                log.exception("FileTimerServer log_event(%r) failed", name)
