@@ -36,8 +36,7 @@ def test_record_passes_success_and_exit_0(tmp_path, monkeypatch):
     def leave():
         raise SystemExit(0)
 
-    with pytest.raises(SystemExit):
-        leave()
+    assert leave() is None  # torch's @record: a clean exit is not an error, and returns
     assert not path.exists()
 
 
