@@ -162,7 +162,9 @@ def test_standalone_server_kills_the_pid_alone_and_never_itself_or_a_group():
     server = TimerServer()
     try:
         past = time.time() - 1
-        server.register_timers([TimerRequest(p, "s", past) for p in (child.pid, -1, 0, os.getpid())])
+        server.register_timers(
+            [TimerRequest(p, "s", past) for p in (child.pid, -1, 0, os.getpid())]
+        )
         assert len(server) == 4  # believed, as torch's
         server._run_watchdog()
         assert child.wait(timeout=10) == -9
