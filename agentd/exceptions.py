@@ -36,6 +36,15 @@ class AgentStopped(AgentdError):
         self.exit_code = 128 + signum
 
 
+class SignalException(AgentStopped):
+    """torch's name for a stop by signal: ``SignalException(msg, sigval)``."""
+
+    def __init__(self, msg: str, sigval: int) -> None:
+        super().__init__(sigval)
+        self.args = (msg,)
+        self.sigval = signal.Signals(sigval)
+
+
 def field_error(field: str, value: object, rule: str) -> ConfigError:
     """Build the standard one-line error: ``<field>: <value!r> <rule>``."""
     return ConfigError(f"{field}: {value!r} {rule}")

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentd.exceptions import field_error
-from agentd.spec import DefaultLogsSpecs, LogsSpecs
+from agentd.agent.local import LocalElasticAgent
+from agentd.elastic import events
+from agentd.exceptions import AgentStopped, field_error
+from agentd.rendezvous import registry
+from agentd.reports.failure import ChildFailedError
+from agentd.spec import DefaultLogsSpecs, LogsSpecs, WorkerSpec
+from agentd.workers.env import SIGNALS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +87,19 @@ class elastic_launch:
 def launch_agent(
     config: LaunchConfig, entrypoint: Callable[..., Any] | str | None, args: list[Any]
 ) -> dict[int, Any]:
-    """Run one agent for ``config`` to completion (see the module docstring)."""
-    from agentd.agent.local import LocalElasticAgent
-    from agentd.rendezvous.registry import RendezvousParameters, get_rendezvous_handler
-    from agentd.reports.failure import ChildFailedError
-    from agentd.spec import WorkerSpec
-    from agentd.workers.env import SIGNALS_ENV
+    """Run one agent for ``config`` to completion (see the module docstring).
 
+    As torch's: the agent's outcome is recorded as an event (``get_event_succeeded`` when
+    ``run()`` returned, ``get_event_failed`` when it raised), and the rendezvous is left
+    afterwards unless the agent was stopped by a signal (a restarted agent rejoins it).
+    ``LocalElasticAgent``, ``events`` and ``registry`` are looked up in this module at each
+    call, so a test that patches them here is obeyed."""
     if entrypoint is None:
         raise field_error("entrypoint", None, "is required (a function or a command)")
     if not config.run_id:
         config.run_id = os.urandom(8).hex()
         log.warning("config has no run_id; using a random one: %s", config.run_id)
-    params = RendezvousParameters(
+    params = registry.RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
         run_id=config.run_id,
@@ -102,7 +108,7 @@ def launch_agent(
         local_addr=config.local_addr,
         **config.rdzv_configs,
     )
-    handler = get_rendezvous_handler(params)
+    handler = registry.get_rendezvous_handler(params)
     os.environ[SIGNALS_ENV] = config.signals_to_handle
     spec = WorkerSpec(
         role=config.role,
@@ -126,7 +132,33 @@ def launch_agent(
         config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
     )
-    result = agent.run()
-    if result.is_failed():
-        raise ChildFailedError(name=spec.get_entrypoint_name(), failures=result.failures)
-    return result.return_values
+    leave_rendezvous = True
+    try:
+        result = agent.run()
+        events.record(agent.get_event_succeeded(), config.event_log_handler)
+        if result.is_failed():
+            raise ChildFailedError(name=spec.get_entrypoint_name(), failures=result.failures)
+        return result.return_values
+    except ChildFailedError:
+        raise
+    except AgentStopped:
+        leave_rendezvous = False  # leaving would close the round to a restarted agent
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    except Exception:
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    finally:
+        if leave_rendezvous:
+            spec.rdzv_handler.shutdown()
+
+
+def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
+    """What torch's launcher calls the job: a function's name; for the Python interpreter,
+    its first argument that is not an option (``python -u train.py`` -> ``train.py``); any
+    other command itself; else ""."""
+    if callable(entrypoint):
+        return str(getattr(entrypoint, "__name__", ""))
+    if entrypoint == sys.executable:
+        return next((str(arg) for arg in args if not str(arg).startswith("-")), "")
+    return entrypoint or ""

@@ -12,6 +12,8 @@ rules is the contract:
    that succeeded are not asked about their lease: their exit barrier copes with a store
    out of reach.
 3. Healthy: keep watching (WATCH). Succeeded: the exit barrier, then done (SUCCEED).
+   Unknown (the monitor could not tell): stop and raise without spending a restart (ABORT),
+   as torch's agent does.
 4. Failed or unhealthy: restart while restarts remain and the root cause's exit code is
    retryable (RESTART); otherwise the group has failed for good (GIVE_UP).
 """
@@ -31,6 +33,7 @@ class Action(enum.Enum):
     FAIL_PEER = "fail_peer"
     REJOIN = "rejoin"
     SUCCEED = "succeed"
+    ABORT = "abort"
     RESTART = "restart"
     GIVE_UP = "give_up"
 
@@ -63,6 +66,8 @@ def decide(situation: Situation) -> Action:
         return Action.REJOIN if situation.round_ended else Action.WATCH
     if state is WorkerState.SUCCEEDED:
         return Action.SUCCEED
+    if state is WorkerState.UNKNOWN:
+        return Action.ABORT
     if situation.remaining_restarts > 0 and situation.retryable:
         return Action.RESTART
     return Action.GIVE_UP

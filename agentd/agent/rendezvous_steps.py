@@ -61,6 +61,7 @@ class RendezvousSteps:
     """The rendezvous steps of the agent template (state lives on the agent)."""
 
     _worker_group: WorkerGroup
+    _rdzv_handler: RendezvousHandler | None
     _wakeup: asyncio.Event
     _exit_barrier_timeout: float
     _round_watch: asyncio.Task[None] | None
@@ -70,7 +71,7 @@ class RendezvousSteps:
 
     @property
     def rdzv_handler(self) -> RendezvousHandler:
-        handler = self._worker_group.spec.rdzv_handler
+        handler = self._rdzv_handler or self._worker_group.spec.rdzv_handler
         assert handler is not None  # set in SimpleElasticAgent.__init__
         return handler
 

@@ -17,10 +17,26 @@ from typing import Any
 from agentd.agent.decide import Action, Situation, decide
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
-from agentd.exceptions import AgentStopped, ConfigError
-from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState, check_transition
-from agentd.rendezvous.api import BindsWorkerSpec, RendezvousClosedError, is_agentd_handler
-from agentd.reports.torch_metrics import publish_restart, publish_run
+from agentd.agent.torch_records import TorchRecords, fq_hostname
+from agentd.exceptions import AgentdError, AgentStopped, ConfigError
+from agentd.group import (  # Worker: torch's agent module exports it
+    RunResult,
+    Worker,  # noqa: F401
+    WorkerFailure,
+    WorkerGroup,
+    WorkerState,
+    check_transition,
+)
+from agentd.rendezvous.api import (
+    BindsWorkerSpec,
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RoleInstanceInfo,
+    is_agentd_handler,
+)
+from agentd.reports.metrics_api import put_metric
+from agentd.reports.torch_metrics import publish_restart
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
@@ -40,7 +56,7 @@ class ElasticAgent(abc.ABC):
         """The worker group of ``role`` (its state is live)."""
 
 
-class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
+class SimpleElasticAgent(RendezvousSteps, TorchRecords, ElasticAgent):
     """The template of an elastic agent; subclasses implement how workers are handled.
 
     :meth:`run` blocks until the job is done, on an event loop of its own; code already on
@@ -53,6 +69,7 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
     """
 
     def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
+        self._rdzv_handler: RendezvousHandler | None = None
         self.fresh_run_id = spec.rdzv_handler is None
         """No rendezvous was given: the group runs alone here, under a new run id."""
         if spec.rdzv_handler is None:
@@ -64,14 +81,21 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
             spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
         elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: adapt it
             from agentd.rendezvous.registry import as_agentd_handler
+            from agentd.rendezvous.torch_facade import TorchRendezvousHandler
 
-            spec.rdzv_handler = as_agentd_handler(spec.rdzv_handler)
-        if isinstance(spec.rdzv_handler, BindsWorkerSpec):
-            spec.rdzv_handler.bind_worker_spec(spec.role, spec.local_world_size)
+            adapted = as_agentd_handler(spec.rdzv_handler)
+            if isinstance(spec.rdzv_handler, TorchRendezvousHandler):
+                self._rdzv_handler = adapted  # the spec keeps torch's face for its owner
+            else:
+                spec.rdzv_handler = adapted
+        handler = self._rdzv_handler or spec.rdzv_handler
+        if isinstance(handler, BindsWorkerSpec):
+            handler.bind_worker_spec(spec.role, spec.local_world_size)
         if exit_barrier_timeout < 0:
             raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
+        self._total_execution_time = 0
         self._exit_barrier_timeout = exit_barrier_timeout
         self._observers: list[AgentObserver] = []
         self._wakeup = asyncio.Event()
@@ -92,6 +116,9 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         """The root cause of the latest failure, even one that a restart recovered from."""
         self.exit_error: BaseException | None = None
         """What ended :meth:`run` when it did not return a result (a stop signal, ...)."""
+
+    def _put_metric(self, name: str, value: float) -> None:
+        put_metric(name, value)  # looked up here, where torch's users patch it
 
     @property
     def remaining_restarts(self) -> int:
@@ -140,28 +167,35 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         return run_blocking(self.run_async(role), "agent.run_async()")
 
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult:
-        """:meth:`run`, on the running loop."""
+        """:meth:`run`, on the running loop. As torch's: the end-of-run metrics and worker
+        events are recorded, a graceful exit from the rendezvous ends the run without an
+        error, and ``_shutdown`` gets the stop signal that ended it."""
         self._loop = asyncio.get_running_loop()
         started = time.monotonic()
+        death_sig: tuple[signal.Signals, ...] = ()  # torch passes one only for a signal
         try:
             await self._startup()
-            result = await self._invoke_run(role)
+            result = await call_step(self._invoke_run, role)
+            self._total_execution_time = int(time.monotonic() - started)
             self.last_result = result
-            publish_run(self, result, started)
-            log.info(
-                "[%s] Worker group %s after %.2fs",
-                role,
-                result.state.value,
-                time.monotonic() - started,
-            )
+            self._record_metrics(result)
+            self._record_worker_events(result)
+            log.info("[%s] Worker group %s after %.2fs", role, result.state.value,
+                     time.monotonic() - started)  # fmt: skip
             return result
+        except RendezvousGracefulExitError as exc:
+            log.info("[%s] Left the rendezvous: %s", role, exc)
+            return RunResult(self._worker_group.state)
         except BaseException as exc:
             self.exit_error = exc
+            if isinstance(exc, AgentStopped):
+                death_sig = (signal.Signals(exc.signum),)
             self._settle_state(exc)
             raise
         finally:
+            self._total_execution_time = int(time.monotonic() - started)
             self._stop_round_watch()
-            await run_shielded(call_step(self._shutdown))  # a cancelled run still stops all
+            await run_shielded(call_step(self._shutdown, *death_sig))  # a cancelled run too
 
     def _settle_state(self, exc: BaseException) -> None:
         """The group's final state when :meth:`run` ends by an exception: STOPPED for a
@@ -224,6 +258,9 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
                 self._notify("restarted", "membership", self.restart_count)
                 await self._restart_group(group, reason="membership")
                 continue
+            if action is Action.ABORT:
+                self._set_state(WorkerState.UNKNOWN, "the monitor could not tell")
+                raise AgentdError(f"[{role}] worker group in UNKNOWN state; not restarting")
             if action is Action.SUCCEED:
                 self._set_state(WorkerState.SUCCEEDED, "all workers exited 0")
                 self._stop_round_watch()
@@ -393,6 +430,10 @@ class SimpleElasticAgent(RendezvousSteps, ElasticAgent):
         self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
     ) -> None:
         """Release everything the agent holds; runs once, at the end of :meth:`run`."""
+
+
+_RoleInstanceInfo = RoleInstanceInfo  # torch's private names, used by its tests and users
+_get_fq_hostname = fq_hostname
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

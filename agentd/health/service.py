@@ -8,13 +8,17 @@ sample wakes the agent (once a second), and only while the endpoint is served.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agentd.exceptions import StartError
 from agentd.group import WorkerState
 from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReportsStore
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
@@ -56,7 +60,14 @@ class HealthService:
             status=lambda: status_document(agent), metrics=self._render_metrics,
             max_connections=cap,
         )  # fmt: skip
-        await self.server.start_async()
+        try:
+            await self.server.start_async()
+        except StartError as exc:
+            if settings.required:
+                raise
+            log.warning("No health endpoint for this agent: %s", exc)
+            self.server = None
+            await self.stop()
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -64,6 +75,7 @@ class HealthService:
             self._unsubscribe = None
         if self._lag is not None:
             self._lag.stop()
+            self._lag = None
         if self.server is not None:
             await self.server.stop_async()
 

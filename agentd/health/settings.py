@@ -13,3 +13,7 @@ class HealthSettings:
     port: int
     host: str = "127.0.0.1"
     timeout: float = 5.0
+    required: bool = True
+    """False for torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``: a port that cannot be bound
+    (another agent on this host has it) is a warning and the job runs without the
+    endpoint; ``--health-port`` makes it an error."""

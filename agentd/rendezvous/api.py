@@ -5,6 +5,7 @@ and the optional capabilities a backend may add, each declared as a protocol of 
 from __future__ import annotations
 
 import inspect
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,16 +14,32 @@ from typing import Any, Protocol, runtime_checkable
 from agentd.exceptions import AgentdError, StartError
 
 
-class RendezvousClosedError(AgentdError):
+class RendezvousError(AgentdError):
+    """Base of the rendezvous errors (torch's hierarchy)."""
+
+
+class RendezvousConnectionError(RendezvousError):
+    """The rendezvous backend could not be reached."""
+
+
+class RendezvousStateError(RendezvousError):
+    """The rendezvous state is corrupt."""
+
+
+class RendezvousGracefulExitError(RendezvousError):
+    """This node left the rendezvous on purpose: the agent ends its run without an error."""
+
+
+class RendezvousClosedError(RendezvousError):
     """The rendezvous was closed: the job ended (``succeeded``) or a node failed for good."""
 
-    def __init__(self, message: str, succeeded: bool = False) -> None:
+    def __init__(self, message: str = "rendezvous closed", succeeded: bool = False) -> None:
         super().__init__(message)
         self.succeeded = succeeded
         self.exit_code = 0 if succeeded else 1
 
 
-class RendezvousTimeoutError(StartError):
+class RendezvousTimeoutError(StartError, RendezvousError):
     """Too few nodes joined within the join timeout."""
 
 
@@ -33,6 +50,35 @@ class RoleInstanceInfo:
     role: str
     rank: int
     local_world_size: int
+
+    def serialize(self) -> bytes:
+        return json.dumps({"role": self.role, "rank": self.rank,
+                           "local_world_size": self.local_world_size}).encode()  # fmt: skip
+
+    @staticmethod
+    def deserialize(data: bytes | str) -> RoleInstanceInfo:
+        doc = json.loads(data)
+        return RoleInstanceInfo(doc["role"], doc["rank"], doc["local_world_size"])
+
+    @staticmethod
+    def compare(a: RoleInstanceInfo, b: RoleInstanceInfo) -> int:
+        """Order by role, then group rank: -1, 0 or 1."""
+        key_a, key_b = (a.role, a.rank), (b.role, b.rank)
+        return (key_a > key_b) - (key_a < key_b)
+
+    @staticmethod
+    def find_role_boundaries(roles_infos: list[RoleInstanceInfo], role: str) -> tuple[int, int]:
+        """First and last index of ``role`` in ``roles_infos``."""
+        indexes = [i for i, info in enumerate(roles_infos) if info.role == role]
+        return indexes[0], indexes[-1]
+
+
+@dataclass(frozen=True)
+class RendezvousStoreInfo:
+    """Where the workers' store is served: torch's master address and port."""
+
+    master_addr: str
+    master_port: int
 
 
 @dataclass(frozen=True)

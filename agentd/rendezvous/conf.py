@@ -76,8 +76,15 @@ def settings_from_conf(
     return RendezvousSettings(**values)  # type: ignore[arg-type]
 
 
+class UnknownSetting(ConfigError):
+    """A ``--rdzv-conf`` key that the backend does not use (``key`` names it)."""
+
+    def __init__(self, key: str, backend: str) -> None:
+        super().__init__(f"--rdzv-conf: {key!r} is not a setting of the {backend} backend")
+        self.key = key
+
+
 def reject_unknown(conf: dict[str, str], backend: str) -> None:
     """Every key left is one no part of ``backend`` took: an error."""
     if conf:
-        key = sorted(conf)[0]
-        raise ConfigError(f"--rdzv-conf: {key!r} is not a setting of the {backend} backend")
+        raise UnknownSetting(sorted(conf)[0], backend)

@@ -2,18 +2,23 @@
 
 ``get_rendezvous_handler(RendezvousParameters(backend, endpoint, run_id, min_nodes,
 max_nodes, **conf))`` returns agentd's handler for ``c10d``/``agentd``, ``etcd``/
-``etcd-v2`` and ``static``, checked exactly as ``agentd run`` checks the same settings
-(``conf`` is what ``--rdzv-conf`` takes). A handler object of another kind, such as a
+``etcd-v2`` and ``static``, checked as ``agentd run`` checks the same settings (``conf``
+is what ``--rdzv-conf`` takes), except that a key the backend does not use is ignored, as
+torch ignores it. A handler object of another kind, such as a
 site's own torch ``RendezvousHandler`` with synchronous methods, is accepted wherever a
 handler is (see :func:`as_agentd_handler`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.api import RendezvousHandler
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("c10d", "agentd", "etcd", "etcd-v2", "static")
 
@@ -76,15 +81,69 @@ class RendezvousParameters:
                              "represent a valid integer value.") from exc  # fmt: skip
 
 
-def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """agentd's handler for ``params`` (a ConfigError names a bad setting)."""
+class RendezvousHandlerRegistry:
+    """Backends added by name (torch's registry): ``register(backend, creator)`` where
+    ``creator(params)`` returns a handler. A registered name takes precedence over
+    agentd's own backends of that name."""
+
+    def __init__(self) -> None:
+        self._creators: dict[str, Callable[[RendezvousParameters], Any]] = {}
+
+    def register(self, backend: str, creator: Callable[[RendezvousParameters], Any]) -> None:
+        if not backend:
+            raise ValueError("backend: must be a non-empty name")
+        current = self._creators.get(backend)
+        if current is not None and current is not creator:
+            raise ValueError(f"backend: {backend!r} is already registered with {current!r}")
+        self._creators[backend] = creator
+
+    def create_handler(self, params: RendezvousParameters) -> Any:
+        return get_rendezvous_handler(params)
+
+    def creator(self, backend: str) -> Callable[[RendezvousParameters], Any] | None:
+        return self._creators.get(backend)
+
+
+rendezvous_handler_registry = RendezvousHandlerRegistry()
+
+
+def get_rendezvous_handler(params: RendezvousParameters) -> Any:
+    """The handler for ``params``: a registered backend's, or agentd's own under torch's
+    synchronous face (:class:`~agentd.rendezvous.torch_facade.TorchRendezvousHandler`;
+    the agent drives the async handler behind it). A ConfigError names a bad setting.
+
+    As torch's registry, a setting the backend does not use (``is_host`` for etcd,
+    ``timeout`` for static, ...) is ignored, and said so in the log; ``agentd run
+    --rdzv-conf`` refuses such a key instead."""
+    from agentd.rendezvous.torch_facade import TorchRendezvousHandler
+
+    creator = rendezvous_handler_registry.creator(params.backend)
+    if creator is not None:
+        return creator(params)
+    return TorchRendezvousHandler(agentd_handler(params))
+
+
+def agentd_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """agentd's own (async) handler for ``params``, unknown settings ignored (see above)."""
+    from agentd.rendezvous.conf import UnknownSetting
+
+    conf = dict(params.config)
+    while True:
+        try:
+            return _build_handler(params, conf)
+        except UnknownSetting as exc:
+            log.info("Rendezvous setting %r is not used by the %s backend; ignoring it",
+                     exc.key, params.backend)  # fmt: skip
+            del conf[exc.key]
+
+
+def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> RendezvousHandler:
     from agentd.config.resolve import AgentConfig
     from agentd.rendezvous.from_config import build_rendezvous
 
     if params.backend not in BACKENDS:
         raise ConfigError(f"backend: {params.backend!r} is not a rendezvous backend here; "
                           f"known: {', '.join(BACKENDS)}")  # fmt: skip
-    conf = dict(params.config)
     static = params.backend == "static"
     master_addr = master_port = None
     if static and params.endpoint:
@@ -105,9 +164,13 @@ def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
 
 
 def as_agentd_handler(handler: Any) -> RendezvousHandler:
-    """``handler`` itself if it is agentd's kind (async), else an adapter that drives its
-    synchronous, torch-style methods off the loop."""
+    """``handler`` itself if it is agentd's kind (async), the handler behind it for
+    torch's face of one, else an adapter that drives its synchronous, torch-style methods
+    off the loop."""
     from agentd.rendezvous.api import is_agentd_handler
     from agentd.rendezvous.foreign import SyncRendezvousHandler
+    from agentd.rendezvous.torch_facade import TorchRendezvousHandler
 
+    if isinstance(handler, TorchRendezvousHandler):
+        return handler.handler
     return handler if is_agentd_handler(handler) else SyncRendezvousHandler(handler)

@@ -58,3 +58,22 @@ def is_loopback(host: str) -> bool:
 
 def endpoint_text(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def get_socket_with_port() -> socket.socket:
+    """A listening loopback socket on a free port (the caller closes it)."""
+    for family, kind, proto, _, _ in socket.getaddrinfo("localhost", None, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.bind(("localhost", 0))
+            sock.listen(0)
+            return sock
+        except OSError:
+            sock.close()
+    raise RuntimeError("Failed to create a socket")
+
+
+def get_free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with get_socket_with_port() as sock:
+        return int(sock.getsockname()[1])

@@ -13,7 +13,9 @@ plain method. agentd's core is async. This module joins the two:
   an agentd or ``async def`` step on the loop, a plain override in a worker thread, so a
   blocking override does not stall the loop. Inside such a thread, calling an
   :func:`agent_step` method (``super()._start_workers(group)``) runs it on the loop and
-  returns its result, as torch's synchronous method would.
+  returns its result, as torch's synchronous method would; called from plain code with no
+  loop running (``agent._rendezvous(group)``, as torch's tests do), it runs to completion
+  on a loop of its own.
 """
 
 from __future__ import annotations
@@ -81,15 +83,25 @@ def agent_step(
             import anyio.from_thread
 
             return anyio.from_thread.run(functools.partial(method, *args, **kwargs))
+        if not _loop_running():  # torch's synchronous call, from plain code
+            return run_blocking(method(*args, **kwargs), f"agent.{method.__name__}(...)")
         return method(*args, **kwargs)
 
     step.__agentd_step__ = True  # type: ignore[attr-defined]
     return step
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def is_agentd_step(bound: Callable[..., Any]) -> bool:
     """True for an :func:`agent_step` method (agentd's own implementation)."""
-    return bool(getattr(bound, "__agentd_step__", False))
+    return getattr(bound, "__agentd_step__", False) is True  # a Mock's attribute is not
 
 
 async def call_step(bound: Callable[..., Any], *args: Any) -> Any:

@@ -36,8 +36,9 @@ H, S, F, U = WorkerState.HEALTHY, WorkerState.SUCCEEDED, WorkerState.FAILED, Wor
         (Situation(F, remaining_restarts=0), Action.GIVE_UP),
         (Situation(U, remaining_restarts=0), Action.GIVE_UP),
         (Situation(F, remaining_restarts=3, retryable=False), Action.GIVE_UP),
-        # A custom monitor's other states are treated as a failure, as torch does.
-        (Situation(WorkerState.UNKNOWN, remaining_restarts=1), Action.RESTART),
+        # A monitor that cannot tell (UNKNOWN) ends the run, no restart spent, as torch's.
+        (Situation(WorkerState.UNKNOWN, remaining_restarts=1), Action.ABORT),
+        (Situation(WorkerState.UNKNOWN, membership_lost=True), Action.REJOIN),
     ],
 )
 def test_decide(situation, action):
@@ -45,7 +46,7 @@ def test_decide(situation, action):
 
 
 def test_every_action_is_reachable():
-    states = [H, S, F, U]
+    states = [H, S, F, U, WorkerState.UNKNOWN]
     seen = {
         decide(Situation(state, peer, lost, ended, restarts, retryable))
         for state in states

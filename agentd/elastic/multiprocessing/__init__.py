@@ -1,5 +1,23 @@
-"""``torch.distributed.elastic.multiprocessing``: output settings."""
+"""``torch.distributed.elastic.multiprocessing``."""
 
-from agentd.spec import DefaultLogsSpecs, LogsSpecs, Std
+from agentd.elastic.multiprocessing.api import (
+    DefaultLogsSpecs,
+    LogsDest,
+    LogsSpecs,
+    ProcessFailure,
+    RunProcsResult,
+    SignalException,
+    Std,
+    to_map,
+)
 
-__all__ = ["DefaultLogsSpecs", "LogsSpecs", "Std"]
+__all__ = [
+    "DefaultLogsSpecs",
+    "LogsDest",
+    "LogsSpecs",
+    "ProcessFailure",
+    "RunProcsResult",
+    "SignalException",
+    "Std",
+    "to_map",
+]

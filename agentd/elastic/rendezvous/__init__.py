@@ -2,16 +2,32 @@
 
 from agentd.rendezvous.api import (
     RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
+    RendezvousStateError,
+    RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
-from agentd.rendezvous.registry import RendezvousParameters
+from agentd.rendezvous.registry import (
+    RendezvousHandlerRegistry,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
 
 __all__ = [
     "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousGracefulExitError",
     "RendezvousHandler",
+    "RendezvousHandlerRegistry",
     "RendezvousInfo",
     "RendezvousParameters",
+    "RendezvousStateError",
+    "RendezvousStoreInfo",
     "RendezvousTimeoutError",
+    "rendezvous_handler_registry",
 ]

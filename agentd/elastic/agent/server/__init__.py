@@ -1,4 +1,21 @@
 """``torch.distributed.elastic.agent.server``: the agent API (as its ``.api``)."""
 
-from agentd.elastic.agent.server.api import *  # noqa: F403
-from agentd.elastic.agent.server.api import __all__ as __all__
+from agentd.agent.template import (
+    ElasticAgent,
+    RunResult,
+    SimpleElasticAgent,
+    Worker,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
+
+__all__ = [
+    "ElasticAgent",
+    "RunResult",
+    "SimpleElasticAgent",
+    "Worker",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerState",
+]

@@ -1,15 +1,14 @@
-"""``torch.distributed.elastic.agent.server.api``."""
+"""``torch.distributed.elastic.agent.server.api``: this module *is* agentd's agent template.
 
-from agentd.agent.template import ElasticAgent, SimpleElasticAgent
-from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
-from agentd.spec import WorkerSpec
+It is made the same module object as :mod:`agentd.agent.template`, so that what a test or
+a framework patches here (``put_metric``, the template's methods) is what the agent uses.
+The names torch exports from it: ``ElasticAgent``, ``SimpleElasticAgent``, ``WorkerSpec``,
+``Worker``, ``WorkerGroup``, ``WorkerState``, ``RunResult``, and its private
+``_RoleInstanceInfo`` and ``_get_fq_hostname``.
+"""
 
-__all__ = [
-    "ElasticAgent",
-    "RunResult",
-    "SimpleElasticAgent",
-    "Worker",
-    "WorkerGroup",
-    "WorkerSpec",
-    "WorkerState",
-]
+import sys
+
+from agentd.agent import template
+
+sys.modules[__name__] = template

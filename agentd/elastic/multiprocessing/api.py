@@ -1,0 +1,63 @@
+"""``torch.distributed.elastic.multiprocessing.api``: the output settings, the process
+results and the signal exception, as torch's users name them.
+
+agentd starts workers with its own asyncio process group (:mod:`agentd.workers`);
+torch's ``start_processes``/``PContext`` are not provided (see the docs' deviation table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agentd.exceptions import SignalException
+from agentd.reports.process_failure import ProcessFailure
+from agentd.spec import DefaultLogsSpecs, LogsSpecs, Std
+
+__all__ = [
+    "DefaultLogsSpecs",
+    "LogsDest",
+    "LogsSpecs",
+    "ProcessFailure",
+    "RunProcsResult",
+    "SignalException",
+    "Std",
+    "to_map",
+]
+
+_T = TypeVar("_T")
+
+
+def to_map(val_or_map: _T | dict[int, _T], local_world_size: int) -> dict[int, _T]:
+    """One value for every local rank, or the given per-rank map checked for all of them."""
+    if isinstance(val_or_map, dict):
+        missing = set(range(local_world_size)) - set(val_or_map)
+        if missing:
+            raise ValueError(f"val_or_map: {val_or_map!r} has no value for local ranks "
+                             f"{sorted(missing)}")  # fmt: skip
+        return dict(val_or_map)
+    return dict.fromkeys(range(local_world_size), val_or_map)
+
+
+@dataclass
+class LogsDest:
+    """Where each local rank's output and error file go (paths by local rank)."""
+
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
+    tee_stdouts: dict[int, str] = field(default_factory=dict)
+    tee_stderrs: dict[int, str] = field(default_factory=dict)
+    error_files: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunProcsResult:
+    """What a set of worker processes ended with: return values or failures by local rank."""
+
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
+
+    def is_failed(self) -> bool:
+        return len(self.failures) > 0

@@ -1,0 +1,7 @@
+"""``torch.distributed.elastic.rendezvous.dynamic_rendezvous``: agentd's dynamic rendezvous
+(``c10d``/``agentd`` and the etcd backends all use it)."""
+
+from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.reports.rdzv_events import NodeState
+
+__all__ = ["DynamicRendezvous", "NodeState", "RendezvousSettings"]

@@ -1,0 +1,5 @@
+"""``torch.distributed.elastic.utils``."""
+
+from agentd.elastic.utils.distributed import get_free_port, get_socket_with_port
+
+__all__ = ["get_free_port", "get_socket_with_port"]
