@@ -79,15 +79,10 @@ class SimpleElasticAgent(RendezvousSteps, TorchRecords, ElasticAgent):
 
             run_id = os.urandom(6).hex()
             spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
-        elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: adapt it
+        elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: drive it adapted
             from agentd.rendezvous.registry import as_agentd_handler
-            from agentd.rendezvous.torch_facade import TorchRendezvousHandler
 
-            adapted = as_agentd_handler(spec.rdzv_handler)
-            if isinstance(spec.rdzv_handler, TorchRendezvousHandler):
-                self._rdzv_handler = adapted  # the spec keeps torch's face for its owner
-            else:
-                spec.rdzv_handler = adapted
+            self._rdzv_handler = as_agentd_handler(spec.rdzv_handler)  # the spec keeps it
         handler = self._rdzv_handler or spec.rdzv_handler
         if isinstance(handler, BindsWorkerSpec):
             handler.bind_worker_spec(spec.role, spec.local_world_size)

@@ -57,7 +57,7 @@ class ChildFailedError(Exception):
 
 def _failure_block(index: int, rank: int, failure: WorkerFailure) -> str:
     when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(failure.timestamp))
-    text = failure.traceback or failure.message or "<N/A>"
+    text = failure.traceback or failure.message or failure.stderr_tail or "<N/A>"
     return "\n".join([
         f"[{index}]:",
         f"  time      : {when}",

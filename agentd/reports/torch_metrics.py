@@ -50,18 +50,17 @@ def publish_restart(agent: RunView) -> None:
 
 
 def record_worker_events(agent: RunView, result: RunResult) -> None:
-    """One status event per worker: FAILED for those in ``result.failures``, SUCCEEDED for
-    those that returned, else the group's state."""
+    """One status event per worker, as torch's: the group's state for a worker that failed
+    or returned, ``TERMINATED`` for one stopped because others failed."""
     from agentd.reports.events import record
 
     group = agent.get_worker_group()
     for worker in group.workers:
         failure = result.failures.get(worker.global_rank)
-        state = (WorkerState.FAILED if failure is not None else
-                 WorkerState.SUCCEEDED if worker.global_rank in result.return_values
-                 or result.state is WorkerState.SUCCEEDED else result.state)  # fmt: skip
+        failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        state = "TERMINATED" if failed and failure is None else result.state.value
         raw_error = json.dumps(failure.error_file_data) if failure is not None else None
-        event = agent._construct_event(state.value, EventSource.WORKER, worker, raw_error)
+        event = agent._construct_event(state, EventSource.WORKER, worker, raw_error)
         if failure is not None:
             details = json.loads(event.metadata["metadata"])
             details |= {"exit_code": (failure.exitcode,), "worker_pid": (failure.pid,)}

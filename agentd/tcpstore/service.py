@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReservesMasterPort
+from agentd.tcpstore.placement import agent_serves_store
 from agentd.tcpstore.server import StoreLimits, TCPStoreServer
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class WorkerStoreService:
         """The store of the attempt about to start: this agent's if it is group rank 0."""
         await self._close()
         handler = self._agent.rdzv_handler
-        if not handler.use_agent_store or group.group_rank != 0:
+        if not agent_serves_store(handler, group) or group.group_rank != 0:
             return
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.group import Worker, WorkerGroup
 from agentd.heartbeats.settings import STACK_FILE
 from agentd.spec import Std, WorkerSpec, std_for
+from agentd.tcpstore.placement import agent_serves_store
 from agentd.workers.env import WorkerEnvContext, worker_env
 from agentd.workers.output import attempt_dir, disk_problem, ensure_dir, plan_route
 
@@ -42,9 +43,10 @@ def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[A
     error_file = wdir / "error.json"
     with contextlib.suppress(FileNotFoundError):
         error_file.unlink()
+    agent_store = agent_serves_store(agent.rdzv_handler, group)
     env = worker_env(group, worker, str(error_file), WorkerEnvContext(
         run_id=agent.run_id, restart_count=agent.restart_count,
-        max_restarts=spec.max_restarts, use_agent_store=agent.rdzv_handler.use_agent_store,
+        max_restarts=spec.max_restarts, use_agent_store=agent_store,
         owner_mark=agent.owner_mark, attempt=agent.attempt, timer_file=agent.timer_file,
         progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
     ))  # fmt: skip

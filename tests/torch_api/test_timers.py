@@ -1,0 +1,61 @@
+"""Timer servers built by the user, as torch's own timer tests and examples build them."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from tests.torch_api.conftest import elastic, run_script
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_a_local_timer_server_kills_the_users_expired_children(impl, start_method):
+    """The children share the server's process group: only the expired pid is killed."""
+    out = run_script(impl, "mp_timers.py", start_method)
+    assert out["exitcodes"] == [-signal.SIGKILL, 0, -signal.SIGKILL, 0]
+
+
+def test_the_request_queue_gives_what_arrives_within_the_timeout(impl):
+    timer = elastic(impl, "timer")
+    local = elastic(impl, "timer.local_timer")
+    queue = mp.Queue()
+    requests = local.MultiprocessingRequestQueue(queue)
+    assert requests.get(1, timeout=0.01) == []
+    request = timer.TimerRequest(1, "scope", 0)
+    queue.put(request)
+    assert requests.get(2, timeout=0.5) == [request]
+
+
+def _hold_a_timer_and_exit(path: str) -> None:
+    elastic_timer = elastic(os.environ["IMPL"], "timer")
+    elastic_timer.FileTimerClient(path).acquire("scope", time.time() + 0.2)
+
+
+def test_a_file_timer_of_a_process_that_exited_is_dropped_not_reaped(impl, monkeypatch):
+    timer = elastic(impl, "timer")
+    path = f"/tmp/agentd-test-timer-{uuid.uuid4().hex}"
+    server = timer.FileTimerServer(path, "run", max_interval=0.01)
+    server.start()
+    try:
+        monkeypatch.setenv("IMPL", impl)
+        proc = mp.get_context("fork").Process(target=_hold_a_timer_and_exit, args=(path,))
+        proc.start()
+        proc.join(30)
+        time.sleep(0.3)  # the timer expires after its owner is gone
+        server.run_once()
+        assert proc.exitcode == 0 and len(server._timers) == 0
+    finally:
+        server.stop()
+    assert not os.path.exists(path)
+
+
+def test_a_file_timer_client_without_a_server_is_a_broken_pipe(impl, tmp_path):
+    timer = elastic(impl, "timer")
+    client = timer.FileTimerClient(str(tmp_path / "nobody"))
+    with pytest.raises(BrokenPipeError):
+        client.acquire("scope", time.time() + 1)
