@@ -129,7 +129,8 @@ class WorkerFailure:
                 self.error_file_data = content.data
                 self.message = self.message or content.message
                 self.traceback = self.traceback or content.traceback
-                self.timestamp = self.timestamp or content.timestamp or 0.0
+                if content.timestamp:  # the worker's own word on when, as torch reads it
+                    self.timestamp = int(content.timestamp)
         if not self.timestamp:
             self.timestamp = time.time()
 

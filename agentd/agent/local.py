@@ -41,6 +41,7 @@ from agentd.timer.service import Watchdog
 from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
 from agentd.workers.plan import plan_worker
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
+from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
@@ -144,6 +145,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
+        self._gate: ReleaseGate | None = None
         services: list[Service | None] = [
             self._result, events, self._watchdog, self._heartbeats, self._health,
             self._workers_store,
@@ -280,6 +282,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         await self._workers_store.open_for(group)
         spec = group.spec
         plans = [plan_worker(self, group, worker) for worker in group.workers]
+        if not isinstance(spec.entrypoint, str):  # function workers leave together
+            self._gate = ReleaseGate(len(plans))
+            for _, _, env, *_, pass_fds in plans:
+                env[RELEASE_FDS_ENV] = self._gate.env_value
+                pass_fds.extend(self._gate.worker_fds)
         spawn = self._preload.spawn if self._preload.enabled else spawn_worker
         with self._hygiene.spawning():
             procs = await asyncio.gather(
@@ -288,6 +295,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
             await self._hygiene.started(started)
+        if self._gate is not None:
+            self._gate.spawned()
         self._heartbeats.started(group, started)
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
@@ -406,4 +415,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._watchdog.forget(p.pid for p in procs)
             self._watchdog.clear()
             self._procs = {}
+            if self._gate is not None:
+                self._gate.close()
+                self._gate = None
             log.log(level, "[%s] Stopped worker group", spec.role)

@@ -21,7 +21,9 @@ RETRY_PAUSE = 1.0
 @dataclass
 class RoundWatch:
     """Watches round ``current`` of run ``run_id``. A member found gone ends the round for
-    everyone (``end_round``); a rendezvous closed as failed raises (``raise_if_failed``)."""
+    everyone (``end_round``); a rendezvous closed as failed raises (``raise_if_failed``).
+    Once a peer closed it as succeeded, members leave because they are done: the round
+    goes on for the workers still running here, as under torch."""
 
     store: Store
     keys: RunKeys
@@ -30,6 +32,7 @@ class RoundWatch:
     end_round: Callable[[str], Awaitable[None]]
     raise_if_failed: Callable[[bytes], None]
     problems: RateLimitedLog
+    succeeded_elsewhere: bool = False
 
     async def reason(self) -> str:
         """Why the round ended elsewhere, once it has; store trouble is waited out (the
@@ -64,7 +67,8 @@ class RoundWatch:
                     return f"generation {current.generation} ended"
                 if event.key == self.keys.closed and event.value is not None:
                     self.raise_if_failed(event.value)
-                if event.key in members and event.value is None:
+                    self.succeeded_elsewhere = True
+                if event.key in members and event.value is None and not self.succeeded_elsewhere:
                     why = f"node {members[event.key]} left (no heartbeat)"
                     await self.end_round(why)
                     return why
@@ -78,12 +82,13 @@ class RoundWatch:
         gen, closed, entry, *beats = await self.store.multi_get(keys)
         if closed is not None:
             self.raise_if_failed(closed)
+            self.succeeded_elsewhere = True
         if gen != str(generation).encode():
             return f"generation {generation} ended"
         if entry != current.mine:
             return f"the store lost round {generation} (it restarted?)"
         for key, beat in zip(members, beats, strict=True):
-            if beat is None:
+            if beat is None and not self.succeeded_elsewhere:
                 why = f"node {members[key]} left (no heartbeat)"
                 await self.end_round(why)
                 return why

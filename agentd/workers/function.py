@@ -9,9 +9,10 @@ defined in it, under an ``if __name__ == "__main__":`` guard, resolves), then un
 call. Multiprocessing objects in ``args`` (a ``Queue``, a ``Pipe``, a ``Lock``) arrive by
 inheritance: their descriptors are passed to the worker under the same numbers.
 
-The return value is pickled to ``RESULT``. Any exception, loading the function included,
-goes to the error file in torch's format and the worker exits 1. These files are private
-to the user (mode 0600) and never cross a network.
+The return value is pickled to ``RESULT``; the worker then waits for the other workers of
+its attempt (:mod:`agentd.workers.release_gate`) and exits 0. Any exception, loading the
+function included, goes to the error file in torch's format and the worker exits 1. These
+files are private to the user (mode 0600) and never cross a network.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentd.reports.failure import record
+from agentd.workers.release_gate import wait_for_release
 
 
 class _SpawnRecorder:
@@ -88,6 +90,7 @@ def main(argv: list[str]) -> int:
     with os.fdopen(fd, "wb") as fp:
         pickle.dump(value, fp)
     os.replace(tmp, result_path)
+    wait_for_release()  # leave with the others, not under a peer's last collective
     return 0
 
 

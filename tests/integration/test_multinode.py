@@ -224,3 +224,22 @@ def test_static_rendezvous_of_two_nodes(run_agentd, tmp_path):
     assert [a.wait(30) for a in agents] == [0, 0]
     assert sorted(int(m["RANK"]) for m in members(agents[1], 0)) == [2, 3]
     assert {m["MASTER_PORT"] for a in agents for m in members(a, 0)} == {port}
+
+
+def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_path):
+    """Node 0's worker succeeds at once and its agent leaves (no exit barrier wait); node
+    1's worker needs 3 s more. Its departure after success is no membership change: node
+    1 runs on and succeeds, as under torch (it once restarted into a closed rendezvous)."""
+    script = tmp_path / "staggered.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "time.sleep(3 if os.environ['GROUP_RANK'] == '1' else 0)\n"
+        "pathlib.Path(sys.argv[1], 'done-' + os.environ['RANK']).touch()\n"
+    )
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank),
+                                     "--exit-barrier-timeout", "0", conf=FAST),
+                         str(script), str(tmp_path)) for rank in (0, 1)]  # fmt: skip
+    assert [a.wait(60) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    assert sorted(p.name for p in tmp_path.glob("done-*")) == ["done-0", "done-1"]
+    assert not any("Restarting" in a.stderr() or "without spending" in a.stderr() for a in agents)
