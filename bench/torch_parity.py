@@ -22,13 +22,17 @@ a newer checkout runs on an older torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from report_files import write_report
 
 FILES = [
     "distributed/elastic/agent/server/test/api_test.py",
@@ -80,11 +84,28 @@ def stage(source: Path, flavour: str, root: Path) -> None:
             text = to_agentd(text)
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
+        write_report(dest, text)  # whole, before pytest reads it
 
 
 def pytest_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+
+
+def run_in_own_group(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """Run ``cmd`` in a session of its own and return its stdout; whatever it leaves behind
+    in that session (children of a test that killed pytest) is killed by process group."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=FILE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return out or ""
 
 
 def run_file(path: Path) -> dict[str, str]:
@@ -105,18 +126,7 @@ def run_file(path: Path) -> dict[str, str]:
     pending = [line for line in listed.stdout.splitlines() if "::" in line]
     outcomes: dict[str, str] = {}
     while pending:
-        try:
-            done = subprocess.run(
-                pytest_cmd("-v", *pending),
-                cwd=path.parent,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=FILE_TIMEOUT,
-                check=False,
-            ).stdout
-        except subprocess.TimeoutExpired as timeout:
-            done = (timeout.stdout or b"").decode(errors="replace")
+        done = run_in_own_group(pytest_cmd("-v", *pending), path.parent, env)
         for match in OUTCOME.finditer(done):
             outcomes[match["id"]] = match["outcome"].lower().replace("error", "failed")
         pending = [test for test in pending if test not in outcomes]

@@ -47,6 +47,10 @@ def main() -> None:
     )
     trainer.fit(Line(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=32))
     print(f"trained {os.environ['RANK']}", flush=True)
+    # Lightning leaves the gloo group up; a rank that exits while its peer still tears the
+    # group down can abort that peer ("terminate called without an active exception"),
+    # under torchrun as under agentd, and more likely on a loaded machine.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
