@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -176,6 +177,10 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
             agent.proc.kill()
             agent.proc.wait(DEADLINE)
         kill_pids(leftovers + processes_of_agent(agent.pid) + agent.extra_pids)
+    if started:  # an agent killed before its guardian started left its pipe directory
+        from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+
+        sweep_stale_pipe_dirs(tempfile.gettempdir())
 
 
 @dataclass

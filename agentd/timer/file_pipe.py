@@ -36,6 +36,8 @@ MAX_PID = 1 << 22
 """Linux's PID_MAX_LIMIT: no pid is larger (and os.getpgid overflows past 2**31)."""
 MAX_EXPIRATION = 1e12
 """Epoch seconds far past any real deadline (the year 33658), and far below float's range."""
+PIPE_DIR_PREFIX = "agentd-timer-"
+"""A private pipe's directory: ``agentd-timer-<agent pid>-<random>``."""
 _READ_SIZE = 1 << 16
 _RECOVERY_TRIES = 8
 
@@ -143,6 +145,48 @@ class FileTimerRequest:
         return encode_request(self.as_timer_request()).decode().rstrip("\n")
 
 
+def sweep_stale_pipe_dirs(folder: str) -> list[str]:
+    """Remove the private pipe directories (``agentd-timer-<pid>-*``, holding only named
+    pipes, ours) of agents that are gone: one killed before its guardian started (it
+    starts with the first workers) could not have its directory removed. Returns them."""
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            name = entry.name
+            if not name.startswith(PIPE_DIR_PREFIX):
+                continue
+            pid = name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)) or not _only_our_fifos(entry.path):
+                continue
+            with contextlib.suppress(OSError):
+                for leftover in os.listdir(entry.path):
+                    os.unlink(os.path.join(entry.path, leftover))
+                os.rmdir(entry.path)
+                removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _only_our_fifos(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        return all(stat.S_ISFIFO(os.lstat(os.path.join(path, name)).st_mode)
+                   for name in os.listdir(path))  # fmt: skip
+    except OSError:
+        return False
+
+
 class FileTimerClient(TimerClient):
     """Worker side: writes requests to the agent's named pipe (torch's wire format)."""
 
@@ -214,7 +258,8 @@ class FifoSource:
         if self._requested_path is None:
             import tempfile
 
-            self._created_dir = tempfile.mkdtemp(prefix="agentd-timer-")
+            sweep_stale_pipe_dirs(tempfile.gettempdir())
+            self._created_dir = tempfile.mkdtemp(prefix=f"{PIPE_DIR_PREFIX}{os.getpid()}-")
             self.path = os.path.join(self._created_dir, "timer.fifo")
         else:
             self.path = os.path.abspath(self._requested_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -255,3 +256,28 @@ asyncio.run(main())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "-9", out.stderr
+
+
+def test_the_pipe_dirs_of_agents_that_are_gone_are_swept(tmp_path):
+    """An agent SIGKILLed before its guardian started leaves its private pipe directory;
+    the next agent to make one removes it, and nothing else."""
+    from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+
+    def pipe_dir(name: str, fifo: bool = True) -> pathlib.Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        if fifo:
+            os.mkfifo(folder / "timer.fifo")
+        else:
+            (folder / "notes.txt").write_text("keep me")
+        return folder
+
+    stale = pipe_dir(f"agentd-timer-{gone.pid}-abc")
+    live = pipe_dir(f"agentd-timer-{os.getpid()}-def")
+    not_only_fifos = pipe_dir(f"agentd-timer-{gone.pid}-ghi", fifo=False)
+    old_name = pipe_dir("agentd-timer-xyz")
+    assert sweep_stale_pipe_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and not_only_fifos.exists() and old_name.exists()
