@@ -4,10 +4,14 @@ from agentd.elastic.multiprocessing.api import (
     DefaultLogsSpecs,
     LogsDest,
     LogsSpecs,
+    MultiprocessContext,
+    PContext,
     ProcessFailure,
     RunProcsResult,
     SignalException,
     Std,
+    SubprocessContext,
+    start_processes,
     to_map,
 )
 
@@ -15,9 +19,13 @@ __all__ = [
     "DefaultLogsSpecs",
     "LogsDest",
     "LogsSpecs",
+    "MultiprocessContext",
+    "PContext",
     "ProcessFailure",
     "RunProcsResult",
     "SignalException",
     "Std",
+    "SubprocessContext",
+    "start_processes",
     "to_map",
 ]

@@ -1,27 +1,38 @@
 """``torch.distributed.elastic.multiprocessing.api``: the output settings, the process
 results and the signal exception, as torch's users name them.
 
-agentd starts workers with its own asyncio process group (:mod:`agentd.workers`);
-torch's ``start_processes``/``PContext`` are not provided (see the docs' deviation table).
+``start_processes`` and the process contexts run agentd's workers
+(:mod:`agentd.workers.pcontext`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from agentd.exceptions import SignalException
 from agentd.reports.process_failure import ProcessFailure
 from agentd.spec import DefaultLogsSpecs, LogsSpecs, Std
+from agentd.workers.pcontext import (
+    MultiprocessContext,
+    PContext,
+    RunProcsResult,
+    SubprocessContext,
+    start_processes,
+)
 
 __all__ = [
     "DefaultLogsSpecs",
     "LogsDest",
     "LogsSpecs",
+    "MultiprocessContext",
+    "PContext",
     "ProcessFailure",
     "RunProcsResult",
     "SignalException",
     "Std",
+    "SubprocessContext",
+    "start_processes",
     "to_map",
 ]
 
@@ -48,16 +59,3 @@ class LogsDest:
     tee_stdouts: dict[int, str] = field(default_factory=dict)
     tee_stderrs: dict[int, str] = field(default_factory=dict)
     error_files: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass
-class RunProcsResult:
-    """What a set of worker processes ended with: return values or failures by local rank."""
-
-    return_values: dict[int, Any] = field(default_factory=dict)
-    failures: dict[int, ProcessFailure] = field(default_factory=dict)
-    stdouts: dict[int, str] = field(default_factory=dict)
-    stderrs: dict[int, str] = field(default_factory=dict)
-
-    def is_failed(self) -> bool:
-        return len(self.failures) > 0
