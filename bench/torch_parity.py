@@ -158,7 +158,7 @@ def main() -> int:
         return 0
     total_torch = total_both = 0
     regressions: list[str] = []
-    print(f"\n{'file':62} {'torch':>6} {'agentd':>6}")
+    print(f"\n{'file':68} {'torch':>6} {'agentd':>6}")
     for rel in files:
         on_torch = {t for t, v in results["torch"][rel].items() if v == "passed"}
         on_agentd = {t for t, v in results["agentd"][rel].items() if v == "passed"}
@@ -166,9 +166,9 @@ def main() -> int:
         total_torch += len(on_torch)
         total_both += len(both)
         regressions += [f"{rel}::{t}" for t in sorted(on_torch - on_agentd)]
-        print(f"{rel:62} {len(on_torch):>6} {len(both):>6}")
+        print(f"{rel:68} {len(on_torch):>6} {len(both):>6}")
     print(
-        f"{'total (agentd counts tests that also pass on torch)':62} "
+        f"{'total (agentd counts tests that also pass on torch)':68} "
         f"{total_torch:>6} {total_both:>6}"
     )
     if regressions:
