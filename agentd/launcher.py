@@ -150,7 +150,7 @@ def launch_agent(
         raise
     finally:
         if leave_rendezvous:
-            spec.rdzv_handler.shutdown()
+            handler.shutdown()  # torch's face: synchronous
 
 
 def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:

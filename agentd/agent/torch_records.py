@@ -35,7 +35,16 @@ class TorchRecords:
     _total_execution_time: int
 
     @property
-    def rdzv_handler(self) -> RendezvousHandler: ...
+    def rdzv_handler(self) -> RendezvousHandler:
+        raise NotImplementedError
+
+    @property
+    def remaining_restarts(self) -> int:
+        """Restarts left before a failure is final."""
+        return self._remaining_restarts
+
+    def get_worker_group(self, role: str = "default") -> WorkerGroup:
+        return self._worker_group
 
     def _put_metric(self, name: str, value: float) -> None:
         """Publish one metric (the template's goes through its module's ``put_metric``)."""

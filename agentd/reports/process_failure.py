@@ -19,6 +19,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from agentd.group import WorkerFailure
 
@@ -50,7 +51,8 @@ class ProcessFailure(WorkerFailure):
         self.error_file_data = data
         body = data["message"]
         if isinstance(body, dict):
-            extra = body.get("extraInfo") if isinstance(body.get("extraInfo"), dict) else {}
+            info = body.get("extraInfo")
+            extra: dict[str, Any] = info if isinstance(info, dict) else {}
             self.message = str(body.get("message", ""))
             self.traceback = str(extra.get("py_callstack", ""))
             stamp = extra.get("timestamp")

@@ -103,7 +103,8 @@ class PContext:
                            prefix=self._prefixes.get(rank, f"[{self.name}{rank}]:"))
                 for std, path in ((Std.OUT, self.stdouts[rank]), (Std.ERR, self.stderrs[rank]))
             ]  # fmt: skip
-            self._procs[rank] = await spawn_worker(rank, argv, env, *routes, None, pass_fds)
+            self._procs[rank] = await spawn_worker(rank, argv, env, routes[0], routes[1], None,
+                                                   pass_fds)  # fmt: skip
         if self._gate is not None:
             self._gate.spawned()
 
