@@ -17,7 +17,7 @@ from typing import Any
 from agentd.agent.decide import Action, Situation, decide
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
-from agentd.agent.torch_records import TorchRecords, fq_hostname
+from agentd.agent.torch_internals import TorchInternals, fq_hostname
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import (  # Worker: torch's agent module exports it
     RunResult,
@@ -36,7 +36,6 @@ from agentd.rendezvous.api import (
     is_agentd_handler,
 )
 from agentd.reports.metrics_api import put_metric
-from agentd.reports.torch_metrics import publish_restart
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
@@ -56,7 +55,7 @@ class ElasticAgent(abc.ABC):
         """The worker group of ``role`` (its state is live)."""
 
 
-class SimpleElasticAgent(RendezvousSteps, TorchRecords, ElasticAgent):
+class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
     """The template of an elastic agent; subclasses implement how workers are handled.
 
     :meth:`run` blocks until the job is done, on an event loop of its own; code already on
@@ -279,7 +278,7 @@ class SimpleElasticAgent(RendezvousSteps, TorchRecords, ElasticAgent):
         """Spend a restart on a failed or unhealthy group: the peers restart too."""
         spec = group.spec
         self._remaining_restarts -= 1
-        publish_restart(self)
+        self._record_restart()
         self.restart_count += 1
         self._notify("restarted", reason, self.restart_count)
         self._stop_round_watch()

@@ -70,34 +70,42 @@ def copy_error_file(source: str, path: str | None = None) -> bool:
 
 
 def read_error_file(path: str) -> ErrorFileContent | None:
-    """Read a worker's error file; None when it is missing, empty or not in a known shape.
-
-    Accepts torch's documented shape (``message`` a dict with ``message`` and
-    ``extraInfo.py_callstack``) and a plain string ``message``. Never raises.
-    """
+    """Read a worker's error file; None when it is missing, empty or not in a known shape
+    (see :func:`parse_error_document`). Never raises."""
     try:
         with open(path, encoding="utf-8", errors="replace") as fp:
             data = json.load(fp)
     except (OSError, ValueError):
         return None
+    return parse_error_document(data)
+
+
+def parse_error_document(data: object) -> ErrorFileContent | None:
+    """An error file's document; None when it is not in a known shape.
+
+    Accepts torch's documented shape (``message`` a dict with ``message`` and
+    ``extraInfo.py_callstack``/``timestamp``) and a plain string ``message`` (with an
+    optional top-level ``timestamp``)."""
     if not isinstance(data, dict) or "message" not in data:
         return None
     body = data["message"]
     if isinstance(body, str):
-        return ErrorFileContent(body, "", None, data)
+        return ErrorFileContent(body, "", _seconds(data.get("timestamp")), data)
     if not isinstance(body, dict):
         return None
     extra = body.get("extraInfo")
     if not isinstance(extra, dict):
         extra = {}
-    stamp: float | None
-    try:
-        stamp = float(extra.get("timestamp"))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        stamp = None
     return ErrorFileContent(
         message=str(body.get("message", "")),
         traceback=str(extra.get("py_callstack", "")),
-        timestamp=stamp,
+        timestamp=_seconds(extra.get("timestamp")),
         data=data,
     )
+
+
+def _seconds(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

@@ -8,7 +8,7 @@ too. ``put_metric`` goes through ``getStream(group).add_value``, looked up at ea
 patching ``getStream`` here redirects every value, as in torch. Every running agent in this
 process also shows each value on ``/metrics`` as ``agentd_custom_metric{group,name}``.
 The agent itself publishes torch's ``workers.<role>.*`` metrics (see
-:mod:`agentd.reports.torch_metrics`).
+:mod:`agentd.agent.torch_internals`).
 """
 
 from __future__ import annotations

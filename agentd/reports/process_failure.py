@@ -19,9 +19,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from agentd.group import WorkerFailure
+from agentd.reports.error_file import parse_error_document
 
 NOT_AVAILABLE = "<N/A>"
 TRACEBACK_HINT = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
@@ -45,22 +45,13 @@ class ProcessFailure(WorkerFailure):
 
     def _read(self, path: str) -> None:
         with open(path, encoding="utf-8") as fp:
-            data = json.load(fp)
-        if not isinstance(data, dict) or "message" not in data:
+            content = parse_error_document(json.load(fp))  # not JSON: raises, as torch's
+        if content is None:
             raise ValueError(f"error_file: {path!r} must be a JSON object with a 'message'")
-        self.error_file_data = data
-        body = data["message"]
-        if isinstance(body, dict):
-            info = body.get("extraInfo")
-            extra: dict[str, Any] = info if isinstance(info, dict) else {}
-            self.message = str(body.get("message", ""))
-            self.traceback = str(extra.get("py_callstack", ""))
-            stamp = extra.get("timestamp")
-        else:
-            self.message = str(body)
-            stamp = data.get("timestamp")
-        if stamp is not None:
-            self.timestamp = int(stamp)
+        self.error_file_data = content.data
+        self.message, self.traceback = content.message, content.traceback
+        if content.timestamp is not None:
+            self.timestamp = int(content.timestamp)
 
     def signal_name(self) -> str:
         if self.exitcode >= 0:

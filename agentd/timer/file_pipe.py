@@ -37,7 +37,7 @@ MAX_PID = 1 << 22
 MAX_EXPIRATION = 1e12
 """Epoch seconds far past any real deadline (the year 33658), and far below float's range."""
 PIPE_DIR_PREFIX = "agentd-timer-"
-"""A private pipe's directory: ``agentd-timer-<agent pid>-<random>``."""
+"""A private pipe's directory: ``agentd-timer-<agent pid>.<its start ticks>-<random>``."""
 _READ_SIZE = 1 << 16
 _RECOVERY_TRIES = 8
 
@@ -146,17 +146,21 @@ class FileTimerRequest:
 
 
 def sweep_stale_pipe_dirs(folder: str) -> list[str]:
-    """Remove the private pipe directories (``agentd-timer-<pid>-*``, holding only named
-    pipes, ours) of agents that are gone: one killed before its guardian started (it
-    starts with the first workers) could not have its directory removed. Returns them."""
+    """Remove the private pipe directories (``agentd-timer-<pid>.<start ticks>-*``, holding
+    only named pipes, ours) of agents that are gone: one killed before its guardian started
+    (it starts with the first workers) could not have its directory removed. Returns them."""
+    from agentd.hygiene.orphans import agent_alive  # agent side only: workers import this module
+
     removed = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
-            name = entry.name
-            if not name.startswith(PIPE_DIR_PREFIX):
+            if not entry.name.startswith(PIPE_DIR_PREFIX):
                 continue
-            pid = name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0]
-            if not pid.isdigit() or _alive(int(pid)) or not _only_our_fifos(entry.path):
+            owner = entry.name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0]
+            pid, _, ticks = owner.partition(".")
+            if not (pid.isdigit() and ticks.isdigit()) or agent_alive(int(pid), int(ticks)):
+                continue
+            if not _only_our_fifos(entry.path):
                 continue
             with contextlib.suppress(OSError):
                 for leftover in os.listdir(entry.path):
@@ -164,16 +168,6 @@ def sweep_stale_pipe_dirs(folder: str) -> list[str]:
                 os.rmdir(entry.path)
                 removed.append(entry.path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def _only_our_fifos(path: str) -> bool:
@@ -259,7 +253,10 @@ class FifoSource:
             import tempfile
 
             sweep_stale_pipe_dirs(tempfile.gettempdir())
-            self._created_dir = tempfile.mkdtemp(prefix=f"{PIPE_DIR_PREFIX}{os.getpid()}-")
+            from agentd.hygiene.orphans import process_start_ticks
+
+            owner = f"{os.getpid()}.{process_start_ticks(os.getpid())}"
+            self._created_dir = tempfile.mkdtemp(prefix=f"{PIPE_DIR_PREFIX}{owner}-")
             self.path = os.path.join(self._created_dir, "timer.fifo")
         else:
             self.path = os.path.abspath(self._requested_path)

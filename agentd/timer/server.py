@@ -280,6 +280,7 @@ class TimerServer(StartedInBackground):
         except ProcessLookupError:
             return True
         self.stats["reaped"] += 1
+        log.error("Timer of pid %d expired: sent %s", worker_id, signal_name(signal))
         return True
 
     @staticmethod
@@ -396,11 +397,9 @@ class TimerServer(StartedInBackground):
             self._notify(request, None)
             return
         try:
-            self._reap_expired(request.worker_id, [request])
+            self._reap_expired(request.worker_id, [request])  # logs what it sent, or refused
         except Exception:
             log.exception("Reaping pid %d failed", request.worker_id)
-        log.error("Timer %r of pid %d expired: sent %s", request.scope_id, request.worker_id,
-                  signal_name(request.signal))  # fmt: skip
         self.log_event("kill worker process", request)
         self._notify(request, None)
 

@@ -18,6 +18,7 @@ import asyncio
 import signal
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,14 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 
+@dataclass
 class RunProcsResult:
     """What the processes ended with: return values or failures, by local rank."""
 
-    def __init__(self, return_values: dict[int, Any] | None = None,
-                 failures: dict[int, ProcessFailure] | None = None,
-                 stdouts: dict[int, str] | None = None,
-                 stderrs: dict[int, str] | None = None) -> None:  # fmt: skip
-        self.return_values = return_values or {}
-        self.failures = failures or {}
-        self.stdouts = stdouts or {}
-        self.stderrs = stderrs or {}
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
 
     def is_failed(self) -> bool:
         return len(self.failures) > 0

@@ -88,3 +88,14 @@ def test_report_root_cause_and_others():
                             stderr_tail="line a\nline b")  # fmt: skip
     text = format_failure_report(RunResult(WorkerState.FAILED, failures={0: no_file}), "r", "x")
     assert "stderr (last lines):\n    line a\n    line b" in text
+
+
+def test_the_error_files_timestamp_is_the_failures_not_the_exit_time(tmp_path):
+    """torch reads when a worker failed from its error file; so does the agent's failure
+    (the exit time given is only for a worker that wrote none)."""
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": "out of memory", "timestamp": "1700000000"}))
+    failure = WorkerFailure(0, 1, 1, error_file=str(path), timestamp=1800000000.5)
+    assert failure.timestamp == 1700000000 and failure.message == "out of memory"
+    without = WorkerFailure(0, 1, 1, error_file=str(tmp_path / "none.json"), timestamp=1800000000.5)
+    assert without.timestamp == 1800000000.5

@@ -261,6 +261,7 @@ asyncio.run(main())
 def test_the_pipe_dirs_of_agents_that_are_gone_are_swept(tmp_path):
     """An agent SIGKILLed before its guardian started leaves its private pipe directory;
     the next agent to make one removes it, and nothing else."""
+    from agentd.hygiene.orphans import process_start_ticks
     from agentd.timer.file_pipe import sweep_stale_pipe_dirs
 
     gone = subprocess.Popen(["true"])
@@ -275,9 +276,12 @@ def test_the_pipe_dirs_of_agents_that_are_gone_are_swept(tmp_path):
             (folder / "notes.txt").write_text("keep me")
         return folder
 
-    stale = pipe_dir(f"agentd-timer-{gone.pid}-abc")
-    live = pipe_dir(f"agentd-timer-{os.getpid()}-def")
-    not_only_fifos = pipe_dir(f"agentd-timer-{gone.pid}-ghi", fifo=False)
+    ticks = process_start_ticks(os.getpid())
+    stale = pipe_dir(f"agentd-timer-{gone.pid}.12345-abc")
+    live = pipe_dir(f"agentd-timer-{os.getpid()}.{ticks}-def")
+    reused = pipe_dir(f"agentd-timer-{os.getpid()}.{ticks + 1}-jkl")  # our pid, not us
+    not_only_fifos = pipe_dir(f"agentd-timer-{gone.pid}.12345-ghi", fifo=False)
     old_name = pipe_dir("agentd-timer-xyz")
-    assert sweep_stale_pipe_dirs(str(tmp_path)) == [str(stale)]
-    assert not stale.exists() and live.exists() and not_only_fifos.exists() and old_name.exists()
+    assert sorted(sweep_stale_pipe_dirs(str(tmp_path))) == sorted([str(stale), str(reused)])
+    assert not stale.exists() and not reused.exists()
+    assert live.exists() and not_only_fifos.exists() and old_name.exists()

@@ -1,31 +1,4 @@
-"""``torch.distributed.elastic.multiprocessing``."""
+"""``torch.distributed.elastic.multiprocessing``: the names of its ``.api``."""
 
-from agentd.elastic.multiprocessing.api import (
-    DefaultLogsSpecs,
-    LogsDest,
-    LogsSpecs,
-    MultiprocessContext,
-    PContext,
-    ProcessFailure,
-    RunProcsResult,
-    SignalException,
-    Std,
-    SubprocessContext,
-    start_processes,
-    to_map,
-)
-
-__all__ = [
-    "DefaultLogsSpecs",
-    "LogsDest",
-    "LogsSpecs",
-    "MultiprocessContext",
-    "PContext",
-    "ProcessFailure",
-    "RunProcsResult",
-    "SignalException",
-    "Std",
-    "SubprocessContext",
-    "start_processes",
-    "to_map",
-]
+from agentd.elastic.multiprocessing.api import *  # noqa: F403
+from agentd.elastic.multiprocessing.api import __all__ as __all__

@@ -1,7 +1,8 @@
-"""What torch's agent records about a run, under torch's method names.
+"""torch's own methods of its agent template, which its tests and some frameworks call.
 
 A mixin of :class:`~agentd.agent.template.SimpleElasticAgent`: ``_record_metrics`` and
-``_record_flakiness_metric`` publish torch's ``workers.<role>.*`` metrics,
+``_record_flakiness_metric`` publish torch's ``workers.<role>.*`` metrics at the end of a
+run (group ``torchelastic``), ``_record_restart`` the restarts left at each restart,
 ``_record_worker_events`` one status event per worker, ``_construct_event`` builds torch's
 event for the agent or a worker, and ``get_event_succeeded`` / ``get_event_failed`` are
 the agent's own outcome as torch's launcher records it. ``_assign_worker_ranks`` is
@@ -16,9 +17,9 @@ import json
 import socket
 from typing import TYPE_CHECKING, Any
 
-from agentd.group import RunResult, Worker, WorkerGroup
+from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
 from agentd.rendezvous.api import RoleInstanceInfo
-from agentd.reports.events import Event, EventSource
+from agentd.reports.events import Event, EventSource, record
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 ROLE_INFO_KEY = "torchelastic/role_info/{}"
 
 
-class TorchRecords:
-    """torch's records of a run (see the module)."""
+class TorchInternals:
+    """torch's metrics, events and rank assignment of a run (see the module)."""
 
     _worker_group: WorkerGroup
     _remaining_restarts: int
@@ -38,13 +39,6 @@ class TorchRecords:
     def rdzv_handler(self) -> RendezvousHandler:
         raise NotImplementedError
 
-    @property
-    def remaining_restarts(self) -> int:
-        """Restarts left before a failure is final."""
-        return self._remaining_restarts
-
-    def get_worker_group(self, role: str = "default") -> WorkerGroup:
-        return self._worker_group
 
     def _put_metric(self, name: str, value: float) -> None:
         """Publish one metric (the template's goes through its module's ``put_metric``)."""
@@ -66,6 +60,11 @@ class TorchRecords:
         ):
             self._put_metric(f"workers.{role}.{name}", 1 if happened else 0)
 
+    def _record_restart(self) -> None:
+        """At each restart: the restarts left, ``workers.<role>.remaining_restarts``."""
+        role = self._worker_group.spec.role
+        self._put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+
     def _record_flakiness_metric(self, is_failed: bool = False) -> None:
         """100 for a failed run, else the share of restarts spent (0 without any)."""
         spec = self._worker_group.spec
@@ -74,10 +73,22 @@ class TorchRecords:
         self._put_metric(f"workers.{spec.role}.flakiness", int(flakiness))
 
     def _record_worker_events(self, result: RunResult) -> None:
-        """One ``torchelastic.worker.status.<STATE>`` event per worker."""
-        from agentd.reports.torch_metrics import record_worker_events
-
-        record_worker_events(self, result)
+        """One ``torchelastic.worker.status.<STATE>`` event per worker, as torch's: the
+        group's state for a worker that failed or returned, ``TERMINATED`` for one stopped
+        because others failed."""
+        group = self._worker_group
+        failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        for worker in group.workers:
+            failure = result.failures.get(worker.global_rank)
+            state = "TERMINATED" if failed and failure is None else result.state.value
+            if failure is None:
+                event = self._construct_event(state, EventSource.WORKER, worker)
+            else:
+                event = self._construct_event(
+                    state, EventSource.WORKER, worker, json.dumps(failure.error_file_data),
+                    exit_code=failure.exitcode, worker_pid=failure.pid,
+                )  # fmt: skip
+            record(event, group.spec.event_log_handler)
 
     def _construct_event(
         self,
@@ -86,6 +97,8 @@ class TorchRecords:
         worker: Worker | None = None,
         raw_error: str | None = None,
         duration_ms: float | None = None,
+        exit_code: int | None = None,
+        worker_pid: int | None = None,
     ) -> Event:
         """torch's status event for the agent, or for ``worker`` when given."""
         group = self._worker_group
@@ -97,6 +110,8 @@ class TorchRecords:
         if worker is not None:
             details |= {"local_rank": (worker.local_rank,), "role_rank": (worker.role_rank,),
                         "role_world_size": (worker.role_world_size,)}  # fmt: skip
+        if exit_code is not None or worker_pid is not None:
+            details |= {"exit_code": (exit_code,), "worker_pid": (worker_pid,)}
         metadata = {
             "run_id": self.rdzv_handler.get_run_id(),
             "global_rank": worker.global_rank if worker is not None else None,
