@@ -39,7 +39,6 @@ class TorchInternals:
     def rdzv_handler(self) -> RendezvousHandler:
         raise NotImplementedError
 
-
     def _put_metric(self, name: str, value: float) -> None:
         """Publish one metric (the template's goes through its module's ``put_metric``)."""
         raise NotImplementedError

@@ -77,6 +77,7 @@ def test_a_run_publishes_torchs_metrics_where_torchs_agent_module_has_put_metric
     _, agent = make_agent(impl, ["FAILED"])
     with mock.patch(f"{elastic(impl, 'agent.server.api').__name__}.put_metric") as put:
         agent.run()
+    put.assert_any_call("workers.trainer.remaining_restarts", 1)  # after the restart
     put.assert_any_call("workers.trainer.run_success_with_retries", 1)
     put.assert_any_call("workers.trainer.flakiness", 33)
 
