@@ -117,6 +117,8 @@ class WorkerFailure:
     error_file_data: dict[str, Any] = field(default_factory=dict)
     hang: dict[str, Any] | None = None
     """For a hang: who went silent first, where every rank was, where the stack dumps are."""
+    oom: dict[str, Any] | None = None
+    """For a worker the OOM killer took: what the kernel tells of it (:mod:`agentd.reports.oom`)."""
 
     def __post_init__(self) -> None:
         if self.error_file and not self.error_file_data:
@@ -150,21 +152,25 @@ class WorkerFailure:
         return f"{where} failed with {how}" + (f": {self.message}" if self.message else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "local_rank": self.local_rank,
-            "rank": self.global_rank,
-            "role": self.role,
-            "host": self.host,
-            "node_rank": self.node_rank,
-            "pid": self.pid,
-            "exitcode": self.exitcode,
-            "signal": self.signal_name() or None,
-            "timestamp": self.timestamp,
-            "message": self.message,
-            "traceback": self.traceback,
-            "stderr_tail": self.stderr_tail,
-            "error_file": self.error_file,
-        } | ({"hang": self.hang} if self.hang is not None else {})
+        return (
+            {
+                "local_rank": self.local_rank,
+                "rank": self.global_rank,
+                "role": self.role,
+                "host": self.host,
+                "node_rank": self.node_rank,
+                "pid": self.pid,
+                "exitcode": self.exitcode,
+                "signal": self.signal_name() or None,
+                "timestamp": self.timestamp,
+                "message": self.message,
+                "traceback": self.traceback,
+                "stderr_tail": self.stderr_tail,
+                "error_file": self.error_file,
+            }
+            | ({"hang": self.hang} if self.hang is not None else {})
+            | ({"oom": self.oom} if self.oom is not None else {})
+        )
 
 
 @dataclass

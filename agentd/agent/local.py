@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
     from agentd.heartbeats.stragglers import StepTimes
+    from agentd.reports.oom import OomWatch
     from agentd.view import Service
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
+        self._oom: OomWatch | None = None
         services: list[Service | None] = [
             self._result, events, self._watchdog, self._heartbeats, self._health,
             self._workers_store,
@@ -295,6 +297,11 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
             await self._hygiene.started(started)
+        if self._oom is None:
+            from agentd.reports.oom import OomWatch
+
+            self._oom = OomWatch()
+        self._oom.arm()  # after the spawns: the first worker need not wait for it
         if self._gate is not None:
             self._gate.spawned()
         self._heartbeats.started(group, started)
@@ -375,7 +382,7 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
         error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
-        return WorkerFailure(
+        failure = WorkerFailure(
             local_rank=worker.local_rank,
             pid=proc.pid,
             exitcode=proc.returncode if proc.returncode is not None else -1,
@@ -387,6 +394,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             host=self.hostname,
             node_rank=group.group_rank or 0,
         )
+        oom = self._oom.explain(proc.pid, failure.exitcode) if self._oom is not None else None
+        if oom is not None:
+            from agentd.reports.oom import describe
+
+            failure.oom = oom
+            failure.message = failure.message or describe(oom)
+        return failure
 
     @agent_step
     async def _stop_workers(self, worker_group: WorkerGroup) -> None:

@@ -148,6 +148,8 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
 
 
 def _describe_exit(failure: WorkerFailure) -> str:
+    if failure.oom is not None:
+        return f"{failure.exitcode} ({failure.signal_name()}: out of memory)"
     if failure.signal_name():
         return f"{failure.exitcode} ({failure.signal_name()})"
     return str(failure.exitcode)
