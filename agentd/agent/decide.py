@@ -7,14 +7,17 @@ rules is the contract:
 
 1. A peer closed the rendezvous as failed while our group is healthy: the job is over
    (FAIL_PEER): stop the workers, FAILED, and raise the peer's error.
-2. The round is over for us (our membership lease lapsed, or the round ended elsewhere: a
+2. This host must leave the job (its node checks failed) while its workers have not all
+   succeeded: end the round for every peer, stop, and rejoin once the checks pass, without
+   spending a restart (STEP_OUT).
+3. The round is over for us (our membership lease lapsed, or the round ended elsewhere: a
    failure or a join on another node): re-form without spending a restart (REJOIN). Workers
    that succeeded are not asked about their lease: their exit barrier copes with a store
    out of reach.
-3. Healthy: keep watching (WATCH). Succeeded: the exit barrier, then done (SUCCEED).
+4. Healthy: keep watching (WATCH). Succeeded: the exit barrier, then done (SUCCEED).
    Unknown (the monitor could not tell): stop and raise without spending a restart (ABORT),
    as torch's agent does.
-4. Failed or unhealthy: restart while restarts remain and the root cause's exit code is
+5. Failed or unhealthy: restart while restarts remain and the root cause's exit code is
    retryable (RESTART); otherwise the group has failed for good (GIVE_UP).
 """
 
@@ -32,6 +35,7 @@ class Action(enum.Enum):
     WATCH = "watch"
     FAIL_PEER = "fail_peer"
     REJOIN = "rejoin"
+    STEP_OUT = "step_out"
     SUCCEED = "succeed"
     ABORT = "abort"
     RESTART = "restart"
@@ -50,6 +54,8 @@ class Situation:
     """Our lease on the round lapsed."""
     round_ended: bool = False
     """The round ended elsewhere (a new generation, a member gone)."""
+    stepping_out: bool = False
+    """This host must leave the job: its node checks failed."""
     remaining_restarts: int = 0
     retryable: bool = True
     """The root cause's exit code is not listed as non-retryable."""
@@ -60,6 +66,8 @@ def decide(situation: Situation) -> Action:
     state = situation.state
     if situation.peer_failed and state is WorkerState.HEALTHY:
         return Action.FAIL_PEER
+    if state is not WorkerState.SUCCEEDED and situation.stepping_out:
+        return Action.STEP_OUT
     if state is not WorkerState.SUCCEEDED and situation.membership_lost:
         return Action.REJOIN
     if state is WorkerState.HEALTHY:

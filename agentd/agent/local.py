@@ -17,10 +17,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
 from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
 from agentd.exceptions import StartError
@@ -34,9 +34,10 @@ from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.event_log import EventLog
 from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
+from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 from agentd.tcpstore.service import WorkerStoreService
-from agentd.timer.server import TimerServer, WatchdogSettings
+from agentd.timer.server import WatchdogSettings
 from agentd.timer.service import Watchdog
 from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
 from agentd.workers.plan import plan_worker
@@ -44,11 +45,10 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
-    from agentd.health.metrics import AgentMetrics
-    from agentd.health.server import Check, HealthCheckServer
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
-    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.nodecheck.gate import NodeGate
+    from agentd.nodecheck.service import NodeCheckService
     from agentd.reports.oom import OomWatch
     from agentd.view import Service
 
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 _TAIL_WAIT = 0.5
 
 
-class LocalElasticAgent(SimpleElasticAgent):
+class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
 
     ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
@@ -95,6 +95,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         event_log: str | None = None,
         keep_attempts: int = 10,
         heartbeats: HeartbeatSettings | None = None,
+        node_checks: NodeGate | None = None,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
@@ -148,6 +149,13 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
         self._oom: OomWatch | None = None
+        self._node_checks: NodeCheckService | None = None
+        if node_checks is not None and node_checks.enabled:
+            from agentd.nodecheck.service import NodeCheckService
+
+            self._node_checks = NodeCheckService(
+                node_checks, self.rdzv_handler, self._leave, self._notify, self._hygiene
+            )
         services: list[Service | None] = [
             self._result, events, self._watchdog, self._heartbeats, self._health,
             self._workers_store,
@@ -159,58 +167,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if isinstance(self.rdzv_handler, LeasedMembership):
             self.rdzv_handler.on_lease(self._hygiene.on_lease)
 
-    # -- views (read-only; the services and the Python API use them) -------------------
-
-    @property
-    def owner_mark(self) -> str:
-        """The mark in every worker's environment that names this agent's run."""
-        return self._mark
-
-    @property
-    def timer_file(self) -> str | None:
-        """The named pipe workers write timer requests to (None without the file timer)."""
-        return self._watchdog.timer_file
-
-    @property
-    def timer_server(self) -> TimerServer:
-        return self._watchdog.timer_server
-
-    @property
-    def progress_pipe(self) -> str | None:
-        """The named pipe workers send heartbeats on (once the agent started)."""
-        return self._watchdog.progress_pipe
-
-    def heartbeat_status(self) -> dict[str, Any]:
-        """Hang detection's view: timeouts, each worker's progress, hangs and stragglers."""
-        return self._heartbeats.status()
-
-    @property
-    def step_times(self) -> StepTimes:
-        return self._heartbeats.step_times
-
-    @property
-    def health_server(self) -> HealthCheckServer | None:
-        return self._health.server if self._health is not None else None
-
-    @property
-    def metrics(self) -> AgentMetrics | None:
-        return self._health.metrics if self._health is not None else None
-
-    @property
-    def result_file(self) -> Any:
-        return self._result.file
-
-    @property
-    def result_written(self) -> bool:
-        return self._result.written
-
-    def worker_processes(self) -> Mapping[int, WorkerProcess]:
-        """The current attempt's worker processes, by local rank."""
-        return self._procs
-
-    def preload_status(self) -> dict[str, Any] | None:
-        """The zygote of ``--preload`` (None when workers are spawned)."""
-        return self._preload.status()
+    # -- the views that need the whole agent (the others: LocalAgentViews) --------------
 
     def worker_readings(self) -> list[dict[str, Any]]:
         from agentd.health.service import worker_readings
@@ -222,19 +179,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         from agentd.health.service import status_document
 
         return status_document(self)
-
-    def liveness_checks(self) -> list[Check]:
-        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
-        if self._health is not None:
-            return self._health.liveness_checks()
-        from agentd.health.server import Check
-
-        alive = self.timer_server.alive()
-        return [Check("watchdog", alive, f"{len(self.timer_server)} timer(s)")]
-
-    def failure_report(self) -> str:
-        """The text report of the last run's failure (empty when it did not fail)."""
-        return self._result.failure_report()
 
     # -- start and shutdown --------------------------------------------------------------
 
@@ -276,6 +220,16 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     # -- the worker lifecycle ------------------------------------------------------------
 
+    async def _before_join(self) -> None:
+        if self._node_checks is not None:
+            admit, _ = await first_done(self._node_checks.admit(), self._stop_requested.wait())
+            self._raise_if_stop_requested()
+            admit.result()  # NodeUnfit: this host gives up
+
+    def _leave(self, why: str) -> None:
+        self._stepping_out = why
+        self._wakeup.set()
+
     @agent_step
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
@@ -305,6 +259,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._gate is not None:
             self._gate.spawned()
         self._heartbeats.started(group, started)
+        if self._node_checks is not None:
+            self._node_checks.workers_started()
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
@@ -414,6 +370,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
                 spec.stop_signal.name)  # fmt: skip
         await self._heartbeats.stopped()
+        if self._node_checks is not None:
+            await self._node_checks.workers_stopping()
         strays: list[int] = []
         try:
             strays = await stop_workers(

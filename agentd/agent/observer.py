@@ -38,3 +38,10 @@ class AgentObserver:
 
     def straggler(self, straggler: Straggler) -> None:
         """A rank has been slower than the others' median for a while (reported once)."""
+
+    def node_excluded(self, details: dict[str, Any]) -> None:
+        """This host failed its node checks and stays out of the job for a cooldown
+        (``details``: reason, checks, exclusions, cooldown, until)."""
+
+    def node_readmitted(self) -> None:
+        """This host's node checks pass again: it joins the job."""

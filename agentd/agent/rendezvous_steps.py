@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agentd.exceptions import AgentdError, AgentStopped
-from agentd.group import Worker, WorkerGroup
+from agentd.group import Worker, WorkerGroup, WorkerState
 from agentd.rendezvous.api import (
     LeasedMembership,
     RendezvousClosedError,
@@ -67,7 +69,18 @@ class RendezvousSteps:
     _round_watch: asyncio.Task[None] | None
     _round_ended: str | None
     _round_closed: RendezvousClosedError | None
+    _stepping_out: str | None
     generation: int
+
+    if TYPE_CHECKING:  # the template's
+
+        async def _timed_stop(self, group: WorkerGroup) -> None: ...
+
+        def _set_state(self, new: WorkerState, reason: str) -> None: ...
+
+        async def _restart_group(
+            self, group: WorkerGroup, reason: str, stopped: bool = False
+        ) -> None: ...
 
     @property
     def rdzv_handler(self) -> RendezvousHandler:
@@ -92,6 +105,26 @@ class RendezvousSteps:
             self._round_ended = why
             self._wakeup.set()
             return
+
+    async def _stop_as_round_ends(self, group: WorkerGroup, why: str) -> None:
+        """Stop our workers while the peers learn that the round is over."""
+        self._stop_round_watch()
+        ending = asyncio.create_task(self._end_round(why))
+        await self._timed_stop(group)
+        await ending
+
+    async def _step_out(self, group: WorkerGroup, why: str) -> None:
+        """Leave the job without spending a restart: the peers re-form without us while our
+        workers stop; we join again when :meth:`_before_join` lets us."""
+        log.warning("[%s] This node %s; leaving the job (the others go on without it)",
+                    group.spec.role, why)  # fmt: skip
+        await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
+        self._stepping_out = None
+        self._set_state(WorkerState.STOPPED, why)
+        await self._restart_group(group, reason="node_check", stopped=True)
+
+    async def _before_join(self) -> None:
+        """Wait until this host may join a round (at once, unless a subclass gates it)."""
 
     def _stop_round_watch(self) -> None:
         if self._round_watch is not None:
@@ -133,6 +166,7 @@ class RendezvousSteps:
     async def _rendezvous(self, worker_group: WorkerGroup) -> None:
         group = worker_group
         spec = group.spec
+        await self._before_join()
         info: RendezvousInfo = await self.rdzv_handler.next_rendezvous()
         role_infos = info.role_infos or (
             RoleInstanceInfo(spec.role, info.group_rank, spec.local_world_size),

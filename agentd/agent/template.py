@@ -103,6 +103,8 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
         self._round_ended: str | None = None
         self._round_closed: RendezvousClosedError | None = None
         """Why the rendezvous round ended elsewhere, once :meth:`_watch_round` saw it."""
+        self._stepping_out: str | None = None
+        """Why this host must leave the job (its node checks failed), until it has left."""
         self.generation = -1
         self.restart_count = 0
         self.last_result: RunResult | None = None
@@ -234,6 +236,7 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
             action = decide(Situation(
                 state, peer_failed=self._round_closed is not None, membership_lost=bool(lost),
                 round_ended=self._round_ended is not None,
+                stepping_out=self._stepping_out is not None,
                 remaining_restarts=self._remaining_restarts,
                 retryable=root is None or spec.restart_policy.is_retryable(root.exitcode),
             ))  # fmt: skip
@@ -245,6 +248,9 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
                 await self._timed_stop(group)
                 self._set_state(WorkerState.FAILED, "a peer failed for good")
                 raise closed
+            if action is Action.STEP_OUT:
+                await self._step_out(group, self._stepping_out or "")
+                continue
             if action is Action.REJOIN:
                 why = lost or self._round_ended
                 log.info("[%s] Rendezvous round over (%s); restarting the group without "
@@ -281,10 +287,7 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
         self._record_restart()
         self.restart_count += 1
         self._notify("restarted", reason, self.restart_count)
-        self._stop_round_watch()
-        ending = asyncio.create_task(self._end_round(f"worker {reason} on this node"))
-        await self._timed_stop(group)  # while the peers learn of it
-        await ending
+        await self._stop_as_round_ends(group, f"worker {reason} on this node")
         self._set_state(WorkerState.STOPPED, "restarting")
         await self._backoff(spec.role)
         log.info("[%s] Restarting worker group (restart %d of %d)", spec.role,

@@ -16,6 +16,7 @@ from agentd.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
+    from agentd.nodecheck.gate import NodeGate
 
 log = logging.getLogger(__name__)
 
@@ -101,4 +102,23 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
             straggler_factor=config.straggler_factor,
             straggler_steps=config.straggler_steps,
         ),
+        node_checks=_node_gate(config, spec) if config.node_check else None,
     )
+
+
+def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:
+    import tempfile
+    from pathlib import Path
+
+    from agentd.nodecheck.checks import build_checks
+    from agentd.nodecheck.gate import NodeCheckSettings, NodeGate
+    from agentd.store.candidates import parse_candidates
+
+    store = None
+    if config.rdzv_endpoint and not config.standalone:
+        store = parse_candidates(config.rdzv_endpoint)[0]
+    log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.gettempdir())
+    checks = build_checks(config.node_check, log_dir, spec.local_world_size, store)
+    settings = NodeCheckSettings(config.node_check_interval, config.node_check_cooldown,
+                                 config.node_check_max_exclusions)  # fmt: skip
+    return NodeGate(checks, settings)

@@ -27,7 +27,8 @@ class Option:
     torch_env: str | tuple[str, ...] | None = None
     """torch variables that also set this option, after ``AGENTD_*`` and ``PET_*``."""
     repeatable: bool = False
-    """The flag may be given more than once; the values are joined with commas."""
+    """The flag may be given more than once; the values are joined with ``separator``."""
+    separator: str = ","
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -46,7 +47,9 @@ def option(
     metavar: str | None = None,
     torch_env: str | tuple[str, ...] | None = None,
     repeatable: bool = False,
+    separator: str = ",",
 ) -> Option:
     dashed = "--" + name.replace("_", "-")
     flags = [dashed] + (["--" + name] if "_" in name else []) + list(extra)
-    return Option(name, tuple(flags), parse, default, help, is_flag, metavar, torch_env, repeatable)
+    return Option(name, tuple(flags), parse, default, help, is_flag, metavar, torch_env,
+                  repeatable, separator)  # fmt: skip

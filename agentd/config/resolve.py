@@ -92,6 +92,10 @@ class AgentConfig:
     heartbeat_min_timeout: float = 2.0
     straggler_factor: float = 1.5
     straggler_steps: int = 20
+    node_check: tuple[str, ...] = ()
+    node_check_interval: float = 30.0
+    node_check_cooldown: float = 10.0
+    node_check_max_exclusions: int = 5
     health_port: int | None = None
     health_host: str = "127.0.0.1"
     health_timeout: float = 5.0
@@ -102,11 +106,11 @@ class AgentConfig:
     """Where each explicitly set value came from (a flag, a variable or the file)."""
 
 
-def _toml_text(value: Any) -> str:
+def _toml_text(value: Any, separator: str = ",") -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return ",".join(_toml_text(v) for v in value)
+        return separator.join(_toml_text(v) for v in value)
     if isinstance(value, int | float | str):
         return str(value)
     raise v.RuleError("must be a string, number, boolean or list")
@@ -187,7 +191,7 @@ def _pick(
     if option.name in cli:
         value = cli[option.name]
         if isinstance(value, list):  # a repeatable flag
-            return ",".join(map(str, value)), option.flags[0]
+            return option.separator.join(map(str, value)), option.flags[0]
         return ("true" if value is True else str(value)), option.flags[0]
     for env_name in option.env_names:
         if env_name in environ:
@@ -195,7 +199,7 @@ def _pick(
     if option.name in file_values:
         where = f"{config_file}: {option.name}"
         try:
-            return _toml_text(file_values[option.name]), where
+            return _toml_text(file_values[option.name], option.separator), where
         except v.RuleError as exc:
             raise ConfigError(f"{where}: {file_values[option.name]!r} {exc}") from None
     return option.default, "default"

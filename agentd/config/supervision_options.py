@@ -161,6 +161,42 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     _o(
+        "node_check",
+        v.node_checks,
+        "",
+        "A check this host must pass to join the job, and keep passing while its workers run "
+        "(repeat the flag; one per line in the variable): a shell command (exit 0 passes), "
+        "builtin:disk[=SIZE] (free space for the logs, default 1GiB), builtin:gpus[=N] "
+        "(nvidia-smi lists N GPUs, default one per worker; skipped without nvidia-smi) or "
+        "builtin:store (the rendezvous endpoint accepts a connection).",
+        metavar="CHECK",
+        repeatable=True,
+        separator="\n",
+    ),
+    _o(
+        "node_check_interval",
+        v.number(0.0),
+        "30",
+        "Seconds between two node checks while the workers run (0: only before joining).",
+        metavar="SECONDS",
+    ),
+    _o(
+        "node_check_cooldown",
+        v.number(0.0),
+        "10",
+        "Seconds a host that failed its node checks stays out before checking again, "
+        "doubled with each exclusion (up to 16 times).",
+        metavar="SECONDS",
+    ),
+    _o(
+        "node_check_max_exclusions",
+        v.integer(0),
+        "5",
+        "Exclusions within an hour a host tolerates; the next one makes the agent give up "
+        "(exit code 4). 0: never give up.",
+        metavar="N",
+    ),
+    _o(
         "health_port",
         v.optional_port,
         "",

@@ -125,6 +125,16 @@ def optional_host(text: str) -> str | None:
     return host(text) if text.strip() else None
 
 
+def node_checks(text: str) -> tuple[str, ...]:
+    """One check per line: a shell command or a built-in (:mod:`agentd.nodecheck.checks`)."""
+    from agentd.nodecheck.checks import parse_node_checks
+
+    try:
+        return parse_node_checks(text)
+    except ValueError as exc:
+        raise RuleError(str(exc)) from None
+
+
 def optional_text(text: str) -> str | None:
     return text or None
 

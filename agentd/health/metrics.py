@@ -123,6 +123,17 @@ class _Readings:
         ):
             requests.add_metric([outcome], timers.stats[outcome])
         yield requests
+        checks = agent.node_check_status()
+        if checks is not None:
+            failures = CounterMetricFamily("agentd_node_check_failures", "Failed runs of "
+                                           "each --node-check", labels=["check"])  # fmt: skip
+            for check in checks["checks"]:
+                failures.add_metric([check["name"]], checks["failures"].get(check["name"], 0))
+            yield failures
+            excluded = GaugeMetricFamily("agentd_node_excluded", "1 while this node's checks "
+                                         "keep it out of the job")  # fmt: skip
+            excluded.add_metric([], 1 if checks["excluded"] else 0)
+            yield excluded
         restarts = GaugeMetricFamily("agentd_restart_count", "TORCHELASTIC_RESTART_COUNT now")
         restarts.add_metric([], agent.restart_count)
         yield restarts

@@ -147,6 +147,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "workers": worker_readings(agent),
         "preload": agent.preload_status(),
         "heartbeats": agent.heartbeat_status(),
+        "node_checks": agent.node_check_status(),
         "last_failure": None if failure is None else {
             "rank": failure.global_rank,
             "local_rank": failure.local_rank,

@@ -9,9 +9,12 @@ import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentd.exceptions import AgentdError, StartError
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.exclusions import Exclusions
 
 
 class RendezvousError(AgentdError):
@@ -184,6 +187,18 @@ class ReportsStore(Protocol):
 
     def store_status(self) -> dict[str, Any] | None:
         """Which store serves (candidate stores), for /status."""
+        ...
+
+
+@runtime_checkable
+class PublishesExclusions(Protocol):
+    """A rendezvous that tells the other agents why a node keeps itself out of the job."""
+
+    exclusions: Exclusions
+    """This node's exclusion, and those of the peers the last round lost."""
+
+    async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
+        """Publish this node's exclusion ``doc`` (None: it is back)."""
         ...
 
 

@@ -43,6 +43,7 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
     RoleInstanceInfo,
 )
+from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
@@ -112,6 +113,8 @@ class DynamicRendezvous:
         self._backend = backend
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._keys = RunKeys(run_id)
+        self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+        self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None
@@ -126,6 +129,11 @@ class DynamicRendezvous:
         self._closed = False
         self._observer: Callable[[str, float], None] | None = None
         self._problems = RateLimitedLog(log)
+
+    async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
+        """Tell the other agents why this node stays out (None: that it is back)."""
+        await self._open()
+        await self.exclusions.publish(doc, self.settings.heartbeat_ttl)
 
     def observe_store(self, observer: Callable[[str, float], None]) -> None:
         """Tell ``observer`` (operation, seconds) of every store request over the network."""
@@ -211,6 +219,7 @@ class DynamicRendezvous:
             rounds.release()  # group rank 0's agent serves the workers' store, not us
         membership.rejoined()
         membership.member = True
+        await self.exclusions.after_round(self._run_id, joined.nodes)
         master = joined.nodes[0]
         return RendezvousInfo(
             run_id=self._run_id,
@@ -399,7 +408,7 @@ class DynamicRendezvous:
             self._store.observer = self._observer
         settings = self.settings
         membership = self._membership = Membership(
-            opened.store, self._keys.heartbeat(self.node_id), self._beat_value(),
+            opened.store, self._keys.heartbeat(self.node_id), self._beat,
             settings.heartbeat_ttl, settings.keep_alive_interval, lease=opened.remote,
             single_process=opened.single_process, where=opened.where,
         )  # fmt: skip
@@ -411,9 +420,6 @@ class DynamicRendezvous:
         limits = RoundSettings(settings.min_nodes, settings.max_nodes,
                                settings.last_call_timeout, settings.join_timeout)  # fmt: skip
         self._rounds = Rounds(self._run_id, opened.store, self._keys, limits, membership, node)
-
-    def _beat_value(self) -> bytes:
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
 
     def _raise_if_failed(self, closed: bytes) -> None:
         """A peer failed for good: the job is over here too (a peer's success is not: our

@@ -11,6 +11,8 @@ Keys, under ``agentd/<run_id>/``::
     round/<g>/sealed    the member count n, set once: arrivals < n are the round's members;
                         "0" when the round ended before it was sealed
     round/<g>/done/<i>  member i's workers succeeded (the exit barrier)
+    excluded/<node>     JSON: why that agent's node checks keep it out of the job (a TTL
+                        key, deleted when it joins again)
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class RunKeys:
 
     def heartbeat(self, node: str) -> str:
         return self.heartbeats + node
+
+    def excluded(self, node: str) -> str:
+        return f"{self.prefix}excluded/{node}"
 
     def round(self, generation: int, name: str = "") -> str:
         """A key of round ``generation`` (its prefix, without ``name``)."""

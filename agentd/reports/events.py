@@ -186,5 +186,11 @@ class AgentEvents(AgentObserver):
     def hang_detected(self, details: dict[str, Any]) -> None:
         self.emit("hang", **details)
 
+    def node_excluded(self, details: dict[str, Any]) -> None:
+        self.emit("node_excluded", **details)
+
+    def node_readmitted(self) -> None:
+        self.emit("node_readmitted")
+
     def straggler(self, straggler: Straggler) -> None:
         self.emit("straggler", **asdict(straggler))

@@ -36,6 +36,12 @@ H, S, F, U = WorkerState.HEALTHY, WorkerState.SUCCEEDED, WorkerState.FAILED, Wor
         (Situation(F, remaining_restarts=0), Action.GIVE_UP),
         (Situation(U, remaining_restarts=0), Action.GIVE_UP),
         (Situation(F, remaining_restarts=3, retryable=False), Action.GIVE_UP),
+        # This host failed its node checks: it leaves, no restart spent, unless done.
+        (Situation(H, stepping_out=True), Action.STEP_OUT),
+        (Situation(F, stepping_out=True, remaining_restarts=1), Action.STEP_OUT),
+        (Situation(H, stepping_out=True, membership_lost=True), Action.STEP_OUT),
+        (Situation(H, stepping_out=True, peer_failed=True), Action.FAIL_PEER),
+        (Situation(S, stepping_out=True), Action.SUCCEED),
         # A monitor that cannot tell (UNKNOWN) ends the run, no restart spent, as torch's.
         (Situation(WorkerState.UNKNOWN, remaining_restarts=1), Action.ABORT),
         (Situation(WorkerState.UNKNOWN, membership_lost=True), Action.REJOIN),
@@ -48,8 +54,9 @@ def test_decide(situation, action):
 def test_every_action_is_reachable():
     states = [H, S, F, U, WorkerState.UNKNOWN]
     seen = {
-        decide(Situation(state, peer, lost, ended, restarts, retryable))
+        decide(Situation(state, peer, lost, ended, restarts, retryable, out))
         for state in states
+        for out in (False, True)
         for peer in (False, True)
         for lost in (False, True)
         for ended in (False, True)

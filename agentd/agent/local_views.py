@@ -1,0 +1,101 @@
+"""The local agent's read-only views: what its services, the health endpoint and the
+Python API read of it (the :class:`~agentd.view.AgentView` protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentd.health.metrics import AgentMetrics
+    from agentd.health.server import Check, HealthCheckServer
+    from agentd.health.service import HealthService
+    from agentd.heartbeats.service import HeartbeatService
+    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.nodecheck.service import NodeCheckService
+    from agentd.preload.service import PreloadService
+    from agentd.reports.result_service import ResultFileService
+    from agentd.timer.server import TimerServer
+    from agentd.timer.service import Watchdog
+    from agentd.workers.processes import WorkerProcess
+
+
+class LocalAgentViews:
+    """Mixed into :class:`~agentd.agent.local.LocalElasticAgent`, whose state it reads."""
+
+    _mark: str
+    _watchdog: Watchdog
+    _heartbeats: HeartbeatService
+    _health: HealthService | None
+    _result: ResultFileService
+    _procs: dict[int, WorkerProcess]
+    _node_checks: NodeCheckService | None
+    _preload: PreloadService
+
+    @property
+    def owner_mark(self) -> str:
+        """The mark in every worker's environment that names this agent's run."""
+        return self._mark
+
+    @property
+    def timer_file(self) -> str | None:
+        """The named pipe workers write timer requests to (None without the file timer)."""
+        return self._watchdog.timer_file
+
+    @property
+    def timer_server(self) -> TimerServer:
+        return self._watchdog.timer_server
+
+    @property
+    def progress_pipe(self) -> str | None:
+        """The named pipe workers send heartbeats on (once the agent started)."""
+        return self._watchdog.progress_pipe
+
+    def heartbeat_status(self) -> dict[str, Any]:
+        """Hang detection's view: timeouts, each worker's progress, hangs and stragglers."""
+        return self._heartbeats.status()
+
+    @property
+    def step_times(self) -> StepTimes:
+        return self._heartbeats.step_times
+
+    @property
+    def health_server(self) -> HealthCheckServer | None:
+        return self._health.server if self._health is not None else None
+
+    @property
+    def metrics(self) -> AgentMetrics | None:
+        return self._health.metrics if self._health is not None else None
+
+    @property
+    def result_file(self) -> Any:
+        return self._result.file
+
+    @property
+    def result_written(self) -> bool:
+        return self._result.written
+
+    def worker_processes(self) -> Mapping[int, WorkerProcess]:
+        """The current attempt's worker processes, by local rank."""
+        return self._procs
+
+    def node_check_status(self) -> dict[str, Any] | None:
+        """The node checks' last results and exclusions (None without ``--node-check``)."""
+        return self._node_checks.status() if self._node_checks is not None else None
+
+    def preload_status(self) -> dict[str, Any] | None:
+        """The zygote of ``--preload`` (None when workers are spawned)."""
+        return self._preload.status()
+
+    def liveness_checks(self) -> list[Check]:
+        """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
+        if self._health is not None:
+            return self._health.liveness_checks()
+        from agentd.health.server import Check
+
+        alive = self.timer_server.alive()
+        return [Check("watchdog", alive, f"{len(self.timer_server)} timer(s)")]
+
+    def failure_report(self) -> str:
+        """The text report of the last run's failure (empty when it did not fail)."""
+        return self._result.failure_report()
