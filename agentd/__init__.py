@@ -31,6 +31,9 @@ _EXPORTS = {
     "heartbeat": "agentd.heartbeats.client",
     "section": "agentd.heartbeats.client",
     "end_heartbeats": "agentd.heartbeats.client",
+    "checkpoint_requested": "agentd.drain.client",
+    "checkpoint_saved": "agentd.drain.client",
+    "on_checkpoint_request": "agentd.drain.client",
     "AgentdError": "agentd.exceptions",
     "ConfigError": "agentd.exceptions",
     "StartError": "agentd.exceptions",
@@ -55,8 +58,11 @@ __all__ = [
     "WorkerGroup",
     "WorkerSpec",
     "WorkerState",
+    "checkpoint_requested",
+    "checkpoint_saved",
     "end_heartbeats",
     "heartbeat",
+    "on_checkpoint_request",
     "record",
     "section",
 ]
@@ -70,6 +76,7 @@ if TYPE_CHECKING:
     from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
     from agentd.agent.template import ElasticAgent, SimpleElasticAgent
     from agentd.config.resolve import AgentConfig
+    from agentd.drain.client import checkpoint_requested, checkpoint_saved, on_checkpoint_request
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
     from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
     from agentd.heartbeats.client import end_heartbeats, heartbeat, section

@@ -152,15 +152,18 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())
     os.environ[SIGNALS_ENV] = ",".join(sig.name for sig in config.signals_to_handle)
+    handled = {*config.signals_to_handle, *config.drain_on}
     for sig in config.signals_to_handle:
         loop.add_signal_handler(sig, agent.request_stop, sig)
+    for sig in config.drain_on:  # these drain instead
+        loop.add_signal_handler(sig, agent.request_drain, f"signal {sig.name}", sig)
     try:
         result = await agent.run_async(spec.role)
     except AgentStopped as exc:
         log.warning("Agent %s; workers stopped", exc)
         return exc.exit_code
     finally:
-        for sig in config.signals_to_handle:
+        for sig in handled:
             loop.remove_signal_handler(sig)
     if result.is_failed():
         log.error("%s", agent.failure_report())

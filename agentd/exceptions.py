@@ -23,6 +23,12 @@ class StartError(AgentdError):
     exit_code = 3
 
 
+class Drained(AgentdError):
+    """This node was drained (its workers checkpointed, the job goes on without it)."""
+
+    exit_code = 0
+
+
 class IllegalTransition(AgentdError):
     """A worker group was asked to move between two states the state machine does not link."""
 

@@ -98,6 +98,9 @@ class AgentView(Protocol):
     @property
     def progress_pipe(self) -> str | None: ...
 
+    control_file: str | None
+    """The drain's control file of the current attempt (None: no drains)."""
+
     @property
     def step_times(self) -> StepTimes: ...
 

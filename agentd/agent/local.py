@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
 from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
-from agentd.exceptions import StartError
+from agentd.drain import control
+from agentd.drain.settings import DrainSettings
+from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
-from agentd.rendezvous.api import LeasedMembership
+from agentd.rendezvous.api import CoordinatesDrains, LeasedMembership
 from agentd.reports.event_log import EventLog
 from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
@@ -45,8 +47,10 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
+    from agentd.drain.service import DrainService
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
+    from agentd.heartbeats.wire import ProgressMessage
     from agentd.nodecheck.gate import NodeGate
     from agentd.nodecheck.service import NodeCheckService
     from agentd.reports.oom import OomWatch
@@ -96,6 +100,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         keep_attempts: int = 10,
         heartbeats: HeartbeatSettings | None = None,
         node_checks: NodeGate | None = None,
+        drain: DrainSettings | None = None,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
@@ -138,7 +143,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
             dump_wait=max(1.0, self._watchdog.dump_grace),
         )  # fmt: skip
-        self._watchdog.on_progress(self._heartbeats.feed)
+        self._watchdog.on_progress(self._on_progress)
         self._health: HealthService | None = None
         if health is not None:
             from agentd.health.service import HealthService
@@ -149,6 +154,11 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
         self._oom: OomWatch | None = None
+        self._drain_settings = drain or DrainSettings()
+        self._drain: DrainService | None = None
+        self._exit_on_leave: int | None = None
+        self.control_file: str | None = None
+        """The drain's control file of the current attempt (see :mod:`agentd.drain`)."""
         self._node_checks: NodeCheckService | None = None
         if node_checks is not None and node_checks.enabled:
             from agentd.nodecheck.service import NodeCheckService
@@ -221,14 +231,33 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     # -- the worker lifecycle ------------------------------------------------------------
 
     async def _before_join(self) -> None:
+        if self._exit_on_leave is not None:  # drained: this node is done
+            code = self._exit_on_leave
+            raise AgentStopped(code - 128) if code > 128 else Drained("node drained")
         if self._node_checks is not None:
             admit, _ = await first_done(self._node_checks.admit(), self._stop_requested.wait())
             self._raise_if_stop_requested()
             admit.result()  # NodeUnfit: this host gives up
 
-    def _leave(self, why: str) -> None:
+    def _leave(self, why: str, exit_code: int | None = None) -> None:
+        """Leave the job (its round ends; no restart spent); with ``exit_code``, for good."""
         self._stepping_out = why
+        self._exit_on_leave = exit_code
         self._wakeup.set()
+
+    def request_drain(self, reason: str, signum: int | None = None) -> None:
+        """Drain this node: every rank checkpoints at one step, then the job goes on
+        without it, and it exits 0 (128+``signum`` for a signal). A second request, or one
+        without running workers, stops at once."""
+        drain = self._drain
+        exit_code = 128 + signum if signum is not None else 0
+        if drain is None or not self._procs or not drain.request(reason, exit_code):
+            self.request_stop(signum or signal.SIGTERM)
+
+    def _on_progress(self, messages: list[ProgressMessage]) -> None:
+        self._heartbeats.feed(messages)
+        if self._drain is not None:
+            self._drain.feed(messages)
 
     @agent_step
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
@@ -237,6 +266,9 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
         await self._workers_store.open_for(group)
         spec = group.spec
+        if isinstance(self.rdzv_handler, CoordinatesDrains):
+            self.control_file = str(self.run_dir / "drain.control")
+            control.create(self.control_file)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
         if not isinstance(spec.entrypoint, str):  # function workers leave together
             self._gate = ReleaseGate(len(plans))
@@ -261,6 +293,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._heartbeats.started(group, started)
         if self._node_checks is not None:
             self._node_checks.workers_started()
+        self._start_drains()
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
@@ -277,6 +310,19 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.run_dir / f"attempt_{self.attempt}",
         )
         return {p.local_rank: p.pid for p in started}
+
+    def _start_drains(self) -> None:
+        handler = self.rdzv_handler
+        if self.control_file is None or not isinstance(handler, CoordinatesDrains):
+            return
+        if self._drain is None:
+            from agentd.drain.service import DrainService
+
+            self._drain = DrainService(self._drain_settings, handler.drains, lambda: self._procs,
+                                       self._leave, self._notify)  # fmt: skip
+            self._running.append(self._drain)  # stopped with the other services
+        self._drain.attempt(self.control_file)
+        self._drain.workers_started()
 
     @agent_step
     async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:

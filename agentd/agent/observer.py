@@ -45,3 +45,10 @@ class AgentObserver:
 
     def node_readmitted(self) -> None:
         """This host's node checks pass again: it joins the job."""
+
+    def drain_requested(self, details: dict[str, Any]) -> None:
+        """A drain began (``details``: id, node, reason, requested_at): checkpointing."""
+
+    def drain_done(self, outcome: dict[str, Any]) -> None:
+        """This node's drain is over (``outcome``: step, nodes, acknowledged, missing,
+        seconds); it leaves the job."""

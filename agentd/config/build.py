@@ -72,6 +72,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     """The local agent that runs ``spec`` with ``config``'s settings (each feature gets its
     own settings object, never the whole config)."""
     from agentd.agent.local import LocalElasticAgent
+    from agentd.drain.settings import DrainSettings
     from agentd.health.settings import HealthSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.timer.server import WatchdogSettings
@@ -103,6 +104,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
             straggler_steps=config.straggler_steps,
         ),
         node_checks=_node_gate(config, spec) if config.node_check else None,
+        drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
     )
 
 

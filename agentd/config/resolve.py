@@ -78,6 +78,9 @@ class AgentConfig:
         signal.SIGHUP,
         signal.SIGQUIT,
     )
+    drain_on: tuple[signal.Signals, ...] = ()
+    drain_timeout: float = 60.0
+    checkpoint_signal: signal.Signals | None = None
     exit_barrier_timeout: float = 300.0
     log_line_prefix_template: str = DEFAULT_LOG_PREFIX
     file_timer: bool = False

@@ -50,6 +50,30 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="SIGNALS",
     ),
     _o(
+        "drain_on",
+        v.optional_signals,
+        "",
+        "Signals that drain this node instead of stopping it: every rank of the job "
+        "checkpoints at the same step, the job goes on without this node, which exits 128+N "
+        "(e.g. SIGTERM for a preemption notice; a second signal stops at once).",
+        metavar="SIGNALS",
+    ),
+    _o(
+        "drain_timeout",
+        v.number(0.0),
+        "60",
+        "Seconds a draining node waits for every rank's checkpoint before it leaves.",
+        metavar="SECONDS",
+    ),
+    _o(
+        "checkpoint_signal",
+        v.optional_signal,
+        "",
+        "Also send this signal to every worker when a drain starts (default: none; workers "
+        "ask agentd.checkpoint_requested()).",
+        metavar="SIGNAL",
+    ),
+    _o(
         "exit_barrier_timeout",
         v.number(0.0),
         "300",

@@ -213,6 +213,10 @@ def signals(text: str) -> tuple[signal.Signals, ...]:
     return sigs
 
 
+def optional_signals(text: str) -> tuple[signal.Signals, ...]:
+    return signals(text) if text.strip() else ()
+
+
 def exit_codes(text: str) -> frozenset[int]:
     codes: set[int] = set()
     if not text.strip():

@@ -33,6 +33,7 @@ from time import monotonic, monotonic_ns
 from types import TracebackType
 from typing import IO
 
+from agentd.drain.client import tick as _drain_tick
 from agentd.heartbeats.wire import check_section_name, encode
 
 PIPE_ENV = "AGENTD_PROGRESS_PIPE"
@@ -133,6 +134,7 @@ def heartbeat() -> None:
     _steps += 1
     if monotonic_ns() >= _next_send_ns:
         _send("beat")
+    _drain_tick(_steps, _send)  # a drain asks every rank to checkpoint at the same step
 
 
 def end_heartbeats() -> None:

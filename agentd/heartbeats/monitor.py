@@ -145,6 +145,8 @@ class ProgressMonitor:
                     self.step_times.observe(w.local_rank, name, at - entered)
                     break
             w.beat_at = None
+        elif m.kind in ("drain", "saved"):  # a drain's pause is no step time
+            w.beat_at = None
         else:  # done
             w.sections.clear()
             w.beat_at = None

@@ -8,7 +8,9 @@ One JSON object per line, written atomically like a timer request (see
      "section": "checkpoint"}
 
 ``kind`` is ``beat`` (a step ended), ``enter``/``exit`` (a named section began or ended),
-or ``done`` (the worker will heartbeat no more: stop watching it until its next message).
+``done`` (the worker will heartbeat no more: stop watching it until its next message), or,
+during a drain (:mod:`agentd.drain`), ``drain`` (the step count when the worker learned of
+it) and ``saved`` (its checkpoint is written).
 ``steps`` counts the worker's heartbeats so far, ``at`` is when the message's event
 happened on the host's monotonic clock (``time.monotonic()``, the same for every process
 of the host). ``dump_signal``, when present, is the signal on which the process
@@ -24,7 +26,7 @@ import signal
 from dataclasses import dataclass
 
 VERSION = 2
-KINDS = ("beat", "enter", "exit", "done")
+KINDS = ("beat", "enter", "exit", "done", "drain", "saved")
 MAX_SECTION = 128
 MAX_STEPS = 1 << 53
 """Steps beyond this lose precision as JSON numbers: no real job gets there."""

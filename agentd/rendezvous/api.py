@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from agentd.exceptions import AgentdError, StartError
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.drains import Drains
     from agentd.rendezvous.exclusions import Exclusions
 
 
@@ -200,6 +201,13 @@ class PublishesExclusions(Protocol):
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Publish this node's exclusion ``doc`` (None: it is back)."""
         ...
+
+
+@runtime_checkable
+class CoordinatesDrains(Protocol):
+    """A rendezvous whose store carries the drain protocol (:mod:`agentd.rendezvous.drains`)."""
+
+    drains: Drains
 
 
 _AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")

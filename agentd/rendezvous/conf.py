@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from agentd.exceptions import ConfigError
-from agentd.rendezvous.dynamic import RendezvousSettings
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """How a dynamic rendezvous waits (seconds); ``--rdzv-conf`` sets the timeouts."""
+
+    min_nodes: int = 1
+    max_nodes: int = 1
+    join_timeout: float = 600.0
+    last_call_timeout: float = 30.0
+    close_timeout: float = 30.0
+    keep_alive_interval: float = 5.0
+    keep_alive_max_attempt: int = 3
+
+    @property
+    def heartbeat_ttl(self) -> float:
+        """A heartbeat not refreshed for this long means its agent is gone."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
+
 
 _SECONDS = ("join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval")
 

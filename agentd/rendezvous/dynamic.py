@@ -34,7 +34,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agentd.exceptions import ConfigError
@@ -43,6 +42,8 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
     RoleInstanceInfo,
 )
+from agentd.rendezvous.conf import RendezvousSettings
+from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import LeaseListener, Membership
@@ -58,24 +59,6 @@ log = logging.getLogger(__name__)
 _FOREVER = 7 * 86400.0
 _LEAVE_TIMEOUT = 2.0
 """Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
-
-
-@dataclass(frozen=True)
-class RendezvousSettings:
-    """How a dynamic rendezvous waits (seconds); ``--rdzv-conf`` sets the timeouts."""
-
-    min_nodes: int = 1
-    max_nodes: int = 1
-    join_timeout: float = 600.0
-    last_call_timeout: float = 30.0
-    close_timeout: float = 30.0
-    keep_alive_interval: float = 5.0
-    keep_alive_max_attempt: int = 3
-
-    @property
-    def heartbeat_ttl(self) -> float:
-        """A heartbeat not refreshed for this long means its agent is gone."""
-        return self.keep_alive_interval * self.keep_alive_max_attempt
 
 
 class DynamicRendezvous:
@@ -115,6 +98,7 @@ class DynamicRendezvous:
         self._keys = RunKeys(run_id)
         self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
+        self.drains = Drains(lambda: self.store, self._keys, self.node_id, lambda: self._round)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None

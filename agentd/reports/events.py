@@ -192,5 +192,11 @@ class AgentEvents(AgentObserver):
     def node_readmitted(self) -> None:
         self.emit("node_readmitted")
 
+    def drain_requested(self, details: dict[str, Any]) -> None:
+        self.emit("drain_requested", **details)
+
+    def drain_done(self, outcome: dict[str, Any]) -> None:
+        self.emit("drain_done", **outcome)
+
     def straggler(self, straggler: Straggler) -> None:
         self.emit("straggler", **asdict(straggler))

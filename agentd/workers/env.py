@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agentd.drain.control import CONTROL_ENV
 from agentd.group import Worker, WorkerGroup
 from agentd.heartbeats.client import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 from agentd.hygiene import orphans
@@ -49,6 +50,7 @@ class WorkerEnvContext:
     timer_file: str | None = None
     progress_pipe: str | None = None
     stack_file: str | None = None
+    control_file: str | None = None
 
 
 def common_env(spec: WorkerSpec) -> dict[str, str]:
@@ -57,7 +59,7 @@ def common_env(spec: WorkerSpec) -> dict[str, str]:
     env = without_secrets(os.environ)
     env.update(spec.env)
     env.pop(orphans.OWNER_ENV, None)
-    for name in (PIPE_ENV, STACK_FILE_ENV, DUMP_SIGNAL_ENV):  # an outer agent's, if nested
+    for name in (PIPE_ENV, STACK_FILE_ENV, DUMP_SIGNAL_ENV, CONTROL_ENV):  # an outer agent's
         env.pop(name, None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault(SIGNALS_ENV, DEFAULT_SIGNALS)  # what the agent stops on, as torchrun says
@@ -97,6 +99,8 @@ def worker_env(
     )
     if ctx.timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = ctx.timer_file
+    if ctx.control_file is not None:
+        env[CONTROL_ENV] = ctx.control_file
     if ctx.progress_pipe is not None:
         from agentd.heartbeats import DUMP_SIGNAL
 

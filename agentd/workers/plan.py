@@ -49,6 +49,7 @@ def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[A
         max_restarts=spec.max_restarts, use_agent_store=agent_store,
         owner_mark=agent.owner_mark, attempt=agent.attempt, timer_file=agent.timer_file,
         progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
+        control_file=agent.control_file,
     ))  # fmt: skip
     args = [
         Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a for a in spec.args

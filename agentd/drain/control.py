@@ -1,0 +1,58 @@
+"""The control file: how an agent tells its workers about a drain, read at every step.
+
+A file of :data:`SIZE` bytes per attempt, its path in ``$AGENTD_CONTROL_FILE``: the drain's
+id (0: none) and the step every rank checkpoints at (-1: not chosen yet), two little-endian
+int64s. The agent writes it with one ``pwrite``; a worker maps it and reads 16 bytes per
+step, so asking costs well under a microsecond and no system call.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+CONTROL_ENV = "AGENTD_CONTROL_FILE"
+_LAYOUT = struct.Struct("<qq")
+SIZE = _LAYOUT.size
+NO_STEP = -1
+
+
+def create(path: str) -> None:
+    """A fresh control file: no drain."""
+    with open(path, "wb") as fp:
+        fp.write(_LAYOUT.pack(0, NO_STEP))
+
+
+def publish(path: str, drain_id: int, step: int = NO_STEP) -> None:
+    """Tell the workers: drain ``drain_id``, at ``step`` (NO_STEP: report yours first)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, _LAYOUT.pack(drain_id, step), 0)
+    finally:
+        os.close(fd)
+
+
+class ControlView:
+    """A worker's read-only view of the control file."""
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._map = mmap.mmap(fd, SIZE, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    def read(self) -> tuple[int, int]:
+        """(drain id, step): (0, NO_STEP) while there is no drain."""
+        return _LAYOUT.unpack_from(self._map)  # type: ignore[return-value]
+
+
+def open_view() -> ControlView | None:
+    path = os.environ.get(CONTROL_ENV)
+    if not path:
+        return None
+    try:
+        return ControlView(path)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,215 @@
+"""One agent's part in drains (see :mod:`agentd.drain` and :mod:`agentd.rendezvous.drains`).
+
+Every agent watches the store for a drain request while its workers run. On one it tells
+its workers through the control file (and ``--checkpoint-signal``, if set), reports the
+furthest step they reported, passes on the step chosen, and acknowledges once every local
+worker said its checkpoint is saved. The draining agent also chooses the step and waits
+for every node's acknowledgement (or ``--drain-timeout``); then it leaves the job, which
+re-forms without it, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agentd.drain import control
+from agentd.drain.settings import DrainSettings
+from agentd.heartbeats.wire import ProgressMessage
+from agentd.rendezvous.drains import DrainRequest, Drains
+from agentd.store.api import StoreError
+from agentd.workers.processes import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+REPORT_WINDOW = 0.25
+"""How long the workers' steps are waited for (a worker that never heartbeats never
+reports); the workers pause meanwhile, so this bounds the pause too."""
+
+
+class DrainService:
+    """Runs ``drains`` for one agent, whose workers ``workers()`` gives; ``leave(why,
+    exit_code)`` takes the draining agent out of the job."""
+
+    def __init__(
+        self,
+        settings: DrainSettings,
+        drains: Drains,
+        workers: Callable[[], Mapping[int, WorkerProcess]],
+        leave: Callable[[str, int], None],
+        notify: Callable[..., None],
+    ) -> None:
+        self.settings = settings
+        self._drains = drains
+        self._workers = workers
+        self._leave = leave
+        self._notify = notify
+        self._control: str | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self._request: DrainRequest | None = None
+        self._reported: dict[int, int] = {}
+        self._new_report = asyncio.Event()
+        self._saved: dict[int, int] = {}
+        self._acknowledged = False
+        self._step: int | None = None
+        self.status_doc: dict[str, Any] | None = None
+
+    # -- the agent's hooks ---------------------------------------------------------------
+
+    def attempt(self, control_file: str) -> None:
+        """The control file of the attempt whose workers just started (fresh: a drain
+        already followed is not theirs)."""
+        self._control = control_file
+
+    async def start(self) -> None:
+        """Nothing until the first workers start."""
+
+    def workers_started(self) -> None:
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._follow(), name="drain-watch")
+
+    async def stop(self) -> None:
+        for task in (self._watch, self._draining):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._draining = None
+
+    def request(self, reason: str, exit_code: int) -> bool:
+        """Drain this node (False: a drain of ours is under way already)."""
+        if self._draining is not None:
+            return False
+        self._draining = asyncio.create_task(self._drain(reason, exit_code), name="drain")
+        return True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining is not None
+
+    def feed(self, messages: list[ProgressMessage]) -> None:
+        """The workers' ``drain`` (step reports) and ``saved`` messages."""
+        if self._request is None:
+            return
+        pids = {p.pid for p in self._workers().values()}
+        for message in messages:
+            if message.pid not in pids:
+                continue
+            if message.kind == "drain":
+                self._reported[message.pid] = message.steps
+                self._new_report.set()
+            elif message.kind == "saved":
+                self._saved[message.pid] = message.steps
+        if self._saved and set(self._saved) >= self._live_pids() and not self._acknowledged:
+            self._acknowledged = True
+            asyncio.get_running_loop().create_task(self._acknowledge())
+
+    def status(self) -> dict[str, Any] | None:
+        return self.status_doc
+
+    # -- every agent ---------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        """Watch the store for drains while the agent runs (a store problem: try again)."""
+        drains = self._drains
+        revision = 0
+        while True:
+            try:
+                if not revision:
+                    revision = await drains.revision()
+                request, step = await drains.current()
+                if request is not None:
+                    await self._follow_request(request, step)
+                revision = await drains.changes(revision)
+            except StoreError as exc:
+                log.debug("Drain watch: %s", exc)
+                revision = 0
+                await asyncio.sleep(1.0)
+
+    async def _follow_request(self, request: DrainRequest, step: int | None) -> None:
+        path = self._control
+        if path is None:
+            return
+        if self._request is None or self._request.id != request.id:
+            self._start_following(request, path)
+            asyncio.get_running_loop().create_task(self._report(request.id))
+        if step is not None and self._step is None:
+            self._step = step
+            control.publish(path, request.id, step)
+            self.status_doc = {**(self.status_doc or {}), "step": step}
+            log.info("Drain: every rank checkpoints at step %d", step)
+
+    def _start_following(self, request: DrainRequest, path: str) -> None:
+        self._request, self._step = request, None
+        self._reported, self._saved, self._acknowledged = {}, {}, False
+        control.publish(path, request.id)
+        self.status_doc = {"id": request.id, "node": request.node, "reason": request.reason,
+                           "requested_at": request.at, "step": None, "saved_ranks": [],
+                           "acknowledged": False}  # fmt: skip
+        log.warning("Drain requested by node %s (%s): checkpointing", request.node,
+                    request.reason)  # fmt: skip
+        self._notify("drain_requested", dict(self.status_doc))
+        sig = self.settings.checkpoint_signal
+        if sig is not None:
+            for proc in self._workers().values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, sig)
+
+    async def _report(self, drain_id: int) -> None:
+        """Report the furthest step our workers reported (once all did, or the window)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REPORT_WINDOW):
+                while set(self._reported) < self._live_pids():
+                    self._new_report.clear()
+                    await self._new_report.wait()
+        steps = list(self._reported.values())
+        with contextlib.suppress(StoreError):
+            await self._drains.report_step(drain_id, max(steps) if steps else -1)
+
+    async def _acknowledge(self) -> None:
+        request = self._request
+        if request is None:
+            return
+        by_rank = {p.local_rank: self._saved.get(p.pid) for p in self._workers().values()}
+        doc = {"ranks": len(by_rank), "steps": sorted({s for s in by_rank.values() if s})}
+        assert self.status_doc is not None
+        self.status_doc.update(saved_ranks=sorted(by_rank), acknowledged=True)
+        with contextlib.suppress(StoreError):
+            await self._drains.acknowledge(request.id, doc)
+        log.info("Drain: the checkpoints of this node's %d worker(s) are saved", len(by_rank))
+
+    def _live_pids(self) -> set[int]:
+        return {p.pid for p in self._workers().values() if p.returncode is None}
+
+    # -- the draining agent --------------------------------------------------------------
+
+    async def _drain(self, reason: str, exit_code: int) -> None:
+        began = time.monotonic()
+        try:
+            request = await self._drains.request(reason)
+            step = await self._drains.choose_step(request.id, REPORT_WINDOW + 0.05)
+            log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
+            acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
+        except StoreError as exc:
+            log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
+            acks, step = {}, -1
+        members = self._drains.members()
+        missing = [node for node in members if node not in acks]
+        seconds = time.monotonic() - began
+        outcome = {"step": step, "nodes": len(members), "acknowledged": len(acks),
+                   "missing": missing, "seconds": round(seconds, 3)}  # fmt: skip
+        self.status_doc = {**(self.status_doc or {}), "outcome": outcome}
+        self._notify("drain_done", outcome)
+        with contextlib.suppress(StoreError):  # an agent that joins later must not follow it
+            await self._drains.finish()
+        if missing:
+            log.warning("Drain: %d node(s) did not confirm their checkpoints within %gs: %s",
+                        len(missing), self.settings.timeout, ", ".join(missing))  # fmt: skip
+        self._leave(f"drained ({reason}; checkpoints at step {step} in {seconds:.2f}s)",
+                    exit_code)  # fmt: skip

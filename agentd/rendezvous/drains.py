@@ -1,0 +1,123 @@
+"""A drain's agreement through the store: the request, every node's step, the chosen step,
+every node's acknowledgement.
+
+Keys, under ``agentd/<run_id>/drain/``::
+
+    request             JSON {"id", "node", "reason", "at"}: the drain every agent follows
+    <id>/step/<node>    the furthest step that node's workers reported when they learned of it
+    <id>/at_step        the step every rank checkpoints at: one past the furthest reported
+    <id>/ack/<node>     JSON {"ranks", "steps"}: that node's workers saved their checkpoints
+
+The draining agent writes ``request`` and ``at_step``; every agent (the draining one too)
+watches the prefix, reports its step and acknowledges. One watch wakes every agent, so a
+request reaches every node within one store round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentd.rendezvous.keys import RunKeys
+from agentd.store.api import Store
+
+POLL = 5.0
+"""Seconds a watch waits before looking again (a change wakes it at once)."""
+
+
+class _Round(Protocol):
+    @property
+    def nodes(self) -> tuple[dict[str, Any], ...]: ...
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    id: int
+    node: str
+    reason: str
+    at: float
+
+
+class Drains:
+    """One agent's side of the drain protocol in ``store`` (see the module docstring)."""
+
+    def __init__(self, store: Callable[[], Store], keys: RunKeys, node_id: str,
+                 current_round: Callable[[], _Round | None]) -> None:  # fmt: skip
+        self._store = store
+        self._prefix = keys.prefix + "drain/"
+        self.node_id = node_id
+        self._round = current_round
+
+    def _key(self, drain_id: int, name: str) -> str:
+        return f"{self._prefix}{drain_id}/{name}"
+
+    def members(self) -> list[str]:
+        """The node ids of the current round."""
+        current = self._round()
+        return [str(node["node"]) for node in current.nodes] if current is not None else []
+
+    async def request(self, reason: str) -> DrainRequest:
+        """Start a drain of this node (its id is new)."""
+        request = DrainRequest(int.from_bytes(os.urandom(7), "big") or 1, self.node_id,
+                               reason, time.time())  # fmt: skip
+        doc = {"id": request.id, "node": request.node, "reason": reason, "at": request.at}
+        await self._store().set(self._prefix + "request", json.dumps(doc).encode())
+        return request
+
+    async def current(self) -> tuple[DrainRequest | None, int | None]:
+        """The drain requested (None) and its chosen step (None: not chosen yet)."""
+        store = self._store()
+        raw = await store.get(self._prefix + "request")
+        if raw is None:
+            return None, None
+        doc = json.loads(raw)
+        request = DrainRequest(int(doc["id"]), str(doc["node"]), str(doc["reason"]),
+                               float(doc["at"]))  # fmt: skip
+        step = await store.get(self._key(request.id, "at_step"))
+        return request, int(step) if step is not None else None
+
+    async def changes(self, revision: int) -> int:
+        """Wait for a change under the prefix after ``revision``; returns the new one."""
+        result = await self._store().watch(self._prefix, revision, POLL)
+        return result.revision
+
+    async def revision(self) -> int:
+        return await self._store().revision()
+
+    async def report_step(self, drain_id: int, step: int) -> None:
+        await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
+
+    async def choose_step(self, drain_id: int, window: float) -> int:
+        """(The draining agent) Wait up to ``window`` for every member's step, then choose
+        and publish one past the furthest (0 when none reported: nobody counts steps)."""
+        keys = [self._key(drain_id, f"step/{node}") for node in self.members()]
+        with contextlib.suppress(TimeoutError):
+            await self._store().wait(keys, window)
+        values = await self._store().multi_get(keys)
+        steps = [int(v) for v in values if v is not None]
+        chosen = max(steps) + 1 if steps else 0
+        await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
+        return chosen
+
+    async def finish(self) -> None:
+        """(The draining agent) The drain is over: withdraw the request."""
+        await self._store().delete(self._prefix + "request")
+
+    async def acknowledge(self, drain_id: int, doc: dict[str, Any]) -> None:
+        await self._store().set(self._key(drain_id, f"ack/{self.node_id}"),
+                                json.dumps(doc).encode())  # fmt: skip
+
+    async def acknowledgements(self, drain_id: int, within: float) -> dict[str, Any]:
+        """(The draining agent) Every member's acknowledgement, waiting up to ``within``
+        seconds; those missing then are missing from the result."""
+        members = self.members()
+        keys = [self._key(drain_id, f"ack/{node}") for node in members]
+        with contextlib.suppress(TimeoutError):
+            await self._store().wait(keys, within)
+        values = await self._store().multi_get(keys)
+        return {node: json.loads(v) for node, v in zip(members, values, strict=True) if v}
