@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--check", choices=("livez", "readyz"),
                         help="only probe /livez or /readyz (for exec probes)")  # fmt: skip
     status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    drain = commands.add_parser(
+        "drain",
+        help="drain a running agent's node (its --health-port endpoint)",
+        description="Ask a running agent to drain its node: every rank of the job checkpoints "
+        "at the same step, then the job goes on without this node. Exit 0 draining, 1 "
+        "refused, 3 unreachable.",
+    )
+    drain.add_argument("--url", help="the agent's health endpoint (as for agentd status)")
+    drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
+    drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     store = commands.add_parser(
         "store",
         help="run the rendezvous store server on its own",
@@ -231,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return status_cli.run(args.url, args.json, args.check, args.timeout)
         if args.command == "store":
             return run_store(args, environ)
+        if args.command == "drain":
+            from agentd.health import drain_request
+
+            return drain_request.run(args.url, args.reason, args.timeout)
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)

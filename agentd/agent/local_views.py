@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agentd.drain.service import DrainService
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
     from agentd.health.service import HealthService
@@ -30,6 +31,7 @@ class LocalAgentViews:
     _result: ResultFileService
     _procs: dict[int, WorkerProcess]
     _node_checks: NodeCheckService | None
+    _drain: DrainService | None
     _preload: PreloadService
 
     @property
@@ -78,6 +80,10 @@ class LocalAgentViews:
     def worker_processes(self) -> Mapping[int, WorkerProcess]:
         """The current attempt's worker processes, by local rank."""
         return self._procs
+
+    def drain_status(self) -> dict[str, Any] | None:
+        """The last drain this agent followed (None: none yet)."""
+        return self._drain.status() if self._drain is not None else None
 
     def node_check_status(self) -> dict[str, Any] | None:
         """The node checks' last results and exclusions (None without ``--node-check``)."""

@@ -92,7 +92,9 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         ),
         health=None
         if config.health_port is None
-        else HealthSettings(config.health_port, config.health_host, config.health_timeout),
+        else HealthSettings(
+            config.health_port, config.health_host, config.health_timeout, config.store_token
+        ),
         event_log=config.event_log,
         heartbeats=HeartbeatSettings(
             initial_timeout=config.initial_heartbeat_timeout,

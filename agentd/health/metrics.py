@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -56,6 +56,12 @@ class AgentMetrics(AgentObserver):
         self.store_latency = Histogram("agentd_store_request_seconds", "Latency of rendezvous "
                                        "store requests (long polls excluded)", ["op"],
                                        buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
+        self.drains = Counter("agentd_drains", "Drains this node led, by outcome (complete: "
+                              "every node confirmed its checkpoints)", ["outcome"],
+                              registry=r)  # fmt: skip
+        self.drain_seconds = Histogram("agentd_drain_seconds", "A drain from its request to "
+                                       "every checkpoint confirmed", buckets=PHASE_BUCKETS,
+                                       registry=r)  # fmt: skip
         self.custom = Gauge("agentd_custom_metric", "Values given to put_metric",
                             ["group", "name"], registry=r)  # fmt: skip
         r.register(_Readings(agent))
@@ -80,6 +86,10 @@ class AgentMetrics(AgentObserver):
         if failure.message.startswith("timer expired"):
             kind = "timer"
         self.failures.labels(kind).inc()
+
+    def drain_done(self, outcome: dict[str, Any]) -> None:
+        self.drains.labels("incomplete" if outcome["missing"] else "complete").inc()
+        self.drain_seconds.observe(outcome["seconds"])
 
     def store_request(self, op: str, seconds: float) -> None:
         self.store_latency.labels(op).observe(seconds)

@@ -100,12 +100,16 @@ class HealthCheckServer(StartedInBackground):
         status: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], bytes] | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        drain: Callable[[str], dict[str, Any]] | None = None,
+        token: str | None = None,
     ) -> None:
         self._alive = alive_callback
         self._timeout = timeout
         self._ready = ready
         self._status = status
         self._metrics = metrics
+        self._drain = drain
+        self._token = token
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
@@ -126,6 +130,8 @@ class HealthCheckServer(StartedInBackground):
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/status", self._status_handler)
         app.router.add_get("/metrics", self._metrics_handler)
+        if self._drain is not None:
+            app.router.add_post("/drain", self._drain_handler)
         self._runner, self.port = await serve_app(
             app, self._host, self._requested_port, "health_port", self._limits
         )
@@ -175,6 +181,13 @@ class HealthCheckServer(StartedInBackground):
         response = web.Response(body=self._metrics())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
+
+    async def _drain_handler(self, request: web.Request) -> web.Response:
+        """``POST /drain`` with the bearer token, and optionally ``{"reason": "..."}``."""
+        from agentd.health.drain_request import drain_response
+
+        assert self._drain is not None
+        return await drain_response(request, self._token, self._drain)
 
 
 def _probe_response(ok: bool, checks: list[Check], verbose: bool) -> web.Response:

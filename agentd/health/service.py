@@ -17,6 +17,7 @@ from agentd.exceptions import StartError
 from agentd.group import WorkerState
 from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReportsStore
+from agentd.store import token_file
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class HealthService:
         self.metrics: AgentMetrics | None = None
         self._lag: LoopLagMonitor | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._token = settings.token or token_file.new_token()
+        self._published: int | None = None
 
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
@@ -58,7 +61,7 @@ class HealthService:
             self.liveness_checks, settings.port, settings.timeout, settings.host,
             ready=lambda: agent.get_worker_group().state is WorkerState.HEALTHY,
             status=lambda: status_document(agent), metrics=self._render_metrics,
-            max_connections=cap,
+            max_connections=cap, drain=self._drain, token=self._token,
         )  # fmt: skip
         try:
             await self.server.start_async()
@@ -68,6 +71,13 @@ class HealthService:
             log.warning("No health endpoint for this agent: %s", exc)
             self.server = None
             await self.stop()
+            return
+        if settings.token is None:  # POST /drain's, readable by this user only
+            try:
+                token_file.publish(self.server.port, self._token, "health")
+                self._published = self.server.port
+            except (OSError, StartError) as exc:
+                log.warning("POST /drain is off: cannot publish its token: %s", exc)
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -78,6 +88,13 @@ class HealthService:
             self._lag = None
         if self.server is not None:
             await self.server.stop_async()
+        if self._published is not None:
+            token_file.withdraw(self._published, self._token, "health")
+            self._published = None
+
+    def _drain(self, reason: str) -> dict[str, Any]:
+        self._agent.request_drain(reason)
+        return {"draining": True, "reason": reason}
 
     def liveness_checks(self) -> list[Check]:
         """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
@@ -148,6 +165,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "preload": agent.preload_status(),
         "heartbeats": agent.heartbeat_status(),
         "node_checks": agent.node_check_status(),
+        "drain": agent.drain_status(),
         "last_failure": None if failure is None else {
             "rank": failure.global_rank,
             "local_rank": failure.local_rank,

@@ -13,6 +13,8 @@ class HealthSettings:
     port: int
     host: str = "127.0.0.1"
     timeout: float = 5.0
+    token: str | None = None
+    """What ``POST /drain`` must carry (None: the agent makes one, for its user only)."""
     required: bool = True
     """False for torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``: a port that cannot be bound
     (another agent on this host has it) is a warning and the job runs without the

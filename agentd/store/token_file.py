@@ -41,9 +41,10 @@ def run_dir() -> Path:
     return base
 
 
-def token_path(port: int) -> Path:
-    """Where the token of the loopback store on ``port`` is published."""
-    return run_dir() / f"store-{port}.token"
+def token_path(port: int, kind: str = "store") -> Path:
+    """Where the token of the loopback store (``kind`` "health": the health endpoint's
+    ``POST /drain``) on ``port`` is published."""
+    return run_dir() / f"{kind}-{port}.token"
 
 
 def new_token() -> str:
@@ -51,9 +52,9 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def publish(port: int, token: str) -> Path:
+def publish(port: int, token: str, kind: str = "store") -> Path:
     """Publish ``token`` as the one of the store on ``port`` (atomically, mode 0600)."""
-    path = token_path(port)
+    path = token_path(port, kind)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -64,17 +65,17 @@ def publish(port: int, token: str) -> Path:
     return path
 
 
-def read(port: int) -> str | None:
+def read(port: int, kind: str = "store") -> str | None:
     """The published token of the loopback store on ``port``, if there is one."""
     try:
-        return token_path(port).read_text().strip() or None
+        return token_path(port, kind).read_text().strip() or None
     except (OSError, StartError):
         return None
 
 
-def withdraw(port: int, token: str) -> None:
+def withdraw(port: int, token: str, kind: str = "store") -> None:
     """Remove the published token, if it is still ours (a newer store may have replaced it)."""
     with contextlib.suppress(OSError, StartError):
-        path = token_path(port)
+        path = token_path(port, kind)
         if path.read_text().strip() == token:
             path.unlink()

@@ -4,8 +4,16 @@ without the drained node and resumes at that step, and nobody spends a restart."
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import wait_until
 from tests.helpers.jobs import TOKEN, agent_args
@@ -53,3 +61,64 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
         json.loads(line)["name"] for line in (tmp_path / "events.jsonl").read_text().splitlines()
     ]
     assert "drain_requested" in names and "drain_done" in names
+
+
+def drain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    return subprocess.run([sys.executable, "-m", "agentd", "drain", *args], env=full | (env or {}),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def health_url(agent) -> str:
+    found = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+                       what="the health endpoint")  # fmt: skip
+    return found.group(1)
+
+
+def test_agentd_drain_asks_over_http_with_the_token(run_agentd, run_store, tmp_path):
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = ["--nproc-per-node", "1", TRAIN, str(out), str(stop)]
+    stay = run_agentd(*agent_args(store.endpoint, "1:2"), *job, env=env)
+    leaving = run_agentd(*agent_args(store.endpoint, "1:2"), "--health-port", "0", *job, env=env)
+    url = health_url(leaving)
+    wait_until(lambda: len(starts(out, 0)) == 2, what="a job of two nodes")
+
+    refused = drain_cli("--url", url, env={"AGENTD_STORE_TOKEN": "wrong"})
+    assert refused.returncode == 1 and "needs the bearer token" in refused.stderr
+    request = urllib.request.Request(url + "/drain", data=b'{"reason": 7}', method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(request, timeout=10)
+    assert bad.value.code == 400 and b"reason: 7 must be a non-empty string" in bad.value.read()
+    assert leaving.proc.poll() is None  # nothing was drained by either
+
+    done = drain_cli("--url", url, "--reason", "kernel update", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"draining": True, "reason": "kernel update"}
+    assert leaving.wait(60) == 0, leaving.stderr()[-3000:]
+    assert "This node drained (kernel update" in leaving.stderr()
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 2 and len({c["step"] for c in ckpts}) == 1
+    wait_until(lambda: starts(out, 1), what="the other node to go on alone")
+    assert starts(out, 1)[0]["resumed_at"] == ckpts[0]["step"]
+    stop.touch()
+    assert stay.wait(30) == 0
+
+
+def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_path):
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    agent = run_agentd("--standalone", "--health-port", "0", TRAIN, str(out), str(stop))
+    url = health_url(agent)
+    wait_until(lambda: starts(out, 0), what="the worker")
+    done = drain_cli("--url", url)  # no AGENTD_STORE_TOKEN: the published file is read
+    assert done.returncode == 0, done.stderr
+    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    assert notes(out, "ckpt_0_*"), "the worker checkpointed before the node left"
+    port = int(url.rsplit(":", 1)[1])
+    from agentd.store import token_file
+
+    assert token_file.read(port, "health") is None  # withdrawn as the agent left

@@ -1,0 +1,83 @@
+"""``POST /drain`` on the health endpoint, and ``agentd drain``, its client.
+
+The request needs the bearer token (``Authorization: Bearer <token>``): the store token
+when the agent has one (``AGENTD_STORE_TOKEN``), else one the agent made and published
+for its user only (see :mod:`agentd.store.token_file`, kind ``health``). The body is
+optional: ``{"reason": "..."}`` (at most 200 characters). Answers 202 with what the agent
+does, 401 without the right token, 400 naming what is wrong with the body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+MAX_BODY = 4096
+MAX_REASON = 200
+
+
+async def drain_response(
+    request: web.Request, token: str | None, drain: Callable[[str], dict[str, Any]]
+) -> web.Response:
+    from aiohttp import web
+
+    given = request.headers.get("Authorization", "")
+    if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return web.json_response({"error": "POST /drain needs the bearer token "
+                                  "(Authorization: Bearer <token>)"}, status=401)  # fmt: skip
+    body = await request.content.read(MAX_BODY + 1)
+    reason = "POST /drain"
+    if body.strip():
+        try:
+            doc = json.loads(body) if len(body) <= MAX_BODY else None
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict):
+            return web.json_response({"error": f"body: must be a JSON object of at most "
+                                      f"{MAX_BODY} bytes"}, status=400)  # fmt: skip
+        given_reason = doc.get("reason", reason)
+        if not isinstance(given_reason, str) or not 0 < len(given_reason) <= MAX_REASON:
+            return web.json_response({"error": f"reason: {given_reason!r} must be a non-empty "
+                                      f"string of at most {MAX_REASON} characters"},
+                                     status=400)  # fmt: skip
+        reason = given_reason
+    return web.json_response(drain(reason), status=202)
+
+
+def run(url: str | None, reason: str | None, timeout: float) -> int:
+    """``agentd drain``: 0 the agent drains, 1 it refused, 3 it cannot be reached."""
+    from agentd.health.status_cli import default_url, url_problem
+    from agentd.store import token_file
+
+    base = (url or default_url(dict(os.environ))).rstrip("/")
+    problem = url_problem(base)
+    if problem:
+        sys.stderr.write(f"agentd: error: --url: {base!r} {problem}\n")
+        return 2
+    parts = urlsplit(base)
+    token = os.environ.get("AGENTD_STORE_TOKEN")
+    if not token and parts.hostname in ("127.0.0.1", "localhost", "::1"):
+        token = token_file.read(parts.port or 80, "health")  # the local agent's, for us only
+    body = json.dumps({"reason": reason} if reason else {}).encode()
+    request = urllib.request.Request(base + "/drain", data=body, method="POST", headers={
+        "Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            sys.stdout.write(response.read().decode().strip() + "\n")
+            return 0
+    except urllib.error.HTTPError as exc:
+        sys.stderr.write(f"agentd: drain refused ({exc.code}): {exc.read().decode().strip()}\n")
+        return 1
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"agentd: cannot reach {base}: {getattr(exc, 'reason', exc)}\n")
+        return 3
