@@ -1,18 +1,24 @@
-"""A PyTorch Lightning callback: a heartbeat per training batch, sections for the rest.
+"""A PyTorch Lightning callback: a heartbeat per training batch, sections for the rest,
+and a checkpoint when a drain asks for one.
 
 ``Trainer(callbacks=[HeartbeatCallback()])``. Each training batch ends with a heartbeat;
 validation runs in the section ``validation`` (with a heartbeat per batch, so its
 timeout is learned from batches, not from whole validation runs); every checkpoint write
 runs in the section ``checkpoint``; the end of training (or an exception) ends the
-heartbeats, so teardown is not taken for a hang. Built on ``lightning.pytorch`` (or, when
-only that is installed, ``pytorch_lightning``).
+heartbeats, so teardown is not taken for a hang. When a drain asks every rank for a
+checkpoint (:mod:`agentd.drain`), every rank calls ``trainer.save_checkpoint`` at the same
+batch, to ``drain_checkpoint`` (default ``<default_root_dir>/drain.ckpt``), and says it
+is saved; resume with ``trainer.fit(..., ckpt_path=...)``. Built on ``lightning.pytorch``
+(or, when only that is installed, ``pytorch_lightning``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
+import agentd.drain.client as drain
 import agentd.heartbeats.client as progress
 
 try:
@@ -24,8 +30,9 @@ except ImportError:  # the older package name
 class HeartbeatCallback(Callback):  # type: ignore[misc]
     """Heartbeats and sections for agentd's hang detection (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, drain_checkpoint: str | None = None) -> None:
         self._validation: progress.section | None = None
+        self.drain_checkpoint = drain_checkpoint
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         io = trainer.strategy.checkpoint_io
@@ -43,6 +50,10 @@ class HeartbeatCallback(Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
         progress.heartbeat()
+        if drain.checkpoint_requested():  # on every rank at this same batch
+            path = self.drain_checkpoint or os.path.join(trainer.default_root_dir, "drain.ckpt")
+            trainer.save_checkpoint(path)
+            drain.checkpoint_saved()
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._leave_validation()

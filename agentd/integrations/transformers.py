@@ -1,4 +1,5 @@
-"""A Hugging Face ``TrainerCallback``: a heartbeat per step, sections for eval and saves.
+"""A Hugging Face ``TrainerCallback``: a heartbeat per step, sections for eval and saves,
+and a checkpoint when a drain asks for one.
 
 ``Trainer(..., callbacks=[HeartbeatCallback()])``. Each optimizer step ends with a
 heartbeat. When the trainer is about to evaluate or save after a step (its
@@ -6,6 +7,10 @@ heartbeat. When the trainer is about to evaluate or save after a step (its
 ``evaluate`` or ``checkpoint`` (a save that follows an evaluation encloses it), and
 leaves it when the trainer reports it done; evaluation batches heartbeat inside their
 section. The end of training ends the heartbeats, so teardown is not taken for a hang.
+When a drain asks every rank for a checkpoint (:mod:`agentd.drain`), the callback asks the
+trainer to save at this step (``control.should_save``: the trainer's own checkpoint, in
+``output_dir``, resumable with ``resume_from_checkpoint``) and says it is saved once the
+trainer has written it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+import agentd.drain.client as drain
 import agentd.heartbeats.client as progress
 
 
@@ -22,6 +28,7 @@ class HeartbeatCallback(TrainerCallback):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self._open: list[progress.section] = []
+        self._draining = False
 
     def _enter(self, name: str) -> None:
         self._open.append(progress.section(name).__enter__())
@@ -42,6 +49,9 @@ class HeartbeatCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._leave_all()  # a section the trainer never reported done must not linger
         progress.heartbeat()
+        if drain.checkpoint_requested():  # on every rank at this same step
+            control.should_save = True
+            self._draining = True
         if control.should_save:
             self._enter("checkpoint")
         if control.should_evaluate:
@@ -55,6 +65,9 @@ class HeartbeatCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._leave("checkpoint")
+        if self._draining:
+            self._draining = False
+            drain.checkpoint_saved()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._leave_all()

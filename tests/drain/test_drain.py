@@ -122,3 +122,29 @@ def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_pa
     from agentd.store import token_file
 
     assert token_file.read(port, "health") is None  # withdrawn as the agent left
+
+
+@pytest.mark.torch
+def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store, tmp_path):
+    pytest.importorskip("torch")
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = ["--nproc-per-node", "2", str(Path(__file__).with_name("gloo_steps.py")), str(out),
+           str(stop)]  # fmt: skip
+    stay = [run_agentd(*agent_args(store.endpoint, "2:3"), *job, env=env) for _ in range(2)]
+    leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGUSR1", *job,
+                         env=env)  # fmt: skip
+    wait_until(lambda: len(starts(out, 0)) == 6, 120, what="a gloo job of six ranks")
+    wait_until(lambda: "Started 2 worker" in leaving.stderr(), what="the workers")
+    leaving.proc.send_signal(signal.SIGUSR1)
+    assert leaving.wait(120) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 6 and len({c["step"] for c in ckpts}) == 1, ckpts
+    wait_until(lambda: len(starts(out, 1)) == 4, 120, what="the job of four ranks")
+    resumed = starts(out, 1)
+    assert {s["world"] for s in resumed} == {4}
+    assert {s["resumed_at"] for s in resumed} == {ckpts[0]["step"]}  # not a step lost
+    stop.touch()
+    assert [a.wait(60) for a in stay] == [0, 0], [a.stderr()[-2000:] for a in stay]
