@@ -55,7 +55,7 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         "",
         "Signals that drain this node instead of stopping it: every rank of the job "
         "checkpoints at the same step, the job goes on without this node, which exits 128+N "
-        "(e.g. SIGTERM for a preemption notice; a second signal stops at once).",
+        "(e.g. SIGTERM for a preemption notice; a second signal stops it as a stop signal does).",
         metavar="SIGNALS",
     ),
     _o(

@@ -148,3 +148,25 @@ def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store
     assert {s["resumed_at"] for s in resumed} == {ckpts[0]["step"]}  # not a step lost
     stop.touch()
     assert [a.wait(60) for a in stay] == [0, 0], [a.stderr()[-2000:] for a in stay]
+
+
+def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd, tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import os, signal, sys, time\n"
+        "import agentd\n"
+        "got = os.path.join(sys.argv[1], 'signal_' + os.environ['LOCAL_RANK'])\n"
+        "signal.signal(signal.SIGUSR2, lambda *_: open(got, 'w').close())\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+        "    agentd.heartbeat()\n"
+        "    if agentd.checkpoint_requested():\n"
+        "        agentd.checkpoint_saved()\n"
+    )
+    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--health-port", "0",
+                       "--checkpoint-signal", "SIGUSR2", str(job), str(tmp_path))  # fmt: skip
+    url = health_url(agent)
+    wait_until(lambda: "Started 2 worker" in agent.stderr(), what="the workers")
+    assert drain_cli("--url", url).returncode == 0
+    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("signal_*")) == ["signal_0", "signal_1"]
