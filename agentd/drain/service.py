@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from agentd.drain import control
@@ -55,6 +55,7 @@ class DrainService:
         self._request: DrainRequest | None = None
         self._reported: dict[int, int] = {}
         self._new_report = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._saved: dict[int, int] = {}
         self._acknowledged = False
         self._step: int | None = None
@@ -75,7 +76,7 @@ class DrainService:
             self._watch = asyncio.create_task(self._follow(), name="drain-watch")
 
     async def stop(self) -> None:
-        for task in (self._watch, self._draining):
+        for task in (self._watch, self._draining, *self._tasks):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -108,7 +109,7 @@ class DrainService:
                 self._saved[message.pid] = message.steps
         if self._saved and set(self._saved) >= self._live_pids() and not self._acknowledged:
             self._acknowledged = True
-            asyncio.get_running_loop().create_task(self._acknowledge())
+            self._spawn(self._acknowledge())
 
     def status(self) -> dict[str, Any] | None:
         return self.status_doc
@@ -127,7 +128,7 @@ class DrainService:
                 if request is not None:
                     await self._follow_request(request, step)
                 revision = await drains.changes(revision)
-            except StoreError as exc:
+            except (StoreError, RuntimeError) as exc:  # RuntimeError: the store is closed
                 log.debug("Drain watch: %s", exc)
                 revision = 0
                 await asyncio.sleep(1.0)
@@ -138,7 +139,7 @@ class DrainService:
             return
         if self._request is None or self._request.id != request.id:
             self._start_following(request, path)
-            asyncio.get_running_loop().create_task(self._report(request.id))
+            self._spawn(self._report(request.id))
         if step is not None and self._step is None:
             self._step = step
             control.publish(path, request.id, step)
@@ -183,6 +184,11 @@ class DrainService:
         with contextlib.suppress(StoreError):
             await self._drains.acknowledge(request.id, doc)
         log.info("Drain: the checkpoints of this node's %d worker(s) are saved", len(by_rank))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _live_pids(self) -> set[int]:
         return {p.pid for p in self._workers().values() if p.returncode is None}
