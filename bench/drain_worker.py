@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from report_files import write_report
 
 import agentd
 
@@ -24,10 +25,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 
 
 def write(name: str, doc: dict) -> None:
-    path = os.path.join(out, name)
-    with open(path + ".tmp", "w") as fp:
-        json.dump(doc, fp)
-    os.replace(path + ".tmp", path)
+    write_report(os.path.join(out, name), json.dumps(doc))
 
 
 def read(name: str) -> dict:
