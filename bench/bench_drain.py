@@ -12,8 +12,9 @@ every ``--every`` steps), lets it run at world 6 for 2 s, then signals the third
   collectives fail, and they restart from the last periodic checkpoint.
 
 Figures: the signal -> every rank's checkpoint callback entered (agentd), whether every
-rank saved at one step, steps lost (the furthest step reached minus the step the re-formed
-world resumed at) and the signal -> the re-formed world's last worker started. Needs torch.
+rank saved at one step, steps lost (the step reached when the signal was sent minus the
+step the re-formed world resumed at: work done before the node was asked to leave and done
+again) and the signal -> the re-formed world's last worker started. Needs torch.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
             if not wait_for(lambda: len(notes(out, first)) == 6, timeout):
                 return None
             time.sleep(2.0)
+            at_signal = max(p["step"] for p in notes(out, "progress_0_*.json"))
             sent = time.time()
             procs[2].send_signal(signal.SIGUSR1 if launcher == "agentd" else signal.SIGTERM)
 
@@ -92,7 +94,6 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
 
             if not wait_for(lambda: len(reformed()) == 4, timeout):
                 return None
-            furthest = max(p["step"] for p in notes(out, "progress_*.json"))
             drained = notes(out, "ckpt_drain_0_*.json")
             resumed = min(s["resumed_at"] for s in reformed())
             result = {
@@ -100,7 +101,7 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
                 if len(drained) == 6
                 else None,
                 "one_step": len({c["step"] for c in drained}) == 1 if drained else None,
-                "lost": max(0, furthest - resumed),
+                "lost": max(0, at_signal - resumed),
                 "reformed": max(s["at"] for s in reformed()) - sent,
             }
             stop.touch()

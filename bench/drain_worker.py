@@ -4,7 +4,8 @@
 all-reduces once per step (the ranks move in lockstep), saves a checkpoint every EVERY
 steps (0: never) and, under agentd, when a drain asks (``on_checkpoint_request``: it notes
 when the callback was entered). Notes each start (``start_<attempt>_<rank>.json``) and,
-every 10 steps, how far it got (``progress_<rank>.json``). Stops once STOP_FILE exists.
+after every step, how far it got and when (``progress_<attempt>_<rank>.json``). Stops once
+STOP_FILE exists.
 """
 
 import json
@@ -53,6 +54,5 @@ while True:
     agentd.heartbeat()
     if every and step % every == 0:
         write(f"ckpt_every_{rank}.json", {"step": step})
-    if step % 10 == 0:
-        write(f"progress_{rank}.json", {"step": step, "at": time.time()})
+    write(f"progress_{attempt}_{rank}.json", {"step": step, "at": time.time()})
 dist.destroy_process_group()

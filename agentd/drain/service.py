@@ -28,8 +28,11 @@ from agentd.workers.processes import WorkerProcess
 log = logging.getLogger(__name__)
 
 REPORT_WINDOW = 0.25
-"""How long the workers' steps are waited for (a worker that never heartbeats never
+"""How long the workers' steps are waited for at most (a worker that never heartbeats never
 reports); the workers pause meanwhile, so this bounds the pause too."""
+SETTLE = 0.02
+"""After the first report, how long the others are waited for: in a synchronous job a rank
+blocked in a collective (its peer paused to report) cannot report, nor be ahead."""
 
 
 class DrainService:
@@ -55,6 +58,7 @@ class DrainService:
         self._request: DrainRequest | None = None
         self._reported: dict[int, int] = {}
         self._new_report = asyncio.Event()
+        self._first_report = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._saved: dict[int, int] = {}
         self._acknowledged = False
@@ -103,6 +107,8 @@ class DrainService:
             if message.pid not in pids:
                 continue
             if message.kind == "drain":
+                if not self._reported:
+                    self._first_report = asyncio.get_running_loop().time()
                 self._reported[message.pid] = message.steps
                 self._new_report.set()
             elif message.kind == "saved":
@@ -164,10 +170,14 @@ class DrainService:
 
     async def _report(self, drain_id: int) -> None:
         """Report the furthest step our workers reported (once all did, or the window)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPORT_WINDOW
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(REPORT_WINDOW):
-                while set(self._reported) < self._live_pids():
-                    self._new_report.clear()
+            while set(self._reported) < self._live_pids():
+                if self._reported:
+                    deadline = min(deadline, self._first_report + SETTLE)
+                self._new_report.clear()
+                async with asyncio.timeout_at(deadline):
                     await self._new_report.wait()
         steps = list(self._reported.values())
         with contextlib.suppress(StoreError):
@@ -199,7 +209,7 @@ class DrainService:
         began = time.monotonic()
         try:
             request = await self._drains.request(reason)
-            step = await self._drains.choose_step(request.id, REPORT_WINDOW + 0.05)
+            step = await self._drains.choose_step(request.id, REPORT_WINDOW + 0.05, SETTLE)
             log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
             acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
         except StoreError as exc:

@@ -92,15 +92,28 @@ class Drains:
     async def report_step(self, drain_id: int, step: int) -> None:
         await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
 
-    async def choose_step(self, drain_id: int, window: float) -> int:
-        """(The draining agent) Wait up to ``window`` for every member's step, then choose
-        and publish one past the furthest (0 when none reported: nobody counts steps)."""
+    async def choose_step(self, drain_id: int, window: float, settle: float) -> int:
+        """(The draining agent) Choose and publish one step past the furthest reported,
+        once every member reported, or ``settle`` seconds after the first report (in a
+        synchronous job a rank blocked in a collective cannot report, and cannot be ahead
+        either), or after ``window`` (0 when nobody reported: nobody counts steps)."""
+        store = self._store()
         keys = [self._key(drain_id, f"step/{node}") for node in self.members()]
-        with contextlib.suppress(TimeoutError):
-            await self._store().wait(keys, window)
-        values = await self._store().multi_get(keys)
-        steps = [int(v) for v in values if v is not None]
-        chosen = max(steps) + 1 if steps else 0
+        deadline = time.monotonic() + window
+        first: float | None = None
+        revision = await store.revision()
+        while True:
+            steps = [int(v) for v in await store.multi_get(keys) if v is not None]
+            now = time.monotonic()
+            if steps and first is None:
+                first = now
+            until = deadline if first is None else min(deadline, first + settle)
+            if len(steps) == len(keys) or now >= until:
+                break
+            revision = (await store.watch(self._key(drain_id, "step/"), revision,
+                                          until - now)).revision  # fmt: skip
+        reported = [s for s in steps if s >= 0]
+        chosen = max(reported) + 1 if reported else 0
         await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
         return chosen
 
