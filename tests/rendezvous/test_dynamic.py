@@ -117,9 +117,12 @@ async def test_a_late_node_ends_the_round_and_all_three_meet_in_the_next(store):
 
 
 async def test_a_node_beyond_max_waits_for_a_departure(store):
-    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    # A TTL of 1.5 s: ending the round is bounded by it, and a loaded etcd can take longer
+    # than FAST's 0.3 s (b's departure would then be seen as a lost heartbeat instead).
+    slow = {"nodes": (1, 2), "keep_alive_interval": 0.5}
+    a, b = handler(store, **slow), handler(store, **slow)
     await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
-    c = handler(store, nodes=(1, 2))
+    c = handler(store, **slow)
     spare = asyncio.create_task(c.next_rendezvous())
     await asyncio.sleep(0.3)
     assert not spare.done()  # the round is full: no restart for the others
