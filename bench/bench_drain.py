@@ -33,11 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 from report_files import reports as finished_reports
 
 WORKER = str(Path(__file__).with_name("drain_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
 TOKEN = "bench-secret"
+MARK_ENV = "BENCH_DRAIN_RUN"
 
 
 def free_port() -> int:
@@ -71,8 +73,9 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
+        marker = os.urandom(8).hex()
         env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN, "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": "1"}  # fmt: skip
+               "OMP_NUM_THREADS": "1", MARK_ENV: marker}  # fmt: skip
         argv = [*command(launcher, port), WORKER, tmp, str(stop), str(every)]
         procs: list[subprocess.Popen[bytes]] = []
         try:
@@ -114,6 +117,16 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+            kill_marked(marker)
+
+
+def kill_marked(marker: str) -> None:
+    """Kill, by pid, every process of this run (the environment marks them): a launcher
+    killed or failed may leave its workers behind (torchrun does, blocked in gloo)."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(MARK_ENV) == marker:
+                proc.kill()
 
 
 def main() -> None:
