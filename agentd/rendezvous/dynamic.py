@@ -195,6 +195,8 @@ class DynamicRendezvous:
             raise RendezvousTimeoutError(await self._timeout_message()) from None
         self._round = joined
         self._joined_once = True
+        if self._opened is not None and self._opened.after_round is not None:
+            self._opened.after_round()
         rounds = self._rounds_or_fail()
         rounds.floor = max(rounds.floor, joined.generation + 1)
         if joined.rank == 0:
@@ -353,7 +355,7 @@ class DynamicRendezvous:
                     await self.end_round(f"node {self.node_id} left")
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
-            if self._opened.hosted:
+            if self._opened.serves:
                 await self._wait_for_peers_to_leave()
         except (StoreError, TimeoutError) as exc:
             log.warning(

@@ -96,6 +96,7 @@ def _dynamic(
     is_host = pop_bool(conf, "is_host")
     if is_host is None:
         is_host = is_local_address(host)
+    standby = pop_bool(conf, "standby") is not False
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     settings = _rendezvous_settings(config, conf)
     token = config.store_token
@@ -108,9 +109,13 @@ def _dynamic(
         raise ConfigError(f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
                           "on the host that serves the store")  # fmt: skip
     addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
+    # once members stand by, a frozen server must be left for another in time (TTL)
     opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout,
+                               failover_request_timeout=min(read_timeout,
+                                                            settings.heartbeat_ttl / 3),
                                retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
-                               workers=local_world_size)  # fmt: skip
+                               workers=local_world_size, standby=standby,
+                               standby_host=config.local_addr or "")  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 

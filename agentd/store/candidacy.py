@@ -12,6 +12,11 @@ steps down, which it does on evidence of a successor:
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
+
+In a growing list (see :mod:`agentd.store.standby`), the serving candidate admits members
+that stand by, and one promoted after a failover tells every other candidate its term and
+the list until each has heard it: the old host, restarted as a lone seed serving an empty
+store, steps down and its agent follows the list to the job.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from agentd.store.api import StoreNotServing
-from agentd.store.candidates import Prober, fingerprint
+from agentd.store.candidates import MAX_CANDIDATES, Prober, grows
 from agentd.support.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -32,41 +37,84 @@ log = logging.getLogger(__name__)
 LOOK_EVERY = 2.0
 LOOK_FOR = 300.0
 """After a sign of trouble, how long a serving candidate keeps looking for a successor."""
+TELL_AGAIN = 30.0
+"""How often a candidate that has heard the term is told again (it may have restarted)."""
 
 T = TypeVar("T")
 
 
 class Candidacy:
-    """Candidate ``index`` of ``endpoints``, sharing ``token`` with the others."""
+    """Candidate ``index`` of ``endpoints``, sharing ``token`` with the others.
 
-    def __init__(self, endpoints: Sequence[str], index: int, token: str) -> None:
-        self.endpoints = tuple(endpoints)
-        self.index = index
-        self.fingerprint = fingerprint(self.endpoints)
+    ``growing``: the list grows from its first endpoint (the seed); a member standing by
+    is constructed with the seed alone and ``index`` None, and learns its place when the
+    serving candidate admits it (:attr:`own` is its endpoint, set once it listens).
+    """
+
+    def __init__(
+        self, endpoints: Sequence[str], index: int | None, token: str, *, growing: bool = False
+    ) -> None:
+        self.growing = growing
+        self._prober = Prober(endpoints, token, growing=growing)
+        self.fingerprint = self._prober.fingerprint
+        self.own = endpoints[index] if index is not None else ""
         self.role = "standby"
         self.term = 0
         self.on_promote: Callable[[], None] = lambda: None
         """Called as serving begins: the server makes a fresh, empty store."""
         self.on_step_down: Callable[[], Coroutine[Any, Any, None]] | None = None
         """Called as serving ends: the server lets its store go."""
-        self._prober = Prober(self.endpoints, token)
         self._standing_by = asyncio.Event()
         self._standing_by.set()
         self._look_until = 0.0
         self._looking: asyncio.Task[None] | None = None
+        self._telling: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._prober.endpoints
+
+    @property
+    def index(self) -> int:
+        """Our place in the list (-1: a member not admitted yet)."""
+        return self.endpoints.index(self.own) if self.own in self.endpoints else -1
+
+    @property
     def endpoint(self) -> str:
-        return self.endpoints[self.index]
+        return self.own
+
+    def share_token(self, token: str) -> None:
+        """The token of the server we belong to (one it made itself, on loopback)."""
+        self._prober.token = token
 
     @property
     def serving(self) -> bool:
         return self.role == "serving"
 
     def document(self) -> dict[str, Any]:
-        return {"role": self.role, "term": self.term, "index": self.index,
-                "endpoint": self.endpoint}  # fmt: skip
+        doc = {"role": self.role, "term": self.term, "index": self.index,
+               "endpoint": self.endpoint}  # fmt: skip
+        if self.growing:
+            doc["endpoints"] = list(self.endpoints)
+        return doc
+
+    def extend(self, endpoints: Sequence[str]) -> None:
+        """Adopt a later version of our growing list (anything else is ignored)."""
+        if self.growing and grows(self.endpoints, endpoints):
+            self._prober.endpoints = tuple(endpoints)
+
+    def admit(self, endpoint: str) -> bool:
+        """A member at ``endpoint`` stands by: append it to the list we serve (False: the
+        list is full, or not ours to grow)."""
+        if endpoint in self.endpoints:
+            return True
+        if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
+            return False
+        self._prober.endpoints += (endpoint,)
+        log.info("Store %s: %s stands by as candidate %d", self.endpoint, endpoint,
+                 len(self.endpoints) - 1)  # fmt: skip
+        return True
 
     def mismatch(self, given: str | None) -> str:
         """Why a client with candidate list ``given`` (a fingerprint) is refused ('' if not)."""
@@ -83,8 +131,10 @@ class Candidacy:
                 self._step_down(f"a client has seen term {term}, newer than ours ({self.term})")
             self.term = term
 
-    def promote(self, term: int) -> None:
-        """Serve under ``term``, if it is newer than ours (else nothing changes)."""
+    def promote(self, term: int, endpoints: Sequence[str] = ()) -> None:
+        """Serve under ``term``, if it is newer than ours (else nothing changes);
+        ``endpoints``: the promoting client's list, when it grows."""
+        self.extend(endpoints)
         if term <= self.term:
             return
         if self.serving:
@@ -95,6 +145,8 @@ class Candidacy:
         log.log(logging.INFO if term == 1 else logging.WARNING,
                 "Store %s: now serving (candidate %d of %d, term %d)", self.endpoint,
                 self.index, len(self.endpoints), term)  # fmt: skip
+        if self.growing and term > 1 and (self._telling is None or self._telling.done()):
+            self._telling = asyncio.create_task(self._tell_the_others(), name="store-tell")
 
     def suspect(self, why: str) -> None:
         """A sign we may have been replaced: look for a successor for a while."""
@@ -130,6 +182,24 @@ class Candidacy:
                     return
             await asyncio.sleep(LOOK_EVERY)
 
+    async def _tell_the_others(self) -> None:
+        """Tell every other candidate our term and list: every :data:`LOOK_EVERY` seconds
+        until it has heard them, every :data:`TELL_AGAIN` after."""
+        heard: dict[str, float] = {}
+        while self.serving:
+            now = time.monotonic()
+            due = [i for i, endpoint in enumerate(self.endpoints)
+                   if i != self.index and heard.get(endpoint, 0.0) <= now]  # fmt: skip
+            body = {"endpoints": list(self.endpoints)}
+            for report in await self._prober.roles_of(due, self.term, body):
+                if report.serving and (report.term, -report.index) > (self.term, -self.index):
+                    self._step_down(f"{report.endpoint} serves under term {report.term}")
+                    self.term = max(self.term, report.term)
+                    return
+                told = report.reachable and report.term >= self.term
+                heard[report.endpoint] = now + (TELL_AGAIN if told else 0.0)
+            await asyncio.sleep(LOOK_EVERY)
+
     def _step_down(self, why: str) -> None:
         log.warning("Store %s: stepping down (%s); its state is dropped", self.endpoint, why)
         self.role = "standby"
@@ -141,6 +211,7 @@ class Candidacy:
 
     async def close(self) -> None:
         await cancel_and_wait(self._looking)
+        await cancel_and_wait(self._telling)
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await task

@@ -18,6 +18,12 @@ client that moved on, and steps down. Which candidate serves, and when one steps
 
 The state a new server starts from is empty: the rendezvous re-creates it (it is soft
 state), and the clients see the switch as a store that restarted.
+
+A list is given (every agent and store is started with the same one), or it **grows**: it
+starts with the one endpoint every agent was given (the *seed*) and members append
+themselves as they stand by (see :mod:`agentd.store.standby`). A growing list is named by
+its seed alone, and only ever appended to, so any two versions agree on every index they
+both hold.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ if TYPE_CHECKING:
 
 PROBE_TIMEOUT = 2.0
 """Seconds a candidate has to answer a probe before it counts as out of reach."""
+MAX_CANDIDATES = 8
+"""The longest a growing list gets: enough spares for a store, few enough to ask them all
+at once when one fails."""
 
 
 def parse_candidates(text: str, field: str = "--rdzv-endpoint") -> tuple[tuple[str, int], ...]:
@@ -62,6 +71,21 @@ def fingerprint(endpoints: Sequence[str]) -> str:
     return hashlib.sha256(",".join(endpoints).encode()).hexdigest()[:16]
 
 
+def grows(ours: Sequence[str], theirs: Sequence[str]) -> bool:
+    """``theirs`` is a later version of the growing list ``ours``: longer, and the same
+    where both have an entry."""
+    return len(theirs) > len(ours) and tuple(theirs[: len(ours)]) == tuple(ours)
+
+
+def endpoint_list(value: Any) -> tuple[str, ...]:
+    """A list of endpoints from a JSON document (anything else: empty)."""
+    if not isinstance(value, list) or len(value) > MAX_CANDIDATES:
+        return ()
+    if not all(isinstance(item, str) and 0 < len(item) <= 300 for item in value):
+        return ()
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class RoleReport:
     """What one candidate said when asked its role (``problem``: why it did not answer)."""
@@ -71,6 +95,8 @@ class RoleReport:
     role: str = ""
     term: int = 0
     problem: str = ""
+    endpoints: tuple[str, ...] = ()
+    """The candidate's own list, when it grows."""
 
     @property
     def serving(self) -> bool:
@@ -86,23 +112,41 @@ class CandidateMismatch(ConfigError):
 
 
 class Prober:
-    """Asks candidates their role, or to serve; one connection pool for all of them."""
+    """Asks candidates their role, or to serve; one connection pool for all of them.
 
-    def __init__(self, endpoints: Sequence[str], token: str, timeout: float = PROBE_TIMEOUT):
+    ``growing``: the list grows from its first endpoint, which alone names it."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        token: str,
+        timeout: float = PROBE_TIMEOUT,
+        *,
+        growing: bool = False,
+    ) -> None:
         self.endpoints = tuple(endpoints)
-        self._token = token
-        self._fingerprint = fingerprint(self.endpoints)
+        self.token = token
+        self.fingerprint = fingerprint(self.endpoints[:1] if growing else self.endpoints)
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
     def headers(self, term: int) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}", TERM_HEADER: str(term),
-                CANDIDATES_HEADER: self._fingerprint}  # fmt: skip
+        return {"Authorization": f"Bearer {self.token}", TERM_HEADER: str(term),
+                CANDIDATES_HEADER: self.fingerprint}  # fmt: skip
 
-    async def roles(self, term: int, skip: int | None = None) -> list[RoleReport]:
+    async def roles(
+        self, term: int, skip: int | None = None, body: dict[str, Any] | None = None
+    ) -> list[RoleReport]:
         """Every candidate's role (but ``skip``'s), asked at once, each within the timeout."""
         indexes = [i for i in range(len(self.endpoints)) if i != skip]
-        return list(await asyncio.gather(*(self.ask(i, "role", {}, term) for i in indexes)))
+        return await self.roles_of(indexes, term, body)
+
+    async def roles_of(
+        self, indexes: Sequence[int], term: int, body: dict[str, Any] | None = None
+    ) -> list[RoleReport]:
+        """The roles of the candidates at ``indexes``, asked at once."""
+        asks = (self.ask(i, "role", body or {}, term) for i in indexes)
+        return list(await asyncio.gather(*asks))
 
     async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
         """``role`` or ``promote`` at candidate ``index``; a mismatched list raises."""
@@ -128,7 +172,8 @@ class Prober:
             raise CandidateMismatch(f"--rdzv-endpoint: {error}")
         if status != 200 or not isinstance(doc, dict):
             return RoleReport(index, endpoint, problem=f"{status} {error}".strip())
-        return RoleReport(index, endpoint, str(doc.get("role", "")), int(doc.get("term", 0)))
+        return RoleReport(index, endpoint, str(doc.get("role", "")), int(doc.get("term", 0)),
+                          endpoints=endpoint_list(doc.get("endpoints")))  # fmt: skip
 
     async def close(self) -> None:
         if self._session is not None:

@@ -36,6 +36,15 @@ class OpenedStore:
     """The store's endpoint(s), for messages."""
     describe: Callable[[], dict[str, Any]] | None = None
     """What ``/status`` shows of the store (candidate lists only)."""
+    after_round: Callable[[], None] | None = None
+    """Called after each round this agent is in (a member stands by for the store then)."""
+    serving: Callable[[], bool] | None = None
+    """This agent serves the store now, though it did not at first (a standby promoted)."""
+
+    @property
+    def serves(self) -> bool:
+        """This agent serves the store: it must outlive the other agents' last requests."""
+        return self.hosted or (self.serving is not None and self.serving())
 
 
 StoreOpener = Callable[[], Awaitable[OpenedStore]]
@@ -66,33 +75,71 @@ def http_store_opener(
     *,
     retry_timeout: float = 30.0,
     request_timeout: float = 10.0,
+    failover_request_timeout: float | None = None,
     workers: int = 1,
+    standby: bool = False,
+    standby_host: str = "",
 ) -> StoreOpener:
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
-    is free (another agent on this host may have bound it first), else be its client.
-    A store served here takes at most the connections this agent can spare beside its
-    ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
+    is free (another agent on this host may have bound it first); either way, be its
+    client. A store served here takes at most the connections this agent can spare beside
+    its ``workers`` (see :mod:`agentd.hygiene.fdlimits`).
+
+    The store is the seed of a growing candidate list (see :mod:`agentd.store.standby`):
+    with ``standby``, this agent, once in a round, stands by on ``standby_host`` (''; the
+    address it reaches the store from) to serve the store if its host is lost. Requests
+    wait ``request_timeout`` for the seed alone, ``failover_request_timeout`` once there
+    are candidates to move to."""
+
+    want_standby = standby
 
     async def open_store() -> OpenedStore:
-        from agentd.store.http_client import HttpStore
+        from agentd.store.candidacy import Candidacy
+        from agentd.store.failover import FailoverStore
         from agentd.store.server import StoreServer
+        from agentd.store.standby import Standby
         from agentd.support.net import endpoint_text
 
+        where = endpoint_text(host, port)
+        server: StoreServer | None = None
         if is_host:
-            server = StoreServer(host, port, token, max_connections=_connection_cap(workers))
+            candidacy = Candidacy((where,), 0, token or "", growing=True) if port else None
+            server = StoreServer(host, port, token, max_connections=_connection_cap(workers),
+                                 candidacy=candidacy)  # fmt: skip
             try:
                 await server.start()
             except StartError as exc:
                 log.debug("Not hosting the store (%s); connecting to it instead", exc)
+                server = None
             else:
                 log.info("Hosting the rendezvous store on %s", server.endpoint)
-                return OpenedStore(server.store, server.stop, hosted=True,
-                                   where=server.endpoint)  # fmt: skip
-        where = endpoint_text(host, port)
-        client = HttpStore(
-            where, token, retry_timeout=retry_timeout, request_timeout=request_timeout
-        )
-        return OpenedStore(client, client.close, remote=True, single_process=True, where=where)
+                where = endpoint_text(host, server.port)
+                if candidacy is not None:
+                    candidacy.promote(1)
+        client = FailoverStore((where,), token if server is None else server.token,
+                               growing=True, retry_timeout=retry_timeout,
+                               request_timeout=failover_request_timeout or request_timeout,
+                               alone_request_timeout=request_timeout)  # fmt: skip
+        standby = None
+        if want_standby and server is None:
+            standby = Standby(client, standby_host, _connection_cap(workers))
+
+        async def close() -> None:
+            await client.close()
+            if standby is not None:
+                await standby.close()
+            if server is not None:
+                await server.stop()
+
+        def describe() -> dict[str, Any]:
+            serves = server or (standby.server if standby is not None else None)
+            hosting = serves.candidacy if serves is not None else None
+            return {**client.status(), "hosting": hosting and hosting.document()}
+
+        return OpenedStore(client, close, hosted=server is not None, remote=True,
+                           single_process=True, where=where, describe=describe,
+                           after_round=standby.start_soon if standby else None,
+                           serving=(lambda: standby.serving) if standby else None)  # fmt: skip
 
     return open_store
 

@@ -8,6 +8,11 @@ term or promotes the lowest-index candidate that answers, and sends the request 
 there (except an ``add`` that may have been applied). The new server's state is empty,
 which the caller sees as a store that restarted: the next watch answers ``compacted``
 and the rendezvous re-forms its round there.
+
+With a growing list (``growing``; see :mod:`agentd.store.standby`), it starts with the
+seed alone and talks to it as to a single store. Every answer says how long the server's
+list is; when it is longer than ours, one ``role`` request fetches it, and from then on a
+lost server is failed over as above.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.candidates import Prober, RoleReport
+from agentd.store.candidates import Prober, RoleReport, grows
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
@@ -45,25 +50,39 @@ class FailoverStore:
 
     ``retry_timeout``: how long to look for a serving candidate before a request fails
     with :class:`StoreUnavailable`, naming every candidate and why it did not serve.
+
+    ``growing``: ``endpoints`` is the seed of a growing list; until it grows, requests go
+    to the seed as to a lone store, each with ``alone_request_timeout``.
     """
 
     def __init__(
         self,
         endpoints: Sequence[str],
-        token: str,
+        token: str | None,
         *,
         retry_timeout: float = 30.0,
         request_timeout: float = 10.0,
+        growing: bool = False,
+        alone_request_timeout: float = 10.0,
     ) -> None:
-        self.endpoints = tuple(endpoints)
-        self._prober = Prober(self.endpoints, token)
-        self._client = HttpStore(self.endpoints[0], token, retry_timeout=SERVER_RETRY,
-                                 request_timeout=request_timeout)  # fmt: skip
+        self.growing = growing
+        self._prober = Prober(endpoints, token or "", growing=growing)
+        alone = growing and len(endpoints) == 1
+        self._client = HttpStore(
+            endpoints[0],
+            token,
+            retry_timeout=retry_timeout if alone else SERVER_RETRY,
+            request_timeout=alone_request_timeout if alone else request_timeout,
+        )
+        self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
         self.term = 0
         """The newest term seen: requests carry it, so a replaced server learns it was."""
-        self.serving: int | None = None
+        self.serving: int | None = 0 if growing else None
         """The index of the candidate this client talks to (None: not found yet)."""
+        self.on_list: Callable[[tuple[str, ...]], None] | None = None
+        """Told each longer version of a growing list this client adopts."""
+        self._learning = False
         self.failed: dict[str, str] = {}
         """Candidates seen failing, and why (the last time), until seen serving again."""
         self.failovers = 0
@@ -71,6 +90,24 @@ class FailoverStore:
         self._lock = asyncio.Lock()
         self._started = time.monotonic()
         self._set_headers()
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._prober.endpoints
+
+    @property
+    def alone(self) -> bool:
+        """A growing list that holds the seed only: nothing to fail over to yet."""
+        return self.growing and len(self.endpoints) == 1
+
+    @property
+    def token(self) -> str | None:
+        return self._client.token
+
+    @property
+    def candidate_count(self) -> int:
+        """The length of the serving candidate's growing list, as it last said."""
+        return self._client.candidate_count
 
     @property
     def observer(self) -> Callable[[str, float], None] | None:
@@ -88,8 +125,9 @@ class FailoverStore:
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows: the candidates, which one serves, which ones failed."""
         serving = None if self.serving is None else self.endpoints[self.serving]
-        return {"endpoints": list(self.endpoints), "serving": serving, "term": self.term,
-                "failovers": self.failovers, "failed": dict(self.failed)}  # fmt: skip
+        return {"endpoints": list(self.endpoints), "growing": self.growing,
+                "serving": serving, "term": self.term, "failovers": self.failovers,
+                "failed": dict(self.failed)}  # fmt: skip
 
     # -- finding the server ------------------------------------------------------------------
 
@@ -106,10 +144,39 @@ class FailoverStore:
                     self.failed[self.endpoints[self.serving]] = str(exc)
                 raise
             except (StoreUnavailable, StoreNotServing) as exc:
+                if self.alone and isinstance(exc, StoreUnavailable):
+                    raise  # retried for retry_timeout already, and there is no other server
                 await self._find_server(moves, str(exc))
                 continue
             self._adopt(self._client.server_term)
+            if self.growing and self._client.candidate_count > len(self.endpoints):
+                await self._learn_list()
             return result
+
+    async def _learn_list(self) -> None:
+        """Fetch the serving candidate's longer list (one request per new version)."""
+        if self._learning or self.serving is None:
+            return
+        self._learning = True
+        try:
+            self._prober.token = self.token or ""
+            self._grow([await self._prober.ask(self.serving, "role", {}, self.term)])
+        finally:
+            self._learning = False
+
+    def _grow(self, reports: list[RoleReport]) -> bool:
+        """Adopt the longest later version of our growing list that ``reports`` show."""
+        for report in sorted(reports, key=lambda r: len(r.endpoints), reverse=True):
+            if self.growing and grows(self.endpoints, report.endpoints):
+                if self.alone:  # from now on a lost server is left for another, in time
+                    self._client.set_timeouts(retry_timeout=SERVER_RETRY,
+                                              request_timeout=self._request_timeout)  # fmt: skip
+                self._prober.endpoints = report.endpoints
+                log.debug("Store: the candidates are now %s", ",".join(report.endpoints))
+                if self.on_list is not None:
+                    self.on_list(report.endpoints)
+                return True
+        return False
 
     async def _find_server(self, moves: int, why: str) -> None:
         """Move to the candidate serving now (promoting one if none does), unless another
@@ -121,9 +188,12 @@ class FailoverStore:
             if old is not None:
                 self.failed[self.endpoints[old]] = why
             backoff = Backoff(self._retry_timeout, initial=0.1, maximum=1.0)
+            self._prober.token = self.token or ""
             while True:
                 reports = await self._prober.roles(self.term)
                 self._adopt(max(report.term for report in reports))
+                if self._grow(reports):
+                    continue  # ask the candidates we did not know of too
                 found = await self._serving_or_promoted(reports)
                 if found is not None:
                     self._move(old, found, why)
@@ -145,8 +215,10 @@ class FailoverStore:
         early = self.serving is None and self.failovers == 0 and not self._moves
         if early and first.index > 0 and time.monotonic() - self._started < STARTUP_GRACE:
             return None  # the lower ones may just not have started yet
-        promoted = await self._prober.ask(first.index, "promote", {"term": self.term + 1},
-                                          self.term)  # fmt: skip
+        body: dict[str, Any] = {"term": self.term + 1}
+        if self.growing:
+            body["endpoints"] = list(self.endpoints)
+        promoted = await self._prober.ask(first.index, "promote", body, self.term)
         self._adopt(promoted.term)
         return promoted if promoted.serving else None
 
@@ -224,6 +296,10 @@ class FailoverStore:
 
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
         return await self._call(lambda s: s.watch(prefix, after_revision, timeout))
+
+    async def stand(self, endpoint: str) -> dict[str, Any]:
+        """Offer ``endpoint`` to the serving candidate of our growing list."""
+        return await self._call(lambda s: s.stand(endpoint))
 
     async def close(self) -> None:
         await self._client.close()

@@ -33,7 +33,13 @@ from agentd.store.api import (
 )
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.sockets import keepalive_socket
-from agentd.store.wire import INSTANCE_HEADER, MAX_POLL, NOT_SERVING, TERM_HEADER
+from agentd.store.wire import (
+    CANDIDATE_COUNT_HEADER,
+    INSTANCE_HEADER,
+    MAX_POLL,
+    NOT_SERVING,
+    TERM_HEADER,
+)
 from agentd.support.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -104,6 +110,16 @@ class HttpStore:
         """Sent with every request (a candidate list's term and fingerprint)."""
         self.server_term = 0
         """The term the server last answered under (candidate servers only)."""
+        self.candidate_count = 0
+        """How many candidates the server's growing list holds (0: it has none)."""
+
+    @property
+    def token(self) -> str | None:
+        """The token requests carry (on loopback without one: the published one)."""
+        return self._headers().get("Authorization", "").partition(" ")[2] or None
+
+    def set_timeouts(self, *, retry_timeout: float, request_timeout: float) -> None:
+        self._retry_timeout, self._request_timeout = retry_timeout, request_timeout
 
     def move_to(self, endpoint: str, *, lost_state: bool) -> None:
         """Talk to the server at ``endpoint`` from now on. ``lost_state``: it is not the
@@ -112,6 +128,7 @@ class HttpStore:
         self._instance = None
         self._restarted = self._restarted or lost_state
         self.server_term = 0
+        self.candidate_count = 0
 
     async def _call(
         self,
@@ -148,6 +165,9 @@ class HttpStore:
                     term = response.headers.get(TERM_HEADER, "")
                     if term.isdigit():
                         self.server_term = int(term)
+                    count = response.headers.get(CANDIDATE_COUNT_HEADER, "")
+                    if count.isdigit():
+                        self.candidate_count = int(count)
             except NOT_SENT as exc:
                 problem: BaseException = exc
             except MAYBE_SENT as exc:
@@ -299,6 +319,11 @@ class HttpStore:
                 return WatchResult(int(doc["revision"]), events, bool(doc["compacted"]))
         self._restarted = False
         return WatchResult(await self.revision(), compacted=True)
+
+    async def stand(self, endpoint: str) -> dict[str, Any]:
+        """Offer ``endpoint`` as a candidate to a growing list's serving candidate: its
+        role document, with ``admitted`` (see :mod:`agentd.store.standby`)."""
+        return await self._call("stand", {"endpoint": endpoint})
 
     async def close(self) -> None:
         if self._session is not None:

@@ -23,11 +23,18 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
 from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import endpoint_list
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
-from agentd.store.wire import CANDIDATES_HEADER, INSTANCE_HEADER, NOT_SERVING, TERM_HEADER
+from agentd.store.wire import (
+    CANDIDATE_COUNT_HEADER,
+    CANDIDATES_HEADER,
+    INSTANCE_HEADER,
+    NOT_SERVING,
+    TERM_HEADER,
+)
 from agentd.support.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
-from agentd.support.net import is_loopback
+from agentd.support.net import is_loopback, split_endpoint
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -41,6 +48,7 @@ MAX_CONNECTIONS = 4096
 LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout=10.0)
 """The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
 so a connection is never reused just as the server closes it."""
+CANDIDATE_OPS = frozenset({"role", "promote", "stand"})
 LONG_POLLS = frozenset({"wait", "watch"})
 """The operations that wait: a candidate stepping down answers them at once."""
 
@@ -86,6 +94,7 @@ class StoreServer:
         if candidacy is not None:
             candidacy.on_promote = self._fresh_store
             candidacy.on_step_down = self._drop_store
+            candidacy.share_token(self.token)
         self._runner: web.AppRunner | None = None
         self._problems = RateLimitedLog(log)
         self._limits = dataclasses.replace(limits, max_connections=max_connections)
@@ -162,6 +171,8 @@ class StoreServer:
                 candidacy.observe(term_header(request.headers.get(TERM_HEADER, "0")))
                 response = await handler(request)
                 response.headers[TERM_HEADER] = str(candidacy.term)
+                if candidacy.growing:
+                    response.headers[CANDIDATE_COUNT_HEADER] = str(len(candidacy.endpoints))
                 return response
             return await handler(request)
         except StoreNotServing as exc:
@@ -200,14 +211,8 @@ class StoreServer:
         op = request.match_info["op"]
         method = OPS.get(op)
         candidacy = self.candidacy
-        if candidacy is not None and op in ("role", "promote"):
-            if op == "promote":
-                try:
-                    body = json.loads(await request.read() or b"{}")
-                except (ValueError, UnicodeDecodeError):
-                    raise BadRequest("body: not valid JSON") from None
-                candidacy.promote(Args(body if isinstance(body, dict) else {}).integer("term"))
-            return web.json_response(candidacy.document())
+        if op in CANDIDATE_OPS:
+            return web.json_response(await self._candidate_op(op, request))
         if method is None:
             return self._error(404, f"op: {op!r} is not one of {sorted(OPS)}")
         timeout = self._limits.body_timeout
@@ -240,3 +245,42 @@ class StoreServer:
         else:
             result = await method(self.store, Args(body))
         return web.json_response(result, headers={INSTANCE_HEADER: instance})
+
+    async def _candidate_op(self, op: str, request: web.Request) -> dict[str, Any]:
+        """``role`` (any server: one without a candidacy always serves), ``promote`` and
+        ``stand`` (a member joining a growing list; only the serving candidate admits)."""
+        candidacy = self.candidacy
+        if candidacy is None:
+            if op != "role":
+                raise BadRequest(f"op: {op!r} needs a store started as a candidate")
+            return {"role": "serving", "term": 0}
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("body: not valid JSON") from None
+        body = body if isinstance(body, dict) else {}
+        endpoints = endpoint_list(body.get("endpoints"))
+        if op == "promote":
+            candidacy.promote(Args(body).integer("term"), endpoints)
+        elif op == "stand":
+            if not candidacy.growing:
+                raise BadRequest("op: 'stand' needs a growing candidate list (one endpoint)")
+            if not candidacy.serving:
+                raise StoreNotServing(candidacy.not_serving_message())
+            endpoint = _endpoint(body.get("endpoint"))
+            return {**candidacy.document(), "admitted": candidacy.admit(endpoint)}
+        else:
+            candidacy.extend(endpoints)
+        return candidacy.document()
+
+
+def _endpoint(value: Any) -> str:
+    """A member's ``host:port`` from a ``stand`` request, or a BadRequest naming it."""
+    text = value if isinstance(value, str) and len(value) <= 300 else ""
+    try:
+        _, port = split_endpoint(text, "endpoint")
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+    if port == 0 or text != text.strip():
+        raise BadRequest(f"endpoint: {text!r} must be host:port with a fixed port")
+    return text

@@ -14,3 +14,6 @@ INSTANCE_HEADER = "Agentd-Store-Instance"
 """Names a server's state: a client sees a restart (state lost) when it changes."""
 MAX_POLL = 60.0
 """The longest a wait or watch may block on the server; clients split longer ones."""
+CANDIDATE_COUNT_HEADER = "Agentd-Store-Candidate-Count"
+"""How many candidates a growing list holds (see :mod:`agentd.store.standby`): a client
+whose list is shorter asks the server for the rest."""

@@ -46,6 +46,18 @@ def is_local_address(host: str) -> bool:
     return False
 
 
+def route_source(host: str, port: int) -> str | None:
+    """The address this machine sends from to reach ``host:port`` (None: no route). A UDP
+    socket is connected, which picks a route and sends nothing."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            return str(sock.getsockname()[0])
+    except (OSError, IndexError):
+        return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` only ever means this machine."""
     if host == "localhost":

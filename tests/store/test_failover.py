@@ -222,5 +222,5 @@ def test_candidate_lists_are_checked():
 def test_the_status_document_before_any_request():
     status = FailoverStore(["127.0.0.1:1", "127.0.0.2:1"], TOKEN).status()
     assert json.loads(json.dumps(status)) == {
-        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "serving": None, "term": 0,
-        "failovers": 0, "failed": {}}  # fmt: skip
+        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "growing": False, "serving": None,
+        "term": 0, "failovers": 0, "failed": {}}  # fmt: skip

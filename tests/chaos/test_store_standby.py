@@ -1,0 +1,139 @@
+"""The store's host is lost, with torchrun's command line: one ``--rdzv-endpoint host:port``.
+
+Before: SIGKILL of the agent serving the embedded store killed the job: the two survivors
+exited 3 after 64 s. Now the other agents stand by as candidates once they have been in a
+round, and the survivors promote one of them and go on (see agentd/store/standby.py).
+Loopback addresses 127.0.0.2 and 127.0.0.3 bind like hosts; the namespace test gives each
+agent an address of its own and no ``--local-addr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+
+from tests.chaos.conftest import require_root
+from tests.chaos.netns import Bridge
+from tests.conftest import free_port, pid_alive, wait_until
+from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
+
+FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
+TTL = 2.0
+
+
+def status(agent) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{agent.health}/status", timeout=5) as response:
+        return json.load(response)
+
+
+def start_agent(run_agentd, endpoint, stop, *extra, conf=FAST):
+    """An agent of the job; the shared token lets a restarted store host find it again (a
+    store that makes its own token on loopback makes a new one each time it starts)."""
+    health = free_port()
+    agent = run_agentd(*agent_args(endpoint, "2:3", *extra, conf=conf),
+                       "--health-port", str(health), *member_job(stop),
+                       env={"AGENTD_STORE_TOKEN": TOKEN})  # fmt: skip
+    agent.health = health
+    return agent
+
+
+def standing_by(agent) -> bool:
+    return "Standing by as store candidate" in agent.stderr()
+
+
+def kill_the_host_and_wait_for_two(host, survivors):
+    [worker] = [int(m["PID"]) for m in members(host, latest_attempt(host))]
+    before = {a.pid: latest_attempt(a) for a in survivors}
+    host.proc.kill()
+    host.proc.wait()
+    killed = time.monotonic()
+    wait_until(lambda: one_round(survivors, 2, after=before), timeout=30, what="a job of two")
+    took = time.monotonic() - killed
+    assert took <= TTL + 2.0 + 1.0, f"{took:.2f}s"  # the target, plus this test's polling
+    wait_until(lambda: not pid_alive(worker), timeout=10, what="the lost host's worker")
+    for agent in survivors:
+        assert "Store failover" in agent.stderr(), agent.stderr()[-3000:]
+        assert latest_attempt(agent) == before[agent.pid] + 1  # one restart each
+
+
+def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, tmp_path):
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    stop = tmp_path / "stop"
+    agents = []
+    for index in range(3):
+        agents.append(start_agent(run_agentd, endpoint, stop, "--local-addr",
+                                  f"127.0.0.{index + 1}"))  # fmt: skip
+        if index == 0:  # the first one hosts the store
+            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                       what="the first agent to host the store")  # fmt: skip
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    host, survivors = agents[0], agents[1:]
+    wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
+    shown = status(survivors[0])["store"]
+    assert shown["endpoints"][0] == endpoint and len(shown["endpoints"]) == 3, shown
+    assert f"127.0.0.2:{port}" in shown["endpoints"]  # the seed's port, on its own address
+    kill_the_host_and_wait_for_two(host, survivors)
+    shown = status(survivors[0])["store"]
+    assert shown["serving"] != endpoint and shown["term"] == 2, shown
+    assert endpoint in shown["failed"]
+
+    # the lost host comes back (as systemd or Kubernetes would restart it): it serves an
+    # empty store at the endpoint until the new server tells it the job moved, then joins
+    shrunk = {a.pid: latest_attempt(a) for a in survivors}
+    back = start_agent(run_agentd, endpoint, stop, "--local-addr", "127.0.0.1")
+    wait_until(lambda: one_round([*survivors, back], 3, after=shrunk), timeout=30,
+               what="the restarted host to rejoin")  # fmt: skip
+    assert "stepping down" in back.stderr(), back.stderr()[-3000:]
+    stop.touch()
+    everyone = [*survivors, back]
+    assert [a.wait(30) for a in everyone] == [0, 0, 0], [a.stderr()[-2000:] for a in everyone]
+
+
+def test_standby_0_opts_out(run_agentd, tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    stop = tmp_path / "stop"
+    agents = [start_agent(run_agentd, endpoint, stop, "--local-addr", "127.0.0.1")]
+    wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+               what="the first agent to host the store")  # fmt: skip
+    agents.append(start_agent(run_agentd, endpoint, stop, conf=FAST + ",standby=0"))
+    wait_until(lambda: one_round(agents, 2), what="a job of two")
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    assert not standing_by(agents[1])
+
+
+@pytest.fixture
+def bridge():
+    require_root("network namespaces")
+    net = Bridge(subnet=os.getpid() % 200 + 20)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+def test_in_namespaces_each_agent_stands_by_on_its_own_address(run_agentd, tmp_path, bridge):
+    addresses = [bridge.add_host(host) for host in ("h0", "h1", "h2")]
+    endpoint = f"{addresses[0]}:29400"
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}  # off loopback, the store needs a shared secret
+    agents = []
+    for index in range(3):
+        agents.append(run_agentd(*agent_args(endpoint, "2:3", conf=FAST), *member_job(stop),
+                                 env=env, prefix=tuple(bridge.run_in(f"h{index}"))))  # fmt: skip
+        if index == 0:
+            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                       what="the first agent to host the store")  # fmt: skip
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    host, survivors = agents[0], agents[1:]
+    wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
+    for agent, address in zip(survivors, addresses[1:], strict=True):
+        assert f"on {address}:29400" in agent.stderr()  # found without --local-addr
+    kill_the_host_and_wait_for_two(host, survivors)
+    stop.touch()
+    assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]

@@ -1,0 +1,176 @@
+"""A growing candidate list (one ``--rdzv-endpoint``): members stand by for the store's
+host, over real HTTP on loopback addresses (127.0.0.2 and up bind like hosts)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import MAX_CANDIDATES, fingerprint
+from agentd.store.failover import FailoverStore
+from agentd.store.server import StoreServer
+from agentd.store.standby import Standby
+from agentd.store.wire import CANDIDATE_COUNT_HEADER, CANDIDATES_HEADER
+from tests.conftest import free_port
+
+TOKEN = "secret"
+
+
+class Job:
+    """A seed server on 127.0.0.1 and the agents' clients, each standing by on 127.0.0.N."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.seed = f"127.0.0.1:{self.port}"
+        self.server: StoreServer | None = None
+        self.clients: list[FailoverStore] = []
+        self.standbys: list[Standby] = []
+
+    async def start_seed(self) -> StoreServer:
+        candidacy = Candidacy((self.seed,), 0, TOKEN, growing=True)
+        self.server = StoreServer("127.0.0.1", self.port, TOKEN, candidacy=candidacy)
+        await self.server.start()
+        candidacy.promote(1)
+        return self.server
+
+    def client(self) -> FailoverStore:
+        client = FailoverStore((self.seed,), TOKEN, growing=True, retry_timeout=5.0,
+                               request_timeout=1.0, alone_request_timeout=2.0)  # fmt: skip
+        self.clients.append(client)
+        return client
+
+    async def member(self, number: int) -> tuple[FailoverStore, Standby]:
+        """A member's client, once it has stood by (or been refused) on 127.0.0.number."""
+        client = self.client()
+        await client.set(f"hello/{number}", b"x")  # the first answer tells of the list
+        standby = Standby(client, f"127.0.0.{number}", max_connections=64)
+        self.standbys.append(standby)
+        standby.start_soon()
+        assert standby._task is not None
+        await standby._task
+        return client, standby
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+        for standby in self.standbys:
+            await standby.close()
+        if self.server is not None:
+            await self.server.stop()
+
+
+async def post(endpoint: str, op: str, body: dict, headers: dict[str, str]) -> tuple:
+    """(status, JSON answer, headers) of one request."""
+    headers = {"Authorization": f"Bearer {TOKEN}", **headers}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://{endpoint}/v1/{op}", json=body, headers=headers) as response,
+    ):
+        return response.status, await response.json(), response.headers
+
+
+@pytest.fixture
+async def job():
+    group = Job()
+    await group.start_seed()
+    yield group
+    await group.close()
+
+
+async def test_members_stand_by_on_the_seeds_port_and_every_client_learns_the_list(job):
+    first, standby = await job.member(2)
+    assert standby.server is not None
+    assert standby.server.candidacy.own == f"127.0.0.2:{job.port}"
+    second, _ = await job.member(3)
+    expected = (job.seed, f"127.0.0.2:{job.port}", f"127.0.0.3:{job.port}")
+    assert second.endpoints == expected
+    await first.get("hello/2")  # an answer says the list is longer: one role request
+    assert first.endpoints == expected
+    assert standby.server.candidacy.endpoints == expected  # the standby follows its client
+    assert not standby.serving
+
+
+async def test_the_seed_lost_the_first_member_serves_under_term_2(job):
+    first, standby = await job.member(2)
+    second, _ = await job.member(3)
+    await first.get("hello/2")
+    await job.server.stop()
+    job.server = None
+    assert await second.get("hello/2") is None  # a new, empty store
+    assert second.endpoints[second.serving] == f"127.0.0.2:{job.port}"
+    assert second.term == 2 and second.failovers == 1
+    await first.set("again", b"1")
+    assert standby.serving and first.term == 2
+
+
+async def test_a_restarted_seed_is_told_it_was_replaced_and_its_client_follows(job):
+    first, standby = await job.member(2)
+    await job.server.stop()
+    await first.set("moved", b"1")  # promotes the member, which tells the others
+    assert standby.serving
+    restarted = await job.start_seed()  # serves an empty store under term 1 ...
+    lone = job.client()
+    await lone.set("alone", b"1")
+    for _ in range(100):  # ... until the new server's next word (every 2 s)
+        if not restarted.candidacy.serving:
+            break
+        await asyncio.sleep(0.05)
+    assert restarted.candidacy.role == "standby" and restarted.candidacy.term == 2
+    assert await lone.get("moved") == b"1"  # it learned the list, and went to the job
+    assert lone.endpoints == first.endpoints and lone.term == 2
+
+
+async def test_the_list_stops_growing_at_its_limit(job):
+    members = [await job.member(number) for number in range(2, MAX_CANDIDATES + 2)]
+    admitted = [standby for _, standby in members if standby.server is not None]
+    assert len(admitted) == MAX_CANDIDATES - 1
+    last_client, last = members[-1]
+    assert last.server is None  # refused, or not tried: the list was full
+    assert len(last_client.endpoints) == MAX_CANDIDATES
+
+
+async def test_a_plain_store_has_no_list_and_nobody_stands_by():
+    port = free_port()
+    server = StoreServer("127.0.0.1", port, TOKEN)
+    await server.start()
+    client = FailoverStore((f"127.0.0.1:{port}",), TOKEN, growing=True, retry_timeout=2.0)
+    standby = Standby(client, "127.0.0.2", max_connections=64)
+    try:
+        await client.set("k", b"v")
+        standby.start_soon()
+        await standby._task
+        assert standby.server is None and client.alone
+        _, doc, _ = await post(f"127.0.0.1:{port}", "role", {}, {})
+        assert doc == {"role": "serving", "term": 0}
+    finally:
+        await standby.close()
+        await client.close()
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"endpoint": "nohost"}, 200, ""),  # a host with the default port is an endpoint
+        ({"endpoint": "a:b"}, 400, "endpoint: 'a:b' has no valid port"),
+        ({"endpoint": "a:0"}, 400, "endpoint: 'a:0' must be host:port with a fixed port"),
+        ({"endpoint": 7}, 400, "endpoint: '' must be host:port"),
+        ({}, 400, "endpoint: '' must be host:port"),
+    ],
+)
+async def test_stand_checks_the_endpoint(job, body, status, error):
+    headers = {CANDIDATES_HEADER: fingerprint([job.seed])}
+    answered, doc, sent = await post(job.seed, "stand", body, headers)
+    assert answered == status, doc
+    assert doc.get("error", "").startswith(error), doc
+    if status == 200:
+        assert sent[CANDIDATE_COUNT_HEADER] == "2"
+
+
+async def test_a_client_of_another_seed_is_refused(job):
+    other = fingerprint(["127.0.0.9:1"])
+    status, doc, _ = await post(job.seed, "get", {"key": "k"}, {CANDIDATES_HEADER: other})
+    assert status == 409 and "another list" in doc["error"]
