@@ -1,6 +1,7 @@
 """The store's host is lost mid-job: do the other nodes go on, and how fast?
 
-    python bench/bench_failover.py [--runs 3] [--launchers agentd-candidates,agentd,torchrun]
+    python bench/bench_failover.py [--runs 3]
+        [--launchers agentd,agentd-candidates,agentd-no-standby,torchrun]
 
 Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3``
 job (one worker each, ``member_worker.py``: it records its start and world size, then
@@ -9,8 +10,10 @@ once the job runs at world 3. The figure is the time from the kill to both survi
 workers running again at world 2; then the stop file is made and the survivors' exit
 codes are read. The launchers:
 
-* ``agentd-candidates``: ``--rdzv-endpoint 127.0.0.1:P,127.0.0.2:P`` (the store fails over);
-* ``agentd``: ``--rdzv-endpoint 127.0.0.1:P`` (one store, in the first agent);
+* ``agentd``: ``--rdzv-endpoint 127.0.0.1:P``, torchrun's command line: the store is in the
+  first agent and the others stand by to take it over (agentd/store/standby.py);
+* ``agentd-candidates``: ``--rdzv-endpoint 127.0.0.1:P,127.0.0.2:P`` (a given list);
+* ``agentd-no-standby``: one endpoint with ``standby=0``: a store that dies with its agent;
 * ``torchrun``: its c10d rendezvous, whose TCPStore lives in the first agent (needs torch).
 
 All use a heartbeat TTL of 3 s (``keep_alive_interval=1,keep_alive_max_attempt=3``) and a
@@ -50,11 +53,13 @@ def command(launcher: str, port: int) -> list[str]:
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", CONF]  # fmt: skip
-    endpoint = f"127.0.0.1:{port}"
+    endpoint, conf = f"127.0.0.1:{port}", CONF
     if launcher == "agentd-candidates":
         endpoint += f",127.0.0.2:{port}"
+    if launcher == "agentd-no-standby":
+        conf += ",standby=0"
     return [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint, "--rdzv-conf", CONF]  # fmt: skip
+            "--rdzv-endpoint", endpoint, "--rdzv-conf", conf]  # fmt: skip
 
 
 def reports(out: Path) -> list[dict[str, float]]:
@@ -117,7 +122,8 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--launchers", default="agentd-candidates,agentd,torchrun")
+    parser.add_argument("--launchers",
+                        default="agentd,agentd-candidates,agentd-no-standby,torchrun")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
     launchers = args.launchers.split(",")

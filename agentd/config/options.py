@@ -69,8 +69,8 @@ JOB_OPTIONS: tuple[Option, ...] = (
         v.text,
         "",
         "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
-        "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host "
-        "(agentd); protocol, cacert, cert, key, username, password, key_prefix (etcd).",
+        "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host, "
+        "standby (agentd); protocol, cacert, cert, key, username, password, key_prefix (etcd).",
         metavar="CONF",
     ),
     _o(
