@@ -122,8 +122,9 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--launchers",
-                        default="agentd,agentd-candidates,agentd-no-standby,torchrun")
+    parser.add_argument(
+        "--launchers", default="agentd,agentd-candidates,agentd-no-standby,torchrun"
+    )
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
     launchers = args.launchers.split(",")
