@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVER_RETRY = 1.0
-"""Seconds one server's connection failures are retried before the others are asked."""
+"""Seconds one server's connection failures are retried before the others are asked (a
+refused connection is not retried: nothing listens there any more)."""
 STARTUP_GRACE = 5.0
 """At the first request, how long lower-index candidates that do not answer yet are waited
 for before a higher one is promoted (agents and stores start in any order)."""
@@ -74,6 +75,7 @@ class FailoverStore:
             retry_timeout=retry_timeout if alone else SERVER_RETRY,
             request_timeout=alone_request_timeout if alone else request_timeout,
         )
+        self._client.refused_is_final = not alone
         self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
         self.term = 0
@@ -171,6 +173,7 @@ class FailoverStore:
                 if self.alone:  # from now on a lost server is left for another, in time
                     self._client.set_timeouts(retry_timeout=SERVER_RETRY,
                                               request_timeout=self._request_timeout)  # fmt: skip
+                    self._client.refused_is_final = True
                 self._prober.endpoints = report.endpoints
                 log.debug("Store: the candidates are now %s", ",".join(report.endpoints))
                 if self.on_list is not None:

@@ -53,6 +53,12 @@ _JSON = {"Content-Type": "application/json"}
 _LARGE = 1 << 16
 
 
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+        exc.os_error, ConnectionRefusedError
+    )
+
+
 def _payload(body: dict[str, Any]) -> bytes | io.BytesIO:
     """The JSON body; a large one as a stream, which aiohttp sends without blocking."""
     data = json.dumps(body).encode()
@@ -112,6 +118,9 @@ class HttpStore:
         """The term the server last answered under (candidate servers only)."""
         self.candidate_count = 0
         """How many candidates the server's growing list holds (0: it has none)."""
+        self.refused_is_final = False
+        """A refused connection fails the request at once, unretried: nothing listens
+        there, and there are other candidates to ask (see :mod:`agentd.store.failover`)."""
 
     @property
     def token(self) -> str | None:
@@ -169,6 +178,8 @@ class HttpStore:
                     if count.isdigit():
                         self.candidate_count = int(count)
             except NOT_SENT as exc:
+                if self.refused_is_final and _refused(exc):
+                    raise StoreUnavailable(f"store at {self.url}: connection refused") from exc
                 problem: BaseException = exc
             except MAYBE_SENT as exc:
                 if not idempotent:
