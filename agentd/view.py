@@ -11,6 +11,7 @@ replaced by anything that offers the same view (tests do).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +22,18 @@ if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler
     from agentd.timer.server import TimerServer
     from agentd.workers.processes import WorkerProcess
+
+
+class Helpers(Protocol):
+    """The agent's process hygiene, for a service that spawns a helper process: the agent
+    reaps orphans, so a helper's exit status must be left to the service that waits for it
+    (spawn inside :meth:`spawning`, :meth:`own` the pid, :meth:`disown` it once reaped)."""
+
+    def spawning(self) -> AbstractContextManager[None]: ...
+
+    def own(self, pid: int | None) -> None: ...
+
+    def disown(self, pid: int | None) -> None: ...
 
 
 class Service(Protocol):

@@ -141,7 +141,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         )  # fmt: skip
         self._heartbeats = HeartbeatService(
             self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
-            dump_wait=max(1.0, self._watchdog.dump_grace),
+            dump_wait=max(1.0, self._watchdog.dump_grace), helpers=self._hygiene,
         )  # fmt: skip
         self._watchdog.on_progress(self._on_progress)
         self._health: HealthService | None = None

@@ -26,7 +26,7 @@ from agentd.workers.output import attempt_dir
 
 if TYPE_CHECKING:
     from agentd.timer.service import Watchdog
-    from agentd.view import AgentView
+    from agentd.view import AgentView, Helpers
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ WAIT_FOR_OTHER_NODE = 3.0
 class HangWatch:
     """Hang detection for ``agent``'s workers as ``settings`` say; ``notify(hook, *args)``
     tells the agent's observers (``hang_detected``, ``straggler``); ``stats`` counts hangs
-    and stragglers."""
+    and stragglers; ``helpers``: the agent's process hygiene (py-spy is spawned)."""
 
     def __init__(
         self,
@@ -47,8 +47,10 @@ class HangWatch:
         notify: Callable[..., None],
         dump_wait: float,
         stats: collections.Counter[str],
+        helpers: Helpers | None = None,
     ) -> None:
         self._agent = agent
+        self._helpers = helpers
         self._watchdog = watchdog
         self._notify = notify
         self._dump_wait = dump_wait
@@ -103,7 +105,7 @@ class HangWatch:
                   "stacks of %d worker(s)", who, "; ".join(limits), len(silences))  # fmt: skip
         targets = [stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal,
                                      self._stack_file(s.local_rank)) for s in silences]  # fmt: skip
-        dumps = await stacks.capture(targets, self._dump_wait)
+        dumps = await stacks.capture(targets, self._dump_wait, self._helpers)
         where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
         verdict = judge(silences, dumps, ranks, str(where))
         verdict.details["detected_at"] = detected_at

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agentd.heartbeats.hang_watch import HangWatch
     from agentd.heartbeats.stragglers import StepTimes
     from agentd.timer.service import Watchdog
-    from agentd.view import AgentView
+    from agentd.view import AgentView, Helpers
     from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,10 @@ class HeartbeatService:
         settings: HeartbeatSettings,
         notify: Callable[..., None],
         dump_wait: float = 2.0,
+        helpers: Helpers | None = None,
     ) -> None:
         self._agent = agent
+        self._helpers = helpers
         self._watchdog = watchdog
         self._notify = notify
         self._dump_wait = dump_wait
@@ -64,7 +66,7 @@ class HeartbeatService:
             from agentd.heartbeats.hang_watch import HangWatch
 
             self._engine = HangWatch(self._agent, self._watchdog, self.settings, self._notify,
-                                     self._dump_wait, self.stats)  # fmt: skip
+                                     self._dump_wait, self.stats, self._helpers)  # fmt: skip
             if self._attempt is not None:
                 self._engine.watch(*self._attempt)
         return self._engine

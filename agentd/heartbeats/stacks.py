@@ -22,7 +22,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentd.view import Helpers
 
 PY_SPY_TIMEOUT = 10.0
 _SETTLE = 0.1
@@ -98,9 +101,12 @@ class StackDump:
                 "waiting_in": self.waiting_in, "threads": self.threads}  # fmt: skip
 
 
-async def capture(targets: list[DumpTarget], wait: float) -> dict[int, StackDump]:
+async def capture(
+    targets: list[DumpTarget], wait: float, helpers: Helpers | None = None
+) -> dict[int, StackDump]:
     """Dump every target at once and read the dumps, within about ``wait`` seconds
-    (py-spy gets up to :data:`PY_SPY_TIMEOUT`). Never raises for one worker's sake."""
+    (py-spy gets up to :data:`PY_SPY_TIMEOUT`). Never raises for one worker's sake.
+    ``helpers``: the agent's process hygiene, which must leave py-spy's exit to us."""
     offsets: dict[int, int] = {}
     signalled: list[DumpTarget] = []
     spies: dict[int, asyncio.Task[str]] = {}
@@ -114,7 +120,7 @@ async def capture(targets: list[DumpTarget], wait: float) -> dict[int, StackDump
                 continue
             signalled.append(target)
         elif py_spy:
-            spies[target.local_rank] = asyncio.create_task(_py_spy(py_spy, target))
+            spies[target.local_rank] = asyncio.create_task(_py_spy(py_spy, target, helpers))
     await _settle([t.path for t in signalled], offsets, wait)
     dumps: dict[int, StackDump] = {}
     for target in targets:
@@ -182,11 +188,14 @@ def _append(path: Path, text: str) -> None:
         fp.write(text)
 
 
-async def _py_spy(py_spy: str, target: DumpTarget) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        py_spy, "dump", "--pid", str(target.pid),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+async def _py_spy(py_spy: str, target: DumpTarget, helpers: Helpers | None) -> str:
+    with helpers.spawning() if helpers is not None else contextlib.nullcontext():
+        proc = await asyncio.create_subprocess_exec(
+            py_spy, "dump", "--pid", str(target.pid),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        if helpers is not None:
+            helpers.own(proc.pid)
     try:
         async with asyncio.timeout(PY_SPY_TIMEOUT):
             out, _ = await proc.communicate()
@@ -195,6 +204,9 @@ async def _py_spy(py_spy: str, target: DumpTarget) -> str:
             proc.kill()
         await proc.wait()
         return "py-spy failed: timed out"
+    finally:
+        if helpers is not None and proc.returncode is not None:
+            helpers.disown(proc.pid)
     return out.decode(errors="replace")
 
 

@@ -20,10 +20,12 @@ import re
 import shutil
 import signal
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from agentd.view import Helpers
 
 COMMAND_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 5.0
@@ -46,16 +48,6 @@ class NodeCheck(Protocol):
     helpers: Helpers | None
 
     async def run(self) -> CheckResult: ...
-
-
-class Helpers(Protocol):
-    """The agent's process hygiene: children it spawns must not be reaped as orphans."""
-
-    def spawning(self) -> AbstractContextManager[None]: ...
-
-    def own(self, pid: int | None) -> None: ...
-
-    def disown(self, pid: int | None) -> None: ...
 
 
 def parse_node_checks(text: str) -> tuple[str, ...]:

@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from agentd.nodecheck.checks import Helpers
 from agentd.nodecheck.gate import NodeGate
 from agentd.rendezvous.api import PublishesExclusions, RendezvousHandler
+from agentd.view import Helpers
 
 
 class NodeCheckService:

@@ -294,3 +294,26 @@ def test_a_hang_on_one_node_restarts_every_node(run_agentd, tmp_path):
     assert sum("hang: rank 1 stopped first" in e for e in errs) == 1
     waiting_side = next(e for e in errs if "hang: rank 1 stopped first" not in e)
     assert "Rendezvous round over" in waiting_side  # restarted by the report of the other
+
+
+def test_a_worker_without_a_dump_signal_is_dumped_with_py_spy(run_agentd, tmp_path):
+    """py-spy (a stand-in here, on PATH) is run by the agent, which reaps orphans: its
+    status must reach the task that waits for it (see tests/heartbeats/test_stacks.py)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "py-spy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'Thread 0x7F00 (idle): \"MainThread\"'\n"
+        "echo '    train (/job/train.py:42)'\n"
+    )
+    fake.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    agent = run_agentd("--nproc-per-node", "2", "--initial-heartbeat-timeout", "2",
+                       JOB, "--steps", "200", "--silent-rank", "1",
+                       env={"PATH": path})  # fmt: skip
+    assert agent.wait(timeout=90) == 1
+    silent = next(r for r in result_json(agent.log_dir)["root_cause"]["hang"]["ranks"]
+                  if r["rank"] == 1)  # fmt: skip
+    assert silent["stack"]["method"] == "py-spy" and silent["stack"]["where"].startswith("train")
+    assert "Unknown child process" not in agent.stderr()
