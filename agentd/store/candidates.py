@@ -129,6 +129,7 @@ class Prober:
         self.fingerprint = fingerprint(self.endpoints[:1] if growing else self.endpoints)
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def headers(self, term: int) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}", TERM_HEADER: str(term),
@@ -155,6 +156,8 @@ class Prober:
         from agentd.store.sockets import keepalive_socket
 
         endpoint = self.endpoints[index]
+        if self._closed:
+            return RoleReport(index, endpoint, problem="this client was closed")
         if self._session is None:
             connector = aiohttp.TCPConnector(socket_factory=keepalive_socket, force_close=True)
             self._session = aiohttp.ClientSession(connector=connector)
@@ -176,6 +179,7 @@ class Prober:
                           endpoints=endpoint_list(doc.get("endpoints")))  # fmt: skip
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await self._session.close()

@@ -85,6 +85,7 @@ class FailoverStore:
         self.on_list: Callable[[tuple[str, ...]], None] | None = None
         """Told each longer version of a growing list this client adopts."""
         self._learning = False
+        self._closed = False
         self.failed: dict[str, str] = {}
         """Candidates seen failing, and why (the last time), until seen serving again."""
         self.failovers = 0
@@ -135,6 +136,8 @@ class FailoverStore:
 
     async def _call(self, request: Callable[[HttpStore], Awaitable[T]]) -> T:
         while True:
+            if self._closed:
+                raise StoreUnavailable("the store client was closed")
             moves = self._moves
             if self.serving is None:
                 await self._find_server(moves, "")
@@ -305,5 +308,6 @@ class FailoverStore:
         return await self._call(lambda s: s.stand(endpoint))
 
     async def close(self) -> None:
+        self._closed = True
         await self._client.close()
         await self._prober.close()

@@ -118,6 +118,7 @@ class HttpStore:
         """The term the server last answered under (candidate servers only)."""
         self.candidate_count = 0
         """How many candidates the server's growing list holds (0: it has none)."""
+        self._closed = False
         self.refused_is_final = False
         """A refused connection fails the request at once, unretried: nothing listens
         there, and there are other candidates to ask (see :mod:`agentd.store.failover`)."""
@@ -152,6 +153,8 @@ class HttpStore:
         ``once``: a single attempt with no time limit but TCP's own (see
         :mod:`agentd.store.sockets`): answered, or failed because the store is out of
         reach, never given up on while it merely waits at a frozen store."""
+        if self._closed:
+            raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
         if self._session is None:
             connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE,
                                              socket_factory=keepalive_socket)  # fmt: skip
@@ -337,6 +340,8 @@ class HttpStore:
         return await self._call("stand", {"endpoint": endpoint})
 
     async def close(self) -> None:
+        """Close the connections; a request after this fails (none opens them again)."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -8,6 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from agentd.store.api import StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES, fingerprint
 from agentd.store.failover import FailoverStore
@@ -174,3 +175,11 @@ async def test_a_client_of_another_seed_is_refused(job):
     other = fingerprint(["127.0.0.9:1"])
     status, doc, _ = await post(job.seed, "get", {"key": "k"}, {CANDIDATES_HEADER: other})
     assert status == 409 and "another list" in doc["error"]
+
+
+async def test_a_closed_client_fails_at_once_and_opens_no_connection_again(job):
+    first, _ = await job.member(2)
+    await first.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await asyncio.wait_for(first.get("hello/2"), timeout=2.0)
+    assert first._client._session is None and first._prober._session is None
