@@ -198,12 +198,14 @@ class Membership:
 
     # -- the heartbeat ---------------------------------------------------------------------
 
-    async def announce(self) -> None:
-        """(Re)create our heartbeat, as on every join (a restarted store forgot it)."""
+    async def announce(self) -> int:
+        """(Re)create our heartbeat, as on every join (a restarted store forgot it); returns
+        the store's revision after it."""
         sent = time.monotonic()
-        await self._store.set(self._key, self._value, ttl=self.ttl)
+        revision = await self._store.set(self._key, self._value, ttl=self.ttl)
         self._deadline = None  # a new lease: the old one may have been extended
         self._confirm(sent)
+        return revision
 
     def start(self) -> None:
         if self._task is None:

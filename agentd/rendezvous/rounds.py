@@ -124,7 +124,9 @@ class Rounds:
     async def join(self) -> Round | None:
         """Join the current round and wait for it to be sealed; None: try the next round."""
         store, settings, keys = self._store, self._settings, self._keys
-        await self._membership.announce()  # a store that restarted has forgotten our heartbeat
+        # a store that restarted has forgotten our heartbeat; a watch from this revision
+        # answers ``compacted`` if the store is replaced before we are in the round
+        start = await self._membership.announce()
         generation = await self.generation()
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
@@ -135,11 +137,16 @@ class Rounds:
             return None
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}
         mine = json.dumps(node).encode()
-        revision = await store.set(keys.round(generation, f"node/{rank}"), mine)
+        placed, held = await store.compare_set(keys.round(generation, f"node/{rank}"), None, mine)
+        if not placed and held != mine:  # our place was given by another store (a failover)
+            log.warning("Rendezvous %s: place %d of round %d is another node's (the store "
+                        "changed during the join); joining again", self._run_id, rank,
+                        generation)  # fmt: skip
+            return None
         sealed_key = keys.round(generation, "sealed")
         if rank + 1 == settings.max_nodes:
             await store.compare_set(sealed_key, None, str(settings.max_nodes).encode())
-        sealed = await self._wait_for_seal(generation, rank, mine, revision)
+        sealed = await self._wait_for_seal(generation, rank, mine, start)
         if sealed is None:
             return None
         size = int(sealed)

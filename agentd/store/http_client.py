@@ -110,8 +110,14 @@ class HttpStore:
         """Told (operation, seconds) after each answered request but long polls (metrics)."""
         self._instance: str | None = None
         """The server instance we last heard from (its ``Agentd-Store-Instance`` header)."""
-        self._restarted = False
-        """The server restarted since the last watch: revisions from before mean nothing."""
+        self._base = 0
+        """Added to the server's revisions: each server (or instance) we move to gets a base
+        past every revision handed out before, so revisions only grow across moves."""
+        self._moved_at = 0
+        """Revisions below this are another server's: a watch after one answers
+        ``compacted``, whoever asks (several watches may run at once)."""
+        self._highest = 0
+        """The highest revision handed out."""
         self.extra_headers: dict[str, str] = {}
         """Sent with every request (a candidate list's term and fingerprint)."""
         self.server_term = 0
@@ -133,10 +139,12 @@ class HttpStore:
 
     def move_to(self, endpoint: str, *, lost_state: bool) -> None:
         """Talk to the server at ``endpoint`` from now on. ``lost_state``: it is not the
-        store we talked to before, so the next watch answers ``compacted``."""
+        store we talked to before, so a watch after an earlier revision answers
+        ``compacted``."""
         self.url = f"http://{endpoint}"
         self._instance = None
-        self._restarted = self._restarted or lost_state
+        if lost_state:
+            self._rebase()
         self.server_term = 0
         self.candidate_count = 0
 
@@ -240,8 +248,17 @@ class HttpStore:
             return
         if self._instance is not None and instance != self._instance:
             log.warning("Store %s restarted: its state is gone", self.url)
-            self._restarted = True
+            self._rebase()
         self._instance = instance
+
+    def _rebase(self) -> None:
+        self._base = self._moved_at = self._highest + 1
+
+    def _revision(self, server_revision: Any) -> int:
+        """A server revision as this client hands it out."""
+        revision = int(server_revision) + self._base
+        self._highest = max(self._highest, revision)
+        return revision
 
     def _answer(self, op: str, status: int, data: Any) -> dict[str, Any]:
         message = data.get("error", "") if isinstance(data, dict) else ""
@@ -261,7 +278,7 @@ class HttpStore:
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
         doc = await self._call("set", {"key": key, "value": _b64(value), "ttl": ttl})
-        return int(doc["revision"])
+        return self._revision(doc["revision"])
 
     async def get(self, key: str) -> bytes | None:
         return _unb64((await self._call("get", {"key": key}))["value"])
@@ -291,7 +308,7 @@ class HttpStore:
 
     async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
         body = {"items": {k: _b64(v) for k, v in items.items()}, "ttl": ttl}
-        return int((await self._call("multi_set", body))["revision"])
+        return self._revision((await self._call("multi_set", body))["revision"])
 
     async def delete(self, key: str) -> bool:
         return bool((await self._call("delete", {"key": key}))["deleted"])
@@ -303,7 +320,7 @@ class HttpStore:
         return int((await self._call("num_keys", {}))["count"])
 
     async def revision(self) -> int:
-        return int((await self._call("revision", {}))["revision"])
+        return self._revision((await self._call("revision", {}))["revision"])
 
     async def wait(self, keys: Sequence[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -317,22 +334,23 @@ class HttpStore:
                     raise
 
     async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
-        """As the protocol says; a restart of the server, seen by this call or by any request
-        since the last watch, answers ``compacted``: ``after_revision`` was the old store's,
-        which the new one may even have overtaken. The watch names the server instance it
-        belongs to, so a restarted server answers it at once, even one retried after the
-        restart. (One watch at a time per client.)"""
+        """As the protocol says; a revision from before the server restarted (or before
+        we moved to another server) answers ``compacted``: it was the old store's, which
+        the new one may even have overtaken. This holds for every watch, however many run
+        at once. The watch also names the server instance it belongs to, so a restarted
+        server answers it at once, even one retried after the restart."""
+        if after_revision < self._moved_at:
+            return WatchResult(await self.revision(), compacted=True)
         poll = max(0.0, min(MAX_POLL, timeout))
-        body = {"prefix": prefix, "after_revision": after_revision, "timeout": poll,
+        base = self._base
+        body = {"prefix": prefix, "after_revision": after_revision - base, "timeout": poll,
                 "instance": self._instance}  # a different server answers at once  # fmt: skip
-        if not self._restarted:
-            doc = await self._call("watch", body, poll=poll)
-            if not self._restarted:
-                events = tuple(KeyEvent(e["key"], _unb64(e["value"]), int(e["revision"]))
-                               for e in doc["events"])  # fmt: skip
-                return WatchResult(int(doc["revision"]), events, bool(doc["compacted"]))
-        self._restarted = False
-        return WatchResult(await self.revision(), compacted=True)
+        doc = await self._call("watch", body, poll=poll)
+        if self._base != base:  # the server restarted, or we moved, during this watch
+            return WatchResult(await self.revision(), compacted=True)
+        events = tuple(KeyEvent(e["key"], _unb64(e["value"]), self._revision(e["revision"]))
+                       for e in doc["events"])  # fmt: skip
+        return WatchResult(self._revision(doc["revision"]), events, bool(doc["compacted"]))
 
     async def stand(self, endpoint: str) -> dict[str, Any]:
         """Offer ``endpoint`` as a candidate to a growing list's serving candidate: its

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -266,3 +267,20 @@ async def test_a_round_short_of_its_minimum_says_what_it_waits_for(store, monkey
         with contextlib.suppress(asyncio.CancelledError):
             await joining
         await shutdown_all(lonely)
+
+
+async def test_a_place_given_by_a_store_we_moved_away_from_is_given_up(store, caplog):
+    """A failover between ``add`` (the place) and writing the node entry: the place came
+    from the old store, and the new one gave it to another node, whose entry is there.
+    The joiner must not claim it too (two rank 0s, each waiting for the other forever)."""
+    other = json.dumps({"node": "other", "role": "default", "nproc": 1, "addr": "127.0.0.1",
+                        "port": 1}).encode()  # fmt: skip
+    await store.set("agentd/job/round/0/node/0", other)  # its place, as given by the old store
+    late = handler(store, nodes=(1, 2), last_call_timeout=0.05)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.rounds"):
+            info = await asyncio.wait_for(late.next_rendezvous(), 20)
+        assert "place 0 of round 0 is another node's" in caplog.text
+        assert info.group_rank == 1  # the next place, not the taken one
+    finally:
+        await shutdown_all(late)

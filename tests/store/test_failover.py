@@ -224,3 +224,32 @@ def test_the_status_document_before_any_request():
     assert json.loads(json.dumps(status)) == {
         "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "growing": False, "serving": None,
         "term": 0, "failovers": 0, "failed": {}}  # fmt: skip
+
+
+async def test_every_watch_from_before_a_move_answers_compacted_and_revisions_only_grow():
+    """The agent watches several prefixes at once (its round, drains): each watch after
+    a revision of the store it left must answer ``compacted``, not just the first one."""
+    old, new = StoreServer("127.0.0.1", 0, TOKEN), StoreServer("127.0.0.1", 0, TOKEN)
+    await old.start()
+    await new.start()
+    client = HttpStore(old.endpoint, TOKEN, retry_timeout=2.0)
+    try:
+        for i in range(5):
+            seen = await client.set(f"k{i}", b"v")
+        client.move_to(new.endpoint, lost_state=True)
+        first, second = await asyncio.gather(
+            client.watch("a/", seen, 5.0), client.watch("b/", seen, 5.0)
+        )
+        assert first.compacted and second.compacted
+        after = await client.set("x", b"1")  # the new store's first write
+        assert after > seen
+        waiting = asyncio.create_task(client.watch("y", after, 5.0))
+        await asyncio.sleep(0.05)
+        await client.set("y", b"2")
+        result = await waiting
+        assert not result.compacted and [e.key for e in result.events] == ["y"]
+        assert result.events[0].revision > after
+    finally:
+        await client.close()
+        await old.stop()
+        await new.stop()
