@@ -355,7 +355,7 @@ class DynamicRendezvous:
                     await self.end_round(f"node {self.node_id} left")
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
-            if self._opened.serves and not await self._hand_over_the_store():
+            if self._opened.serves:
                 await self._wait_for_peers_to_leave()
         except (StoreError, TimeoutError) as exc:
             log.warning(
@@ -366,18 +366,6 @@ class DynamicRendezvous:
         finally:
             await self._opened.close()
             self._store = self._opened = self._membership = self._rounds = None
-
-    async def _hand_over_the_store(self) -> bool:
-        """We serve the store and leave while the job goes on: another candidate serves
-        it from now on, so the others re-form there at once, not once we stop serving."""
-        opened = self._opened
-        if self._closed or opened is None or opened.hand_over is None:
-            return False
-        if not await opened.hand_over():
-            return False
-        log.info("Rendezvous %s: leaving while the job goes on; another candidate serves "
-                 "the store now", self._run_id)  # fmt: skip
-        return True
 
     async def _wait_for_peers_to_leave(self) -> None:
         """Keep the store we serve up until the round's other members are gone (their

@@ -182,25 +182,6 @@ class Candidacy:
                     return
             await asyncio.sleep(LOOK_EVERY)
 
-    async def hand_over(self) -> bool:
-        """Leaving while the job goes on: promote the first other candidate that answers,
-        under the next term, then step down (our clients move there at once). False: no
-        candidate took it (we go on serving)."""
-        if not self.serving:
-            return False
-        body: dict[str, Any] = {"term": self.term + 1}
-        if self.growing:
-            body["endpoints"] = list(self.endpoints)
-        for index in range(len(self.endpoints)):
-            if index == self.index:
-                continue
-            report = await self._prober.ask(index, "promote", body, self.term)
-            if report.serving and report.term > self.term:
-                self._step_down(f"handed over to {report.endpoint}, term {report.term}")
-                self.term = report.term
-                return True
-        return False
-
     async def _tell_the_others(self) -> None:
         """Tell every other candidate our term and list: every :data:`LOOK_EVERY` seconds
         until it has heard them, every :data:`TELL_AGAIN` after."""

@@ -40,9 +40,6 @@ class OpenedStore:
     """Called after each round this agent is in (a member stands by for the store then)."""
     serving: Callable[[], bool] | None = None
     """This agent serves the store now, though it did not at first (a standby promoted)."""
-    hand_over: Callable[[], Awaitable[bool]] | None = None
-    """Leaving while the job goes on: pass serving the store to another candidate (False:
-    none took it, or this agent does not serve)."""
 
     @property
     def serves(self) -> bool:
@@ -139,16 +136,10 @@ def http_store_opener(
             hosting = serves.candidacy if serves is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
-        async def hand_over() -> bool:
-            serves = server or (standby.server if standby is not None else None)
-            candidacy = serves.candidacy if serves is not None else None
-            return candidacy is not None and await candidacy.hand_over()
-
         return OpenedStore(client, close, hosted=server is not None, remote=True,
                            single_process=True, where=where, describe=describe,
                            after_round=standby.start_soon if standby else None,
-                           serving=(lambda: standby.serving) if standby else None,
-                           hand_over=hand_over)  # fmt: skip
+                           serving=(lambda: standby.serving) if standby else None)  # fmt: skip
 
     return open_store
 
@@ -203,12 +194,7 @@ def candidates_opener(
             hosting = server.candidacy if server is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
-        async def hand_over() -> bool:
-            candidacy = server.candidacy if server is not None else None
-            return candidacy is not None and await candidacy.hand_over()
-
         return OpenedStore(client, close, hosted=server is not None, remote=True,
-                           where=",".join(texts), describe=describe,
-                           hand_over=hand_over)  # fmt: skip
+                           where=",".join(texts), describe=describe)  # fmt: skip
 
     return open_store

@@ -137,32 +137,3 @@ def test_in_namespaces_each_agent_stands_by_on_its_own_address(run_agentd, tmp_p
     kill_the_host_and_wait_for_two(host, survivors)
     stop.touch()
     assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]
-
-
-def test_the_store_host_stopped_hands_the_store_over_at_once(run_agentd, tmp_path):
-    """SIGTERM to the agent serving the store while the job goes on (a scale-down, a
-    preemption): it promotes a member standing by before it stops serving, so the others
-    re-form once, at once, instead of after waiting for it to give up on them."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    stop = tmp_path / "stop"
-    agents = []
-    for index in range(3):
-        agents.append(start_agent(run_agentd, endpoint, stop, "--local-addr",
-                                  f"127.0.0.{index + 1}"))  # fmt: skip
-        if index == 0:
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-                       what="the first agent to host the store")  # fmt: skip
-    wait_until(lambda: one_round(agents, 3), what="a job of three")
-    host, survivors = agents[0], agents[1:]
-    wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
-    before = {a.pid: latest_attempt(a) for a in survivors}
-    host.proc.terminate()
-    stopped = time.monotonic()
-    wait_until(lambda: one_round(survivors, 2, after=before), timeout=30, what="a job of two")
-    took = time.monotonic() - stopped
-    assert took <= TTL + 2.0 + 1.0, f"{took:.2f}s"
-    assert host.wait(30) == 128 + 15, host.stderr()[-3000:]
-    stop.touch()
-    assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]
-    for agent in survivors:  # one re-forming each: no second one when the old host goes
-        assert latest_attempt(agent) == before[agent.pid] + 1, agent.stderr()[-3000:]

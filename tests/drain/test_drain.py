@@ -63,38 +63,6 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     assert "drain_requested" in names and "drain_done" in names
 
 
-def test_draining_the_node_that_serves_the_store_hands_the_store_over(run_agentd, tmp_path):
-    """One --rdzv-endpoint, served by the node that drains: it passes the store to a node
-    standing by as it leaves, so the others re-form once, from the drain's step."""
-    from tests.conftest import free_port
-
-    endpoint = f"127.0.0.1:{free_port()}"
-    out, stop = tmp_path / "job", tmp_path / "stop"
-    out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN}
-    job = ["--nproc-per-node", "2", TRAIN, str(out), str(stop)]
-    conf = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5"
-    leaving = run_agentd(*agent_args(endpoint, "2:3", "--local-addr", "127.0.0.1", conf=conf),
-                         "--drain-on", "SIGTERM", *job, env=env)  # fmt: skip
-    wait_until(lambda: "Hosting the rendezvous store" in leaving.stderr(), what="the host")
-    stay = [run_agentd(*agent_args(endpoint, "2:3", "--local-addr", f"127.0.0.{i}", conf=conf),
-                       *job, env=env) for i in (2, 3)]  # fmt: skip
-    wait_until(lambda: len(starts(out, 0)) == 6, what="a job of three nodes, six ranks")
-    wait_until(lambda: all("Standing by as store candidate" in a.stderr() for a in stay),
-               what="the others to stand by")  # fmt: skip
-
-    leaving.proc.send_signal(signal.SIGTERM)
-    assert leaving.wait(60) == 128 + signal.SIGTERM, leaving.stderr()[-3000:]
-    assert "another candidate serves the store now" in leaving.stderr()
-    ckpts = notes(out, "ckpt_0_*")
-    assert len(ckpts) == 6 and len({c["step"] for c in ckpts}) == 1, ckpts
-    wait_until(lambda: len(starts(out, 1)) == 4, what="the job of two nodes")
-    assert {s["resumed_at"] for s in starts(out, 1)} == {ckpts[0]["step"]}
-    stop.touch()
-    assert [a.wait(30) for a in stay] == [0, 0], [a.stderr()[-2000:] for a in stay]
-    assert not starts(out, 2), "the others re-formed twice"
-
-
 def drain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
     return subprocess.run([sys.executable, "-m", "agentd", "drain", *args], env=full | (env or {}),
