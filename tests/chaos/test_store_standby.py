@@ -74,8 +74,10 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     host, survivors = agents[0], agents[1:]
     wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
-    shown = status(survivors[0])["store"]
-    assert shown["endpoints"][0] == endpoint and len(shown["endpoints"]) == 3, shown
+    # each client learns a longer list with its next answer from the store
+    shown = wait_until(lambda: (doc := status(survivors[0])["store"]) and
+                       len(doc["endpoints"]) == 3 and doc, what="the list of three")  # fmt: skip
+    assert shown["endpoints"][0] == endpoint, shown
     assert f"127.0.0.2:{port}" in shown["endpoints"]  # the seed's port, on its own address
     kill_the_host_and_wait_for_two(host, survivors)
     shown = status(survivors[0])["store"]
