@@ -1,7 +1,16 @@
-"""``python -m agentd``: the same as the ``agentd`` command."""
+"""``python -m agentd`` and the ``agentd`` command.
 
-import sys
+Garbage collection is paused before anything is imported: a launch allocates only
+long-lived objects until its workers run (see :class:`agentd.cli.CollectOnceRunning`).
+"""
 
-from agentd.cli import main
+import gc
 
-sys.exit(main())
+gc.disable()
+
+import sys  # noqa: E402
+
+from agentd.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import gc
 import json
 import logging
 import os
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from agentd import __version__
+from agentd.agent.observer import AgentObserver
 from agentd.config.build import worker_spec
 from agentd.config.resolve import (
     OPTIONS,
@@ -28,6 +29,7 @@ from agentd.config.resolve import (
 )
 from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
+from agentd.group import WorkerState
 from agentd.spec import WorkerSpec
 
 log = logging.getLogger("agentd")
@@ -153,12 +155,15 @@ class _JsonFormatter(logging.Formatter):
 
 async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     """Run one agent to completion; returns the exit code."""
+    import asyncio
+
     from agentd.config.build import local_agent
     from agentd.reports.error_file import copy_error_file
     from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.workers.env import SIGNALS_ENV
 
     agent = local_agent(config, spec)
+    agent.add_observer(CollectOnceRunning())
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())
     os.environ[SIGNALS_ENV] = ",".join(sig.name for sig in config.signals_to_handle)
@@ -175,6 +180,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        gc.enable()  # a start that never reached HEALTHY
     if result.is_failed():
         log.error("%s", agent.failure_report())
         if agent.result_written:
@@ -186,8 +192,22 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     return EXIT_OK
 
 
+class CollectOnceRunning(AgentObserver):
+    """Garbage collection waits for the workers: the agent's start allocates long-lived
+    objects only (modules, classes, the config), so the ~50 collections it would trigger
+    find nothing and delay the first worker. Once the group is HEALTHY, those objects are
+    frozen out of every later collection and collection resumes."""
+
+    def state_changed(self, old: WorkerState, new: WorkerState, reason: str) -> None:
+        if new is WorkerState.HEALTHY and not gc.isenabled():
+            gc.freeze()
+            gc.enable()
+
+
 def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``agentd store``: validate, then serve until a stop signal."""
+    import asyncio
+
     from agentd.store.serve import serve
     from agentd.store.server import StoreServer
 
@@ -228,10 +248,13 @@ def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[lis
 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
+    gc.disable()  # until the workers run (CollectOnceRunning); other commands: below
     parser = build_parser()
     environ = dict(os.environ)
     try:
         args = parser.parse_args(argv)
+        if args.command != "run":
+            gc.enable()
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
@@ -250,8 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(config.log_format, config.log_level)
         spec = worker_spec(config)  # everything is checked before anything starts
     except ConfigError as exc:
+        gc.enable()
         print(f"agentd: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    import asyncio  # here, not at the top: its import runs without collections too
+
     try:
         code = asyncio.run(run_agent(config, spec))
     except AgentdError as exc:

@@ -127,6 +127,8 @@ def optional_host(text: str) -> str | None:
 
 def node_checks(text: str) -> tuple[str, ...]:
     """One check per line: a shell command or a built-in (:mod:`agentd.nodecheck.checks`)."""
+    if not text.strip():
+        return ()  # a job without node checks never loads them
     from agentd.nodecheck.checks import parse_node_checks
 
     try:

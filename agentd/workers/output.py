@@ -11,7 +11,6 @@ import errno
 import logging
 import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +274,8 @@ def prune_attempts(run_dir: Path, current: int, keep: int) -> list[int]:
     so a crash-looping job's log dir stops growing; returns the attempts deleted."""
     if keep <= 0:
         return []
+    import shutil  # only here: it pulls in the compression modules
+
     doomed = []
     for path in run_dir.glob("attempt_*"):
         suffix = path.name.removeprefix("attempt_")
