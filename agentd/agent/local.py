@@ -10,7 +10,6 @@ order before the first rendezvous and stopped in reverse at the end: the run's r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -26,11 +25,12 @@ from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_fr
 from agentd.drain import control
 from agentd.drain.settings import DrainSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
-from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
+from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
+from agentd.inprocess.service import InProcessRestarts
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import CoordinatesDrains, LeasedMembership
 from agentd.reports.event_log import EventLog
@@ -153,6 +153,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
+        self._inprocess = InProcessRestarts()
+        self._failed_ranks: set[int] = set()
         self._oom: OomWatch | None = None
         self._drain_settings = drain or DrainSettings()
         self._drain: DrainService | None = None
@@ -169,7 +171,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         services: list[Service | None] = [
             self._result, events, self._watchdog, self._heartbeats, self._health,
             self._workers_store,
-            self._hygiene, self._preload,
+            self._hygiene, self._preload, self._inprocess,
         ]  # fmt: skip
         self._services = [s for s in services if s is not None]
         """Started in this order before the first rendezvous, stopped in reverse."""
@@ -270,7 +272,10 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.control_file = str(self.run_dir / "drain.control")
             control.create(self.control_file)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
-        if not isinstance(spec.entrypoint, str):  # function workers leave together
+        kept = self._inprocess.parked
+        if isinstance(spec.entrypoint, str):
+            self._inprocess.plan(plans, single_node=(group.group_world_size or 1) == 1)
+        else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
@@ -278,11 +283,13 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         spawn = self._preload.spawn if self._preload.enabled else spawn_worker
         with self._hygiene.spawning():
             procs = await asyncio.gather(
-                *(spawn(w.local_rank, *plan) for w, *plan in plans),
+                *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),
                 return_exceptions=True,
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
+            self._inprocess.spawned(p.local_rank for p in started)
             await self._hygiene.started(started)
+        started += self._inprocess.resume_all(plans)
         if self._oom is None:
             from agentd.reports.oom import OomWatch
 
@@ -310,6 +317,14 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.run_dir / f"attempt_{self.attempt}",
         )
         return {p.local_rank: p.pid for p in started}
+
+    async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
+        with self._inprocess.restarting():
+            await super()._restart_after(group, reason)
+
+    async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
+        with self._inprocess.restarting():
+            await super()._restart_group(group, reason, stopped)
 
     def _start_drains(self) -> None:
         handler = self.rdzv_handler
@@ -343,6 +358,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
                 for p in failed
             }
+            self._failed_ranks = {p.local_rank for p in failed}
             return RunResult(WorkerState.FAILED, failures=failures)
         if procs and all(p.returncode == 0 for p in procs.values()):
             values: dict[int, Any] = {}
@@ -370,39 +386,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 timestamp=found.when,
                 hang=found.details,
             )
+        self._failed_ranks = {f.local_rank for f in failures.values()}
         return RunResult(WorkerState.UNHEALTHY, failures=failures)
-
-    def worker_process_of(self, pid: int) -> WorkerProcess | None:
-        """The worker whose tree ``pid`` is in (by pid, then by process group)."""
-        for proc in self._procs.values():
-            if proc.pid == pid:
-                return proc
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            pgid = os.getpgid(pid)
-            return next((p for p in self._procs.values() if p.pgid == pgid), None)
-        return None
-
-    def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
-        error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
-        failure = WorkerFailure(
-            local_rank=worker.local_rank,
-            pid=proc.pid,
-            exitcode=proc.returncode if proc.returncode is not None else -1,
-            error_file=str(error_file),
-            global_rank=worker.global_rank,
-            role=group.spec.role,
-            timestamp=proc.exited_at or time.time(),
-            stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
-            host=self.hostname,
-            node_rank=group.group_rank or 0,
-        )
-        oom = self._oom.explain(proc.pid, failure.exitcode) if self._oom is not None else None
-        if oom is not None:
-            from agentd.reports.oom import describe
-
-            failure.oom = oom
-            failure.message = failure.message or describe(oom)
-        return failure
 
     @agent_step
     async def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -411,6 +396,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec = group.spec
+        kept = await self._inprocess.park(procs, self._failed_ranks)
+        procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)
         level = logging.INFO if running else logging.DEBUG
         log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
@@ -421,7 +408,12 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         strays: list[int] = []
         try:
             strays = await stop_workers(
-                procs, spec.stop_signal, self._stop_timeout(), self._force, self._mark
+                procs,
+                spec.stop_signal,
+                self._stop_timeout(),
+                self._force,
+                self._mark,
+                spare_groups={p.pgid for p in kept.values()},
             )
         finally:
             if strays:
@@ -432,7 +424,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 worker.id = None
             self._watchdog.forget(p.pid for p in procs)
             self._watchdog.clear()
-            self._procs = {}
+            self._procs = dict(kept)
+            self._inprocess.forget(p.local_rank for p in procs)
             if self._gate is not None:
                 self._gate.close()
                 self._gate = None

@@ -3,18 +3,28 @@ Python API read of it (the :class:`~agentd.view.AgentView` protocol)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentd.group import Worker, WorkerFailure, WorkerGroup
+from agentd.workers.output import attempt_dir
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentd.drain.service import DrainService
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
     from agentd.health.service import HealthService
     from agentd.heartbeats.service import HeartbeatService
     from agentd.heartbeats.stragglers import StepTimes
+    from agentd.inprocess.service import InProcessRestarts
     from agentd.nodecheck.service import NodeCheckService
     from agentd.preload.service import PreloadService
+    from agentd.reports.oom import OomWatch
     from agentd.reports.result_service import ResultFileService
     from agentd.timer.server import TimerServer
     from agentd.timer.service import Watchdog
@@ -33,6 +43,17 @@ class LocalAgentViews:
     _node_checks: NodeCheckService | None
     _drain: DrainService | None
     _preload: PreloadService
+    _inprocess: InProcessRestarts
+    _oom: OomWatch | None
+    run_dir: Path
+    attempt: int
+    hostname: str
+
+    @property
+    def restart_kinds(self) -> dict[str, int]:
+        """Restarts so far by kind: ``in_process`` (the survivors kept their process) and
+        ``process`` (an in-process restart fell back to new processes for every rank)."""
+        return dict(self._inprocess.kinds)
 
     @property
     def owner_mark(self) -> str:
@@ -105,3 +126,35 @@ class LocalAgentViews:
     def failure_report(self) -> str:
         """The text report of the last run's failure (empty when it did not fail)."""
         return self._result.failure_report()
+
+    def worker_process_of(self, pid: int) -> WorkerProcess | None:
+        """The worker whose tree ``pid`` is in (by pid, then by process group)."""
+        for proc in self._procs.values():
+            if proc.pid == pid:
+                return proc
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            pgid = os.getpgid(pid)
+            return next((p for p in self._procs.values() if p.pgid == pgid), None)
+        return None
+
+    def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
+        error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
+        failure = WorkerFailure(
+            local_rank=worker.local_rank,
+            pid=proc.pid,
+            exitcode=proc.returncode if proc.returncode is not None else -1,
+            error_file=str(error_file),
+            global_rank=worker.global_rank,
+            role=group.spec.role,
+            timestamp=proc.exited_at or time.time(),
+            stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
+            host=self.hostname,
+            node_rank=group.group_rank or 0,
+        )
+        oom = self._oom.explain(proc.pid, failure.exitcode) if self._oom is not None else None
+        if oom is not None:
+            from agentd.reports.oom import describe
+
+            failure.oom = oom
+            failure.message = failure.message or describe(oom)
+        return failure

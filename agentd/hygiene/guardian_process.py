@@ -32,7 +32,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 OWNER_ENV = "AGENTD_OWNER"
 
@@ -65,17 +65,27 @@ def marked_processes() -> Iterator[tuple[int, str]]:
                 yield int(name), mark
 
 
-def kill_marked(predicate: Callable[[str], bool], sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to every marked process whose mark satisfies ``predicate``."""
+def kill_marked(
+    predicate: Callable[[str], bool], sig: int = signal.SIGKILL, spare_groups: Collection[int] = ()
+) -> list[int]:
+    """Send ``sig`` to every marked process whose mark satisfies ``predicate``, but those in
+    the process groups ``spare_groups`` (workers kept across a restart, and their children)."""
     killed = []
     for pid, mark in marked_processes():
-        if predicate(mark):
+        if predicate(mark) and not (spare_groups and _group_of(pid) in spare_groups):
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 continue
             killed.append(pid)
     return killed
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 LEASE_SLACK = 0.5

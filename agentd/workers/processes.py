@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import StartError
@@ -199,13 +199,15 @@ async def stop_workers(
     stop_timeout: float = 30.0,
     force: asyncio.Event | None = None,
     mark: str | None = None,
+    spare_groups: Collection[int] = (),
 ) -> list[int]:
     """The stop policy, for every path: signal the groups, wait, SIGKILL the groups, reap.
 
     Waits at most ``stop_timeout`` seconds (on the loop's monotonic clock) for every process
     of every group to be gone; ``force`` being set cuts the wait short. With ``mark``, the
-    processes carrying that owner mark that left their group (``setsid``) are killed too;
-    their pids are returned. Survives cancellation: the groups are still killed, the workers
+    processes carrying that owner mark that left their group (``setsid``) are killed too,
+    but those in ``spare_groups`` (workers kept across an in-process restart); their pids
+    are returned. Survives cancellation: the groups are still killed, the workers
     reaped and their pipes closed.
     """
     strays: list[int] = []
@@ -220,7 +222,7 @@ async def stop_workers(
     finally:
         signal_groups(pgids, signal.SIGKILL)
         if mark is not None:
-            strays = kill_marked(lambda m: m == mark)
+            strays = kill_marked(lambda m: m == mark, spare_groups=spare_groups)
         await asyncio.shield(asyncio.gather(*(w.exited for w in workers)))
         await asyncio.shield(asyncio.gather(*(w.drain() for w in workers)))
     return strays

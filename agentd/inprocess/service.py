@@ -1,0 +1,232 @@
+"""The agent's side of in-process restarts: a channel per worker, park and resume.
+
+Every worker of a script entrypoint gets a channel (:mod:`agentd.inprocess.wire`); a worker
+that calls :func:`agentd.inprocess.run` says ``hello`` on it. When the group restarts
+(a failure, a hang, a membership change), :meth:`InProcessRestarts.park` asks every live
+worker outside ``failed`` to park; if all of them opted in and park within
+``park_timeout``, they are kept and only the others are stopped. The next attempt
+:meth:`resume`\\ s each kept worker with its new variables, and new processes replace only
+the ranks that were lost. Otherwise (a worker that did not opt in, or one stuck in native
+code past the bound) the restart falls back to stopping every process, as without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentd.inprocess import wire
+
+if TYPE_CHECKING:
+    from agentd.workers.processes import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+PARK_TIMEOUT = 10.0
+"""How long the survivors have to leave their training function (a collective in native
+code returns first) before the restart falls back to new processes."""
+
+
+class _Channel:
+    """The agent's end of one worker's channel, read on the loop."""
+
+    def __init__(self) -> None:
+        self.agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.worker_fd: int | None = worker_end.detach()
+        self.agent_end.setblocking(False)
+        self.opted_in = False
+        self.broken = False
+        self.parked: asyncio.Event = asyncio.Event()
+        self._buffer = b""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.agent_end.fileno(), self._readable)
+
+    def spawned(self) -> None:
+        """The worker holds its end now: the agent's copy goes."""
+        if self.worker_fd is not None:
+            os.close(self.worker_fd)
+            self.worker_fd = None
+
+    def send(self, op: str, **fields: object) -> bool:
+        try:
+            self.agent_end.sendall(wire.encode(op, **fields))
+        except OSError:
+            self.broken = True
+            return False
+        return True
+
+    def _readable(self) -> None:
+        try:
+            data = self.agent_end.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._take(line)
+        if len(self._buffer) > wire.MAX_LINE:
+            self._take(self._buffer)
+
+    def _take(self, line: bytes) -> None:
+        try:
+            message = wire.decode(line, wire.WORKER_OPS)
+        except wire.ProtocolError as exc:
+            log.warning("In-process channel: %s; restarting that worker as a process", exc)
+            self.close()
+            return
+        if message["op"] == "hello":
+            self.opted_in = True
+        else:
+            self.parked.set()
+
+    def close(self) -> None:
+        self.broken = True
+        self._buffer = b""
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self.agent_end.fileno())
+        self.agent_end.close()
+        self.spawned()
+
+
+class InProcessRestarts:
+    """In-process restarts of one agent's workers (see the module docstring)."""
+
+    def __init__(self, park_timeout: float = PARK_TIMEOUT) -> None:
+        self.park_timeout = park_timeout
+        self._restarting = False
+        self._channels: dict[int, _Channel] = {}
+        self.parked: dict[int, WorkerProcess] = {}
+        """The workers kept for the next attempt, by local rank."""
+        self.kinds = {"in_process": 0, "process": 0}
+        """Restarts so far by kind: the survivors kept, or every worker a new process."""
+
+    @contextlib.contextmanager
+    def restarting(self) -> Iterator[None]:
+        """While the agent restarts its group, :meth:`park` keeps the workers it can."""
+        before, self._restarting = self._restarting, True
+        try:
+            yield
+        finally:
+            self._restarting = before
+
+    def plan(self, plans: list[tuple[Any, ...]], single_node: bool) -> None:
+        """Give each new worker's plan its channel; with kept workers on a single node, tell
+        every rank which ranks are new and which kept rank hands them its state. (Across
+        nodes no agent knows the whole picture, so :func:`agentd.inprocess.sync` does
+        nothing there: every rank must agree on whether to call a collective.)"""
+        self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
+        kept = self.parked
+        replaced = sorted(w.global_rank for w, *_ in plans if w.local_rank not in kept)
+        source = min((w.global_rank for w, *_ in plans if w.local_rank in kept), default=None)
+        for worker, _argv, env, *_, pass_fds in plans:
+            if kept and replaced and single_node:
+                env[wire.REPLACED_ENV] = ",".join(map(str, replaced))
+                env[wire.SOURCE_ENV] = str(source)
+            if worker.local_rank not in kept:
+                fd, names = self.channel_for(worker.local_rank)
+                env.update(names)
+                pass_fds.append(fd)
+
+    def resume_all(self, plans: Sequence[tuple[Any, ...]]) -> list[WorkerProcess]:
+        """Resume every kept worker with its plan's variables; returns those resumed."""
+        resumed = [self.parked[w.local_rank] for w, _argv, env, *_ in plans
+                   if w.local_rank in self.parked and self.resume(w.local_rank, env)]  # fmt: skip
+        self.parked = {}
+        return resumed
+
+    def channel_for(self, local_rank: int) -> tuple[int, dict[str, str]]:
+        """A new worker's end of a fresh channel and the variable that names it."""
+        old = self._channels.pop(local_rank, None)
+        if old is not None:
+            old.close()
+        channel = _Channel()
+        self._channels[local_rank] = channel
+        assert channel.worker_fd is not None
+        return channel.worker_fd, {wire.CHANNEL_FD_ENV: str(channel.worker_fd)}
+
+    def spawned(self, local_ranks: Iterable[int]) -> None:
+        for rank in local_ranks:
+            if rank in self._channels:
+                self._channels[rank].spawned()
+
+    async def park(
+        self, procs: Sequence[WorkerProcess], failed: Collection[int]
+    ) -> dict[int, WorkerProcess]:
+        """During a restart, park every live worker whose local rank is not in ``failed``;
+        returns them by local rank, or nothing when any of them cannot be kept (then none
+        is), or when the group is stopped for good."""
+        if not self._restarting:
+            return {}
+        survivors = [p for p in procs if p.returncode is None and p.local_rank not in failed]
+        channels = [self._channels.get(p.local_rank) for p in survivors]
+        if not survivors or not all(c is not None and c.opted_in and not c.broken
+                                    for c in channels):  # fmt: skip
+            return self._fall_back(bool(survivors) and any(c is not None and c.opted_in
+                                                           for c in channels))  # fmt: skip
+        ready = [c for c in channels if c is not None]
+        for channel in ready:
+            channel.parked.clear()
+            channel.send("park")
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(c.parked.wait()) for c in ready]
+        exits: list[asyncio.Future[Any]] = [asyncio.ensure_future(asyncio.shield(p.exited))
+                                            for p in survivors]  # fmt: skip
+        try:
+            async with asyncio.timeout(self.park_timeout):
+                while not all(w.done() for w in waits):
+                    await asyncio.wait([*waits, *exits], return_when=asyncio.FIRST_COMPLETED)
+                    if any(e.done() for e in exits):
+                        break
+        except TimeoutError:
+            pass
+        finally:
+            for task in (*waits, *exits):
+                task.cancel()
+        if not all(c.parked.is_set() and not c.broken for c in ready) or any(
+            p.returncode is not None for p in survivors
+        ):
+            missing = [p.local_rank for p, c in zip(survivors, ready, strict=True)
+                       if not c.parked.is_set()]  # fmt: skip
+            log.warning("Local rank(s) %s did not park within %.1fs; restarting every worker "
+                        "as a new process", missing, self.park_timeout)  # fmt: skip
+            return self._fall_back(True)
+        self.kinds["in_process"] += 1
+        self.parked = {p.local_rank: p for p in survivors}
+        return dict(self.parked)
+
+    def _fall_back(self, counted: bool) -> dict[int, WorkerProcess]:
+        if counted:
+            self.kinds["process"] += 1
+        self.parked = {}
+        return {}
+
+    def resume(self, local_rank: int, env: Mapping[str, str]) -> bool:
+        """Send the kept worker its new variables (those that differ from the agent's own);
+        False if it cannot be told (it is then replaced)."""
+        channel = self._channels.get(local_rank)
+        if channel is None or channel.broken:
+            return False
+        delta = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        return channel.send("resume", env=delta)
+
+    def forget(self, local_ranks: Iterable[int]) -> None:
+        for rank in local_ranks:
+            channel = self._channels.pop(rank, None)
+            if channel is not None:
+                channel.close()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.forget(list(self._channels))
+        self.parked = {}

@@ -1,0 +1,53 @@
+"""The in-process restart channel between an agent and one worker: JSON lines on a Unix
+socket pair, the worker's end passed as the descriptor named by :data:`CHANNEL_FD_ENV`.
+
+Worker to agent: ``{"op": "hello"}`` (this process restarts in place),
+``{"op": "parked"}`` (its process group is destroyed; it waits for ``resume``).
+Agent to worker: ``{"op": "park"}`` (leave the training function now),
+``{"op": "resume", "env": {...}}`` (the new attempt's variables that changed; call the
+training function again). A line over :data:`MAX_LINE` bytes, or one that is not such an
+object, is a protocol error: the agent logs it once and stops trusting that worker's
+channel (the worker is then restarted as a process).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CHANNEL_FD_ENV = "AGENTD_INPROCESS_FD"
+REPLACED_ENV = "AGENTD_INPROCESS_REPLACED"
+"""Global ranks started as new processes in this attempt while others kept theirs
+(comma-separated; empty or unset when every rank is new or none is)."""
+SOURCE_ENV = "AGENTD_INPROCESS_SOURCE"
+"""The global rank of a rank that kept its process: it holds the state to hand over."""
+MAX_LINE = 1 << 20
+
+WORKER_OPS = frozenset({"hello", "parked"})
+AGENT_OPS = frozenset({"park", "resume"})
+
+
+class ProtocolError(ValueError):
+    """A line on the channel that is not a message of the other side."""
+
+
+def encode(op: str, **fields: Any) -> bytes:
+    return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes, ops: frozenset[str]) -> dict[str, Any]:
+    """The message on ``line`` (one of ``ops``), or :class:`ProtocolError` naming why not."""
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE}")
+    try:
+        message = json.loads(line)
+    except ValueError:
+        raise ProtocolError(f"not JSON: {line[:80]!r}") from None
+    if not isinstance(message, dict) or message.get("op") not in ops:
+        raise ProtocolError(f"op must be one of {sorted(ops)}: {line[:80]!r}")
+    env = message.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ProtocolError(f"env must map names to strings: {line[:80]!r}")
+    return message

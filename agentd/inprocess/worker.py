@@ -1,0 +1,182 @@
+"""The worker's side of an in-process restart (see :mod:`agentd.inprocess`).
+
+:func:`run` calls the training function. When the agent restarts the job (a rank died,
+hung or was reaped, or the membership changed), it sends ``park``: a reader thread raises
+:class:`Interrupted` in the main thread while the training function runs (a collective
+blocked in native code returns first: gloo fails it as soon as a peer's socket closes).
+An exception that reaches :func:`run` while no ``park`` came waits up to
+``AGENTD_INPROCESS_GRACE`` seconds (default 2) for one, since a peer's death is usually
+seen by the survivors' collectives a moment before the agent tells them; without a
+``park`` it propagates as usual and the worker fails. Parked, the worker destroys its
+torch process group, tells the agent, waits for ``resume`` with the new attempt's
+variables, and calls the training function again in the same process, with whatever
+objects the caller kept. Outside agentd (no channel) :func:`run` is a plain call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agentd.inprocess import wire
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Interrupted(BaseException):
+    """Raised in the training function when the agent restarts the job in process."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Where this process stands: ``count`` in-process restarts so far; ``replaced`` the
+    global ranks that are new processes in this attempt (their state comes from
+    ``source``, a rank that kept its process); both empty on a fresh start."""
+
+    count: int = 0
+    replaced: tuple[int, ...] = ()
+    source: int | None = None
+
+
+def _from_env(count: int) -> Restart:
+    replaced = tuple(int(r) for r in os.environ.get(wire.REPLACED_ENV, "").split(",") if r)
+    source = os.environ.get(wire.SOURCE_ENV)
+    return Restart(count, replaced, int(source) if source and replaced else None)
+
+
+_current = Restart()
+
+
+def current() -> Restart:
+    """This process's :class:`Restart` (read it inside the training function)."""
+    return _current
+
+
+class _Channel:
+    """The worker's end: a reader thread that turns ``park`` into :class:`Interrupted`."""
+
+    def __init__(self, fd: int) -> None:
+        self._sock = socket.socket(fileno=fd)
+        self._lock = threading.Lock()
+        self._main = threading.main_thread().ident or 0
+        self._armed = False
+        self.parking = threading.Event()
+        self.resumed = threading.Event()
+        self.closed = threading.Event()
+        self.env: dict[str, str] = {}
+        threading.Thread(target=self._read, name="agentd-inprocess", daemon=True).start()
+
+    def send(self, op: str) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.sendall(wire.encode(op))
+
+    def arm(self, armed: bool) -> None:
+        """Let a ``park`` interrupt the main thread (only while the training function runs);
+        disarming drops an interruption not yet delivered."""
+        with self._lock:
+            self._armed = armed
+            if not armed:
+                _async_raise(self._main, None)
+
+    def _read(self) -> None:
+        with self._sock.makefile("rb") as stream:
+            for line in stream:
+                try:
+                    message = wire.decode(line, wire.AGENT_OPS)
+                except wire.ProtocolError as exc:
+                    log.error("agentd in-process channel: %s; ignored", exc)
+                    continue
+                if message["op"] == "park":
+                    self.resumed.clear()
+                    self.parking.set()
+                    with self._lock:
+                        if self._armed:
+                            self._armed = False
+                            _async_raise(self._main, Interrupted)
+                else:
+                    self.env = message.get("env", {})
+                    self.parking.clear()
+                    self.resumed.set()
+        self.closed.set()
+        self.parking.clear()
+        self.resumed.set()  # a parked worker must not wait for an agent that is gone
+
+
+def _async_raise(thread_id: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+_channel: _Channel | None = None
+
+
+def _open_channel() -> _Channel | None:
+    global _channel
+    if _channel is None:
+        fd = os.environ.get(wire.CHANNEL_FD_ENV, "")
+        if not fd.isdigit():
+            return None
+        try:
+            _channel = _Channel(int(fd))
+        except OSError:
+            return None
+        _channel.send("hello")
+    return _channel
+
+
+def _grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get("AGENTD_INPROCESS_GRACE", "2")))
+    except ValueError:
+        return 2.0
+
+
+def _destroy_process_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call ``fn(*args, **kwargs)`` and return its result; under agentd, call it again in
+    this process each time the agent restarts the job (see the module docstring)."""
+    global _current
+    channel = _open_channel()
+    _current = _from_env(_current.count)
+    if channel is None:
+        return fn(*args, **kwargs)
+    while True:
+        try:
+            try:
+                channel.arm(True)
+                return fn(*args, **kwargs)
+            finally:
+                channel.arm(False)
+        except Interrupted:
+            pass
+        except Exception:
+            if not channel.parking.wait(_grace()) or channel.closed.is_set():
+                raise
+        _destroy_process_group()
+        channel.send("parked")
+        channel.resumed.wait()
+        if channel.closed.is_set():
+            raise SystemExit(1)  # the agent is gone; it stops us anyway
+        os.environ.update(channel.env)
+        _current = _from_env(_current.count + 1)
+        log.info("agentd: restarting in process (restart %d, rank %s of %s)", _current.count,
+                 os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))  # fmt: skip

@@ -1,0 +1,63 @@
+"""A gloo job that restarts in process: ``torch_inprocess.py OUT_DIR STEPS [CRASH_STEP]``.
+
+Four ranks train a linear model on data fixed by (rank, step); with CRASH_STEP, rank 2
+dies at that step of attempt 0, before its all-reduce. Each process writes
+``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
+it saw, and the model's weights.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import agentd.inprocess as inprocess
+
+out, steps = sys.argv[1], int(sys.argv[2])
+crash = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+torch.manual_seed(1234 + int(os.environ["RANK"]))  # every rank starts different: sync() must fix it
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+state = {"step": 0, "calls": 0}
+true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+def train() -> None:
+    state["calls"] += 1
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if state["calls"] == 1 and inprocess.current().source is None:  # a fresh job: agree
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    inprocess.sync(model)
+    state["step"] = inprocess.sync_object(state["step"])
+    while state["step"] < steps:
+        step = state["step"]
+        if step == crash and rank == 2 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            os._exit(1)
+        x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step * 100 + rank))
+        loss = torch.nn.functional.mse_loss(model(x), x @ true_w)
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        optimizer.step()
+        state["step"] = step + 1
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+inprocess.run(train)
+report = {
+    "rank": int(os.environ["RANK"]),
+    "pid": os.getpid(),
+    "calls": state["calls"],
+    "restart": inprocess.current().count,
+    "restart_count": os.environ["TORCHELASTIC_RESTART_COUNT"],
+    "weights": [round(v, 6) for v in torch.cat([p.flatten() for p in model.parameters()]).tolist()],
+}
+with open(os.path.join(out, f"rank{report['rank']}.{report['pid']}.json"), "w") as fp:
+    json.dump(report, fp)
