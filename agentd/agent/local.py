@@ -30,7 +30,7 @@ from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
-from agentd.inprocess.service import InProcessRestarts
+from agentd.inprocess.service import PARK_TIMEOUT, InProcessRestarts
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import CoordinatesDrains, LeasedMembership
 from agentd.reports.event_log import EventLog
@@ -101,6 +101,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         heartbeats: HeartbeatSettings | None = None,
         node_checks: NodeGate | None = None,
         drain: DrainSettings | None = None,
+        inprocess_park_timeout: float = PARK_TIMEOUT,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
@@ -153,7 +154,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
-        self._inprocess = InProcessRestarts()
+        self._inprocess = InProcessRestarts(inprocess_park_timeout)
         self._failed_ranks: set[int] = set()
         self._oom: OomWatch | None = None
         self._drain_settings = drain or DrainSettings()

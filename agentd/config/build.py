@@ -107,6 +107,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         ),
         node_checks=_node_gate(config, spec) if config.node_check else None,
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
+        inprocess_park_timeout=config.inprocess_park_timeout,
     )
 
 

@@ -80,6 +80,7 @@ class AgentConfig:
     )
     drain_on: tuple[signal.Signals, ...] = ()
     drain_timeout: float = 60.0
+    inprocess_park_timeout: float = 10.0
     checkpoint_signal: signal.Signals | None = None
     exit_barrier_timeout: float = 300.0
     log_line_prefix_template: str = DEFAULT_LOG_PREFIX

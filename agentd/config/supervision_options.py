@@ -66,6 +66,14 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     _o(
+        "inprocess_park_timeout",
+        v.number(0.0),
+        "10",
+        "Seconds the surviving ranks of an in-process restart (agentd.inprocess.run) have to "
+        "leave their training function before every rank restarts as a new process.",
+        metavar="SECONDS",
+    ),
+    _o(
         "checkpoint_signal",
         v.optional_signal,
         "",

@@ -147,6 +147,12 @@ class _Readings:
         restarts = GaugeMetricFamily("agentd_restart_count", "TORCHELASTIC_RESTART_COUNT now")
         restarts.add_metric([], agent.restart_count)
         yield restarts
+        kinds = CounterMetricFamily("agentd_restarts_by_kind", "In-process restarts (the "
+                                    "survivors kept their process) and their fallbacks to new "
+                                    "processes", labels=["kind"])  # fmt: skip
+        for kind, count in agent.restart_kinds.items():
+            kinds.add_metric([kind], count)
+        yield kinds
         cpu = CounterMetricFamily(
             "agentd_worker_cpu_seconds",
             "CPU time of each worker and its children",

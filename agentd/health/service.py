@@ -152,6 +152,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "started_at": agent.started_at,
         "restart_count": agent.restart_count,
         "max_restarts": group.spec.max_restarts,
+        "restarts_by_kind": agent.restart_kinds,
         "attempt": agent.attempt,
         "generation": agent.generation,
         "rendezvous": agent.rdzv_handler.get_backend(),

@@ -1,0 +1,109 @@
+"""In-process restarts end to end, with real agents, processes and sockets (no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import TESTS, free_port, wait_until
+
+JOB = str(TESTS / "workers" / "inprocess_job.py")
+
+
+def start_job(tmp_path: Path, mode: str, *flags: str) -> subprocess.Popen[str]:
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
+            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), *flags, JOB,
+            str(tmp_path / "out"), mode]  # fmt: skip
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+
+
+def calls_of(tmp_path: Path) -> dict[int, list[dict]]:
+    out = tmp_path / "out"
+    return {
+        rank: [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+        for rank in range(3)
+    }
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+def run_job(tmp_path: Path, mode: str, *flags: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                dict[int, list[dict]]]:  # fmt: skip
+    code, err = finish(start_job(tmp_path, mode, *flags))
+    return subprocess.CompletedProcess([], code, "", err), calls_of(tmp_path)
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def attempt_of(url: str) -> int:
+    try:
+        return json.loads(fetch(url))["attempt"]
+    except OSError:  # not serving yet
+        return -1
+
+
+def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path):
+    port = free_port()
+    proc = start_job(tmp_path, "loop", "--health-port", str(port))
+    try:
+        status = f"http://127.0.0.1:{port}/status"
+        wait_until(lambda: attempt_of(status) == 1, 60, "attempt 1")
+        doc = json.loads(fetch(status))
+        assert doc["restarts_by_kind"] == {"in_process": 1, "process": 0}
+        assert doc["state"] == "HEALTHY" and len(doc["workers"]) == 3
+        metrics = fetch(f"http://127.0.0.1:{port}/metrics")
+        assert 'agentd_restarts_by_kind_total{kind="in_process"} 1.0' in metrics
+    finally:
+        (tmp_path / "out" / "release").write_text("")
+        code, err = finish(proc)
+    done, calls = subprocess.CompletedProcess([], code, "", err), calls_of(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 2):  # interrupted in Python, parked, called again in the same process
+        first, second = calls[rank]
+        assert second["pid"] == first["pid"]
+        assert (first["attempt"], second["attempt"]) == ("0", "1")
+        assert (first["count"], second["count"]) == (0, 1)
+        assert second["replaced"] == [1] and second["source"] == 0
+    first, second = calls[1]  # the dead rank: a new process, told where its state is
+    assert second["pid"] != first["pid"]
+    assert second["count"] == 0 and second["replaced"] == [1] and second["source"] == 0
+    assert "Started 3 worker(s), attempt 1" in done.stderr
+
+
+def test_a_survivor_that_cannot_park_in_time_means_new_processes_for_all(tmp_path):
+    done, calls = run_job(tmp_path, "stuck", "--inprocess-park-timeout", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "did not park within 1.0s" in done.stderr
+    for rank in range(3):
+        first, second = calls[rank]
+        assert second["pid"] != first["pid"]
+        assert second["count"] == 0 and second["replaced"] == []
+
+
+def test_garbage_on_the_channel_is_named_and_the_restart_uses_new_processes(tmp_path):
+    done, calls = run_job(tmp_path, "garbage")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "In-process channel: not JSON: b'not json'" in done.stderr
+    for rank in range(3):
+        assert calls[rank][1]["pid"] != calls[rank][0]["pid"]
+
+
+def test_without_agentd_run_is_a_plain_call(tmp_path):
+    code = ("import agentd.inprocess as ip; print(ip.run(lambda a, b=0: a + b, 2, b=3), "
+            "ip.current())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None)"

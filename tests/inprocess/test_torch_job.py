@@ -1,0 +1,44 @@
+"""A real 4-rank gloo job restarted in process: the survivors keep their process, their
+weights and their step; the new rank gets them; training ends where an uninterrupted run
+ends. Skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TESTS
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+JOB = str(TESTS / "workers" / "torch_inprocess.py")
+
+
+def train(tmp_path: Path, name: str, *crash: str) -> dict[int, dict]:
+    out = tmp_path / name
+    out.mkdir()
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "4",
+            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), JOB, str(out), "12",
+            *crash]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    return {r["rank"]: r for r in reports}
+
+
+@pytest.mark.timeout(300)
+def test_a_crashed_rank_is_replaced_and_the_others_keep_training_in_process(tmp_path):
+    plain = train(tmp_path, "plain")
+    crashed = train(tmp_path, "crashed", "5")
+    for rank in (0, 1, 3):
+        assert crashed[rank]["calls"] == 2 and crashed[rank]["restart"] == 1
+    assert crashed[2]["calls"] == 1 and crashed[2]["restart"] == 0  # the new process
+    assert {r["restart_count"] for r in crashed.values()} == {"1"}
+    weights = plain[0]["weights"]
+    assert all(r["weights"] == weights for r in [*plain.values(), *crashed.values()])

@@ -1,0 +1,53 @@
+"""A job that restarts in process, without torch: ``inprocess_job.py OUT MODE``.
+
+Local rank 1 dies on attempt 0 once every rank has reported. The others, on attempt 0:
+``loop`` in Python (a park interrupts them at once), ``stuck`` in one long native sleep
+(they cannot park in time), ``garbage`` write a line the agent does not understand on
+their channel, then loop. Every call of the training function appends a JSON line to
+``OUT/rank<LOCAL_RANK>.jsonl``; on later attempts it returns (in ``loop`` mode once
+``OUT/release`` exists).
+"""
+
+import json
+import os
+import sys
+import time
+
+import agentd.inprocess as inprocess
+
+out, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["LOCAL_RANK"])
+
+
+def train() -> None:
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    restart = inprocess.current()
+    line = {
+        "pid": os.getpid(),
+        "attempt": attempt,
+        "rank": os.environ["RANK"],
+        "count": restart.count,
+        "replaced": list(restart.replaced),
+        "source": restart.source,
+    }
+    with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
+        fp.write(json.dumps(line) + "\n")
+    if attempt != "0":
+        while mode == "loop" and not os.path.exists(os.path.join(out, "release")):
+            time.sleep(0.01)
+        return
+    if rank == 1:
+        while len([n for n in os.listdir(out) if n.endswith(".jsonl")]) < int(
+            os.environ["LOCAL_WORLD_SIZE"]
+        ):
+            time.sleep(0.01)
+        os._exit(3)
+    if mode == "garbage":
+        os.write(int(os.environ["AGENTD_INPROCESS_FD"]), b"not json\n")
+    if mode == "stuck":
+        time.sleep(30)
+    while True:
+        time.sleep(0.01)
+
+
+inprocess.run(train)
