@@ -398,6 +398,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return
         spec = group.spec
         kept = await self._inprocess.park(procs, self._failed_ranks)
+        self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)
         level = logging.INFO if running else logging.DEBUG

@@ -8,6 +8,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TESTS, free_port, wait_until
 
 JOB = str(TESTS / "workers" / "inprocess_job.py")
@@ -55,9 +57,14 @@ def attempt_of(url: str) -> int:
         return -1
 
 
-def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "flags"),
+    [("loop", ()), ("hang", ()), ("loop", ("--preload=",))],
+    ids=["crash", "timer-reaped", "preload"],
+)
+def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, flags):
     port = free_port()
-    proc = start_job(tmp_path, "loop", "--health-port", str(port))
+    proc = start_job(tmp_path, mode, "--health-port", str(port), *flags)
     try:
         status = f"http://127.0.0.1:{port}/status"
         wait_until(lambda: attempt_of(status) == 1, 60, "attempt 1")

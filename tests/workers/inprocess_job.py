@@ -1,6 +1,8 @@
 """A job that restarts in process, without torch: ``inprocess_job.py OUT MODE``.
 
-Local rank 1 dies on attempt 0 once every rank has reported. The others, on attempt 0:
+Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
+under a 0.3 s expiration timer instead, and the watchdog reaps it). The others, on
+attempt 0:
 ``loop`` in Python (a park interrupts them at once), ``stuck`` in one long native sleep
 (they cannot park in time), ``garbage`` write a line the agent does not understand on
 their channel, then loop. Every call of the training function appends a JSON line to
@@ -33,7 +35,7 @@ def train() -> None:
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
     if attempt != "0":
-        while mode == "loop" and not os.path.exists(os.path.join(out, "release")):
+        while mode in ("loop", "hang") and not os.path.exists(os.path.join(out, "release")):
             time.sleep(0.01)
         return
     if rank == 1:
@@ -41,6 +43,11 @@ def train() -> None:
             os.environ["LOCAL_WORLD_SIZE"]
         ):
             time.sleep(0.01)
+        if mode == "hang":
+            from agentd.timer import expires
+
+            with expires(after=0.3):
+                time.sleep(30)
         os._exit(3)
     if mode == "garbage":
         os.write(int(os.environ["AGENTD_INPROCESS_FD"]), b"not json\n")
