@@ -1,20 +1,25 @@
 """A real job's recovery: crash -> every worker of the next attempt past its first all-reduce.
 
     python bench/bench_recovery.py [--runs 5] [--nproc 4]
-        [--launchers agentd-preload,agentd,torchrun]
+        [--launchers agentd-inprocess,agentd-preload,agentd,torchrun]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
 torch, join the process group and all-reduce); rank 0 crashes once all are past the
 all-reduce, and the figure is the time from its crash to the last worker of the next
 attempt past its all-reduce. ``agentd-preload`` forks the workers from a zygote that
-imported torch (``--preload torch``). Prints median/min/max per launcher and the ratios;
-a run that does not recover within the timeout is counted as failed.
+imported torch (``--preload torch``). ``agentd-inprocess`` does too, and its workers
+restart in process (``recovery_inprocess_worker.py``): the survivors keep their process, a
+new rank 0 is forked; each run also checks that the survivors' pids and model checksums did
+not change and that the new rank's checksum matches theirs. Prints median/min/max per
+launcher and the ratios; a run that does not recover within the timeout, or whose checks
+fail, is counted as failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -23,19 +28,22 @@ import tempfile
 from pathlib import Path
 
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
+INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
 COMMANDS = {
+    "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd": [sys.executable, "-m", "agentd", "run"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
 
 
-def run_once(cmd: list[str], nproc: int, timeout: float) -> float | None:
+def run_once(name: str, nproc: int, timeout: float) -> float | None:
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce (None:
     the job did not recover)."""
+    worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
-        argv = [*cmd, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1",
-                WORKER, tmp]  # fmt: skip
+        argv = [*COMMANDS[name], "--standalone", "--nproc-per-node", str(nproc),
+                "--max-restarts", "1", worker, tmp]  # fmt: skip
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)  # fmt: skip
@@ -49,15 +57,30 @@ def run_once(cmd: list[str], nproc: int, timeout: float) -> float | None:
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
             return None  # the agent has exited: every report written is whole (renamed)
+        if name == "agentd-inprocess" and not kept_in_process(out, nproc):
+            return None
         crash = float((out / "crash").read_text())
         return max(float(p.read_text()) for p in past) - crash
+
+
+def kept_in_process(out: Path, nproc: int) -> bool:
+    """Ranks 1.. kept their pid and checksum; the new rank 0 has theirs (printed if not)."""
+    before = [json.loads((out / f"state_0_{r}").read_text()) for r in range(nproc)]
+    after = [json.loads((out / f"state_1_{r}").read_text()) for r in range(nproc)]
+    survivors_kept = all(before[r] == after[r] for r in range(1, nproc))
+    new_matches = after[0]["pid"] != before[0]["pid"] and all(
+        abs(after[0]["checksum"] - a["checksum"]) < 1e-9 for a in after[1:]
+    )
+    if not (survivors_kept and new_matches):
+        print(f"    in-process checks failed: before {before}, after {after}", flush=True)
+    return survivors_kept and new_matches
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--launchers", default="agentd-preload,agentd,torchrun")
+    parser.add_argument("--launchers", default="agentd-inprocess,agentd-preload,agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
@@ -66,7 +89,7 @@ def main() -> None:
           f"(gloo, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
     medians: dict[str, float] = {}
     for name in args.launchers.split(","):
-        times = [run_once(COMMANDS[name], args.nproc, args.timeout) for _ in range(args.runs)]
+        times = [run_once(name, args.nproc, args.timeout) for _ in range(args.runs)]
         ok = [t for t in times if t is not None]
         line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
         if ok:
@@ -74,8 +97,8 @@ def main() -> None:
             line += (f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
                      f"  max {max(ok) * 1000:7.0f}")  # fmt: skip
         print(line, flush=True)
-    for faster in ("agentd-preload", "agentd"):
-        for slower in ("agentd", "torchrun"):
+    for faster in ("agentd-inprocess", "agentd-preload", "agentd"):
+        for slower in ("agentd-preload", "agentd", "torchrun"):
             if faster != slower and faster in medians and slower in medians:
                 print(f"  ratio {slower}/{faster} = {medians[slower] / medians[faster]:.1f}x")
 

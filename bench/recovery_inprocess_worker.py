@@ -1,0 +1,52 @@
+"""Benchmark worker for bench_recovery.py's ``agentd-inprocess``: recovery_worker.py's job
+with the training function wrapped in :func:`agentd.inprocess.run`.
+
+``recovery_inprocess_worker.py OUT_DIR``. Each call of the training function joins the
+process group, hands the survivors' model to a new rank (:func:`agentd.inprocess.sync`),
+all-reduces, and writes ``past_<restart>_<rank>`` (epoch seconds) and
+``state_<restart>_<rank>`` (its pid and the model's checksum). On the first attempt, rank
+0 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
+their next collective, which fails as rank 0 dies.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from report_files import write_report
+
+import agentd.inprocess as inprocess
+
+out = sys.argv[1]
+torch.manual_seed(int(os.environ["RANK"]))  # differs per rank: only sync() makes them agree
+model = torch.nn.Linear(512, 512)
+
+
+def train() -> None:
+    restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if restart == "0":
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    inprocess.sync(model)
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(time.time()))
+    checksum = float(sum(p.double().sum() for p in model.parameters()))
+    state = {"pid": os.getpid(), "checksum": checksum}
+    write_report(os.path.join(out, f"state_{restart}_{rank}"), json.dumps(state))
+    if restart == "0":
+        dist.barrier()
+        if rank == 0:
+            write_report(os.path.join(out, "crash"), repr(time.time()))
+            os._exit(1)
+        dist.barrier()  # fails as rank 0 dies; the agent parks us
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+inprocess.run(train)
