@@ -32,7 +32,7 @@ from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.inprocess.service import PARK_TIMEOUT, InProcessRestarts
 from agentd.preload.service import PreloadService
-from agentd.rendezvous.api import CoordinatesDrains, LeasedMembership
+from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers, LeasedMembership
 from agentd.reports.event_log import EventLog
 from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
@@ -234,6 +234,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     # -- the worker lifecycle ------------------------------------------------------------
 
     async def _before_join(self) -> None:
+        if isinstance(self.rdzv_handler, KeepsWorkers):
+            self.rdzv_handler.announce_kept(list(self._inprocess.parked))
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained("node drained")
@@ -275,7 +277,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         plans = [plan_worker(self, group, worker) for worker in group.workers]
         kept = self._inprocess.parked
         if isinstance(spec.entrypoint, str):
-            self._inprocess.plan(plans, single_node=(group.group_world_size or 1) == 1)
+            self._inprocess.plan(plans, self.kept_ranks)
         else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:

@@ -59,11 +59,22 @@ def assign_worker_ranks(
     ]
 
 
+def kept_global_ranks(
+    role_infos: Sequence[RoleInstanceInfo], kept: Sequence[Sequence[int]]
+) -> frozenset[int]:
+    """The global ranks of the workers each agent kept (``kept``: local ranks by group
+    rank), numbered as :func:`assign_worker_ranks` numbers them."""
+    infos = sorted(role_infos, key=lambda info: info.rank)
+    base = [sum(i.local_world_size for i in infos[:n]) for n in range(len(infos))]
+    return frozenset(base[n] + r for n, ranks in enumerate(kept[: len(base)]) for r in ranks)
+
+
 class RendezvousSteps:
     """The rendezvous steps of the agent template (state lives on the agent)."""
 
     _worker_group: WorkerGroup
     _rdzv_handler: RendezvousHandler | None
+    kept_ranks: frozenset[int] | None = None
     _wakeup: asyncio.Event
     _exit_barrier_timeout: float
     _round_watch: asyncio.Task[None] | None
@@ -177,6 +188,8 @@ class RendezvousSteps:
         group.master_addr = spec.master_addr or info.master_addr
         group.master_port = spec.master_port or info.master_port
         group.workers = assign_worker_ranks(role_infos, info.group_rank, spec)
+        self.kept_ranks = kept_global_ranks(role_infos, info.kept) if info.kept else None
+        """The global ranks that kept their process into this round (None: not known)."""
         self.generation = info.generation
         log.info(
             "[%s] Rendezvous complete: run_id=%s generation=%d group_rank=%d/%d "

@@ -119,20 +119,22 @@ class InProcessRestarts:
         finally:
             self._restarting = before
 
-    def plan(self, plans: list[tuple[Any, ...]], single_node: bool) -> None:
-        """Give each new worker's plan its channel; with kept workers on a single node, tell
-        every rank which ranks are new and which kept rank hands them its state. (Across
-        nodes no agent knows the whole picture, so :func:`agentd.inprocess.sync` does
-        nothing there: every rank must agree on whether to call a collective.)"""
+    def plan(self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None) -> None:
+        """Give each new worker's plan its channel, and tell every rank which global ranks
+        are new processes and which kept rank hands them its state. ``kept_ranks`` are the
+        ranks every node kept, as the round told it (None: the rendezvous cannot tell, and
+        only a node that is the whole job knows them; elsewhere :func:`agentd.inprocess.sync`
+        then does nothing, since every rank must agree on whether to call a collective)."""
         self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
-        kept = self.parked
-        replaced = sorted(w.global_rank for w, *_ in plans if w.local_rank not in kept)
-        source = min((w.global_rank for w, *_ in plans if w.local_rank in kept), default=None)
+        world = plans[0][0].world_size if plans else 0
+        if kept_ranks is None and world == len(plans):
+            kept_ranks = frozenset(w.global_rank for w, *_ in plans if w.local_rank in self.parked)
+        replaced = sorted(set(range(world)) - kept_ranks) if kept_ranks else []
         for worker, _argv, env, *_, pass_fds in plans:
-            if kept and replaced and single_node:
+            if replaced and kept_ranks:
                 env[wire.REPLACED_ENV] = ",".join(map(str, replaced))
-                env[wire.SOURCE_ENV] = str(source)
-            if worker.local_rank not in kept:
+                env[wire.SOURCE_ENV] = str(min(kept_ranks))
+            if worker.local_rank not in self.parked:
                 fd, names = self.channel_for(worker.local_rank)
                 env.update(names)
                 pass_fds.append(fd)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -98,6 +98,9 @@ class RendezvousInfo:
     store: Any = None
     role_infos: tuple[RoleInstanceInfo, ...] = ()
     """Every agent's role info, by group rank, when the backend gathers them (else empty)."""
+    kept: tuple[tuple[int, ...], ...] = ()
+    """Every agent's workers kept across the restart (local ranks), by group rank, when the
+    backend carries them (:class:`KeepsWorkers`; else empty)."""
 
 
 class RendezvousHandler(Protocol):
@@ -148,6 +151,16 @@ class BindsWorkerSpec(Protocol):
 
     def bind_worker_spec(self, role: str, local_world_size: int) -> None:
         """The agent's role and worker count, for rank assignment."""
+        ...
+
+
+@runtime_checkable
+class KeepsWorkers(Protocol):
+    """A rendezvous whose rounds tell every member which workers each node kept across a
+    restart (in-process restarts: every rank must agree on which ranks are new)."""
+
+    def announce_kept(self, local_ranks: Sequence[int]) -> None:
+        """The local ranks this node keeps into the rounds it joins from now (none: [])."""
         ...
 
 

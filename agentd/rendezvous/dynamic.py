@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError
@@ -113,6 +113,16 @@ class DynamicRendezvous:
         self._closed = False
         self._observer: Callable[[str, float], None] | None = None
         self._problems = RateLimitedLog(log)
+        self._node: dict[str, Any] = {}
+        self._kept: list[int] = []
+
+    def announce_kept(self, local_ranks: Sequence[int]) -> None:
+        """Our join records carry the local ranks we keep (none: no key at all)."""
+        self._kept = sorted(local_ranks)
+        if self._kept:
+            self._node["kept"] = self._kept
+        else:
+            self._node.pop("kept", None)
 
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Tell the other agents why this node stays out (None: that it is back)."""
@@ -218,6 +228,7 @@ class DynamicRendezvous:
                 RoleInstanceInfo(str(node["role"]), rank, int(node["nproc"]))
                 for rank, node in enumerate(joined.nodes)
             ),
+            kept=tuple(tuple(map(int, node.get("kept", ()))) for node in joined.nodes),
         )
 
     async def _forget_round(self, generation: int) -> None:
@@ -401,8 +412,10 @@ class DynamicRendezvous:
         for listener in self._lease_listeners:
             membership.on_lease(listener)
         membership.start()
-        node = {"node": self.node_id, "role": self._role, "nproc": self._local_world_size,
-                "addr": self._addr, "port": self._master_port or 0}  # fmt: skip
+        self._node = {"node": self.node_id, "role": self._role, "addr": self._addr,
+                      "nproc": self._local_world_size, "port": self._master_port or 0}  # fmt: skip
+        node = self._node
+        self.announce_kept(self._kept)
         limits = RoundSettings(settings.min_nodes, settings.max_nodes,
                                settings.last_call_timeout, settings.join_timeout)  # fmt: skip
         self._rounds = Rounds(self._run_id, opened.store, self._keys, limits, membership, node)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TESTS, free_port, wait_until
+from tests.conftest import TESTS, AgentProc, free_port, wait_until
+from tests.helpers.jobs import TOKEN, agent_args
 
 JOB = str(TESTS / "workers" / "inprocess_job.py")
 
@@ -114,3 +117,51 @@ def test_without_agentd_run_is_a_plain_call(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)  # fmt: skip
     assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None)"
+
+
+def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers(
+    run_agentd, run_store, tmp_path
+):
+    store = run_store()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [run_agentd(*agent_args(store.endpoint, "2", "--nproc-per-node", "2"), JOB,
+                         str(shared), "nodes", env=env) for _ in range(3)]  # fmt: skip
+
+    def reports(agent: AgentProc) -> dict[int, list[dict]]:
+        files = {rank: agent.out_dir / f"rank{rank}.jsonl" for rank in (0, 1)}
+        return {rank: [json.loads(line) for line in path.read_text().splitlines()]
+                for rank, path in files.items() if path.exists()}  # fmt: skip
+
+    wait_until(lambda: sorted(len(reports(a)) for a in agents) == [0, 2, 2], 60, "a round of 2")
+    victim, kept = [a for a in agents if reports(a)]
+    spare = next(a for a in agents if not reports(a))
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait()
+    wait_until(
+        lambda: (
+            len(reports(spare)) == 2 and all(len(calls) == 2 for calls in reports(kept).values())
+        ),
+        60,
+        "the spare and a resume",
+    )
+    try:
+        new = [calls[0] for calls in reports(spare).values()]
+        resumed = [calls for calls in reports(kept).values()]
+        kept_ranks = sorted(calls[1]["rank"] for calls in resumed)
+        new_ranks = sorted(line["rank"] for line in new)
+        assert sorted(kept_ranks + new_ranks) == [0, 1, 2, 3]
+        for first, second in resumed:  # the same process, told who is new and who hands over
+            assert second["pid"] == first["pid"] and second["count"] == 1
+            assert second["replaced"] == new_ranks and second["source"] == min(kept_ranks)
+        for line in new:
+            assert line["count"] == 0
+            assert line["replaced"] == new_ranks and line["source"] == min(kept_ranks)
+    finally:
+        (shared / "release").write_text("")
+    assert [kept.wait(60), spare.wait(60)] == [0, 0], [
+        kept.stderr()[-2000:],
+        spare.stderr()[-2000:],
+    ]
+    assert "Rendezvous round over" in kept.stderr()

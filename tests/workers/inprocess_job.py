@@ -1,5 +1,8 @@
 """A job that restarts in process, without torch: ``inprocess_job.py OUT MODE``.
 
+In ``nodes`` mode (several agents) every rank loops until ``OUT/release`` exists and
+reports to ``$AGENTD_TEST_OUT`` (one folder per agent) instead of OUT.
+
 Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
 under a 0.3 s expiration timer instead, and the watchdog reaps it). The others, on
 attempt 0:
@@ -17,8 +20,13 @@ import time
 
 import agentd.inprocess as inprocess
 
-out, mode = sys.argv[1], sys.argv[2]
+shared, mode = sys.argv[1], sys.argv[2]
+out = os.environ["AGENTD_TEST_OUT"] if mode == "nodes" else shared
 rank = int(os.environ["LOCAL_RANK"])
+
+
+def released() -> bool:
+    return os.path.exists(os.path.join(shared, "release"))
 
 
 def train() -> None:
@@ -27,15 +35,15 @@ def train() -> None:
     line = {
         "pid": os.getpid(),
         "attempt": attempt,
-        "rank": os.environ["RANK"],
+        "rank": int(os.environ["RANK"]),
         "count": restart.count,
         "replaced": list(restart.replaced),
         "source": restart.source,
     }
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
-    if attempt != "0":
-        while mode in ("loop", "hang") and not os.path.exists(os.path.join(out, "release")):
+    if mode == "nodes" or attempt != "0":
+        while mode in ("loop", "hang", "nodes") and not released():
             time.sleep(0.01)
         return
     if rank == 1:
