@@ -14,8 +14,10 @@ T = TypeVar("T")
 
 
 def sync(*objects: Any) -> None:
-    """Broadcast each module's parameters and buffers (or each tensor) from a rank that
-    kept its process to every rank, in place."""
+    """Give every rank the state a rank that kept its process holds, in place: a module's
+    parameters and buffers or a tensor by broadcast; anything else with ``state_dict()``
+    and ``load_state_dict()`` (an optimizer, an LR scheduler, a grad scaler) as one pickled
+    state dict, since a new rank's may have another shape (no momentum buffers yet)."""
     source = current().source
     if source is None:
         return
@@ -24,10 +26,19 @@ def sync(*objects: Any) -> None:
 
     with torch.no_grad():
         for obj in objects:
-            tensors = list(obj.state_dict().values()) if hasattr(obj, "state_dict") else [obj]
-            for tensor in tensors:
-                if isinstance(tensor, torch.Tensor):
+            if isinstance(obj, torch.Tensor):
+                dist.broadcast(obj, src=source)
+            elif isinstance(obj, torch.nn.Module):
+                for tensor in obj.state_dict().values():
                     dist.broadcast(tensor, src=source)
+            elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+                box = [obj.state_dict() if dist.get_rank() == source else None]
+                dist.broadcast_object_list(box, src=source)
+                if dist.get_rank() != source:
+                    obj.load_state_dict(box[0])
+            else:
+                raise TypeError(f"sync: {type(obj).__name__} is not a tensor, a module or an "
+                                "object with state_dict() and load_state_dict()")  # fmt: skip
 
 
 def sync_object(value: T) -> T:

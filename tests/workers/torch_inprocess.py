@@ -19,7 +19,7 @@ out, steps = sys.argv[1], int(sys.argv[2])
 crash = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 torch.manual_seed(1234 + int(os.environ["RANK"]))  # every rank starts different: sync() must fix it
 model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # state to hand over
 state = {"step": 0, "calls": 0}
 true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
 
@@ -31,7 +31,7 @@ def train() -> None:
     if state["calls"] == 1 and inprocess.current().source is None:  # a fresh job: agree
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
-    inprocess.sync(model)
+    inprocess.sync(model, optimizer)
     state["step"] = inprocess.sync_object(state["step"])
     while state["step"] < steps:
         step = state["step"]
