@@ -31,6 +31,7 @@ from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.inprocess.service import PARK_TIMEOUT, InProcessRestarts
+from agentd.inprocess.wire import DEFAULT_GRACE
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers, LeasedMembership
 from agentd.reports.event_log import EventLog
@@ -277,7 +278,10 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         plans = [plan_worker(self, group, worker) for worker in group.workers]
         kept = self._inprocess.parked
         if isinstance(spec.entrypoint, str):
-            self._inprocess.plan(plans, self.kept_ranks)
+            handler, grace = self.rdzv_handler, DEFAULT_GRACE
+            if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
+                grace += handler.peer_loss_timeout()  # a lost node takes that long to see
+            self._inprocess.plan(plans, self.kept_ranks, grace)
         else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:

@@ -119,8 +119,11 @@ class InProcessRestarts:
         finally:
             self._restarting = before
 
-    def plan(self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None) -> None:
-        """Give each new worker's plan its channel, and tell every rank which global ranks
+    def plan(
+        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, grace: float
+    ) -> None:
+        """Give each new worker's plan its channel and ``grace`` (see
+        :data:`~agentd.inprocess.wire.GRACE_ENV`), and tell every rank which global ranks
         are new processes and which kept rank hands them its state. ``kept_ranks`` are the
         ranks every node kept, as the round told it (None: the rendezvous cannot tell, and
         only a node that is the whole job knows them; elsewhere :func:`agentd.inprocess.sync`
@@ -130,10 +133,12 @@ class InProcessRestarts:
         if kept_ranks is None and world == len(plans):
             kept_ranks = frozenset(w.global_rank for w, *_ in plans if w.local_rank in self.parked)
         replaced = sorted(set(range(world)) - kept_ranks) if kept_ranks else []
+        source = str(min(kept_ranks)) if replaced and kept_ranks else ""
         for worker, _argv, env, *_, pass_fds in plans:
-            if replaced and kept_ranks:
-                env[wire.REPLACED_ENV] = ",".join(map(str, replaced))
-                env[wire.SOURCE_ENV] = str(min(kept_ranks))
+            env[wire.GRACE_ENV] = f"{grace:g}"
+            # set even when empty: a kept worker must not keep the last attempt's values
+            env[wire.REPLACED_ENV] = ",".join(map(str, replaced)) if source else ""
+            env[wire.SOURCE_ENV] = source
             if worker.local_rank not in self.parked:
                 fd, names = self.channel_for(worker.local_rank)
                 env.update(names)

@@ -21,6 +21,10 @@ REPLACED_ENV = "AGENTD_INPROCESS_REPLACED"
 (comma-separated; empty or unset when every rank is new or none is)."""
 SOURCE_ENV = "AGENTD_INPROCESS_SOURCE"
 """The global rank of a rank that kept its process: it holds the state to hand over."""
+GRACE_ENV = "AGENTD_INPROCESS_GRACE"
+"""How long a worker whose training function raised waits for a ``park`` before it fails:
+its peers' loss may take the agent that long to learn (seconds)."""
+DEFAULT_GRACE = 2.0
 MAX_LINE = 1 << 20
 
 WORKER_OPS = frozenset({"hello", "parked"})

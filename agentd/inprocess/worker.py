@@ -5,9 +5,10 @@ hung or was reaped, or the membership changed), it sends ``park``: a reader thre
 :class:`Interrupted` in the main thread while the training function runs (a collective
 blocked in native code returns first: gloo fails it as soon as a peer's socket closes).
 An exception that reaches :func:`run` while no ``park`` came waits up to
-``AGENTD_INPROCESS_GRACE`` seconds (default 2) for one, since a peer's death is usually
-seen by the survivors' collectives a moment before the agent tells them; without a
-``park`` it propagates as usual and the worker fails. Parked, the worker destroys its
+``AGENTD_INPROCESS_GRACE`` seconds for one (the agent sets it: 2, plus the time it takes
+to learn of a lost node in a job of several), since a peer's death is seen by the
+survivors' collectives before the agent tells them; without a ``park`` it propagates as
+usual and the worker fails. Parked, the worker destroys its
 torch process group, tells the agent, waits for ``resume`` with the new attempt's
 variables, and calls the training function again in the same process, with whatever
 objects the caller kept. Outside agentd (no channel) :func:`run` is a plain call.
@@ -137,9 +138,9 @@ def _open_channel() -> _Channel | None:
 
 def _grace() -> float:
     try:
-        return max(0.0, float(os.environ.get("AGENTD_INPROCESS_GRACE", "2")))
+        return max(0.0, float(os.environ.get(wire.GRACE_ENV, wire.DEFAULT_GRACE)))
     except ValueError:
-        return 2.0
+        return wire.DEFAULT_GRACE
 
 
 def _destroy_process_group() -> None:

@@ -163,6 +163,11 @@ class KeepsWorkers(Protocol):
         """The local ranks this node keeps into the rounds it joins from now (none: [])."""
         ...
 
+    def peer_loss_timeout(self) -> float:
+        """Seconds until every member knows that a peer is lost (its lease runs out): how
+        long a survivor whose collective failed waits to be told to restart."""
+        ...
+
 
 @runtime_checkable
 class LeasedMembership(Protocol):

@@ -37,11 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError
-from agentd.rendezvous.api import (
-    RendezvousInfo,
-    RendezvousTimeoutError,
-    RoleInstanceInfo,
-)
+from agentd.rendezvous.api import RendezvousInfo, RendezvousTimeoutError, RoleInstanceInfo
 from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
@@ -50,6 +46,7 @@ from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
+from agentd.store.candidates import none_serving
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
 from agentd.support.ratelog import RateLimitedLog
@@ -115,6 +112,9 @@ class DynamicRendezvous:
         self._problems = RateLimitedLog(log)
         self._node: dict[str, Any] = {}
         self._kept: list[int] = []
+
+    def peer_loss_timeout(self) -> float:
+        return self.settings.heartbeat_ttl
 
     def announce_kept(self, local_ranks: Sequence[int]) -> None:
         """Our join records carry the local ranks we keep (none: no key at all)."""
@@ -434,15 +434,14 @@ class DynamicRendezvous:
         window = (f"{settings.min_nodes}..{settings.max_nodes} needed, within "
                   f"join_timeout={settings.join_timeout:g}s")  # fmt: skip
         problem = self._store_problem
-        joined = ""
+        joined = 0
         if not problem:
             try:
                 async with asyncio.timeout(2):
-                    generation = await self._rounds_or_fail().generation()
-                    count = await self.store.get(self._keys.round(generation, "join"))
-                    joined = (count or b"0").decode()
-            except (StoreError, TimeoutError) as exc:
-                problem = str(exc) or "it did not answer within 2s"
+                    joined = await self._rounds_or_fail().joined()
+            except (StoreError, TimeoutError) as exc:  # a search for a candidate goes on: name all
+                problem = (str(exc) or none_serving(self.store_status())
+                           or "it did not answer within 2s")  # fmt: skip
         if problem:
             return (f"rendezvous {self._run_id!r}: the store could not be reached "
                     f"({problem}); no round of {window}")  # fmt: skip

@@ -100,6 +100,11 @@ class Rounds:
         self.reserved: socket.socket | None = None
         """The port our last node entry offered for the workers' store, still bound."""
 
+    async def joined(self) -> int:
+        """How many nodes joined the round to join now."""
+        count = await self._store.get(self._keys.round(await self.generation(), "join"))
+        return int(count or b"0")
+
     async def generation(self) -> int:
         """The generation to join now (raises if the run is closed). A store without one,
         or behind what this agent has seen, is moved forward to our floor first."""

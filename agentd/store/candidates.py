@@ -194,3 +194,13 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
     return str(exc) or type(exc).__name__
+
+
+def none_serving(status: dict[str, Any] | None) -> str:
+    """From a candidate client's status: every candidate and why it does not serve, while
+    none does ('' when one serves, or without candidates)."""
+    if not status or status.get("serving") is not None:
+        return ""
+    failed = status.get("failed", {})
+    states = "; ".join(f"{e}: {failed.get(e, 'no answer yet')}" for e in status["endpoints"])
+    return f"no store candidate serves ({states})"

@@ -253,3 +253,14 @@ async def test_every_watch_from_before_a_move_answers_compacted_and_revisions_on
         await client.close()
         await old.stop()
         await new.stop()
+
+
+def test_none_serving_names_every_candidate_and_why():
+    from agentd.store.candidates import none_serving
+
+    status = {"endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "serving": None,
+              "failed": {"127.0.0.1:1": "connection refused"}}  # fmt: skip
+    assert none_serving(status) == ("no store candidate serves (127.0.0.1:1: connection "
+                                    "refused; 127.0.0.2:1: no answer yet)")  # fmt: skip
+    assert none_serving({**status, "serving": "127.0.0.2:1"}) == ""
+    assert none_serving(None) == ""

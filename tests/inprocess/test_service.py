@@ -1,0 +1,77 @@
+"""The agent's planning of an in-process attempt: who is new, who hands over, who gets a
+channel (a fake kept worker; real socket pairs on a running loop)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from agentd.group import Worker
+from agentd.inprocess import wire
+from agentd.inprocess.service import InProcessRestarts
+
+
+@dataclass
+class Kept:
+    local_rank: int
+    returncode: int | None = None
+
+
+def plans(base: int, world: int, local: int = 2) -> list[tuple]:
+    return [(Worker(r, base + r, world_size=world), ["x"], {}, None, None, None, [])
+            for r in range(local)]  # fmt: skip
+
+
+def env_of(plan: tuple) -> dict[str, str]:
+    return {k: v for k, v in plan[2].items() if k != wire.CHANNEL_FD_ENV}
+
+
+async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_channel():
+    service = InProcessRestarts()
+    planned = plans(0, 2)
+    service.plan(planned, None, 2.0)
+    for plan in planned:
+        assert env_of(plan) == {wire.GRACE_ENV: "2", wire.REPLACED_ENV: "", wire.SOURCE_ENV: ""}
+        [fd] = plan[6]
+        assert plan[2][wire.CHANNEL_FD_ENV] == str(fd)
+    await service.stop()
+
+
+async def test_a_single_node_job_knows_its_kept_ranks_and_only_new_ranks_get_a_channel():
+    service = InProcessRestarts()
+    service.parked = {1: Kept(1)}  # type: ignore[dict-item]
+    planned = plans(0, 2)
+    service.plan(planned, None, 2.0)
+    for plan in planned:
+        assert plan[2][wire.REPLACED_ENV] == "0" and plan[2][wire.SOURCE_ENV] == "1"
+    assert planned[0][6] and not planned[1][6]  # the kept worker holds its channel already
+    await service.stop()
+
+
+async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
+    service = InProcessRestarts()
+    service.parked = {0: Kept(0), 1: Kept(1)}  # type: ignore[dict-item]
+    planned = plans(2, 4)  # this node's ranks 2 and 3; the round says every rank was kept
+    service.plan(planned, frozenset(range(4)), 6.0)
+    for plan in planned:  # explicit empty values, so a resume overwrites stale ones
+        assert env_of(plan) == {wire.GRACE_ENV: "6", wire.REPLACED_ENV: "", wire.SOURCE_ENV: ""}
+        assert wire.REPLACED_ENV not in os.environ  # so the resume's delta carries them
+    await service.stop()
+
+
+async def test_across_nodes_the_rounds_kept_ranks_decide_and_a_dead_kept_worker_is_new():
+    service = InProcessRestarts()
+    service.parked = {0: Kept(0), 1: Kept(1, returncode=-9)}  # type: ignore[dict-item]
+    planned = plans(0, 4)
+    service.plan(planned, frozenset({0, 1}), 2.0)  # the other node's ranks 2, 3 are new
+    assert planned[0][2][wire.REPLACED_ENV] == "2,3" and planned[0][2][wire.SOURCE_ENV] == "0"
+    assert not planned[0][6] and planned[1][6]  # the dead one gets a channel: it is spawned
+    await service.stop()
+
+
+async def test_without_a_restart_under_way_nothing_is_parked():
+    service = InProcessRestarts()
+    assert await service.park([Kept(0)], set()) == {}  # type: ignore[list-item]
+    with service.restarting():
+        assert await service.park([Kept(0)], set()) == {}  # type: ignore[list-item]
+    assert service.kinds == {"in_process": 0, "process": 0}  # never opted in: not counted
