@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TAIL_WAIT = 0.5
+_CAUSE_WAIT = 0.02
 
 
 class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
@@ -155,7 +156,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
-        self._inprocess = InProcessRestarts(inprocess_park_timeout)
+        self._inprocess = InProcessRestarts(inprocess_park_timeout, self._wakeup.set)
         self._failed_ranks: set[int] = set()
         self._oom: OomWatch | None = None
         self._drain_settings = drain or DrainSettings()
@@ -358,13 +359,23 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self._watchdog.unhealthy:
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
-        if failed:
-            await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
+        if not failed and self._inprocess.raised():  # the cause may be a peer's exit: see it
+            await asyncio.wait([p.exited for p in procs.values()], timeout=_CAUSE_WAIT)
+            failed = [p for p in procs.values() if p.returncode not in (None, 0)]
+        raised = {r: e for r, e in self._inprocess.raised().items() if r in procs}
+        if failed or raised:
+            if failed:
+                await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
             by_rank = {w.local_rank: w for w in group.workers}
             failures = {
                 by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
                 for p in failed
             }
+            for rank, (message, at) in raised.items():  # alive: a restart may keep them
+                failures[by_rank[rank].global_rank] = dataclasses.replace(
+                    self._failure(group, by_rank[rank], procs[rank]), exitcode=1,
+                    message=message, timestamp=at,
+                )  # fmt: skip
             self._failed_ranks = {p.local_rank for p in failed}
             return RunResult(WorkerState.FAILED, failures=failures)
         if procs and all(p.returncode == 0 for p in procs.values()):

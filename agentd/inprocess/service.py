@@ -17,7 +17,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
@@ -35,13 +36,16 @@ code returns first) before the restart falls back to new processes."""
 class _Channel:
     """The agent's end of one worker's channel, read on the loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[], None]) -> None:
         self.agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.worker_fd: int | None = worker_end.detach()
         self.agent_end.setblocking(False)
         self.opted_in = False
         self.broken = False
         self.parked: asyncio.Event = asyncio.Event()
+        self.error: tuple[str, float] | None = None
+        """What the worker's training function raised, and when the agent heard of it."""
+        self._on_error = on_error
         self._buffer = b""
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.agent_end.fileno(), self._readable)
@@ -86,6 +90,9 @@ class _Channel:
             return
         if message["op"] == "hello":
             self.opted_in = True
+        elif message["op"] == "error":
+            self.error = (message.get("message") or "the training function raised", time.time())
+            self._on_error()
         else:
             self.parked.set()
 
@@ -101,8 +108,11 @@ class _Channel:
 class InProcessRestarts:
     """In-process restarts of one agent's workers (see the module docstring)."""
 
-    def __init__(self, park_timeout: float = PARK_TIMEOUT) -> None:
+    def __init__(
+        self, park_timeout: float = PARK_TIMEOUT, on_error: Callable[[], None] = lambda: None
+    ) -> None:
         self.park_timeout = park_timeout
+        self._on_error = on_error
         self._restarting = False
         self._channels: dict[int, _Channel] = {}
         self.parked: dict[int, WorkerProcess] = {}
@@ -156,7 +166,7 @@ class InProcessRestarts:
         old = self._channels.pop(local_rank, None)
         if old is not None:
             old.close()
-        channel = _Channel()
+        channel = _Channel(self._on_error)
         self._channels[local_rank] = channel
         assert channel.worker_fd is not None
         return channel.worker_fd, {wire.CHANNEL_FD_ENV: str(channel.worker_fd)}
@@ -207,6 +217,8 @@ class InProcessRestarts:
                         "as a new process", missing, self.park_timeout)  # fmt: skip
             return self._fall_back(True)
         self.kinds["in_process"] += 1
+        for channel in ready:
+            channel.error = None
         self.parked = {p.local_rank: p for p in survivors}
         return dict(self.parked)
 
@@ -215,6 +227,11 @@ class InProcessRestarts:
             self.kinds["process"] += 1
         self.parked = {}
         return {}
+
+    def raised(self) -> dict[int, tuple[str, float]]:
+        """The workers whose training function raised (still alive, waiting to be parked):
+        what, and when, by local rank."""
+        return {rank: c.error for rank, c in self._channels.items() if c.error is not None}
 
     def resume(self, local_rank: int, env: Mapping[str, str]) -> bool:
         """Send the kept worker its new variables (those that differ from the agent's own);

@@ -2,7 +2,9 @@
 socket pair, the worker's end passed as the descriptor named by :data:`CHANNEL_FD_ENV`.
 
 Worker to agent: ``{"op": "hello"}`` (this process restarts in place),
-``{"op": "parked"}`` (its process group is destroyed; it waits for ``resume``).
+``{"op": "error", "message": "..."}`` (the training function raised: a failure, but the
+process may be kept), ``{"op": "parked"}`` (its process group is destroyed; it waits for
+``resume``).
 Agent to worker: ``{"op": "park"}`` (leave the training function now),
 ``{"op": "resume", "env": {...}}`` (the new attempt's variables that changed; call the
 training function again). A line over :data:`MAX_LINE` bytes, or one that is not such an
@@ -27,7 +29,8 @@ its peers' loss may take the agent that long to learn (seconds)."""
 DEFAULT_GRACE = 2.0
 MAX_LINE = 1 << 20
 
-WORKER_OPS = frozenset({"hello", "parked"})
+WORKER_OPS = frozenset({"hello", "error", "parked"})
+MAX_MESSAGE = 2000
 AGENT_OPS = frozenset({"park", "resume"})
 
 
@@ -49,6 +52,8 @@ def decode(line: bytes, ops: frozenset[str]) -> dict[str, Any]:
         raise ProtocolError(f"not JSON: {line[:80]!r}") from None
     if not isinstance(message, dict) or message.get("op") not in ops:
         raise ProtocolError(f"op must be one of {sorted(ops)}: {line[:80]!r}")
+    if not isinstance(message.get("message", ""), str):
+        raise ProtocolError(f"message must be a string: {line[:80]!r}")
     env = message.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()

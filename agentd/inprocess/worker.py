@@ -4,14 +4,16 @@
 hung or was reaped, or the membership changed), it sends ``park``: a reader thread raises
 :class:`Interrupted` in the main thread while the training function runs (a collective
 blocked in native code returns first: gloo fails it as soon as a peer's socket closes).
-An exception that reaches :func:`run` while no ``park`` came waits up to
-``AGENTD_INPROCESS_GRACE`` seconds for one (the agent sets it: 2, plus the time it takes
-to learn of a lost node in a job of several), since a peer's death is seen by the
-survivors' collectives before the agent tells them; without a ``park`` it propagates as
-usual and the worker fails. Parked, the worker destroys its
-torch process group, tells the agent, waits for ``resume`` with the new attempt's
-variables, and calls the training function again in the same process, with whatever
-objects the caller kept. Outside agentd (no channel) :func:`run` is a plain call.
+An exception that reaches :func:`run` while no ``park`` came is a failure of this rank,
+as under torchrun, but its process may be kept: the worker tells the agent (``error``),
+which restarts the job at once (a restart is spent) and parks it with the others. A
+peer's death is often seen first by the survivors' collectives, on another node too.
+The worker waits up to ``AGENTD_INPROCESS_GRACE`` seconds for its ``park`` (the agent
+sets it); without one the exception propagates as usual and the process exits.
+Parked, the worker destroys its torch process group, tells the agent, waits for
+``resume`` with the new attempt's variables, and calls the training function again in
+the same process, with whatever objects the caller kept. Outside agentd (no channel)
+:func:`run` is a plain call.
 """
 
 from __future__ import annotations
@@ -77,9 +79,9 @@ class _Channel:
         self.env: dict[str, str] = {}
         threading.Thread(target=self._read, name="agentd-inprocess", daemon=True).start()
 
-    def send(self, op: str) -> None:
+    def send(self, op: str, **fields: Any) -> None:
         with contextlib.suppress(OSError):
-            self._sock.sendall(wire.encode(op))
+            self._sock.sendall(wire.encode(op, **fields))
 
     def arm(self, armed: bool) -> None:
         """Let a ``park`` interrupt the main thread (only while the training function runs);
@@ -175,7 +177,9 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 channel.arm(False)
         except Interrupted:
             pass
-        except Exception:
+        except Exception as exc:
+            if not channel.parking.is_set():  # a failure: the agent restarts the job at once
+                channel.send("error", message=f"{type(exc).__name__}: {exc}"[: wire.MAX_MESSAGE])
             if not channel.parking.wait(_grace()) or channel.closed.is_set():
                 raise
         _destroy_process_group()

@@ -62,7 +62,7 @@ def attempt_of(url: str) -> int:
 
 @pytest.mark.parametrize(
     ("mode", "flags"),
-    [("loop", ()), ("hang", ()), ("loop", ("--preload=",))],
+    [("loop", ()), ("hang", ("--file-timer",)), ("loop", ("--preload=",))],
     ids=["crash", "timer-reaped", "preload"],
 )
 def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, flags):
@@ -165,3 +165,30 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers
         spare.stderr()[-2000:],
     ]
     assert "Rendezvous round over" in kept.stderr()
+
+
+def test_a_rank_whose_training_function_raises_is_a_failure_but_keeps_its_process(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "release").write_text("")  # attempt 1 returns at once
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
+            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), JOB,
+            str(tmp_path / "out"), "raise"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Restarting worker group (restart 1 of 1)" in done.stderr  # a restart is spent
+    calls = calls_of(tmp_path)
+    for rank in range(3):  # every process kept, the raising one too; nobody is new
+        first, second = calls[rank]
+        assert second["pid"] == first["pid"] and second["count"] == 1
+        assert second["replaced"] == [] and second["source"] is None
+
+
+def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_path):
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
+            "--log-dir", str(tmp_path / "logs"), JOB, str(tmp_path / "out"), "raise"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    [result] = (tmp_path / "logs").glob("*/result.json")
+    root = json.loads(result.read_text())["root_cause"]
+    assert root["rank"] == 1 and root["message"] == "ValueError: loss is NaN at step 7"

@@ -15,7 +15,7 @@ def test_round_trip_of_each_message():
     ("line", "ops", "names"),
     [
         (b"not json", wire.WORKER_OPS, "not JSON"),
-        (b'["hello"]', wire.WORKER_OPS, "op must be one of ['hello', 'parked']"),
+        (b'["hello"]', wire.WORKER_OPS, "op must be one of ['error', 'hello', 'parked']"),
         (b'{"op": "park"}', wire.WORKER_OPS, "op must be one of"),  # the agent's op, not ours
         (b'{"op": "resume", "env": {"RANK": 3}}', wire.AGENT_OPS, "env must map names"),
         (b'{"op": "resume", "env": []}', wire.AGENT_OPS, "env must map names"),

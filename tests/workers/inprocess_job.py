@@ -4,7 +4,8 @@ In ``nodes`` mode (several agents) every rank loops until ``OUT/release`` exists
 reports to ``$AGENTD_TEST_OUT`` (one folder per agent) instead of OUT.
 
 Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
-under a 0.3 s expiration timer instead, and the watchdog reaps it). The others, on
+under a 0.3 s expiration timer instead, and the watchdog reaps it; in ``raise`` mode its
+training function raises ValueError). The others, on
 attempt 0:
 ``loop`` in Python (a park interrupts them at once), ``stuck`` in one long native sleep
 (they cannot park in time), ``garbage`` write a line the agent does not understand on
@@ -43,7 +44,7 @@ def train() -> None:
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
     if mode == "nodes" or attempt != "0":
-        while mode in ("loop", "hang", "nodes") and not released():
+        while mode in ("loop", "hang", "nodes", "raise") and not released():
             time.sleep(0.01)
         return
     if rank == 1:
@@ -51,6 +52,8 @@ def train() -> None:
             os.environ["LOCAL_WORLD_SIZE"]
         ):
             time.sleep(0.01)
+        if mode == "raise":
+            raise ValueError("loss is NaN at step 7")
         if mode == "hang":
             from agentd.timer import expires
 
