@@ -54,6 +54,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def rounds(out: Path) -> list[dict]:
     found = []
     for path in glob.glob(str(out / "round_*.json")):  # renamed into place: always whole
@@ -99,6 +104,8 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, bool | None]:
             else:
                 procs.append(subprocess.Popen([sys.executable, "-m", "agentd", "store",
                                                "--port", str(port)], **quiet))  # fmt: skip
+                if not wait_for(lambda: listening(port), timeout):  # else an agent hosts it
+                    return None, None
                 base = [
                     sys.executable,
                     "-m",

@@ -360,7 +360,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         if not failed and self._inprocess.raised():  # the cause may be a peer's exit: see it
-            await asyncio.wait([p.exited for p in procs.values()], timeout=_CAUSE_WAIT)
+            await asyncio.wait([p.exited for p in procs.values()], timeout=_CAUSE_WAIT,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         raised = {r: e for r, e in self._inprocess.raised().items() if r in procs}
         if failed or raised:

@@ -127,6 +127,8 @@ class Zygote:
             received = wire.recv(self.sock)
         except BlockingIOError:
             return True
+        except (ConnectionResetError, BrokenPipeError):  # the agent is gone (killed)
+            return False
         except wire.WireError as exc:
             sys.stderr.write(f"agentd zygote: bad request dropped: {exc}\n")
             return True
