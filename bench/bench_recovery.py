@@ -1,6 +1,6 @@
 """A real job's recovery: crash -> every worker of the next attempt past its first all-reduce.
 
-    python bench/bench_recovery.py [--runs 5] [--nproc 4]
+    python bench/bench_recovery.py [--runs 5] [--nproc 4] [--model-mb 0]
         [--launchers agentd-inprocess,agentd-preload,agentd,torchrun]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
@@ -12,7 +12,9 @@ restart in process (``recovery_inprocess_worker.py``): the survivors keep their 
 new rank 0 is forked; each run also checks that the survivors' pids and model checksums did
 not change and that the new rank's checksum matches theirs. Prints median/min/max per
 launcher and the ratios; a run that does not recover within the timeout, or whose checks
-fail, is counted as failed.
+fail, is counted as failed. ``--model-mb N`` gives every worker a model of N MiB: the
+workers started anew read rank 0's checkpoint of it back; the in-process survivors keep
+theirs and hand it to the new rank.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ COMMANDS = {
 }
 
 
-def run_once(name: str, nproc: int, timeout: float) -> float | None:
+def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | None:
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce (None:
     the job did not recover)."""
     worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
@@ -45,6 +47,8 @@ def run_once(name: str, nproc: int, timeout: float) -> float | None:
         argv = [*COMMANDS[name], "--standalone", "--nproc-per-node", str(nproc),
                 "--max-restarts", "1", worker, tmp]  # fmt: skip
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+        if model_mb:
+            env["BENCH_MODEL_MB"] = str(model_mb)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)  # fmt: skip
         try:
@@ -82,14 +86,17 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--launchers", default="agentd-inprocess,agentd-preload,agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--model-mb", type=float, default=0.0)
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_recovery needs torch (pip install torch==2.13.0)")
+    model = f", a {args.model_mb:g} MiB model" if args.model_mb else ""
     print(f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
-          f"(gloo, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
+          f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
     medians: dict[str, float] = {}
     for name in args.launchers.split(","):
-        times = [run_once(name, args.nproc, args.timeout) for _ in range(args.runs)]
+        times = [run_once(name, args.nproc, args.timeout, args.model_mb)
+                 for _ in range(args.runs)]  # fmt: skip
         ok = [t for t in times if t is not None]
         line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
         if ok:
@@ -97,9 +104,10 @@ def main() -> None:
             line += (f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
                      f"  max {max(ok) * 1000:7.0f}")  # fmt: skip
         print(line, flush=True)
-    for faster in ("agentd-inprocess", "agentd-preload", "agentd"):
-        for slower in ("agentd-preload", "agentd", "torchrun"):
-            if faster != slower and faster in medians and slower in medians:
+    order = ["agentd-inprocess", "agentd-preload", "agentd", "torchrun"]
+    for i, faster in enumerate(order):
+        for slower in order[i + 1 :]:
+            if faster in medians and slower in medians:
                 print(f"  ratio {slower}/{faster} = {medians[slower] / medians[faster]:.1f}x")
 
 

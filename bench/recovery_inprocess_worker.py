@@ -6,7 +6,8 @@ process group, hands the survivors' model to a new rank (:func:`agentd.inprocess
 all-reduces, and writes ``past_<restart>_<rank>`` (epoch seconds) and
 ``state_<restart>_<rank>`` (its pid and the model's checksum). On the first attempt, rank
 0 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
-their next collective, which fails as rank 0 dies.
+their next collective, which fails as rank 0 dies. ``BENCH_MODEL_MB`` sets the model's
+size (default 1).
 """
 
 import json
@@ -22,7 +23,8 @@ import agentd.inprocess as inprocess
 
 out = sys.argv[1]
 torch.manual_seed(int(os.environ["RANK"]))  # differs per rank: only sync() makes them agree
-model = torch.nn.Linear(512, 512)
+side = int((float(os.environ.get("BENCH_MODEL_MB", "1")) * 2**20 / 4) ** 0.5)
+model = torch.nn.Linear(side, side)  # the survivors keep it: no checkpoint is read
 
 
 def train() -> None:

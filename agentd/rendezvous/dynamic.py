@@ -46,7 +46,6 @@ from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
-from agentd.store.candidates import none_serving
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
 from agentd.support.ratelog import RateLimitedLog
@@ -440,6 +439,8 @@ class DynamicRendezvous:
                 async with asyncio.timeout(2):
                     joined = await self._rounds_or_fail().joined()
             except (StoreError, TimeoutError) as exc:  # a search for a candidate goes on: name all
+                from agentd.store.candidates import none_serving
+
                 problem = (str(exc) or none_serving(self.store_status())
                            or "it did not answer within 2s")  # fmt: skip
         if problem:
