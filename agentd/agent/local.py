@@ -39,6 +39,7 @@ from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
+from agentd.tcpstore.placement import agent_serves_store
 from agentd.tcpstore.service import WorkerStoreService
 from agentd.timer.server import WatchdogSettings
 from agentd.timer.service import Watchdog
@@ -367,16 +368,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if failed or raised:
             if failed:
                 await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
-            by_rank = {w.local_rank: w for w in group.workers}
-            failures = {
-                by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
-                for p in failed
-            }
-            for rank, (message, at) in raised.items():  # alive: a restart may keep them
-                failures[by_rank[rank].global_rank] = dataclasses.replace(
-                    self._failure(group, by_rank[rank], procs[rank]), exitcode=1,
-                    message=message, timestamp=at,
-                )  # fmt: skip
+            failures = self._failures(group, failed, raised)
             self._failed_ranks = {p.local_rank for p in failed}
             return RunResult(WorkerState.FAILED, failures=failures)
         if procs and all(p.returncode == 0 for p in procs.values()):
@@ -415,7 +407,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec = group.spec
-        kept = await self._inprocess.park(procs, self._failed_ranks)
+        fresh_store = agent_serves_store(self.rdzv_handler, group)
+        kept = await self._inprocess.park(procs, self._failed_ranks, fresh_store)
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)

@@ -4,6 +4,7 @@ Python API read of it (the :class:`~agentd.view.AgentView` protocol)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -158,3 +159,18 @@ class LocalAgentViews:
             failure.oom = oom
             failure.message = failure.message or describe(oom)
         return failure
+
+    def _failures(
+        self, group: WorkerGroup, exited: list[WorkerProcess], raised: dict[int, tuple[str, float]]
+    ) -> dict[int, WorkerFailure]:
+        """By global rank: the workers that exited failing, and those whose training function
+        raised (alive, and kept if an in-process restart can keep them)."""
+        by_rank = {w.local_rank: w for w in group.workers}
+        failures = {by_rank[p.local_rank].global_rank:
+                    self._failure(group, by_rank[p.local_rank], p) for p in exited}  # fmt: skip
+        for rank, (message, at) in raised.items():
+            failures[by_rank[rank].global_rank] = dataclasses.replace(
+                self._failure(group, by_rank[rank], self._procs[rank]), exitcode=1,
+                message=message, timestamp=at,
+            )  # fmt: skip
+        return failures

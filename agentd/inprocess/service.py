@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
+from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
@@ -113,6 +114,7 @@ class InProcessRestarts:
     ) -> None:
         self.park_timeout = park_timeout
         self._on_error = on_error
+        self._problems = RateLimitedLog(log)
         self._restarting = False
         self._channels: dict[int, _Channel] = {}
         self.parked: dict[int, WorkerProcess] = {}
@@ -177,19 +179,27 @@ class InProcessRestarts:
                 self._channels[rank].spawned()
 
     async def park(
-        self, procs: Sequence[WorkerProcess], failed: Collection[int]
+        self, procs: Sequence[WorkerProcess], failed: Collection[int], fresh_store: bool
     ) -> dict[int, WorkerProcess]:
         """During a restart, park every live worker whose local rank is not in ``failed``;
         returns them by local rank, or nothing when any of them cannot be kept (then none
-        is), or when the group is stopped for good."""
+        is), or when the group is stopped for good. ``fresh_store``: every attempt's workers
+        meet in a new store (the agent's); a store that outlives attempts (rank 0's worker
+        hosts it under ``static``) would hand a kept rank the last attempt's keys."""
         if not self._restarting:
             return {}
         survivors = [p for p in procs if p.returncode is None and p.local_rank not in failed]
         channels = [self._channels.get(p.local_rank) for p in survivors]
+        opted_in = any(c is not None and c.opted_in for c in channels)
+        if opted_in and not fresh_store:
+            self._problems.warning("store", "In-process restarts need the agent's workers' "
+                                   "store (a fresh one per attempt), not one in rank 0's worker "
+                                   "(--rdzv-backend static): restarting every worker as a new "
+                                   "process")  # fmt: skip
+            return self._fall_back(True)
         if not survivors or not all(c is not None and c.opted_in and not c.broken
                                     for c in channels):  # fmt: skip
-            return self._fall_back(bool(survivors) and any(c is not None and c.opted_in
-                                                           for c in channels))  # fmt: skip
+            return self._fall_back(bool(survivors) and opted_in)
         ready = [c for c in channels if c is not None]
         for channel in ready:
             channel.parked.clear()

@@ -192,3 +192,19 @@ def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_
     [result] = (tmp_path / "logs").glob("*/result.json")
     root = json.loads(result.read_text())["root_cause"]
     assert root["rank"] == 1 and root["message"] == "ValueError: loss is NaN at step 7"
+
+
+def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_process(tmp_path):
+    """Under --rdzv-backend static the workers' store lives in rank 0's worker and outlives
+    attempts: a kept rank 0 would hand the others the last attempt's keys."""
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "static", "--nnodes", "1",
+            "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "--nproc-per-node", "3", "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+            JOB, str(tmp_path / "out"), "stuck"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "In-process restarts need the agent's workers' store" in done.stderr
+    calls = calls_of(tmp_path)
+    for rank in range(3):
+        assert calls[rank][1]["pid"] != calls[rank][0]["pid"]

@@ -71,7 +71,7 @@ async def test_across_nodes_the_rounds_kept_ranks_decide_and_a_dead_kept_worker_
 
 async def test_without_a_restart_under_way_nothing_is_parked():
     service = InProcessRestarts()
-    assert await service.park([Kept(0)], set()) == {}  # type: ignore[list-item]
+    assert await service.park([Kept(0)], set(), True) == {}  # type: ignore[list-item]
     with service.restarting():
-        assert await service.park([Kept(0)], set()) == {}  # type: ignore[list-item]
+        assert await service.park([Kept(0)], set(), True) == {}  # type: ignore[list-item]
     assert service.kinds == {"in_process": 0, "process": 0}  # never opted in: not counted
