@@ -19,7 +19,7 @@ import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
@@ -87,6 +87,38 @@ class _Item:
     expires_at: float | None
 
 
+class _Wakeups:
+    """Who waits for a change to which keys: a write wakes only the waiters under whose
+    prefix its key falls (one look per distinct prefix), never every waiter. With N nodes
+    each waiting on one key, a round of N writes costs O(N) wake-ups, not O(N^2)."""
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[str, set[asyncio.Event]] = {}
+
+    @contextlib.contextmanager
+    def waiting(self, prefixes: Sequence[str]) -> Iterator[asyncio.Event]:
+        """An event set by the next change under any of ``prefixes`` (a key is its own
+        prefix); it is forgotten when the block ends, however it ends."""
+        event = asyncio.Event()
+        for prefix in prefixes:
+            self._by_prefix.setdefault(prefix, set()).add(event)
+        try:
+            yield event
+        finally:
+            for prefix in prefixes:
+                waiters = self._by_prefix.get(prefix)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._by_prefix[prefix]
+
+    def changed(self, key: str) -> None:
+        for prefix, waiters in self._by_prefix.items():
+            if key.startswith(prefix):
+                for event in waiters:
+                    event.set()
+
+
 class MemoryStore:
     """An in-memory :class:`~agentd.store.api.Store`; all methods run on the event loop."""
 
@@ -118,7 +150,7 @@ class MemoryStore:
         self._max_bytes = max_bytes
         self.bytes = 0
         """What the live keys and values take (see :data:`_EVENT_OVERHEAD`)."""
-        self._changed = asyncio.Event()
+        self._wakeups = _Wakeups()
         self._expiries: list[tuple[float, str]] = []
         self._expiry_timer: asyncio.TimerHandle | None = None
 
@@ -202,7 +234,8 @@ class MemoryStore:
         try:
             async with asyncio.timeout(timeout):
                 while not all(self._live(key) for key in keys):
-                    await self._changed.wait()
+                    with self._wakeups.waiting(keys) as changed:
+                        await changed.wait()
         except TimeoutError:
             missing = [key for key in keys if self._live(key) is None]
             raise StoreTimeout(f"wait: keys {missing} still missing after {timeout}s") from None
@@ -214,7 +247,8 @@ class MemoryStore:
                     result = self.changes_since(prefix, after_revision)
                     if result.events or result.compacted:
                         return result
-                    await self._changed.wait()
+                    with self._wakeups.waiting([prefix]) as changed:
+                        await changed.wait()
         return WatchResult(self._revision)
 
     def changes_since(self, prefix: str, after_revision: int) -> WatchResult:
@@ -225,10 +259,13 @@ class MemoryStore:
             return WatchResult(self._revision, compacted=True)
         if after_revision > self._revision:  # a revision we never had: we restarted
             return WatchResult(self._revision, compacted=True)
-        events = tuple(
-            e for e in self._history if e.revision > after_revision and e.key.startswith(prefix)
-        )
-        return WatchResult(self._revision, events)
+        newer = []  # from the newest back: a watcher reads only what it has not seen
+        for event in reversed(self._history):
+            if event.revision <= after_revision:
+                break
+            if event.key.startswith(prefix):
+                newer.append(event)
+        return WatchResult(self._revision, tuple(reversed(newer)))
 
     async def close(self) -> None:
         if self._expiry_timer is not None:
@@ -277,8 +314,7 @@ class MemoryStore:
         while len(history) > 1 and (len(history) > count or self._history_bytes > size):
             gone = history.popleft()  # watchers from before it now read "compacted"
             self._history_bytes -= _size(gone.key, gone.value)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._wakeups.changed(event.key)
 
     def _expire_due(self) -> None:
         now = self._clock()
