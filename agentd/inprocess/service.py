@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+QUICK_REPEATS = 3
+QUICK_WINDOW = 60.0
+"""After QUICK_REPEATS in-process restarts, each within QUICK_WINDOW seconds of the one
+before, the next restart uses new processes: what the survivors kept may be what fails."""
 PARK_TIMEOUT = 10.0
 """How long the survivors have to leave their training function (a collective in native
 code returns first) before the restart falls back to new processes."""
@@ -115,6 +119,9 @@ class InProcessRestarts:
         self.park_timeout = park_timeout
         self._on_error = on_error
         self._problems = RateLimitedLog(log)
+        self._clock = time.monotonic
+        self._quick: list[float] = []
+        """When the recent in-process restarts happened, while each came soon after the last."""
         self._restarting = False
         self._channels: dict[int, _Channel] = {}
         self.parked: dict[int, WorkerProcess] = {}
@@ -200,6 +207,15 @@ class InProcessRestarts:
         if not survivors or not all(c is not None and c.opted_in and not c.broken
                                     for c in channels):  # fmt: skip
             return self._fall_back(bool(survivors) and opted_in)
+        now = self._clock()
+        if self._quick and now - self._quick[-1] > QUICK_WINDOW:
+            self._quick = []  # the last one held: the count starts again
+        self._quick.append(now)
+        if len(self._quick) > QUICK_REPEATS:
+            log.warning("%d in-process restarts within %.0fs of each other; restarting every "
+                        "worker as a new process", QUICK_REPEATS, QUICK_WINDOW)  # fmt: skip
+            self._quick = []
+            return self._fall_back(True)
         ready = [c for c in channels if c is not None]
         for channel in ready:
             channel.parked.clear()

@@ -208,3 +208,18 @@ def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_proces
     calls = calls_of(tmp_path)
     for rank in range(3):
         assert calls[rank][1]["pid"] != calls[rank][0]["pid"]
+
+
+def test_quick_repeated_in_process_restarts_fall_back_to_new_processes(tmp_path):
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
+            "--max-restarts", "6", "--log-dir", str(tmp_path / "logs"), JOB,
+            str(tmp_path / "out"), "raise-always"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]  # the restarts ran out
+    assert "3 in-process restarts within 60s of each other" in done.stderr
+    pids = [[line["pid"] for line in calls] for calls in calls_of(tmp_path).values()]
+    for rank_pids in pids:  # attempts 0-3 in one process, 4-6 in a new one
+        assert len(rank_pids) == 7
+        assert len(set(rank_pids[:4])) == 1 and len(set(rank_pids[4:])) == 1
+        assert rank_pids[0] != rank_pids[4]

@@ -5,7 +5,8 @@ reports to ``$AGENTD_TEST_OUT`` (one folder per agent) instead of OUT.
 
 Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
 under a 0.3 s expiration timer instead, and the watchdog reaps it; in ``raise`` mode its
-training function raises ValueError). The others, on
+training function raises ValueError; in ``raise-always`` mode it raises on every attempt
+while the others wait to be parked). The others, on
 attempt 0:
 ``loop`` in Python (a park interrupts them at once), ``stuck`` in one long native sleep
 (they cannot park in time), ``garbage`` write a line the agent does not understand on
@@ -43,6 +44,16 @@ def train() -> None:
     }
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
+    if mode == "raise-always":
+        while rank == 1 and not all(
+            os.path.exists(os.path.join(out, f"rank{r}.jsonl"))
+            for r in range(int(os.environ["LOCAL_WORLD_SIZE"]))
+        ):
+            time.sleep(0.01)
+        if rank == 1:
+            raise ValueError("still NaN")
+        while True:
+            time.sleep(0.01)
     if mode == "nodes" or attempt != "0":
         while mode in ("loop", "hang", "nodes", "raise") and not released():
             time.sleep(0.01)
