@@ -20,6 +20,7 @@ theirs and hand it to the new rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -29,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
+
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
+MARK_ENV = "BENCH_RECOVERY_RUN"
 INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
 COMMANDS = {
     "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
@@ -46,7 +50,9 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         argv = [*COMMANDS[name], "--standalone", "--nproc-per-node", str(nproc),
                 "--max-restarts", "1", worker, tmp]  # fmt: skip
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+        marker = os.urandom(6).hex()
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+               MARK_ENV: marker}  # fmt: skip
         if model_mb:
             env["BENCH_MODEL_MB"] = str(model_mb)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -57,6 +63,8 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
             proc.kill()
             proc.wait()
             return None
+        finally:
+            kill_marked(marker)
         out = Path(tmp)
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
@@ -65,6 +73,15 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
             return None
         crash = float((out / "crash").read_text())
         return max(float(p.read_text()) for p in past) - crash
+
+
+def kill_marked(marker: str) -> None:
+    """Kill, by pid, every process of one run (its environment marks them): a launcher
+    killed at the timeout leaves its workers behind (torchrun's wait in gloo)."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(MARK_ENV) == marker:
+                proc.kill()
 
 
 def kept_in_process(out: Path, nproc: int) -> bool:
