@@ -112,6 +112,9 @@ class _Wakeups:
                     if not waiters:
                         del self._by_prefix[prefix]
 
+    def __len__(self) -> int:
+        return len(set().union(*self._by_prefix.values()))
+
     def changed(self, key: str) -> None:
         for prefix, waiters in self._by_prefix.items():
             if key.startswith(prefix):
@@ -227,6 +230,11 @@ class MemoryStore:
 
     async def revision(self) -> int:
         return self._revision
+
+    @property
+    def waiting(self) -> int:
+        """How many waits and watches are pending (long polls of clients still there)."""
+        return len(self._wakeups)
 
     # -- waiting -----------------------------------------------------------------------------
 

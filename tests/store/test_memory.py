@@ -51,5 +51,5 @@ async def test_waiters_that_time_out_leave_nothing_behind():
     waits = [store.wait([f"missing/{i}"], 0.01) for i in range(300)]
     outcomes = await asyncio.gather(*waits, return_exceptions=True)
     assert all(isinstance(o, TimeoutError) for o in outcomes)
-    assert store._wakeups._by_prefix == {}  # no registration outlives its waiter
+    assert store.waiting == 0  # no registration outlives its waiter
     await store.close()

@@ -94,11 +94,11 @@ async def test_an_abandoned_long_poll_is_cancelled():
                      + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
         await writer.drain()
         async with asyncio.timeout(5):
-            while not server.store._changed._waiters:  # the watch is waiting
+            while not server.store.waiting:  # the watch is waiting
                 await asyncio.sleep(0.01)
         writer.close()
         async with asyncio.timeout(5):
-            while server.store._changed._waiters:  # and is gone with its client
+            while server.store.waiting:  # and is gone with its client
                 await asyncio.sleep(0.01)
     finally:
         await server.stop()
