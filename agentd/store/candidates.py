@@ -198,9 +198,12 @@ def _describe(exc: BaseException) -> str:
 
 def none_serving(status: dict[str, Any] | None) -> str:
     """From a candidate client's status: every candidate and why it does not serve, while
-    none does ('' when one serves, or without candidates)."""
-    if not status or status.get("serving") is not None:
+    none does ('' when one serves, or without candidates). The one it used stays named as
+    serving while it searches, but it is among the failed then."""
+    if not status:
         return ""
     failed = status.get("failed", {})
+    if status.get("serving") is not None and status["serving"] not in failed:
+        return ""
     states = "; ".join(f"{e}: {failed.get(e, 'no answer yet')}" for e in status["endpoints"])
     return f"no store candidate serves ({states})"

@@ -263,4 +263,6 @@ def test_none_serving_names_every_candidate_and_why():
     assert none_serving(status) == ("no store candidate serves (127.0.0.1:1: connection "
                                     "refused; 127.0.0.2:1: no answer yet)")  # fmt: skip
     assert none_serving({**status, "serving": "127.0.0.2:1"}) == ""
+    searching = {**status, "serving": "127.0.0.1:1"}  # the one it used failed: it searches
+    assert none_serving(searching) == none_serving(status)
     assert none_serving(None) == ""
