@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 from report_files import reports as finished_reports
+from run_control import kill_marked, wait_for
 
 WORKER = str(Path(__file__).with_name("drain_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
@@ -50,15 +50,6 @@ def free_port() -> int:
 
 def notes(out: Path, pattern: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in finished_reports(out, pattern)]
-
-
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def command(launcher: str, port: int) -> list[str]:
@@ -117,16 +108,7 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            kill_marked(marker)
-
-
-def kill_marked(marker: str) -> None:
-    """Kill, by pid, every process of this run (the environment marks them): a launcher
-    killed or failed may leave its workers behind (torchrun does, blocked in gloo)."""
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.environ().get(MARK_ENV) == marker:
-                proc.kill()
+            kill_marked(MARK_ENV, marker)
 
 
 def main() -> None:

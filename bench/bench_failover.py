@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from report_files import reports as finished_reports
+from run_control import wait_for
 
 WORKER = str(Path(__file__).with_name("member_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=30"
@@ -65,15 +66,6 @@ def command(launcher: str, port: int) -> list[str]:
 def reports(out: Path) -> list[dict[str, float]]:
     """What the workers reported so far (each file whole: written by a rename)."""
     return [json.loads(p.read_text()) for p in finished_reports(out, "member_*.json")]
-
-
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | None]]:

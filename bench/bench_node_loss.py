@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import psutil
+from run_control import kill_marked, wait_for
 
 WORKER = str(Path(__file__).with_name("node_loss_worker.py"))
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
@@ -65,15 +66,6 @@ def rounds(out: Path) -> list[dict]:
         port, rank = Path(path).stem.split("_")[1:]
         found.append({**json.loads(Path(path).read_text()), "port": port, "rank": int(rank)})
     return found
-
-
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def node_of(launcher: psutil.Process) -> set[int]:
@@ -153,10 +145,7 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, bool | None]:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            for proc in psutil.process_iter():  # every process of this run, by pid
-                with contextlib.suppress(psutil.Error):
-                    if proc.environ().get(MARK_ENV) == marker:
-                        proc.kill()
+            kill_marked(MARK_ENV, marker)
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ theirs and hand it to the new rank.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -30,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psutil
+from run_control import kill_marked
 
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 MARK_ENV = "BENCH_RECOVERY_RUN"
@@ -64,7 +63,7 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
             proc.wait()
             return None
         finally:
-            kill_marked(marker)
+            kill_marked(MARK_ENV, marker)
         out = Path(tmp)
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
@@ -73,15 +72,6 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
             return None
         crash = float((out / "crash").read_text())
         return max(float(p.read_text()) for p in past) - crash
-
-
-def kill_marked(marker: str) -> None:
-    """Kill, by pid, every process of one run (its environment marks them): a launcher
-    killed at the timeout leaves its workers behind (torchrun's wait in gloo)."""
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.environ().get(MARK_ENV) == marker:
-                proc.kill()
 
 
 def kept_in_process(out: Path, nproc: int) -> bool:
