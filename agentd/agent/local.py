@@ -238,7 +238,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
 
     async def _before_join(self) -> None:
         if isinstance(self.rdzv_handler, KeepsWorkers):
-            self.rdzv_handler.announce_kept(list(self._inprocess.parked))
+            self.rdzv_handler.announce_kept(self._inprocess.keeping())
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained("node drained")
@@ -278,17 +278,17 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.control_file = str(self.run_dir / "drain.control")
             control.create(self.control_file)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
-        kept = self._inprocess.parked
         if isinstance(spec.entrypoint, str):
             handler, grace = self.rdzv_handler, DEFAULT_GRACE
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
                 grace += handler.peer_loss_timeout()  # a lost node takes that long to see
-            self._inprocess.plan(plans, self.kept_ranks, grace)
+            self._inprocess.plan(plans, self.kept_ranks, grace)  # drops kept ones that died
         else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
+        kept = self._inprocess.parked
         spawn = self._preload.spawn if self._preload.enabled else spawn_worker
         with self._hygiene.spawning():
             procs = await asyncio.gather(

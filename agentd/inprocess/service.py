@@ -163,6 +163,10 @@ class InProcessRestarts:
                 env.update(names)
                 pass_fds.append(fd)
 
+    def keeping(self) -> list[int]:
+        """The local ranks kept for the next attempt that are still alive."""
+        return sorted(r for r, p in self.parked.items() if p.returncode is None)
+
     def resume_all(self, plans: Sequence[tuple[Any, ...]]) -> list[WorkerProcess]:
         """Resume every kept worker with its plan's variables; returns those resumed."""
         resumed = [self.parked[w.local_rank] for w, _argv, env, *_ in plans

@@ -23,7 +23,8 @@ def start_job(tmp_path: Path, mode: str, *flags: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
             "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), *flags, JOB,
             str(tmp_path / "out"), mode]  # fmt: skip
-    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    with open(tmp_path / "agent.err", "w") as err:  # the agent writes to it while it runs
+        return subprocess.Popen(argv, stderr=err, text=True, cwd=tmp_path)
 
 
 def calls_of(tmp_path: Path) -> dict[int, list[dict]]:
@@ -34,17 +35,22 @@ def calls_of(tmp_path: Path) -> dict[int, list[dict]]:
     }
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+def agent_err(tmp_path: Path) -> str:
+    return (tmp_path / "agent.err").read_text()
+
+
+def finish(proc: subprocess.Popen[str], tmp_path: Path) -> tuple[int, str]:
     try:
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         proc.kill()
-    return proc.returncode, err
+        proc.wait()
+    return proc.returncode, agent_err(tmp_path)
 
 
 def run_job(tmp_path: Path, mode: str, *flags: str) -> tuple[subprocess.CompletedProcess[str],
                                                                 dict[int, list[dict]]]:  # fmt: skip
-    code, err = finish(start_job(tmp_path, mode, *flags))
+    code, err = finish(start_job(tmp_path, mode, *flags), tmp_path)
     return subprocess.CompletedProcess([], code, "", err), calls_of(tmp_path)
 
 
@@ -53,11 +59,13 @@ def fetch(url: str) -> str:
         return response.read().decode()
 
 
-def attempt_of(url: str) -> int:
+def attempt_of(url: str) -> tuple[int, str]:
+    """The attempt and state the agent shows (the attempt counts from its start on)."""
     try:
-        return json.loads(fetch(url))["attempt"]
+        doc = json.loads(fetch(url))
     except OSError:  # not serving yet
-        return -1
+        return -1, ""
+    return doc["attempt"], doc["state"]
 
 
 @pytest.mark.parametrize(
@@ -70,7 +78,7 @@ def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, 
     proc = start_job(tmp_path, mode, "--health-port", str(port), *flags)
     try:
         status = f"http://127.0.0.1:{port}/status"
-        wait_until(lambda: attempt_of(status) == 1, 60, "attempt 1")
+        wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
         doc = json.loads(fetch(status))
         assert doc["restarts_by_kind"] == {"in_process": 1, "process": 0}
         assert doc["state"] == "HEALTHY" and len(doc["workers"]) == 3
@@ -78,7 +86,7 @@ def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, 
         assert 'agentd_restarts_by_kind_total{kind="in_process"} 1.0' in metrics
     finally:
         (tmp_path / "out" / "release").write_text("")
-        code, err = finish(proc)
+        code, err = finish(proc, tmp_path)
     done, calls = subprocess.CompletedProcess([], code, "", err), calls_of(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 2):  # interrupted in Python, parked, called again in the same process
@@ -223,3 +231,24 @@ def test_quick_repeated_in_process_restarts_fall_back_to_new_processes(tmp_path)
         assert len(rank_pids) == 7
         assert len(set(rank_pids[:4])) == 1 and len(set(rank_pids[4:])) == 1
         assert rank_pids[0] != rank_pids[4]
+
+
+def test_a_kept_worker_that_dies_before_the_next_attempt_is_started_anew(tmp_path):
+    """The backoff holds the restart between the park and the next attempt: a survivor
+    killed there must not leave its rank empty."""
+    proc = start_job(tmp_path, "loop", "--restart-backoff", "2:2:1:0")
+    try:
+        wait_until(lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60,
+                   "the backoff")  # fmt: skip
+        victim = calls_of(tmp_path)[2][0]["pid"]  # parked by now: it waits for its resume
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()), 60,
+                   "attempt 1 on every rank")  # fmt: skip
+        calls = calls_of(tmp_path)
+        assert calls[2][1]["pid"] != victim and calls[2][1]["count"] == 0  # a new process
+        assert calls[2][1]["replaced"] == [1, 2]
+        assert calls[0][1]["pid"] == calls[0][0]["pid"]  # still kept
+    finally:
+        (tmp_path / "out" / "release").write_text("")
+        code, stderr = finish(proc, tmp_path)
+    assert code == 0, stderr[-3000:]
