@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from report_files import reports as finished_reports
-from run_control import kill_marked, wait_for
+from run_control import end_run, wait_for
 
 WORKER = str(Path(__file__).with_name("drain_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
@@ -104,11 +104,7 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
                     proc.wait(timeout)
             return result
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            kill_marked(MARK_ENV, marker)
+            end_run(procs, MARK_ENV, marker)
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from report_files import reports as finished_reports
-from run_control import wait_for
+from run_control import end_run, wait_for
 
 WORKER = str(Path(__file__).with_name("member_worker.py"))
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=30"
@@ -105,10 +105,7 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
                     codes.append(None)
             return took, codes
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            end_run(procs)
 
 
 def main() -> None:

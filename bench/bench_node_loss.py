@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import psutil
-from run_control import kill_marked, wait_for
+from run_control import end_run, wait_for
 
 WORKER = str(Path(__file__).with_name("node_loss_worker.py"))
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
@@ -71,8 +71,7 @@ def rounds(out: Path) -> list[dict]:
 def node_of(launcher: psutil.Process) -> set[int]:
     """The pids of a launcher's workers (its descendants that run the worker script)."""
     with contextlib.suppress(psutil.Error):
-        return {p.pid for p in launcher.children(recursive=True)
-                if WORKER in " ".join(p.cmdline()) or "node_loss_worker" in p.name()}  # fmt: skip
+        return {p.pid for p in launcher.children(recursive=True) if WORKER in p.cmdline()}
     return set()
 
 
@@ -137,15 +136,11 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, bool | None]:
             if not wait_for(lambda: len({r["rank"] for r in again()}) == 4, timeout):
                 return None, None
             took = max(r["at"] for r in again()) - killed
-            kept = kept_pids <= {r["pid"] for r in again()}
+            kept = bool(kept_pids) and kept_pids <= {r["pid"] for r in again()}
             stop.touch()
             return took, kept
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            kill_marked(MARK_ENV, marker)
+            end_run(procs, MARK_ENV, marker)
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ workers, blocked in gloo, outlive it.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psutil
 
@@ -32,3 +33,14 @@ def kill_marked(env_name: str, marker: str) -> None:
         with contextlib.suppress(psutil.Error):
             if proc.environ().get(env_name) == marker:
                 proc.kill()
+
+
+def end_run(procs: Sequence[subprocess.Popen[bytes]], env_name: str = "", marker: str = "") -> None:
+    """Kill and reap the run's launchers still running; with ``marker``, then every process
+    the run marked (:func:`kill_marked`), by pid."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if marker:
+        kill_marked(env_name, marker)
