@@ -31,6 +31,15 @@ def released() -> bool:
     return os.path.exists(os.path.join(shared, "release"))
 
 
+def calls(path: str) -> int:
+    """How many calls of the training function the file records."""
+    try:
+        with open(path) as fp:
+            return sum(1 for _ in fp)
+    except FileNotFoundError:
+        return 0
+
+
 def train() -> None:
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     restart = inprocess.current()
@@ -45,8 +54,8 @@ def train() -> None:
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
     if mode == "raise-always":
-        while rank == 1 and not all(
-            os.path.exists(os.path.join(out, f"rank{r}.jsonl"))
+        while rank == 1 and not all(  # every rank is in this attempt (opted in) too
+            calls(os.path.join(out, f"rank{r}.jsonl")) > int(attempt)
             for r in range(int(os.environ["LOCAL_WORLD_SIZE"]))
         ):
             time.sleep(0.01)
