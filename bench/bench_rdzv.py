@@ -1,12 +1,13 @@
 """Multi-node rendezvous on one machine: agentd vs torchrun's c10d, measured in the same run.
 
-    python bench/bench_rdzv.py [--runs 3] [--sizes 64,256]
+    python bench/bench_rdzv.py [--runs 3] [--sizes 256,1024] [--procs 4] [--only-scale]
 
   1. launch: 4 agents (1 worker each) start -> the last worker runs (agentd run vs torchrun);
   2. last join: 3 nodes wait in the rendezvous, the 4th joins -> every node has the result
      (the handlers alone, agentd's DynamicRendezvous vs torch's c10d DynamicRendezvousHandler);
-  3. scale: N agentd handlers in one process rendezvous through an `agentd store` process:
-     time to complete and store requests per node (agentd alone);
+  3. scale: N agentd handlers, spread over --procs processes, rendezvous through an
+     `agentd store` process: time to complete, store requests per node, the store's CPU
+     per join and RSS, and the fitted exponent of time against N (agentd alone);
   4. crash propagation: a worker on node 0 crashes -> node 1's worker gets SIGTERM.
 torch parts run only where torch is installed.
 """
@@ -14,7 +15,6 @@ torch parts run only where torch is installed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import os
@@ -25,14 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from report_files import wait_reports
-
-if TYPE_CHECKING:
-    from agentd.store.api import Store
 
 HERE = Path(__file__).parent
 NODES = 4
@@ -124,47 +120,89 @@ def start_store() -> tuple[subprocess.Popen[str], str]:
     return proc, f"127.0.0.1:{port}"
 
 
-async def rendezvous_at_once(new_store: Callable[[], Store], n: int) -> tuple[float, float]:
-    """(seconds, store requests per node) for ``n`` agentd handlers, each with its own
-    client from ``new_store``, rendezvousing at once."""
-    from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-    from agentd.store.connect import OpenedStore
+def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -> dict[str, float]:
+    """``n`` agentd handlers, spread over ``procs`` processes, rendezvous at once through
+    an ``agentd store`` process (or ``etcd``: its members' URLs and pids): seconds to
+    complete (go -> the last handler has its result), store requests per node, the
+    store's CPU per join and its RSS (summed over etcd's members), and the handler
+    processes' CPU and RSS."""
+    import psutil
 
-    clients = [new_store() for _ in range(n)]
-
-    def opener(client: Store) -> Callable[[], Awaitable[OpenedStore]]:
-        async def open_store() -> OpenedStore:
-            return OpenedStore(client, client.close)
-
-        return open_store
-
-    settings = RendezvousSettings(min_nodes=n, max_nodes=n)
-    handlers = [DynamicRendezvous(f"scale{n}", opener(c), settings) for c in clients]
+    if etcd is None:
+        store, target = start_store()
+        kind, pids, started = "store", [store.pid], [store]
+    else:
+        (urls, pids), kind, started = etcd, "etcd", []
+        target = ",".join(urls)
+    counts = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+    run_id = f"scale{n}-{time.monotonic_ns()}"
+    groups = [subprocess.Popen([sys.executable, str(HERE / "rdzv_scale_group.py"), kind, target,
+                                run_id, str(n), str(count)], env=env(),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for count in counts if count]  # fmt: skip
     try:
-        for handler in handlers:
-            await handler._open()
-            await handler.store.revision()  # connected before the clock starts
-        for client in clients:
-            client.requests = 0  # type: ignore[attr-defined]
-        began = time.perf_counter()
-        infos = await asyncio.gather(*(h.next_rendezvous() for h in handlers))
-        elapsed = time.perf_counter() - began
-        assert sorted(i.group_rank for i in infos) == list(range(n))
-        return elapsed, sum(c.requests for c in clients) / n  # type: ignore[attr-defined]
+        for group in groups:
+            assert group.stdout is not None
+            if group.stdout.readline().strip() != "ready":
+                raise RuntimeError("a handler group did not start (see its stderr)")
+        servers = [psutil.Process(pid) for pid in pids]
+        cpu = sum(sum(s.cpu_times()[:2]) for s in servers)
+        began = time.time()
+        for group in groups:
+            send(group, "go")
+        reports = [read_line(group) for group in groups]
+        elapsed = max(r["done"] for r in reports) - began
+        store_cpu = sum(sum(s.cpu_times()[:2]) for s in servers) - cpu
+        figures = {
+            "seconds": elapsed,
+            "requests": sum(r["requests"] for r in reports) / n,
+            "store_cpu_us": store_cpu / n * 1e6,
+            "store_rss_mb": sum(s.memory_info().rss for s in servers) / 2**20,
+            "handler_cpu": sum(r["cpu"] for r in reports),
+            "handler_rss_mb": max(r["rss_mb"] for r in reports),
+        }
+        for group in groups:
+            send(group, "watch")
+        for group in groups:
+            read_line(group)  # every handler watches its round
+        for i, group in enumerate(groups):
+            send(group, "crash" if i == 0 else "wait")
+        after = [read_line(group) for group in groups]
+        crashed_at = after[0]["crashed_at"]
+        figures["told"] = max(r["told"] for r in after) - crashed_at
+        figures["next_round"] = max(r["done"] for r in after) - crashed_at
+        return figures
     finally:
-        for handler in handlers:
-            await handler.shutdown()
+        for group in groups:
+            assert group.stdin is not None
+            group.stdin.close()
+        reap(groups)
+        reap(started)
 
 
-async def scale(n: int) -> tuple[float, float]:
-    """:func:`rendezvous_at_once` through an ``agentd store`` process."""
-    from agentd.store.http_client import HttpStore
+def send(group: subprocess.Popen[str], line: str) -> None:
+    assert group.stdin is not None
+    group.stdin.write(line + "\n")
+    group.stdin.flush()
 
-    store, endpoint = start_store()
-    try:
-        return await rendezvous_at_once(lambda: HttpStore(endpoint), n)
-    finally:
-        reap([store])
+
+def read_line(group: subprocess.Popen[str]) -> dict[str, Any]:
+    assert group.stdout is not None
+    line = group.stdout.readline()
+    if not line:
+        raise RuntimeError("a handler group exited early (see its stderr)")
+    return json.loads(line)
+
+
+def exponent(sizes: list[int], seconds: list[float]) -> float:
+    """The fitted k of seconds ~ sizes**k (least squares on the logs)."""
+    import math
+
+    xs, ys = [math.log(x) for x in sizes], [math.log(y) for y in seconds]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
 
 
 def measure_crash(cmd: list[str]) -> float:
@@ -214,7 +252,16 @@ def ratio(results: dict[str, list[float]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sizes", default="64,256", help="handler counts for the scale test")
+    parser.add_argument("--sizes", default="256,1024", help="node counts for the scale test")
+    parser.add_argument(
+        "--procs", type=int, default=4, help="processes the scale test's handlers are spread over"
+    )
+    parser.add_argument("--scale-runs", type=int, default=2, help="runs per scale size")
+    parser.add_argument(
+        "--only-scale",
+        action="store_true",
+        help="skip the launch, last-join and crash measurements",
+    )
     args = parser.parse_args()
     cmds = launchers()
     backends = {"agentd": "agentd", **({"torchrun": "torch"} if "torchrun" in cmds else {})}
@@ -226,7 +273,7 @@ def main() -> int:
         "last join": {n: [] for n in cmds},
         "crash": {n: [] for n in cmds},
     }  # type: dict[str, dict[str, list[float]]]
-    for _ in range(args.runs):  # interleaved, so drift hits both alike
+    for _ in range(0 if args.only_scale else args.runs):  # interleaved: drift hits both alike
         for name, cmd in cmds.items():
             figures["launch"][name].append(measure_launch(cmd))
             figures["last join"][name].append(measure_last_join(backends[name]))
@@ -236,16 +283,28 @@ def main() -> int:
         "last join": "last node joins -> every node has the rendezvous result",
         "crash": "worker crash on node 0 -> node 1's worker gets SIGTERM",
     }
-    for key, title in titles.items():
+    for key, title in titles.items() if not args.only_scale else ():
         print(f"\n{title}")
         for name, values in figures[key].items():
             print(line(name, values))
         if text := ratio(figures[key]):
             print(text)
-    print("\nagentd rendezvous at scale (handlers in one process, one `agentd store`)")
-    for n in (int(s) for s in re.split(r"[ ,]+", args.sizes) if s):
-        elapsed, per_node = asyncio.run(scale(n))
-        print(f"  {n:4d} nodes: {elapsed * 1000:8.1f} ms, {per_node:.1f} store requests per node")
+    sizes = [int(x) for x in re.split(r"[ ,]+", args.sizes) if x]
+    print(f"\nagentd rendezvous at scale ({args.procs} handler processes, one `agentd store`)")
+    times = []
+    for n in sizes:
+        runs = [scale(n, args.procs) for _ in range(args.scale_runs)]
+        best = min(runs, key=lambda r: r["seconds"])
+        times.append(best["seconds"])
+        print(f"  {n:5d} nodes: {best['seconds'] * 1000:8.1f} ms (best of {len(runs)}; "
+              f"median {statistics.median(r['seconds'] for r in runs) * 1000:.1f}), "
+              f"{best['requests']:.1f} store requests per node, store CPU "
+              f"{best['store_cpu_us']:.0f} us per join, store RSS {best['store_rss_mb']:.0f} MB, "
+              f"handler RSS {best['handler_rss_mb']:.0f} MB per process")  # fmt: skip
+        print(f"         a crash: every other node told in {best['told'] * 1000:.1f} ms, "
+              f"the next round complete in {best['next_round'] * 1000:.1f} ms")  # fmt: skip
+    if len(sizes) > 1:
+        print(f"  time grows as nodes^{exponent(sizes, times):.2f}")
     return 0
 
 

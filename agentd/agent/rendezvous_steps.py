@@ -9,6 +9,7 @@ barrier after success), and the round watch wakes the loop when the round ends e
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import time
@@ -65,8 +66,9 @@ def kept_global_ranks(
     """The global ranks of the workers each agent kept (``kept``: local ranks by group
     rank), numbered as :func:`assign_worker_ranks` numbers them."""
     infos = sorted(role_infos, key=lambda info: info.rank)
-    base = [sum(i.local_world_size for i in infos[:n]) for n in range(len(infos))]
-    return frozenset(base[n] + r for n, ranks in enumerate(kept[: len(base)]) for r in ranks)
+    base = itertools.accumulate((i.local_world_size for i in infos), initial=0)
+    pairs = zip(base, kept[: len(infos)], strict=False)  # base has one more: the total
+    return frozenset(first + r for first, ranks in pairs for r in ranks)
 
 
 class RendezvousSteps:

@@ -215,7 +215,10 @@ class DrainService:
         except StoreError as exc:
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
             acks, step = {}, -1
-        members = self._drains.members()
+        try:
+            members = await self._drains.members()
+        except StoreError:
+            members = []
         missing = [node for node in members if node not in acks]
         seconds = time.monotonic() - began
         outcome = {"step": step, "nodes": len(members), "acknowledged": len(acks),

@@ -96,9 +96,9 @@ class RendezvousInfo:
     master_port: int
     generation: int = 0
     store: Any = None
-    role_infos: tuple[RoleInstanceInfo, ...] = ()
+    role_infos: Sequence[RoleInstanceInfo] = ()
     """Every agent's role info, by group rank, when the backend gathers them (else empty)."""
-    kept: tuple[tuple[int, ...], ...] = ()
+    kept: Sequence[Sequence[int]] = ()
     """Every agent's workers kept across the restart (local ranks), by group rank, when the
     backend carries them (:class:`KeepsWorkers`; else empty)."""
 

@@ -19,20 +19,15 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.api import Store
 
 POLL = 5.0
 """Seconds a watch waits before looking again (a change wakes it at once)."""
-
-
-class _Round(Protocol):
-    @property
-    def nodes(self) -> tuple[dict[str, Any], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -47,19 +42,19 @@ class Drains:
     """One agent's side of the drain protocol in ``store`` (see the module docstring)."""
 
     def __init__(self, store: Callable[[], Store], keys: RunKeys, node_id: str,
-                 current_round: Callable[[], _Round | None]) -> None:  # fmt: skip
+                 member_ids: Callable[[], Awaitable[list[str]]]) -> None:  # fmt: skip
         self._store = store
         self._prefix = keys.prefix + "drain/"
         self.node_id = node_id
-        self._round = current_round
+        self._member_ids = member_ids
 
     def _key(self, drain_id: int, name: str) -> str:
         return f"{self._prefix}{drain_id}/{name}"
 
-    def members(self) -> list[str]:
-        """The node ids of the current round."""
-        current = self._round()
-        return [str(node["node"]) for node in current.nodes] if current is not None else []
+    async def members(self) -> list[str]:
+        """The node ids of the current round (read from the store: the draining agent
+        alone needs them)."""
+        return await self._member_ids()
 
     async def request(self, reason: str) -> DrainRequest:
         """Start a drain of this node (its id is new)."""
@@ -98,7 +93,7 @@ class Drains:
         synchronous job a rank blocked in a collective cannot report, and cannot be ahead
         either), or after ``window`` (0 when nobody reported: nobody counts steps)."""
         store = self._store()
-        keys = [self._key(drain_id, f"step/{node}") for node in self.members()]
+        keys = [self._key(drain_id, f"step/{node}") for node in await self.members()]
         deadline = time.monotonic() + window
         first: float | None = None
         revision = await store.revision()
@@ -128,7 +123,7 @@ class Drains:
     async def acknowledgements(self, drain_id: int, within: float) -> dict[str, Any]:
         """(The draining agent) Every member's acknowledgement, waiting up to ``within``
         seconds; those missing then are missing from the result."""
-        members = self.members()
+        members = await self.members()
         keys = [self._key(drain_id, f"ack/{node}") for node in members]
         with contextlib.suppress(TimeoutError):
             await self._store().wait(keys, within)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError
-from agentd.rendezvous.api import RendezvousInfo, RendezvousTimeoutError, RoleInstanceInfo
+from agentd.rendezvous.api import RendezvousInfo, RendezvousTimeoutError
 from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
@@ -94,7 +94,7 @@ class DynamicRendezvous:
         self._keys = RunKeys(run_id)
         self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
-        self.drains = Drains(lambda: self.store, self._keys, self.node_id, lambda: self._round)
+        self.drains = Drains(lambda: self.store, self._keys, self.node_id, self._member_ids)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None
@@ -214,20 +214,17 @@ class DynamicRendezvous:
             rounds.release()  # group rank 0's agent serves the workers' store, not us
         membership.rejoined()
         membership.member = True
-        await self.exclusions.after_round(self._run_id, joined.nodes)
-        master = joined.nodes[0]
+        summary = joined.summary
+        self.exclusions.after_round(self._run_id, summary.excluded)
         return RendezvousInfo(
             run_id=self._run_id,
             group_rank=joined.rank,
             group_world_size=joined.size,
-            master_addr=str(master["addr"]),
-            master_port=int(master["port"]),
+            master_addr=summary.master_addr,
+            master_port=summary.master_port,
             generation=joined.generation,
-            role_infos=tuple(
-                RoleInstanceInfo(str(node["role"]), rank, int(node["nproc"]))
-                for rank, node in enumerate(joined.nodes)
-            ),
-            kept=tuple(tuple(map(int, node.get("kept", ()))) for node in joined.nodes),
+            role_infos=summary.role_infos(),
+            kept=summary.kept(),
         )
 
     async def _forget_round(self, generation: int) -> None:
@@ -377,16 +374,18 @@ class DynamicRendezvous:
             await self._opened.close()
             self._store = self._opened = self._membership = self._rounds = None
 
+    async def _member_ids(self) -> list[str]:
+        """The node ids of the current round's members (none between rounds)."""
+        current, rounds = self._round, self._rounds
+        return await rounds.member_ids(current) if current and rounds else []
+
     async def _wait_for_peers_to_leave(self) -> None:
         """Keep the store we serve up until the round's other members are gone (their
         heartbeats deleted or expired), at most ``close_timeout`` seconds."""
-        current = self._round
-        if current is None:
-            return
         store = self.store
-        keys = [self._keys.heartbeat(str(node["node"])) for node in current.nodes]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.close_timeout):
+                keys = [self._keys.heartbeat(node) for node in await self._member_ids()]
                 while True:
                     revision = await store.revision()
                     if all(beat is None for beat in await store.multi_get(keys)):
@@ -415,8 +414,8 @@ class DynamicRendezvous:
                       "nproc": self._local_world_size, "port": self._master_port or 0}  # fmt: skip
         node = self._node
         self.announce_kept(self._kept)
-        limits = RoundSettings(settings.min_nodes, settings.max_nodes,
-                               settings.last_call_timeout, settings.join_timeout)  # fmt: skip
+        limits = RoundSettings(settings.min_nodes, settings.max_nodes, settings.last_call_timeout,
+                               settings.join_timeout, settings.heartbeat_ttl)  # fmt: skip
         self._rounds = Rounds(self._run_id, opened.store, self._keys, limits, membership, node)
 
     def _raise_if_failed(self, closed: bytes) -> None:

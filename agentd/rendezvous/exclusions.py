@@ -1,16 +1,17 @@
 """Nodes that keep themselves out of a job (their node checks failed), as the store tells.
 
 An excluded agent puts why under ``excluded/<node>`` (:mod:`agentd.rendezvous.keys`) for as
-long as its cooldown lasts. After each round, :class:`Exclusions` looks up the members of
-the previous round that are missing from the new one, so a smaller world comes with its
-reason in the log and in ``/status``.
+long as its cooldown lasts. The agent that seals a round looks up the members of the last
+sealed round that are missing from the new one (:func:`missing_with_reasons`); their
+exclusions travel in the round's summary, so every member's :class:`Exclusions` says why
+the world is smaller, in the log and in ``/status``, without a request of its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.rendezvous.keys import RunKeys
@@ -26,7 +27,6 @@ class Exclusions:
         self._store = store
         self._keys = keys
         self._node_id = node_id
-        self._members: list[str] = []
         self.peers: dict[str, dict[str, Any]] = {}
         """The exclusions of the members the last round lost (by node id)."""
 
@@ -39,23 +39,39 @@ class Exclusions:
         else:
             await self._store().set(key, json.dumps(doc).encode(), ttl=doc["cooldown"] + grace)
 
-    async def after_round(self, run_id: str, nodes: Sequence[dict[str, Any]]) -> None:
-        """A round formed with ``nodes``: say why any member of the last one is missing."""
-        members = [str(node["node"]) for node in nodes]
-        missing = [node for node in self._members if node not in members]
-        self._members = members
-        self.peers = {}
-        if not missing:
-            return
-        try:
-            values = await self._store().multi_get([self._keys.excluded(n) for n in missing])
-        except StoreError as exc:
-            log.debug("Rendezvous %s: could not read exclusions: %s", run_id, exc)
-            return
-        for node, value in zip(missing, values, strict=True):
-            if value is None:
-                continue
-            with_reason = json.loads(value)
-            self.peers[node] = with_reason
+    def after_round(self, run_id: str, excluded: Mapping[str, dict[str, Any]]) -> None:
+        """A round formed without the nodes in ``excluded`` (their exclusions, by node id),
+        which were members of the last one."""
+        self.peers = dict(excluded)
+        for node, doc in excluded.items():
             log.warning("Rendezvous %s: node %s is out of the job: %s", run_id, node,
-                        with_reason.get("reason", "?"))  # fmt: skip
+                        doc.get("reason", "?"))  # fmt: skip
+
+
+LOOK_BACK = 2
+"""Rounds before the new one searched for the last sealed one (older ones are deleted)."""
+
+
+async def missing_with_reasons(
+    store: Store, keys: RunKeys, generation: int, nodes: Sequence[Mapping[str, Any]],
+    run_id: str,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The exclusions of the members of the last sealed round before ``generation`` that
+    are not among ``nodes`` (the new round's entries), by node id. Store trouble costs
+    the report, never the round."""
+    try:
+        for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
+            sealed = await store.get(keys.round(earlier, "sealed"))
+            if sealed is None or sealed == b"0":
+                continue
+            size = int(json.loads(sealed)["size"])
+            entries = [keys.round(earlier, f"node/{i}") for i in range(size)]
+            members = {str(json.loads(v)["node"]) for v in await store.multi_get(entries) if v}
+            missing = sorted(members - {str(n.get("node")) for n in nodes})
+            if not missing:
+                return {}
+            values = await store.multi_get([keys.excluded(node) for node in missing])
+            return {node: json.loads(v) for node, v in zip(missing, values, strict=True) if v}
+    except (StoreError, ValueError, KeyError, TypeError) as exc:
+        log.debug("Rendezvous %s: could not read exclusions: %s", run_id, exc)
+    return {}

@@ -1,12 +1,18 @@
 """Watching a completed round for its end elsewhere: a new generation (a failure or a join
 on another node), a member's heartbeat vanishing (scale-down), or the rendezvous closed
-as failed. One watch on the run's ``ctl/`` keys, with a full re-read at the start and
-whenever the store may have lost events (compacted, restarted, out of reach)."""
+as failed. One watch on the run's ``ctl/`` keys, with a re-read at the start and
+whenever the store may have lost events (compacted, restarted, out of reach).
+
+Each member watches one heartbeat: its successor's by group rank (the last member watches
+the first). A member that dies is noticed by its predecessor, which ends the round for
+everyone; should the predecessor die too, its own predecessor notices that. So any loss
+short of the whole round is seen, and each member reads O(1) keys, not N."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agentd.rendezvous.keys import RunKeys
@@ -39,14 +45,13 @@ class RoundWatch:
         membership lease decides when it is too much)."""
         store = self.store
         current = self.current
-        members = {self.keys.heartbeat(str(node["node"])): str(node["node"])
-                   for node in current.nodes}  # fmt: skip
-        revision = current.revision
+        members: dict[str, str] = {}
+        """The watched heartbeat key -> its node id."""
+        revision = current.revision  # events after it are seen by the watch below
         check = True
         while True:
             try:
                 if check:  # at the start, and whenever the store may have lost events
-                    revision = await store.revision()
                     why = await self._state(members)
                     if why:
                         return why
@@ -57,13 +62,15 @@ class RoundWatch:
                                       "retrying", self.run_id, exc)  # fmt: skip
                 await asyncio.sleep(RETRY_PAUSE)
                 check = True
+                revision = await self._revision(revision)
                 continue
             if result.compacted:
                 check = True
+                revision = await self._revision()
                 continue
             revision = result.revision
             for event in result.events:
-                if event.key == self.keys.gen and event.value != str(current.generation).encode():
+                if event.key == self.keys.gen and _after(event.value, current.generation):
                     return f"generation {current.generation} ended"
                 if event.key == self.keys.closed and event.value is not None:
                     self.raise_if_failed(event.value)
@@ -73,10 +80,32 @@ class RoundWatch:
                     await self.end_round(why)
                     return why
 
-    async def _state(self, members: Mapping[str, str]) -> str:
-        """Why the round is over already ('' if it is not)."""
+    async def _revision(self, otherwise: int = 0) -> int:
+        """The store's revision now (``otherwise`` while it cannot be reached)."""
+        try:
+            return await self.store.revision()
+        except StoreUnavailable:
+            return otherwise
+
+    async def _watched(self) -> dict[str, str]:
+        """The successor's heartbeat key -> its node id (empty in a round of one)."""
+        current = self.current
+        successor = (current.rank + 1) % current.size
+        if successor == current.rank:
+            return {}
+        entry = await self.store.get(self.keys.round(current.generation, f"node/{successor}"))
+        if entry is None:  # the store lost the round: the state check says so
+            return {}
+        node = str(json.loads(entry)["node"])
+        return {self.keys.heartbeat(node): node}
+
+    async def _state(self, members: dict[str, str]) -> str:
+        """Why the round is over already ('' if it is not). Fills ``members`` with the
+        watched heartbeat on the first call."""
         current = self.current
         generation = current.generation
+        if not members:
+            members.update(await self._watched())
         mine = self.keys.round(generation, f"node/{current.rank}")
         keys = [self.keys.gen, self.keys.closed, mine, *members]
         gen, closed, entry, *beats = await self.store.multi_get(keys)
@@ -93,3 +122,9 @@ class RoundWatch:
                 await self.end_round(why)
                 return why
         return ""
+
+
+def _after(value: bytes | None, generation: int) -> bool:
+    """Whether a ``ctl/gen`` change to ``value`` ends round ``generation`` (a deleted one
+    does: the store was wiped; a lower one is history replayed from before the round)."""
+    return value is None or not value.isdigit() or int(value) > generation

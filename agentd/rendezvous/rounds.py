@@ -1,9 +1,12 @@
-"""Rounds: joining one, waiting for it to be sealed, reading it, ending it.
+"""Rounds: joining one, sealing it, waiting for it to be sealed, ending it.
 
 The mechanics of :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`'s rounds over a
 store (keys in :mod:`agentd.rendezvous.keys`). Each agent does a fixed number of store
-operations per round: it announces its heartbeat, reads the generation, takes an arrival
-index with ``add``, writes its node entry and watches the one ``sealed`` key.
+operations per round, whatever its size: it announces its heartbeat, reads the generation,
+takes an arrival index with ``add``, writes its node entry and watches the one ``sealed``
+key. The agent that seals the round reads every entry once and writes their summary
+(:mod:`agentd.rendezvous.summary`) as the ``sealed`` value, so the others learn the whole
+round from the watch event alone.
 
 Generations only go forward: :meth:`Rounds.generation` never returns one below the
 *floor*, the lowest generation this agent may join (one past the last round it was in,
@@ -22,10 +25,12 @@ from typing import Any
 
 from agentd.exceptions import StartError
 from agentd.rendezvous.api import RendezvousClosedError
+from agentd.rendezvous.exclusions import missing_with_reasons
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.static import reserve_port
-from agentd.store.api import Store
+from agentd.rendezvous.summary import RoundSummary, decode, encode, summarize
+from agentd.store.api import Store, StoreTimeout
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,9 @@ class RoundSettings:
     max_nodes: int
     last_call_timeout: float
     join_timeout: float
+    entry_timeout: float
+    """How long the sealer waits for a member's entry after its arrival (its ``add``):
+    an agent silent that long is gone, and the round is ended."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +62,10 @@ class Round:
     generation: int
     rank: int
     size: int
-    nodes: tuple[dict[str, Any], ...]
+    summary: RoundSummary
     revision: int
-    """The store's revision when the round was read; watch for its end after it."""
+    """A store revision from before the round was sealed, and after this agent joined it:
+    watch for the round's end after it."""
     mine: bytes
     """Our own node entry, as written: gone from the store means the store lost the round."""
 
@@ -148,17 +157,17 @@ class Rounds:
                         "changed during the join); joining again", self._run_id, rank,
                         generation)  # fmt: skip
             return None
-        sealed_key = keys.round(generation, "sealed")
         if rank + 1 == settings.max_nodes:
-            await store.compare_set(sealed_key, None, str(settings.max_nodes).encode())
-        sealed = await self._wait_for_seal(generation, rank, mine, start)
+            await self._seal(generation, settings.max_nodes)
+        sealed, revision = await self._wait_for_seal(generation, rank, mine, start)
         if sealed is None:
             return None
-        size = int(sealed)
-        if size == 0:
+        if sealed == ENDED:
             log.info("Rendezvous %s: round %d ended before it was sealed; joining the next",
                      self._run_id, generation)  # fmt: skip
             return None
+        summary = decode(sealed)
+        size = summary.size
         if rank >= size:
             log.info("Rendezvous %s: arrived after round %d was sealed; waiting for the next",
                      self._run_id, generation)  # fmt: skip
@@ -168,13 +177,37 @@ class Rounds:
                 await self._end_if_abandoned(generation, size)
             await self.wait_for_generation_after(generation)
             return None
-        return await self._read_round(generation, rank, size, mine)
+        return Round(generation, rank, size, summary, revision, mine)
+
+    async def _seal(self, generation: int, count: int) -> bytes | None:
+        """Seal round ``generation`` with its first ``count`` arrivals as members: their
+        summary, unless the round is sealed already. Returns the ``sealed`` value then."""
+        store, keys = self._store, self._keys
+        sealed_key = keys.round(generation, "sealed")
+        entries = [keys.round(generation, f"node/{i}") for i in range(count)]
+        sealed, *values = await store.multi_get([sealed_key, *entries])
+        if sealed is not None:
+            return sealed
+        missing = [key for key, value in zip(entries, values, strict=True) if value is None]
+        if missing:  # arrivals between their add and their entry
+            try:
+                await store.wait(missing, self._settings.entry_timeout)
+            except StoreTimeout:
+                await self.advance(generation, f"{len(missing)} arrival(s) wrote no entry "
+                                   f"within {self._settings.entry_timeout:g}s")  # fmt: skip
+                return await store.get(sealed_key)
+            values = await store.multi_get(entries)
+        nodes = [json.loads(value or b"{}") for value in values]
+        excluded = await missing_with_reasons(store, keys, generation, nodes, self._run_id)
+        _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
+        return held
 
     async def _wait_for_seal(
         self, generation: int, rank: int, mine: bytes, revision: int
-    ) -> bytes | None:
-        """The round's ``sealed`` value once it is set; None if the round went away while
-        we waited (the store lost it, or its generation moved on and nobody sealed it)."""
+    ) -> tuple[bytes | None, int]:
+        """The round's ``sealed`` value once it is set, and the last revision seen while
+        waiting; None if the round went away meanwhile (the store lost it, or its
+        generation moved on and nobody sealed it)."""
         store, settings = self._store, self._settings
         sealed_key = self._keys.round(generation, "sealed")
         loop = asyncio.get_running_loop()
@@ -196,14 +229,14 @@ class Rounds:
                 if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
                     log.warning("Rendezvous %s: the store lost round %d; joining again",
                                 self._run_id, generation)  # fmt: skip
-                    return None
+                    return None, revision
                 sealed = await store.get(sealed_key)
             else:
                 sealed = next((e.value for e in result.events if e.value is not None), None)
             if sealed is not None:
                 break
             if not result.events and await self.generation() != generation:
-                return None  # ended by an agent that could not seal it (it died): move on
+                return None, revision  # ended by an agent that could not seal it (it died)
             if last_call is None:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 if joined >= settings.min_nodes:
@@ -215,9 +248,8 @@ class Rounds:
                              loop.time() - waiting_since, settings.join_timeout)  # fmt: skip
             elif loop.time() >= last_call:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
-                count = str(min(joined, settings.max_nodes)).encode()
-                _, sealed = await store.compare_set(sealed_key, None, count)
-        return sealed
+                sealed = await self._seal(generation, min(joined, settings.max_nodes))
+        return sealed, revision
 
     async def _end_if_abandoned(self, generation: int, size: int) -> None:
         """End a full round whose members are gone, so a late arrival never waits on it."""
@@ -246,18 +278,11 @@ class Rounds:
             self.reserved.close()
             self.reserved = None
 
-    async def _read_round(self, generation: int, rank: int, size: int, mine: bytes) -> Round:
-        store = self._store
-        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
-        revision = await store.revision()
-        values = await store.multi_get(keys)
-        if any(value is None for value in values):  # an arrival between add and set
-            await store.wait([k for k, v in zip(keys, values, strict=True) if v is None],
-                             self._settings.join_timeout)  # fmt: skip
-            revision = await store.revision()
-            values = await store.multi_get(keys)
-        nodes = tuple(json.loads(value or b"{}") for value in values)
-        return Round(generation, rank, size, nodes, revision, mine)
+    async def member_ids(self, current: Round) -> list[str]:
+        """The node ids of ``current``'s members, by group rank: N entries read, for the
+        rare uses that need them all (a drain, the serving agent's departure)."""
+        keys = [self._keys.round(current.generation, f"node/{i}") for i in range(current.size)]
+        return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
 
     async def advance(self, generation: int, reason: str) -> None:
         """End round ``generation`` (if it is still the current one) for every agent, and

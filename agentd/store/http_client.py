@@ -36,6 +36,7 @@ from agentd.store.sockets import keepalive_socket
 from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     INSTANCE_HEADER,
+    MAX_KEYS,
     MAX_POLL,
     NOT_SERVING,
     TERM_HEADER,
@@ -304,7 +305,12 @@ class HttpStore:
         return bool(doc["refreshed"])
 
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [_unb64(v) for v in (await self._call("multi_get", {"keys": list(keys)}))["values"]]
+        """One request per :data:`MAX_KEYS` keys (a 4,096-node round's entries and more)."""
+        values: list[bytes | None] = []
+        for start in range(0, len(keys), MAX_KEYS):
+            chunk = list(keys[start : start + MAX_KEYS])
+            values += map(_unb64, (await self._call("multi_get", {"keys": chunk}))["values"])
+        return values
 
     async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
         body = {"items": {k: _b64(v) for k, v in items.items()}, "ttl": ttl}

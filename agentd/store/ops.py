@@ -11,11 +11,10 @@ from typing import Any
 
 from agentd.store.api import WatchResult
 from agentd.store.memory import MemoryStore
-from agentd.store.wire import MAX_POLL, TERM_HEADER
+from agentd.store.wire import MAX_KEYS, MAX_POLL, TERM_HEADER
 
 MAX_KEY = 1024
 MAX_VALUE = 1 << 20
-MAX_KEYS = 4096
 MAX_TTL = 86400.0
 
 

@@ -17,3 +17,6 @@ MAX_POLL = 60.0
 CANDIDATE_COUNT_HEADER = "Agentd-Store-Candidate-Count"
 """How many candidates a growing list holds (see :mod:`agentd.store.standby`): a client
 whose list is shorter asks the server for the rest."""
+MAX_KEYS = 4096
+"""The most keys one request may name (``multi_get``, ``multi_set``); clients split
+longer reads."""

@@ -96,6 +96,60 @@ async def test_store_operations_per_node_stay_constant_as_the_job_grows(store):
     assert per_node[32] <= per_node[4] + 1, per_node  # linear in total, not quadratic
 
 
+async def test_only_the_sealer_reads_every_entry_so_reads_grow_linearly(store):
+    """N members each reading N entries made a 1,024-node rendezvous quadratic."""
+    read = {"keys": 0}
+    multi_get = store.inner.multi_get
+
+    async def counted(keys):
+        read["keys"] += len(keys)
+        return await multi_get(keys)
+
+    store.inner.multi_get = counted
+    per_node = {}
+    for size in (8, 64):
+        read["keys"] = 0
+        nodes = [handler(store, run_id=f"reads{size}", nodes=(size, size), keep_alive_interval=60)
+                 for _ in range(size)]  # fmt: skip
+        infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+        assert all(len(i.role_infos) == size for i in infos)
+        per_node[size] = read["keys"] / size
+        await shutdown_all(*nodes)
+    assert per_node[64] <= per_node[8] + 2, per_node
+
+
+async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
+    """It took its place (add) and died: the sealer waits a heartbeat TTL for its entry,
+    then ends the round, and the living meet in the next one."""
+    await store.add("agentd/job/round/0/join", 1)  # place 0, and nothing more
+    a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
+    try:
+        infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()),
+                                       10)  # fmt: skip
+        assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    finally:
+        await shutdown_all(a, b)
+
+
+async def test_a_lost_member_is_noticed_even_when_the_member_watching_it_is_lost_too(store):
+    """Each member watches its successor's heartbeat: rank 2 watches rank 0, which watched
+    rank 1. Both die: rank 2 still ends the round."""
+    nodes = [handler(store, nodes=(1, 3)) for _ in range(3)]
+    infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    by_rank = {info.group_rank: h for info, h in zip(infos, nodes, strict=True)}
+    survivor = by_rank[2]
+    watch = asyncio.create_task(survivor.round_over())
+    for lost in (by_rank[0], by_rank[1]):  # their agents were SIGKILLed
+        assert lost._membership is not None and lost._rounds is not None
+        await lost._membership.stop()
+        lost._rounds.release()
+    why = await asyncio.wait_for(watch, 10)
+    assert why == f"node {by_rank[0].node_id} left (no heartbeat)"
+    info = await survivor.next_rendezvous()
+    assert (info.generation, info.group_world_size, info.group_rank) == (1, 1, 0)
+    await shutdown_all(survivor)
+
+
 async def test_last_call_completes_with_min_nodes(store):
     a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
     infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())

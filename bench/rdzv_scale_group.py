@@ -1,0 +1,105 @@
+"""A group of agentd rendezvous handlers in one process, for the scale benchmark.
+
+``rdzv_scale_group.py store|etcd TARGET RUN_ID NNODES COUNT``: opens COUNT handlers of an
+NNODES-node rendezvous, each with its own client (connected before the clock starts) of
+the ``agentd store`` at TARGET (host:port) or the etcd cluster at TARGET (its members'
+URLs, comma-separated; keys under ``/bench/RUN_ID/``). It prints ``ready``, waits for a
+line on stdin (go), joins them all at once and prints one JSON line: the epoch time the
+last handler had its result, the store requests they made, this process's CPU seconds
+and peak RSS. Then, on ``watch``, every handler watches its round (``{"watching": true}``);
+on ``crash`` handler 0 ends the round as its agent does when a worker crashes (on any
+other line nobody does), and once every handler was told, all join the next round: one
+JSON line with when the crash was, when the last handler was told and when the last had
+its next round. It leaves when stdin closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentd.store.api import Store
+
+
+def client(kind: str, target: str, run_id: str) -> Store:
+    if kind == "etcd":
+        from agentd.store.etcd.store import EtcdStore
+
+        return EtcdStore(target.split(","), prefix=f"/bench/{run_id}/")
+    from agentd.store.http_client import HttpStore
+
+    return HttpStore(target)
+
+
+def report(doc: dict[str, Any]) -> None:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({**doc, "rss_mb": rss}), flush=True)
+
+
+async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> None:
+    from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+    from agentd.store.connect import OpenedStore
+
+    clients = [client(kind, target, run_id) for _ in range(count)]
+
+    def opener(client: Store):
+        async def open_store() -> OpenedStore:
+            return OpenedStore(client, client.close)
+
+        return open_store
+
+    # no heartbeat renewals during the measurement: they are seconds apart, not per round
+    settings = RendezvousSettings(min_nodes=nnodes, max_nodes=nnodes, keep_alive_interval=60)
+    handlers = [DynamicRendezvous(run_id, opener(c), settings) for c in clients]
+    loop = asyncio.get_running_loop()
+    try:
+        for handler in handlers:
+            await handler._open()
+            await handler.store.revision()
+        for each in clients:
+            each.requests = 0  # type: ignore[attr-defined]
+        print("ready", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        cpu = time.process_time()
+
+        async def join(handler: DynamicRendezvous) -> float:
+            await handler.next_rendezvous()
+            return time.time()
+
+        async def told(handler: DynamicRendezvous) -> float:
+            await handler.round_over()
+            return time.time()
+
+        done = await asyncio.gather(*(join(h) for h in handlers))
+        report(
+            {
+                "done": max(done),
+                "cpu": time.process_time() - cpu,
+                "requests": sum(c.requests for c in clients),
+            }
+        )  # type: ignore[attr-defined]
+        if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "watch":
+            return
+        watches = [asyncio.create_task(told(h)) for h in handlers]
+        report({"watching": True})
+        crashed_at = None
+        if (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "crash":
+            crashed_at = time.time()  # a worker of handler 0's node crashed: its agent
+            await handlers[0].end_round("a worker crashed")  # ends the round for everyone
+        told_at = await asyncio.gather(*watches)
+        done = await asyncio.gather(*(join(h) for h in handlers))
+        report({"crashed_at": crashed_at, "told": max(told_at), "done": max(done)})
+        await loop.run_in_executor(None, sys.stdin.read)
+    finally:
+        for handler in handlers:
+            await handler.shutdown()
+
+
+if __name__ == "__main__":
+    kind, target, run_id, nnodes, count = sys.argv[1:6]
+    asyncio.run(main(kind, target, run_id, int(nnodes), int(count)))
