@@ -15,6 +15,7 @@ torch parts run only where torch is installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -86,6 +87,46 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
             return max(map(float, starts)) - t0
         finally:
             reap(procs)
+
+
+def many_agents(count: int) -> dict[str, float]:
+    """``count`` agentd agents (1 worker each) start at once on this machine and
+    rendezvous through the first one's store: seconds until the last worker ran, how
+    many agents exited 0, lines of their stderr at WARNING or worse, and the agents'
+    peak RSS (MB, each)."""
+    import psutil
+
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-id", "many", "--nnodes", str(count), "--nproc-per-node", "1",
+            "--max-restarts", "0", "--rdzv-conf", "join_timeout=300"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp, str(i)) for i in range(count)]
+        for out in outs:
+            out.mkdir()
+        logs = [Path(tmp, f"agent{i}.log") for i in range(count)]
+        t0 = time.time()
+        procs = []
+        for out, log in zip(outs, logs, strict=True):
+            with log.open("w") as stderr:
+                procs.append(subprocess.Popen(
+                    [*launchers()["agentd"], *rdzv, str(HERE / "worker.py"), "sleep", str(out),
+                     "1"], env=env(), stdout=subprocess.DEVNULL, stderr=stderr))  # fmt: skip
+        peak = 0.0
+        try:
+            starts = wait_reports([out / "start_0_0" for out in outs], timeout=300)
+            elapsed = max(map(float, starts)) - t0
+            for proc in procs:  # every worker sleeps 1 s: the agents are all up
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, psutil.Process(proc.pid).memory_info().rss / 2**20)
+            codes = [proc.wait(120) for proc in procs]
+        finally:
+            reap(procs)
+        problems = [line for log in logs for line in log.read_text().splitlines()
+                    if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)]  # fmt: skip
+    for line in problems[:5]:
+        print(f"    {line}")
+    return {"seconds": elapsed, "ok": codes.count(0), "problems": len(problems),
+            "rss_mb": peak}  # fmt: skip
 
 
 def measure_last_join(backend: str) -> float:
@@ -257,6 +298,8 @@ def main() -> int:
         "--procs", type=int, default=4, help="processes the scale test's handlers are spread over"
     )
     parser.add_argument("--scale-runs", type=int, default=2, help="runs per scale size")
+    parser.add_argument("--agents", type=int, default=64,
+                        help="agents started at once on this machine (0: skip)")  # fmt: skip
     parser.add_argument(
         "--only-scale",
         action="store_true",
@@ -289,6 +332,12 @@ def main() -> int:
             print(line(name, values))
         if text := ratio(figures[key]):
             print(text)
+    if args.agents:
+        many = many_agents(args.agents)
+        print(f"\n{args.agents} agents start at once on this machine (1 worker each)")
+        print(f"  the last worker ran after {many['seconds'] * 1000:.0f} ms; {many['ok']:.0f} of "
+              f"{args.agents} agents exited 0; {many['problems']:.0f} warning or error lines; "
+              f"agent RSS {many['rss_mb']:.0f} MB at most")  # fmt: skip
     sizes = [int(x) for x in re.split(r"[ ,]+", args.sizes) if x]
     print(f"\nagentd rendezvous at scale ({args.procs} handler processes, one `agentd store`)")
     times = []

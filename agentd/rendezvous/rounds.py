@@ -115,23 +115,22 @@ class Rounds:
         return int(count or b"0")
 
     async def generation(self) -> int:
-        """The generation to join now (raises if the run is closed). A store without one,
-        or behind what this agent has seen, is moved forward to our floor first."""
+        """The generation to join now (raises if the run is closed). A store without one is
+        at round 0 (a new run's first round is joined without writing it: one request less
+        per node); a store behind what this agent has seen is moved forward to our floor."""
         store = self._store
         raw, closed = await store.multi_get([self._keys.gen, self._keys.closed])
         if closed is not None:
             raise closed_error(self._run_id, closed)
-        while raw is None or int(raw) < self.floor:
-            behind = None if raw is None else int(raw)
+        while int(raw or b"0") < self.floor:
+            behind = int(raw or b"0")
             moved, raw = await store.compare_set(self._keys.gen, raw, str(self.floor).encode())
-            if moved:
-                if behind is not None:  # its round, if anyone waits in it, is over
-                    await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
-                if self.floor > 0:
-                    log.warning("Rendezvous %s: the store's generation was %s, behind the %d "
-                                "this agent has seen (it restarted?); moved it to %d",
-                                self._run_id, behind, self.floor, self.floor)  # fmt: skip
-        generation = int(raw)
+            if moved:  # its round, if anyone waits in it, is over
+                await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
+                log.warning("Rendezvous %s: the store's generation was %d, behind the %d this "
+                            "agent has seen (it restarted?); moved it to %d", self._run_id,
+                            behind, self.floor, self.floor)  # fmt: skip
+        generation = int(raw or b"0")
         self.floor = max(self.floor, generation)
         return generation
 
@@ -157,11 +156,13 @@ class Rounds:
                         "changed during the join); joining again", self._run_id, rank,
                         generation)  # fmt: skip
             return None
+        sealed, revision = None, start
         if rank + 1 == settings.max_nodes:
-            await self._seal(generation, settings.max_nodes)
-        sealed, revision = await self._wait_for_seal(generation, rank, mine, start)
+            sealed = await self._seal(generation, settings.max_nodes)
         if sealed is None:
-            return None
+            sealed, revision = await self._wait_for_seal(generation, rank, mine, start)
+            if sealed is None:
+                return None
         if sealed == ENDED:
             log.info("Rendezvous %s: round %d ended before it was sealed; joining the next",
                      self._run_id, generation)  # fmt: skip
@@ -214,12 +215,10 @@ class Rounds:
         last_call = (
             loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
         )
-        sealed = await store.get(sealed_key)
-        if sealed is None:
-            log.info(
-                "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
-                self._run_id, generation, rank, settings.min_nodes, settings.max_nodes,
-            )  # fmt: skip
+        log.info("Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
+                 self._run_id, generation, rank, settings.min_nodes,
+                 settings.max_nodes)  # fmt: skip
+        sealed: bytes | None = None  # the watch from our join on returns a seal already made
         waiting_since = loop.time()
         while sealed is None:
             timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
@@ -288,9 +287,10 @@ class Rounds:
         """End round ``generation`` (if it is still the current one) for every agent, and
         mark it ended for any agent still waiting for it to be sealed."""
         store = self._store
-        moved, current = await store.compare_set(
-            self._keys.gen, str(generation).encode(), str(generation + 1).encode()
-        )
+        after = str(generation + 1).encode()
+        moved, current = await store.compare_set(self._keys.gen, str(generation).encode(), after)
+        if not moved and current is None and generation == 0:  # round 0 has no key yet
+            moved, current = await store.compare_set(self._keys.gen, None, after)
         if moved:
             log.info("Rendezvous %s: ended round %d: %s", self._run_id, generation, reason)
             await store.compare_set(self._keys.round(generation, "sealed"), None, ENDED)

@@ -14,19 +14,23 @@ were asleep.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
+from agentd.store.watch_index import PrefixIndex, Wakeups
 
-DEFAULT_HISTORY = 1024
+DEFAULT_HISTORY = 16384
 """Events the watch history keeps: watchers re-watch at once, and one that falls further
-behind reads the keys again ("compacted"); a long-running job's store stays flat."""
+behind reads the keys again ("compacted"); a long-running job's store stays flat. A
+rendezvous makes about 3 changes per node while its members watch from their join:
+room for 4,096 nodes, so none of them needs the extra reads."""
 DEFAULT_HISTORY_BYTES = 8 << 20
 """Bytes of keys and values the watch history keeps (200 overwrites of a 1 MiB key once
 pinned 200 MiB)."""
@@ -87,41 +91,6 @@ class _Item:
     expires_at: float | None
 
 
-class _Wakeups:
-    """Who waits for a change to which keys: a write wakes only the waiters under whose
-    prefix its key falls (one look per distinct prefix), never every waiter. With N nodes
-    each waiting on one key, a round of N writes costs O(N) wake-ups, not O(N^2)."""
-
-    def __init__(self) -> None:
-        self._by_prefix: dict[str, set[asyncio.Event]] = {}
-
-    @contextlib.contextmanager
-    def waiting(self, prefixes: Sequence[str]) -> Iterator[asyncio.Event]:
-        """An event set by the next change under any of ``prefixes`` (a key is its own
-        prefix); it is forgotten when the block ends, however it ends."""
-        event = asyncio.Event()
-        for prefix in prefixes:
-            self._by_prefix.setdefault(prefix, set()).add(event)
-        try:
-            yield event
-        finally:
-            for prefix in prefixes:
-                waiters = self._by_prefix.get(prefix)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._by_prefix[prefix]
-
-    def __len__(self) -> int:
-        return len(set().union(*self._by_prefix.values()))
-
-    def changed(self, key: str) -> None:
-        for prefix, waiters in self._by_prefix.items():
-            if key.startswith(prefix):
-                for event in waiters:
-                    event.set()
-
-
 class MemoryStore:
     """An in-memory :class:`~agentd.store.api.Store`; all methods run on the event loop."""
 
@@ -153,7 +122,8 @@ class MemoryStore:
         self._max_bytes = max_bytes
         self.bytes = 0
         """What the live keys and values take (see :data:`_EVENT_OVERHEAD`)."""
-        self._wakeups = _Wakeups()
+        self._wakeups = Wakeups()
+        self._by_prefix = PrefixIndex()
         self._expiries: list[tuple[float, str]] = []
         self._expiry_timer: asyncio.TimerHandle | None = None
 
@@ -267,13 +237,9 @@ class MemoryStore:
             return WatchResult(self._revision, compacted=True)
         if after_revision > self._revision:  # a revision we never had: we restarted
             return WatchResult(self._revision, compacted=True)
-        newer = []  # from the newest back: a watcher reads only what it has not seen
-        for event in reversed(self._history):
-            if event.revision <= after_revision:
-                break
-            if event.key.startswith(prefix):
-                newer.append(event)
-        return WatchResult(self._revision, tuple(reversed(newer)))
+        events = self._by_prefix.events(prefix, self._history)
+        newer = events[bisect.bisect_right(events, after_revision, key=_revision_of) :]
+        return WatchResult(self._revision, tuple(newer))
 
     async def close(self) -> None:
         if self._expiry_timer is not None:
@@ -322,6 +288,7 @@ class MemoryStore:
         while len(history) > 1 and (len(history) > count or self._history_bytes > size):
             gone = history.popleft()  # watchers from before it now read "compacted"
             self._history_bytes -= _size(gone.key, gone.value)
+        self._by_prefix.record(event, history[0].revision)
         self._wakeups.changed(event.key)
 
     def _expire_due(self) -> None:
@@ -375,3 +342,7 @@ class MemoryStore:
         self._clock()
         if self._expiries:
             self._tick = asyncio.get_running_loop().call_later(TICK, self._on_tick)
+
+
+def _revision_of(event: KeyEvent) -> int:
+    return event.revision

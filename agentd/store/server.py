@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 << 20
-MAX_CONNECTIONS = 4096
-"""About three per agent at once (a long poll, a heartbeat, an operation): 1,000+ agents."""
+MAX_CONNECTIONS = 16384
+"""About three per agent at once (a long poll, a heartbeat, an operation): 5,000 agents
+(fewer when the open-files limit is lower; see :mod:`agentd.hygiene.fdlimits`)."""
 LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout=10.0)
 """The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
 so a connection is never reused just as the server closes it."""

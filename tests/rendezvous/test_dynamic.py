@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -25,14 +26,16 @@ FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "last_call_time
 
 
 class Counting:
-    """A store that counts the operations its clients make."""
+    """A store that counts the operations its clients make (``by_name``: each one's)."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.ops = 0
+        self.by_name: collections.Counter[str] = collections.Counter()
 
     def __getattr__(self, name: str):
         self.ops += 1
+        self.by_name[name] += 1
         return getattr(self.inner, name)
 
 
@@ -116,6 +119,22 @@ async def test_only_the_sealer_reads_every_entry_so_reads_grow_linearly(store):
         per_node[size] = read["keys"] / size
         await shutdown_all(*nodes)
     assert per_node[64] <= per_node[8] + 2, per_node
+
+
+async def test_a_node_joins_a_round_in_five_store_requests(store):
+    """Heartbeat, generation, arrival, entry, watch: the sealer reads the entries once more
+    and writes the seal; nobody creates the generation key for round 0."""
+    size = 16
+    nodes = [handler(store, run_id="five", nodes=(size, size), keep_alive_interval=60)
+             for _ in range(size)]  # fmt: skip
+    for node in nodes:
+        await node._open()
+    await asyncio.sleep(0.05)  # their heartbeat tasks started (and looked up their method)
+    store.by_name.clear()
+    await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    assert store.by_name.total() <= 5 * size + 4, store.by_name
+    assert await store.get("agentd/five/ctl/gen") is None
+    await shutdown_all(*nodes)
 
 
 async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
