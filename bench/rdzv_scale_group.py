@@ -16,6 +16,7 @@ its next round. It leaves when stdin closes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import resource
 import sys
@@ -63,6 +64,7 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
             await handler.store.revision()
         for each in clients:
             each.requests = 0  # type: ignore[attr-defined]
+        gc.freeze()  # one process holds COUNT agents' objects: an agent holds one's
         print("ready", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         cpu = time.process_time()

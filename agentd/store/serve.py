@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ async def serve(
         candidacy = Candidacy(peers, index, token)
     server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy)
     await server.start()
+    gc.freeze()  # what the start made lives as long as the store: never scan it again
     if candidacy is not None:
         log.info("Standing by as store candidate %d of %d", index, len(peers))
     received: list[int] = []
