@@ -1,17 +1,19 @@
 """Rendezvous on etcd vs on agentd's embedded store, and torchrun's etcd-v2, in the same run.
 
-    python bench/bench_etcd.py [--runs 3] [--sizes 4,64] [--ops 400] [--etcd-endpoint URL]
+    python bench/bench_etcd.py [--runs 3] [--sizes 64,256] [--members 3] [--procs 4]
+                               [--ops 400] [--etcd-endpoint URL]
 
   1. launch: 4 agents (1 worker each) start -> the last worker runs: agentd on etcd,
      agentd on its embedded store, and torchrun --rdzv-backend etcd-v2 on the same etcd
      (needs torch and python-etcd: ``pip install python-etcd``; skipped without them);
-  2. rendezvous: N agentd handlers in one process, each with its own client, rendezvous at
-     once: time to complete and requests per node, on etcd and on an `agentd store`;
+  2. rendezvous: N agentd handlers spread over --procs processes, each with its own client,
+     rendezvous at once: time to complete and requests per node, on etcd (a cluster of
+     --members) and on an `agentd store` (bench_rdzv.scale);
   3. store operations: latency p50/p99 of each Store operation, one client, on both, and
      a watch's wake-up (a set -> the watcher returns).
 
-etcd is started here (Debian's etcd-server, one member, v2 API on for torch) unless
-``--etcd-endpoint`` names a running one.
+etcd is started here (Debian's etcd-server, --members members on loopback, v2 API on for
+torch) unless ``--etcd-endpoint`` names a running one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from bench_rdzv import (  # noqa: E402
     line,
     measure_launch,
     reap,
-    rendezvous_at_once,
+    scale,
     start_store,
 )
 
@@ -122,7 +124,9 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sizes", default="4,64", help="handler counts for the rendezvous")
+    parser.add_argument("--sizes", default="64,256", help="node counts for the rendezvous")
+    parser.add_argument("--members", type=int, default=3, help="etcd members we start")
+    parser.add_argument("--procs", type=int, default=4, help="processes for the handlers")
     parser.add_argument("--ops", type=int, default=400, help="calls per store operation")
     parser.add_argument("--etcd-endpoint", help="a running etcd (host:port) instead of ours")
     args = parser.parse_args()
@@ -133,8 +137,11 @@ def main() -> int:
         if args.etcd_endpoint:
             endpoint = args.etcd_endpoint
         else:
-            cluster = EtcdCluster(Path(tmp), extra_args=("--enable-v2=true",)).start()
+            cluster = EtcdCluster(Path(tmp), size=args.members,
+                                  extra_args=("--enable-v2=true",)).start()  # fmt: skip
             endpoint = cluster.members[0].endpoint
+            args.etcd_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
+            args.etcd_urls = cluster.urls
         store_proc, store_endpoint = start_store()
         try:
             report(args, sizes, endpoint, store_endpoint)
@@ -147,7 +154,7 @@ def main() -> int:
 
 def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str) -> None:
     version = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
-    print(f"etcd {version.split()[2] if version else '?'} (one member) on 127.0.0.1; "
+    print(f"etcd {version.split()[2] if version else '?'} on 127.0.0.1; "
           f"{args.runs} runs each")  # fmt: skip
     cmds = launchers()
     launch: dict[str, list[float]] = {"agentd etcd": [], "agentd store": []}
@@ -171,14 +178,25 @@ def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str)
     else:
         print("  (torchrun etcd-v2 skipped: needs torch and python-etcd)")
 
-    print("\nrendezvous of N handlers (one process, a client each): median time, requests/node")
+    members = len(getattr(args, "etcd_urls", [])) or 1
+    print(
+        f"\nrendezvous of N handlers ({args.procs} processes, a client each): median time, "
+        f"requests per node, server CPU per join (etcd: {members} member(s), summed)"
+    )
+    urls = getattr(args, "etcd_urls", [f"http://{etcd}"])
+    pids = getattr(args, "etcd_pids", [])
     for n in sizes:
-        for kind, target in (("etcd", f"http://{etcd}"), ("store", embedded)):
-            runs = [asyncio.run(rendezvous_at_once(store_factory(kind, target), n))
-                    for _ in range(args.runs)]  # fmt: skip
-            elapsed = statistics.median(r[0] for r in runs) * 1000
-            print(f"  {n:4d} nodes on {kind:5s}: {elapsed:8.1f} ms, "
-                  f"{runs[0][1]:.1f} requests per node")  # fmt: skip
+        for kind in ("etcd", "store"):
+            if kind == "etcd" and not pids:
+                print("  (etcd's CPU is measured only for the etcd started here)")
+            on = (urls, pids) if kind == "etcd" else None
+            runs = [scale(n, args.procs, on) for _ in range(args.runs)]
+            elapsed = statistics.median(r["seconds"] for r in runs) * 1000
+            cpu = statistics.median(r["store_cpu_us"] for r in runs)
+            print(
+                f"  {n:4d} nodes on {kind:5s}: {elapsed:8.1f} ms, "
+                f"{runs[0]['requests']:.1f} requests per node, {cpu:.0f} us CPU per join"
+            )
 
     print(f"\nstore operation latency, one client, {args.ops} calls each (ms)")
     print(f"  {'operation':15s} {'etcd p50':>9s} {'etcd p99':>9s} {'store p50':>10s} "

@@ -62,8 +62,7 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
         for handler in handlers:
             await handler._open()
             await handler.store.revision()
-        for each in clients:
-            each.requests = 0  # type: ignore[attr-defined]
+        before = sum(c.requests for c in clients)  # type: ignore[attr-defined]
         gc.freeze()  # one process holds COUNT agents' objects: an agent holds one's
         print("ready", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
@@ -82,7 +81,7 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
             {
                 "done": max(done),
                 "cpu": time.process_time() - cpu,
-                "requests": sum(c.requests for c in clients),
+                "requests": sum(c.requests for c in clients) - before,
             }
         )  # type: ignore[attr-defined]
         if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "watch":

@@ -76,6 +76,21 @@ async def test_add(store: Store):
         await store.add("text", 1)
 
 
+async def test_arrivals_each_get_their_own_count_and_read_as_an_integer(store: Store):
+    """Many nodes adding 1 at once (a round's arrivals); etcd counts them by the key's
+    version, which reads, watches, deletes and adds like any integer key."""
+    revision = await store.revision()
+    counts = await asyncio.gather(*(store.add("round/join", 1) for _ in range(24)))
+    assert sorted(counts) == list(range(1, 25))
+    assert await store.get("round/join") == b"24"
+    assert await store.multi_get(["round/join"]) == [b"24"]
+    seen = await store.watch("round/", revision, timeout=5)
+    assert seen.events[-1].value == b"24"
+    assert await store.add("round/join", 10) == 34  # any other delta: an integer from here
+    assert await store.add("round/join", 1) == 35
+    assert await store.delete("round/join") and await store.add("round/join", 1) == 1
+
+
 async def test_compare_set(store: Store):
     assert await store.compare_set("c", None, b"first") == (True, b"first")
     assert await store.compare_set("c", None, b"again") == (False, b"first")

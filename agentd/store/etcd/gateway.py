@@ -241,3 +241,17 @@ def prefix_end(prefix: bytes) -> bytes:
             return bytes(end)
         end.pop()
     return b"\0"  # an empty prefix (or all 0xff): every key
+
+
+COUNTER = b"\x00agentd:counted-by-version"
+"""The value of a key that ``EtcdStore.add`` counts by etcd's own version of the key (one
+transaction per arrival, no contention); readers see the count (:func:`kv_value`)."""
+
+
+def kv_value(kv: dict[str, Any] | None) -> bytes | None:
+    """The value of an etcd key-value in the gateway's JSON (None: no such key); a counted
+    key reads as its count."""
+    if kv is None:
+        return None
+    value = base64.b64decode(kv.get("value", ""))
+    return str(kv.get("version", "0")).encode() if value == COUNTER else value

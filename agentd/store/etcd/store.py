@@ -19,7 +19,6 @@ a write that may have been applied is resent only when resending cannot change i
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import logging
 import math
@@ -34,7 +33,7 @@ from agentd.store.api import (
     StoreTimeout,
     WatchResult,
 )
-from agentd.store.etcd.gateway import EtcdGateway, b64, prefix_end
+from agentd.store.etcd.gateway import COUNTER, EtcdGateway, b64, kv_value, prefix_end
 from agentd.store.etcd.watch import EtcdWatch
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,7 @@ class EtcdStore:
 
     @staticmethod
     def _value(kv: dict[str, Any] | None) -> bytes | None:
-        return None if kv is None else base64.b64decode(kv.get("value", ""))
+        return kv_value(kv)
 
     async def _snapshot(self, keys: Sequence[str]) -> tuple[list[bytes | None], int]:
         """The values of ``keys`` and the revision they were read at (one txn per 128)."""
@@ -152,11 +151,39 @@ class EtcdStore:
         return self._value(self._first_kv(doc))
 
     async def add(self, key: str, delta: int) -> int:
-        """A transaction on the revision read; on a lost race, again after a jittered pause
-        of up to a round trip, doubling with each loss, so that N adders at once do not
-        cost N^2 transactions."""
-        doc = await self._gw.post("get", "/v3/kv/range", {"key": self._key(key)})
-        kv = self._first_kv(doc)
+        """``delta`` 1 (arrivals) on a key that is missing or counted by its version (see
+        :data:`~agentd.store.etcd.gateway.COUNTER`): one transaction, so N nodes arriving at
+        once make N transactions, not N^2. Any other add is a transaction on the revision
+        read, and the key holds the integer from then on."""
+        if delta == 1:
+            counted, kv = await self._count_one(key)
+            if counted is not None:
+                return counted
+        else:
+            kv = self._first_kv(await self._gw.post("get", "/v3/kv/range", {"key": self._key(key)}))
+        return await self._add_to_value(key, delta, kv)
+
+    async def _count_one(self, key: str) -> tuple[int | None, dict[str, Any] | None]:
+        """One more version of a counted or missing key, in one transaction: its count;
+        else (None, the key as read: it holds an integer of its own)."""
+        me = self._key(key)
+        count = [{"request_put": self._put(key, COUNTER, None)}, {"request_range": {"key": me}}]
+        counted = {"key": me, "target": "VALUE", "value": b64(COUNTER)}
+        if_counted = {"compare": [counted], "success": count,
+                      "failure": [{"request_range": {"key": me}}]}  # fmt: skip
+        missing = {"key": me, "target": "CREATE", "create_revision": "0"}
+        doc = await self._txn("add", [missing], count, [{"request_txn": if_counted}],
+                              idempotent=False)  # fmt: skip
+        if not doc.get("succeeded"):
+            doc = doc["responses"][0]["response_txn"]
+        kv = self._first_kv(doc["responses"][-1]["response_range"])
+        if doc.get("succeeded") and kv is not None:
+            return int(kv["version"]), kv
+        return None, kv
+
+    async def _add_to_value(self, key: str, delta: int, kv: dict[str, Any] | None) -> int:
+        """A transaction on the revision of ``kv`` (as read); on a lost race, again after a
+        jittered pause of up to a round trip, doubling with each loss."""
         round_trip = 0.0
         for lost in itertools.count():
             if lost > 1:  # the others' transactions take about a round trip each: spread out

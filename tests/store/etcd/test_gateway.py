@@ -83,8 +83,16 @@ async def test_an_add_that_may_have_been_applied_is_not_resent(gateway):
     fake, store = gateway
     fake.answers = [(200, {"header": {"revision": "3"}}), DEADLINE]  # the read, then the txn
     with pytest.raises(StoreOutcomeUnknown, match="not resent, it may have been applied"):
-        await store().add("counter", 1)
+        await store().add("counter", 2)
     assert fake.paths == ["/v3/kv/range", "/v3/kv/txn"]
+
+
+async def test_an_arrival_that_may_have_been_counted_is_not_resent(gateway):
+    fake, store = gateway
+    fake.answers = [DEADLINE]  # one txn: the count, by the key's version
+    with pytest.raises(StoreOutcomeUnknown, match="not resent, it may have been applied"):
+        await store().add("counter", 1)
+    assert fake.paths == ["/v3/kv/txn"]
 
 
 async def test_an_add_refused_before_raft_is_resent(gateway):
