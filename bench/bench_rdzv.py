@@ -15,6 +15,7 @@ torch parts run only where torch is installed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -221,6 +222,38 @@ def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -
         reap(started)
 
 
+def fan_out(n: int) -> tuple[float, float]:
+    """The store's part of telling every node that a round ended: ``n`` clients (in this
+    process) long-poll one prefix of an ``agentd store``, one write wakes them all.
+    (Seconds until the last had its answer, the store's CPU seconds for it.)"""
+    import psutil
+
+    from agentd.store.http_client import HttpStore
+
+    async def measure(endpoint: str, server: psutil.Process) -> tuple[float, float]:
+        clients = [HttpStore(endpoint) for _ in range(n)]
+        try:
+            revision = max([await c.revision() for c in clients])
+            watches = [asyncio.ensure_future(c.watch("ctl/", revision, 60)) for c in clients]
+            while len(clients) > 1 and not all(c.requests > 1 for c in clients):
+                await asyncio.sleep(0.05)  # every long poll is sent
+            await asyncio.sleep(0.5)  # ... and waiting in the store
+            cpu = sum(server.cpu_times()[:2])
+            began = time.perf_counter()
+            await clients[0].set("ctl/gen", b"1")
+            await asyncio.gather(*watches)
+            return time.perf_counter() - began, sum(server.cpu_times()[:2]) - cpu
+        finally:
+            for client in clients:
+                await client.close()
+
+    store, endpoint = start_store()
+    try:
+        return asyncio.run(measure(endpoint, psutil.Process(store.pid)))
+    finally:
+        reap([store])
+
+
 def send(group: subprocess.Popen[str], line: str) -> None:
     assert group.stdin is not None
     group.stdin.write(line + "\n")
@@ -354,6 +387,11 @@ def main() -> int:
               f"the next round complete in {best['next_round'] * 1000:.1f} ms")  # fmt: skip
     if len(sizes) > 1:
         print(f"  time grows as nodes^{exponent(sizes, times):.2f}")
+    for n in sizes:
+        if n <= 1024:
+            seconds, cpu = fan_out(n)
+            print(f"  fan-out alone: {n} long polls answered {seconds * 1000:.0f} ms after one "
+                  f"write, {cpu / n * 1e6:.0f} us of store CPU each")  # fmt: skip
     return 0
 
 
