@@ -12,7 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentd.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
+from agentd.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.store.api import Store
 from agentd.store.connect import OpenedStore
@@ -135,6 +139,17 @@ async def test_a_node_joins_a_round_in_five_store_requests(store):
     assert store.by_name.total() <= 5 * size + 4, store.by_name
     assert await store.get("agentd/five/ctl/gen") is None
     await shutdown_all(*nodes)
+
+
+async def test_a_round_sealed_by_an_older_agentd_is_a_clear_error(store):
+    """Agents before the round summary sealed a round with its member count alone."""
+    await store.set("agentd/job/round/0/sealed", b"2")
+    node = handler(store, nodes=(1, 2), last_call_timeout=0.05)
+    try:
+        with pytest.raises(RendezvousStateError, match="same agentd version"):
+            await asyncio.wait_for(node.next_rendezvous(), 10)
+    finally:
+        await shutdown_all(node)
 
 
 async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
