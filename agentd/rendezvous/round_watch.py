@@ -3,10 +3,11 @@ on another node), a member's heartbeat vanishing (scale-down), or the rendezvous
 as failed. One watch on the run's ``ctl/`` keys, with a re-read at the start and
 whenever the store may have lost events (compacted, restarted, out of reach).
 
-Each member watches one heartbeat: its successor's by group rank (the last member watches
-the first). A member that dies is noticed by its predecessor, which ends the round for
-everyone; should the predecessor die too, its own predecessor notices that. So any loss
-short of the whole round is seen, and each member reads O(1) keys, not N."""
+Each member watches :data:`WATCHED` heartbeats: its successors' by group rank (wrapping
+around). A member that dies is noticed by the members just before it, which end the
+round for everyone; should they all be gone too, the ones before them notice that. So any
+loss short of the whole round is seen, even while some members are not watching (their
+workers finished: they wait in the exit barrier), and each member reads O(1) keys, not N."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from agentd.rendezvous.rounds import POLL, Round
 from agentd.store.api import Store, StoreUnavailable
 from agentd.support.ratelog import RateLimitedLog
 
+WATCHED = 3
+"""Successors whose heartbeats each member watches."""
 RETRY_PAUSE = 1.0
 """Pause between tries at a store that cannot be reached (each try retries for a while)."""
 
@@ -88,16 +91,17 @@ class RoundWatch:
             return otherwise
 
     async def _watched(self) -> dict[str, str]:
-        """The successor's heartbeat key -> its node id (empty in a round of one)."""
+        """The successors' heartbeat keys -> their node ids (none in a round of one)."""
         current = self.current
-        successor = (current.rank + 1) % current.size
-        if successor == current.rank:
-            return {}
-        entry = await self.store.get(self.keys.round(current.generation, f"node/{successor}"))
-        if entry is None:  # the store lost the round: the state check says so
-            return {}
-        node = str(json.loads(entry)["node"])
-        return {self.keys.heartbeat(node): node}
+        ranks = {(current.rank + step) % current.size for step in range(1, WATCHED + 1)}
+        ranks.discard(current.rank)
+        keys = [self.keys.round(current.generation, f"node/{rank}") for rank in sorted(ranks)]
+        nodes = [
+            str(json.loads(entry)["node"])
+            for entry in await self.store.multi_get(keys)
+            if entry is not None
+        ]  # (gone: the store lost the round; the check says so)
+        return {self.keys.heartbeat(node): node for node in nodes}
 
     async def _state(self, members: dict[str, str]) -> str:
         """Why the round is over already ('' if it is not). Fills ``members`` with the

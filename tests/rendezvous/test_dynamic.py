@@ -141,6 +141,26 @@ async def test_a_node_joins_a_round_in_five_store_requests(store):
     await shutdown_all(*nodes)
 
 
+async def test_a_lost_member_is_noticed_while_its_predecessor_waits_in_the_exit_barrier(store):
+    """Rank 0's workers finished: it waits in the exit barrier, not watching. Rank 1 dies;
+    ranks 2 and 3 watch it too (each member watches the next three), and end the round."""
+    nodes = [handler(store, nodes=(1, 4)) for _ in range(4)]
+    infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    by_rank = {info.group_rank: h for info, h in zip(infos, nodes, strict=True)}
+    barrier = asyncio.create_task(by_rank[0].exit_barrier())
+    watches = [asyncio.create_task(by_rank[r].round_over()) for r in (2, 3)]
+    lost = by_rank[1]
+    assert lost._membership is not None and lost._rounds is not None
+    await lost._membership.stop()
+    lost._rounds.release()
+    reasons = await asyncio.wait_for(asyncio.gather(*watches), 10)
+    assert f"node {lost.node_id} left (no heartbeat)" in reasons
+    barrier.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await barrier
+    await shutdown_all(by_rank[0], by_rank[2], by_rank[3])
+
+
 async def test_a_round_sealed_by_an_older_agentd_is_a_clear_error(store):
     """Agents before the round summary sealed a round with its member count alone."""
     await store.set("agentd/job/round/0/sealed", b"2")
