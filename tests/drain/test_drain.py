@@ -41,6 +41,9 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGTERM",
                          "--event-log", str(tmp_path / "events.jsonl"), *job, env=env)  # fmt: skip
     wait_until(lambda: len(starts(out, 0)) == 6, what="a job of three nodes, six ranks")
+    # ... and the leaving agent done starting them (a stop signal before that stops at once)
+    wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(),
+               what="the leaving agent's workers")  # fmt: skip
 
     leaving.proc.send_signal(signal.SIGTERM)
     assert leaving.wait(60) == 128 + signal.SIGTERM, leaving.stderr()[-3000:]

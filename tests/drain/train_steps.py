@@ -2,7 +2,10 @@
 
 ``train_steps.py OUT_DIR STOP_FILE``: every rank resumes from the newest checkpoint in
 OUT_DIR (``ckpt_<rank>`` holds the step), steps every 10 ms, calls agentd.heartbeat(), and
-on agentd.checkpoint_requested() saves and confirms. It notes each start
+on agentd.checkpoint_requested() saves and confirms. The ranks step in lockstep, as ranks
+joined by collectives do: no rank starts a step before every rank has finished the last
+one (through ``steps_<attempt>/<rank>`` files). That is the job a drain's promise is made
+for: every rank checkpoints at the same step. It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
 """
@@ -33,13 +36,43 @@ def read(name: str) -> dict:
         return json.load(fp)
 
 
+lockstep = os.path.join(out, f"steps_{host}{attempt}")
+os.makedirs(lockstep, exist_ok=True)
+
+
+def finished(step: int) -> None:
+    path = os.path.join(lockstep, str(rank))
+    with open(path + ".tmp", "w") as fp:
+        fp.write(str(step))
+    os.replace(path + ".tmp", path)
+
+
+def finished_by(peer: int) -> int:
+    try:
+        with open(os.path.join(lockstep, str(peer))) as fp:
+            return int(fp.read())
+    except FileNotFoundError:
+        return -1
+
+
+def wait_for_every_rank(step: int) -> None:
+    """Return once every rank has finished ``step`` (or the job is stopping)."""
+    while not os.path.exists(stop):
+        if all(finished_by(peer) >= step for peer in range(world)):
+            return
+        time.sleep(0.003)
+
+
 saved = [read(n) for n in os.listdir(out) if n.startswith("ckpt_") and not n.endswith(".tmp")]
 step = max((s["step"] for s in saved), default=0)
 write(f"start_{host}{attempt}_{rank}", {"world": world, "resumed_at": step})
+finished(step)
 while not os.path.exists(stop):
+    wait_for_every_rank(step)
     time.sleep(0.01)
     step += 1
     agentd.heartbeat()
     if agentd.checkpoint_requested():
         write(f"ckpt_{host}{attempt}_{rank}", {"step": step, "at": time.time(), "world": world})
         agentd.checkpoint_saved()
+    finished(step)
