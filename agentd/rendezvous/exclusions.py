@@ -1,9 +1,9 @@
 """Nodes that keep themselves out of a job (their node checks failed), as the store tells.
 
 An excluded agent puts why under ``excluded/<node>`` (:mod:`agentd.rendezvous.keys`) for as
-long as its cooldown lasts. The agent that seals a round looks up the members of the last
-sealed round that are missing from the new one (:func:`missing_with_reasons`); their
-exclusions travel in the round's summary, so every member's :class:`Exclusions` says why
+long as its cooldown lasts. The agent that seals a round looks up the exclusions of the
+members of the last sealed round that are missing from the new one (:func:`exclusions_of`);
+they travel in the round's summary, so every member's :class:`Exclusions` says why
 the world is smaller, in the log and in ``/status``, without a request of its own.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.rendezvous.keys import RunKeys
-from agentd.store.api import Store, StoreError
+from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +48,12 @@ class Exclusions:
                         doc.get("reason", "?"))  # fmt: skip
 
 
-LOOK_BACK = 2
-"""Rounds before the new one searched for the last sealed one (older ones are deleted)."""
-
-
-async def missing_with_reasons(
-    store: Store, keys: RunKeys, generation: int, nodes: Sequence[Mapping[str, Any]],
-    run_id: str,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """The exclusions of the members of the last sealed round before ``generation`` that
-    are not among ``nodes`` (the new round's entries), by node id. Store trouble costs
-    the report, never the round."""
-    try:
-        for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
-            sealed = await store.get(keys.round(earlier, "sealed"))
-            if sealed is None or sealed == b"0":
-                continue
-            size = int(json.loads(sealed)["size"])
-            entries = [keys.round(earlier, f"node/{i}") for i in range(size)]
-            members = {str(json.loads(v)["node"]) for v in await store.multi_get(entries) if v}
-            missing = sorted(members - {str(n.get("node")) for n in nodes})
-            if not missing:
-                return {}
-            values = await store.multi_get([keys.excluded(node) for node in missing])
-            return {node: json.loads(v) for node, v in zip(missing, values, strict=True) if v}
-    except (StoreError, ValueError, KeyError, TypeError) as exc:
-        log.debug("Rendezvous %s: could not read exclusions: %s", run_id, exc)
-    return {}
+async def exclusions_of(
+    store: Store, keys: RunKeys, nodes: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """The exclusions the store holds for ``nodes``, by node id (a node without one is
+    left out)."""
+    if not nodes:
+        return {}
+    values = await store.multi_get([keys.excluded(node) for node in nodes])
+    return {node: json.loads(v) for node, v in zip(nodes, values, strict=True) if v}

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentd.exceptions import StartError
-from agentd.rendezvous.api import RendezvousClosedError
-from agentd.rendezvous.exclusions import missing_with_reasons
+from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
+from agentd.rendezvous.exclusions import exclusions_of
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.static import reserve_port
 from agentd.rendezvous.summary import RoundSummary, decode, encode, summarize
-from agentd.store.api import Store, StoreTimeout
+from agentd.store.api import Store, StoreError, StoreTimeout
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ REPORT = 30.0
 """Longest single watch; the servers cap long polls at a minute."""
 ENDED = b"0"
 """The ``sealed`` value of a round that ended before it was sealed."""
+LOOK_BACK = 2
+"""Rounds before a new one searched for the last sealed one (older ones are deleted)."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,16 @@ class Round:
 
     generation: int
     rank: int
-    size: int
     summary: RoundSummary
     revision: int
     """A store revision from before the round was sealed, and after this agent joined it:
     watch for the round's end after it."""
     mine: bytes
     """Our own node entry, as written: gone from the store means the store lost the round."""
+
+    @property
+    def size(self) -> int:
+        return self.summary.size
 
 
 def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
@@ -178,7 +183,7 @@ class Rounds:
                 await self._end_if_abandoned(generation, size)
             await self.wait_for_generation_after(generation)
             return None
-        return Round(generation, rank, size, summary, revision, mine)
+        return Round(generation, rank, summary, revision, mine)
 
     async def _seal(self, generation: int, count: int) -> bytes | None:
         """Seal round ``generation`` with its first ``count`` arrivals as members: their
@@ -199,7 +204,7 @@ class Rounds:
                 return await store.get(sealed_key)
             values = await store.multi_get(entries)
         nodes = [json.loads(value or b"{}") for value in values]
-        excluded = await missing_with_reasons(store, keys, generation, nodes, self._run_id)
+        excluded = await self._excluded(generation, {str(node.get("node")) for node in nodes})
         _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
         return held
 
@@ -280,8 +285,26 @@ class Rounds:
     async def member_ids(self, current: Round) -> list[str]:
         """The node ids of ``current``'s members, by group rank: N entries read, for the
         rare uses that need them all (a drain, the serving agent's departure)."""
-        keys = [self._keys.round(current.generation, f"node/{i}") for i in range(current.size)]
+        return await self._node_ids(current.generation, current.size)
+
+    async def _node_ids(self, generation: int, size: int) -> list[str]:
+        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
         return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
+
+    async def _excluded(self, generation: int, members: set[str]) -> dict[str, Any]:
+        """The exclusions of the members of the last sealed round before ``generation``
+        missing from ``members`` (the new round's node ids). Store trouble costs the
+        report, never the round."""
+        try:
+            for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
+                sealed = await self._store.get(self._keys.round(earlier, "sealed"))
+                if sealed is not None and sealed != ENDED:
+                    before = await self._node_ids(earlier, decode(sealed).size)
+                    gone = sorted(set(before) - members)
+                    return await exclusions_of(self._store, self._keys, gone)
+        except (StoreError, RendezvousStateError, ValueError, KeyError) as exc:
+            log.debug("Rendezvous %s: could not read exclusions: %s", self._run_id, exc)
+        return {}
 
     async def advance(self, generation: int, reason: str) -> None:
         """End round ``generation`` (if it is still the current one) for every agent, and

@@ -53,3 +53,34 @@ async def test_waiters_that_time_out_leave_nothing_behind():
     assert all(isinstance(o, TimeoutError) for o in outcomes)
     assert store.waiting == 0  # no registration outlives its waiter
     await store.close()
+
+
+async def test_watches_read_the_history_as_a_full_scan_would_through_eviction_and_trims():
+    """The per-prefix index (bisection instead of a scan) keeps up with every change,
+    drops prefixes past its limit and trims what the history let go; every answer still
+    equals a scan of the history."""
+    from agentd.store import watch_index
+
+    store = MemoryStore(history=300, stall_guard=False)
+    cold = [f"cold/{i}/" for i in range(watch_index.PREFIXES + 10)]
+    hot = [f"hot/{i}/" for i in range(4)]
+
+    def check(prefix: str, back: int) -> None:
+        history = store._history
+        after = history[0].revision - 1 + back  # from the oldest event the history holds on
+        got = store.changes_since(prefix, after)
+        assert not got.compacted
+        assert got.events == tuple(
+            e for e in history if e.revision > after and e.key.startswith(prefix)
+        )
+
+    for i in range(3 * watch_index.TRIM_EVERY):
+        prefix = hot[i % len(hot)] if i % 2 else cold[i * 7 % len(cold)]
+        await store.set(f"{prefix}k{i % 3}", str(i).encode())
+        if i % 97 == 0:
+            await store.delete(f"{prefix}k{(i + 1) % 3}")
+        for back in (0, i % 40):  # indexed, then kept up to date change by change
+            check(hot[i % len(hot)], back)
+        if i % 50 == 0:
+            check(cold[i % len(cold)], i % 40)  # more prefixes than the index keeps
+    assert store.changes_since("hot/", 0).compacted  # older than the history: re-read
