@@ -8,6 +8,8 @@ Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import gc
 import json
 import logging
@@ -37,8 +39,37 @@ log = logging.getLogger("agentd")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, sized without importing shutil.
+
+    argparse builds a formatter per option it adds (to check the metavar), and each one it
+    sizes through ``shutil.get_terminal_size``: importing shutil and asking the terminal 90
+    times was most of the time ``agentd run`` spent building its parser."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:  # fmt: skip
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+@functools.cache
+def _columns() -> int:
+    """The terminal's width as shutil finds it: $COLUMNS, else stdout's terminal, else 80."""
+    with contextlib.suppress(KeyError, ValueError):
+        if (columns := int(os.environ["COLUMNS"])) > 0:
+            return columns
+    stdout = sys.__stdout__
+    if stdout is not None:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            return os.get_terminal_size(stdout.fileno()).columns or 80
+    return 80
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so every error is one line and exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(message)
@@ -158,7 +189,6 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     import asyncio
 
     from agentd.config.build import local_agent
-    from agentd.reports.error_file import copy_error_file
     from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.workers.env import SIGNALS_ENV
 
@@ -185,6 +215,8 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
         log.error("%s", agent.failure_report())
         if agent.result_written:
             log.error("Failure report written to %s", agent.result_file.path)
+        from agentd.reports.error_file import copy_error_file
+
         root = result.root_cause
         if root is not None and copy_error_file(root.error_file):  # for a launcher above us
             log.info("Root cause's error file copied to $TORCHELASTIC_ERROR_FILE")

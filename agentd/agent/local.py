@@ -39,6 +39,7 @@ from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
+from agentd.support.tempdirs import private_dir
 from agentd.tcpstore.placement import agent_serves_store
 from agentd.tcpstore.service import WorkerStoreService
 from agentd.timer.server import WatchdogSettings
@@ -121,12 +122,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         super().__init__(spec, exit_barrier_timeout)
         self.start_method = start_method
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
-        if log_dir:
-            base = Path(log_dir)
-        else:
-            import tempfile  # only for the default: it is slow to import
-
-            base = Path(tempfile.mkdtemp(prefix="agentd_"))
+        base = Path(log_dir) if log_dir else Path(private_dir("agentd_"))
         self.log_dir = base
         self.run_dir = base / self.run_id
         self.hostname = socket.gethostname()
@@ -304,6 +300,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
 
             self._oom = OomWatch()
         self._oom.arm()  # after the spawns: the first worker need not wait for it
+        if self.attempt == 0:
+            self._watchdog.sweep_stale_pipes()  # after them too
         if self._gate is not None:
             self._gate.spawned()
         self._heartbeats.started(group, started)

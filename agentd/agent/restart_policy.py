@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,10 +52,15 @@ class RestartBackoff:
         jitter = numbers[3] if len(numbers) > 3 else 0.1
         return cls(initial, maximum, factor, jitter)
 
-    def delay(self, consecutive_failures: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to wait before the restart that follows ``consecutive_failures`` failures."""
+    def delay(self, consecutive_failures: int, rand: Callable[[], float] | None = None) -> float:
+        """Seconds to wait before the restart that follows ``consecutive_failures`` failures
+        (``rand``: a uniform draw in [0, 1), by default :func:`random.random`)."""
         if self.initial == 0 or consecutive_failures < 1:
             return 0.0
+        if rand is None:
+            import random  # here: only a backoff draws, and its import costs every launch
+
+            rand = random.random
         base = min(self.maximum, self.initial * self.factor ** (consecutive_failures - 1))
         spread = base * self.jitter * (2 * rand() - 1)
         return max(0.0, min(self.maximum, base + spread))

@@ -14,7 +14,6 @@ import signal
 import time
 from typing import Any
 
-from agentd.agent.decide import Action, Situation, decide
 from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.agent.torch_internals import TorchInternals, fq_hostname
@@ -218,6 +217,8 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
             self.rdzv_handler.get_backend(),
         )
         await self._initialize_workers(group)
+        from agentd.agent.decide import Action, Situation, decide  # off the launch path
+
         event_driven = is_agentd_step(self._monitor_workers)
         while True:
             if not event_driven:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
 from agentd.rendezvous.api import RoleInstanceInfo
-from agentd.reports.events import Event, EventSource, record
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler
+    from agentd.reports.events import Event, EventSource
     from agentd.spec import WorkerSpec
 
 ROLE_INFO_KEY = "torchelastic/role_info/{}"
@@ -75,19 +75,21 @@ class TorchInternals:
         """One ``torchelastic.worker.status.<STATE>`` event per worker, as torch's: the
         group's state for a worker that failed or returned, ``TERMINATED`` for one stopped
         because others failed."""
+        from agentd.reports import events  # at the end of a run, off the launch path
+
         group = self._worker_group
         failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
         for worker in group.workers:
             failure = result.failures.get(worker.global_rank)
             state = "TERMINATED" if failed and failure is None else result.state.value
             if failure is None:
-                event = self._construct_event(state, EventSource.WORKER, worker)
+                event = self._construct_event(state, "WORKER", worker)
             else:
                 event = self._construct_event(
-                    state, EventSource.WORKER, worker, json.dumps(failure.error_file_data),
+                    state, "WORKER", worker, json.dumps(failure.error_file_data),
                     exit_code=failure.exitcode, worker_pid=failure.pid,
                 )  # fmt: skip
-            record(event, group.spec.event_log_handler)
+            events.record(event, group.spec.event_log_handler)
 
     def _construct_event(
         self,
@@ -126,15 +128,17 @@ class TorchInternals:
             "agent_restarts": spec.max_restarts - self._remaining_restarts,
             "duration_ms": duration_ms,
         }
+        from agentd.reports.events import Event, EventSource
+
         return Event(f"torchelastic.worker.status.{state}", EventSource(source), metadata=metadata)
 
     def get_event_succeeded(self) -> Event:
         """The agent's run ended (whatever its workers did): what torch's launcher records."""
-        return self._construct_event("SUCCEEDED", EventSource.AGENT)
+        return self._construct_event("SUCCEEDED", "AGENT")
 
     def get_event_failed(self) -> Event:
         """The agent's run raised: what torch's launcher records."""
-        return self._construct_event("FAILED", EventSource.AGENT, raw_error=_current_error())
+        return self._construct_event("FAILED", "AGENT", raw_error=_current_error())
 
     def _assign_worker_ranks(
         self, store: Any, group_rank: int, group_world_size: int, spec: WorkerSpec

@@ -16,6 +16,7 @@ from agentd.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
+    from agentd.health.settings import HealthSettings
     from agentd.nodecheck.gate import NodeGate
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,6 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     own settings object, never the whole config)."""
     from agentd.agent.local import LocalElasticAgent
     from agentd.drain.settings import DrainSettings
-    from agentd.health.settings import HealthSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.timer.server import WatchdogSettings
 
@@ -90,11 +90,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
             dump_grace=config.timer_dump_grace,
             uninterruptible_timeout=config.uninterruptible_timeout,
         ),
-        health=None
-        if config.health_port is None
-        else HealthSettings(
-            config.health_port, config.health_host, config.health_timeout, config.store_token
-        ),
+        health=_health(config),
         event_log=config.event_log,
         heartbeats=HeartbeatSettings(
             initial_timeout=config.initial_heartbeat_timeout,
@@ -109,6 +105,16 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
         inprocess_park_timeout=config.inprocess_park_timeout,
     )
+
+
+def _health(config: AgentConfig) -> HealthSettings | None:
+    """The health endpoint's settings, if ``--health-port`` asked for one."""
+    if config.health_port is None:
+        return None
+    from agentd.health.settings import HealthSettings
+
+    return HealthSettings(config.health_port, config.health_host, config.health_timeout,
+                          config.store_token)  # fmt: skip
 
 
 def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:

@@ -242,15 +242,16 @@ def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int
 
 def check_script(config: AgentConfig, cwd: str | None = None) -> None:
     """Fail before anything starts when the script, module or executable is not there."""
-    import shutil
-
     cwd = cwd or os.getcwd()
     script = config.script
     if config.no_python:
         if os.sep in script:
             if not os.access(os.path.join(cwd, script), os.X_OK):
                 raise ConfigError(f"script: {script!r} is not an executable file")
-        elif shutil.which(script) is None:
+            return
+        import shutil  # only here: it is slow to import
+
+        if shutil.which(script) is None:
             raise ConfigError(f"script: {script!r} is not on PATH")
         return
     if config.module:

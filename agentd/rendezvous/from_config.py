@@ -19,11 +19,11 @@ from agentd.rendezvous.conf import (
     settings_from_conf,
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-from agentd.rendezvous.static import StaticRendezvous
 from agentd.store.connect import StoreOpener
 
 if TYPE_CHECKING:
     from agentd.config.resolve import AgentConfig
+    from agentd.rendezvous.static import StaticRendezvous
 
 TORCHRUN_MASTER_PORT = 29500
 _ALIASES = {"c10d": "agentd", "etcd-v2": "etcd"}
@@ -59,6 +59,8 @@ def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) ->
 def _static(
     config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> StaticRendezvous:
+    from agentd.rendezvous.static import StaticRendezvous
+
     low, high = config.nnodes
     if low != high:
         raise ConfigError(f"--nnodes: '{low}:{high}' needs an elastic backend "

@@ -19,7 +19,6 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -28,14 +27,21 @@ DEFAULT_GROUP = "torchelastic"
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True)
 class MetricData:
-    """One published value (torch's ``MetricData``)."""
+    """One published value (torch's ``MetricData``: a plain record, as torch's is; not a
+    dataclass, whose generated methods would cost every launch half a millisecond)."""
 
-    timestamp: float
-    group_name: str
-    name: str
-    value: float
+    __slots__ = ("group_name", "name", "timestamp", "value")
+
+    def __init__(self, timestamp: float, group_name: str, name: str, value: float) -> None:
+        self.timestamp = timestamp
+        self.group_name = group_name
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return (f"MetricData(timestamp={self.timestamp!r}, group_name={self.group_name!r}, "
+                f"name={self.name!r}, value={self.value!r})")  # fmt: skip
 
 
 class MetricHandler(abc.ABC):
@@ -103,11 +109,13 @@ class MetricStream:
         self.handler.emit(MetricData(time.time(), self.group_name, metric_name, metric_value))
 
 
-@dataclass
 class MetricsConfig:
     """torch's metrics configuration (``params`` for a handler); agentd needs none."""
 
-    params: dict[str, str] | None = None
+    __slots__ = ("params",)
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        self.params = params
 
 
 def initialize_metrics(cfg: MetricsConfig | None = None) -> None:

@@ -250,13 +250,11 @@ class FifoSource:
         from agentd.exceptions import StartError
 
         if self._requested_path is None:
-            import tempfile
-
-            sweep_stale_pipe_dirs(tempfile.gettempdir())
             from agentd.hygiene.orphans import process_start_ticks
+            from agentd.support.tempdirs import private_dir
 
             owner = f"{os.getpid()}.{process_start_ticks(os.getpid())}"
-            self._created_dir = tempfile.mkdtemp(prefix=f"{PIPE_DIR_PREFIX}{owner}-")
+            self._created_dir = private_dir(f"{PIPE_DIR_PREFIX}{owner}-")
             self.path = os.path.join(self._created_dir, "timer.fifo")
         else:
             self.path = os.path.abspath(self._requested_path)

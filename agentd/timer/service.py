@@ -108,6 +108,16 @@ class Watchdog:
             )
             await self._hang_monitor.start()
 
+    def sweep_stale_pipes(self) -> None:
+        """Remove the pipe directories of agents that died before their guardian could (see
+        :func:`~agentd.timer.file_pipe.sweep_stale_pipe_dirs`), if ours is one such: called
+        once our first workers run, as it scans the whole temporary folder."""
+        if self.timer_server.private_dir:
+            from agentd.support.tempdirs import temp_root
+            from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+
+            sweep_stale_pipe_dirs(temp_root())
+
     async def stop(self) -> None:
         if self._hang_monitor is not None:
             await self._hang_monitor.stop()

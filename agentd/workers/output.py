@@ -272,8 +272,8 @@ def disk_problem(path: Path | None, exc: OSError) -> None:
 def prune_attempts(run_dir: Path, current: int, keep: int) -> list[int]:
     """Delete attempt directories but the first and the last ``keep`` (0: keep them all),
     so a crash-looping job's log dir stops growing; returns the attempts deleted."""
-    if keep <= 0:
-        return []
+    if keep <= 0 or current <= keep:
+        return []  # none old enough, as on every launch
     import shutil  # only here: it pulls in the compression modules
 
     doomed = []
