@@ -107,3 +107,20 @@ def test_existing_file_at_timer_path_refused_exit_3(run_agentd, tmp_path):
     assert agent.wait() == 3
     assert "refusing to use or delete it" in agent.stderr()
     assert precious.read_text() == "keep me"
+
+
+def test_an_agent_sweeps_the_pipe_dirs_dead_agents_left(run_agentd, tmp_path):
+    """The sweep runs once the agent's first workers run: a dead agent's pipe directory
+    goes, the agent's own works and is removed at its exit as always."""
+    import os
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    temp = tmp_path / "temp"
+    stale = temp / f"agentd-timer-{gone.pid}.12345-abc"
+    stale.mkdir(parents=True)
+    os.mkfifo(stale / "timer.fifo")
+    agent = run_agentd("--file-timer", WORKER, "ok", env={"TMPDIR": str(temp)})
+    assert agent.wait(timeout=60) == 0, agent.stderr()
+    assert not stale.exists()
+    assert list(temp.iterdir()) == []  # its own pipe directory went at exit
