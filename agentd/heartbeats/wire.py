@@ -23,7 +23,7 @@ import functools
 import json
 import math
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 VERSION = 2
 KINDS = ("beat", "enter", "exit", "done", "drain", "saved")
@@ -36,8 +36,7 @@ class BadMessage(ValueError):
     """A version-2 line that is not a valid progress message (the text names the rule)."""
 
 
-@dataclass(frozen=True)
-class ProgressMessage:
+class ProgressMessage(NamedTuple):
     """One progress event of worker process ``pid`` (see the module's docstring)."""
 
     pid: int

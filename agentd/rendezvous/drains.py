@@ -20,8 +20,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.api import Store
@@ -30,8 +29,7 @@ POLL = 5.0
 """Seconds a watch waits before looking again (a change wakes it at once)."""
 
 
-@dataclass(frozen=True)
-class DrainRequest:
+class DrainRequest(NamedTuple):
     id: int
     node: str
     reason: str

@@ -20,8 +20,7 @@ import asyncio
 import json
 import logging
 import socket
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.exceptions import StartError
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
@@ -44,8 +43,7 @@ LOOK_BACK = 2
 """Rounds before a new one searched for the last sealed one (older ones are deleted)."""
 
 
-@dataclass(frozen=True)
-class RoundSettings:
+class RoundSettings(NamedTuple):
     """How long a round may wait to fill (``--nnodes`` and ``--rdzv-conf``)."""
 
     min_nodes: int
@@ -57,8 +55,7 @@ class RoundSettings:
     an agent silent that long is gone, and the round is ended."""
 
 
-@dataclass(frozen=True)
-class Round:
+class Round(NamedTuple):
     """A round this agent is a member of."""
 
     generation: int

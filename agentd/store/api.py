@@ -9,8 +9,7 @@ as a change, when not refreshed in time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from agentd.exceptions import AgentdError, StartError
 
@@ -49,8 +48,7 @@ class StoreTimeout(StoreError, TimeoutError):
     """A wait or watch ran out of time before its condition held."""
 
 
-@dataclass(frozen=True)
-class KeyEvent:
+class KeyEvent(NamedTuple):
     """One change: ``value`` None means the key was deleted (or its TTL ran out)."""
 
     key: str
@@ -58,8 +56,7 @@ class KeyEvent:
     revision: int
 
 
-@dataclass(frozen=True)
-class WatchResult:
+class WatchResult(NamedTuple):
     """What a watch saw: the changes after the asked revision, and the store's revision.
 
     ``compacted`` says the asked revision is older than the history the store keeps; the

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.exceptions import StartError
 from agentd.store.api import Store
@@ -19,8 +18,7 @@ from agentd.support.net import is_local_address
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class OpenedStore:
+class OpenedStore(NamedTuple):
     """A store a rendezvous runs on, and how to let go of it."""
 
     store: Store

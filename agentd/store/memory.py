@@ -21,7 +21,6 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
 from agentd.store.watch_index import PrefixIndex, Wakeups
@@ -84,11 +83,15 @@ def _size(key: str, value: bytes | None) -> int:
     return len(key) + (len(value) if value is not None else 0) + _EVENT_OVERHEAD
 
 
-@dataclass
 class _Item:
-    value: bytes
-    revision: int
-    expires_at: float | None
+    """A key's value, the revision that set it, and when it expires (None: never)."""
+
+    __slots__ = ("expires_at", "revision", "value")
+
+    def __init__(self, value: bytes, revision: int, expires_at: float | None) -> None:
+        self.value = value
+        self.revision = revision
+        self.expires_at = expires_at
 
 
 class MemoryStore:

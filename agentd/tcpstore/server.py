@@ -42,7 +42,7 @@ import collections
 import contextlib
 import logging
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentd.exceptions import StartError
 from agentd.support.ratelog import RateLimitedLog
@@ -57,8 +57,7 @@ STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 
 
-@dataclass(frozen=True)
-class StoreLimits:
+class StoreLimits(NamedTuple):
     """How much one workers' store takes."""
 
     max_connections: int = 4096

@@ -49,7 +49,8 @@ class WorkerStoreService:
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
         workers = group.spec.local_world_size
-        cap = fdlimits.listener_cap(StoreLimits.max_connections, fdlimits.raise_open_files_limit(),
+        cap = fdlimits.listener_cap(StoreLimits().max_connections,
+                                    fdlimits.raise_open_files_limit(),
                                     fdlimits.worker_reserve(workers), share=0.5)  # fmt: skip
         server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
         await server.start()

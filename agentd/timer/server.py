@@ -28,7 +28,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.support.aio import cancel_and_wait
 from agentd.support.sync_bridge import StartedInBackground
@@ -66,8 +66,7 @@ class WatchdogSettings:
     uninterruptible_timeout: float = 0.0
 
 
-@dataclass
-class _Entry:
+class _Entry(NamedTuple):
     request: TimerRequest
     deadline: float
     pgid: int | None

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.heartbeats.wire import ProgressMessage
 from agentd.hygiene import orphans
@@ -23,8 +22,7 @@ from agentd.timer.server import WatchdogSettings, signal_name
 from agentd.workers.processes import WorkerProcess
 
 
-@dataclass(frozen=True)
-class Unhealthy:
+class Unhealthy(NamedTuple):
     """Worker ``pid`` was found unhealthy at ``when`` (epoch seconds) because ``why``."""
 
     pid: int

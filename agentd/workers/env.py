@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentd.drain.control import CONTROL_ENV
 from agentd.group import Worker, WorkerGroup
@@ -37,8 +37,7 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class WorkerEnvContext:
+class WorkerEnvContext(NamedTuple):
     """What the agent knows that goes into every worker's environment."""
 
     run_id: str

@@ -6,15 +6,13 @@ every attempt has its own directory, so a restart never overwrites what came bef
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from agentd.support.ratelog import RateLimitedLog
 
@@ -28,8 +26,7 @@ def attempt_dir(run_dir: Path, attempt: int, local_rank: int) -> Path:
     return run_dir / f"attempt_{attempt}" / str(local_rank)
 
 
-@dataclass(frozen=True)
-class StreamRoute:
+class StreamRoute(NamedTuple):
     """Where one worker stream goes.
 
     ``inherit`` hands the agent's own descriptor to the worker (no copy at all); otherwise
@@ -83,8 +80,7 @@ def plan_route(
         return route
     if route.inherit:  # the lines must pass through the agent to be filtered
         route = StreamRoute(None, console)
-    return dataclasses.replace(
-        route,
+    return route._replace(
         duplicate_filters=tuple(f.encode() for f in duplicate_filters),
         duplicate_path=duplicate_path,
         duplicate_prefix=prefix.encode(),
