@@ -34,12 +34,20 @@ from agentd.rendezvous.api import (
     RoleInstanceInfo,
     is_agentd_handler,
 )
-from agentd.reports.metrics_api import put_metric
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
 
 log = logging.getLogger(__name__)
+
+
+def put_metric(metric_name: str, metric_value: float, metric_group: str = "torchelastic") -> None:
+    """torch's ``put_metric`` (:func:`agentd.reports.metrics_api.put_metric`), here where
+    torch's users patch it in its agent module; the metrics module loads at the first value,
+    at the end of a run, off the launch path."""
+    from agentd.reports import metrics_api
+
+    metrics_api.put_metric(metric_name, metric_value, metric_group)
 
 
 class ElasticAgent(abc.ABC):

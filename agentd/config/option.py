@@ -4,8 +4,7 @@ help and environment variables; the tables are in :mod:`agentd.config.options`."
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 ENV_PREFIXES = ("AGENTD_", "PET_")
 RDZV_BACKENDS = ("static", "agentd", "c10d", "etcd", "etcd-v2")
@@ -13,8 +12,7 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One setting: its field name (also the TOML key), its flags, parser and default."""
 
     name: str

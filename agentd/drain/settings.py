@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class DrainSettings:
+class DrainSettings(NamedTuple):
     signals: tuple[signal.Signals, ...] = ()
     """Stop signals that drain this node instead of stopping it at once."""
     timeout: float = 60.0

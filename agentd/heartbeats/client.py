@@ -34,11 +34,14 @@ from types import TracebackType
 from typing import IO
 
 from agentd.drain.client import tick as _drain_tick
-from agentd.heartbeats.wire import check_section_name, encode
+from agentd.heartbeats.wire import (
+    DUMP_SIGNAL_ENV,
+    PIPE_ENV,
+    STACK_FILE_ENV,
+    check_section_name,
+    encode,
+)
 
-PIPE_ENV = "AGENTD_PROGRESS_PIPE"
-STACK_FILE_ENV = "AGENTD_STACK_FILE"
-DUMP_SIGNAL_ENV = "AGENTD_DUMP_SIGNAL"
 SEND_INTERVAL = 0.25
 """Seconds between two heartbeat messages at most; the agent needs no more."""
 _SEND_INTERVAL_NS = int(SEND_INTERVAL * 1e9)

@@ -26,6 +26,12 @@ import signal
 from typing import NamedTuple
 
 VERSION = 2
+PIPE_ENV = "AGENTD_PROGRESS_PIPE"
+"""The worker's variable naming the pipe it writes these messages to."""
+STACK_FILE_ENV = "AGENTD_STACK_FILE"
+"""The worker's variable naming the file its stacks are dumped to (faulthandler)."""
+DUMP_SIGNAL_ENV = "AGENTD_DUMP_SIGNAL"
+"""The worker's variable naming the signal that dumps its stacks, when the agent has one."""
 KINDS = ("beat", "enter", "exit", "done", "drain", "saved")
 MAX_SECTION = 128
 MAX_STEPS = 1 << 53

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentd.exceptions import ConfigError
 
 
-@dataclass(frozen=True)
-class RendezvousSettings:
+class RendezvousSettings(NamedTuple):
     """How a dynamic rendezvous waits (seconds); ``--rdzv-conf`` sets the timeouts."""
 
     min_nodes: int = 1

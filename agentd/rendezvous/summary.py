@@ -23,33 +23,30 @@ import bisect
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 from agentd.rendezvous.api import RendezvousStateError, RoleInstanceInfo
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Group:
-    """``count`` consecutive members with the same role, worker count and kept ranks."""
+class Group(NamedTuple):
+    """``members`` consecutive members with the same role, worker count and kept ranks."""
 
     role: str
     nproc: int
     kept: tuple[int, ...]
-    count: int
+    members: int
 
 
-@dataclass(frozen=True)
-class RoundSummary:
+class RoundSummary(NamedTuple):
     """A sealed round of ``size`` members (see the module docstring)."""
 
     size: int
     master_addr: str
     master_port: int
     groups: tuple[Group, ...]
-    excluded: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    excluded: Mapping[str, dict[str, Any]]
 
     def role_infos(self) -> Sequence[RoleInstanceInfo]:
         """Every member's role info, by group rank (built on access, not stored)."""
@@ -81,7 +78,7 @@ def encode(summary: RoundSummary) -> bytes:
     doc: dict[str, Any] = {
         "size": summary.size,
         "master": [summary.master_addr, summary.master_port],
-        "groups": [[g.role, g.nproc, list(g.kept), g.count] for g in summary.groups],
+        "groups": [[g.role, g.nproc, list(g.kept), g.members] for g in summary.groups],
     }
     if summary.excluded:
         doc["excluded"] = summary.excluded
@@ -103,7 +100,7 @@ def decode(raw: bytes) -> RoundSummary:
             f"the round's sealed value {raw[:80]!r} is not a round summary ({exc}); do all "
             "agents of the job run the same agentd version?"
         ) from None
-    if summary.size < 1 or sum(g.count for g in groups) != summary.size:
+    if summary.size < 1 or sum(g.members for g in groups) != summary.size:
         raise RendezvousStateError(
             f"the round's sealed value {raw[:80]!r}: its groups do not add up to its size"
         )
@@ -115,7 +112,7 @@ class _ByRank(Sequence[T]):
 
     def __init__(self, groups: Sequence[Group], value: Any) -> None:
         self._groups = groups
-        self._starts = list(itertools.accumulate((g.count for g in groups), initial=0))
+        self._starts = list(itertools.accumulate((g.members for g in groups), initial=0))
         self._value = value
 
     def __len__(self) -> int:
@@ -150,6 +147,6 @@ class _ByRank(Sequence[T]):
     def __iter__(self) -> Iterator[T]:
         rank = 0
         for group in self._groups:
-            for _ in range(group.count):
+            for _ in range(group.members):
                 yield self._value(group, rank)
                 rank += 1

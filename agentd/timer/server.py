@@ -27,7 +27,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from agentd.support.aio import cancel_and_wait
@@ -49,8 +48,7 @@ MAX_TIMERS = 16384
 _FINE_SLEEP = 0.002
 
 
-@dataclass(frozen=True)
-class WatchdogSettings:
+class WatchdogSettings(NamedTuple):
     """How the agent's watchdog is set up (``agentd run`` flags of the same names).
 
     ``file_timer`` serves torch's named-pipe protocol at ``timer_file`` (None: a private

@@ -11,15 +11,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentd.heartbeats.wire import ProgressMessage
 from agentd.hygiene import orphans
 from agentd.timer.api import TimerRequest
-from agentd.timer.dstate import UninterruptibleMonitor
 from agentd.timer.file_server import FileTimerServer
 from agentd.timer.server import WatchdogSettings, signal_name
 from agentd.workers.processes import WorkerProcess
+
+if TYPE_CHECKING:
+    from agentd.timer.dstate import UninterruptibleMonitor
 
 
 class Unhealthy(NamedTuple):
@@ -99,6 +101,8 @@ class Watchdog:
     async def start(self) -> None:
         await self.timer_server.start_async()
         if self._settings.uninterruptible_timeout > 0:
+            from agentd.timer.dstate import UninterruptibleMonitor
+
             self._hang_monitor = UninterruptibleMonitor(
                 lambda: [p.pid for p in self._procs().values() if p.returncode is None],
                 self._settings.uninterruptible_timeout,

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from agentd.drain.control import CONTROL_ENV
 from agentd.group import Worker, WorkerGroup
-from agentd.heartbeats.client import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
+from agentd.heartbeats.wire import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 from agentd.hygiene import orphans
 from agentd.spec import WorkerSpec
 
