@@ -51,7 +51,6 @@ NOT_FOR_A_PLAIN_JOB = (
     "statistics",
     "tempfile",
     "agentd.health.settings",
-    "agentd.reports.error_file",
     "agentd.health.server",
     "agentd.support.http_site",
     "agentd.heartbeats.hang_watch",

@@ -301,7 +301,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self._oom = OomWatch()
         self._oom.arm()  # after the spawns: the first worker need not wait for it
         if self.attempt == 0:
-            self._watchdog.sweep_stale_pipes()  # after them too
+            self._after_first_start()
         if self._gate is not None:
             self._gate.spawned()
         self._heartbeats.started(group, started)
@@ -324,6 +324,13 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.run_dir / f"attempt_{self.attempt}",
         )
         return {p.local_rank: p.pid for p in started}
+
+    def _after_first_start(self) -> None:
+        """Once the first workers are spawned: sweep dead agents' pipe directories, and load
+        what a failure needs, so neither the launch nor the first restart waits for it."""
+        self._watchdog.sweep_stale_pipes()
+        import agentd.reports.error_file
+        import agentd.reports.metrics_api  # noqa: F401
 
     async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
         with self._inprocess.restarting():
