@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentd.exceptions import StartError
 from agentd.store.api import Store
 from agentd.store.memory import MemoryStore
 from agentd.support.net import is_local_address
+
+if TYPE_CHECKING:
+    from agentd.store.server import StoreServer
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def _connection_cap(workers: int) -> int:
     """The connections a store served by this agent may take: what it can spare beside
     its ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
     from agentd.hygiene import fdlimits
-    from agentd.store.server import MAX_CONNECTIONS
+    from agentd.store.wire import MAX_CONNECTIONS
 
     soft = fdlimits.raise_open_files_limit()
     reserve = fdlimits.worker_reserve(workers)
@@ -94,13 +97,14 @@ def http_store_opener(
     async def open_store() -> OpenedStore:
         from agentd.store.candidacy import Candidacy
         from agentd.store.failover import FailoverStore
-        from agentd.store.server import StoreServer
         from agentd.store.standby import Standby
         from agentd.support.net import endpoint_text
 
         where = endpoint_text(host, port)
         server: StoreServer | None = None
         if is_host:
+            from agentd.store.server import StoreServer  # aiohttp's server: hosts only
+
             candidacy = Candidacy((where,), 0, token or "", growing=True) if port else None
             server = StoreServer(host, port, token, max_connections=_connection_cap(workers),
                                  candidacy=candidacy)  # fmt: skip

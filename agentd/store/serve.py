@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from agentd.hygiene import fdlimits
 from agentd.store.candidacy import Candidacy
-from agentd.store.server import MAX_CONNECTIONS, StoreServer
+from agentd.store.server import StoreServer
+from agentd.store.wire import MAX_CONNECTIONS
 from agentd.support.ratelog import rate_limited_loop_errors
 
 log = logging.getLogger(__name__)

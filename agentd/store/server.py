@@ -31,6 +31,7 @@ from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     CANDIDATES_HEADER,
     INSTANCE_HEADER,
+    MAX_CONNECTIONS,
     NOT_SERVING,
     TERM_HEADER,
 )
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 << 20
-MAX_CONNECTIONS = 16384
-"""About three per agent at once (a long poll, a heartbeat, an operation): 5,000 agents
-(fewer when the open-files limit is lower; see :mod:`agentd.hygiene.fdlimits`)."""
 GC_YOUNG = 10_000
 """Allocations between two young collections while a store serves (Python's default is
 700): every request allocates a few hundred objects, and a 4,096-node rendezvous spent a

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.store.api import StoreError
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES
 from agentd.store.failover import FailoverStore
-from agentd.store.server import StoreServer
 from agentd.support.aio import cancel_and_wait
 from agentd.support.net import endpoint_text, route_source, split_endpoint
+
+if TYPE_CHECKING:
+    from agentd.store.server import StoreServer
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,8 @@ class Standby:
     async def _listen(
         self, host: str, port: int, candidacy: Candidacy, token: str
     ) -> StoreServer | None:
+        from agentd.store.server import StoreServer  # aiohttp's server: once standing by
+
         for each in dict.fromkeys((port, 0)):
             server = StoreServer(host, each, token, candidacy=candidacy,
                                  max_connections=self._max_connections)  # fmt: skip
