@@ -6,6 +6,7 @@ import sys
 
 PRELOADED = "torch" in sys.modules
 
+import gc  # noqa: E402
 import os  # noqa: E402
 
 import torch  # noqa: E402
@@ -34,4 +35,6 @@ if rank == 0:
     weight = model.module.weight.detach().flatten().tolist()
     print(f"learned weight {[round(w, 2) for w in weight]} (restart {restart})", flush=True)
 dist.barrier()
+del model, optimizer  # as examples/train.py: gloo's work freed before the interpreter's exit
+gc.collect()
 dist.destroy_process_group()
