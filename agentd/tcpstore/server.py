@@ -57,10 +57,14 @@ STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
 
 
+MAX_CONNECTIONS = 4096
+"""Connections one workers' store takes at most (before the open-files limit's share)."""
+
+
 class StoreLimits(NamedTuple):
     """How much one workers' store takes."""
 
-    max_connections: int = 4096
+    max_connections: int = MAX_CONNECTIONS
     max_key: int = 64 << 10
     max_value: int = 64 << 20
     max_keys: int = 1 << 17

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReservesMasterPort
 from agentd.tcpstore.placement import agent_serves_store
-from agentd.tcpstore.server import StoreLimits, TCPStoreServer
+from agentd.tcpstore.server import MAX_CONNECTIONS, StoreLimits, TCPStoreServer
 
 if TYPE_CHECKING:
     from agentd.group import WorkerGroup
@@ -49,8 +49,7 @@ class WorkerStoreService:
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
         workers = group.spec.local_world_size
-        cap = fdlimits.listener_cap(StoreLimits().max_connections,
-                                    fdlimits.raise_open_files_limit(),
+        cap = fdlimits.listener_cap(MAX_CONNECTIONS, fdlimits.raise_open_files_limit(),
                                     fdlimits.worker_reserve(workers), share=0.5)  # fmt: skip
         server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
         await server.start()
