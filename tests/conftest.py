@@ -19,6 +19,8 @@ import pytest
 
 from agentd.hygiene import orphans
 
+pytest_plugins = ["tests.helpers.socket_leaks"]
+
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "workers" / "worker.py")
 DEADLINE = 20.0

@@ -1,0 +1,57 @@
+"""A pytest plugin: a test that leaves an asyncio socket open after its event loop closed
+fails itself, naming the peer and where the socket was opened.
+
+Without it, such a socket is found later by the garbage collector, in whichever test a
+full collection happens to run, as an unraisable ResourceWarning that
+``filterwarnings = error`` turns into a failure of an unrelated test (CI once failed a
+``--preload`` test for a socket left by a store test, one suite in six).
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+import weakref
+from asyncio import selector_events
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_transports: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _tracked(init: Any) -> Any:
+    @functools.wraps(init)
+    def track(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._opened_at = traceback.format_stack(limit=16)[:-1]
+        _transports.add(self)
+
+    return track
+
+
+selector_events._SelectorSocketTransport.__init__ = _tracked(  # type: ignore[method-assign]
+    selector_events._SelectorSocketTransport.__init__
+)
+
+
+def left_open() -> list[Any]:
+    """Socket transports whose loop is closed while their socket is not."""
+    return [t for t in list(_transports) if t._sock is not None and t._loop.is_closed()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    leaked = left_open()
+    if not leaked:
+        return
+    lines = []
+    for transport in leaked:
+        peer = transport.get_extra_info("peername")
+        lines.append(f"{transport!r} to {peer}, opened at:\n{''.join(transport._opened_at)}")
+        transport._sock.close()  # closed here, so no later test is blamed for it
+        transport._sock = None
+    pytest.fail(f"{item.nodeid} left {len(leaked)} socket(s) open after its event loop "
+                f"closed:\n" + "\n".join(lines), pytrace=False)  # fmt: skip

@@ -1,0 +1,51 @@
+"""The socket-leak plugin fails the test that left a socket open, and only that test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+INNER = """
+import asyncio, socket
+
+def test_leaks():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()  # never accepts, never reads
+
+    async def send_and_close() -> None:
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        writer.write(b"x" * (64 << 20))  # far more than the kernel buffers take
+        writer.close()  # closing: the transport still has bytes to flush
+
+    asyncio.run(send_and_close())
+    listener.close()
+
+def test_after():
+    pass
+"""
+
+
+def test_the_test_that_leaves_a_socket_open_fails_and_the_next_one_does_not(tmp_path):
+    (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nfilterwarnings = error\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.helpers.socket_leaks",
+         "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "2 passed, 1 error" in out.stdout, out.stdout
+    assert "ERROR at teardown of test_leaks" in out.stdout
+    assert "test_inner.py::test_leaks left 1 socket(s) open after its event loop closed" in (
+        out.stdout
+    )
+    assert "_SelectorSocketTransport closing" in out.stdout
+    assert "in send_and_close" in out.stdout  # where it was opened
