@@ -15,8 +15,8 @@ called without an active exception") at interpreter exit.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from report_files import write_report
-from run_control import end_run
+from run_control import end_run, tally
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
 TEARDOWN = ("    del model, optimizer\n", "    gc.collect()  # the model's reference cycles too\n")
@@ -96,19 +96,10 @@ def main() -> None:
             script = without_teardown(Path(tmp)) if args.without_teardown else EXAMPLE
             print(f"{args.runs} quick starts ({script.name}) per launcher, {args.hogs} busy "
                   f"loop(s) beside them")  # fmt: skip
-            print(f"{'launcher':<10} {'succeeded':>10} {'median s':>9}")
+            print(f"{'launcher':<14} {'succeeded':>10} {'median s':>9}")
             for name in launchers:
-                ok, walls, first_failure = 0, [], ""
-                for run in range(args.runs):
-                    good, wall, tail = run_job(LAUNCHERS[name], script, run, args.timeout)
-                    ok += good
-                    walls.append(wall)
-                    if not good and not first_failure:
-                        first_failure = f"run {run}: {tail}"
-                median = statistics.median(walls)
-                print(f"{name:<10} {f'{ok}/{args.runs}':>10} {median:>9.2f}", flush=True)
-                if first_failure:
-                    print("  first failure: " + first_failure.replace("\n", "\n    "), flush=True)
+                job = functools.partial(run_job, LAUNCHERS[name], script, timeout=args.timeout)
+                tally(name, args.runs, job)
     finally:
         end_run(hogs)
 

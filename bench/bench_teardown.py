@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from run_control import tally
 
 WORKER = str(Path(__file__).with_name("teardown_worker.py"))
 AGENTD = [sys.executable, "-m", "agentd", "run"]
@@ -51,8 +52,9 @@ def agent_commands(launcher: str, run: int, logs: Path) -> list[list[str]]:
              "--rdzv-id", f"teardown{run}", *extra, WORKER] for _ in (0, 1)]  # fmt: skip
 
 
-def run_job(commands: list[list[str]], timeout: float) -> tuple[list[int], float, str]:
-    """(exit codes, wall seconds, the tail of a failing agent's stderr)."""
+def run_job(commands: list[list[str]], timeout: float) -> tuple[bool, float, str]:
+    """(both agents exited 0, wall seconds, else the exit codes and the tail of a failing
+    agent's stderr)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     began = time.monotonic()
     procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -70,7 +72,9 @@ def run_job(commands: list[list[str]], timeout: float) -> tuple[list[int], float
         errors.append(err)
     wall = time.monotonic() - began
     failed = [err for code, err in zip(codes, errors, strict=True) if code != 0]
-    return codes, wall, "\n".join(failed[0].strip().splitlines()[-4:]) if failed else ""
+    if not failed:
+        return True, wall, ""
+    return False, wall, f"exit codes {codes}\n" + "\n".join(failed[0].strip().splitlines()[-4:])
 
 
 def main() -> None:
@@ -91,19 +95,8 @@ def main() -> None:
     print(f"{'launcher':<14} {'succeeded':>10} {'median s':>9}")
     with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
         for launcher in launchers:
-            ok, walls, first_failure = 0, [], ""
-            for run in range(args.runs):
-                logs = Path(tmp, launcher, str(run))
-                codes, wall, failure = run_job(agent_commands(launcher, run, logs), args.timeout)
-                walls.append(wall)
-                if codes == [0, 0]:
-                    ok += 1
-                elif not first_failure:
-                    first_failure = f"run {run}: exit codes {codes}\n{failure}"
-            median = statistics.median(walls)
-            print(f"{launcher:<14} {f'{ok}/{args.runs}':>10} {median:>9.2f}", flush=True)
-            if first_failure:
-                print("  first failure: " + first_failure.replace("\n", "\n    "), flush=True)
+            tally(launcher, args.runs, lambda run, name=launcher: run_job(
+                agent_commands(name, run, Path(tmp, name, str(run))), args.timeout))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ workers, blocked in gloo, outlive it.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -44,3 +45,19 @@ def end_run(procs: Sequence[subprocess.Popen[bytes]], env_name: str = "", marker
             proc.wait()
     if marker:
         kill_marked(env_name, marker)
+
+
+def tally(name: str, runs: int, job: Callable[[int], tuple[bool, float, str]]) -> None:
+    """Run ``job(run)`` (-> succeeded, wall seconds, why not) ``runs`` times and print one
+    row: ``name``, how many succeeded, the median wall time, and the first failure."""
+    succeeded, walls, first_failure = 0, [], ""
+    for run in range(runs):
+        good, wall, why = job(run)
+        succeeded += good
+        walls.append(wall)
+        if not good and not first_failure:
+            first_failure = f"run {run}: {why}"
+    row = f"{name:<14} {f'{succeeded}/{runs}':>10} {statistics.median(walls):>9.2f}"
+    print(row, flush=True)
+    if first_failure:
+        print("  first failure: " + first_failure.replace("\n", "\n    "), flush=True)
