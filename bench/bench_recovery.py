@@ -1,6 +1,6 @@
 """A real job's recovery: crash -> every worker of the next attempt past its first all-reduce.
 
-    python bench/bench_recovery.py [--runs 5] [--nproc 4] [--model-mb 0]
+    python bench/bench_recovery.py [--runs 5] [--nproc 4] [--model-mb 0] [--device cpu]
         [--launchers agentd-inprocess,agentd-preload,agentd,torchrun]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
@@ -14,7 +14,9 @@ not change and that the new rank's checksum matches theirs. Prints median/min/ma
 launcher and the ratios; a run that does not recover within the timeout, or whose checks
 fail, is counted as failed. ``--model-mb N`` gives every worker a model of N MiB: the
 workers started anew read rank 0's checkpoint of it back; the in-process survivors keep
-theirs and hand it to the new rank.
+theirs and hand it to the new rank. ``--device cuda`` puts the model on the GPU (the
+collectives stay gloo: on one GPU, NCCL allows one rank); the in-process checks then also
+want the survivors' CUDA memory unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ COMMANDS = {
 }
 
 
-def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | None:
+def run_once(
+    name: str, nproc: int, timeout: float, model_mb: float, device: str = "cpu"
+) -> float | None:
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce (None:
     the job did not recover)."""
     worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
@@ -54,6 +58,7 @@ def run_once(name: str, nproc: int, timeout: float, model_mb: float) -> float | 
                MARK_ENV: marker}  # fmt: skip
         if model_mb:
             env["BENCH_MODEL_MB"] = str(model_mb)
+        env["BENCH_DEVICE"] = device
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)  # fmt: skip
         try:
@@ -94,15 +99,22 @@ def main() -> None:
     parser.add_argument("--launchers", default="agentd-inprocess,agentd-preload,agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--model-mb", type=float, default=0.0)
+    parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_recovery needs torch (pip install torch==2.13.0)")
     model = f", a {args.model_mb:g} MiB model" if args.model_mb else ""
+    if args.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit(f"bench_recovery --device {args.device} needs a CUDA GPU")
+        model += f" on {torch.cuda.get_device_name()}, torch {torch.__version__}"
     print(f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
           f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
     medians: dict[str, float] = {}
     for name in args.launchers.split(","):
-        times = [run_once(name, args.nproc, args.timeout, args.model_mb)
+        times = [run_once(name, args.nproc, args.timeout, args.model_mb, args.device)
                  for _ in range(args.runs)]  # fmt: skip
         ok = [t for t in times if t is not None]
         line = f"  {name:<14} recovered {len(ok)}/{args.runs}"

@@ -4,10 +4,11 @@ with the training function wrapped in :func:`agentd.inprocess.run`.
 ``recovery_inprocess_worker.py OUT_DIR``. Each call of the training function joins the
 process group, hands the survivors' model to a new rank (:func:`agentd.inprocess.sync`),
 all-reduces, and writes ``past_<restart>_<rank>`` (epoch seconds) and
-``state_<restart>_<rank>`` (its pid and the model's checksum). On the first attempt, rank
+``state_<restart>_<rank>`` (its pid, the model's checksum and, on a GPU, the CUDA memory
+its allocator holds). On the first attempt, rank
 0 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
 their next collective, which fails as rank 0 dies. ``BENCH_MODEL_MB`` sets the model's
-size (default 1).
+size (default 1), ``BENCH_DEVICE`` where it lives (default cpu; collectives stay gloo).
 """
 
 import json
@@ -24,7 +25,8 @@ import agentd.inprocess as inprocess
 out = sys.argv[1]
 torch.manual_seed(int(os.environ["RANK"]))  # differs per rank: only sync() makes them agree
 side = int((float(os.environ.get("BENCH_MODEL_MB", "1")) * 2**20 / 4) ** 0.5)
-model = torch.nn.Linear(side, side)  # the survivors keep it: no checkpoint is read
+device = os.environ.get("BENCH_DEVICE", "cpu")
+model = torch.nn.Linear(side, side).to(device)  # the survivors keep it: no checkpoint is read
 
 
 def train() -> None:
@@ -40,6 +42,8 @@ def train() -> None:
     write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(time.time()))
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     state = {"pid": os.getpid(), "checksum": checksum}
+    if device != "cpu":
+        state["cuda_allocated"] = torch.cuda.memory_allocated()
     write_report(os.path.join(out, f"state_{restart}_{rank}"), json.dumps(state))
     if restart == "0":
         dist.barrier()

@@ -23,13 +23,14 @@ rank = dist.get_rank()
 model_mb = float(os.environ.get("BENCH_MODEL_MB", "0"))
 if model_mb:
     side = int((model_mb * 2**20 / 4) ** 0.5)
-    model = torch.nn.Linear(side, side)
+    device = os.environ.get("BENCH_DEVICE", "cpu")
+    model = torch.nn.Linear(side, side).to(device)
     checkpoint = os.path.join(out, "checkpoint.pt")
     if restart == "0" and rank == 0:
         torch.save(model.state_dict(), checkpoint + ".tmp")
         os.replace(checkpoint + ".tmp", checkpoint)
     elif restart != "0":
-        model.load_state_dict(torch.load(checkpoint))
+        model.load_state_dict(torch.load(checkpoint, map_location=device))
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(time.time()))

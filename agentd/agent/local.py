@@ -30,7 +30,7 @@ from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
 from agentd.hygiene.service import ProcessHygiene
-from agentd.inprocess.service import PARK_TIMEOUT, InProcessRestarts
+from agentd.inprocess.service import InProcessRestarts, InProcessSettings
 from agentd.inprocess.wire import DEFAULT_GRACE
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers, LeasedMembership
@@ -51,6 +51,7 @@ from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.drain.service import DrainService
+    from agentd.gpus.release import GpuRelease
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
     from agentd.heartbeats.wire import ProgressMessage
@@ -63,6 +64,10 @@ log = logging.getLogger(__name__)
 
 _TAIL_WAIT = 0.5
 _CAUSE_WAIT = 0.02
+_DYING_WAIT = 2.0
+"""How long a failure waits for a worker that closed its in-process channel to finish
+exiting, so its exit is seen as the cause: a process that held a CUDA context can take
+a second to exit after its sockets closed and its peers' collectives failed."""
 
 
 class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
@@ -105,7 +110,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         heartbeats: HeartbeatSettings | None = None,
         node_checks: NodeGate | None = None,
         drain: DrainSettings | None = None,
-        inprocess_park_timeout: float = PARK_TIMEOUT,
+        inprocess: InProcessSettings | None = None,
+        gpu_release_timeout: float = 30.0,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
@@ -153,8 +159,10 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._workers_store = WorkerStoreService(self)
         self._preload = PreloadService(spec, self._hygiene)
         self._gate: ReleaseGate | None = None
-        self._inprocess = InProcessRestarts(inprocess_park_timeout, self._wakeup.set)
+        self._inprocess = InProcessRestarts(inprocess, self._wakeup.set)
         self._failed_ranks: set[int] = set()
+        self._gpu_release_timeout = gpu_release_timeout
+        self._gpu_release: GpuRelease | None = None
         self._oom: OomWatch | None = None
         self._drain_settings = drain or DrainSettings()
         self._drain: DrainService | None = None
@@ -366,8 +374,12 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         if not failed and self._inprocess.raised():  # the cause may be a peer's exit: see it
-            await asyncio.wait([p.exited for p in procs.values()], timeout=_CAUSE_WAIT,
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            dying = [procs[r] for r in self._inprocess.closing() if r in procs]
+            await asyncio.wait(
+                [p.exited for p in dying or procs.values()],
+                timeout=_DYING_WAIT if dying else _CAUSE_WAIT,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         raised = {r: e for r, e in self._inprocess.raised().items() if r in procs}
         if failed or raised:
@@ -424,6 +436,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self._node_checks is not None:
             await self._node_checks.workers_stopping()
         strays: list[int] = []
+        gpu_pids = self._gpus().watched(p.pid for p in procs)
         try:
             strays = await stop_workers(
                 procs,
@@ -448,3 +461,12 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 self._gate.close()
                 self._gate = None
             log.log(level, "[%s] Stopped worker group", spec.role)
+        await self._gpus().wait(gpu_pids | set(strays))
+
+    def _gpus(self) -> GpuRelease:
+        """The wait for the stopped workers' GPU memory (made at the first stop)."""
+        if self._gpu_release is None:
+            from agentd.gpus.release import GpuRelease
+
+            self._gpu_release = GpuRelease(self._gpu_release_timeout)
+        return self._gpu_release

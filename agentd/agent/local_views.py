@@ -56,6 +56,16 @@ class LocalAgentViews:
         ``process`` (an in-process restart fell back to new processes for every rank)."""
         return dict(self._inprocess.kinds)
 
+    def inprocess_status(self) -> dict[str, Any]:
+        """Restarts that did not keep every surviving rank: counts by reason
+        (``fallbacks``) and the ``last`` one (its reason, the local ranks it concerned and
+        those kept anyway), or None."""
+        last = self._inprocess.last_fallback
+        return {
+            "fallbacks": dict(self._inprocess.fallbacks),
+            "last_fallback": None if last is None else dataclasses.asdict(last),
+        }
+
     @property
     def owner_mark(self) -> str:
         """The mark in every worker's environment that names this agent's run."""
@@ -147,7 +157,11 @@ class LocalAgentViews:
             error_file=str(error_file),
             global_rank=worker.global_rank,
             role=group.spec.role,
-            timestamp=proc.exited_at or time.time(),
+            timestamp=min(
+                t
+                for t in (proc.exited_at, self._inprocess.closed_at(worker.local_rank), time.time())
+                if t is not None
+            ),
             stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
             host=self.hostname,
             node_rank=group.group_rank or 0,

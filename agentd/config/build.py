@@ -75,6 +75,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.agent.local import LocalElasticAgent
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
+    from agentd.inprocess.service import InProcessSettings
     from agentd.timer.server import WatchdogSettings
 
     return LocalElasticAgent(
@@ -103,7 +104,8 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         ),
         node_checks=_node_gate(config, spec) if config.node_check else None,
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
-        inprocess_park_timeout=config.inprocess_park_timeout,
+        inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
+        gpu_release_timeout=config.gpu_release_timeout,
     )
 
 

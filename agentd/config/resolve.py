@@ -81,6 +81,8 @@ class AgentConfig:
     drain_on: tuple[signal.Signals, ...] = ()
     drain_timeout: float = 60.0
     inprocess_park_timeout: float = 10.0
+    inprocess_quick_restarts: int = 3
+    gpu_release_timeout: float = 30.0
     checkpoint_signal: signal.Signals | None = None
     exit_barrier_timeout: float = 300.0
     log_line_prefix_template: str = DEFAULT_LOG_PREFIX

@@ -74,6 +74,23 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     _o(
+        "inprocess_quick_restarts",
+        v.integer(0),
+        "3",
+        "In-process restarts in a row, each within 60 s of the last, after which the next "
+        "restart uses new processes for every rank (0: no limit).",
+        metavar="N",
+    ),
+    _o(
+        "gpu_release_timeout",
+        v.number(0.0),
+        "30",
+        "Seconds a restart waits, once its workers are stopped, until none of them holds "
+        "memory on this node's GPUs (read through NVML or nvidia-smi) before it starts new "
+        "ones (0: no wait).",
+        metavar="SECONDS",
+    ),
+    _o(
         "checkpoint_signal",
         v.optional_signal,
         "",

@@ -153,6 +153,15 @@ class _Readings:
         for kind, count in agent.restart_kinds.items():
             kinds.add_metric([kind], count)
         yield kinds
+        fallbacks = CounterMetricFamily(
+            "agentd_inprocess_fallbacks",
+            "Restarts that replaced a surviving rank with a new process instead of keeping it "
+            "in process, by reason",
+            labels=["reason"],
+        )
+        for reason, count in agent.inprocess_status()["fallbacks"].items():
+            fallbacks.add_metric([reason], count)
+        yield fallbacks
         cpu = CounterMetricFamily(
             "agentd_worker_cpu_seconds",
             "CPU time of each worker and its children",

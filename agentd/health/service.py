@@ -153,6 +153,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "restart_count": agent.restart_count,
         "max_restarts": group.spec.max_restarts,
         "restarts_by_kind": agent.restart_kinds,
+        "inprocess": agent.inprocess_status(),
         "attempt": agent.attempt,
         "generation": agent.generation,
         "rendezvous": agent.rdzv_handler.get_backend(),

@@ -3,11 +3,15 @@
 Every worker of a script entrypoint gets a channel (:mod:`agentd.inprocess.wire`); a worker
 that calls :func:`agentd.inprocess.run` says ``hello`` on it. When the group restarts
 (a failure, a hang, a membership change), :meth:`InProcessRestarts.park` asks every live
-worker outside ``failed`` to park; if all of them opted in and park within
-``park_timeout``, they are kept and only the others are stopped. The next attempt
-:meth:`resume`\\ s each kept worker with its new variables, and new processes replace only
-the ranks that were lost. Otherwise (a worker that did not opt in, or one stuck in native
-code past the bound) the restart falls back to stopping every process, as without it.
+worker outside ``failed`` to park. Those that park within ``park_timeout`` are kept; a
+survivor that cannot be kept on its own account (it never opted in, its channel closed
+because its process is on its way out, a line on it was garbage, or it exited while the
+others parked) is stopped and replaced with the failed ranks. The whole group falls back to
+new processes only when keeping any of it would be wrong: a survivor stuck past the bound,
+too many quick in-process restarts in a row, or a workers' store that outlives attempts.
+Every rank that is not kept, and why, is logged as one WARNING and counted by reason
+(:attr:`InProcessRestarts.fallbacks`). The next attempt :meth:`resume`\\ s each kept worker
+with its new variables, and new processes replace only the ranks that were lost.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import os
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
-from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
@@ -37,6 +41,37 @@ PARK_TIMEOUT = 10.0
 """How long the survivors have to leave their training function (a collective in native
 code returns first) before the restart falls back to new processes."""
 
+FALLBACK_REASONS = (
+    "not_opted_in",
+    "broken_channel",
+    "park_timeout",
+    "quick_repeats",
+    "static_store",
+)
+"""Why a live, healthy rank was not kept: the first two replace that rank alone, the last
+three every rank (see the module docstring). A rank whose process is on its way out (its
+channel closed, or it exited while the others parked) is lost, not a fallback."""
+
+
+@dataclass(frozen=True)
+class InProcessSettings:
+    """How in-process restarts are bounded: ``park_timeout`` seconds for the survivors to
+    park; after ``quick_repeats`` in-process restarts in a row, each within
+    :data:`QUICK_WINDOW` of the last, the next uses new processes (0: no such limit)."""
+
+    park_timeout: float = PARK_TIMEOUT
+    quick_repeats: int = QUICK_REPEATS
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The last restart that did not keep every survivor: why, the local ranks it
+    concerned, and the local ranks kept anyway (empty: every rank was a new process)."""
+
+    reason: str
+    local_ranks: tuple[int, ...]
+    kept: tuple[int, ...]
+
 
 class _Channel:
     """The agent's end of one worker's channel, read on the loop."""
@@ -47,7 +82,11 @@ class _Channel:
         self.agent_end.setblocking(False)
         self.opted_in = False
         self.broken = False
+        self.closed_by_worker: float | None = None
+        """When the worker's end closed (epoch seconds): its process is exiting or gone."""
         self.parked: asyncio.Event = asyncio.Event()
+        self.settled: asyncio.Event = asyncio.Event()
+        """Set once the worker parked or its channel broke: nothing more to wait for."""
         self.error: tuple[str, float] | None = None
         """What the worker's training function raised, and when the agent heard of it."""
         self._on_error = on_error
@@ -65,7 +104,8 @@ class _Channel:
         try:
             self.agent_end.sendall(wire.encode(op, **fields))
         except OSError:
-            self.broken = True
+            self.closed_by_worker = time.time()
+            self.close()
             return False
         return True
 
@@ -77,6 +117,7 @@ class _Channel:
         except OSError:
             data = b""
         if not data:
+            self.closed_by_worker = time.time()
             self.close()
             return
         self._buffer += data
@@ -87,6 +128,8 @@ class _Channel:
             self._take(self._buffer)
 
     def _take(self, line: bytes) -> None:
+        if self.broken:
+            return
         try:
             message = wire.decode(line, wire.WORKER_OPS)
         except wire.ProtocolError as exc:
@@ -100,25 +143,42 @@ class _Channel:
             self._on_error()
         else:
             self.parked.set()
+            self.settled.set()
 
     def close(self) -> None:
+        if self.broken:
+            return
         self.broken = True
+        self.settled.set()
         self._buffer = b""
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self.agent_end.fileno())
         self.agent_end.close()
         self.spawned()
 
+    def why_not_kept(self) -> str | None:
+        """Why this worker cannot be kept on its own account (None: it can, so far)."""
+        if not self.opted_in:
+            return "not_opted_in"
+        if self.closed_by_worker is not None:
+            return "channel_closed"
+        if self.broken:
+            return "broken_channel"
+        return None
+
 
 class InProcessRestarts:
     """In-process restarts of one agent's workers (see the module docstring)."""
 
     def __init__(
-        self, park_timeout: float = PARK_TIMEOUT, on_error: Callable[[], None] = lambda: None
+        self,
+        settings: InProcessSettings | None = None,
+        on_error: Callable[[], None] = lambda: None,
     ) -> None:
-        self.park_timeout = park_timeout
+        settings = settings or InProcessSettings()
+        self.park_timeout = settings.park_timeout
+        self.quick_repeats = settings.quick_repeats
         self._on_error = on_error
-        self._problems = RateLimitedLog(log)
         self._clock = time.monotonic
         self._quick: list[float] = []
         """When the recent in-process restarts happened, while each came soon after the last."""
@@ -128,6 +188,10 @@ class InProcessRestarts:
         """The workers kept for the next attempt, by local rank."""
         self.kinds = {"in_process": 0, "process": 0}
         """Restarts so far by kind: the survivors kept, or every worker a new process."""
+        self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACK_REASONS, 0)
+        """Restarts that did not keep a surviving rank, by reason (one count per reason per
+        restart, however many ranks it concerned)."""
+        self.last_fallback: Fallback | None = None
 
     @contextlib.contextmanager
     def restarting(self) -> Iterator[None]:
@@ -143,21 +207,24 @@ class InProcessRestarts:
     ) -> None:
         """Give each new worker's plan its channel and ``grace`` (see
         :data:`~agentd.inprocess.wire.GRACE_ENV`), and tell every rank which global ranks
-        are new processes and which kept rank hands them its state. ``kept_ranks`` are the
-        ranks every node kept, as the round told it (None: the rendezvous cannot tell, and
-        only a node that is the whole job knows them; elsewhere :func:`agentd.inprocess.sync`
-        then does nothing, since every rank must agree on whether to call a collective)."""
+        are new processes, which kept rank hands them its state, and whether no rank kept
+        its process (:data:`~agentd.inprocess.wire.FRESH_ENV`: the job's state is then only
+        in its checkpoint). ``kept_ranks`` are the ranks every node kept, as the round told
+        it (None: no node announced any, or the rendezvous cannot tell, and only a node
+        that is the whole job knows them)."""
         self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
         world = plans[0][0].world_size if plans else 0
         if kept_ranks is None and world == len(plans):
             kept_ranks = frozenset(w.global_rank for w, *_ in plans if w.local_rank in self.parked)
         replaced = sorted(set(range(world)) - kept_ranks) if kept_ranks else []
         source = str(min(kept_ranks)) if replaced and kept_ranks else ""
+        fresh = "0" if kept_ranks or self.parked else "1"
         for worker, _argv, env, *_, pass_fds in plans:
             env[wire.GRACE_ENV] = f"{grace:g}"
             # set even when empty: a kept worker must not keep the last attempt's values
             env[wire.REPLACED_ENV] = ",".join(map(str, replaced)) if source else ""
             env[wire.SOURCE_ENV] = source
+            env[wire.FRESH_ENV] = fresh
             if worker.local_rank not in self.parked:
                 fd, names = self.channel_for(worker.local_rank)
                 env.update(names)
@@ -169,8 +236,11 @@ class InProcessRestarts:
 
     def resume_all(self, plans: Sequence[tuple[Any, ...]]) -> list[WorkerProcess]:
         """Resume every kept worker with its plan's variables; returns those resumed."""
-        resumed = [self.parked[w.local_rank] for w, _argv, env, *_ in plans
-                   if w.local_rank in self.parked and self.resume(w.local_rank, env)]  # fmt: skip
+        resumed = [
+            self.parked[w.local_rank]
+            for w, _argv, env, *_ in plans
+            if w.local_rank in self.parked and self.resume(w.local_rank, env)
+        ]
         self.parked = {}
         return resumed
 
@@ -189,72 +259,171 @@ class InProcessRestarts:
             if rank in self._channels:
                 self._channels[rank].spawned()
 
+    def closing(self) -> list[int]:
+        """The local ranks whose worker closed its channel: its process is on its way out
+        (a process that held a CUDA context can take a second to finish exiting)."""
+        return sorted(r for r, c in self._channels.items() if c.closed_by_worker is not None)
+
+    def closed_at(self, local_rank: int) -> float | None:
+        """When that worker closed its channel (epoch seconds), if it did: the start of its
+        exit, which the exit itself can follow by a second."""
+        channel = self._channels.get(local_rank)
+        return None if channel is None else channel.closed_by_worker
+
     async def park(
         self, procs: Sequence[WorkerProcess], failed: Collection[int], fresh_store: bool
     ) -> dict[int, WorkerProcess]:
         """During a restart, park every live worker whose local rank is not in ``failed``;
-        returns them by local rank, or nothing when any of them cannot be kept (then none
-        is), or when the group is stopped for good. ``fresh_store``: every attempt's workers
-        meet in a new store (the agent's); a store that outlives attempts (rank 0's worker
-        hosts it under ``static``) would hand a kept rank the last attempt's keys."""
+        returns those kept, by local rank. Nothing is kept when no survivor opted in, when
+        the group is stopped for good, or on a fallback of the whole group (see the module
+        docstring). ``fresh_store``: every attempt's workers meet in a new store (the
+        agent's); a store that outlives attempts (rank 0's worker hosts it under
+        ``static``) would hand a kept rank the last attempt's keys."""
         if not self._restarting:
             return {}
-        survivors = [p for p in procs if p.returncode is None and p.local_rank not in failed]
-        channels = [self._channels.get(p.local_rank) for p in survivors]
-        opted_in = any(c is not None and c.opted_in for c in channels)
-        if opted_in and not fresh_store:
-            self._problems.warning("store", "In-process restarts need the agent's workers' "
-                                   "store (a fresh one per attempt), not one in rank 0's worker "
-                                   "(--rdzv-backend static): restarting every worker as a new "
-                                   "process")  # fmt: skip
-            return self._fall_back(True)
-        if not survivors or not all(c is not None and c.opted_in and not c.broken
-                                    for c in channels):  # fmt: skip
-            return self._fall_back(bool(survivors) and opted_in)
+        survivors = {
+            p.local_rank: p for p in procs if p.returncode is None and p.local_rank not in failed
+        }
+        channels = {r: self._channels.get(r) for r in survivors}
+        if not any(c is not None and c.opted_in for c in channels.values()):
+            return self._keep_none()  # nobody opted in: a plain restart, not a fallback
+        everyone = sorted(survivors)
+        if not fresh_store:
+            return self._fall_back(
+                "static_store",
+                everyone,
+                "In-process restarts need the agent's workers' store (a fresh one per "
+                "attempt), not one in rank 0's worker (--rdzv-backend static)",
+            )
+        if self._quick_repeat():
+            return self._fall_back(
+                "quick_repeats",
+                everyone,
+                f"{self.quick_repeats} in-process restarts within {QUICK_WINDOW:.0f}s of each "
+                "other",
+            )
+        lost: dict[str, list[int]] = {}
+        ready: dict[int, _Channel] = {}
+        for rank, channel in channels.items():
+            why = "not_opted_in" if channel is None else channel.why_not_kept()
+            if why is None and channel is not None:
+                channel.parked.clear()
+                channel.settled.clear()
+                if channel.send("park"):
+                    ready[rank] = channel
+                    continue
+                why = "channel_closed"
+            lost.setdefault(why or "channel_closed", []).append(rank)
+        stuck = await self._wait_parked(ready, survivors)
+        if stuck:
+            return self._fall_back(
+                "park_timeout",
+                stuck,
+                f"Local rank(s) {stuck} did not park within {self.park_timeout:.1f}s",
+            )
+        for rank, channel in ready.items():
+            if survivors[rank].returncode is not None or channel.closed_by_worker is not None:
+                lost.setdefault("exited_while_parking", []).append(rank)
+            elif channel.broken or not channel.parked.is_set():
+                lost.setdefault("broken_channel", []).append(rank)
+        kept = {r: survivors[r] for r in ready if not any(r in ranks for ranks in lost.values())}
+        for why, ranks in lost.items():
+            self._count(why, ranks, kept)
+        if not kept:
+            self.kinds["process"] += 1
+            return self._keep_none()
+        self.kinds["in_process"] += 1
+        for channel in ready.values():
+            channel.error = None
+        self.parked = kept
+        return dict(kept)
+
+    async def _wait_parked(
+        self, ready: Mapping[int, _Channel], survivors: Mapping[int, WorkerProcess]
+    ) -> list[int]:
+        """Wait until every ``ready`` worker parked, closed its channel or exited; returns
+        the local ranks that did none of these within the park timeout."""
+        waits: dict[int, asyncio.Future[Any]] = {
+            r: asyncio.ensure_future(c.settled.wait()) for r, c in ready.items()
+        }
+        exits: dict[int, asyncio.Future[Any]] = {
+            r: asyncio.ensure_future(asyncio.shield(survivors[r].exited)) for r in ready
+        }
+        pending = set(ready)
+        try:
+            async with asyncio.timeout(self.park_timeout):
+                while pending:
+                    await asyncio.wait(
+                        [*(waits[r] for r in pending), *(exits[r] for r in pending)],
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    pending = {r for r in pending if not (waits[r].done() or exits[r].done())}
+        except TimeoutError:
+            pass
+        finally:
+            for task in (*waits.values(), *exits.values()):
+                task.cancel()
+        return sorted(pending)
+
+    def _quick_repeat(self) -> bool:
+        """Count this in-process restart; True when it is one too many in a row."""
+        if not self.quick_repeats:
+            return False
         now = self._clock()
         if self._quick and now - self._quick[-1] > QUICK_WINDOW:
             self._quick = []  # the last one held: the count starts again
         self._quick.append(now)
-        if len(self._quick) > QUICK_REPEATS:
-            log.warning("%d in-process restarts within %.0fs of each other; restarting every "
-                        "worker as a new process", QUICK_REPEATS, QUICK_WINDOW)  # fmt: skip
+        if len(self._quick) > self.quick_repeats:
             self._quick = []
-            return self._fall_back(True)
-        ready = [c for c in channels if c is not None]
-        for channel in ready:
-            channel.parked.clear()
-            channel.send("park")
-        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(c.parked.wait()) for c in ready]
-        exits: list[asyncio.Future[Any]] = [asyncio.ensure_future(asyncio.shield(p.exited))
-                                            for p in survivors]  # fmt: skip
-        try:
-            async with asyncio.timeout(self.park_timeout):
-                while not all(w.done() for w in waits):
-                    await asyncio.wait([*waits, *exits], return_when=asyncio.FIRST_COMPLETED)
-                    if any(e.done() for e in exits):
-                        break
-        except TimeoutError:
-            pass
-        finally:
-            for task in (*waits, *exits):
-                task.cancel()
-        if not all(c.parked.is_set() and not c.broken for c in ready) or any(
-            p.returncode is not None for p in survivors
-        ):
-            missing = [p.local_rank for p, c in zip(survivors, ready, strict=True)
-                       if not c.parked.is_set()]  # fmt: skip
-            log.warning("Local rank(s) %s did not park within %.1fs; restarting every worker "
-                        "as a new process", missing, self.park_timeout)  # fmt: skip
-            return self._fall_back(True)
-        self.kinds["in_process"] += 1
-        for channel in ready:
-            channel.error = None
-        self.parked = {p.local_rank: p for p in survivors}
-        return dict(self.parked)
+            return True
+        return False
 
-    def _fall_back(self, counted: bool) -> dict[int, WorkerProcess]:
-        if counted:
-            self.kinds["process"] += 1
+    def _count(self, why: str, local_ranks: Sequence[int], kept: Mapping[int, Any]) -> None:
+        """Log survivors that are replaced by new processes, and why; count those that
+        were alive and well (a fallback)."""
+        what = {
+            "not_opted_in": "never called agentd.inprocess.run",
+            "channel_closed": "closed their in-process channel (their process is exiting)",
+            "broken_channel": "broke the in-process protocol",
+            "exited_while_parking": "exited while the others parked",
+        }[why]
+        if why not in self.fallbacks:
+            log.info(
+                "Local rank(s) %s %s: replacing them with new processes", list(local_ranks), what
+            )
+            return
+        self.fallbacks[why] += 1
+        self.last_fallback = Fallback(why, tuple(local_ranks), tuple(sorted(kept)))
+        if kept:
+            log.warning(
+                "Local rank(s) %s %s: replacing them with new processes; local rank(s) "
+                "%s keep theirs (in-process fallback: %s)",
+                list(local_ranks),
+                what,
+                sorted(kept),
+                why,
+            )
+        else:
+            log.warning(
+                "Local rank(s) %s %s: restarting every worker as a new process "
+                "(in-process fallback: %s)",
+                list(local_ranks),
+                what,
+                why,
+            )
+
+    def _fall_back(self, why: str, local_ranks: Sequence[int], detail: str) -> dict[int, Any]:
+        """Every worker restarts as a new process, because of ``why`` (``detail`` says it
+        for people)."""
+        self.fallbacks[why] += 1
+        self.last_fallback = Fallback(why, tuple(local_ranks), ())
+        self.kinds["process"] += 1
+        log.warning(
+            "%s; restarting every worker as a new process (in-process fallback: %s)", detail, why
+        )
+        return self._keep_none()
+
+    def _keep_none(self) -> dict[int, WorkerProcess]:
         self.parked = {}
         return {}
 

@@ -13,14 +13,19 @@ from agentd.inprocess.worker import current
 T = TypeVar("T")
 
 
-def sync(*objects: Any) -> None:
+def sync(*objects: Any) -> bool:
     """Give every rank the state a rank that kept its process holds, in place: a module's
     parameters and buffers or a tensor by broadcast; anything else with ``state_dict()``
     and ``load_state_dict()`` (an optimizer, an LR scheduler, a grad scaler) as one pickled
-    state dict, since a new rank's may have another shape (no momentum buffers yet)."""
-    source = current().source
+    state dict, since a new rank's may have another shape (no momentum buffers yet).
+
+    Returns whether the ranks now share a kept rank's state: False when no rank kept its
+    process (:attr:`~agentd.inprocess.Restart.fresh`: the first attempt, or a restart in
+    new processes for every rank), and the caller loads its checkpoint instead."""
+    restart = current()
+    source = restart.source
     if source is None:
-        return
+        return not restart.fresh
     import torch
     import torch.distributed as dist
 
@@ -37,8 +42,11 @@ def sync(*objects: Any) -> None:
                 if dist.get_rank() != source:
                     obj.load_state_dict(box[0])
             else:
-                raise TypeError(f"sync: {type(obj).__name__} is not a tensor, a module or an "
-                                "object with state_dict() and load_state_dict()")  # fmt: skip
+                raise TypeError(
+                    f"sync: {type(obj).__name__} is not a tensor, a module or an "
+                    "object with state_dict() and load_state_dict()"
+                )
+    return True
 
 
 def sync_object(value: T) -> T:

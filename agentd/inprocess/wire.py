@@ -23,6 +23,9 @@ REPLACED_ENV = "AGENTD_INPROCESS_REPLACED"
 (comma-separated; empty or unset when every rank is new or none is)."""
 SOURCE_ENV = "AGENTD_INPROCESS_SOURCE"
 """The global rank of a rank that kept its process: it holds the state to hand over."""
+FRESH_ENV = "AGENTD_INPROCESS_FRESH"
+"""``1`` when no rank of this attempt kept its process (a fresh start, or a restart that
+used new processes for every rank): the job's state is then only in its checkpoint."""
 GRACE_ENV = "AGENTD_INPROCESS_GRACE"
 """How long a worker whose training function raised waits for a ``park`` before it fails:
 its peers' loss may take the agent that long to learn (seconds)."""

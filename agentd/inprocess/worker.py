@@ -44,17 +44,21 @@ class Interrupted(BaseException):
 class Restart:
     """Where this process stands: ``count`` in-process restarts so far; ``replaced`` the
     global ranks that are new processes in this attempt (their state comes from
-    ``source``, a rank that kept its process); both empty on a fresh start."""
+    ``source``, a rank that kept its process); both empty on a fresh start. ``fresh``:
+    no rank of this attempt kept its process (the first attempt, or a restart that used
+    new processes for every rank), so no rank holds the job's state: load the checkpoint."""
 
     count: int = 0
     replaced: tuple[int, ...] = ()
     source: int | None = None
+    fresh: bool = True
 
 
 def _from_env(count: int) -> Restart:
     replaced = tuple(int(r) for r in os.environ.get(wire.REPLACED_ENV, "").split(",") if r)
     source = os.environ.get(wire.SOURCE_ENV)
-    return Restart(count, replaced, int(source) if source and replaced else None)
+    fresh = os.environ.get(wire.FRESH_ENV, "1") != "0"
+    return Restart(count, replaced, int(source) if source and replaced else None, fresh)
 
 
 _current = Restart()
@@ -103,9 +107,11 @@ class _Channel:
                     self.resumed.clear()
                     self.parking.set()
                     with self._lock:
-                        if self._armed:
-                            self._armed = False
+                        interrupt, self._armed = self._armed, False
+                        if interrupt:
                             _async_raise(self._main, Interrupted)
+                    if interrupt:  # a main thread blocked in an NCCL wait returns, then raises
+                        _abort_nccl()
                 else:
                     self.env = message.get("env", {})
                     self.parking.clear()
@@ -145,22 +151,56 @@ def _grace() -> float:
         return wire.DEFAULT_GRACE
 
 
+def _groups(dist: Any) -> list[Any]:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return [dist.group.WORLD, *getattr(world, "pg_map", {})]
+
+
+def _nccl_groups(dist: Any) -> list[Any]:
+    """The NCCL backends of this process's groups (none without CUDA or NCCL)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not dist.is_nccl_available():
+        return []
+    backends = []
+    for group in {g for g in _groups(dist) if g is not None}:
+        with contextlib.suppress(Exception):
+            backend = group._get_backend(torch.device("cuda"))
+            if isinstance(backend, dist.ProcessGroupNCCL):
+                backends.append(backend)
+    return backends
+
+
+def _abort_nccl() -> None:
+    """Abort every NCCL communicator of this process, so that a collective or a wait
+    blocked on one returns (with an error) instead of waiting for a peer that is gone."""
+    dist = sys.modules.get("torch.distributed")
+    with contextlib.suppress(Exception):
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            for backend in _nccl_groups(dist):
+                with contextlib.suppress(Exception):
+                    backend.abort()
+
+
 def _destroy_process_group() -> None:
-    """Destroy every process group, so the next call can initialise again, and abort them
-    on a thread of their own (the GIL is released there), so the restart waits for neither:
-    the abort closes their connections (20-30 ms for gloo), so a peer still blocked in a
-    collective with this rank fails at once and can park too, and the teardown that
-    follows never waits for that collective."""
+    """Destroy every process group, so the next call can initialise again. NCCL groups
+    are aborted (torch's ``_abort_process_group``: every communicator and its GPU buffers
+    go, and nothing waits for a peer). Gloo groups are destroyed, then aborted on a thread
+    of their own (the GIL is released there), so the restart waits for neither: the abort
+    closes their connections (20-30 ms for gloo), so a peer still blocked in a collective
+    with this rank fails at once and can park too, and the teardown that follows never
+    waits for that collective."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
     with contextlib.suppress(Exception):
-        if dist.is_available() and dist.is_initialized():
-            world = getattr(dist.distributed_c10d, "_world", None)
-            doomed = [dist.group.WORLD, *getattr(world, "pg_map", {})]
-            dist.destroy_process_group()
-            threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort",
-                             daemon=True).start()  # fmt: skip
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if _nccl_groups(dist):
+            dist.distributed_c10d._abort_process_group()
+            return
+        doomed = _groups(dist)
+        dist.destroy_process_group()
+        threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
 
 
 def _abort(groups: list[Any]) -> None:
@@ -170,6 +210,22 @@ def _abort(groups: list[Any]) -> None:
     groups.clear()
 
 
+def _no_channel_warning() -> None:
+    """Under agentd, a worker without a channel restarts as a new process: say why."""
+    if os.environ.get("AGENTD_RELEASE_FDS"):
+        log.warning(
+            "agentd.inprocess.run: function entrypoints restart as new processes, "
+            "not in process (run a script to restart in process)"
+        )
+    elif os.environ.get(wire.CHANNEL_FD_ENV):
+        log.warning(
+            "agentd.inprocess.run: descriptor %s (%s) is not this worker's in-process "
+            "channel: its restarts use new processes",
+            os.environ[wire.CHANNEL_FD_ENV],
+            wire.CHANNEL_FD_ENV,
+        )
+
+
 def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn(*args, **kwargs)`` and return its result; under agentd, call it again in
     this process each time the agent restarts the job (see the module docstring)."""
@@ -177,6 +233,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     channel = _open_channel()
     _current = _from_env(_current.count)
     if channel is None:
+        _no_channel_warning()
         return fn(*args, **kwargs)
     while True:
         try:
@@ -199,5 +256,9 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             raise SystemExit(1)  # the agent is gone; it stops us anyway
         os.environ.update(channel.env)
         _current = _from_env(_current.count + 1)
-        log.info("agentd: restarting in process (restart %d, rank %s of %s)", _current.count,
-                 os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))  # fmt: skip
+        log.info(
+            "agentd: restarting in process (restart %d, rank %s of %s)",
+            _current.count,
+            os.environ.get("RANK"),
+            os.environ.get("WORLD_SIZE"),
+        )

@@ -94,7 +94,7 @@ def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, 
         assert second["pid"] == first["pid"]
         assert (first["attempt"], second["attempt"]) == ("0", "1")
         assert (first["count"], second["count"]) == (0, 1)
-        assert second["replaced"] == [1] and second["source"] == 0
+        assert second["replaced"] == [1] and second["source"] == 0 and not second["fresh"]
     first, second = calls[1]  # the dead rank: a new process, told where its state is
     assert second["pid"] != first["pid"]
     assert second["count"] == 0 and second["replaced"] == [1] and second["source"] == 0
@@ -105,18 +105,71 @@ def test_a_survivor_that_cannot_park_in_time_means_new_processes_for_all(tmp_pat
     done, calls = run_job(tmp_path, "stuck", "--inprocess-park-timeout", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "did not park within 1.0s" in done.stderr
+    assert "(in-process fallback: park_timeout)" in done.stderr
     for rank in range(3):
         first, second = calls[rank]
         assert second["pid"] != first["pid"]
         assert second["count"] == 0 and second["replaced"] == []
+        assert second["fresh"]  # no rank holds the job's state: the script must load it
 
 
 def test_garbage_on_the_channel_is_named_and_the_restart_uses_new_processes(tmp_path):
     done, calls = run_job(tmp_path, "garbage")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "In-process channel: not JSON: b'not json'" in done.stderr
+    assert "Local rank(s) [0, 2] broke the in-process protocol" in done.stderr
+    assert "(in-process fallback: broken_channel)" in done.stderr
     for rank in range(3):
         assert calls[rank][1]["pid"] != calls[rank][0]["pid"]
+
+
+def test_a_rank_whose_exit_lags_its_sockets_is_replaced_and_the_others_kept(tmp_path):
+    """A process that held a CUDA context closes its sockets at once but takes up to a
+    second to exit (the driver tears the context down): its peers' collectives fail, and
+    they raise, before its exit is seen. It used to count as a survivor whose channel
+    broke, and every rank restarted as a new process with no word in the log."""
+    port = free_port()
+    proc = start_job(tmp_path, "slow-exit", "--health-port", str(port))
+    try:
+        status = f"http://127.0.0.1:{port}/status"
+        wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
+        doc = json.loads(fetch(status))
+        assert doc["restarts_by_kind"] == {"in_process": 1, "process": 0}
+        assert not any(doc["inprocess"]["fallbacks"].values()), doc["inprocess"]
+    finally:
+        (tmp_path / "out" / "release").write_text("")
+        code, err = finish(proc, tmp_path)
+    assert code == 0, err[-3000:]
+    calls = calls_of(tmp_path)
+    for rank in (0, 2):
+        first, second = calls[rank]
+        assert second["pid"] == first["pid"] and second["count"] == 1 and not second["fresh"]
+    assert calls[1][1]["pid"] != calls[1][0]["pid"] and calls[1][1]["replaced"] == [1]
+    [result] = (tmp_path / "logs").glob("*/result.json")
+    root = json.loads(result.read_text())["root_cause"]
+    assert root["local_rank"] == 1 and root["exitcode"] == 3, root  # the exit, not the raise
+
+
+def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path):
+    port = free_port()
+    proc = start_job(tmp_path, "stuck", "--inprocess-park-timeout", "1", "--health-port",
+                     str(port))  # fmt: skip
+    try:
+        status = f"http://127.0.0.1:{port}/status"
+        wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
+        doc = json.loads(fetch(status))["inprocess"]
+        assert doc["fallbacks"]["park_timeout"] == 1
+        assert doc["last_fallback"] == {"reason": "park_timeout", "local_ranks": [0, 2],
+                                        "kept": []}  # fmt: skip
+        metrics = fetch(f"http://127.0.0.1:{port}/metrics")
+        assert 'agentd_inprocess_fallbacks_total{reason="park_timeout"} 1.0' in metrics
+        assert 'agentd_inprocess_fallbacks_total{reason="quick_repeats"} 0.0' in metrics
+    finally:
+        (tmp_path / "out" / "release").write_text("")
+        code, err = finish(proc, tmp_path)
+    assert code == 0, err[-3000:]
+    [line] = [ln for ln in err.splitlines() if "in-process fallback" in ln]
+    assert "WARNING" in line and "Local rank(s) [0, 2] did not park within 1.0s" in line
 
 
 def test_without_agentd_run_is_a_plain_call(tmp_path):
@@ -124,7 +177,7 @@ def test_without_agentd_run_is_a_plain_call(tmp_path):
             "ip.current())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)  # fmt: skip
-    assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None)"
+    assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None, fresh=True)"
 
 
 def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers(

@@ -31,7 +31,8 @@ async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_
     planned = plans(0, 2)
     service.plan(planned, None, 2.0)
     for plan in planned:
-        assert env_of(plan) == {wire.GRACE_ENV: "2", wire.REPLACED_ENV: "", wire.SOURCE_ENV: ""}
+        assert env_of(plan) == {wire.GRACE_ENV: "2", wire.REPLACED_ENV: "", wire.SOURCE_ENV: "",
+                                wire.FRESH_ENV: "1"}  # fmt: skip
         [fd] = plan[6]
         assert plan[2][wire.CHANNEL_FD_ENV] == str(fd)
     await service.stop()
@@ -44,6 +45,7 @@ async def test_a_single_node_job_knows_its_kept_ranks_and_only_new_ranks_get_a_c
     service.plan(planned, None, 2.0)
     for plan in planned:
         assert plan[2][wire.REPLACED_ENV] == "0" and plan[2][wire.SOURCE_ENV] == "1"
+        assert plan[2][wire.FRESH_ENV] == "0"
     assert planned[0][6] and not planned[1][6]  # the kept worker holds its channel already
     await service.stop()
 
@@ -54,7 +56,8 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
     planned = plans(2, 4)  # this node's ranks 2 and 3; the round says every rank was kept
     service.plan(planned, frozenset(range(4)), 6.0)
     for plan in planned:  # explicit empty values, so a resume overwrites stale ones
-        assert env_of(plan) == {wire.GRACE_ENV: "6", wire.REPLACED_ENV: "", wire.SOURCE_ENV: ""}
+        assert env_of(plan) == {wire.GRACE_ENV: "6", wire.REPLACED_ENV: "", wire.SOURCE_ENV: "",
+                                wire.FRESH_ENV: "0"}  # fmt: skip
         assert wire.REPLACED_ENV not in os.environ  # so the resume's delta carries them
     await service.stop()
 
@@ -75,3 +78,4 @@ async def test_without_a_restart_under_way_nothing_is_parked():
     with service.restarting():
         assert await service.park([Kept(0)], set(), True) == {}  # type: ignore[list-item]
     assert service.kinds == {"in_process": 0, "process": 0}  # never opted in: not counted
+    assert not any(service.fallbacks.values())

@@ -6,7 +6,9 @@ reports to ``$AGENTD_TEST_OUT`` (one folder per agent) instead of OUT.
 Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
 under a 0.3 s expiration timer instead, and the watchdog reaps it; in ``raise`` mode its
 training function raises ValueError; in ``raise-always`` mode it raises on every attempt
-while the others wait to be parked). The others, on
+while the others wait to be parked; in ``slow-exit`` mode it dies as a process holding a
+CUDA context does: its descriptors close at once, its exit comes 1.5 s later, and the
+others' training functions raise as their collectives with it would). The others, on
 attempt 0:
 ``loop`` in Python (a park interrupts them at once), ``stuck`` in one long native sleep
 (they cannot park in time), ``garbage`` write a line the agent does not understand on
@@ -17,6 +19,7 @@ their channel, then loop. Every call of the training function appends a JSON lin
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -50,6 +53,7 @@ def train() -> None:
         "count": restart.count,
         "replaced": list(restart.replaced),
         "source": restart.source,
+        "fresh": restart.fresh,
     }
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
@@ -64,7 +68,7 @@ def train() -> None:
         while True:
             time.sleep(0.01)
     if mode == "nodes" or attempt != "0":
-        while mode in ("loop", "hang", "nodes", "raise") and not released():
+        while mode in ("loop", "hang", "nodes", "raise", "slow-exit") and not released():
             time.sleep(0.01)
         return
     if rank == 1:
@@ -74,6 +78,13 @@ def train() -> None:
             time.sleep(0.01)
         if mode == "raise":
             raise ValueError("loss is NaN at step 7")
+        if mode == "slow-exit":
+            channel = socket.socket(fileno=int(os.environ["AGENTD_INPROCESS_FD"]))
+            channel.shutdown(socket.SHUT_RDWR)  # wakes the reader thread blocked on it
+            os.closerange(0, 1024)  # the channel, the pipes: what the kernel closes first
+            with open(os.path.join(out, "dying"), "w"):  # the peers' sockets close
+                pass
+            time.sleep(1.5)  # a CUDA context's teardown
         if mode == "hang":
             from agentd.timer import expires
 
@@ -84,6 +95,11 @@ def train() -> None:
         os.write(int(os.environ["AGENTD_INPROCESS_FD"]), b"not json\n")
     if mode == "stuck":
         time.sleep(30)
+    if mode == "slow-exit":
+        while not os.path.exists(os.path.join(out, "dying")):
+            time.sleep(0.01)
+        time.sleep(0.1)  # the collective's error comes after the close it reports
+        raise RuntimeError("Connection closed by peer")  # what gloo says
     while True:
         time.sleep(0.01)
 

@@ -3,7 +3,9 @@
 Four ranks train a linear model on data fixed by (rank, step); with CRASH_STEP, rank 2
 dies at that step of attempt 0, before its all-reduce. Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
-it saw, and the model's weights.
+it saw, the model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
+``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
+allocator held at the end of each call.
 """
 
 import json
@@ -17,11 +19,14 @@ import agentd.inprocess as inprocess
 
 out, steps = sys.argv[1], int(sys.argv[2])
 crash = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+device = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
 torch.manual_seed(1234 + int(os.environ["RANK"]))  # every rank starts different: sync() must fix it
-model = torch.nn.Linear(4, 1)
+model = torch.nn.Linear(4, 1).to(device)
+ballast = torch.ones(int(os.environ.get("TEST_BALLAST_MB", "0")) * 2**18, device=device)
+allocated: list[int] = []
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # state to hand over
 state = {"step": 0, "calls": 0}
-true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]], device=device)
 
 
 def train() -> None:
@@ -38,6 +43,7 @@ def train() -> None:
         if step == crash and rank == 2 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
             os._exit(1)
         x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step * 100 + rank))
+        x = x.to(device)
         loss = torch.nn.functional.mse_loss(model(x), x @ true_w)
         optimizer.zero_grad()
         loss.backward()
@@ -47,6 +53,9 @@ def train() -> None:
         optimizer.step()
         state["step"] = step + 1
     dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
     dist.destroy_process_group()
 
 
@@ -58,6 +67,7 @@ report = {
     "restart": inprocess.current().count,
     "restart_count": os.environ["TORCHELASTIC_RESTART_COUNT"],
     "weights": [round(v, 6) for v in torch.cat([p.flatten() for p in model.parameters()]).tolist()],
+    "allocated": allocated,
 }
 with open(os.path.join(out, f"rank{report['rank']}.{report['pid']}.json"), "w") as fp:
     json.dump(report, fp)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in about 4 minutes,
+# ending in one table. Run from the repository root, agentd from its source tree:
+#
+#     bash bench/gpu_check.sh [OUT_DIR]
+#
+# Needs python3 with torch (CUDA), aiohttp, psutil, pytest and pytest-timeout; a wheel of
+# pytest-asyncio in .whl/ is installed to a scratch folder when it is missing. Logs go to
+# OUT_DIR (default: $OUT, else a temporary folder). Without a GPU the tests skip and the
+# GPU benchmarks say so: the script still runs end to end (that is how it is tried on CPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-$(mktemp -d)}}"
+mkdir -p "$out"
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+if ! "$py" -c "import pytest_asyncio" 2>/dev/null && ls .whl/pytest_asyncio-*.whl >/dev/null 2>&1; then
+    "$py" -m pip install -q --no-index --no-deps --target /tmp/gpu-check-site .whl/pytest_asyncio-*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/gpu-check-site"
+fi
+step() { echo; echo "=== $1 ($(date +%T))"; }
+
+step "machine"
+{
+    nvidia-smi -L 2>&1 || echo "no nvidia-smi"
+    "$py" - <<'PY'
+import os, platform, torch
+cuda = torch.cuda.is_available()
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else "-"
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"NCCL {nccl}, GPU {torch.cuda.get_device_name() if cuda else 'none'}, {os.cpu_count()} CPUs")
+PY
+} 2>&1 | tee "$out/machine.txt"
+
+step "tests/gpu (and the in-process tests that reproduce the GPU's slow exit on CPU)"
+timeout 240 "$py" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/gpus \
+    tests/inprocess/test_restart.py -k "gpu or GPU or lags or fallback or nccl" 2>&1 \
+    | tee "$out/tests.txt"
+
+device=cuda
+"$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || device=cpu
+step "recovery, the model on $device (256 MiB): in process, preloaded, spawned, torchrun"
+bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
+bench 150 --device "$device" --model-mb 256 --runs 5 --launchers agentd-inprocess,agentd-preload
+bench 60 --device "$device" --model-mb 256 --runs 3 --launchers agentd
+bench 40 --device "$device" --model-mb 256 --runs 1 --timeout 25 --launchers torchrun
+step "recovery, the model on the CPU (the control, this host's CPUs)"
+bench 60 --runs 5 --launchers agentd-inprocess
+
+step "summary"
+"$py" - "$out" <<'PY'
+import re, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+machine = (out / "machine.txt").read_text().strip().splitlines()[-1]
+tests = [l for l in (out / "tests.txt").read_text().splitlines() if re.search(r"\d+ (passed|failed)", l)]
+print(f"| {machine} |")
+print("| what | result |\n| --- | --- |")
+print(f"| tests/gpu, tests/gpus, the in-process fault tests | {tests[-1].strip('= ') if tests else 'no result'} |")
+where = "?"
+for line in (out / "bench.txt").read_text().splitlines():
+    if line.startswith("crash ->"):
+        where = re.search(r"\((.*?)\)", line).group(1)
+    elif "recovered" in line:
+        print(f"| {line.split()[0]}: {where} | {' '.join(line.split()[1:])} |")
+PY

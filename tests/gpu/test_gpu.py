@@ -1,0 +1,156 @@
+"""In-process restarts and restarts on a real GPU (skipped without CUDA): the model on
+the GPU, NCCL groups aborted and rebuilt in process, and the stopped workers' GPU memory
+released before the next attempt starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TESTS
+
+WORKERS = TESTS / "workers"
+
+
+def agentd(
+    tmp_path: Path, nproc: int, *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *args,
+    ]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preload", [False, True], ids=["spawned", "preload"])
+def test_a_model_on_the_gpu_restarts_in_process_and_the_new_rank_gets_its_weights(
+    tmp_path, preload
+):
+    """4 gloo ranks, the model and 256 MiB on the GPU; rank 2 dies at step 5. The others
+    keep their pid and CUDA memory, the new rank gets their weights, and training ends
+    where an uninterrupted run ends."""
+    flags = ["--preload", "torch"] if preload else []
+    env = {"TEST_DEVICE": "cuda", "TEST_BALLAST_MB": "256"}
+    runs = {}
+    for name, crash in (("plain", []), ("crashed", ["5"])):
+        (tmp_path / name).mkdir()
+        done = agentd(
+            tmp_path,
+            4,
+            "--max-restarts",
+            "1",
+            *flags,
+            str(WORKERS / "torch_inprocess.py"),
+            str(tmp_path / name),
+            "12",
+            *crash,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = {
+            r["rank"]: r
+            for r in map(json.loads, map(Path.read_text, (tmp_path / name).glob("rank*.json")))
+        }
+        if crash:
+            assert "in-process fallback" not in done.stderr, done.stderr[-3000:]
+            assert "Stopping 1 running worker(s)" in done.stderr or "Stopping 0" in done.stderr
+    crashed, plain = runs["crashed"], runs["plain"]
+    for rank in (0, 1, 3):  # the same process, called twice, its CUDA memory kept
+        assert crashed[rank]["calls"] == 2 and crashed[rank]["restart"] == 1
+        first, second = crashed[rank]["allocated"]
+        assert second == first > 256 * 2**20
+    assert crashed[2]["calls"] == 1 and crashed[2]["restart"] == 0
+    for report in crashed.values():
+        assert report["weights"] == pytest.approx(plain[0]["weights"], abs=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_a_one_rank_nccl_job_that_raises_five_times_stays_in_one_process_and_flat(tmp_path):
+    (tmp_path / "out").mkdir()
+    done = agentd(
+        tmp_path,
+        1,
+        "--max-restarts",
+        "5",
+        "--inprocess-quick-restarts",
+        "0",
+        str(WORKERS / "torch_nccl_inprocess.py"),
+        str(tmp_path / "out"),
+        "raise",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls = lines(tmp_path / "out" / "rank0.jsonl")
+    print(json.dumps(calls))
+    assert [c["call"] for c in calls] == [1, 2, 3, 4, 5, 6]
+    assert len({c["pid"] for c in calls}) == 1  # one process: the NCCL group was rebuilt
+    assert [c["count"] for c in calls] == [0, 1, 2, 3, 4, 5]
+    assert all(c["value"] == c["call"] for c in calls)
+    assert len({c["allocated"] for c in calls}) == 1  # the allocator: flat
+    used = [c["device_used"] for c in calls[1:]]
+    assert max(used) - min(used) <= 64 * 2**20, used  # the device, NCCL's buffers too: flat
+    assert "in-process fallback" not in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_busy_in_nccl_is_interrupted_aborted_and_resumes_in_process(tmp_path):
+    (tmp_path / "out").mkdir()
+    done = agentd(
+        tmp_path,
+        2,
+        "--max-restarts",
+        "1",
+        str(WORKERS / "torch_nccl_inprocess.py"),
+        str(tmp_path / "out"),
+        "blocked",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = lines(tmp_path / "out" / "rank0.jsonl")
+    assert second["pid"] == first["pid"] and second["count"] == 1
+    new = lines(tmp_path / "out" / "rank1.jsonl")
+    assert new[-1]["pid"] != new[0]["pid"]
+    assert "in-process fallback" not in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_next_attempt_starts_once_the_stopped_workers_gpu_memory_is_released(tmp_path):
+    pytest.importorskip("pynvml")
+    (tmp_path / "out").mkdir()
+    done = agentd(
+        tmp_path,
+        2,
+        "--max-restarts",
+        "1",
+        str(WORKERS / "torch_gpu_release.py"),
+        str(tmp_path / "out"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / "out" / f"seen{rank}.json").read_text())
+        assert seen["old_pids_holding"] == [], (seen, done.stderr[-3000:])
+    assert "still hold GPU memory" not in done.stderr
+    print(done.stderr)
