@@ -76,7 +76,15 @@ def run_once(
         if name == "agentd-inprocess" and not kept_in_process(out, nproc):
             return None
         crash = float((out / "crash").read_text())
+        if name == "agentd-inprocess":  # where the new rank's time went
+            phases = json.loads((out / "phases_1_0").read_text())
+            for phase, at in phases.items():
+                PHASES.setdefault(phase, []).append(at - crash)
         return max(float(p.read_text()) for p in past) - crash
+
+
+PHASES: dict[str, list[float]] = {}
+"""In-process runs: seconds from the crash to each phase of the new rank 0."""
 
 
 def kept_in_process(out: Path, nproc: int) -> bool:
@@ -123,6 +131,11 @@ def main() -> None:
             line += (f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
                      f"  max {max(ok) * 1000:7.0f}")  # fmt: skip
         print(line, flush=True)
+        if name == "agentd-inprocess" and PHASES:
+            steps = ", ".join(f"{phase} {statistics.median(t) * 1000:.0f}"
+                              for phase, t in PHASES.items())  # fmt: skip
+            print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
+            PHASES.clear()
     order = ["agentd-inprocess", "agentd-preload", "agentd", "torchrun"]
     for i, faster in enumerate(order):
         for slower in order[i + 1 :]:

@@ -4,9 +4,10 @@ with the training function wrapped in :func:`agentd.inprocess.run`.
 ``recovery_inprocess_worker.py OUT_DIR``. Each call of the training function joins the
 process group, hands the survivors' model to a new rank (:func:`agentd.inprocess.sync`),
 all-reduces, and writes ``past_<restart>_<rank>`` (epoch seconds) and
-``state_<restart>_<rank>`` (its pid, the model's checksum and, on a GPU, the CUDA memory
-its allocator holds). On the first attempt, rank
-0 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
+``phases_<restart>_<rank>`` (when it started, built its model, joined the group, had
+its state and was past the all-reduce), ``state_<restart>_<rank>`` (its pid, the model's
+checksum and, on a GPU, the CUDA memory its allocator holds). On the first attempt, rank 0
+writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
 their next collective, which fails as rank 0 dies. ``BENCH_MODEL_MB`` sets the model's
 size (default 1), ``BENCH_DEVICE`` where it lives (default cpu; collectives stay gloo).
 """
@@ -23,24 +24,30 @@ from report_files import write_report
 import agentd.inprocess as inprocess
 
 out = sys.argv[1]
+phases = {"started": time.time()}
 torch.manual_seed(int(os.environ["RANK"]))  # differs per rank: only sync() makes them agree
 side = int((float(os.environ.get("BENCH_MODEL_MB", "1")) * 2**20 / 4) ** 0.5)
 device = os.environ.get("BENCH_DEVICE", "cpu")
-model = torch.nn.Linear(side, side).to(device)  # the survivors keep it: no checkpoint is read
+model = torch.nn.Linear(side, side, device=device)  # the survivors keep it: no checkpoint read
+phases["model built"] = time.time()
 
 
 def train() -> None:
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
     dist.init_process_group("gloo")
+    phases["group joined"] = time.time()
     rank = dist.get_rank()
     if restart == "0":
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
     inprocess.sync(model)
+    phases["state synced"] = time.time()
     tensor = torch.ones(1)
     dist.all_reduce(tensor)
-    write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(time.time()))
-    checksum = float(sum(p.double().sum() for p in model.parameters()))
+    phases["past all-reduce"] = time.time()
+    write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(phases["past all-reduce"]))
+    write_report(os.path.join(out, f"phases_{restart}_{rank}"), json.dumps(phases))
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     state = {"pid": os.getpid(), "checksum": checksum}
     if device != "cpu":
         state["cuda_allocated"] = torch.cuda.memory_allocated()

@@ -10,7 +10,6 @@ order before the first rendezvous and stopped in reverse at the end: the run's r
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -25,7 +24,8 @@ from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_fr
 from agentd.drain import control
 from agentd.drain.settings import DrainSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
-from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState
+from agentd.gpus.release import GpuRelease
+from agentd.group import RunResult, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import fdlimits, orphans
@@ -51,7 +51,6 @@ from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.drain.service import DrainService
-    from agentd.gpus.release import GpuRelease
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
     from agentd.heartbeats.wire import ProgressMessage
@@ -64,10 +63,7 @@ log = logging.getLogger(__name__)
 
 _TAIL_WAIT = 0.5
 _CAUSE_WAIT = 0.02
-_DYING_WAIT = 2.0
-"""How long a failure waits for a worker that closed its in-process channel to finish
-exiting, so its exit is seen as the cause: a process that held a CUDA context can take
-a second to exit after its sockets closed and its peers' collectives failed."""
+_DYING_WAIT = 2.0  # for a worker that closed its channel to exit (a CUDA context's teardown)
 
 
 class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
@@ -161,8 +157,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._gate: ReleaseGate | None = None
         self._inprocess = InProcessRestarts(inprocess, self._wakeup.set)
         self._failed_ranks: set[int] = set()
-        self._gpu_release_timeout = gpu_release_timeout
-        self._gpu_release: GpuRelease | None = None
+        self._gpus = GpuRelease(gpu_release_timeout)
         self._oom: OomWatch | None = None
         self._drain_settings = drain or DrainSettings()
         self._drain: DrainService | None = None
@@ -337,6 +332,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         """Once the first workers are spawned: sweep dead agents' pipe directories, and load
         what a failure needs, so neither the launch nor the first restart waits for it."""
         self._watchdog.sweep_stale_pipes()
+        self._gpus.look()
         import agentd.reports.error_file
         import agentd.reports.metrics_api  # noqa: F401
 
@@ -399,24 +395,6 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
 
-    def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
-        by_rank = {w.local_rank: w for w in group.workers}
-        failures: dict[int, WorkerFailure] = {}
-        for found in self._watchdog.unhealthy:
-            proc = self.worker_process_of(found.pid)
-            if proc is None:
-                continue
-            worker = by_rank[proc.local_rank]
-            failures[worker.global_rank] = dataclasses.replace(
-                self._failure(group, worker, proc),
-                exitcode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
-                message=found.why,
-                timestamp=found.when,
-                hang=found.details,
-            )
-        self._failed_ranks = {f.local_rank for f in failures.values()}
-        return RunResult(WorkerState.UNHEALTHY, failures=failures)
-
     @agent_step
     async def _stop_workers(self, worker_group: WorkerGroup) -> None:
         group = worker_group
@@ -436,7 +414,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self._node_checks is not None:
             await self._node_checks.workers_stopping()
         strays: list[int] = []
-        gpu_pids = self._gpus().watched(p.pid for p in procs)
+        gpu_pids = await self._gpus.watched(p.pid for p in procs)
         try:
             strays = await stop_workers(
                 procs,
@@ -461,12 +439,4 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 self._gate.close()
                 self._gate = None
             log.log(level, "[%s] Stopped worker group", spec.role)
-        await self._gpus().wait(gpu_pids | set(strays))
-
-    def _gpus(self) -> GpuRelease:
-        """The wait for the stopped workers' GPU memory (made at the first stop)."""
-        if self._gpu_release is None:
-            from agentd.gpus.release import GpuRelease
-
-            self._gpu_release = GpuRelease(self._gpu_release_timeout)
-        return self._gpu_release
+        await self._gpus.wait(gpu_pids | set(strays))

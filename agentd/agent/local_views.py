@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentd.group import Worker, WorkerFailure, WorkerGroup
+from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
 from agentd.workers.output import attempt_dir
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class LocalAgentViews:
     _health: HealthService | None
     _result: ResultFileService
     _procs: dict[int, WorkerProcess]
+    _failed_ranks: set[int]
     _node_checks: NodeCheckService | None
     _drain: DrainService | None
     _preload: PreloadService
@@ -188,3 +190,22 @@ class LocalAgentViews:
                 message=message, timestamp=at,
             )  # fmt: skip
         return failures
+
+    def _unhealthy_result(self, group: WorkerGroup) -> RunResult:
+        """The group's result when the watchdog reaped or found hung workers."""
+        by_rank = {w.local_rank: w for w in group.workers}
+        failures: dict[int, WorkerFailure] = {}
+        for found in self._watchdog.unhealthy:
+            proc = self.worker_process_of(found.pid)
+            if proc is None:
+                continue
+            worker = by_rank[proc.local_rank]
+            failures[worker.global_rank] = dataclasses.replace(
+                self._failure(group, worker, proc),
+                exitcode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+                message=found.why,
+                timestamp=found.when,
+                hang=found.details,
+            )
+        self._failed_ranks = {f.local_rank for f in failures.values()}
+        return RunResult(WorkerState.UNHEALTHY, failures=failures)

@@ -30,21 +30,32 @@ class GpuRelease:
     def __init__(self, timeout: float, usage: GpuUsage | None = None) -> None:
         self.timeout = timeout
         self._usage = usage
-        self._looked = usage is not None
+        self._looking: asyncio.Future[GpuUsage | None] | None = None
+        if usage is not None:
+            self._looking = asyncio.get_running_loop().create_future()
+            self._looking.set_result(usage)
 
-    def _open(self) -> GpuUsage | None:
-        if not self._looked:
-            self._looked = True
-            self._usage = open_usage()
+    def look(self) -> None:
+        """Look for the GPUs now, in a thread (loading NVML takes tens of milliseconds),
+        so the first stop does not wait for it."""
+        if self._looking is None and self.timeout:
+            self._looking = asyncio.ensure_future(asyncio.to_thread(open_usage))
+
+    async def _opened(self) -> GpuUsage | None:
+        self.look()
+        if self._looking is None:
+            return None
+        if self._usage is None:
+            self._usage = await self._looking
             if self._usage is not None:
                 log.debug("GPU memory is read through %s", self._usage.name)
         return self._usage
 
-    def watched(self, pids: Iterable[int]) -> set[int]:
+    async def watched(self, pids: Iterable[int]) -> set[int]:
         """``pids`` and their descendants now, before they are stopped (empty when there
         is nothing to wait for)."""
         pids = set(pids)
-        if not self.timeout or not pids or self._open() is None:
+        if not self.timeout or not pids or await self._opened() is None:
             return set()
         import psutil
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
+import os
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,11 @@ class NvidiaSmiUsage:
 
     @classmethod
     def open(cls) -> NvidiaSmiUsage | None:
-        path = shutil.which("nvidia-smi")
-        return cls(path) if path else None
+        for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            path = os.path.join(folder or ".", "nvidia-smi")
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return cls(path)
+        return None
 
     async def holders(self) -> dict[int, int] | None:
         try:

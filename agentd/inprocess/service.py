@@ -20,13 +20,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
+from agentd.inprocess.channel import Channel
 
 if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
@@ -73,100 +73,6 @@ class Fallback:
     kept: tuple[int, ...]
 
 
-class _Channel:
-    """The agent's end of one worker's channel, read on the loop."""
-
-    def __init__(self, on_error: Callable[[], None]) -> None:
-        self.agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.worker_fd: int | None = worker_end.detach()
-        self.agent_end.setblocking(False)
-        self.opted_in = False
-        self.broken = False
-        self.closed_by_worker: float | None = None
-        """When the worker's end closed (epoch seconds): its process is exiting or gone."""
-        self.parked: asyncio.Event = asyncio.Event()
-        self.settled: asyncio.Event = asyncio.Event()
-        """Set once the worker parked or its channel broke: nothing more to wait for."""
-        self.error: tuple[str, float] | None = None
-        """What the worker's training function raised, and when the agent heard of it."""
-        self._on_error = on_error
-        self._buffer = b""
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.agent_end.fileno(), self._readable)
-
-    def spawned(self) -> None:
-        """The worker holds its end now: the agent's copy goes."""
-        if self.worker_fd is not None:
-            os.close(self.worker_fd)
-            self.worker_fd = None
-
-    def send(self, op: str, **fields: object) -> bool:
-        try:
-            self.agent_end.sendall(wire.encode(op, **fields))
-        except OSError:
-            self.closed_by_worker = time.time()
-            self.close()
-            return False
-        return True
-
-    def _readable(self) -> None:
-        try:
-            data = self.agent_end.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.closed_by_worker = time.time()
-            self.close()
-            return
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            self._take(line)
-        if len(self._buffer) > wire.MAX_LINE:
-            self._take(self._buffer)
-
-    def _take(self, line: bytes) -> None:
-        if self.broken:
-            return
-        try:
-            message = wire.decode(line, wire.WORKER_OPS)
-        except wire.ProtocolError as exc:
-            log.warning("In-process channel: %s; restarting that worker as a process", exc)
-            self.close()
-            return
-        if message["op"] == "hello":
-            self.opted_in = True
-        elif message["op"] == "error":
-            self.error = (message.get("message") or "the training function raised", time.time())
-            self._on_error()
-        else:
-            self.parked.set()
-            self.settled.set()
-
-    def close(self) -> None:
-        if self.broken:
-            return
-        self.broken = True
-        self.settled.set()
-        self._buffer = b""
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(self.agent_end.fileno())
-        self.agent_end.close()
-        self.spawned()
-
-    def why_not_kept(self) -> str | None:
-        """Why this worker cannot be kept on its own account (None: it can, so far)."""
-        if not self.opted_in:
-            return "not_opted_in"
-        if self.closed_by_worker is not None:
-            return "channel_closed"
-        if self.broken:
-            return "broken_channel"
-        return None
-
-
 class InProcessRestarts:
     """In-process restarts of one agent's workers (see the module docstring)."""
 
@@ -183,7 +89,7 @@ class InProcessRestarts:
         self._quick: list[float] = []
         """When the recent in-process restarts happened, while each came soon after the last."""
         self._restarting = False
-        self._channels: dict[int, _Channel] = {}
+        self._channels: dict[int, Channel] = {}
         self.parked: dict[int, WorkerProcess] = {}
         """The workers kept for the next attempt, by local rank."""
         self.kinds = {"in_process": 0, "process": 0}
@@ -249,7 +155,7 @@ class InProcessRestarts:
         old = self._channels.pop(local_rank, None)
         if old is not None:
             old.close()
-        channel = _Channel(self._on_error)
+        channel = Channel(self._on_error)
         self._channels[local_rank] = channel
         assert channel.worker_fd is not None
         return channel.worker_fd, {wire.CHANNEL_FD_ENV: str(channel.worker_fd)}
@@ -303,7 +209,7 @@ class InProcessRestarts:
                 "other",
             )
         lost: dict[str, list[int]] = {}
-        ready: dict[int, _Channel] = {}
+        ready: dict[int, Channel] = {}
         for rank, channel in channels.items():
             why = "not_opted_in" if channel is None else channel.why_not_kept()
             if why is None and channel is not None:
@@ -339,7 +245,7 @@ class InProcessRestarts:
         return dict(kept)
 
     async def _wait_parked(
-        self, ready: Mapping[int, _Channel], survivors: Mapping[int, WorkerProcess]
+        self, ready: Mapping[int, Channel], survivors: Mapping[int, WorkerProcess]
     ) -> list[int]:
         """Wait until every ``ready`` worker parked, closed its channel or exited; returns
         the local ranks that did none of these within the park timeout."""

@@ -1,7 +1,8 @@
 """A gloo job that restarts in process: ``torch_inprocess.py OUT_DIR STEPS [CRASH_STEP]``.
 
 Four ranks train a linear model on data fixed by (rank, step); with CRASH_STEP, rank 2
-dies at that step of attempt 0, before its all-reduce. Each process writes
+dies at that step of attempt 0, before its all-reduce, and rank 3 drifts (its weights
+change) before it syncs again: it must get rank 0's. Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
 it saw, the model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
 ``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
@@ -36,7 +37,9 @@ def train() -> None:
     if state["calls"] == 1 and inprocess.current().source is None:  # a fresh job: agree
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
-    inprocess.sync(model, optimizer)
+    if state["calls"] == 2 and rank == 3:  # a survivor that drifted: sync() must see it
+        model.weight.data += 1.0
+    assert inprocess.sync(model, optimizer) == (state["calls"] > 1 or not inprocess.current().fresh)
     state["step"] = inprocess.sync_object(state["step"])
     while state["step"] < steps:
         step = state["step"]

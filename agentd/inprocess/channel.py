@@ -1,0 +1,112 @@
+"""The agent's end of one worker's in-process channel (:mod:`agentd.inprocess.wire`):
+read on the event loop, it records what the worker said (``hello``, ``error``,
+``parked``) and whether the channel broke, or closed because the worker's process is on
+its way out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from agentd.inprocess import wire
+
+log = logging.getLogger(__name__)
+
+
+class Channel:
+    """The agent's end of one worker's channel, read on the loop."""
+
+    def __init__(self, on_error: Callable[[], None]) -> None:
+        self.agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.worker_fd: int | None = worker_end.detach()
+        self.agent_end.setblocking(False)
+        self.opted_in = False
+        self.broken = False
+        self.closed_by_worker: float | None = None
+        """When the worker's end closed (epoch seconds): its process is exiting or gone."""
+        self.parked: asyncio.Event = asyncio.Event()
+        self.settled: asyncio.Event = asyncio.Event()
+        """Set once the worker parked or its channel broke: nothing more to wait for."""
+        self.error: tuple[str, float] | None = None
+        """What the worker's training function raised, and when the agent heard of it."""
+        self._on_error = on_error
+        self._buffer = b""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.agent_end.fileno(), self._readable)
+
+    def spawned(self) -> None:
+        """The worker holds its end now: the agent's copy goes."""
+        if self.worker_fd is not None:
+            os.close(self.worker_fd)
+            self.worker_fd = None
+
+    def send(self, op: str, **fields: object) -> bool:
+        try:
+            self.agent_end.sendall(wire.encode(op, **fields))
+        except OSError:
+            self.closed_by_worker = time.time()
+            self.close()
+            return False
+        return True
+
+    def _readable(self) -> None:
+        try:
+            data = self.agent_end.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.closed_by_worker = time.time()
+            self.close()
+            return
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._take(line)
+        if len(self._buffer) > wire.MAX_LINE:
+            self._take(self._buffer)
+
+    def _take(self, line: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            message = wire.decode(line, wire.WORKER_OPS)
+        except wire.ProtocolError as exc:
+            log.warning("In-process channel: %s; restarting that worker as a process", exc)
+            self.close()
+            return
+        if message["op"] == "hello":
+            self.opted_in = True
+        elif message["op"] == "error":
+            self.error = (message.get("message") or "the training function raised", time.time())
+            self._on_error()
+        else:
+            self.parked.set()
+            self.settled.set()
+
+    def close(self) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        self.settled.set()
+        self._buffer = b""
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self.agent_end.fileno())
+        self.agent_end.close()
+        self.spawned()
+
+    def why_not_kept(self) -> str | None:
+        """Why this worker cannot be kept on its own account (None: it can, so far)."""
+        if not self.opted_in:
+            return "not_opted_in"
+        if self.closed_by_worker is not None:
+            return "channel_closed"
+        if self.broken:
+            return "broken_channel"
+        return None
