@@ -40,6 +40,20 @@ timeout 240 "$py" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/gpus \
 
 device=cuda
 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || device=cpu
+if [ "$device" = cuda ]; then
+    step "NCCL, one rank whose training function raises 5 times"
+    nccl="$(mktemp -d)"
+    timeout 120 "$py" -m agentd run --standalone --nproc-per-node 1 --max-restarts 5 \
+        --inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py "$nccl" raise \
+        > "$out/nccl.log" 2>&1
+    "$py" - "$nccl/rank0.jsonl" <<'PY' | tee -a "$out/bench.txt"
+import json, sys
+calls = [json.loads(line) for line in open(sys.argv[1])]
+mib = lambda key: "/".join(str(c[key] >> 20) for c in calls)
+print(f"  nccl-raise x5   {len(calls)} calls in {len({c['pid'] for c in calls})} process(es); "
+      f"allocated MiB {mib('allocated')}; device used MiB {mib('device_used')}")
+PY
+fi
 step "recovery, the model on $device (256 MiB): in process, preloaded, spawned, torchrun"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
 bench 150 --device "$device" --model-mb 256 --runs 5 --launchers agentd-inprocess,agentd-preload
@@ -64,4 +78,9 @@ for line in (out / "bench.txt").read_text().splitlines():
         where = re.search(r"\((.*?)\)", line).group(1)
     elif "recovered" in line:
         print(f"| {line.split()[0]}: {where} | {' '.join(line.split()[1:])} |")
+    elif "the new rank" in line:
+        label, figures = line.strip().split(": ", 1)
+        print(f"| {label}: {where} | {figures} |")
+    elif "nccl-raise" in line:
+        print(f"| NCCL, one rank raising 5 times | {line.split(None, 2)[2]} |")
 PY
