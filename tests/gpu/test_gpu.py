@@ -83,7 +83,7 @@ def test_a_model_on_the_gpu_restarts_in_process_and_the_new_rank_gets_its_weight
     for rank in (0, 1, 3):  # the same process, called twice, its CUDA memory kept
         assert crashed[rank]["calls"] == 2 and crashed[rank]["restart"] == 1
         first, second = crashed[rank]["allocated"]
-        assert second == first > 256 * 2**20
+        assert second >= first > 256 * 2**20  # kept: the model, ballast, now grads and momentum
     assert crashed[2]["calls"] == 1 and crashed[2]["restart"] == 0
     for report in crashed.values():
         assert report["weights"] == pytest.approx(plain[0]["weights"], abs=1e-5)
