@@ -305,3 +305,14 @@ def test_a_kept_worker_that_dies_before_the_next_attempt_is_started_anew(tmp_pat
         (tmp_path / "out" / "release").write_text("")
         code, stderr = finish(proc, tmp_path)
     assert code == 0, stderr[-3000:]
+
+
+def test_a_function_entrypoint_is_told_that_it_restarts_as_a_new_process(tmp_path, capfd):
+    from agentd import LocalElasticAgent, WorkerSpec
+    from tests.workers.functions import in_process
+
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=in_process, args=(5,))
+    result = LocalElasticAgent(spec, log_dir=tmp_path).run()
+    assert result.return_values == {0: 0, 1: 5}  # a plain call
+    said = capfd.readouterr().err  # the workers write to the agent's stderr
+    assert said.count("function entrypoints restart as new processes, not in process") == 2

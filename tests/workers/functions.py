@@ -13,3 +13,10 @@ def raise_on_rank(bad_rank: int) -> int:
     if int(os.environ["RANK"]) == bad_rank:
         raise RuntimeError(f"function failed on rank {bad_rank}")
     return 0
+
+
+def in_process(factor: int) -> int:
+    """Wraps its work in agentd.inprocess.run, which a function entrypoint cannot honour."""
+    import agentd.inprocess as inprocess
+
+    return inprocess.run(lambda: int(os.environ["RANK"]) * factor)
