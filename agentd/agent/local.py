@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 _TAIL_WAIT = 0.5
 _CAUSE_WAIT = 0.02
-_DYING_WAIT = 2.0  # for a worker that closed its channel to exit (a CUDA context's teardown)
 
 
 class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
@@ -276,6 +275,9 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if isinstance(self.rdzv_handler, CoordinatesDrains):
             self.control_file = str(self.run_dir / "drain.control")
             control.create(self.control_file)
+        dropped = self._inprocess.unresumable()  # kept, but their channel closed since
+        if dropped:
+            await self._stop_dropped(dropped)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
         if isinstance(spec.entrypoint, str):
             handler, grace = self.rdzv_handler, DEFAULT_GRACE
@@ -328,6 +330,17 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         )
         return {p.local_rank: p.pid for p in started}
 
+    async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
+        """Stop kept workers that can no longer be resumed; their ranks start anew."""
+        pids = await self._gpus.watched(p.pid for p in procs)
+        spared = {p.pgid for p in self._inprocess.parked.values()}  # kept: not strays
+        signum = self._worker_group.spec.stop_signal
+        await stop_workers(procs, signum, self._stop_timeout(), self._force, self._mark, spared)
+        self._hygiene.stopped(procs)
+        self._watchdog.forget(p.pid for p in procs)
+        self._inprocess.forget(p.local_rank for p in procs)
+        await self._gpus.wait(pids)
+
     def _after_first_start(self) -> None:
         """Once the first workers are spawned: sweep dead agents' pipe directories, and load
         what a failure needs, so neither the launch nor the first restart waits for it."""
@@ -370,12 +383,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         if not failed and self._inprocess.raised():  # the cause may be a peer's exit: see it
-            dying = [procs[r] for r in self._inprocess.closing() if r in procs]
-            await asyncio.wait(
-                [p.exited for p in dying or procs.values()],
-                timeout=_DYING_WAIT if dying else _CAUSE_WAIT,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await self._inprocess.see_exits(procs.values(), _CAUSE_WAIT)
             failed = [p for p in procs.values() if p.returncode not in (None, 0)]
         raised = {r: e for r, e in self._inprocess.raised().items() if r in procs}
         if failed or raised:

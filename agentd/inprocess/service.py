@@ -37,6 +37,9 @@ QUICK_REPEATS = 3
 QUICK_WINDOW = 60.0
 """After QUICK_REPEATS in-process restarts, each within QUICK_WINDOW seconds of the one
 before, the next restart uses new processes: what the survivors kept may be what fails."""
+DYING_WAIT = 2.0
+"""How long a failure waits for a worker that closed its channel to exit: its exit, not
+its peers' errors, is then the root cause."""
 PARK_TIMEOUT = 10.0
 """How long the survivors have to leave their training function (a collective in native
 code returns first) before the restart falls back to new processes."""
@@ -137,18 +140,56 @@ class InProcessRestarts:
                 pass_fds.append(fd)
 
     def keeping(self) -> list[int]:
-        """The local ranks kept for the next attempt that are still alive."""
-        return sorted(r for r, p in self.parked.items() if p.returncode is None)
+        """The local ranks kept for the next attempt that are still alive and reachable."""
+        return sorted(
+            r
+            for r, p in self.parked.items()
+            if p.returncode is None and r in self._channels and not self._channels[r].broken
+        )
+
+    def unresumable(self) -> list[WorkerProcess]:
+        """Kept workers, still running, whose channel closed or broke since they parked (a
+        process on its way out): they are no longer kept, and the agent stops them so that
+        their ranks start anew."""
+        gone = [
+            p for r, p in self.parked.items() if p.returncode is None and r not in self.keeping()
+        ]
+        for proc in gone:
+            del self.parked[proc.local_rank]
+        if gone:
+            log.warning(
+                "Kept local rank(s) %s closed their in-process channel before the next attempt "
+                "resumed them: starting them anew",
+                [p.local_rank for p in gone],
+            )
+        return gone
+
+    async def see_exits(self, procs: Iterable[WorkerProcess], cause_wait: float) -> None:
+        """Before a failure that a training function raised is reported, let the exits
+        that may have caused it be seen: up to :data:`DYING_WAIT` for workers that closed
+        their channel (a process that held a CUDA context takes that long to finish
+        exiting), else ``cause_wait`` for any."""
+        procs = list(procs)
+        closing = set(self.closing())
+        dying = [p for p in procs if p.local_rank in closing]
+        await asyncio.wait(
+            [p.exited for p in dying or procs],
+            timeout=DYING_WAIT if dying else cause_wait,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
 
     def resume_all(self, plans: Sequence[tuple[Any, ...]]) -> list[WorkerProcess]:
-        """Resume every kept worker with its plan's variables; returns those resumed."""
-        resumed = [
-            self.parked[w.local_rank]
-            for w, _argv, env, *_ in plans
-            if w.local_rank in self.parked and self.resume(w.local_rank, env)
-        ]
+        """Resume every kept worker with its plan's variables; returns them all, those that
+        could not be told too (their channel just closed: they are exiting, and their exit
+        is watched like any other)."""
+        kept = [self.parked[w.local_rank] for w, *_ in plans if w.local_rank in self.parked]
+        for worker, _argv, env, *_ in plans:
+            if worker.local_rank in self.parked and not self.resume(worker.local_rank, env):
+                log.warning(
+                    "Kept local rank %d could not be resumed: its channel closed", worker.local_rank
+                )
         self.parked = {}
-        return resumed
+        return kept
 
     def channel_for(self, local_rank: int) -> tuple[int, dict[str, str]]:
         """A new worker's end of a fresh channel and the variable that names it."""

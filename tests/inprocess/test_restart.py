@@ -316,3 +316,27 @@ def test_a_function_entrypoint_is_told_that_it_restarts_as_a_new_process(tmp_pat
     assert result.return_values == {0: 0, 1: 5}  # a plain call
     said = capfd.readouterr().err  # the workers write to the agent's stderr
     assert said.count("function entrypoints restart as new processes, not in process") == 2
+
+
+def test_a_kept_worker_whose_channel_closes_before_its_resume_is_stopped_and_started_anew(
+    tmp_path,
+):
+    """A parked survivor that starts to exit (its channel closes at once, its exit comes
+    later, as with a CUDA context) can no longer be resumed: left as it was, its rank
+    would be missing from the next attempt and the others would wait for it forever."""
+    proc = start_job(tmp_path, "loop", "--restart-backoff", "2:2:1:0")
+    try:
+        wait_until(lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60,
+                   "the backoff")  # fmt: skip
+        victim = calls_of(tmp_path)[2][0]["pid"]  # parked by now: it waits for its resume
+        os.kill(victim, signal.SIGUSR1)
+        wait_until(lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()), 60,
+                   "attempt 1 on every rank")  # fmt: skip
+        calls = calls_of(tmp_path)
+        assert calls[2][1]["pid"] != victim and calls[2][1]["count"] == 0  # a new process
+        assert calls[0][1]["pid"] == calls[0][0]["pid"]  # still kept
+    finally:
+        (tmp_path / "out" / "release").write_text("")
+        code, stderr = finish(proc, tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "Kept local rank(s) [2] closed their in-process channel" in stderr

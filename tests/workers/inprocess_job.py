@@ -14,11 +14,13 @@ attempt 0:
 (they cannot park in time), ``garbage`` write a line the agent does not understand on
 their channel, then loop. Every call of the training function appends a JSON line to
 ``OUT/rank<LOCAL_RANK>.jsonl``; on later attempts it returns (in ``loop`` mode once
-``OUT/release`` exists).
+``OUT/release`` exists). SIGUSR1 makes any rank close its channel and linger, as a process
+on its way out does.
 """
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -26,6 +28,16 @@ import time
 import agentd.inprocess as inprocess
 
 shared, mode = sys.argv[1], sys.argv[2]
+
+
+def on_its_way_out(*_: object) -> None:
+    """SIGUSR1: close the channel, as a process whose exit has begun does, and linger."""
+    channel = socket.socket(fileno=int(os.environ["AGENTD_INPROCESS_FD"]))
+    channel.shutdown(socket.SHUT_RDWR)
+    time.sleep(30)  # the agent stops it
+
+
+signal.signal(signal.SIGUSR1, on_its_way_out)
 out = os.environ["AGENTD_TEST_OUT"] if mode == "nodes" else shared
 rank = int(os.environ["LOCAL_RANK"])
 
