@@ -286,15 +286,18 @@ def test_quick_repeated_in_process_restarts_fall_back_to_new_processes(tmp_path)
         assert rank_pids[0] != rank_pids[4]
 
 
-def test_a_kept_worker_that_dies_before_the_next_attempt_is_started_anew(tmp_path):
+@pytest.mark.parametrize("how", ["killed", "exiting"])
+def test_a_kept_worker_lost_before_the_next_attempt_is_started_anew(tmp_path, how):
     """The backoff holds the restart between the park and the next attempt: a survivor
-    killed there must not leave its rank empty."""
+    killed there, or one that starts to exit there (its channel closes at once, its exit
+    comes later, as with a CUDA context, so it cannot be resumed), must not leave its
+    rank empty, which would leave the others waiting for it forever."""
     proc = start_job(tmp_path, "loop", "--restart-backoff", "2:2:1:0")
     try:
         wait_until(lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60,
                    "the backoff")  # fmt: skip
         victim = calls_of(tmp_path)[2][0]["pid"]  # parked by now: it waits for its resume
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL if how == "killed" else signal.SIGUSR1)
         wait_until(lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()), 60,
                    "attempt 1 on every rank")  # fmt: skip
         calls = calls_of(tmp_path)
@@ -305,6 +308,8 @@ def test_a_kept_worker_that_dies_before_the_next_attempt_is_started_anew(tmp_pat
         (tmp_path / "out" / "release").write_text("")
         code, stderr = finish(proc, tmp_path)
     assert code == 0, stderr[-3000:]
+    if how == "exiting":
+        assert "Kept local rank(s) [2] closed their in-process channel" in stderr
 
 
 def test_a_function_entrypoint_is_told_that_it_restarts_as_a_new_process(tmp_path, capfd):
@@ -316,27 +321,3 @@ def test_a_function_entrypoint_is_told_that_it_restarts_as_a_new_process(tmp_pat
     assert result.return_values == {0: 0, 1: 5}  # a plain call
     said = capfd.readouterr().err  # the workers write to the agent's stderr
     assert said.count("function entrypoints restart as new processes, not in process") == 2
-
-
-def test_a_kept_worker_whose_channel_closes_before_its_resume_is_stopped_and_started_anew(
-    tmp_path,
-):
-    """A parked survivor that starts to exit (its channel closes at once, its exit comes
-    later, as with a CUDA context) can no longer be resumed: left as it was, its rank
-    would be missing from the next attempt and the others would wait for it forever."""
-    proc = start_job(tmp_path, "loop", "--restart-backoff", "2:2:1:0")
-    try:
-        wait_until(lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60,
-                   "the backoff")  # fmt: skip
-        victim = calls_of(tmp_path)[2][0]["pid"]  # parked by now: it waits for its resume
-        os.kill(victim, signal.SIGUSR1)
-        wait_until(lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()), 60,
-                   "attempt 1 on every rank")  # fmt: skip
-        calls = calls_of(tmp_path)
-        assert calls[2][1]["pid"] != victim and calls[2][1]["count"] == 0  # a new process
-        assert calls[0][1]["pid"] == calls[0][0]["pid"]  # still kept
-    finally:
-        (tmp_path / "out" / "release").write_text("")
-        code, stderr = finish(proc, tmp_path)
-    assert code == 0, stderr[-3000:]
-    assert "Kept local rank(s) [2] closed their in-process channel" in stderr
