@@ -188,19 +188,19 @@ def _destroy_process_group() -> None:
     of their own (the GIL is released there), so the restart waits for neither: the abort
     closes their connections (20-30 ms for gloo), so a peer still blocked in a collective
     with this rank fails at once and can park too, and the teardown that follows never
-    waits for that collective."""
+    waits for that collective.
+
+    Raises what torch raised when a group cannot be destroyed: a worker that kept a live
+    group must not be resumed (it exits, and a new process takes its rank)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None:
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
-    with contextlib.suppress(Exception):
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        if _nccl_groups(dist):
-            dist.distributed_c10d._abort_process_group()
-            return
-        doomed = _groups(dist)
-        dist.destroy_process_group()
-        threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
+    if _nccl_groups(dist):
+        dist.distributed_c10d._abort_process_group()
+        return
+    doomed = _groups(dist)
+    dist.destroy_process_group()
+    threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
 
 
 def _abort(groups: list[Any]) -> None:
@@ -249,7 +249,14 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 channel.send("error", message=f"{type(exc).__name__}: {exc}"[: wire.MAX_MESSAGE])
             if not channel.parking.wait(_grace()) or channel.closed.is_set():
                 raise
-        _destroy_process_group()
+        try:
+            _destroy_process_group()
+        except Exception:
+            log.error(
+                "agentd.inprocess.run: the process group could not be destroyed; "
+                "this rank restarts as a new process"
+            )
+            raise
         channel.send("parked")
         channel.resumed.wait()
         if channel.closed.is_set():

@@ -321,3 +321,15 @@ def test_a_function_entrypoint_is_told_that_it_restarts_as_a_new_process(tmp_pat
     assert result.return_values == {0: 0, 1: 5}  # a plain call
     said = capfd.readouterr().err  # the workers write to the agent's stderr
     assert said.count("function entrypoints restart as new processes, not in process") == 2
+
+
+def test_a_survivor_whose_group_cannot_be_destroyed_says_so_and_is_replaced(tmp_path):
+    done, calls = run_job(tmp_path, "undestroyable")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert calls[0][1]["pid"] == calls[0][0]["pid"]  # kept
+    assert calls[2][1]["pid"] != calls[2][0]["pid"] and calls[2][1]["count"] == 0  # replaced
+    assert calls[2][1]["replaced"] == [1, 2]
+    said = done.stderr  # the workers' output goes to the agent's stderr
+    assert "the process group could not be destroyed; this rank restarts as a new process" in said
+    assert "RuntimeError: the group is wedged" in said
+    assert "Local rank(s) [2] exited while the others parked" in said

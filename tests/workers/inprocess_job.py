@@ -15,7 +15,9 @@ attempt 0:
 their channel, then loop. Every call of the training function appends a JSON line to
 ``OUT/rank<LOCAL_RANK>.jsonl``; on later attempts it returns (in ``loop`` mode once
 ``OUT/release`` exists). SIGUSR1 makes any rank close its channel and linger, as a process
-on its way out does.
+on its way out does. In ``undestroyable`` mode (``loop`` otherwise), local rank 2's process
+group cannot be destroyed when it parks (a stand-in for ``torch.distributed`` raises), and
+attempt 1 returns at once.
 """
 
 import json
@@ -24,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+import types
 
 import agentd.inprocess as inprocess
 
@@ -40,6 +43,24 @@ def on_its_way_out(*_: object) -> None:
 signal.signal(signal.SIGUSR1, on_its_way_out)
 out = os.environ["AGENTD_TEST_OUT"] if mode == "nodes" else shared
 rank = int(os.environ["LOCAL_RANK"])
+
+
+def wedged_torch_distributed() -> types.ModuleType:
+    """A stand-in for an initialised ``torch.distributed`` whose group cannot be destroyed."""
+
+    def destroy_process_group() -> None:
+        raise RuntimeError("the group is wedged")
+
+    fake = types.ModuleType("torch.distributed")
+    fake.__dict__.update(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        is_nccl_available=lambda: False,
+        distributed_c10d=types.SimpleNamespace(_world=None),
+        group=types.SimpleNamespace(WORLD=None),
+        destroy_process_group=destroy_process_group,
+    )
+    return fake
 
 
 def released() -> bool:
@@ -103,6 +124,8 @@ def train() -> None:
             with expires(after=0.3):
                 time.sleep(30)
         os._exit(3)
+    if mode == "undestroyable" and rank == 2:
+        sys.modules["torch.distributed"] = wedged_torch_distributed()
     if mode == "garbage":
         os.write(int(os.environ["AGENTD_INPROCESS_FD"]), b"not json\n")
     if mode == "stuck":
