@@ -60,8 +60,8 @@ class LocalAgentViews:
 
     def inprocess_status(self) -> dict[str, Any]:
         """Restarts that did not keep every surviving rank: counts by reason
-        (``fallbacks``) and the ``last`` one (its reason, the local ranks it concerned and
-        those kept anyway), or None."""
+        (``fallbacks``) and the last one (``last_fallback``: its reason, the local ranks it
+        concerned and those kept anyway; None before any)."""
         last = self._inprocess.last_fallback
         return {
             "fallbacks": dict(self._inprocess.fallbacks),

@@ -25,15 +25,13 @@ MAX_INTERVAL = 0.5
 
 class GpuRelease:
     """Waits up to ``timeout`` seconds after a stop for the stopped processes' GPU memory
-    (0: never waits). The GPUs are looked for once, at the first stop."""
+    (0: never waits). The GPUs are looked for once: by :meth:`look`, or at the first
+    stop."""
 
-    def __init__(self, timeout: float, usage: GpuUsage | None = None) -> None:
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._usage = usage
+        self._usage: GpuUsage | None = None
         self._looking: asyncio.Future[GpuUsage | None] | None = None
-        if usage is not None:
-            self._looking = asyncio.get_running_loop().create_future()
-            self._looking.set_result(usage)
 
     def look(self) -> None:
         """Look for the GPUs now, in a thread (loading NVML takes tens of milliseconds),
@@ -65,12 +63,12 @@ class GpuRelease:
                 watched.update(c.pid for c in psutil.Process(pid).children(recursive=True))
         return watched
 
-    async def wait(self, pids: set[int]) -> bool:
-        """Wait until none of ``pids`` holds GPU memory, or ``timeout`` passes; whether it
-        was released (True too when it cannot be read)."""
+    async def wait(self, pids: set[int]) -> None:
+        """Wait until none of ``pids`` holds GPU memory (or it cannot be read), or until
+        ``timeout`` passes."""
         usage = self._usage
         if not pids or usage is None:
-            return True
+            return
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.timeout
@@ -79,7 +77,7 @@ class GpuRelease:
         while True:
             holders = await usage.holders()
             if holders is None:
-                return True
+                return
             held = {pid: mib for pid, mib in holders.items() if pid in pids}
             if not held:
                 if told:
@@ -87,7 +85,7 @@ class GpuRelease:
                         "The stopped workers' GPU memory was released after %.2fs",
                         loop.time() - started,
                     )
-                return True
+                return
             if loop.time() >= deadline:
                 log.warning(
                     "The stopped workers still hold GPU memory after %.0fs (%s); "
@@ -95,7 +93,7 @@ class GpuRelease:
                     self.timeout,
                     describe(held),
                 )
-                return False
+                return
             if not told:
                 log.info(
                     "Waiting up to %.0fs for the stopped workers' GPU memory: %s",

@@ -52,12 +52,14 @@ def sync(*objects: Any) -> bool:
             )
     with torch.no_grad():
         gloo = dist.get_backend() == "gloo"
-        on_host = [t for t in tensors if gloo and t.device.type == "cpu"]
+        on_host: list[Any] = []
+        broadcast: list[Any] = []
+        for tensor in tensors:
+            (on_host if gloo and tensor.device.type == "cpu" else broadcast).append(tensor)
         if on_host:
             _send_to_those_who_differ(on_host, source)
-        for tensor in tensors:
-            if not (gloo and tensor.device.type == "cpu"):
-                dist.broadcast(tensor, src=source)
+        for tensor in broadcast:
+            dist.broadcast(tensor, src=source)
         for obj in stateful:
             box = [obj.state_dict() if dist.get_rank() == source else None]
             dist.broadcast_object_list(box, src=source)
