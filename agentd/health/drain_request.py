@@ -31,8 +31,8 @@ async def drain_response(
 ) -> web.Response:
     from aiohttp import web
 
-    given = request.headers.get("Authorization", "")
-    if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not token or not hmac.compare_digest(given, f"Bearer {token}".encode()):
         return web.json_response({"error": "POST /drain needs the bearer token "
                                   "(Authorization: Bearer <token>)"}, status=401)  # fmt: skip
     body = await request.content.read(MAX_BODY + 1)

@@ -1,7 +1,8 @@
 """The HTTP health endpoint: ``/livez`` (``/healthz``), ``/readyz``, ``/status``, ``/metrics``.
 
 Served by aiohttp inside the agent's own loop (``AppRunner`` + ``TCPSite``, never
-``run_app``). Read-only: GET (and HEAD) only, so other methods get 405 and unknown paths
+``run_app``). Read-only but for ``POST /drain`` (with a token, and only where the agent
+can drain: :mod:`agentd.health.drain_request`): other methods get 405 and unknown paths
 404. ``/livez`` answers from state alone and never depends on the store or other hosts.
 aiohttp is imported when a server starts, so an agent without one never loads it.
 """

@@ -9,8 +9,11 @@ request handler or a task; that is logged once per interval, never per connectio
 A client's malformed request (a NUL byte in a header, an oversized header line, a bad
 request line: aiohttp's ``HttpProcessingError``) is answered 400 by aiohttp and logged by
 :class:`ServerLog` as one WARNING line per interval with the count so far, never as a
-traceback: anyone who can connect could otherwise fill the log. A failure of agentd's own
-handlers keeps its traceback.
+traceback: anyone who can connect could otherwise fill the log. A request whose header
+names or values are not UTF-8 (aiohttp hands such bytes to handlers as surrogate escapes,
+which break any handler that encodes them) is answered 400 naming the header before any
+handler runs, and counted the same way. A failure of agentd's own handlers keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -82,10 +85,49 @@ class ServerLog:
         if exc is self._last:
             return
         self._last = exc
+        self.refused(client, client_problem(exc))
+
+    def refused(self, client: str, problem: str) -> None:
+        """Count a request from ``client`` answered 400 for ``problem``; log it within the
+        limit."""
         self.malformed += 1
-        self._problems.warning("malformed", "%s: answered 400 to %d malformed request(s) so "
-                               "far; the latest from %s: %s", self._what, self.malformed,
-                               client, _one_line(client_problem(exc)))  # fmt: skip
+        self._problems.warning(
+            "malformed",
+            "%s: answered 400 to %d malformed request(s) so far; the latest from %s: %s",
+            self._what,
+            self.malformed,
+            client,
+            _one_line(problem),
+        )
+
+
+def undecodable_header(raw_headers: tuple[tuple[bytes, bytes], ...]) -> str | None:
+    """What is wrong with the first header whose name or value is not UTF-8, or None."""
+    for name, value in raw_headers:
+        try:
+            name.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"a header name: {name[:40]!r} is not valid UTF-8"
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"header {name.decode()}: its value is not valid UTF-8"
+    return None
+
+
+def _header_guard(server_log: ServerLog) -> Any:
+    """The middleware that answers 400 to headers that are not UTF-8 (module docstring)."""
+    from aiohttp import web
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> Any:
+        problem = undecodable_header(request.raw_headers)
+        if problem is None:
+            return await handler(request)
+        server_log.refused(str(request.remote), problem)
+        return web.json_response({"error": problem}, status=400)
+
+    return guard
 
 
 def is_client_fault(exc: object) -> bool:
@@ -205,6 +247,7 @@ async def serve_app(
 
     if server_log is None:
         server_log = ServerLog(what, bounds.log_interval)
+    app.middlewares.insert(0, _header_guard(server_log))
 
     # Long polls would hold a stop for up to a minute; clients retry them elsewhere.
     runner = BoundedRunner(

@@ -1,5 +1,6 @@
 """Malformed HTTP from anyone who can connect: every listener answers 400 and logs one
-WARNING line per interval with a count, never a traceback (issue 23)."""
+WARNING line per interval with a count, never a traceback (issue 23); header bytes that
+are not UTF-8 on every route of every listener (issue 36)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from agentd.store.ops import OPS
+from agentd.store.server import CANDIDATE_OPS
 from tests.conftest import WORKER, free_port, wait_until
 
 MALFORMED = [
@@ -85,3 +88,73 @@ def test_the_health_port_answers_garbage_400_with_one_warning(run_agentd, tmp_pa
     stop.touch()
     assert agent.wait(30) == 0
     assert_one_warning_per_listener(agent.stderr(), "health_port")
+
+
+BAD_HEADERS = [
+    b"Host: x\r\nAuthorization: Bearer \xff\xfe\xc3",  # not UTF-8 where the token goes
+    b"Host: x\r\nX-Trace: caf\xe9",  # in another header (Latin-1)
+    b"Host: h\xf0\x28\x8c\x28",  # in Host (a broken 4-byte sequence)
+]
+STORE_ROUTES = [f"/v1/{op}" for op in sorted({*OPS, *CANDIDATE_OPS})] + ["/v1/nope", "/"]
+HEALTH_ROUTES = ["/livez", "/healthz", "/readyz", "/status", "/metrics", "/drain", "/nope"]
+
+
+def bad_header_requests(routes: list[str]) -> Iterator[bytes]:
+    """Every route, by GET and by POST, with bytes that are not UTF-8 in each place."""
+    for path in routes:
+        for method in (b"GET", b"POST"):
+            for headers in BAD_HEADERS:
+                yield (method + b" " + path.encode() + b" HTTP/1.1\r\n" + headers
+                       + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")  # fmt: skip
+
+
+def assert_all_4xx(port: int, routes: list[str]) -> None:
+    answers = {request: send(port, request) for request in bad_header_requests(routes)}
+    wrong = {req: status for req, status in answers.items() if not status.startswith(b"HTTP/1.1 4")}
+    assert not wrong, wrong
+
+
+def assert_at_most_one_warning(err: str, listeners: list[str]) -> None:
+    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
+    for listener in listeners:
+        lines = [line for line in err.splitlines() if f"{listener}: answered 400" in line]
+        assert len(lines) <= 1, lines
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["agentd-store", "candidate-store"])
+def test_header_bytes_that_are_not_utf8_get_a_4xx_from_every_store_route(tmp_path, peers):
+    err = tmp_path / "store.err"
+    port = free_port()
+    args = ["--peers", f"127.0.0.1:{port},127.0.0.1:{free_port()}"] if peers else []
+    with open(err, "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", str(port), *args],
+            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
+        assert_all_4xx(port, STORE_ROUTES)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_at_most_one_warning(err.read_text(), ["store"])
+    assert "header Authorization: its value is not valid UTF-8" in err.read_text()
+
+
+def test_header_bytes_that_are_not_utf8_get_a_4xx_from_the_agents_listeners(run_agentd, tmp_path):
+    """One agent serves both: its health port (with ``POST /drain``) and the job's store."""
+    stop = tmp_path / "stop"
+    store, health = free_port(), free_port()
+    agent = run_agentd(
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store}", "--nnodes", "1",
+        "--health-port", str(health), "--drain-on", "SIGUSR1",
+        WORKER, "member", "--stop-file", str(stop), env={"AGENTD_STORE_TOKEN": "tok"},
+    )  # fmt: skip
+    wait_until(lambda: "Started 1 worker" in agent.stderr(), what="the worker to start")
+    assert_all_4xx(health, HEALTH_ROUTES)
+    assert_all_4xx(store, STORE_ROUTES)
+    stop.touch()
+    assert agent.wait(30) == 0
+    assert_at_most_one_warning(agent.stderr(), ["health_port", "store"])
