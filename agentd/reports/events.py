@@ -117,7 +117,10 @@ class JsonLinesFile:
     """Appends events to a file, one JSON object per line, each written at once.
 
     Past ``max_bytes`` the file is renamed ``<path>.1`` (replacing the previous one) and a
-    new one is started, so a crash-looping job's event log stays bounded.
+    new one is started, so a crash-looping job's event log stays bounded. A new file that
+    cannot be opened (its directory gone, no inode left) is said once, as an ERROR, and
+    retried at each later event; the events lost meanwhile are counted (``lost``) and the
+    count is logged when the file is back.
     """
 
     def __init__(self, path: str, max_bytes: int = MAX_EVENT_LOG) -> None:
@@ -125,6 +128,8 @@ class JsonLinesFile:
         self._max_bytes = max_bytes
         self._fd = -1
         self._size = 0
+        self.lost = 0
+        """Events dropped while the file could not be reopened."""
         self._open()
 
     def _open(self) -> None:
@@ -132,15 +137,21 @@ class JsonLinesFile:
         self._size = os.fstat(self._fd).st_size
 
     def __call__(self, event: Event) -> None:
+        if self._fd < 0 and not self._reopen():
+            self.lost += 1
+            return
         line = (event.to_json() + "\n").encode()
         try:
             if self._size and self._size + len(line) > self._max_bytes:
                 self._rotate()
             self._size += os.write(self._fd, line)
-        except OSError as exc:  # a full disk: one line per interval, never a traceback
+        except OSError as exc:
+            if self._fd < 0:  # the rotation's new file cannot be opened: said by _reopen
+                self.lost += 1
+                return
             from agentd.workers.output import disk_problem
 
-            disk_problem(Path(self.path), exc)
+            disk_problem(Path(self.path), exc)  # a full disk: one line per interval
 
     def _rotate(self) -> None:
         os.close(self._fd)
@@ -148,7 +159,25 @@ class JsonLinesFile:
         try:
             os.replace(self.path, self.path + ".1")
         finally:  # rotated or not, go on writing
+            self._reopen()
+
+    def _reopen(self) -> bool:
+        """Open the file again; False (said once, until it works) when it cannot be."""
+        try:
             self._open()
+        except OSError as exc:
+            if not self.lost:
+                message = (
+                    "Event log %s: cannot open it again after its rotation (%s); events are "
+                    "dropped and counted until it can be, tried again at each event"
+                )
+                log.error(message, self.path, exc.strerror)
+            return False
+        if self.lost:
+            message = "Event log %s: open again; %d event(s) were dropped while it was not"
+            log.warning(message, self.path, self.lost)
+            self.lost = 0
+        return True
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from agentd.support.aio import cancel_and_wait
+from agentd.support.ratelog import RateLimitedLog
 from agentd.support.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
 
@@ -128,6 +129,9 @@ class TimerServer(StartedInBackground):
         self._drain: asyncio.Task[None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self._last_warning: dict[str, float] = {}
+        self._reap_retries = RateLimitedLog(log)
+        self._retries: dict[int, asyncio.TimerHandle] = {}
+        """The standalone task's pending reap retries, by pid."""
 
     # -- the seed's API: plain logic ---------------------------------------------------------
 
@@ -235,9 +239,10 @@ class TimerServer(StartedInBackground):
     def _run_watchdog(self) -> None:
         """One pass, as torch's watchdog thread makes every ``max_interval``: register what
         the requests source holds (:meth:`_take_requests`), reap each worker with an expired
-        timer and forget the timers of those reaped. A reap that raises is logged and counted
-        as done (the worker is not retried forever); one that returns False is retried at the
-        next pass. agentd's own task expires timers on time without these passes."""
+        timer and forget the timers of those reaped. A reap that returns False is retried at
+        the next pass; one that raises is logged and counted as done, as torch's contract for
+        ``_reap_worker`` says (agentd's own never raises: it returns False on a failure).
+        agentd's own task expires timers on time without these passes."""
         self.register_timers(self._take_requests())
         reaped: set[int] = set()
         for worker_id, expired in self.get_expired_timers(self._wall()).items():
@@ -246,10 +251,17 @@ class TimerServer(StartedInBackground):
                 if self._reap_expired(worker_id, expired):
                     reaped.add(worker_id)
                 else:
-                    log.error("Could not reap pid %d (timers %s); retrying", worker_id, scopes)
+                    self._reap_retries.error(
+                        "retry", "Could not reap pid %d (timers %s); retrying", worker_id, scopes
+                    )
                     TimerServer.register_timers(self, expired)  # back as they were
             except Exception:
-                log.exception("Reaping pid %d (timers %s) failed", worker_id, scopes)
+                log.exception(
+                    "Reaping pid %d (timers %s) raised; its timers are dropped, as "
+                    "torch's contract says",
+                    worker_id,
+                    scopes,
+                )
                 reaped.add(worker_id)
         self.clear_timers(reaped)
 
@@ -276,6 +288,10 @@ class TimerServer(StartedInBackground):
             os.kill(worker_id, signal)
         except ProcessLookupError:
             return True
+        except OSError as exc:  # retried by the caller, never dropped: the worker may hang on
+            self.stats["reap_errors"] += 1
+            log.error("Could not send %s to pid %d: %s", signal_name(signal), worker_id, exc)
+            return False
         self.stats["reaped"] += 1
         log.error("Timer of pid %d expired: sent %s", worker_id, signal_name(signal))
         return True
@@ -306,6 +322,9 @@ class TimerServer(StartedInBackground):
         """Stop the watchdog task; pending timers are dropped."""
         task, self._task = self._task, None
         drain, self._drain = self._drain, None
+        for retry in self._retries.values():
+            retry.cancel()
+        self._retries.clear()
         await cancel_and_wait(drain)
         await cancel_and_wait(task)
 
@@ -390,13 +409,30 @@ class TimerServer(StartedInBackground):
             self._kill(request, pgid, entry.deadline)
 
     def _reap_standalone(self, request: TimerRequest) -> None:
+        """Reap an expired pid of torch's standalone server; a reap that returns False is
+        retried every ``max_interval`` until it succeeds or the pid is gone (before, the
+        timer was dropped and the hung worker ran on)."""
+        pending = self._retries.pop(request.worker_id, None)
+        if pending is not None:
+            pending.cancel()
         if request.signal <= 0 or not self.is_process_running(request.worker_id):
             self._notify(request, None)
             return
         try:
-            self._reap_expired(request.worker_id, [request])  # logs what it sent, or refused
-        except Exception:
-            log.exception("Reaping pid %d failed", request.worker_id)
+            done = self._reap_expired(request.worker_id, [request])  # logs what it sent
+        except Exception:  # torch's contract: a reap that raises counts as done
+            log.exception("Reaping pid %d raised; its timer is dropped", request.worker_id)
+            done = True
+        if not done:
+            message = "Could not reap pid %d (timer %r); retrying every %gs"
+            interval = self.max_interval
+            self._reap_retries.error(
+                "retry", message, request.worker_id, request.scope_id, interval
+            )
+            loop = asyncio.get_running_loop()
+            retry = loop.call_later(self.max_interval, self._reap_standalone, request)
+            self._retries[request.worker_id] = retry
+            return
         self.log_event("kill worker process", request)
         self._notify(request, None)
 

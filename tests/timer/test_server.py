@@ -200,3 +200,51 @@ def test_uninterruptible_monitor_reports_once_after_timeout():
     now[0] = 7.0
     monitor.check()
     assert stuck == [1]
+
+
+async def test_the_standalone_task_retries_a_failed_reap_until_the_worker_is_gone(caplog):
+    """Before: a reap that returned False was ignored and the timer dropped, so the hung
+    worker ran on. Now it is retried every ``max_interval``, with one log line."""
+
+    class FailsTwice(TimerServer):
+        failures = 2
+
+        def _reap_worker(self, worker_id: int, *args: int) -> bool:
+            if self.failures:
+                self.failures -= 1
+                return False
+            return super()._reap_worker(worker_id, *args)
+
+    hung = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    expired = []
+    server = FailsTwice(max_interval=0.05, on_expired=lambda r, pgid: expired.append(r))
+    await server.start_async()
+    try:
+        server.register_timers([TimerRequest(hung.pid, "step", time.time() + 0.05)])
+        deadline = time.monotonic() + 10
+        while hung.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert hung.wait(timeout=1) == -9
+        assert server.failures == 0 and server.stats["reaped"] == 1
+        assert [r.scope_id for r in expired] == ["step"]
+        retries = [r for r in caplog.records if "Could not reap" in r.getMessage()]
+        assert len(retries) == 1, caplog.text
+    finally:
+        await server.stop_async()
+        hung.kill()
+        hung.wait()
+
+
+def test_a_kill_that_fails_is_a_failed_reap_not_an_exception():
+    """agentd's ``_reap_worker`` returns False when the signal cannot be sent (here a signal
+    number the kernel refuses), so the caller retries instead of dropping the timer."""
+    hung = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        server = TimerServer()
+        assert server._reap_worker(hung.pid, 1000) is False
+        assert server.stats["reap_errors"] == 1 and hung.poll() is None
+        assert server._reap_worker(hung.pid) is True
+        assert hung.wait(timeout=10) == -9
+    finally:
+        hung.kill()
+        hung.wait()

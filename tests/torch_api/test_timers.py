@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import time
 import uuid
 
@@ -59,3 +60,32 @@ def test_a_file_timer_client_without_a_server_is_a_broken_pipe(impl, tmp_path):
     client = timer.FileTimerClient(str(tmp_path / "nobody"))
     with pytest.raises(BrokenPipeError):
         client.acquire("scope", time.time() + 1)
+
+
+def test_a_reap_that_fails_is_retried_at_the_next_pass(impl):
+    """A hung worker whose first reap failed (``_reap_worker`` returned False: torch's own
+    catches the kill's error) is reaped at the next watchdog pass, never forgotten."""
+    timer = elastic(impl, "timer")
+    local = elastic(impl, "timer.local_timer")
+
+    class FailsOnce(local.LocalTimerServer):
+        failed = False
+
+        def _reap_worker(self, worker_id, *args):
+            if not self.failed:
+                self.failed = True
+                return False
+            return super()._reap_worker(worker_id, *args)
+
+    hung = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    server = FailsOnce(mp.Queue(), max_interval=0.01)
+    try:
+        server.register_timers([timer.TimerRequest(hung.pid, "step", time.time() - 1)])
+        server._run_watchdog()
+        assert server.failed and hung.poll() is None and len(server._timers) == 1
+        server._run_watchdog()
+        assert hung.wait(timeout=10) == -signal.SIGKILL
+        assert len(server._timers) == 0
+    finally:
+        hung.kill()
+        hung.wait()

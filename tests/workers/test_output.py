@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 from agentd.support.ratelog import RateLimitedLog
 from agentd.workers import output as logs
@@ -140,3 +141,30 @@ def test_the_event_log_is_rotated_past_its_size(tmp_path):
     assert path.stat().st_size <= 2000 and (tmp_path / "events.jsonl.1").stat().st_size <= 2000
     assert '"restart_count": 99' in path.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "events.jsonl.1"]
+
+
+def test_an_event_log_that_cannot_be_opened_after_rotation_is_said_once_and_retried(
+    tmp_path, caplog
+):
+    """Before: the reopen's failure left the file closed, and every later event was
+    reported as a disk problem, never as the lost file it was."""
+    from agentd.reports.events import Event, JsonLinesFile
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / "events.jsonl"
+    sink = JsonLinesFile(str(path), max_bytes=300)
+    sink(Event("first"))
+    path.unlink()
+    logs.rmdir()  # the log dir is gone: neither the rotation nor the new file can be made
+    for i in range(20):
+        sink(Event("restart", metadata={"restart_count": i}))
+    assert sink.lost == 18  # the first two went to the unlinked file, before its rotation
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "cannot open it again after its rotation" in said[0].message
+    logs.mkdir()  # back: the next event reopens the file and says how many were dropped
+    sink(Event("after"))
+    sink.close()
+    assert sink.lost == 0 and '"name": "after"' in path.read_text()
+    said = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 2 and re.search(r"open again; \d+ event\(s\) were dropped", said[1])
