@@ -209,3 +209,16 @@ def test_the_file_timer_and_health_port_come_from_torch_variables(impl, tmp_path
     env = json.loads(seen.read_text())
     assert env["TORCHELASTIC_TIMER_FILE"] == str(fifo)
     assert env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def test_the_agent_package_exports_the_file_timer_switches(impl):
+    """``from torch.distributed.elastic.agent.server import TORCHELASTIC_TIMER_FILE``."""
+    server = elastic(impl, "agent.server")
+    assert server.TORCHELASTIC_ENABLE_FILE_TIMER == "TORCHELASTIC_ENABLE_FILE_TIMER"
+    assert server.TORCHELASTIC_TIMER_FILE == "TORCHELASTIC_TIMER_FILE"
+
+
+def test_the_store_utilities_export_what_torchs_do(impl):
+    utils = elastic(impl, "utils.store")
+    for name in ("barrier", "get_all", "store_timeout", "synchronize"):
+        assert callable(getattr(utils, name)), name
