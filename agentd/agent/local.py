@@ -42,8 +42,8 @@ from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
 from agentd.tcpstore.placement import agent_serves_store
 from agentd.tcpstore.service import WorkerStoreService
-from agentd.timer.server import WatchdogSettings
 from agentd.timer.service import Watchdog
+from agentd.timer.settings import WatchdogSettings
 from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
 from agentd.workers.plan import plan_worker
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from agentd.exceptions import field_error
 from agentd.timer.api import TIMER_FILE_ENV
-from agentd.timer.server import WatchdogSettings
+from agentd.timer.settings import WatchdogSettings
 
 if TYPE_CHECKING:
     from agentd.health.settings import HealthSettings

@@ -76,7 +76,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.service import InProcessSettings
-    from agentd.timer.server import WatchdogSettings
+    from agentd.timer.settings import WatchdogSettings
 
     return LocalElasticAgent(
         spec,

@@ -49,22 +49,6 @@ MAX_TIMERS = 16384
 _FINE_SLEEP = 0.002
 
 
-class WatchdogSettings(NamedTuple):
-    """How the agent's watchdog is set up (``agentd run`` flags of the same names).
-
-    ``file_timer`` serves torch's named-pipe protocol at ``timer_file`` (None: a private
-    pipe); ``dump_signal`` (e.g. SIGUSR1 with ``faulthandler``) is sent ``dump_grace``
-    seconds before the kill; ``uninterruptible_timeout`` > 0 reaps workers stuck that long
-    in D state.
-    """
-
-    file_timer: bool = False
-    timer_file: str | None = None
-    dump_signal: int | None = None
-    dump_grace: float = 1.0
-    uninterruptible_timeout: float = 0.0
-
-
 class _Entry(NamedTuple):
     request: TimerRequest
     deadline: float
@@ -251,19 +235,16 @@ class TimerServer(StartedInBackground):
                 if self._reap_expired(worker_id, expired):
                     reaped.add(worker_id)
                 else:
-                    self._reap_retries.error(
-                        "retry", "Could not reap pid %d (timers %s); retrying", worker_id, scopes
-                    )
+                    self._failed_reap(worker_id, scopes)
                     TimerServer.register_timers(self, expired)  # back as they were
             except Exception:
-                log.exception(
-                    "Reaping pid %d (timers %s) raised; its timers are dropped, as "
-                    "torch's contract says",
-                    worker_id,
-                    scopes,
-                )
-                reaped.add(worker_id)
+                log.exception("Reaping pid %d (timers %s) raised", worker_id, scopes)
+                reaped.add(worker_id)  # torch's contract: a reap that raises is done
         self.clear_timers(reaped)
+
+    def _failed_reap(self, worker_id: int, scopes: list[str]) -> None:
+        message = "Could not reap pid %d (timers %s); retrying every %gs"
+        self._reap_retries.error("retry", message, worker_id, scopes, self.max_interval)
 
     def _take_requests(self) -> list[TimerRequest]:
         """torch's ``request_queue.get(max(1, size()), max_interval)``; [] without one."""
@@ -420,15 +401,11 @@ class TimerServer(StartedInBackground):
             return
         try:
             done = self._reap_expired(request.worker_id, [request])  # logs what it sent
-        except Exception:  # torch's contract: a reap that raises counts as done
-            log.exception("Reaping pid %d raised; its timer is dropped", request.worker_id)
+        except Exception:  # torch's contract: a reap that raises is done
+            log.exception("Reaping pid %d raised", request.worker_id)
             done = True
         if not done:
-            message = "Could not reap pid %d (timer %r); retrying every %gs"
-            interval = self.max_interval
-            self._reap_retries.error(
-                "retry", message, request.worker_id, request.scope_id, interval
-            )
+            self._failed_reap(request.worker_id, [request.scope_id])
             loop = asyncio.get_running_loop()
             retry = loop.call_later(self.max_interval, self._reap_standalone, request)
             self._retries[request.worker_id] = retry

@@ -17,7 +17,8 @@ from agentd.heartbeats.wire import ProgressMessage
 from agentd.hygiene import orphans
 from agentd.timer.api import TimerRequest
 from agentd.timer.file_server import FileTimerServer
-from agentd.timer.server import WatchdogSettings, signal_name
+from agentd.timer.server import signal_name
+from agentd.timer.settings import WatchdogSettings
 from agentd.workers.processes import WorkerProcess
 
 if TYPE_CHECKING:
