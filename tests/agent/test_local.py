@@ -133,9 +133,12 @@ async def test_illegal_state_change_is_rejected(tmp_path):
         agent._set_state(WorkerState.SUCCEEDED, "test")
 
 
-async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp_path):
+async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp_path, monkeypatch):
     """A second cancel while the agent shuts down (an outer timeout, a task group) must not
     cut the shutdown short: asyncio.shield would return at once, with workers alive."""
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("AGENTD_TEST_OUT", str(out))  # each worker notes it once it ignores TERM
     agent = make_agent(
         tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=2, stop_timeout=0.5
     )  # stopping takes half a second: SIGTERM is ignored
@@ -143,10 +146,14 @@ async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp
     async with asyncio.timeout(20):
         while len(agent.worker_processes()) < 2:
             await asyncio.sleep(0.01)
+        while len(list(out.glob("pid_*"))) < 2:  # SIGTERM is ignored from here on
+            await asyncio.sleep(0.01)
     pids = [p.pid for p in agent.worker_processes().values()]
-    await asyncio.sleep(0.3)  # let them install their SIGTERM handler
     run.cancel()
-    await asyncio.sleep(0.1)  # the shutdown is under way, waiting for the stop timeout
+    async with asyncio.timeout(20):  # the shutdown is under way, waiting for the stop timeout
+        while agent.get_worker_group().state is not WorkerState.STOPPED:
+            await asyncio.sleep(0.01)
+    assert all(pid_alive(pid) for pid in pids)  # else the second cancel tests nothing
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

