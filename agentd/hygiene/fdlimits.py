@@ -3,8 +3,9 @@
 At start the agent raises its soft ``RLIMIT_NOFILE`` to the hard limit (many hosts start
 processes at 1024), and gives its workers back the limit it was started with, so they
 see what they would see under torchrun. Each listener is capped at a number of
-connections that leaves :func:`worker_reserve` descriptors free, so a flood of
-connections can never leave the agent unable to spawn, pipe or log its workers.
+connections that leaves :func:`worker_reserve` descriptors free, and room for one burst of
+accepts (:data:`ACCEPT_BURST`), so a flood of connections can never leave the agent
+unable to spawn, pipe or log its workers, nor make ``accept()`` run out.
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ def worker_reserve(workers: int) -> int:
     return BASE_RESERVE + PER_WORKER * workers
 
 
+ACCEPT_BURST = 128
+"""Connections one listener may accept in one go: its listen backlog (``Limits.backlog``),
+which asyncio accepts per wake-up before answering any. A connection over the cap is
+accepted too, to be answered 503, so a cap leaves this much room below the limit."""
+
+
 def listener_cap(wanted: int, soft_limit: int, reserve: int, share: float = 1.0) -> int:
-    """At most ``wanted`` connections, and at most ``share`` of what the reserve leaves
-    (never below 8: a listener that accepts nothing is no listener)."""
-    room = int((soft_limit - reserve) * share)
+    """At most ``wanted`` connections, and at most ``share`` of what the reserve and one
+    accept burst leave (never below 8: a listener that accepts nothing is no listener)."""
+    room = int((soft_limit - reserve - ACCEPT_BURST) * share)
     return max(8, min(wanted, room))

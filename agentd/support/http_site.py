@@ -49,6 +49,9 @@ class Limits:
     run their course for nobody)."""
     log_interval: float = 10.0
     """Seconds between two log lines of one kind of client fault (the count goes on)."""
+    backlog: int = 128
+    """The listen backlog: what asyncio accepts in one go before answering any, so the
+    room a cap leaves below the descriptor limit (``fdlimits.ACCEPT_BURST``)."""
 
 
 class ServerLog:
@@ -261,7 +264,7 @@ async def serve_app(
         logger=server_log,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=bounds.backlog)
     try:
         await site.start()
     except OSError as exc:

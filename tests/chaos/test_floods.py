@@ -7,7 +7,9 @@ Agents start with a soft RLIMIT_NOFILE of 1024 (as on many hosts) and must raise
 
 from __future__ import annotations
 
+import contextlib
 import resource
+import socket
 import urllib.error
 import urllib.request
 
@@ -82,3 +84,60 @@ def test_floods_on_the_store_leave_the_job_alone(run_agentd, run_store, tmp_path
         assert world_sizes(agent, 1) == set()
     assert store.proc.poll() is None
     assert len(store.err.read_text().splitlines()) < 100, store.err.read_text()[-3000:]
+
+
+def test_a_flood_of_half_sent_requests_never_runs_the_store_out_of_descriptors(
+    run_store, flood_size
+):
+    """1,100 connections that send half a request, against ``agentd store`` whose hard
+    limit is 1,024: before, the cap (896) plus one burst of accepts reached the limit, and
+    asyncio logged ``socket.accept() out of system resource`` with a traceback."""
+
+    def hard_limit_1024() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    store = run_store(preexec=hard_limit_1024)
+    socks = []
+    try:
+        for _ in range(1100):
+            sock = socket.socket()
+            socks.append(sock)
+            with contextlib.suppress(OSError):
+                sock.connect(("127.0.0.1", store.port))
+                sock.send(b"POST /v1/get HTTP/1.1\r\nHost: x\r\n")
+        wait_until(lambda: "refusing new ones with 503" in store.err.read_text(), what="the cap")
+    finally:
+        for sock in socks:
+            sock.close()
+    client = urllib.request.Request(
+        f"http://127.0.0.1:{store.port}/v1/get",
+        data=b'{"key": "k", "timeout": 0}',
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        method="POST",
+    )
+    wait_until(lambda: answers(client), timeout=30, what="the store to answer again")
+    assert store.proc.poll() is None
+    err = store.err.read_text()
+    assert "out of system resource" not in err and "Traceback" not in err, err[-3000:]
+    assert err.count("refusing new ones with 503") == 1, err[-3000:]
+
+
+def answers(request: urllib.request.Request) -> bool:
+    """The store answered ``request`` (any HTTP status but 503)."""
+    try:
+        with urllib.request.urlopen(request, timeout=5):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code != 503
+    except OSError:
+        return False
+
+
+def test_every_listener_cap_leaves_room_for_one_burst_of_accepts():
+    from agentd.hygiene import fdlimits
+    from agentd.support.http_site import Limits
+
+    assert Limits().backlog == fdlimits.ACCEPT_BURST  # the room left is what is accepted
+    reserve = fdlimits.worker_reserve(0)
+    cap = fdlimits.listener_cap(16384, 1024, reserve)
+    assert cap + reserve + Limits().backlog <= 1024
