@@ -1,7 +1,8 @@
 """The ``agentd`` command line: parse, resolve the config, run, map outcomes to exit codes.
 
 Exit codes: 0 succeeded; 1 the worker group failed; 2 usage or configuration error;
-3 could not start; 4 this host failed its node checks too often; 128+N stopped by signal N.
+3 could not start; 4 this host failed its node checks too often; 5 drained while no other
+node ran the job (it ended unfinished); 128+N stopped by signal N.
 Errors are one line on stderr.
 """
 

@@ -23,10 +23,23 @@ class StartError(AgentdError):
     exit_code = 3
 
 
-class Drained(AgentdError):
-    """This node was drained (its workers checkpointed, the job goes on without it)."""
+DRAINED_ALONE = 5
+"""The exit code of a node drained while no other node ran its job: the job ended there,
+unfinished (its checkpoints saved), which a scheduler must not record as a success."""
 
-    exit_code = 0
+
+class Drained(AgentdError):
+    """This node was drained: its workers checkpointed and it left the job. Exit 0 when
+    the job goes on without it, :data:`DRAINED_ALONE` when no other node ran it."""
+
+    def __init__(self, exit_code: int = 0) -> None:
+        alone = exit_code == DRAINED_ALONE
+        super().__init__(
+            "node drained; no other node ran its job, which ended unfinished"
+            if alone
+            else "node drained"
+        )
+        self.exit_code = exit_code
 
 
 class IllegalTransition(AgentdError):

@@ -239,16 +239,16 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.rdzv_handler.announce_kept(self._inprocess.keeping())
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
-            raise AgentStopped(code - 128) if code > 128 else Drained("node drained")
+            raise AgentStopped(code - 128) if code > 128 else Drained(code)
         if self._node_checks is not None:
             admit, _ = await first_done(self._node_checks.admit(), self._stop_requested.wait())
             self._raise_if_stop_requested()
             admit.result()  # NodeUnfit: this host gives up
 
-    def _leave(self, why: str, exit_code: int | None = None) -> None:
-        """Leave the job (its round ends; no restart spent); with ``exit_code``, for good."""
-        self._stepping_out = why
-        self._exit_on_leave = exit_code
+    def _leave(self, why: str, exit_code: int | None = None, alone: bool = False) -> None:
+        """Leave the job (its round ends; no restart spent); with ``exit_code``, for good;
+        ``alone``: no other node runs the job, so it ends here."""
+        self._stepping_out, self._exit_on_leave, self._leaving_alone = why, exit_code, alone
         self._wakeup.set()
 
     def request_drain(self, reason: str, signum: int | None = None) -> None:

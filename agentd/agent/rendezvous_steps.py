@@ -83,6 +83,8 @@ class RendezvousSteps:
     _round_ended: str | None
     _round_closed: RendezvousClosedError | None
     _stepping_out: str | None
+    _leaving_alone: bool = False
+    """No other node runs the job this node leaves: it ends here (a drain of the last)."""
     generation: int
 
     if TYPE_CHECKING:  # the template's
@@ -129,8 +131,12 @@ class RendezvousSteps:
     async def _step_out(self, group: WorkerGroup, why: str) -> None:
         """Leave the job without spending a restart: the peers re-form without us while our
         workers stop; we join again when :meth:`_before_join` lets us."""
-        log.warning("[%s] This node %s; leaving the job (the others go on without it)",
-                    group.spec.role, why)  # fmt: skip
+        after = (
+            "no other node runs it: it ends here, unfinished"
+            if self._leaving_alone
+            else ("the others go on without it")
+        )
+        log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
         self._stepping_out = None
         self._set_state(WorkerState.STOPPED, why)

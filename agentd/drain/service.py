@@ -20,6 +20,7 @@ from typing import Any
 
 from agentd.drain import control
 from agentd.drain.settings import DrainSettings
+from agentd.exceptions import DRAINED_ALONE
 from agentd.heartbeats.wire import ProgressMessage
 from agentd.rendezvous.drains import DrainRequest, Drains
 from agentd.store.api import StoreError
@@ -44,7 +45,7 @@ class DrainService:
         settings: DrainSettings,
         drains: Drains,
         workers: Callable[[], Mapping[int, WorkerProcess]],
-        leave: Callable[[str, int], None],
+        leave: Callable[[str, int, bool], None],
         notify: Callable[..., None],
     ) -> None:
         self.settings = settings
@@ -216,13 +217,14 @@ class DrainService:
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
             acks, step = {}, -1
         try:
-            members = await self._drains.members()
+            members: list[str] | None = await self._drains.members()
         except StoreError:
-            members = []
-        missing = [node for node in members if node not in acks]
+            members = None  # who else runs the job is unknown: leave as asked
+        missing = [node for node in members or () if node not in acks]
+        alone = members is not None and not set(members) - {self._drains.node_id}
         seconds = time.monotonic() - began
-        outcome = {"step": step, "nodes": len(members), "acknowledged": len(acks),
-                   "missing": missing, "seconds": round(seconds, 3)}  # fmt: skip
+        outcome = {"step": step, "nodes": len(members or ()), "acknowledged": len(acks),
+                   "missing": missing, "seconds": round(seconds, 3), "alone": alone}  # fmt: skip
         self.status_doc = {**(self.status_doc or {}), "outcome": outcome}
         self._notify("drain_done", outcome)
         with contextlib.suppress(StoreError):  # an agent that joins later must not follow it
@@ -230,5 +232,10 @@ class DrainService:
         if missing:
             log.warning("Drain: %d node(s) did not confirm their checkpoints within %gs: %s",
                         len(missing), self.settings.timeout, ", ".join(missing))  # fmt: skip
-        self._leave(f"drained ({reason}; checkpoints at step {step} in {seconds:.2f}s)",
-                    exit_code)  # fmt: skip
+        if alone and exit_code == 0:  # not a success: the job did not finish
+            exit_code = DRAINED_ALONE
+            log.warning(
+                "Drain: no other node runs this job: it ends here, unfinished (exit %d)", exit_code
+            )
+        why = f"drained ({reason}; checkpoints at step {step} in {seconds:.2f}s)"
+        self._leave(why, exit_code, alone)

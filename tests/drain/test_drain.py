@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agentd.exceptions import DRAINED_ALONE
 from tests.conftest import wait_until
 from tests.helpers.jobs import TOKEN, agent_args
 
@@ -119,7 +120,10 @@ def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_pa
     wait_until(lambda: starts(out, 0), what="the worker")
     done = drain_cli("--url", url)  # no AGENTD_STORE_TOKEN: the published file is read
     assert done.returncode == 0, done.stderr
-    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    # no other node runs the job: it ends unfinished, which is not a success (exit 5)
+    assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
+    assert agent.stderr().count("no other node runs this job: it ends here, unfinished") == 1
+    assert "the others go on without it" not in agent.stderr()
     assert notes(out, "ckpt_0_*"), "the worker checkpointed before the node left"
     port = int(url.rsplit(":", 1)[1])
     from agentd.store import token_file
@@ -171,5 +175,5 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
     url = health_url(agent)
     wait_until(lambda: "Started 2 worker" in agent.stderr(), what="the workers")
     assert drain_cli("--url", url).returncode == 0
-    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
     assert sorted(p.name for p in tmp_path.glob("signal_*")) == ["signal_0", "signal_1"]
