@@ -119,7 +119,7 @@ class RoundWatch:
         if gen != str(generation).encode() and (gen is not None or generation > 0):
             return f"generation {generation} ended"  # (round 0 runs before the key exists)
         if entry != current.mine:
-            return f"the store lost round {generation} (it restarted?)"
+            return f"round {generation} went with the store's old state (a restart or failover)"
         for key, beat in zip(members, beats, strict=True):
             if beat is None and not self.succeeded_elsewhere:
                 why = f"node {members[key]} left (no heartbeat)"

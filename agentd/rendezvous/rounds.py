@@ -129,9 +129,11 @@ class Rounds:
             moved, raw = await store.compare_set(self._keys.gen, raw, str(self.floor).encode())
             if moved:  # its round, if anyone waits in it, is over
                 await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
-                log.warning("Rendezvous %s: the store's generation was %d, behind the %d this "
-                            "agent has seen (it restarted?); moved it to %d", self._run_id,
-                            behind, self.floor, self.floor)  # fmt: skip
+                said = (
+                    "Rendezvous %s: the store is new (it restarted or failed over): its "
+                    "generation %d is behind the %d this agent has seen; moved it on to %d"
+                )
+                log.info(said, self._run_id, behind, self.floor, self.floor)
         generation = int(raw or b"0")
         self.floor = max(self.floor, generation)
         return generation
@@ -228,8 +230,11 @@ class Rounds:
             revision = result.revision
             if result.compacted:
                 if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
-                    log.warning("Rendezvous %s: the store lost round %d; joining again",
-                                self._run_id, generation)  # fmt: skip
+                    said = (
+                        "Rendezvous %s: round %d went with the store's old state (it "
+                        "restarted or failed over); joining the next round"
+                    )
+                    log.info(said, self._run_id, generation)
                     return None, revision
                 sealed = await store.get(sealed_key)
             else:

@@ -142,7 +142,7 @@ class Candidacy:
         self.term, self.role = term, "serving"
         self._standing_by = asyncio.Event()
         self.on_promote()
-        log.log(logging.INFO if term == 1 else logging.WARNING,
+        log.log(logging.INFO,
                 "Store %s: now serving (candidate %d of %d, term %d)", self.endpoint,
                 self.index, len(self.endpoints), term)  # fmt: skip
         if self.growing and term > 1 and (self._telling is None or self._telling.done()):
@@ -201,7 +201,8 @@ class Candidacy:
             await asyncio.sleep(LOOK_EVERY)
 
     def _step_down(self, why: str) -> None:
-        log.warning("Store %s: stepping down (%s); its state is dropped", self.endpoint, why)
+        said = "Store %s: stepping down (%s); another candidate serves: standing by, state dropped"
+        log.info(said, self.endpoint, why)
         self.role = "standby"
         self._standing_by.set()
         if self.on_step_down is not None:

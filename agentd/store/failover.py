@@ -241,7 +241,7 @@ class FailoverStore:
             return
         self.failovers += 1
         gone = self.endpoints[old] if old is not None else "the store"
-        log.warning("Store failover: %s stopped serving (%s); now using %s (candidate %d, "
+        log.info("Store failover: %s stopped serving (%s); now using %s (candidate %d, "
                     "term %d); its state starts empty, so the round re-forms there", gone,
                     why or "no answer", found.endpoint, found.index, found.term)  # fmt: skip
 
