@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agentd import __version__
 from agentd.agent.observer import AgentObserver
@@ -34,6 +34,9 @@ from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import WorkerState
 from agentd.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from agentd.store.tls import StoreTls
 
 log = logging.getLogger("agentd")
 
@@ -147,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every candidate store, in order, this one (--host:--port) among "
                        "them: one serves, the others stand by to take over (the agents' "
                        "--rdzv-endpoint lists the same)")  # fmt: skip
+    store.add_argument("--cert", help="serve over TLS with this PEM certificate (and --key)")
+    store.add_argument("--key", help="the PEM private key of --cert (if not in that file)")
+    store.add_argument(
+        "--cacert",
+        help="require clients to present a certificate signed by this PEM CA (mutual TLS); "
+        "candidates verify each other against it",
+    )
     store.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return parser
 
@@ -251,14 +261,31 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     except RuleError as exc:
         raise ConfigError(f"--host: {args.host!r} {exc}") from None
     token = args.store_token or environ.get("AGENTD_STORE_TOKEN") or None
-    StoreServer(args.host, args.port, token)  # every rule is checked before binding
+    tls = store_tls(args)
+    StoreServer(args.host, args.port, token, tls=tls)  # every rule is checked before binding
     peers, index = store_peers(args.peers, args.host, args.port, token)
     setup_logging("text", args.log_level)
+    if tls is None:
+        from agentd.store.tls import warn_clear_token
+
+        warn_clear_token([args.host], "serve it with --cert and --key (and --cacert)")
     try:
-        return asyncio.run(serve(args.host, args.port, token, peers, index))
+        return asyncio.run(serve(args.host, args.port, token, peers, index, tls))
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code
+
+
+def store_tls(args: argparse.Namespace) -> StoreTls | None:
+    """``agentd store``'s TLS, its files checked (None: plain HTTP)."""
+    from agentd.store.tls import StoreTls
+
+    if not (args.cert or args.key or args.cacert):
+        return None
+    if not args.cert:
+        raise ConfigError("--cert: required to serve the store over TLS (--cacert and --key "
+                          "go with it)")  # fmt: skip
+    return StoreTls(args.cacert, args.cert, args.key, flags=True)
 
 
 def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[list[str], int | None]:

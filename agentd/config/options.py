@@ -70,7 +70,8 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "",
         "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
         "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host, "
-        "standby (agentd); protocol, cacert, cert, key, username, password, key_prefix (etcd).",
+        "standby (agentd); protocol, cacert, cert, key (TLS: agentd and etcd); username, "
+        "password, key_prefix (etcd).",
         metavar="CONF",
     ),
     _o(

@@ -24,6 +24,7 @@ from agentd.store.connect import StoreOpener
 if TYPE_CHECKING:
     from agentd.config.resolve import AgentConfig
     from agentd.rendezvous.static import StaticRendezvous
+    from agentd.store.tls import StoreTls
 
 TORCHRUN_MASTER_PORT = 29500
 _ALIASES = {"c10d": "agentd", "etcd-v2": "etcd"}
@@ -100,6 +101,7 @@ def _dynamic(
         is_host = is_local_address(host)
     standby = pop_bool(conf, "standby") is not False
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
+    tls = _tls(conf, [host], serves=is_host or standby)
     settings = _rendezvous_settings(config, conf)
     token = config.store_token
     if is_host and not token and not is_loopback(host):
@@ -117,7 +119,7 @@ def _dynamic(
                                                             settings.heartbeat_ttl / 3),
                                retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
                                workers=local_world_size, standby=standby,
-                               standby_host=config.local_addr or "")  # fmt: skip
+                               standby_host=config.local_addr or "", tls=tls)  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 
@@ -132,6 +134,7 @@ def _candidates(
     endpoints = parse_candidates(config.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
+    tls = _tls(conf, [host for host, _ in endpoints], serves=is_host is not False)
     settings = _rendezvous_settings(config, conf)
     if not config.store_token:
         raise ConfigError(f"--store-token: required with several --rdzv-endpoint candidates "
@@ -145,7 +148,7 @@ def _candidates(
     opener = candidates_opener(endpoints, config.store_token, is_host,
                                retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout / 2),
                                request_timeout=request_timeout,
-                               workers=local_world_size)  # fmt: skip
+                               workers=local_world_size, tls=tls)  # fmt: skip
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 
@@ -166,6 +169,17 @@ def _etcd(
     addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     opener = etcd_store_opener(etcd, retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout))
     return _handler(config, run_id, local_world_size, opener, settings, addr)
+
+
+def _tls(conf: dict[str, str], hosts: list[str], serves: bool) -> StoreTls | None:
+    """The store's TLS from ``--rdzv-conf`` (None: plain HTTP, said once when off
+    loopback). ``serves``: this agent may serve the store, so its certificate must."""
+    from agentd.store.tls import tls_from_conf, warn_clear_token
+
+    tls = tls_from_conf(conf, serve=serves)
+    if tls is None:
+        warn_clear_token(hosts, "add --rdzv-conf cacert=CA.pem,cert=NODE.pem,key=NODE.key")
+    return tls
 
 
 def _rendezvous_settings(config: AgentConfig, conf: dict[str, str]) -> RendezvousSettings:

@@ -26,11 +26,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing
 from agentd.store.candidates import MAX_CANDIDATES, Prober, grows
 from agentd.support.aio import cancel_and_wait
+
+if TYPE_CHECKING:
+    from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,16 @@ class Candidacy:
     """
 
     def __init__(
-        self, endpoints: Sequence[str], index: int | None, token: str, *, growing: bool = False
+        self,
+        endpoints: Sequence[str],
+        index: int | None,
+        token: str,
+        *,
+        growing: bool = False,
+        tls: StoreTls | None = None,
     ) -> None:
         self.growing = growing
-        self._prober = Prober(endpoints, token, growing=growing)
+        self._prober = Prober(endpoints, token, growing=growing, tls=tls)
         self.fingerprint = self._prober.fingerprint
         self.own = endpoints[index] if index is not None else ""
         self.role = "standby"

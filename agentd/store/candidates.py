@@ -36,10 +36,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
+from agentd.store.tls import scheme, tls_client, tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
 if TYPE_CHECKING:
     import aiohttp
+
+    from agentd.store.tls import StoreTls
 
 PROBE_TIMEOUT = 2.0
 """Seconds a candidate has to answer a probe before it counts as out of reach."""
@@ -123,9 +126,11 @@ class Prober:
         timeout: float = PROBE_TIMEOUT,
         *,
         growing: bool = False,
+        tls: StoreTls | None = None,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.token = token
+        self._tls = tls
         self.fingerprint = fingerprint(self.endpoints[:1] if growing else self.endpoints)
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
@@ -159,11 +164,13 @@ class Prober:
         if self._closed:
             return RoleReport(index, endpoint, problem="this client was closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(socket_factory=keepalive_socket, force_close=True)
+            connector = aiohttp.TCPConnector(
+                socket_factory=keepalive_socket, force_close=True, ssl=tls_client(self._tls)
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         try:
-            async with self._session.post(f"http://{endpoint}/v1/{op}", json=body,
+            async with self._session.post(f"{scheme(self._tls)}://{endpoint}/v1/{op}", json=body,
                                           headers=self.headers(term),
                                           timeout=timeout) as response:  # fmt: skip
                 doc = await response.json(content_type=None)
@@ -191,6 +198,8 @@ def _describe(exc: BaseException) -> str:
 
     if isinstance(exc, TimeoutError):
         return "no answer within the probe timeout"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return tls_problem(exc)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
     return str(exc) or type(exc).__name__

@@ -17,6 +17,7 @@ from agentd.support.net import is_local_address
 
 if TYPE_CHECKING:
     from agentd.store.server import StoreServer
+    from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def http_store_opener(
     workers: int = 1,
     standby: bool = False,
     standby_host: str = "",
+    tls: StoreTls | None = None,
 ) -> StoreOpener:
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
     is free (another agent on this host may have bound it first); either way, be its
@@ -90,7 +92,7 @@ def http_store_opener(
     with ``standby``, this agent, once in a round, stands by on ``standby_host`` (''; the
     address it reaches the store from) to serve the store if its host is lost. Requests
     wait ``request_timeout`` for the seed alone, ``failover_request_timeout`` once there
-    are candidates to move to."""
+    are candidates to move to. With ``tls``, every connection is TLS (:mod:`agentd.store.tls`)."""
 
     want_standby = standby
 
@@ -105,9 +107,9 @@ def http_store_opener(
         if is_host:
             from agentd.store.server import StoreServer  # aiohttp's server: hosts only
 
-            candidacy = Candidacy((where,), 0, token or "", growing=True) if port else None
+            candidacy = Candidacy((where,), 0, token or "", growing=True, tls=tls) if port else None
             server = StoreServer(host, port, token, max_connections=_connection_cap(workers),
-                                 candidacy=candidacy)  # fmt: skip
+                                 candidacy=candidacy, tls=tls)  # fmt: skip
             try:
                 await server.start()
             except StartError as exc:
@@ -121,7 +123,7 @@ def http_store_opener(
         client = FailoverStore((where,), token if server is None else server.token,
                                growing=True, retry_timeout=retry_timeout,
                                request_timeout=failover_request_timeout or request_timeout,
-                               alone_request_timeout=request_timeout)  # fmt: skip
+                               alone_request_timeout=request_timeout, tls=tls)  # fmt: skip
         standby = None
         if want_standby and server is None:
             standby = Standby(client, standby_host, _connection_cap(workers))
@@ -154,6 +156,7 @@ def candidates_opener(
     retry_timeout: float,
     request_timeout: float,
     workers: int = 1,
+    tls: StoreTls | None = None,
 ) -> StoreOpener:
     """Open a store served by one of several candidates (see :mod:`agentd.store.candidates`).
 
@@ -174,7 +177,8 @@ def candidates_opener(
             if is_host is False or (is_host is None and not is_local_address(host)):
                 continue
             candidate = StoreServer(host, port, token, max_connections=_connection_cap(workers),
-                                    candidacy=Candidacy(texts, index, token))  # fmt: skip
+                                    candidacy=Candidacy(texts, index, token, tls=tls),
+                                    tls=tls)  # fmt: skip
             try:
                 await candidate.start()
             except StartError as exc:
@@ -185,7 +189,7 @@ def candidates_opener(
                      texts[index])  # fmt: skip
             break
         client = FailoverStore(texts, token, retry_timeout=retry_timeout,
-                               request_timeout=request_timeout)  # fmt: skip
+                               request_timeout=request_timeout, tls=tls)  # fmt: skip
 
         async def close() -> None:
             await client.close()

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import (
     StoreNotServing,
@@ -33,6 +33,9 @@ from agentd.store.candidates import Prober, RoleReport, grows
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
+
+if TYPE_CHECKING:
+    from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +68,19 @@ class FailoverStore:
         request_timeout: float = 10.0,
         growing: bool = False,
         alone_request_timeout: float = 10.0,
+        tls: StoreTls | None = None,
     ) -> None:
         self.growing = growing
-        self._prober = Prober(endpoints, token or "", growing=growing)
+        self.tls = tls
+        """The TLS of every connection to a candidate (None: plain HTTP)."""
+        self._prober = Prober(endpoints, token or "", growing=growing, tls=tls)
         alone = growing and len(endpoints) == 1
         self._client = HttpStore(
             endpoints[0],
             token,
             retry_timeout=retry_timeout if alone else SERVER_RETRY,
             request_timeout=alone_request_timeout if alone else request_timeout,
+            tls=tls,
         )
         self._client.refused_is_final = not alone
         self._request_timeout = request_timeout
@@ -126,11 +133,12 @@ class FailoverStore:
         return self._client.requests
 
     def status(self) -> dict[str, Any]:
-        """What ``/status`` shows: the candidates, which one serves, which ones failed."""
+        """What ``/status`` shows: the candidates, which one serves, which ones failed, and
+        whether the connections are TLS."""
         serving = None if self.serving is None else self.endpoints[self.serving]
         return {"endpoints": list(self.endpoints), "growing": self.growing,
                 "serving": serving, "term": self.term, "failovers": self.failovers,
-                "failed": dict(self.failed)}  # fmt: skip
+                "failed": dict(self.failed), "tls": self.tls is not None}  # fmt: skip
 
     # -- finding the server ------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -33,6 +33,7 @@ from agentd.store.api import (
 )
 from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
 from agentd.store.sockets import keepalive_socket
+from agentd.store.tls import scheme, tls_client, tls_problem
 from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     INSTANCE_HEADER,
@@ -42,6 +43,9 @@ from agentd.store.wire import (
     TERM_HEADER,
 )
 from agentd.support.net import is_loopback
+
+if TYPE_CHECKING:
+    from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,10 @@ def _unb64(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
 
 
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+"""How a TLS store that refuses a client's certificate looks to the client."""
+
+
 class HttpStore:
     """A client of :class:`~agentd.store.server.StoreServer` at ``host:port``.
 
@@ -91,8 +99,10 @@ class HttpStore:
         request_timeout: float = 10.0,
         backoff_initial: float = 0.02,
         backoff_max: float = 1.0,
+        tls: StoreTls | None = None,
     ) -> None:
-        base = endpoint if "://" in endpoint else f"http://{endpoint}"
+        self._tls = tls
+        base = endpoint if "://" in endpoint else f"{scheme(tls)}://{endpoint}"
         self.url = base.rstrip("/")
         self._token = token
         self._token_port: int | None = None
@@ -142,7 +152,7 @@ class HttpStore:
         """Talk to the server at ``endpoint`` from now on. ``lost_state``: it is not the
         store we talked to before, so a watch after an earlier revision answers
         ``compacted``."""
-        self.url = f"http://{endpoint}"
+        self.url = f"{scheme(self._tls)}://{endpoint}"
         self._instance = None
         if lost_state:
             self._rebase()
@@ -165,8 +175,11 @@ class HttpStore:
         if self._closed:
             raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE,
-                                             socket_factory=keepalive_socket)  # fmt: skip
+            connector = aiohttp.TCPConnector(
+                keepalive_timeout=KEEPALIVE,
+                socket_factory=keepalive_socket,
+                ssl=tls_client(self._tls),
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         url = f"{self.url}/v1/{op}"
         backoff = Backoff(0.0 if once else self._retry_timeout, *self._backoff)
@@ -189,6 +202,8 @@ class HttpStore:
                     count = response.headers.get(CANDIDATE_COUNT_HEADER, "")
                     if count.isdigit():
                         self.candidate_count = int(count)
+            except aiohttp.ClientSSLError as exc:  # retrying would fail the same way
+                raise StoreAuthError(f"store at {self.url}: {tls_problem(exc)}") from None
             except NOT_SENT as exc:
                 if self.refused_is_final and _refused(exc):
                     raise StoreUnavailable(f"store at {self.url}: connection refused") from exc
@@ -219,8 +234,11 @@ class HttpStore:
                 if isinstance(problem, StoreAuthError):
                     raise problem
                 after = "" if once else f" after {self._retry_timeout:g}s"
+                hint = ""
+                if self._tls is not None and isinstance(problem, _DROPPED):
+                    hint = " (over TLS: it may refuse this node's certificate; see its log)"
                 raise StoreUnavailable(
-                    f"store at {self.url} is unreachable{after}: {problem}"
+                    f"store at {self.url} is unreachable{after}: {problem}{hint}"
                 ) from problem
 
     def _headers(self) -> dict[str, str]:
@@ -248,7 +266,7 @@ class HttpStore:
         if instance is None:
             return
         if self._instance is not None and instance != self._instance:
-            log.warning("Store %s restarted: its state is gone", self.url)
+            log.info("Store %s restarted: its state starts empty, so the round re-forms", self.url)
             self._rebase()
         self._instance = instance
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from agentd.hygiene import fdlimits
 from agentd.store.candidacy import Candidacy
 from agentd.store.server import StoreServer
+from agentd.store.tls import StoreTls
 from agentd.store.wire import MAX_CONNECTIONS
 from agentd.support.ratelog import rate_limited_loop_errors
 
@@ -25,17 +26,19 @@ async def serve(
     token: str | None,
     peers: Sequence[str] = (),
     index: int | None = None,
+    tls: StoreTls | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT/SIGHUP; returns 128+N as every agentd command does.
-    With ``peers``, as candidate ``index`` among them (standing by until promoted)."""
+    With ``peers``, as candidate ``index`` among them (standing by until promoted); with
+    ``tls``, over TLS (:mod:`agentd.store.tls`)."""
     soft = fdlimits.raise_open_files_limit()
     cap = fdlimits.listener_cap(MAX_CONNECTIONS, soft, fdlimits.BASE_RESERVE)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_loop_errors())
     candidacy = None
     if peers and index is not None and token:
-        candidacy = Candidacy(peers, index, token)
-    server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy)
+        candidacy = Candidacy(peers, index, token, tls=tls)
+    server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy, tls=tls)
     await server.start()
     gc.freeze()  # what the start made lives as long as the store: never scan it again
     if candidacy is not None:

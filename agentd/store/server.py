@@ -42,6 +42,8 @@ from agentd.support.ratelog import RateLimitedLog
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from agentd.store.tls import StoreTls
+
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 << 20
@@ -78,6 +80,7 @@ class StoreServer:
         max_connections: int = MAX_CONNECTIONS,
         limits: Limits = LIMITS,
         candidacy: Candidacy | None = None,
+        tls: StoreTls | None = None,
     ) -> None:
         if not token and not is_loopback(host):
             raise ConfigError(
@@ -86,6 +89,8 @@ class StoreServer:
             )
         self.host = host
         self.port = port
+        self.tls = tls
+        """Served over TLS with this node's certificate (None: plain HTTP)."""
         self._given_token = bool(token)
         self.token = token or token_file.new_token()
         self._token = self.token.encode()
@@ -120,17 +125,31 @@ class StoreServer:
         gc.set_threshold(max(young, GC_YOUNG), middle, old)
         app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
         app.router.add_post("/v1/{op}", self._dispatch)
-        self._runner, self.port = await serve_app(app, self.host, self.port, "store",
-                                                  self._limits, self.server_log)  # fmt: skip
+        context = None
+        if self.tls is not None:
+            context = self.tls.server_context(self._refused_handshake)
+        self._runner, self.port = await serve_app(
+            app, self.host, self.port, "store", self._limits, self.server_log, context
+        )
         if not self._given_token:
             try:
                 self.token_file = token_file.publish(self.port, self.token)
             except (OSError, StartError) as exc:
                 await self.stop()
                 raise StartError(f"store token: cannot publish it: {exc}") from None
-        log.info("Store listening on http://%s%s", self.endpoint,
+        log.info("Store listening on %s://%s%s", "https" if self.tls else "http", self.endpoint,
                  f" (its token in {self.token_file}, for this user only)"
                  if self.token_file else "")  # fmt: skip
+
+    def _refused_handshake(self, why: str) -> None:
+        """A client's TLS handshake failed: one WARNING line per interval, with the count."""
+        self._problems.warning(
+            "tls",
+            "Store %s: refused a TLS handshake (%s); a client "
+            "without a certificate of the CA, or of another job?",
+            self.endpoint,
+            why,
+        )
 
     def _fresh_store(self) -> None:
         candidacy = self.candidacy

@@ -70,7 +70,7 @@ class Standby:
         if not host:
             log.warning("Store: cannot stand by for %s: no route to it", client.endpoints[0])
             return
-        candidacy = Candidacy(client.endpoints[:1], None, token, growing=True)
+        candidacy = Candidacy(client.endpoints[:1], None, token, growing=True, tls=client.tls)
         server = self.server = await self._listen(host, seed_port, candidacy, token)
         if server is None:
             return
@@ -97,7 +97,8 @@ class Standby:
 
         for each in dict.fromkeys((port, 0)):
             server = StoreServer(host, each, token, candidacy=candidacy,
-                                 max_connections=self._max_connections)  # fmt: skip
+                                 max_connections=self._max_connections,
+                                 tls=self._client.tls)  # fmt: skip
             try:
                 await server.start()
             except (StartError, ConfigError) as exc:

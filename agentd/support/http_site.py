@@ -29,6 +29,8 @@ from agentd.exceptions import StartError
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
+    import ssl
+
     from aiohttp import web
 
 log = logging.getLogger(__name__)
@@ -232,9 +234,11 @@ async def serve_app(
     what: str,
     limits: Limits | None = None,
     server_log: ServerLog | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop;
-    aiohttp reports to ``server_log`` (a new :class:`ServerLog` by default).
+    """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop, over
+    TLS with ``ssl_context``; aiohttp reports to ``server_log`` (a new :class:`ServerLog`
+    by default).
 
     Returns the runner (``await runner.cleanup()`` stops it) and the port really bound.
     A port that cannot be bound is a :class:`StartError` naming ``what`` and the address.
@@ -264,7 +268,9 @@ async def serve_app(
         logger=server_log,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=bounds.backlog)
+    site = web.TCPSite(
+        runner, host, port, reuse_address=True, backlog=bounds.backlog, ssl_context=ssl_context
+    )
     try:
         await site.start()
     except OSError as exc:

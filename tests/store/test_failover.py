@@ -223,7 +223,7 @@ def test_the_status_document_before_any_request():
     status = FailoverStore(["127.0.0.1:1", "127.0.0.2:1"], TOKEN).status()
     assert json.loads(json.dumps(status)) == {
         "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "growing": False, "serving": None,
-        "term": 0, "failovers": 0, "failed": {}}  # fmt: skip
+        "term": 0, "failovers": 0, "failed": {}, "tls": False}  # fmt: skip
 
 
 async def test_every_watch_from_before_a_move_answers_compacted_and_revisions_only_grow():
