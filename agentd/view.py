@@ -98,6 +98,11 @@ class AgentView(Protocol):
     def last_failure(self) -> WorkerFailure | None: ...
 
     @property
+    def lost_peer(self) -> dict[str, Any] | None:
+        """The peer whose loss failed this node's workers (see agent/rendezvous_steps.py)."""
+        ...
+
+    @property
     def exit_error(self) -> BaseException | None:
         """Why the run ended, when it ended with an error."""
         ...

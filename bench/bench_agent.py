@@ -5,7 +5,8 @@
 Measures, for each launcher (torchrun only where torch is installed):
   1. launch: the command starts -> the first of 4 trivial workers runs;
   2. restart: a worker crashes -> the first worker of the next attempt runs;
-  3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep.
+  3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep,
+     the guardian process every agent starts included (its RSS is shown apart too).
 ``agentd-preload`` forks the workers from a zygote with an empty preload (``--preload=``:
 the interpreter is started ahead). Prints median/min/max per figure and the ratios
 torchrun/agentd.
@@ -111,20 +112,39 @@ def task_stats(proc: psutil.Process) -> tuple[int, int]:
     return switches, hwm
 
 
-def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float]:
-    """(peak RSS MiB, CPU seconds, wake-ups per second) of the agent while workers sleep."""
+def guardians(agent: psutil.Process) -> list[psutil.Process]:
+    """The guardian processes an agent started (in sessions of their own, so not its
+    children by the time we look): ``guardian_process.py <agent pid>.<...>``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(arg.endswith("guardian_process.py") for arg in cmdline) and any(
+            arg.startswith(f"{agent.pid}.") for arg in cmdline
+        ):
+            found.append(proc)
+    return found
+
+
+def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float, float]:
+    """(peak RSS MiB of the agent, of its guardian, CPU seconds, wake-ups per second) of
+    the agent while its workers sleep. CPU and wake-ups count the agent and its guardian."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = start(cmd, out, "sleep", str(seconds + 5))
         first_start(out, 0, proc)
         time.sleep(1.0)  # settle after the start
         agent = psutil.Process(proc.pid)
-        cpu0, (sw0, _) = sum(agent.cpu_times()[:2]), task_stats(agent)
+        watched = [agent, *guardians(agent)]
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in watched)
+        sw0 = sum(task_stats(p)[0] for p in watched)
         time.sleep(seconds)
-        cpu1, (sw1, hwm) = sum(agent.cpu_times()[:2]), task_stats(agent)
+        cpu1 = sum(sum(p.cpu_times()[:2]) for p in watched)
+        stats = [task_stats(p) for p in watched]
         proc.terminate()
         finish(proc)
-        return hwm / 2**20, cpu1 - cpu0, (sw1 - sw0) / seconds
+        sw1 = sum(switches for switches, _ in stats)
+        helpers = sum(hwm for _, hwm in stats[1:])
+        return stats[0][1] / 2**20, helpers / 2**20, cpu1 - cpu0, (sw1 - sw0) / seconds
 
 
 def interpreter_start() -> float:
@@ -181,15 +201,19 @@ def main() -> int:
                     results[name][figure]
                 )
                 print(f"  ratio torchrun/{name} = {ratio:.1f}x")
-    print(f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window")
+    print(
+        f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window (agentd: the agent "
+        "and the guardian process it starts; CPU and wake-ups of both)"
+    )
     for name in commands:
-        rss, cpu, wakeups = idle[name]
+        rss, guardian, cpu, wakeups = idle[name]
         print(
-            f"  {name:14s} peak RSS {rss:6.1f} MiB  CPU {cpu * 1000:6.1f} ms  "
-            f"wake-ups {wakeups:5.1f}/s"
+            f"  {name:14s} peak RSS {rss + guardian:6.1f} MiB (agent {rss:5.1f}, guardian "
+            f"{guardian:4.1f})  CPU {cpu * 1000:6.1f} ms  wake-ups {wakeups:5.1f}/s"
         )
     if "torchrun" in commands:
-        print(f"  ratio     RSS torchrun/agentd = {idle['torchrun'][0] / idle['agentd'][0]:.1f}x")
+        total = {name: idle[name][0] + idle[name][1] for name in ("torchrun", "agentd")}
+        print(f"  ratio     RSS torchrun/agentd = {total['torchrun'] / total['agentd']:.1f}x")
     return 0
 
 

@@ -10,9 +10,12 @@ attempt past its all-reduce. ``agentd-preload`` forks the workers from a zygote 
 imported torch (``--preload torch``). ``agentd-inprocess`` does too, and its workers
 restart in process (``recovery_inprocess_worker.py``): the survivors keep their process, a
 new rank 0 is forked; each run also checks that the survivors' pids and model checksums did
-not change and that the new rank's checksum matches theirs. Prints median/min/max per
-launcher and the ratios; a run that does not recover within the timeout, or whose checks
-fail, is counted as failed. ``--model-mb N`` gives every worker a model of N MiB: the
+not change and that the new rank's checksum matches theirs. The launchers take turns,
+run by run (a slow spell of the machine hits them all), and each launcher's output goes
+to a file: a run that does not recover within the timeout, or whose checks fail, is
+counted as failed and printed with its cause (the exit, the ranks that never got past the
+next all-reduce, the launcher's last lines). Prints median/min/max per launcher and the
+ratios. ``--model-mb N`` gives every worker a model of N MiB: the
 workers started anew read rank 0's checkpoint of it back; the in-process survivors keep
 theirs and hand it to the new rank. ``--device cuda`` puts the model on the GPU (the
 collectives stay gloo: on one GPU, NCCL allows one rank); the in-process checks then also
@@ -46,9 +49,9 @@ COMMANDS = {
 
 def run_once(
     name: str, nproc: int, timeout: float, model_mb: float, device: str = "cpu"
-) -> float | None:
-    """Seconds from the crash to the last worker of attempt 1 past its all-reduce (None:
-    the job did not recover)."""
+) -> float | str:
+    """Seconds from the crash to the last worker of attempt 1 past its all-reduce, or why
+    the job did not recover (the launcher's exit and the last lines it wrote)."""
     worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         argv = [*COMMANDS[name], "--standalone", "--nproc-per-node", str(nproc),
@@ -59,28 +62,39 @@ def run_once(
         if model_mb:
             env["BENCH_MODEL_MB"] = str(model_mb)
         env["BENCH_DEVICE"] = device
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env)  # fmt: skip
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return None
-        finally:
-            kill_marked(MARK_ENV, marker)
+        log = Path(tmp) / "launcher.log"
+        with open(log, "wb") as output:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output,
+                                    stderr=subprocess.STDOUT, env=env)  # fmt: skip
+            try:
+                code: int | None = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = None
+            finally:
+                kill_marked(MARK_ENV, marker)
         out = Path(tmp)
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
-            return None  # the agent has exited: every report written is whole (renamed)
+            exit_text = f"no exit within {timeout:g}s" if code is None else f"exit {code}"
+            missing = [p.name for p in past if not p.exists()]
+            return f"{exit_text}; not past the next all-reduce: {missing}; {cause(log)}"
         if name == "agentd-inprocess" and not kept_in_process(out, nproc):
-            return None
+            return "the in-process checks failed (printed above)"
         crash = float((out / "crash").read_text())
         if name == "agentd-inprocess":  # where the new rank's time went
             phases = json.loads((out / "phases_1_0").read_text())
             for phase, at in phases.items():
                 PHASES.setdefault(phase, []).append(at - crash)
         return max(float(p.read_text()) for p in past) - crash
+
+
+def cause(log: Path) -> str:
+    """What the launcher said went wrong: its last error lines, else its last lines."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    errors = [line for line in lines if "Error" in line or "exitcode" in line]
+    return f"it said: {errors[-2:]}" if errors else f"its last lines: {lines[-3:]}"
 
 
 PHASES: dict[str, list[float]] = {}
@@ -121,10 +135,17 @@ def main() -> None:
     print(f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
           f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
     medians: dict[str, float] = {}
-    for name in args.launchers.split(","):
-        times = [run_once(name, args.nproc, args.timeout, args.model_mb, args.device)
-                 for _ in range(args.runs)]  # fmt: skip
-        ok = [t for t in times if t is not None]
+    names = args.launchers.split(",")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(args.runs):  # interleaved: a slow spell of the machine hits them all
+        for name in names:
+            took = run_once(name, args.nproc, args.timeout, args.model_mb, args.device)
+            if isinstance(took, str):
+                print(f"  {name}: run {run + 1} did not recover: {took}", flush=True)
+            else:
+                times[name].append(took)
+    for name in names:
+        ok = times[name]
         line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
@@ -135,7 +156,6 @@ def main() -> None:
             steps = ", ".join(f"{phase} {statistics.median(t) * 1000:.0f}"
                               for phase, t in PHASES.items())  # fmt: skip
             print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
-            PHASES.clear()
     order = ["agentd-inprocess", "agentd-preload", "agentd", "torchrun"]
     for i, faster in enumerate(order):
         for slower in order[i + 1 :]:

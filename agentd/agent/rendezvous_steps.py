@@ -9,22 +9,25 @@ barrier after success), and the round watch wakes the loop when the round ends e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import AgentdError, AgentStopped
 from agentd.group import Worker, WorkerGroup, WorkerState
 from agentd.rendezvous.api import (
+    FindsLostPeers,
     LeasedMembership,
     RendezvousClosedError,
     RendezvousHandler,
     RendezvousInfo,
     RoleInstanceInfo,
 )
+from agentd.rendezvous.roll_call import LOST_REASON
 from agentd.spec import WorkerSpec
 from agentd.store.api import StoreError
 from agentd.support.sync_bridge import agent_step
@@ -32,6 +35,16 @@ from agentd.support.sync_bridge import agent_step
 log = logging.getLogger(__name__)
 
 _WATCH_RETRY = 5.0
+_SILENT = (
+    "[%s] %s did not answer a roll call after our workers failed; waiting up to %gs to see "
+    "if it is lost"
+)
+_LOST = (
+    "[%s] The root cause of this node's worker failures: %s (its agent stopped answering); "
+    "%d node(s) left, the job needs %d"
+)
+ROLL_CALL_WAIT = 1.0
+"""Seconds the peers have to answer a roll call (a live round watch answers in ms)."""
 
 
 def assign_worker_ranks(
@@ -83,6 +96,10 @@ class RendezvousSteps:
     _round_ended: str | None
     _round_closed: RendezvousClosedError | None
     _stepping_out: str | None
+    _stop_requested: asyncio.Event
+    lost_peer: dict[str, Any] | None = None
+    """The peer whose loss failed this node's workers (its lease ran out): the root cause
+    a failure report names (:func:`lost_node`). None when there was none."""
     _leaving_alone: bool = False
     """No other node runs the job this node leaves: it ends here (a drain of the last)."""
     generation: int
@@ -102,6 +119,40 @@ class RendezvousSteps:
         handler = self._rdzv_handler or self._worker_group.spec.rdzv_handler
         assert handler is not None  # set in SimpleElasticAgent.__init__
         return handler
+
+    async def _lost_peer(self, group: WorkerGroup) -> str:
+        """After our workers failed in a round of several nodes, the peer whose loss made
+        them fail, when the round goes on without it at MIN nodes or more (a membership
+        change: it spends no restart); '' otherwise (a loss below MIN is still named in
+        the report, :attr:`lost_peer`). A peer that does not answer a roll call is waited
+        for up to its lease; a round whose peers all answer was failed by this node."""
+        handler = self.rdzv_handler
+        if (group.group_world_size or 1) < 2 or not isinstance(handler, FindsLostPeers):
+            return ""
+        if self._round_ended is None and self._round_closed is None:
+            try:
+                silent = await handler.roll_call(ROLL_CALL_WAIT)
+            except StoreError as exc:  # the store's own trouble: the leases decide
+                log.debug("Roll call failed: %s", exc)
+                return ""
+            if not silent:
+                return ""
+            wait = handler.peer_loss_timeout() + ROLL_CALL_WAIT
+            log.info(_SILENT, group.spec.role, ", ".join(silent), wait)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    while self._round_ended is None and self._round_closed is None:
+                        await self._wakeup.wait()
+                        self._wakeup.clear()
+                        if self._stop_requested.is_set():
+                            break
+        why = self._round_ended or ""
+        if LOST_REASON not in why:
+            return ""
+        self.lost_peer = lost_node(why, handler.peer_loss_timeout())
+        left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
+        log.warning(_LOST, group.spec.role, why, left, needed)
+        return why if left >= needed else ""
 
     async def _watch_round(self) -> None:
         """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""
@@ -235,3 +286,21 @@ class RendezvousSteps:
             log.exception("Exit barrier failed; our workers succeeded, so the job is done here")
             return
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
+
+
+def lost_node(why: str, ttl: float) -> dict[str, Any]:
+    """What a report says of a lost peer, from the round watch's ``node <id> left (no
+    heartbeat)``: its node id, host and agent pid (node ids are ``host_pid_random``), when
+    its lease was seen to lapse, and so when it was last heard (a lease lasts ``ttl``)."""
+    node = why.removeprefix("node ").removesuffix(f" {LOST_REASON}")
+    host, _, rest = node.rpartition("_")[0].rpartition("_")
+    pid = int(rest) if rest.isdigit() else None
+    lapsed = time.time()
+    return {
+        "node": node,
+        "host": host or node,
+        "agent_pid": pid,
+        "lapsed_at": lapsed,
+        "last_heard_before": ttl,
+        "reason": why,
+    }

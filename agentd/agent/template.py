@@ -237,10 +237,10 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
                                 f"{result!r}; it must return a RunResult")  # fmt: skip
             self._raise_if_stop_requested()
             state = result.state
-            # Our workers may have died because we lost our membership (killed at the end of
-            # its lease while the agent was frozen, say): that is a membership change, not
-            # their failure, and it spends no restart.
+            # Our workers may have died because we lost our membership (its lease ended while
+            # we were frozen) or a peer: a membership change, which spends no restart.
             lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
+            lost = lost or (await self._lost_peer(group) if state is WorkerState.FAILED else "")
             root = result.root_cause
             action = decide(Situation(
                 state, peer_failed=self._round_closed is not None, membership_lost=bool(lost),

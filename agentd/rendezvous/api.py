@@ -170,6 +170,24 @@ class KeepsWorkers(Protocol):
 
 
 @runtime_checkable
+class FindsLostPeers(Protocol):
+    """A rendezvous that can tell a peer's loss from a failure of this node's own (see
+    :mod:`agentd.rendezvous.roll_call`)."""
+
+    async def roll_call(self, wait: float) -> list[str]:
+        """The other members of the current round that did not answer within ``wait``."""
+        ...
+
+    def min_nodes(self) -> int:
+        """The fewest nodes the job runs with."""
+        ...
+
+    def peer_loss_timeout(self) -> float:
+        """Seconds until every member knows that a peer is lost (its lease runs out)."""
+        ...
+
+
+@runtime_checkable
 class LeasedMembership(Protocol):
     """A rendezvous whose membership is a lease on a heartbeat in a shared store."""
 

@@ -43,6 +43,7 @@ from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import LeaseListener, Membership
+from agentd.rendezvous.roll_call import RollCalls
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
@@ -57,7 +58,7 @@ _LEAVE_TIMEOUT = 2.0
 """Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
 
 
-class DynamicRendezvous:
+class DynamicRendezvous(RollCalls):
     """An elastic rendezvous for ``run_id`` over a store opened by ``open_store``.
 
     ``open_store`` is called on the first rendezvous, in the agent's loop (see

@@ -6,6 +6,8 @@ Keys, under ``agentd/<run_id>/``::
                         on with compare_set, so stale agents never end a newer round
     ctl/closed          JSON {"outcome", "node", "reason"}: no more rounds
     ctl/hb/<node>       each agent's heartbeat, a TTL key refreshed without a change
+    ctl/rollcall        JSON {"id", "gen", "by"}: who of round gen still answers? (TTL key)
+    rollcall/<id>/<node> that member's answer (TTL key; see rendezvous/roll_call.py)
     round/<g>/join      the arrival counter (add): an agent's arrival index is its group rank
     round/<g>/node/<i>  arrival i's JSON: node id, role, worker count, address, master port
     round/<g>/sealed    the member count n, set once: arrivals < n are the round's members;
@@ -27,9 +29,13 @@ class RunKeys:
         self.gen = self.ctl + "gen"
         self.closed = self.ctl + "closed"
         self.heartbeats = self.ctl + "hb/"
+        self.rollcall = self.ctl + "rollcall"
 
     def heartbeat(self, node: str) -> str:
         return self.heartbeats + node
+
+    def roll_answer(self, call: str, node: str) -> str:
+        return f"{self.prefix}rollcall/{call}/{node}"
 
     def excluded(self, node: str) -> str:
         return f"{self.prefix}excluded/{node}"

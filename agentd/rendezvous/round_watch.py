@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.roll_call import LOST_REASON, answer
 from agentd.rendezvous.rounds import POLL, Round
 from agentd.store.api import Store, StoreUnavailable
 from agentd.support.ratelog import RateLimitedLog
@@ -78,8 +79,10 @@ class RoundWatch:
                 if event.key == self.keys.closed and event.value is not None:
                     self.raise_if_failed(event.value)
                     self.succeeded_elsewhere = True
+                if event.key == self.keys.rollcall and event.value is not None:
+                    await answer(store, self.keys, event.value, current)
                 if event.key in members and event.value is None and not self.succeeded_elsewhere:
-                    why = f"node {members[event.key]} left (no heartbeat)"
+                    why = f"node {members[event.key]} {LOST_REASON}"
                     await self.end_round(why)
                     return why
 
@@ -122,7 +125,7 @@ class RoundWatch:
             return f"round {generation} went with the store's old state (a restart or failover)"
         for key, beat in zip(members, beats, strict=True):
             if beat is None and not self.succeeded_elsewhere:
-                why = f"node {members[key]} left (no heartbeat)"
+                why = f"node {members[key]} {LOST_REASON}"
                 await self.end_round(why)
                 return why
         return ""

@@ -105,8 +105,12 @@ def record(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> str:
-    """The human-readable failure report: the root cause in full, other failures in one line."""
+def format_failure_report(
+    result: RunResult, run_id: str, entrypoint: str, lost_peer: dict[str, Any] | None = None
+) -> str:
+    """The human-readable failure report: the root cause in full, other failures in one
+    line. A lost peer (``lost_peer``) is the root cause, this node's first failure what
+    followed."""
     root = result.root_cause
     if root is None:
         return f"{entrypoint} failed (run {run_id}) with no recorded worker failure"
@@ -116,7 +120,10 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
         bar,
         f"{entrypoint} FAILED" + (f" (run {run_id})" if run_id else ""),
         bar,
-        "Root cause (first failure):",
+        *_lost_peer_lines(lost_peer),
+        "What followed on this node (first failure):"
+        if lost_peer
+        else "Root cause (first failure):",
         f"  time      : {when}.{int(root.timestamp * 1000) % 1000:03d}",
         f"  host      : {root.host}",
         f"  node rank : {root.node_rank}",
@@ -145,6 +152,22 @@ def format_failure_report(result: RunResult, run_id: str, entrypoint: str) -> st
             )
     lines.append(bar)
     return "\n".join(lines)
+
+
+def _lost_peer_lines(lost: dict[str, Any] | None) -> list[str]:
+    if lost is None:
+        return []
+    lapsed = lost["lapsed_at"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lapsed))
+    pid = lost.get("agent_pid")
+    return [
+        "Root cause (a lost node):",
+        f"  node      : {lost['node']}",
+        f"  host      : {lost['host']}"
+        + (f" (its agent, pid {pid}, stopped answering)" if pid else ""),
+        f"  last heard: {lost['last_heard_before']:g}s or less before its lease lapsed, at {when}",
+        "  its loss failed the collectives of this node's ranks:",
+    ]
 
 
 def _describe_exit(failure: WorkerFailure) -> str:

@@ -116,12 +116,15 @@ def outcome(
     result: RunResult | None,
     last_failure: WorkerFailure | None,
     error: BaseException | None,
+    lost_peer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``result.json`` document: ``facts`` about the run, how it ended, and why.
 
     The root cause is the run's last result's when it has one, else the latest failure
     seen (a crash the agent restarted from before something else ended the run); the
-    ``error`` that ended the run, if any, is named with the exit code it leads to.
+    ``error`` that ended the run, if any, is named with the exit code it leads to. When a
+    peer's loss failed this node's workers (``lost_peer``), the root cause is that node
+    (``{"lost_node": {...}}``), and this node's failures are listed as what followed.
     """
     failures = sorted(result.failures.values(), key=lambda f: f.timestamp) if result else []
     root = result.root_cause if result and result.failures else last_failure
@@ -134,6 +137,8 @@ def outcome(
     else:
         doc["exit_code"] = 1 if result is not None and result.is_failed() else 0
     doc["root_cause"] = root.to_dict() if root is not None else None
+    if lost_peer is not None:  # the node that vanished; this node's failures followed it
+        doc["root_cause"] = {"lost_node": lost_peer}
     doc["failures"] = [f.to_dict() for f in failures]
     return doc
 

@@ -31,7 +31,9 @@ class ResultFileService:
         facts = {"run_id": agent.run_id, "role": group.spec.role, "state": group.state.value,
                  "restarts": agent.restart_count, "attempts": agent.attempt + 1,
                  "host": agent.hostname}  # fmt: skip
-        doc = outcome(facts, agent.last_result, agent.last_failure, agent.exit_error)
+        doc = outcome(
+            facts, agent.last_result, agent.last_failure, agent.exit_error, agent.lost_peer
+        )
         if agent.run_dir.is_dir():
             self.written = self.file.write(doc)
 
@@ -44,4 +46,4 @@ class ResultFileService:
         from agentd.reports.failure import format_failure_report
 
         entrypoint = agent.get_worker_group().spec.get_entrypoint_name()
-        return format_failure_report(result, agent.run_id, entrypoint)
+        return format_failure_report(result, agent.run_id, entrypoint, agent.lost_peer)

@@ -1,0 +1,82 @@
+"""A node lost in the middle of a gloo job (its agent SIGKILLed): the survivors' ranks
+fail their collectives at once ("Connection reset by peer"), long before the lost node's
+lease runs out. The survivor must name the lost node as the root cause, not its own
+ranks, and a loss that leaves MIN nodes or more is a membership change that spends no
+restart (issue 36, item 7)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import TESTS, free_port, wait_until
+from tests.helpers.jobs import TOKEN
+
+pytestmark = pytest.mark.torch
+LOOP = str(TESTS / "workers" / "torch_gloo_loop.py")
+CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=30"
+
+
+def starts(out) -> list[dict]:
+    return [json.loads(p.read_text()) for p in out.glob("start_*")]
+
+
+def two_nodes(run_agentd, tmp_path, nnodes: str):
+    pytest.importorskip("torch")
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    out.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        run_agentd(
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "job",
+            "--nnodes",
+            nnodes,
+            "--rdzv-conf",
+            CONF,
+            "--max-restarts",
+            "0",
+            "--local-addr",
+            f"127.0.0.{i + 1}",
+            LOOP,
+            str(out),
+            str(stop),
+            env={"AGENTD_STORE_TOKEN": TOKEN},
+        )
+        for i in range(2)
+    ]
+    wait_until(lambda: len(starts(out)) == 2, 120, what="a gloo job of two nodes")
+    return agents, out, stop
+
+
+def test_a_lost_node_is_the_root_cause_not_the_survivors_collectives(run_agentd, tmp_path):
+    (host, lost), _, _ = two_nodes(run_agentd, tmp_path, "2")
+    lost.proc.kill()
+    lost.proc.wait()
+    assert host.wait(60) == 1, host.stderr()[-3000:]
+    err = host.stderr()
+    report = err[err.index("FAILED (run job)") :]
+    assert "Root cause (a lost node):" in report, report
+    assert f"(its agent, pid {lost.pid}, stopped answering)" in report
+    assert report.index("Root cause (a lost node)") < report.index("What followed on this node")
+    assert "Connection" in report  # the survivor's collective error, as what followed
+    result = json.loads((host.log_dir / "job" / "result.json").read_text())
+    assert result["root_cause"]["lost_node"]["agent_pid"] == lost.pid, result["root_cause"]
+
+
+def test_a_lost_node_above_min_is_a_membership_change_not_a_restart(run_agentd, tmp_path):
+    (host, lost), out, stop = two_nodes(run_agentd, tmp_path, "1:2")
+    lost.proc.kill()
+    lost.proc.wait()
+    # --max-restarts 0: had the loss spent a restart, the survivor would have failed
+    wait_until(lambda: any(s["world"] == 1 for s in starts(out)), 60, what="a job of one")
+    assert [s["restarts"] for s in starts(out) if s["world"] == 1] == [0]
+    stop.touch()
+    assert host.wait(60) == 0, host.stderr()[-3000:]
+    assert "restarting the group without spending a restart" in host.stderr()
+    assert "worker failure on this node" not in host.stderr()
