@@ -41,6 +41,7 @@ from agentd.rendezvous.api import RendezvousInfo, RendezvousTimeoutError
 from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
+from agentd.rendezvous.exit_barrier import ExitBarrier
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.roll_call import RollCalls
@@ -53,12 +54,11 @@ from agentd.support.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
-_FOREVER = 7 * 86400.0
 _LEAVE_TIMEOUT = 2.0
 """Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
 
 
-class DynamicRendezvous(RollCalls):
+class DynamicRendezvous(RollCalls, ExitBarrier):
     """An elastic rendezvous for ``run_id`` over a store opened by ``open_store``.
 
     ``open_store`` is called on the first rendezvous, in the agent's loop (see
@@ -307,36 +307,6 @@ class DynamicRendezvous(RollCalls):
             return 0
         joined = await self.store.get(self._keys.round(current.generation, "join"))
         return max(0, int(joined or 0) - current.size)
-
-    async def exit_barrier(self) -> None:
-        """Wait for every member's workers to be done; a store out of reach for as long as
-        our lease lasts ends the wait (:class:`StoreUnavailable`): nobody can be waited
-        for without it. A lease already gone (the agent was frozen while its workers
-        finished) leaves the barrier a heartbeat TTL to get through: the store may answer,
-        and the peers then need not wait for us."""
-        current = self._round
-        membership = self._membership
-        if current is None or membership is None:
-            return
-        if membership.expired():
-            try:
-                async with asyncio.timeout(self.settings.heartbeat_ttl):
-                    await self._barrier(current)
-            except TimeoutError:
-                raise StoreUnavailable("our membership had lapsed and the barrier did not "
-                                       "complete within the heartbeat TTL") from None  # fmt: skip
-            return
-        barrier, lost = await first_done(self._barrier(current), membership.lost())
-        if barrier.cancelled():
-            raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
-        barrier.result()
-
-    async def _barrier(self, current: Round) -> None:
-        store = self.store
-        gen = current.generation
-        await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
-        done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
-        await store.wait(done, _FOREVER)
 
     async def set_closed(self, succeeded: bool, reason: str) -> None:
         if self._store is None or self._closed:

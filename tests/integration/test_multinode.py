@@ -258,3 +258,24 @@ def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_pa
     assert [a.wait(60) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
     assert sorted(p.name for p in tmp_path.glob("done-*")) == ["done-0", "done-1"]
     assert not any("Restarting" in a.stderr() or "without spending" in a.stderr() for a in agents)
+
+
+def test_a_node_failing_for_good_ends_its_peers_exit_barrier(run_agentd, tmp_path):
+    """Node 0's worker succeeds at once and its agent waits in the exit barrier; node 1's
+    fails for good. Its done key will never come: node 0 leaves when node 1 closes the
+    rendezvous, not after the barrier's 300 s (256 agents on 2 cores, some starved out of
+    their lease, kept the rest waiting for all of it)."""
+    script = tmp_path / "one_fails.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['GROUP_RANK'] == '1':\n"
+        "    time.sleep(1)\n"
+        "    sys.exit(7)\n"
+    )
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank), conf=FAST),
+                         str(script)) for rank in (0, 1)]  # fmt: skip
+    codes = [a.wait(60) for a in agents]  # within a minute, not after the 300 s barrier
+    assert sorted(codes) == [0, 1], [a.stderr()[-2000:] for a in agents]
+    waiting = agents[codes.index(0)]  # its workers succeeded: exit 0, as under torch
+    assert "closed the rendezvous as failed" in waiting.stderr(), waiting.stderr()[-2000:]

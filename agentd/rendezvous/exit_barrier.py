@@ -1,0 +1,94 @@
+"""The exit barrier: an agent whose workers succeeded waits for every member's workers to
+be done before it leaves, so no agent leaves while its peers may still need it (the
+store's host, rank 0's master). A mixin of :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`.
+
+The wait ends when every member wrote ``round/<g>/done/<i>``; when our lease is lost (the
+store is out of reach: nobody can be waited for without it); or when the rendezvous is
+closed, which a member that failed for good does: its done key would never come, and its
+peers waited out the agent's whole barrier timeout (300 s by default) before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from agentd.store.api import StoreUnavailable
+from agentd.support.aio import first_done
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.conf import RendezvousSettings
+    from agentd.rendezvous.keys import RunKeys
+    from agentd.rendezvous.membership import Membership
+    from agentd.rendezvous.rounds import Round
+    from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+FOREVER = 7 * 86400.0
+"""A store wait with no end of its own (the agent's barrier timeout ends it)."""
+
+
+class ExitBarrier:
+    """``exit_barrier()`` of a rendezvous that holds the store, keys, round and lease."""
+
+    settings: RendezvousSettings
+    _keys: RunKeys
+    _round: Round | None
+    _membership: Membership | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def store(self) -> Store: ...
+
+    async def exit_barrier(self) -> None:
+        """Wait for every member's workers to be done, or for the rendezvous to close; a
+        store out of reach for as long as our lease lasts ends the wait
+        (:class:`StoreUnavailable`): nobody can be waited for without it. A lease already
+        gone (the agent was frozen while its workers finished) leaves the barrier a
+        heartbeat TTL to get through: the store may answer, and the peers then need not
+        wait for us."""
+        current = self._round
+        membership = self._membership
+        if current is None or membership is None:
+            return
+        if membership.expired():
+            try:
+                async with asyncio.timeout(self.settings.heartbeat_ttl):
+                    await self._barrier(current)
+            except TimeoutError:
+                raise StoreUnavailable(
+                    "our membership had lapsed and the barrier did not complete within the "
+                    "heartbeat TTL"
+                ) from None
+            return
+        barrier, lost, closed = await first_done(
+            self._barrier(current), membership.lost(), self._closed_elsewhere()
+        )
+        if closed.done() and not closed.cancelled():
+            log.warning("Exit barrier: %s; not waiting for the other nodes", closed.result())
+            return
+        if barrier.cancelled():
+            raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
+        barrier.result()
+
+    async def _barrier(self, current: Round) -> None:
+        store = self.store
+        gen = current.generation
+        await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
+        done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
+        await store.wait(done, FOREVER)
+
+    async def _closed_elsewhere(self) -> str:
+        """Once the rendezvous is closed: by whom and why (a member that failed for good,
+        or one that passed the barrier already)."""
+        store = self.store
+        await store.wait([self._keys.closed], FOREVER)
+        try:
+            doc = json.loads(await store.get(self._keys.closed) or b"{}")
+            return f"node {doc['node']} closed the rendezvous as {doc['outcome']}: {doc['reason']}"
+        except (ValueError, KeyError, TypeError):
+            return "the rendezvous was closed"
