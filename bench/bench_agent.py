@@ -166,6 +166,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--idle", type=float, default=10.0, help="idle window, seconds")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the figures the docs quote to docs/figures.json",
+    )
     args = parser.parse_args()
     commands = launcher_commands()
     if "torchrun" not in commands:
@@ -214,6 +219,21 @@ def main() -> int:
     if "torchrun" in commands:
         total = {name: idle[name][0] + idle[name][1] for name in ("torchrun", "agentd")}
         print(f"  ratio     RSS torchrun/agentd = {total['torchrun'] / total['agentd']:.1f}x")
+    if args.record:
+        from figures import record
+
+        command = f".venv/bin/python bench/bench_agent.py --runs {args.runs} --record"
+        launch = {n: statistics.median(results[n]["launch"]) for n in commands}
+        record("launch", f"{launch['agentd'] * 1000:.0f} ms", command)
+        record(
+            "idle_rss",
+            f"{sum(idle['agentd'][:2]):.0f} MiB",
+            command,
+            "the agent and the guardian process it starts",
+        )
+        if "torchrun" in commands:
+            record("launch_torchrun", f"{launch['torchrun']:.1f} s", command)
+            record("idle_rss_torchrun", f"{idle['torchrun'][0]:.0f} MiB", command)
     return 0
 
 

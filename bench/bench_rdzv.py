@@ -90,16 +90,24 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
             reap(procs)
 
 
+def spread(values: list[float]) -> str:
+    """``median ms (min-max)``."""
+    ms = sorted(v * 1000 for v in values)
+    return f"{statistics.median(ms):.0f} ms ({ms[0]:.0f}-{ms[-1]:.0f})"
+
+
 def many_agents(count: int) -> dict[str, float]:
     """``count`` agentd agents (1 worker each) start at once on this machine and
-    rendezvous through the first one's store: seconds until the last worker ran, how
-    many agents exited 0, lines of their stderr at WARNING or worse, and the agents'
-    peak RSS (MB, each)."""
+    rendezvous through the first one's store, with the agents' defaults: seconds from the
+    start to the moment every agent is up and waiting in the rendezvous (the last one's
+    "joined round 0", from its log), and from then to the moment every agent's worker
+    runs; how many agents exited 0, lines of their stderr at WARNING or worse, and the
+    agents' peak RSS (MB, each, the guardian apart)."""
     import psutil
 
     rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
             "--rdzv-id", "many", "--nnodes", str(count), "--nproc-per-node", "1",
-            "--max-restarts", "0", "--rdzv-conf", "join_timeout=300"]  # fmt: skip
+            "--max-restarts", "0", "--rdzv-conf", "join_timeout=600"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp, str(i)) for i in range(count)]
         for out in outs:
@@ -111,23 +119,36 @@ def many_agents(count: int) -> dict[str, float]:
             with log.open("w") as stderr:
                 procs.append(subprocess.Popen(
                     [*launchers()["agentd"], *rdzv, str(HERE / "worker.py"), "sleep", str(out),
-                     "1"], env=env(), stdout=subprocess.DEVNULL, stderr=stderr))  # fmt: skip
+                     "3"], env=env(), stdout=subprocess.DEVNULL, stderr=stderr))  # fmt: skip
         peak = 0.0
         try:
-            starts = wait_reports([out / "start_0_0" for out in outs], timeout=300)
-            elapsed = max(map(float, starts)) - t0
-            for proc in procs:  # every worker sleeps 1 s: the agents are all up
+            starts = wait_reports([out / "start_0_0" for out in outs], timeout=600)
+            last_worker = max(map(float, starts))
+            for proc in procs:  # every worker sleeps 3 s: the agents are all up
                 with contextlib.suppress(psutil.Error):
                     peak = max(peak, psutil.Process(proc.pid).memory_info().rss / 2**20)
-            codes = [proc.wait(120) for proc in procs]
+            codes = [proc.wait(300) for proc in procs]
         finally:
             reap(procs)
-        problems = [line for log in logs for line in log.read_text().splitlines()
+        texts = [log.read_text() for log in logs]
+        all_waiting = max(joined_at(text) for text in texts)
+        problems = [line for text in texts for line in text.splitlines()
                     if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)]  # fmt: skip
     for line in problems[:5]:
         print(f"    {line}")
-    return {"seconds": elapsed, "ok": codes.count(0), "problems": len(problems),
-            "rss_mb": peak}  # fmt: skip
+    return {"up": all_waiting - t0, "seconds": last_worker - all_waiting,
+            "ok": codes.count(0), "problems": len(problems), "rss_mb": peak}  # fmt: skip
+
+
+def joined_at(log: str) -> float:
+    """When an agent's log says it joined round 0, or completed it (the last to join
+    completes it at once): epoch seconds, from the log's local time."""
+    found = re.search(r"^(\S+ \S+),(\d{3}) INFO agentd\.\S+: .*(joined round 0|Rendezvous "
+                      r"complete: .* generation=0 )", log, re.MULTILINE)  # fmt: skip
+    if found is None:
+        raise RuntimeError(f"an agent never joined round 0: {log[-2000:]}")
+    stamp = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S"))
+    return stamp + int(found[2]) / 1000
 
 
 def measure_last_join(backend: str) -> float:
@@ -338,8 +359,14 @@ def main() -> int:
         action="store_true",
         help="skip the launch, last-join and crash measurements",
     )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the figures the docs quote to docs/figures.json",
+    )
     args = parser.parse_args()
     cmds = launchers()
+    command = " ".join([".venv/bin/python bench/bench_rdzv.py", *sys.argv[1:]])
     backends = {"agentd": "agentd", **({"torchrun": "torch"} if "torchrun" in cmds else {})}
     print(f"{NODES} nodes on {os.cpu_count()} CPUs, {args.runs} runs each"
           + ("" if "torchrun" in cmds else " (torch not installed: agentd alone)"))  # fmt: skip
@@ -365,26 +392,53 @@ def main() -> int:
             print(line(name, values))
         if text := ratio(figures[key]):
             print(text)
+    if args.record and not args.only_scale:
+        from figures import record
+
+        for key, name in (("last join", "last_join"), ("crash", "crash_propagation")):
+            for launcher, suffix in (("agentd", ""), ("torchrun", "_torchrun")):
+                if values := figures[key].get(launcher):
+                    median = statistics.median(values)
+                    text = f"{median * 1000:.0f} ms" if median < 1 else f"{median:.1f} s"
+                    record(name + suffix, text, command)
     if args.agents:
         many = many_agents(args.agents)
-        print(f"\n{args.agents} agents start at once on this machine (1 worker each)")
-        print(f"  the last worker ran after {many['seconds'] * 1000:.0f} ms; {many['ok']:.0f} of "
-              f"{args.agents} agents exited 0; {many['problems']:.0f} warning or error lines; "
-              f"agent RSS {many['rss_mb']:.0f} MB at most")  # fmt: skip
+        print(f"\n{args.agents} agent processes start at once on this machine (1 worker each, "
+              "the agents' defaults, the first one serving the store)")  # fmt: skip
+        print(f"  every agent up and waiting in the rendezvous {many['up']:.1f} s after the "
+              f"start; from then, every agent's worker running after "
+              f"{many['seconds'] * 1000:.0f} ms; {many['ok']:.0f} of {args.agents} agents "
+              f"exited 0; {many['problems']:.0f} warning or error lines; agent RSS "
+              f"{many['rss_mb']:.0f} MB at most")  # fmt: skip
+        if args.record:
+            from figures import record
+
+            record(f"agents_{args.agents}", f"{many['seconds']:.1f} s", command,
+                   f"{many['ok']:.0f} of {args.agents} agents exited 0")  # fmt: skip
     sizes = [int(x) for x in re.split(r"[ ,]+", args.sizes) if x]
-    print(f"\nagentd rendezvous at scale ({args.procs} handler processes, one `agentd store`)")
+    print(
+        f"\nagentd rendezvous handlers at scale ({args.procs} processes of handlers, the "
+        "agents' defaults, through one `agentd store` process; median (min-max))"
+    )
     times = []
     for n in sizes:
         runs = [scale(n, args.procs) for _ in range(args.scale_runs)]
-        best = min(runs, key=lambda r: r["seconds"])
-        times.append(best["seconds"])
-        print(f"  {n:5d} nodes: {best['seconds'] * 1000:8.1f} ms (best of {len(runs)}; "
-              f"median {statistics.median(r['seconds'] for r in runs) * 1000:.1f}), "
-              f"{best['requests']:.1f} store requests per node, store CPU "
-              f"{best['store_cpu_us']:.0f} us per join, store RSS {best['store_rss_mb']:.0f} MB, "
-              f"handler RSS {best['handler_rss_mb']:.0f} MB per process")  # fmt: skip
-        print(f"         a crash: every other node told in {best['told'] * 1000:.1f} ms, "
-              f"the next round complete in {best['next_round'] * 1000:.1f} ms")  # fmt: skip
+        mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run
+        times.append(mid["seconds"])
+        if args.record:
+            from figures import record
+
+            record(f"scale_{n}", f"{mid['seconds']:.1f} s", command,
+                   f"{spread([r['seconds'] for r in runs])}; rendezvous handlers, not agents, "
+                   "through one `agentd store` process")  # fmt: skip
+        print(f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
+              f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "
+              f"per node, store CPU {mid['store_cpu_us']:.0f} us per join, store RSS "
+              f"{mid['store_rss_mb']:.0f} MB, handler RSS {mid['handler_rss_mb']:.0f} MB per "
+              "process")  # fmt: skip
+        print(f"         a crash: every other node told in "
+              f"{spread([r['told'] for r in runs])}, the next round complete in "
+              f"{spread([r['next_round'] for r in runs])}")  # fmt: skip
     if len(sizes) > 1:
         print(f"  time grows as nodes^{exponent(sizes, times):.2f}")
     for n in sizes:

@@ -122,6 +122,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--model-mb", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the figures the docs quote to docs/figures.json",
+    )
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_recovery needs torch (pip install torch==2.13.0)")
@@ -156,6 +161,16 @@ def main() -> None:
             steps = ", ".join(f"{phase} {statistics.median(t) * 1000:.0f}"
                               for phase, t in PHASES.items())  # fmt: skip
             print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
+    if args.record and args.device == "cpu" and not args.model_mb:
+        from figures import record
+
+        command = f".venv/bin/python bench/bench_recovery.py --runs {args.runs} --record"
+        for name, figure in (
+            ("agentd-inprocess", "inprocess_recovery"),
+            ("agentd-preload", "preload_recovery"),
+        ):
+            if name in medians:
+                record(figure, f"{medians[name] * 1000:.0f} ms", command)
     order = ["agentd-inprocess", "agentd-preload", "agentd", "torchrun"]
     for i, faster in enumerate(order):
         for slower in order[i + 1 :]:

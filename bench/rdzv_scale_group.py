@@ -1,9 +1,14 @@
 """A group of agentd rendezvous handlers in one process, for the scale benchmark.
 
 ``rdzv_scale_group.py store|etcd TARGET RUN_ID NNODES COUNT``: opens COUNT handlers of an
-NNODES-node rendezvous, each with its own client (connected before the clock starts) of
-the ``agentd store`` at TARGET (host:port) or the etcd cluster at TARGET (its members'
-URLs, comma-separated; keys under ``/bench/RUN_ID/``). It prints ``ready``, waits for a
+NNODES-node rendezvous, each with its own client of the ``agentd store`` at TARGET
+(host:port) or the etcd cluster at TARGET (its members' URLs, comma-separated; keys under
+``/bench/RUN_ID/``), with the agents' default settings (a heartbeat every 5 s). Before the
+clock starts, each handler opens its store client and asks the store's revision once (an
+agent does that as it starts), and the process's objects are frozen out of the garbage
+collector (``gc.freeze()``: one process holds COUNT handlers' objects, where an agent
+holds one handler's, so its collections would cost COUNT times what an agent's do). These
+are handlers, not agents: no agent processes, no workers. It prints ``ready``, waits for a
 line on stdin (go), joins them all at once and prints one JSON line: the epoch time the
 last handler had its result, the store requests they made, this process's CPU seconds
 and peak RSS. Then, on ``watch``, every handler watches its round (``{"watching": true}``);
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import resource
 import sys
 import time
@@ -54,8 +60,9 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
 
         return open_store
 
-    # no heartbeat renewals during the measurement: they are seconds apart, not per round
-    settings = RendezvousSettings(min_nodes=nnodes, max_nodes=nnodes, keep_alive_interval=60)
+    # the agents' defaults, keep-alive included: each handler renews its heartbeat every
+    # 5 s, as an agent does, measured along with the rendezvous
+    settings = RendezvousSettings(min_nodes=nnodes, max_nodes=nnodes)
     handlers = [DynamicRendezvous(run_id, opener(c), settings) for c in clients]
     loop = asyncio.get_running_loop()
     try:
@@ -96,9 +103,9 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
         done = await asyncio.gather(*(join(h) for h in handlers))
         report({"crashed_at": crashed_at, "told": max(told_at), "done": max(done)})
         await loop.run_in_executor(None, sys.stdin.read)
-    finally:
-        for handler in handlers:
-            await handler.shutdown()
+    finally:  # the store may stop first: its heartbeats failing now is no news
+        logging.getLogger("agentd").setLevel(logging.ERROR)
+        await asyncio.gather(*(handler.shutdown() for handler in handlers))
 
 
 if __name__ == "__main__":

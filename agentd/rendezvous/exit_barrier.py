@@ -69,7 +69,9 @@ class ExitBarrier:
             self._barrier(current), membership.lost(), self._closed_elsewhere()
         )
         if closed.done() and not closed.cancelled():
-            log.warning("Exit barrier: %s; not waiting for the other nodes", closed.result())
+            why, failed = closed.result()
+            level = logging.WARNING if failed else logging.DEBUG  # succeeded: all were done
+            log.log(level, "Exit barrier: %s; not waiting for the other nodes", why)
             return
         if barrier.cancelled():
             raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
@@ -82,13 +84,14 @@ class ExitBarrier:
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
         await store.wait(done, FOREVER)
 
-    async def _closed_elsewhere(self) -> str:
-        """Once the rendezvous is closed: by whom and why (a member that failed for good,
-        or one that passed the barrier already)."""
+    async def _closed_elsewhere(self) -> tuple[str, bool]:
+        """Once the rendezvous is closed: by whom and why, and whether as failed (a member
+        that failed for good; else one that passed the barrier already)."""
         store = self.store
         await store.wait([self._keys.closed], FOREVER)
         try:
             doc = json.loads(await store.get(self._keys.closed) or b"{}")
-            return f"node {doc['node']} closed the rendezvous as {doc['outcome']}: {doc['reason']}"
+            why = f"node {doc['node']} closed the rendezvous as {doc['outcome']}: {doc['reason']}"
+            return why, doc["outcome"] != "succeeded"
         except (ValueError, KeyError, TypeError):
-            return "the rendezvous was closed"
+            return "the rendezvous was closed", True
