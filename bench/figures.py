@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from report_files import write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "figures.json"
 MARK = re.compile(r"<!--fig:([a-z0-9_]+)-->(.*?)<!--/fig-->", re.DOTALL)
@@ -43,7 +45,7 @@ def record(name: str, text: str, command: str, note: str = "", path: Path = DATA
     if note:
         entry["note"] = note
     figures[name] = entry
-    path.write_text(json.dumps(dict(sorted(figures.items())), indent=2) + "\n")
+    write_report(path, json.dumps(dict(sorted(figures.items())), indent=2) + "\n")
     print(f"  recorded {name} = {text!r} in {path.relative_to(ROOT)}")
 
 
@@ -85,7 +87,7 @@ def render(root: Path = ROOT) -> int:
 
         new = MARK.sub(put, text)
         if new != text:
-            page.write_text(new)
+            write_report(page, new)
             changed += 1
     return changed
 

@@ -20,7 +20,7 @@ _spec.loader.exec_module(report_files)
 reports, wait_reports, write_report = (report_files.reports, report_files.wait_reports,
                                        report_files.write_report)  # fmt: skip
 
-LOGS = {("bench_soak.py", "err"), ("bench_timer.py", "log_path")}
+LOGS = {("bench_soak.py", "err"), ("bench_timer.py", "log_path"), ("bench_recovery.py", "log")}
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
 
 

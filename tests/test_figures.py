@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))  # figures.py imports its sibling report_files
 spec = importlib.util.spec_from_file_location("figures", ROOT / "bench" / "figures.py")
 assert spec is not None and spec.loader is not None
 figures = importlib.util.module_from_spec(spec)
