@@ -120,14 +120,19 @@ class RendezvousSteps:
         assert handler is not None  # set in SimpleElasticAgent.__init__
         return handler
 
-    async def _lost_peer(self, group: WorkerGroup) -> str:
-        """After our workers failed in a round of several nodes, the peer whose loss made
-        them fail, when the round goes on without it at MIN nodes or more (a membership
-        change: it spends no restart); '' otherwise (a loss below MIN is still named in
-        the report, :attr:`lost_peer`). A peer that does not answer a roll call is waited
-        for up to its lease; a round whose peers all answer was failed by this node."""
+    async def _lost_peer(self, group: WorkerGroup, state: WorkerState) -> str:
+        """After our workers failed or hung (``state``) in a round of several nodes: the
+        peer whose loss made them fail, when the round goes on without it at MIN nodes or
+        more (a membership change: it spends no restart); '' otherwise (a loss below MIN is
+        still named in the report, :attr:`lost_peer`). A peer that does not answer a roll
+        call is waited for up to its lease; a round whose peers all answer was failed by
+        this node."""
         handler = self.rdzv_handler
-        if (group.group_world_size or 1) < 2 or not isinstance(handler, FindsLostPeers):
+        self.lost_peer = None  # an earlier loss is not this failure's cause
+        failed = state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if not failed or (group.group_world_size or 1) < 2:
+            return ""
+        if not isinstance(handler, FindsLostPeers):
             return ""
         if self._round_ended is None and self._round_closed is None:
             try:

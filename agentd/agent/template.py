@@ -240,7 +240,7 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
             # Our workers may have died because we lost our membership (its lease ended while
             # we were frozen) or a peer: a membership change, which spends no restart.
             lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
-            lost = lost or (await self._lost_peer(group) if state is WorkerState.FAILED else "")
+            lost = lost or await self._lost_peer(group, state)
             root = result.root_cause
             action = decide(Situation(
                 state, peer_failed=self._round_closed is not None, membership_lost=bool(lost),
