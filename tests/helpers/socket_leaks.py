@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import traceback
+import warnings
 import weakref
 from asyncio import selector_events
 from collections.abc import Iterator
@@ -34,6 +35,27 @@ def _tracked(init: Any) -> Any:
 selector_events._SelectorSocketTransport.__init__ = _tracked(  # type: ignore[method-assign]
     selector_events._SelectorSocketTransport.__init__
 )
+
+
+_collected = selector_events._SelectorTransport.__del__
+
+
+def _warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
+    """A transport collected with its socket open: the warning names where it was opened
+    (the collection runs in whichever test it happens to, not the one that leaked it)."""
+    opened_at = getattr(self, "_opened_at", None)
+    if self._sock is None or opened_at is None:
+        _collected(self)
+        return
+    _warn(
+        f"unclosed transport {self!r}, opened at:\n{''.join(opened_at)}",
+        ResourceWarning,
+        source=self,
+    )
+    self._sock.close()
+
+
+selector_events._SelectorTransport.__del__ = _warn_with_origin  # type: ignore[method-assign]
 
 
 def left_open() -> list[Any]:
