@@ -29,8 +29,6 @@ from agentd.support.net import is_loopback
 
 log = logging.getLogger(__name__)
 
-KEYS = ("protocol", "cacert", "cert", "key")
-"""The ``--rdzv-conf`` keys TLS takes."""
 _TORCH_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
 """torch's etcd-v2 names for the same keys."""
 
@@ -58,16 +56,6 @@ class StoreTls:
         serves = self.serve and self.cert is not None
         object.__setattr__(self, "server", self._server_context() if serves else None)
 
-    @property
-    def mutual(self) -> bool:
-        """Clients must present a certificate of ``cacert``."""
-        return self.cacert is not None
-
-    def describe(self) -> str:
-        """For the start line: what this node's TLS is."""
-        mutual = ", clients must present a certificate of the CA" if self.mutual else ""
-        return f"TLS (CA {self.cacert or 'the system CAs'}{mutual})"
-
     def server_context(self, on_refused: Callable[[str], None]) -> ssl.SSLContext:
         """A server context of its own for one listener, which tells ``on_refused`` why each
         client's handshake failed (asyncio says nothing of them); a node asked to serve
@@ -88,16 +76,16 @@ class StoreTls:
 
     def _client_context(self) -> ssl.SSLContext:
         if self.key and not self.cert:
-            raise ConfigError(f"{self._name('key')}{self.key!r} needs {self._name('cert')} "
-                              "(the certificate the key belongs to)")  # fmt: skip
+            key, cert = self._name("key"), self._name("cert")
+            raise ConfigError(f"{key}{self.key!r} needs {cert} (the certificate it belongs to)")
         for name, path in (("cacert", self.cacert), ("cert", self.cert), ("key", self.key)):
             if path is not None:
                 _readable(self._name(name), path)
         try:
             context = ssl.create_default_context(cafile=self.cacert)
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"{self._name('cacert')}{self.cacert!r}: not a PEM CA "
-                              f"certificate ({_reason(exc)})") from None  # fmt: skip
+            problem = f"not a PEM CA certificate ({_reason(exc)})"
+            raise ConfigError(f"{self._name('cacert')}{self.cacert!r}: {problem}") from None
         if self.cert:
             self._load_chain(context)
         return context
