@@ -62,18 +62,19 @@ def tls_agent(run_agentd, endpoint, stop, tls: NodeTls, index: int, *extra: str)
     return agent
 
 
-def plain_request(port: int, host: str = "127.0.0.1") -> bytes:
-    """A plain-HTTP request with the right token: what a reader of the wire could send."""
-    with socket.create_connection((host, port), timeout=10) as conn:
-        body = b'{"key": "k", "timeout": 0}'
-        conn.sendall(
-            b"POST /v1/get HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\nContent-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
-        )
+GET_WITH_TOKEN = (
+    b"POST /v1/get HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + TOKEN.encode()
+    + b"\r\nContent-Length: 26\r\n\r\n"
+    + b'{"key": "k", "timeout": 0}'
+)
+"""A store request with the right token: what a reader of the wire could send."""
+
+
+def plain_request(port: int) -> bytes:
+    """:data:`GET_WITH_TOKEN` in plain HTTP; the answer's first bytes (b"": none)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(GET_WITH_TOKEN)
         try:
             return conn.recv(4096)
         except ConnectionResetError:
@@ -81,21 +82,14 @@ def plain_request(port: int, host: str = "127.0.0.1") -> bytes:
 
 
 def tls_request(port: int, tls: NodeTls, trusting: Path) -> bytes:
-    """A request with the right token over TLS, presenting ``tls``'s certificate."""
+    """:data:`GET_WITH_TOKEN` over TLS, presenting ``tls``'s certificate; the answer's
+    first bytes (b"": the handshake or the connection failed)."""
     context = ssl.create_default_context(cafile=str(trusting))
     context.load_cert_chain(str(tls.cert), str(tls.key))
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         try:
             with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-                body = b'{"key": "k", "timeout": 0}'
-                conn.sendall(
-                    b"POST /v1/get HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                    + TOKEN.encode()
-                    + b"\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
+                conn.sendall(GET_WITH_TOKEN)
                 return conn.recv(4096)
         except (ssl.SSLError, ConnectionResetError):
             return b""
