@@ -283,8 +283,8 @@ def store_tls(args: argparse.Namespace) -> StoreTls | None:
     if not (args.cert or args.key or args.cacert):
         return None
     if not args.cert:
-        raise ConfigError("--cert: required to serve the store over TLS (--cacert and --key "
-                          "go with it)")  # fmt: skip
+        rule = "required to serve the store over TLS (--cacert and --key go with it)"
+        raise ConfigError(f"--cert: {rule}")
     return StoreTls(args.cacert, args.cert, args.key, flags=True)
 
 

@@ -187,11 +187,9 @@ class RendezvousSteps:
     async def _step_out(self, group: WorkerGroup, why: str) -> None:
         """Leave the job without spending a restart: the peers re-form without us while our
         workers stop; we join again when :meth:`_before_join` lets us."""
-        after = (
-            "no other node runs it: it ends here, unfinished"
-            if self._leaving_alone
-            else ("the others go on without it")
-        )
+        after = "the others go on without it"
+        if self._leaving_alone:
+            after = "no other node runs it: it ends here, unfinished"
         log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
         self._stepping_out = None

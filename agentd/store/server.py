@@ -27,6 +27,7 @@ from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import endpoint_list
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
+from agentd.store.tls import scheme
 from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     CANDIDATES_HEADER,
@@ -137,7 +138,7 @@ class StoreServer:
             except (OSError, StartError) as exc:
                 await self.stop()
                 raise StartError(f"store token: cannot publish it: {exc}") from None
-        log.info("Store listening on %s://%s%s", "https" if self.tls else "http", self.endpoint,
+        log.info("Store listening on %s://%s%s", scheme(self.tls), self.endpoint,
                  f" (its token in {self.token_file}, for this user only)"
                  if self.token_file else "")  # fmt: skip
 
