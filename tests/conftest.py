@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,10 +208,11 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
         preexec: Callable[[], None] | None = None,
         host: str = "127.0.0.1",
         peers: str = "",
+        args: Sequence[str] = (),
     ) -> StoreProc:
         err = tmp_path / f"store{len(started)}.err"
         port = port or free_port()
-        extra = ["--peers", peers] if peers else []
+        extra = [*(["--peers", peers] if peers else []), *args]
         with open(err, "wb") as fp:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agentd", "store", "--host", host, "--port", str(port),

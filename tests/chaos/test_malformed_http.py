@@ -122,25 +122,16 @@ def assert_at_most_one_warning(err: str, listeners: list[str]) -> None:
 
 
 @pytest.mark.parametrize("peers", [False, True], ids=["agentd-store", "candidate-store"])
-def test_header_bytes_that_are_not_utf8_get_a_4xx_from_every_store_route(tmp_path, peers):
-    err = tmp_path / "store.err"
+def test_header_bytes_that_are_not_utf8_get_a_4xx_from_every_store_route(run_store, peers):
     port = free_port()
-    args = ["--peers", f"127.0.0.1:{port},127.0.0.1:{free_port()}"] if peers else []
-    with open(err, "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", str(port), *args],
-            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-    try:
-        wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
-        assert_all_4xx(port, STORE_ROUTES)
-        assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-    assert_at_most_one_warning(err.read_text(), ["store"])
-    assert "header Authorization: its value is not valid UTF-8" in err.read_text()
+    store = run_store(port, peers=f"127.0.0.1:{port},127.0.0.1:{free_port()}" if peers else "")
+    assert_all_4xx(port, STORE_ROUTES)
+    assert store.proc.poll() is None
+    store.proc.kill()
+    store.proc.wait()
+    err = store.err.read_text()
+    assert_at_most_one_warning(err, ["store"])
+    assert "header Authorization: its value is not valid UTF-8" in err
 
 
 def test_header_bytes_that_are_not_utf8_get_a_4xx_from_the_agents_listeners(run_agentd, tmp_path):

@@ -126,24 +126,11 @@ def test_three_agents_over_mutual_tls_survive_the_loss_of_the_store_host(
 
 
 @pytest.fixture
-def tls_store(tmp_path, certs):
-    """``agentd store`` over mutual TLS with node n0's certificate."""
-    err = tmp_path / "store.err"
-    port = free_port()
-    with open(err, "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", str(port), *certs["n0"].flags()],
-            stderr=fp,
-            stdout=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            env={"AGENTD_STORE_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-        )
-    try:
-        wait_until(lambda: "Store listening on https://" in err.read_text(), what="the store")
-        yield port, err
-    finally:
-        proc.kill()
-        proc.wait()
+def tls_store(run_store, certs):
+    """``agentd store`` over mutual TLS with node n0's certificate: its port and log."""
+    store = run_store(token=TOKEN, args=certs["n0"].flags())
+    assert "Store listening on https://" in store.err.read_text()
+    return store.port, store.err
 
 
 def client_agent(run_agentd, port: int, stop: Path, conf: str):
