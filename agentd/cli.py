@@ -50,8 +50,13 @@ class _Formatter(argparse.HelpFormatter):
     sizes through ``shutil.get_terminal_size``: importing shutil and asking the terminal 90
     times was most of the time ``agentd run`` spent building its parser."""
 
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
         super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
 
 
@@ -109,23 +114,34 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["metavar"] = option.metavar
         run.add_argument(*option.flags, **kwargs)
-    run.add_argument("--no-preload", dest="preload", action="store_const", const="off",
-                     help="spawn every worker (turns off a --preload from the environment or "
-                     "the --config file)")  # fmt: skip
-    run.add_argument("script", nargs="?", metavar="SCRIPT",
-                     help="training script, module (-m) or executable")  # fmt: skip
+    run.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_const",
+        const="off",
+        help="spawn every worker (turns off a --preload from the environment or the --config file)",
+    )
+    run.add_argument(
+        "script", nargs="?", metavar="SCRIPT", help="training script, module (-m) or executable"
+    )
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     status = commands.add_parser(
         "status",
         help="show a running agent's status (its --health-port endpoint)",
         description="Ask a running agent for its status; exit 0 ok, 1 unhealthy, 3 unreachable.",
     )
-    status.add_argument("--url", help="the agent's health endpoint "
-                        "(default: AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT "
-                        "or :29401)")  # fmt: skip
+    status.add_argument(
+        "--url",
+        help="the agent's health endpoint "
+        "(default: AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT "
+        "or :29401)",
+    )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
-    status.add_argument("--check", choices=("livez", "readyz"),
-                        help="only probe /livez or /readyz (for exec probes)")  # fmt: skip
+    status.add_argument(
+        "--check",
+        choices=("livez", "readyz"),
+        help="only probe /livez or /readyz (for exec probes)",
+    )
     status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     drain = commands.add_parser(
         "drain",
@@ -144,12 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     store.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     store.add_argument("--port", type=int, default=29400, help="port (default 29400; 0: any)")
-    store.add_argument("--store-token", help="bearer token clients must send; required off "
-                       "loopback (prefer AGENTD_STORE_TOKEN: flags show in ps)")  # fmt: skip
-    store.add_argument("--peers", default="", metavar="HOST:PORT,...",
-                       help="every candidate store, in order, this one (--host:--port) among "
-                       "them: one serves, the others stand by to take over (the agents' "
-                       "--rdzv-endpoint lists the same)")  # fmt: skip
+    store.add_argument(
+        "--store-token",
+        help="bearer token clients must send; required off "
+        "loopback (prefer AGENTD_STORE_TOKEN: flags show in ps)",
+    )
+    store.add_argument(
+        "--peers",
+        default="",
+        metavar="HOST:PORT,...",
+        help="every candidate store, in order, this one (--host:--port) among "
+        "them: one serves, the others stand by to take over (the agents' "
+        "--rdzv-endpoint lists the same)",
+    )
     store.add_argument("--cert", help="serve over TLS with this PEM certificate (and --key)")
     store.add_argument("--key", help="the PEM private key of --cert (if not in that file)")
     store.add_argument(
@@ -298,11 +321,15 @@ def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[lis
     peers = [endpoint_text(*pair) for pair in parse_candidates(text, "--peers")]
     own = endpoint_text(host, port)
     if own not in peers:
-        raise ConfigError(f"--peers: {text!r} must list this store's own address {own!r} "
-                          "(--host:--port), spelled the same")  # fmt: skip
+        raise ConfigError(
+            f"--peers: {text!r} must list this store's own address {own!r} "
+            "(--host:--port), spelled the same"
+        )
     if not token:
-        raise ConfigError("--store-token: required with --peers: the candidates and every "
-                          "agent share it (set AGENTD_STORE_TOKEN)")  # fmt: skip
+        raise ConfigError(
+            "--store-token: required with --peers: the candidates and every "
+            "agent share it (set AGENTD_STORE_TOKEN)"
+        )
     return peers, peers.index(own)
 
 

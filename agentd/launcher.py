@@ -68,8 +68,11 @@ class LaunchConfig:
         if self.logs_specs is None:
             self.logs_specs = DefaultLogsSpecs()
         if self.numa_options is not None:
-            raise field_error("numa_options", self.numa_options,
-                              "must be left unset (agentd does not bind NUMA nodes)")  # fmt: skip
+            raise field_error(
+                "numa_options",
+                self.numa_options,
+                "must be left unset (agentd does not bind NUMA nodes)",
+            )
 
 
 class elastic_launch:

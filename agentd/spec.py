@@ -57,8 +57,11 @@ def check_module_names(field_name: str, names: object) -> tuple[str, ...]:
         raise field_error(field_name, _short(names), "must be a list of module names")
     for name in names:
         if not is_module_name(name):
-            raise field_error(field_name, _short(name), "is not a module name (dotted "
-                              "Python identifiers, such as torch or torch.nn)")  # fmt: skip
+            raise field_error(
+                field_name,
+                _short(name),
+                "is not a module name (dotted Python identifiers, such as torch or torch.nn)",
+            )
     return tuple(names)
 
 
@@ -147,9 +150,12 @@ def from_torch_prefix(template: str) -> str:
     def field(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in _TORCH_PREFIX_FIELDS:
-            raise field_error("log_line_prefix_template", template,
-                              f"uses unknown field ${{{name}}}; torch's are "
-                              + ", ".join(f"${{{n}}}" for n in _TORCH_PREFIX_FIELDS))  # fmt: skip
+            raise field_error(
+                "log_line_prefix_template",
+                template,
+                f"uses unknown field ${{{name}}}; torch's are "
+                + ", ".join(f"${{{n}}}" for n in _TORCH_PREFIX_FIELDS),
+            )
         return "{" + _TORCH_PREFIX_FIELDS[name] + "}"
 
     if "$" not in template:
@@ -163,8 +169,11 @@ def check_log_prefix(template: str) -> str:
     (no format spec or conversion: ``{rank:>99999999}`` would pad every line by 95 MB).
     torch's ``${rank}`` syntax is accepted too; returns the template in agentd's syntax."""
     if len(template) > MAX_LOG_PREFIX:
-        raise field_error("log_line_prefix_template", _short(template),
-                          f"is longer than {MAX_LOG_PREFIX} characters")  # fmt: skip
+        raise field_error(
+            "log_line_prefix_template",
+            _short(template),
+            f"is longer than {MAX_LOG_PREFIX} characters",
+        )
     template = from_torch_prefix(template)
     try:
         parts = [
@@ -178,9 +187,12 @@ def check_log_prefix(template: str) -> str:
         ) from None
     for name, spec, conversion in parts:
         if spec or conversion:
-            raise field_error("log_line_prefix_template", template,
-                              f"field {{{name}}} may not have a format spec or conversion "
-                              "(write the field bare, e.g. {rank})")  # fmt: skip
+            raise field_error(
+                "log_line_prefix_template",
+                template,
+                f"field {{{name}}} may not have a format spec or conversion "
+                "(write the field bare, e.g. {rank})",
+            )
     names = {name for name, _, _ in parts}
     unknown = names - LOG_PREFIX_FIELDS
     if unknown:
@@ -201,9 +213,12 @@ def check_picklable_function(function: Callable[..., Any]) -> None:
         pickle.dumps(function)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         name = getattr(function, "__qualname__", repr(function))
-        raise field_error("entrypoint", name,
-                          "must be a function defined at the top level of a module (workers "
-                          f"are spawned and get it by reference; {exc})") from None  # fmt: skip
+        raise field_error(
+            "entrypoint",
+            name,
+            "must be a function defined at the top level of a module (workers "
+            f"are spawned and get it by reference; {exc})",
+        ) from None
 
 
 @dataclass
@@ -258,13 +273,19 @@ class WorkerSpec:
             not isinstance(self.local_world_size, int)
             or not 1 <= self.local_world_size <= MAX_LOCAL_WORLD_SIZE
         ):
-            raise field_error("local_world_size", self.local_world_size,
-                              f"must be an int within 1..{MAX_LOCAL_WORLD_SIZE}")  # fmt: skip
+            raise field_error(
+                "local_world_size",
+                self.local_world_size,
+                f"must be an int within 1..{MAX_LOCAL_WORLD_SIZE}",
+            )
         if self.fn is not None:
             import warnings
 
-            warnings.warn("WorkerSpec.fn is deprecated, use WorkerSpec.entrypoint",
-                          DeprecationWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                "WorkerSpec.fn is deprecated, use WorkerSpec.entrypoint",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             if self.entrypoint is None:
                 self.entrypoint = self.fn
         if self.entrypoint is None:

@@ -134,16 +134,27 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self._procs: dict[int, WorkerProcess] = {}
         self._shut_down = False
         self._result = ResultFileService(self)
-        self._hygiene = ProcessHygiene(self._mark, self.run_id, enabled=process_hygiene,
-                                       fresh_run_id=fresh_run_id or self.fresh_run_id)  # fmt: skip
+        self._hygiene = ProcessHygiene(
+            self._mark,
+            self.run_id,
+            enabled=process_hygiene,
+            fresh_run_id=fresh_run_id or self.fresh_run_id,
+        )
         self._watchdog = Watchdog(
-            watchdog or WatchdogSettings(), lambda: self._procs, self._mark, self._wakeup.set,
+            watchdog or WatchdogSettings(),
+            lambda: self._procs,
+            self._mark,
+            self._wakeup.set,
             max_overdue=health.timeout if health is not None else None,
-        )  # fmt: skip
+        )
         self._heartbeats = HeartbeatService(
-            self, self._watchdog, heartbeats or HeartbeatSettings(), self._notify,
-            dump_wait=max(1.0, self._watchdog.dump_grace), helpers=self._hygiene,
-        )  # fmt: skip
+            self,
+            self._watchdog,
+            heartbeats or HeartbeatSettings(),
+            self._notify,
+            dump_wait=max(1.0, self._watchdog.dump_grace),
+            helpers=self._hygiene,
+        )
         self._watchdog.on_progress(self._on_progress)
         self._health: HealthService | None = None
         if health is not None:
@@ -171,10 +182,16 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                 node_checks, self.rdzv_handler, self._leave, self._notify, self._hygiene
             )
         services: list[Service | None] = [
-            self._result, events, self._watchdog, self._heartbeats, self._health,
+            self._result,
+            events,
+            self._watchdog,
+            self._heartbeats,
+            self._health,
             self._workers_store,
-            self._hygiene, self._preload, self._inprocess,
-        ]  # fmt: skip
+            self._hygiene,
+            self._preload,
+            self._inprocess,
+        ]
         self._services = [s for s in services if s is not None]
         """Started in this order before the first rendezvous, stopped in reverse."""
         self._running: list[Service] = []
@@ -364,8 +381,9 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self._drain is None:
             from agentd.drain.service import DrainService
 
-            self._drain = DrainService(self._drain_settings, handler.drains, lambda: self._procs,
-                                       self._leave, self._notify)  # fmt: skip
+            self._drain = DrainService(
+                self._drain_settings, handler.drains, lambda: self._procs, self._leave, self._notify
+            )
             self._running.append(self._drain)  # stopped with the other services
         self._drain.attempt(self.control_file)
         self._drain.workers_started()
@@ -416,8 +434,13 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)
         level = logging.INFO if running else logging.DEBUG
-        log.log(level, "[%s] Stopping %d running worker(s) with %s", spec.role, running,
-                spec.stop_signal.name)  # fmt: skip
+        log.log(
+            level,
+            "[%s] Stopping %d running worker(s) with %s",
+            spec.role,
+            running,
+            spec.stop_signal.name,
+        )
         await self._heartbeats.stopped()
         if self._node_checks is not None:
             await self._node_checks.workers_stopping()
@@ -434,8 +457,12 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             )
         finally:
             if strays:
-                log.warning("[%s] Killed %d process(es) that left their worker's group: %s",
-                            spec.role, len(strays), strays)  # fmt: skip
+                log.warning(
+                    "[%s] Killed %d process(es) that left their worker's group: %s",
+                    spec.role,
+                    len(strays),
+                    strays,
+                )
             self._hygiene.stopped(procs)
             for worker in group.workers:
                 worker.id = None

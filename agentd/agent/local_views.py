@@ -182,13 +182,17 @@ class LocalAgentViews:
         """By global rank: the workers that exited failing, and those whose training function
         raised (alive, and kept if an in-process restart can keep them)."""
         by_rank = {w.local_rank: w for w in group.workers}
-        failures = {by_rank[p.local_rank].global_rank:
-                    self._failure(group, by_rank[p.local_rank], p) for p in exited}  # fmt: skip
+        failures = {
+            by_rank[p.local_rank].global_rank: self._failure(group, by_rank[p.local_rank], p)
+            for p in exited
+        }
         for rank, (message, at) in raised.items():
             failures[by_rank[rank].global_rank] = dataclasses.replace(
-                self._failure(group, by_rank[rank], self._procs[rank]), exitcode=1,
-                message=message, timestamp=at,
-            )  # fmt: skip
+                self._failure(group, by_rank[rank], self._procs[rank]),
+                exitcode=1,
+                message=message,
+                timestamp=at,
+            )
         return failures
 
     def _unhealthy_result(self, group: WorkerGroup) -> RunResult:

@@ -169,8 +169,7 @@ class RendezvousSteps:
                 self._wakeup.set()
                 return
             except AgentdError as exc:  # the store is down: the workers go on meanwhile
-                log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc,
-                            _WATCH_RETRY)  # fmt: skip
+                log.warning("Cannot watch the rendezvous (%s); retrying in %gs", exc, _WATCH_RETRY)
                 await asyncio.sleep(_WATCH_RETRY)
                 continue
             self._round_ended = why
@@ -282,8 +281,11 @@ class RendezvousSteps:
         except AgentStopped:
             raise
         except (StoreError, AgentdError) as exc:  # our workers succeeded: that is the outcome
-            log.warning("Exit barrier: could not wait for the other nodes (%s); our workers "
-                        "succeeded, so the job is done here (exit 0)", exc)  # fmt: skip
+            log.warning(
+                "Exit barrier: could not wait for the other nodes (%s); our workers "
+                "succeeded, so the job is done here (exit 0)",
+                exc,
+            )
             return
         except Exception:  # a bug in a backend's barrier does not fail a job that succeeded
             log.exception("Exit barrier failed; our workers succeeded, so the job is done here")

@@ -183,8 +183,12 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
             self.last_result = result
             self._record_metrics(result)
             self._record_worker_events(result)
-            log.info("[%s] Worker group %s after %.2fs", role, result.state.value,
-                     time.monotonic() - started)  # fmt: skip
+            log.info(
+                "[%s] Worker group %s after %.2fs",
+                role,
+                result.state.value,
+                time.monotonic() - started,
+            )
             return result
         except RendezvousGracefulExitError as exc:
             log.info("[%s] Left the rendezvous: %s", role, exc)
@@ -233,8 +237,10 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
                 await self._pace(spec.monitor_interval)
             result = await call_step(self._monitor_workers, group)
             if not isinstance(result, RunResult):
-                raise TypeError(f"{type(self).__name__}._monitor_workers() returned "
-                                f"{result!r}; it must return a RunResult")  # fmt: skip
+                raise TypeError(
+                    f"{type(self).__name__}._monitor_workers() returned "
+                    f"{result!r}; it must return a RunResult"
+                )
             self._raise_if_stop_requested()
             state = result.state
             # Our workers may have died because we lost our membership (its lease ended while
@@ -242,13 +248,17 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
             lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
             lost = lost or await self._lost_peer(group, state)
             root = result.root_cause
-            action = decide(Situation(
-                state, peer_failed=self._round_closed is not None, membership_lost=bool(lost),
-                round_ended=self._round_ended is not None,
-                stepping_out=self._stepping_out is not None,
-                remaining_restarts=self._remaining_restarts,
-                retryable=root is None or spec.restart_policy.is_retryable(root.exitcode),
-            ))  # fmt: skip
+            action = decide(
+                Situation(
+                    state,
+                    peer_failed=self._round_closed is not None,
+                    membership_lost=bool(lost),
+                    round_ended=self._round_ended is not None,
+                    stepping_out=self._stepping_out is not None,
+                    remaining_restarts=self._remaining_restarts,
+                    retryable=root is None or spec.restart_policy.is_retryable(root.exitcode),
+                )
+            )
             if action is Action.WATCH:
                 continue
             closed = self._round_closed
@@ -262,8 +272,12 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
                 continue
             if action is Action.REJOIN:
                 why = lost or self._round_ended
-                log.info("[%s] Rendezvous round over (%s); restarting the group without "
-                         "spending a restart", role, why)  # fmt: skip
+                log.info(
+                    "[%s] Rendezvous round over (%s); restarting the group without "
+                    "spending a restart",
+                    role,
+                    why,
+                )
                 self._notify("restarted", "membership", self.restart_count)
                 await self._restart_group(group, reason="membership")
                 continue
@@ -299,16 +313,21 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
         await self._stop_as_round_ends(group, f"worker {reason} on this node")
         self._set_state(WorkerState.STOPPED, "restarting")
         await self._backoff(spec.role)
-        log.info("[%s] Restarting worker group (restart %d of %d)", spec.role,
-                 self.restart_count, spec.max_restarts)  # fmt: skip
+        log.info(
+            "[%s] Restarting worker group (restart %d of %d)",
+            spec.role,
+            self.restart_count,
+            spec.max_restarts,
+        )
         await self._restart_group(group, reason=reason, stopped=True)
 
     async def _give_up(self, group: WorkerGroup, result: RunResult, reason: str) -> RunResult:
         """The group failed for good: close the rendezvous as failed, stop, FAILED."""
         root = result.root_cause
         if root is not None and not group.spec.restart_policy.is_retryable(root.exitcode):
-            log.error("[%s] Exit code %d is non-retryable; not restarting", group.spec.role,
-                      root.exitcode)  # fmt: skip
+            log.error(
+                "[%s] Exit code %d is non-retryable; not restarting", group.spec.role, root.exitcode
+            )
         self._stop_round_watch()
         why = root.summary() if root is not None else f"worker group {reason}"
         closing = asyncio.create_task(self._close_rendezvous(False, why))
@@ -340,8 +359,10 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
         began = time.monotonic()
         pids = await call_step(self._start_workers, group)
         if not isinstance(pids, dict):
-            raise TypeError(f"{type(self).__name__}._start_workers() returned {pids!r}; it "
-                            "must return the workers' ids (pids) by local rank")  # fmt: skip
+            raise TypeError(
+                f"{type(self).__name__}._start_workers() returned {pids!r}; it "
+                "must return the workers' ids (pids) by local rank"
+            )
         self._notify("phase_timed", "start", time.monotonic() - began)
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)

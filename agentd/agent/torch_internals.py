@@ -67,8 +67,11 @@ class TorchInternals:
     def _record_flakiness_metric(self, is_failed: bool = False) -> None:
         """100 for a failed run, else the share of restarts spent (0 without any)."""
         spec = self._worker_group.spec
-        flakiness = 100.0 if is_failed else (
-            100.0 - 100.0 * (self._remaining_restarts + 1) / (spec.max_restarts + 1))  # fmt: skip
+        flakiness = (
+            100.0
+            if is_failed
+            else (100.0 - 100.0 * (self._remaining_restarts + 1) / (spec.max_restarts + 1))
+        )
         self._put_metric(f"workers.{spec.role}.flakiness", int(flakiness))
 
     def _record_worker_events(self, result: RunResult) -> None:
@@ -86,9 +89,13 @@ class TorchInternals:
                 event = self._construct_event(state, "WORKER", worker)
             else:
                 event = self._construct_event(
-                    state, "WORKER", worker, json.dumps(failure.error_file_data),
-                    exit_code=failure.exitcode, worker_pid=failure.pid,
-                )  # fmt: skip
+                    state,
+                    "WORKER",
+                    worker,
+                    json.dumps(failure.error_file_data),
+                    exit_code=failure.exitcode,
+                    worker_pid=failure.pid,
+                )
             events.record(event, group.spec.event_log_handler)
 
     def _construct_event(
@@ -109,8 +116,11 @@ class TorchInternals:
             "entry_point": spec.get_entrypoint_name(),
         }
         if worker is not None:
-            details |= {"local_rank": (worker.local_rank,), "role_rank": (worker.role_rank,),
-                        "role_world_size": (worker.role_world_size,)}  # fmt: skip
+            details |= {
+                "local_rank": (worker.local_rank,),
+                "role_rank": (worker.role_rank,),
+                "role_world_size": (worker.role_world_size,),
+            }
         if exit_code is not None or worker_pid is not None:
             details |= {"exit_code": (exit_code,), "worker_pid": (worker_pid,)}
         metadata = {
@@ -149,8 +159,10 @@ class TorchInternals:
 
         mine = RoleInstanceInfo(spec.role, group_rank, spec.local_world_size)
         store.set(ROLE_INFO_KEY.format(group_rank), mine.serialize())
-        infos = [RoleInstanceInfo.deserialize(store.get(ROLE_INFO_KEY.format(rank)))
-                 for rank in range(group_world_size)]  # fmt: skip
+        infos = [
+            RoleInstanceInfo.deserialize(store.get(ROLE_INFO_KEY.format(rank)))
+            for rank in range(group_world_size)
+        ]
         return assign_worker_ranks(infos, group_rank, spec)
 
 

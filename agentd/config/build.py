@@ -31,8 +31,10 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     rdzv = build_rendezvous(config, run_id, nproc)
     static = rdzv.get_backend() == "static"
     if config.master_addr and not static:
-        log.warning("--master-addr is ignored by the %s rendezvous: group rank 0's address is "
-                    "used", rdzv.get_backend())  # fmt: skip
+        log.warning(
+            "--master-addr is ignored by the %s rendezvous: group rank 0's address is used",
+            rdzv.get_backend(),
+        )
     if config.no_python:
         entrypoint, args = config.script, list(config.script_args)
     else:
@@ -115,8 +117,9 @@ def _health(config: AgentConfig) -> HealthSettings | None:
         return None
     from agentd.health.settings import HealthSettings
 
-    return HealthSettings(config.health_port, config.health_host, config.health_timeout,
-                          config.store_token)  # fmt: skip
+    return HealthSettings(
+        config.health_port, config.health_host, config.health_timeout, config.store_token
+    )
 
 
 def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:
@@ -132,6 +135,7 @@ def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:
         store = parse_candidates(config.rdzv_endpoint)[0]
     log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.gettempdir())
     checks = build_checks(config.node_check, log_dir, spec.local_world_size, store)
-    settings = NodeCheckSettings(config.node_check_interval, config.node_check_cooldown,
-                                 config.node_check_max_exclusions)  # fmt: skip
+    settings = NodeCheckSettings(
+        config.node_check_interval, config.node_check_cooldown, config.node_check_max_exclusions
+    )
     return NodeGate(checks, settings)

@@ -49,5 +49,6 @@ def option(
 ) -> Option:
     dashed = "--" + name.replace("_", "-")
     flags = [dashed] + (["--" + name] if "_" in name else []) + list(extra)
-    return Option(name, tuple(flags), parse, default, help, is_flag, metavar, torch_env,
-                  repeatable, separator)  # fmt: skip
+    return Option(
+        name, tuple(flags), parse, default, help, is_flag, metavar, torch_env, repeatable, separator
+    )

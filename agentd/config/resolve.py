@@ -181,8 +181,10 @@ def resolve(
     if values["module"] and values["no_python"]:
         raise ConfigError("--module: cannot be combined with --no-python")
     if values["preload"] is not None and values["no_python"]:
-        raise ConfigError("--preload: needs a Python script or module; --no-python runs an "
-                          "executable (use --no-preload)")  # fmt: skip
+        raise ConfigError(
+            "--preload: needs a Python script or module; --no-python runs an "
+            "executable (use --no-preload)"
+        )
     return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
 
 
@@ -237,8 +239,10 @@ def local_world_size(nproc: str, environ: Mapping[str, str] = os.environ) -> int
         raise ConfigError("--nproc-per-node: 'gpu' needs a visible GPU and none was found")
     count = cpus if nproc == "cpu" or not gpus else gpus
     if count > MAX_LOCAL_WORLD_SIZE:
-        raise ConfigError(f"--nproc-per-node: {nproc!r} means {count} workers, more than "
-                          f"{MAX_LOCAL_WORLD_SIZE}; give a number")  # fmt: skip
+        raise ConfigError(
+            f"--nproc-per-node: {nproc!r} means {count} workers, more than "
+            f"{MAX_LOCAL_WORLD_SIZE}; give a number"
+        )
     return count
 
 
@@ -265,7 +269,8 @@ def check_script(config: AgentConfig, cwd: str | None = None) -> None:
             raise ConfigError(f"--module: {script!r} cannot be found (no module named {top!r})")
         return
     if Path(cwd, script).is_dir():
-        raise ConfigError(f"script: {script!r} is a directory; give a Python file, or a "
-                          "module with --module")  # fmt: skip
+        raise ConfigError(
+            f"script: {script!r} is a directory; give a Python file, or a module with --module"
+        )
     if not Path(cwd, script).is_file():
         raise ConfigError(f"script: {script!r} does not exist")

@@ -116,8 +116,10 @@ def host(text: str) -> str:
         pass
     labels = name.removesuffix(".").split(".")
     if not name or len(name) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in labels):
-        raise RuleError("must be an IP address or a host name (letters, digits, '-' and '_' in "
-                        "dot-separated labels)")  # fmt: skip
+        raise RuleError(
+            "must be an IP address or a host name (letters, digits, '-' and '_' in "
+            "dot-separated labels)"
+        )
     return name
 
 
@@ -145,8 +147,10 @@ def logs_specs(text: str) -> str:
     name = text.strip()
     if name in ("", "default"):
         return ""
-    raise RuleError("must be 'default': agentd has one log layout, and custom LogsSpecs "
-                    "plugins (torchrun.logs_specs entry points) are not supported")  # fmt: skip
+    raise RuleError(
+        "must be 'default': agentd has one log layout, and custom LogsSpecs "
+        "plugins (torchrun.logs_specs entry points) are not supported"
+    )
 
 
 def filters(text: str) -> tuple[str, ...]:
@@ -162,8 +166,10 @@ def preload(text: str) -> tuple[str, ...] | None:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     for name in names:
         if not is_module_name(name):
-            raise RuleError(f"names {name!r}, which is not a module name (dotted Python "
-                            "identifiers, comma-separated; 'off': no preload)")  # fmt: skip
+            raise RuleError(
+                f"names {name!r}, which is not a module name (dotted Python "
+                "identifiers, comma-separated; 'off': no preload)"
+            )
     return names
 
 

@@ -157,11 +157,16 @@ class DrainService:
         self._request, self._step = request, None
         self._reported, self._saved, self._acknowledged = {}, {}, False
         control.publish(path, request.id)
-        self.status_doc = {"id": request.id, "node": request.node, "reason": request.reason,
-                           "requested_at": request.at, "step": None, "saved_ranks": [],
-                           "acknowledged": False}  # fmt: skip
-        log.warning("Drain requested by node %s (%s): checkpointing", request.node,
-                    request.reason)  # fmt: skip
+        self.status_doc = {
+            "id": request.id,
+            "node": request.node,
+            "reason": request.reason,
+            "requested_at": request.at,
+            "step": None,
+            "saved_ranks": [],
+            "acknowledged": False,
+        }
+        log.warning("Drain requested by node %s (%s): checkpointing", request.node, request.reason)
         self._notify("drain_requested", dict(self.status_doc))
         sig = self.settings.checkpoint_signal
         if sig is not None:
@@ -223,15 +228,25 @@ class DrainService:
         missing = [node for node in members or () if node not in acks]
         alone = members is not None and not set(members) - {self._drains.node_id}
         seconds = time.monotonic() - began
-        outcome = {"step": step, "nodes": len(members or ()), "acknowledged": len(acks),
-                   "missing": missing, "seconds": round(seconds, 3), "alone": alone}  # fmt: skip
+        outcome = {
+            "step": step,
+            "nodes": len(members or ()),
+            "acknowledged": len(acks),
+            "missing": missing,
+            "seconds": round(seconds, 3),
+            "alone": alone,
+        }
         self.status_doc = {**(self.status_doc or {}), "outcome": outcome}
         self._notify("drain_done", outcome)
         with contextlib.suppress(StoreError):  # an agent that joins later must not follow it
             await self._drains.finish()
         if missing:
-            log.warning("Drain: %d node(s) did not confirm their checkpoints within %gs: %s",
-                        len(missing), self.settings.timeout, ", ".join(missing))  # fmt: skip
+            log.warning(
+                "Drain: %d node(s) did not confirm their checkpoints within %gs: %s",
+                len(missing),
+                self.settings.timeout,
+                ", ".join(missing),
+            )
         if alone and exit_code == 0:  # not a success: the job did not finish
             exit_code = DRAINED_ALONE
             log.warning(

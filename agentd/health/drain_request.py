@@ -33,8 +33,10 @@ async def drain_response(
 
     given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
     if not token or not hmac.compare_digest(given, f"Bearer {token}".encode()):
-        return web.json_response({"error": "POST /drain needs the bearer token "
-                                  "(Authorization: Bearer <token>)"}, status=401)  # fmt: skip
+        return web.json_response(
+            {"error": "POST /drain needs the bearer token (Authorization: Bearer <token>)"},
+            status=401,
+        )
     body = await request.content.read(MAX_BODY + 1)
     reason = "POST /drain"
     if body.strip():
@@ -43,13 +45,18 @@ async def drain_response(
         except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict):
-            return web.json_response({"error": f"body: must be a JSON object of at most "
-                                      f"{MAX_BODY} bytes"}, status=400)  # fmt: skip
+            return web.json_response(
+                {"error": f"body: must be a JSON object of at most {MAX_BODY} bytes"}, status=400
+            )
         given_reason = doc.get("reason", reason)
         if not isinstance(given_reason, str) or not 0 < len(given_reason) <= MAX_REASON:
-            return web.json_response({"error": f"reason: {given_reason!r} must be a non-empty "
-                                      f"string of at most {MAX_REASON} characters"},
-                                     status=400)  # fmt: skip
+            return web.json_response(
+                {
+                    "error": f"reason: {given_reason!r} must be a non-empty "
+                    f"string of at most {MAX_REASON} characters"
+                },
+                status=400,
+            )
         reason = given_reason
     return web.json_response(drain(reason), status=202)
 
@@ -69,8 +76,12 @@ def run(url: str | None, reason: str | None, timeout: float) -> int:
     if not token and parts.hostname in ("127.0.0.1", "localhost", "::1"):
         token = token_file.read(parts.port or 80, "health")  # the local agent's, for us only
     body = json.dumps({"reason": reason} if reason else {}).encode()
-    request = urllib.request.Request(base + "/drain", data=body, method="POST", headers={
-        "Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        base + "/drain",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             sys.stdout.write(response.read().decode().strip() + "\n")

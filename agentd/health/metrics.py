@@ -25,8 +25,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+PHASE_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 class AgentMetrics(AgentObserver):
@@ -35,35 +51,60 @@ class AgentMetrics(AgentObserver):
     def __init__(self, agent: AgentView) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.state = Gauge("agentd_worker_group_state", "1 for the worker group's current "
-                           "state, 0 for the others", ["state"], registry=r)  # fmt: skip
+        self.state = Gauge(
+            "agentd_worker_group_state",
+            "1 for the worker group's current state, 0 for the others",
+            ["state"],
+            registry=r,
+        )
         for state in WorkerState:
             self.state.labels(state.value).set(1 if state is WorkerState.INIT else 0)
-        self.transitions = Counter("agentd_state_transitions", "Worker group state changes",
-                                   ["from_state", "to_state"], registry=r)  # fmt: skip
-        self.restarts = Counter("agentd_restarts", "Worker group restarts by reason",
-                                ["reason"], registry=r)  # fmt: skip
-        self.failures = Counter("agentd_worker_failures", "Worker failures by kind",
-                                ["kind"], registry=r)  # fmt: skip
-        self.phases = Histogram("agentd_recovery_phase_seconds", "Duration of each recovery "
-                                "phase: detect, stop, rendezvous, start", ["phase"],
-                                buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
+        self.transitions = Counter(
+            "agentd_state_transitions",
+            "Worker group state changes",
+            ["from_state", "to_state"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "agentd_restarts", "Worker group restarts by reason", ["reason"], registry=r
+        )
+        self.failures = Counter(
+            "agentd_worker_failures", "Worker failures by kind", ["kind"], registry=r
+        )
+        self.phases = Histogram(
+            "agentd_recovery_phase_seconds",
+            "Duration of each recovery phase: detect, stop, rendezvous, start",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "agentd_event_loop_lag_seconds",
             "How late the event loop ran a callback it had scheduled, at the last check",
             registry=r,
         )
-        self.store_latency = Histogram("agentd_store_request_seconds", "Latency of rendezvous "
-                                       "store requests (long polls excluded)", ["op"],
-                                       buckets=PHASE_BUCKETS, registry=r)  # fmt: skip
-        self.drains = Counter("agentd_drains", "Drains this node led, by outcome (complete: "
-                              "every node confirmed its checkpoints)", ["outcome"],
-                              registry=r)  # fmt: skip
-        self.drain_seconds = Histogram("agentd_drain_seconds", "A drain from its request to "
-                                       "every checkpoint confirmed", buckets=PHASE_BUCKETS,
-                                       registry=r)  # fmt: skip
-        self.custom = Gauge("agentd_custom_metric", "Values given to put_metric",
-                            ["group", "name"], registry=r)  # fmt: skip
+        self.store_latency = Histogram(
+            "agentd_store_request_seconds",
+            "Latency of rendezvous store requests (long polls excluded)",
+            ["op"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.drains = Counter(
+            "agentd_drains",
+            "Drains this node led, by outcome (complete: every node confirmed its checkpoints)",
+            ["outcome"],
+            registry=r,
+        )
+        self.drain_seconds = Histogram(
+            "agentd_drain_seconds",
+            "A drain from its request to every checkpoint confirmed",
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.custom = Gauge(
+            "agentd_custom_metric", "Values given to put_metric", ["group", "name"], registry=r
+        )
         r.register(_Readings(agent))
 
     def render(self) -> bytes:
@@ -135,21 +176,27 @@ class _Readings:
         yield requests
         checks = agent.node_check_status()
         if checks is not None:
-            failures = CounterMetricFamily("agentd_node_check_failures", "Failed runs of "
-                                           "each --node-check", labels=["check"])  # fmt: skip
+            failures = CounterMetricFamily(
+                "agentd_node_check_failures", "Failed runs of each --node-check", labels=["check"]
+            )
             for check in checks["checks"]:
                 failures.add_metric([check["name"]], checks["failures"].get(check["name"], 0))
             yield failures
-            excluded = GaugeMetricFamily("agentd_node_excluded", "1 while this node's checks "
-                                         "keep it out of the job")  # fmt: skip
+            excluded = GaugeMetricFamily(
+                "agentd_node_excluded", "1 while this node's checks keep it out of the job"
+            )
             excluded.add_metric([], 1 if checks["excluded"] else 0)
             yield excluded
         restarts = GaugeMetricFamily("agentd_restart_count", "TORCHELASTIC_RESTART_COUNT now")
         restarts.add_metric([], agent.restart_count)
         yield restarts
-        kinds = CounterMetricFamily("agentd_restarts_by_kind", "In-process restarts (the "
-                                    "survivors kept their process) and their fallbacks to new "
-                                    "processes", labels=["kind"])  # fmt: skip
+        kinds = CounterMetricFamily(
+            "agentd_restarts_by_kind",
+            "In-process restarts (the "
+            "survivors kept their process) and their fallbacks to new "
+            "processes",
+            labels=["kind"],
+        )
         for kind, count in agent.restart_kinds.items():
             kinds.add_metric([kind], count)
         yield kinds
@@ -209,19 +256,24 @@ def _progress_metrics(agent: AgentView) -> Iterator[Metric]:
     yield steps
     yield sections
     status = agent.heartbeat_status()
-    timeouts = GaugeMetricFamily("agentd_heartbeat_timeout_seconds", "The timeout the workers "
-                                 "are held to, per step or section, and where it came from",
-                                 labels=["of", "source"])  # fmt: skip
+    timeouts = GaugeMetricFamily(
+        "agentd_heartbeat_timeout_seconds",
+        "The timeout the workers are held to, per step or section, and where it came from",
+        labels=["of", "source"],
+    )
     for name, timeout in status["timeouts"].items():
         timeouts.add_metric([name, timeout["source"]], timeout["seconds"])
     yield timeouts
-    for name, text in (("hangs", "Hangs found (workers silent past their timeout)"),
-                       ("stragglers", "Ranks found slower than the others' median")):  # fmt: skip
+    for name, text in (
+        ("hangs", "Hangs found (workers silent past their timeout)"),
+        ("stragglers", "Ranks found slower than the others' median"),
+    ):
         counter = CounterMetricFamily(f"agentd_{name}", text)
         counter.add_metric([], status[name])
         yield counter
-    messages = CounterMetricFamily("agentd_progress_messages", "Heartbeat and section "
-                                   "messages by outcome", labels=["outcome"])  # fmt: skip
+    messages = CounterMetricFamily(
+        "agentd_progress_messages", "Heartbeat and section messages by outcome", labels=["outcome"]
+    )
     for outcome, count in status["messages"].items():
         messages.add_metric([outcome], count)
     yield messages

@@ -169,8 +169,9 @@ class HealthCheckServer(StartedInBackground):
 
         if self._status is None:
             raise web.HTTPNotFound()
-        return web.Response(text=json.dumps(self._status(), indent=2) + "\n",
-                            content_type="application/json")  # fmt: skip
+        return web.Response(
+            text=json.dumps(self._status(), indent=2) + "\n", content_type="application/json"
+        )
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         from aiohttp import web

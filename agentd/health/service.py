@@ -55,14 +55,24 @@ class HealthService:
         self._lag = LoopLagMonitor()
         self._lag.start()
         workers = agent.get_worker_group().spec.local_world_size
-        cap = fdlimits.listener_cap(MAX_CONNECTIONS, fdlimits.raise_open_files_limit(),
-                                    fdlimits.worker_reserve(workers), share=0.25)  # fmt: skip
+        cap = fdlimits.listener_cap(
+            MAX_CONNECTIONS,
+            fdlimits.raise_open_files_limit(),
+            fdlimits.worker_reserve(workers),
+            share=0.25,
+        )
         self.server = HealthCheckServer(
-            self.liveness_checks, settings.port, settings.timeout, settings.host,
+            self.liveness_checks,
+            settings.port,
+            settings.timeout,
+            settings.host,
             ready=lambda: agent.get_worker_group().state is WorkerState.HEALTHY,
-            status=lambda: status_document(agent), metrics=self._render_metrics,
-            max_connections=cap, drain=self._drain, token=self._token,
-        )  # fmt: skip
+            status=lambda: status_document(agent),
+            metrics=self._render_metrics,
+            max_connections=cap,
+            drain=self._drain,
+            token=self._token,
+        )
         try:
             await self.server.start_async()
         except StartError as exc:
@@ -123,16 +133,18 @@ def worker_readings(agent: AgentView) -> list[dict[str, Any]]:
         worker = by_rank.get(proc.local_rank)
         running = proc.returncode is None
         cpu, rss = process_tree_usage(proc.pid) if running else (0.0, 0)
-        readings.append({
-            "local_rank": proc.local_rank,
-            "rank": worker.global_rank if worker else -1,
-            "pid": proc.pid,
-            "state": "running" if running else "exited",
-            "exitcode": proc.returncode,
-            "started_at": proc.started_at,
-            "cpu_seconds": round(cpu, 3),
-            "rss_bytes": rss,
-        })  # fmt: skip
+        readings.append(
+            {
+                "local_rank": proc.local_rank,
+                "rank": worker.global_rank if worker else -1,
+                "pid": proc.pid,
+                "state": "running" if running else "exited",
+                "exitcode": proc.returncode,
+                "started_at": proc.started_at,
+                "cpu_seconds": round(cpu, 3),
+                "rss_bytes": rss,
+            }
+        )
     return readings
 
 
@@ -161,14 +173,19 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "node_rank": group.group_rank,
         "group_world_size": group.group_world_size,
         "world_size": workers[0].world_size if workers else None,
-        "watchdog": {"alive": timers.alive(), "timers": len(timers),
-                     "reaped": timers.stats["reaped"]},
+        "watchdog": {
+            "alive": timers.alive(),
+            "timers": len(timers),
+            "reaped": timers.stats["reaped"],
+        },
         "workers": worker_readings(agent),
         "preload": agent.preload_status(),
         "heartbeats": agent.heartbeat_status(),
         "node_checks": agent.node_check_status(),
         "drain": agent.drain_status(),
-        "last_failure": None if failure is None else {
+        "last_failure": None
+        if failure is None
+        else {
             "rank": failure.global_rank,
             "local_rank": failure.local_rank,
             "pid": failure.pid,
@@ -177,4 +194,4 @@ def status_document(agent: AgentView) -> dict[str, Any]:
             "message": failure.message,
             "timestamp": failure.timestamp,
         },
-    }  # fmt: skip
+    }

@@ -55,8 +55,11 @@ def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> in
     problem = url_problem(base)
     if problem:
         env = os.environ
-        where = "--url" if url else ("AGENTD_STATUS_URL" if env.get("AGENTD_STATUS_URL")
-                                     else "AGENTD_HEALTH_PORT")  # fmt: skip
+        where = (
+            "--url"
+            if url
+            else ("AGENTD_STATUS_URL" if env.get("AGENTD_STATUS_URL") else "AGENTD_HEALTH_PORT")
+        )
         sys.stderr.write(f"agentd: error: {where}: {base!r} {problem}\n")
         return 2
     if not 0 < timeout <= 3600:

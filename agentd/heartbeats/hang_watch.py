@@ -61,9 +61,12 @@ class HangWatch:
             settings.straggler_factor, settings.straggler_steps, self._on_straggler
         )
         self.monitor = ProgressMonitor(
-            self.timeouts, self.step_times, self._on_hang, self._running,
+            self.timeouts,
+            self.step_times,
+            self._on_hang,
+            self._running,
             drain=watchdog.timer_server.drain,
-        )  # fmt: skip
+        )
         self._handling: asyncio.Task[None] | None = None
 
     def watch(self, pids: dict[int, int], ranks: dict[int, int]) -> None:
@@ -101,10 +104,17 @@ class HangWatch:
         ranks = {w.local_rank: w.global_rank for w in group.workers}
         who = ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue)
         limits = dict.fromkeys(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue)
-        log.error("Hang: no progress from rank(s) %s within their timeout (%s); dumping the "
-                  "stacks of %d worker(s)", who, "; ".join(limits), len(silences))  # fmt: skip
-        targets = [stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal,
-                                     self._stack_file(s.local_rank)) for s in silences]  # fmt: skip
+        log.error(
+            "Hang: no progress from rank(s) %s within their timeout (%s); dumping the "
+            "stacks of %d worker(s)",
+            who,
+            "; ".join(limits),
+            len(silences),
+        )
+        targets = [
+            stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal, self._stack_file(s.local_rank))
+            for s in silences
+        ]
         dumps = await stacks.capture(targets, self._dump_wait, self._helpers)
         where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
         verdict = judge(silences, dumps, ranks, str(where))
@@ -112,8 +122,11 @@ class HangWatch:
         if verdict.details["waiting_on_another_node"]:
             # Let the node of the rank we wait for report first: its report ends the round,
             # which restarts us too (and cancels this). Only then is ours the one to read.
-            log.warning("Every local rank waits in a collective; giving the node that holds "
-                        "them up %.0fs to report its hung rank", WAIT_FOR_OTHER_NODE)  # fmt: skip
+            log.warning(
+                "Every local rank waits in a collective; giving the node that holds "
+                "them up %.0fs to report its hung rank",
+                WAIT_FOR_OTHER_NODE,
+            )
             await asyncio.sleep(WAIT_FOR_OTHER_NODE)
         self.stats["hangs"] += 1
         log.error("%s", verdict.why)

@@ -216,8 +216,19 @@ class ProgressMonitor:
                 continue
             deadline, timeout = found
             since = w.last if w.last is not None else w.started
-            out.append(Silence(w.local_rank, w.pid, w.key, w.last, now - since, timeout,
-                               now >= deadline, w.steps, w.dump_signal))  # fmt: skip
+            out.append(
+                Silence(
+                    w.local_rank,
+                    w.pid,
+                    w.key,
+                    w.last,
+                    now - since,
+                    timeout,
+                    now >= deadline,
+                    w.steps,
+                    w.dump_signal,
+                )
+            )
         return out
 
     def status(self) -> list[dict[str, Any]]:

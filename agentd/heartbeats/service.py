@@ -65,8 +65,15 @@ class HeartbeatService:
         if self._engine is None:
             from agentd.heartbeats.hang_watch import HangWatch
 
-            self._engine = HangWatch(self._agent, self._watchdog, self.settings, self._notify,
-                                     self._dump_wait, self.stats, self._helpers)  # fmt: skip
+            self._engine = HangWatch(
+                self._agent,
+                self._watchdog,
+                self.settings,
+                self._notify,
+                self._dump_wait,
+                self.stats,
+                self._helpers,
+            )
             if self._attempt is not None:
                 self._engine.watch(*self._attempt)
         return self._engine
@@ -77,9 +84,12 @@ class HeartbeatService:
 
     async def start(self) -> None:
         settings = self.settings
-        if (settings.initial_timeout is not None or settings.step_timeout is not None
-                or settings.section_timeouts
-                or (self._agent.run_dir / LEARNED_FILE).exists()):  # fmt: skip
+        if (
+            settings.initial_timeout is not None
+            or settings.step_timeout is not None
+            or settings.section_timeouts
+            or (self._agent.run_dir / LEARNED_FILE).exists()
+        ):
             _ = self.engine
 
     async def stop(self) -> None:
@@ -129,8 +139,11 @@ class HeartbeatService:
         now = time.monotonic()
         if now - self._warned_at >= _WARN_INTERVAL:
             self._warned_at = now
-            log.warning("Progress message dropped (untrusted, %d so far): pid %d is not one of "
-                        "our workers", self.stats["untrusted"], pid)  # fmt: skip
+            log.warning(
+                "Progress message dropped (untrusted, %d so far): pid %d is not one of our workers",
+                self.stats["untrusted"],
+                pid,
+            )
 
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows under ``heartbeats``."""

@@ -97,8 +97,13 @@ class StackDump:
         return str(self.frames[0]) if self.frames else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": str(self.path), "method": self.method, "where": self.where or None,
-                "waiting_in": self.waiting_in, "threads": self.threads}  # fmt: skip
+        return {
+            "file": str(self.path),
+            "method": self.method,
+            "where": self.where or None,
+            "waiting_in": self.waiting_in,
+            "threads": self.threads,
+        }
 
 
 async def capture(
@@ -143,8 +148,10 @@ async def capture(
                 method = f"py-spy: {lines[-1][:200] if lines else 'no output'}"
         else:
             frames, threads = (), 0
-            method = ("none: the worker never heartbeated (which registers the dump) and "
-                      "py-spy is not installed")  # fmt: skip
+            method = (
+                "none: the worker never heartbeated (which registers the dump) and "
+                "py-spy is not installed"
+            )
         dumps[lr] = StackDump(lr, target.path, method, frames, threads)
     return dumps
 
@@ -191,9 +198,13 @@ def _append(path: Path, text: str) -> None:
 async def _py_spy(py_spy: str, target: DumpTarget, helpers: Helpers | None) -> str:
     with helpers.spawning() if helpers is not None else contextlib.nullcontext():
         proc = await asyncio.create_subprocess_exec(
-            py_spy, "dump", "--pid", str(target.pid),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            py_spy,
+            "dump",
+            "--pid",
+            str(target.pid),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         if helpers is not None:
             helpers.own(proc.pid)
     try:

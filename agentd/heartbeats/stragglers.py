@@ -21,8 +21,24 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-           30.0, 60.0, 300.0)  # fmt: skip
+BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 RECENT_WEIGHT = 0.3
 """Weight of a new value in a rank's recent step time (exponential average)."""
 MAX_SERIES = 17
@@ -56,8 +72,9 @@ class Straggler:
 class StepTimes:
     """The series of every local rank; ``on_straggler`` hears of each straggler once."""
 
-    def __init__(self, factor: float, steps: int,
-                 on_straggler: Callable[[Straggler], None]) -> None:  # fmt: skip
+    def __init__(
+        self, factor: float, steps: int, on_straggler: Callable[[Straggler], None]
+    ) -> None:
         self.factor = factor
         self.steps = steps
         self._on_straggler = on_straggler
@@ -93,31 +110,48 @@ class StepTimes:
             series.recent += RECENT_WEIGHT * (seconds - series.recent)
         self._judge(local_rank, rank, name, series, seconds, steps)
 
-    def _judge(self, local_rank: int, rank: int, name: str, series: _Series, seconds: float,
-               steps: int) -> None:  # fmt: skip
+    def _judge(
+        self, local_rank: int, rank: int, name: str, series: _Series, seconds: float, steps: int
+    ) -> None:
         median = self._median_of_others(local_rank, name)
         if median is None or median <= 0:
             return
         if seconds < self.factor * median:
             if series.flagged:
-                log.info("Rank %d caught up: %s %.3fs, the others' median %.3fs", rank,
-                         name, seconds, median)  # fmt: skip
+                log.info(
+                    "Rank %d caught up: %s %.3fs, the others' median %.3fs",
+                    rank,
+                    name,
+                    seconds,
+                    median,
+                )
             series.slow_for, series.flagged = 0, False
             return
         series.slow_for += steps
         if series.slow_for >= self.steps and not series.flagged:
             series.flagged = True
-            straggler = Straggler(local_rank, rank, name, seconds, median, seconds / median,
-                                  series.slow_for)  # fmt: skip
-            log.warning("Straggler: rank %d (local %d) took %.3fs per %s, %.1fx the other "
-                        "ranks' median %.3fs, for %d steps", rank, local_rank, seconds, name,
-                        straggler.ratio, median, series.slow_for)  # fmt: skip
+            straggler = Straggler(
+                local_rank, rank, name, seconds, median, seconds / median, series.slow_for
+            )
+            log.warning(
+                "Straggler: rank %d (local %d) took %.3fs per %s, %.1fx the other "
+                "ranks' median %.3fs, for %d steps",
+                rank,
+                local_rank,
+                seconds,
+                name,
+                straggler.ratio,
+                median,
+                series.slow_for,
+            )
             self._on_straggler(straggler)
 
     def _median_of_others(self, local_rank: int, name: str) -> float | None:
-        others = [s.recent for (lr, r, n), s in self._series.items()
-                  if n == name and lr != local_rank and s.recent is not None
-                  and self._ranks.get(lr) == r]  # fmt: skip
+        others = [
+            s.recent
+            for (lr, r, n), s in self._series.items()
+            if n == name and lr != local_rank and s.recent is not None and self._ranks.get(lr) == r
+        ]
         return statistics.median(others) if others else None
 
     def status(self, local_rank: int) -> dict[str, Any]:

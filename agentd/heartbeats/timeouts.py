@@ -53,8 +53,10 @@ class Timeout:
 
     def describe(self) -> str:
         if self.source == "learned":
-            return (f"{self.seconds:.2f}s learned (p{QUANTILE * 100:g} of {self.samples} "
-                    f"intervals {self.observed:.3f}s)")  # fmt: skip
+            return (
+                f"{self.seconds:.2f}s learned (p{QUANTILE * 100:g} of {self.samples} "
+                f"intervals {self.observed:.3f}s)"
+            )
         return f"{self.seconds:.2f}s {self.source}"
 
 
@@ -87,11 +89,17 @@ class LearnedTimeouts:
         for key, values in list(loaded.items())[:MAX_KEYS]:
             self._samples[key] = collections.deque(values[-WINDOW:], maxlen=WINDOW)
         self.instrumented = instrumented
-        learned = [f"{key_name(k)} {t.seconds:.2f}s" for k in self._samples
-                   if (t := self.timeout(k)).source == "learned"]  # fmt: skip
+        learned = [
+            f"{key_name(k)} {t.seconds:.2f}s"
+            for k in self._samples
+            if (t := self.timeout(k)).source == "learned"
+        ]
         if learned:
-            log.info("Heartbeat timeouts learned by an earlier agent of this run (%s): %s",
-                     self.path, ", ".join(learned))  # fmt: skip
+            log.info(
+                "Heartbeat timeouts learned by an earlier agent of this run (%s): %s",
+                self.path,
+                ", ".join(learned),
+            )
             self._logged.update({k: self.timeout(k).seconds for k in self._samples})
 
     def observe(self, key: str, interval: float) -> None:
@@ -110,9 +118,13 @@ class LearnedTimeouts:
         before = self._logged.get(key)
         if before is None or not 1 / _RELOG_RATIO < timeout.seconds / before < _RELOG_RATIO:
             self._logged[key] = timeout.seconds
-            log.info("Heartbeat timeout for the %s: %s x %g (floor %gs)", key_name(key),
-                     timeout.describe(), self.settings.safety_factor,
-                     self.settings.min_timeout)  # fmt: skip
+            log.info(
+                "Heartbeat timeout for the %s: %s x %g (floor %gs)",
+                key_name(key),
+                timeout.describe(),
+                self.settings.safety_factor,
+                self.settings.min_timeout,
+            )
 
     def timeout(self, key: str) -> Timeout:
         """``key``'s timeout: the flag's, else the learned one, else the initial one."""
@@ -167,6 +179,9 @@ class LearnedTimeouts:
         out = {}
         for key in keys:
             timeout = self.timeout(key)
-            out[key_name(key)] = {"seconds": round(timeout.seconds, 3), "source": timeout.source,
-                                  "samples": timeout.samples}  # fmt: skip
+            out[key_name(key)] = {
+                "seconds": round(timeout.seconds, 3),
+                "source": timeout.source,
+                "samples": timeout.samples,
+            }
         return out

@@ -28,8 +28,9 @@ class Verdict:
     details: dict[str, Any]
 
 
-def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int, int],
-          stacks_glob: str) -> Verdict:  # fmt: skip
+def judge(
+    silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int, int], stacks_glob: str
+) -> Verdict:
     """The verdict on ``silences`` (one per running watched worker; at least one overdue).
 
     ``ranks`` maps local to global ranks; ``stacks_glob`` names where the dumps are.
@@ -58,8 +59,10 @@ def judge(silences: list[Silence], dumps: dict[int, StackDump], ranks: dict[int,
         parts.append(f"rank{'s' if len(who) > 1 else ''} {listed} waiting in {what}")
     elsewhere = len(waiting) == len(pool)
     if elsewhere:
-        parts.append("every local rank waits in a collective: the rank they wait for is on "
-                     "another node, whose agent names it")  # fmt: skip
+        parts.append(
+            "every local rank waits in a collective: the rank they wait for is on "
+            "another node, whose agent names it"
+        )
     parts.append(f"stacks in {stacks_glob}")
     details = {
         "rank": rank,

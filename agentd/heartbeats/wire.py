@@ -56,8 +56,9 @@ class ProgressMessage(NamedTuple):
 def check_section_name(name: object) -> str:
     """``name`` if it can name a section; ValueError naming the rule otherwise."""
     if not isinstance(name, str) or not 0 < len(name) <= MAX_SECTION:
-        raise ValueError(f"section: {name!r} must be a non-empty string of at most "
-                         f"{MAX_SECTION} characters")  # fmt: skip
+        raise ValueError(
+            f"section: {name!r} must be a non-empty string of at most {MAX_SECTION} characters"
+        )
     return name
 
 
@@ -103,6 +104,7 @@ def parse(doc: dict[str, object], max_pid: int) -> ProgressMessage:
         raise BadMessage(f"section: only enter and exit messages name one, not {kind}")
     dump = doc.get("dump_signal", 0)
     if type(dump) is not int or not 0 <= dump < signal.NSIG:
-        raise BadMessage(f"dump_signal: {dump!r} must be a signal number within "
-                         f"0..{signal.NSIG - 1}")  # fmt: skip
+        raise BadMessage(
+            f"dump_signal: {dump!r} must be a signal number within 0..{signal.NSIG - 1}"
+        )
     return ProgressMessage(pid, str(kind), steps, float(at), section, dump)

@@ -40,8 +40,7 @@ def raise_open_files_limit() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (OSError, ValueError) as exc:
-            log.warning("Could not raise the open files limit from %d to %d: %s", soft, target,
-                        exc)  # fmt: skip
+            log.warning("Could not raise the open files limit from %d to %d: %s", soft, target, exc)
     return _CEILING if soft == resource.RLIM_INFINITY else soft
 
 

@@ -29,9 +29,15 @@ class Guardian:
         env = without_secrets(os.environ)
         env.pop(guardian_process.OWNER_ENV, None)
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", guardian_process.__file__, self._mark,
-            stdin=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-        )  # fmt: skip
+            sys.executable,
+            "-I",
+            "-S",
+            guardian_process.__file__,
+            self._mark,
+            stdin=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")

@@ -31,8 +31,18 @@ COMMAND_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 5.0
 DEFAULT_MIN_FREE = 2**30
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 BUILTIN = "builtin:"
 
 
@@ -71,8 +81,10 @@ def _builtin(spec: str) -> tuple[str, str]:
         if arg:
             raise ValueError(f"has {spec!r}: builtin:store takes no value")
     else:
-        raise ValueError(f"names an unknown built-in {spec!r} (the built-ins are "
-                         "builtin:disk[=SIZE], builtin:gpus[=N] and builtin:store)")  # fmt: skip
+        raise ValueError(
+            f"names an unknown built-in {spec!r} (the built-ins are "
+            "builtin:disk[=SIZE], builtin:gpus[=N] and builtin:store)"
+        )
     return name, arg
 
 
@@ -83,8 +95,9 @@ def parse_size(text: str) -> int:
     return int(float(match[1]) * _UNITS[(match[2] or "").upper()])
 
 
-def build_checks(specs: Sequence[str], log_dir: Path, nproc: int,
-                 store: tuple[str, int] | None) -> list[NodeCheck]:  # fmt: skip
+def build_checks(
+    specs: Sequence[str], log_dir: Path, nproc: int, store: tuple[str, int] | None
+) -> list[NodeCheck]:
     """The checks ``specs`` name, for a host that logs to ``log_dir``, runs ``nproc``
     workers and rendezvous at ``store`` (None: no store to reach)."""
     checks: list[NodeCheck] = []
@@ -119,9 +132,12 @@ class CommandCheck:
         try:
             with helpers.spawning() if helpers is not None else nullcontext():
                 proc = await asyncio.create_subprocess_shell(
-                    self.name, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                )  # fmt: skip
+                    self.name,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
                 if helpers is not None:
                     helpers.own(proc.pid)
         except OSError as exc:
@@ -143,8 +159,9 @@ class CommandCheck:
         last = lines[-1][:200] if lines else ""
         if proc.returncode == 0:
             return CheckResult(self.name, True, (text if keep_output else last) or "exit code 0")
-        return CheckResult(self.name, False, f"exit code {proc.returncode}"
-                           + (f": {last}" if last else ""))  # fmt: skip
+        return CheckResult(
+            self.name, False, f"exit code {proc.returncode}" + (f": {last}" if last else "")
+        )
 
 
 class FreeDisk:
@@ -164,8 +181,10 @@ class FreeDisk:
             free = shutil.disk_usage(path).free
         except OSError as exc:
             return CheckResult(self.name, False, f"{path}: {exc.strerror}")
-        text = (f"{free / 2**30:.1f} GiB free under {path} "
-                f"(at least {self._min_free / 2**30:.1f} GiB needed)")  # fmt: skip
+        text = (
+            f"{free / 2**30:.1f} GiB free under {path} "
+            f"(at least {self._min_free / 2**30:.1f} GiB needed)"
+        )
         return CheckResult(self.name, free >= self._min_free, text)
 
 
@@ -186,8 +205,9 @@ class GpuCount:
         if not result.ok:
             return CheckResult(self.name, False, f"nvidia-smi -L: {result.detail}")
         found = sum(line.startswith("GPU ") for line in result.detail.splitlines())
-        return CheckResult(self.name, found >= self._expected,
-                           f"{found} GPU(s) seen, {self._expected} expected")  # fmt: skip
+        return CheckResult(
+            self.name, found >= self._expected, f"{found} GPU(s) seen, {self._expected} expected"
+        )
 
 
 class StoreReachable:

@@ -102,15 +102,25 @@ class NodeGate:
         why = "; ".join(f"{r.name}: {r.detail}" for r in failed)
         limit = self.settings.max_exclusions
         if limit and count > limit:
-            raise NodeUnfit(f"node checks failed {count} times within {WINDOW / 60:g} min "
-                            f"(--node-check-max-exclusions {limit}); giving up: {why}")  # fmt: skip
+            raise NodeUnfit(
+                f"node checks failed {count} times within {WINDOW / 60:g} min "
+                f"(--node-check-max-exclusions {limit}); giving up: {why}"
+            )
         factor = min(2 ** (count - 1), MAX_COOLDOWN_FACTOR)
         cooldown = self.settings.cooldown * factor
-        self.excluded = {"reason": why, "checks": [r.name for r in failed],
-                         "exclusions": count, "cooldown": cooldown,
-                         "until": time.time() + cooldown}  # fmt: skip
-        log.warning("Node checks failed (%s); this node stays out of the job for %gs "
-                    "(exclusion %d)", why, cooldown, count)  # fmt: skip
+        self.excluded = {
+            "reason": why,
+            "checks": [r.name for r in failed],
+            "exclusions": count,
+            "cooldown": cooldown,
+            "until": time.time() + cooldown,
+        }
+        log.warning(
+            "Node checks failed (%s); this node stays out of the job for %gs (exclusion %d)",
+            why,
+            cooldown,
+            count,
+        )
         self.notify("node_excluded", dict(self.excluded))
         return cooldown
 
@@ -137,5 +147,7 @@ class NodeGate:
             async with asyncio.timeout(5.0):
                 await publish(doc)
         except Exception as exc:  # the others then see only a smaller world; we go on
-            log.warning("Could not publish this node's exclusion in the store: %s",
-                        str(exc) or type(exc).__name__)  # fmt: skip
+            log.warning(
+                "Could not publish this node's exclusion in the store: %s",
+                str(exc) or type(exc).__name__,
+            )

@@ -17,8 +17,14 @@ class NodeCheckService:
     """Gates ``handler``'s joins with ``gate``; ``leave(why)`` asks the agent to leave the
     job when a check fails while the workers run."""
 
-    def __init__(self, gate: NodeGate, handler: RendezvousHandler, leave: Callable[[str], None],
-                 notify: Callable[..., None], helpers: Helpers) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gate: NodeGate,
+        handler: RendezvousHandler,
+        leave: Callable[[str], None],
+        notify: Callable[..., None],
+        helpers: Helpers,
+    ) -> None:
         self.gate = gate
         gate.notify = notify
         for check in gate.checks:  # their processes are the agent's, not orphans to reap
@@ -47,8 +53,9 @@ class NodeCheckService:
     async def _watch_workers(self) -> None:
         failed = await self.gate.watch()
         self._watch = None
-        self._leave("failed its node checks (" +
-                    "; ".join(f"{r.name}: {r.detail}" for r in failed) + ")")  # fmt: skip
+        self._leave(
+            "failed its node checks (" + "; ".join(f"{r.name}: {r.detail}" for r in failed) + ")"
+        )
 
     def status(self) -> dict[str, Any]:
         doc = self.gate.status()

@@ -170,8 +170,9 @@ def _install_fds(fds: Sequence[int], targets: Sequence[int]) -> None:
 def _fresh_std_streams() -> None:
     """``sys.stdin/stdout/stderr`` as Python makes them for this worker's descriptors."""
     zygote_stdout = sys.stdout  # write-through when the interpreter runs with -u
-    unbuffered = bool(getattr(zygote_stdout, "write_through", False)
-                      or os.environ.get("PYTHONUNBUFFERED"))  # fmt: skip
+    unbuffered = bool(
+        getattr(zygote_stdout, "write_through", False) or os.environ.get("PYTHONUNBUFFERED")
+    )
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         old = getattr(sys, name)
         encoding = getattr(old, "encoding", None) or "utf-8"
@@ -230,8 +231,12 @@ def _run_target(request: ForkRequest) -> None:
     main = types.ModuleType("__main__")
     from importlib.machinery import SourceFileLoader
 
-    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
-                         __loader__=SourceFileLoader("__main__", path))  # fmt: skip
+    main.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", path),
+    )
     sys.modules["__main__"] = main
     with io.open_code(path) as fp:
         source = fp.read()

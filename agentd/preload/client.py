@@ -134,9 +134,16 @@ class Zygote:
         """Start the zygote (the preload goes on in the background: see :meth:`ready`)."""
         loop = asyncio.get_running_loop()
         ours, theirs = wire.socketpair()
-        argv = [self.command.executable, *self.command.options, "-m", "agentd.preload.zygote",
-                str(theirs.fileno()), self.command.path0(cwd), ",".join(self.modules),
-                " " * _ROOM_FOR_ARGV]  # fmt: skip
+        argv = [
+            self.command.executable,
+            *self.command.options,
+            "-m",
+            "agentd.preload.zygote",
+            str(theirs.fileno()),
+            self.command.path0(cwd),
+            ",".join(self.modules),
+            " " * _ROOM_FOR_ARGV,
+        ]
         try:
             self._process = await spawn_process(argv, self.env, cwd, pass_fds=[theirs.fileno()])
         except OSError as exc:
@@ -173,8 +180,10 @@ class Zygote:
         cmd = command.parse(argv)
         if (cmd.executable, cmd.options) != (self.command.executable, self.command.options):
             interpreter = " ".join([cmd.executable, *cmd.options])
-            raise StartError(f"could not start worker {local_rank}: its interpreter "
-                             f"{interpreter} is not the zygote's")  # fmt: skip
+            raise StartError(
+                f"could not start worker {local_rank}: its interpreter "
+                f"{interpreter} is not the zygote's"
+            )
         cwd = cwd or os.getcwd()
         sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
         worker = ZygoteWorker(local_rank, sinks, self)
@@ -197,11 +206,18 @@ class Zygote:
                     send_fds.append(devnull)
             argv = list(argv)
             pid, pidfd = await self._request(
-                {"kind": cmd.kind, "target": cmd.target, "args": list(cmd.args), "argv": argv,
-                 "path0": cmd.path0(cwd), "cwd": cwd, "env": self._env_change(env),
-                 "fds": [0, 1, 2, *pass_fds]},
+                {
+                    "kind": cmd.kind,
+                    "target": cmd.target,
+                    "args": list(cmd.args),
+                    "argv": argv,
+                    "path0": cmd.path0(cwd),
+                    "cwd": cwd,
+                    "env": self._env_change(env),
+                    "fds": [0, 1, 2, *pass_fds],
+                },
                 [*send_fds, *pass_fds],
-            )  # fmt: skip
+            )
         except BaseException:
             worker.abandon()
             raise
@@ -213,8 +229,10 @@ class Zygote:
 
     def _env_change(self, env: Mapping[str, str]) -> dict[str, Any]:
         base = self.env
-        return {"set": {k: v for k, v in env.items() if base.get(k) != v},
-                "unset": [k for k in base if k not in env]}  # fmt: skip
+        return {
+            "set": {k: v for k, v in env.items() if base.get(k) != v},
+            "unset": [k for k in base if k not in env],
+        }
 
     async def _request(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
         if not self.alive or self._sock is None:
@@ -276,8 +294,9 @@ class Zygote:
                 _close_all(fds)
             elif "error" in message or not fds:
                 _close_all(fds)
-                reply.set_exception(StartError(f"the zygote could not fork: "
-                                               f"{message.get('error', 'no pidfd')}"))  # fmt: skip
+                reply.set_exception(
+                    StartError(f"the zygote could not fork: {message.get('error', 'no pidfd')}")
+                )
             else:
                 reply.set_result((int(message["pid"]), fds[0]))
                 _close_all(fds[1:])
@@ -311,9 +330,12 @@ class Zygote:
     async def _report_loss(self) -> None:
         code = await self._process.wait() if self._process is not None else None
         if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(StartError(
-                f"--preload: the zygote exited with {_describe(code)} before its preload "
-                "finished"))  # fmt: skip
+            self._ready.set_exception(
+                StartError(
+                    f"--preload: the zygote exited with {_describe(code)} before its preload "
+                    "finished"
+                )
+            )
             self._ready.exception()  # retrieved: a failure nobody waits for is not an error
             return
         if not self._stopping and self._on_lost is not None:

@@ -49,15 +49,18 @@ def is_python(executable: str) -> bool:
 def parse(argv: Sequence[str]) -> PythonCommand:
     """Read a Python command line; raises ConfigError naming what cannot be preloaded."""
     if not argv or not is_python(argv[0]):
-        raise ConfigError(f"--preload: the entrypoint must be Python (a script, -m module or "
-                          f"function), not {argv[0] if argv else ''!r}")  # fmt: skip
+        raise ConfigError(
+            f"--preload: the entrypoint must be Python (a script, -m module or "
+            f"function), not {argv[0] if argv else ''!r}"
+        )
     options: list[str] = []
     i = 1
     while i < len(argv):
         arg = argv[i]
         if arg == "-m" and i + 1 < len(argv):
-            return PythonCommand(argv[0], tuple(options), "module", argv[i + 1],
-                                 tuple(argv[i + 2 :]))  # fmt: skip
+            return PythonCommand(
+                argv[0], tuple(options), "module", argv[i + 1], tuple(argv[i + 2 :])
+            )
         if arg == "-" or not arg.startswith("-"):
             if arg == "-":
                 break
@@ -74,5 +77,7 @@ def parse(argv: Sequence[str]) -> PythonCommand:
             i += 1
             continue
         break
-    raise ConfigError(f"--preload: cannot run {' '.join(argv[1:])!r} from a zygote; it runs "
-                      "python [options] script or -m module (no -c, no stdin)")  # fmt: skip
+    raise ConfigError(
+        f"--preload: cannot run {' '.join(argv[1:])!r} from a zygote; it runs "
+        "python [options] script or -m module (no -c, no stdin)"
+    )

@@ -80,8 +80,12 @@ class PreloadService:
         from agentd.preload.client import Zygote
 
         spec = self._spec
-        zygote = Zygote(command.parse(worker_command(spec)), spec.preload or (),
-                        common_env(spec), on_lost=self._lost)  # fmt: skip
+        zygote = Zygote(
+            command.parse(worker_command(spec)),
+            spec.preload or (),
+            common_env(spec),
+            on_lost=self._lost,
+        )
         with self._hygiene.spawning():  # the zygote's exit status is its watcher's
             await zygote.start(os.getcwd())
             self._hygiene.own(zygote.pid)
@@ -95,20 +99,34 @@ class PreloadService:
         """Log the zygote's preload once it is done (a failure is the first attempt's)."""
         info = await zygote.ready()
         modules = ", ".join(info.get("modules", [])) or "nothing"
-        log.info("[%s] Zygote pid %s ready: preloaded %s in %.2fs", self._spec.role,
-                 zygote.pid, modules, info.get("seconds", 0.0))  # fmt: skip
+        log.info(
+            "[%s] Zygote pid %s ready: preloaded %s in %.2fs",
+            self._spec.role,
+            zygote.pid,
+            modules,
+            info.get("seconds", 0.0),
+        )
         threads = info.get("threads") or []
         if threads:
-            log.info("[%s] Zygote pid %s has %d other thread(s) at fork time (not copied to "
-                     "the workers): %s", self._spec.role, zygote.pid, len(threads),
-                     ", ".join(map(str, threads)))  # fmt: skip
+            log.info(
+                "[%s] Zygote pid %s has %d other thread(s) at fork time (not copied to "
+                "the workers): %s",
+                self._spec.role,
+                zygote.pid,
+                len(threads),
+                ", ".join(map(str, threads)),
+            )
 
     def _lost(self, zygote: Zygote, code: int | None) -> None:
         self._hygiene.disown(zygote.pid)
         if not self.enabled or zygote is not self.zygote:
             return
-        log.warning("[%s] Zygote pid %s died (exit status %s); starting a new one",
-                    self._spec.role, zygote.pid, code)  # fmt: skip
+        log.warning(
+            "[%s] Zygote pid %s died (exit status %s); starting a new one",
+            self._spec.role,
+            zygote.pid,
+            code,
+        )
         self._replacing = asyncio.ensure_future(self._replace())
 
     async def _replace(self) -> None:

@@ -42,9 +42,11 @@ def cuda_problem() -> str | None:
     cuda = sys.modules.get("torch.cuda")
     is_initialized = getattr(cuda, "is_initialized", None)
     if callable(is_initialized) and is_initialized():
-        return ("--preload: the preloaded modules initialized CUDA; a forked worker cannot "
-                "use its parent's CUDA context: preload only modules that do not touch the "
-                "GPU at import")  # fmt: skip
+        return (
+            "--preload: the preloaded modules initialized CUDA; a forked worker cannot "
+            "use its parent's CUDA context: preload only modules that do not touch the "
+            "GPU at import"
+        )
     return None
 
 
@@ -80,9 +82,16 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
     if problem is not None:
         wire.send(sock, {"failed": problem})
         return False
-    wire.send(sock, {"ready": True, "pid": os.getpid(), "modules": modules,
-                     "seconds": round(time.monotonic() - began, 6),
-                     "threads": live_threads()})  # fmt: skip
+    wire.send(
+        sock,
+        {
+            "ready": True,
+            "pid": os.getpid(),
+            "modules": modules,
+            "seconds": round(time.monotonic() - began, 6),
+            "threads": live_threads(),
+        },
+    )
     return True
 
 
@@ -149,8 +158,13 @@ class Zygote:
         leading, led = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
-            own = [self.sock.fileno(), self.wake_r.fileno(), self.wake_w.fileno(),
-                   self.selector.fileno(), leading]  # fmt: skip
+            own = [
+                self.sock.fileno(),
+                self.wake_r.fileno(),
+                self.wake_w.fileno(),
+                self.selector.fileno(),
+                leading,
+            ]
             child.become_worker(request, fds, own, led)
         os.close(led)
         for fd in fds:
@@ -168,8 +182,9 @@ class Zygote:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or not argv[0].isdigit():
-        sys.stderr.write("usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] "
-                         "[PADDING]\n")  # fmt: skip
+        sys.stderr.write(
+            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] [PADDING]\n"
+        )
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)

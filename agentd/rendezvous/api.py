@@ -56,8 +56,9 @@ class RoleInstanceInfo:
     local_world_size: int
 
     def serialize(self) -> bytes:
-        return json.dumps({"role": self.role, "rank": self.rank,
-                           "local_world_size": self.local_world_size}).encode()  # fmt: skip
+        return json.dumps(
+            {"role": self.role, "rank": self.rank, "local_world_size": self.local_world_size}
+        ).encode()
 
     @staticmethod
     def deserialize(data: bytes | str) -> RoleInstanceInfo:
@@ -251,5 +252,6 @@ _AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")
 
 def is_agentd_handler(handler: Any) -> bool:
     """True for a handler that speaks agentd's async protocol."""
-    return all(inspect.iscoroutinefunction(getattr(handler, name, None))
-               for name in _AGENTD_METHODS)  # fmt: skip
+    return all(
+        inspect.iscoroutinefunction(getattr(handler, name, None)) for name in _AGENTD_METHODS
+    )

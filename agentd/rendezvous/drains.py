@@ -39,8 +39,13 @@ class DrainRequest(NamedTuple):
 class Drains:
     """One agent's side of the drain protocol in ``store`` (see the module docstring)."""
 
-    def __init__(self, store: Callable[[], Store], keys: RunKeys, node_id: str,
-                 member_ids: Callable[[], Awaitable[list[str]]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Callable[[], Store],
+        keys: RunKeys,
+        node_id: str,
+        member_ids: Callable[[], Awaitable[list[str]]],
+    ) -> None:
         self._store = store
         self._prefix = keys.prefix + "drain/"
         self.node_id = node_id
@@ -56,8 +61,9 @@ class Drains:
 
     async def request(self, reason: str) -> DrainRequest:
         """Start a drain of this node (its id is new)."""
-        request = DrainRequest(int.from_bytes(os.urandom(7), "big") or 1, self.node_id,
-                               reason, time.time())  # fmt: skip
+        request = DrainRequest(
+            int.from_bytes(os.urandom(7), "big") or 1, self.node_id, reason, time.time()
+        )
         doc = {"id": request.id, "node": request.node, "reason": reason, "at": request.at}
         await self._store().set(self._prefix + "request", json.dumps(doc).encode())
         return request
@@ -69,8 +75,9 @@ class Drains:
         if raw is None:
             return None, None
         doc = json.loads(raw)
-        request = DrainRequest(int(doc["id"]), str(doc["node"]), str(doc["reason"]),
-                               float(doc["at"]))  # fmt: skip
+        request = DrainRequest(
+            int(doc["id"]), str(doc["node"]), str(doc["reason"]), float(doc["at"])
+        )
         step = await store.get(self._key(request.id, "at_step"))
         return request, int(step) if step is not None else None
 
@@ -103,8 +110,9 @@ class Drains:
             until = deadline if first is None else min(deadline, first + settle)
             if len(steps) == len(keys) or now >= until:
                 break
-            revision = (await store.watch(self._key(drain_id, "step/"), revision,
-                                          until - now)).revision  # fmt: skip
+            revision = (
+                await store.watch(self._key(drain_id, "step/"), revision, until - now)
+            ).revision
         reported = [s for s in steps if s >= 0]
         chosen = max(reported) + 1 if reported else 0
         await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
@@ -115,8 +123,9 @@ class Drains:
         await self._store().delete(self._prefix + "request")
 
     async def acknowledge(self, drain_id: int, doc: dict[str, Any]) -> None:
-        await self._store().set(self._key(drain_id, f"ack/{self.node_id}"),
-                                json.dumps(doc).encode())  # fmt: skip
+        await self._store().set(
+            self._key(drain_id, f"ack/{self.node_id}"), json.dumps(doc).encode()
+        )
 
     async def acknowledgements(self, drain_id: int, within: float) -> dict[str, Any]:
         """(The draining agent) Every member's acknowledgement, waiting up to ``within``

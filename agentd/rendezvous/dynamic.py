@@ -236,8 +236,7 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
         try:
             await self.store.delete_prefix(self._keys.round(generation))
         except StoreError as exc:  # a few keys left behind; the job does not care
-            log.debug("Rendezvous %s: could not delete round %d: %s", self._run_id,
-                      generation, exc)  # fmt: skip
+            log.debug("Rendezvous %s: could not delete round %d: %s", self._run_id, generation, exc)
 
     def _rounds_or_fail(self) -> Rounds:
         if self._rounds is None:
@@ -259,9 +258,13 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
                 if not self._joined_once:
                     raise
                 self._store_problem = str(exc)
-                self._problems.warning("unreachable", "Rendezvous %s: the store is unreachable "
-                                       "(%s); trying again until the join timeout",
-                                       self._run_id, exc)  # fmt: skip
+                self._problems.warning(
+                    "unreachable",
+                    "Rendezvous %s: the store is unreachable "
+                    "(%s); trying again until the join timeout",
+                    self._run_id,
+                    exc,
+                )
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
             if joined is not None:
@@ -273,14 +276,25 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
         membership = self._membership
         if current is None or membership is None:
             raise RuntimeError("round_over() needs a completed rendezvous")
-        watch = RoundWatch(self.store, self._keys, current, self._run_id, self.end_round,
-                           self._raise_if_failed, self._problems)  # fmt: skip
+        watch = RoundWatch(
+            self.store,
+            self._keys,
+            current,
+            self._run_id,
+            self.end_round,
+            self._raise_if_failed,
+            self._problems,
+        )
         watch_task, lost = await first_done(watch.reason(), membership.lost())
         if lost.done() and not lost.cancelled():
             membership.member = False
             self._unended = current.generation
-            log.warning("Rendezvous %s: no longer a member of round %d: %s", self._run_id,
-                        current.generation, lost.result())  # fmt: skip
+            log.warning(
+                "Rendezvous %s: no longer a member of round %d: %s",
+                self._run_id,
+                current.generation,
+                lost.result(),
+            )
             return f"membership lost: {lost.result()}"
         return watch_task.result()
 
@@ -298,8 +312,9 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
         except (StoreUnavailable, TimeoutError) as exc:
             self._unended = current.generation
             why = str(exc) or "no answer in time"
-            raise StoreUnavailable(f"the store cannot be reached ({why}); the round will be "
-                                   "ended when it answers") from None  # fmt: skip
+            raise StoreUnavailable(
+                f"the store cannot be reached ({why}); the round will be ended when it answers"
+            ) from None
 
     async def num_nodes_waiting(self) -> int:
         current = self._round
@@ -312,8 +327,11 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
         if self._store is None or self._closed:
             return
         self._closed = True
-        doc = {"outcome": "succeeded" if succeeded else "failed", "node": self.node_id,
-               "reason": reason}  # fmt: skip
+        doc = {
+            "outcome": "succeeded" if succeeded else "failed",
+            "node": self.node_id,
+            "reason": reason,
+        }
         try:  # the outcome is ours already: a store out of reach is not waited for long
             async with asyncio.timeout(self.settings.heartbeat_ttl):
                 await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
@@ -374,19 +392,34 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
             self._store.observer = self._observer
         settings = self.settings
         membership = self._membership = Membership(
-            opened.store, self._keys.heartbeat(self.node_id), self._beat,
-            settings.heartbeat_ttl, settings.keep_alive_interval, lease=opened.remote,
-            single_process=opened.single_process, where=opened.where,
-        )  # fmt: skip
+            opened.store,
+            self._keys.heartbeat(self.node_id),
+            self._beat,
+            settings.heartbeat_ttl,
+            settings.keep_alive_interval,
+            lease=opened.remote,
+            single_process=opened.single_process,
+            where=opened.where,
+        )
         for listener in self._lease_listeners:
             membership.on_lease(listener)
         membership.start()
-        self._node = {"node": self.node_id, "role": self._role, "addr": self._addr,
-                      "nproc": self._local_world_size, "port": self._master_port or 0}  # fmt: skip
+        self._node = {
+            "node": self.node_id,
+            "role": self._role,
+            "addr": self._addr,
+            "nproc": self._local_world_size,
+            "port": self._master_port or 0,
+        }
         node = self._node
         self.announce_kept(self._kept)
-        limits = RoundSettings(settings.min_nodes, settings.max_nodes, settings.last_call_timeout,
-                               settings.join_timeout, settings.heartbeat_ttl)  # fmt: skip
+        limits = RoundSettings(
+            settings.min_nodes,
+            settings.max_nodes,
+            settings.last_call_timeout,
+            settings.join_timeout,
+            settings.heartbeat_ttl,
+        )
         self._rounds = Rounds(self._run_id, opened.store, self._keys, limits, membership, node)
 
     def _raise_if_failed(self, closed: bytes) -> None:
@@ -400,8 +433,10 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
     async def _timeout_message(self) -> str:
         """Why no round formed: the store out of reach, or too few nodes (how many)."""
         settings = self.settings
-        window = (f"{settings.min_nodes}..{settings.max_nodes} needed, within "
-                  f"join_timeout={settings.join_timeout:g}s")  # fmt: skip
+        window = (
+            f"{settings.min_nodes}..{settings.max_nodes} needed, within "
+            f"join_timeout={settings.join_timeout:g}s"
+        )
         problem = self._store_problem
         joined = 0
         if not problem:
@@ -411,9 +446,12 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
             except (StoreError, TimeoutError) as exc:  # a search for a candidate goes on: name all
                 from agentd.store.candidates import none_serving
 
-                problem = (str(exc) or none_serving(self.store_status())
-                           or "it did not answer within 2s")  # fmt: skip
+                problem = (
+                    str(exc) or none_serving(self.store_status()) or "it did not answer within 2s"
+                )
         if problem:
-            return (f"rendezvous {self._run_id!r}: the store could not be reached "
-                    f"({problem}); no round of {window}")  # fmt: skip
+            return (
+                f"rendezvous {self._run_id!r}: the store could not be reached "
+                f"({problem}); no round of {window}"
+            )
         return f"rendezvous {self._run_id!r}: {joined} node(s) joined, {window}"

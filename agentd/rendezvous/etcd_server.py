@@ -57,14 +57,28 @@ class EtcdServer:
             self._port, peer = _free_port(), _free_port()
             client_url = f"http://{self._host}:{self._port}"
             self._proc = subprocess.Popen(
-                [binary, "--enable-v2", "--data-dir", self._data_dir, "--name", "default",
-                 "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                 "--listen-peer-urls", f"http://{self._host}:{peer}",
-                 "--initial-advertise-peer-urls", f"http://{self._host}:{peer}",
-                 "--initial-cluster", f"default=http://{self._host}:{peer}"],
-                stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL,
+                [
+                    binary,
+                    "--enable-v2",
+                    "--data-dir",
+                    self._data_dir,
+                    "--name",
+                    "default",
+                    "--listen-client-urls",
+                    client_url,
+                    "--advertise-client-urls",
+                    client_url,
+                    "--listen-peer-urls",
+                    f"http://{self._host}:{peer}",
+                    "--initial-advertise-peer-urls",
+                    f"http://{self._host}:{peer}",
+                    "--initial-cluster",
+                    f"default=http://{self._host}:{peer}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr or subprocess.DEVNULL,
                 start_new_session=True,
-            )  # fmt: skip
+            )
             if self._wait_ready(timeout):
                 return
             self.stop()

@@ -44,8 +44,9 @@ class Exclusions:
         which were members of the last one."""
         self.peers = dict(excluded)
         for node, doc in excluded.items():
-            log.warning("Rendezvous %s: node %s is out of the job: %s", run_id, node,
-                        doc.get("reason", "?"))  # fmt: skip
+            log.warning(
+                "Rendezvous %s: node %s is out of the job: %s", run_id, node, doc.get("reason", "?")
+            )
 
 
 async def exclusions_of(

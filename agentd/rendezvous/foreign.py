@@ -32,8 +32,10 @@ class SyncRendezvousHandler:
     def __init__(self, handler: Any, poll_interval: float = 1.0) -> None:
         for name in ("next_rendezvous", "get_run_id", "get_backend"):
             if not callable(getattr(handler, name, None)):
-                raise TypeError(f"rdzv_handler: {handler!r} has no {name}() method; it must "
-                                "be a rendezvous handler")  # fmt: skip
+                raise TypeError(
+                    f"rdzv_handler: {handler!r} has no {name}() method; it must "
+                    "be a rendezvous handler"
+                )
         self.handler = handler
         self.poll_interval = poll_interval
         self._local_world_size = 1

@@ -41,8 +41,10 @@ def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) ->
     conf = parse_rdzv_conf(config.rdzv_conf)
     if config.standalone:
         if (low, high) != (1, 1):
-            raise ConfigError(f"--nnodes: '{low}:{high}' cannot be combined with --standalone "
-                              "(one node; use --rdzv-backend agentd for several)")  # fmt: skip
+            raise ConfigError(
+                f"--nnodes: '{low}:{high}' cannot be combined with --standalone "
+                "(one node; use --rdzv-backend agentd for several)"
+            )
         from agentd.store.connect import open_memory_store
 
         settings = settings_from_conf(conf, (1, 1))
@@ -64,11 +66,14 @@ def _static(
 
     low, high = config.nnodes
     if low != high:
-        raise ConfigError(f"--nnodes: '{low}:{high}' needs an elastic backend "
-                          "(--rdzv-backend agentd); static takes a fixed N")  # fmt: skip
+        raise ConfigError(
+            f"--nnodes: '{low}:{high}' needs an elastic backend "
+            "(--rdzv-backend agentd); static takes a fixed N"
+        )
     if not 0 <= config.node_rank < low:
-        raise ConfigError(f"--node-rank: {config.node_rank!r} must be within 0..{low - 1} "
-                          f"(--nnodes {low})")  # fmt: skip
+        raise ConfigError(
+            f"--node-rank: {config.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
+        )
     reject_unknown(conf, "static")
     addr = config.master_addr or "127.0.0.1"
     if low == 1:
@@ -91,8 +96,10 @@ def _dynamic(
     from agentd.support.net import is_local_address, is_loopback, split_endpoint
 
     if not config.rdzv_endpoint:
-        raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
-                          "(host:port of the store), or use --standalone")  # fmt: skip
+        raise ConfigError(
+            f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+            "(host:port of the store), or use --standalone"
+        )
     if "," in config.rdzv_endpoint:
         return _candidates(config, run_id, local_world_size, conf)
     host, port = split_endpoint(config.rdzv_endpoint)
@@ -110,16 +117,25 @@ def _dynamic(
             "(set AGENTD_STORE_TOKEN on every node)"
         )
     if port == 0 and not is_host:
-        raise ConfigError(f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
-                          "on the host that serves the store")  # fmt: skip
+        raise ConfigError(
+            f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
+            "on the host that serves the store"
+        )
     addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
     # once members stand by, a frozen server must be left for another in time (TTL)
-    opener = http_store_opener(host, port, token, is_host, request_timeout=read_timeout,
-                               failover_request_timeout=min(read_timeout,
-                                                            settings.heartbeat_ttl / 3),
-                               retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
-                               workers=local_world_size, standby=standby,
-                               standby_host=config.local_addr or "", tls=tls)  # fmt: skip
+    opener = http_store_opener(
+        host,
+        port,
+        token,
+        is_host,
+        request_timeout=read_timeout,
+        failover_request_timeout=min(read_timeout, settings.heartbeat_ttl / 3),
+        retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
+        workers=local_world_size,
+        standby=standby,
+        standby_host=config.local_addr or "",
+        tls=tls,
+    )
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 
@@ -137,18 +153,25 @@ def _candidates(
     tls = _tls(conf, [host for host, _ in endpoints], serves=is_host is not False)
     settings = _rendezvous_settings(config, conf)
     if not config.store_token:
-        raise ConfigError(f"--store-token: required with several --rdzv-endpoint candidates "
-                          f"({config.rdzv_endpoint!r}): they and every agent share it "
-                          "(set AGENTD_STORE_TOKEN on every node)")  # fmt: skip
+        raise ConfigError(
+            f"--store-token: required with several --rdzv-endpoint candidates "
+            f"({config.rdzv_endpoint!r}): they and every agent share it "
+            "(set AGENTD_STORE_TOKEN on every node)"
+        )
     # a frozen server must be left for another in time to keep our lease (TTL)
     request_timeout = min(read_timeout, settings.heartbeat_ttl / 3)
     local = all(is_loopback(host) for host, _ in endpoints)
     addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     # each try names every candidate and why it does not serve; the join timeout ends it
-    opener = candidates_opener(endpoints, config.store_token, is_host,
-                               retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout / 2),
-                               request_timeout=request_timeout,
-                               workers=local_world_size, tls=tls)  # fmt: skip
+    opener = candidates_opener(
+        endpoints,
+        config.store_token,
+        is_host,
+        retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout / 2),
+        request_timeout=request_timeout,
+        workers=local_world_size,
+        tls=tls,
+    )
     return _handler(config, run_id, local_world_size, opener, settings, addr)
 
 
@@ -160,8 +183,10 @@ def _etcd(
     from agentd.support.net import is_loopback
 
     if not config.rdzv_endpoint:
-        raise ConfigError(f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
-                          "(host:port[,host:port...] of etcd's members)")  # fmt: skip
+        raise ConfigError(
+            f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+            "(host:port[,host:port...] of etcd's members)"
+        )
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     etcd = etcd_settings(config.rdzv_endpoint, conf, read_timeout)
     settings = _rendezvous_settings(config, conf)

@@ -158,17 +158,23 @@ class Membership:
 
     def _extend(self, now: float) -> None:
         if self._deadline is None or self._deadline < now + _EXTEND_STEP:
-            self._problems.warning("frozen", "Rendezvous: the store at %s has held our "
-                                   "heartbeat for %.0fs without answering (frozen?); it "
-                                   "cannot expire us meanwhile, so the workers go on",
-                                   self._where, now - (self._pending_since or now))  # fmt: skip
+            self._problems.warning(
+                "frozen",
+                "Rendezvous: the store at %s has held our "
+                "heartbeat for %.0fs without answering (frozen?); it "
+                "cannot expire us meanwhile, so the workers go on",
+                self._where,
+                now - (self._pending_since or now),
+            )
             self._set_deadline(now + _EXTEND_STEP)
 
     def _silence_reason(self) -> str:
         since = self._failing_since
         last_sent = (self._confirmed_until or self.ttl) - self.ttl
-        what = (f"no heartbeat sent in the last {time.monotonic() - last_sent:.1f}s was "
-                f"confirmed by the store at {self._where}")  # fmt: skip
+        what = (
+            f"no heartbeat sent in the last {time.monotonic() - last_sent:.1f}s was "
+            f"confirmed by the store at {self._where}"
+        )
         if since is not None:
             what += f" (unreachable since {time.monotonic() - since:.1f}s ago)"
         return what + f", within the heartbeat TTL of {self.ttl:g}s"
@@ -239,8 +245,10 @@ class Membership:
             if alive:
                 self._confirm(sent)
             elif self.member:
-                self._lose(f"the store at {self._where} says our heartbeat had expired (or it "
-                           "forgot it: restarted?)")  # fmt: skip
+                self._lose(
+                    f"the store at {self._where} says our heartbeat had expired (or it "
+                    "forgot it: restarted?)"
+                )
             else:  # not in a round: nobody counts on it, so just make it again
                 with contextlib.suppress(StoreError):
                     await self.announce()
@@ -250,6 +258,11 @@ class Membership:
         if self._failing_since is None:
             self._failing_since = now
         left = (self.deadline or now) - now
-        self._problems.warning("unreachable", "Rendezvous: heartbeat to the store at %s failed "
-                               "(%s); membership lapses in %.1fs unless it answers", self._where,
-                               str(exc) or "no answer in time", max(0.0, left))  # fmt: skip
+        self._problems.warning(
+            "unreachable",
+            "Rendezvous: heartbeat to the store at %s failed "
+            "(%s); membership lapses in %.1fs unless it answers",
+            self._where,
+            str(exc) or "no answer in time",
+            max(0.0, left),
+        )

@@ -40,11 +40,14 @@ class RendezvousParameters:
         if not backend:
             raise ValueError("The rendezvous backend name must be a non-empty string.")
         if min_nodes < 1:
-            raise ValueError(f"The minimum number of rendezvous nodes ({min_nodes}) must "
-                             "be greater than zero.")  # fmt: skip
+            raise ValueError(
+                f"The minimum number of rendezvous nodes ({min_nodes}) must be greater than zero."
+            )
         if max_nodes < min_nodes:
-            raise ValueError(f"The maximum number of rendezvous nodes ({max_nodes}) must be "
-                             f"greater than or equal to the minimum ({min_nodes}).")  # fmt: skip
+            raise ValueError(
+                f"The maximum number of rendezvous nodes ({max_nodes}) must be "
+                f"greater than or equal to the minimum ({min_nodes})."
+            )
         self.backend = backend
         self.endpoint = endpoint
         self.run_id = run_id
@@ -67,8 +70,9 @@ class RendezvousParameters:
             return True
         if text in ("0", "false", "f", "no", "n"):
             return False
-        raise ValueError(f"The rendezvous configuration option '{key}' does not represent "
-                         "a valid boolean value.")  # fmt: skip
+        raise ValueError(
+            f"The rendezvous configuration option '{key}' does not represent a valid boolean value."
+        )
 
     def get_as_int(self, key: str, default: int | None = None) -> int | None:
         value = self.get(key, default)
@@ -77,8 +81,10 @@ class RendezvousParameters:
         try:
             return int(value)
         except ValueError as exc:
-            raise ValueError(f"The rendezvous configuration option '{key}' does not "
-                             "represent a valid integer value.") from exc  # fmt: skip
+            raise ValueError(
+                f"The rendezvous configuration option '{key}' does not "
+                "represent a valid integer value."
+            ) from exc
 
 
 class RendezvousHandlerRegistry:
@@ -132,8 +138,11 @@ def agentd_handler(params: RendezvousParameters) -> RendezvousHandler:
         try:
             return _build_handler(params, conf)
         except UnknownSetting as exc:
-            log.info("Rendezvous setting %r is not used by the %s backend; ignoring it",
-                     exc.key, params.backend)  # fmt: skip
+            log.info(
+                "Rendezvous setting %r is not used by the %s backend; ignoring it",
+                exc.key,
+                params.backend,
+            )
             del conf[exc.key]
 
 
@@ -142,8 +151,10 @@ def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> Rendez
     from agentd.rendezvous.from_config import build_rendezvous
 
     if params.backend not in BACKENDS:
-        raise ConfigError(f"backend: {params.backend!r} is not a rendezvous backend here; "
-                          f"known: {', '.join(BACKENDS)}")  # fmt: skip
+        raise ConfigError(
+            f"backend: {params.backend!r} is not a rendezvous backend here; "
+            f"known: {', '.join(BACKENDS)}"
+        )
     static = params.backend == "static"
     master_addr = master_port = None
     if static and params.endpoint:

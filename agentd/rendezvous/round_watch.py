@@ -62,8 +62,12 @@ class RoundWatch:
                     check = False
                 result = await store.watch(self.keys.ctl, revision, POLL)
             except StoreUnavailable as exc:
-                self.problems.warning("watch", "Rendezvous %s: cannot watch the round (%s); "
-                                      "retrying", self.run_id, exc)  # fmt: skip
+                self.problems.warning(
+                    "watch",
+                    "Rendezvous %s: cannot watch the round (%s); retrying",
+                    self.run_id,
+                    exc,
+                )
                 await asyncio.sleep(RETRY_PAUSE)
                 check = True
                 revision = await self._revision(revision)

@@ -147,8 +147,9 @@ class Rounds:
         generation = await self.generation()
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
-            log.info("Rendezvous %s: round %d is full; waiting for the next", self._run_id,
-                     generation)  # fmt: skip
+            log.info(
+                "Rendezvous %s: round %d is full; waiting for the next", self._run_id, generation
+            )
             await self._end_if_abandoned(generation, settings.max_nodes)
             await self.wait_for_generation_after(generation)
             return None
@@ -156,9 +157,13 @@ class Rounds:
         mine = json.dumps(node).encode()
         placed, held = await store.compare_set(keys.round(generation, f"node/{rank}"), None, mine)
         if not placed and held != mine:  # our place was given by another store (a failover)
-            log.warning("Rendezvous %s: place %d of round %d is another node's (the store "
-                        "changed during the join); joining again", self._run_id, rank,
-                        generation)  # fmt: skip
+            log.warning(
+                "Rendezvous %s: place %d of round %d is another node's (the store "
+                "changed during the join); joining again",
+                self._run_id,
+                rank,
+                generation,
+            )
             return None
         sealed, revision = None, start
         if rank + 1 == settings.max_nodes:
@@ -168,14 +173,20 @@ class Rounds:
             if sealed is None:
                 return None
         if sealed == ENDED:
-            log.info("Rendezvous %s: round %d ended before it was sealed; joining the next",
-                     self._run_id, generation)  # fmt: skip
+            log.info(
+                "Rendezvous %s: round %d ended before it was sealed; joining the next",
+                self._run_id,
+                generation,
+            )
             return None
         summary = decode(sealed)
         size = summary.size
         if rank >= size:
-            log.info("Rendezvous %s: arrived after round %d was sealed; waiting for the next",
-                     self._run_id, generation)  # fmt: skip
+            log.info(
+                "Rendezvous %s: arrived after round %d was sealed; waiting for the next",
+                self._run_id,
+                generation,
+            )
             if size < settings.max_nodes:  # there is room: end the round to admit us
                 await self.advance(generation, f"node {self._node['node']} wants to join")
             else:
@@ -198,8 +209,11 @@ class Rounds:
             try:
                 await store.wait(missing, self._settings.entry_timeout)
             except StoreTimeout:
-                await self.advance(generation, f"{len(missing)} arrival(s) wrote no entry "
-                                   f"within {self._settings.entry_timeout:g}s")  # fmt: skip
+                await self.advance(
+                    generation,
+                    f"{len(missing)} arrival(s) wrote no entry "
+                    f"within {self._settings.entry_timeout:g}s",
+                )
                 return await store.get(sealed_key)
             values = await store.multi_get(entries)
         nodes = [json.loads(value or b"{}") for value in values]
@@ -219,9 +233,14 @@ class Rounds:
         last_call = (
             loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
         )
-        log.info("Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
-                 self._run_id, generation, rank, settings.min_nodes,
-                 settings.max_nodes)  # fmt: skip
+        log.info(
+            "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
+            self._run_id,
+            generation,
+            rank,
+            settings.min_nodes,
+            settings.max_nodes,
+        )
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
         waiting_since = loop.time()
         while sealed is None:
@@ -248,10 +267,16 @@ class Rounds:
                 if joined >= settings.min_nodes:
                     last_call = loop.time() + settings.last_call_timeout
                 elif not result.events:
-                    log.info("Rendezvous %s: still waiting for nodes: %d of at least %d "
-                             "joined round %d (%.0fs so far, join timeout %.0fs)",
-                             self._run_id, joined, settings.min_nodes, generation,
-                             loop.time() - waiting_since, settings.join_timeout)  # fmt: skip
+                    log.info(
+                        "Rendezvous %s: still waiting for nodes: %d of at least %d "
+                        "joined round %d (%.0fs so far, join timeout %.0fs)",
+                        self._run_id,
+                        joined,
+                        settings.min_nodes,
+                        generation,
+                        loop.time() - waiting_since,
+                        settings.join_timeout,
+                    )
             elif loop.time() >= last_call:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 sealed = await self._seal(generation, min(joined, settings.max_nodes))
@@ -320,8 +345,12 @@ class Rounds:
             log.info("Rendezvous %s: ended round %d: %s", self._run_id, generation, reason)
             await store.compare_set(self._keys.round(generation, "sealed"), None, ENDED)
         else:
-            log.debug("Rendezvous %s: round %d had already ended (now %s)", self._run_id,
-                      generation, current)  # fmt: skip
+            log.debug(
+                "Rendezvous %s: round %d had already ended (now %s)",
+                self._run_id,
+                generation,
+                current,
+            )
 
     async def wait_for_generation_after(self, generation: int) -> None:
         """Return once the current generation is not ``generation`` (raise if closed)."""

@@ -65,13 +65,17 @@ def summarize(
     """The summary of a round whose members' entries are ``nodes``, by arrival."""
     if not nodes:
         raise ValueError("a sealed round has at least one member")
-    keyed = ((str(n["role"]), int(n["nproc"]), tuple(int(r) for r in n.get("kept", ())))
-             for n in nodes)  # fmt: skip
-    groups = tuple(Group(role, nproc, kept, sum(1 for _ in run))
-                   for (role, nproc, kept), run in itertools.groupby(keyed))  # fmt: skip
+    keyed = (
+        (str(n["role"]), int(n["nproc"]), tuple(int(r) for r in n.get("kept", ()))) for n in nodes
+    )
+    groups = tuple(
+        Group(role, nproc, kept, sum(1 for _ in run))
+        for (role, nproc, kept), run in itertools.groupby(keyed)
+    )
     master = nodes[0]
-    return RoundSummary(len(nodes), str(master["addr"]), int(master["port"]), groups,
-                        dict(excluded))  # fmt: skip
+    return RoundSummary(
+        len(nodes), str(master["addr"]), int(master["port"]), groups, dict(excluded)
+    )
 
 
 def encode(summary: RoundSummary) -> bytes:
@@ -91,10 +95,13 @@ def decode(raw: bytes) -> RoundSummary:
     try:
         doc = json.loads(raw)
         addr, port = doc["master"]
-        groups = tuple(Group(str(role), int(nproc), tuple(int(r) for r in kept), int(count))
-                       for role, nproc, kept, count in doc["groups"])  # fmt: skip
-        summary = RoundSummary(int(doc["size"]), str(addr), int(port), groups,
-                               dict(doc.get("excluded", {})))  # fmt: skip
+        groups = tuple(
+            Group(str(role), int(nproc), tuple(int(r) for r in kept), int(count))
+            for role, nproc, kept, count in doc["groups"]
+        )
+        summary = RoundSummary(
+            int(doc["size"]), str(addr), int(port), groups, dict(doc.get("excluded", {}))
+        )
     except (ValueError, TypeError, KeyError) as exc:
         raise RendezvousStateError(
             f"the round's sealed value {raw[:80]!r} is not a round summary ({exc}); do all "

@@ -44,8 +44,9 @@ class TorchRendezvousHandler:
 
     def set_closed(self) -> None:
         self._closed = True
-        run_blocking(self.handler.set_closed(False, "closed by the caller"),
-                     "handler.handler.set_closed()")  # fmt: skip
+        run_blocking(
+            self.handler.set_closed(False, "closed by the caller"), "handler.handler.set_closed()"
+        )
 
     def shutdown(self) -> bool:
         """Leave the rendezvous (after a run, the agent has already left: nothing to do)."""

@@ -41,8 +41,9 @@ class ErrorHandler:
         path = self._get_error_file_path()
         content = read_error_file(rootcause_error_file)
         if not path or content is None:
-            log.warning("Not copying %s (no error file of ours, or nothing readable)",
-                        rootcause_error_file)  # fmt: skip
+            log.warning(
+                "Not copying %s (no error file of ours, or nothing readable)", rootcause_error_file
+            )
             return
         data = dict(content.data)
         if error_code and isinstance(data.get("message"), dict):

@@ -57,10 +57,14 @@ class Event:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"name": self.name, "source": self.source.value, "timestamp": self.timestamp,
-             "metadata": self.metadata},
+            {
+                "name": self.name,
+                "source": self.source.value,
+                "timestamp": self.timestamp,
+                "metadata": self.metadata,
+            },
             default=str,
-        )  # fmt: skip
+        )
 
 
 EventHandler = Callable[[Event], None]

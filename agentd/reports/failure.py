@@ -45,28 +45,40 @@ class ChildFailedError(Exception):
             rank: _failure_block(i, rank, f) for i, (rank, f) in enumerate(self.failures.items())
         }
         title = f"{self.name} FAILED"
-        width = min(60, max(len(line) for text in [title, *blocks.values()]
-                            for line in text.splitlines()))  # fmt: skip
+        width = min(
+            60, max(len(line) for text in [title, *blocks.values()] for line in text.splitlines())
+        )
         others = [text for rank, text in blocks.items() if rank != root_rank]
-        return "\n".join([
-            "", boarder_delim * width, title, section_delim * width, "Failures:",
-            "\n".join(others) or "  <NO_OTHER_FAILURES>", section_delim * width,
-            "Root Cause (first observed failure):", blocks[root_rank], boarder_delim * width,
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                "",
+                boarder_delim * width,
+                title,
+                section_delim * width,
+                "Failures:",
+                "\n".join(others) or "  <NO_OTHER_FAILURES>",
+                section_delim * width,
+                "Root Cause (first observed failure):",
+                blocks[root_rank],
+                boarder_delim * width,
+            ]
+        )
 
 
 def _failure_block(index: int, rank: int, failure: WorkerFailure) -> str:
     when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(failure.timestamp))
     text = failure.traceback or failure.message or failure.stderr_tail or "<N/A>"
-    return "\n".join([
-        f"[{index}]:",
-        f"  time      : {when}",
-        f"  host      : {failure.host or socket.getfqdn()}",
-        f"  rank      : {rank} (local_rank: {failure.local_rank})",
-        f"  exitcode  : {failure.exitcode} (pid: {failure.pid})",
-        f"  error_file: {failure.error_file or '<N/A>'}",
-        "  traceback : " + text.rstrip().replace("\n", "\n  "),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"[{index}]:",
+            f"  time      : {when}",
+            f"  host      : {failure.host or socket.getfqdn()}",
+            f"  rank      : {rank} (local_rank: {failure.local_rank})",
+            f"  exitcode  : {failure.exitcode} (pid: {failure.pid})",
+            f"  error_file: {failure.error_file or '<N/A>'}",
+            "  traceback : " + text.rstrip().replace("\n", "\n  "),
+        ]
+    )
 
 
 def record(fn: _F) -> _F:

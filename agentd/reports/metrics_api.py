@@ -40,8 +40,10 @@ class MetricData:
         self.value = value
 
     def __repr__(self) -> str:
-        return (f"MetricData(timestamp={self.timestamp!r}, group_name={self.group_name!r}, "
-                f"name={self.name!r}, value={self.value!r})")  # fmt: skip
+        return (
+            f"MetricData(timestamp={self.timestamp!r}, group_name={self.group_name!r}, "
+            f"name={self.name!r}, value={self.value!r})"
+        )
 
 
 class MetricHandler(abc.ABC):
@@ -62,8 +64,8 @@ class ConsoleMetricHandler(MetricHandler):
     """Prints ``[timestamp][group]: name=value``, as torch's console handler."""
 
     def emit(self, metric_data: MetricData) -> None:
-        print(f"[{metric_data.timestamp}][{metric_data.group_name}]: "  # noqa: T201 (its job)
-              f"{metric_data.name}={metric_data.value}")  # fmt: skip
+        line = f"[{metric_data.timestamp}][{metric_data.group_name}]: "
+        print(line + f"{metric_data.name}={metric_data.value}")  # noqa: T201 (its job)
 
 
 class _Function(MetricHandler):
@@ -76,8 +78,7 @@ class _Function(MetricHandler):
 
 class _LogHandler(MetricHandler):
     def emit(self, metric_data: MetricData) -> None:
-        log.debug("metric %s.%s = %s", metric_data.group_name, metric_data.name,
-                  metric_data.value)  # fmt: skip
+        log.debug("metric %s.%s = %s", metric_data.group_name, metric_data.name, metric_data.value)
 
 
 _default: MetricHandler = _LogHandler()
@@ -85,8 +86,9 @@ _by_group: dict[str, MetricHandler] = {}
 _sinks: list[Callable[[str, float, str], None]] = []
 
 
-def configure(handler: MetricHandler | Callable[[str, float, str], None],
-              group: str | None = None) -> None:  # fmt: skip
+def configure(
+    handler: MetricHandler | Callable[[str, float, str], None], group: str | None = None
+) -> None:
     """Send the values of ``group`` (None: of every other group) to ``handler``."""
     global _default
     target: Any = handler
@@ -180,8 +182,11 @@ def profile(group: str | None = None) -> Callable[[_F], _F]:
                 put_metric(f"{func.__name__}.failure", 1, group or DEFAULT_GROUP)
                 raise
             finally:
-                put_metric(f"{func.__name__}.duration.ms", get_elapsed_time_ms(began),
-                           group or DEFAULT_GROUP)  # fmt: skip
+                put_metric(
+                    f"{func.__name__}.duration.ms",
+                    get_elapsed_time_ms(began),
+                    group or DEFAULT_GROUP,
+                )
             return result
 
         return wrapper  # type: ignore[return-value]

@@ -57,8 +57,12 @@ class MemoryCgroup:
         for line in lines:
             _, controllers, name = line.split(":", 2)
             if "memory" in controllers.split(","):
-                found = _mounted(mounts, name, lambda fs, opts: fs == "cgroup" and
-                                 "memory" in opts.split(","), root)  # fmt: skip
+                found = _mounted(
+                    mounts,
+                    name,
+                    lambda fs, opts: fs == "cgroup" and "memory" in opts.split(","),
+                    root,
+                )
                 return cls(found, 1, name) if found is not None else None
             if controllers == "":
                 v2_name = name
@@ -89,8 +93,9 @@ class MemoryCgroup:
 
     def peak(self) -> int | None:
         """The cgroup's highest memory use so far (None where the kernel keeps none)."""
-        return _number(self.path / ("memory.peak" if self.version == 2
-                                    else "memory.max_usage_in_bytes"))  # fmt: skip
+        return _number(
+            self.path / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")
+        )
 
 
 @dataclass(frozen=True)
@@ -143,8 +148,9 @@ def _parse_record(record: str, since: float) -> KernelOomKill | None:
     if match is None:
         return None
     rss_kb = sum(int(match[k]) for k in ("anon", "file", "shmem"))
-    return KernelOomKill(int(match["pid"]), rss_kb * 1024,
-                         in_cgroup=match["scope"] == "Memory cgroup out of memory")  # fmt: skip
+    return KernelOomKill(
+        int(match["pid"]), rss_kb * 1024, in_cgroup=match["scope"] == "Memory cgroup out of memory"
+    )
 
 
 class OomWatch:

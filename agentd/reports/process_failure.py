@@ -37,8 +37,9 @@ class ProcessFailure(WorkerFailure):
         else:
             self.error_file = NOT_AVAILABLE
             if self.exitcode < 0:
-                self.message = (f"Signal {-self.exitcode} ({self.signal_name()}) "
-                                f"received by PID {self.pid}")  # fmt: skip
+                self.message = (
+                    f"Signal {-self.exitcode} ({self.signal_name()}) received by PID {self.pid}"
+                )
             else:
                 self.message = TRACEBACK_HINT
         self.timestamp = int(self.timestamp or time.time())

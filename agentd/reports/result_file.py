@@ -58,8 +58,7 @@ class ResultFile:
             data = _encode(_trimmed(outcome))
         if len(data) <= RESERVED_BYTES and self.reserved and self._overwrite(data):
             return True
-        log.error("Could not write %s: the report above is the only record of this run",
-                  self.path)  # fmt: skip
+        log.error("Could not write %s: the report above is the only record of this run", self.path)
         return False
 
     def _overwrite(self, data: bytes) -> bool:
@@ -102,13 +101,18 @@ def _trimmed(outcome: dict[str, Any]) -> dict[str, Any]:
     def trim(failure: dict[str, Any] | None) -> dict[str, Any] | None:
         if failure is None:
             return None
-        return {k: (v[-_TRIMMED:] if k in ("traceback", "stderr_tail") and isinstance(v, str)
-                    else v) for k, v in failure.items()}  # fmt: skip
+        return {
+            k: (v[-_TRIMMED:] if k in ("traceback", "stderr_tail") and isinstance(v, str) else v)
+            for k, v in failure.items()
+        }
 
     failures = outcome.get("failures") or []
-    return {**outcome, "root_cause": trim(outcome.get("root_cause")),
-            "failures": [trim(f) for f in failures[-8:]],
-            "failures_trimmed": len(failures) > 8}  # fmt: skip
+    return {
+        **outcome,
+        "root_cause": trim(outcome.get("root_cause")),
+        "failures": [trim(f) for f in failures[-8:]],
+        "failures_trimmed": len(failures) > 8,
+    }
 
 
 def outcome(

@@ -28,9 +28,14 @@ class ResultFileService:
     async def stop(self) -> None:
         agent = self._agent
         group = agent.get_worker_group()
-        facts = {"run_id": agent.run_id, "role": group.spec.role, "state": group.state.value,
-                 "restarts": agent.restart_count, "attempts": agent.attempt + 1,
-                 "host": agent.hostname}  # fmt: skip
+        facts = {
+            "run_id": agent.run_id,
+            "role": group.spec.role,
+            "state": group.state.value,
+            "restarts": agent.restart_count,
+            "attempts": agent.attempt + 1,
+            "host": agent.hostname,
+        }
         doc = outcome(
             facts, agent.last_result, agent.last_failure, agent.exit_error, agent.lost_peer
         )

@@ -102,8 +102,7 @@ class Candidacy:
         return self.role == "serving"
 
     def document(self) -> dict[str, Any]:
-        doc = {"role": self.role, "term": self.term, "index": self.index,
-               "endpoint": self.endpoint}  # fmt: skip
+        doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.endpoint}
         if self.growing:
             doc["endpoints"] = list(self.endpoints)
         return doc
@@ -121,17 +120,23 @@ class Candidacy:
         if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
             return False
         self._prober.endpoints += (endpoint,)
-        log.info("Store %s: %s stands by as candidate %d", self.endpoint, endpoint,
-                 len(self.endpoints) - 1)  # fmt: skip
+        log.info(
+            "Store %s: %s stands by as candidate %d",
+            self.endpoint,
+            endpoint,
+            len(self.endpoints) - 1,
+        )
         return True
 
     def mismatch(self, given: str | None) -> str:
         """Why a client with candidate list ``given`` (a fingerprint) is refused ('' if not)."""
         if given is None or given == self.fingerprint:
             return ""
-        return (f"the candidate at {self.endpoint} was started with the list "
-                f"{','.join(self.endpoints)!r}, another list (or order) than this client's: "
-                "every agent and store must be given the same list, in the same order")  # fmt: skip
+        return (
+            f"the candidate at {self.endpoint} was started with the list "
+            f"{','.join(self.endpoints)!r}, another list (or order) than this client's: "
+            "every agent and store must be given the same list, in the same order"
+        )
 
     def observe(self, term: int) -> None:
         """A request showed ``term``: one higher than ours means we were replaced."""
@@ -151,9 +156,14 @@ class Candidacy:
         self.term, self.role = term, "serving"
         self._standing_by = asyncio.Event()
         self.on_promote()
-        log.log(logging.INFO,
-                "Store %s: now serving (candidate %d of %d, term %d)", self.endpoint,
-                self.index, len(self.endpoints), term)  # fmt: skip
+        log.log(
+            logging.INFO,
+            "Store %s: now serving (candidate %d of %d, term %d)",
+            self.endpoint,
+            self.index,
+            len(self.endpoints),
+            term,
+        )
         if self.growing and term > 1 and (self._telling is None or self._telling.done()):
             self._telling = asyncio.create_task(self._tell_the_others(), name="store-tell")
 
@@ -197,8 +207,11 @@ class Candidacy:
         heard: dict[str, float] = {}
         while self.serving:
             now = time.monotonic()
-            due = [i for i, endpoint in enumerate(self.endpoints)
-                   if i != self.index and heard.get(endpoint, 0.0) <= now]  # fmt: skip
+            due = [
+                i
+                for i, endpoint in enumerate(self.endpoints)
+                if i != self.index and heard.get(endpoint, 0.0) <= now
+            ]
             body = {"endpoints": list(self.endpoints)}
             for report in await self._prober.roles_of(due, self.term, body):
                 if report.serving and (report.term, -report.index) > (self.term, -self.index):

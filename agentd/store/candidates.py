@@ -137,8 +137,11 @@ class Prober:
         self._closed = False
 
     def headers(self, term: int) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}", TERM_HEADER: str(term),
-                CANDIDATES_HEADER: self.fingerprint}  # fmt: skip
+        return {
+            "Authorization": f"Bearer {self.token}",
+            TERM_HEADER: str(term),
+            CANDIDATES_HEADER: self.fingerprint,
+        }
 
     async def roles(
         self, term: int, skip: int | None = None, body: dict[str, Any] | None = None
@@ -170,9 +173,12 @@ class Prober:
             self._session = aiohttp.ClientSession(connector=connector)
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         try:
-            async with self._session.post(f"{scheme(self._tls)}://{endpoint}/v1/{op}", json=body,
-                                          headers=self.headers(term),
-                                          timeout=timeout) as response:  # fmt: skip
+            async with self._session.post(
+                f"{scheme(self._tls)}://{endpoint}/v1/{op}",
+                json=body,
+                headers=self.headers(term),
+                timeout=timeout,
+            ) as response:
                 doc = await response.json(content_type=None)
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -182,8 +188,13 @@ class Prober:
             raise CandidateMismatch(f"--rdzv-endpoint: {error}")
         if status != 200 or not isinstance(doc, dict):
             return RoleReport(index, endpoint, problem=f"{status} {error}".strip())
-        return RoleReport(index, endpoint, str(doc.get("role", "")), int(doc.get("term", 0)),
-                          endpoints=endpoint_list(doc.get("endpoints")))  # fmt: skip
+        return RoleReport(
+            index,
+            endpoint,
+            str(doc.get("role", "")),
+            int(doc.get("term", 0)),
+            endpoints=endpoint_list(doc.get("endpoints")),
+        )
 
     async def close(self) -> None:
         self._closed = True

@@ -108,8 +108,14 @@ def http_store_opener(
             from agentd.store.server import StoreServer  # aiohttp's server: hosts only
 
             candidacy = Candidacy((where,), 0, token or "", growing=True, tls=tls) if port else None
-            server = StoreServer(host, port, token, max_connections=_connection_cap(workers),
-                                 candidacy=candidacy, tls=tls)  # fmt: skip
+            server = StoreServer(
+                host,
+                port,
+                token,
+                max_connections=_connection_cap(workers),
+                candidacy=candidacy,
+                tls=tls,
+            )
             try:
                 await server.start()
             except StartError as exc:
@@ -120,10 +126,15 @@ def http_store_opener(
                 where = endpoint_text(host, server.port)
                 if candidacy is not None:
                     candidacy.promote(1)
-        client = FailoverStore((where,), token if server is None else server.token,
-                               growing=True, retry_timeout=retry_timeout,
-                               request_timeout=failover_request_timeout or request_timeout,
-                               alone_request_timeout=request_timeout, tls=tls)  # fmt: skip
+        client = FailoverStore(
+            (where,),
+            token if server is None else server.token,
+            growing=True,
+            retry_timeout=retry_timeout,
+            request_timeout=failover_request_timeout or request_timeout,
+            alone_request_timeout=request_timeout,
+            tls=tls,
+        )
         standby = None
         if want_standby and server is None:
             standby = Standby(client, standby_host, _connection_cap(workers))
@@ -140,10 +151,17 @@ def http_store_opener(
             hosting = serves.candidacy if serves is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
-        return OpenedStore(client, close, hosted=server is not None, remote=True,
-                           single_process=True, where=where, describe=describe,
-                           after_round=standby.start_soon if standby else None,
-                           serving=(lambda: standby.serving) if standby else None)  # fmt: skip
+        return OpenedStore(
+            client,
+            close,
+            hosted=server is not None,
+            remote=True,
+            single_process=True,
+            where=where,
+            describe=describe,
+            after_round=standby.start_soon if standby else None,
+            serving=(lambda: standby.serving) if standby else None,
+        )
 
     return open_store
 
@@ -176,20 +194,25 @@ def candidates_opener(
         for index, (host, port) in enumerate(endpoints):
             if is_host is False or (is_host is None and not is_local_address(host)):
                 continue
-            candidate = StoreServer(host, port, token, max_connections=_connection_cap(workers),
-                                    candidacy=Candidacy(texts, index, token, tls=tls),
-                                    tls=tls)  # fmt: skip
+            candidate = StoreServer(
+                host,
+                port,
+                token,
+                max_connections=_connection_cap(workers),
+                candidacy=Candidacy(texts, index, token, tls=tls),
+                tls=tls,
+            )
             try:
                 await candidate.start()
             except StartError as exc:
                 log.debug("Not standing as store candidate %s (%s)", texts[index], exc)
                 continue
             server = candidate
-            log.info("Standing as store candidate %d of %d on %s", index, len(texts),
-                     texts[index])  # fmt: skip
+            log.info("Standing as store candidate %d of %d on %s", index, len(texts), texts[index])
             break
-        client = FailoverStore(texts, token, retry_timeout=retry_timeout,
-                               request_timeout=request_timeout, tls=tls)  # fmt: skip
+        client = FailoverStore(
+            texts, token, retry_timeout=retry_timeout, request_timeout=request_timeout, tls=tls
+        )
 
         async def close() -> None:
             await client.close()
@@ -200,7 +223,13 @@ def candidates_opener(
             hosting = server.candidacy if server is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
-        return OpenedStore(client, close, hosted=server is not None, remote=True,
-                           where=",".join(texts), describe=describe)  # fmt: skip
+        return OpenedStore(
+            client,
+            close,
+            hosted=server is not None,
+            remote=True,
+            where=",".join(texts),
+            describe=describe,
+        )
 
     return open_store

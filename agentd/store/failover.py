@@ -136,9 +136,15 @@ class FailoverStore:
         """What ``/status`` shows: the candidates, which one serves, which ones failed, and
         whether the connections are TLS."""
         serving = None if self.serving is None else self.endpoints[self.serving]
-        return {"endpoints": list(self.endpoints), "growing": self.growing,
-                "serving": serving, "term": self.term, "failovers": self.failovers,
-                "failed": dict(self.failed), "tls": self.tls is not None}  # fmt: skip
+        return {
+            "endpoints": list(self.endpoints),
+            "growing": self.growing,
+            "serving": serving,
+            "term": self.term,
+            "failovers": self.failovers,
+            "failed": dict(self.failed),
+            "tls": self.tls is not None,
+        }
 
     # -- finding the server ------------------------------------------------------------------
 
@@ -182,8 +188,9 @@ class FailoverStore:
         for report in sorted(reports, key=lambda r: len(r.endpoints), reverse=True):
             if self.growing and grows(self.endpoints, report.endpoints):
                 if self.alone:  # from now on a lost server is left for another, in time
-                    self._client.set_timeouts(retry_timeout=SERVER_RETRY,
-                                              request_timeout=self._request_timeout)  # fmt: skip
+                    self._client.set_timeouts(
+                        retry_timeout=SERVER_RETRY, request_timeout=self._request_timeout
+                    )
                     self._client.refused_is_final = True
                 self._prober.endpoints = report.endpoints
                 log.debug("Store: the candidates are now %s", ",".join(report.endpoints))
@@ -244,19 +251,29 @@ class FailoverStore:
         self._moves += 1
         self._client.move_to(found.endpoint, lost_state=old is not None)
         if old is None and self.failovers == 0 and self._moves == 1:
-            log.info("Store: candidate %d of %d, %s, serves (term %d)", found.index,
-                     len(self.endpoints), found.endpoint, found.term)  # fmt: skip
+            log.info(
+                "Store: candidate %d of %d, %s, serves (term %d)",
+                found.index,
+                len(self.endpoints),
+                found.endpoint,
+                found.term,
+            )
             return
         self.failovers += 1
         gone = self.endpoints[old] if old is not None else "the store"
-        log.info("Store failover: %s stopped serving (%s); now using %s (candidate %d, "
-                    "term %d); its state starts empty, so the round re-forms there", gone,
-                    why or "no answer", found.endpoint, found.index, found.term)  # fmt: skip
+        log.info(
+            "Store failover: %s stopped serving (%s); now using %s (candidate %d, "
+            "term %d); its state starts empty, so the round re-forms there",
+            gone,
+            why or "no answer",
+            found.endpoint,
+            found.index,
+            found.term,
+        )
 
     def _none_serving(self, reports: list[RoleReport]) -> str:
         states = "; ".join(f"{r.endpoint}: {r.problem or r.role}" for r in reports)
-        return (f"no store candidate serves, after {self._retry_timeout:g}s of trying "
-                f"({states})")  # fmt: skip
+        return f"no store candidate serves, after {self._retry_timeout:g}s of trying ({states})"
 
     def _adopt(self, term: int) -> None:
         if term > self.term:
@@ -265,8 +282,7 @@ class FailoverStore:
 
     def _set_headers(self) -> None:
         headers = self._prober.headers(self.term)
-        self._client.extra_headers = {key: headers[key] for key in (TERM_HEADER,
-                                                                    CANDIDATES_HEADER)}  # fmt: skip
+        self._client.extra_headers = {key: headers[key] for key in (TERM_HEADER, CANDIDATES_HEADER)}
 
     # -- the Store protocol ------------------------------------------------------------------
 

@@ -191,8 +191,9 @@ class HttpStore:
             began = time.monotonic()
             headers = self._headers()
             try:
-                async with self._session.post(url, data=_payload(body), timeout=timeout,
-                                              headers=headers) as response:  # fmt: skip
+                async with self._session.post(
+                    url, data=_payload(body), timeout=timeout, headers=headers
+                ) as response:
                     data = await response.json(content_type=None)
                     status = response.status
                     self._note_instance(response.headers.get(INSTANCE_HEADER))
@@ -259,8 +260,10 @@ class HttpStore:
             why = f"no token was given and {path} does not exist (yet)"
         else:
             why = f"it refused the token in {path}"
-        return StoreAuthError(f"store at {self.url}: {why}; a store served by another user "
-                              "needs its token in AGENTD_STORE_TOKEN")  # fmt: skip
+        return StoreAuthError(
+            f"store at {self.url}: {why}; a store served by another user "
+            "needs its token in AGENTD_STORE_TOKEN"
+        )
 
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:
@@ -367,13 +370,19 @@ class HttpStore:
             return WatchResult(await self.revision(), compacted=True)
         poll = max(0.0, min(MAX_POLL, timeout))
         base = self._base
-        body = {"prefix": prefix, "after_revision": after_revision - base, "timeout": poll,
-                "instance": self._instance}  # a different server answers at once  # fmt: skip
+        body = {
+            "prefix": prefix,
+            "after_revision": after_revision - base,
+            "timeout": poll,
+            "instance": self._instance,
+        }  # a different server answers at once
         doc = await self._call("watch", body, poll=poll)
         if self._base != base:  # the server restarted, or we moved, during this watch
             return WatchResult(await self.revision(), compacted=True)
-        events = tuple(KeyEvent(e["key"], _unb64(e["value"]), self._revision(e["revision"]))
-                       for e in doc["events"])  # fmt: skip
+        events = tuple(
+            KeyEvent(e["key"], _unb64(e["value"]), self._revision(e["revision"]))
+            for e in doc["events"]
+        )
         return WatchResult(self._revision(doc["revision"]), events, bool(doc["compacted"]))
 
     async def stand(self, endpoint: str) -> dict[str, Any]:

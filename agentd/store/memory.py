@@ -177,8 +177,10 @@ class MemoryStore:
             for key, value in items.items()
         )
         if grown > 0 and self.bytes + grown > self._max_bytes:  # all or nothing
-            raise StoreFull(f"store is full: {len(items)} keys would take it past "
-                            f"{self._max_bytes} bytes ({self.bytes} used)")  # fmt: skip
+            raise StoreFull(
+                f"store is full: {len(items)} keys would take it past "
+                f"{self._max_bytes} bytes ({self.bytes} used)"
+            )
         for key, value in items.items():
             self._put(key, value, ttl)
         return self._revision
@@ -265,8 +267,10 @@ class MemoryStore:
         old = self._items.get(key)
         grown = _size(key, value) - (_size(key, old.value) if old is not None else 0)
         if grown > 0 and self.bytes + grown > self._max_bytes:
-            raise StoreFull(f"store is full: {key!r} would take it past {self._max_bytes} bytes "
-                            f"of keys and values ({self.bytes} used)")  # fmt: skip
+            raise StoreFull(
+                f"store is full: {key!r} would take it past {self._max_bytes} bytes "
+                f"of keys and values ({self.bytes} used)"
+            )
         self.bytes += grown
         expires_at = None if ttl is None else self._clock() + ttl
         self._revision += 1
@@ -322,8 +326,9 @@ class MemoryStore:
             heapq.heappop(self._expiries)
         if self._expiries:
             at = self._expiries[0][0]
-            self._expiry_timer = loop.call_at(loop.time() + max(0.0, at - self._clock()),
-                                              self._on_expiry_timer)  # fmt: skip
+            self._expiry_timer = loop.call_at(
+                loop.time() + max(0.0, at - self._clock()), self._on_expiry_timer
+            )
             if self._tick is None and self._stall_guard:
                 self._tick = loop.call_later(TICK, self._on_tick)
 
@@ -336,8 +341,11 @@ class MemoryStore:
         if self._expiries:  # only then is the clock read every tick: a long gap is a stall
             if self._on_lapse is not None:
                 self._on_lapse(f"the store stood still for {seconds:.1f}s")
-            log.warning("Store: stood still for %.1fs (frozen or starved); heartbeats do not "
-                        "expire for that time", seconds)  # fmt: skip
+            log.warning(
+                "Store: stood still for %.1fs (frozen or starved); heartbeats do not "
+                "expire for that time",
+                seconds,
+            )
 
     def _on_tick(self) -> None:
         """Keep the serving clock read while TTL keys exist (see :class:`ServingClock`)."""

@@ -118,9 +118,10 @@ def watch_doc(result: WatchResult) -> dict[str, Any]:
     return {
         "revision": result.revision,
         "compacted": result.compacted,
-        "events": [{"key": e.key, "value": _b64(e.value), "revision": e.revision}
-                   for e in result.events],
-    }  # fmt: skip
+        "events": [
+            {"key": e.key, "value": _b64(e.value), "revision": e.revision} for e in result.events
+        ],
+    }
 
 
 async def _set(store: MemoryStore, a: Args) -> dict[str, Any]:

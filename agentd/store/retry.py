@@ -11,8 +11,12 @@ import aiohttp
 
 NOT_SENT = (aiohttp.ClientConnectorError,)
 """Failures before the request left: always safe to send again."""
-MAYBE_SENT = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, asyncio.TimeoutError,
-              aiohttp.ClientPayloadError)  # fmt: skip
+MAYBE_SENT = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    asyncio.TimeoutError,
+    aiohttp.ClientPayloadError,
+)
 """Failures after the request may have reached the server: resend only what is idempotent."""
 
 

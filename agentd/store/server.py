@@ -138,9 +138,12 @@ class StoreServer:
             except (OSError, StartError) as exc:
                 await self.stop()
                 raise StartError(f"store token: cannot publish it: {exc}") from None
-        log.info("Store listening on %s://%s%s", scheme(self.tls), self.endpoint,
-                 f" (its token in {self.token_file}, for this user only)"
-                 if self.token_file else "")  # fmt: skip
+        log.info(
+            "Store listening on %s://%s%s",
+            scheme(self.tls),
+            self.endpoint,
+            f" (its token in {self.token_file}, for this user only)" if self.token_file else "",
+        )
 
     def _refused_handshake(self, why: str) -> None:
         """A client's TLS handshake failed: one WARNING line per interval, with the count."""

@@ -86,9 +86,13 @@ class Standby:
             self.server = None
             await server.stop()
             return
-        log.info("Standing by as store candidate %d on %s: if %s is lost, this agent can "
-                 "serve the store", candidacy.index, candidacy.own,
-                 client.endpoints[0])  # fmt: skip
+        log.info(
+            "Standing by as store candidate %d on %s: if %s is lost, this agent can "
+            "serve the store",
+            candidacy.index,
+            candidacy.own,
+            client.endpoints[0],
+        )
 
     async def _listen(
         self, host: str, port: int, candidacy: Candidacy, token: str
@@ -96,9 +100,14 @@ class Standby:
         from agentd.store.server import StoreServer  # aiohttp's server: once standing by
 
         for each in dict.fromkeys((port, 0)):
-            server = StoreServer(host, each, token, candidacy=candidacy,
-                                 max_connections=self._max_connections,
-                                 tls=self._client.tls)  # fmt: skip
+            server = StoreServer(
+                host,
+                each,
+                token,
+                candidacy=candidacy,
+                max_connections=self._max_connections,
+                tls=self._client.tls,
+            )
             try:
                 await server.start()
             except (StartError, ConfigError) as exc:
@@ -106,8 +115,11 @@ class Standby:
                 continue
             candidacy.own = endpoint_text(host, server.port)
             return server
-        log.warning("Store: cannot stand by for %s: no port to listen on at %s",
-                    self._client.endpoints[0], host)  # fmt: skip
+        log.warning(
+            "Store: cannot stand by for %s: no port to listen on at %s",
+            self._client.endpoints[0],
+            host,
+        )
         return None
 
     async def close(self) -> None:

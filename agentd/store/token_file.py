@@ -33,9 +33,11 @@ def run_dir() -> Path:
         raise StartError(f"store token: cannot create {base}: {exc.strerror}") from None
     info = os.lstat(base)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise StartError(f"store token: {base} is not a directory owned by uid {os.getuid()}; "
-                         "refusing to keep a secret there (remove it, or set "
-                         "AGENTD_STORE_TOKEN)")  # fmt: skip
+        raise StartError(
+            f"store token: {base} is not a directory owned by uid {os.getuid()}; "
+            "refusing to keep a secret there (remove it, or set "
+            "AGENTD_STORE_TOKEN)"
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(base, 0o700)  # ours, but readable by others: close it first
     return base

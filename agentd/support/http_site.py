@@ -76,14 +76,14 @@ class ServerLog:
     def debug(self, message: str, *args: object, **kwargs: Any) -> None:
         _aiohttp_log.debug(message, *args, **kwargs)
 
-    def exception(self, message: str, *args: object, exc_info: object = True,
-                  **kwargs: Any) -> None:  # fmt: skip
+    def exception(
+        self, message: str, *args: object, exc_info: object = True, **kwargs: Any
+    ) -> None:
         if not is_client_fault(exc_info):
             _aiohttp_log.exception(message, *args, exc_info=exc_info, **kwargs)  # type: ignore[arg-type]
             return
         assert isinstance(exc_info, BaseException)
-        self.client_fault(str(args[0]) if args and "from %s" in message else "a client",
-                          exc_info)  # fmt: skip
+        self.client_fault(str(args[0]) if args and "from %s" in message else "a client", exc_info)
 
     def client_fault(self, client: str, exc: BaseException) -> None:
         """Count the malformed request ``exc`` from ``client``; log it within the limit."""
@@ -204,8 +204,10 @@ class _Bounded:
         self._answer = (
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body
-        )  # fmt: skip
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         self._problems = RateLimitedLog(log)
         self._handler_class: type | None = None
         self.refused = 0
@@ -213,9 +215,14 @@ class _Bounded:
     def __call__(self) -> asyncio.BaseProtocol:
         if len(self._server.connections) >= self._limit:
             self.refused += 1
-            self._problems.warning("full", "%s: %d connections open, the most it takes; "
-                                   "refusing new ones with 503 (%d so far)", self._what,
-                                   self._limit, self.refused)  # fmt: skip
+            self._problems.warning(
+                "full",
+                "%s: %d connections open, the most it takes; "
+                "refusing new ones with 503 (%d so far)",
+                self._what,
+                self._limit,
+                self.refused,
+            )
             return _Refused(self._answer)
         handler = self._server()
         if self._handler_class is None:

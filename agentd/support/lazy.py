@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_getattr(package: str, namespace: dict[str, Any],
-                 exports: Mapping[str, str]) -> Callable[[str], Any]:  # fmt: skip
+def lazy_getattr(
+    package: str, namespace: dict[str, Any], exports: Mapping[str, str]
+) -> Callable[[str], Any]:
     """A module ``__getattr__`` that imports ``exports[name]`` once and caches the name."""
 
     def __getattr__(name: str) -> Any:

@@ -50,8 +50,25 @@ from agentd.support.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 
 MAGIC = 0x3C85F7CE
-(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND,
- MULTI_GET, MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN) = range(17)  # fmt: skip
+(
+    VALIDATE,
+    SET,
+    COMPARE_SET,
+    GET,
+    ADD,
+    CHECK,
+    WAIT,
+    GETNUMKEYS,
+    DELETE_KEY,
+    APPEND,
+    MULTI_GET,
+    MULTI_SET,
+    CANCEL_WAIT,
+    PING,
+    QUEUE_PUSH,
+    QUEUE_POP,
+    QUEUE_LEN,
+) = range(17)
 READY, NOT_READY = b"\x00", b"\x01"
 STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
@@ -110,8 +127,9 @@ class TCPStoreServer:
                     self._serve, self.host, self.port, reuse_address=True
                 )
         except OSError as exc:
-            raise StartError(f"workers' store: cannot listen on {self.host}:{self.port} "
-                             f"({exc.strerror})") from None  # fmt: skip
+            raise StartError(
+                f"workers' store: cannot listen on {self.host}:{self.port} ({exc.strerror})"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.debug("Workers' store listening on %s:%d", self.host, self.port)
 
@@ -144,9 +162,10 @@ class TCPStoreServer:
                 return
             if full:
                 self._problems.warning(
-                    "full", "Workers' store: %d connections open, the most it takes; closing "
-                    "new ones", self.limits.max_connections,
-                )  # fmt: skip
+                    "full",
+                    "Workers' store: %d connections open, the most it takes; closing new ones",
+                    self.limits.max_connections,
+                )
                 return
             session = _Session(self, reader, writer)
             await session.run()

@@ -49,8 +49,12 @@ class WorkerStoreService:
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
         workers = group.spec.local_world_size
-        cap = fdlimits.listener_cap(MAX_CONNECTIONS, fdlimits.raise_open_files_limit(),
-                                    fdlimits.worker_reserve(workers), share=0.5)  # fmt: skip
+        cap = fdlimits.listener_cap(
+            MAX_CONNECTIONS,
+            fdlimits.raise_open_files_limit(),
+            fdlimits.worker_reserve(workers),
+            share=0.5,
+        )
         server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
         await server.start()
         self.server = server

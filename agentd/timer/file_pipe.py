@@ -94,12 +94,15 @@ def parse_request(line: bytes) -> TimerRequest | ProgressMessage:
         or isinstance(when, bool)
         or not (when == RELEASE or 0 <= when <= MAX_EXPIRATION)
     ):
-        raise BadRequest(f"expiration_time: {_number(when)} must be -1 or epoch seconds "
-                         f"within 0..{MAX_EXPIRATION:g}")  # fmt: skip
+        raise BadRequest(
+            f"expiration_time: {_number(when)} must be -1 or epoch seconds "
+            f"within 0..{MAX_EXPIRATION:g}"
+        )
     sig = doc.get("signal", int(signal.SIGKILL))
     if type(sig) is not int or not -signal.NSIG < sig < signal.NSIG:
-        raise BadRequest(f"signal: {sig!r} must be an integer within "
-                         f"{-signal.NSIG + 1}..{signal.NSIG - 1}")  # fmt: skip
+        raise BadRequest(
+            f"signal: {sig!r} must be an integer within {-signal.NSIG + 1}..{signal.NSIG - 1}"
+        )
     return TimerRequest(pid, scope, float(when), sig)
 
 
@@ -175,8 +178,9 @@ def _only_our_fifos(path: str) -> bool:
         info = os.lstat(path)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             return False
-        return all(stat.S_ISFIFO(os.lstat(os.path.join(path, name)).st_mode)
-                   for name in os.listdir(path))  # fmt: skip
+        return all(
+            stat.S_ISFIFO(os.lstat(os.path.join(path, name)).st_mode) for name in os.listdir(path)
+        )
     except OSError:
         return False
 
@@ -230,9 +234,11 @@ class FifoSource:
     """
 
     def __init__(
-        self, server: TimerRegistry, file_path: str | None = None,
+        self,
+        server: TimerRegistry,
+        file_path: str | None = None,
         on_progress: OnProgress | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._server = server
         self.on_progress = on_progress
         self._requested_path = file_path

@@ -174,8 +174,9 @@ class StreamSink:
             self._route.duplicate_filters,
         )
         del partial[:cut]
-        out = b"".join(self._route.duplicate_prefix + line for line in lines
-                       if any(f in line for f in filters))  # fmt: skip
+        out = b"".join(
+            self._route.duplicate_prefix + line for line in lines if any(f in line for f in filters)
+        )
         if out and self._duplicates is not None:
             try:
                 self._duplicates.write(out)
@@ -261,8 +262,13 @@ def disk_problem(path: Path | None, exc: OSError) -> None:
     """Say once per interval, for every stream and attempt, that worker logs are lost."""
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
     kind = "log dir full" if full else "log file unwritable"
-    _DISK_PROBLEMS.error(kind, "%s: cannot write %s: %s; worker output still goes to the "
-                         "console and to failure reports", kind, path, exc.strerror)  # fmt: skip
+    _DISK_PROBLEMS.error(
+        kind,
+        "%s: cannot write %s: %s; worker output still goes to the console and to failure reports",
+        kind,
+        path,
+        exc.strerror,
+    )
 
 
 def prune_attempts(run_dir: Path, current: int, keep: int) -> list[int]:

@@ -95,14 +95,19 @@ class PContext:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
             routes = [
-                plan_route(redirect=bool(std_for(self._logs.redirects, rank) & std),
-                           tee=bool(std_for(self._logs.tee, rank) & std), shown=True,
-                           is_stderr=std is Std.ERR, file_path=Path(path),
-                           prefix=self._prefixes.get(rank, f"[{self.name}{rank}]:"))
+                plan_route(
+                    redirect=bool(std_for(self._logs.redirects, rank) & std),
+                    tee=bool(std_for(self._logs.tee, rank) & std),
+                    shown=True,
+                    is_stderr=std is Std.ERR,
+                    file_path=Path(path),
+                    prefix=self._prefixes.get(rank, f"[{self.name}{rank}]:"),
+                )
                 for std, path in ((Std.OUT, self.stdouts[rank]), (Std.ERR, self.stderrs[rank]))
-            ]  # fmt: skip
-            self._procs[rank] = await spawn_worker(rank, argv, env, routes[0], routes[1], None,
-                                                   pass_fds)  # fmt: skip
+            ]
+            self._procs[rank] = await spawn_worker(
+                rank, argv, env, routes[0], routes[1], None, pass_fds
+            )
         if self._gate is not None:
             self._gate.spawned()
 
@@ -133,13 +138,16 @@ class PContext:
             left = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if left is not None and left <= 0:
                 return None
-            _, pending = await asyncio.wait(pending, timeout=left,
-                                            return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            _, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
         failed = {r: p for r, p in self._procs.items() if p.returncode not in (None, 0)}
         if failed:
             await self._stop(signal.SIGTERM, 30.0)
-            failures = {r: ProcessFailure(r, p.pid, int(p.returncode or -1), self.error_files[r])
-                        for r, p in failed.items()}  # fmt: skip
+            failures = {
+                r: ProcessFailure(r, p.pid, int(p.returncode or -1), self.error_files[r])
+                for r, p in failed.items()
+            }
             return RunProcsResult({}, failures, self.stdouts, self.stderrs)
         values: dict[int, Any] = {}
         if not isinstance(self.entrypoint, str):

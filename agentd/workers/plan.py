@@ -44,13 +44,23 @@ def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[A
     with contextlib.suppress(FileNotFoundError):
         error_file.unlink()
     agent_store = agent_serves_store(agent.rdzv_handler, group)
-    env = worker_env(group, worker, str(error_file), WorkerEnvContext(
-        run_id=agent.run_id, restart_count=agent.restart_count,
-        max_restarts=spec.max_restarts, use_agent_store=agent_store,
-        owner_mark=agent.owner_mark, attempt=agent.attempt, timer_file=agent.timer_file,
-        progress_pipe=agent.progress_pipe, stack_file=str(wdir / STACK_FILE),
-        control_file=agent.control_file,
-    ))  # fmt: skip
+    env = worker_env(
+        group,
+        worker,
+        str(error_file),
+        WorkerEnvContext(
+            run_id=agent.run_id,
+            restart_count=agent.restart_count,
+            max_restarts=spec.max_restarts,
+            use_agent_store=agent_store,
+            owner_mark=agent.owner_mark,
+            attempt=agent.attempt,
+            timer_file=agent.timer_file,
+            progress_pipe=agent.progress_pipe,
+            stack_file=str(wdir / STACK_FILE),
+            control_file=agent.control_file,
+        ),
+    )
     args = [
         Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a for a in spec.args
     ]

@@ -157,9 +157,14 @@ async def spawn_process(
     agent's stdout and stderr, and the workers' parent-death signal and limits."""
     use_pidfd_child_watcher()
     return await asyncio.create_subprocess_exec(
-        *argv, stdin=subprocess.DEVNULL, env=dict(env), cwd=cwd, start_new_session=True,
-        preexec_fn=_in_child, pass_fds=tuple(pass_fds),
-    )  # fmt: skip
+        *argv,
+        stdin=subprocess.DEVNULL,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_in_child,
+        pass_fds=tuple(pass_fds),
+    )
 
 
 def _in_child() -> None:

@@ -44,8 +44,9 @@ def to_map(val_or_map: _T | dict[int, _T], local_world_size: int) -> dict[int, _
     if isinstance(val_or_map, dict):
         missing = set(range(local_world_size)) - set(val_or_map)
         if missing:
-            raise ValueError(f"val_or_map: {val_or_map!r} has no value for local ranks "
-                             f"{sorted(missing)}")  # fmt: skip
+            raise ValueError(
+                f"val_or_map: {val_or_map!r} has no value for local ranks {sorted(missing)}"
+            )
         return dict(val_or_map)
     return dict.fromkeys(range(local_world_size), val_or_map)
 

@@ -35,16 +35,29 @@ UNAVAILABLE = 14
 DATA_LOSS = 15
 UNAUTHENTICATED = 16
 
-_TRANSIENT_CODES = {CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-                    INTERNAL, UNAVAILABLE}  # fmt: skip
+_TRANSIENT_CODES = {
+    CANCELLED,
+    UNKNOWN,
+    DEADLINE_EXCEEDED,
+    RESOURCE_EXHAUSTED,
+    ABORTED,
+    INTERNAL,
+    UNAVAILABLE,
+}
 _TRANSIENT_PRECONDITIONS = ("not leader", "leader changed", "no leader")
 """FailedPrecondition is mostly permanent, but a lease request at a follower that lost its
 leader says "not leader": another member, or the same one a moment later, can serve it."""
 _AUTH_ARGUMENTS = ("user name", "authenticat", "password")
 """InvalidArgument that is about credentials ("user name is empty", "authentication failed,
 invalid user ID or password")."""
-_NEVER_PROPOSED = ("no leader", "not leader", "too many requests", "not capable",
-                   "server stopped", "unhealthy cluster")  # fmt: skip
+_NEVER_PROPOSED = (
+    "no leader",
+    "not leader",
+    "too many requests",
+    "not capable",
+    "server stopped",
+    "unhealthy cluster",
+)
 """Transient refusals given before the request reached raft: it was certainly not applied.
 Any other transient answer (a timeout above all) may come after etcd applied it."""
 

@@ -55,11 +55,13 @@ def etcd_settings(
         scheme, sep, rest = text.partition("://")
         if sep:
             if scheme not in ("http", "https"):
-                raise ConfigError(f"--rdzv-endpoint: {text!r} must be host:port or "
-                                  "http(s)://host:port")  # fmt: skip
+                raise ConfigError(
+                    f"--rdzv-endpoint: {text!r} must be host:port or http(s)://host:port"
+                )
             if protocol not in (None, scheme):
-                raise ConfigError(f"--rdzv-endpoint: {text!r} disagrees with "
-                                  f"--rdzv-conf protocol={protocol}")  # fmt: skip
+                raise ConfigError(
+                    f"--rdzv-endpoint: {text!r} disagrees with --rdzv-conf protocol={protocol}"
+                )
             protocol, text = scheme, rest.rstrip("/")
         host, port = split_endpoint(text, default_port=DEFAULT_PORT)
         hosts.append(host)
@@ -75,8 +77,7 @@ def etcd_settings(
     if password and not username:
         raise ConfigError("--rdzv-conf: password needs username= too")
     if username and not password:
-        raise ConfigError(f"--rdzv-conf: username={username!r} needs password= "
-                          f"(or {PASSWORD_ENV})")  # fmt: skip
+        raise ConfigError(f"--rdzv-conf: username={username!r} needs password= (or {PASSWORD_ENV})")
     return EtcdSettings(
         urls=tuple(f"{protocol}://{u}" for u in urls),
         hosts=tuple(hosts),
@@ -102,8 +103,10 @@ def _ssl_context(cacert: str | None, cert: str | None, key: str | None) -> ssl.S
         try:
             context.load_cert_chain(cert, key)
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"--rdzv-conf: cert={cert!r} (key={key!r}) is not a PEM "
-                              f"certificate and its key: {exc}") from exc  # fmt: skip
+            raise ConfigError(
+                f"--rdzv-conf: cert={cert!r} (key={key!r}) is not a PEM "
+                f"certificate and its key: {exc}"
+            ) from exc
     return context
 
 

@@ -90,8 +90,9 @@ class EtcdGateway:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True,
-                                             socket_factory=keepalive_socket)  # fmt: skip
+            connector = aiohttp.TCPConnector(
+                ssl=self._ssl if self._ssl is not None else True, socket_factory=keepalive_socket
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
@@ -103,12 +104,23 @@ class EtcdGateway:
         failed = self.endpoints[self._current]
         self._current = (self._current + 1) % len(self.endpoints)
         if self.answering and len(self.endpoints) > 1:
-            log.warning("etcd member %s failed (%s); trying %s", failed, problem,
-                        self.endpoints[self._current])  # fmt: skip
+            log.warning(
+                "etcd member %s failed (%s); trying %s",
+                failed,
+                problem,
+                self.endpoints[self._current],
+            )
         self.answering = False
 
-    async def post(self, op: str, path: str, body: dict[str, Any], *, idempotent: bool = True,
-                    token: bool = True) -> dict[str, Any]:  # fmt: skip
+    async def post(
+        self,
+        op: str,
+        path: str,
+        body: dict[str, Any],
+        *,
+        idempotent: bool = True,
+        token: bool = True,
+    ) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the current member, failing over and retrying.
 
         ``token``: the request needs our auth token (all but authenticating itself)."""
@@ -122,8 +134,9 @@ class EtcdGateway:
             self.requests += 1
             began = time.monotonic()
             try:
-                async with self.session().post(endpoint + path, json=body, headers=self.headers(),
-                                               timeout=timeout) as response:  # fmt: skip
+                async with self.session().post(
+                    endpoint + path, json=body, headers=self.headers(), timeout=timeout
+                ) as response:
                     data = await response.json(content_type=None)
                     status = response.status
             except _TLS_FAILED as exc:
@@ -140,8 +153,10 @@ class EtcdGateway:
                     ) from exc
                 problem = f"{endpoint}: {exc!r}"
             except ValueError as exc:
-                raise StoreError(f"etcd at {endpoint}: {path} did not answer JSON; is this "
-                                 "an etcd v3 client URL?") from exc  # fmt: skip
+                raise StoreError(
+                    f"etcd at {endpoint}: {path} did not answer JSON; is this "
+                    "an etcd v3 client URL?"
+                ) from exc
             else:
                 code = self.answer_code(endpoint, path, status, data)
                 if code == 0:
@@ -156,8 +171,10 @@ class EtcdGateway:
                     continue
                 maybe_applied = self.raise_refusal(endpoint, op, code, message)
                 if not idempotent and maybe_applied:
-                    raise StoreOutcomeUnknown(f"etcd at {endpoint}: {op} failed ({message}); "
-                                              "not resent, it may have been applied")  # fmt: skip
+                    raise StoreOutcomeUnknown(
+                        f"etcd at {endpoint}: {op} failed ({message}); "
+                        "not resent, it may have been applied"
+                    )
                 problem = f"{endpoint}: {message} (gRPC code {code})"
             self.fail_over(problem)
             if not await backoff.pause():
@@ -167,12 +184,16 @@ class EtcdGateway:
     def answer_code(endpoint: str, path: str, status: int, data: Any) -> int:
         """The gRPC code of an answer (0: success); not etcd's answer shape is a StoreError."""
         if not isinstance(data, dict):
-            raise StoreError(f"etcd at {endpoint}: {path} answered {type(data).__name__} JSON; "
-                             "is this an etcd v3 client URL?")  # fmt: skip
+            raise StoreError(
+                f"etcd at {endpoint}: {path} answered {type(data).__name__} JSON; "
+                "is this an etcd v3 client URL?"
+            )
         code = data.get("code", 0)
         if status != 200 and not code:
-            raise StoreError(f"etcd at {endpoint}: {path} answered HTTP {status}; is this an "
-                             "etcd (v3.4 or later) client URL?")  # fmt: skip
+            raise StoreError(
+                f"etcd at {endpoint}: {path} answered HTTP {status}; is this an "
+                "etcd (v3.4 or later) client URL?"
+            )
         return int(code)
 
     @staticmethod
@@ -181,21 +202,27 @@ class EtcdGateway:
         refused request may have been applied all the same."""
         refusal = classify(code, message)
         if refusal.verdict is Verdict.AUTH:
-            raise StoreAuthError(f"etcd at {endpoint} refused {op}: {message} (set "
-                                 "--rdzv-conf username= and password=)")  # fmt: skip
+            raise StoreAuthError(
+                f"etcd at {endpoint} refused {op}: {message} (set "
+                "--rdzv-conf username= and password=)"
+            )
         if refusal.verdict is Verdict.REFUSED:
             raise StoreRefused(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
         return refusal.maybe_applied
 
     @staticmethod
     def tls_refused(endpoint: str, exc: Exception) -> StoreAuthError:
-        return StoreAuthError(f"etcd at {endpoint}: TLS failed: {exc} (check --rdzv-conf "
-                              "protocol, cacert, cert and key)")  # fmt: skip
+        return StoreAuthError(
+            f"etcd at {endpoint}: TLS failed: {exc} (check --rdzv-conf "
+            "protocol, cacert, cert and key)"
+        )
 
     def unavailable(self, problem: str) -> str:
         hint = ""
-        if any(text in problem for text in ("no leader", "timed out", "leader changed",
-                                            "deadline exceeded")):  # fmt: skip
+        if any(
+            text in problem
+            for text in ("no leader", "timed out", "leader changed", "deadline exceeded")
+        ):
             hint = "; the cluster has no quorum (too few members up?)"
         return f"etcd at {self.where} is unavailable after {self.retry_timeout:g}s: {problem}{hint}"
 

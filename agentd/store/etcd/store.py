@@ -59,9 +59,13 @@ class EtcdStore:
         request_timeout: float = 10.0,
     ) -> None:
         self._gw = EtcdGateway(  # requests, failover, retries, auth
-            endpoints, ssl_context=ssl_context, username=username, password=password,
-            retry_timeout=retry_timeout, request_timeout=request_timeout,
-        )  # fmt: skip
+            endpoints,
+            ssl_context=ssl_context,
+            username=username,
+            password=password,
+            retry_timeout=retry_timeout,
+            request_timeout=request_timeout,
+        )
         self._prefix = prefix
         self._watch = EtcdWatch(self._gw, prefix, self.revision)
 
@@ -169,11 +173,15 @@ class EtcdStore:
         me = self._key(key)
         count = [{"request_put": self._put(key, COUNTER, None)}, {"request_range": {"key": me}}]
         counted = {"key": me, "target": "VALUE", "value": b64(COUNTER)}
-        if_counted = {"compare": [counted], "success": count,
-                      "failure": [{"request_range": {"key": me}}]}  # fmt: skip
+        if_counted = {
+            "compare": [counted],
+            "success": count,
+            "failure": [{"request_range": {"key": me}}],
+        }
         missing = {"key": me, "target": "CREATE", "create_revision": "0"}
-        doc = await self._txn("add", [missing], count, [{"request_txn": if_counted}],
-                              idempotent=False)  # fmt: skip
+        doc = await self._txn(
+            "add", [missing], count, [{"request_txn": if_counted}], idempotent=False
+        )
         if not doc.get("succeeded"):
             doc = doc["responses"][0]["response_txn"]
         kv = self._first_kv(doc["responses"][-1]["response_range"])
@@ -213,9 +221,12 @@ class EtcdStore:
             compare.update(target="CREATE", create_revision="0")
         else:
             compare.update(target="VALUE", value=b64(expected))
-        doc = await self._txn("compare_set", [compare],
-                              [{"request_put": self._put(key, desired, lease)}],
-                              [{"request_range": {"key": self._key(key)}}])  # fmt: skip
+        doc = await self._txn(
+            "compare_set",
+            [compare],
+            [{"request_put": self._put(key, desired, lease)}],
+            [{"request_range": {"key": self._key(key)}}],
+        )
         if doc.get("succeeded"):
             return True, desired
         if lease is not None:
@@ -262,8 +273,11 @@ class EtcdStore:
 
     async def num_keys(self) -> int:
         start = self._prefix.encode() or b"\0"
-        body = {"key": b64(start), "range_end": b64(prefix_end(self._prefix.encode())),
-                "count_only": True}  # fmt: skip
+        body = {
+            "key": b64(start),
+            "range_end": b64(prefix_end(self._prefix.encode())),
+            "count_only": True,
+        }
         return int((await self._gw.post("num_keys", "/v3/kv/range", body)).get("count", 0))
 
     async def revision(self) -> int:

@@ -64,8 +64,7 @@ class EtcdWatch:
         resyncs = 0
         while True:
             try:
-                return await self._watch_once(prefix, after_revision, deadline,
-                                              resyncs < RESYNCS)  # fmt: skip
+                return await self._watch_once(prefix, after_revision, deadline, resyncs < RESYNCS)
             except _Resync as exc:  # nothing of ours changed up to exc.revision: watch from there
                 after_revision, resyncs = exc.revision, resyncs + 1
                 continue
@@ -82,25 +81,29 @@ class EtcdWatch:
     ) -> WatchResult:
         await self._gw.ensure_token()
         start = (self._prefix + prefix).encode()
-        create = {"key": b64(start or b"\0"), "range_end": b64(prefix_end(start)),
-                  "start_revision": str(after_revision + 1)}  # fmt: skip
+        create = {
+            "key": b64(start or b"\0"),
+            "range_end": b64(prefix_end(start)),
+            "start_revision": str(after_revision + 1),
+        }
         endpoint = self._gw.endpoint
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._gw.request_timeout)
         self._gw.requests += 1
         try:
             async with asyncio.timeout_at(_loop_time(deadline)):
-                async with self._gw.session().post(endpoint + "/v3/watch",
-                                                   headers=self._gw.headers(),
-                                                   json={"create_request": create},
-                                                   timeout=timeout) as response:  # fmt: skip
+                async with self._gw.session().post(
+                    endpoint + "/v3/watch",
+                    headers=self._gw.headers(),
+                    json={"create_request": create},
+                    timeout=timeout,
+                ) as response:
                     if response.status != 200:
                         data = await response.json(content_type=None)
                         code = self._gw.answer_code(endpoint, "/v3/watch", response.status, data)
                         self._gw.raise_refusal(endpoint, "watch", code, str(data.get("message")))
                         raise _Retry(f"{endpoint}: {data.get('message')}")
                     self._gw.answering = True
-                    return await self._read_watch(endpoint, response, start, after_revision,
-                                                  resync)  # fmt: skip
+                    return await self._read_watch(endpoint, response, start, after_revision, resync)
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
                 raise _Retry(f"{endpoint}: {exc!r}") from exc
@@ -110,8 +113,9 @@ class EtcdWatch:
                 raise self._gw.tls_refused(endpoint, exc) from exc
             raise _Retry(f"{endpoint}: {exc!r}") from exc
         except ValueError as exc:
-            raise StoreError(f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an "
-                             "etcd v3 client URL?") from exc  # fmt: skip
+            raise StoreError(
+                f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an etcd v3 client URL?"
+            ) from exc
 
     async def _read_watch(
         self,
