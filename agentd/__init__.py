@@ -23,10 +23,10 @@ _EXPORTS = {
     "ElasticAgent": "agentd.agent.template",
     "SimpleElasticAgent": "agentd.agent.template",
     "LocalElasticAgent": "agentd.agent.local",
-    "RestartBackoff": "agentd.agent.restart_policy",
-    "RestartPolicy": "agentd.agent.restart_policy",
+    "RestartBackoff": "agentd.restart_policy",
+    "RestartPolicy": "agentd.restart_policy",
     "AgentConfig": "agentd.config.resolve",
-    "record": "agentd.reports.failure",
+    "record": "agentd.errors.record",
     "HeartbeatSettings": "agentd.heartbeats.settings",
     "heartbeat": "agentd.heartbeats.client",
     "section": "agentd.heartbeats.client",
@@ -73,13 +73,13 @@ __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 
 if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
-    from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
     from agentd.agent.template import ElasticAgent, SimpleElasticAgent
     from agentd.config.resolve import AgentConfig
     from agentd.drain.client import checkpoint_requested, checkpoint_saved, on_checkpoint_request
+    from agentd.errors.record import record
     from agentd.exceptions import AgentdError, AgentStopped, ConfigError, StartError
     from agentd.group import RunResult, Worker, WorkerFailure, WorkerGroup, WorkerState
     from agentd.heartbeats.client import end_heartbeats, heartbeat, section
     from agentd.heartbeats.settings import HeartbeatSettings
-    from agentd.reports.failure import record
+    from agentd.restart_policy import RestartBackoff, RestartPolicy
     from agentd.spec import Std, WorkerSpec

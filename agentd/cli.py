@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from agentd import __version__
-from agentd.agent.observer import AgentObserver
 from agentd.config.build import worker_spec
 from agentd.config.resolve import (
     OPTIONS,
@@ -34,6 +33,7 @@ from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import WorkerState
 from agentd.spec import WorkerSpec
+from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
     from agentd.store.tls import StoreTls
@@ -249,7 +249,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
         log.error("%s", agent.failure_report())
         if agent.result_written:
             log.error("Failure report written to %s", agent.result_file.path)
-        from agentd.reports.error_file import copy_error_file
+        from agentd.errors.error_file import copy_error_file
 
         root = result.root_cause
         if root is not None and copy_error_file(root.error_file):  # for a launcher above us
@@ -352,9 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "store":
             return run_store(args, environ)
         if args.command == "drain":
-            from agentd.health import drain_request
+            from agentd.drain import http as drain_http
 
-            return drain_request.run(args.url, args.reason, args.timeout)
+            return drain_http.run(args.url, args.reason, args.timeout)
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)

@@ -122,7 +122,7 @@ class WorkerFailure:
 
     def __post_init__(self) -> None:
         if self.error_file and not self.error_file_data:
-            from agentd.reports.error_file import read_error_file
+            from agentd.errors.error_file import read_error_file
 
             content = read_error_file(self.error_file)
             if content is None:

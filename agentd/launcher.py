@@ -3,7 +3,7 @@
 ``elastic_launch(LaunchConfig(...), entrypoint)(*args)`` builds the rendezvous handler,
 the worker spec and a :class:`~agentd.agent.local.LocalElasticAgent` from the config, runs
 it to completion, and returns the workers' return values by global rank (empty for a
-command). A failed group raises :class:`~agentd.reports.failure.ChildFailedError`
+command). A failed group raises :class:`~agentd.errors.record.ChildFailedError`
 naming the root cause; decorated with ``@record``, the launching process copies the root
 cause's error file into its own ``TORCHELASTIC_ERROR_FILE``, as torch's does.
 """
@@ -19,9 +19,9 @@ from typing import Any
 
 from agentd.agent.local import LocalElasticAgent
 from agentd.elastic import events
+from agentd.errors.record import ChildFailedError
 from agentd.exceptions import AgentStopped, field_error
 from agentd.rendezvous import registry
-from agentd.reports.failure import ChildFailedError
 from agentd.spec import DefaultLogsSpecs, LogsSpecs, WorkerSpec
 from agentd.workers.env import SIGNALS_ENV
 
@@ -34,7 +34,7 @@ DEFAULT_RDZV_TIMEOUT = 900
 class LaunchConfig:
     """torch's launch configuration, field for field. ``numa_options`` is refused when set
     (agentd does not bind workers to NUMA nodes); ``metrics_cfg`` is accepted for
-    compatibility (metrics go through :mod:`agentd.reports.metrics_api`)."""
+    compatibility (metrics go through :mod:`agentd.telemetry.metrics_api`)."""
 
     min_nodes: int
     max_nodes: int

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
 from agentd.exceptions import field_error
+from agentd.restart_policy import RestartBackoff, RestartPolicy
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler

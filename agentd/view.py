@@ -1,4 +1,5 @@
-"""How the agent's core and its services see each other: two small protocols.
+"""How the agent's core and its services see each other: small protocols, and the
+observer hooks the agent calls as things happen (metrics and events use them).
 
 The core (:mod:`agentd.agent.local`) starts its services in order and stops them in reverse,
 whatever happened; it knows each only as a :class:`Service`. A service sees the agent only
@@ -16,9 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from agentd.agent.observer import AgentObserver
-    from agentd.group import RunResult, WorkerFailure, WorkerGroup
-    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState
+    from agentd.heartbeats.stragglers import StepTimes, Straggler
     from agentd.rendezvous.api import RendezvousHandler
     from agentd.timer.server import TimerServer
     from agentd.workers.processes import WorkerProcess
@@ -154,3 +154,48 @@ class AgentView(Protocol):
     def add_observer(self, observer: AgentObserver) -> None: ...
 
     def request_drain(self, reason: str, signum: int | None = None) -> None: ...
+
+
+PHASES = ("detect", "stop", "rendezvous", "start")
+"""The phases of a recovery, in order: see a failure, stop the group, rendezvous, start."""
+
+
+class AgentObserver:
+    """Subclass and override what you need; every hook here does nothing.
+
+    Hooks run on the agent's event loop and must not block; an exception in one is logged
+    and does not disturb the agent.
+    """
+
+    def state_changed(self, old: WorkerState, new: WorkerState, reason: str) -> None:
+        """The worker group moved from ``old`` to ``new``."""
+
+    def phase_timed(self, phase: str, seconds: float) -> None:
+        """One of :data:`PHASES` took ``seconds``."""
+
+    def restarted(self, reason: str, restart_count: int) -> None:
+        """The group is being restarted (``failure``, ``unhealthy`` or ``membership``)."""
+
+    def worker_failed(self, failure: WorkerFailure) -> None:
+        """A worker failed (once per failure, root cause first)."""
+
+    def hang_detected(self, details: dict[str, Any]) -> None:
+        """The workers stopped heartbeating; ``details`` name who stopped first, where each
+        rank was and where the stack dumps are (as in ``result.json``'s ``hang``)."""
+
+    def straggler(self, straggler: Straggler) -> None:
+        """A rank has been slower than the others' median for a while (reported once)."""
+
+    def node_excluded(self, details: dict[str, Any]) -> None:
+        """This host failed its node checks and stays out of the job for a cooldown
+        (``details``: reason, checks, exclusions, cooldown, until)."""
+
+    def node_readmitted(self) -> None:
+        """This host's node checks pass again: it joins the job."""
+
+    def drain_requested(self, details: dict[str, Any]) -> None:
+        """A drain began (``details``: id, node, reason, requested_at): checkpointing."""
+
+    def drain_done(self, outcome: dict[str, Any]) -> None:
+        """This node's drain is over (``outcome``: step, nodes, acknowledged, missing,
+        seconds); it leaves the job."""

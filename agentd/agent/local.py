@@ -21,29 +21,30 @@ from typing import TYPE_CHECKING, Any
 from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
 from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
-from agentd.drain import control
 from agentd.drain.settings import DrainSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.gpus.release import GpuRelease
 from agentd.group import RunResult, WorkerGroup, WorkerState
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
-from agentd.hygiene import fdlimits, orphans
+from agentd.hygiene import orphans
 from agentd.hygiene.service import ProcessHygiene
 from agentd.inprocess.service import InProcessRestarts, InProcessSettings
 from agentd.inprocess.wire import DEFAULT_GRACE
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers, LeasedMembership
-from agentd.reports.event_log import EventLog
+from agentd.rendezvous.placement import agent_serves_store
 from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
+from agentd.support import fdlimits
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
-from agentd.tcpstore.placement import agent_serves_store
 from agentd.tcpstore.service import WorkerStoreService
+from agentd.telemetry.event_log import EventLog
 from agentd.timer.service import Watchdog
 from agentd.timer.settings import WatchdogSettings
+from agentd.wire import control
 from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
 from agentd.workers.plan import plan_worker
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
@@ -53,11 +54,11 @@ if TYPE_CHECKING:
     from agentd.drain.service import DrainService
     from agentd.health.service import HealthService
     from agentd.health.settings import HealthSettings
-    from agentd.heartbeats.wire import ProgressMessage
     from agentd.nodecheck.gate import NodeGate
     from agentd.nodecheck.service import NodeCheckService
     from agentd.reports.oom import OomWatch
     from agentd.view import Service
+    from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -363,8 +364,8 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         what a failure needs, so neither the launch nor the first restart waits for it."""
         self._watchdog.sweep_stale_pipes()
         self._gpus.look()
-        import agentd.reports.error_file
-        import agentd.reports.metrics_api  # noqa: F401
+        import agentd.errors.error_file
+        import agentd.telemetry.metrics_api  # noqa: F401
 
     async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
         with self._inprocess.restarting():

@@ -14,7 +14,6 @@ import signal
 import time
 from typing import Any
 
-from agentd.agent.observer import AgentObserver
 from agentd.agent.rendezvous_steps import RendezvousSteps
 from agentd.agent.torch_internals import TorchInternals, fq_hostname
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
@@ -37,15 +36,16 @@ from agentd.rendezvous.api import (
 from agentd.spec import DEFAULT_ROLE, WorkerSpec
 from agentd.support.aio import run_shielded
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step, run_blocking
+from agentd.view import AgentObserver
 
 log = logging.getLogger(__name__)
 
 
 def put_metric(metric_name: str, metric_value: float, metric_group: str = "torchelastic") -> None:
-    """torch's ``put_metric`` (:func:`agentd.reports.metrics_api.put_metric`), here where
+    """torch's ``put_metric`` (:func:`agentd.telemetry.metrics_api.put_metric`), here where
     torch's users patch it in its agent module; the metrics module loads at the first value,
     at the end of a run, off the launch path."""
-    from agentd.reports import metrics_api
+    from agentd.telemetry import metrics_api
 
     metrics_api.put_metric(metric_name, metric_value, metric_group)
 

@@ -22,8 +22,8 @@ from agentd.rendezvous.api import RoleInstanceInfo
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousHandler
-    from agentd.reports.events import Event, EventSource
     from agentd.spec import WorkerSpec
+    from agentd.telemetry.events import Event, EventSource
 
 ROLE_INFO_KEY = "torchelastic/role_info/{}"
 
@@ -78,7 +78,7 @@ class TorchInternals:
         """One ``torchelastic.worker.status.<STATE>`` event per worker, as torch's: the
         group's state for a worker that failed or returned, ``TERMINATED`` for one stopped
         because others failed."""
-        from agentd.reports import events  # at the end of a run, off the launch path
+        from agentd.telemetry import events  # at the end of a run, off the launch path
 
         group = self._worker_group
         failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
@@ -138,7 +138,7 @@ class TorchInternals:
             "agent_restarts": spec.max_restarts - self._remaining_restarts,
             "duration_ms": duration_ms,
         }
-        from agentd.reports.events import Event, EventSource
+        from agentd.telemetry.events import Event, EventSource
 
         return Event(f"torchelastic.worker.status.{state}", EventSource(source), metadata=metadata)
 

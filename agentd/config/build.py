@@ -24,11 +24,24 @@ log = logging.getLogger(__name__)
 
 def worker_spec(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
-    from agentd.rendezvous.from_config import build_rendezvous
+    from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
 
     run_id = config.rdzv_id or os.urandom(6).hex()
     nproc = local_world_size(config.nproc_per_node)
-    rdzv = build_rendezvous(config, run_id, nproc)
+    request = RendezvousRequest(
+        nnodes=config.nnodes,
+        rdzv_backend=config.rdzv_backend,
+        rdzv_endpoint=config.rdzv_endpoint,
+        rdzv_conf=config.rdzv_conf,
+        standalone=config.standalone,
+        node_rank=config.node_rank,
+        local_addr=config.local_addr,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        role=config.role,
+        store_token=config.store_token,
+    )
+    rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"
     if config.master_addr and not static:
         log.warning(

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentd.agent.restart_policy import RestartBackoff
 from agentd.config import values as v
 from agentd.config.option import Option
 from agentd.config.options import OPTIONS, OPTIONS_BY_NAME
 from agentd.exceptions import ConfigError
+from agentd.restart_policy import RestartBackoff
 from agentd.spec import (
     DEFAULT_LOG_PREFIX,
     DEFAULT_ROLE,

@@ -10,8 +10,8 @@ import re
 import signal
 from collections.abc import Callable, Sequence
 
-from agentd.agent.restart_policy import RestartBackoff
 from agentd.exceptions import ConfigError
+from agentd.restart_policy import RestartBackoff
 from agentd.spec import (
     MAX_LOCAL_WORLD_SIZE,
     NAME_RULE,
@@ -75,7 +75,7 @@ def optional_seconds(text: str) -> float | None:
 
 def section_timeouts(text: str) -> dict[str, float]:
     """``NAME=SECONDS[,NAME=SECONDS...]``: a timeout for each named section."""
-    from agentd.heartbeats.wire import check_section_name
+    from agentd.wire.progress import check_section_name
 
     out: dict[str, float] = {}
     for item in (i.strip() for i in text.split(",")):

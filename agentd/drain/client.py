@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agentd.drain.control import NO_STEP, ControlView, open_view
+from agentd.wire.control import NO_STEP, ControlView, open_view
 
 PAUSE_LIMIT = 2.0
 _POLL = 0.0005

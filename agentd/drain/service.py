@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from agentd.drain import control
 from agentd.drain.settings import DrainSettings
 from agentd.exceptions import DRAINED_ALONE
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.rendezvous.drains import DrainRequest, Drains
 from agentd.store.api import StoreError
+from agentd.wire import control
+from agentd.wire.progress import ProgressMessage
 from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Metrics: one agent's Prometheus registry (the seed's ``put_metric`` is in
-:mod:`agentd.reports.metrics_api`; its values show here as ``agentd_custom_metric``).
+:mod:`agentd.telemetry.metrics_api`; its values show here as ``agentd_custom_metric``).
 
 Every agent has its own registry (no global one). What changes as events happen is
 counted by :class:`AgentMetrics`, an observer; what is a reading (worker CPU and memory,
@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from agentd.agent.observer import AgentObserver
 from agentd.group import WorkerFailure, WorkerState
+from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
     from agentd.view import AgentView

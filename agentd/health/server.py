@@ -2,7 +2,7 @@
 
 Served by aiohttp inside the agent's own loop (``AppRunner`` + ``TCPSite``, never
 ``run_app``). Read-only but for ``POST /drain`` (with a token, and only where the agent
-can drain: :mod:`agentd.health.drain_request`): other methods get 405 and unknown paths
+can drain: :mod:`agentd.drain.http`): other methods get 405 and unknown paths
 404. ``/livez`` answers from state alone and never depends on the store or other hosts.
 aiohttp is imported when a server starts, so an agent without one never loads it.
 """
@@ -186,7 +186,7 @@ class HealthCheckServer(StartedInBackground):
 
     async def _drain_handler(self, request: web.Request) -> web.Response:
         """``POST /drain`` with the bearer token, and optionally ``{"reason": "..."}``."""
-        from agentd.health.drain_request import drain_response
+        from agentd.drain.http import drain_response
 
         assert self._drain is not None
         return await drain_response(request, self._token, self._drain)

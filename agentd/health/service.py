@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
 from agentd.group import WorkerState
-from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReportsStore
 from agentd.store import token_file
+from agentd.support import fdlimits
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class HealthService:
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
         from agentd.health.server import MAX_CONNECTIONS, HealthCheckServer, LoopLagMonitor
-        from agentd.reports.metrics_api import subscribe
+        from agentd.telemetry.metrics_api import subscribe
 
         agent, settings = self._agent, self.settings
         self.metrics = AgentMetrics(agent)

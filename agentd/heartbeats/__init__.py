@@ -9,8 +9,6 @@ runs them for the agent.
 
 from __future__ import annotations
 
-import signal
+from agentd.wire.progress import DUMP_SIGNAL
 
-DUMP_SIGNAL = signal.SIGRTMIN + 5
-"""The signal a heartbeating worker registers faulthandler on: a real-time signal, which
-no training library uses (SIGUSR1 is SLURM's and Lightning's requeue signal)."""
+__all__ = ["DUMP_SIGNAL"]

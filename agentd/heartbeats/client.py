@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import IO
 
 from agentd.drain.client import tick as _drain_tick
-from agentd.heartbeats.wire import (
+from agentd.wire.progress import (
     DUMP_SIGNAL_ENV,
     PIPE_ENV,
     STACK_FILE_ENV,

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from agentd.heartbeats import stacks
 from agentd.heartbeats.monitor import ProgressMonitor, Silence
-from agentd.heartbeats.settings import LEARNED_FILE, STACK_FILE, HeartbeatSettings
+from agentd.heartbeats.settings import LEARNED_FILE, HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes, Straggler
 from agentd.heartbeats.timeouts import LearnedTimeouts, key_name
 from agentd.heartbeats.verdict import judge
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.support.aio import cancel_and_wait
+from agentd.wire.progress import STACK_FILE, ProgressMessage
 from agentd.workers.output import attempt_dir
 
 if TYPE_CHECKING:

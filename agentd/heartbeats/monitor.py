@@ -1,7 +1,7 @@
 """The progress monitor: each worker's last sign of progress and its deadline, one timer.
 
 Fed the progress messages of the agent's workers (see
-:mod:`agentd.heartbeats.wire`), it keeps for each worker when it last made progress,
+:mod:`agentd.wire.progress`), it keeps for each worker when it last made progress,
 which sections it is in, and so its deadline: the last progress plus the timeout of the
 innermost section (or of the step), or its start plus the initial timeout before its
 first message. One loop timer is armed at the earliest deadline (none while nothing is
@@ -22,7 +22,7 @@ from typing import Any
 from agentd.heartbeats.settings import STEP
 from agentd.heartbeats.stragglers import StepTimes
 from agentd.heartbeats.timeouts import LearnedTimeouts, Timeout
-from agentd.heartbeats.wire import ProgressMessage
+from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 

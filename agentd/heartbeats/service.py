@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.heartbeats.settings import LEARNED_FILE, HeartbeatSettings
-from agentd.heartbeats.wire import ProgressMessage
+from agentd.wire.progress import ProgressMessage
 
 if TYPE_CHECKING:
     from agentd.group import WorkerGroup

@@ -36,7 +36,3 @@ class HeartbeatSettings:
 
     def explicit(self, key: str) -> float | None:
         return self.step_timeout if key == STEP else self.section_timeouts.get(key)
-
-
-STACK_FILE = "stacks.txt"
-"""Each worker's dump file, in its attempt directory (``$AGENTD_STACK_FILE``)."""

@@ -9,7 +9,7 @@ import os
 import sys
 
 from agentd.hygiene import guardian_process
-from agentd.workers.env import without_secrets
+from agentd.hygiene.secrets import without_secrets
 
 log = logging.getLogger(__name__)
 

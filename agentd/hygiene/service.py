@@ -15,10 +15,13 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from agentd.hygiene import orphans
 from agentd.hygiene.guardian import Guardian
-from agentd.workers.processes import WorkerProcess
+
+if TYPE_CHECKING:
+    from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)
 

@@ -147,8 +147,7 @@ def agentd_handler(params: RendezvousParameters) -> RendezvousHandler:
 
 
 def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> RendezvousHandler:
-    from agentd.config.resolve import AgentConfig
-    from agentd.rendezvous.from_config import build_rendezvous
+    from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
 
     if params.backend not in BACKENDS:
         raise ConfigError(
@@ -160,8 +159,7 @@ def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> Rendez
     if static and params.endpoint:
         master_addr, _, port = params.endpoint.rpartition(":")
         master_port = int(port) if port else None
-    config = AgentConfig(
-        script="",
+    request = RendezvousRequest(
         nnodes=(params.min_nodes, params.max_nodes),
         rdzv_backend=params.backend,
         rdzv_endpoint="" if static else params.endpoint,
@@ -171,7 +169,7 @@ def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> Rendez
         master_addr=master_addr or None,
         master_port=master_port or 0,
     )
-    return build_rendezvous(config, params.run_id, local_world_size=1)
+    return build_rendezvous(request, params.run_id, local_world_size=1)
 
 
 def as_agentd_handler(handler: Any) -> RendezvousHandler:

@@ -54,9 +54,9 @@ StoreOpener = Callable[[], Awaitable[OpenedStore]]
 
 def _connection_cap(workers: int) -> int:
     """The connections a store served by this agent may take: what it can spare beside
-    its ``workers`` (see :mod:`agentd.hygiene.fdlimits`)."""
-    from agentd.hygiene import fdlimits
+    its ``workers`` (see :mod:`agentd.support.fdlimits`)."""
     from agentd.store.wire import MAX_CONNECTIONS
+    from agentd.support import fdlimits
 
     soft = fdlimits.raise_open_files_limit()
     reserve = fdlimits.worker_reserve(workers)
@@ -86,7 +86,7 @@ def http_store_opener(
     """Open the embedded store at ``host:port``: serve it here when ``is_host`` and the port
     is free (another agent on this host may have bound it first); either way, be its
     client. A store served here takes at most the connections this agent can spare beside
-    its ``workers`` (see :mod:`agentd.hygiene.fdlimits`).
+    its ``workers`` (see :mod:`agentd.support.fdlimits`).
 
     The store is the seed of a growing candidate list (see :mod:`agentd.store.standby`):
     with ``standby``, this agent, once in a round, stands by on ``standby_host`` (''; the

@@ -8,11 +8,11 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from agentd.hygiene import fdlimits
 from agentd.store.candidacy import Candidacy
 from agentd.store.server import StoreServer
 from agentd.store.tls import StoreTls
 from agentd.store.wire import MAX_CONNECTIONS
+from agentd.support import fdlimits
 from agentd.support.ratelog import rate_limited_loop_errors
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ whose list is shorter asks the server for the rest."""
 MAX_CONNECTIONS = 16384
 """The most connections a store server takes: about three per agent at once (a long poll,
 a heartbeat, an operation), so 5,000 agents (fewer when the open-files limit is lower; see
-:mod:`agentd.hygiene.fdlimits`). Here, not in the server, as an agent that may stand by
+:mod:`agentd.support.fdlimits`). Here, not in the server, as an agent that may stand by
 sizes its server before it loads one."""
 MAX_KEYS = 4096
 """The most keys one request may name (``multi_get``, ``multi_set``); clients split

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.hygiene import fdlimits
 from agentd.rendezvous.api import ReservesMasterPort
-from agentd.tcpstore.placement import agent_serves_store
+from agentd.rendezvous.placement import agent_serves_store
+from agentd.support import fdlimits
 from agentd.tcpstore.server import MAX_CONNECTIONS, StoreLimits, TCPStoreServer
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.heartbeats import wire as progress_wire
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.timer.api import RELEASE, TIMER_FILE_ENV, TimerClient, TimerRegistry, TimerRequest
+from agentd.wire import progress as progress_wire
+from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def encode_request(request: TimerRequest) -> bytes:
 
 def parse_request(line: bytes) -> TimerRequest | ProgressMessage:
     """One wire line (without its newline) as a timer request (version 1) or a progress
-    message (version 2, see :mod:`agentd.heartbeats.wire`); :class:`BadRequest`
+    message (version 2, see :mod:`agentd.wire.progress`); :class:`BadRequest`
     otherwise."""
     try:
         doc = json.loads(line)

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.timer.api import TimerRequest
 from agentd.timer.server import TimerServer
+from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class FileTimerServer(TimerServer):
 
     torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
     once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
-    sections, :mod:`agentd.heartbeats.wire`), which torch's server does not know.
+    sections, :mod:`agentd.wire.progress`), which torch's server does not know.
     ``log_event(name, request)`` hears "watchdog started", "timer expired",
     "kill worker process" and "watchdog stopped", as torch's.
     """

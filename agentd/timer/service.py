@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentd.heartbeats.wire import ProgressMessage
 from agentd.hygiene import orphans
 from agentd.timer.api import TimerRequest
 from agentd.timer.file_server import FileTimerServer
 from agentd.timer.server import signal_name
 from agentd.timer.settings import WatchdogSettings
+from agentd.wire.progress import ProgressMessage
 from agentd.workers.processes import WorkerProcess
 
 if TYPE_CHECKING:

@@ -10,31 +10,17 @@ password are removed, and a ``password=`` item is cut out of an inherited
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import NamedTuple
 
-from agentd.drain.control import CONTROL_ENV
 from agentd.group import Worker, WorkerGroup
-from agentd.heartbeats.wire import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 from agentd.hygiene import orphans
+from agentd.hygiene.secrets import without_secrets
 from agentd.spec import WorkerSpec
+from agentd.wire.control import CONTROL_ENV
+from agentd.wire.progress import DUMP_SIGNAL, DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 
 SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-SECRET_ENV = ("AGENTD_STORE_TOKEN", "PET_STORE_TOKEN", "AGENTD_ETCD_PASSWORD")
-"""Variables that hold agentd's secrets: never passed to a worker."""
-_CONF_ENV = ("AGENTD_RDZV_CONF", "PET_RDZV_CONF")
-"""``--rdzv-conf`` as variables: kept, without their ``password=`` item."""
-
-
-def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without agentd's secrets (see the module docstring)."""
-    env = {k: v for k, v in environ.items() if k not in SECRET_ENV}
-    for name in _CONF_ENV:
-        if name in env:
-            items = [i for i in env[name].split(",") if i.split("=", 1)[0].strip() != "password"]
-            env[name] = ",".join(items)
-    return env
 
 
 class WorkerEnvContext(NamedTuple):
@@ -101,8 +87,6 @@ def worker_env(
     if ctx.control_file is not None:
         env[CONTROL_ENV] = ctx.control_file
     if ctx.progress_pipe is not None:
-        from agentd.heartbeats import DUMP_SIGNAL
-
         env[PIPE_ENV] = ctx.progress_pipe
         env[DUMP_SIGNAL_ENV] = str(int(DUMP_SIGNAL))
         if ctx.stack_file is not None:

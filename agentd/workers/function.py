@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentd.reports.failure import record
+from agentd.errors.record import record
 from agentd.workers.release_gate import wait_for_release
 
 

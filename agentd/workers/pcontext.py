@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentd.errors.error_file import ERROR_FILE_ENV
 from agentd.exceptions import field_error
-from agentd.reports.error_file import ERROR_FILE_ENV
-from agentd.reports.process_failure import ProcessFailure
 from agentd.spec import LogsSpecs, Std, std_for
 from agentd.support.sync_bridge import BackgroundLoop
 from agentd.workers.output import plan_route
+from agentd.workers.process_failure import ProcessFailure
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 

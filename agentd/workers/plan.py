@@ -9,9 +9,9 @@ from string import Template
 from typing import TYPE_CHECKING, Any
 
 from agentd.group import Worker, WorkerGroup
-from agentd.heartbeats.settings import STACK_FILE
+from agentd.rendezvous.placement import agent_serves_store
 from agentd.spec import Std, WorkerSpec, std_for
-from agentd.tcpstore.placement import agent_serves_store
+from agentd.wire.progress import STACK_FILE
 from agentd.workers.env import WorkerEnvContext, worker_env
 from agentd.workers.output import attempt_dir, disk_problem, ensure_dir, plan_route
 

@@ -22,8 +22,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import StartError
-from agentd.hygiene.fdlimits import restore_for_child
 from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
+from agentd.support.fdlimits import restore_for_child
 from agentd.workers.output import StreamRoute, StreamSink
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
-from agentd.agent.observer import AgentObserver
-from agentd.agent.restart_policy import RestartBackoff
 from agentd.exceptions import AgentStopped, IllegalTransition
 from agentd.rendezvous.static import StaticRendezvous
+from agentd.restart_policy import RestartBackoff
+from agentd.view import AgentObserver
 from tests.conftest import WORKER, pid_alive
 from tests.workers import functions
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentd.agent.restart_policy import RestartBackoff, RestartPolicy
 from agentd.exceptions import ConfigError
+from agentd.restart_policy import RestartBackoff, RestartPolicy
 
 
 def test_no_backoff_by_default():

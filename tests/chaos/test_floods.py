@@ -134,7 +134,7 @@ def answers(request: urllib.request.Request) -> bool:
 
 
 def test_every_listener_cap_leaves_room_for_one_burst_of_accepts():
-    from agentd.hygiene import fdlimits
+    from agentd.support import fdlimits
     from agentd.support.http_site import Limits
 
     assert Limits().backlog == fdlimits.ACCEPT_BURST  # the room left is what is accepted

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from agentd.agent.restart_policy import RestartBackoff
 from agentd.config.reference import example_toml, options_markdown
 from agentd.config.resolve import OPTIONS, local_world_size, resolve
 from agentd.exceptions import ConfigError
+from agentd.restart_policy import RestartBackoff
 from agentd.spec import Std
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "agentd.toml"

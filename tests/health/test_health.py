@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentd import LocalElasticAgent, WorkerSpec, WorkerState
-from agentd.agent.restart_policy import RestartBackoff
 from agentd.exceptions import StartError
 from agentd.health.server import Check, HealthCheckServer, create_healthcheck_server
 from agentd.health.settings import HealthSettings
 from agentd.rendezvous.static import StaticRendezvous
+from agentd.restart_policy import RestartBackoff
 from agentd.timer.api import TimerRequest
 from tests.conftest import WORKER
 

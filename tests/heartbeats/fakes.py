@@ -8,7 +8,7 @@ from agentd.heartbeats.monitor import ProgressMonitor, Silence
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes, Straggler
 from agentd.heartbeats.timeouts import LearnedTimeouts
-from agentd.heartbeats.wire import ProgressMessage
+from agentd.wire.progress import ProgressMessage
 
 
 class Clock:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from agentd.heartbeats import DUMP_SIGNAL
-from agentd.heartbeats.wire import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
+from agentd.wire.progress import DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 
 
 def run_worker(code: str, env: dict[str, str], **kwargs) -> subprocess.Popen[str]:

@@ -12,7 +12,7 @@ from agentd.heartbeats.monitor import ProgressMonitor, Silence
 from agentd.heartbeats.settings import STEP, HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes
 from agentd.heartbeats.timeouts import LearnedTimeouts
-from agentd.heartbeats.wire import ProgressMessage
+from agentd.wire.progress import ProgressMessage
 from tests.heartbeats.fakes import make_monitor, msg
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agentd.heartbeats.wire import ProgressMessage, encode
 from agentd.timer.file_pipe import BadRequest, parse_line, parse_request
+from agentd.wire.progress import ProgressMessage, encode
 
 
 def test_progress_messages_round_trip_on_the_timer_pipe_wire():

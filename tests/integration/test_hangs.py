@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd.heartbeats.wire import encode
+from agentd.wire.progress import encode
 from tests.conftest import TESTS, wait_until
 
 JOB = str(TESTS / "workers" / "heartbeat_job.py")

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
+from agentd.errors.error_file import read_error_file, write_error_file
+from agentd.errors.record import record
 from agentd.group import RunResult, WorkerFailure, WorkerState
-from agentd.reports.error_file import read_error_file, write_error_file
-from agentd.reports.failure import format_failure_report, record
+from agentd.reports.failure import format_failure_report
 
 
 def test_record_writes_torch_format(tmp_path, monkeypatch):

@@ -131,7 +131,7 @@ def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
 
 
 def test_the_event_log_is_rotated_past_its_size(tmp_path):
-    from agentd.reports.events import Event, JsonLinesFile
+    from agentd.telemetry.events import Event, JsonLinesFile
 
     path = tmp_path / "events.jsonl"
     sink = JsonLinesFile(str(path), max_bytes=2000)
@@ -148,7 +148,7 @@ def test_an_event_log_that_cannot_be_opened_after_rotation_is_said_once_and_retr
 ):
     """Before: the reopen's failure left the file closed, and every later event was
     reported as a disk problem, never as the lost file it was."""
-    from agentd.reports.events import Event, JsonLinesFile
+    from agentd.telemetry.events import Event, JsonLinesFile
 
     logs = tmp_path / "logs"
     logs.mkdir()

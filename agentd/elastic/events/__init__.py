@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.events``.
 
-agentd's events (:mod:`agentd.reports.events`) plus torch's rendezvous-event functions,
+agentd's events (:mod:`agentd.telemetry.events`) plus torch's rendezvous-event functions,
 written here because torch's users patch them here: ``get_logging_handler`` and
 ``record_rdzv_event`` are looked up in this module at each call.
 """
@@ -13,8 +13,8 @@ import os
 import socket
 import traceback
 
-from agentd.reports.events import Event, EventSource, configure, record
-from agentd.reports.rdzv_events import NodeState, RdzvEvent
+from agentd.telemetry.events import Event, EventSource, configure, record
+from agentd.telemetry.rdzv_events import NodeState, RdzvEvent
 
 __all__ = [
     "Event",

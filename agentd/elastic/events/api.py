@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.events.api``: the event types."""
 
-from agentd.reports.events import Event, EventSource
-from agentd.reports.rdzv_events import NodeState, RdzvEvent
+from agentd.telemetry.events import Event, EventSource
+from agentd.telemetry.rdzv_events import NodeState, RdzvEvent
 
 __all__ = ["Event", "EventSource", "NodeState", "RdzvEvent"]

@@ -1,6 +1,6 @@
 """``torch.distributed.elastic.metrics``."""
 
-from agentd.reports.metrics_api import (
+from agentd.telemetry.metrics_api import (
     ConsoleMetricHandler,
     MetricData,
     MetricHandler,

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from agentd.exceptions import SignalException
-from agentd.reports.process_failure import ProcessFailure
 from agentd.spec import DefaultLogsSpecs, LogsSpecs, Std
 from agentd.workers.pcontext import (
     MultiprocessContext,
@@ -20,6 +19,7 @@ from agentd.workers.pcontext import (
     SubprocessContext,
     start_processes,
 )
+from agentd.workers.process_failure import ProcessFailure
 
 __all__ = [
     "DefaultLogsSpecs",

@@ -2,6 +2,6 @@
 (``c10d``/``agentd`` and the etcd backends all use it)."""
 
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-from agentd.reports.rdzv_events import NodeState
+from agentd.telemetry.rdzv_events import NodeState
 
 __all__ = ["DynamicRendezvous", "NodeState", "RendezvousSettings"]

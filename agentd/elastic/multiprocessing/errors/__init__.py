@@ -1,7 +1,7 @@
 """``torch.distributed.elastic.multiprocessing.errors``."""
 
-from agentd.reports.error_handler import ErrorHandler, get_error_handler
-from agentd.reports.failure import ChildFailedError, record
-from agentd.reports.process_failure import ProcessFailure
+from agentd.errors.error_handler import ErrorHandler, get_error_handler
+from agentd.errors.record import ChildFailedError, record
+from agentd.workers.process_failure import ProcessFailure
 
 __all__ = ["ChildFailedError", "ErrorHandler", "ProcessFailure", "get_error_handler", "record"]

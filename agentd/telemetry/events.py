@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentd.agent.observer import AgentObserver
 from agentd.group import WorkerFailure, WorkerState
+from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
     from agentd.heartbeats.stragglers import Straggler

@@ -20,8 +20,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from agentd.errors.error_file import parse_error_document
 from agentd.group import WorkerFailure
-from agentd.reports.error_file import parse_error_document
 
 NOT_AVAILABLE = "<N/A>"
 TRACEBACK_HINT = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"

@@ -32,6 +32,11 @@ STACK_FILE_ENV = "AGENTD_STACK_FILE"
 """The worker's variable naming the file its stacks are dumped to (faulthandler)."""
 DUMP_SIGNAL_ENV = "AGENTD_DUMP_SIGNAL"
 """The worker's variable naming the signal that dumps its stacks, when the agent has one."""
+DUMP_SIGNAL = signal.SIGRTMIN + 5
+"""The signal a heartbeating worker registers faulthandler on: a real-time signal, which
+no training library uses (SIGUSR1 is SLURM's and Lightning's requeue signal)."""
+STACK_FILE = "stacks.txt"
+"""Each worker's dump file, in its attempt directory (``$AGENTD_STACK_FILE``)."""
 KINDS = ("beat", "enter", "exit", "done", "drain", "saved")
 MAX_SECTION = 128
 MAX_STEPS = 1 << 53

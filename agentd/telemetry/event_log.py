@@ -1,5 +1,5 @@
 """The event log service: the run's events as DEBUG log records and, with ``--event-log``,
-JSON lines in a file (rotated past its size; see :class:`agentd.reports.events.JsonLinesFile`)."""
+JSON lines in a file (rotated past its size; see :class:`agentd.telemetry.events.JsonLinesFile`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agentd.agent.observer import AgentObserver
 from agentd.exceptions import StartError
+from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
-    from agentd.reports.events import Event, JsonLinesFile
+    from agentd.telemetry.events import Event, JsonLinesFile
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class EventLog:
         neither, nothing is loaded."""
         if not self._path and not log.isEnabledFor(logging.DEBUG):
             return
-        from agentd.reports.events import AgentEvents, JsonLinesFile
+        from agentd.telemetry.events import AgentEvents, JsonLinesFile
 
         sinks: list[Callable[[Event], None]] = [_debug_event]
         if self._path:

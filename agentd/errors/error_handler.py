@@ -14,7 +14,7 @@ import json
 import logging
 import os
 
-from agentd.reports.error_file import ERROR_FILE_ENV, read_error_file, write_error_file
+from agentd.errors.error_file import ERROR_FILE_ENV, read_error_file, write_error_file
 
 log = logging.getLogger(__name__)
 

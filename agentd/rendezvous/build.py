@@ -1,4 +1,6 @@
-"""The rendezvous ``agentd run`` asks for: backend, store and settings from the resolved config.
+"""The rendezvous ``agentd run`` asks for: backend, store and settings from a
+:class:`RendezvousRequest` (the rendezvous options of the resolved config, or of torch's
+``RendezvousParameters``).
 
 Everything is checked here, before anything starts; each problem is one ConfigError naming
 the flag, the value and the rule.
@@ -7,7 +9,7 @@ the flag, the value and the rule.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.api import RendezvousHandler
@@ -22,7 +24,6 @@ from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.store.connect import StoreOpener
 
 if TYPE_CHECKING:
-    from agentd.config.resolve import AgentConfig
     from agentd.rendezvous.static import StaticRendezvous
     from agentd.store.tls import StoreTls
 
@@ -35,11 +36,29 @@ _IGNORED_TORCH_KEYS = ("use_libuv", "store_type")
 """torch ``--rdzv-conf`` keys about its TCPStore, which mean nothing here."""
 
 
-def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) -> RendezvousHandler:
-    """The rendezvous handler for ``config``."""
-    low, high = config.nnodes
-    conf = parse_rdzv_conf(config.rdzv_conf)
-    if config.standalone:
+class RendezvousRequest(NamedTuple):
+    """The rendezvous options, as ``agentd run`` names them (``--rdzv-backend`` ...)."""
+
+    nnodes: tuple[int, int] = (1, 1)
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: str = ""
+    standalone: bool = False
+    node_rank: int = 0
+    local_addr: str | None = None
+    master_addr: str | None = None
+    master_port: int = 0
+    role: str = "default"
+    store_token: str | None = None
+
+
+def build_rendezvous(
+    request: RendezvousRequest, run_id: str, local_world_size: int
+) -> RendezvousHandler:
+    """The rendezvous handler for ``request``."""
+    low, high = request.nnodes
+    conf = parse_rdzv_conf(request.rdzv_conf)
+    if request.standalone:
         if (low, high) != (1, 1):
             raise ConfigError(
                 f"--nnodes: '{low}:{high}' cannot be combined with --standalone "
@@ -49,68 +68,68 @@ def build_rendezvous(config: AgentConfig, run_id: str, local_world_size: int) ->
 
         settings = settings_from_conf(conf, (1, 1))
         reject_unknown(conf, "agentd")
-        addr = config.local_addr or "127.0.0.1"
-        return _handler(config, run_id, local_world_size, open_memory_store, settings, addr)
-    backend = config.rdzv_backend
+        addr = request.local_addr or "127.0.0.1"
+        return _handler(request, run_id, local_world_size, open_memory_store, settings, addr)
+    backend = request.rdzv_backend
     if backend == "static":
-        return _static(config, run_id, local_world_size, conf)
+        return _static(request, run_id, local_world_size, conf)
     if backend in ("etcd", "etcd-v2"):
-        return _etcd(config, run_id, local_world_size, conf)
-    return _dynamic(config, run_id, local_world_size, conf)
+        return _etcd(request, run_id, local_world_size, conf)
+    return _dynamic(request, run_id, local_world_size, conf)
 
 
 def _static(
-    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+    request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> StaticRendezvous:
     from agentd.rendezvous.static import StaticRendezvous
 
-    low, high = config.nnodes
+    low, high = request.nnodes
     if low != high:
         raise ConfigError(
             f"--nnodes: '{low}:{high}' needs an elastic backend "
             "(--rdzv-backend agentd); static takes a fixed N"
         )
-    if not 0 <= config.node_rank < low:
+    if not 0 <= request.node_rank < low:
         raise ConfigError(
-            f"--node-rank: {config.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
+            f"--node-rank: {request.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
         )
     reject_unknown(conf, "static")
-    addr = config.master_addr or "127.0.0.1"
+    addr = request.master_addr or "127.0.0.1"
     if low == 1:
-        return StaticRendezvous(run_id, addr, config.master_port or None)
+        return StaticRendezvous(run_id, addr, request.master_port or None)
     return StaticRendezvous(
         run_id,
         addr,
-        config.master_port or TORCHRUN_MASTER_PORT,
-        node_rank=config.node_rank,
+        request.master_port or TORCHRUN_MASTER_PORT,
+        node_rank=request.node_rank,
         nnodes=low,
-        role=config.role,
+        role=request.role,
         local_world_size=local_world_size,
     )
 
 
 def _dynamic(
-    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+    request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     from agentd.store.connect import http_store_opener
     from agentd.support.net import is_local_address, is_loopback, split_endpoint
 
-    if not config.rdzv_endpoint:
+    if not request.rdzv_endpoint:
         raise ConfigError(
-            f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+            f"--rdzv-endpoint: required by --rdzv-backend {request.rdzv_backend} "
             "(host:port of the store), or use --standalone"
         )
-    if "," in config.rdzv_endpoint:
-        return _candidates(config, run_id, local_world_size, conf)
-    host, port = split_endpoint(config.rdzv_endpoint)
+    if "," in request.rdzv_endpoint:
+        return _candidates(request, run_id, local_world_size, conf)
+    host, port = split_endpoint(request.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
     if is_host is None:
         is_host = is_local_address(host)
     standby = pop_bool(conf, "standby") is not False
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     tls = _tls(conf, [host], serves=is_host or standby)
-    settings = _rendezvous_settings(config, conf)
-    token = config.store_token
+    settings = _rendezvous_settings(request, conf)
+    token = request.store_token
     if is_host and not token and not is_loopback(host):
         raise ConfigError(
             f"--store-token: required to host the store on {host!r}, which is not loopback "
@@ -118,10 +137,10 @@ def _dynamic(
         )
     if port == 0 and not is_host:
         raise ConfigError(
-            f"--rdzv-endpoint: {config.rdzv_endpoint!r}: port 0 only works "
+            f"--rdzv-endpoint: {request.rdzv_endpoint!r}: port 0 only works "
             "on the host that serves the store"
         )
-    addr = config.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
+    addr = request.local_addr or ("127.0.0.1" if is_loopback(host) else socket.getfqdn())
     # once members stand by, a frozen server must be left for another in time (TTL)
     opener = http_store_opener(
         host,
@@ -133,67 +152,67 @@ def _dynamic(
         retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout),
         workers=local_world_size,
         standby=standby,
-        standby_host=config.local_addr or "",
+        standby_host=request.local_addr or "",
         tls=tls,
     )
-    return _handler(config, run_id, local_world_size, opener, settings, addr)
+    return _handler(request, run_id, local_world_size, opener, settings, addr)
 
 
 def _candidates(
-    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+    request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     """The embedded store, served by one of several candidates, failing over among them."""
     from agentd.store.candidates import parse_candidates
     from agentd.store.connect import candidates_opener
     from agentd.support.net import is_loopback
 
-    endpoints = parse_candidates(config.rdzv_endpoint)
+    endpoints = parse_candidates(request.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     tls = _tls(conf, [host for host, _ in endpoints], serves=is_host is not False)
-    settings = _rendezvous_settings(config, conf)
-    if not config.store_token:
+    settings = _rendezvous_settings(request, conf)
+    if not request.store_token:
         raise ConfigError(
             f"--store-token: required with several --rdzv-endpoint candidates "
-            f"({config.rdzv_endpoint!r}): they and every agent share it "
+            f"({request.rdzv_endpoint!r}): they and every agent share it "
             "(set AGENTD_STORE_TOKEN on every node)"
         )
     # a frozen server must be left for another in time to keep our lease (TTL)
     request_timeout = min(read_timeout, settings.heartbeat_ttl / 3)
     local = all(is_loopback(host) for host, _ in endpoints)
-    addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
+    addr = request.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     # each try names every candidate and why it does not serve; the join timeout ends it
     opener = candidates_opener(
         endpoints,
-        config.store_token,
+        request.store_token,
         is_host,
         retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout / 2),
         request_timeout=request_timeout,
         workers=local_world_size,
         tls=tls,
     )
-    return _handler(config, run_id, local_world_size, opener, settings, addr)
+    return _handler(request, run_id, local_world_size, opener, settings, addr)
 
 
 def _etcd(
-    config: AgentConfig, run_id: str, local_world_size: int, conf: dict[str, str]
+    request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     """The same rendezvous, on an etcd cluster: the agents are all its clients."""
     from agentd.store.etcd.connect import etcd_settings, etcd_store_opener
     from agentd.support.net import is_loopback
 
-    if not config.rdzv_endpoint:
+    if not request.rdzv_endpoint:
         raise ConfigError(
-            f"--rdzv-endpoint: required by --rdzv-backend {config.rdzv_backend} "
+            f"--rdzv-endpoint: required by --rdzv-backend {request.rdzv_backend} "
             "(host:port[,host:port...] of etcd's members)"
         )
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
-    etcd = etcd_settings(config.rdzv_endpoint, conf, read_timeout)
-    settings = _rendezvous_settings(config, conf)
+    etcd = etcd_settings(request.rdzv_endpoint, conf, read_timeout)
+    settings = _rendezvous_settings(request, conf)
     local = all(is_loopback(host) for host in etcd.hosts)
-    addr = config.local_addr or ("127.0.0.1" if local else socket.getfqdn())
+    addr = request.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     opener = etcd_store_opener(etcd, retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout))
-    return _handler(config, run_id, local_world_size, opener, settings, addr)
+    return _handler(request, run_id, local_world_size, opener, settings, addr)
 
 
 def _tls(conf: dict[str, str], hosts: list[str], serves: bool) -> StoreTls | None:
@@ -207,17 +226,17 @@ def _tls(conf: dict[str, str], hosts: list[str], serves: bool) -> StoreTls | Non
     return tls
 
 
-def _rendezvous_settings(config: AgentConfig, conf: dict[str, str]) -> RendezvousSettings:
+def _rendezvous_settings(request: RendezvousRequest, conf: dict[str, str]) -> RendezvousSettings:
     """The rendezvous keys, once the backend took its own; any key left is an error."""
-    settings = settings_from_conf(conf, config.nnodes, config.rdzv_backend in ("etcd", "etcd-v2"))
+    settings = settings_from_conf(conf, request.nnodes, request.rdzv_backend in ("etcd", "etcd-v2"))
     for key in _IGNORED_TORCH_KEYS:
         conf.pop(key, None)
-    reject_unknown(conf, config.rdzv_backend)
+    reject_unknown(conf, request.rdzv_backend)
     return settings
 
 
 def _handler(
-    config: AgentConfig,
+    request: RendezvousRequest,
     run_id: str,
     local_world_size: int,
     open_store: StoreOpener,
@@ -225,15 +244,15 @@ def _handler(
     addr: str,
 ) -> DynamicRendezvous:
     backend = (
-        "agentd" if config.standalone else _ALIASES.get(config.rdzv_backend, config.rdzv_backend)
+        "agentd" if request.standalone else _ALIASES.get(request.rdzv_backend, request.rdzv_backend)
     )
     return DynamicRendezvous(
         run_id,
         open_store,
         settings,
-        role=config.role,
+        role=request.role,
         local_world_size=local_world_size,
         addr=addr,
-        master_port=config.master_port or None,
+        master_port=request.master_port or None,
         backend=backend,
     )

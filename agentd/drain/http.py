@@ -63,8 +63,8 @@ async def drain_response(
 
 def run(url: str | None, reason: str | None, timeout: float) -> int:
     """``agentd drain``: 0 the agent drains, 1 it refused, 3 it cannot be reached."""
-    from agentd.health.status_cli import default_url, url_problem
     from agentd.store import token_file
+    from agentd.support.agent_url import default_url, url_problem
 
     base = (url or default_url(dict(os.environ))).rstrip("/")
     problem = url_problem(base)
