@@ -29,8 +29,7 @@ def test_agent_start_path_without_health_is_lean():
 
 def test_worker_side_timer_client_needs_no_asyncio():
     imports = (
-        "from agentd.timer import expires, FileTimerClient, configure; "
-        "import agentd.errors.record"
+        "from agentd.timer import expires, FileTimerClient, configure; import agentd.errors.record"
     )
     assert loaded(imports, ("asyncio", "aiohttp", "torch")) == []
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentd.inprocess import wire
+from agentd.support.compat.torch import abort_process_groups, group_backend, process_groups
 
 log = logging.getLogger(__name__)
 
@@ -151,20 +152,15 @@ def _grace() -> float:
         return wire.DEFAULT_GRACE
 
 
-def _groups(dist: Any) -> list[Any]:
-    world = getattr(dist.distributed_c10d, "_world", None)
-    return [dist.group.WORLD, *getattr(world, "pg_map", {})]
-
-
 def _nccl_groups(dist: Any) -> list[Any]:
     """The NCCL backends of this process's groups (none without CUDA or NCCL)."""
     torch = sys.modules.get("torch")
     if torch is None or not dist.is_nccl_available():
         return []
     backends = []
-    for group in {g for g in _groups(dist) if g is not None}:
+    for group in {g for g in process_groups(dist) if g is not None}:
         with contextlib.suppress(Exception):
-            backend = group._get_backend(torch.device("cuda"))
+            backend = group_backend(group, torch.device("cuda"))
             if isinstance(backend, dist.ProcessGroupNCCL):
                 backends.append(backend)
     return backends
@@ -196,9 +192,9 @@ def _destroy_process_group() -> None:
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
     if _nccl_groups(dist):
-        dist.distributed_c10d._abort_process_group()
+        abort_process_groups(dist)
         return
-    doomed = _groups(dist)
+    doomed = process_groups(dist)
     dist.destroy_process_group()
     threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
 

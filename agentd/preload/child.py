@@ -221,10 +221,10 @@ def _run(request: ForkRequest) -> int:
 def _run_target(request: ForkRequest) -> None:
     sys.path[0] = request.path0
     if request.kind == "module":
-        import runpy
+        from agentd.support.compat.runpy import run_module_as_main
 
         sys.argv = ["-m", *request.args]
-        runpy._run_module_as_main(request.target, alter_argv=True)  # type: ignore[attr-defined]
+        run_module_as_main(request.target)
         return
     path = os.path.abspath(request.target)
     sys.argv = [request.target, *request.args]
@@ -256,12 +256,12 @@ def _exit_status(exc: SystemExit) -> int:
 
 def _finalize(code: int) -> int:
     """What the interpreter does on its way out: threads, atexit, streams."""
-    import atexit
-    import threading
+    from agentd.support.compat.atexit import run_exit_functions
+    from agentd.support.compat.threading import join_non_daemon_threads
 
     with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads
-    atexit._run_exitfuncs()
+        join_non_daemon_threads()
+    run_exit_functions()
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
+from agentd.support.compat import aiohttp as compat_aiohttp
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -180,15 +181,7 @@ def _freeze_safe(handler_class: type) -> type:
     on its timeout, empty, and run every overdue timer before reading any socket: the
     timer then closed connections with a request waiting unread (the client gets a
     reset), such as the heartbeats a frozen store must answer when it resumes."""
-
-    class FreezeSafeHandler(handler_class):  # type: ignore[misc,valid-type]
-        __slots__ = ()
-
-        def _process_keepalive(self) -> None:
-            process = super()._process_keepalive
-            asyncio.get_running_loop().call_later(_KEEPALIVE_RECHECK, process)
-
-    return FreezeSafeHandler
+    return compat_aiohttp.keepalive_deferred(handler_class, _KEEPALIVE_RECHECK)
 
 
 class _Bounded:
@@ -227,7 +220,7 @@ class _Bounded:
         handler = self._server()
         if self._handler_class is None:
             self._handler_class = _freeze_safe(type(handler))
-        handler.__class__ = self._handler_class  # same slots: only a method differs
+        compat_aiohttp.become(handler, self._handler_class)
         return handler
 
     def __getattr__(self, name: str) -> Any:
@@ -254,11 +247,9 @@ async def serve_app(
 
     bounds = limits or Limits()
 
-    class BoundedRunner(web.AppRunner):
-        async def _make_server(self) -> web.Server:
-            server = await super()._make_server()
-            return _Bounded(server, bounds.max_connections, what)  # type: ignore[return-value]
-
+    BoundedRunner = compat_aiohttp.runner_class(
+        lambda server: _Bounded(server, bounds.max_connections, what)
+    )
     if server_log is None:
         server_log = ServerLog(what, bounds.log_interval)
     app.middlewares.insert(0, _header_guard(server_log))

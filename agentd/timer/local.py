@@ -12,6 +12,7 @@ import queue
 import time
 from typing import Any
 
+from agentd.support.compat.multiprocessing import queue_reader_fd
 from agentd.timer.api import RELEASE, RequestQueue, TimerClient, TimerRegistry, TimerRequest
 from agentd.timer.server import TimerServer
 
@@ -44,16 +45,9 @@ def drain_queue(mp_queue: Any) -> list[TimerRequest]:
             requests.append(item)
 
 
-def _reader_fd(mp_queue: Any) -> int:
-    reader = getattr(mp_queue, "_reader", None)
-    if reader is None:
-        raise TypeError("mp_queue: must be a multiprocessing.Queue")
-    return int(reader.fileno())
-
-
 def queue_source(server: TimerRegistry, mp_queue: Any) -> tuple[int, Any]:
     """The fd to watch and the callback that moves queued requests into ``server``."""
-    fd = _reader_fd(mp_queue)
+    fd = queue_reader_fd(mp_queue)
 
     def on_readable() -> None:
         requests = drain_queue(mp_queue)

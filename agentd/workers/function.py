@@ -69,16 +69,13 @@ def read_result(path: Path) -> Any:
 
 
 def _load_and_call(call_path: str) -> Any:
-    from multiprocessing import process, spawn
+    from multiprocessing import spawn
 
-    current = process.current_process()
-    current._inheriting = True  # type: ignore[attr-defined]  # as multiprocessing's spawn
-    try:
-        with open(call_path, "rb") as fp:
-            spawn.prepare(pickle.load(fp))
-            function, args = pickle.load(fp)
-    finally:
-        del current._inheriting  # type: ignore[attr-defined]
+    from agentd.support.compat.multiprocessing import inheriting
+
+    with inheriting(), open(call_path, "rb") as fp:  # as multiprocessing's spawn
+        spawn.prepare(pickle.load(fp))
+        function, args = pickle.load(fp)
     return function(*args)
 
 

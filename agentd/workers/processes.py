@@ -40,10 +40,10 @@ def use_pidfd_child_watcher() -> None:
     """
     if sys.version_info >= (3, 12):
         return
+    from agentd.support.compat.asyncio import has_pidfd_watcher
+
     loop = asyncio.get_running_loop()
-    policy = asyncio.get_event_loop_policy()
-    current = getattr(policy, "_watcher", None)
-    if isinstance(current, asyncio.PidfdChildWatcher) and current._loop is loop:  # type: ignore[attr-defined]
+    if has_pidfd_watcher(loop):
         return
     watcher = asyncio.PidfdChildWatcher()
     watcher.attach_loop(loop)

@@ -1,0 +1,24 @@
+"""torch.distributed's private parts: the process groups of this process, a group's
+backend, and aborting every group (torch 2.x; checked on 2.11 and 2.13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def process_groups(dist: Any) -> list[Any]:
+    """The default group and every group created since (``distributed_c10d._world.pg_map``:
+    torch lists them nowhere public)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return [dist.group.WORLD, *getattr(world, "pg_map", {})]
+
+
+def group_backend(group: Any, device: Any) -> Any:
+    """The backend ``group`` runs collectives on ``device`` with (``_get_backend``)."""
+    return group._get_backend(device)
+
+
+def abort_process_groups(dist: Any) -> None:
+    """Abort every process group: communicators and buffers go, nothing waits for a peer
+    (``distributed_c10d._abort_process_group``)."""
+    dist.distributed_c10d._abort_process_group()
