@@ -23,6 +23,7 @@ _EXPORTS = {
     "ElasticAgent": "agentd.agent.template",
     "SimpleElasticAgent": "agentd.agent.template",
     "LocalElasticAgent": "agentd.agent.local",
+    "AgentSettings": "agentd.assembly.settings",
     "RestartBackoff": "agentd.restart_policy",
     "RestartPolicy": "agentd.restart_policy",
     "AgentConfig": "agentd.config.resolve",
@@ -41,6 +42,7 @@ _EXPORTS = {
 }
 __all__ = [
     "AgentConfig",
+    "AgentSettings",
     "AgentStopped",
     "AgentdError",
     "ConfigError",
@@ -74,6 +76,7 @@ __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
     from agentd.agent.template import ElasticAgent, SimpleElasticAgent
+    from agentd.assembly.settings import AgentSettings
     from agentd.config.resolve import AgentConfig
     from agentd.drain.client import checkpoint_requested, checkpoint_saved, on_checkpoint_request
     from agentd.errors.record import record

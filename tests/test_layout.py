@@ -142,6 +142,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "health",
         ),
     ),
+    ("assembly", ("assembly",)),
     ("agent", ("agent",)),
     ("edges", ("config", "elastic", "launcher", "integrations", "cli", "__main__")),
 )

@@ -20,30 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
-from agentd.agent.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
-from agentd.drain.settings import DrainSettings
+from agentd.assembly.services import AgentHooks, build_services
+from agentd.assembly.settings import AgentSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
-from agentd.gpus.release import GpuRelease
 from agentd.group import RunResult, WorkerGroup, WorkerState
-from agentd.heartbeats.service import HeartbeatService
-from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene import orphans
-from agentd.hygiene.service import ProcessHygiene
-from agentd.inprocess.service import InProcessRestarts, InProcessSettings
 from agentd.inprocess.wire import DEFAULT_GRACE
-from agentd.preload.service import PreloadService
-from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers, LeasedMembership
+from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers
 from agentd.rendezvous.placement import agent_serves_store
-from agentd.reports.result_service import ResultFileService
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
-from agentd.tcpstore.service import WorkerStoreService
-from agentd.telemetry.event_log import EventLog
-from agentd.timer.service import Watchdog
-from agentd.timer.settings import WatchdogSettings
 from agentd.wire import control
 from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
 from agentd.workers.plan import plan_worker
@@ -51,12 +40,8 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
-    from agentd.drain.service import DrainService
-    from agentd.health.service import HealthService
-    from agentd.health.settings import HealthSettings
-    from agentd.nodecheck.gate import NodeGate
-    from agentd.nodecheck.service import NodeCheckService
-    from agentd.reports.oom import OomWatch
+    from agentd.assembly.ports import DrainPort, OomPort
+    from agentd.assembly.services import ServicesFactory
     from agentd.view import Service
     from agentd.wire.progress import ProgressMessage
 
@@ -70,22 +55,15 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
 
     ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
-    ``result.json``; without one, a fresh temporary directory is used. The first attempt's
-    directory and the last ``keep_attempts`` are kept (0: all). With
-    ``process_hygiene`` (the default) the agent becomes a child subreaper, reaps orphans,
-    runs a guardian that kills the workers if the agent is killed, and kills workers left
-    over by a dead agent of the same run id (``fresh_run_id`` says the id was just
-    generated, so there can be none and the look for them is skipped).
+    ``result.json``; without one, a fresh temporary directory is used. ``settings``
+    (:class:`~agentd.assembly.settings.AgentSettings`) say what runs beside the workers:
+    process hygiene, the watchdog, hang detection, the health endpoint, the event log,
+    node checks, drains, in-process restarts; ``services`` builds them
+    (:func:`~agentd.assembly.services.build_services` by default) and the agent knows
+    each only by what it calls on it (:mod:`agentd.assembly.ports`).
 
-    The watchdog (:attr:`timer_server`) runs with the agent; ``watchdog`` settings add
-    torch's named-pipe timers and D-state detection. A worker reaped by it makes the
+    A worker reaped by the watchdog, or a group whose heartbeats stopped, makes the
     group UNHEALTHY, which restarts it per policy like a failure.
-
-    Workers that call :func:`agentd.heartbeat` are watched for hangs as ``heartbeats``
-    says: a hung group has its stacks dumped, then restarts per policy like a failure.
-
-    ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` from before the
-    first rendezvous to the end; ``event_log`` appends the run's events as JSON lines.
     """
 
     def __init__(
@@ -97,24 +75,13 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         log_line_prefix_template: str | None = None,
         *,
         log_dir: str | os.PathLike[str] | None = None,
-        process_hygiene: bool = True,
-        fresh_run_id: bool = False,
-        watchdog: WatchdogSettings | None = None,
-        health: HealthSettings | None = None,
-        event_log: str | None = None,
-        keep_attempts: int = 10,
-        heartbeats: HeartbeatSettings | None = None,
-        node_checks: NodeGate | None = None,
-        drain: DrainSettings | None = None,
-        inprocess: InProcessSettings | None = None,
-        gpu_release_timeout: float = 30.0,
+        settings: AgentSettings | None = None,
+        services: ServicesFactory | None = None,
     ) -> None:
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
         check_start_method(start_method)
-        watchdog = watchdog or watchdog_from_env()
-        if health is None and os.environ.get(HEALTH_PORT_ENV):
-            health = health_from_env()
+        settings = settings or AgentSettings()
         if logs_specs is not None:
             log_dir = log_dir or logs_specs.root_log_dir
             spec.redirects, spec.tee = logs_specs.redirects, logs_specs.tee
@@ -130,74 +97,28 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         self.hostname = socket.gethostname()
         self.started_at = time.time()
         self.attempt = -1
-        self._keep_attempts = keep_attempts
+        self._settings = settings._replace(fresh_run_id=settings.fresh_run_id or self.fresh_run_id)
         self._mark = orphans.owner_mark(self.run_id)
         self._procs: dict[int, WorkerProcess] = {}
         self._shut_down = False
-        self._result = ResultFileService(self)
-        self._hygiene = ProcessHygiene(
-            self._mark,
-            self.run_id,
-            enabled=process_hygiene,
-            fresh_run_id=fresh_run_id or self.fresh_run_id,
-        )
-        self._watchdog = Watchdog(
-            watchdog or WatchdogSettings(),
-            lambda: self._procs,
-            self._mark,
-            self._wakeup.set,
-            max_overdue=health.timeout if health is not None else None,
-        )
-        self._heartbeats = HeartbeatService(
+        self._hooks = AgentHooks(
             self,
-            self._watchdog,
-            heartbeats or HeartbeatSettings(),
+            lambda: self._procs,
+            self._wakeup.set,
             self._notify,
-            dump_wait=max(1.0, self._watchdog.dump_grace),
-            helpers=self._hygiene,
+            self._leave,
+            self.add_observer,
         )
-        self._watchdog.on_progress(self._on_progress)
-        self._health: HealthService | None = None
-        if health is not None:
-            from agentd.health.service import HealthService
-
-            self._health = HealthService(self, health)
-        events = EventLog(self.run_id, spec.role, self.hostname, event_log, self.add_observer)
-        self._workers_store = WorkerStoreService(self)
-        self._preload = PreloadService(spec, self._hygiene)
+        self._services = (services or build_services)(self._hooks, self._settings)
+        self._services.watchdog.on_progress(self._on_progress)
         self._gate: ReleaseGate | None = None
-        self._inprocess = InProcessRestarts(inprocess, self._wakeup.set)
         self._failed_ranks: set[int] = set()
-        self._gpus = GpuRelease(gpu_release_timeout)
-        self._oom: OomWatch | None = None
-        self._drain_settings = drain or DrainSettings()
-        self._drain: DrainService | None = None
+        self._oom: OomPort | None = None
+        self._drain: DrainPort | None = None
         self._exit_on_leave: int | None = None
         self.control_file: str | None = None
         """The drain's control file of the current attempt (see :mod:`agentd.drain`)."""
-        self._node_checks: NodeCheckService | None = None
-        if node_checks is not None and node_checks.enabled:
-            from agentd.nodecheck.service import NodeCheckService
-
-            self._node_checks = NodeCheckService(
-                node_checks, self.rdzv_handler, self._leave, self._notify, self._hygiene
-            )
-        services: list[Service | None] = [
-            self._result,
-            events,
-            self._watchdog,
-            self._heartbeats,
-            self._health,
-            self._workers_store,
-            self._hygiene,
-            self._preload,
-            self._inprocess,
-        ]
-        self._services = [s for s in services if s is not None]
-        """Started in this order before the first rendezvous, stopped in reverse."""
         self._running: list[Service] = []
-        if isinstance(self.rdzv_handler, LeasedMembership):
-            self.rdzv_handler.on_lease(self._hygiene.on_lease)
 
     # -- the views that need the whole agent (the others: LocalAgentViews) --------------
 
@@ -221,12 +142,12 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         except OSError as exc:
             raise StartError(f"log_dir: cannot create {self.run_dir}: {exc.strerror}") from exc
         fdlimits.raise_open_files_limit()
-        for service in self._services:
+        for service in self._services.in_order():
             await service.start()
             self._running.append(service)
-        pipe_dir = self._watchdog.timer_server.private_dir
+        pipe_dir = self._services.watchdog.timer_server.private_dir
         if pipe_dir:  # a killed agent cannot remove it: its guardian will
-            self._hygiene.remove_when_gone(pipe_dir)
+            self._services.hygiene.remove_when_gone(pipe_dir)
 
     @agent_step
     async def _shutdown(
@@ -254,12 +175,14 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
 
     async def _before_join(self) -> None:
         if isinstance(self.rdzv_handler, KeepsWorkers):
-            self.rdzv_handler.announce_kept(self._inprocess.keeping())
+            self.rdzv_handler.announce_kept(self._services.inprocess.keeping())
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained(code)
-        if self._node_checks is not None:
-            admit, _ = await first_done(self._node_checks.admit(), self._stop_requested.wait())
+        if self._services.node_checks is not None:
+            admit, _ = await first_done(
+                self._services.node_checks.admit(), self._stop_requested.wait()
+            )
             self._raise_if_stop_requested()
             admit.result()  # NodeUnfit: this host gives up
 
@@ -279,7 +202,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             self.request_stop(signum or signal.SIGTERM)
 
     def _on_progress(self, messages: list[ProgressMessage]) -> None:
-        self._heartbeats.feed(messages)
+        self._services.heartbeats.feed(messages)
         if self._drain is not None:
             self._drain.feed(messages)
 
@@ -287,13 +210,13 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
         self.attempt += 1
-        prune_attempts(self.run_dir, self.attempt, self._keep_attempts)
-        await self._workers_store.open_for(group)
+        prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
+        await self._services.workers_store.open_for(group)
         spec = group.spec
         if isinstance(self.rdzv_handler, CoordinatesDrains):
             self.control_file = str(self.run_dir / "drain.control")
             control.create(self.control_file)
-        dropped = self._inprocess.unresumable()  # kept, but their channel closed since
+        dropped = self._services.inprocess.unresumable()  # kept, but their channel closed since
         if dropped:
             await self._stop_dropped(dropped)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
@@ -301,35 +224,37 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             handler, grace = self.rdzv_handler, DEFAULT_GRACE
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
                 grace += handler.peer_loss_timeout()  # a lost node takes that long to see
-            self._inprocess.plan(plans, self.kept_ranks, grace)  # drops kept ones that died
+            self._services.inprocess.plan(
+                plans, self.kept_ranks, grace
+            )  # drops kept ones that died
         else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
-        kept = self._inprocess.parked
-        spawn = self._preload.spawn if self._preload.enabled else spawn_worker
-        with self._hygiene.spawning():
+        kept = self._services.inprocess.parked
+        spawn = self._services.preload.spawn if self._services.preload.enabled else spawn_worker
+        with self._services.hygiene.spawning():
             procs = await asyncio.gather(
                 *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),
                 return_exceptions=True,
             )
             started = [p for p in procs if isinstance(p, WorkerProcess)]
-            self._inprocess.spawned(p.local_rank for p in started)
-            await self._hygiene.started(started)
-        started += self._inprocess.resume_all(plans)
+            self._services.inprocess.spawned(p.local_rank for p in started)
+            await self._services.hygiene.started(started)
+        started += self._services.inprocess.resume_all(plans)
         if self._oom is None:
-            from agentd.reports.oom import OomWatch
+            from agentd.assembly.services import oom_watch
 
-            self._oom = OomWatch()
+            self._oom = oom_watch()
         self._oom.arm()  # after the spawns: the first worker need not wait for it
         if self.attempt == 0:
             self._after_first_start()
         if self._gate is not None:
             self._gate.spawned()
-        self._heartbeats.started(group, started)
-        if self._node_checks is not None:
-            self._node_checks.workers_started()
+        self._services.heartbeats.started(group, started)
+        if self._services.node_checks is not None:
+            self._services.node_checks.workers_started()
         self._start_drains()
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
@@ -350,29 +275,29 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
 
     async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
         """Stop kept workers that can no longer be resumed; their ranks start anew."""
-        pids = await self._gpus.watched(p.pid for p in procs)
-        spared = {p.pgid for p in self._inprocess.parked.values()}  # kept: not strays
+        pids = await self._services.gpus.watched(p.pid for p in procs)
+        spared = {p.pgid for p in self._services.inprocess.parked.values()}  # kept: not strays
         signum = self._worker_group.spec.stop_signal
         await stop_workers(procs, signum, self._stop_timeout(), self._force, self._mark, spared)
-        self._hygiene.stopped(procs)
-        self._watchdog.forget(p.pid for p in procs)
-        self._inprocess.forget(p.local_rank for p in procs)
-        await self._gpus.wait(pids)
+        self._services.hygiene.stopped(procs)
+        self._services.watchdog.forget(p.pid for p in procs)
+        self._services.inprocess.forget(p.local_rank for p in procs)
+        await self._services.gpus.wait(pids)
 
     def _after_first_start(self) -> None:
         """Once the first workers are spawned: sweep dead agents' pipe directories, and load
         what a failure needs, so neither the launch nor the first restart waits for it."""
-        self._watchdog.sweep_stale_pipes()
-        self._gpus.look()
+        self._services.watchdog.sweep_stale_pipes()
+        self._services.gpus.look()
         import agentd.errors.error_file
         import agentd.telemetry.metrics_api  # noqa: F401
 
     async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
-        with self._inprocess.restarting():
+        with self._services.inprocess.restarting():
             await super()._restart_after(group, reason)
 
     async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
-        with self._inprocess.restarting():
+        with self._services.inprocess.restarting():
             await super()._restart_group(group, reason, stopped)
 
     def _start_drains(self) -> None:
@@ -380,11 +305,9 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self.control_file is None or not isinstance(handler, CoordinatesDrains):
             return
         if self._drain is None:
-            from agentd.drain.service import DrainService
+            from agentd.assembly.services import drain_service
 
-            self._drain = DrainService(
-                self._drain_settings, handler.drains, lambda: self._procs, self._leave, self._notify
-            )
+            self._drain = drain_service(self._settings.drain, handler.drains, self._hooks)
             self._running.append(self._drain)  # stopped with the other services
         self._drain.attempt(self.control_file)
         self._drain.workers_started()
@@ -397,14 +320,16 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
 
     async def _check_workers(self, group: WorkerGroup) -> RunResult:
         procs = self._procs
-        self._watchdog.forget(p.pid for p in procs.values() if p.returncode is not None)
-        if self._watchdog.unhealthy:
+        self._services.watchdog.forget(p.pid for p in procs.values() if p.returncode is not None)
+        if self._services.watchdog.unhealthy:
             return self._unhealthy_result(group)
         failed = [p for p in procs.values() if p.returncode not in (None, 0)]
-        if not failed and self._inprocess.raised():  # the cause may be a peer's exit: see it
-            await self._inprocess.see_exits(procs.values(), _CAUSE_WAIT)
+        if (
+            not failed and self._services.inprocess.raised()
+        ):  # the cause may be a peer's exit: see it
+            await self._services.inprocess.see_exits(procs.values(), _CAUSE_WAIT)
             failed = [p for p in procs.values() if p.returncode not in (None, 0)]
-        raised = {r: e for r, e in self._inprocess.raised().items() if r in procs}
+        raised = {r: e for r, e in self._services.inprocess.raised().items() if r in procs}
         if failed or raised:
             if failed:
                 await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
@@ -430,7 +355,7 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             return
         spec = group.spec
         fresh_store = agent_serves_store(self.rdzv_handler, group)
-        kept = await self._inprocess.park(procs, self._failed_ranks, fresh_store)
+        kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)
@@ -442,11 +367,11 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
             running,
             spec.stop_signal.name,
         )
-        await self._heartbeats.stopped()
-        if self._node_checks is not None:
-            await self._node_checks.workers_stopping()
+        await self._services.heartbeats.stopped()
+        if self._services.node_checks is not None:
+            await self._services.node_checks.workers_stopping()
         strays: list[int] = []
-        gpu_pids = await self._gpus.watched(p.pid for p in procs)
+        gpu_pids = await self._services.gpus.watched(p.pid for p in procs)
         try:
             strays = await stop_workers(
                 procs,
@@ -464,15 +389,15 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
                     len(strays),
                     strays,
                 )
-            self._hygiene.stopped(procs)
+            self._services.hygiene.stopped(procs)
             for worker in group.workers:
                 worker.id = None
-            self._watchdog.forget(p.pid for p in procs)
-            self._watchdog.clear()
+            self._services.watchdog.forget(p.pid for p in procs)
+            self._services.watchdog.clear()
             self._procs = dict(kept)
-            self._inprocess.forget(p.local_rank for p in procs)
+            self._services.inprocess.forget(p.local_rank for p in procs)
             if self._gate is not None:
                 self._gate.close()
                 self._gate = None
             log.log(level, "[%s] Stopped worker group", spec.role)
-        await self._gpus.wait(gpu_pids | set(strays))
+        await self._services.gpus.wait(gpu_pids | set(strays))

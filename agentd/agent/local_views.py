@@ -17,19 +17,12 @@ from agentd.workers.output import attempt_dir
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentd.drain.service import DrainService
+    from agentd.assembly.ports import DrainPort, OomPort
+    from agentd.assembly.services import LocalServices
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
-    from agentd.health.service import HealthService
-    from agentd.heartbeats.service import HeartbeatService
     from agentd.heartbeats.stragglers import StepTimes
-    from agentd.inprocess.service import InProcessRestarts
-    from agentd.nodecheck.service import NodeCheckService
-    from agentd.preload.service import PreloadService
-    from agentd.reports.oom import OomWatch
-    from agentd.reports.result_service import ResultFileService
     from agentd.timer.server import TimerServer
-    from agentd.timer.service import Watchdog
     from agentd.workers.processes import WorkerProcess
 
 
@@ -37,17 +30,11 @@ class LocalAgentViews:
     """Mixed into :class:`~agentd.agent.local.LocalElasticAgent`, whose state it reads."""
 
     _mark: str
-    _watchdog: Watchdog
-    _heartbeats: HeartbeatService
-    _health: HealthService | None
-    _result: ResultFileService
+    _services: LocalServices
     _procs: dict[int, WorkerProcess]
     _failed_ranks: set[int]
-    _node_checks: NodeCheckService | None
-    _drain: DrainService | None
-    _preload: PreloadService
-    _inprocess: InProcessRestarts
-    _oom: OomWatch | None
+    _drain: DrainPort | None
+    _oom: OomPort | None
     run_dir: Path
     attempt: int
     hostname: str
@@ -56,15 +43,15 @@ class LocalAgentViews:
     def restart_kinds(self) -> dict[str, int]:
         """Restarts so far by kind: ``in_process`` (the survivors kept their process) and
         ``process`` (an in-process restart fell back to new processes for every rank)."""
-        return dict(self._inprocess.kinds)
+        return dict(self._services.inprocess.kinds)
 
     def inprocess_status(self) -> dict[str, Any]:
         """Restarts that did not keep every surviving rank: counts by reason
         (``fallbacks``) and the last one (``last_fallback``: its reason, the local ranks it
         concerned and those kept anyway; None before any)."""
-        last = self._inprocess.last_fallback
+        last = self._services.inprocess.last_fallback
         return {
-            "fallbacks": dict(self._inprocess.fallbacks),
+            "fallbacks": dict(self._services.inprocess.fallbacks),
             "last_fallback": None if last is None else dataclasses.asdict(last),
         }
 
@@ -76,40 +63,40 @@ class LocalAgentViews:
     @property
     def timer_file(self) -> str | None:
         """The named pipe workers write timer requests to (None without the file timer)."""
-        return self._watchdog.timer_file
+        return self._services.watchdog.timer_file
 
     @property
     def timer_server(self) -> TimerServer:
-        return self._watchdog.timer_server
+        return self._services.watchdog.timer_server
 
     @property
     def progress_pipe(self) -> str | None:
         """The named pipe workers send heartbeats on (once the agent started)."""
-        return self._watchdog.progress_pipe
+        return self._services.watchdog.progress_pipe
 
     def heartbeat_status(self) -> dict[str, Any]:
         """Hang detection's view: timeouts, each worker's progress, hangs and stragglers."""
-        return self._heartbeats.status()
+        return self._services.heartbeats.status()
 
     @property
     def step_times(self) -> StepTimes:
-        return self._heartbeats.step_times
+        return self._services.heartbeats.step_times
 
     @property
     def health_server(self) -> HealthCheckServer | None:
-        return self._health.server if self._health is not None else None
+        return self._services.health.server if self._services.health is not None else None
 
     @property
     def metrics(self) -> AgentMetrics | None:
-        return self._health.metrics if self._health is not None else None
+        return self._services.health.metrics if self._services.health is not None else None
 
     @property
     def result_file(self) -> Any:
-        return self._result.file
+        return self._services.result.file
 
     @property
     def result_written(self) -> bool:
-        return self._result.written
+        return self._services.result.written
 
     def worker_processes(self) -> Mapping[int, WorkerProcess]:
         """The current attempt's worker processes, by local rank."""
@@ -121,16 +108,18 @@ class LocalAgentViews:
 
     def node_check_status(self) -> dict[str, Any] | None:
         """The node checks' last results and exclusions (None without ``--node-check``)."""
-        return self._node_checks.status() if self._node_checks is not None else None
+        return (
+            self._services.node_checks.status() if self._services.node_checks is not None else None
+        )
 
     def preload_status(self) -> dict[str, Any] | None:
         """The zygote of ``--preload`` (None when workers are spawned)."""
-        return self._preload.status()
+        return self._services.preload.status()
 
     def liveness_checks(self) -> list[Check]:
         """What ``/livez`` reports: the watchdog is alive and the loop keeps time."""
-        if self._health is not None:
-            return self._health.liveness_checks()
+        if self._services.health is not None:
+            return self._services.health.liveness_checks()
         from agentd.health.server import Check
 
         alive = self.timer_server.alive()
@@ -138,7 +127,7 @@ class LocalAgentViews:
 
     def failure_report(self) -> str:
         """The text report of the last run's failure (empty when it did not fail)."""
-        return self._result.failure_report()
+        return self._services.result.failure_report()
 
     def worker_process_of(self, pid: int) -> WorkerProcess | None:
         """The worker whose tree ``pid`` is in (by pid, then by process group)."""
@@ -161,7 +150,11 @@ class LocalAgentViews:
             role=group.spec.role,
             timestamp=min(
                 t
-                for t in (proc.exited_at, self._inprocess.closed_at(worker.local_rank), time.time())
+                for t in (
+                    proc.exited_at,
+                    self._services.inprocess.closed_at(worker.local_rank),
+                    time.time(),
+                )
                 if t is not None
             ),
             stderr_tail=proc.stderr.tail() if proc.stderr is not None else "",
@@ -199,7 +192,7 @@ class LocalAgentViews:
         """The group's result when the watchdog reaped or found hung workers."""
         by_rank = {w.local_rank: w for w in group.workers}
         failures: dict[int, WorkerFailure] = {}
-        for found in self._watchdog.unhealthy:
+        for found in self._services.watchdog.unhealthy:
             proc = self.worker_process_of(found.pid)
             if proc is None:
                 continue

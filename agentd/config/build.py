@@ -88,16 +88,14 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     """The local agent that runs ``spec`` with ``config``'s settings (each feature gets its
     own settings object, never the whole config)."""
     from agentd.agent.local import LocalElasticAgent
+    from agentd.assembly.settings import AgentSettings
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.service import InProcessSettings
     from agentd.timer.settings import WatchdogSettings
 
-    return LocalElasticAgent(
-        spec,
-        log_dir=config.log_dir,
+    settings = AgentSettings(
         keep_attempts=config.keep_attempts,
-        exit_barrier_timeout=config.exit_barrier_timeout,
         fresh_run_id=not config.rdzv_id,
         watchdog=WatchdogSettings(
             file_timer=config.file_timer,
@@ -121,6 +119,12 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
         inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
         gpu_release_timeout=config.gpu_release_timeout,
+    )
+    return LocalElasticAgent(
+        spec,
+        exit_barrier_timeout=config.exit_barrier_timeout,
+        log_dir=config.log_dir,
+        settings=settings,
     )
 
 

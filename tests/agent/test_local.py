@@ -163,17 +163,17 @@ async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp
 
 
 async def test_a_hang_fails_the_group_with_its_report_through_the_python_api(tmp_path):
-    """``LocalElasticAgent(heartbeats=...)``: a rank that stops heartbeating is found,
-    dumped and reported; observers hear ``hang_detected``."""
-    from agentd import HeartbeatSettings
+    """``LocalElasticAgent(settings=AgentSettings(heartbeats=...))``: a rank that stops
+    heartbeating is found, dumped and reported; observers hear ``hang_detected``."""
+    from agentd import AgentSettings, HeartbeatSettings
     from tests.conftest import TESTS
 
     job = str(TESTS / "workers" / "heartbeat_job.py")
     spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=sys.executable,
                       args=("-u", job, "--steps", "40", "--hang-rank", "1", "--hang-at", "5"),
                       rdzv_handler=StaticRendezvous("api-hang"), max_restarts=0)  # fmt: skip
-    agent = LocalElasticAgent(spec, log_dir=tmp_path,
-                              heartbeats=HeartbeatSettings(step_timeout=0.8))  # fmt: skip
+    hang_detection = AgentSettings(heartbeats=HeartbeatSettings(step_timeout=0.8))
+    agent = LocalElasticAgent(spec, log_dir=tmp_path, settings=hang_detection)
     heard: list[dict] = []
 
     class Listener(AgentObserver):

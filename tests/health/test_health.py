@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentd import LocalElasticAgent, WorkerSpec, WorkerState
+from agentd import AgentSettings, LocalElasticAgent, WorkerSpec, WorkerState
 from agentd.exceptions import StartError
 from agentd.health.server import Check, HealthCheckServer, create_healthcheck_server
 from agentd.health.settings import HealthSettings
@@ -38,7 +38,8 @@ def agent_with_health(tmp_path, args, rdzv=None, **kw) -> LocalElasticAgent:
     spec = WorkerSpec(role="trainer", local_world_size=kw.pop("n", 2), entrypoint=sys.executable,
                       args=("-u", WORKER, *args), rdzv_handler=rdzv or StaticRendezvous("h"),
                       env={"SECRET_TOKEN": "hunter2"}, **kw)  # fmt: skip
-    return LocalElasticAgent(spec, log_dir=tmp_path, health=HealthSettings(port=0))
+    health = AgentSettings(health=HealthSettings(port=0))
+    return LocalElasticAgent(spec, log_dir=tmp_path, settings=health)
 
 
 async def until(predicate) -> None:

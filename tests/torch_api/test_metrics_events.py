@@ -38,6 +38,7 @@ def test_put_metric_values_show_on_the_agents_metrics_endpoint(impl, tmp_path):
 
     metrics = elastic(impl, "metrics")
     server = elastic(impl, "agent.server")
+    from agentd import AgentSettings
     from agentd.agent.local import LocalElasticAgent
     from agentd.health.settings import HealthSettings
 
@@ -48,7 +49,8 @@ def test_put_metric_values_show_on_the_agents_metrics_endpoint(impl, tmp_path):
         args=("-c", "import time; time.sleep(30)"),
         max_restarts=0,
     )
-    agent = LocalElasticAgent(spec, log_dir=tmp_path, health=HealthSettings(port=0))
+    health = AgentSettings(health=HealthSettings(port=0))
+    agent = LocalElasticAgent(spec, log_dir=tmp_path, settings=health)
     outcome: list[BaseException] = []
 
     def run() -> None:

@@ -9,7 +9,7 @@ from agentd.agent.template import (
     WorkerSpec,
     WorkerState,
 )
-from agentd.agent.torch_env import TORCHELASTIC_ENABLE_FILE_TIMER, TORCHELASTIC_TIMER_FILE
+from agentd.assembly.torch_env import TORCHELASTIC_ENABLE_FILE_TIMER, TORCHELASTIC_TIMER_FILE
 
 __all__ = [
     "TORCHELASTIC_ENABLE_FILE_TIMER",

@@ -1,7 +1,7 @@
 """``torch.distributed.elastic.agent.server.local_elastic_agent``."""
 
 from agentd.agent.local import LocalElasticAgent
-from agentd.agent.torch_env import (
+from agentd.assembly.torch_env import (
     TORCHELASTIC_ENABLE_FILE_TIMER,
     TORCHELASTIC_HEALTH_CHECK_PORT,
     TORCHELASTIC_TIMER_FILE,

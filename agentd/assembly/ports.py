@@ -1,0 +1,245 @@
+"""What the local agent calls on each of its services, beyond ``start()``/``stop()``: one
+protocol per role, with only the members the agent uses. A service satisfies its
+protocol structurally (mypy checks :func:`~agentd.assembly.services.build_services`
+against them), so a test or an embedder can hand the agent any object that does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agentd.group import WorkerGroup
+    from agentd.health.metrics import AgentMetrics
+    from agentd.health.server import Check, HealthCheckServer
+    from agentd.heartbeats.stragglers import StepTimes
+    from agentd.inprocess.service import Fallback
+    from agentd.timer.file_server import FileTimerServer
+    from agentd.wire.progress import ProgressMessage
+    from agentd.workers.processes import WorkerProcess
+
+ProgressSink = Callable[["list[ProgressMessage]"], None]
+
+
+class ResultPort(Protocol):
+    """The run's record (``result.json``) and the failure report."""
+
+    file: Any
+    written: bool
+
+    def failure_report(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class WatchdogPort(Protocol):
+    """The timers' server and the unhealthy workers it reaped."""
+
+    @property
+    def timer_server(self) -> FileTimerServer: ...
+
+    @property
+    def unhealthy(self) -> list[Any]: ...
+
+    @property
+    def dump_grace(self) -> float: ...
+
+    @property
+    def timer_file(self) -> str | None: ...
+
+    @property
+    def progress_pipe(self) -> str | None: ...
+
+    def on_progress(self, sink: ProgressSink) -> None: ...
+
+    def sweep_stale_pipes(self) -> None: ...
+
+    def forget(self, pids: Iterable[int]) -> None: ...
+
+    def clear(self) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class HeartbeatsPort(Protocol):
+    """Hang detection: fed the workers' progress, told when they start and stop."""
+
+    @property
+    def step_times(self) -> StepTimes: ...
+
+    def started(self, group: WorkerGroup, procs: list[WorkerProcess]) -> None: ...
+
+    async def stopped(self) -> None: ...
+
+    def feed(self, messages: list[ProgressMessage]) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class HealthPort(Protocol):
+    """The health endpoint, when one was asked for."""
+
+    server: HealthCheckServer | None
+    metrics: AgentMetrics | None
+
+    def liveness_checks(self) -> list[Check]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class HygienePort(Protocol):
+    """Process hygiene: the reaper's bookkeeping, the guardian, the lease's deadline."""
+
+    def spawning(self) -> AbstractContextManager[None]: ...
+
+    async def started(self, procs: Sequence[WorkerProcess]) -> None: ...
+
+    def stopped(self, procs: Sequence[WorkerProcess]) -> None: ...
+
+    def own(self, pid: int | None) -> None: ...
+
+    def disown(self, pid: int | None) -> None: ...
+
+    def remove_when_gone(self, path: str) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class WorkerStorePort(Protocol):
+    """The workers' TCPStore, opened for each attempt's group."""
+
+    async def open_for(self, group: WorkerGroup) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class PreloadPort(Protocol):
+    """The zygote that forks workers, when the spec preloads modules."""
+
+    enabled: bool
+
+    async def spawn(self, local_rank: int, *launch: Any) -> WorkerProcess: ...
+
+    def status(self) -> dict[str, Any] | None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class InProcessPort(Protocol):
+    """In-process restarts: which workers park, and which resume in the next attempt."""
+
+    parked: dict[int, WorkerProcess]
+    kinds: dict[str, int]
+    fallbacks: dict[str, int]
+    last_fallback: Fallback | None
+
+    def restarting(self) -> AbstractContextManager[None]: ...
+
+    def plan(
+        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, grace: float
+    ) -> None: ...
+
+    def keeping(self) -> list[int]: ...
+
+    def unresumable(self) -> list[WorkerProcess]: ...
+
+    async def see_exits(self, procs: Iterable[WorkerProcess], cause_wait: float) -> None: ...
+
+    def resume_all(self, plans: Sequence[tuple[Any, ...]]) -> list[WorkerProcess]: ...
+
+    def spawned(self, local_ranks: Iterable[int]) -> None: ...
+
+    def closed_at(self, local_rank: int) -> float | None: ...
+
+    async def park(
+        self, procs: Sequence[WorkerProcess], failed: Collection[int], fresh_store: bool
+    ) -> dict[int, WorkerProcess]: ...
+
+    def raised(self) -> dict[int, tuple[str, float]]: ...
+
+    def forget(self, local_ranks: Iterable[int]) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class GpusPort(Protocol):
+    """The bounded wait after a stop until the stopped workers hold no GPU memory."""
+
+    def look(self) -> None: ...
+
+    async def watched(self, pids: Iterable[int]) -> set[int]: ...
+
+    async def wait(self, pids: set[int]) -> None: ...
+
+
+class NodeChecksPort(Protocol):
+    """Health-gated membership: the gate before each join, the watch while workers run."""
+
+    async def admit(self) -> None: ...
+
+    def workers_started(self) -> None: ...
+
+    async def workers_stopping(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class DrainPort(Protocol):
+    """A coordinated drain, per attempt's control file."""
+
+    def attempt(self, control_file: str) -> None: ...
+
+    def workers_started(self) -> None: ...
+
+    def request(self, reason: str, exit_code: int) -> bool: ...
+
+    def feed(self, messages: list[ProgressMessage]) -> None: ...
+
+    def status(self) -> dict[str, Any] | None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class OomPort(Protocol):
+    """Which worker deaths were the kernel's OOM killer."""
+
+    def arm(self) -> None: ...
+
+    def explain(self, pid: int, exitcode: int) -> dict[str, Any] | None: ...
+
+
+__all__ = [
+    "DrainPort",
+    "GpusPort",
+    "HealthPort",
+    "HeartbeatsPort",
+    "HygienePort",
+    "InProcessPort",
+    "NodeChecksPort",
+    "OomPort",
+    "PreloadPort",
+    "ResultPort",
+    "WatchdogPort",
+    "WorkerStorePort",
+]

@@ -1,0 +1,176 @@
+"""The one place the local agent's services are built: from :class:`AgentSettings` and
+the agent's :class:`AgentHooks` to the :class:`LocalServices` it runs.
+
+``agentd run`` (:mod:`agentd.config.build`), torch's ``elastic_launch``
+(:mod:`agentd.launcher`) and a Python caller's ``LocalElasticAgent(spec)`` all come
+here. A service that only an option asks for is imported only then (the health
+endpoint, node checks), and the drain and OOM watch are built on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agentd.assembly.settings import AgentSettings
+from agentd.gpus.release import GpuRelease
+from agentd.heartbeats.service import HeartbeatService
+from agentd.heartbeats.settings import HeartbeatSettings
+from agentd.hygiene.service import ProcessHygiene
+from agentd.inprocess.service import InProcessRestarts
+from agentd.preload.service import PreloadService
+from agentd.rendezvous.api import LeasedMembership
+from agentd.reports.result_service import ResultFileService
+from agentd.tcpstore.service import WorkerStoreService
+from agentd.telemetry.event_log import EventLog
+from agentd.timer.service import Watchdog
+
+if TYPE_CHECKING:
+    from agentd.assembly.ports import (
+        DrainPort,
+        GpusPort,
+        HealthPort,
+        HeartbeatsPort,
+        HygienePort,
+        InProcessPort,
+        NodeChecksPort,
+        OomPort,
+        PreloadPort,
+        ResultPort,
+        WatchdogPort,
+        WorkerStorePort,
+    )
+    from agentd.drain.settings import DrainSettings
+    from agentd.rendezvous.drains import Drains
+    from agentd.view import AgentObserver, AgentView, Service
+    from agentd.workers.processes import WorkerProcess
+
+
+class AgentHooks(NamedTuple):
+    """What the services may call back on the agent that runs them."""
+
+    view: AgentView
+    procs: Callable[[], Mapping[int, WorkerProcess]]
+    """The running workers by local rank."""
+    wakeup: Callable[[], None]
+    """Something changed: the agent looks at its workers again."""
+    notify: Callable[..., None]
+    """Tell the agent's observers (a hook name, then its arguments)."""
+    leave: Callable[..., None]
+    """Leave the job: ``leave(why, exit_code=None, alone=False)``."""
+    add_observer: Callable[[AgentObserver], None]
+
+
+class LocalServices(NamedTuple):
+    """The local agent's services, each known by what the agent calls on it."""
+
+    result: ResultPort
+    events: Service
+    watchdog: WatchdogPort
+    heartbeats: HeartbeatsPort
+    health: HealthPort | None
+    workers_store: WorkerStorePort
+    hygiene: HygienePort
+    preload: PreloadPort
+    inprocess: InProcessPort
+    gpus: GpusPort
+    node_checks: NodeChecksPort | None
+
+    def in_order(self) -> list[Service]:
+        """Started in this order before the first rendezvous, stopped in reverse."""
+        ordered: list[Any] = [
+            self.result,
+            self.events,
+            self.watchdog,
+            self.heartbeats,
+            self.health,
+            self.workers_store,
+            self.hygiene,
+            self.preload,
+            self.inprocess,
+        ]
+        return [s for s in ordered if s is not None]
+
+
+ServicesFactory = Callable[[AgentHooks, AgentSettings], LocalServices]
+
+
+def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
+    """Every service of the agent behind ``hooks``, from ``settings`` (torch's environment
+    switches stand in for a watchdog or health endpoint the settings leave unset)."""
+    from agentd.assembly.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
+
+    agent = hooks.view
+    health = settings.health
+    if health is None:
+        import os
+
+        if os.environ.get(HEALTH_PORT_ENV):
+            health = health_from_env()
+    mark = agent.owner_mark
+    hygiene = ProcessHygiene(
+        mark,
+        agent.run_id,
+        enabled=settings.process_hygiene,
+        fresh_run_id=settings.fresh_run_id,
+    )
+    watchdog = Watchdog(
+        settings.watchdog or watchdog_from_env(),
+        hooks.procs,
+        mark,
+        hooks.wakeup,
+        max_overdue=health.timeout if health is not None else None,
+    )
+    heartbeats = HeartbeatService(
+        agent,
+        watchdog,
+        settings.heartbeats or HeartbeatSettings(),
+        hooks.notify,
+        dump_wait=max(1.0, watchdog.dump_grace),
+        helpers=hygiene,
+    )
+    health_service = None
+    if health is not None:
+        from agentd.health.service import HealthService
+
+        health_service = HealthService(agent, health)
+    spec = agent.get_worker_group().spec
+    events = EventLog(
+        agent.run_id, spec.role, agent.hostname, settings.event_log, hooks.add_observer
+    )
+    node_checks = None
+    gate = settings.node_checks
+    if gate is not None and gate.enabled:
+        from agentd.nodecheck.service import NodeCheckService
+
+        node_checks = NodeCheckService(gate, agent.rdzv_handler, hooks.leave, hooks.notify, hygiene)
+    if isinstance(agent.rdzv_handler, LeasedMembership):
+        agent.rdzv_handler.on_lease(hygiene.on_lease)
+    return LocalServices(
+        result=ResultFileService(agent),
+        events=events,
+        watchdog=watchdog,
+        heartbeats=heartbeats,
+        health=health_service,
+        workers_store=WorkerStoreService(agent),
+        hygiene=hygiene,
+        preload=PreloadService(spec, hygiene),
+        inprocess=InProcessRestarts(settings.inprocess, hooks.wakeup),
+        gpus=GpuRelease(settings.gpu_release_timeout),
+        node_checks=node_checks,
+    )
+
+
+def drain_service(settings: DrainSettings | None, drains: Drains, hooks: AgentHooks) -> DrainPort:
+    """The drain's service, built when the first attempt with a control file starts."""
+    from agentd.drain.service import DrainService
+    from agentd.drain.settings import DrainSettings
+
+    return DrainService(settings or DrainSettings(), drains, hooks.procs, hooks.leave, hooks.notify)
+
+
+def oom_watch() -> OomPort:
+    """The OOM watch, built after the first workers are spawned (off the launch path)."""
+    from agentd.reports.oom import OomWatch
+
+    return OomWatch()

@@ -1,0 +1,43 @@
+"""Every feature's settings for one local agent, in one record (``agentd run``'s flags, or
+a Python caller's choices); each service gets its own part, never the whole record."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from agentd.drain.settings import DrainSettings
+    from agentd.health.settings import HealthSettings
+    from agentd.heartbeats.settings import HeartbeatSettings
+    from agentd.inprocess.service import InProcessSettings
+    from agentd.nodecheck.gate import NodeGate
+    from agentd.timer.settings import WatchdogSettings
+
+
+class AgentSettings(NamedTuple):
+    """What the local agent runs beside its workers, and how.
+
+    ``process_hygiene`` (the default): the agent becomes a child subreaper, reaps orphans,
+    runs a guardian that kills the workers if the agent is killed, and kills workers left
+    over by a dead agent of the same run id (``fresh_run_id`` says the id was just
+    generated, so there can be none and the look for them is skipped). ``watchdog`` adds
+    torch's named-pipe timers and D-state detection (None: torch's environment switches
+    decide); ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` (None:
+    ``TORCHELASTIC_HEALTH_CHECK_PORT`` decides); ``event_log`` appends the run's events as
+    JSON lines; the first attempt's log directory and the last ``keep_attempts`` are kept
+    (0: all); ``heartbeats`` tunes hang detection, ``node_checks`` gates each join,
+    ``drain`` the coordinated drain, ``inprocess`` in-process restarts, and
+    ``gpu_release_timeout`` bounds the wait for stopped workers' GPU memory.
+    """
+
+    process_hygiene: bool = True
+    fresh_run_id: bool = False
+    watchdog: WatchdogSettings | None = None
+    health: HealthSettings | None = None
+    event_log: str | None = None
+    keep_attempts: int = 10
+    heartbeats: HeartbeatSettings | None = None
+    node_checks: NodeGate | None = None
+    drain: DrainSettings | None = None
+    inprocess: InProcessSettings | None = None
+    gpu_release_timeout: float = 30.0
