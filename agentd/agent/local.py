@@ -1,15 +1,13 @@
 """LocalElasticAgent: runs the worker group as local subprocesses of this agent.
 
-The core is the worker lifecycle: plan each worker (its log routes, environment and
-argv), spawn it, watch the group through exit events, and stop it with the one stop
-policy. Everything else the agent does is a service (:mod:`agentd.view`), started in
-order before the first rendezvous and stopped in reverse at the end: the run's record
-(``result.json``), the event log, the watchdog, the health endpoint and process hygiene.
+The worker lifecycle (plan, spawn, watch, stop) is :mod:`agentd.agent.lifecycle`; here
+the agent is put together: its services, built by :mod:`agentd.assembly` from one
+settings record, started in order before the first rendezvous and stopped in reverse
+at the end, and how it leaves the job (a drain, failed node checks).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -18,26 +16,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentd.agent.local_views import LocalAgentViews
-from agentd.agent.template import SimpleElasticAgent
+from agentd.agent.lifecycle import WorkerLifecycle
 from agentd.assembly.services import AgentHooks, build_services
 from agentd.assembly.settings import AgentSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
-from agentd.group import RunResult, WorkerGroup, WorkerState
+from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
-from agentd.inprocess.wire import DEFAULT_GRACE
-from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers
-from agentd.rendezvous.placement import agent_serves_store
+from agentd.rendezvous.api import KeepsWorkers
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
-from agentd.wire import control
-from agentd.workers.output import attempt_dir, ensure_dir, prune_attempts
-from agentd.workers.plan import plan_worker
-from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
-from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
+from agentd.workers.output import ensure_dir
+from agentd.workers.processes import WorkerProcess
+from agentd.workers.release_gate import ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.assembly.ports import DrainPort, OomPort
@@ -47,11 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_TAIL_WAIT = 0.5
-_CAUSE_WAIT = 0.02
 
-
-class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
+class LocalElasticAgent(WorkerLifecycle):
     """Runs ``spec.local_world_size`` workers as subprocesses and supervises them.
 
     ``log_dir`` holds ``<run_id>/attempt_<n>/<local_rank>/`` per worker and the run's
@@ -206,92 +196,6 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
         if self._drain is not None:
             self._drain.feed(messages)
 
-    @agent_step
-    async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        group = worker_group
-        self.attempt += 1
-        prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
-        await self._services.workers_store.open_for(group)
-        spec = group.spec
-        if isinstance(self.rdzv_handler, CoordinatesDrains):
-            self.control_file = str(self.run_dir / "drain.control")
-            control.create(self.control_file)
-        dropped = self._services.inprocess.unresumable()  # kept, but their channel closed since
-        if dropped:
-            await self._stop_dropped(dropped)
-        plans = [plan_worker(self, group, worker) for worker in group.workers]
-        if isinstance(spec.entrypoint, str):
-            handler, grace = self.rdzv_handler, DEFAULT_GRACE
-            if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
-                grace += handler.peer_loss_timeout()  # a lost node takes that long to see
-            self._services.inprocess.plan(
-                plans, self.kept_ranks, grace
-            )  # drops kept ones that died
-        else:  # function workers leave together
-            self._gate = ReleaseGate(len(plans))
-            for _, _, env, *_, pass_fds in plans:
-                env[RELEASE_FDS_ENV] = self._gate.env_value
-                pass_fds.extend(self._gate.worker_fds)
-        kept = self._services.inprocess.parked
-        spawn = self._services.preload.spawn if self._services.preload.enabled else spawn_worker
-        with self._services.hygiene.spawning():
-            procs = await asyncio.gather(
-                *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),
-                return_exceptions=True,
-            )
-            started = [p for p in procs if isinstance(p, WorkerProcess)]
-            self._services.inprocess.spawned(p.local_rank for p in started)
-            await self._services.hygiene.started(started)
-        started += self._services.inprocess.resume_all(plans)
-        if self._oom is None:
-            from agentd.assembly.services import oom_watch
-
-            self._oom = oom_watch()
-        self._oom.arm()  # after the spawns: the first worker need not wait for it
-        if self.attempt == 0:
-            self._after_first_start()
-        if self._gate is not None:
-            self._gate.spawned()
-        self._services.heartbeats.started(group, started)
-        if self._services.node_checks is not None:
-            self._services.node_checks.workers_started()
-        self._start_drains()
-        errors = [p for p in procs if isinstance(p, BaseException)]
-        self._procs = {p.local_rank: p for p in started}
-        for proc in started:
-            proc.exited.add_done_callback(lambda _f: self._wakeup.set())
-        if errors:
-            await self._stop_workers(group)
-            raise errors[0]
-        log.info(
-            "[%s] Started %d worker(s), attempt %d, pids %s, logs in %s",
-            spec.role,
-            len(started),
-            self.attempt,
-            [p.pid for p in started],
-            self.run_dir / f"attempt_{self.attempt}",
-        )
-        return {p.local_rank: p.pid for p in started}
-
-    async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
-        """Stop kept workers that can no longer be resumed; their ranks start anew."""
-        pids = await self._services.gpus.watched(p.pid for p in procs)
-        spared = {p.pgid for p in self._services.inprocess.parked.values()}  # kept: not strays
-        signum = self._worker_group.spec.stop_signal
-        await stop_workers(procs, signum, self._stop_timeout(), self._force, self._mark, spared)
-        self._services.hygiene.stopped(procs)
-        self._services.watchdog.forget(p.pid for p in procs)
-        self._services.inprocess.forget(p.local_rank for p in procs)
-        await self._services.gpus.wait(pids)
-
-    def _after_first_start(self) -> None:
-        """Once the first workers are spawned: sweep dead agents' pipe directories, and load
-        what a failure needs, so neither the launch nor the first restart waits for it."""
-        self._services.watchdog.sweep_stale_pipes()
-        self._services.gpus.look()
-        import agentd.errors.error_file
-        import agentd.telemetry.metrics_api  # noqa: F401
-
     async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
         with self._services.inprocess.restarting():
             await super()._restart_after(group, reason)
@@ -299,105 +203,3 @@ class LocalElasticAgent(LocalAgentViews, SimpleElasticAgent):
     async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
         with self._services.inprocess.restarting():
             await super()._restart_group(group, reason, stopped)
-
-    def _start_drains(self) -> None:
-        handler = self.rdzv_handler
-        if self.control_file is None or not isinstance(handler, CoordinatesDrains):
-            return
-        if self._drain is None:
-            from agentd.assembly.services import drain_service
-
-            self._drain = drain_service(self._settings.drain, handler.drains, self._hooks)
-            self._running.append(self._drain)  # stopped with the other services
-        self._drain.attempt(self.control_file)
-        self._drain.workers_started()
-
-    @agent_step
-    async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        await self._wakeup.wait()
-        self._wakeup.clear()
-        return await self._check_workers(worker_group)
-
-    async def _check_workers(self, group: WorkerGroup) -> RunResult:
-        procs = self._procs
-        self._services.watchdog.forget(p.pid for p in procs.values() if p.returncode is not None)
-        if self._services.watchdog.unhealthy:
-            return self._unhealthy_result(group)
-        failed = [p for p in procs.values() if p.returncode not in (None, 0)]
-        if (
-            not failed and self._services.inprocess.raised()
-        ):  # the cause may be a peer's exit: see it
-            await self._services.inprocess.see_exits(procs.values(), _CAUSE_WAIT)
-            failed = [p for p in procs.values() if p.returncode not in (None, 0)]
-        raised = {r: e for r, e in self._services.inprocess.raised().items() if r in procs}
-        if failed or raised:
-            if failed:
-                await asyncio.wait([p.pipes_closed for p in failed], timeout=_TAIL_WAIT)
-            failures = self._failures(group, failed, raised)
-            self._failed_ranks = {p.local_rank for p in failed}
-            return RunResult(WorkerState.FAILED, failures=failures)
-        if procs and all(p.returncode == 0 for p in procs.values()):
-            values: dict[int, Any] = {}
-            if not isinstance(group.spec.entrypoint, str):
-                from agentd.workers.function import read_result
-
-                for worker in group.workers:
-                    wdir = attempt_dir(self.run_dir, self.attempt, worker.local_rank)
-                    values[worker.global_rank] = read_result(wdir / "return.pickle")
-            return RunResult(WorkerState.SUCCEEDED, return_values=values)
-        return RunResult(WorkerState.HEALTHY)
-
-    @agent_step
-    async def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        group = worker_group
-        procs = list(self._procs.values())
-        if not procs:
-            return
-        spec = group.spec
-        fresh_store = agent_serves_store(self.rdzv_handler, group)
-        kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
-        self._failed_ranks = set()  # the next stop may be a membership change: none failed
-        procs = [p for p in procs if p.local_rank not in kept]
-        running = sum(p.returncode is None for p in procs)
-        level = logging.INFO if running else logging.DEBUG
-        log.log(
-            level,
-            "[%s] Stopping %d running worker(s) with %s",
-            spec.role,
-            running,
-            spec.stop_signal.name,
-        )
-        await self._services.heartbeats.stopped()
-        if self._services.node_checks is not None:
-            await self._services.node_checks.workers_stopping()
-        strays: list[int] = []
-        gpu_pids = await self._services.gpus.watched(p.pid for p in procs)
-        try:
-            strays = await stop_workers(
-                procs,
-                spec.stop_signal,
-                self._stop_timeout(),
-                self._force,
-                self._mark,
-                spare_groups={p.pgid for p in kept.values()},
-            )
-        finally:
-            if strays:
-                log.warning(
-                    "[%s] Killed %d process(es) that left their worker's group: %s",
-                    spec.role,
-                    len(strays),
-                    strays,
-                )
-            self._services.hygiene.stopped(procs)
-            for worker in group.workers:
-                worker.id = None
-            self._services.watchdog.forget(p.pid for p in procs)
-            self._services.watchdog.clear()
-            self._procs = dict(kept)
-            self._services.inprocess.forget(p.local_rank for p in procs)
-            if self._gate is not None:
-                self._gate.close()
-                self._gate = None
-            log.log(level, "[%s] Stopped worker group", spec.role)
-        await self._services.gpus.wait(gpu_pids | set(strays))

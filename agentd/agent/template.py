@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any
 
-from agentd.agent.rendezvous_steps import RendezvousSteps
+from agentd.agent.restart_steps import RestartSteps
 from agentd.agent.torch_internals import TorchInternals, fq_hostname
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import (  # Worker: torch's agent module exports it
@@ -62,7 +62,7 @@ class ElasticAgent(abc.ABC):
         """The worker group of ``role`` (its state is live)."""
 
 
-class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
+class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
     """The template of an elastic agent; subclasses implement how workers are handled.
 
     :meth:`run` blocks until the job is done, on an event loop of its own; code already on
@@ -302,119 +302,6 @@ class SimpleElasticAgent(RendezvousSteps, TorchInternals, ElasticAgent):
                 await self._restart_after(group, reason)
                 continue
             return await self._give_up(group, result, reason)
-
-    async def _restart_after(self, group: WorkerGroup, reason: str) -> None:
-        """Spend a restart on a failed or unhealthy group: the peers restart too."""
-        spec = group.spec
-        self._remaining_restarts -= 1
-        self._record_restart()
-        self.restart_count += 1
-        self._notify("restarted", reason, self.restart_count)
-        await self._stop_as_round_ends(group, f"worker {reason} on this node")
-        self._set_state(WorkerState.STOPPED, "restarting")
-        await self._backoff(spec.role)
-        log.info(
-            "[%s] Restarting worker group (restart %d of %d)",
-            spec.role,
-            self.restart_count,
-            spec.max_restarts,
-        )
-        await self._restart_group(group, reason=reason, stopped=True)
-
-    async def _give_up(self, group: WorkerGroup, result: RunResult, reason: str) -> RunResult:
-        """The group failed for good: close the rendezvous as failed, stop, FAILED."""
-        root = result.root_cause
-        if root is not None and not group.spec.restart_policy.is_retryable(root.exitcode):
-            log.error(
-                "[%s] Exit code %d is non-retryable; not restarting", group.spec.role, root.exitcode
-            )
-        self._stop_round_watch()
-        why = root.summary() if root is not None else f"worker group {reason}"
-        closing = asyncio.create_task(self._close_rendezvous(False, why))
-        await self._timed_stop(group)
-        await closing
-        self._set_state(WorkerState.FAILED, "no restarts left")
-        return RunResult(WorkerState.FAILED, result.return_values, result.failures)
-
-    async def _pace(self, interval: float) -> None:
-        """Wait ``interval`` before polling a plain ``_monitor_workers`` again (a stop
-        request or the end of the round cuts the wait short)."""
-        try:
-            async with asyncio.timeout(interval):
-                await self._wakeup.wait()
-        except TimeoutError:
-            return
-        self._wakeup.clear()
-
-    @agent_step
-    async def _initialize_workers(self, worker_group: WorkerGroup) -> None:
-        """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
-        group = worker_group
-        self._raise_if_stop_requested()
-        self._stop_round_watch()
-        began = time.monotonic()
-        await self._rendezvous(group)
-        self._notify("phase_timed", "rendezvous", time.monotonic() - began)
-        self._raise_if_stop_requested()
-        began = time.monotonic()
-        pids = await call_step(self._start_workers, group)
-        if not isinstance(pids, dict):
-            raise TypeError(
-                f"{type(self).__name__}._start_workers() returned {pids!r}; it "
-                "must return the workers' ids (pids) by local rank"
-            )
-        self._notify("phase_timed", "start", time.monotonic() - began)
-        for worker in group.workers:
-            worker.id = pids.get(worker.local_rank)
-        self._healthy_since = time.monotonic()
-        self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
-        if group.state in (WorkerState.STOPPED, WorkerState.FAILED):  # set by a subclass
-            self._set_state(WorkerState.INIT, "workers starting")
-        self._set_state(WorkerState.HEALTHY, "workers started")
-
-    @agent_step
-    async def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        """Stop the group and start it again after a new rendezvous (torch's step)."""
-        await self._stop_then_start(worker_group, "restart", stopped=False)
-
-    async def _restart_group(self, group: WorkerGroup, reason: str, stopped: bool = False) -> None:
-        """The template's restart: a subclass's own ``_restart_workers`` if it has one."""
-        if is_agentd_step(self._restart_workers):
-            await self._stop_then_start(group, reason, stopped)
-            return
-        if stopped:
-            self._set_state(WorkerState.INIT, f"restart ({reason})")
-        await call_step(self._restart_workers, group)
-
-    async def _stop_then_start(self, group: WorkerGroup, reason: str, stopped: bool) -> None:
-        """Stop (unless already stopped) and start the group again after a new rendezvous."""
-        if not stopped:
-            await self._timed_stop(group)
-            self._set_state(WorkerState.STOPPED, reason)
-        self._set_state(WorkerState.INIT, f"restart ({reason})")
-        await self._initialize_workers(group)
-
-    async def _timed_stop(self, group: WorkerGroup) -> None:
-        began = time.monotonic()
-        await call_step(self._stop_workers, group)
-        self._notify("phase_timed", "stop", time.monotonic() - began)
-
-    async def _backoff(self, role: str) -> None:
-        spec = self._worker_group.spec
-        healthy_for = time.monotonic() - (self._healthy_since or time.monotonic())
-        if healthy_for >= spec.restart_backoff.maximum:
-            self._consecutive_failures = 0
-        self._consecutive_failures += 1
-        delay = spec.restart_backoff.delay(self._consecutive_failures)
-        if delay <= 0:
-            return
-        log.info("[%s] Waiting %.2fs before restarting (backoff)", role, delay)
-        try:  # only a stop request cuts the backoff short, not the stopped workers' exits
-            async with asyncio.timeout(delay):
-                await self._stop_requested.wait()
-        except TimeoutError:
-            return
-        self._raise_if_stop_requested()
 
     def _raise_if_stop_requested(self) -> None:
         if self._stop_signal is not None:

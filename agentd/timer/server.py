@@ -23,24 +23,20 @@ import contextlib
 import heapq
 import itertools
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from agentd.support.aio import cancel_and_wait
 from agentd.support.ratelog import RateLimitedLog
 from agentd.support.sync_bridge import StartedInBackground
 from agentd.timer.api import TimerRequest
+from agentd.timer.expiry import Entry, Expiry, OnExpired
 
 log = logging.getLogger(__name__)
 
 Trust = Callable[[int], "int | None"]
 """``trust(pid)`` -> the process group to signal for ``pid``, or None if not ours."""
-OnExpired = Callable[[TimerRequest, "int | None"], None]
-"""``on_expired(request, pgid)``: a timer ran out; ``pgid`` was signalled (None: it was not)."""
-
 DEFAULT_MAX_OVERDUE = 0.5
 MAX_TIMERS_PER_WORKER = 1024
 """Live timers one process may hold; more are dropped and counted (``capped``)."""
@@ -49,13 +45,7 @@ MAX_TIMERS = 16384
 _FINE_SLEEP = 0.002
 
 
-class _Entry(NamedTuple):
-    request: TimerRequest
-    deadline: float
-    pgid: int | None
-
-
-class TimerServer(StartedInBackground):
+class TimerServer(Expiry, StartedInBackground):
     """Expiration timers for local workers, enforced by one asyncio task.
 
     ``register_timers``, ``clear_timers`` and ``get_expired_timers`` are the seed's API and
@@ -104,7 +94,7 @@ class TimerServer(StartedInBackground):
         self._wall = wall_clock
         self._max_per_worker = max_timers_per_worker
         self._max_timers = max_timers
-        self._timers: dict[tuple[int, str], _Entry] = {}
+        self._timers: dict[tuple[int, str], Entry] = {}
         self._per_pid: collections.Counter[int] = collections.Counter()
         self._heap: list[tuple[float, int, tuple[int, str]]] = []
         self._seq = itertools.count()
@@ -144,7 +134,7 @@ class TimerServer(StartedInBackground):
             deadline = self._clock() + (request.expiration_time - self._wall())
             if key not in self._timers:
                 self._per_pid[request.worker_id] += 1
-            self._timers[key] = _Entry(request, deadline, pgid)
+            self._timers[key] = Entry(request, deadline, pgid)
             heapq.heappush(self._heap, (deadline, next(self._seq), key))
             self.stats["acquired"] += 1
             if earliest is None or deadline < earliest:
@@ -168,7 +158,7 @@ class TimerServer(StartedInBackground):
         for key in [k for k in self._timers if k[0] in gone]:
             self._remove(key)
 
-    def _remove(self, key: tuple[int, str]) -> _Entry | None:
+    def _remove(self, key: tuple[int, str]) -> Entry | None:
         entry = self._timers.pop(key, None)
         if entry is not None:
             self._per_pid[key[0]] -= 1
@@ -194,6 +184,11 @@ class TimerServer(StartedInBackground):
             heapq.heappop(self._heap)  # released, cleared or re-acquired since
         return None
 
+    def _put_back(self, requests: list[TimerRequest]) -> None:
+        """Timers a reap could not end, registered again as they were (this registry,
+        whatever a subclass's ``register_timers`` does)."""
+        TimerServer.register_timers(self, requests)
+
     def __len__(self) -> int:
         return len(self._timers)
 
@@ -205,7 +200,7 @@ class TimerServer(StartedInBackground):
             self._last_warning[kind] = now
             log.warning("Timer request dropped (%s, %d so far): %s", kind, self.stats[kind], detail)
 
-    def _pop_due(self, deadline: float) -> list[_Entry]:
+    def _pop_due(self, deadline: float) -> list[Entry]:
         due = []
         while (head := self.next_deadline()) is not None and head <= deadline:
             _, _, key = heapq.heappop(self._heap)
@@ -217,76 +212,6 @@ class TimerServer(StartedInBackground):
     def _compact(self) -> None:
         self._heap = [(e.deadline, next(self._seq), k) for k, e in self._timers.items()]
         heapq.heapify(self._heap)
-
-    # -- torch's synchronous pass and reaping -------------------------------------------------
-
-    def _run_watchdog(self) -> None:
-        """One pass, as torch's watchdog thread makes every ``max_interval``: register what
-        the requests source holds (:meth:`_take_requests`), reap each worker with an expired
-        timer and forget the timers of those reaped. A reap that returns False is retried at
-        the next pass; one that raises is logged and counted as done, as torch's contract for
-        ``_reap_worker`` says (agentd's own never raises: it returns False on a failure).
-        agentd's own task expires timers on time without these passes."""
-        self.register_timers(self._take_requests())
-        reaped: set[int] = set()
-        for worker_id, expired in self.get_expired_timers(self._wall()).items():
-            scopes = [request.scope_id for request in expired]
-            try:
-                if self._reap_expired(worker_id, expired):
-                    reaped.add(worker_id)
-                else:
-                    self._failed_reap(worker_id, scopes)
-                    TimerServer.register_timers(self, expired)  # back as they were
-            except Exception:
-                log.exception("Reaping pid %d (timers %s) raised", worker_id, scopes)
-                reaped.add(worker_id)  # torch's contract: a reap that raises is done
-        self.clear_timers(reaped)
-
-    def _failed_reap(self, worker_id: int, scopes: list[str]) -> None:
-        message = "Could not reap pid %d (timers %s); retrying every %gs"
-        self._reap_retries.error("retry", message, worker_id, scopes, self.max_interval)
-
-    def _take_requests(self) -> list[TimerRequest]:
-        """torch's ``request_queue.get(max(1, size()), max_interval)``; [] without one."""
-        queue: Any = self._request_queue
-        if queue is None:
-            return []
-        return list(queue.get(max(1, queue.size()), self.max_interval))
-
-    def _reap_expired(self, worker_id: int, expired: list[TimerRequest]) -> bool:
-        """Reap one worker whose timers ran out (a subclass may need the signal)."""
-        return bool(self._reap_worker(worker_id))
-
-    def _reap_worker(self, worker_id: int, signal: int = int(signal.SIGKILL)) -> bool:
-        """torch's standalone reaping: ``signal`` to the pid alone. True when done (or the
-        pid is already gone); a pid <= 0 or this process is refused and reported."""
-        if worker_id <= 0 or worker_id == os.getpid():
-            log.error("Timer of pid %d expired; refusing to signal it", worker_id)
-            return True
-        if not self.is_process_running(worker_id):
-            return True
-        try:
-            os.kill(worker_id, signal)
-        except ProcessLookupError:
-            return True
-        except OSError as exc:  # retried by the caller, never dropped: the worker may hang on
-            self.stats["reap_errors"] += 1
-            log.error("Could not send %s to pid %d: %s", signal_name(signal), worker_id, exc)
-            return False
-        self.stats["reaped"] += 1
-        log.error("Timer of pid %d expired: sent %s", worker_id, signal_name(signal))
-        return True
-
-    @staticmethod
-    def is_process_running(pid: int) -> bool:
-        """True when ``pid`` is a live process (torch's check before reaping)."""
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, OverflowError, ValueError):
-            return pid > 0
-        return True
 
     # -- the watchdog task -------------------------------------------------------------------
 
@@ -349,101 +274,3 @@ class TimerServer(StartedInBackground):
 
     def log_event(self, name: str, request: TimerRequest | None) -> None:
         """Hook for torch's ``log_event`` (see :class:`FileTimerServer`)."""
-
-    def _expire(self, entry: _Entry) -> None:
-        """Reap one worker: never raises, never signals the agent."""
-        request = entry.request
-        self.stats["expired"] += 1
-        self.log_event("timer expired", request)
-        if self._trust is None:
-            self._reap_standalone(request)
-            return
-        pgid = self._trusted_group(request.worker_id)  # again: the pid may have gone since
-        if pgid is None or pgid == os.getpgid(0):
-            log.warning(
-                "Timer %r of pid %d expired, but the pid is no longer ours",
-                request.scope_id,
-                request.worker_id,
-            )
-            return
-        if request.signal <= 0:
-            log.warning(
-                "Timer %r of pid %d expired (signal %d: not killing)",
-                request.scope_id,
-                request.worker_id,
-                request.signal,
-            )
-            self._notify(request, None)
-            return
-        if self._dump_signal:
-            _signal_pid(request.worker_id, self._dump_signal)
-            log.warning(
-                "Timer %r of pid %d expired: sent %s, killing in %.1fs",
-                request.scope_id,
-                request.worker_id,
-                signal.Signals(self._dump_signal).name,
-                self._dump_grace,
-            )
-            loop = asyncio.get_running_loop()
-            loop.call_later(self._dump_grace, self._kill, request, pgid, entry.deadline)
-        else:
-            self._kill(request, pgid, entry.deadline)
-
-    def _reap_standalone(self, request: TimerRequest) -> None:
-        """Reap an expired pid of torch's standalone server; a reap that returns False is
-        retried every ``max_interval`` until it succeeds or the pid is gone (before, the
-        timer was dropped and the hung worker ran on)."""
-        pending = self._retries.pop(request.worker_id, None)
-        if pending is not None:
-            pending.cancel()
-        if request.signal <= 0 or not self.is_process_running(request.worker_id):
-            self._notify(request, None)
-            return
-        try:
-            done = self._reap_expired(request.worker_id, [request])  # logs what it sent
-        except Exception:  # torch's contract: a reap that raises is done
-            log.exception("Reaping pid %d raised", request.worker_id)
-            done = True
-        if not done:
-            self._failed_reap(request.worker_id, [request.scope_id])
-            loop = asyncio.get_running_loop()
-            retry = loop.call_later(self.max_interval, self._reap_standalone, request)
-            self._retries[request.worker_id] = retry
-            return
-        self.log_event("kill worker process", request)
-        self._notify(request, None)
-
-    def _kill(self, request: TimerRequest, pgid: int, deadline: float) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, request.signal)
-        late = self._clock() - deadline
-        self.stats["reaped"] += 1
-        self.log_event("kill worker process", request)
-        log.error(
-            "Timer %r of pid %d expired: sent %s to its process group %d (%.2f ms late)",
-            request.scope_id,
-            request.worker_id,
-            signal_name(request.signal),
-            pgid,
-            late * 1000,
-        )
-        self._notify(request, pgid)
-
-    def _notify(self, request: TimerRequest, pgid: int | None) -> None:
-        if self._on_expired is not None:
-            try:
-                self._on_expired(request, pgid)
-            except Exception:
-                log.exception("Timer expiry callback failed")
-
-
-def _signal_pid(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
