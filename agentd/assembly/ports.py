@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
     from agentd.heartbeats.stragglers import StepTimes
-    from agentd.inprocess.service import Fallback
+    from agentd.inprocess.settings import Fallback
     from agentd.timer.file_server import FileTimerServer
     from agentd.wire.progress import ProgressMessage
     from agentd.workers.processes import WorkerProcess

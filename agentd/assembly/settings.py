@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from agentd.drain.settings import DrainSettings
     from agentd.health.settings import HealthSettings
     from agentd.heartbeats.settings import HeartbeatSettings
-    from agentd.inprocess.service import InProcessSettings
+    from agentd.inprocess.settings import InProcessSettings
     from agentd.nodecheck.gate import NodeGate
     from agentd.timer.settings import WatchdogSettings
 

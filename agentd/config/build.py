@@ -91,7 +91,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.assembly.settings import AgentSettings
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
-    from agentd.inprocess.service import InProcessSettings
+    from agentd.inprocess.settings import InProcessSettings
     from agentd.timer.settings import WatchdogSettings
 
     settings = AgentSettings(

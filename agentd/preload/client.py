@@ -18,15 +18,15 @@ import logging
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.preload import command, wire
 from agentd.preload.command import PythonCommand
+from agentd.preload.forked import ZygoteWorker, status_from_pidfd
 from agentd.workers.output import StreamRoute, StreamSink
-from agentd.workers.processes import WorkerProcess, spawn_process
+from agentd.workers.processes import spawn_process
 
 log = logging.getLogger(__name__)
 
@@ -35,69 +35,6 @@ _STATUS_WAIT = 2.0
 _STOP_WAIT = 5.0
 _ROOM_FOR_ARGV = 4096
 """Bytes the zygote's command line is padded with, so a worker can show its own in ``ps``."""
-
-
-class ZygoteWorker(WorkerProcess):
-    """A worker forked by the zygote: the exit comes from its pidfd, output from pipes."""
-
-    def __init__(self, local_rank: int, sinks: Mapping[int, StreamSink], zygote: Zygote) -> None:
-        super().__init__(local_rank, sinks)
-        self._zygote = zygote
-        self._pipes: list[asyncio.BaseTransport] = []
-        self._pidfd = -1
-
-    async def read_pipe(self, fd: int, read_end: int) -> None:
-        """Feed this worker's stream ``fd`` (1 or 2) from the pipe's read end."""
-        self._open_pipes.add(fd)
-        loop = asyncio.get_running_loop()
-        pipe = os.fdopen(read_end, "rb", buffering=0)
-        transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(self, fd), pipe)
-        self._pipes.append(transport)
-
-    def attach(self, pid: int, pidfd: int) -> None:
-        """The worker runs as ``pid``: watch its exit through ``pidfd`` (now ours)."""
-        self.pid = pid
-        self._pidfd = pidfd
-        if not self._open_pipes and not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
-        asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
-
-    def _on_exit(self) -> None:
-        at = time.time()
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        task = asyncio.ensure_future(self._collect(at))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    async def _collect(self, at: float) -> None:
-        try:
-            code = await self._zygote.exit_status(self.pid, self._pidfd)
-        finally:
-            os.close(self._pidfd)
-            self._pidfd = -1
-        self.set_exit(code, at)
-
-    def abandon(self) -> None:
-        """Never forked: close what was opened for it."""
-        for transport in self._pipes:
-            transport.close()
-        for sink in self.sinks.values():
-            sink.close()
-
-    async def drain(self) -> None:
-        await super().drain()
-        for transport in self._pipes:
-            transport.close()
-
-
-class _PipeReader(asyncio.Protocol):
-    def __init__(self, worker: ZygoteWorker, fd: int) -> None:
-        self._worker, self._fd = worker, fd
-
-    def data_received(self, data: bytes) -> None:
-        self._worker.pipe_data_received(self._fd, data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._worker.pipe_connection_lost(self._fd, exc)
 
 
 class Zygote:
@@ -186,7 +123,7 @@ class Zygote:
             )
         cwd = cwd or os.getcwd()
         sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
-        worker = ZygoteWorker(local_rank, sinks, self)
+        worker = ZygoteWorker(local_rank, sinks, self.exit_status)
         send_fds, close_after = [0], []
         try:
             if not _is_open(0):  # an agent without stdin: the worker reads /dev/null
@@ -258,7 +195,7 @@ class Zygote:
         self._statuses.pop(pid, None)
         if status.done() and not status.cancelled():
             return status.result()
-        return _status_from_pidfd(pid, pidfd)
+        return status_from_pidfd(pid, pidfd)
 
     # -- the channel -------------------------------------------------------------------------
 
@@ -370,21 +307,6 @@ async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]
                 await writable
             finally:
                 loop.remove_writer(sock)
-
-
-def _status_from_pidfd(pid: int, pidfd: int) -> int:
-    """The exit code read from the pidfd of a worker re-parented to us; SIGKILL's when the
-    status went with the zygote."""
-    try:
-        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
-    except (ChildProcessError, OSError):
-        info = None
-    if info is None:
-        log.warning("Exit status of worker pid %d was lost with the zygote; taken as SIGKILL", pid)
-        return -signal.SIGKILL
-    if info.si_code == os.CLD_EXITED:
-        return int(info.si_status)
-    return -int(info.si_status)
 
 
 def _is_open(fd: int) -> bool:

@@ -20,7 +20,8 @@ from agentd.workers.plan import worker_command
 
 if TYPE_CHECKING:
     from agentd.hygiene.service import ProcessHygiene
-    from agentd.preload.client import Zygote, ZygoteWorker
+    from agentd.preload.client import Zygote
+    from agentd.preload.forked import ZygoteWorker
     from agentd.spec import WorkerSpec
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,6 @@ Invariants under faults:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -43,10 +42,11 @@ from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.exit_barrier import ExitBarrier
 from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.leaving import Leaving
 from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.roll_call import RollCalls
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
-from agentd.rendezvous.rounds import POLL, Round, Rounds, RoundSettings, closed_error
+from agentd.rendezvous.rounds import Round, Rounds, RoundSettings, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
@@ -54,11 +54,8 @@ from agentd.support.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
-_LEAVE_TIMEOUT = 2.0
-"""Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
 
-
-class DynamicRendezvous(RollCalls, ExitBarrier):
+class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
     """An elastic rendezvous for ``run_id`` over a store opened by ``open_store``.
 
     ``open_store`` is called on the first rendezvous, in the agent's loop (see
@@ -298,88 +295,12 @@ class DynamicRendezvous(RollCalls, ExitBarrier):
             return f"membership lost: {lost.result()}"
         return watch_task.result()
 
-    async def end_round(self, reason: str) -> None:
-        """End our round for every peer. A store out of reach is not waited for longer
-        than the heartbeat TTL (the peers lose their leases meanwhile anyway): the round
-        is ended as soon as the store answers, when this agent rejoins."""
-        current = self._round
-        if current is None or self._ended_generation == current.generation:
-            return
-        self._ended_generation = current.generation
-        try:
-            async with asyncio.timeout(self.settings.heartbeat_ttl):
-                await self._rounds_or_fail().advance(current.generation, reason)
-        except (StoreUnavailable, TimeoutError) as exc:
-            self._unended = current.generation
-            why = str(exc) or "no answer in time"
-            raise StoreUnavailable(
-                f"the store cannot be reached ({why}); the round will be ended when it answers"
-            ) from None
-
     async def num_nodes_waiting(self) -> int:
         current = self._round
         if current is None:
             return 0
         joined = await self.store.get(self._keys.round(current.generation, "join"))
         return max(0, int(joined or 0) - current.size)
-
-    async def set_closed(self, succeeded: bool, reason: str) -> None:
-        if self._store is None or self._closed:
-            return
-        self._closed = True
-        doc = {
-            "outcome": "succeeded" if succeeded else "failed",
-            "node": self.node_id,
-            "reason": reason,
-        }
-        try:  # the outcome is ours already: a store out of reach is not waited for long
-            async with asyncio.timeout(self.settings.heartbeat_ttl):
-                await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
-        except TimeoutError:
-            raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
-
-    async def shutdown(self) -> None:
-        if self._rounds is not None:
-            self._rounds.release()
-        if self._membership is not None:
-            await self._membership.stop()
-        if self._store is None or self._opened is None:
-            return
-        try:
-            if not self._closed:  # the others re-form without us
-                async with asyncio.timeout(self.settings.close_timeout):
-                    await self.end_round(f"node {self.node_id} left")
-            async with asyncio.timeout(_LEAVE_TIMEOUT):
-                await self._store.delete(self._keys.heartbeat(self.node_id))
-            if self._opened.serves:
-                await self._wait_for_peers_to_leave()
-        except (StoreError, TimeoutError) as exc:
-            log.warning(
-                "Rendezvous %s: could not leave cleanly: %s",
-                self._run_id,
-                str(exc) or "no answer in time",
-            )
-        finally:
-            await self._opened.close()
-            self._store = self._opened = self._membership = self._rounds = None
-
-    async def _member_ids(self) -> list[str]:
-        """The node ids of the current round's members (none between rounds)."""
-        current, rounds = self._round, self._rounds
-        return await rounds.member_ids(current) if current and rounds else []
-
-    async def _wait_for_peers_to_leave(self) -> None:
-        """Keep the store we serve up until the round's other members are gone (their
-        heartbeats deleted or expired), at most ``close_timeout`` seconds."""
-        store = self.store
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.close_timeout):
-                keys = [self._keys.heartbeat(node) for node in await self._member_ids()]
-                while True:
-                    revision = await store.revision()
-                    if all(beat is None for beat in await store.multi_get(keys)):
-                        return
-                    await store.watch(self._keys.heartbeats, revision, POLL)
 
     # -- joining -----------------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from agentd.rendezvous.api import ReservesMasterPort
 from agentd.rendezvous.placement import agent_serves_store
 from agentd.support import fdlimits
-from agentd.tcpstore.server import MAX_CONNECTIONS, StoreLimits, TCPStoreServer
+from agentd.tcpstore.server import TCPStoreServer
+from agentd.tcpstore.table import MAX_CONNECTIONS, StoreLimits
 
 if TYPE_CHECKING:
     from agentd.group import WorkerGroup

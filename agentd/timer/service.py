@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentd.hygiene import orphans
 from agentd.timer.api import TimerRequest
-from agentd.timer.file_server import FileTimerServer
 from agentd.timer.expiry import signal_name
+from agentd.timer.file_server import FileTimerServer
 from agentd.timer.settings import WatchdogSettings
 from agentd.wire.progress import ProgressMessage
 from agentd.workers.processes import WorkerProcess

@@ -16,7 +16,9 @@ from datetime import timedelta
 
 import pytest
 
-from agentd.tcpstore.server import MAGIC, StoreLimits, TCPStoreServer
+from agentd.tcpstore.server import TCPStoreServer
+from agentd.tcpstore.session import MAGIC
+from agentd.tcpstore.table import StoreLimits
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.torch

@@ -1,0 +1,46 @@
+"""In-process restarts' settings (``--inprocess-park-timeout``,
+``--inprocess-quick-restarts``), the reasons a rank falls back to a new process, and the
+record of the last fallback: light enough for the command line and ``/status``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUICK_REPEATS = 3
+QUICK_WINDOW = 60.0
+"""After QUICK_REPEATS in-process restarts, each within QUICK_WINDOW seconds of the one
+before, the next restart uses new processes: what the survivors kept may be what fails."""
+PARK_TIMEOUT = 10.0
+"""How long the survivors have to leave their training function (a collective in native
+code returns first) before the restart falls back to new processes."""
+
+FALLBACK_REASONS = (
+    "not_opted_in",
+    "broken_channel",
+    "park_timeout",
+    "quick_repeats",
+    "static_store",
+)
+"""Why a live, healthy rank was not kept: the first two replace that rank alone, the last
+three every rank (see the module docstring). A rank whose process is on its way out (its
+channel closed, or it exited while the others parked) is lost, not a fallback."""
+
+
+@dataclass(frozen=True)
+class InProcessSettings:
+    """How in-process restarts are bounded: ``park_timeout`` seconds for the survivors to
+    park; after ``quick_repeats`` in-process restarts in a row, each within
+    :data:`QUICK_WINDOW` of the last, the next uses new processes (0: no such limit)."""
+
+    park_timeout: float = PARK_TIMEOUT
+    quick_repeats: int = QUICK_REPEATS
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The last restart that did not keep every survivor: why, the local ranks it
+    concerned, and the local ranks kept anyway (empty: every rank was a new process)."""
+
+    reason: str
+    local_ranks: tuple[int, ...]
+    kept: tuple[int, ...]

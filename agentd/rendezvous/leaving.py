@@ -1,0 +1,131 @@
+"""How an agent leaves a rendezvous: it ends its round for the others (a failure, a
+restart, a node that leaves), closes the rendezvous with the job's outcome, and at
+shutdown deletes its heartbeat and, when it serves the store, keeps it up until the
+round's other members are gone. A mixin of
+:class:`~agentd.rendezvous.dynamic.DynamicRendezvous`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from agentd.rendezvous.rounds import POLL
+from agentd.store.api import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.conf import RendezvousSettings
+    from agentd.rendezvous.keys import RunKeys
+    from agentd.rendezvous.membership import Membership
+    from agentd.rendezvous.rounds import Round, Rounds
+    from agentd.store.api import Store
+    from agentd.store.connect import OpenedStore
+
+log = logging.getLogger(__name__)
+
+_LEAVE_TIMEOUT = 2.0
+"""Deleting our heartbeat is a courtesy (it expires anyway): never wait long for it."""
+
+
+class Leaving:
+    """Ending rounds, closing and leaving, for a rendezvous that holds the store, keys,
+    round and lease (state lives on the rendezvous)."""
+
+    settings: RendezvousSettings
+    node_id: str
+    _run_id: str
+    _keys: RunKeys
+    _round: Round | None
+    _rounds: Rounds | None
+    _store: Store | None
+    _opened: OpenedStore | None
+    _membership: Membership | None
+    _ended_generation: int | None
+    _unended: int | None
+    _closed: bool
+
+    if TYPE_CHECKING:
+
+        @property
+        def store(self) -> Store: ...
+
+        def _rounds_or_fail(self) -> Rounds: ...
+
+    async def end_round(self, reason: str) -> None:
+        """End our round for every peer. A store out of reach is not waited for longer
+        than the heartbeat TTL (the peers lose their leases meanwhile anyway): the round
+        is ended as soon as the store answers, when this agent rejoins."""
+        current = self._round
+        if current is None or self._ended_generation == current.generation:
+            return
+        self._ended_generation = current.generation
+        try:
+            async with asyncio.timeout(self.settings.heartbeat_ttl):
+                await self._rounds_or_fail().advance(current.generation, reason)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._unended = current.generation
+            why = str(exc) or "no answer in time"
+            raise StoreUnavailable(
+                f"the store cannot be reached ({why}); the round will be ended when it answers"
+            ) from None
+
+    async def set_closed(self, succeeded: bool, reason: str) -> None:
+        if self._store is None or self._closed:
+            return
+        self._closed = True
+        doc = {
+            "outcome": "succeeded" if succeeded else "failed",
+            "node": self.node_id,
+            "reason": reason,
+        }
+        try:  # the outcome is ours already: a store out of reach is not waited for long
+            async with asyncio.timeout(self.settings.heartbeat_ttl):
+                await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
+        except TimeoutError:
+            raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
+
+    async def shutdown(self) -> None:
+        if self._rounds is not None:
+            self._rounds.release()
+        if self._membership is not None:
+            await self._membership.stop()
+        if self._store is None or self._opened is None:
+            return
+        try:
+            if not self._closed:  # the others re-form without us
+                async with asyncio.timeout(self.settings.close_timeout):
+                    await self.end_round(f"node {self.node_id} left")
+            async with asyncio.timeout(_LEAVE_TIMEOUT):
+                await self._store.delete(self._keys.heartbeat(self.node_id))
+            if self._opened.serves:
+                await self._wait_for_peers_to_leave()
+        except (StoreError, TimeoutError) as exc:
+            log.warning(
+                "Rendezvous %s: could not leave cleanly: %s",
+                self._run_id,
+                str(exc) or "no answer in time",
+            )
+        finally:
+            await self._opened.close()
+            self._store = self._opened = self._membership = self._rounds = None
+
+    async def _member_ids(self) -> list[str]:
+        """The node ids of the current round's members (none between rounds)."""
+        current, rounds = self._round, self._rounds
+        return await rounds.member_ids(current) if current and rounds else []
+
+    async def _wait_for_peers_to_leave(self) -> None:
+        """Keep the store we serve up until the round's other members are gone (their
+        heartbeats deleted or expired), at most ``close_timeout`` seconds."""
+        store = self.store
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.close_timeout):
+                keys = [self._keys.heartbeat(node) for node in await self._member_ids()]
+                while True:
+                    revision = await store.revision()
+                    if all(beat is None for beat in await store.multi_get(keys)):
+                        return
+                    await store.watch(self._keys.heartbeats, revision, POLL)
