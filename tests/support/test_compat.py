@@ -18,7 +18,6 @@ from aiohttp import web
 
 from agentd.support.compat import aiohttp as compat_aiohttp
 from agentd.support.compat.multiprocessing import inheriting, queue_reader_fd
-from agentd.support.compat.runpy import run_module_as_main
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentd"
 AIOHTTP = f"aiohttp {aiohttp.__version__}"
@@ -103,22 +102,6 @@ def test_queue_reader_fd_is_the_queue_pipe():
         queue_reader_fd(object())
 
 
-def test_run_module_as_main_runs_it_as_python_m(tmp_path, monkeypatch):
-    (tmp_path / "probe_main.py").write_text(
-        "import sys\nsys.modules['__main__'].seen = (__name__, sys.argv[0])\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["-m", "arg"])
-    main = sys.modules["__main__"]
-    try:
-        run_module_as_main("probe_main")
-        name, argv0 = sys.modules["__main__"].seen
-    finally:
-        sys.modules["__main__"] = main
-        sys.modules.pop("probe_main", None)
-    assert (name, argv0) == ("__main__", str(tmp_path / "probe_main.py")), PYTHON
-
-
 def run_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter (these parts end an interpreter's life); its
     stdout."""
@@ -127,6 +110,20 @@ def run_python(code: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
+
+
+def test_run_module_as_main_runs_it_as_python_m(tmp_path):
+    """In a fresh interpreter: the module runs in ``__main__``'s own namespace."""
+    (tmp_path / "probe_main.py").write_text("import sys\nprint(__name__, sys.argv[0])\n")
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "sys.argv = ['-m', 'arg']\n"
+        "from agentd.support.compat.runpy import run_module_as_main\n"
+        "run_module_as_main('probe_main')\n"
+    )
+    expected = f"__main__ {tmp_path / 'probe_main.py'}"
+    assert run_python(code).strip() == expected, PYTHON
 
 
 def test_join_non_daemon_threads_waits_for_them():
@@ -166,7 +163,10 @@ async def test_has_pidfd_watcher_sees_the_policy_watcher():
         use_pidfd_child_watcher()
         assert has_pidfd_watcher(loop), f"{PYTHON}: policy._watcher / watcher._loop"
         asyncio.set_child_watcher(asyncio.ThreadedChildWatcher())
-    assert not has_pidfd_watcher(loop)
+        try:
+            assert not has_pidfd_watcher(loop)
+        finally:
+            use_pidfd_child_watcher()  # as every agentd test leaves it
 
 
 @pytest.mark.torch
