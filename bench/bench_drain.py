@@ -55,9 +55,26 @@ def notes(out: Path, pattern: str) -> list[dict]:
 def command(launcher: str, port: int) -> list[str]:
     module = "torch.distributed.run" if launcher == "torchrun" else "agentd"
     run = [] if launcher == "torchrun" else ["run", "--drain-on", "SIGUSR1"]
-    return [sys.executable, "-m", module, *run, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            f"127.0.0.1:{port}", "--rdzv-conf", CONF, "--rdzv-id", "bench", "--nnodes",
-            "2:3", "--nproc-per-node", "2", "--max-restarts", "3"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        module,
+        *run,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-conf",
+        CONF,
+        "--rdzv-id",
+        "bench",
+        "--nnodes",
+        "2:3",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+    ]
 
 
 def run_once(launcher: str, every: int, timeout: float) -> dict | None:
@@ -65,15 +82,26 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
         marker = os.urandom(8).hex()
-        env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN, "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": "1", MARK_ENV: marker}  # fmt: skip
+        env = {
+            **os.environ,
+            "AGENTD_STORE_TOKEN": TOKEN,
+            "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "1",
+            MARK_ENV: marker,
+        }
         argv = [*command(launcher, port), WORKER, tmp, str(stop), str(every)]
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for _ in range(3):  # one after the other: the first serves the store
-                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL, env=env))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        env=env,
+                    )
+                )
                 time.sleep(0.5)
             first = "start_0_*.json"
             if not wait_for(lambda: len(notes(out, first)) == 6, timeout):
@@ -117,22 +145,31 @@ def main() -> None:
     if importlib.util.find_spec("torch") is None:
         print("torch is not installed: the benchmark needs it")
         return
-    print(f"a node of a 3-node gloo job (6 ranks, 5 ms steps, a checkpoint every {args.every} "
-          f"steps) signalled to leave; {args.runs} runs, {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"a node of a 3-node gloo job (6 ranks, 5 ms steps, a checkpoint every {args.every} "
+        f"steps) signalled to leave; {args.runs} runs, {os.cpu_count()} CPUs"
+    )
     for name in args.launchers.split(","):
-        results = [r for r in (run_once(name, args.every, args.timeout)
-                               for _ in range(args.runs)) if r is not None]  # fmt: skip
+        results = [
+            r
+            for r in (run_once(name, args.every, args.timeout) for _ in range(args.runs))
+            if r is not None
+        ]
         line = f"  {name:<9} went on {len(results)}/{args.runs}"
         if results:
             calls = [r["callbacks"] for r in results if r["callbacks"] is not None]
             if calls:
-                line += (f"; signal -> every callback entered: median "
-                         f"{statistics.median(calls) * 1000:.0f} ms (max {max(calls) * 1000:.0f})"
-                         f"; one step on every rank {sum(bool(r['one_step']) for r in results)}"
-                         f"/{len(results)}")  # fmt: skip
-            line += (f"; steps lost: {', '.join(str(r['lost']) for r in results)}"
-                     f"; re-formed world running after "
-                     f"{statistics.median(r['reformed'] for r in results):.2f} s")  # fmt: skip
+                line += (
+                    f"; signal -> every callback entered: median "
+                    f"{statistics.median(calls) * 1000:.0f} ms (max {max(calls) * 1000:.0f})"
+                    f"; one step on every rank {sum(bool(r['one_step']) for r in results)}"
+                    f"/{len(results)}"
+                )
+            line += (
+                f"; steps lost: {', '.join(str(r['lost']) for r in results)}"
+                f"; re-formed world running after "
+                f"{statistics.median(r['reformed'] for r in results):.2f} s"
+            )
         print(line, flush=True)
 
 

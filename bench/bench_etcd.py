@@ -47,9 +47,20 @@ from agentd.store.api import Store  # noqa: E402
 
 
 def etcd_flags(endpoint: str, backend: str = "etcd") -> list[str]:
-    return ["--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id",
-            f"launch-{time.monotonic_ns()}", "--nnodes", str(NODES), "--nproc-per-node", "1",
-            "--max-restarts", "0"]  # fmt: skip
+    return [
+        "--rdzv-backend",
+        backend,
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        f"launch-{time.monotonic_ns()}",
+        "--nnodes",
+        str(NODES),
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "0",
+    ]
 
 
 def store_factory(kind: str, target: str) -> Callable[[], Store]:
@@ -137,8 +148,9 @@ def main() -> int:
         if args.etcd_endpoint:
             endpoint = args.etcd_endpoint
         else:
-            cluster = EtcdCluster(Path(tmp), size=args.members,
-                                  extra_args=("--enable-v2=true",)).start()  # fmt: skip
+            cluster = EtcdCluster(
+                Path(tmp), size=args.members, extra_args=("--enable-v2=true",)
+            ).start()
             endpoint = cluster.members[0].endpoint
             args.etcd_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
             args.etcd_urls = cluster.urls
@@ -154,8 +166,7 @@ def main() -> int:
 
 def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str) -> None:
     version = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
-    print(f"etcd {version.split()[2] if version else '?'} on 127.0.0.1; "
-          f"{args.runs} runs each")  # fmt: skip
+    print(f"etcd {version.split()[2] if version else '?'} on 127.0.0.1; {args.runs} runs each")
     cmds = launchers()
     launch: dict[str, list[float]] = {"agentd etcd": [], "agentd store": []}
     torch_etcd = "torchrun" in cmds and importlib.util.find_spec("etcd") is not None
@@ -199,14 +210,18 @@ def report(args: argparse.Namespace, sizes: list[int], etcd: str, embedded: str)
             )
 
     print(f"\nstore operation latency, one client, {args.ops} calls each (ms)")
-    print(f"  {'operation':15s} {'etcd p50':>9s} {'etcd p99':>9s} {'store p50':>10s} "
-          f"{'store p99':>10s}")  # fmt: skip
+    print(
+        f"  {'operation':15s} {'etcd p50':>9s} {'etcd p99':>9s} {'store p50':>10s} "
+        f"{'store p99':>10s}"
+    )
     on_etcd = asyncio.run(latencies(store_factory("etcd", f"http://{etcd}"), args.ops))
     on_store = asyncio.run(latencies(store_factory("store", embedded), args.ops))
     for op in on_etcd:
         a, b = on_etcd[op], on_store[op]
-        print(f"  {op:15s} {pct(a, 0.5):9.2f} {pct(a, 0.99):9.2f} {pct(b, 0.5):10.2f} "
-              f"{pct(b, 0.99):10.2f}")  # fmt: skip
+        print(
+            f"  {op:15s} {pct(a, 0.5):9.2f} {pct(a, 0.99):9.2f} {pct(b, 0.5):10.2f} "
+            f"{pct(b, 0.99):10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,15 +52,34 @@ def free_port() -> int:
 
 def command(launcher: str, port: int) -> list[str]:
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", CONF]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-conf",
+            CONF,
+        ]
     endpoint, conf = f"127.0.0.1:{port}", CONF
     if launcher == "agentd-candidates":
         endpoint += f",127.0.0.2:{port}"
     if launcher == "agentd-no-standby":
         conf += ",standby=0"
-    return [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint, "--rdzv-conf", conf]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-conf",
+        conf,
+    ]
 
 
 def reports(out: Path) -> list[dict[str, float]]:
@@ -73,16 +92,36 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
-        env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN, "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": "1"}  # fmt: skip
-        argv = [*command(launcher, port), "--nnodes", "2:3", "--rdzv-id", "bench",
-                "--max-restarts", "3", WORKER, tmp, str(stop)]  # fmt: skip
+        env = {
+            **os.environ,
+            "AGENTD_STORE_TOKEN": TOKEN,
+            "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "1",
+        }
+        argv = [
+            *command(launcher, port),
+            "--nnodes",
+            "2:3",
+            "--rdzv-id",
+            "bench",
+            "--max-restarts",
+            "3",
+            WORKER,
+            tmp,
+            str(stop),
+        ]
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for _ in range(3):  # one after the other: the first serves the store
-                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL, env=env))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        env=env,
+                    )
+                )
                 time.sleep(0.5)
             if not wait_for(lambda: sum(r["world"] == 3 for r in reports(out)) == 3, timeout):
                 return None, []
@@ -120,17 +159,22 @@ def main() -> None:
     if "torchrun" in launchers and importlib.util.find_spec("torch") is None:
         print("torch is not installed: torchrun is left out")
         launchers.remove("torchrun")
-    print(f"store host SIGKILLed in a 3-node --nnodes 2:3 job -> both survivors at world 2 "
-          f"(target TTL + 2 = {TTL + 2:g}s; {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
+    print(
+        f"store host SIGKILLed in a 3-node --nnodes 2:3 job -> both survivors at world 2 "
+        f"(target TTL + 2 = {TTL + 2:g}s; {args.runs} runs, {os.cpu_count()} CPUs)"
+    )
     for name in launchers:
         results = [run_once(name, args.timeout) for _ in range(args.runs)]
         ok = [took for took, _ in results if took is not None]
         finished = sum(codes == [0, 0] for _, codes in results)
-        line = (f"  {name:<18} went on {len(ok)}/{args.runs}, "
-                f"finished with exit 0 {finished}/{args.runs}")  # fmt: skip
+        line = (
+            f"  {name:<18} went on {len(ok)}/{args.runs}, "
+            f"finished with exit 0 {finished}/{args.runs}"
+        )
         if ok:
-            line += (f"  median {statistics.median(ok):5.2f} s  min {min(ok):5.2f}"
-                     f"  max {max(ok):5.2f}")  # fmt: skip
+            line += (
+                f"  median {statistics.median(ok):5.2f} s  min {min(ok):5.2f}  max {max(ok):5.2f}"
+            )
         codes = sorted({str(c) for _, cs in results for c in cs})
         print(line + f"  (survivors' exit codes: {', '.join(codes) or 'none'})", flush=True)
 

@@ -41,8 +41,16 @@ BEAT_WORKER = str(BENCH / "beat_worker.py")
 def launcher_argv(launcher: str, log_dir: Path) -> list[str]:
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return [sys.executable, "-m", "agentd", "run", "--log-dir", str(log_dir),
-            "--event-log", str(log_dir / "events.jsonl")]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--log-dir",
+        str(log_dir),
+        "--event-log",
+        str(log_dir / "events.jsonl"),
+    ]
 
 
 def read_float(path: Path) -> float | None:
@@ -57,9 +65,21 @@ def hang_once(launcher: str, args: argparse.Namespace) -> dict[str, object]:
         out, logs = Path(tmp) / "out", Path(tmp) / "logs"
         out.mkdir()
         logs.mkdir()
-        argv = [*launcher_argv(launcher, logs), "--nproc-per-node", "4", "--max-restarts", "1",
-                HANG_WORKER, str(out), "--step", str(args.step), "--hang-at", str(args.hang_at),
-                "--collective-timeout", str(args.collective_timeout)]  # fmt: skip
+        argv = [
+            *launcher_argv(launcher, logs),
+            "--nproc-per-node",
+            "4",
+            "--max-restarts",
+            "1",
+            HANG_WORKER,
+            str(out),
+            "--step",
+            str(args.step),
+            "--hang-at",
+            str(args.hang_at),
+            "--collective-timeout",
+            str(args.collective_timeout),
+        ]
         limit = args.hang_at * args.step + args.collective_timeout + 180
         done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
         hang_at = read_float(out / "hang_at")
@@ -79,15 +99,25 @@ def hang_once(launcher: str, args: argparse.Namespace) -> dict[str, object]:
         hangs = [e["metadata"] for e in events if e["name"] == "hang"]
         if hangs and hang_at is not None:
             hang = hangs[0]
-            found.update(detected=hang["detected_at"] - hang_at, named=hang["rank"],
-                         interval=hang["learned_interval"], timeout=hang["timeout"],
-                         source=hang["timeout_source"])  # fmt: skip
+            found.update(
+                detected=hang["detected_at"] - hang_at,
+                named=hang["rank"],
+                interval=hang["learned_interval"],
+                timeout=hang["timeout"],
+                source=hang["timeout_source"],
+            )
             found["stacks"] = sum(
                 "most recent call first" in Path(r["stack"]["file"]).read_text()
-                for r in hang["ranks"] if r["stack"]
-            )  # fmt: skip
-            found["waiting_in"] = sorted({r["stack"]["waiting_in"] or "-" for r in hang["ranks"]
-                                          if r["rank"] != hang["rank"] and r["stack"]})  # fmt: skip
+                for r in hang["ranks"]
+                if r["stack"]
+            )
+            found["waiting_in"] = sorted(
+                {
+                    r["stack"]["waiting_in"] or "-"
+                    for r in hang["ranks"]
+                    if r["rank"] != hang["rank"] and r["stack"]
+                }
+            )
         return found
 
 
@@ -97,8 +127,17 @@ def cost_once(launcher: str, args: argparse.Namespace, beats: bool) -> dict[str,
         out, logs = Path(tmp) / "out", Path(tmp) / "logs"
         out.mkdir()
         logs.mkdir()
-        argv = [*launcher_argv(launcher, logs), "--nproc-per-node", "4", BEAT_WORKER, str(out),
-                "--rate", "1000", "--seconds", str(args.seconds)]  # fmt: skip
+        argv = [
+            *launcher_argv(launcher, logs),
+            "--nproc-per-node",
+            "4",
+            BEAT_WORKER,
+            str(out),
+            "--rate",
+            "1000",
+            "--seconds",
+            str(args.seconds),
+        ]
         if not beats:
             argv.append("--no-beats")
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,26 +169,36 @@ def main() -> None:
     launchers = args.launchers.split(",")
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_hang needs torch (pip install torch==2.13.0)")
-    print(f"Hang: 4 gloo DDP workers, steps of {args.step:g}s, rank 1 hangs at step "
-          f"{args.hang_at}; collective timeout {args.collective_timeout:g}s")  # fmt: skip
+    print(
+        f"Hang: 4 gloo DDP workers, steps of {args.step:g}s, rank 1 hangs at step "
+        f"{args.hang_at}; collective timeout {args.collective_timeout:g}s"
+    )
     results = {launcher: hang_once(launcher, args) for launcher in launchers}
     for launcher, found in results.items():
-        print(f"  {launcher}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in found.items()
-                                            if k != "hang_at"))  # fmt: skip
+        print(
+            f"  {launcher}: "
+            + ", ".join(f"{k}={_fmt(v)}" for k, v in found.items() if k != "hang_at")
+        )
     agentd, torchrun = results.get("agentd", {}), results.get("torchrun", {})
     if isinstance(agentd.get("detected"), float) and isinstance(agentd.get("interval"), float):
         ratio = agentd["detected"] / agentd["interval"]
-        print(f"  agentd detected the hang in {agentd['detected']:.2f}s = {ratio:.2f}x the "
-              f"learned step interval {agentd['interval']:.2f}s (target <= 3x)")  # fmt: skip
+        print(
+            f"  agentd detected the hang in {agentd['detected']:.2f}s = {ratio:.2f}x the "
+            f"learned step interval {agentd['interval']:.2f}s (target <= 3x)"
+        )
     if isinstance(torchrun.get("detected"), float):
-        print(f"  torchrun learned of it when the collective timed out, "
-              f"{torchrun['detected']:.1f}s after the hang")  # fmt: skip
+        print(
+            f"  torchrun learned of it when the collective timed out, "
+            f"{torchrun['detected']:.1f}s after the hang"
+        )
     if isinstance(agentd.get("training_again"), float) and isinstance(
         torchrun.get("training_again"), float
     ):
-        print(f"  training again after the hang: agentd {agentd['training_again']:.1f}s, "
-              f"torchrun {torchrun['training_again']:.1f}s "
-              f"({torchrun['training_again'] / agentd['training_again']:.1f}x longer)")  # fmt: skip
+        print(
+            f"  training again after the hang: agentd {agentd['training_again']:.1f}s, "
+            f"torchrun {torchrun['training_again']:.1f}s "
+            f"({torchrun['training_again'] / agentd['training_again']:.1f}x longer)"
+        )
     if args.skip_cost:
         return
     print(f"Cost: 4 workers x 1000 heartbeat() calls/s for {args.seconds:g}s")
@@ -158,9 +207,11 @@ def main() -> None:
         rows.append(("torchrun, same workers", "torchrun", True))
     for label, launcher, beats in rows:
         cost = cost_once(launcher, args, beats)
-        print(f"  {label}: agent CPU {cost['agent_cpu'] * 100:.2f}% of a core, "
-              f"{cost['beats_per_s']:.0f} beats/s; heartbeat() {cost['heartbeat_ns']:.0f} ns, "
-              f"section() {cost['section_us']:.2f} us")  # fmt: skip
+        print(
+            f"  {label}: agent CPU {cost['agent_cpu'] * 100:.2f}% of a core, "
+            f"{cost['beats_per_s']:.0f} beats/s; heartbeat() {cost['heartbeat_ns']:.0f} ns, "
+            f"section() {cost['section_us']:.2f} us"
+        )
 
 
 def _fmt(value: object) -> str:

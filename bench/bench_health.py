@@ -61,8 +61,10 @@ def wait_healthy(url: str, proc: subprocess.Popen) -> dict:
 def run_wrk(url: str, seconds: float, connections: int) -> dict:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", url],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
     def pct(p: str) -> float:
@@ -70,8 +72,13 @@ def run_wrk(url: str, seconds: float, connections: int) -> dict:
         return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"tool": "wrk", "rps": rps, "p50": pct("50"), "p99": pct("99"),
-            "errors": int(errors.group(1)) if errors else 0}  # fmt: skip
+    return {
+        "tool": "wrk",
+        "rps": rps,
+        "p50": pct("50"),
+        "p99": pct("99"),
+        "errors": int(errors.group(1)) if errors else 0,
+    }
 
 
 def run_python_client(url: str, seconds: float, connections: int) -> dict:
@@ -99,9 +106,13 @@ def run_python_client(url: str, seconds: float, connections: int) -> dict:
 
     elapsed = asyncio.run(main())
     latencies.sort()
-    return {"tool": "python aiohttp client", "rps": len(latencies) / elapsed,
-            "p50": statistics.median(latencies), "p99": latencies[int(0.99 * len(latencies))],
-            "errors": errors}  # fmt: skip
+    return {
+        "tool": "python aiohttp client",
+        "rps": len(latencies) / elapsed,
+        "p50": statistics.median(latencies),
+        "p99": latencies[int(0.99 * len(latencies))],
+        "errors": errors,
+    }
 
 
 def main() -> int:
@@ -115,11 +126,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env["AGENTD_TEST_OUT"] = tmp
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "run", "--health-port", str(port),
-             "--nproc-per-node", "4", "--max-restarts", "1", "--log-dir", tmp, WORKER, "sleep"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "agentd",
+                "run",
+                "--health-port",
+                str(port),
+                "--nproc-per-node",
+                "4",
+                "--max-restarts",
+                "1",
+                "--log-dir",
+                tmp,
+                WORKER,
+                "sleep",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             env=env,
-        )  # fmt: skip
+        )
         try:
             before = wait_healthy(base, proc)
             victim = before["workers"][1]["pid"]

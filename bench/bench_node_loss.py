@@ -82,19 +82,38 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, bool | None]:
     with tempfile.TemporaryDirectory(prefix="bench-node-loss-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
-        env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN, "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": "1", MARK_ENV: marker,
-               "PYTHONPATH": str(Path(__file__).parent)}  # fmt: skip
+        env = {
+            **os.environ,
+            "AGENTD_STORE_TOKEN": TOKEN,
+            "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "1",
+            MARK_ENV: marker,
+            "PYTHONPATH": str(Path(__file__).parent),
+        }
         procs: list[subprocess.Popen[bytes]] = []
-        quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
-                 "stderr": subprocess.DEVNULL, "env": env}  # fmt: skip
+        quiet = {
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.DEVNULL,
+            "stderr": subprocess.DEVNULL,
+            "env": env,
+        }
         try:
             if launcher == "torchrun":
-                base = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d",
-                        "--rdzv-endpoint", f"127.0.0.1:{port}"]  # fmt: skip
+                base = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{port}",
+                ]
             else:
-                procs.append(subprocess.Popen([sys.executable, "-m", "agentd", "store",
-                                               "--port", str(port)], **quiet))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "agentd", "store", "--port", str(port)], **quiet
+                    )
+                )
                 if not wait_for(lambda: listening(port), timeout):  # else an agent hosts it
                     return None, None
                 base = [
@@ -109,9 +128,23 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, bool | None]:
                     "--rdzv-endpoint",
                     f"127.0.0.1:{port}",
                 ]
-            argv = [*base, "--rdzv-conf", CONF, "--rdzv-id", "bench", "--nnodes", "2",
-                    "--nproc-per-node", "2", "--max-restarts", "3", WORKER, tmp, str(stop),
-                    *(["plain"] if launcher == "agentd" else [])]  # fmt: skip
+            argv = [
+                *base,
+                "--rdzv-conf",
+                CONF,
+                "--rdzv-id",
+                "bench",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "3",
+                WORKER,
+                tmp,
+                str(stop),
+                *(["plain"] if launcher == "agentd" else []),
+            ]
             nodes = [subprocess.Popen(argv, **quiet) for _ in range(2)]
             procs += nodes
             if not wait_for(lambda: len(rounds(out)) >= 4, timeout):
@@ -161,9 +194,11 @@ def main() -> None:
         kept = sum(1 for _, k in results if k)
         line = f"  {name:<17} recovered {len(ok)}/{args.runs}, survivors kept their pids {kept}"
         if ok:
-            line += (f"  median {statistics.median(ok) * 1000:6.0f} ms  min "
-                     f"{min(ok) * 1000:6.0f}  max {max(ok) * 1000:6.0f}"
-                     f"  (TTL + {(statistics.median(ok) - TTL) * 1000:.0f} ms)")  # fmt: skip
+            line += (
+                f"  median {statistics.median(ok) * 1000:6.0f} ms  min "
+                f"{min(ok) * 1000:6.0f}  max {max(ok) * 1000:6.0f}"
+                f"  (TTL + {(statistics.median(ok) - TTL) * 1000:.0f} ms)"
+            )
         print(line, flush=True)
 
 

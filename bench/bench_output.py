@@ -48,12 +48,28 @@ def peak_rss(pid: int) -> int:
 
 def run_once(cmd: list[str], kind: str, mib: int, logs: Path) -> tuple[float, float, int]:
     """(wall seconds, launcher CPU seconds, launcher peak RSS bytes)."""
-    argv = [*cmd, "--standalone", "--nproc-per-node", "1", "--log-dir", str(logs), "-t", "3",
-            WORKER, str(mib), kind]  # fmt: skip
+    argv = [
+        *cmd,
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--log-dir",
+        str(logs),
+        "-t",
+        "3",
+        WORKER,
+        str(mib),
+        kind,
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     began = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     agent = psutil.Process(proc.pid)
     rss = cpu = 0.0
     while proc.poll() is None:
@@ -77,8 +93,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     print(f"{args.mib} MiB from one worker under -t 3, {args.runs} runs each (medians)")
-    print(f"{'launcher':<10} {'output':<7} {'wall s':>8} {'cpu s':>8} {'peak RSS':>10} "
-          f"{'wall vs lines':>14}")  # fmt: skip
+    print(
+        f"{'launcher':<10} {'output':<7} {'wall s':>8} {'cpu s':>8} {'peak RSS':>10} "
+        f"{'wall vs lines':>14}"
+    )
     for name, cmd in launchers().items():
         base = None
         for kind in KINDS:
@@ -90,8 +108,11 @@ def main() -> None:
             cpu = statistics.median(s[1] for s in samples)
             rss = max(s[2] for s in samples) / 2**20
             base = base or wall
-            print(f"{name:<10} {kind:<7} {wall:>8.2f} {cpu:>8.2f} {rss:>7.1f} MiB "
-                  f"{wall / base:>13.2f}x", flush=True)  # fmt: skip
+            print(
+                f"{name:<10} {kind:<7} {wall:>8.2f} {cpu:>8.2f} {rss:>7.1f} MiB "
+                f"{wall / base:>13.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

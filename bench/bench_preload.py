@@ -39,8 +39,14 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
 def launch(cmd: list[str], nproc: int, script_args: list[str]) -> subprocess.Popen[bytes]:
     argv = [*cmd, "--standalone", "--nproc-per-node", str(nproc), *script_args]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+        start_new_session=True,
+    )
 
 
 def wait_files(out: Path, prefix: str, count: int, timeout: float = 120) -> list[str]:
@@ -107,8 +113,11 @@ def memory(cmd: list[str], nproc: int) -> dict[str, float]:
             time.sleep(0.5)
             figures = [rollup(pid) for pid in pids]
             workers = set(pids)
-            helpers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)
-                       if p.pid not in workers and "zygote" in " ".join(p.cmdline())]  # fmt: skip
+            helpers = [
+                p.pid
+                for p in psutil.Process(proc.pid).children(recursive=True)
+                if p.pid not in workers and "zygote" in " ".join(p.cmdline())
+            ]
             zygote_pss = sum(rollup(pid)["Pss"] for pid in helpers)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -134,19 +143,27 @@ def main() -> None:
     rendezvous = statistics.median(trivial_launch(args.nproc) for _ in range(args.runs))
     floor = one_import + rendezvous
     print(f"first start of {args.nproc} torch workers ({args.runs} runs, {os.cpu_count()} CPUs)")
-    print(f"  floor: one import torch {one_import * 1000:.0f} ms + agentd launch of trivial "
-          f"workers {rendezvous * 1000:.0f} ms = {floor * 1000:.0f} ms")  # fmt: skip
+    print(
+        f"  floor: one import torch {one_import * 1000:.0f} ms + agentd launch of trivial "
+        f"workers {rendezvous * 1000:.0f} ms = {floor * 1000:.0f} ms"
+    )
     for name, cmd in COMMANDS.items():
         times = [first_start(cmd, args.nproc) for _ in range(args.runs)]
         median = statistics.median(times)
         low, high = min(times) * 1000, max(times) * 1000
-        print(f"  {name:<14} median {median * 1000:6.0f} ms  min {low:6.0f}  max {high:6.0f}"
-              f"  = {median / floor:.2f}x the floor", flush=True)  # fmt: skip
+        print(
+            f"  {name:<14} median {median * 1000:6.0f} ms  min {low:6.0f}  max {high:6.0f}"
+            f"  = {median / floor:.2f}x the floor",
+            flush=True,
+        )
     print(f"\nmemory of {args.nproc} torch workers, MiB (per worker: resident = shared + private)")
     for name in ("agentd", "agentd-preload"):
         m = memory(COMMANDS[name], args.nproc)
-        print(f"  {name:<14} resident {m['rss']:6.1f}  shared {m['shared']:6.1f}  private "
-              f"{m['private']:6.1f}  group PSS {m['pss_total']:6.1f}", flush=True)  # fmt: skip
+        print(
+            f"  {name:<14} resident {m['rss']:6.1f}  shared {m['shared']:6.1f}  private "
+            f"{m['private']:6.1f}  group PSS {m['pss_total']:6.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

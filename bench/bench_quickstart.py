@@ -51,9 +51,14 @@ def run_job(launcher: list[str], script: Path, run: int, timeout: float) -> tupl
     """(exit 0 with the learned weights, wall seconds, else the lines that say why)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", MARK: str(run)}
     began = time.monotonic()
-    proc = subprocess.Popen([*launcher, "--standalone", "--nproc-per-node", "2", str(script)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*launcher, "--standalone", "--nproc-per-node", "2", str(script)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -74,8 +79,11 @@ def main() -> None:
     parser.add_argument("--hogs", type=int, default=1, help="busy-loop processes beside the jobs")
     parser.add_argument("--launchers", default="agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per job")
-    parser.add_argument("--without-teardown", action="store_true",
-                        help="the example without freeing DDP before the group")  # fmt: skip
+    parser.add_argument(
+        "--without-teardown",
+        action="store_true",
+        help="the example without freeing DDP before the group",
+    )
     args = parser.parse_args()
     if args.runs < 1:
         sys.exit(f"--runs: {args.runs} must be >= 1")
@@ -89,13 +97,14 @@ def main() -> None:
     unknown = set(launchers) - set(LAUNCHERS)
     if unknown:
         sys.exit(f"--launchers: unknown {sorted(unknown)}, expected some of {sorted(LAUNCHERS)}")
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.hogs)]  # fmt: skip
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     try:
         with tempfile.TemporaryDirectory(prefix="bench-quickstart-") as tmp:
             script = without_teardown(Path(tmp)) if args.without_teardown else EXAMPLE
-            print(f"{args.runs} quick starts ({script.name}) per launcher, {args.hogs} busy "
-                  f"loop(s) beside them")  # fmt: skip
+            print(
+                f"{args.runs} quick starts ({script.name}) per launcher, {args.hogs} busy "
+                f"loop(s) beside them"
+            )
             print(f"{'launcher':<14} {'succeeded':>10} {'median s':>9}")
             for name in launchers:
                 job = functools.partial(run_job, LAUNCHERS[name], script, timeout=args.timeout)

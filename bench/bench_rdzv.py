@@ -66,9 +66,20 @@ def reap(procs: list[subprocess.Popen]) -> None:
 
 
 def rdzv_args(port: int, run_id: str, restarts: int = 0) -> list[str]:
-    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
-            run_id, "--nnodes", str(NODES), "--nproc-per-node", "1",
-            "--max-restarts", str(restarts)]  # fmt: skip
+    return [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--nnodes",
+        str(NODES),
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        str(restarts),
+    ]
 
 
 def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
@@ -80,9 +91,15 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
         for out in outs:
             out.mkdir()
         t0 = time.time()
-        procs = [subprocess.Popen([*cmd, *rdzv, str(HERE / "worker.py"),
-                                   "exit", str(out)], env=env(), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for out in outs]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [*cmd, *rdzv, str(HERE / "worker.py"), "exit", str(out)],
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for out in outs
+        ]
         try:
             starts = wait_reports([out / "start_0_0" for out in outs])
             return max(map(float, starts)) - t0
@@ -105,9 +122,22 @@ def many_agents(count: int) -> dict[str, float]:
     agents' peak RSS (MB, each, the guardian apart)."""
     import psutil
 
-    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            "--rdzv-id", "many", "--nnodes", str(count), "--nproc-per-node", "1",
-            "--max-restarts", "0", "--rdzv-conf", "join_timeout=600"]  # fmt: skip
+    rdzv = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-id",
+        "many",
+        "--nnodes",
+        str(count),
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "0",
+        "--rdzv-conf",
+        "join_timeout=600",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp, str(i)) for i in range(count)]
         for out in outs:
@@ -117,9 +147,21 @@ def many_agents(count: int) -> dict[str, float]:
         procs = []
         for out, log in zip(outs, logs, strict=True):
             with log.open("w") as stderr:
-                procs.append(subprocess.Popen(
-                    [*launchers()["agentd"], *rdzv, str(HERE / "worker.py"), "sleep", str(out),
-                     "3"], env=env(), stdout=subprocess.DEVNULL, stderr=stderr))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            *launchers()["agentd"],
+                            *rdzv,
+                            str(HERE / "worker.py"),
+                            "sleep",
+                            str(out),
+                            "3",
+                        ],
+                        env=env(),
+                        stdout=subprocess.DEVNULL,
+                        stderr=stderr,
+                    )
+                )
         peak = 0.0
         try:
             starts = wait_reports([out / "start_0_0" for out in outs], timeout=600)
@@ -132,19 +174,32 @@ def many_agents(count: int) -> dict[str, float]:
             reap(procs)
         texts = [log.read_text() for log in logs]
         all_waiting = max(joined_at(text) for text in texts)
-        problems = [line for text in texts for line in text.splitlines()
-                    if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)]  # fmt: skip
+        problems = [
+            line
+            for text in texts
+            for line in text.splitlines()
+            if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)
+        ]
     for line in problems[:5]:
         print(f"    {line}")
-    return {"up": all_waiting - t0, "seconds": last_worker - all_waiting,
-            "ok": codes.count(0), "problems": len(problems), "rss_mb": peak}  # fmt: skip
+    return {
+        "up": all_waiting - t0,
+        "seconds": last_worker - all_waiting,
+        "ok": codes.count(0),
+        "problems": len(problems),
+        "rss_mb": peak,
+    }
 
 
 def joined_at(log: str) -> float:
     """When an agent's log says it joined round 0, or completed it (the last to join
     completes it at once): epoch seconds, from the log's local time."""
-    found = re.search(r"^(\S+ \S+),(\d{3}) INFO agentd\.\S+: .*(joined round 0|Rendezvous "
-                      r"complete: .* generation=0 )", log, re.MULTILINE)  # fmt: skip
+    found = re.search(
+        r"^(\S+ \S+),(\d{3}) INFO agentd\.\S+: .*(joined round 0|Rendezvous "
+        r"complete: .* generation=0 )",
+        log,
+        re.MULTILINE,
+    )
     if found is None:
         raise RuntimeError(f"an agent never joined round 0: {log[-2000:]}")
     stamp = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S"))
@@ -157,11 +212,25 @@ def measure_last_join(backend: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         go = Path(tmp, "go")
         outs = [Path(tmp, f"node{i}.json") for i in range(NODES)]
-        procs = [subprocess.Popen(
-            [sys.executable, str(HERE / "rdzv_node.py"), backend, f"127.0.0.1:{port}", "last",
-             str(NODES), "1" if i == 0 else "0", str(out), str(go) if i == NODES - 1 else ""],
-            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for i, out in enumerate(outs)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "rdzv_node.py"),
+                    backend,
+                    f"127.0.0.1:{port}",
+                    "last",
+                    str(NODES),
+                    "1" if i == 0 else "0",
+                    str(out),
+                    str(go) if i == NODES - 1 else "",
+                ],
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i, out in enumerate(outs)
+        ]
         try:
             wait_reports([Path(f"{out}.ready") for out in outs])
             time.sleep(1.5)  # the first three are waiting in the rendezvous
@@ -175,8 +244,11 @@ def measure_last_join(backend: str) -> float:
 def start_store() -> tuple[subprocess.Popen[str], str]:
     """An ``agentd store`` process on a free port; (process, host:port)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentd", "store", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     while "Store listening" not in proc.stderr.readline():
         pass
@@ -199,10 +271,25 @@ def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -
         target = ",".join(urls)
     counts = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
     run_id = f"scale{n}-{time.monotonic_ns()}"
-    groups = [subprocess.Popen([sys.executable, str(HERE / "rdzv_scale_group.py"), kind, target,
-                                run_id, str(n), str(count)], env=env(),
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-              for count in counts if count]  # fmt: skip
+    groups = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "rdzv_scale_group.py"),
+                kind,
+                target,
+                run_id,
+                str(n),
+                str(count),
+            ],
+            env=env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for count in counts
+        if count
+    ]
     try:
         for group in groups:
             assert group.stdout is not None
@@ -319,9 +406,15 @@ def measure_crash(cmd: list[str]) -> float:
             "--max-restarts",
             "1",
         ]
-        procs = [subprocess.Popen([*cmd, *args, str(HERE / "crash_worker.py"), str(out)],
-                                  env=env(), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for _ in range(2)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [*cmd, *args, str(HERE / "crash_worker.py"), str(out)],
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(2)
+        ]
         try:
             crash, stopped = map(float, wait_reports([out / "crash", out / "stopped_1"]))
             return stopped - crash
@@ -352,8 +445,9 @@ def main() -> int:
         "--procs", type=int, default=4, help="processes the scale test's handlers are spread over"
     )
     parser.add_argument("--scale-runs", type=int, default=2, help="runs per scale size")
-    parser.add_argument("--agents", type=int, default=64,
-                        help="agents started at once on this machine (0: skip)")  # fmt: skip
+    parser.add_argument(
+        "--agents", type=int, default=64, help="agents started at once on this machine (0: skip)"
+    )
     parser.add_argument(
         "--only-scale",
         action="store_true",
@@ -368,8 +462,10 @@ def main() -> int:
     cmds = launchers()
     command = " ".join([".venv/bin/python bench/bench_rdzv.py", *sys.argv[1:]])
     backends = {"agentd": "agentd", **({"torchrun": "torch"} if "torchrun" in cmds else {})}
-    print(f"{NODES} nodes on {os.cpu_count()} CPUs, {args.runs} runs each"
-          + ("" if "torchrun" in cmds else " (torch not installed: agentd alone)"))  # fmt: skip
+    print(
+        f"{NODES} nodes on {os.cpu_count()} CPUs, {args.runs} runs each"
+        + ("" if "torchrun" in cmds else " (torch not installed: agentd alone)")
+    )
 
     figures = {
         "launch": {n: [] for n in cmds},
@@ -403,18 +499,26 @@ def main() -> int:
                     record(name + suffix, text, command)
     if args.agents:
         many = many_agents(args.agents)
-        print(f"\n{args.agents} agent processes start at once on this machine (1 worker each, "
-              "the agents' defaults, the first one serving the store)")  # fmt: skip
-        print(f"  every agent up and waiting in the rendezvous {many['up']:.1f} s after the "
-              f"start; from then, every agent's worker running after "
-              f"{many['seconds'] * 1000:.0f} ms; {many['ok']:.0f} of {args.agents} agents "
-              f"exited 0; {many['problems']:.0f} warning or error lines; agent RSS "
-              f"{many['rss_mb']:.0f} MB at most")  # fmt: skip
+        print(
+            f"\n{args.agents} agent processes start at once on this machine (1 worker each, "
+            "the agents' defaults, the first one serving the store)"
+        )
+        print(
+            f"  every agent up and waiting in the rendezvous {many['up']:.1f} s after the "
+            f"start; from then, every agent's worker running after "
+            f"{many['seconds'] * 1000:.0f} ms; {many['ok']:.0f} of {args.agents} agents "
+            f"exited 0; {many['problems']:.0f} warning or error lines; agent RSS "
+            f"{many['rss_mb']:.0f} MB at most"
+        )
         if args.record:
             from figures import record
 
-            record(f"agents_{args.agents}", f"{many['seconds']:.1f} s", command,
-                   f"{many['ok']:.0f} of {args.agents} agents exited 0")  # fmt: skip
+            record(
+                f"agents_{args.agents}",
+                f"{many['seconds']:.1f} s",
+                command,
+                f"{many['ok']:.0f} of {args.agents} agents exited 0",
+            )
     sizes = [int(x) for x in re.split(r"[ ,]+", args.sizes) if x]
     print(
         f"\nagentd rendezvous handlers at scale ({args.procs} processes of handlers, the "
@@ -428,24 +532,34 @@ def main() -> int:
         if args.record:
             from figures import record
 
-            record(f"scale_{n}", f"{mid['seconds']:.1f} s", command,
-                   f"{spread([r['seconds'] for r in runs])}; rendezvous handlers, not agents, "
-                   "through one `agentd store` process")  # fmt: skip
-        print(f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
-              f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "
-              f"per node, store CPU {mid['store_cpu_us']:.0f} us per join, store RSS "
-              f"{mid['store_rss_mb']:.0f} MB, handler RSS {mid['handler_rss_mb']:.0f} MB per "
-              "process")  # fmt: skip
-        print(f"         a crash: every other node told in "
-              f"{spread([r['told'] for r in runs])}, the next round complete in "
-              f"{spread([r['next_round'] for r in runs])}")  # fmt: skip
+            record(
+                f"scale_{n}",
+                f"{mid['seconds']:.1f} s",
+                command,
+                f"{spread([r['seconds'] for r in runs])}; rendezvous handlers, not agents, "
+                "through one `agentd store` process",
+            )
+        print(
+            f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
+            f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "
+            f"per node, store CPU {mid['store_cpu_us']:.0f} us per join, store RSS "
+            f"{mid['store_rss_mb']:.0f} MB, handler RSS {mid['handler_rss_mb']:.0f} MB per "
+            "process"
+        )
+        print(
+            f"         a crash: every other node told in "
+            f"{spread([r['told'] for r in runs])}, the next round complete in "
+            f"{spread([r['next_round'] for r in runs])}"
+        )
     if len(sizes) > 1:
         print(f"  time grows as nodes^{exponent(sizes, times):.2f}")
     for n in sizes:
         if n <= 1024:
             seconds, cpu = fan_out(n)
-            print(f"  fan-out alone: {n} long polls answered {seconds * 1000:.0f} ms after one "
-                  f"write, {cpu / n * 1e6:.0f} us of store CPU each")  # fmt: skip
+            print(
+                f"  fan-out alone: {n} long polls answered {seconds * 1000:.0f} ms after one "
+                f"write, {cpu / n * 1e6:.0f} us of store CPU each"
+            )
     return 0
 
 

@@ -54,18 +54,26 @@ def run_once(
     the job did not recover (the launcher's exit and the last lines it wrote)."""
     worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
-        argv = [*COMMANDS[name], "--standalone", "--nproc-per-node", str(nproc),
-                "--max-restarts", "1", worker, tmp]  # fmt: skip
+        argv = [
+            *COMMANDS[name],
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            "1",
+            worker,
+            tmp,
+        ]
         marker = os.urandom(6).hex()
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-               MARK_ENV: marker}  # fmt: skip
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", MARK_ENV: marker}
         if model_mb:
             env["BENCH_MODEL_MB"] = str(model_mb)
         env["BENCH_DEVICE"] = device
         log = Path(tmp) / "launcher.log"
         with open(log, "wb") as output:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output,
-                                    stderr=subprocess.STDOUT, env=env)  # fmt: skip
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env
+            )
             try:
                 code: int | None = proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -137,8 +145,10 @@ def main() -> None:
         if not torch.cuda.is_available():
             sys.exit(f"bench_recovery --device {args.device} needs a CUDA GPU")
         model += f" on {torch.cuda.get_device_name()}, torch {torch.__version__}"
-    print(f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
-          f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)")  # fmt: skip
+    print(
+        f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
+        f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)"
+    )
     medians: dict[str, float] = {}
     names = args.launchers.split(",")
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -154,12 +164,15 @@ def main() -> None:
         line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
-            line += (f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
-                     f"  max {max(ok) * 1000:7.0f}")  # fmt: skip
+            line += (
+                f"  median {medians[name] * 1000:7.0f} ms  min {min(ok) * 1000:7.0f}"
+                f"  max {max(ok) * 1000:7.0f}"
+            )
         print(line, flush=True)
         if name == "agentd-inprocess" and PHASES:
-            steps = ", ".join(f"{phase} {statistics.median(t) * 1000:.0f}"
-                              for phase, t in PHASES.items())  # fmt: skip
+            steps = ", ".join(
+                f"{phase} {statistics.median(t) * 1000:.0f}" for phase, t in PHASES.items()
+            )
             print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
     if args.record and args.device == "cpu" and not args.model_mb:
         from figures import record

@@ -43,14 +43,25 @@ def tree_size(path: Path) -> tuple[int, int]:
 def soak(cmd: list[str], restarts: int, tmp: Path) -> dict[str, object]:
     events = tmp / "events.jsonl"
     argv = [part.replace("{events}", str(events)) for part in cmd]
-    argv += ["--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts),
-             "--log-dir", str(tmp / "logs"), "--redirects", "3", *CRASH]  # fmt: skip
+    argv += [
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        "--log-dir",
+        str(tmp / "logs"),
+        "--redirects",
+        "3",
+        *CRASH,
+    ]
     err = tmp / "stderr"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     began = time.monotonic()
     with open(err, "wb") as fp:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fp,
-                                stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=fp, stdin=subprocess.DEVNULL, env=env
+        )
     agent = psutil.Process(proc.pid)
     samples: dict[int, tuple[float, int]] = {}
     step = max(1, restarts // 10)
@@ -88,9 +99,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             found = soak(cmd, restarts, Path(tmp))
         samples: dict[int, tuple[float, int]] = found["samples"]  # type: ignore[assignment]
-        print(f"{name}: {restarts} restarts in {found['seconds']:.1f}s; log dir "
-              f"{found['log_bytes'] / 2**10:.0f} KiB in {found['log_files']} entries; "
-              f"event log {found['event_bytes'] / 2**10:.0f} KiB")  # fmt: skip
+        print(
+            f"{name}: {restarts} restarts in {found['seconds']:.1f}s; log dir "
+            f"{found['log_bytes'] / 2**10:.0f} KiB in {found['log_files']} entries; "
+            f"event log {found['event_bytes'] / 2**10:.0f} KiB"
+        )
         for count, (rss, fds) in sorted(samples.items()):
             print(f"  restart {count:>5}: RSS {rss:6.1f} MiB, {fds:3d} fds")
         warm = restarts // 10  # after the first tenth: caches and histories are full
@@ -99,8 +112,10 @@ def main() -> None:
             grown = steady[-1][0] - steady[0][0]
             per_100 = grown / max(1, max(samples) - warm) * 100
             fds = [sample[1] for sample in steady]
-            print(f"  from restart {warm} on: RSS {grown:+.2f} MiB ({per_100:+.3f} MiB per 100 "
-                  f"restarts); open descriptors between {min(fds)} and {max(fds)}")  # fmt: skip
+            print(
+                f"  from restart {warm} on: RSS {grown:+.2f} MiB ({per_100:+.3f} MiB per 100 "
+                f"restarts); open descriptors between {min(fds)} and {max(fds)}"
+            )
 
 
 if __name__ == "__main__":

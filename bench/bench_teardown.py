@@ -43,13 +43,41 @@ def agent_commands(launcher: str, run: int, logs: Path) -> list[list[str]]:
     port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "2"]
     if launcher == "agentd-static":
-        return [[*AGENTD, *common, "--rdzv-backend", "static", "--node-rank", str(node),
-                 "--master-addr", "127.0.0.1", "--master-port", str(port),
-                 "--log-dir", str(logs / f"n{node}"), WORKER] for node in (0, 1)]  # fmt: skip
+        return [
+            [
+                *AGENTD,
+                *common,
+                "--rdzv-backend",
+                "static",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--log-dir",
+                str(logs / f"n{node}"),
+                WORKER,
+            ]
+            for node in (0, 1)
+        ]
     cmd = AGENTD if launcher == "agentd" else TORCHRUN
     extra = ["--log-dir", str(logs)] if launcher == "agentd" else []
-    return [[*cmd, *common, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", f"teardown{run}", *extra, WORKER] for _ in (0, 1)]  # fmt: skip
+    return [
+        [
+            *cmd,
+            *common,
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"teardown{run}",
+            *extra,
+            WORKER,
+        ]
+        for _ in (0, 1)
+    ]
 
 
 def run_job(commands: list[list[str]], timeout: float) -> tuple[bool, float, str]:
@@ -57,9 +85,17 @@ def run_job(commands: list[list[str]], timeout: float) -> tuple[bool, float, str
     agent's stderr)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     began = time.monotonic()
-    procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env, text=True)
-             for cmd in commands]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for cmd in commands
+    ]
     codes, errors = [], []
     for proc in procs:
         try:
@@ -95,8 +131,13 @@ def main() -> None:
     print(f"{'launcher':<14} {'succeeded':>10} {'median s':>9}")
     with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
         for launcher in launchers:
-            tally(launcher, args.runs, lambda run, name=launcher: run_job(
-                agent_commands(name, run, Path(tmp, name, str(run))), args.timeout))  # fmt: skip
+            tally(
+                launcher,
+                args.runs,
+                lambda run, name=launcher: run_job(
+                    agent_commands(name, run, Path(tmp, name, str(run))), args.timeout
+                ),
+            )
 
 
 if __name__ == "__main__":

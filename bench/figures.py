@@ -68,8 +68,9 @@ def problems(root: Path = ROOT) -> list[str]:
             if name not in figures:
                 found.append(f"{where}: figure {name!r} is not in docs/figures.json")
             elif text != figures[name]["text"]:
-                found.append(f"{where}: {name} says {text!r}, docs/figures.json "
-                             f"{figures[name]['text']!r}")  # fmt: skip
+                found.append(
+                    f"{where}: {name} says {text!r}, docs/figures.json {figures[name]['text']!r}"
+                )
     found += [f"docs/figures.json: {name} is quoted nowhere" for name in figures.keys() - quoted]
     return found
 

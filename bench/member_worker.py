@@ -17,8 +17,11 @@ from report_files import write_report  # noqa: E402
 
 out, stop = sys.argv[1], sys.argv[2]
 path = os.path.join(out, f"member_{os.getpid()}.json")
-report = {"started": STARTED, "world": int(os.environ["WORLD_SIZE"]),
-          "rank": int(os.environ["RANK"])}  # fmt: skip
+report = {
+    "started": STARTED,
+    "world": int(os.environ["WORLD_SIZE"]),
+    "rank": int(os.environ["RANK"]),
+}
 write_report(path, json.dumps(report))
 while not os.path.exists(stop):
     time.sleep(0.05)

@@ -32,8 +32,12 @@ def train() -> None:
             dist.all_reduce(p.data)
             p.data /= dist.get_world_size()
         if first:
-            report = {"at": time.time(), "world": dist.get_world_size(), "pid": os.getpid(),
-                      "count": inprocess.current().count}  # fmt: skip
+            report = {
+                "at": time.time(),
+                "world": dist.get_world_size(),
+                "pid": os.getpid(),
+                "count": inprocess.current().count,
+            }
             name = f"round_{os.environ['MASTER_PORT']}_{dist.get_rank()}.json"
             write_report(os.path.join(out, name), json.dumps(report))
             first = False

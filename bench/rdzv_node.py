@@ -25,8 +25,7 @@ def torch_node(endpoint: str, run_id: str, nnodes: int, host: bool, out: str, go
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-    params = RendezvousParameters("c10d", endpoint, run_id, nnodes, nnodes,
-                                  is_host=host)  # fmt: skip
+    params = RendezvousParameters("c10d", endpoint, run_id, nnodes, nnodes, is_host=host)
     handler = get_rendezvous_handler(params)
     write_report(out + ".ready", "")
     wait_for_go(go)

@@ -95,9 +95,14 @@ def run_in_own_group(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     """Run ``cmd`` in a session of its own and return its stdout; whatever it leaves behind
     in that session (children of a test that killed pytest) is killed by process group."""
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         out, _ = proc.communicate(timeout=FILE_TIMEOUT)
     except subprocess.TimeoutExpired:

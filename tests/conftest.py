@@ -215,11 +215,23 @@ def run_store(tmp_path: Path) -> Iterator[Callable[..., StoreProc]]:
         extra = [*(["--peers", peers] if peers else []), *args]
         with open(err, "wb") as fp:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd", "store", "--host", host, "--port", str(port),
-                 *extra],
-                stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                env={**os.environ, "AGENTD_STORE_TOKEN": token}, preexec_fn=preexec,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "agentd",
+                    "store",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    *extra,
+                ],
+                stderr=fp,
+                stdout=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "AGENTD_STORE_TOKEN": token},
+                preexec_fn=preexec,
+            )
         store = StoreProc(proc, port, err, host)
         started.append(store)
         wait_until(lambda: "Store listening on" in err.read_text(), what="the store to listen")

@@ -17,8 +17,11 @@ _spec = importlib.util.spec_from_file_location("report_files", BENCH / "report_f
 assert _spec is not None and _spec.loader is not None
 report_files = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report_files)
-reports, wait_reports, write_report = (report_files.reports, report_files.wait_reports,
-                                       report_files.write_report)  # fmt: skip
+reports, wait_reports, write_report = (
+    report_files.reports,
+    report_files.wait_reports,
+    report_files.write_report,
+)
 
 LOGS = {("bench_soak.py", "err"), ("bench_timer.py", "log_path"), ("bench_recovery.py", "log")}
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
@@ -52,8 +55,10 @@ def test_waiting_ends_when_the_writers_are_gone(tmp_path):
 
 def test_a_report_written_just_before_its_writer_exits_is_read(tmp_path):
     path = tmp_path / "last"
-    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); import report_files; " \
-           f"report_files.write_report({str(path)!r}, '7')"  # fmt: skip
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import report_files; "
+        f"report_files.write_report({str(path)!r}, '7')"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         assert wait_reports([path], timeout=60, alive=lambda: proc.poll() is None) == ["7"]

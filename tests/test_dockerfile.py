@@ -38,8 +38,11 @@ def test_healthcheck_and_examples_agree_on_the_health_port():
     assert 'CMD ["agentd", "status", "--check", "livez"' in DOCKERFILE.read_text()
     job = (root / "config" / "kubernetes-job.yaml").read_text()
     assert f"containerPort: {port}" in job
-    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz"),
-                        ("startupProbe", "/livez")):  # fmt: skip
+    for probe, path in (
+        ("livenessProbe", "/livez"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/livez"),
+    ):
         assert re.search(rf"{probe}:.*\n\s+httpGet: {{path: {path}, port: health}}", job)
     unit = (root / "config" / "agentd.service").read_text()
     assert f"--health-port {port}" in unit and "KillMode=mixed" in unit

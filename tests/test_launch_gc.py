@@ -28,9 +28,16 @@ def agent_collector(tmp_path, *args: str) -> tuple[int, dict[str, object]]:
 
 def test_collection_resumes_once_the_workers_run_with_the_start_frozen(tmp_path):
     code, collector = agent_collector(
-        tmp_path, "run", "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
-        WORKER, "ok",
-    )  # fmt: skip
+        tmp_path,
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path),
+        WORKER,
+        "ok",
+    )
     assert code == 0
     assert collector["enabled"] is True
     assert isinstance(collector["frozen"], int) and collector["frozen"] > 1000
@@ -39,9 +46,14 @@ def test_collection_resumes_once_the_workers_run_with_the_start_frozen(tmp_path)
 def test_collection_resumes_when_the_workers_never_run(tmp_path):
     (tmp_path / "a-file").write_text("")  # the log dir cannot be made under it: exit 3
     code, collector = agent_collector(
-        tmp_path, "run", "--standalone", "--log-dir", str(tmp_path / "a-file" / "logs"),
-        WORKER, "ok",
-    )  # fmt: skip
+        tmp_path,
+        "run",
+        "--standalone",
+        "--log-dir",
+        str(tmp_path / "a-file" / "logs"),
+        WORKER,
+        "ok",
+    )
     assert code == 3
     assert collector == {"enabled": True, "frozen": 0}
 

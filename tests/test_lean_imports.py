@@ -17,8 +17,9 @@ PROBE = "import sys; {imports}; print(sorted(m for m in {heavy!r} if m in sys.mo
 
 def loaded(imports: str, heavy: tuple[str, ...]) -> list[str]:
     code = PROBE.format(imports=imports, heavy=heavy)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     return ast.literal_eval(out.stdout)  # a printed list of names
 
 
@@ -35,8 +36,10 @@ def test_worker_side_timer_client_needs_no_asyncio():
 
 
 def test_worker_side_heartbeats_need_no_asyncio():
-    imports = ("import agentd; agentd.heartbeat(); agentd.section('x').__enter__(); "
-               "agentd.end_heartbeats()")  # fmt: skip
+    imports = (
+        "import agentd; agentd.heartbeat(); agentd.section('x').__enter__(); "
+        "agentd.end_heartbeats()"
+    )
     assert loaded(imports, ("asyncio", "aiohttp", "torch", "prometheus_client")) == []
 
 
@@ -65,12 +68,28 @@ workers never heartbeat, must never import: each is the cost of a feature it did
 
 
 def test_a_standalone_job_imports_only_what_it_uses(tmp_path):
-    argv = [sys.executable, "-X", "importtime", "-m", "agentd", "run", "--standalone",
-            "--nproc-per-node", "2", "--log-dir", str(tmp_path), WORKER, "ok"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path),
+        WORKER,
+        "ok",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                if line.startswith("import time:")}  # fmt: skip
+    imported = {
+        line.split("|")[-1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "agentd.agent.local" in imported  # the probe works
     assert sorted(imported & set(NOT_FOR_A_PLAIN_JOB)) == []
 
@@ -78,10 +97,23 @@ def test_a_standalone_job_imports_only_what_it_uses(tmp_path):
 def test_the_heartbeat_engine_loads_at_the_first_heartbeat(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("import agentd\nfor _ in range(3):\n    agentd.heartbeat()\n")
-    argv = [sys.executable, "-X", "importtime", "-m", "agentd", "run", "--standalone",
-            "--log-dir", str(tmp_path), str(job)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--log-dir",
+        str(tmp_path),
+        str(job),
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
-                if line.startswith("import time:")}  # fmt: skip
+    imported = {
+        line.split("|")[-1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "agentd.heartbeats.hang_watch" in imported

@@ -136,6 +136,11 @@ def test_root_cause_is_first_failure():
 def test_rdzv_conf_variables_lose_only_their_password():
     from agentd.hygiene.secrets import without_secrets
 
-    env = without_secrets({"PET_RDZV_CONF": "join_timeout=5, password = pw ,key_prefix=/x",
-                           "AGENTD_STORE_TOKEN": "t", "PATH": "/bin"})  # fmt: skip
+    env = without_secrets(
+        {
+            "PET_RDZV_CONF": "join_timeout=5, password = pw ,key_prefix=/x",
+            "AGENTD_STORE_TOKEN": "t",
+            "PATH": "/bin",
+        }
+    )
     assert env == {"PET_RDZV_CONF": "join_timeout=5,key_prefix=/x", "PATH": "/bin"}

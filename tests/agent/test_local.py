@@ -169,9 +169,14 @@ async def test_a_hang_fails_the_group_with_its_report_through_the_python_api(tmp
     from tests.conftest import TESTS
 
     job = str(TESTS / "workers" / "heartbeat_job.py")
-    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=sys.executable,
-                      args=("-u", job, "--steps", "40", "--hang-rank", "1", "--hang-at", "5"),
-                      rdzv_handler=StaticRendezvous("api-hang"), max_restarts=0)  # fmt: skip
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        entrypoint=sys.executable,
+        args=("-u", job, "--steps", "40", "--hang-rank", "1", "--hang-at", "5"),
+        rdzv_handler=StaticRendezvous("api-hang"),
+        max_restarts=0,
+    )
     hang_detection = AgentSettings(heartbeats=HeartbeatSettings(step_timeout=0.8))
     agent = LocalElasticAgent(spec, log_dir=tmp_path, settings=hang_detection)
     heard: list[dict] = []

@@ -6,8 +6,11 @@ from agentd.spec import WorkerSpec
 
 
 def test_kept_local_ranks_become_the_global_ranks_each_node_assigns():
-    infos = [RoleInstanceInfo("trainer", 0, 2), RoleInstanceInfo("trainer", 1, 3),
-             RoleInstanceInfo("trainer", 2, 2)]  # fmt: skip
+    infos = [
+        RoleInstanceInfo("trainer", 0, 2),
+        RoleInstanceInfo("trainer", 1, 3),
+        RoleInstanceInfo("trainer", 2, 2),
+    ]
     kept = [(1,), (), (0, 1)]
     assert kept_global_ranks(infos, kept) == {1, 5, 6}
     spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint="x.py")

@@ -53,12 +53,20 @@ class Bridge:
         return ["ip", "netns", "exec", self.hosts[host][0]]
 
     def cut(self, host: str) -> None:
-        subprocess.run(["bridge", "link", "set", "dev", self.hosts[host][1], "state", "0"],
-                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["bridge", "link", "set", "dev", self.hosts[host][1], "state", "0"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     def heal(self, host: str) -> None:
-        subprocess.run(["bridge", "link", "set", "dev", self.hosts[host][1], "state", "3"],
-                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["bridge", "link", "set", "dev", self.hosts[host][1], "state", "3"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     def close(self) -> None:
         for namespace, outer in self.hosts.values():

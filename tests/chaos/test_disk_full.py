@@ -15,14 +15,22 @@ def test_a_full_log_dir_changes_nothing_but_the_log_files(tmp_path):
     require_root("a tmpfs that fills up")
     logs = tmp_path / "logs"
     logs.mkdir()
-    agent = (f"{sys.executable} -m agentd run --log-dir {logs} --rdzv-id full -t 3 "
-             f"{WORKER} chatty --after 3000 --code 7")  # fmt: skip
+    agent = (
+        f"{sys.executable} -m agentd run --log-dir {logs} --rdzv-id full -t 3 "
+        f"{WORKER} chatty --after 3000 --code 7"
+    )
     # a private mount namespace: the 256 KiB tmpfs is gone with the agent
     # ... and the result.json it reserved at start is copied out before the tmpfs goes
-    script = (f"mount -t tmpfs -o size=256k agentd-full {logs} && {{ {agent}; code=$?; "
-              f"cp {logs}/full/result.json {tmp_path}/result.json; exit $code; }}")  # fmt: skip
-    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         capture_output=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    script = (
+        f"mount -t tmpfs -o size=256k agentd-full {logs} && {{ {agent}; code=$?; "
+        f"cp {logs}/full/result.json {tmp_path}/result.json; exit $code; }}"
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     stdout, stderr = out.stdout.decode(), out.stderr.decode()
     assert out.returncode == 1, stderr[-3000:]  # the worker's failure: not 3, not a crash
     assert stdout.count("[default0]:out ") == 3000  # the console copy never stopped

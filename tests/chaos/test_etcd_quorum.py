@@ -27,21 +27,27 @@ def test_the_job_survives_etcd_losing_quorum_for_20s(run_agentd, tmp_path):
         endpoints = ",".join(cluster.members[i].endpoint for i in order)
         stop = tmp_path / "stop"
         conf = "keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=60"
-        agents = [run_agentd(*etcd_args(endpoints, "2:3", conf=conf), *member_job(stop))
-                  for _ in range(3)]  # fmt: skip
+        agents = [
+            run_agentd(*etcd_args(endpoints, "2:3", conf=conf), *member_job(stop)) for _ in range(3)
+        ]
         wait_until(lambda: one_round(agents, 3), what="a job of three", timeout=40)
         before = {a.pid: latest_attempt(a) for a in agents}
         cluster.kill(leader)
         dead = cluster.members[leader].url
         for agent in agents:  # each has moved to a surviving member
-            wait_until(lambda a=agent: f"etcd member {dead} failed" in a.stderr(),
-                       what="every agent to fail over")  # fmt: skip
+            wait_until(
+                lambda a=agent: f"etcd member {dead} failed" in a.stderr(),
+                what="every agent to fail over",
+            )
         second = order[1]
         cluster.kill(second)
         lost_quorum = time.monotonic()
         for agent in agents:  # the leases lapse: the workers stop, the agents wait for etcd
-            wait_until(lambda a=agent: "no longer a member" in a.stderr(), timeout=30,
-                       what="every agent to lose its membership")  # fmt: skip
+            wait_until(
+                lambda a=agent: "no longer a member" in a.stderr(),
+                timeout=30,
+                what="every agent to lose its membership",
+            )
         # The outage itself, as the operator saw it: 20 s without quorum.
         time.sleep(max(0.0, lost_quorum + 20 - time.monotonic()))
         assert all(a.proc.poll() is None for a in agents), [a.stderr()[-2000:] for a in agents]

@@ -49,9 +49,21 @@ def flood_size() -> int:
 def test_an_idle_flood_on_the_health_port_leaves_the_job_alone(run_agentd, tmp_path, flood_size):
     port = free_port()
     go, stop = tmp_path / "go", tmp_path / "stop"
-    agent = run_agentd("--health-port", str(port), "--max-restarts", "1", "--nproc-per-node",
-                       "2", WORKER, "go-then-stop", "--go-file", str(go), "--stop-file",
-                       str(stop), preexec=low_soft_limit)  # fmt: skip
+    agent = run_agentd(
+        "--health-port",
+        str(port),
+        "--max-restarts",
+        "1",
+        "--nproc-per-node",
+        "2",
+        WORKER,
+        "go-then-stop",
+        "--go-file",
+        str(go),
+        "--stop-file",
+        str(stop),
+        preexec=low_soft_limit,
+    )
     agent.wait_ready(2)
     with idle_connections(port, flood_size):
         # the flood has reached the agent once it refuses connections over its cap
@@ -71,8 +83,12 @@ def test_floods_on_the_store_leave_the_job_alone(run_agentd, run_store, tmp_path
     store = run_store(preexec=low_soft_limit)
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2"), *member_job(stop), env=env,
-                         preexec=low_soft_limit) for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, "2"), *member_job(stop), env=env, preexec=low_soft_limit
+        )
+        for _ in range(2)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
     with idle_connections(store.port, flood_size):

@@ -35,8 +35,12 @@ def test_a_frozen_agents_workers_die_before_their_ranks_are_given_away(
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2:3", conf=FAST + ",is_host=0"),
-                         *member_job(stop), env=env) for _ in range(3)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, "2:3", conf=FAST + ",is_host=0"), *member_job(stop), env=env
+        )
+        for _ in range(3)
+    ]
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     # freeze the agent of rank 0: its rank is one the re-formed job of two gives away
     victim = next(a for a in agents if members(a, 0)[0]["RANK"] == "0")
@@ -55,13 +59,17 @@ def test_a_frozen_agents_workers_die_before_their_ranks_are_given_away(
     finally:
         os.kill(victim.pid, signal.SIGCONT)
     # thawed, it finds its membership gone: it rejoins (a restart it does not pay for)
-    wait_until(lambda: one_round(agents, 3, after={**before, victim.pid: 0}), timeout=30,
-               what="the thawed agent to rejoin")  # fmt: skip
+    wait_until(
+        lambda: one_round(agents, 3, after={**before, victim.pid: 0}),
+        timeout=30,
+        what="the thawed agent to rejoin",
+    )
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
     assert "no longer a member" in victim.stderr() or "membership" in victim.stderr()
-    assert {m["TORCHELASTIC_RESTART_COUNT"]
-            for m in members(victim, latest_attempt(victim))} == {"0"}  # fmt: skip
+    assert {m["TORCHELASTIC_RESTART_COUNT"] for m in members(victim, latest_attempt(victim))} == {
+        "0"
+    }
 
 
 def test_a_frozen_store_costs_no_agent_a_restart(run_agentd, run_store, tmp_path):
@@ -72,10 +80,14 @@ def test_a_frozen_store_costs_no_agent_a_restart(run_agentd, run_store, tmp_path
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    conf = ("keep_alive_interval=3,keep_alive_max_attempt=4,last_call_timeout=0.5,"
-            "join_timeout=60,is_host=0")  # fmt: skip
-    agents = [run_agentd(*agent_args(store.endpoint, "4", conf=conf), *member_job(stop),
-                         env=env) for _ in range(4)]  # fmt: skip
+    conf = (
+        "keep_alive_interval=3,keep_alive_max_attempt=4,last_call_timeout=0.5,"
+        "join_timeout=60,is_host=0"
+    )
+    agents = [
+        run_agentd(*agent_args(store.endpoint, "4", conf=conf), *member_job(stop), env=env)
+        for _ in range(4)
+    ]
     wait_until(lambda: one_round(agents, 4), what="a job of four")
     # The worst moment: just before the heartbeats are due, every 3 s from the agents'
     # first join, so the last ones the store read before it froze are as old as they get.
@@ -98,9 +110,16 @@ def test_workers_that_succeed_while_their_agent_is_frozen_are_not_run_again(
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2", "--exit-barrier-timeout", "20",
-                                     conf=FAST + ",is_host=0"), *member_job(stop), env=env)
-              for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(
+                store.endpoint, "2", "--exit-barrier-timeout", "20", conf=FAST + ",is_host=0"
+            ),
+            *member_job(stop),
+            env=env,
+        )
+        for _ in range(2)
+    ]
     wait_until(lambda: one_round(agents, 2), what="a job of two")
     victim = agents[0]
     os.kill(victim.pid, signal.SIGSTOP)

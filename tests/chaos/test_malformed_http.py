@@ -59,9 +59,11 @@ def store_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pat
     with open(err, "wb") as fp:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentd", "store", "--port", str(port), "--peers", peers],
-            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            stderr=fp,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
+        )
     try:
         wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
         yield proc, err
@@ -81,8 +83,10 @@ def test_a_candidate_store_answers_garbage_400_with_one_warning(store_process):
 def test_the_health_port_answers_garbage_400_with_one_warning(run_agentd, tmp_path):
     stop = tmp_path / "stop"
     agent = run_agentd("--health-port", "0", WORKER, "member", "--stop-file", str(stop))
-    url = wait_until(lambda: re.search(r"Health endpoint on http://127\.0\.0\.1:(\d+)",
-                                       agent.stderr()), what="the health endpoint")  # fmt: skip
+    url = wait_until(
+        lambda: re.search(r"Health endpoint on http://127\.0\.0\.1:(\d+)", agent.stderr()),
+        what="the health endpoint",
+    )
     port = int(url[1])  # type: ignore[index]
     assert {send(port, request) for request in MALFORMED} == {b"HTTP/1.0 400 Bad Request"}
     stop.touch()
@@ -104,8 +108,14 @@ def bad_header_requests(routes: list[str]) -> Iterator[bytes]:
     for path in routes:
         for method in (b"GET", b"POST"):
             for headers in BAD_HEADERS:
-                yield (method + b" " + path.encode() + b" HTTP/1.1\r\n" + headers
-                       + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")  # fmt: skip
+                yield (
+                    method
+                    + b" "
+                    + path.encode()
+                    + b" HTTP/1.1\r\n"
+                    + headers
+                    + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                )
 
 
 def assert_all_4xx(port: int, routes: list[str]) -> None:
@@ -139,10 +149,22 @@ def test_header_bytes_that_are_not_utf8_get_a_4xx_from_the_agents_listeners(run_
     stop = tmp_path / "stop"
     store, health = free_port(), free_port()
     agent = run_agentd(
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store}", "--nnodes", "1",
-        "--health-port", str(health), "--drain-on", "SIGUSR1",
-        WORKER, "member", "--stop-file", str(stop), env={"AGENTD_STORE_TOKEN": "tok"},
-    )  # fmt: skip
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{store}",
+        "--nnodes",
+        "1",
+        "--health-port",
+        str(health),
+        "--drain-on",
+        "SIGUSR1",
+        WORKER,
+        "member",
+        "--stop-file",
+        str(stop),
+        env={"AGENTD_STORE_TOKEN": "tok"},
+    )
     wait_until(lambda: "Started 1 worker" in agent.stderr(), what="the worker to start")
     assert_all_4xx(health, HEALTH_ROUTES)
     assert_all_4xx(store, STORE_ROUTES)

@@ -40,13 +40,18 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
     agents = []
     for host in ("h0", "h1", "h2"):
         address = bridge.add_host(host)
-        agents.append(run_agentd(
-            *agent_args(store.endpoint, "2:3", "--local-addr", address, conf=FAST),
-            *member_job(stop), env={"AGENTD_STORE_TOKEN": TOKEN}, prefix=tuple(bridge.run_in(host)),
-        ))  # fmt: skip
+        agents.append(
+            run_agentd(
+                *agent_args(store.endpoint, "2:3", "--local-addr", address, conf=FAST),
+                *member_job(stop),
+                env={"AGENTD_STORE_TOKEN": TOKEN},
+                prefix=tuple(bridge.run_in(host)),
+            )
+        )
     wait_until(lambda: one_round(agents, 3), what="a job of three")
-    victim_index, victim = next((i, a) for i, a in enumerate(agents)
-                                if members(a, 0)[0]["RANK"] == "0")  # fmt: skip
+    victim_index, victim = next(
+        (i, a) for i, a in enumerate(agents) if members(a, 0)[0]["RANK"] == "0"
+    )
     [worker] = [int(m["PID"]) for m in members(victim, 0)]
     others = [a for a in agents if a is not victim]
     before = {a.pid: latest_attempt(a) for a in agents}
@@ -61,8 +66,9 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
     shrunk = {a.pid: latest_attempt(a) for a in agents}
     bridge.heal(f"h{victim_index}")
     healed = time.time()
-    wait_until(lambda: one_round(agents, 3, after=shrunk), timeout=30,
-               what="the healed agent to rejoin")  # fmt: skip
+    wait_until(
+        lambda: one_round(agents, 3, after=shrunk), timeout=30, what="the healed agent to rejoin"
+    )
     assert time.time() - healed < 15, "the healed agent took too long to rejoin"
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
@@ -81,10 +87,14 @@ def test_a_partition_from_the_store_host_leaves_one_server_on_the_larger_side(
     stop = tmp_path / "stop"
     agents = []
     for index, host in enumerate(("h0", "h1", "h2")):
-        agents.append(run_agentd(
-            *agent_args(endpoints, "2:3", "--local-addr", addresses[index], conf=FAST),
-            *member_job(stop), env={"AGENTD_STORE_TOKEN": TOKEN}, prefix=tuple(bridge.run_in(host)),
-        ))  # fmt: skip
+        agents.append(
+            run_agentd(
+                *agent_args(endpoints, "2:3", "--local-addr", addresses[index], conf=FAST),
+                *member_job(stop),
+                env={"AGENTD_STORE_TOKEN": TOKEN},
+                prefix=tuple(bridge.run_in(host)),
+            )
+        )
         if index == 0:
             wait_until(lambda: "now serving" in agents[0].stderr(), what="h0 to serve")
     wait_until(lambda: one_round(agents, 3), what="a job of three")

@@ -39,13 +39,20 @@ def start_job(run_agentd, tmp_path, endpoint_list, count=3, nnodes="2:3", conf=F
     agents = []
     for index in range(count):  # one at a time: the first takes candidate 0, the next 1
         health = free_port()
-        agent = run_agentd(*agent_args(endpoint_list, nnodes, conf=conf, **kw),
-                           "--health-port", str(health), *member_job(stop), env=ENV)  # fmt: skip
+        agent = run_agentd(
+            *agent_args(endpoint_list, nnodes, conf=conf, **kw),
+            "--health-port",
+            str(health),
+            *member_job(stop),
+            env=ENV,
+        )
         agent.health = health
         agents.append(agent)
         if index < 2:
-            wait_until(lambda a=agent: "Standing as store candidate" in a.stderr(),
-                       what="the agent to stand as a candidate")  # fmt: skip
+            wait_until(
+                lambda a=agent: "Standing as store candidate" in a.stderr(),
+                what="the agent to stand as a candidate",
+            )
     return agents, stop
 
 
@@ -110,12 +117,18 @@ def test_a_frozen_store_host_is_replaced_and_steps_down_when_it_resumes(run_agen
     before = {a.pid: latest_attempt(a) for a in others}
     os.kill(frozen.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: one_round(others, 2, after=before), timeout=40,
-                   what="the others to go on at two")  # fmt: skip
+        wait_until(
+            lambda: one_round(others, 2, after=before),
+            timeout=40,
+            what="the others to go on at two",
+        )
     finally:
         os.kill(frozen.pid, signal.SIGCONT)
-    wait_until(lambda: "stepping down" in frozen.stderr(), timeout=30,
-               what="the resumed store to step down")  # fmt: skip
+    wait_until(
+        lambda: "stepping down" in frozen.stderr(),
+        timeout=30,
+        what="the resumed store to step down",
+    )
     # the resumed agent joins the job on the new server: one round of three again
     wait_until(lambda: one_round(agents, 3, after=before), timeout=60, what="a job of three")
     assert status(frozen)["store"]["serving"] == endpoints[1]
@@ -126,8 +139,11 @@ def test_a_frozen_store_host_is_replaced_and_steps_down_when_it_resumes(run_agen
 def test_lists_in_another_order_are_refused_with_a_clear_error(run_agentd, tmp_path):
     endpoint_list, endpoints = candidates(2)
     _, stop = start_job(run_agentd, tmp_path, endpoint_list, count=2, nnodes="3")
-    other = run_agentd(*agent_args(",".join(reversed(endpoints)), "3", conf=FAST + ",is_host=0"),
-                       *member_job(stop), env=ENV)  # fmt: skip
+    other = run_agentd(
+        *agent_args(",".join(reversed(endpoints)), "3", conf=FAST + ",is_host=0"),
+        *member_job(stop),
+        env=ENV,
+    )
     assert other.wait(60) == 2, other.stderr()[-2000:]
     assert "another list (or order) than this client's" in other.stderr()
 
@@ -135,11 +151,18 @@ def test_lists_in_another_order_are_refused_with_a_clear_error(run_agentd, tmp_p
 def test_standalone_store_candidates_take_over(run_agentd, run_store, tmp_path):
     port = free_port()
     endpoints = [f"127.0.0.{i + 1}:{port}" for i in range(2)]
-    stores = [run_store(host=f"127.0.0.{i + 1}", port=port, peers=",".join(endpoints))
-              for i in range(2)]  # fmt: skip
+    stores = [
+        run_store(host=f"127.0.0.{i + 1}", port=port, peers=",".join(endpoints)) for i in range(2)
+    ]
     stop = tmp_path / "stop"
-    agents = [run_agentd(*agent_args(",".join(endpoints), "2", conf=FAST + ",is_host=0"),
-                         *member_job(stop), env=ENV) for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(",".join(endpoints), "2", conf=FAST + ",is_host=0"),
+            *member_job(stop),
+            env=ENV,
+        )
+        for _ in range(2)
+    ]
     wait_until(lambda: one_round(agents, 2), what="a job of two")
     before = {a.pid: latest_attempt(a) for a in agents}
     stores[0].proc.kill()
@@ -157,15 +180,25 @@ def test_examples_train_survives_a_kill_of_the_store_host(run_agentd, tmp_path):
     train = str(TESTS.parent / "examples" / "train.py")
     agents = []
     for index in range(3):
-        agents.append(run_agentd(
-            *agent_args(endpoint_list, "2:3", "--max-restarts", "3", conf=FAST),
-            train, "--steps", "3000", env={**ENV, "OMP_NUM_THREADS": "1"},
-        ))  # fmt: skip
+        agents.append(
+            run_agentd(
+                *agent_args(endpoint_list, "2:3", "--max-restarts", "3", conf=FAST),
+                train,
+                "--steps",
+                "3000",
+                env={**ENV, "OMP_NUM_THREADS": "1"},
+            )
+        )
         if index < 2:
-            wait_until(lambda a=agents[-1]: "Standing as store candidate" in a.stderr(),
-                       what="the agent to stand as a candidate")  # fmt: skip
-    wait_until(lambda: any("(world 3," in a.stdout() for a in agents), timeout=120,
-               what="training at world 3")  # fmt: skip
+            wait_until(
+                lambda a=agents[-1]: "Standing as store candidate" in a.stderr(),
+                what="the agent to stand as a candidate",
+            )
+    wait_until(
+        lambda: any("(world 3," in a.stdout() for a in agents),
+        timeout=120,
+        what="training at world 3",
+    )
     agents[0].proc.kill()
     agents[0].proc.wait()
     survivors = agents[1:]

@@ -26,9 +26,14 @@ def test_every_agent_meets_in_one_round_after_the_store_comes_back(
     for nnodes in ("3", "2:3"):  # both jobs at once, each on its own store
         store = run_store()
         stop = tmp_path / f"stop-{nnodes.replace(':', '-')}"
-        agents = [run_agentd(*agent_args(store.endpoint, nnodes, conf=FAST + ",is_host=0"),
-                             *member_job(stop), env={"AGENTD_STORE_TOKEN": TOKEN})
-                  for _ in range(3)]  # fmt: skip
+        agents = [
+            run_agentd(
+                *agent_args(store.endpoint, nnodes, conf=FAST + ",is_host=0"),
+                *member_job(stop),
+                env={"AGENTD_STORE_TOKEN": TOKEN},
+            )
+            for _ in range(3)
+        ]
         jobs[nnodes] = (store, stop, agents)
     for _, _, agents in jobs.values():
         wait_until(lambda a=agents: one_round(a, 3), what="a job of three")
@@ -40,9 +45,12 @@ def test_every_agent_meets_in_one_round_after_the_store_comes_back(
     for nnodes, (store, stop, agents) in jobs.items():
         jobs[nnodes] = (run_store(port=store.port), stop, agents)
     for nnodes, (_, _, agents) in jobs.items():
-        wait_until(lambda a=agents: one_round(a, 3, after=before), timeout=60,
-                   what=f"--nnodes {nnodes}: one new round of three "
-                        f"({[a.stderr()[-1500:] for a in agents]})")  # fmt: skip
+        wait_until(
+            lambda a=agents: one_round(a, 3, after=before),
+            timeout=60,
+            what=f"--nnodes {nnodes}: one new round of three "
+            f"({[a.stderr()[-1500:] for a in agents]})",
+        )
     for _, stop, _ in jobs.values():
         stop.touch()
     for _, _, agents in jobs.values():

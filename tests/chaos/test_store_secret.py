@@ -43,8 +43,10 @@ def test_another_user_cannot_close_a_job_on_a_loopback_store(run_agentd, tmp_pat
     require_root("running a request as another user")
     port = free_port()
     stop = tmp_path / "stop"
-    agents = [run_agentd(*agent_args(f"127.0.0.1:{port}", "2", conf=FAST), *member_job(stop))
-              for _ in range(2)]  # no token anywhere: the hosting agent makes one  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(f"127.0.0.1:{port}", "2", conf=FAST), *member_job(stop))
+        for _ in range(2)
+    ]  # no token anywhere: the hosting agent makes one
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
     [host] = [a for a in agents if "Hosting the rendezvous store" in a.stderr()]
@@ -52,9 +54,14 @@ def test_another_user_cannot_close_a_job_on_a_loopback_store(run_agentd, tmp_pat
     info = os.stat(token_file)
     assert stat.S_IMODE(info.st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(token_file)).st_mode) == 0o700
-    nobody = subprocess.run([attacker_python(), "-c", ATTACK, str(port), token_file],
-                            user=65534, group=65534, capture_output=True, text=True,
-                            timeout=30)  # fmt: skip
+    nobody = subprocess.run(
+        [attacker_python(), "-c", ATTACK, str(port), token_file],
+        user=65534,
+        group=65534,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert nobody.stdout.split() == ["401", "PermissionError"], nobody.stderr
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0]  # the job never noticed

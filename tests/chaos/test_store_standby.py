@@ -34,9 +34,13 @@ def start_agent(run_agentd, endpoint, stop, *extra, conf=FAST):
     """An agent of the job; the shared token lets a restarted store host find it again (a
     store that makes its own token on loopback makes a new one each time it starts)."""
     health = free_port()
-    agent = run_agentd(*agent_args(endpoint, "2:3", *extra, conf=conf),
-                       "--health-port", str(health), *member_job(stop),
-                       env={"AGENTD_STORE_TOKEN": TOKEN})  # fmt: skip
+    agent = run_agentd(
+        *agent_args(endpoint, "2:3", *extra, conf=conf),
+        "--health-port",
+        str(health),
+        *member_job(stop),
+        env={"AGENTD_STORE_TOKEN": TOKEN},
+    )
     agent.health = health
     return agent
 
@@ -66,17 +70,22 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     stop = tmp_path / "stop"
     agents = []
     for index in range(3):
-        agents.append(start_agent(run_agentd, endpoint, stop, "--local-addr",
-                                  f"127.0.0.{index + 1}"))  # fmt: skip
+        agents.append(
+            start_agent(run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}")
+        )
         if index == 0:  # the first one hosts the store
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-                       what="the first agent to host the store")  # fmt: skip
+            wait_until(
+                lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                what="the first agent to host the store",
+            )
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     host, survivors = agents[0], agents[1:]
     wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
     # each client learns a longer list with its next answer from the store
-    shown = wait_until(lambda: (doc := status(survivors[0])["store"]) and
-                       len(doc["endpoints"]) == 3 and doc, what="the list of three")  # fmt: skip
+    shown = wait_until(
+        lambda: (doc := status(survivors[0])["store"]) and len(doc["endpoints"]) == 3 and doc,
+        what="the list of three",
+    )
     assert shown["endpoints"][0] == endpoint, shown
     assert f"127.0.0.2:{port}" in shown["endpoints"]  # the seed's port, on its own address
     kill_the_host_and_wait_for_two(host, survivors)
@@ -88,8 +97,11 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     # empty store at the endpoint until the new server tells it the job moved, then joins
     shrunk = {a.pid: latest_attempt(a) for a in survivors}
     back = start_agent(run_agentd, endpoint, stop, "--local-addr", "127.0.0.1")
-    wait_until(lambda: one_round([*survivors, back], 3, after=shrunk), timeout=30,
-               what="the restarted host to rejoin")  # fmt: skip
+    wait_until(
+        lambda: one_round([*survivors, back], 3, after=shrunk),
+        timeout=30,
+        what="the restarted host to rejoin",
+    )
     assert "stepping down" in back.stderr(), back.stderr()[-3000:]
     stop.touch()
     everyone = [*survivors, back]
@@ -105,8 +117,10 @@ def test_standby_0_opts_out(run_agentd, tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     stop = tmp_path / "stop"
     agents = [start_agent(run_agentd, endpoint, stop, "--local-addr", "127.0.0.1")]
-    wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-               what="the first agent to host the store")  # fmt: skip
+    wait_until(
+        lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+        what="the first agent to host the store",
+    )
     agents.append(start_agent(run_agentd, endpoint, stop, conf=FAST + ",standby=0"))
     wait_until(lambda: one_round(agents, 2), what="a job of two")
     stop.touch()
@@ -131,11 +145,19 @@ def test_in_namespaces_each_agent_stands_by_on_its_own_address(run_agentd, tmp_p
     env = {"AGENTD_STORE_TOKEN": TOKEN}  # off loopback, the store needs a shared secret
     agents = []
     for index in range(3):
-        agents.append(run_agentd(*agent_args(endpoint, "2:3", conf=FAST), *member_job(stop),
-                                 env=env, prefix=tuple(bridge.run_in(f"h{index}"))))  # fmt: skip
+        agents.append(
+            run_agentd(
+                *agent_args(endpoint, "2:3", conf=FAST),
+                *member_job(stop),
+                env=env,
+                prefix=tuple(bridge.run_in(f"h{index}")),
+            )
+        )
         if index == 0:
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-                       what="the first agent to host the store")  # fmt: skip
+            wait_until(
+                lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                what="the first agent to host the store",
+            )
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     host, survivors = agents[0], agents[1:]
     wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")

@@ -174,9 +174,15 @@ def test_torchs_log_prefix_syntax_is_accepted_and_unknown_fields_are_named():
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("[::1]", "::1"), ("0.0.0.0", "0.0.0.0"),
-     ("localhost", "localhost"), ("node-7.cluster.local.", "node-7.cluster.local."),
-     ("compose_service_1", "compose_service_1")],
-)  # fmt: skip
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("localhost", "localhost"),
+        ("node-7.cluster.local.", "node-7.cluster.local."),
+        ("compose_service_1", "compose_service_1"),
+    ],
+)
 def test_hosts_that_are_accepted(text, value):
     assert resolve({"script": "x.py", "health_host": text}, {}).health_host == value

@@ -39,12 +39,21 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = ["--nproc-per-node", "2", TRAIN, str(out), str(stop)]
     stay = [run_agentd(*agent_args(store.endpoint, "2:3"), *job, env=env) for _ in range(2)]
-    leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGTERM",
-                         "--event-log", str(tmp_path / "events.jsonl"), *job, env=env)  # fmt: skip
+    leaving = run_agentd(
+        *agent_args(store.endpoint, "2:3"),
+        "--drain-on",
+        "SIGTERM",
+        "--event-log",
+        str(tmp_path / "events.jsonl"),
+        *job,
+        env=env,
+    )
     wait_until(lambda: len(starts(out, 0)) == 6, what="a job of three nodes, six ranks")
     # ... and the leaving agent done starting them (a stop signal before that stops at once)
-    wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(),
-               what="the leaving agent's workers")  # fmt: skip
+    wait_until(
+        lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(),
+        what="the leaving agent's workers",
+    )
 
     leaving.proc.send_signal(signal.SIGTERM)
     assert leaving.wait(60) == 128 + signal.SIGTERM, leaving.stderr()[-3000:]
@@ -69,13 +78,20 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
 
 def drain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
-    return subprocess.run([sys.executable, "-m", "agentd", "drain", *args], env=full | (env or {}),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentd", "drain", *args],
+        env=full | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def health_url(agent) -> str:
-    found = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
-                       what="the health endpoint")  # fmt: skip
+    found = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+        what="the health endpoint",
+    )
     return found.group(1)
 
 
@@ -92,8 +108,12 @@ def test_agentd_drain_asks_over_http_with_the_token(run_agentd, run_store, tmp_p
 
     refused = drain_cli("--url", url, env={"AGENTD_STORE_TOKEN": "wrong"})
     assert refused.returncode == 1 and "needs the bearer token" in refused.stderr
-    request = urllib.request.Request(url + "/drain", data=b'{"reason": 7}', method="POST",
-                                     headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    request = urllib.request.Request(
+        url + "/drain",
+        data=b'{"reason": 7}',
+        method="POST",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     with pytest.raises(urllib.error.HTTPError) as bad:
         urllib.request.urlopen(request, timeout=10)
     assert bad.value.code == 400 and b"reason: 7 must be a non-empty string" in bad.value.read()
@@ -138,11 +158,15 @@ def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    job = ["--nproc-per-node", "2", str(Path(__file__).with_name("gloo_steps.py")), str(out),
-           str(stop)]  # fmt: skip
+    job = [
+        "--nproc-per-node",
+        "2",
+        str(Path(__file__).with_name("gloo_steps.py")),
+        str(out),
+        str(stop),
+    ]
     stay = [run_agentd(*agent_args(store.endpoint, "2:3"), *job, env=env) for _ in range(2)]
-    leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGUSR1", *job,
-                         env=env)  # fmt: skip
+    leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGUSR1", *job, env=env)
     wait_until(lambda: len(starts(out, 0)) == 6, 120, what="a gloo job of six ranks")
     wait_until(lambda: "Started 2 worker" in leaving.stderr(), what="the workers")
     leaving.proc.send_signal(signal.SIGUSR1)
@@ -170,8 +194,17 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
         "    if agentd.checkpoint_requested():\n"
         "        agentd.checkpoint_saved()\n"
     )
-    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--health-port", "0",
-                       "--checkpoint-signal", "SIGUSR2", str(job), str(tmp_path))  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--health-port",
+        "0",
+        "--checkpoint-signal",
+        "SIGUSR2",
+        str(job),
+        str(tmp_path),
+    )
     url = health_url(agent)
     wait_until(lambda: "Started 2 worker" in agent.stderr(), what="the workers")
     assert drain_cli("--url", url).returncode == 0

@@ -24,8 +24,15 @@ def stepping(url: str) -> bool:
 def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
     pytest.importorskip("lightning")
     root = tmp_path / "lightning"
-    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--health-port", "0",
-                       str(TESTS / "workers" / "lightning_ddp.py"), str(root))  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--health-port",
+        "0",
+        str(TESTS / "workers" / "lightning_ddp.py"),
+        str(root),
+    )
     url = health_url(agent)
     wait_until(lambda: stepping(url), 180, what="training to start")
     assert drain_cli("--url", url, "--reason", "test").returncode == 0
@@ -40,9 +47,14 @@ def test_the_hugging_face_callback_saves_on_a_drain(run_agentd, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     out = tmp_path / "hf"
-    agent = run_agentd("--standalone", "--health-port", "0",
-                       str(TESTS / "workers" / "hf_trainer.py"), str(out),
-                       env={"TRANSFORMERS_OFFLINE": "1"})  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        "--health-port",
+        "0",
+        str(TESTS / "workers" / "hf_trainer.py"),
+        str(out),
+        env={"TRANSFORMERS_OFFLINE": "1"},
+    )
     url = health_url(agent)
     wait_until(lambda: stepping(url), 180, what="training to start")
     assert drain_cli("--url", url).returncode == 0

@@ -35,9 +35,15 @@ class GatedRendezvous(StaticRendezvous):
 
 
 def agent_with_health(tmp_path, args, rdzv=None, **kw) -> LocalElasticAgent:
-    spec = WorkerSpec(role="trainer", local_world_size=kw.pop("n", 2), entrypoint=sys.executable,
-                      args=("-u", WORKER, *args), rdzv_handler=rdzv or StaticRendezvous("h"),
-                      env={"SECRET_TOKEN": "hunter2"}, **kw)  # fmt: skip
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=kw.pop("n", 2),
+        entrypoint=sys.executable,
+        args=("-u", WORKER, *args),
+        rdzv_handler=rdzv or StaticRendezvous("h"),
+        env={"SECRET_TOKEN": "hunter2"},
+        **kw,
+    )
     health = AgentSettings(health=HealthSettings(port=0))
     return LocalElasticAgent(spec, log_dir=tmp_path, settings=health)
 
@@ -55,9 +61,13 @@ async def code(session: aiohttp.ClientSession, url: str, method: str = "GET") ->
 
 async def test_codes_through_init_healthy_restart_and_stop(tmp_path):
     rdzv = GatedRendezvous()
-    agent = agent_with_health(tmp_path, ["flaky", "--until-attempt", "1", "--code", "3"],
-                              rdzv=rdzv, max_restarts=1,
-                              restart_backoff=RestartBackoff(0.5, 0.5, 1.0, 0.0))  # fmt: skip
+    agent = agent_with_health(
+        tmp_path,
+        ["flaky", "--until-attempt", "1", "--code", "3"],
+        rdzv=rdzv,
+        max_restarts=1,
+        restart_backoff=RestartBackoff(0.5, 0.5, 1.0, 0.0),
+    )
     task = asyncio.ensure_future(agent.run_async("trainer"))
     async with aiohttp.ClientSession() as http:
         await until(lambda: _up(agent))
@@ -150,14 +160,19 @@ async def test_status_metrics_and_errors(tmp_path):
             assert "hunter2" not in body and "SECRET_TOKEN" not in body
             async with http.get(url + "/metrics") as response:
                 assert response.headers["Content-Type"].startswith("text/plain")
-                families = {f.name: f for f in text_string_to_metric_families(
-                    await response.text())}  # fmt: skip
-            state = {s.labels["state"]: s.value for s in families["agentd_worker_group_state"]
-                     .samples}  # fmt: skip
+                families = {
+                    f.name: f for f in text_string_to_metric_families(await response.text())
+                }
+            state = {
+                s.labels["state"]: s.value for s in families["agentd_worker_group_state"].samples
+            }
             assert state["HEALTHY"] == 1 and state["INIT"] == 0
             assert families["agentd_watchdog_alive"].samples[0].value == 1
-            assert {s.labels["phase"] for s in families["agentd_recovery_phase_seconds"].samples
-                    if s.name.endswith("_count")} == {"rendezvous", "start"}  # fmt: skip
+            assert {
+                s.labels["phase"]
+                for s in families["agentd_recovery_phase_seconds"].samples
+                if s.name.endswith("_count")
+            } == {"rendezvous", "start"}
             assert len(families["agentd_worker_rss_bytes"].samples) == 2
             assert "agentd_event_loop_lag_seconds" in families
             assert await code(http, url + "/nope") == 404
@@ -190,8 +205,7 @@ async def test_port_in_use_is_a_start_error():
     with socket.socket() as holder:  # a listener that does not share its port
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        blocked = create_healthcheck_server(lambda: True, port=holder.getsockname()[1],
-                                            timeout=5)  # fmt: skip
+        blocked = create_healthcheck_server(lambda: True, port=holder.getsockname()[1], timeout=5)
         with pytest.raises(StartError, match="health_port: cannot listen"):
             await blocked.start_async()
 

@@ -92,8 +92,10 @@ def test_heartbeats_are_rate_limited_and_carry_the_step_count(pipe):
 def test_the_first_message_registers_the_stack_dump_on_the_agents_signal(pipe, tmp_path):
     path, fd = pipe
     stacks = tmp_path / "stacks.txt"
-    code = ("import agentd, time\ndef hang():\n    time.sleep(60)\nagentd.heartbeat()\n"
-            "print('hanging', flush=True)\nhang()")  # fmt: skip
+    code = (
+        "import agentd, time\ndef hang():\n    time.sleep(60)\nagentd.heartbeat()\n"
+        "print('hanging', flush=True)\nhang()"
+    )
     env = {PIPE_ENV: str(path), STACK_FILE_ENV: str(stacks), DUMP_SIGNAL_ENV: str(DUMP_SIGNAL)}
     proc = run_worker(code, env)
     try:
@@ -152,8 +154,11 @@ def test_every_message_names_the_dump_signal(pipe, tmp_path):
     knows the worker), so each one says how to ask for a dump."""
     path, fd = pipe
     code = "import agentd, time\nagentd.heartbeat()\ntime.sleep(0.3)\nagentd.heartbeat()"
-    env = {PIPE_ENV: str(path), STACK_FILE_ENV: str(tmp_path / "stacks.txt"),
-           DUMP_SIGNAL_ENV: str(DUMP_SIGNAL)}  # fmt: skip
+    env = {
+        PIPE_ENV: str(path),
+        STACK_FILE_ENV: str(tmp_path / "stacks.txt"),
+        DUMP_SIGNAL_ENV: str(DUMP_SIGNAL),
+    }
     proc = run_worker(code, env)
     proc.communicate(timeout=60)
     messages = read_messages(fd, until=2)

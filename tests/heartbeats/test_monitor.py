@@ -97,8 +97,9 @@ async def test_messages_waiting_when_the_timer_fires_are_read_before_judging():
         monitor.feed(list(waiting))
         waiting.clear()
 
-    monitor = ProgressMonitor(timeouts, StepTimes(2, 5, lambda s: None), hangs.append,
-                              lambda lr: True, drain=drain)  # fmt: skip
+    monitor = ProgressMonitor(
+        timeouts, StepTimes(2, 5, lambda s: None), hangs.append, lambda lr: True, drain=drain
+    )
     loop = asyncio.get_running_loop()
     monitor.watch({0: 100}, {0: 0})
     monitor.feed([(0, msg("beat", 1, loop.time()))])

@@ -60,18 +60,62 @@ def make_tls(folder: Path) -> TlsFiles:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=agentd test CA", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
-    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-                            ("client", "extendedKeyUsage=clientAuth")):  # fmt: skip
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=agentd test {name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=agentd test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    for name, extension in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN=agentd test {name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
         (folder / f"{name}.ext").write_text(extension + "\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-                "-out", f"{name}.pem")  # fmt: skip
-    return TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key",
-                    folder / "client.pem", folder / "client.key")  # fmt: skip
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.pem",
+        )
+    return TlsFiles(
+        folder / "ca.pem",
+        folder / "server.pem",
+        folder / "server.key",
+        folder / "client.pem",
+        folder / "client.key",
+    )
 
 
 @dataclass
@@ -127,8 +171,16 @@ class EtcdCluster:
         scheme = "https" if self.tls else "http"
         for index in range(self.size):
             name = f"m{index}"
-            self.members.append(EtcdMember(name, free_port(), free_port(), self.root / name,
-                                           self.root / f"{name}.log", scheme))  # fmt: skip
+            self.members.append(
+                EtcdMember(
+                    name,
+                    free_port(),
+                    free_port(),
+                    self.root / name,
+                    self.root / f"{name}.log",
+                    scheme,
+                )
+            )
 
     def _new_ports(self) -> None:
         """Give every member fresh ports and an empty data dir (a member lost its port)."""
@@ -183,22 +235,47 @@ class EtcdCluster:
         ignores the initial-cluster flags)."""
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         argv = [
-            str(etcd_binary()), "--name", member.name, "--data-dir", str(member.data_dir),
-            "--listen-client-urls", member.url, "--advertise-client-urls", member.url,
-            "--listen-peer-urls", member.peer_url,
-            "--initial-advertise-peer-urls", member.peer_url,
-            "--initial-cluster", initial, "--initial-cluster-token", self._token,
-            "--initial-cluster-state", "new",
-            "--heartbeat-interval", "10", "--election-timeout", "100",
-            "--logger", "zap", "--log-level", "warn", *self.extra_args,
-        ]  # fmt: skip
+            str(etcd_binary()),
+            "--name",
+            member.name,
+            "--data-dir",
+            str(member.data_dir),
+            "--listen-client-urls",
+            member.url,
+            "--advertise-client-urls",
+            member.url,
+            "--listen-peer-urls",
+            member.peer_url,
+            "--initial-advertise-peer-urls",
+            member.peer_url,
+            "--initial-cluster",
+            initial,
+            "--initial-cluster-token",
+            self._token,
+            "--initial-cluster-state",
+            "new",
+            "--heartbeat-interval",
+            "10",
+            "--election-timeout",
+            "100",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
+            *self.extra_args,
+        ]
         if self.tls is not None:
-            argv += ["--cert-file", str(self.tls.server_cert),
-                     "--key-file", str(self.tls.server_key),
-                     "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]  # fmt: skip
+            argv += [
+                "--cert-file",
+                str(self.tls.server_cert),
+                "--key-file",
+                str(self.tls.server_key),
+                "--trusted-ca-file",
+                str(self.tls.ca),
+                "--client-cert-auth",
+            ]
         with open(member.log, "ab") as log:
-            member.proc = subprocess.Popen(argv, stdout=log, stderr=log,
-                                           stdin=subprocess.DEVNULL)  # fmt: skip
+            member.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         """Wait until every started member answers ``/health`` with a leader; a member that
@@ -206,8 +283,11 @@ class EtcdCluster:
         fails later, and less clearly)."""
         for member in self.members:
             if member.proc is not None:
-                wait_until(lambda m=member: self._healthy(m), timeout,  # type: ignore[misc]
-                           what=f"etcd {member.name} healthy ({_tail(member.log)})")  # fmt: skip
+                wait_until(
+                    lambda m=member: self._healthy(m),
+                    timeout,  # type: ignore[misc]
+                    what=f"etcd {member.name} healthy ({_tail(member.log)})",
+                )
 
     def _healthy(self, member: EtcdMember) -> bool:
         if member.proc is None or member.proc.poll() is not None:

@@ -24,8 +24,19 @@ def world_sizes(agent: AgentProc, attempt: int) -> set[int]:
 def agent_args(
     endpoint: str, nnodes: str, *extra: str, conf: str = FAST + ",is_host=0"
 ) -> list[str]:
-    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
-            "--nnodes", nnodes, "--rdzv-conf", conf, *extra]  # fmt: skip
+    return [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "job",
+        "--nnodes",
+        nnodes,
+        "--rdzv-conf",
+        conf,
+        *extra,
+    ]
 
 
 def member_job(stop_file: Path, *extra: str) -> list[str]:
@@ -34,8 +45,9 @@ def member_job(stop_file: Path, *extra: str) -> list[str]:
 
 def latest_attempt(agent: AgentProc) -> int:
     """The newest attempt whose workers have reported (-1: none yet)."""
-    attempts = [int(p.name.split("_")[1][1:]) for p in agent.out_dir.glob("member_a*")
-                if p.suffix != ".tmp"]  # fmt: skip
+    attempts = [
+        int(p.name.split("_")[1][1:]) for p in agent.out_dir.glob("member_a*") if p.suffix != ".tmp"
+    ]
     return max(attempts, default=-1)
 
 

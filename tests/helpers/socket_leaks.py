@@ -75,5 +75,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         lines.append(f"{transport!r} to {peer}, opened at:\n{''.join(transport._opened_at)}")
         transport._sock.close()  # closed here, so no later test is blamed for it
         transport._sock = None
-    pytest.fail(f"{item.nodeid} left {len(leaked)} socket(s) open after its event loop "
-                f"closed:\n" + "\n".join(lines), pytrace=False)  # fmt: skip
+    pytest.fail(
+        f"{item.nodeid} left {len(leaked)} socket(s) open after its event loop "
+        f"closed:\n" + "\n".join(lines),
+        pytrace=False,
+    )

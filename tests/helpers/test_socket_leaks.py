@@ -36,11 +36,23 @@ def test_the_test_that_leaves_a_socket_open_fails_and_the_next_one_does_not(tmp_
         "[pytest]\nfilterwarnings = error\nasyncio_default_fixture_loop_scope = function\n"
     )
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.helpers.socket_leaks",
-         "-p", "no:cacheprovider", "test_inner.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.helpers.socket_leaks",
+            "-p",
+            "no:cacheprovider",
+            "test_inner.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "2 passed, 1 error" in out.stdout, out.stdout
     assert "ERROR at teardown of test_leaks" in out.stdout

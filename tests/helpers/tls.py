@@ -35,20 +35,59 @@ def _openssl(folder: Path, *args: str) -> None:
 def make_ca(folder: Path, name: str = "ca") -> Path:
     """A self-signed CA in ``folder`` (``<name>.pem``, ``<name>.key``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    _openssl(folder, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", f"/CN=agentd test {name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.pem")  # fmt: skip
+    _openssl(
+        folder,
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN=agentd test {name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+    )
     return folder / f"{name}.pem"
 
 
 def node_tls(folder: Path, name: str, ca: Path, days: int = 2) -> NodeTls:
     """A certificate for node ``name`` signed by ``ca`` (``days`` < 0: already expired)."""
-    _openssl(folder, "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=agentd {name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+    _openssl(
+        folder,
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        f"/CN=agentd {name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+    )
     (folder / f"{name}.ext").write_text(
         f"subjectAltName={SAN}\nextendedKeyUsage=serverAuth,clientAuth\n"
     )
-    _openssl(folder, "x509", "-req", "-in", f"{name}.csr", "-CA", str(ca),
-             "-CAkey", str(ca.with_suffix(".key")), "-CAcreateserial", "-days", str(days),
-             "-extfile", f"{name}.ext", "-out", f"{name}.pem")  # fmt: skip
+    _openssl(
+        folder,
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca.with_suffix(".key")),
+        "-CAcreateserial",
+        "-days",
+        str(days),
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.pem",
+    )
     return NodeTls(ca, folder / f"{name}.pem", folder / f"{name}.key")

@@ -20,9 +20,23 @@ JOB = str(TESTS / "workers" / "inprocess_job.py")
 
 def start_job(tmp_path: Path, mode: str, *flags: str) -> subprocess.Popen[str]:
     (tmp_path / "out").mkdir()
-    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
-            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), *flags, JOB,
-            str(tmp_path / "out"), mode]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *flags,
+        JOB,
+        str(tmp_path / "out"),
+        mode,
+    ]
     with open(tmp_path / "agent.err", "w") as err:  # the agent writes to it while it runs
         return subprocess.Popen(argv, stderr=err, text=True, cwd=tmp_path)
 
@@ -48,8 +62,9 @@ def finish(proc: subprocess.Popen[str], tmp_path: Path) -> tuple[int, str]:
     return proc.returncode, agent_err(tmp_path)
 
 
-def run_job(tmp_path: Path, mode: str, *flags: str) -> tuple[subprocess.CompletedProcess[str],
-                                                                dict[int, list[dict]]]:  # fmt: skip
+def run_job(
+    tmp_path: Path, mode: str, *flags: str
+) -> tuple[subprocess.CompletedProcess[str], dict[int, list[dict]]]:
     code, err = finish(start_job(tmp_path, mode, *flags), tmp_path)
     return subprocess.CompletedProcess([], code, "", err), calls_of(tmp_path)
 
@@ -152,15 +167,13 @@ def test_a_rank_whose_exit_lags_its_sockets_is_replaced_and_the_others_kept(tmp_
 
 def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path):
     port = free_port()
-    proc = start_job(tmp_path, "stuck", "--inprocess-park-timeout", "1", "--health-port",
-                     str(port))  # fmt: skip
+    proc = start_job(tmp_path, "stuck", "--inprocess-park-timeout", "1", "--health-port", str(port))
     try:
         status = f"http://127.0.0.1:{port}/status"
         wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
         doc = json.loads(fetch(status))["inprocess"]
         assert doc["fallbacks"]["park_timeout"] == 1
-        assert doc["last_fallback"] == {"reason": "park_timeout", "local_ranks": [0, 2],
-                                        "kept": []}  # fmt: skip
+        assert doc["last_fallback"] == {"reason": "park_timeout", "local_ranks": [0, 2], "kept": []}
         metrics = fetch(f"http://127.0.0.1:{port}/metrics")
         assert 'agentd_inprocess_fallbacks_total{reason="park_timeout"} 1.0' in metrics
         assert 'agentd_inprocess_fallbacks_total{reason="quick_repeats"} 0.0' in metrics
@@ -173,10 +186,12 @@ def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path)
 
 
 def test_without_agentd_run_is_a_plain_call(tmp_path):
-    code = ("import agentd.inprocess as ip; print(ip.run(lambda a, b=0: a + b, 2, b=3), "
-            "ip.current())")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)  # fmt: skip
+    code = (
+        "import agentd.inprocess as ip; print(ip.run(lambda a, b=0: a + b, 2, b=3), ip.current())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None, fresh=True)"
 
 
@@ -187,13 +202,24 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2", "--nproc-per-node", "2"), JOB,
-                         str(shared), "nodes", env=env) for _ in range(3)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, "2", "--nproc-per-node", "2"),
+            JOB,
+            str(shared),
+            "nodes",
+            env=env,
+        )
+        for _ in range(3)
+    ]
 
     def reports(agent: AgentProc) -> dict[int, list[dict]]:
         files = {rank: agent.out_dir / f"rank{rank}.jsonl" for rank in (0, 1)}
-        return {rank: [json.loads(line) for line in path.read_text().splitlines()]
-                for rank, path in files.items() if path.exists()}  # fmt: skip
+        return {
+            rank: [json.loads(line) for line in path.read_text().splitlines()]
+            for rank, path in files.items()
+            if path.exists()
+        }
 
     wait_until(lambda: sorted(len(reports(a)) for a in agents) == [0, 2, 2], 60, "a round of 2")
     victim, kept = [a for a in agents if reports(a)]
@@ -231,9 +257,22 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers
 def test_a_rank_whose_training_function_raises_is_a_failure_but_keeps_its_process(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "release").write_text("")  # attempt 1 returns at once
-    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
-            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), JOB,
-            str(tmp_path / "out"), "raise"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        str(tmp_path / "out"),
+        "raise",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Restarting worker group (restart 1 of 1)" in done.stderr  # a restart is spent
@@ -246,8 +285,20 @@ def test_a_rank_whose_training_function_raises_is_a_failure_but_keeps_its_proces
 
 def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_path):
     (tmp_path / "out").mkdir()
-    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
-            "--log-dir", str(tmp_path / "logs"), JOB, str(tmp_path / "out"), "raise"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        str(tmp_path / "out"),
+        "raise",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     [result] = (tmp_path / "logs").glob("*/result.json")
@@ -259,10 +310,31 @@ def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_proces
     """Under --rdzv-backend static the workers' store lives in rank 0's worker and outlives
     attempts: a kept rank 0 would hand the others the last attempt's keys."""
     (tmp_path / "out").mkdir()
-    argv = [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "static", "--nnodes", "1",
-            "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "--nproc-per-node", "3", "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
-            JOB, str(tmp_path / "out"), "stuck"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--rdzv-backend",
+        "static",
+        "--nnodes",
+        "1",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        str(tmp_path / "out"),
+        "stuck",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "In-process restarts need the agent's workers' store" in done.stderr
@@ -273,9 +345,22 @@ def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_proces
 
 def test_quick_repeated_in_process_restarts_fall_back_to_new_processes(tmp_path):
     (tmp_path / "out").mkdir()
-    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "3",
-            "--max-restarts", "6", "--log-dir", str(tmp_path / "logs"), JOB,
-            str(tmp_path / "out"), "raise-always"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "6",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        str(tmp_path / "out"),
+        "raise-always",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]  # the restarts ran out
     assert "3 in-process restarts within 60s of each other" in done.stderr
@@ -294,12 +379,16 @@ def test_a_kept_worker_lost_before_the_next_attempt_is_started_anew(tmp_path, ho
     rank empty, which would leave the others waiting for it forever."""
     proc = start_job(tmp_path, "loop", "--restart-backoff", "2:2:1:0")
     try:
-        wait_until(lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60,
-                   "the backoff")  # fmt: skip
+        wait_until(
+            lambda: "Waiting 2.00s before restarting" in agent_err(tmp_path), 60, "the backoff"
+        )
         victim = calls_of(tmp_path)[2][0]["pid"]  # parked by now: it waits for its resume
         os.kill(victim, signal.SIGKILL if how == "killed" else signal.SIGUSR1)
-        wait_until(lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()), 60,
-                   "attempt 1 on every rank")  # fmt: skip
+        wait_until(
+            lambda: all(len(c) == 2 for c in calls_of(tmp_path).values()),
+            60,
+            "attempt 1 on every rank",
+        )
         calls = calls_of(tmp_path)
         assert calls[2][1]["pid"] != victim and calls[2][1]["count"] == 0  # a new process
         assert calls[2][1]["replaced"] == [1, 2]

@@ -18,8 +18,10 @@ class Kept:
 
 
 def plans(base: int, world: int, local: int = 2) -> list[tuple]:
-    return [(Worker(r, base + r, world_size=world), ["x"], {}, None, None, None, [])
-            for r in range(local)]  # fmt: skip
+    return [
+        (Worker(r, base + r, world_size=world), ["x"], {}, None, None, None, [])
+        for r in range(local)
+    ]
 
 
 def env_of(plan: tuple) -> dict[str, str]:
@@ -31,8 +33,12 @@ async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_
     planned = plans(0, 2)
     service.plan(planned, None, 2.0)
     for plan in planned:
-        assert env_of(plan) == {wire.GRACE_ENV: "2", wire.REPLACED_ENV: "", wire.SOURCE_ENV: "",
-                                wire.FRESH_ENV: "1"}  # fmt: skip
+        assert env_of(plan) == {
+            wire.GRACE_ENV: "2",
+            wire.REPLACED_ENV: "",
+            wire.SOURCE_ENV: "",
+            wire.FRESH_ENV: "1",
+        }
         [fd] = plan[6]
         assert plan[2][wire.CHANNEL_FD_ENV] == str(fd)
     await service.stop()
@@ -56,8 +62,12 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
     planned = plans(2, 4)  # this node's ranks 2 and 3; the round says every rank was kept
     service.plan(planned, frozenset(range(4)), 6.0)
     for plan in planned:  # explicit empty values, so a resume overwrites stale ones
-        assert env_of(plan) == {wire.GRACE_ENV: "6", wire.REPLACED_ENV: "", wire.SOURCE_ENV: "",
-                                wire.FRESH_ENV: "0"}  # fmt: skip
+        assert env_of(plan) == {
+            wire.GRACE_ENV: "6",
+            wire.REPLACED_ENV: "",
+            wire.SOURCE_ENV: "",
+            wire.FRESH_ENV: "0",
+        }
         assert wire.REPLACED_ENV not in os.environ  # so the resume's delta carries them
     await service.stop()
 

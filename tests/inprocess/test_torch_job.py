@@ -22,9 +22,23 @@ JOB = str(TESTS / "workers" / "torch_inprocess.py")
 def train(tmp_path: Path, name: str, *crash: str) -> dict[int, dict]:
     out = tmp_path / name
     out.mkdir()
-    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--nproc-per-node", "4",
-            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), JOB, str(out), "12",
-            *crash]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "agentd",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        str(out),
+        "12",
+        *crash,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads(p.read_text()) for p in out.glob("rank*.json")]

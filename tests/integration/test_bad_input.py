@@ -111,9 +111,11 @@ def test_bad_config_file_and_env(run_agentd, tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("script = 5\n", "script: 5 must be a non-empty string"),
-     ('args = "notalist"\n', "args: 'notalist' must be a list of strings")],
-)  # fmt: skip
+    [
+        ("script = 5\n", "script: 5 must be a non-empty string"),
+        ('args = "notalist"\n', "args: 'notalist' must be a list of strings"),
+    ],
+)
 def test_a_broken_job_in_the_config_file_fails_even_when_the_cli_names_one(
     run_agentd, tmp_path, text, message
 ):
@@ -126,10 +128,12 @@ def test_a_broken_job_in_the_config_file_fails_even_when_the_cli_names_one(
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--url", "notaurl"], "--url: 'notaurl' must be an http(s)://host:port URL"),
-     (["--url", "http://127.0.0.1:99999"], "is not a valid URL (Port out of range"),
-     (["--timeout", "-1"], "--timeout: -1.0 must be within 0..3600 seconds")],
-)  # fmt: skip
+    [
+        (["--url", "notaurl"], "--url: 'notaurl' must be an http(s)://host:port URL"),
+        (["--url", "http://127.0.0.1:99999"], "is not a valid URL (Port out of range"),
+        (["--timeout", "-1"], "--timeout: -1.0 must be within 0..3600 seconds"),
+    ],
+)
 def test_status_with_a_bad_url_is_one_line_exit_2(run_agentd, args, message):
     agent = run_agentd(*args, command="status")
     assert agent.wait() == 2

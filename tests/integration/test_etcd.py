@@ -31,16 +31,31 @@ def etcd(tmp_path_factory) -> Iterator[EtcdCluster]:
         yield cluster
 
 
-def etcd_args(endpoints: str, nnodes: str, *extra: str, conf: str = FAST,
-              run_id: str = "job") -> list[str]:  # fmt: skip
-    return ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints, "--rdzv-id", run_id,
-            "--nnodes", nnodes, "--rdzv-conf", conf, *extra]  # fmt: skip
+def etcd_args(
+    endpoints: str, nnodes: str, *extra: str, conf: str = FAST, run_id: str = "job"
+) -> list[str]:
+    return [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        endpoints,
+        "--rdzv-id",
+        run_id,
+        "--nnodes",
+        nnodes,
+        "--rdzv-conf",
+        conf,
+        *extra,
+    ]
 
 
 def run_keys(url: str, prefix: str) -> list[str]:
     """Every key etcd holds under ``prefix``."""
-    body = {"key": _b64(prefix.encode()), "range_end": _b64(prefix_end(prefix.encode())),
-            "keys_only": True}  # fmt: skip
+    body = {
+        "key": _b64(prefix.encode()),
+        "range_end": _b64(prefix_end(prefix.encode())),
+        "keys_only": True,
+    }
     doc = etcd_call(url, "/v3/kv/range", body)
     return [base64.b64decode(kv["key"]).decode() for kv in doc.get("kvs", [])]
 
@@ -54,8 +69,10 @@ def test_gloo_all_reduce_across_two_agents_through_etcd(run_agentd, etcd):
     pytest.importorskip("torch")
     script = str(TESTS / "workers" / "torch_gloo.py")
     run_id = f"gloo-{uuid.uuid4().hex[:8]}"
-    agents = [run_agentd(*etcd_args(etcd.endpoints, "2", "--nproc-per-node", "2",
-                                    run_id=run_id), script) for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(*etcd_args(etcd.endpoints, "2", "--nproc-per-node", "2", run_id=run_id), script)
+        for _ in range(2)
+    ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
     out = "".join(a.stdout() for a in agents)
     for rank in range(4):  # 1 + 2 + 3 + 4
@@ -68,8 +85,9 @@ def test_gloo_all_reduce_across_two_agents_through_etcd(run_agentd, etcd):
 def test_two_runs_on_one_etcd_never_collide(run_agentd, etcd, tmp_path):
     stop = tmp_path / "stop"
     runs = [f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"]
-    agents = [run_agentd(*etcd_args(etcd.endpoints, "1", run_id=r), *member_job(stop))
-              for r in runs]  # fmt: skip
+    agents = [
+        run_agentd(*etcd_args(etcd.endpoints, "1", run_id=r), *member_job(stop)) for r in runs
+    ]
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {1}, what="two jobs of one")
     stop.touch()
@@ -79,8 +97,10 @@ def test_two_runs_on_one_etcd_never_collide(run_agentd, etcd, tmp_path):
 def test_a_sigkilled_agent_leaves_a_smaller_job_when_its_lease_expires(run_agentd, etcd, tmp_path):
     stop = tmp_path / "stop"
     run_id = f"shrink-{uuid.uuid4().hex[:8]}"
-    agents = [run_agentd(*etcd_args(etcd.endpoints, "2:3", run_id=run_id), *member_job(stop))
-              for _ in range(3)]  # fmt: skip
+    agents = [
+        run_agentd(*etcd_args(etcd.endpoints, "2:3", run_id=run_id), *member_job(stop))
+        for _ in range(3)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
     victim = agents.pop()
@@ -89,8 +109,10 @@ def test_a_sigkilled_agent_leaves_a_smaller_job_when_its_lease_expires(run_agent
     victim.proc.wait()
     for agent in agents:  # its heartbeat lease runs out: the others re-form without it
         wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
-    wait_until(lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
-               what="the killed agent's workers to be gone")  # fmt: skip
+    wait_until(
+        lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
+        what="the killed agent's workers to be gone",
+    )
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0]
     assert "heartbeat" in "".join(a.stderr() for a in agents)
@@ -100,8 +122,10 @@ def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, etcd, tmp_pa
     stop = tmp_path / "stop"
     run_id = f"crash-{uuid.uuid4().hex[:8]}"
     job = member_job(stop, "--crash-group", "1", "--after", "0.3", "--until-attempt", "1")
-    agents = [run_agentd(*etcd_args(etcd.endpoints, "2", "--max-restarts", "1", run_id=run_id),
-                         *job) for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(*etcd_args(etcd.endpoints, "2", "--max-restarts", "1", run_id=run_id), *job)
+        for _ in range(2)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: len(members(a, 1)) == 1, what="every node to restart")
     stop.touch()
@@ -145,8 +169,9 @@ def test_etcd_without_quorum_is_exit_3_saying_so(run_agentd, tmp_path):
     with EtcdCluster(tmp_path / "cluster", size=3) as cluster:
         cluster.kill(1)
         cluster.kill(2)
-        agent = run_agentd(*etcd_args(cluster.members[0].endpoint, "1",
-                                      conf="join_timeout=3"), WORKER, "ok")  # fmt: skip
+        agent = run_agentd(
+            *etcd_args(cluster.members[0].endpoint, "1", conf="join_timeout=3"), WORKER, "ok"
+        )
         assert agent.wait(40) == 3
         err = agent.stderr()
         assert "no quorum" in err, err[-2000:]
@@ -174,18 +199,23 @@ def test_etcd_auth_with_a_password_from_the_environment(run_agentd, etcd_with_au
     stop = tmp_path / "stop"
     stop.touch()
     conf = FAST + ",username=root"
-    agent = run_agentd(*etcd_args(etcd_with_auth.endpoints, "1", conf=conf), *member_job(stop),
-                       env={"AGENTD_ETCD_PASSWORD": "rootpw"})  # fmt: skip
+    agent = run_agentd(
+        *etcd_args(etcd_with_auth.endpoints, "1", conf=conf),
+        *member_job(stop),
+        env={"AGENTD_ETCD_PASSWORD": "rootpw"},
+    )
     assert agent.wait(30) == 0, agent.stderr()[-2000:]
     assert world_sizes(agent, 0) == {1}
 
 
 @pytest.mark.parametrize(
     ("conf", "expected"),
-    [(",username=root,password=wrong", "authentication failed"),
-     ("", "user name is empty"),
-     (",username=reader,password=readerpw", "permission denied")],
-)  # fmt: skip
+    [
+        (",username=root,password=wrong", "authentication failed"),
+        ("", "user name is empty"),
+        (",username=reader,password=readerpw", "permission denied"),
+    ],
+)
 def test_etcd_refusing_us_is_exit_3(run_agentd, etcd_with_auth, conf, expected):
     agent = run_agentd(*etcd_args(etcd_with_auth.endpoints, "1", conf=FAST + conf), WORKER, "ok")
     assert agent.wait(30) == 3
@@ -197,9 +227,16 @@ def test_etcd_refusing_us_is_exit_3(run_agentd, etcd_with_auth, conf, expected):
 def test_status_names_the_etcd_backend(run_agentd, etcd, tmp_path):
     stop = tmp_path / "stop"
     health = free_port()
-    agent = run_agentd(*etcd_args(etcd.endpoints, "1", "--health-port", str(health),
-                                  run_id=f"status-{uuid.uuid4().hex[:6]}"),
-                       *member_job(stop))  # fmt: skip
+    agent = run_agentd(
+        *etcd_args(
+            etcd.endpoints,
+            "1",
+            "--health-port",
+            str(health),
+            run_id=f"status-{uuid.uuid4().hex[:6]}",
+        ),
+        *member_job(stop),
+    )
     wait_until(lambda: world_sizes(agent, 0) == {1}, what="the job")
     with urllib.request.urlopen(f"http://127.0.0.1:{health}/status", timeout=10) as response:
         assert json.loads(response.read())["rendezvous"] == "etcd"
@@ -213,19 +250,23 @@ def test_a_job_over_tls_with_client_certificates(run_agentd, tmp_path):
         stop = tmp_path / "stop"
         stop.touch()
         conf = f"{FAST},cacert={tls.ca},cert={tls.client_cert},key={tls.client_key}"
-        agents = [run_agentd(*etcd_args(cluster.endpoints, "2", conf=conf), *member_job(stop))
-                  for _ in range(2)]  # fmt: skip
+        agents = [
+            run_agentd(*etcd_args(cluster.endpoints, "2", conf=conf), *member_job(stop))
+            for _ in range(2)
+        ]
         assert [a.wait(30) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
         assert [world_sizes(a, 0) for a in agents] == [{2}, {2}]
-        no_cert = run_agentd(*etcd_args(cluster.endpoints, "1", conf=f"cacert={tls.ca}"),
-                             WORKER, "ok")  # fmt: skip
+        no_cert = run_agentd(
+            *etcd_args(cluster.endpoints, "1", conf=f"cacert={tls.ca}"), WORKER, "ok"
+        )
         assert no_cert.wait(30) == 3
         err = no_cert.stderr()
         assert f"etcd at {cluster.urls[0]}: TLS failed" in err and "BAD_CERTIFICATE" in err, err
 
 
 def test_tls_paths_are_checked_before_anything_starts(run_agentd, tmp_path: Path):
-    agent = run_agentd(*etcd_args("127.0.0.1:2379", "1", conf=f"cacert={tmp_path}/none.pem"),
-                       WORKER, "ok")  # fmt: skip
+    agent = run_agentd(
+        *etcd_args("127.0.0.1:2379", "1", conf=f"cacert={tmp_path}/none.pem"), WORKER, "ok"
+    )
     assert agent.wait(30) == 2
     assert f"--rdzv-conf: cacert='{tmp_path}/none.pem' must be a readable file" in agent.stderr()

@@ -10,12 +10,28 @@ from tests.helpers.jobs import result_json
 
 def test_a_crash_loop_keeps_its_log_dir_bounded(run_agentd, tmp_path):
     events = tmp_path / "events.jsonl"
-    agent = run_agentd("--rdzv-id", "loop", "--max-restarts", "12", "--keep-attempts", "3",
-                       "--event-log", str(events), WORKER, "crash", "--code", "5")  # fmt: skip
+    agent = run_agentd(
+        "--rdzv-id",
+        "loop",
+        "--max-restarts",
+        "12",
+        "--keep-attempts",
+        "3",
+        "--event-log",
+        str(events),
+        WORKER,
+        "crash",
+        "--code",
+        "5",
+    )
     assert agent.wait(60) == 1
     run = agent.log_dir / "loop"
     assert sorted(p.name for p in run.glob("attempt_*")) == [
-        "attempt_0", "attempt_10", "attempt_11", "attempt_12"]  # fmt: skip
+        "attempt_0",
+        "attempt_10",
+        "attempt_11",
+        "attempt_12",
+    ]
     assert json.loads((run / "result.json").read_text())["restarts"] == 12
     assert len([ln for ln in events.read_text().splitlines() if '"restart"' in ln]) == 12
 

@@ -159,18 +159,21 @@ def test_a_worker_that_never_heartbeats_is_caught_by_the_initial_timeout(run_age
 
 
 def test_heartbeats_from_a_foreign_pid_are_dropped_and_status_shows_the_rest(run_agentd):
-    agent = run_agentd("--nproc-per-node", "2", "--health-port", "0", *FLOOR,
-                       JOB, "--steps", "60")  # fmt: skip
-    pipe = wait_until(lambda: (agent.out_dir / "pipe").exists()
-                      and (agent.out_dir / "pipe").read_text(), what="the pipe's path")  # fmt: skip
+    agent = run_agentd("--nproc-per-node", "2", "--health-port", "0", *FLOOR, JOB, "--steps", "60")
+    pipe = wait_until(
+        lambda: (agent.out_dir / "pipe").exists() and (agent.out_dir / "pipe").read_text(),
+        what="the pipe's path",
+    )
     fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
     try:  # the test's own pid, then a pid claimed by nobody: neither is our worker
         os.write(fd, encode("enter", os.getpid(), 1, 0.0, "forged"))
         os.write(fd, encode("beat", 4_000_000, 1, 0.0))
     finally:
         os.close(fd)
-    url = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
-                     what="the health endpoint").group(1)  # fmt: skip
+    url = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+        what="the health endpoint",
+    ).group(1)
 
     def learned() -> dict | None:
         doc = json.loads(urllib.request.urlopen(url + "/status", timeout=10).read())["heartbeats"]
@@ -284,10 +287,21 @@ def test_a_hang_on_one_node_restarts_every_node(run_agentd, tmp_path):
 
     endpoint = f"127.0.0.1:{free_port()}"
     job = str(TESTS / "workers" / "torch_hang.py")
-    agents = [run_agentd(*agent_args(endpoint, "2", "--max-restarts", "1", *FLOOR, conf=FAST),
-                         job, "--steps", "80", "--step", "0.05", "--hang-at", "60",
-                         "--once-file", str(tmp_path / "hung"))
-              for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(endpoint, "2", "--max-restarts", "1", *FLOOR, conf=FAST),
+            job,
+            "--steps",
+            "80",
+            "--step",
+            "0.05",
+            "--hang-at",
+            "60",
+            "--once-file",
+            str(tmp_path / "hung"),
+        )
+        for _ in range(2)
+    ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
     assert sorted(r for a in agents for r in trained(a)) == ["trained 0", "trained 1"]
     errs = [a.stderr() for a in agents]
@@ -309,11 +323,21 @@ def test_a_worker_without_a_dump_signal_is_dumped_with_py_spy(run_agentd, tmp_pa
     )
     fake.chmod(0o755)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    agent = run_agentd("--nproc-per-node", "2", "--initial-heartbeat-timeout", "2",
-                       JOB, "--steps", "200", "--silent-rank", "1",
-                       env={"PATH": path})  # fmt: skip
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--initial-heartbeat-timeout",
+        "2",
+        JOB,
+        "--steps",
+        "200",
+        "--silent-rank",
+        "1",
+        env={"PATH": path},
+    )
     assert agent.wait(timeout=90) == 1
-    silent = next(r for r in result_json(agent.log_dir)["root_cause"]["hang"]["ranks"]
-                  if r["rank"] == 1)  # fmt: skip
+    silent = next(
+        r for r in result_json(agent.log_dir)["root_cause"]["hang"]["ranks"] if r["rank"] == 1
+    )
     assert silent["stack"]["method"] == "py-spy" and silent["stack"]["where"].startswith("train")
     assert "Unknown child process" not in agent.stderr()

@@ -11,22 +11,29 @@ from tests.conftest import WORKER, wait_until
 
 
 def status(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentd", "status", "--url", url, *args],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentd", "status", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def health_url(agent) -> str:
     import re
 
-    match = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
-                       what="the health endpoint")  # fmt: skip
+    match = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+        what="the health endpoint",
+    )
     return match.group(1)
 
 
 def test_status_table_json_and_checks(run_agentd, tmp_path):
     events = tmp_path / "events.jsonl"
-    agent = run_agentd("--health-port", "0", "--nproc-per-node", "2", "--event-log", str(events),
-                       WORKER, "sleep")  # fmt: skip
+    agent = run_agentd(
+        "--health-port", "0", "--nproc-per-node", "2", "--event-log", str(events), WORKER, "sleep"
+    )
     agent.wait_ready(2)
     url = health_url(agent)
     table = status(url=url)
@@ -53,8 +60,20 @@ def test_status_table_json_and_checks(run_agentd, tmp_path):
 
 def test_failure_shows_in_status_and_events(run_agentd, tmp_path):
     events = tmp_path / "events.jsonl"
-    agent = run_agentd("--health-port", "0", "--max-restarts", "1", "--event-log", str(events),
-                       WORKER, "crash", "--code", "7", "--after", "0.1")  # fmt: skip
+    agent = run_agentd(
+        "--health-port",
+        "0",
+        "--max-restarts",
+        "1",
+        "--event-log",
+        str(events),
+        WORKER,
+        "crash",
+        "--code",
+        "7",
+        "--after",
+        "0.1",
+    )
     assert agent.wait() == 1
     docs = [json.loads(line) for line in events.read_text().splitlines()]
     failed = [d for d in docs if d["name"] == "worker_failed"]
@@ -69,6 +88,8 @@ def test_bad_health_flags_exit_2(run_agentd):
     assert "--health-port: '99999' must be <= 65535" in agent.stderr()
     agent = run_agentd("--health-host", "not a host!!", "--health-port", "0", WORKER)
     assert agent.wait() == 2  # a usage error, not a failure to listen (3)
-    assert agent.stderr() == ("agentd: error: --health-host: 'not a host!!' must be an IP "
-                              "address or a host name (letters, digits, '-' and '_' in "
-                              "dot-separated labels)\n")  # fmt: skip
+    assert agent.stderr() == (
+        "agentd: error: --health-host: 'not a host!!' must be an IP "
+        "address or a host name (letters, digits, '-' and '_' in "
+        "dot-separated labels)\n"
+    )

@@ -29,15 +29,33 @@ def two_nodes(run_agentd, tmp_path, nnodes: str):
     endpoint = f"127.0.0.1:{free_port()}"
     agents = []
     for i in range(2):  # the first hosts the store: the node lost is never the store's host
-        agents.append(run_agentd(
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
-            "--nnodes", nnodes, "--rdzv-conf", CONF, "--max-restarts", "0",
-            "--local-addr", f"127.0.0.{i + 1}", LOOP, str(out), str(stop),
-            env={"AGENTD_STORE_TOKEN": TOKEN},
-        ))  # fmt: skip
+        agents.append(
+            run_agentd(
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "job",
+                "--nnodes",
+                nnodes,
+                "--rdzv-conf",
+                CONF,
+                "--max-restarts",
+                "0",
+                "--local-addr",
+                f"127.0.0.{i + 1}",
+                LOOP,
+                str(out),
+                str(stop),
+                env={"AGENTD_STORE_TOKEN": TOKEN},
+            )
+        )
         if i == 0:
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-                       what="the first agent to host the store")  # fmt: skip
+            wait_until(
+                lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                what="the first agent to host the store",
+            )
     wait_until(lambda: len(starts(out)) == 2, 120, what="a gloo job of two nodes")
     return agents, out, stop
 

@@ -20,8 +20,12 @@ from tests.helpers.jobs import FAST, TOKEN, agent_args, member_job, members, wor
 def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"  # the first agent to bind it serves the store
     stop = tmp_path / "stop"
-    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST),
-                         *member_job(stop)) for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), *member_job(stop)
+        )
+        for _ in range(2)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: len(members(a, 0)) == 2, what="workers to report")
     places = [m for agent in agents for m in members(agent, 0)]
@@ -42,8 +46,10 @@ def test_gloo_all_reduce_across_two_agents(run_agentd):
     pytest.importorskip("torch")
     endpoint = f"127.0.0.1:{free_port()}"
     script = str(TESTS / "workers" / "torch_gloo.py")
-    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), script)
-              for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), script)
+        for _ in range(2)
+    ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
     out = "".join(a.stdout() for a in agents)
     for rank in range(4):  # 1 + 2 + 3 + 4
@@ -55,8 +61,10 @@ def test_init_process_group_with_8_ranks_across_2_agents_meets_in_the_agents_sto
     pytest.importorskip("torch")
     endpoint = f"127.0.0.1:{free_port()}"
     script = str(TESTS / "workers" / "torch_store.py")
-    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "4", conf=FAST), script,
-                         "late") for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "4", conf=FAST), script, "late")
+        for _ in range(2)
+    ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
     out = "".join(a.stdout() for a in agents)
     assert out.count("all_reduce=36") == 8  # 1 + 2 + ... + 8
@@ -70,9 +78,14 @@ def test_a_restarted_attempt_meets_in_a_new_store_and_the_old_one_is_gone(run_ag
     pytest.importorskip("torch")
     endpoint = f"127.0.0.1:{free_port()}"
     script = str(TESTS / "workers" / "torch_store.py")
-    agents = [run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2",
-                                     "--max-restarts", "1", conf=FAST), script, "restart")
-              for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(endpoint, "2", "--nproc-per-node", "2", "--max-restarts", "1", conf=FAST),
+            script,
+            "restart",
+        )
+        for _ in range(2)
+    ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
     out = "".join(a.stdout() for a in agents)
     assert out.count("the old store is gone") == 4, out
@@ -82,8 +95,9 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path):
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    first = [run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
-             for _ in range(2)]  # fmt: skip
+    first = [
+        run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(2)
+    ]
     for agent in first:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
     third = run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
@@ -99,8 +113,9 @@ def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path)
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    agents = [run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
-              for _ in range(3)]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(3)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
     victim = agents.pop()
@@ -109,8 +124,10 @@ def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path)
     victim.proc.wait()
     for agent in agents:  # its heartbeat expires: the others re-form without it
         wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
-    wait_until(lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
-               what="the killed agent's workers to be gone")  # fmt: skip
+    wait_until(
+        lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
+        what="the killed agent's workers to be gone",
+    )
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0]
 
@@ -120,8 +137,10 @@ def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, run_store, t
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = member_job(stop, "--crash-group", "1", "--after", "0.3", "--until-attempt", "1")
-    agents = [run_agentd(*agent_args(store.endpoint, "2", "--max-restarts", "1"), *job, env=env)
-              for _ in range(2)]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(store.endpoint, "2", "--max-restarts", "1"), *job, env=env)
+        for _ in range(2)
+    ]
     for agent in agents:
         wait_until(lambda a=agent: len(members(a, 1)) == 1, what="every node to restart")
     stop.touch()
@@ -144,16 +163,23 @@ def test_a_node_failing_for_good_ends_the_job_everywhere(run_agentd, run_store, 
 
 def test_a_local_addr_that_is_not_ours_is_a_clear_error(run_agentd, run_store):
     store = run_store()
-    agent = run_agentd(*agent_args(store.endpoint, "1"), "--local-addr", "192.0.2.1", WORKER,
-                       "ok", env={"AGENTD_STORE_TOKEN": TOKEN})  # fmt: skip
+    agent = run_agentd(
+        *agent_args(store.endpoint, "1"),
+        "--local-addr",
+        "192.0.2.1",
+        WORKER,
+        "ok",
+        env={"AGENTD_STORE_TOKEN": TOKEN},
+    )
     assert agent.wait(30) == 3
     assert "--local-addr: '192.0.2.1' is not an address of this host" in agent.stderr()
 
 
 def test_a_wrong_store_token_is_refused(run_agentd, run_store):
     store = run_store()
-    agent = run_agentd(*agent_args(store.endpoint, "2"), WORKER, "ok",
-                       env={"AGENTD_STORE_TOKEN": "wrong"})  # fmt: skip
+    agent = run_agentd(
+        *agent_args(store.endpoint, "2"), WORKER, "ok", env={"AGENTD_STORE_TOKEN": "wrong"}
+    )
     assert agent.wait(30) == 3
     assert "refused our token" in agent.stderr()
 
@@ -176,18 +202,23 @@ def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tm
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     health = free_port()
-    agents = [run_agentd(*agent_args(store.endpoint, "2"), *extra, *member_job(stop), env=env)
-              for extra in ((), ("--health-port", str(health)))]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(store.endpoint, "2"), *extra, *member_job(stop), env=env)
+        for extra in ((), ("--health-port", str(health)))
+    ]
     for agent in agents:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
 
     async def abuse() -> list[int]:
         url = f"http://{store.endpoint}/v1"
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        bodies = [(f"{url}/set", b"{not json"), (f"{url}/set", b'{"key": 5}'),
-                  (f"{url}/compare_set", b'{"key": "agentd/job/ctl/gen", "desired": "!!"}'),
-                  (f"{url}/watch", b'{"prefix": "", "after_revision": "x"}'),
-                  (f"{url}/set", b"x" * (8 << 20))]  # fmt: skip
+        bodies = [
+            (f"{url}/set", b"{not json"),
+            (f"{url}/set", b'{"key": 5}'),
+            (f"{url}/compare_set", b'{"key": "agentd/job/ctl/gen", "desired": "!!"}'),
+            (f"{url}/watch", b'{"prefix": "", "after_revision": "x"}'),
+            (f"{url}/set", b"x" * (8 << 20)),
+        ]
         async with aiohttp.ClientSession(headers=auth) as http:
             statuses = []
             for target, body in bodies:
@@ -224,8 +255,9 @@ def test_a_store_restarting_mid_rendezvous_is_retried(run_agentd, run_store, tmp
     again = run_store(port=store.port)
     second = run_agentd(*agent_args(again.endpoint, "2"), *member_job(stop), env=env)
     for agent in (first, second):  # in some attempt: the restart may cost a round or two
-        wait_until(lambda a=agent: {2} in (world_sizes(a, n) for n in range(20)),
-                   what="the job to form")  # fmt: skip
+        wait_until(
+            lambda a=agent: {2} in (world_sizes(a, n) for n in range(20)), what="the job to form"
+        )
     stop.touch()
     assert [a.wait(30) for a in (first, second)] == [0, 0]
 
@@ -234,8 +266,20 @@ def test_static_rendezvous_of_two_nodes(run_agentd, tmp_path):
     port = str(free_port())
     stop = tmp_path / "stop"
     stop.touch()
-    agents = [run_agentd("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2",
-                         "--master-port", port, *member_job(stop)) for rank in (0, 1)]  # fmt: skip
+    agents = [
+        run_agentd(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            port,
+            *member_job(stop),
+        )
+        for rank in (0, 1)
+    ]
     assert [a.wait(30) for a in agents] == [0, 0]
     assert sorted(int(m["RANK"]) for m in members(agents[1], 0)) == [2, 3]
     assert {m["MASTER_PORT"] for a in agents for m in members(a, 0)} == {port}
@@ -252,9 +296,16 @@ def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_pa
         "pathlib.Path(sys.argv[1], 'done-' + os.environ['RANK']).touch()\n"
     )
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = [run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank),
-                                     "--exit-barrier-timeout", "0", conf=FAST),
-                         str(script), str(tmp_path)) for rank in (0, 1)]  # fmt: skip
+    agents = [
+        run_agentd(
+            *agent_args(
+                endpoint, "2", "--node-rank", str(rank), "--exit-barrier-timeout", "0", conf=FAST
+            ),
+            str(script),
+            str(tmp_path),
+        )
+        for rank in (0, 1)
+    ]
     assert [a.wait(60) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
     assert sorted(p.name for p in tmp_path.glob("done-*")) == ["done-0", "done-1"]
     assert not any("Restarting" in a.stderr() or "without spending" in a.stderr() for a in agents)
@@ -273,8 +324,10 @@ def test_a_node_failing_for_good_ends_its_peers_exit_barrier(run_agentd, tmp_pat
         "    sys.exit(7)\n"
     )
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = [run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank), conf=FAST),
-                         str(script)) for rank in (0, 1)]  # fmt: skip
+    agents = [
+        run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank), conf=FAST), str(script))
+        for rank in (0, 1)
+    ]
     codes = [a.wait(60) for a in agents]  # within a minute, not after the 300 s barrier
     assert sorted(codes) == [0, 1], [a.stderr()[-2000:] for a in agents]
     waiting = agents[codes.index(0)]  # its workers succeeded: exit 0, as under torch

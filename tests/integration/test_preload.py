@@ -45,9 +45,17 @@ def reports(agent, nproc: int) -> list[dict]:
 
 def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: int = 0):
     agent = run_agentd(
-        "--nproc-per-node", "2", "--tee", "3", *flags, INTROSPECT, str(code), "arg one",
-        env={"EXTRA_VAR": "extra"}, cwd=tmp_path,
-    )  # fmt: skip
+        "--nproc-per-node",
+        "2",
+        "--tee",
+        "3",
+        *flags,
+        INTROSPECT,
+        str(code),
+        "arg one",
+        env={"EXTRA_VAR": "extra"},
+        cwd=tmp_path,
+    )
     assert agent.wait(timeout=60) == (1 if code else 0), agent.stderr()
     return agent
 
@@ -109,8 +117,7 @@ def test_a_preload_module_that_fails_is_a_one_line_error_exit_2(run_agentd, tmp_
     agent = run_agentd("--preload", "json,broken_mod", "job.py", cwd=tmp_path)
     assert agent.wait(timeout=60) == 2
     err = agent.stderr()
-    line = ("--preload: importing 'broken_mod' failed: RuntimeError: no GPU driver "
-            "(broken_mod.py:2)")  # fmt: skip
+    line = "--preload: importing 'broken_mod' failed: RuntimeError: no GPU driver (broken_mod.py:2)"
     assert line in err and "never" not in agent.stdout()
     assert "Traceback" not in err
 
@@ -135,16 +142,26 @@ def test_a_preload_that_starts_cuda_is_refused(run_agentd, tmp_path):
 def test_no_preload_overrides_the_environment(run_agentd, tmp_path):
     agent = run_introspect(run_agentd, tmp_path, "--no-preload")
     assert "Zygote" not in agent.stderr()
-    env_on = run_agentd("--nproc-per-node", "1", INTROSPECT, "0", env={"AGENTD_PRELOAD": "json"},
-                        cwd=tmp_path)  # fmt: skip
+    env_on = run_agentd(
+        "--nproc-per-node", "1", INTROSPECT, "0", env={"AGENTD_PRELOAD": "json"}, cwd=tmp_path
+    )
     assert env_on.wait(timeout=60) == 0, env_on.stderr()
     assert "Zygote pid" in env_on.stderr()
 
 
 def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     port = free_port()
-    agent = run_agentd("--preload=", "--nproc-per-node", "2", "--max-restarts", "1",
-                       "--health-port", str(port), WORKER, "sleep")  # fmt: skip
+    agent = run_agentd(
+        "--preload=",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--health-port",
+        str(port),
+        WORKER,
+        "sleep",
+    )
     workers = agent.wait_ready(2)
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
     agent.extra_pids += [*workers, zygote]
@@ -160,16 +177,24 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert f"Zygote pid {zygote} died (exit status -9); starting a new one" in err
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
         preload = json.loads(response.read())["preload"]
-    assert preload == {"modules": [], "zygote_pid": new_zygote, "ready": True,
-                       "zygotes_started": 2}  # fmt: skip
+    assert preload == {"modules": [], "zygote_pid": new_zygote, "ready": True, "zygotes_started": 2}
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
 
 
 def test_zygote_killed_between_attempts(run_agentd):
-    agent = run_agentd("--preload=", "--nproc-per-node", "2", "--max-restarts", "1",
-                       "--restart-backoff", "3", WORKER, "flaky")  # fmt: skip
+    agent = run_agentd(
+        "--preload=",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "3",
+        WORKER,
+        "flaky",
+    )
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
     agent.extra_pids.append(zygote)
     wait_until(lambda: "before restarting (backoff)" in agent.stderr(), what="the backoff")
@@ -198,8 +223,9 @@ def test_python_api_function_entrypoint_with_preload(tmp_path):
     from agentd import LocalElasticAgent, WorkerSpec
     from tests.workers.functions import rank_times
 
-    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=rank_times, args=(3,),
-                      preload=("json",))  # fmt: skip
+    spec = WorkerSpec(
+        role="trainer", local_world_size=2, entrypoint=rank_times, args=(3,), preload=("json",)
+    )
     result = LocalElasticAgent(spec, log_dir=tmp_path).run()
     assert result.return_values == {0: {"rank": 0, "value": 0}, 1: {"rank": 1, "value": 3}}
 
@@ -223,8 +249,9 @@ torch_only = pytest.mark.skipif(
 @torch_only
 def test_ddp_trains_to_the_known_weights_across_a_forced_restart(run_agentd, tmp_path):
     script = str(TESTS / "workers" / "torch_ddp_restart.py")
-    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                       "--preload", "torch", script)  # fmt: skip
+    agent = run_agentd(
+        "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--preload", "torch", script
+    )
     assert agent.wait(timeout=180) == 0, agent.stderr()
     out = agent.stdout()
     assert "learned weight [2.0, -3.0]" in out and "restart 1" in out
@@ -239,9 +266,16 @@ def test_torch_record_and_file_timer_under_preload(run_agentd):
     root = json.loads(result.read_text())["root_cause"]
     assert root["message"] == "RuntimeError: torch-recorded failure: loss is NaN"
     timer = run_agentd(
-        "--preload", "torch", "--max-restarts", "1", WORKER, "torch-timer-hang",
-        "--until-attempt", "1", env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"},
-    )  # fmt: skip
+        "--preload",
+        "torch",
+        "--max-restarts",
+        "1",
+        WORKER,
+        "torch-timer-hang",
+        "--until-attempt",
+        "1",
+        env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"},
+    )
     assert timer.wait(timeout=120) == 0, timer.stderr()
     assert "torch timer ok on restart 1" in timer.stdout()
     assert "expired: sent SIGKILL" in timer.stderr()
@@ -250,6 +284,7 @@ def test_torch_record_and_file_timer_under_preload(run_agentd):
 def test_the_zygote_program_without_its_channel_is_a_usage_error():
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "agentd.preload.zygote"], capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "agentd.preload.zygote"], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2 and "usage: python -m agentd.preload.zygote" in done.stderr

@@ -37,10 +37,21 @@ TORCH_ENV_KEYS = {
 
 
 def test_agentd_secrets_never_reach_a_worker(run_agentd):
-    secrets = {"AGENTD_STORE_TOKEN": "tok-s3cret", "PET_STORE_TOKEN": "pet-s3cret",
-               "AGENTD_ETCD_PASSWORD": "pw-s3cret"}  # fmt: skip
-    agent = run_agentd("--standalone", "--rdzv-id", "sec", "-r", "1", WORKER, "print-env",
-                       env={**secrets, "KEEP_ME": "1"})  # fmt: skip
+    secrets = {
+        "AGENTD_STORE_TOKEN": "tok-s3cret",
+        "PET_STORE_TOKEN": "pet-s3cret",
+        "AGENTD_ETCD_PASSWORD": "pw-s3cret",
+    }
+    agent = run_agentd(
+        "--standalone",
+        "--rdzv-id",
+        "sec",
+        "-r",
+        "1",
+        WORKER,
+        "print-env",
+        env={**secrets, "KEEP_ME": "1"},
+    )
     assert agent.wait() == 0, agent.stderr()
     [stdout_log] = agent.log_dir.glob("sec/attempt_0/0/stdout.log")
     env = json.loads(stdout_log.read_text())

@@ -20,9 +20,11 @@ def test_store_serves_and_stops_on_sigterm(tmp_path):
     with open(err, "wb") as fp:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentd", "store", "--port", "0"],
-            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            stderr=fp,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
+        )
     try:
         endpoint = wait_until(
             lambda: re.search(r"Store listening on http://(\S+)", err.read_text()),
@@ -66,9 +68,11 @@ def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
     with open(tmp_path / "store.err", "wb") as fp:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentd", "store", "--port", str(port)],
-            stderr=fp, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            stderr=fp,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
+        )
     try:
         wait_until(lambda: "Store listening" in (tmp_path / "store.err").read_text())
         rss = psutil.Process(proc.pid).memory_info
@@ -93,9 +97,11 @@ def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
 def store_error(*args: str, token: str = "tok") -> str:
     out = subprocess.run(
         [sys.executable, "-m", "agentd", "store", *args],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={"PATH": "/usr/bin", **({"AGENTD_STORE_TOKEN": token} if token else {})},
-    )  # fmt: skip
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     return out.stderr
 
@@ -103,24 +109,43 @@ def store_error(*args: str, token: str = "tok") -> str:
 def test_store_peers_are_checked_before_anything_binds():
     port = str(free_port())
     assert "--peers: '127.0.0.2:1,127.0.0.3:1' must list this store's own address " in (
-        store_error("--port", port, "--peers", "127.0.0.2:1,127.0.0.3:1"))  # fmt: skip
-    assert "lists 127.0.0.1:5 twice" in store_error("--port", "5", "--peers",
-                                                     "127.0.0.1:5,127.0.0.1:5")  # fmt: skip
+        store_error("--port", port, "--peers", "127.0.0.2:1,127.0.0.3:1")
+    )
+    assert "lists 127.0.0.1:5 twice" in store_error(
+        "--port", "5", "--peers", "127.0.0.1:5,127.0.0.1:5"
+    )
     mine = f"127.0.0.1:{port},127.0.0.2:{port}"
-    assert "--store-token: required with --peers" in store_error("--port", port, "--peers", mine,
-                                                                 token="")  # fmt: skip
+    assert "--store-token: required with --peers" in store_error(
+        "--port", port, "--peers", mine, token=""
+    )
 
 
 def test_a_malformed_store_host_is_a_usage_error():
     assert "--host: 'not a host!!' must be an IP address or a host name" in store_error(
-        "--host", "not a host!!", "--port", "0")  # fmt: skip
+        "--host", "not a host!!", "--port", "0"
+    )
 
 
 def test_an_agent_with_candidates_needs_a_token():
     out = subprocess.run(
-        [sys.executable, "-m", "agentd", "run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         "127.0.0.1:29400,127.0.0.2:29400", "--nnodes", "2", "--no-python", "true"],
-        capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentd",
+            "run",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:29400,127.0.0.2:29400",
+            "--nnodes",
+            "2",
+            "--no-python",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin"},
+    )
     assert out.returncode == 2, out.stderr
     assert "--store-token: required with several --rdzv-endpoint candidates" in out.stderr

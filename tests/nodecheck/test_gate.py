@@ -133,16 +133,21 @@ async def test_builtins(tmp_path):
 
 def test_specs_are_checked_and_built(tmp_path):
     assert parse_node_checks("builtin:disk=20GiB\n\n  /opt/check.sh --fast, really \n") == (
-        "builtin:disk=20GiB", "/opt/check.sh --fast, really")  # fmt: skip
+        "builtin:disk=20GiB",
+        "/opt/check.sh --fast, really",
+    )
     assert parse_size("1.5KiB") == 1536 and parse_size("500MB") == 500 * 10**6
-    for bad, message in [("builtin:disk=lots", "is not a size"),
-                         ("builtin:gpus=0", "positive integer"),
-                         ("builtin:store=x", "takes no value"),
-                         ("builtin:cpu", "unknown built-in")]:  # fmt: skip
+    for bad, message in [
+        ("builtin:disk=lots", "is not a size"),
+        ("builtin:gpus=0", "positive integer"),
+        ("builtin:store=x", "takes no value"),
+        ("builtin:cpu", "unknown built-in"),
+    ]:
         with pytest.raises(RuleError, match=message):
             node_checks(bad)
-    checks = build_checks(["builtin:disk", "builtin:gpus", "builtin:store", "true"],
-                          tmp_path, 4, ("127.0.0.1", 1))  # fmt: skip
+    checks = build_checks(
+        ["builtin:disk", "builtin:gpus", "builtin:store", "true"], tmp_path, 4, ("127.0.0.1", 1)
+    )
     assert [c.name for c in checks] == ["builtin:disk", "builtin:gpus", "builtin:store", "true"]
 
 

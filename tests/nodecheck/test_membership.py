@@ -22,11 +22,21 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
     store = run_store()
     stop, flag, events = tmp_path / "stop", tmp_path / "sick", tmp_path / "events.jsonl"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    healthy = [run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
-               for _ in range(2)]  # fmt: skip
-    gated = run_agentd(*agent_args(store.endpoint, "2:3"), *flag_check(flag),
-                       "--node-check-interval", "0.3", "--node-check-cooldown", "0.5",
-                       "--event-log", str(events), *member_job(stop), env=env)  # fmt: skip
+    healthy = [
+        run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(2)
+    ]
+    gated = run_agentd(
+        *agent_args(store.endpoint, "2:3"),
+        *flag_check(flag),
+        "--node-check-interval",
+        "0.3",
+        "--node-check-cooldown",
+        "0.5",
+        "--event-log",
+        str(events),
+        *member_job(stop),
+        env=env,
+    )
     for agent in (*healthy, gated):
         wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
 
@@ -35,8 +45,10 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
         wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
         assert {m["TORCHELASTIC_RESTART_COUNT"] for m in members(agent, 1)} == {"0"}
     assert "failed its node checks" in gated.stderr() and "leaving the job" in gated.stderr()
-    wait_until(lambda: any("is out of the job: test ! -e" in a.stderr() for a in healthy),
-               what="the others to say why the world is smaller")  # fmt: skip
+    wait_until(
+        lambda: any("is out of the job: test ! -e" in a.stderr() for a in healthy),
+        what="the others to say why the world is smaller",
+    )
 
     flag.unlink()  # healthy again: it joins, and the job grows back to three
     wait_until(lambda: world_sizes(gated, 1) == {3}, what="the host to join again")
@@ -46,16 +58,27 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
     assert [a.wait(30) for a in (*healthy, gated)] == [0, 0, 0]
     names = [json.loads(line)["name"] for line in events.read_text().splitlines()]
     assert "node_excluded" in names and "node_readmitted" in names
-    excluded = next(json.loads(line) for line in events.read_text().splitlines()
-                    if json.loads(line)["name"] == "node_excluded")  # fmt: skip
+    excluded = next(
+        json.loads(line)
+        for line in events.read_text().splitlines()
+        if json.loads(line)["name"] == "node_excluded"
+    )
     assert "bad host: sick" in excluded["metadata"]["reason"]
 
 
 def test_a_host_that_keeps_failing_gives_up_with_exit_code_4(run_agentd, tmp_path):
     flag = tmp_path / "sick"
     flag.touch()
-    agent = run_agentd("--standalone", *flag_check(flag), "--node-check-cooldown", "0.05",
-                       "--node-check-max-exclusions", "2", WORKER, "ok")  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        *flag_check(flag),
+        "--node-check-cooldown",
+        "0.05",
+        "--node-check-max-exclusions",
+        "2",
+        WORKER,
+        "ok",
+    )
     assert agent.wait(60) == 4, agent.stderr()[-2000:]
     assert (
         "node checks failed 3 times within 60 min (--node-check-max-exclusions 2); "
@@ -77,8 +100,9 @@ def test_a_bad_check_is_a_one_line_usage_error(run_agentd):
 def test_a_stop_signal_ends_the_cooldown_at_once(run_agentd, tmp_path):
     flag = tmp_path / "sick"
     flag.touch()
-    agent = run_agentd("--standalone", *flag_check(flag), "--node-check-cooldown", "600",
-                       WORKER, "ok")  # fmt: skip
+    agent = run_agentd(
+        "--standalone", *flag_check(flag), "--node-check-cooldown", "600", WORKER, "ok"
+    )
     wait_until(lambda: "stays out of the job for 600s" in agent.stderr(), what="an exclusion")
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(30) == 128 + signal.SIGTERM
@@ -86,15 +110,25 @@ def test_a_stop_signal_ends_the_cooldown_at_once(run_agentd, tmp_path):
 
 def test_status_and_metrics_show_the_checks(run_agentd, tmp_path):
     stop = tmp_path / "stop"
-    agent = run_agentd("--standalone", "--health-port", "0", "--node-check", "true",
-                       "--node-check", "builtin:disk=1B", "--node-check-interval", "0.2",
-                       *member_job(stop))  # fmt: skip
-    url = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
-                     what="the health endpoint").group(1)  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        "--health-port",
+        "0",
+        "--node-check",
+        "true",
+        "--node-check",
+        "builtin:disk=1B",
+        "--node-check-interval",
+        "0.2",
+        *member_job(stop),
+    )
+    url = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()),
+        what="the health endpoint",
+    ).group(1)
     wait_until(lambda: members(agent, 0), what="the worker")
     doc = json.loads(urllib.request.urlopen(url + "/status", timeout=10).read())["node_checks"]
-    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [("true", True),
-                                                             ("builtin:disk", True)]  # fmt: skip
+    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [("true", True), ("builtin:disk", True)]
     assert doc["excluded"] is None and doc["failures"] == {}
     metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     assert 'agentd_node_check_failures_total{check="builtin:disk"} 0.0' in metrics

@@ -25,8 +25,12 @@ from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
 
-FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "last_call_timeout": 0.2,
-        "join_timeout": 20.0}  # fmt: skip
+FAST = {
+    "keep_alive_interval": 0.1,
+    "keep_alive_max_attempt": 3,
+    "last_call_timeout": 0.2,
+    "join_timeout": 20.0,
+}
 
 
 class Counting:
@@ -73,8 +77,10 @@ async def shutdown_all(*handlers: DynamicRendezvous) -> None:
 
 
 async def test_a_full_round_completes_with_ranks_master_and_role_infos(store):
-    nodes = [handler(store, nodes=(3, 3), role="trainer" if i else "reader", nproc=i + 1)
-             for i in range(3)]  # fmt: skip
+    nodes = [
+        handler(store, nodes=(3, 3), role="trainer" if i else "reader", nproc=i + 1)
+        for i in range(3)
+    ]
     infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
     try:
         assert sorted(i.group_rank for i in infos) == [0, 1, 2]
@@ -116,8 +122,10 @@ async def test_only_the_sealer_reads_every_entry_so_reads_grow_linearly(store):
     per_node = {}
     for size in (8, 64):
         read["keys"] = 0
-        nodes = [handler(store, run_id=f"reads{size}", nodes=(size, size), keep_alive_interval=60)
-                 for _ in range(size)]  # fmt: skip
+        nodes = [
+            handler(store, run_id=f"reads{size}", nodes=(size, size), keep_alive_interval=60)
+            for _ in range(size)
+        ]
         infos = await asyncio.gather(*(h.next_rendezvous() for h in nodes))
         assert all(len(i.role_infos) == size for i in infos)
         per_node[size] = read["keys"] / size
@@ -129,8 +137,10 @@ async def test_a_node_joins_a_round_in_five_store_requests(store):
     """Heartbeat, generation, arrival, entry, watch: the sealer reads the entries once more
     and writes the seal; nobody creates the generation key for round 0."""
     size = 16
-    nodes = [handler(store, run_id="five", nodes=(size, size), keep_alive_interval=60)
-             for _ in range(size)]  # fmt: skip
+    nodes = [
+        handler(store, run_id="five", nodes=(size, size), keep_alive_interval=60)
+        for _ in range(size)
+    ]
     for node in nodes:
         await node._open()
     await asyncio.sleep(0.05)  # their heartbeat tasks started (and looked up their method)
@@ -178,8 +188,7 @@ async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
     await store.add("agentd/job/round/0/join", 1)  # place 0, and nothing more
     a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
     try:
-        infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()),
-                                       10)  # fmt: skip
+        infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), 10)
         assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
     finally:
         await shutdown_all(a, b)
@@ -382,8 +391,9 @@ async def test_a_place_given_by_a_store_we_moved_away_from_is_given_up(store, ca
     """A failover between ``add`` (the place) and writing the node entry: the place came
     from the old store, and the new one gave it to another node, whose entry is there.
     The joiner must not claim it too (two rank 0s, each waiting for the other forever)."""
-    other = json.dumps({"node": "other", "role": "default", "nproc": 1, "addr": "127.0.0.1",
-                        "port": 1}).encode()  # fmt: skip
+    other = json.dumps(
+        {"node": "other", "role": "default", "nproc": 1, "addr": "127.0.0.1", "port": 1}
+    ).encode()
     await store.set("agentd/job/round/0/node/0", other)  # its place, as given by the old store
     late = handler(store, nodes=(1, 2), last_call_timeout=0.05)
     try:

@@ -12,8 +12,7 @@ from agentd.store.memory import MemoryStore
 
 
 def membership(store, **kw) -> Membership:
-    settings = {"ttl": 2.0, "interval": 0.5, "lease": True, "single_process": True,
-                "where": "test"}  # fmt: skip
+    settings = {"ttl": 2.0, "interval": 0.5, "lease": True, "single_process": True, "where": "test"}
     return Membership(store, "hb", b"me", **{**settings, **kw})
 
 

@@ -27,8 +27,13 @@ def test_a_homogeneous_round_of_4096_is_one_group_and_a_few_dozen_bytes():
 
 
 def test_groups_follow_arrival_order_and_read_as_the_entries_would():
-    nodes = [entry("0", "reader", 1), entry("1", nproc=2), entry("2", nproc=2, kept=[0, 1]),
-             entry("3", nproc=2, kept=[0, 1]), entry("4", nproc=2)]  # fmt: skip
+    nodes = [
+        entry("0", "reader", 1),
+        entry("1", nproc=2),
+        entry("2", nproc=2, kept=[0, 1]),
+        entry("3", nproc=2, kept=[0, 1]),
+        entry("4", nproc=2),
+    ]
     summary = decode(encode(summarize(nodes, {})))
     assert len(summary.groups) == 4
     expected = tuple(RoleInstanceInfo(n["role"], i, n["nproc"]) for i, n in enumerate(nodes))
@@ -45,8 +50,9 @@ def test_exclusions_travel_with_the_summary():
     assert summary.excluded == {"n7": why}
 
 
-@pytest.mark.parametrize("raw", [b"3", b"{}", b'{"size": 2, "master": ["a", 1], '
-                                 b'"groups": [["t", 1, [], 1]]}', b"\xff"])  # fmt: skip
+@pytest.mark.parametrize(
+    "raw", [b"3", b"{}", b'{"size": 2, "master": ["a", 1], "groups": [["t", 1, [], 1]]}', b"\xff"]
+)
 def test_a_value_that_is_not_a_summary_is_named(raw):
     with pytest.raises(RendezvousStateError, match="sealed value"):
         decode(raw)

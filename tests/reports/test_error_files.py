@@ -76,8 +76,9 @@ def test_report_root_cause_and_others():
         host="h",
         error_file="/e.json",
     )
-    other = WorkerFailure(0, 41, 1, global_rank=0, role="trainer", timestamp=101.0,
-                          stderr_tail="tail")  # fmt: skip
+    other = WorkerFailure(
+        0, 41, 1, global_rank=0, role="trainer", timestamp=101.0, stderr_tail="tail"
+    )
     text = format_failure_report(
         RunResult(WorkerState.FAILED, failures={0: other, 1: root}), "run9", "train.py"
     )
@@ -85,8 +86,9 @@ def test_report_root_cause_and_others():
     assert "exit code : -11 (SIGSEGV)" in text
     assert "message   : E: bad" in text and "    tb line" in text
     assert "rank 0 (local 0, pid 41): 1" in text
-    no_file = WorkerFailure(0, 1, 2, global_rank=0, role="t", timestamp=1.0,
-                            stderr_tail="line a\nline b")  # fmt: skip
+    no_file = WorkerFailure(
+        0, 1, 2, global_rank=0, role="t", timestamp=1.0, stderr_tail="line a\nline b"
+    )
     text = format_failure_report(RunResult(WorkerState.FAILED, failures={0: no_file}), "r", "x")
     assert "stderr (last lines):\n    line a\n    line b" in text
 

@@ -71,8 +71,13 @@ def test_v1_the_counter_names_the_cause_with_the_tightest_limit_and_the_peak(tmp
     assert watch.explain(1234, -signal.SIGKILL) is None  # no kill counted: no claim
     bump_v1(root, 1)
     oom = watch.explain(1234, -signal.SIGKILL)
-    assert oom == {"scope": None, "cgroup": "/jobs/a", "limit_bytes": 256 * MiB,
-                   "peak_bytes": 300 * MiB, "rss_bytes": None}  # fmt: skip
+    assert oom == {
+        "scope": None,
+        "cgroup": "/jobs/a",
+        "limit_bytes": 256 * MiB,
+        "peak_bytes": 300 * MiB,
+        "rss_bytes": None,
+    }
     assert watch.explain(1234, 1) is None  # an exit code is never an OOM kill
     assert watch.explain(1234, -signal.SIGTERM) is None
 
@@ -182,8 +187,11 @@ def memory_cgroup(tmp_path):
             unavailable(f"{limit_file} is missing: the memory controller is not enabled here")
         limit_file.write_text(str(limit))
         # Where there is swap, the hog would swap instead of being killed.
-        swap, value = ((path / "memory.swap.max", "0") if mine.version == 2
-                       else (path / "memory.memsw.limit_in_bytes", str(limit)))  # fmt: skip
+        swap, value = (
+            (path / "memory.swap.max", "0")
+            if mine.version == 2
+            else (path / "memory.memsw.limit_in_bytes", str(limit))
+        )
         if swap.exists():
             swap.write_text(value)
         yield path, limit
@@ -216,8 +224,15 @@ def test_a_worker_killed_for_its_memory_is_reported_out_of_memory(
     def enter_cgroup() -> None:
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
-    agent = run_agentd("--standalone", "--nproc-per-node", "2", "--event-log", str(events),
-                       str(hog), preexec=enter_cgroup)  # fmt: skip
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--event-log",
+        str(events),
+        str(hog),
+        preexec=enter_cgroup,
+    )
     assert agent.wait(120) == 1, agent.stderr()[-3000:]
     root = result_json(agent)["root_cause"]
     assert root["rank"] == 1 and root["signal"] == "SIGKILL"

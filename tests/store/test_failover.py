@@ -34,8 +34,12 @@ class Candidates:
         self.clients: list[FailoverStore] = []
 
     async def start(self, index: int) -> StoreServer:
-        server = StoreServer(f"127.0.0.{index + 1}", self.port, TOKEN,
-                             candidacy=Candidacy(self.endpoints, index, TOKEN))  # fmt: skip
+        server = StoreServer(
+            f"127.0.0.{index + 1}",
+            self.port,
+            TOKEN,
+            candidacy=Candidacy(self.endpoints, index, TOKEN),
+        )
         await server.start()
         self.servers[index] = server
         return server
@@ -46,8 +50,9 @@ class Candidates:
             await server.stop()
 
     def client(self, endpoints: list[str] | None = None, retry: float = 5.0) -> FailoverStore:
-        client = FailoverStore(endpoints or self.endpoints, TOKEN, retry_timeout=retry,
-                               request_timeout=2.0)  # fmt: skip
+        client = FailoverStore(
+            endpoints or self.endpoints, TOKEN, retry_timeout=retry, request_timeout=2.0
+        )
         self.clients.append(client)
         return client
 
@@ -212,8 +217,11 @@ async def test_bad_candidate_requests_are_400_naming_the_field(three, headers, b
 
 def test_candidate_lists_are_checked():
     assert parse_candidates("a:1, b:2") == (("a", 1), ("b", 2))
-    for text, rule in (("a:1,,b:2", "empty entry"), ("a:1,a:1", "twice"),
-                       ("a:0,b:1", "fixed port")):  # fmt: skip
+    for text, rule in (
+        ("a:1,,b:2", "empty entry"),
+        ("a:1,a:1", "twice"),
+        ("a:0,b:1", "fixed port"),
+    ):
         with pytest.raises(ConfigError, match=rule):
             parse_candidates(text)
     assert fingerprint(["a:1", "b:2"]) != fingerprint(["b:2", "a:1"])
@@ -222,8 +230,14 @@ def test_candidate_lists_are_checked():
 def test_the_status_document_before_any_request():
     status = FailoverStore(["127.0.0.1:1", "127.0.0.2:1"], TOKEN).status()
     assert json.loads(json.dumps(status)) == {
-        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "growing": False, "serving": None,
-        "term": 0, "failovers": 0, "failed": {}, "tls": False}  # fmt: skip
+        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"],
+        "growing": False,
+        "serving": None,
+        "term": 0,
+        "failovers": 0,
+        "failed": {},
+        "tls": False,
+    }
 
 
 async def test_every_watch_from_before_a_move_answers_compacted_and_revisions_only_grow():
@@ -258,10 +272,14 @@ async def test_every_watch_from_before_a_move_answers_compacted_and_revisions_on
 def test_none_serving_names_every_candidate_and_why():
     from agentd.store.candidates import none_serving
 
-    status = {"endpoints": ["127.0.0.1:1", "127.0.0.2:1"], "serving": None,
-              "failed": {"127.0.0.1:1": "connection refused"}}  # fmt: skip
-    assert none_serving(status) == ("no store candidate serves (127.0.0.1:1: connection "
-                                    "refused; 127.0.0.2:1: no answer yet)")  # fmt: skip
+    status = {
+        "endpoints": ["127.0.0.1:1", "127.0.0.2:1"],
+        "serving": None,
+        "failed": {"127.0.0.1:1": "connection refused"},
+    }
+    assert none_serving(status) == (
+        "no store candidate serves (127.0.0.1:1: connection refused; 127.0.0.2:1: no answer yet)"
+    )
     assert none_serving({**status, "serving": "127.0.0.2:1"}) == ""
     searching = {**status, "serving": "127.0.0.1:1"}  # the one it used failed: it searches
     assert none_serving(searching) == none_serving(status)

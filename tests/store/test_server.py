@@ -69,8 +69,9 @@ async def test_malformed_requests_get_4xx_json(server, op, body, status, message
 
 
 async def test_oversized_body_and_value(server):
-    code, doc = await post(f"http://{server.endpoint}/v1/set",
-                           '{"key": "k", "value": "' + "A" * (MAX_BODY + 8) + '"}')  # fmt: skip
+    code, doc = await post(
+        f"http://{server.endpoint}/v1/set", '{"key": "k", "value": "' + "A" * (MAX_BODY + 8) + '"}'
+    )
     assert code == 413 and "larger than" in doc["error"]
     big = base64.b64encode(bytes(2 << 20)).decode()  # 2 MiB: over the value limit
     code, doc = await post(f"http://{server.endpoint}/v1/set", f'{{"key": "k", "value": "{big}"}}')
@@ -79,8 +80,12 @@ async def test_oversized_body_and_value(server):
 
 
 async def test_other_methods_405(server):
-    async with aiohttp.ClientSession() as http, http.get(f"http://{server.endpoint}/v1/get",
-                        headers={"Authorization": "Bearer right"}) as r:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"http://{server.endpoint}/v1/get", headers={"Authorization": "Bearer right"}
+        ) as r,
+    ):
         assert r.status == 405
 
 
@@ -165,9 +170,16 @@ async def test_a_watch_across_a_store_restart_says_compacted():
 async def raw_request(port: int, op: str, body: bytes, auth: bytes = b"Bearer right") -> bytes:
     """One hand-written HTTP request (bytes no client library would send) and its answer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/" + op.encode() + b" HTTP/1.1\r\nHost: store\r\nAuthorization: "
-                 + auth + b"\r\nContent-Length: " + str(len(body)).encode()
-                 + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip
+    writer.write(
+        b"POST /v1/"
+        + op.encode()
+        + b" HTTP/1.1\r\nHost: store\r\nAuthorization: "
+        + auth
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + body
+    )
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 10)
     writer.close()
@@ -181,14 +193,29 @@ async def raw_request(port: int, op: str, body: bytes, auth: bytes = b"Bearer ri
         ("set", b"[" * 100_000 + b"]" * 100_000, b"Bearer right", 400, "nested too deeply"),
         ("set", b'{"key": "\\ud800", "value": ""}', b"Bearer right", 400, "lone surrogate"),
         ("multi_set", b'{"items": {"\\udfff": ""}}', b"Bearer right", 400, "lone surrogate"),
-        ("watch", b'{"prefix": "\\udc00", "after_revision": 0, "timeout": 0}', b"Bearer right",
-         400, "lone surrogate"),
-        ("wait", b'{"keys": ["k"], "timeout": 1' + b"0" * 400 + b"}", b"Bearer right", 400,
-         "must be a number within 0..60"),
-        ("add", b'{"key": "k", "delta": 1' + b"0" * 400 + b"}", b"Bearer right", 400,
-         "must be a 64-bit integer"),
+        (
+            "watch",
+            b'{"prefix": "\\udc00", "after_revision": 0, "timeout": 0}',
+            b"Bearer right",
+            400,
+            "lone surrogate",
+        ),
+        (
+            "wait",
+            b'{"keys": ["k"], "timeout": 1' + b"0" * 400 + b"}",
+            b"Bearer right",
+            400,
+            "must be a number within 0..60",
+        ),
+        (
+            "add",
+            b'{"key": "k", "delta": 1' + b"0" * 400 + b"}",
+            b"Bearer right",
+            400,
+            "must be a 64-bit integer",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_hostile_bytes_get_a_4xx_json_error_and_no_traceback(
     server, caplog, op, body, auth, status, message
 ):

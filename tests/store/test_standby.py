@@ -38,8 +38,14 @@ class Job:
         return self.server
 
     def client(self) -> FailoverStore:
-        client = FailoverStore((self.seed,), TOKEN, growing=True, retry_timeout=5.0,
-                               request_timeout=1.0, alone_request_timeout=2.0)  # fmt: skip
+        client = FailoverStore(
+            (self.seed,),
+            TOKEN,
+            growing=True,
+            retry_timeout=5.0,
+            request_timeout=1.0,
+            alone_request_timeout=2.0,
+        )
         self.clients.append(client)
         return client
 

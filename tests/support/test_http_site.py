@@ -71,8 +71,9 @@ async def test_a_store_request_whose_body_never_arrives_gets_408():
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         auth = f"Authorization: Bearer {server.token}\r\n".encode()
-        writer.write(b"POST /v1/get HTTP/1.1\r\nHost: x\r\n" + auth
-                     + b'Content-Length: 100\r\n\r\n{"key"')  # fmt: skip
+        writer.write(
+            b"POST /v1/get HTTP/1.1\r\nHost: x\r\n" + auth + b'Content-Length: 100\r\n\r\n{"key"'
+        )
         async with asyncio.timeout(5):
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in head
@@ -90,8 +91,14 @@ async def test_an_abandoned_long_poll_is_cancelled():
         body = b'{"prefix": "", "after_revision": 0, "timeout": 60}'
         _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         auth = f"Authorization: Bearer {server.token}\r\n".encode()
-        writer.write(b"POST /v1/watch HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: "
-                     + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+        writer.write(
+            b"POST /v1/watch HTTP/1.1\r\nHost: x\r\n"
+            + auth
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         await writer.drain()
         async with asyncio.timeout(5):
             while not server.store.waiting:  # the watch is waiting
@@ -126,9 +133,13 @@ async def test_a_body_that_cannot_be_decoded_is_400_not_an_internal_error(caplog
     await server.start()
     try:
         auth = f"Authorization: Bearer {server.token}\r\n".encode()
-        answer = await exchange(server.port, b"POST /v1/get HTTP/1.1\r\nHost: x\r\n" + auth
-                                + b"Content-Encoding: gzip\r\nContent-Length: 5\r\n"
-                                + b"Connection: close\r\n\r\nabcde")  # fmt: skip
+        answer = await exchange(
+            server.port,
+            b"POST /v1/get HTTP/1.1\r\nHost: x\r\n"
+            + auth
+            + b"Content-Encoding: gzip\r\nContent-Length: 5\r\n"
+            + b"Connection: close\r\n\r\nabcde",
+        )
     finally:
         await server.stop()
     assert answer.startswith(b"HTTP/1.1 400 ") and b"Can not decode content-encoding" in answer

@@ -17,8 +17,11 @@ def test_one_line_per_interval_and_kind_with_the_count_held_back(caplog):
         now[0] = 10.5
         problems.warning("slow", "slow client %s", "y")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["slow client x", "disk full",
-                     "slow client y (999 more like it in the last 10s)"]  # fmt: skip
+    assert lines == [
+        "slow client x",
+        "disk full",
+        "slow client y (999 more like it in the last 10s)",
+    ]
     assert problems.counts == {"slow": 1001, "full": 1}
 
 
@@ -49,8 +52,9 @@ def test_accept_out_of_descriptors_is_one_warning_and_no_traceback(tmp_path):
 
     err = tmp_path / "server.err"
     with open(err, "wb") as fp:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
-                                stderr=fp, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, stderr=fp, text=True
+        )
     socks = []
     try:
         assert proc.stdout is not None

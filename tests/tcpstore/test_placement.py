@@ -16,12 +16,24 @@ CHECK = (
 
 
 def run_pinned(tmp_path, master_addr: str, agent_store: str) -> WorkerState:
-    handler = get_rendezvous_handler(RendezvousParameters(
-        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="pin", min_nodes=1,
-        max_nodes=1))  # fmt: skip
-    spec = WorkerSpec(role="t", local_world_size=1, entrypoint=sys.executable,
-                      args=("-c", CHECK, master_addr, agent_store), rdzv_handler=handler,
-                      master_addr=master_addr, master_port=42)  # fmt: skip
+    handler = get_rendezvous_handler(
+        RendezvousParameters(
+            backend="c10d",
+            endpoint=f"127.0.0.1:{free_port()}",
+            run_id="pin",
+            min_nodes=1,
+            max_nodes=1,
+        )
+    )
+    spec = WorkerSpec(
+        role="t",
+        local_world_size=1,
+        entrypoint=sys.executable,
+        args=("-c", CHECK, master_addr, agent_store),
+        rdzv_handler=handler,
+        master_addr=master_addr,
+        master_port=42,
+    )
     return LocalElasticAgent(spec, log_dir=str(tmp_path)).run().state
 
 

@@ -45,8 +45,14 @@ class ThreadedServer:
 @pytest.fixture(params=["agentd", "torch"])
 def server_port(request) -> Iterator[int]:
     if request.param == "torch":  # the reference: torch's own server
-        master = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True,
-                               timeout=timedelta(seconds=10), wait_for_workers=False)  # fmt: skip
+        master = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=10),
+            wait_for_workers=False,
+        )
         yield master.port
         del master
     else:
@@ -56,8 +62,15 @@ def server_port(request) -> Iterator[int]:
 
 
 def client(port: int, libuv: bool = True, seconds: float = 10):
-    return dist.TCPStore("127.0.0.1", port, world_size=None, is_master=False, use_libuv=libuv,
-                         timeout=timedelta(seconds=seconds), wait_for_workers=False)  # fmt: skip
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world_size=None,
+        is_master=False,
+        use_libuv=libuv,
+        timeout=timedelta(seconds=seconds),
+        wait_for_workers=False,
+    )
 
 
 @pytest.mark.parametrize("libuv", [False, True])
@@ -100,8 +113,13 @@ def test_a_wait_is_woken_by_another_client(server_port):
 def test_a_prefix_store_as_init_process_group_uses_it(server_port):
     """What torch does with TORCHELASTIC_USE_AGENT_STORE=True: a client TCPStore with a
     world size (it counts itself in) behind a PrefixStore per attempt."""
-    stores = [dist.PrefixStore("/worker/attempt_0", dist.TCPStore(
-        "127.0.0.1", server_port, 3, False, timedelta(seconds=10))) for _ in range(3)]  # fmt: skip
+    stores = [
+        dist.PrefixStore(
+            "/worker/attempt_0",
+            dist.TCPStore("127.0.0.1", server_port, 3, False, timedelta(seconds=10)),
+        )
+        for _ in range(3)
+    ]
     for rank, store in enumerate(stores):
         store.set(f"rank{rank}", str(rank))
     assert stores[0].get("rank2") == b"2"

@@ -140,14 +140,17 @@ async def test_requests_read_with_overflowing_ones_are_all_honoured(tmp_path):
     await server.start_async()
     try:
         soon = time.time() + 0.05
-        chunk = b"".join([
-            encode_request(TimerRequest(children[0].pid, "a", soon)),
-            wire(pid=2**31) + b"\n",
-            wire(pid=2**64) + b"\n",
-            b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": 1'
-            + b"0" * 400 + b"}\n",
-            encode_request(TimerRequest(children[1].pid, "b", soon)),
-        ])  # fmt: skip
+        chunk = b"".join(
+            [
+                encode_request(TimerRequest(children[0].pid, "a", soon)),
+                wire(pid=2**31) + b"\n",
+                wire(pid=2**64) + b"\n",
+                b'{"version": 1, "pid": 42, "scope_id": "s", "expiration_time": 1'
+                + b"0" * 400
+                + b"}\n",
+                encode_request(TimerRequest(children[1].pid, "b", soon)),
+            ]
+        )
         fd = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
         await write_all(fd, chunk)  # one write: the server reads it in one go
         os.close(fd)
@@ -175,8 +178,9 @@ async def test_one_worker_cannot_hold_more_than_its_share_of_timers(tmp_path):
     await server.start_async()
     try:
         later = time.time() + 3600
-        lines = b"".join(encode_request(TimerRequest(child.pid, f"s{i}", later))
-                         for i in range(5000))  # fmt: skip
+        lines = b"".join(
+            encode_request(TimerRequest(child.pid, f"s{i}", later)) for i in range(5000)
+        )
         fd = os.open(server.path, os.O_WRONLY | os.O_NONBLOCK)
         await write_all(fd, lines)
         async with asyncio.timeout(10):

@@ -44,14 +44,21 @@ def make_agent(impl: str, monitor_states: list[str] | None = None, max_restarts:
             pass
 
     params = rdzv.RendezvousParameters(
-        backend="static", endpoint=f"127.0.0.1:{free_port()}", run_id=uuid.uuid4().hex,
-        min_nodes=1, max_nodes=1, rank=0,
-    )  # fmt: skip
+        backend="static",
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id=uuid.uuid4().hex,
+        min_nodes=1,
+        max_nodes=1,
+        rank=0,
+    )
     spec = server.WorkerSpec(
-        role="trainer", local_world_size=2, entrypoint="true",
-        rdzv_handler=registry.get_rendezvous_handler(params), max_restarts=max_restarts,
+        role="trainer",
+        local_world_size=2,
+        entrypoint="true",
+        rdzv_handler=registry.get_rendezvous_handler(params),
+        max_restarts=max_restarts,
         monitor_interval=0.01,
-    )  # fmt: skip
+    )
     return server, FakeAgent(spec)
 
 

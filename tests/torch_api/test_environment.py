@@ -18,15 +18,27 @@ def test_a_health_check_port_already_taken_does_not_stop_the_job(impl, tmp_path,
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         monkeypatch.setenv(local.TORCHELASTIC_HEALTH_CHECK_PORT, str(taken.getsockname()[1]))
-        spec = server.WorkerSpec(role="trainer", local_world_size=1, entrypoint=sys.executable,
-                                 args=("-c", "pass"), rdzv_handler=None)  # fmt: skip
+        spec = server.WorkerSpec(
+            role="trainer",
+            local_world_size=1,
+            entrypoint=sys.executable,
+            args=("-c", "pass"),
+            rdzv_handler=None,
+        )
         if impl == "torch":  # torch's agent needs a handler; a static one of one node
             rdzv = elastic(impl, "rendezvous")
             registry = elastic(impl, "rendezvous.registry")
             from tests.conftest import free_port
 
-            spec.rdzv_handler = registry.get_rendezvous_handler(rdzv.RendezvousParameters(
-                backend="static", endpoint=f"127.0.0.1:{free_port()}", run_id="hc",
-                min_nodes=1, max_nodes=1, rank=0))  # fmt: skip
+            spec.rdzv_handler = registry.get_rendezvous_handler(
+                rdzv.RendezvousParameters(
+                    backend="static",
+                    endpoint=f"127.0.0.1:{free_port()}",
+                    run_id="hc",
+                    min_nodes=1,
+                    max_nodes=1,
+                    rank=0,
+                )
+            )
         result = local.LocalElasticAgent(spec, logs).run()
     assert result.state == server.WorkerState.SUCCEEDED

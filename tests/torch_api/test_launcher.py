@@ -20,10 +20,20 @@ def test_a_failed_launch_raises_child_failed_error_and_record_passes_the_root_ca
     impl, tmp_path
 ):
     error_file = tmp_path / "launcher_error.json"
-    env = {**os.environ, "ELASTIC": PREFIXES[impl], "LAUNCHER": LAUNCHERS[impl],
-           "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": str(error_file)}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "launch.py"), "fail", str(free_port())],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "ELASTIC": PREFIXES[impl],
+        "LAUNCHER": LAUNCHERS[impl],
+        "PYTHONWARNINGS": "ignore",
+        "TORCHELASTIC_ERROR_FILE": str(error_file),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "launch.py"), "fail", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode != 0
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["failed_rank"] == 1

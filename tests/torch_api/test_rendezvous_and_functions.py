@@ -53,9 +53,16 @@ def test_settings_a_backend_does_not_use_are_ignored(impl, backend):
     """torch's launcher adds ``timeout`` and its tests ``is_host`` whatever the backend."""
     rdzv, registry = elastic(impl, "rendezvous"), elastic(impl, "rendezvous.registry")
     params = rdzv.RendezvousParameters(
-        backend=backend, endpoint=f"127.0.0.1:{free_port()}", run_id="extra", min_nodes=1,
-        max_nodes=1, rank=0, timeout=60, is_host=True, something_else="x",
-    )  # fmt: skip
+        backend=backend,
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="extra",
+        min_nodes=1,
+        max_nodes=1,
+        rank=0,
+        timeout=60,
+        is_host=True,
+        something_else="x",
+    )
     handler = registry.get_rendezvous_handler(params)
     assert handler.get_run_id() == "extra"
     handler.shutdown()

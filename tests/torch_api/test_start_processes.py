@@ -24,8 +24,13 @@ def _envs(n: int) -> dict[int, dict[str, str]]:
 
 def test_a_function_returns_its_values_by_local_rank(impl, tmp_path):
     mp = elastic(impl, "multiprocessing")
-    context = mp.start_processes("fn", rank_times_ten, {0: (0,), 1: (1,)}, _envs(2),
-                                 mp.DefaultLogsSpecs(log_dir=str(tmp_path)))  # fmt: skip
+    context = mp.start_processes(
+        "fn",
+        rank_times_ten,
+        {0: (0,), 1: (1,)},
+        _envs(2),
+        mp.DefaultLogsSpecs(log_dir=str(tmp_path)),
+    )
     try:
         result = context.wait()
         assert not result.is_failed() and result.return_values == {0: 0, 1: 10}
@@ -36,8 +41,9 @@ def test_a_function_returns_its_values_by_local_rank(impl, tmp_path):
 
 def test_a_failing_rank_is_reported_with_its_error_file(impl, tmp_path):
     mp = elastic(impl, "multiprocessing")
-    context = mp.start_processes("fn", fail_on_one, {0: (0,), 1: (1,)}, _envs(2),
-                                 mp.DefaultLogsSpecs(log_dir=str(tmp_path)))  # fmt: skip
+    context = mp.start_processes(
+        "fn", fail_on_one, {0: (0,), 1: (1,)}, _envs(2), mp.DefaultLogsSpecs(log_dir=str(tmp_path))
+    )
     try:
         result = context.wait()
         assert result.is_failed() and set(result.failures) == {1}
@@ -49,8 +55,9 @@ def test_a_failing_rank_is_reported_with_its_error_file(impl, tmp_path):
 def test_a_command_still_running_after_the_timeout_waits_then_closes(impl, tmp_path):
     mp = elastic(impl, "multiprocessing")
     args = {0: ("-c", "import time; time.sleep(60)")}
-    context = mp.start_processes("cmd", sys.executable, args, _envs(1),
-                                 mp.DefaultLogsSpecs(log_dir=str(tmp_path)))  # fmt: skip
+    context = mp.start_processes(
+        "cmd", sys.executable, args, _envs(1), mp.DefaultLogsSpecs(log_dir=str(tmp_path))
+    )
     pid = context.pids()[0]
     assert context.wait(timeout=0.2) is None
     context.close(signal.SIGTERM)

@@ -126,7 +126,11 @@ def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
         (tmp_path / f"attempt_{attempt}" / "0").mkdir(parents=True)
     assert prune_attempts(tmp_path, 11, 3) == list(range(1, 9))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "attempt_0", "attempt_10", "attempt_11", "attempt_9"]  # fmt: skip
+        "attempt_0",
+        "attempt_10",
+        "attempt_11",
+        "attempt_9",
+    ]
     assert prune_attempts(tmp_path, 11, 0) == []  # 0 keeps everything
 
 

@@ -65,8 +65,12 @@ def test_every_grpc_code_has_a_verdict():
 
 @pytest.mark.parametrize(
     ("reason", "verdict"),
-    [("etcdserver: permission denied", AUTH), ("rpctypes: invalid auth token", AUTH),
-     ("etcdserver: no leader", RETRY), ("", RETRY)],
-)  # fmt: skip
+    [
+        ("etcdserver: permission denied", AUTH),
+        ("rpctypes: invalid auth token", AUTH),
+        ("etcdserver: no leader", RETRY),
+        ("", RETRY),
+    ],
+)
 def test_a_cancelled_watch_is_classified_by_its_reason(reason, verdict):
     assert classify(watch_cancel_code(reason), reason).verdict is verdict

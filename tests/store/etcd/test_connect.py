@@ -24,8 +24,11 @@ def test_a_scheme_in_the_endpoint_sets_the_protocol():
 
 def test_tls_files_make_https_and_torch_names_are_accepted(tmp_path):
     tls = make_tls(tmp_path)
-    conf = {"ca_cert": str(tls.ca), "ssl_cert": str(tls.client_cert),
-            "ssl_cert_key": str(tls.client_key)}  # fmt: skip
+    conf = {
+        "ca_cert": str(tls.ca),
+        "ssl_cert": str(tls.client_cert),
+        "ssl_cert_key": str(tls.client_key),
+    }
     settings = etcd_settings("h:1", conf, env={})
     assert settings.urls == ("https://h:1",) and settings.ssl_context is not None
     assert conf == {}

@@ -54,8 +54,12 @@ async def gateway() -> AsyncIterator[tuple[Gateway, Callable[..., EtcdStore]]]:
 
 async def test_deadline_exceeded_inside_etcd_is_retried_until_it_answers(gateway):
     fake, store = gateway
-    fake.answers = [DEADLINE, DEADLINE, (503, {"code": 14, "message": "etcdserver: no leader"}),
-                    SUCCEEDED]  # fmt: skip
+    fake.answers = [
+        DEADLINE,
+        DEADLINE,
+        (503, {"code": 14, "message": "etcdserver: no leader"}),
+        SUCCEEDED,
+    ]
     assert await store().compare_set("k", None, b"v") == (True, b"v")
     assert fake.paths == ["/v3/kv/txn"] * 4
 
