@@ -87,7 +87,7 @@ class LocalElasticAgent(WorkerLifecycle):
         self.hostname = socket.gethostname()
         self.started_at = time.time()
         self.attempt = -1
-        self._settings = settings._replace(fresh_run_id=settings.fresh_run_id or self.fresh_run_id)
+        self._settings = settings.replace(fresh_run_id=settings.fresh_run_id or self.fresh_run_id)
         self._mark = orphans.owner_mark(self.run_id)
         self._procs: dict[int, WorkerProcess] = {}
         self._shut_down = False

@@ -10,7 +10,7 @@ endpoint, node checks), and the drain and OOM watch are built on first use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from agentd.assembly.settings import AgentSettings
 from agentd.gpus.release import GpuRelease
@@ -46,35 +46,79 @@ if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
 
 
-class AgentHooks(NamedTuple):
-    """What the services may call back on the agent that runs them."""
+class AgentHooks:
+    """What the services may call back on the agent that runs them: ``view`` (the agent
+    as an :class:`~agentd.view.AgentView`), ``procs()`` (the running workers by local
+    rank), ``wakeup()`` (something changed: the agent looks at its workers again),
+    ``notify(hook, *args)`` (tell the agent's observers), ``leave(why, exit_code=None,
+    alone=False)`` (leave the job) and ``add_observer``.
 
-    view: AgentView
-    procs: Callable[[], Mapping[int, WorkerProcess]]
-    """The running workers by local rank."""
-    wakeup: Callable[[], None]
-    """Something changed: the agent looks at its workers again."""
-    notify: Callable[..., None]
-    """Tell the agent's observers (a hook name, then its arguments)."""
-    leave: Callable[..., None]
-    """Leave the job: ``leave(why, exit_code=None, alone=False)``."""
-    add_observer: Callable[[AgentObserver], None]
+    This module's records are plain classes: a ``NamedTuple`` compiles each string
+    annotation into a ``ForwardRef`` when it is defined, milliseconds on every launch.
+    """
+
+    __slots__ = ("add_observer", "leave", "notify", "procs", "view", "wakeup")
+
+    def __init__(
+        self,
+        view: AgentView,
+        procs: Callable[[], Mapping[int, WorkerProcess]],
+        wakeup: Callable[[], None],
+        notify: Callable[..., None],
+        leave: Callable[..., None],
+        add_observer: Callable[[AgentObserver], None],
+    ) -> None:
+        self.view = view
+        self.procs = procs
+        self.wakeup = wakeup
+        self.notify = notify
+        self.leave = leave
+        self.add_observer = add_observer
 
 
-class LocalServices(NamedTuple):
+class LocalServices:
     """The local agent's services, each known by what the agent calls on it."""
 
-    result: ResultPort
-    events: Service
-    watchdog: WatchdogPort
-    heartbeats: HeartbeatsPort
-    health: HealthPort | None
-    workers_store: WorkerStorePort
-    hygiene: HygienePort
-    preload: PreloadPort
-    inprocess: InProcessPort
-    gpus: GpusPort
-    node_checks: NodeChecksPort | None
+    __slots__ = (
+        "events",
+        "gpus",
+        "health",
+        "heartbeats",
+        "hygiene",
+        "inprocess",
+        "node_checks",
+        "preload",
+        "result",
+        "watchdog",
+        "workers_store",
+    )
+
+    def __init__(
+        self,
+        *,
+        result: ResultPort,
+        events: Service,
+        watchdog: WatchdogPort,
+        heartbeats: HeartbeatsPort,
+        health: HealthPort | None,
+        workers_store: WorkerStorePort,
+        hygiene: HygienePort,
+        preload: PreloadPort,
+        inprocess: InProcessPort,
+        gpus: GpusPort,
+        node_checks: NodeChecksPort | None,
+    ) -> None:
+        self.result = result
+        self.events = events
+        self.watchdog = watchdog
+        self.heartbeats = heartbeats
+        self.health = health
+        self.workers_store = workers_store
+        self.hygiene = hygiene
+        self.preload = preload
+        self.inprocess = inprocess
+        self.gpus = gpus
+        self.node_checks = node_checks
 
     def in_order(self) -> list[Service]:
         """Started in this order before the first rendezvous, stopped in reverse."""
