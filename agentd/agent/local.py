@@ -161,7 +161,7 @@ class LocalElasticAgent(WorkerLifecycle):
                 except Exception:
                     log.exception("Could not stop %s", type(service).__name__)
 
-    # -- the worker lifecycle ------------------------------------------------------------
+    # -- joining, leaving, restarting (the lifecycle itself: agent/lifecycle.py) ------
 
     async def _before_join(self) -> None:
         if isinstance(self.rdzv_handler, KeepsWorkers):
