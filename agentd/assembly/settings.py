@@ -30,7 +30,8 @@ class AgentSettings:
     ``gpu_release_timeout`` bounds the wait for stopped workers' GPU memory.
 
     A plain class, not a ``NamedTuple``: a ``NamedTuple`` compiles each of its string
-    annotations into a ``ForwardRef`` when it is defined, 1.4 ms for these on every launch.
+    annotations into a ``ForwardRef`` when it is defined, 0.4 ms for these eleven on every
+    launch (a fresh process, measured), against 0.02 ms for a class.
     """
 
     __slots__ = (
