@@ -266,6 +266,8 @@ class WorkerSpec:
     preload: tuple[str, ...] | None = None
     """Modules a zygote imports once, to fork every worker from (warm restarts; see
     :mod:`agentd.preload`). None spawns each worker; ``()`` pre-starts the interpreter only."""
+    preload_reason: str = ""
+    """Why ``preload`` is what it is (``agentd run``'s choice), for the agent's start line."""
 
     def __post_init__(self) -> None:
         check_name("role", self.role)

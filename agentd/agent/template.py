@@ -221,12 +221,13 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
         group = self._worker_group
         spec = group.spec
         log.info(
-            "[%s] Starting agent: %d worker(s) of %s, max_restarts=%d, rendezvous %s",
+            "[%s] Starting agent: %d worker(s) of %s, max_restarts=%d, rendezvous %s, %s",
             role,
             spec.local_world_size,
             spec.get_entrypoint_name(),
             spec.max_restarts,
             self.rdzv_handler.get_backend(),
+            _how_started(spec),
         )
         await self._initialize_workers(group)
         from agentd.agent.decide import Action, Situation, decide  # off the launch path
@@ -356,3 +357,12 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _how_started(spec: WorkerSpec) -> str:
+    """How the workers start, for the start line: spawned, or forked from what preload."""
+    why = f" ({spec.preload_reason})" if spec.preload_reason else ""
+    if spec.preload is None:
+        return f"workers spawned{why}"
+    modules = ", ".join(spec.preload) or "the interpreter only"
+    return f"workers forked from a zygote preloading {modules}{why}"

@@ -53,6 +53,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     else:
         entrypoint = sys.executable
         args = ["-u", *(["-m"] if config.module else []), config.script, *config.script_args]
+    preload, preload_reason = _preload(config)
     env = {}
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
@@ -78,10 +79,23 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         non_retryable_exit_codes=config.non_retryable_exit_codes,
         event_log_handler=config.event_log_handler,
         virtual_local_rank=config.virtual_local_rank,
-        preload=config.preload,
+        preload=preload,
+        preload_reason=preload_reason,
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
+
+
+def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
+    """The modules the zygote preloads (None: spawn) and why, for the agent's start line."""
+    if config.preload != "auto":
+        return config.preload, "--no-preload" if config.preload is None else "--preload"
+    if config.no_python:
+        return None, "auto: --no-python runs an executable"
+    from agentd.preload.auto import choose
+
+    chosen = choose("module" if config.module else "script", config.script)
+    return chosen.modules, f"auto: {chosen.reason}"
 
 
 def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:

@@ -215,10 +215,11 @@ JOB_OPTIONS: tuple[Option, ...] = (
     _o(
         "preload",
         v.preload,
-        "off",
-        "Warm restarts: a zygote imports these modules once (comma-separated, e.g. torch; "
-        "empty: only the interpreter) and forks every worker from them; 'off' spawns "
-        "each worker (--no-preload).",
+        "auto",
+        "Fast starts and restarts: a zygote imports these modules once (comma-separated, "
+        "e.g. torch; empty: only the interpreter) and forks every worker from them; 'auto' "
+        "preloads torch and numpy when the script imports them (docs/preload.md); 'off' "
+        "spawns each worker (--no-preload).",
         metavar="MODULES",
     ),
     _o(

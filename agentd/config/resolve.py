@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentd.config import values as v
 from agentd.config.option import Option
@@ -64,7 +64,7 @@ class AgentConfig:
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
-    preload: tuple[str, ...] | None = None
+    preload: tuple[str, ...] | Literal["auto"] | None = "auto"
     master_addr: str | None = None
     master_port: int = 0
     local_addr: str | None = None
@@ -180,6 +180,8 @@ def resolve(
     args = cli.get("script_args", []) if cli.get("script") else file_args
     if values["module"] and values["no_python"]:
         raise ConfigError("--module: cannot be combined with --no-python")
+    if values["no_python"] and values["preload"] == "auto":
+        values["preload"] = None  # an executable is spawned; the start line says so
     if values["preload"] is not None and values["no_python"]:
         raise ConfigError(
             "--preload: needs a Python script or module; --no-python runs an "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from agentd.exceptions import ConfigError
 from agentd.restart_policy import RestartBackoff
@@ -159,16 +160,20 @@ def filters(text: str) -> tuple[str, ...]:
     return tuple(p.replace("\0", ",") for p in parts if p)
 
 
-def preload(text: str) -> tuple[str, ...] | None:
-    """``--preload``: ``off`` (spawn), or the modules a zygote imports (may be none)."""
-    if text.strip().lower() in ("off", "false"):
+def preload(text: str) -> tuple[str, ...] | Literal["auto"] | None:
+    """``--preload``: ``auto`` (chosen from the script's imports, :mod:`agentd.preload.auto`),
+    ``off`` (spawn), or the modules a zygote imports (may be none)."""
+    choice = text.strip().lower()
+    if choice in ("off", "false"):
         return None
+    if choice == "auto":
+        return "auto"
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     for name in names:
         if not is_module_name(name):
             raise RuleError(
                 f"names {name!r}, which is not a module name (dotted Python "
-                "identifiers, comma-separated; 'off': no preload)"
+                "identifiers, comma-separated; 'auto' or 'off')"
             )
     return names
 

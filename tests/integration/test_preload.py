@@ -61,22 +61,27 @@ def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: int = 0):
 
 
 def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
-    spawned = run_introspect(run_agentd, tmp_path)
+    spawned = run_introspect(run_agentd, tmp_path, "--no-preload")
     numpy = importlib.util.find_spec("numpy") is not None
     modules = "json,email.message" + (",numpy" if numpy else "")
     forked = run_introspect(run_agentd, tmp_path, "--preload", modules)
+    default = run_introspect(run_agentd, tmp_path)  # auto: introspect.py imports numpy
     assert "Zygote pid" in forked.stderr() and "Zygote pid" not in spawned.stderr()
+    assert "workers spawned (--no-preload)" in spawned.stderr()
+    if numpy:
+        assert "preloading numpy (auto: introspect.py imports numpy)" in default.stderr()
     randoms = ("random", "numpy_random")
-    for before, after in zip(reports(spawned, 2), reports(forked, 2), strict=True):
-        for name in (*randoms, "MASTER_PORT"):
-            (before if name in before else before["env"]).pop(name, None)
-            (after if name in after else after["env"]).pop(name, None)
-        assert before == after
+    for other in (forked, default):
+        for before, after in zip(reports(spawned, 2), reports(other, 2), strict=True):
+            for name in (*randoms, "MASTER_PORT"):
+                (before if name in before else before["env"]).pop(name, None)
+                (after if name in after else after["env"]).pop(name, None)
+            assert before == after
     [a, b] = reports(forked, 2)
     for name in randoms if numpy else randoms[:1]:
         assert a[name] != b[name]  # each fork reseeded: not the zygote's sequence twice
     assert a["argv"] == [INTROSPECT, "0", "arg one"] and a["name"] == "__main__"
-    for agent in (spawned, forked):
+    for agent in (spawned, forked, default):
         for rank in (0, 1):
             assert (agent.out_dir / f"atexit_{rank}").read_text() == "ran"
             assert (agent.out_dir / f"thread_{rank}").read_text() == "joined"

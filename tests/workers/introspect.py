@@ -6,9 +6,13 @@ thread and an atexit handler that must both run, and exits with CODE.
 """
 
 import atexit
+import faulthandler
+import gc
 import json
+import multiprocessing
 import os
 import random
+import resource
 import signal
 import sys
 import threading
@@ -17,9 +21,11 @@ from pathlib import Path
 
 rank = os.environ["LOCAL_RANK"]
 out = os.environ["AGENTD_TEST_OUT"]
-handlers = {
-    name: repr(signal.getsignal(getattr(signal, name)))
-    for name in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGCHLD", "SIGHUP", "SIGUSR1")
+handlers = {str(int(sig)): repr(signal.getsignal(sig)) for sig in signal.valid_signals()}
+rlimits = {
+    name: resource.getrlimit(getattr(resource, name))
+    for name in dir(resource)
+    if name.startswith("RLIMIT_")
 }
 report = {
     "name": __name__,
@@ -42,6 +48,9 @@ report = {
             "PYTHONUNBUFFERED",
             "AGENTD_ATTEMPT",
             "EXTRA_VAR",
+            "OMP_NUM_THREADS",
+            "CUDA_VISIBLE_DEVICES",
+            "PYTHONHASHSEED",
         )
     },
     "session_leader": os.getsid(0) == os.getpid(),
@@ -60,6 +69,19 @@ report = {
         sys.stderr.line_buffering,
     ],
     "handlers": handlers,
+    "rlimits": rlimits,
+    "umask": os.umask(os.umask(0o022)),
+    "nice": os.nice(0),
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "sys_path_rest": sys.path[1:],
+    "flags": repr(sys.flags),
+    "dlopen_flags": sys.getdlopenflags(),
+    "recursion_limit": sys.getrecursionlimit(),
+    "switch_interval": sys.getswitchinterval(),
+    "gc": [gc.isenabled(), gc.get_threshold()],
+    "faulthandler": faulthandler.is_enabled(),
+    "mp_start_method": multiprocessing.get_start_method(allow_none=True),
+    "filesystem_encoding": sys.getfilesystemencoding(),
     "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     "main_thread": threading.current_thread() is threading.main_thread(),
     "threads": threading.active_count(),

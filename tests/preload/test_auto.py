@@ -1,0 +1,120 @@
+"""``--preload auto`` reads the script's imports: what it preloads, and when it spawns."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agentd.preload.auto import SAFE, choose
+
+HAS_NUMPY = importlib.util.find_spec("numpy") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def script(tmp_path: Path, source: str, name: str = "train.py") -> str:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+@pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import numpy as np\n",
+        "from numpy import random\n",
+        "import numpy.linalg\n",
+        "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n",
+        "import os\nif __name__ == '__main__':\n    import numpy\n",
+        "import numpy\nimport os\nos.environ['X'] = '1'\n",  # after the import: harmless
+        "import os\nprint(os.environ.get('RANK'))\nimport numpy\n",  # reading is harmless
+    ],
+)
+def test_a_safe_library_imported_at_module_level_is_preloaded(tmp_path, source):
+    chosen = choose("script", script(tmp_path, source), str(tmp_path))
+    assert chosen.modules == ("numpy",)
+    assert chosen.reason == "train.py imports numpy"
+
+
+@pytest.mark.skipif(not (HAS_NUMPY and HAS_TORCH), reason="needs torch and numpy")
+def test_torch_comes_first_whatever_the_order(tmp_path):
+    chosen = choose("script", script(tmp_path, "import numpy\nimport torch.nn\n"), str(tmp_path))
+    assert chosen.modules == ("torch", "numpy")
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("import json\n", "train.py imports none of " + ", ".join(SAFE)),
+        ("def main():\n    import numpy\n", "imports none of"),
+        ("class A:\n    import numpy\n", "imports none of"),
+        ("from . import numpy\n", "imports none of"),
+        (
+            "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\nimport numpy\n",
+            "train.py:2 changes the environment before it imports numpy",
+        ),
+        (
+            "import os\nos.environ.setdefault('OMP_NUM_THREADS', '4')\nimport numpy\n",
+            "train.py:2 changes the environment",
+        ),
+        ("import os\nos.putenv('A', 'b')\nimport numpy\n", "train.py:2 changes the environment"),
+        (
+            "from os import environ\nenviron.update(A='b')\nimport numpy\n",
+            "train.py:2 changes the environment",
+        ),
+        (
+            "from dotenv import load_dotenv\nload_dotenv()\nimport numpy\n",
+            "train.py:2 changes the environment",
+        ),
+        (
+            "import os\nif True:\n    del os.environ['A']\nimport numpy\n",
+            "train.py:3 changes the environment",
+        ),
+        (
+            "import sys\nsys.path.insert(0, 'vendor')\nimport numpy\n",
+            "train.py:2 changes sys.path before it imports numpy",
+        ),
+        ("import sys\nsys.path = ['x']\nimport numpy\n", "train.py:2 changes sys.path"),
+        ("import numpy(\n", "cannot read train.py: SyntaxError"),
+    ],
+)
+def test_spawns_and_says_why(tmp_path, source, why):
+    chosen = choose("script", script(tmp_path, source), str(tmp_path))
+    assert chosen.modules is None
+    assert why in chosen.reason
+
+
+def test_a_missing_script_spawns(tmp_path):
+    chosen = choose("script", str(tmp_path / "nope.py"), str(tmp_path))
+    assert chosen.modules is None and "cannot read nope.py" in chosen.reason
+
+
+def test_the_users_own_module_of_that_name_is_never_preloaded(tmp_path):
+    (tmp_path / "numpy.py").write_text("X = 1\n")
+    chosen = choose("script", script(tmp_path, "import numpy\n"), str(tmp_path))
+    assert chosen.modules is None
+    assert chosen.reason == "train.py's folder has its own 'numpy', not the library"
+
+
+def test_a_library_not_installed_spawns(tmp_path, monkeypatch):
+    monkeypatch.setattr("agentd.preload.auto.SAFE", ("torch", "numpy", "no_such_lib_agentd"))
+    chosen = choose("script", script(tmp_path, "import no_such_lib_agentd\n"), str(tmp_path))
+    assert chosen.modules is None and "no_such_lib_agentd is not installed" in chosen.reason
+
+
+@pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
+def test_a_module_entrypoint_is_read_from_its_file_without_importing_it(tmp_path):
+    pkg = tmp_path / "proj"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    (pkg / "train.py").write_text("import numpy\n")
+    (pkg / "__main__.py").write_text("import os\nos.environ['A'] = '1'\nimport numpy\n")
+    assert choose("module", "proj.train", str(tmp_path)).modules == ("numpy",)
+    package = choose("module", "proj", str(tmp_path))
+    assert package.modules is None and "-m proj:2 changes the environment" in package.reason
+    missing = choose("module", "proj.nothing", str(tmp_path))
+    assert missing.modules is None and missing.reason == "-m proj.nothing: source not found"
