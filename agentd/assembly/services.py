@@ -191,6 +191,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         node_checks = NodeCheckService(gate, agent.rdzv_handler, hooks.leave, hooks.notify, hygiene)
     if isinstance(agent.rdzv_handler, LeasedMembership):
         agent.rdzv_handler.on_lease(hygiene.on_lease)
+        agent.rdzv_handler.on_will(hygiene.set_will)
     return LocalServices(
         result=ResultFileService(agent),
         events=events,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sys
+from typing import Any
 
 from agentd.hygiene import guardian_process
 from agentd.hygiene.secrets import without_secrets
@@ -45,6 +47,10 @@ class Guardian:
     def set_lease(self, deadline: float | None) -> None:
         """The workers must be gone by ``deadline`` (monotonic); None: no such limit."""
         self._send("L-\n" if deadline is None else f"L{deadline:.6f}\n")
+
+    def set_will(self, doc: dict[str, Any] | None) -> None:
+        """The agent's will (see :mod:`agentd.rendezvous.release`); None takes it back."""
+        self._send("W-\n" if doc is None else f"W{json.dumps(doc, separators=(',', ':'))}\n")
 
     def remove_when_gone(self, path: str) -> None:
         """Remove the agent's private pipe directory ``path`` once the agent is gone."""

@@ -14,6 +14,11 @@ nothing is marked, so it simply exits.
 agent is gone, so a killed agent leaves no litter in ``/tmp``: only a directory named
 ``agentd-*`` that holds nothing but named pipes is removed.
 
+``W<json>`` is the agent's will (:mod:`agentd.rendezvous.release`), ``W-`` takes it back:
+when the agent is gone, once its workers are killed and seen dead, the guardian runs
+``python -m agentd.rendezvous.release`` with the will on its stdin, which releases the
+agent's membership of its round so its peers go on at once.
+
 ``L<seconds>`` gives the end of the agent's membership lease (``time.monotonic()``, one
 clock for every process), ``L-`` takes it back. A lease not renewed by its end (plus
 :data:`LEASE_SLACK`) means the agent could not stop its workers in time (frozen, or
@@ -100,6 +105,68 @@ def kill_all(groups: set[int], mark: str) -> None:
     kill_marked(lambda m: m == mark)
 
 
+WILL_TIMEOUT = 15.0
+"""How long the release of a will may take (it gives up on the store sooner)."""
+DEAD_WAIT = 2.0
+"""How long the workers killed are waited for before a will runs without them dead."""
+
+
+def wait_dead(groups: set[int], mark: str, timeout: float) -> bool:
+    """Whether every listed group and marked process is gone within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = False
+        for pgid in groups:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            alive = True
+            break
+        if not alive:
+            alive = any(m == mark and not _zombie(pid) for pid, m in marked_processes())
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` is dead but not reaped (or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            return fp.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def run_will(will: bytes) -> None:
+    """Release the dead agent's membership as its will says (its one line goes to stderr)."""
+    import json
+    import subprocess
+
+    try:
+        path = json.loads(will).get("path", [])
+    except ValueError:
+        sys.stderr.write("agentd guardian: the agent's will is not JSON; not released\n")
+        return
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if isinstance(p, str))}
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "agentd.rendezvous.release"],
+            input=will,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            timeout=WILL_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        sys.stderr.write(f"agentd guardian: could not release the membership: {exc}\n")
+
+
 def remove_private_dir(path: str) -> None:
     """Remove ``path`` if it is one of the agent's pipe directories (see the module doc)."""
     if not os.path.basename(path).startswith("agentd-"):
@@ -125,6 +192,7 @@ def main(argv: list[str]) -> int:
     groups: set[int] = set()
     private_dirs: set[str] = set()
     lease: float | None = None
+    will: bytes | None = None
     fd = sys.stdin.fileno()
     pending = b""
     while True:
@@ -149,6 +217,10 @@ def main(argv: list[str]) -> int:
                     groups.discard(pgid)
             elif line[:1] == b"R" and len(line) > 1:
                 private_dirs.add(os.fsdecode(line[1:]))
+            elif line == b"W-":
+                will = None
+            elif line[:1] == b"W" and len(line) > 1:
+                will = line[1:]
             elif line == b"L-":
                 lease = None
             elif line[:1] == b"L":
@@ -157,6 +229,11 @@ def main(argv: list[str]) -> int:
     kill_all(groups, mark)
     for path in private_dirs:
         remove_private_dir(path)
+    if will is not None:  # fencing: the ranks are given away only once the workers are dead
+        if wait_dead(groups, mark, DEAD_WAIT):
+            run_will(will)
+        else:
+            sys.stderr.write("agentd guardian: workers still alive; membership not released\n")
     return 0
 
 

@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentd.hygiene import orphans
 from agentd.hygiene.guardian import Guardian
@@ -40,6 +40,7 @@ class ProcessHygiene:
         self._private_dirs: list[str] = []
         self._sigchld = False
         self._lease: float | None = None
+        self._will: dict[str, Any] | None = None
 
     async def start(self) -> None:
         if not self._enabled:
@@ -107,6 +108,12 @@ class ProcessHygiene:
         if self._guardian is not None:
             self._guardian.set_lease(deadline)
 
+    def set_will(self, doc: dict[str, Any] | None) -> None:
+        """How the guardian releases our membership if the agent dies (None: it does not)."""
+        self._will = doc
+        if self._guardian is not None:
+            self._guardian.set_will(doc)
+
     def remove_when_gone(self, path: str) -> None:
         """A private directory of the agent's (its named pipe's) that the guardian removes
         if the agent dies without removing it."""
@@ -124,5 +131,7 @@ class ProcessHygiene:
             self._reaper.own(guardian.pid)
         if self._lease is not None:
             guardian.set_lease(self._lease)
+        if self._will is not None:
+            guardian.set_will(self._will)
         for path in self._private_dirs:
             guardian.remove_when_gone(path)

@@ -200,6 +200,13 @@ class LeasedMembership(Protocol):
         """When the lease ends (monotonic seconds): no worker may run after it."""
         ...
 
+    def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Tell ``listener`` how to release this agent's membership should it die (a
+        document for :mod:`agentd.rendezvous.release`), whenever that changes; None while
+        there is nothing another process could release (between rounds, after a clean
+        leave, or when this agent serves the store itself)."""
+        ...
+
     def membership_lost(self) -> str:
         """Why this agent is no longer a member of its round ('' while it is)."""
         ...

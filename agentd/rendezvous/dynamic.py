@@ -45,8 +45,9 @@ from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.leaving import Leaving
 from agentd.rendezvous.membership import LeaseListener, Membership
 from agentd.rendezvous.roll_call import RollCalls
+from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
-from agentd.rendezvous.rounds import Round, Rounds, RoundSettings, closed_error
+from agentd.rendezvous.rounds import Rounds, closed_error
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
@@ -97,6 +98,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None
         self._lease_listeners: list[LeaseListener] = []
+        self._will_listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self._round: Round | None = None
         self._rounds: Rounds | None = None
         self._ended_generation: int | None = None
@@ -137,6 +139,22 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._lease_listeners.append(listener)
         if self._membership is not None:
             self._membership.on_lease(listener)
+
+    def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Tell ``listener`` how another process may release our membership should this
+        agent die (see :mod:`agentd.rendezvous.release`), whenever that changes."""
+        self._will_listeners.append(listener)
+
+    def _tell_will(self, member: bool) -> None:
+        """Tell the listeners our will: a member's, or none (``member`` False)."""
+        if not self._will_listeners:
+            return
+        from agentd.rendezvous.release import will
+
+        current = self._round if member else None
+        doc = will(self._run_id, self.node_id, self._opened, self._rounds, current)
+        for listener in self._will_listeners:
+            listener(doc)
 
     def store_status(self) -> dict[str, Any] | None:
         """Which store candidate serves, and which ones failed (candidate lists only)."""
@@ -195,12 +213,14 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         assert membership is not None
         self._round = None
         membership.member = False
+        self._tell_will(member=False)  # from here on it may count itself back in a new round
         try:
             async with asyncio.timeout(self.settings.join_timeout):
                 joined = await self._join_until_member()
         except TimeoutError:
             raise RendezvousTimeoutError(await self._timeout_message()) from None
         self._round = joined
+        self._tell_will(member=True)
         self._joined_once = True
         if self._opened is not None and self._opened.after_round is not None:
             self._opened.after_round()

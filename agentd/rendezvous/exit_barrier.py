@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
-    from agentd.rendezvous.rounds import Round
+    from agentd.rendezvous.round import Round
     from agentd.store.api import Store
 
 log = logging.getLogger(__name__)

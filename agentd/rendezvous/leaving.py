@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
-    from agentd.rendezvous.rounds import Round, Rounds
+    from agentd.rendezvous.round import Round
+    from agentd.rendezvous.rounds import Rounds
     from agentd.store.api import Store
     from agentd.store.connect import OpenedStore
 
@@ -53,6 +54,8 @@ class Leaving:
         def store(self) -> Store: ...
 
         def _rounds_or_fail(self) -> Rounds: ...
+
+        def _tell_will(self, member: bool) -> None: ...
 
     async def end_round(self, reason: str) -> None:
         """End our round for every peer. A store out of reach is not waited for longer
@@ -88,6 +91,7 @@ class Leaving:
             raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
 
     async def shutdown(self) -> None:
+        self._tell_will(member=False)  # this agent releases its own membership now
         if self._rounds is not None:
             self._rounds.release()
         if self._membership is not None:
@@ -95,8 +99,10 @@ class Leaving:
         if self._store is None or self._opened is None:
             return
         try:
-            if not self._closed:  # the others re-form without us
+            if not self._closed:  # the others re-form without us, at once
                 async with asyncio.timeout(self.settings.close_timeout):
+                    if self._round is not None and self._rounds is not None:
+                        await self._rounds.settle(self.node_id)
                     await self.end_round(f"node {self.node_id} left")
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))

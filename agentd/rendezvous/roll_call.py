@@ -25,7 +25,7 @@ from agentd.store.api import StoreTimeout
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.keys import RunKeys
-    from agentd.rendezvous.rounds import Round
+    from agentd.rendezvous.round import Round
     from agentd.store.api import Store
 
 ANSWER_TTL = 60.0

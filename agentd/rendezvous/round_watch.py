@@ -16,9 +16,11 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agentd.rendezvous.accounting import Carried, mark_gone
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.roll_call import LOST_REASON, answer
-from agentd.rendezvous.rounds import POLL, Round
+from agentd.rendezvous.round import Round
+from agentd.rendezvous.rounds import POLL
 from agentd.store.api import Store, StoreUnavailable
 from agentd.support.ratelog import RateLimitedLog
 
@@ -86,9 +88,7 @@ class RoundWatch:
                 if event.key == self.keys.rollcall and event.value is not None:
                     await answer(store, self.keys, event.value, current)
                 if event.key in members and event.value is None and not self.succeeded_elsewhere:
-                    why = f"node {members[event.key]} {LOST_REASON}"
-                    await self.end_round(why)
-                    return why
+                    return await self._lost(members[event.key])
 
     async def _revision(self, otherwise: int = 0) -> int:
         """The store's revision now (``otherwise`` while it cannot be reached)."""
@@ -129,10 +129,18 @@ class RoundWatch:
             return f"round {generation} went with the store's old state (a restart or failover)"
         for key, beat in zip(members, beats, strict=True):
             if beat is None and not self.succeeded_elsewhere:
-                why = f"node {members[key]} {LOST_REASON}"
-                await self.end_round(why)
-                return why
+                return await self._lost(members[key])
         return ""
+
+    async def _lost(self, node: str) -> str:
+        """A member's heartbeat is gone: count it gone for good (so the next round seals
+        without waiting for it) and end the round for everyone."""
+        current = self.current
+        carried = Carried(current.generation, current.size, member=True)
+        await mark_gone(self.store, self.keys, carried, node)
+        why = f"node {node} {LOST_REASON}"
+        await self.end_round(why)
+        return why
 
 
 def _after(value: bytes | None, generation: int) -> bool:

@@ -20,56 +20,26 @@ import asyncio
 import json
 import logging
 import socket
-from typing import Any, NamedTuple
+from typing import Any
 
 from agentd.exceptions import StartError
-from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
-from agentd.rendezvous.exclusions import exclusions_of
+from agentd.rendezvous import accounting
+from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
+from agentd.rendezvous.round import Round, RoundSettings
+from agentd.rendezvous.sealing import ENDED, Sealing
 from agentd.rendezvous.static import reserve_port
-from agentd.rendezvous.summary import RoundSummary, decode, encode, summarize
-from agentd.store.api import Store, StoreError, StoreTimeout
+from agentd.rendezvous.summary import decode
+from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
 
 POLL = 60.0
+"""Longest single watch; the servers cap long polls at a minute."""
 REPORT = 30.0
 """While a round waits for its minimum, how often the agent says so."""
-"""Longest single watch; the servers cap long polls at a minute."""
-ENDED = b"0"
-"""The ``sealed`` value of a round that ended before it was sealed."""
-LOOK_BACK = 2
-"""Rounds before a new one searched for the last sealed one (older ones are deleted)."""
-
-
-class RoundSettings(NamedTuple):
-    """How long a round may wait to fill (``--nnodes`` and ``--rdzv-conf``)."""
-
-    min_nodes: int
-    max_nodes: int
-    last_call_timeout: float
-    join_timeout: float
-    entry_timeout: float
-    """How long the sealer waits for a member's entry after its arrival (its ``add``):
-    an agent silent that long is gone, and the round is ended."""
-
-
-class Round(NamedTuple):
-    """A round this agent is a member of."""
-
-    generation: int
-    rank: int
-    summary: RoundSummary
-    revision: int
-    """A store revision from before the round was sealed, and after this agent joined it:
-    watch for the round's end after it."""
-    mine: bytes
-    """Our own node entry, as written: gone from the store means the store lost the round."""
-
-    @property
-    def size(self) -> int:
-        return self.summary.size
 
 
 def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
@@ -87,9 +57,10 @@ def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
     )
 
 
-class Rounds:
+class Rounds(Sealing):
     """The rounds of run ``run_id`` on ``store``, as joined by the node described in
-    ``node`` (id, role, worker count, address and master port, 0 for any free one)."""
+    ``node`` (id, role, worker count, address and master port, 0 for any free one). Without
+    a ``membership`` it cannot join, only settle (:mod:`agentd.rendezvous.release`)."""
 
     def __init__(
         self,
@@ -97,7 +68,7 @@ class Rounds:
         store: Store,
         keys: RunKeys,
         settings: RoundSettings,
-        membership: Membership,
+        membership: Membership | None,
         node: dict[str, Any],
     ) -> None:
         self._run_id = run_id
@@ -110,6 +81,13 @@ class Rounds:
         """The lowest generation this agent may join."""
         self.reserved: socket.socket | None = None
         """The port our last node entry offered for the workers' store, still bound."""
+        self.carried: Carried | None = None
+        """The last sealed round this agent saw, whose members the next round expects
+        (:mod:`agentd.rendezvous.accounting`)."""
+
+    @property
+    def settings(self) -> RoundSettings:
+        return self._settings
 
     async def joined(self) -> int:
         """How many nodes joined the round to join now."""
@@ -143,6 +121,7 @@ class Rounds:
         store, settings, keys = self._store, self._settings, self._keys
         # a store that restarted has forgotten our heartbeat; a watch from this revision
         # answers ``compacted`` if the store is replaced before we are in the round
+        assert self._membership is not None, "joining needs a membership"
         start = await self._membership.announce()
         generation = await self.generation()
         rank = await store.add(keys.round(generation, "join"), 1) - 1
@@ -150,6 +129,7 @@ class Rounds:
             log.info(
                 "Rendezvous %s: round %d is full; waiting for the next", self._run_id, generation
             )
+            self.carried = Carried(generation, settings.max_nodes, member=False)
             await self._end_if_abandoned(generation, settings.max_nodes)
             await self.wait_for_generation_after(generation)
             return None
@@ -165,11 +145,13 @@ class Rounds:
                 generation,
             )
             return None
-        sealed, revision = None, start
+        sealed, revision, checker = None, start, False
         if rank + 1 == settings.max_nodes:
             sealed = await self._seal(generation, settings.max_nodes)
+        elif self.carried is not None and self.carried.generation < generation:
+            sealed, checker = await self._seal_if_counted(generation, self.carried)
         if sealed is None:
-            sealed, revision = await self._wait_for_seal(generation, rank, mine, start)
+            sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
                 return None
         if sealed == ENDED:
@@ -187,46 +169,23 @@ class Rounds:
                 self._run_id,
                 generation,
             )
+            self.carried = Carried(generation, size, member=False)
             if size < settings.max_nodes:  # there is room: end the round to admit us
                 await self.advance(generation, f"node {self._node['node']} wants to join")
             else:
                 await self._end_if_abandoned(generation, size)
             await self.wait_for_generation_after(generation)
             return None
+        self.carried = Carried(generation, size, member=True)
         return Round(generation, rank, summary, revision, mine)
 
-    async def _seal(self, generation: int, count: int) -> bytes | None:
-        """Seal round ``generation`` with its first ``count`` arrivals as members: their
-        summary, unless the round is sealed already. Returns the ``sealed`` value then."""
-        store, keys = self._store, self._keys
-        sealed_key = keys.round(generation, "sealed")
-        entries = [keys.round(generation, f"node/{i}") for i in range(count)]
-        sealed, *values = await store.multi_get([sealed_key, *entries])
-        if sealed is not None:
-            return sealed
-        missing = [key for key, value in zip(entries, values, strict=True) if value is None]
-        if missing:  # arrivals between their add and their entry
-            try:
-                await store.wait(missing, self._settings.entry_timeout)
-            except StoreTimeout:
-                await self.advance(
-                    generation,
-                    f"{len(missing)} arrival(s) wrote no entry "
-                    f"within {self._settings.entry_timeout:g}s",
-                )
-                return await store.get(sealed_key)
-            values = await store.multi_get(entries)
-        nodes = [json.loads(value or b"{}") for value in values]
-        excluded = await self._excluded(generation, {str(node.get("node")) for node in nodes})
-        _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
-        return held
-
     async def _wait_for_seal(
-        self, generation: int, rank: int, mine: bytes, revision: int
+        self, generation: int, rank: int, mine: bytes, revision: int, checker: bool = False
     ) -> tuple[bytes | None, int]:
         """The round's ``sealed`` value once it is set, and the last revision seen while
         waiting; None if the round went away meanwhile (the store lost it, or its
-        generation moved on and nobody sealed it)."""
+        generation moved on and nobody sealed it). The ``checker`` (the first member of
+        the last round back) marks members whose lease lapsed gone, once a second."""
         store, settings = self._store, self._settings
         sealed_key = self._keys.round(generation, "sealed")
         loop = asyncio.get_running_loop()
@@ -242,9 +201,12 @@ class Rounds:
             settings.max_nodes,
         )
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
-        waiting_since = loop.time()
+        waiting_since = reported = loop.time()
+        missing: list[str] | None = None  # the last round's members, for the checker
         while sealed is None:
             timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
+            if checker:
+                timeout = min(timeout, accounting.CHECK_INTERVAL)
             result = await store.watch(sealed_key, revision, min(timeout, POLL))
             revision = result.revision
             if result.compacted:
@@ -262,11 +224,23 @@ class Rounds:
                 break
             if not result.events and await self.generation() != generation:
                 return None, revision  # ended by an agent that could not seal it (it died)
+            if checker and self.carried is not None and not result.events:
+                carried = self.carried
+                if missing is None:
+                    missing = await accounting.members(store, self._keys, carried)
+                if await accounting.mark_lapsed(store, self._keys, carried, missing):
+                    counted = await accounting.count(
+                        store, self._keys, generation, carried, arrive=False
+                    )
+                    sealed = await self._seal_counted(generation, carried, counted)
+                    if sealed is not None:
+                        break
             if last_call is None:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 if joined >= settings.min_nodes:
                     last_call = loop.time() + settings.last_call_timeout
-                elif not result.events:
+                elif not result.events and loop.time() - reported >= REPORT - 0.5:
+                    reported = loop.time()
                     log.info(
                         "Rendezvous %s: still waiting for nodes: %d of at least %d "
                         "joined round %d (%.0fs so far, join timeout %.0fs)",
@@ -308,30 +282,6 @@ class Rounds:
         if self.reserved is not None:
             self.reserved.close()
             self.reserved = None
-
-    async def member_ids(self, current: Round) -> list[str]:
-        """The node ids of ``current``'s members, by group rank: N entries read, for the
-        rare uses that need them all (a drain, the serving agent's departure)."""
-        return await self._node_ids(current.generation, current.size)
-
-    async def _node_ids(self, generation: int, size: int) -> list[str]:
-        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
-        return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
-
-    async def _excluded(self, generation: int, members: set[str]) -> dict[str, Any]:
-        """The exclusions of the members of the last sealed round before ``generation``
-        missing from ``members`` (the new round's node ids). Store trouble costs the
-        report, never the round."""
-        try:
-            for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
-                sealed = await self._store.get(self._keys.round(earlier, "sealed"))
-                if sealed is not None and sealed != ENDED:
-                    before = await self._node_ids(earlier, decode(sealed).size)
-                    gone = sorted(set(before) - members)
-                    return await exclusions_of(self._store, self._keys, gone)
-        except (StoreError, RendezvousStateError, ValueError, KeyError) as exc:
-            log.debug("Rendezvous %s: could not read exclusions: %s", self._run_id, exc)
-        return {}
 
     async def advance(self, generation: int, reason: str) -> None:
         """End round ``generation`` (if it is still the current one) for every agent, and

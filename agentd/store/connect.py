@@ -16,6 +16,7 @@ from agentd.store.memory import MemoryStore
 from agentd.support.net import is_local_address
 
 if TYPE_CHECKING:
+    from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
     from agentd.store.tls import StoreTls
 
@@ -42,6 +43,9 @@ class OpenedStore(NamedTuple):
     """Called after each round this agent is in (a member stands by for the store then)."""
     serving: Callable[[], bool] | None = None
     """This agent serves the store now, though it did not at first (a standby promoted)."""
+    client_spec: Callable[[], dict[str, Any]] | None = None
+    """How another process reaches the store as a client now (:func:`client_from_spec`):
+    the guardian's release of a killed agent's membership."""
 
     @property
     def serves(self) -> bool:
@@ -161,6 +165,7 @@ def http_store_opener(
             describe=describe,
             after_round=standby.start_soon if standby else None,
             serving=(lambda: standby.serving) if standby else None,
+            client_spec=lambda: client_spec(client, token if server is None else server.token),
         )
 
     return open_store
@@ -230,6 +235,37 @@ def candidates_opener(
             remote=True,
             where=",".join(texts),
             describe=describe,
+            client_spec=lambda: client_spec(client, token),
         )
 
     return open_store
+
+
+def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
+    """What :func:`client_from_spec` needs to reach ``client``'s store from another process
+    (JSON; it holds the token, so it is only ever passed on a private pipe)."""
+    tls = client.tls
+    return {
+        "endpoints": list(client.endpoints),
+        "growing": client.growing,
+        "token": token or "",
+        "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
+    }
+
+
+def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
+    """A client of the store :func:`client_spec` describes, giving up after ``timeout``."""
+    from agentd.store.failover import FailoverStore
+    from agentd.store.tls import StoreTls
+
+    files = spec.get("tls")
+    tls = StoreTls(files[0], files[1], files[2], serve=False) if files else None
+    return FailoverStore(
+        spec["endpoints"],
+        spec.get("token") or None,
+        growing=bool(spec.get("growing")),
+        retry_timeout=timeout,
+        request_timeout=timeout / 2,
+        alone_request_timeout=timeout / 2,
+        tls=tls,
+    )

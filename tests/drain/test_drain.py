@@ -38,9 +38,12 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = ["--nproc-per-node", "2", TRAIN, str(out), str(stop)]
-    stay = [run_agentd(*agent_args(store.endpoint, "2:3"), *job, env=env) for _ in range(2)]
+    # the default last call (30 s): the others must not wait for it once the node is gone
+    conf = "keep_alive_interval=0.5,keep_alive_max_attempt=4,join_timeout=60,is_host=0"
+    rdzv = agent_args(store.endpoint, "2:3", conf=conf)
+    stay = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
     leaving = run_agentd(
-        *agent_args(store.endpoint, "2:3"),
+        *rdzv,
         "--drain-on",
         "SIGTERM",
         "--event-log",
@@ -62,7 +65,7 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     assert len({c["step"] for c in ckpts}) == 1, ckpts  # every rank at the same step
     step = ckpts[0]["step"]
     # The others go on at world 4 from that step, without spending a restart.
-    wait_until(lambda: len(starts(out, 1)) == 4, what="the job of two nodes")
+    wait_until(lambda: len(starts(out, 1)) == 4, 20, what="the job of two nodes, at once")
     assert {s["world"] for s in starts(out, 1)} == {4}
     assert {s["resumed_at"] for s in starts(out, 1)} == {step}
     stop.touch()

@@ -1,0 +1,119 @@
+"""Sealing a round as soon as everyone expected is in: the last sealed round's members
+each back or gone for good, and the nodes that waited for a place.
+
+A node remembers the last sealed round it saw (:class:`Carried`): the one it was a member
+of, or the one it arrived too late for. When it joins a later round it counts itself
+back (one ``add`` on ``round/<g>/back/<G>``, for a member) and reads three counters;
+when the count adds up it seals the round at once, instead of waiting for the last
+call. A member that leaves for good (SIGTERM, a drain, ``agentd drain``, its guardian
+after a SIGKILL, or its lease found expired) is marked gone once, by whoever notices
+first (``round/<G>/gone/<node>`` then ``add`` on ``round/<G>/gone``), and the marker
+checks the count again: of two nodes that each change a counter and then read the
+other's, the later one sees both, so no last change goes unnoticed.
+
+A round seals early when:
+
+- every member of round G is back or gone: ``back >= size(G) - gone(G)``, and
+- the round holds the nodes that waited for a place after G was sealed (spares, a
+  growing world): ``joined >= min(max, expected + waiting)``, and at least ``min``.
+
+Each node makes O(1) requests for this, whatever the job's size. The one exception is the
+first member back, which checks once a second, while the count is short, that the
+missing members still hold their leases (one read of N heartbeats): a lost host with no
+guardian left is marked gone when its lease expires, not a last call later.
+
+The last call still decides where nobody can know who is coming: the first round, and a
+round whose count never adds up (a member that joined and died before sealing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import NamedTuple
+
+from agentd.rendezvous.keys import RunKeys
+from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL = 1.0
+"""How often the first member back checks the missing members' leases."""
+
+
+class Carried(NamedTuple):
+    """The last sealed round a node saw: whose members the next round expects."""
+
+    generation: int
+    size: int
+    member: bool
+    """This node was one of its members (else it arrived after the round was sealed)."""
+
+
+class Count(NamedTuple):
+    """Round ``g``'s count against the members of round ``G`` (:class:`Carried`)."""
+
+    back: int
+    gone: int
+    joined: int
+    waiting: int
+
+    def complete(self, carried: Carried, min_nodes: int, max_nodes: int) -> bool:
+        expected = carried.size - self.gone
+        target = max(min_nodes, min(max_nodes, expected + self.waiting))
+        return self.back >= expected and self.joined >= target
+
+
+async def count(
+    store: Store, keys: RunKeys, generation: int, carried: Carried, *, arrive: bool
+) -> Count:
+    """Round ``generation``'s count (counting this node back first, with ``arrive``)."""
+    back_key = keys.round(generation, f"back/{carried.generation}")
+    back = await store.add(back_key, 1) if arrive else None
+    raw = await store.multi_get(
+        [
+            back_key,
+            keys.round(carried.generation, "gone"),
+            keys.round(generation, "join"),
+            keys.round(carried.generation, "join"),
+        ]
+    )
+    read_back, gone, joined, late = (int(value or b"0") for value in raw)
+    return Count(
+        back if back is not None else read_back,
+        gone,
+        joined,
+        max(0, late - carried.size),
+    )
+
+
+async def mark_gone(store: Store, keys: RunKeys, carried: Carried, node: str) -> bool:
+    """Count ``node``, a member of ``carried``'s round, gone for good (once, whoever calls
+    first); whether this call did."""
+    marker = keys.round(carried.generation, f"gone/{node}")
+    placed, _ = await store.compare_set(marker, None, b"1")
+    if placed:
+        await store.add(keys.round(carried.generation, "gone"), 1)
+    return placed
+
+
+async def members(store: Store, keys: RunKeys, carried: Carried) -> list[str]:
+    """The node ids of ``carried``'s round (N entries read, once per waiting round)."""
+    entries = [keys.round(carried.generation, f"node/{i}") for i in range(carried.size)]
+    return [str(json.loads(v)["node"]) for v in await store.multi_get(entries) if v]
+
+
+async def mark_lapsed(store: Store, keys: RunKeys, carried: Carried, nodes: list[str]) -> int:
+    """Mark gone every node of ``nodes`` whose heartbeat (lease) is gone; how many were
+    newly marked."""
+    beats = await store.multi_get([keys.heartbeat(node) for node in nodes])
+    marked = 0
+    for node, beat in zip(nodes, beats, strict=True):
+        if beat is None and await mark_gone(store, keys, carried, node):
+            log.info(
+                "Rendezvous: node %s of round %d is gone (its lease is not held)",
+                node,
+                carried.generation,
+            )
+            marked += 1
+    return marked

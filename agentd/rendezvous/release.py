@@ -1,0 +1,97 @@
+"""Releasing a killed agent's membership, so its peers go on in seconds, not a lease later.
+
+While an agent is a member of a round, it hands its guardian a *will*
+(:func:`will`): how to reach the store as a client, and which node of which round it is.
+An agent SIGKILLed (or dead of any other cause) leaves its guardian behind, which kills
+its workers first and only then runs ``python -m agentd.rendezvous.release`` with the
+will on its stdin. Fencing holds: no worker of the dead agent is alive when its ranks are
+given to others. The release then, as a graceful leave would:
+
+1. marks the node gone for good (:mod:`agentd.rendezvous.accounting`) and seals the round
+   its peers are joining if that completes its count;
+2. deletes the node's heartbeat, which its peers watch: they end their round and rejoin.
+
+There is no will while the agent is between rounds (it may have counted itself back in
+the next one), after it left cleanly, or when it serves the store itself (the store went
+with it: that is a store failover). A lost host, whose guardian went with it, still waits
+for its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.round import RoundSettings
+from agentd.rendezvous.rounds import Rounds
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.round import Round
+    from agentd.store.connect import OpenedStore
+
+TIMEOUT = 10.0
+"""How long a release tries to reach the store."""
+
+
+def will(
+    run_id: str,
+    node: str,
+    opened: OpenedStore | None,
+    rounds: Rounds | None,
+    current: Round | None,
+) -> dict[str, Any] | None:
+    """The will of node ``node`` while a member of ``current`` (None when there is none)."""
+    if opened is None or rounds is None or current is None or opened.client_spec is None:
+        return None
+    if opened.serves:
+        return None
+    return {
+        "run_id": run_id,
+        "node": node,
+        "round": [current.generation, current.size],
+        "limits": list(rounds.settings),
+        "store": opened.client_spec(),
+        "path": [entry for entry in sys.path if entry],
+    }
+
+
+async def release(doc: dict[str, Any]) -> str:
+    """Carry out the will ``doc``; what was done, in one line."""
+    from agentd.store.connect import client_from_spec
+
+    run_id, node = str(doc["run_id"]), str(doc["node"])
+    generation, size = (int(n) for n in doc["round"])
+    keys = RunKeys(run_id)
+    store = client_from_spec(doc["store"], TIMEOUT)
+    try:
+        rounds = Rounds(run_id, store, keys, RoundSettings(*doc["limits"]), None, {"node": node})
+        rounds.carried = Carried(generation, size, member=True)
+        async with asyncio.timeout(TIMEOUT):
+            await rounds.settle(node)
+            await store.delete(keys.heartbeat(node))
+    finally:
+        await store.close()
+    return f"released node {node}'s membership of round {generation} of run {run_id!r}"
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        doc = json.loads(sys.stdin.read())
+        said = asyncio.run(release(doc))
+    except Exception as exc:
+        sys.stderr.write(f"agentd guardian: could not release the membership: {exc!r}\n")
+        return 1
+    sys.stderr.write(f"agentd guardian: the agent died; {said}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Sealing a round: reading its members' entries once and writing their summary, early when
+everyone expected is in (:mod:`agentd.rendezvous.accounting`), and settling a round after
+a member left for good. A mixin of :class:`~agentd.rendezvous.rounds.Rounds`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from agentd.rendezvous import accounting
+from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
+from agentd.rendezvous.exclusions import exclusions_of
+from agentd.rendezvous.summary import decode, encode, summarize
+from agentd.store.api import StoreError, StoreTimeout
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.keys import RunKeys
+    from agentd.rendezvous.round import Round, RoundSettings
+    from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+LOOK_BACK = 2
+"""Rounds before a new one searched for the last sealed one (older ones are deleted)."""
+ENDED = b"0"
+"""The ``sealed`` value of a round that ended before it was sealed."""
+
+
+class Sealing:
+    """Sealing and settling rounds (state lives on :class:`~agentd.rendezvous.rounds.Rounds`)."""
+
+    _run_id: str
+    _store: Store
+    _keys: RunKeys
+    _settings: RoundSettings
+    carried: Carried | None
+
+    if TYPE_CHECKING:
+
+        async def generation(self) -> int: ...
+
+        async def advance(self, generation: int, reason: str) -> None: ...
+
+    async def _seal_if_counted(
+        self, generation: int, carried: Carried
+    ) -> tuple[bytes | None, bool]:
+        """Count this agent in round ``generation`` and seal it if everyone expected is in;
+        also whether this agent is the first member back (it checks the missing ones'
+        leases while it waits)."""
+        counted = await accounting.count(
+            self._store, self._keys, generation, carried, arrive=carried.member
+        )
+        first_back = carried.member and counted.back == 1
+        return await self._seal_counted(generation, carried, counted), first_back
+
+    async def _seal_counted(
+        self, generation: int, carried: Carried, counted: accounting.Count
+    ) -> bytes | None:
+        settings = self._settings
+        if not counted.complete(carried, settings.min_nodes, settings.max_nodes):
+            return None
+        log.info(
+            "Rendezvous %s: round %d has every node expected (%d of round %d's %d back, "
+            "%d gone, %d waited); sealing it",
+            self._run_id,
+            generation,
+            counted.back,
+            carried.generation,
+            carried.size,
+            counted.gone,
+            counted.waiting,
+        )
+        return await self._seal(generation, min(counted.joined, settings.max_nodes))
+
+    async def settle(self, node: str) -> None:
+        """``node``, a member of our last round, left for good: mark it gone, and seal the
+        round being joined now if that completes its count (nothing to do once the
+        rendezvous is closed). For a leaving agent and its guardian."""
+        carried = self.carried
+        if carried is None or not carried.member:
+            return
+        await accounting.mark_gone(self._store, self._keys, carried, node)
+        try:
+            generation = await self.generation()
+        except RendezvousClosedError:
+            return
+        if generation > carried.generation:
+            counted = await accounting.count(
+                self._store, self._keys, generation, carried, arrive=False
+            )
+            await self._seal_counted(generation, carried, counted)
+
+    async def _seal(self, generation: int, count: int) -> bytes | None:
+        """Seal round ``generation`` with its first ``count`` arrivals as members: their
+        summary, unless the round is sealed already. Returns the ``sealed`` value then."""
+        store, keys = self._store, self._keys
+        sealed_key = keys.round(generation, "sealed")
+        entries = [keys.round(generation, f"node/{i}") for i in range(count)]
+        sealed, *values = await store.multi_get([sealed_key, *entries])
+        if sealed is not None:
+            return sealed
+        missing = [key for key, value in zip(entries, values, strict=True) if value is None]
+        if missing:  # arrivals between their add and their entry
+            try:
+                await store.wait(missing, self._settings.entry_timeout)
+            except StoreTimeout:
+                await self.advance(
+                    generation,
+                    f"{len(missing)} arrival(s) wrote no entry "
+                    f"within {self._settings.entry_timeout:g}s",
+                )
+                return await store.get(sealed_key)
+            values = await store.multi_get(entries)
+        nodes = [json.loads(value or b"{}") for value in values]
+        excluded = await self._excluded(generation, {str(node.get("node")) for node in nodes})
+        _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
+        return held
+
+    async def member_ids(self, current: Round) -> list[str]:
+        """The node ids of ``current``'s members, by group rank: N entries read, for the
+        rare uses that need them all (a drain, the serving agent's departure)."""
+        return await self._node_ids(current.generation, current.size)
+
+    async def _node_ids(self, generation: int, size: int) -> list[str]:
+        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
+        return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
+
+    async def _excluded(self, generation: int, members: set[str]) -> dict[str, Any]:
+        """The exclusions of the members of the last sealed round before ``generation``
+        missing from ``members`` (the new round's node ids). Store trouble costs the
+        report, never the round."""
+        try:
+            for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
+                sealed = await self._store.get(self._keys.round(earlier, "sealed"))
+                if sealed is not None and sealed != ENDED:
+                    before = await self._node_ids(earlier, decode(sealed).size)
+                    gone = sorted(set(before) - members)
+                    return await exclusions_of(self._store, self._keys, gone)
+        except (StoreError, RendezvousStateError, ValueError, KeyError) as exc:
+            log.debug("Rendezvous %s: could not read exclusions: %s", self._run_id, exc)
+        return {}

@@ -1,0 +1,61 @@
+"""A node that leaves costs seconds with the default rendezvous settings, not the last
+call's 30 s: its peers seal their next round as soon as every member of the last one is
+back or gone (issue 39, item 4). A SIGTERM leaves gracefully; a SIGKILLed agent's
+guardian kills its workers and then releases its membership."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.conftest import TESTS, free_port, wait_until
+
+WORLD = str(TESTS / "workers" / "world_loop.py")
+LAST_CALL = 30.0
+"""The default last call: a round that waited for it would miss the deadline below."""
+
+
+def worlds(out, size: int) -> list[str]:
+    return sorted(p.name for p in out.glob(f"w{size}_*"))
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path, how):
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    out.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = []
+    for i in range(3):  # torchrun's command line, no --rdzv-conf: the defaults
+        agents.append(
+            run_agentd(
+                "--rdzv-backend",
+                "agentd",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "job",
+                "--nnodes",
+                "2:3",
+                "--max-restarts",
+                "0",
+                WORLD,
+                str(out),
+                str(stop),
+            )
+        )
+        if i == 0:
+            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
+    wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="a world of 3")
+    leaver = agents[2]
+    leaver.proc.send_signal(getattr(signal, how))
+    # the others must not wait for the last call (30 s): well before it, they run at 2
+    wait_until(lambda: len(worlds(out, 2)) == 2, LAST_CALL * 0.6, what="a world of 2")
+    said = agents[0].stderr() + agents[1].stderr()
+    assert "round 1 has every node expected (2 of round 0's 3 back, 1 gone" in said, said
+    assert all(name.endswith("_0") for name in worlds(out, 2))  # no restart spent
+    if how == "SIGKILL":
+        wait_until(lambda: "released node" in leaver.stderr(), 10, what="the guardian's line")
+    stop.touch()
+    for agent in agents[:2]:
+        assert agent.wait(60) == 0, agent.stderr()[-3000:]
