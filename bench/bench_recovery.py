@@ -1,13 +1,17 @@
-"""A real job's recovery: crash -> every worker of the next attempt past its first all-reduce.
+"""A real job's start and recovery: launch -> every worker past its first all-reduce (time
+to first step), and crash -> every worker of the next attempt past its all-reduce.
 
     python bench/bench_recovery.py [--runs 5] [--nproc 4] [--model-mb 0] [--device cpu]
-        [--launchers agentd-inprocess,agentd-preload,agentd,torchrun]
+        [--launchers agentd-inprocess,agentd,agentd-spawn,torchrun]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
-torch, join the process group and all-reduce); rank 0 crashes once all are past the
-all-reduce, and the figure is the time from its crash to the last worker of the next
-attempt past its all-reduce. ``agentd-preload`` forks the workers from a zygote that
-imported torch (``--preload torch``). ``agentd-inprocess`` does too, and its workers
+torch, join the process group and all-reduce); the first figure is the time from the
+launcher's start to the last worker past that all-reduce. Rank 0 then crashes, and the
+second figure is the time from its crash to the last worker of the next attempt past its
+all-reduce. ``agentd`` is ``agentd run`` with no flags (``--preload auto``: the script
+imports torch, so a zygote preloads it and forks the workers); ``agentd-spawn`` spawns
+each worker (``--no-preload``); ``agentd-preload`` names the preload (``--preload
+torch``). ``agentd-inprocess`` does too, and its workers
 restart in process (``recovery_inprocess_worker.py``): the survivors keep their process, a
 new rank 0 is forked; each run also checks that the survivors' pids and model checksums did
 not change and that the new rank's checksum matches theirs. The launchers take turns,
@@ -32,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from run_control import kill_marked
@@ -43,15 +48,21 @@ COMMANDS = {
     "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd": [sys.executable, "-m", "agentd", "run"],
+    "agentd-spawn": [sys.executable, "-m", "agentd", "run", "--no-preload"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
+ORDER = list(COMMANDS)
+"""Fastest first, for the ratios."""
+FIRST_STEPS: dict[str, list[float]] = {}
+"""Each launcher's times to first step, of the runs that recovered or not."""
 
 
 def run_once(
     name: str, nproc: int, timeout: float, model_mb: float, device: str = "cpu"
 ) -> float | str:
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce, or why
-    the job did not recover (the launcher's exit and the last lines it wrote)."""
+    the job did not recover (the launcher's exit and the last lines it wrote). The time
+    to first step goes to :data:`FIRST_STEPS`."""
     worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         argv = [
@@ -71,6 +82,7 @@ def run_once(
         env["BENCH_DEVICE"] = device
         log = Path(tmp) / "launcher.log"
         with open(log, "wb") as output:
+            launched = time.time()
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env
             )
@@ -83,6 +95,10 @@ def run_once(
             finally:
                 kill_marked(MARK_ENV, marker)
         out = Path(tmp)
+        first = [out / f"past_0_{rank}" for rank in range(nproc)]
+        if all(p.exists() for p in first):
+            first_step = max(float(p.read_text()) for p in first) - launched
+            FIRST_STEPS.setdefault(name, []).append(first_step)
         past = [out / f"past_1_{rank}" for rank in range(nproc)]
         if code != 0 or not (out / "crash").exists() or not all(p.exists() for p in past):
             exit_text = f"no exit within {timeout:g}s" if code is None else f"exit {code}"
@@ -126,7 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--launchers", default="agentd-inprocess,agentd-preload,agentd,torchrun")
+    parser.add_argument("--launchers", default="agentd-inprocess,agentd,agentd-spawn,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--model-mb", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
@@ -146,11 +162,15 @@ def main() -> None:
             sys.exit(f"bench_recovery --device {args.device} needs a CUDA GPU")
         model += f" on {torch.cuda.get_device_name()}, torch {torch.__version__}"
     print(
-        f"crash -> all {args.nproc} workers of the next attempt past their first all-reduce "
-        f"(gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)"
+        f"launch -> all {args.nproc} workers past their first all-reduce (time to first "
+        f"step), and crash -> all {args.nproc} workers of the next attempt past their "
+        f"all-reduce (gloo{model}, {args.runs} runs, {os.cpu_count()} CPUs)"
     )
     medians: dict[str, float] = {}
     names = args.launchers.split(",")
+    unknown = set(names) - set(COMMANDS)
+    if unknown:
+        sys.exit(f"--launchers: unknown {sorted(unknown)}; known: {', '.join(COMMANDS)}")
     times: dict[str, list[float]] = {name: [] for name in names}
     for run in range(args.runs):  # interleaved: a slow spell of the machine hits them all
         for name in names:
@@ -159,9 +179,26 @@ def main() -> None:
                 print(f"  {name}: run {run + 1} did not recover: {took}", flush=True)
             else:
                 times[name].append(took)
+    firsts = {name: statistics.median(FIRST_STEPS[name]) for name in names if name in FIRST_STEPS}
+    print("time to first step:")
+    for name in names:
+        if name in firsts:
+            t = FIRST_STEPS[name]
+            print(
+                f"  {name:<16} first step  median {firsts[name] * 1000:7.0f} ms  "
+                f"min {min(t) * 1000:7.0f}  max {max(t) * 1000:7.0f}",
+                flush=True,
+            )
+    if "torchrun" in firsts:
+        for name in names:
+            if name in firsts and name != "torchrun":
+                print(
+                    f"  first-step ratio torchrun/{name} = {firsts['torchrun'] / firsts[name]:.1f}x"
+                )
+    print("crash -> recovered:")
     for name in names:
         ok = times[name]
-        line = f"  {name:<14} recovered {len(ok)}/{args.runs}"
+        line = f"  {name:<16} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
             line += (
@@ -181,12 +218,17 @@ def main() -> None:
         for name, figure in (
             ("agentd-inprocess", "inprocess_recovery"),
             ("agentd-preload", "preload_recovery"),
+            ("agentd", "default_recovery"),
         ):
             if name in medians:
                 record(figure, f"{medians[name] * 1000:.0f} ms", command)
-    order = ["agentd-inprocess", "agentd-preload", "agentd", "torchrun"]
-    for i, faster in enumerate(order):
-        for slower in order[i + 1 :]:
+        if "agentd" in firsts:
+            record("default_first_step", f"{firsts['agentd']:.2f} s", command)
+            if "torchrun" in firsts:
+                ratio = firsts["torchrun"] / firsts["agentd"]
+                record("default_first_step_ratio", f"{ratio:.1f}x", command)
+    for i, faster in enumerate(ORDER):
+        for slower in ORDER[i + 1 :]:
             if faster in medians and slower in medians:
                 print(f"  ratio {slower}/{faster} = {medians[slower] / medians[faster]:.1f}x")
 

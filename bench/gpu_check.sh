@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in about 4 minutes,
+# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in about 5 minutes,
 # ending in one table. Run from the repository root, agentd from its source tree:
 #
 #     bash bench/gpu_check.sh [OUT_DIR]
@@ -54,13 +54,10 @@ print(f"  nccl-raise x5   {len(calls)} calls in {len({c['pid'] for c in calls})}
       f"allocated MiB {mib('allocated')}; device used MiB {mib('device_used')}")
 PY
 fi
-step "recovery, the model on $device (256 MiB): in process, preloaded, spawned, torchrun"
+step "a real job with the model on $device (256 MiB): the default (a zygote preloads torch), spawned, torchrun"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
-bench 150 --device "$device" --model-mb 256 --runs 5 --launchers agentd-inprocess,agentd-preload
-bench 60 --device "$device" --model-mb 256 --runs 3 --launchers agentd
-bench 40 --device "$device" --model-mb 256 --runs 1 --timeout 25 --launchers torchrun
-step "recovery, the model on the CPU (the control, this host's CPUs)"
-bench 60 --runs 5 --launchers agentd-inprocess
+bench 150 --device "$device" --model-mb 256 --runs 3 --launchers agentd,agentd-spawn
+bench 45 --device "$device" --model-mb 256 --runs 1 --timeout 25 --launchers torchrun
 
 step "summary"
 "$py" - "$out" <<'PY'
@@ -74,9 +71,11 @@ print("| what | result |\n| --- | --- |")
 print(f"| tests/gpu, tests/gpus, the in-process fault tests | {tests[-1].strip('= ') if tests else 'no result'} |")
 where = "?"
 for line in (out / "bench.txt").read_text().splitlines():
-    if line.startswith("crash ->"):
-        where = re.search(r"\((.*?)\)", line).group(1)
-    elif "recovered" in line:
+    if line.startswith("launch ->"):
+        where = re.search(r"\(gloo(.*?)\)", line).group(1).strip(", ") or "cpu"
+    elif "first step  median" in line:
+        print(f"| {line.split()[0]}, time to first step: {where} | {' '.join(line.split()[3:])} |")
+    elif "recovered" in line and not line.startswith("crash"):
         print(f"| {line.split()[0]}: {where} | {' '.join(line.split()[1:])} |")
     elif "the new rank" in line:
         label, figures = line.strip().split(": ", 1)

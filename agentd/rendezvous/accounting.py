@@ -20,7 +20,7 @@ A round seals early when:
 Each node makes O(1) requests for this, whatever the job's size. The one exception is the
 first member back, which checks once a second, while the count is short, that the
 missing members still hold their leases (one read of N heartbeats): a lost host with no
-guardian left is marked gone when its lease expires, not a last call later.
+guardian left is marked gone :data:`FENCE` after its lease expires, not a last call later.
 
 The last call still decides where nobody can know who is coming: the first round, and a
 round whose count never adds up (a member that joined and died before sealing).
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 CHECK_INTERVAL = 1.0
 """How often the first member back checks the missing members' leases."""
+FENCE = 1.0
+"""How long a member's heartbeat must have been seen missing before it is counted gone.
+Its guardian kills its workers at most the guardian's slack (0.5 s,
+``agentd.hygiene.guardian_process.LEASE_SLACK``) after the store let the heartbeat
+expire, so its ranks are given to others only once no worker of its can be alive."""
 
 
 class Carried(NamedTuple):
@@ -103,13 +108,25 @@ async def members(store: Store, keys: RunKeys, carried: Carried) -> list[str]:
     return [str(json.loads(v)["node"]) for v in await store.multi_get(entries) if v]
 
 
-async def mark_lapsed(store: Store, keys: RunKeys, carried: Carried, nodes: list[str]) -> int:
-    """Mark gone every node of ``nodes`` whose heartbeat (lease) is gone; how many were
-    newly marked."""
+async def mark_lapsed(
+    store: Store,
+    keys: RunKeys,
+    carried: Carried,
+    nodes: list[str],
+    missing_since: dict[str, float],
+    now: float,
+) -> int:
+    """Mark gone every node of ``nodes`` whose heartbeat (lease) has been missing for
+    :data:`FENCE` seconds, as seen by the calls so far (``missing_since``: when each was
+    first seen missing, kept by the caller); how many were newly marked."""
     beats = await store.multi_get([keys.heartbeat(node) for node in nodes])
     marked = 0
     for node, beat in zip(nodes, beats, strict=True):
-        if beat is None and await mark_gone(store, keys, carried, node):
+        if beat is not None:
+            missing_since.pop(node, None)
+            continue
+        since = missing_since.setdefault(node, now)
+        if now - since >= FENCE and await mark_gone(store, keys, carried, node):
             log.info(
                 "Rendezvous: node %s of round %d is gone (its lease is not held)",
                 node,

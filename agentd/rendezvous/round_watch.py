@@ -16,7 +16,6 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agentd.rendezvous.accounting import Carried, mark_gone
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.roll_call import LOST_REASON, answer
 from agentd.rendezvous.round import Round
@@ -133,11 +132,9 @@ class RoundWatch:
         return ""
 
     async def _lost(self, node: str) -> str:
-        """A member's heartbeat is gone: count it gone for good (so the next round seals
-        without waiting for it) and end the round for everyone."""
-        current = self.current
-        carried = Carried(current.generation, current.size, member=True)
-        await mark_gone(self.store, self.keys, carried, node)
+        """A member's heartbeat is gone: end the round for everyone (the first member back
+        counts it gone once its workers are surely dead: see
+        :data:`agentd.rendezvous.accounting.FENCE`)."""
         why = f"node {node} {LOST_REASON}"
         await self.end_round(why)
         return why

@@ -203,6 +203,7 @@ class Rounds(Sealing):
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
         waiting_since = reported = loop.time()
         missing: list[str] | None = None  # the last round's members, for the checker
+        missing_since: dict[str, float] = {}
         while sealed is None:
             timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
             if checker:
@@ -228,7 +229,10 @@ class Rounds(Sealing):
                 carried = self.carried
                 if missing is None:
                     missing = await accounting.members(store, self._keys, carried)
-                if await accounting.mark_lapsed(store, self._keys, carried, missing):
+                lapsed = await accounting.mark_lapsed(
+                    store, self._keys, carried, missing, missing_since, loop.time()
+                )
+                if lapsed:
                     counted = await accounting.count(
                         store, self._keys, generation, carried, arrive=False
                     )

@@ -54,7 +54,7 @@ def test_a_model_on_the_gpu_restarts_in_process_and_the_new_rank_gets_its_weight
     """4 gloo ranks, the model and 256 MiB on the GPU; rank 2 dies at step 5. The others
     keep their pid and CUDA memory, the new rank gets their weights, and training ends
     where an uninterrupted run ends."""
-    flags = ["--preload", "torch"] if preload else []
+    flags = ["--preload", "torch"] if preload else ["--no-preload"]
     env = {"TEST_DEVICE": "cuda", "TEST_BALLAST_MB": "256"}
     runs = {}
     for name, crash in (("plain", []), ("crashed", ["5"])):

@@ -48,6 +48,9 @@ def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path
             wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
     wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="a world of 3")
     leaver = agents[2]
+    # its guardian starts right after its workers, before this line (until then, a SIGKILL
+    # has no guardian to release it: its peers wait for its lease)
+    wait_until(lambda: "Started 1 worker(s), attempt 0" in leaver.stderr(), 30)
     leaver.proc.send_signal(getattr(signal, how))
     # the others must not wait for the last call (30 s): well before it, they run at 2
     wait_until(lambda: len(worlds(out, 2)) == 2, LAST_CALL * 0.6, what="a world of 2")

@@ -1,0 +1,149 @@
+"""A node leaves a job run with the default rendezvous settings: how soon do the others run
+again at the smaller world?
+
+    python bench/bench_leave.py [--runs 3] [--launchers agentd,torchrun] [--record]
+
+Each run starts three launchers as the nodes of one ``--nnodes 2:3`` job on 127.0.0.1, with
+torchrun's command line and no ``--rdzv-conf`` (the first launcher hosts the store), one
+worker each (``tests/workers/world_loop.py``: it writes its world size and idles). Once the
+world of 3 runs, the third node leaves: SIGTERM (a graceful leave), SIGKILL (its guardian
+releases it), or SIGSTOP (a lost host: only its lease tells). The figure is the time from
+the signal to both other nodes' workers running at world 2; a run that takes longer than
+``--timeout`` counts as not recovered. The restart count the new workers see is checked
+too: leaving is a membership change, which spends no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from run_control import end_run, wait_for
+
+WORKER = str(Path(__file__).resolve().parent.parent / "tests" / "workers" / "world_loop.py")
+MARK_ENV = "BENCH_LEAVE_RUN"
+HOWS = {"SIGTERM": "leave_sigterm", "SIGKILL": "leave_sigkill", "SIGSTOP": "leave_lost"}
+"""How the node leaves -> the figure it records."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worlds(out: Path, size: int) -> list[str]:
+    return [p.name for p in out.glob(f"w{size}_*")]
+
+
+def run_once(launcher: str, how: str, timeout: float) -> float | str:
+    """Seconds from the signal to world 2, or why not."""
+    marker = os.urandom(6).hex()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", MARK_ENV: marker}
+    env = {k: v for k, v in env.items() if not k.startswith(("AGENTD_", "PET_"))}
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-leave-") as tmp:
+        out, port = Path(tmp), free_port()
+        stop = out / "stop"
+        if launcher == "torchrun":
+            base = [sys.executable, "-m", "torch.distributed.run"]
+        else:
+            base = [sys.executable, "-m", "agentd", "run"]
+        argv = [
+            *base,
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "job",
+            "--nnodes",
+            "2:3",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            WORKER,
+            str(out),
+            str(stop),
+        ]
+        try:
+            for i in range(3):
+                with open(out / f"launcher{i}.log", "wb") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+                        )
+                    )
+                if i == 0:  # the first hosts the store
+                    time.sleep(0.5)
+            if not wait_for(lambda: len(worlds(out, 3)) == 3, timeout):
+                return f"no world of 3 within {timeout:g}s"
+            leaver = procs[2]
+            began = time.monotonic()
+            leaver.send_signal(getattr(signal, how))
+            if not wait_for(lambda: len(worlds(out, 2)) == 2, timeout, interval=0.01):
+                codes = [p.poll() for p in procs[:2]]
+                return f"no world of 2 within {timeout:g}s (the others: exit {codes})"
+            took = time.monotonic() - began
+            restarts = {name.rsplit("_", 1)[1] for name in worlds(out, 2)}
+            if restarts != {"0"}:
+                return f"a restart was spent (restart counts {sorted(restarts)})"
+            return took
+        finally:
+            stop.touch()
+            if procs and procs[2].poll() is None:
+                procs[2].send_signal(signal.SIGCONT)
+            end_run(procs, MARK_ENV, marker)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--launchers", default="agentd,torchrun")
+    parser.add_argument("--hows", default=",".join(HOWS), help="how the node leaves")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--record", action="store_true", help="write agentd's medians to docs/figures.json"
+    )
+    args = parser.parse_args()
+    launchers = args.launchers.split(",")
+    hows = args.hows.split(",")
+    if set(hows) - set(HOWS) or set(launchers) - {"agentd", "torchrun"}:
+        sys.exit(f"--hows: {', '.join(HOWS)}; --launchers: agentd, torchrun")
+    print(
+        f"3 nodes, --nnodes 2:3, default rendezvous settings; the third leaves -> the others "
+        f"run at world 2 ({args.runs} runs, {os.cpu_count()} CPUs)"
+    )
+    for how in hows:
+        for launcher in launchers:
+            times: list[float] = []
+            for run in range(args.runs):
+                took = run_once(launcher, how, args.timeout)
+                if isinstance(took, str):
+                    print(f"  {how:<8} {launcher:<9} run {run + 1}: {took}", flush=True)
+                else:
+                    times.append(took)
+            line = f"  {how:<8} {launcher:<9} at world 2 {len(times)}/{args.runs}"
+            if times:
+                median = statistics.median(times)
+                line += f"  median {median:6.2f} s  min {min(times):6.2f}  max {max(times):6.2f}"
+                if args.record and launcher == "agentd":
+                    from figures import record
+
+                    command = f".venv/bin/python bench/bench_leave.py --runs {args.runs} --record"
+                    text = f"{median:.1f} s" if median < 10 else f"{median:.0f} s"
+                    record(HOWS[how], text, command)
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

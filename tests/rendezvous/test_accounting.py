@@ -1,0 +1,118 @@
+"""A round seals as soon as every member of the last one is back or gone for good, and the
+nodes that waited for a place are in: a node that leaves costs its peers no last call
+(here 30 s, as by default), whatever the store (in-process and on a real etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.release import release, will
+from tests.rendezvous import test_dynamic
+from tests.rendezvous.test_dynamic import handler, shutdown_all
+
+store = test_dynamic.store  # the same stores: in-process and a real etcd
+
+LAST_CALL = 30.0
+SOON = 10.0
+"""Well within the last call: a round that waited for it would time out here."""
+
+
+def job(store, count: int, nodes: tuple[int, int] = (2, 3)):
+    return [handler(store, nodes=nodes, last_call_timeout=LAST_CALL) for _ in range(count)]
+
+
+async def test_a_member_that_leaves_lets_the_others_seal_at_once(store):
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    watches = [asyncio.create_task(h.round_over()) for h in (a, b)]
+    await c.shutdown()  # SIGTERM: c counts itself gone, then ends the round
+    await asyncio.wait_for(asyncio.gather(*watches), SOON)
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(a, b)
+
+
+async def test_a_restart_below_max_seals_when_the_last_member_is_back(store):
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    await c.shutdown()
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())  # 2 of at most 3
+    await a.end_round("a worker failed")  # only the last call used to seal the next round
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(2, 2)}
+    await shutdown_all(a, b)
+
+
+async def test_a_member_whose_lease_lapsed_is_counted_gone(store):
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    assert c._membership is not None and c._rounds is not None
+    await c._membership.stop()  # c was lost with its host: its heartbeat stops, nothing else
+    c._rounds.release()
+    await asyncio.wait_for(asyncio.gather(a.round_over(), b.round_over()), SOON)
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON)
+    assert {i.group_world_size for i in infos} == {2}
+    await shutdown_all(a, b)
+
+
+async def test_a_member_lost_while_the_others_already_wait_is_found_by_the_first_back(store):
+    """The survivors' workers failed first (the collective broke): they wait in the next
+    round before anyone saw the lost member's lease lapse."""
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    assert c._membership is not None and c._rounds is not None
+    await a.end_round("a collective failed")
+    waiting = asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    await asyncio.sleep(0.2)
+    await c._membership.stop()
+    c._rounds.release()
+    infos = await asyncio.wait_for(waiting, SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(a, b)
+
+
+async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
+    a, b, spare = job(store, 3, nodes=(2, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    waiting = asyncio.create_task(spare.next_rendezvous())  # beyond MAX: it waits for a place
+    await asyncio.sleep(0.3)
+    watch = asyncio.create_task(a.round_over())
+    await b.shutdown()
+    await asyncio.wait_for(watch, SOON)
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), waiting), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(a, spare)
+
+
+async def test_a_guardians_release_lets_the_others_go_on(store):
+    """What ``python -m agentd.rendezvous.release`` does with a SIGKILLed agent's will,
+    over a store client of its own (here the same store)."""
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    assert c._membership is not None and c._rounds is not None and c._round is not None
+    await c._membership.stop()  # SIGKILL: nothing of c runs any more
+    c._rounds.release()
+    await a.end_round("a collective failed")  # the others wait in the next round already
+    waiting = asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    await asyncio.sleep(0.1)
+    gone = Carried(c._round.generation, c._round.size, member=True)
+    assert c._rounds.carried == gone
+    await c._rounds.settle(c.node_id)  # what the release does, through c's own client here
+    infos = await asyncio.wait_for(waiting, SOON)
+    assert {i.group_world_size for i in infos} == {2}
+    await shutdown_all(a, b)
+
+
+def test_no_will_without_a_store_client_to_describe(store):
+    """The will needs a store another process can reach (the in-process store is not)."""
+    assert will("job", "n", None, None, None) is None
+    assert callable(release)
+
+
+def test_a_lapsed_member_is_counted_gone_only_after_its_guardian_killed_its_workers():
+    """Fencing: the guardian acts at most LEASE_SLACK after the store dropped the lease."""
+    from agentd.hygiene.guardian_process import LEASE_SLACK
+    from agentd.rendezvous.accounting import FENCE
+
+    assert FENCE >= LEASE_SLACK + 0.5
