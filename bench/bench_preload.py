@@ -3,8 +3,10 @@
     python bench/bench_preload.py [--runs 3] [--nproc 4]
 
 1. First start: the command starts -> all NPROC workers past ``import torch`` and a model
-   step, for agentd (spawn), agentd --preload torch and torchrun, against the floor of one
-   ``import torch`` plus agentd's own launch of trivial workers (the rendezvous).
+   step, for agentd spawned (--no-preload), agentd with no flags (--preload auto: the
+   workers import torch, so a zygote preloads it), agentd --preload torch and torchrun,
+   against the floor of one ``import torch`` plus agentd's own launch of trivial workers
+   (the rendezvous).
 2. Memory: the workers' resident memory split into what they share and what is private
    to each (``/proc/<pid>/smaps_rollup``), and the sum of their proportional shares (PSS,
    the zygote's included): what the group really costs the host.
@@ -30,6 +32,7 @@ WORKER = str(HERE / "torch_start_worker.py")
 TRIVIAL = str(HERE / "worker.py")
 AGENTD = [sys.executable, "-m", "agentd", "run"]
 COMMANDS = {
+    "agentd-spawn": [*AGENTD, "--no-preload"],
     "agentd": AGENTD,
     "agentd-preload": [*AGENTD, "--preload", "torch"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
@@ -157,7 +160,7 @@ def main() -> None:
             flush=True,
         )
     print(f"\nmemory of {args.nproc} torch workers, MiB (per worker: resident = shared + private)")
-    for name in ("agentd", "agentd-preload"):
+    for name in ("agentd-spawn", "agentd"):
         m = memory(COMMANDS[name], args.nproc)
         print(
             f"  {name:<14} resident {m['rss']:6.1f}  shared {m['shared']:6.1f}  private "

@@ -102,6 +102,28 @@ async def mark_gone(store: Store, keys: RunKeys, carried: Carried, node: str) ->
     return placed
 
 
+class LeaseCheck:
+    """The first member back's check of the missing members' leases, while a round fills:
+    the last round's member list is read once, then their heartbeats at each check; a
+    member whose heartbeat has been missing for :data:`FENCE` is counted gone."""
+
+    def __init__(self, store: Store, keys: RunKeys, carried: Carried | None) -> None:
+        self._store, self._keys, self._carried = store, keys, carried
+        self._nodes: list[str] | None = None
+        self._missing_since: dict[str, float] = {}
+
+    async def marked(self, now: float) -> int:
+        """Check once; how many members were newly counted gone."""
+        carried = self._carried
+        if carried is None:
+            return 0
+        if self._nodes is None:
+            self._nodes = await members(self._store, self._keys, carried)
+        return await mark_lapsed(
+            self._store, self._keys, carried, self._nodes, self._missing_since, now
+        )
+
+
 async def members(store: Store, keys: RunKeys, carried: Carried) -> list[str]:
     """The node ids of ``carried``'s round (N entries read, once per waiting round)."""
     entries = [keys.round(carried.generation, f"node/{i}") for i in range(carried.size)]

@@ -202,12 +202,18 @@ class Rounds(Sealing):
         )
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
         waiting_since = reported = loop.time()
-        missing: list[str] | None = None  # the last round's members, for the checker
-        missing_since: dict[str, float] = {}
+        leases = accounting.LeaseCheck(store, self._keys, self.carried) if checker else None
+        next_check = loop.time()
         while sealed is None:
             timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
-            if checker:
-                timeout = min(timeout, accounting.CHECK_INTERVAL)
+            if leases is not None:
+                if loop.time() >= next_check:
+                    next_check = loop.time() + accounting.CHECK_INTERVAL
+                    if await leases.marked(loop.time()):
+                        sealed = await self._settle_count(generation)
+                        if sealed is not None:
+                            break
+                timeout = min(timeout, max(0.0, next_check - loop.time()))
             result = await store.watch(sealed_key, revision, min(timeout, POLL))
             revision = result.revision
             if result.compacted:
@@ -225,20 +231,6 @@ class Rounds(Sealing):
                 break
             if not result.events and await self.generation() != generation:
                 return None, revision  # ended by an agent that could not seal it (it died)
-            if checker and self.carried is not None and not result.events:
-                carried = self.carried
-                if missing is None:
-                    missing = await accounting.members(store, self._keys, carried)
-                lapsed = await accounting.mark_lapsed(
-                    store, self._keys, carried, missing, missing_since, loop.time()
-                )
-                if lapsed:
-                    counted = await accounting.count(
-                        store, self._keys, generation, carried, arrive=False
-                    )
-                    sealed = await self._seal_counted(generation, carried, counted)
-                    if sealed is not None:
-                        break
             if last_call is None:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 if joined >= settings.min_nodes:

@@ -74,6 +74,14 @@ class Sealing:
         )
         return await self._seal(generation, min(counted.joined, settings.max_nodes))
 
+    async def _settle_count(self, generation: int) -> bytes | None:
+        """Count round ``generation`` again (nobody arriving) and seal it if it is complete."""
+        carried = self.carried
+        if carried is None:
+            return None
+        counted = await accounting.count(self._store, self._keys, generation, carried, arrive=False)
+        return await self._seal_counted(generation, carried, counted)
+
     async def settle(self, node: str) -> None:
         """``node``, a member of our last round, left for good: mark it gone, and seal the
         round being joined now if that completes its count (nothing to do once the
@@ -87,10 +95,7 @@ class Sealing:
         except RendezvousClosedError:
             return
         if generation > carried.generation:
-            counted = await accounting.count(
-                self._store, self._keys, generation, carried, arrive=False
-            )
-            await self._seal_counted(generation, carried, counted)
+            await self._settle_count(generation)
 
     async def _seal(self, generation: int, count: int) -> bytes | None:
         """Seal round ``generation`` with its first ``count`` arrivals as members: their
