@@ -77,7 +77,8 @@ def run_once(launcher: str, how: str, timeout: float) -> float | str:
         ]
         try:
             for i in range(3):
-                with open(out / f"launcher{i}.log", "wb") as log:
+                log_path = out / f"launcher{i}.log"  # the launcher's output, for a look after
+                with open(log_path, "wb") as log:
                     procs.append(
                         subprocess.Popen(
                             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env

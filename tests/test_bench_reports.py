@@ -23,7 +23,13 @@ reports, wait_reports, write_report = (
     report_files.write_report,
 )
 
-LOGS = {("bench_soak.py", "err"), ("bench_timer.py", "log_path"), ("bench_recovery.py", "log")}
+LOGS = {
+    ("bench_soak.py", "err"),
+    ("bench_timer.py", "log_path"),
+    ("bench_recovery.py", "log"),
+    ("bench_leave.py", "log_path"),
+    ("bench_first_step.py", "log_path"),
+}
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
 
 

@@ -89,7 +89,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
 def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
     """The modules the zygote preloads (None: spawn) and why, for the agent's start line."""
     if config.preload != "auto":
-        return config.preload, "--no-preload" if config.preload is None else "--preload"
+        return config.preload, "--preload off" if config.preload is None else "--preload"
     if config.no_python:
         return None, "auto: --no-python runs an executable"
     from agentd.preload.auto import choose

@@ -180,9 +180,7 @@ def resolve(
     args = cli.get("script_args", []) if cli.get("script") else file_args
     if values["module"] and values["no_python"]:
         raise ConfigError("--module: cannot be combined with --no-python")
-    if values["no_python"] and values["preload"] == "auto":
-        values["preload"] = None  # an executable is spawned; the start line says so
-    if values["preload"] is not None and values["no_python"]:
+    if isinstance(values["preload"], tuple) and values["no_python"]:
         raise ConfigError(
             "--preload: needs a Python script or module; --no-python runs an "
             "executable (use --no-preload)"

@@ -112,35 +112,32 @@ DEAD_WAIT = 2.0
 
 
 def wait_dead(groups: set[int], mark: str, timeout: float) -> bool:
-    """Whether every listed group and marked process is gone within ``timeout`` seconds."""
+    """Whether every process of the listed groups, and every marked one, is dead within
+    ``timeout`` seconds. A zombie counts as dead: it runs nothing, and with its agent gone
+    nobody may reap it soon (``killpg(pgid, 0)`` still finds it, so it is not used)."""
     deadline = time.monotonic() + timeout
-    while True:
-        alive = False
-        for pgid in groups:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                pass
-            alive = True
-            break
-        if not alive:
-            alive = any(m == mark and not _zombie(pid) for pid, m in marked_processes())
-        if not alive:
-            return True
+    while any(_alive(pid, groups, mark) for pid in _pids()):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
+    return True
 
 
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` is dead but not reaped (or gone)."""
+def _pids() -> list[int]:
+    me = os.getpid()
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
+
+
+def _alive(pid: int, groups: set[int], mark: str) -> bool:
+    """Whether ``pid`` runs (not a zombie) in one of ``groups`` or with ``mark``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fp:
-            return fp.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            fields = fp.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return True
+        return False
+    if fields[0] in (b"Z", b"X"):
+        return False
+    return int(fields[2]) in groups or read_mark(pid) == mark
 
 
 def run_will(will: bytes) -> None:

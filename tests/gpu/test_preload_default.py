@@ -32,7 +32,7 @@ def test_a_cuda_job_is_forked_by_default_and_sees_what_a_spawned_one_sees(tmp_pa
     forked, said = probe(tmp_path, "forked", nproc=2)
     assert "workers forked from a zygote preloading torch (auto: cuda_probe.py imports" in said
     spawned, said = probe(tmp_path, "spawned", "--no-preload", nproc=2)
-    assert "workers spawned (--no-preload)" in said
+    assert "workers spawned (--preload off)" in said
     assert forked == spawned
     assert forked[0]["count"] >= 1 and forked[0]["sum"] == 4.0
 

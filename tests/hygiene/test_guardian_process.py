@@ -1,11 +1,14 @@
 """The guardian removes only what is surely the agent's: a directory named agentd-* that
-holds nothing but named pipes."""
+holds nothing but named pipes; and it releases a dead agent's membership only once its
+workers are dead."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
-from agentd.hygiene.guardian_process import remove_private_dir
+from agentd.hygiene.guardian_process import remove_private_dir, wait_dead
 
 
 def test_a_pipe_directory_is_removed(tmp_path):
@@ -29,3 +32,19 @@ def test_anything_else_is_left_alone(tmp_path):
     remove_private_dir(str(named))
     assert named.exists()
     remove_private_dir(str(tmp_path / "agentd-gone"))  # missing: nothing to do, no error
+
+
+def test_a_will_waits_for_running_workers_but_not_for_zombies():
+    """A killed worker nobody has reaped yet (its agent is dead) is a zombie: it runs
+    nothing, though ``killpg(pgid, 0)`` still finds its group."""
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        assert not wait_dead({sleeper.pid}, "no-such-mark", 0.2)
+        sleeper.kill()
+        os.waitid(os.P_PID, sleeper.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert wait_dead({sleeper.pid}, "no-such-mark", 2.0)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -67,7 +67,7 @@ def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
     forked = run_introspect(run_agentd, tmp_path, "--preload", modules)
     default = run_introspect(run_agentd, tmp_path)  # auto: introspect.py imports numpy
     assert "Zygote pid" in forked.stderr() and "Zygote pid" not in spawned.stderr()
-    assert "workers spawned (--no-preload)" in spawned.stderr()
+    assert "workers spawned (--preload off)" in spawned.stderr()
     if numpy:
         assert "preloading numpy (auto: introspect.py imports numpy)" in default.stderr()
     randoms = ("random", "numpy_random")
@@ -244,6 +244,12 @@ def test_preload_names_are_checked(run_agentd, tmp_path):
     noexe = run_agentd("--preload", "json", "--no-python", "true")
     assert noexe.wait(timeout=30) == 2
     assert "--preload: needs a Python script or module" in noexe.stderr()
+    # the default is auto, which spawns an executable and says why
+    auto = run_agentd("--no-python", "true")
+    assert auto.wait(timeout=30) == 0, auto.stderr()
+    assert "workers spawned (auto: --no-python runs an executable)" in auto.stderr()
+    explicit = run_agentd("--preload", "AUTO", "--no-python", "true")
+    assert explicit.wait(timeout=30) == 0, explicit.stderr()
 
 
 torch_only = pytest.mark.skipif(
