@@ -214,12 +214,17 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers
     ]
 
     def reports(agent: AgentProc) -> dict[int, list[dict]]:
+        """Each rank's calls so far: the whole lines of its file (a file may exist, or a
+        line be half-written, while we read)."""
         files = {rank: agent.out_dir / f"rank{rank}.jsonl" for rank in (0, 1)}
-        return {
-            rank: [json.loads(line) for line in path.read_text().splitlines()]
-            for rank, path in files.items()
-            if path.exists()
-        }
+        found = {}
+        for rank, path in files.items():
+            if path.exists():
+                whole = path.read_text().rpartition("\n")[0]
+                calls = [json.loads(line) for line in whole.splitlines()]
+                if calls:
+                    found[rank] = calls
+        return found
 
     wait_until(lambda: sorted(len(reports(a)) for a in agents) == [0, 2, 2], 60, "a round of 2")
     victim, kept = [a for a in agents if reports(a)]
