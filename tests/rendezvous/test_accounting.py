@@ -5,11 +5,15 @@ nodes that waited for a place are in: a node that leaves costs its peers no last
 from __future__ import annotations
 
 import asyncio
+import json
 
 from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.release import release, will
+from agentd.store.connect import http_store_opener
+from agentd.store.server import StoreServer
 from tests.rendezvous import test_dynamic
-from tests.rendezvous.test_dynamic import handler, shutdown_all
+from tests.rendezvous.test_dynamic import FAST, handler, shutdown_all
 
 store = test_dynamic.store  # the same stores: in-process and a real etcd
 
@@ -104,10 +108,36 @@ async def test_a_guardians_release_lets_the_others_go_on(store):
     await shutdown_all(a, b)
 
 
-def test_no_will_without_a_store_client_to_describe(store):
-    """The will needs a store another process can reach (the in-process store is not)."""
-    assert will("job", "n", None, None, None) is None
-    assert callable(release)
+async def test_a_will_released_over_http_lets_the_others_go_on():
+    """A SIGKILLed agent's will, carried out as its guardian's release does (its own store
+    client, from the will alone), against the embedded store over HTTP."""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    opener = http_store_opener("127.0.0.1", server.port, "secret", False, standby=False)
+    conf = RendezvousSettings(min_nodes=2, max_nodes=3, **{**FAST, "last_call_timeout": 30})
+    a, b, c = (DynamicRendezvous("job", opener, conf, role="default") for _ in range(3))
+    try:
+        await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+        doc = will("job", c.node_id, c._opened, c._rounds, c._round)
+        assert doc is not None and doc["store"]["token"] == "secret"
+        assert doc["round"] == [0, 3] and doc["node"] == c.node_id
+        assert c._membership is not None and c._rounds is not None
+        await c._membership.stop()  # SIGKILL: nothing of c runs any more
+        c._rounds.release()
+        watches = asyncio.gather(a.round_over(), b.round_over())
+        said = await release(json.loads(json.dumps(doc)))  # what crosses the pipe
+        assert said == f"released node {c.node_id}'s membership of round 0 of run 'job'"
+        await asyncio.wait_for(watches, SOON)  # its heartbeat deleted: the round ends
+        infos = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+        assert will("job", a.node_id, None, None, None) is None  # nothing to reach: no will
+    finally:
+        await shutdown_all(a, b)
+        assert c._opened is not None
+        await c._opened.close()
+        await server.stop()
 
 
 def test_a_lapsed_member_is_counted_gone_only_after_its_guardian_killed_its_workers():
