@@ -7,7 +7,9 @@ Each run starts three launchers as the nodes of one ``--nnodes 2:3`` job on 127.
 torchrun's command line and no ``--rdzv-conf`` (the first launcher hosts the store), one
 worker each (``tests/workers/world_loop.py``: it writes its world size and idles). Once the
 world of 3 runs, the third node leaves: SIGTERM (a graceful leave), SIGKILL (its guardian
-releases it), or SIGSTOP (a lost host: only its lease tells). The figure is the time from
+releases it), SIGKILL of the first node, which serves the store (once another candidate
+stands by: its guardian releases it through the candidate that takes the store over), or
+SIGSTOP (a lost host: only its lease tells). The figure is the time from
 the signal to both other nodes' workers running at world 2; a run that takes longer than
 ``--timeout`` counts as not recovered. The restart count the new workers see is checked
 too: leaving is a membership change, which spends no restart.
@@ -30,8 +32,16 @@ from run_control import end_run, wait_for
 
 WORKER = str(Path(__file__).resolve().parent.parent / "tests" / "workers" / "world_loop.py")
 MARK_ENV = "BENCH_LEAVE_RUN"
-HOWS = {"SIGTERM": "leave_sigterm", "SIGKILL": "leave_sigkill", "SIGSTOP": "leave_lost"}
-"""How the node leaves -> the figure it records."""
+HOWS = {
+    "SIGTERM": "leave_sigterm",
+    "SIGKILL": "leave_sigkill",
+    "SIGKILL-host": "leave_store_host",
+    "SIGSTOP": "leave_lost",
+}
+"""How the node leaves -> the figure it records (``-host``: the node that serves the store)."""
+STARTED = "Started 1 worker(s), attempt 0"
+WILL = "guardian releases it through the store candidates"
+"""The store host's line once another candidate stands by, so its guardian can release it."""
 
 
 def free_port() -> int:
@@ -88,9 +98,17 @@ def run_once(launcher: str, how: str, timeout: float) -> float | str:
                     time.sleep(0.5)
             if not wait_for(lambda: len(worlds(out, 3)) == 3, timeout):
                 return f"no world of 3 within {timeout:g}s"
-            leaver = procs[2]
+            index = 0 if how.endswith("-host") else 2
+            leaver, leaver_log = procs[index], out / f"launcher{index}.log"
+            ready = STARTED  # its guardian starts with its workers, just before this line
+            if how.endswith("-host"):
+                ready = WILL
+            if launcher == "agentd" and not wait_for(
+                lambda: ready in leaver_log.read_text(), timeout
+            ):
+                return f"the leaving agent never said {ready!r} within {timeout:g}s"
             began = time.monotonic()
-            leaver.send_signal(getattr(signal, how))
+            leaver.send_signal(getattr(signal, how.removesuffix("-host")))
             if not wait_for(lambda: len(worlds(out, 2)) == 2, timeout, interval=0.01):
                 codes = [p.poll() for p in procs[:2]]
                 return f"no world of 2 within {timeout:g}s (the others: exit {codes})"
@@ -101,8 +119,9 @@ def run_once(launcher: str, how: str, timeout: float) -> float | str:
             return took
         finally:
             stop.touch()
-            if procs and procs[2].poll() is None:
-                procs[2].send_signal(signal.SIGCONT)
+            for proc in procs:  # a stopped one cannot die of SIGKILL until it runs
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
             end_run(procs, MARK_ENV, marker)
 
 

@@ -99,6 +99,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._membership: Membership | None = None
         self._lease_listeners: list[LeaseListener] = []
         self._will_listeners: list[Callable[[dict[str, Any] | None], None]] = []
+        self._will: dict[str, Any] | None = None
+        self._leaving = False
         self._round: Round | None = None
         self._rounds: Rounds | None = None
         self._ended_generation: int | None = None
@@ -139,22 +141,6 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._lease_listeners.append(listener)
         if self._membership is not None:
             self._membership.on_lease(listener)
-
-    def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
-        """Tell ``listener`` how another process may release our membership should this
-        agent die (see :mod:`agentd.rendezvous.release`), whenever that changes."""
-        self._will_listeners.append(listener)
-
-    def _tell_will(self, member: bool) -> None:
-        """Tell the listeners our will: a member's, or none (``member`` False)."""
-        if not self._will_listeners:
-            return
-        from agentd.rendezvous.release import will
-
-        current = self._round if member else None
-        doc = will(self._run_id, self.node_id, self._opened, self._rounds, current)
-        for listener in self._will_listeners:
-            listener(doc)
 
     def store_status(self) -> dict[str, Any] | None:
         """Which store candidate serves, and which ones failed (candidate lists only)."""
@@ -344,6 +330,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         )
         for listener in self._lease_listeners:
             membership.on_lease(listener)
+        # the store's candidate list grows after a round: the will follows it
+        membership.on_lease(lambda _deadline: self._tell_will(self._round is not None))
         membership.start()
         self._node = {
             "node": self.node_id,

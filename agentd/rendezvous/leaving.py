@@ -1,7 +1,8 @@
 """How an agent leaves a rendezvous: it ends its round for the others (a failure, a
 restart, a node that leaves), closes the rendezvous with the job's outcome, and at
-shutdown deletes its heartbeat and, when it serves the store, keeps it up until the
-round's other members are gone. A mixin of
+shutdown counts itself gone, deletes its heartbeat and, when it serves the store, keeps it
+up until the round's other members are gone. Should it die instead, its will tells its
+guardian how to release it (:mod:`agentd.rendezvous.release`). A mixin of
 :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`.
 """
 
@@ -11,7 +12,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from agentd.rendezvous.rounds import POLL
 from agentd.store.api import StoreError, StoreUnavailable
@@ -47,6 +49,9 @@ class Leaving:
     _ended_generation: int | None
     _unended: int | None
     _closed: bool
+    _leaving: bool
+    _will: dict[str, Any] | None
+    _will_listeners: list[Callable[[dict[str, Any] | None], None]]
 
     if TYPE_CHECKING:
 
@@ -55,7 +60,33 @@ class Leaving:
 
         def _rounds_or_fail(self) -> Rounds: ...
 
-        def _tell_will(self, member: bool) -> None: ...
+    def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Tell ``listener`` how another process may release our membership should this
+        agent die (see :mod:`agentd.rendezvous.release`), whenever that changes."""
+        self._will_listeners.append(listener)
+
+    def _tell_will(self, member: bool) -> None:
+        """Tell the listeners our will, when it changed: a member's, or none (``member``
+        False, and for good once this agent leaves)."""
+        if not self._will_listeners:
+            return
+        from agentd.rendezvous.release import will
+
+        current = self._round if member and not self._leaving else None
+        doc = will(self._run_id, self.node_id, self._opened, self._rounds, current)
+        if doc != self._will:
+            before = self._will["store"]["endpoints"] if self._will else None
+            self._will = doc
+            serves = self._opened is not None and self._opened.serves
+            if doc is not None and serves and doc["store"]["endpoints"] != before:
+                log.info(
+                    "Rendezvous %s: this agent serves the store; should it die, its "
+                    "guardian releases it through the store candidates %s",
+                    self._run_id,
+                    ", ".join(doc["store"]["endpoints"]),
+                )
+            for listener in self._will_listeners:
+                listener(doc)
 
     async def end_round(self, reason: str) -> None:
         """End our round for every peer. A store out of reach is not waited for longer
@@ -91,6 +122,7 @@ class Leaving:
             raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
 
     async def shutdown(self) -> None:
+        self._leaving = True
         self._tell_will(member=False)  # this agent releases its own membership now
         if self._rounds is not None:
             self._rounds.release()

@@ -12,9 +12,11 @@ given to others. The release then, as a graceful leave would:
 2. deletes the node's heartbeat, which its peers watch: they end their round and rejoin.
 
 There is no will while the agent is between rounds (it may have counted itself back in
-the next one), after it left cleanly, or when it serves the store itself (the store went
-with it: that is a store failover). A lost host, whose guardian went with it, still waits
-for its lease.
+the next one), or after it left cleanly. An agent that serves the store has one once
+another candidate stands by to serve it (the will names every candidate; it is renewed
+with each heartbeat as the list grows): its release then reaches the candidate that took
+the store over, and marks it gone in the new store. A lost host, whose guardian went with
+it, still waits for its lease.
 """
 
 from __future__ import annotations
@@ -45,17 +47,19 @@ def will(
     rounds: Rounds | None,
     current: Round | None,
 ) -> dict[str, Any] | None:
-    """The will of node ``node`` while a member of ``current`` (None when there is none)."""
+    """The will of node ``node`` while a member of ``current`` (None when there is none:
+    an agent that serves the store needs another candidate to serve it after its death)."""
     if opened is None or rounds is None or current is None or opened.client_spec is None:
         return None
-    if opened.serves:
+    store = opened.client_spec()
+    if opened.serves and len(store["endpoints"]) < 2:
         return None
     return {
         "run_id": run_id,
         "node": node,
         "round": [current.generation, current.size],
         "limits": list(rounds.settings),
-        "store": opened.client_spec(),
+        "store": store,
         "path": [entry for entry in sys.path if entry],
     }
 
