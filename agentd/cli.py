@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from agentd import __version__
-from agentd.config.build import worker_spec
+from agentd.config.build import scheduler_line, worker_spec
 from agentd.config.resolve import (
     OPTIONS,
     AgentConfig,
@@ -358,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)
+        if config.detected is not None:
+            log.info("%s", scheduler_line(config))
         spec = worker_spec(config)  # everything is checked before anything starts
     except ConfigError as exc:
         gc.enable()

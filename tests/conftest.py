@@ -24,6 +24,9 @@ pytest_plugins = ["tests.helpers.socket_leaks"]
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "workers" / "worker.py")
 DEADLINE = 20.0
+SCHEDULED_ENV = ("AGENTD_", "PET_", "SLURM_", "SLURMD_", "JOB_COMPLETION_INDEX")
+"""Variables no agent under test inherits: options, and a scheduler's environment (a suite
+run inside a Slurm job or a pod must not read it)."""
 
 
 def wait_until(
@@ -147,7 +150,7 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         out_dir = tmp_path / f"out{index}"
         out_dir.mkdir()
         logs = tmp_path / f"logs{index}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULED_ENV)}
         full_env["AGENTD_TEST_OUT"] = str(out_dir)
         full_env.update(env or {})
         if launcher == "torchrun":  # the reference, for tests run through both

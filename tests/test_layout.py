@@ -144,7 +144,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("assembly", ("assembly",)),
     ("agent", ("agent",)),
-    ("edges", ("config", "elastic", "launcher", "integrations", "cli", "__main__")),
+    ("edges", ("schedulers", "config", "elastic", "launcher", "integrations", "cli", "__main__")),
 )
 """agentd's folders (a top-level module is its own), bottom-up, as docs/architecture.md
 draws them: at run time each imports only folders listed before it. Imports under

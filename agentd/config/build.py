@@ -98,6 +98,42 @@ def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
     return chosen.modules, f"auto: {chosen.reason}"
 
 
+SCHEDULED = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "local_addr", "nproc_per_node")
+"""The options a scheduler's environment may set (the start line says which the user set)."""
+
+
+def scheduler_line(config: AgentConfig) -> str:
+    """One line of what the scheduler's environment gave, as the agent uses it:
+    ``Slurm job 1234: 4 nodes (1:4), endpoint node01:2345, candidates
+    node01,node02,node03, 8 workers per node, this node node02``."""
+    from agentd.config.options import OPTIONS_BY_NAME
+
+    detected = config.detected
+    assert detected is not None
+    low, high = config.nnodes
+    nodes = f"{high} node{'s' if high > 1 else ''}" + (f" ({low}:{high})" if low != high else "")
+    parts = [nodes]
+    if config.rdzv_backend != "static" and config.rdzv_endpoint and not config.standalone:
+        endpoints = config.rdzv_endpoint.split(",")
+        parts.append(f"endpoint {endpoints[0]}")
+        if len(endpoints) > 1:
+            hosts = [e.strip().rsplit(":", 1)[0] for e in endpoints]
+            parts.append(f"candidates {','.join(hosts)}")
+        elif config.rdzv_backend in ("agentd", "c10d"):
+            parts.append("candidates: members as they stand by (no store token)")
+    workers = config.nproc_per_node
+    parts.append(f"{workers} worker{'' if workers == '1' else 's'} per node")
+    if config.local_addr:
+        parts.append(f"this node {config.local_addr}")
+    line = f"{detected.job}: {', '.join(parts)}"
+    given = [
+        OPTIONS_BY_NAME[name].flags[0]
+        for name in SCHEDULED
+        if name in config.sources and not config.sources[name].startswith(detected.scheduler)
+    ]
+    return line + (f" (given: {', '.join(given)})" if given else "")
+
+
 def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     """The local agent that runs ``spec`` with ``config``'s settings (each feature gets its
     own settings object, never the whole config)."""

@@ -16,9 +16,19 @@ from agentd.config import values as v
 from agentd.config.option import RDZV_BACKENDS, Option
 from agentd.config.option import option as _o
 from agentd.config.supervision_options import SUPERVISION_OPTIONS
+from agentd.schedulers import SCHEDULERS
 from agentd.spec import DEFAULT_ROLE, START_METHODS
 
 JOB_OPTIONS: tuple[Option, ...] = (
+    _o(
+        "scheduler",
+        v.choice(SCHEDULERS),
+        "auto",
+        "Read the job's shape from its scheduler: auto (Slurm when SLURM_JOB_ID is set, "
+        "Kubernetes in an Indexed Job's pod), slurm, kubernetes or none; any option given "
+        "wins over what is read (docs/schedulers.md).",
+        metavar="NAME",
+    ),
     _o(
         "nnodes",
         v.parse_nnodes,

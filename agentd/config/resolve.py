@@ -4,7 +4,8 @@ Each option is declared once in :data:`agentd.config.options.OPTIONS`; the CLI f
 the environment variables (``AGENTD_<NAME>``, then torchrun's ``PET_<NAME>``), the TOML
 keys (``--config FILE``) and the example config all come from that table; the values' parsers are in
 :mod:`agentd.config.values`. Precedence: CLI flag > ``AGENTD_*`` > ``PET_*`` > torch's
-variable (``Option.torch_env``) > TOML file > default. Every problem is a
+variable (``Option.torch_env``) > TOML file > the scheduler's environment
+(``--scheduler``, :mod:`agentd.schedulers`) > default. Every problem is a
 :class:`ConfigError` naming where the value came from, the value, and the rule it broke.
 """
 
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentd.config import values as v
 from agentd.config.option import Option
@@ -30,6 +31,9 @@ from agentd.spec import (
     Std,
 )
 
+if TYPE_CHECKING:
+    from agentd.schedulers.detected import Detected
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -37,6 +41,7 @@ class AgentConfig:
 
     script: str
     script_args: tuple[str, ...] = ()
+    scheduler: str = "auto"
     nnodes: tuple[int, int] = (1, 1)
     nproc_per_node: str = "1"
     standalone: bool = False
@@ -109,7 +114,10 @@ class AgentConfig:
     log_format: str = "text"
     log_level: str = "INFO"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-    """Where each explicitly set value came from (a flag, a variable or the file)."""
+    """Where each value not left to its default came from (a flag, a variable, the file
+    or the scheduler)."""
+    detected: Detected | None = field(default=None, compare=False)
+    """What the scheduler's environment said (None: no scheduler was read)."""
 
 
 def _toml_text(value: Any, separator: str = ",") -> str:
@@ -156,10 +164,16 @@ def resolve(
         if unknown:
             key = sorted(unknown)[0]
             raise ConfigError(f"{config_file}: {key} is not a known option (see agentd run --help)")
+    picks = {o.name: _pick(o, cli, environ, file_values, config_file) for o in OPTIONS}
+    detected = _detect(picks, environ)
+    if detected is not None:
+        for name, raw in detected.values.items():
+            if picks[name][1] == "default":
+                picks[name] = (raw, detected.source(name))
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for option in OPTIONS:
-        raw, source = _pick(option, cli, environ, file_values, config_file)
+        raw, source = picks[option.name]
         try:
             values[option.name] = option.parse(raw)
         except v.RuleError as exc:
@@ -185,7 +199,22 @@ def resolve(
             "--preload: needs a Python script or module; --no-python runs an "
             "executable (use --no-preload)"
         )
-    return AgentConfig(script=script, script_args=tuple(args), sources=sources, **values)
+    return AgentConfig(
+        script=script, script_args=tuple(args), sources=sources, detected=detected, **values
+    )
+
+
+def _detect(picks: Mapping[str, tuple[str, str]], environ: Mapping[str, str]) -> Detected | None:
+    """What ``--scheduler`` reads from the environment, given the options the user set."""
+    from agentd.schedulers.detect import detect
+
+    raw, source = picks["scheduler"]
+    try:
+        choice = OPTIONS_BY_NAME["scheduler"].parse(raw)
+    except v.RuleError as exc:
+        raise ConfigError(f"{source}: {raw!r} {exc}") from None
+    given = {name: raw for name, (raw, source) in picks.items() if source != "default"}
+    return detect(choice, environ, given)
 
 
 def _pick(

@@ -112,7 +112,7 @@ def _dynamic(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     from agentd.store.connect import http_store_opener
-    from agentd.support.net import is_local_address, is_loopback, split_endpoint
+    from agentd.support.net import is_loopback, serves_here, split_endpoint
 
     if not request.rdzv_endpoint:
         raise ConfigError(
@@ -124,7 +124,7 @@ def _dynamic(
     host, port = split_endpoint(request.rdzv_endpoint)
     is_host = pop_bool(conf, "is_host")
     if is_host is None:
-        is_host = is_local_address(host)
+        is_host = serves_here(host, request.local_addr)
     standby = pop_bool(conf, "standby") is not False
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     tls = _tls(conf, [host], serves=is_host or standby)
@@ -190,6 +190,7 @@ def _candidates(
         request_timeout=request_timeout,
         workers=local_world_size,
         tls=tls,
+        own_host=request.local_addr,
     )
     return _handler(request, run_id, local_world_size, opener, settings, addr)
 

@@ -180,13 +180,16 @@ def candidates_opener(
     request_timeout: float,
     workers: int = 1,
     tls: StoreTls | None = None,
+    own_host: str | None = None,
 ) -> StoreOpener:
     """Open a store served by one of several candidates (see :mod:`agentd.store.candidates`).
 
     Unless ``is_host`` is False, this agent stands as the first candidate it can bind on
     this host (``is_host`` None: those whose address is this machine's; True: any), so
-    two agents on one host take two candidates, or one and leave the rest. It is a client
-    of whichever candidate serves, its own included, with a lease like any other."""
+    two agents on one host take two candidates, or one and leave the rest; a candidate
+    whose host is ``own_host`` (the agent's ``--local-addr``) is the only one it stands
+    as. It is a client of whichever candidate serves, its own included, with a lease like
+    any other."""
 
     async def open_store() -> OpenedStore:
         from agentd.store.candidacy import Candidacy
@@ -196,8 +199,11 @@ def candidates_opener(
 
         texts = [endpoint_text(host, port) for host, port in endpoints]
         server: StoreServer | None = None
+        own = [host for host, _ in endpoints if host == own_host]
         for index, (host, port) in enumerate(endpoints):
             if is_host is False or (is_host is None and not is_local_address(host)):
+                continue
+            if own and host != own_host:
                 continue
             candidate = StoreServer(
                 host,

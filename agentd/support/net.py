@@ -46,6 +46,26 @@ def is_local_address(host: str) -> bool:
     return False
 
 
+def serves_here(host: str, local_addr: str | None) -> bool:
+    """Whether this agent serves a store at ``host``: ``host`` is ``local_addr`` itself,
+    or else names this machine. Two different loopback addresses are two hosts (a job of
+    several agents simulated on one machine, ``--local-addr 127.0.0.2``): the agent on
+    one never serves for the other."""
+    if local_addr:
+        if local_addr == host:
+            return True
+        if _loopback_ip(host) and _loopback_ip(local_addr):
+            return False
+    return is_local_address(host)
+
+
+def _loopback_ip(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
 def route_source(host: str, port: int) -> str | None:
     """The address this machine sends from to reach ``host:port`` (None: no route). A UDP
     socket is connected, which picks a route and sends nothing."""

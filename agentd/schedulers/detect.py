@@ -1,0 +1,30 @@
+"""``--scheduler``: which scheduler's environment to read, and reading it.
+
+``auto`` (the default) reads Slurm's when ``SLURM_JOB_ID`` is set, else Kubernetes' in a
+pod of an Indexed Job (``JOB_COMPLETION_INDEX`` and ``KUBERNETES_SERVICE_HOST`` set);
+``slurm`` and ``kubernetes`` insist (a missing variable is an error); ``none`` reads
+nothing. Each scheduler's module is imported only when its variables are there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentd.schedulers.detected import Detected
+
+
+def detect(choice: str, environ: Mapping[str, str], given: Mapping[str, str]) -> Detected | None:
+    """What the scheduler ``choice`` says about this job (None: no scheduler)."""
+    slurm = bool(environ.get("SLURM_JOB_ID", "").strip() or environ.get("SLURM_JOBID", "").strip())
+    if choice == "slurm" or (choice == "auto" and slurm):
+        from agentd.schedulers.slurm import detect_slurm
+
+        return detect_slurm(environ, given)
+    pod = "JOB_COMPLETION_INDEX" in environ and "KUBERNETES_SERVICE_HOST" in environ
+    if choice == "kubernetes" or (choice == "auto" and pod):
+        from agentd.schedulers.kubernetes import detect_kubernetes
+
+        return detect_kubernetes(environ, given)
+    return None

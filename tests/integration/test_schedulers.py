@@ -1,0 +1,199 @@
+"""``agentd run --nproc-per-node 1 script`` with no rendezvous option, on every node of a
+simulated Slurm job or Kubernetes Indexed Job (issue 40): three agents on 127.0.0.1-3,
+each given only the environment its scheduler sets, form one world and survive the loss
+of the node that serves the store. Kubernetes' pod names resolve through an /etc/hosts
+bound in each agent's own mount namespace, with its own hostname (UTS namespace), as the
+kubelet writes them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from agentd.schedulers.slurm import PORT_BASE, PORT_SPAN
+from tests.conftest import SCHEDULED_ENV, TESTS, wait_until
+
+WORLD = str(TESTS / "workers" / "world_loop.py")
+REPO = TESTS.parent
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+WILL = re.compile(r"releases it through the store candidates \S+, \S+, \S+")
+
+
+def worlds(out: Path, size: int) -> list[str]:
+    return sorted(p.name for p in out.glob(f"w{size}_*"))
+
+
+def free_slurm_job() -> str:
+    """A job id whose store port is free on all three addresses."""
+    import random
+    import socket
+
+    for job in random.sample(range(100_000, 999_999), 50):
+        port = PORT_BASE + zlib.crc32(f"slurm-{job}".encode()) % PORT_SPAN
+        try:
+            for host in HOSTS:
+                with socket.socket() as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return str(job)
+    raise RuntimeError("no free store port")
+
+
+def slurm_env(job: str, index: int) -> dict[str, str]:
+    """What Slurm sets for the task on node ``index`` of a 3-node job (nothing else)."""
+    return {
+        "SLURM_JOB_ID": job,
+        "SLURM_NNODES": "3",
+        "SLURM_JOB_NODELIST": "127.0.0.[1-3]",
+        "SLURM_NODEID": str(index),
+        "SLURMD_NODENAME": HOSTS[index],
+        "SLURM_PROCID": str(index),
+    }
+
+
+def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_agentd, tmp_path):
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    out.mkdir()
+    job, job_args = free_slurm_job(), (WORLD, str(out), str(stop))
+    agents = [
+        run_agentd("--nproc-per-node", "1", *job_args, env=slurm_env(job, index), log_dir=False)
+        for index in range(3)
+    ]
+    wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="one world of 3")
+    said = agents[1].stderr()
+    assert (
+        f"Slurm job {job}: 3 nodes (1:3), endpoint 127.0.0.1:" in said
+        and "1 worker per node, this node 127.0.0.2" in said
+    ), said
+    host = agents[0]
+    assert "Hosting the rendezvous store on 127.0.0.1:" in host.stderr(), host.stderr()
+    # the agent on the endpoint's host dies once the others stand by to serve the store
+    wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
+    host.proc.send_signal(signal.SIGKILL)
+    wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
+    stop.touch()
+    for agent in agents[1:]:
+        assert agent.wait(60) == 0, agent.stderr()[-3000:]
+
+
+def test_the_batch_script_runs_one_world_under_a_simulated_slurm(tmp_path):
+    """deploy/slurm/train.sbatch, as sbatch would run it on the first node of a 3-node job:
+    its srun (tests/schedulers/fake_srun.py) starts one agent per node with srun's
+    variables; the script's token makes the first three hosts the store's candidates."""
+    out, stop, logs, bin_dir = (tmp_path / name for name in ("worlds", "stop", "logs", "bin"))
+    for folder in (out, logs, bin_dir):
+        folder.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(
+        f'#!/bin/sh\nexec {sys.executable} {TESTS / "schedulers" / "fake_srun.py"} "$@"\n'
+    )
+    srun.chmod(0o755)
+    job = free_slurm_job()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULED_ENV)}
+    env.update(
+        SLURM_JOB_ID=job,
+        SLURM_NNODES="3",
+        SLURM_JOB_NODELIST="127.0.0.[1-3]",
+        FAKE_SRUN_OUT=str(logs),
+        PATH=os.pathsep.join((str(bin_dir), str(Path(sys.executable).parent), env["PATH"])),
+    )
+    script = REPO / "deploy" / "slurm" / "train.sbatch"
+    batch = subprocess.Popen(
+        ["bash", str(script), "--nproc-per-node", "1", WORLD, str(out), str(stop)],
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="one world of 3")
+        stop.touch()
+        assert batch.wait(60) == 0
+    finally:
+        if batch.poll() is None:
+            os.killpg(batch.pid, signal.SIGKILL)
+            batch.wait()
+    said = (logs / "task1.log").read_text()
+    assert (
+        f"Slurm job {job} step 0: 3 nodes (1:3), endpoint 127.0.0.1:" in said
+        and "candidates 127.0.0.1,127.0.0.2,127.0.0.3, 1 worker per node, this node 127.0.0.2"
+        in said
+    ), said
+    assert "Standing as store candidate 1 of 3 on 127.0.0.2:" in said, said
+
+
+def pod_prefix(tmp_path: Path, index: int) -> tuple[str, ...]:
+    """Run the agent as pod ``index`` of Indexed Job ``job`` under headless Service
+    ``train``: its own hostname, and the /etc/hosts the kubelet would write (every pod's
+    name resolving to its 127.0.0.N)."""
+    hosts = tmp_path / "hosts"
+    if not hosts.exists():
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{h} job-{i}.{DOMAIN} job-{i}" for i, h in enumerate(HOSTS)]
+        hosts.write_text("\n".join(lines) + "\n")
+    become = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+    return (
+        "unshare",
+        "--mount",
+        "--uts",
+        "--",
+        "sh",
+        "-c",
+        become,
+        "sh",
+        f"job-{index}",
+        str(hosts),
+    )
+
+
+DOMAIN = "train.default.svc.cluster.local"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root for mount and UTS namespaces",
+)
+def test_a_kubernetes_indexed_job_needs_no_rendezvous_flags(run_agentd, tmp_path):
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    out.mkdir()
+    env = {
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "AGENTD_NNODES": "2:3",  # the manifest's; MIN:N goes on without a lost pod
+        "AGENTD_STORE_TOKEN": "from-a-secret",
+    }
+    agents = [
+        run_agentd(
+            "--nproc-per-node",
+            "1",
+            WORLD,
+            str(out),
+            str(stop),
+            env={**env, "JOB_COMPLETION_INDEX": str(index)},
+            prefix=pod_prefix(tmp_path, index),
+            log_dir=False,
+        )
+        for index in range(3)
+    ]
+    wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="one world of 3")
+    said = agents[1].stderr()
+    names = ",".join(f"job-{i}.{DOMAIN}" for i in range(3))
+    assert (
+        f"Kubernetes Job job: 3 nodes (2:3), endpoint job-0.{DOMAIN}:29400, candidates "
+        f"{names}, 1 worker per node, this node job-1.{DOMAIN} (given: --nnodes, --nproc-per-node)"
+    ) in said, said
+    host = agents[0]
+    wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
+    host.proc.send_signal(signal.SIGKILL)
+    wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
+    stop.touch()
+    for agent in agents[1:]:
+        assert agent.wait(60) == 0, agent.stderr()[-3000:]
