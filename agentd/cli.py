@@ -223,6 +223,7 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     import asyncio
 
     from agentd.config.build import local_agent
+    from agentd.support.child_signals import STOP_SIGNALS, ignore_in_children
     from agentd.support.ratelog import rate_limited_loop_errors
     from agentd.workers.env import SIGNALS_ENV
 
@@ -232,6 +233,8 @@ async def run_agent(config: AgentConfig, spec: WorkerSpec) -> int:
     loop.set_exception_handler(rate_limited_loop_errors())
     os.environ[SIGNALS_ENV] = ",".join(sig.name for sig in config.signals_to_handle)
     handled = {*config.signals_to_handle, *config.drain_on}
+    stops = {*STOP_SIGNALS, *config.signals_to_handle, spec.stop_signal}
+    ignore_in_children(sig for sig in config.drain_on if sig not in stops)
     for sig in config.signals_to_handle:
         loop.add_signal_handler(sig, agent.request_stop, sig)
     for sig in config.drain_on:  # these drain instead

@@ -98,7 +98,15 @@ def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
     return chosen.modules, f"auto: {chosen.reason}"
 
 
-SCHEDULED = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "local_addr", "nproc_per_node")
+SCHEDULED = (
+    "nnodes",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "local_addr",
+    "nproc_per_node",
+    "drain_on",
+)
 """The options a scheduler's environment may set (the start line says which the user set)."""
 
 
@@ -125,6 +133,8 @@ def scheduler_line(config: AgentConfig) -> str:
     parts.append(f"{workers} worker{'' if workers == '1' else 's'} per node")
     if config.local_addr:
         parts.append(f"this node {config.local_addr}")
+    if config.drain_on:
+        parts.append("drain on " + ",".join(sig.name for sig in config.drain_on))
     line = f"{detected.job}: {', '.join(parts)}"
     given = [
         OPTIONS_BY_NAME[name].flags[0]

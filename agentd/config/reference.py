@@ -18,7 +18,8 @@ def example_toml() -> str:
     """The documented example config, generated from :data:`OPTIONS` (see config/)."""
     lines = [
         "# agentd run configuration. Every key is optional; precedence is",
-        "# CLI flag > AGENTD_<KEY> > PET_<KEY> > this file > default.",
+        "# CLI flag > AGENTD_<KEY> > PET_<KEY> > this file > the scheduler's environment",
+        "# (--scheduler: Slurm, a Kubernetes Indexed Job) > default.",
         "# Keys accept dashes or underscores. Values below are the defaults.",
         "",
         "# The job: the training script and its arguments (the command line overrides both).",
@@ -52,7 +53,7 @@ def options_markdown() -> str:
         "also be set as `AGENTD_<NAME>`, as torchrun's `PET_<NAME>`, by the torch variables",
         "named, or as a key of a `--config` TOML file (the name after `--`, with dashes or",
         "underscores); the precedence is flag, `AGENTD_*`, `PET_*`, torch's variable, file,",
-        "default.",
+        "the scheduler's environment (`--scheduler`, [Schedulers](schedulers.md)), default.",
         "",
         "| option | default | meaning |",
         "| --- | --- | --- |",

@@ -179,13 +179,25 @@ def remove_private_dir(path: str) -> None:
         return
 
 
+GUARDIAN_IGNORES = (
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGTERM,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python guardian_process.py MARK\n")
         return 2
     mark = argv[0]
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_IGN)  # only the end of the agent's pipe ends the guardian
+    # only the end of the agent's pipe ends the guardian (a scheduler's signal to every
+    # process of the job, Slurm's SIGUSR1 warning included, is the agent's to act on)
+    for sig in GUARDIAN_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
     groups: set[int] = set()
     private_dirs: set[str] = set()
     lease: float | None = None

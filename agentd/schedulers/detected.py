@@ -49,6 +49,22 @@ class Placement:
     """The variables the hosts were read from (for the sources of the store's options)."""
 
 
+NOT_A_LIST = ("", "all", "none", "void", "-1")
+"""Values of a devices variable that are no list of this node's GPUs."""
+
+
+def visible_gpus(environ: Mapping[str, str], *names: str) -> tuple[str, int] | None:
+    """The first of ``names`` that lists GPUs (``0,1`` or UUIDs), and how many."""
+    for name in names:
+        text = environ.get(name, "").strip()
+        if text.lower() in NOT_A_LIST:
+            continue
+        devices = [d for d in text.split(",") if d.strip()]
+        if devices:
+            return name, len(devices)
+    return None
+
+
 def place(
     placement: Placement, given: Mapping[str, str], job: str, token_hint: str
 ) -> tuple[dict[str, str], dict[str, str]]:

@@ -9,7 +9,9 @@ its pods ``<jobset>-<replicated job>-<job index>-<index>`` under the same rule. 
 id is the job's name, the store is served by pod 0 on :data:`PORT`, pods 0-2 are its
 candidates, and each pod is its own full name. The job's size is not visible from a pod:
 the manifest sets it (``AGENTD_NNODES``, the Job's ``completions``). A pod Kubernetes
-replaces comes back under the same name, so the size given stays the job's size.
+replaces comes back under the same name, so the size given stays the job's size. The
+workers per pod are its GPUs (``CUDA_VISIBLE_DEVICES``, else the device plugin's
+``NVIDIA_VISIBLE_DEVICES``), else one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import socket
 from collections.abc import Callable, Mapping
 
 from agentd.exceptions import ConfigError
-from agentd.schedulers.detected import Detected, Placement, place
+from agentd.schedulers.detected import Detected, Placement, place, visible_gpus
 
 PORT = 29400
 """The store's port: each pod has its own network, so every job may use the same one."""
@@ -54,6 +56,10 @@ def detect_kubernetes(
     job = f"Kubernetes Job {job_name}"
     values = {"rdzv_id": job_name}
     read_from = {"rdzv_id": "the pod's hostname"}
+    gpus = visible_gpus(environ, "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+    if gpus is not None:
+        read_from["nproc_per_node"], count = gpus
+        values["nproc_per_node"] = str(count)
     nodes = _nodes(given.get("nnodes"))
     if nodes is None:
         raise ConfigError(

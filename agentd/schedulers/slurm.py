@@ -6,7 +6,10 @@ the job id and step id; the store is served on the first host, on a port derived
 run id (two jobs sharing a node do not meet on one port), with the first three hosts as
 its candidates; each node is ``SLURMD_NODENAME``. The size is elastic, ``1:N``: Slurm
 never replaces a node it lost, so the others go on without it (``--nnodes N`` to stop
-instead). The workers per node are the GPUs Slurm gave the node, else one.
+instead). The workers per node are the GPUs Slurm gave the node, else one. SIGUSR1, the
+warning ``#SBATCH --signal=USR1@120`` sends before the time limit, drains the job: every
+rank checkpoints at one step (it reaches every process of the step; the workers ignore it,
+see :mod:`agentd.support.child_signals`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import zlib
 from collections.abc import Mapping
 
 from agentd.exceptions import ConfigError
-from agentd.schedulers.detected import Detected, Placement, place
+from agentd.schedulers.detected import Detected, Placement, place, visible_gpus
 from agentd.schedulers.hostlist import HostlistError, expand
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -39,8 +42,8 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
     nodes_var, nodes = _count(
         environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"
     )
-    values = {"rdzv_id": run_id}
-    read_from = {"rdzv_id": job_var + (f", {step[0]}" if step else "")}
+    values = {"rdzv_id": run_id, "drain_on": "SIGUSR1"}
+    read_from = {"rdzv_id": job_var + (f", {step[0]}" if step else ""), "drain_on": job_var}
     _nproc(environ, values, read_from)
     if nodes <= 1:
         return Detected("Slurm", job, values, read_from)
@@ -114,13 +117,14 @@ def _check_tasks(environ: Mapping[str, str], nodes_var: str, nodes: int) -> None
 def _nproc(environ: Mapping[str, str], values: dict[str, str], read_from: dict[str, str]) -> None:
     """The workers per node: the GPUs Slurm gave this node, else one."""
     gpus = environ.get("SLURM_GPUS_ON_NODE", "").strip()
-    if gpus.isdigit() and int(gpus) > 0:
-        values["nproc_per_node"], read_from["nproc_per_node"] = gpus, "SLURM_GPUS_ON_NODE"
-        return
-    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if visible and visible != ["-1"]:
-        values["nproc_per_node"] = str(len(visible))
-        read_from["nproc_per_node"] = "CUDA_VISIBLE_DEVICES"
+    found = (
+        ("SLURM_GPUS_ON_NODE", int(gpus))
+        if gpus.isdigit() and int(gpus) > 0
+        else visible_gpus(environ, "CUDA_VISIBLE_DEVICES")
+    )
+    if found is not None:
+        read_from["nproc_per_node"], count = found
+        values["nproc_per_node"] = str(count)
 
 
 def _short(hosts: list[str]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from agentd.exceptions import StartError
 from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
+from agentd.support.child_signals import apply_in_child
 from agentd.support.fdlimits import restore_for_child
 from agentd.workers.output import StreamRoute, StreamSink
 
@@ -168,10 +169,12 @@ async def spawn_process(
 
 
 def _in_child() -> None:
-    """In the forked worker, before exec: die with the agent, and see the agent's original
-    open files limit (the agent raised its own)."""
+    """In the forked worker, before exec: die with the agent, see the agent's original
+    open files limit (the agent raised its own), and ignore the drain signals meant for
+    the agent (:mod:`agentd.support.child_signals`)."""
     set_parent_death_signal()
     restore_for_child()
+    apply_in_child()
 
 
 def _stdio(route: StreamRoute) -> int | None:

@@ -299,3 +299,16 @@ def test_the_zygote_program_without_its_channel_is_a_usage_error():
         [sys.executable, "-m", "agentd.preload.zygote"], capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 2 and "usage: python -m agentd.preload.zygote" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["--no-preload", "--preload="])
+def test_workers_ignore_a_drain_signal_meant_for_their_agent(run_agentd, tmp_path, how):
+    """Under ``--drain-on SIGUSR1`` (Slurm's default) a worker, spawned or forked, starts
+    with SIGUSR1 ignored, as the zygote does: Slurm signals every process of the step. The
+    stop signals keep their defaults (SIGTERM) or Python's (SIGINT)."""
+    agent = run_introspect(run_agentd, tmp_path, "--drain-on", "SIGUSR1", how)
+    for report in reports(agent, 2):
+        handlers = report["handlers"]
+        assert handlers[str(int(signal.SIGUSR1))] == repr(signal.SIG_IGN)
+        assert handlers[str(int(signal.SIGTERM))] == repr(signal.SIG_DFL)
+        assert handlers[str(int(signal.SIGUSR2))] == repr(signal.SIG_DFL)

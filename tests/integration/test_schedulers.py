@@ -72,7 +72,7 @@ def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_a
     said = agents[1].stderr()
     assert (
         f"Slurm job {job}: 3 nodes (1:3), endpoint 127.0.0.1:" in said
-        and "1 worker per node, this node 127.0.0.2" in said
+        and "1 worker per node, this node 127.0.0.2, drain on SIGUSR1" in said
     ), said
     host = agents[0]
     assert "Hosting the rendezvous store on 127.0.0.1:" in host.stderr(), host.stderr()
@@ -125,7 +125,7 @@ def test_the_batch_script_runs_one_world_under_a_simulated_slurm(tmp_path):
     said = (logs / "task1.log").read_text()
     assert (
         f"Slurm job {job} step 0: 3 nodes (1:3), endpoint 127.0.0.1:" in said
-        and "candidates 127.0.0.1,127.0.0.2,127.0.0.3, 1 worker per node, this node 127.0.0.2"
+        and "candidates 127.0.0.1,127.0.0.2,127.0.0.3, 1 worker per node, this node 127.0.0.2,"
         in said
     ), said
     assert "Standing as store candidate 1 of 3 on 127.0.0.2:" in said, said
@@ -197,3 +197,39 @@ def test_a_kubernetes_indexed_job_needs_no_rendezvous_flags(run_agentd, tmp_path
     stop.touch()
     for agent in agents[1:]:
         assert agent.wait(60) == 0, agent.stderr()[-3000:]
+
+
+def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_path):
+    """``#SBATCH --signal=USR1@120`` reaches every process of a job step on a node, as
+    slurmstepd signals them: the agent drains (its default under Slurm) and its worker,
+    guardian and any helper ignore the signal meant for the agent, so every rank
+    checkpoints at one step and the other nodes go on from it."""
+    import json
+
+    import psutil
+
+    def notes(pattern: str) -> list[dict]:
+        return [json.loads(p.read_text()) for p in out.glob(pattern) if p.suffix != ".tmp"]
+
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    job = free_slurm_job()
+    train = (str(TESTS / "drain" / "train_steps.py"), str(out), str(stop))
+    agents = [
+        run_agentd("--nproc-per-node", "1", *train, env=slurm_env(job, index), log_dir=False)
+        for index in range(3)
+    ]
+    wait_until(lambda: len(notes("start_0_*")) == 3, 60, what="a job of three nodes")
+    leaving = agents[1]
+    wait_until(lambda: "Started 1 worker(s), attempt 0" in leaving.stderr(), what="its worker")
+    step = psutil.Process(leaving.pid)
+    for process in [step, *step.children(recursive=True)]:
+        process.send_signal(signal.SIGUSR1)
+    assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    checkpoints = notes("ckpt_0_*")
+    assert len(checkpoints) == 3, leaving.stderr()[-3000:]
+    [at] = {c["step"] for c in checkpoints}  # every rank at one step
+    wait_until(lambda: len(notes("start_1_*")) == 2, 30, what="the two others, from that step")
+    assert {(s["world"], s["resumed_at"]) for s in notes("start_1_*")} == {(2, at)}
+    stop.touch()
+    assert [agent.wait(60) for agent in (agents[0], agents[2])] == [0, 0]

@@ -107,3 +107,4 @@ def test_the_batch_script_is_valid_shell():
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
     assert "#SBATCH --ntasks-per-node=1" in text and "AGENTD_STORE_TOKEN" in text
+    assert "#SBATCH --signal=USR1@" in text  # every process of the step: the agents drain

@@ -4,6 +4,8 @@ wins, and that a half-set or contradictory environment is one line naming the va
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from agentd.config.build import scheduler_line
@@ -41,8 +43,9 @@ def test_a_slurm_node_reads_the_job_shape():
     port = hosts[0].split(":")[1]
     assert scheduler_line(config) == (
         f"Slurm job 1234: 4 nodes (1:4), endpoint node01:{port}, candidates "
-        "node01,node02,node03, 8 workers per node, this node node02"
+        "node01,node02,node03, 8 workers per node, this node node02, drain on SIGUSR1"
     )
+    assert run(SLURM, drain_on="SIGTERM").drain_on == (signal.SIGTERM,)  # given: theirs
 
 
 def test_a_job_step_is_its_own_run_and_the_step_shape_wins():
@@ -206,3 +209,10 @@ def test_auto_reads_a_pod_and_none_does_not():
         run(env)
     config = run(env, scheduler="none")
     assert (config.rdzv_backend, config.detected) == ("static", None)
+
+
+def test_a_pods_workers_are_its_gpus():
+    gpus = {**POD, "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
+    assert pod(env=gpus).values["nproc_per_node"] == "4"
+    assert "nproc_per_node" not in pod(env={**POD, "NVIDIA_VISIBLE_DEVICES": "all"}).values
+    assert pod(env={**gpus, "CUDA_VISIBLE_DEVICES": "0"}).values["nproc_per_node"] == "1"
