@@ -73,7 +73,8 @@ def place(
     ``given`` holds the options the user set (their raw text); what they set is theirs,
     and what it implies is followed: ``--standalone`` asks for nothing; an explicit
     ``--rdzv-backend static`` gets a fixed size, a node rank and rank 0's address; etcd
-    gets no store endpoint (etcd's members are the user's to name)."""
+    gets no store endpoint (etcd's members are the user's to name), and neither does a
+    job whose endpoint is given (nor does it need a token for one it would not use)."""
     if given.get("standalone", "false").lower() in ("1", "true", "yes", "on"):
         return {}, {}
     values: dict[str, str] = {}
@@ -90,7 +91,7 @@ def place(
         nnodes=f"1:{placement.nodes}", rdzv_backend="agentd", local_addr=placement.this_host
     )
     read_from.update(nnodes=where, rdzv_backend=where, local_addr=where)
-    if backend not in ("etcd", "etcd-v2"):
+    if backend not in ("etcd", "etcd-v2") and "rdzv_endpoint" not in given:
         values["rdzv_endpoint"] = store_endpoint(
             hosts[:STORE_CANDIDATES],
             placement.port,

@@ -31,6 +31,11 @@ def documents(name: str) -> list[dict]:
     return list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
 
 
+def single_host_job() -> list[dict]:
+    """config/kubernetes-job.yaml: the single-host example (no rendezvous)."""
+    return list(yaml.safe_load_all((DEPLOY.parent / "config" / "kubernetes-job.yaml").read_text()))
+
+
 def job_of_jobset() -> dict:
     """The JobSet's one replicated job, as the batch/v1 Job the JobSet controller makes."""
     [jobset] = documents("jobset.yaml")
@@ -45,7 +50,7 @@ def job_of_jobset() -> dict:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_manifests_validate_against_kubernetes_schemas(version):
-    for document in [*documents("job.yaml"), job_of_jobset()]:
+    for document in [*documents("job.yaml"), job_of_jobset(), *single_host_job()]:
         kubernetes_validate.validate(document, version, strict=True)
 
 

@@ -85,6 +85,12 @@ def test_an_option_the_user_gives_wins_over_what_is_read(given, env, field, valu
     assert "given: " in scheduler_line(config)
 
 
+def test_a_given_endpoint_needs_no_token_for_the_one_it_replaces():
+    env = {k: v for k, v in SLURM.items() if k != "AGENTD_STORE_TOKEN"}
+    config = run(env, rdzv_endpoint="store.example:29400")
+    assert (config.rdzv_endpoint, config.nnodes) == ("store.example:29400", (1, 4))
+
+
 def test_a_config_file_wins_too(tmp_path):
     path = tmp_path / "agentd.toml"
     path.write_text('nnodes = "2:4"\n')

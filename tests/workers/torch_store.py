@@ -4,7 +4,9 @@
 ``late``: rank 0 leaves the moment the process group is torn down; the others use the
 store a second later (a worker's exit must not pull the store from under its peers).
 ``restart``: attempt 0 records its store's port and fails on rank 1 after an all-reduce;
-attempt 1 checks that the old store is gone and that its own works.
+attempt 1 checks that the old store is gone and that its own works. The port is kept by
+local rank: ranks follow the order in which agents join a round, and that order may change
+from one round to the next.
 """
 
 import os
@@ -33,14 +35,15 @@ if mode == "late":
         print(f"rank {rank} used the store after rank 0 left", flush=True)
 elif mode == "restart":
     port = os.environ["MASTER_PORT"]
+    kept = os.path.join(out, f"port_{os.environ['LOCAL_RANK']}")
     if attempt == 0:
-        with open(os.path.join(out, f"port_{rank}"), "w") as fp:
+        with open(kept, "w") as fp:
             fp.write(port)
         dist.barrier()
         if rank == 1:
             sys.exit(3)
         time.sleep(60)  # stopped by the restart
-    with open(os.path.join(out, f"port_{rank}")) as fp:
+    with open(kept) as fp:
         old = fp.read()
     assert old != port, "a new attempt, a new store"
     try:
