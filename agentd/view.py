@@ -138,6 +138,8 @@ class AgentView(Protocol):
 
     def drain_status(self) -> dict[str, Any] | None: ...
 
+    def slow_node_status(self) -> dict[str, Any] | None: ...
+
     def preload_status(self) -> dict[str, Any] | None: ...
 
     @property
@@ -185,6 +187,10 @@ class AgentObserver:
 
     def straggler(self, straggler: Straggler) -> None:
         """A rank has been slower than the others' median for a while (reported once)."""
+
+    def slow_node(self, details: dict[str, Any]) -> None:
+        """A node of the job has been slower than the other nodes for a while (named once,
+        on every agent; ``details``: node, ratio, the job's median per section)."""
 
     def node_excluded(self, details: dict[str, Any]) -> None:
         """This host failed its node checks and stays out of the job for a cooldown

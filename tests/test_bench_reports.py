@@ -29,6 +29,7 @@ LOGS = {
     ("bench_recovery.py", "log"),
     ("bench_leave.py", "log_path"),
     ("bench_first_step.py", "log_path"),
+    ("bench_stragglers.py", "log_path"),
 }
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
 

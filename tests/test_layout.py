@@ -139,6 +139,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "nodecheck",
             "drain",
             "heartbeats",
+            "slownodes",
             "health",
         ),
     ),

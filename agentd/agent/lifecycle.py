@@ -15,7 +15,7 @@ from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
 from agentd.group import RunResult, WorkerGroup, WorkerState
 from agentd.inprocess.wire import DEFAULT_GRACE
-from agentd.rendezvous.api import CoordinatesDrains, KeepsWorkers
+from agentd.rendezvous.api import ComparesNodes, CoordinatesDrains, KeepsWorkers
 from agentd.rendezvous.placement import agent_serves_store
 from agentd.support.sync_bridge import agent_step
 from agentd.wire import control
@@ -25,7 +25,7 @@ from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
-    from agentd.assembly.ports import DrainPort, OomPort
+    from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import AgentHooks, LocalServices
     from agentd.assembly.settings import AgentSettings
     from agentd.view import Service
@@ -45,6 +45,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     _hooks: AgentHooks
     _gate: ReleaseGate | None
     _drain: DrainPort | None
+    _slow_nodes: SlowNodesPort | None
     _oom: OomPort | None
     _running: list[Service]
     run_id: str
@@ -110,6 +111,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if self._services.node_checks is not None:
             self._services.node_checks.workers_started()
         self._start_drains()
+        self._start_slow_nodes()
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
         for proc in started:
@@ -157,6 +159,18 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             self._running.append(self._drain)  # stopped with the other services
         self._drain.attempt(self.control_file)
         self._drain.workers_started()
+
+    def _start_slow_nodes(self) -> None:
+        handler, settings = self.rdzv_handler, self._settings.slow_nodes
+        if not isinstance(handler, ComparesNodes) or (settings and settings.interval <= 0):
+            return
+        if self._slow_nodes is None:
+            from agentd.assembly.services import slow_node_service
+
+            heartbeats = self._services.heartbeats
+            self._slow_nodes = slow_node_service(settings, handler, heartbeats, self._hooks)
+            self._running.append(self._slow_nodes)  # stopped with the other services
+        self._slow_nodes.workers_started()
 
     @agent_step
     async def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -214,6 +228,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             spec.stop_signal.name,
         )
         await self._services.heartbeats.stopped()
+        if self._slow_nodes is not None:
+            await self._slow_nodes.workers_stopping()
         if self._services.node_checks is not None:
             await self._services.node_checks.workers_stopping()
         strays: list[int] = []

@@ -33,7 +33,7 @@ from agentd.workers.processes import WorkerProcess
 from agentd.workers.release_gate import ReleaseGate
 
 if TYPE_CHECKING:
-    from agentd.assembly.ports import DrainPort, OomPort
+    from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import ServicesFactory
     from agentd.view import Service
     from agentd.wire.progress import ProgressMessage
@@ -105,6 +105,7 @@ class LocalElasticAgent(WorkerLifecycle):
         self._failed_ranks: set[int] = set()
         self._oom: OomPort | None = None
         self._drain: DrainPort | None = None
+        self._slow_nodes: SlowNodesPort | None = None
         self._exit_on_leave: int | None = None
         self.control_file: str | None = None
         """The drain's control file of the current attempt (see :mod:`agentd.drain`)."""

@@ -17,7 +17,7 @@ from agentd.workers.output import attempt_dir
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentd.assembly.ports import DrainPort, OomPort
+    from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import LocalServices
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
@@ -34,6 +34,7 @@ class LocalAgentViews:
     _procs: dict[int, WorkerProcess]
     _failed_ranks: set[int]
     _drain: DrainPort | None
+    _slow_nodes: SlowNodesPort | None
     _oom: OomPort | None
     run_dir: Path
     attempt: int
@@ -101,6 +102,10 @@ class LocalAgentViews:
     def worker_processes(self) -> Mapping[int, WorkerProcess]:
         """The current attempt's worker processes, by local rank."""
         return self._procs
+
+    def slow_node_status(self) -> dict[str, Any] | None:
+        """The job-wide straggler comparison's last verdict (None: not running)."""
+        return self._slow_nodes.status() if self._slow_nodes is not None else None
 
     def drain_status(self) -> dict[str, Any] | None:
         """The last drain this agent followed (None: none yet)."""

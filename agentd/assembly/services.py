@@ -37,11 +37,14 @@ if TYPE_CHECKING:
         OomPort,
         PreloadPort,
         ResultPort,
+        SlowNodesPort,
         WatchdogPort,
         WorkerStorePort,
     )
     from agentd.drain.settings import DrainSettings
+    from agentd.rendezvous.api import ComparesNodes
     from agentd.rendezvous.drains import Drains
+    from agentd.slownodes.settings import SlowNodeSettings
     from agentd.view import AgentObserver, AgentView, Service
     from agentd.workers.processes import WorkerProcess
 
@@ -213,6 +216,29 @@ def drain_service(settings: DrainSettings | None, drains: Drains, hooks: AgentHo
     from agentd.drain.settings import DrainSettings
 
     return DrainService(settings or DrainSettings(), drains, hooks.procs, hooks.leave, hooks.notify)
+
+
+def slow_node_service(
+    settings: SlowNodeSettings | None,
+    handler: ComparesNodes,
+    heartbeats: HeartbeatsPort,
+    hooks: AgentHooks,
+) -> SlowNodesPort:
+    """The job-wide straggler comparison, built when the first attempt's workers start."""
+    from agentd.slownodes.service import SlowNodeService
+    from agentd.slownodes.settings import SlowNodeSettings
+
+    service = SlowNodeService(
+        settings or SlowNodeSettings(),
+        handler.timings,
+        handler.node_id,
+        hooks.view,
+        heartbeats.node_sections,
+        handler.num_nodes_waiting,
+        hooks.notify,
+    )
+    hooks.add_observer(service)  # a straggler's drain names it on agents yet to read it
+    return service
 
 
 def oom_watch() -> OomPort:

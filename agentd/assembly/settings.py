@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.settings import InProcessSettings
     from agentd.nodecheck.gate import NodeGate
+    from agentd.slownodes.settings import SlowNodeSettings
     from agentd.timer.settings import WatchdogSettings
 
 
@@ -26,7 +27,8 @@ class AgentSettings:
     ``TORCHELASTIC_HEALTH_CHECK_PORT`` decides); ``event_log`` appends the run's events as
     JSON lines; the first attempt's log directory and the last ``keep_attempts`` are kept
     (0: all); ``heartbeats`` tunes hang detection, ``node_checks`` gates each join,
-    ``drain`` the coordinated drain, ``inprocess`` in-process restarts, and
+    ``drain`` the coordinated drain, ``inprocess`` in-process restarts,
+    ``slow_nodes`` the job-wide straggler comparison (None: its defaults), and
     ``gpu_release_timeout`` bounds the wait for stopped workers' GPU memory.
 
     A plain class, not a ``NamedTuple``: a ``NamedTuple`` compiles each of its string
@@ -45,6 +47,7 @@ class AgentSettings:
         "keep_attempts",
         "node_checks",
         "process_hygiene",
+        "slow_nodes",
         "watchdog",
     )
 
@@ -62,6 +65,7 @@ class AgentSettings:
         drain: DrainSettings | None = None,
         inprocess: InProcessSettings | None = None,
         gpu_release_timeout: float = 30.0,
+        slow_nodes: SlowNodeSettings | None = None,
     ) -> None:
         self.process_hygiene = process_hygiene
         self.fresh_run_id = fresh_run_id
@@ -74,6 +78,7 @@ class AgentSettings:
         self.drain = drain
         self.inprocess = inprocess
         self.gpu_release_timeout = gpu_release_timeout
+        self.slow_nodes = slow_nodes
 
     def replace(self, **changes: Any) -> AgentSettings:
         """A copy, with ``changes`` (field names and their new values)."""

@@ -152,6 +152,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.settings import InProcessSettings
+    from agentd.slownodes.settings import SlowNodeSettings
     from agentd.timer.settings import WatchdogSettings
 
     settings = AgentSettings(
@@ -179,6 +180,9 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
         inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
         gpu_release_timeout=config.gpu_release_timeout,
+        slow_nodes=SlowNodeSettings(
+            config.straggler_interval, config.straggler_factor, config.replace_stragglers
+        ),
     )
     return LocalElasticAgent(
         spec,

@@ -103,6 +103,8 @@ class AgentConfig:
     heartbeat_min_timeout: float = 2.0
     straggler_factor: float = 1.5
     straggler_steps: int = 20
+    straggler_interval: float = 5.0
+    replace_stragglers: bool = False
     node_check: tuple[str, ...] = ()
     node_check_interval: float = 30.0
     node_check_cooldown: float = 10.0

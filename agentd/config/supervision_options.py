@@ -210,6 +210,22 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     _o(
+        "straggler_interval",
+        v.number(0.0),
+        "5",
+        "Seconds between two store requests of the job-wide straggler comparison: each "
+        "node's compute sections against the other nodes' (0: off; docs/hangs.md).",
+        metavar="SECONDS",
+    ),
+    _o(
+        "replace_stragglers",
+        v.boolean,
+        "false",
+        "Drain a node named slower than the others when a spare agent waits, so the spare "
+        "takes its place (every rank checkpoints at one step).",
+        is_flag=True,
+    ),
+    _o(
         "node_check",
         v.node_checks,
         "",

@@ -226,6 +226,7 @@ class _Readings:
         yield cpu
         yield rss
         yield from _progress_metrics(agent)
+        yield from _node_metrics(agent)
 
 
 def _progress_metrics(agent: AgentView) -> Iterator[Metric]:
@@ -277,6 +278,26 @@ def _progress_metrics(agent: AgentView) -> Iterator[Metric]:
     for outcome, count in status["messages"].items():
         messages.add_metric([outcome], count)
     yield messages
+
+
+def _node_metrics(agent: AgentView) -> Iterator[Metric]:
+    """The job-wide comparison's last verdict: each node's ratio, and which are slow."""
+    status = agent.slow_node_status()
+    if status is None:
+        return
+    ratio = GaugeMetricFamily(
+        "agentd_node_compute_ratio",
+        "Each node's compute time over the other nodes' median (the job-wide comparison)",
+        labels=["node"],
+    )
+    slow = GaugeMetricFamily(
+        "agentd_node_straggler", "1 for a node named slower than the others", labels=["node"]
+    )
+    for node, value in status["ratios"].items():
+        ratio.add_metric([node], value)
+        slow.add_metric([node], 1 if node in status["slow"] else 0)
+    yield ratio
+    yield slow
 
 
 def process_tree_usage(pid: int) -> tuple[float, int]:

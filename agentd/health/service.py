@@ -183,6 +183,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "heartbeats": agent.heartbeat_status(),
         "node_checks": agent.node_check_status(),
         "drain": agent.drain_status(),
+        "nodes": agent.slow_node_status(),
         "last_failure": None
         if failure is None
         else {

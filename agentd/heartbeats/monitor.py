@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentd.heartbeats.settings import STEP
-from agentd.heartbeats.stragglers import StepTimes
+from agentd.heartbeats.stragglers import STEP_SERIES, StepTimes
 from agentd.heartbeats.timeouts import LearnedTimeouts, Timeout
 from agentd.wire.progress import ProgressMessage
 
@@ -131,7 +131,9 @@ class ProgressMonitor:
             if not w.sections:
                 if w.beat_at is not None and m.steps > w.beat_steps:
                     count = m.steps - w.beat_steps
-                    self.step_times.observe(w.local_rank, "step", (at - w.beat_at) / count, count)
+                    self.step_times.observe(
+                        w.local_rank, STEP_SERIES, (at - w.beat_at) / count, count
+                    )
                 w.beat_at, w.beat_steps = at, m.steps
         elif m.kind == "enter":
             assert m.section is not None

@@ -82,6 +82,10 @@ class HeartbeatService:
     def step_times(self) -> StepTimes:
         return self.engine.step_times
 
+    def node_sections(self) -> dict[str, float] | None:
+        """This node's recent compute time per section (None: no worker heartbeats yet)."""
+        return self._engine.step_times.node_summary() if self._engine is not None else None
+
     async def start(self) -> None:
         settings = self.settings
         if (

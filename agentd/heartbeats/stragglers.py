@@ -41,6 +41,8 @@ BUCKETS = (
 )
 RECENT_WEIGHT = 0.3
 """Weight of a new value in a rank's recent step time (exponential average)."""
+STEP_SERIES = "step"
+"""The series of whole steps (between two heartbeats); the others are sections."""
 MAX_SERIES = 17
 """Series per rank (the step and 16 sections); more sections are not timed."""
 
@@ -168,6 +170,16 @@ class StepTimes:
                 "straggler": series.flagged,
             }
         return out
+
+    def node_summary(self) -> dict[str, float]:
+        """This node's recent time per section (not the step), the median over its ranks
+        of the current attempt: what the job-wide comparison publishes."""
+        per_section: dict[str, list[float]] = {}
+        for (local_rank, rank, name), series in self._series.items():
+            if name == STEP_SERIES or series.recent is None or self._ranks.get(local_rank) != rank:
+                continue
+            per_section.setdefault(name, []).append(series.recent)
+        return {name: round(statistics.median(v), 6) for name, v in per_section.items()}
 
     def histograms(self) -> Iterator[tuple[int, int, str, list[int], float, int]]:
         """(local rank, rank, series, per-bucket counts, sum, count) of every series."""

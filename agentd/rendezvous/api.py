@@ -16,6 +16,7 @@ from agentd.exceptions import AgentdError, StartError
 if TYPE_CHECKING:
     from agentd.rendezvous.drains import Drains
     from agentd.rendezvous.exclusions import Exclusions
+    from agentd.rendezvous.timings import NodeTimings
 
 
 class RendezvousError(AgentdError):
@@ -245,6 +246,17 @@ class PublishesExclusions(Protocol):
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Publish this node's exclusion ``doc`` (None: it is back)."""
         ...
+
+
+@runtime_checkable
+class ComparesNodes(Protocol):
+    """A rendezvous whose store carries each node's compute times
+    (:mod:`agentd.rendezvous.timings`), for the job-wide straggler comparison."""
+
+    timings: NodeTimings
+    node_id: str
+
+    async def num_nodes_waiting(self) -> int: ...
 
 
 @runtime_checkable

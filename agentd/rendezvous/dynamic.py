@@ -48,6 +48,7 @@ from agentd.rendezvous.roll_call import RollCalls
 from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import Rounds, closed_error
+from agentd.rendezvous.timings import NodeTimings
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
@@ -94,6 +95,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
         self.drains = Drains(lambda: self.store, self._keys, self.node_id, self._member_ids)
+        self.timings = NodeTimings(lambda: self.store, self._keys)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None

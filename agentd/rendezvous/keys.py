@@ -15,6 +15,9 @@ Keys, under ``agentd/<run_id>/``::
     round/<g>/done/<i>  member i's workers succeeded (the exit barrier)
     excluded/<node>     JSON: why that agent's node checks keep it out of the job (a TTL
                         key, deleted when it joins again)
+    timings/<g>/<i>     JSON: member i's compute times in round g (a TTL key; see
+                        rendezvous/timings.py)
+    timings/<g>/verdict JSON: the job's comparison of round g's nodes, by group rank 0
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class RunKeys:
 
     def excluded(self, node: str) -> str:
         return f"{self.prefix}excluded/{node}"
+
+    def timings(self, generation: int, name: str) -> str:
+        return f"{self.prefix}timings/{generation}/{name}"
 
     def round(self, generation: int, name: str = "") -> str:
         """A key of round ``generation`` (its prefix, without ``name``)."""

@@ -233,3 +233,6 @@ class AgentEvents(AgentObserver):
 
     def straggler(self, straggler: Straggler) -> None:
         self.emit("straggler", **asdict(straggler))
+
+    def slow_node(self, details: dict[str, Any]) -> None:
+        self.emit("slow_node", **details)

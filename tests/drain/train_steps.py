@@ -4,8 +4,11 @@
 OUT_DIR (``ckpt_<rank>`` holds the step), steps every 10 ms, calls agentd.heartbeat(), and
 on agentd.checkpoint_requested() saves and confirms. The ranks step in lockstep, as ranks
 joined by collectives do: no rank starts a step before every rank has finished the last
-one (through ``steps_<attempt>/<rank>`` files). That is the job a drain's promise is made
-for: every rank checkpoints at the same step. It notes each start
+one (through ``steps_<round>/<rank>`` files, a round known by its MASTER_PORT). That is
+the job a drain's promise is made for: every rank checkpoints at the same step. With
+``AGENTD_TEST_COMPUTE=SECONDS`` each step computes (sleeps) that long in
+``agentd.section("compute")``, times ``AGENTD_TEST_SLOW`` (1: a node as fast as the others)
+on the node whose agent has it in its environment. It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
 """
@@ -36,7 +39,10 @@ def read(name: str) -> dict:
         return json.load(fp)
 
 
-lockstep = os.path.join(out, f"steps_{host}{attempt}")
+lockstep = os.path.join(out, f"steps_{host}{os.environ['MASTER_PORT']}")
+compute = float(os.environ.get("AGENTD_TEST_COMPUTE", "0")) * float(
+    os.environ.get("AGENTD_TEST_SLOW", "1")
+)
 os.makedirs(lockstep, exist_ok=True)
 
 
@@ -69,7 +75,11 @@ write(f"start_{host}{attempt}_{rank}", {"world": world, "resumed_at": step})
 finished(step)
 while not os.path.exists(stop):
     wait_for_every_rank(step)
-    time.sleep(0.01)
+    if compute:
+        with agentd.section("compute"):
+            time.sleep(compute)
+    else:
+        time.sleep(0.01)
     step += 1
     agentd.heartbeat()
     if agentd.checkpoint_requested():

@@ -1,0 +1,22 @@
+"""What the job-wide straggler comparison does, and how often."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+WINDOW_INTERVALS = 2
+"""A node is named once its ratio stayed over the factor this many intervals."""
+
+
+class SlowNodeSettings(NamedTuple):
+    interval: float = 5.0
+    """Seconds between two store requests of one agent (0: no job-wide comparison)."""
+    factor: float = 1.5
+    """A node is slow at this many times the other nodes' median compute time."""
+    replace: bool = False
+    """Drain a slow node when a spare waits, so the spare takes its place."""
+
+    @property
+    def window(self) -> float:
+        """How long a node stays over the factor before it is named."""
+        return WINDOW_INTERVALS * self.interval

@@ -1,0 +1,65 @@
+"""The job-wide comparison's judgement: each node against the median of the others, per
+section, named once it stays slow for the window, and forgotten once it catches up."""
+
+from __future__ import annotations
+
+import random
+
+from agentd.heartbeats.stragglers import StepTimes
+from agentd.slownodes.judge import NodeJudge
+
+
+def nodes(slow: float = 1.0, count: int = 4) -> dict[str, dict[str, float]]:
+    times = {f"n{i}": {"forward": 0.10, "backward": 0.20} for i in range(count)}
+    times["n0"] = {"forward": 0.10 * slow, "backward": 0.20 * slow}
+    return times
+
+
+def test_a_node_twice_as_slow_is_named_after_the_window_and_only_then():
+    judge = NodeJudge(factor=1.5, window=10.0)
+    first = judge.judge(nodes(2.0), now=0.0)
+    assert first["nodes"] == {"n0": 2.0, "n1": 1.0, "n2": 1.0, "n3": 1.0}
+    assert first["slow"] == []  # slow, not yet for long enough
+    assert judge.judge(nodes(2.0), now=9.0)["slow"] == []
+    assert judge.judge(nodes(2.0), now=10.0)["slow"] == ["n0"]
+    assert judge.judge(nodes(2.0), now=11.0)["median"] == {"backward": 0.2, "forward": 0.1}
+
+
+def test_a_node_that_catches_up_is_forgotten_and_must_stay_slow_again():
+    judge = NodeJudge(factor=1.5, window=10.0)
+    judge.judge(nodes(2.0), now=0.0)
+    assert judge.judge(nodes(2.0), now=10.0)["slow"] == ["n0"]
+    assert judge.judge(nodes(1.0), now=11.0)["slow"] == []
+    assert judge.judge(nodes(2.0), now=12.0)["slow"] == []
+    assert judge.judge(nodes(2.0), now=22.0)["slow"] == ["n0"]
+
+
+def test_two_nodes_are_each_compared_with_the_other():
+    judge = NodeJudge(factor=1.5, window=0.0)
+    verdict = judge.judge(nodes(2.0, count=2), now=0.0)
+    assert verdict["nodes"] == {"n0": 2.0, "n1": 0.5} and verdict["slow"] == ["n0"]
+
+
+def test_noise_names_nobody():
+    """Every node within 30 % of the others, at random, for an hour of comparisons."""
+    rng = random.Random(7)
+    judge = NodeJudge(factor=1.5, window=10.0)
+    for tick in range(720):
+        times = {f"n{i}": {"compute": 0.1 * rng.uniform(0.85, 1.15)} for i in range(8)}
+        assert judge.judge(times, now=tick * 5.0)["slow"] == []
+
+
+def test_sections_only_one_node_reports_are_left_out():
+    judge = NodeJudge(factor=1.5, window=0.0)
+    times = nodes(1.0)
+    times["n3"]["only_mine"] = 9.0
+    assert "only_mine" not in judge.judge(times, now=0.0)["median"]
+
+
+def test_a_node_summary_is_its_ranks_median_per_section_without_the_step():
+    times = StepTimes(1.5, 20, lambda straggler: None)
+    times.new_attempt({0: 4, 1: 5, 2: 6})
+    for local_rank, seconds in ((0, 0.1), (1, 0.3), (2, 0.2)):
+        times.observe(local_rank, "compute", seconds)
+        times.observe(local_rank, "step", 1.0)
+    assert times.node_summary() == {"compute": 0.2}
