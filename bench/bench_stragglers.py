@@ -13,7 +13,9 @@ has been at it 5 s (steady training), a spare agent starts.
 The figures:
 * steady training -> the slow node named by group rank 0's agent, and by every member;
 * named -> the spare's world of 3 running from the checkpoint step (drain included);
-* steps lost: the step the spare's world resumed at, against every rank's checkpoint step.
+* steps lost: the step the spare's world resumed at, against every rank's checkpoint step;
+* steps a second, over 2 s before the spare comes (at the slow node's pace) and after
+  the swap (a fast node's pace is 1 / (20 ms + the lockstep's overhead)).
 
 torchrun has no such thing (its job runs at the slow node's pace until it ends).
 
@@ -23,7 +25,9 @@ torchrun has no such thing (its job runs at the slow node's pace until it ends).
 **Store load.** An ``agentd store`` process serves the comparison's traffic of N simulated
 agents at their rate: each of N-1 members alternates between writing its times and reading
 the verdict every interval; one leader alternates between reading all N and writing the
-verdict. The figure is the store process's CPU over 60 s, as a share of one core.
+verdict. The interval is the agents' own in a job of N nodes (it stretches beyond 40), or
+``--interval`` itself with ``--unpaced``. The figure is the store process's CPU over 60 s,
+as a share of one core.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ MARK_ENV = "BENCH_STRAGGLER_RUN"
 NAMED = re.compile(r"^(\S+ \S+) WARNING agentd\.slownodes\.service: Straggler node (\S+):", re.M)
 STEADY = 5.0
 """Seconds the world of 3 trains before the clock starts (and before the spare comes)."""
+RATE_WINDOW = 2.0
+"""Seconds over which a round's steps a second are counted."""
 
 
 def free_port() -> int:
@@ -100,6 +106,15 @@ def start_agent(
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
 
+def step_rate(out: Path) -> float:
+    """Steps a second of the newest round, over :data:`RATE_WINDOW` (rank 0's lockstep
+    file: the step it finished, replaced whole at each step)."""
+    newest = max(out.glob("steps_*"), key=lambda p: p.stat().st_mtime) / "0"
+    first, began = int(newest.read_text()), time.monotonic()
+    time.sleep(RATE_WINDOW)
+    return (int(newest.read_text()) - first) / (time.monotonic() - began)
+
+
 def base_env(marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
     env.update(
@@ -127,7 +142,8 @@ def swap_once(interval: float, timeout: float) -> dict[str, float] | str:
                     time.sleep(0.5)  # the first hosts the store
             if not wait_for(lambda: len(notes(out, "start_0_*")) == 3, timeout):
                 return f"no world of 3 within {timeout:g}s"
-            time.sleep(STEADY)
+            time.sleep(STEADY - RATE_WINDOW)
+            before = step_rate(out)
             steady = time.time()
             procs.append(start_agent(out, 3, port, env, *flags))
             logs = [out / f"agent{i}.log" for i in range(3)]
@@ -165,6 +181,8 @@ def swap_once(interval: float, timeout: float) -> dict[str, float] | str:
                 "named_everywhere": every - steady,
                 "swapped": swapped - first,
                 "steps_lost": float(lost),
+                "rate_before": before,
+                "rate_after": step_rate(out),
             }
         finally:
             (out / "stop").touch()
@@ -240,7 +258,11 @@ async def store_traffic(endpoint: str, nodes: int, interval: float, seconds: flo
     return done
 
 
-def store_load(nodes: int, interval: float, seconds: float = 60.0) -> None:
+def store_load(nodes: int, interval: float, unpaced: bool, seconds: float = 60.0) -> None:
+    from agentd.slownodes.settings import SlowNodeSettings
+
+    if not unpaced:  # as the agents pace themselves in a job of this size
+        interval = SlowNodeSettings(interval=interval).paced(nodes)
     port = free_port()
     env = {**os.environ, "AGENTD_STORE_TOKEN": TOKEN}
     server = subprocess.Popen(
@@ -285,10 +307,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--soak", type=float, default=0.0, help="seconds, no slow node")
     parser.add_argument("--store-load", type=int, default=0, help="simulated agents")
+    parser.add_argument(
+        "--unpaced", action="store_true", help="store load at --interval, not as agents pace"
+    )
     parser.add_argument("--record", action="store_true", help="write the medians to figures.json")
     args = parser.parse_args()
     if args.store_load:
-        store_load(args.store_load, args.interval)
+        store_load(args.store_load, args.interval, args.unpaced)
         return
     if args.soak:
         soak(args.soak, args.interval)
@@ -309,7 +334,8 @@ def main() -> None:
         print(
             f"  run {run + 1}: named {result['named']:.1f} s (every member "
             f"{result['named_everywhere']:.1f} s), swapped {result['swapped']:.1f} s later, "
-            f"{result['steps_lost']:.0f} steps lost",
+            f"{result['steps_lost']:.0f} steps lost; {result['rate_before']:.1f} steps/s "
+            f"before, {result['rate_after']:.1f} after",
             flush=True,
         )
     if not results:
@@ -318,10 +344,12 @@ def main() -> None:
     everywhere = statistics.median(r["named_everywhere"] for r in results)
     swapped = statistics.median(r["swapped"] for r in results)
     lost = max(r["steps_lost"] for r in results)
+    before = statistics.median(r["rate_before"] for r in results)
+    after = statistics.median(r["rate_after"] for r in results)
     print(
         f"  {len(results)}/{args.runs} swapped: named {named:.1f} s (every member "
         f"{everywhere:.1f} s), swapped {swapped:.1f} s later (medians), at most {lost:.0f} "
-        "steps lost",
+        f"steps lost; {before:.1f} steps/s with the slow node, {after:.1f} after the swap",
         flush=True,
     )
     if args.record:

@@ -1,6 +1,8 @@
 """One agent's part in the job-wide straggler comparison (see :mod:`agentd.slownodes`).
 
-While its workers run, every ``interval`` seconds an agent makes one store request.
+While its workers run, every ``interval`` seconds an agent makes one store request (the
+interval stretches with the job's size, so the whole job asks the store at most
+:data:`~agentd.slownodes.settings.JOB_RATE` times a second).
 Group rank 0 alternates between gathering every member's times (one read) to judge them
 (:mod:`agentd.slownodes.judge`) and publishing its verdict; each other member alternates
 between publishing its own times and reading the verdict. So each agent costs the store
@@ -92,7 +94,8 @@ class SlowNodeService(AgentObserver):
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.interval)
+            size = self._view.get_worker_group().group_world_size or 1
+            await asyncio.sleep(self.settings.paced(size))
             try:
                 await self._tick()
             except asyncio.CancelledError:
@@ -110,7 +113,7 @@ class SlowNodeService(AgentObserver):
             from agentd.slownodes.judge import NodeJudge  # statistics: not on the launch path
 
             self._generation, self._ticks = generation, 0
-            self._judge = NodeJudge(self.settings.factor, self.settings.window)
+            self._judge = NodeJudge(self.settings.factor, self.settings.window(size))
             self.verdict, self._swapping = None, False
         self._ticks += 1
         if rank == 0:
@@ -119,7 +122,8 @@ class SlowNodeService(AgentObserver):
             own = self._own()
             if own is not None:
                 self.requests += 1
-                await self._timings.publish(generation, rank, own, ttl=4 * self.settings.interval)
+                ttl = 4 * self.settings.paced(size)
+                await self._timings.publish(generation, rank, own, ttl=ttl)
         else:
             self.requests += 1
             verdict = await self._timings.verdict(generation)
@@ -165,7 +169,8 @@ class SlowNodeService(AgentObserver):
     async def _swap(self, named: list[str], ratios: dict[str, float], now: float) -> str | None:
         """The slowest of the ``named`` nodes, to swap for a waiting spare, if one waits
         and none was swapped within the window."""
-        if now - self._last_swap < self.settings.window:
+        size = self._view.get_worker_group().group_world_size or 1
+        if now - self._last_swap < self.settings.window(size):
             return None
         self.requests += 1
         if await self._waiting() <= 0:
@@ -217,7 +222,7 @@ class SlowNodeService(AgentObserver):
         """What ``/status`` shows under ``nodes``."""
         verdict = self.verdict or {}
         return {
-            "interval": self.settings.interval,
+            "interval": self.settings.paced(self._view.get_worker_group().group_world_size or 1),
             "factor": self.settings.factor,
             "replace": self.settings.replace,
             "median": verdict.get("median", {}),

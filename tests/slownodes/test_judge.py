@@ -63,3 +63,14 @@ def test_a_node_summary_is_its_ranks_median_per_section_without_the_step():
         times.observe(local_rank, "compute", seconds)
         times.observe(local_rank, "step", 1.0)
     assert times.node_summary() == {"compute": 0.2}
+
+
+def test_the_interval_stretches_so_the_whole_job_asks_the_store_at_a_bounded_rate():
+    from agentd.slownodes.settings import JOB_RATE, SlowNodeSettings
+
+    settings = SlowNodeSettings(interval=5.0)
+    assert settings.paced(3) == 5.0 and settings.window(3) == 10.0
+    assert settings.paced(256) == 32.0
+    for nodes in (2, 40, 41, 256, 4096):
+        assert nodes / settings.paced(nodes) <= max(JOB_RATE, nodes / 5.0)
+        assert nodes / settings.paced(nodes) <= JOB_RATE or settings.paced(nodes) == 5.0
