@@ -107,7 +107,8 @@ class SlowNodeService(AgentObserver):
         group = self._view.get_worker_group()
         generation, rank = self._view.generation, group.group_rank
         size = group.group_world_size or 1
-        if size < 2 or rank is None or not self._sections():
+        sections = self._sections()
+        if size < 2 or rank is None or not sections:
             return  # alone, or no sections timed here: nothing to compare, no request
         if generation != self._generation:  # a new round: its members start afresh
             from agentd.slownodes.judge import NodeJudge  # statistics: not on the launch path
@@ -116,27 +117,19 @@ class SlowNodeService(AgentObserver):
             self._judge = NodeJudge(self.settings.factor, self.settings.window(size))
             self.verdict, self._swapping = None, False
         self._ticks += 1
+        own = {"node": self._node_id, "sections": sections, "at": time.time()}
         if rank == 0:
-            await self._lead(generation, size)
+            await self._lead(generation, size, own)
         elif self._ticks % 2:
-            own = self._own()
-            if own is not None:
-                self.requests += 1
-                ttl = 4 * self.settings.paced(size)
-                await self._timings.publish(generation, rank, own, ttl=ttl)
+            self.requests += 1
+            await self._timings.publish(generation, rank, own, ttl=4 * self.settings.paced(size))
         else:
             self.requests += 1
             verdict = await self._timings.verdict(generation)
             if verdict is not None:
                 self._apply(verdict)
 
-    def _own(self) -> dict[str, Any] | None:
-        sections = self._sections()
-        if not sections:
-            return None
-        return {"node": self._node_id, "sections": sections, "at": time.time()}
-
-    async def _lead(self, generation: int, size: int) -> None:
+    async def _lead(self, generation: int, size: int, own: dict[str, Any]) -> None:
         """Odd ticks: gather and judge; even ticks: publish the verdict. A verdict that
         names a new slow node or a swap is published at once (a rare second request)."""
         assert self._judge is not None
@@ -146,10 +139,7 @@ class SlowNodeService(AgentObserver):
                 await self._timings.decide(generation, {**self.verdict, "at": time.time()})
             return
         self.requests += 1
-        docs = await self._timings.gather(generation, size)
-        own = self._own()
-        if own is not None:
-            docs[0] = own
+        docs = {**await self._timings.gather(generation, size), 0: own}
         times = {doc["node"]: doc["sections"] for doc in docs.values() if doc.get("sections")}
         if len(times) < 2:
             return
