@@ -25,6 +25,7 @@ WORLD = str(TESTS / "workers" / "world_loop.py")
 REPO = TESTS.parent
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 WILL = re.compile(r"releases it through the store candidates \S+, \S+, \S+")
+STARTED = "Started 1 worker(s), attempt 0"
 
 
 def worlds(out: Path, size: int) -> list[str]:
@@ -78,6 +79,9 @@ def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_a
     assert "Hosting the rendezvous store on 127.0.0.1:" in host.stderr(), host.stderr()
     # the agent on the endpoint's host dies once the others stand by to serve the store
     wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
+    # its guardian, who carries the will out, starts right after its workers (before this
+    # line): a SIGKILL before it would leave the others to the last call
+    wait_until(lambda: STARTED in host.stderr(), 30, what="the store host's guardian")
     host.proc.send_signal(signal.SIGKILL)
     wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
     stop.touch()
@@ -192,6 +196,9 @@ def test_a_kubernetes_indexed_job_needs_no_rendezvous_flags(run_agentd, tmp_path
     ) in said, said
     host = agents[0]
     wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
+    # its guardian, who carries the will out, starts right after its workers (before this
+    # line): a SIGKILL before it would leave the others to the last call
+    wait_until(lambda: STARTED in host.stderr(), 30, what="the store host's guardian")
     host.proc.send_signal(signal.SIGKILL)
     wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
     stop.touch()
