@@ -21,7 +21,6 @@ at once: the node is named on every agent before the round ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -29,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.slownodes.settings import SlowNodeSettings
+from agentd.support.aio import cancel_and_wait
 from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
@@ -87,10 +87,7 @@ class SlowNodeService(AgentObserver):
 
     async def workers_stopping(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

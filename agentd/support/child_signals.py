@@ -27,10 +27,6 @@ def ignore_in_children(signals: Iterable[signal.Signals]) -> None:
     _IGNORED = tuple(sorted(set(signals)))
 
 
-def ignored_in_children() -> tuple[signal.Signals, ...]:
-    return _IGNORED
-
-
 def apply_in_child() -> None:
     """In a forked child, before exec: ignore the signals set above."""
     for sig in _IGNORED:

@@ -32,6 +32,21 @@ def worlds(out: Path, size: int) -> list[str]:
     return sorted(p.name for p in out.glob(f"w{size}_*"))
 
 
+def kill_the_store_host_and_see_two_go_on(agents, out: Path, stop: Path) -> None:
+    """SIGKILL ``agents[0]``, which serves the store, once the others stand by to serve it
+    and its guardian runs (it starts right after the workers, and carries out the will
+    that releases the node: killed before, the others would wait for the last call); the
+    other two go on at world 2 and exit 0."""
+    host = agents[0]
+    wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
+    wait_until(lambda: STARTED in host.stderr(), 30, what="the store host's guardian")
+    host.proc.send_signal(signal.SIGKILL)
+    wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
+    stop.touch()
+    for agent in agents[1:]:
+        assert agent.wait(60) == 0, agent.stderr()[-3000:]
+
+
 def free_slurm_job() -> str:
     """A job id whose store port is free on all three addresses."""
     import random
@@ -75,18 +90,8 @@ def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_a
         f"Slurm job {job}: 3 nodes (1:3), endpoint 127.0.0.1:" in said
         and "1 worker per node, this node 127.0.0.2, drain on SIGUSR1" in said
     ), said
-    host = agents[0]
-    assert "Hosting the rendezvous store on 127.0.0.1:" in host.stderr(), host.stderr()
-    # the agent on the endpoint's host dies once the others stand by to serve the store
-    wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
-    # its guardian, who carries the will out, starts right after its workers (before this
-    # line): a SIGKILL before it would leave the others to the last call
-    wait_until(lambda: STARTED in host.stderr(), 30, what="the store host's guardian")
-    host.proc.send_signal(signal.SIGKILL)
-    wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
-    stop.touch()
-    for agent in agents[1:]:
-        assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    assert "Hosting the rendezvous store on 127.0.0.1:" in agents[0].stderr()
+    kill_the_store_host_and_see_two_go_on(agents, out, stop)
 
 
 def test_the_batch_script_runs_one_world_under_a_simulated_slurm(tmp_path):
@@ -194,16 +199,7 @@ def test_a_kubernetes_indexed_job_needs_no_rendezvous_flags(run_agentd, tmp_path
         f"Kubernetes Job job: 3 nodes (2:3), endpoint job-0.{DOMAIN}:29400, candidates "
         f"{names}, 1 worker per node, this node job-1.{DOMAIN} (given: --nnodes, --nproc-per-node)"
     ) in said, said
-    host = agents[0]
-    wait_until(lambda: WILL.search(host.stderr()), 30, what="the store host's will")
-    # its guardian, who carries the will out, starts right after its workers (before this
-    # line): a SIGKILL before it would leave the others to the last call
-    wait_until(lambda: STARTED in host.stderr(), 30, what="the store host's guardian")
-    host.proc.send_signal(signal.SIGKILL)
-    wait_until(lambda: len(worlds(out, 2)) == 2, 30, what="the two others at world 2")
-    stop.touch()
-    for agent in agents[1:]:
-        assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    kill_the_store_host_and_see_two_go_on(agents, out, stop)
 
 
 def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_path):
