@@ -23,6 +23,10 @@ pytest_plugins = ["tests.helpers.socket_leaks"]
 
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "workers" / "worker.py")
+TORCH_WORKER = str(TESTS / "workers" / "torch_worker.py")
+START_MODES = {"forked": (), "spawned": ("--no-preload",)}
+"""The defaults matrix: the flags that start a torch-importing worker each way."""
+FORKED_LINE = "workers forked from a zygote preloading torch"
 DEADLINE = 20.0
 SCHEDULED_ENV = ("AGENTD_", "PET_", "SLURM_", "SLURMD_", "JOB_COMPLETION_INDEX")
 """Variables no agent under test inherits: options, and a scheduler's environment (a suite
@@ -131,9 +135,19 @@ def private_runtime_dir(
     return run
 
 
+UNTRUSTED = "dropped (untrusted"
+"""What an agent logs when a timer request or heartbeat comes from a pid it does not
+trust: from its own workers, in either start mode, never."""
+
+
 @pytest.fixture
-def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
-    """Start ``python -m agentd run ...`` as a real process; everything is killed after."""
+def run_agentd(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., AgentProc]]:
+    """Start ``python -m agentd run ...`` as a real process; everything is killed after.
+
+    After the test, an agent that dropped a request as untrusted fails it, unless the test
+    is marked ``foreign_requests`` (it forges them on purpose)."""
     started: list[AgentProc] = []
 
     def start(
@@ -186,6 +200,25 @@ def run_agentd(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         from agentd.timer.file_pipe import sweep_stale_pipe_dirs
 
         sweep_stale_pipe_dirs(tempfile.gettempdir())
+    callspec = getattr(request.node, "callspec", None)
+    mode = callspec.params.get("torch_worker") if callspec is not None else None
+    for agent in started if mode is not None else ():
+        forked = FORKED_LINE in agent.stderr()
+        assert forked == (mode == "forked"), f"{mode} expected, the agent said otherwise"
+    if request.node.get_closest_marker("foreign_requests") is None:
+        for agent in started:
+            dropped = [line for line in agent.stderr().splitlines() if UNTRUSTED in line]
+            assert not dropped, f"agent {agent.pid} dropped its own worker's request: {dropped}"
+
+
+@pytest.fixture(params=list(START_MODES))
+def torch_worker(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The defaults matrix: a worker that imports torch at module level (worker.py's modes),
+    forked from the zygote as the default does, then spawned (``--no-preload``). Put it
+    where the script goes: ``run_agentd(*flags, *torch_worker, MODE, ...)``. Every agent of
+    the test is checked to have started its workers that way."""
+    pytest.importorskip("torch")
+    return (*START_MODES[request.param], TORCH_WORKER)
 
 
 @dataclass

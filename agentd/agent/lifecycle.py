@@ -119,6 +119,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if errors:
             await self._stop_workers(group)
             raise errors[0]
+        for proc in started:  # known and trusted by now: a forked worker may run the script
+            proc.release()
         log.info(
             "[%s] Started %d worker(s), attempt %d, pids %s, logs in %s",
             spec.role,

@@ -1,7 +1,10 @@
 """The heartbeat service: hang detection and step times for the agent's workers.
 
 Progress messages arrive on the watchdog's pipe; those of processes that are not in this
-agent's worker trees are counted and dropped (the timers' trust rule). The engine
+agent's worker trees are counted and dropped (the timers' trust rule). A trusted worker's
+message that arrives while its attempt is still being started (a spawned worker runs from
+its exec, before the agent has placed every worker of the group) is held, and fed once the
+attempt is watched: no message of our own workers is dropped. The engine
 (:mod:`agentd.heartbeats.hang_watch`) is built at the first trusted message, so a job
 whose workers never call ``agentd.heartbeat()`` loads none of it, unless flags give a
 timeout or a previous agent of the run learned some (``heartbeats.json``): then from the
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _WARN_INTERVAL = 10.0
+_MAX_EARLY = 4096
+"""Messages held for workers of an attempt that is still starting (a bound, not a need:
+a worker sends a handful before the agent has placed it)."""
 
 
 class HeartbeatService:
@@ -58,6 +64,8 @@ class HeartbeatService:
         """The running attempt's pids and global ranks, by local rank."""
         self._engine: HangWatch | None = None
         self._warned_at = -_WARN_INTERVAL
+        self._early: list[ProgressMessage] = []
+        """Trusted messages of workers not yet placed (their attempt is starting)."""
 
     @property
     def engine(self) -> HangWatch:
@@ -108,11 +116,15 @@ class HeartbeatService:
         self._attempt = ({p.local_rank: p.pid for p in procs}, ranks)
         if self._engine is not None:
             self._engine.watch(*self._attempt)
+        early, self._early = self._early, []
+        if early:
+            self.feed(early)
 
     async def stopped(self) -> None:
         """The attempt's workers are being stopped: watch nothing, dump nothing more."""
         self._pids = {}
         self._attempt = None
+        self._early = []
         if self._engine is not None:
             await self._engine.unwatch()
 
@@ -122,6 +134,8 @@ class HeartbeatService:
         for message in messages:
             local_rank = self._local_rank_of(message.pid)
             if local_rank is None:
+                if self._attempt is None and self._held(message):
+                    continue
                 self._drop(message.pid)
                 continue
             pairs.append((local_rank, message))
@@ -137,6 +151,14 @@ class HeartbeatService:
             return None
         proc = self._agent.worker_process_of(pid)
         return proc.local_rank if proc is not None else None
+
+    def _held(self, message: ProgressMessage) -> bool:
+        """Hold a trusted worker's message until its attempt is watched (False: not ours,
+        or too many held)."""
+        if len(self._early) >= _MAX_EARLY or self._watchdog.trust(message.pid) is None:
+            return False
+        self._early.append(message)
+        return True
 
     def _drop(self, pid: int) -> None:
         self.stats["untrusted"] += 1

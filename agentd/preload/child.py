@@ -46,6 +46,9 @@ class ForkRequest:
     targets: tuple[int, ...]
     argv: tuple[str, ...] = ()
     """The worker's command line, as ``ps`` should show it."""
+    gated: bool = False
+    """The last descriptor is the agent's gate: the worker reads it before it runs the
+    target (see :func:`become_worker`)."""
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any], fd_count: int) -> ForkRequest:
@@ -78,8 +81,12 @@ class ForkRequest:
         )
         if not ok:
             raise ValueError(f"malformed fork request: {sorted(message)}")
-        if len(fields["targets"]) != fd_count or fields["targets"][:3] != [0, 1, 2]:
-            raise ValueError(f"fds: {fields['targets']} for {fd_count} descriptor(s)")
+        gated = message.get("gated", False)
+        if not isinstance(gated, bool):
+            raise ValueError(f"gated: {gated!r} is not a boolean")
+        installed = fd_count - int(gated)
+        if len(fields["targets"]) != installed or fields["targets"][:3] != [0, 1, 2]:
+            raise ValueError(f"fds: {fields['targets']} for {installed} descriptor(s)")
         cwd = message.get("cwd")
         return cls(
             id=fields["id"],
@@ -92,6 +99,7 @@ class ForkRequest:
             unset_env=tuple(fields["unset_env"]),
             targets=tuple(fields["targets"]),
             argv=tuple(message.get("argv", [])),
+            gated=gated,
         )
 
 
@@ -102,14 +110,41 @@ def _strings(values: Any) -> bool:
 def become_worker(
     request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int], leading: int
 ) -> NoReturn:
-    """In the forked child: set up, run, exit. Never returns. One byte on ``leading`` tells
-    the zygote the worker leads its own session and process group."""
+    """In the forked child: set up, wait at the gate, run, exit. Never returns.
+
+    One byte on ``leading`` tells the zygote the worker leads its own session and process
+    group. A gated request's last descriptor is the agent's gate: the worker runs nothing
+    of the user's until the agent writes a byte to it, which the agent does once it knows
+    the worker's pid (so its first timer request or heartbeat is trusted). A gate closed
+    without that byte means the agent gave the worker up: it exits with
+    :data:`START_FAILED`, having run nothing.
+    """
+    gate = -1
     try:
+        if request.gated:
+            # Above every target and close-on-exec: the user's children never inherit it.
+            gate = fcntl.fcntl(fds[-1], fcntl.F_DUPFD_CLOEXEC, max(request.targets) + 1)
+            os.close(fds[-1])
+            fds = fds[:-1]
         _set_up(request, fds, zygote_fds, leading)
+        if gate >= 0 and not _wait_at_gate(gate):
+            os._exit(START_FAILED)
     except BaseException as exc:  # nothing of the user's ran yet: say why, plainly
         os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
         os._exit(START_FAILED)
     os._exit(_run(request))
+
+
+def _wait_at_gate(gate: int) -> bool:
+    """Block until the agent lets this worker run (True) or gives it up (False)."""
+    try:
+        while True:
+            try:
+                return os.read(gate, 1) == b"1"
+            except InterruptedError:
+                continue
+    finally:
+        os.close(gate)
 
 
 def _set_up(

@@ -112,7 +112,8 @@ class Zygote:
         pass_fds: Sequence[int] = (),
     ) -> ZygoteWorker:
         """A worker forked from the zygote, as :func:`~agentd.workers.processes.spawn_worker`
-        spawns one."""
+        spawns one, but held before the user's code until :meth:`ZygoteWorker.release`:
+        the caller first makes its pid known (trusted) to the watchdog and heartbeats."""
         await self.ready()
         cmd = command.parse(argv)
         if (cmd.executable, cmd.options) != (self.command.executable, self.command.options):
@@ -125,6 +126,9 @@ class Zygote:
         sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
         worker = ZygoteWorker(local_rank, sinks, self.exit_status)
         send_fds, close_after = [0], []
+        gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+        worker.hold_at(gate_w)
+        close_after.append(gate_r)
         try:
             if not _is_open(0):  # an agent without stdin: the worker reads /dev/null
                 send_fds[0] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -152,8 +156,9 @@ class Zygote:
                     "cwd": cwd,
                     "env": self._env_change(env),
                     "fds": [0, 1, 2, *pass_fds],
+                    "gated": True,
                 },
-                [*send_fds, *pass_fds],
+                [*send_fds, *pass_fds, gate_r],
             )
         except BaseException:
             worker.abandon()

@@ -32,6 +32,30 @@ class ZygoteWorker(WorkerProcess):
         """The zygote's report of ``(pid, pidfd)``'s wait status."""
         self._pipes: list[asyncio.BaseTransport] = []
         self._pidfd = -1
+        self._gate = -1
+        """The write end of the pipe the worker waits on before the user's code."""
+
+    def hold_at(self, gate: int) -> None:
+        """The worker waits for a byte on ``gate``'s read end: :meth:`release` writes it."""
+        self._gate = gate
+
+    def release(self) -> None:
+        """Let the worker run the user's code (once; it was held since its fork)."""
+        gate, self._gate = self._gate, -1
+        if gate < 0:
+            return
+        try:
+            os.write(gate, b"1")
+        except OSError:  # it died at the gate: its exit says so
+            pass
+        finally:
+            os.close(gate)
+
+    def _close_gate(self) -> None:
+        """Give the held worker up: it exits having run nothing of the user's."""
+        gate, self._gate = self._gate, -1
+        if gate >= 0:
+            os.close(gate)
 
     async def read_pipe(self, fd: int, read_end: int) -> None:
         """Feed this worker's stream ``fd`` (1 or 2) from the pipe's read end."""
@@ -61,10 +85,12 @@ class ZygoteWorker(WorkerProcess):
         finally:
             os.close(self._pidfd)
             self._pidfd = -1
+            self._close_gate()
         self.set_exit(code, at)
 
     def abandon(self) -> None:
         """Never forked: close what was opened for it."""
+        self._close_gate()
         for transport in self._pipes:
             transport.close()
         for sink in self.sinks.values():

@@ -71,6 +71,10 @@ class WorkerProcess(asyncio.SubprocessProtocol):
     def pgid(self) -> int:
         return self.pid
 
+    def release(self) -> None:
+        """Let a worker held before the user's code run it; a spawned worker is never
+        held (it runs from its start): nothing to do."""
+
     @property
     def stderr(self) -> StreamSink | None:
         return self.sinks.get(2)

@@ -38,13 +38,16 @@ def samples(log_dir: Path) -> dict[str, list[float]]:
     return json.loads(path.read_text())["samples"]
 
 
-def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(run_agentd):
+def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(
+    run_agentd, torch_worker
+):
     agent = run_agentd(
         "--nproc-per-node",
         "2",
         "--max-restarts",
         "1",
         *FLOOR,
+        *torch_worker,
         JOB,
         "--steps",
         "40",
@@ -158,6 +161,7 @@ def test_a_worker_that_never_heartbeats_is_caught_by_the_initial_timeout(run_age
     assert silent["stack"]["method"].startswith(("none:", "py-spy"))  # never registered
 
 
+@pytest.mark.foreign_requests
 def test_heartbeats_from_a_foreign_pid_are_dropped_and_status_shows_the_rest(run_agentd):
     agent = run_agentd("--nproc-per-node", "2", "--health-port", "0", *FLOOR, JOB, "--steps", "60")
     pipe = wait_until(

@@ -15,14 +15,14 @@ def result_json(agent) -> dict:
     return json.loads(path.read_text())
 
 
-def test_hung_worker_is_reaped_and_the_group_restarts(run_agentd):
+def test_hung_worker_is_reaped_and_the_group_restarts(run_agentd, torch_worker):
     agent = run_agentd(
         "--file-timer",
         "--nproc-per-node",
         "2",
         "--max-restarts",
         "1",
-        WORKER,
+        *torch_worker,
         "timer-hang",
         "--until-attempt",
         "1",
@@ -44,22 +44,25 @@ def test_reaped_without_restarts_reports_the_timer(run_agentd):
     assert "message   : timer expired" in agent.stderr()
 
 
-def test_torch_file_timer_client_works_unchanged(run_agentd):
-    pytest.importorskip("torch")
+def test_torch_file_timer_client_works_unchanged(run_agentd, torch_worker):
+    """Issue 48's job: torch's own client, its first request sent before anything else."""
     agent = run_agentd(
+        "--nproc-per-node",
+        "2",
         "--max-restarts",
         "1",
-        WORKER,
+        *torch_worker,
         "torch-timer-hang",
         "--until-attempt",
         "1",
         env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"},
     )
     assert agent.wait(timeout=120) == 0, agent.stderr()
-    assert "torch timer ok on restart 1" in agent.stdout()
+    assert agent.stdout().count("torch timer ok on restart 1") == 2
     assert "expired: sent SIGKILL" in agent.stderr()
 
 
+@pytest.mark.foreign_requests
 def test_foreign_pid_is_never_signalled(run_agentd):
     bystander = subprocess.Popen(["sleep", "600"])
     try:

@@ -167,8 +167,8 @@ def main() -> int:
     if args.mode == "timer-hang":  # hangs under a 0.5 s timer until --until-attempt
         from agentd.timer import expires
 
-        ready()
-        with expires(after=0.5):
+        with expires(after=0.5):  # the first thing it does: no ready() before the request
+            ready()
             if ATTEMPT < args.until_attempt:
                 time.sleep(600)
         print(f"finished in time on restart {ATTEMPT}", flush=True)
@@ -177,8 +177,8 @@ def main() -> int:
         from torch.distributed.elastic.timer import FileTimerClient, configure, expires
 
         configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
-        ready()
         with expires(after=0.5):
+            ready()
             if ATTEMPT < args.until_attempt:
                 time.sleep(600)
         print(f"torch timer ok on restart {ATTEMPT}", flush=True)
