@@ -88,7 +88,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
         kept = self._services.inprocess.parked
-        spawn = self._services.preload.spawn if self._services.preload.enabled else spawn_worker
+        preload = self._services.preload
+        if preload.enabled:  # the preload can take seconds: a stop signal does not wait
+            await self._unless_stopped(preload.ready())
+        spawn = preload.spawn if preload.enabled else spawn_worker
         with self._services.hygiene.spawning():
             procs = await asyncio.gather(
                 *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),

@@ -14,8 +14,8 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.exceptions import AgentdError, AgentStopped
 from agentd.group import Worker, WorkerGroup, WorkerState
@@ -30,9 +30,11 @@ from agentd.rendezvous.api import (
 from agentd.rendezvous.roll_call import LOST_REASON
 from agentd.spec import WorkerSpec
 from agentd.store.api import StoreError
+from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _WATCH_RETRY = 5.0
 _SILENT = (
@@ -113,6 +115,8 @@ class RendezvousSteps:
         async def _restart_group(
             self, group: WorkerGroup, reason: str, stopped: bool = False
         ) -> None: ...
+
+        def _raise_if_stop_requested(self) -> None: ...
 
     @property
     def rdzv_handler(self) -> RendezvousHandler:
@@ -212,6 +216,15 @@ class RendezvousSteps:
         except AgentdError as exc:
             log.warning("Could not tell the other nodes to restart yet: %s", exc)
 
+    async def _unless_stopped(self, step: Coroutine[Any, Any, _T]) -> _T:
+        """``step``'s result, unless a stop is requested first: then ``step`` is cancelled
+        and AgentStopped raised (a wait for peers, or for the exit barrier, never outlasts
+        SIGTERM or SIGINT; the shutdown that follows gives the membership back)."""
+        done, _ = await first_done(step, self._stop_requested.wait())
+        if done.cancelled():
+            self._raise_if_stop_requested()
+        return done.result()
+
     async def _close_rendezvous(self, succeeded: bool, reason: str) -> None:
         try:
             await self.rdzv_handler.set_closed(succeeded, reason)
@@ -272,7 +285,7 @@ class RendezvousSteps:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._exit_barrier_timeout):
-                await self.rdzv_handler.exit_barrier()
+                await self._unless_stopped(self.rdzv_handler.exit_barrier())
         except TimeoutError:
             log.warning(
                 "Exit barrier timed out after %.0fs; leaving anyway", self._exit_barrier_timeout

@@ -87,7 +87,7 @@ class RestartSteps(RendezvousSteps):
         self._raise_if_stop_requested()
         self._stop_round_watch()
         began = time.monotonic()
-        await self._rendezvous(group)
+        await self._unless_stopped(call_step(self._rendezvous, group))
         self._notify("phase_timed", "rendezvous", time.monotonic() - began)
         self._raise_if_stop_requested()
         began = time.monotonic()

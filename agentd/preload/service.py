@@ -64,16 +64,22 @@ class PreloadService:
             "zygotes_started": self.zygotes_started,
         }
 
-    async def spawn(self, local_rank: int, *launch: Any) -> ZygoteWorker:
-        """Fork one worker; ``launch`` is the rest of
-        :func:`~agentd.workers.processes.spawn_worker`'s arguments (argv, env, stdout and
-        stderr routes, cwd, pass_fds)."""
+    async def ready(self) -> None:
+        """Wait until a worker can be forked at once: a live zygote whose preload is done
+        (ConfigError or StartError when it cannot be)."""
         if self._replacing is not None:
             await asyncio.shield(self._replacing)
         if self.zygote is None or not self.zygote.alive:
             await self._start_zygote()
         assert self.zygote is not None
         await self.zygote.ready()
+
+    async def spawn(self, local_rank: int, *launch: Any) -> ZygoteWorker:
+        """Fork one worker; ``launch`` is the rest of
+        :func:`~agentd.workers.processes.spawn_worker`'s arguments (argv, env, stdout and
+        stderr routes, cwd, pass_fds)."""
+        await self.ready()
+        assert self.zygote is not None
         return await self.zygote.fork(local_rank, *launch)
 
     async def _start_zygote(self) -> None:
