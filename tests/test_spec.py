@@ -134,7 +134,7 @@ def test_root_cause_is_first_failure():
 
 
 def test_rdzv_conf_variables_lose_only_their_password():
-    from agentd.hygiene.secrets import without_secrets
+    from agentd.support.secrets import without_secrets
 
     env = without_secrets(
         {

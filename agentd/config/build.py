@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from agentd.config.resolve import AgentConfig, local_world_size
+from agentd.exceptions import ConfigError
 from agentd.spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -198,9 +199,13 @@ def _health(config: AgentConfig) -> HealthSettings | None:
         return None
     from agentd.health.settings import HealthSettings
 
-    return HealthSettings(
-        config.health_port, config.health_host, config.health_timeout, config.store_token
-    )
+    token = config.drain_token
+    if token is not None and token == config.store_token:
+        raise ConfigError(
+            "--drain-token: must differ from the store token (each listener has its own "
+            "secret: the health port never carries the store's)"
+        )
+    return HealthSettings(config.health_port, config.health_host, config.health_timeout, token)
 
 
 def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:

@@ -92,6 +92,15 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "(prefer the variable: flags show in ps).",
         metavar="TOKEN",
     ),
+    _o(
+        "drain_token",
+        v.optional_text,
+        "",
+        "Bearer token of POST /drain on the health port (never the store's); without it "
+        "the agent makes one, readable by its user only beside the store's token (prefer "
+        "the variable: flags show in ps).",
+        metavar="TOKEN",
+    ),
     _o("node_rank", v.integer(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
     _o(
         "max_restarts",

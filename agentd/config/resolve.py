@@ -50,6 +50,7 @@ class AgentConfig:
     rdzv_id: str = ""
     rdzv_conf: str = ""
     store_token: str | None = None
+    drain_token: str | None = None
     node_rank: int = 0
     max_restarts: int = 0
     monitor_interval: float = 0.1

@@ -1,8 +1,10 @@
 """``POST /drain`` on the health endpoint, and ``agentd drain``, its client.
 
-The request needs the bearer token (``Authorization: Bearer <token>``): the store token
-when the agent has one (``AGENTD_STORE_TOKEN``), else one the agent made and published
-for its user only (see :mod:`agentd.store.token_file`, kind ``health``). The body is
+The request needs the drain token (``Authorization: Bearer <token>``): ``--drain-token``
+(``AGENTD_DRAIN_TOKEN``) when the operator gives one, else one the agent made and published
+for its user only (see :mod:`agentd.store.token_file`, kind ``health``). Never the store's
+token: the health port is often plain HTTP on every address, and a drain request must not
+carry the secret that guards the store. The body is
 optional: ``{"reason": "..."}`` (at most 200 characters). Answers 202 with what the agent
 does, 401 without the right token, 400 naming what is wrong with the body.
 """
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from aiohttp import web
 
+DRAIN_TOKEN_ENV = "AGENTD_DRAIN_TOKEN"
 MAX_BODY = 4096
 MAX_REASON = 200
 
@@ -72,7 +75,7 @@ def run(url: str | None, reason: str | None, timeout: float) -> int:
         sys.stderr.write(f"agentd: error: --url: {base!r} {problem}\n")
         return 2
     parts = urlsplit(base)
-    token = os.environ.get("AGENTD_STORE_TOKEN")
+    token = os.environ.get(DRAIN_TOKEN_ENV)
     if not token and parts.hostname in ("127.0.0.1", "localhost", "::1"):
         token = token_file.read(parts.port or 80, "health")  # the local agent's, for us only
     body = json.dumps({"reason": reason} if reason else {}).encode()

@@ -10,6 +10,8 @@ import logging
 import os
 from typing import Any, Protocol
 
+from agentd.support.secrets import child_env
+
 log = logging.getLogger(__name__)
 
 NVIDIA_SMI_QUERY = ("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
@@ -84,6 +86,7 @@ class NvidiaSmiUsage:
             proc = await asyncio.create_subprocess_exec(
                 self.path,
                 *NVIDIA_SMI_QUERY,
+                env=child_env(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

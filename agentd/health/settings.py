@@ -14,7 +14,8 @@ class HealthSettings:
     host: str = "127.0.0.1"
     timeout: float = 5.0
     token: str | None = None
-    """What ``POST /drain`` must carry (None: the agent makes one, for its user only)."""
+    """What ``POST /drain`` must carry (``--drain-token``; None: the agent makes one and
+    publishes it for its user only). Never the store's token."""
     required: bool = True
     """False for torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``: a port that cannot be bound
     (another agent on this host has it) is a warning and the job runs without the

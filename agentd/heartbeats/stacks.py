@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentd.support.secrets import child_env
+
 if TYPE_CHECKING:
     from agentd.view import Helpers
 
@@ -202,6 +204,7 @@ async def _py_spy(py_spy: str, target: DumpTarget, helpers: Helpers | None) -> s
             "dump",
             "--pid",
             str(target.pid),
+            env=child_env(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )

@@ -6,12 +6,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import sys
 from typing import Any
 
 from agentd.hygiene import guardian_process
-from agentd.hygiene.secrets import without_secrets
+from agentd.support.secrets import child_env
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ class Guardian:
         return self._process.pid if self._process else None
 
     async def start(self) -> None:
-        env = without_secrets(os.environ)
+        env = child_env()
         env.pop(guardian_process.OWNER_ENV, None)
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from agentd.support.secrets import child_env
 from agentd.view import Helpers
 
 COMMAND_TIMEOUT = 60.0
@@ -133,6 +134,7 @@ class CommandCheck:
             with helpers.spawning() if helpers is not None else nullcontext():
                 proc = await asyncio.create_subprocess_shell(
                     self.name,
+                    env=child_env(),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,

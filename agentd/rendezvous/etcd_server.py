@@ -18,6 +18,7 @@ import time
 import urllib.request
 
 from agentd.exceptions import StartError
+from agentd.support.secrets import child_env
 
 BINARY_ENV = "TORCHELASTIC_ETCD_BINARY_PATH"
 
@@ -75,6 +76,7 @@ class EtcdServer:
                     "--initial-cluster",
                     f"default=http://{self._host}:{peer}",
                 ],
+                env=child_env(),
                 stdout=subprocess.DEVNULL,
                 stderr=stderr or subprocess.DEVNULL,
                 start_new_session=True,

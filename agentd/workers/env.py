@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 from agentd.group import Worker, WorkerGroup
 from agentd.hygiene import orphans
-from agentd.hygiene.secrets import without_secrets
 from agentd.spec import WorkerSpec
+from agentd.support.secrets import without_secrets
 from agentd.wire.control import CONTROL_ENV
 from agentd.wire.progress import DUMP_SIGNAL, DUMP_SIGNAL_ENV, PIPE_ENV, STACK_FILE_ENV
 

@@ -186,3 +186,17 @@ def test_torchs_log_prefix_syntax_is_accepted_and_unknown_fields_are_named():
 )
 def test_hosts_that_are_accepted(text, value):
     assert resolve({"script": "x.py", "health_host": text}, {}).health_host == value
+
+
+def test_the_drain_token_is_its_own_secret():
+    from agentd.config.build import _health
+
+    env = {"AGENTD_STORE_TOKEN": "s", "AGENTD_DRAIN_TOKEN": "d"}
+    args = {"script": "train.py", "health_port": "0"}
+    config = resolve(args, env)
+    assert _health(config).token == "d"
+    same = resolve(args, env | {"AGENTD_DRAIN_TOKEN": "s"})
+    with pytest.raises(ConfigError, match="--drain-token: must differ from the store token"):
+        _health(same)
+    alone = resolve(args, {"AGENTD_STORE_TOKEN": "s"})
+    assert _health(alone).token is None  # the agent makes one: never the store's
