@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from agentd.hygiene import guardian_process
@@ -16,11 +17,15 @@ log = logging.getLogger(__name__)
 
 
 class Guardian:
-    """Starts the guardian program and keeps it told of the worker process groups."""
+    """Starts the guardian program and keeps it told of the worker process groups;
+    ``on_lost(pid, exit_code)`` is called when it dies while it was not asked to stop."""
 
-    def __init__(self, mark: str) -> None:
+    def __init__(self, mark: str, on_lost: Callable[[int, int], None] | None = None) -> None:
         self._mark = mark
+        self._on_lost = on_lost
         self._process: asyncio.subprocess.Process | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def pid(self) -> int | None:
@@ -39,6 +44,12 @@ class Guardian:
             env=env,
             start_new_session=True,
         )
+        self._watch = asyncio.ensure_future(self._watch_exit(self._process))
+
+    async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if not self._stopping and self._on_lost is not None:
+            self._on_lost(proc.pid, code)
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
@@ -69,6 +80,7 @@ class Guardian:
 
     async def stop(self) -> None:
         """Close the guardian's input (nothing is left to kill) and reap it."""
+        self._stopping = True
         proc = self._process
         if proc is None:
             return
@@ -77,4 +89,7 @@ class Guardian:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 await proc.stdin.wait_closed()
         await proc.wait()
+        if self._watch is not None:
+            await self._watch
+            self._watch = None
         self._process = None

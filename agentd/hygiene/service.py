@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.hygiene import orphans
 from agentd.hygiene.guardian import Guardian
+from agentd.support.aio import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
@@ -41,6 +42,9 @@ class ProcessHygiene:
         self._sigchld = False
         self._lease: float | None = None
         self._will: dict[str, Any] | None = None
+        self._guarded: set[int] = set()
+        """The process groups of the running workers (a new guardian learns them)."""
+        self._replacing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if not self._enabled:
@@ -56,6 +60,9 @@ class ProcessHygiene:
             log.debug("Agent off the main thread: orphans are reaped when workers stop")
 
     async def stop(self) -> None:
+        if self._replacing is not None:
+            await cancel_and_wait(self._replacing)
+            self._replacing = None
         if self._guardian is not None:
             await self._guardian.stop()
             self._guardian = None
@@ -75,9 +82,10 @@ class ProcessHygiene:
         """Workers were spawned (inside :meth:`spawning`): own them, and guard them."""
         for proc in procs:
             self._reaper.own(proc.pid)
+        self._guarded.update(proc.pgid for proc in procs)
         if self._enabled and self._guardian is None:
-            await self._start_guardian()
-        if self._guardian is not None:
+            await self._start_guardian()  # it learns every group guarded
+        elif self._guardian is not None:
             for proc in procs:
                 self._guardian.watch(proc.pgid)
 
@@ -96,6 +104,7 @@ class ProcessHygiene:
         """Workers were stopped and reaped: nothing is left to guard."""
         for proc in procs:
             self._reaper.disown(proc.pid)
+            self._guarded.discard(proc.pgid)
             if self._guardian is not None:
                 self._guardian.unwatch(proc.pgid)
         if self._enabled and not self._sigchld:
@@ -124,14 +133,47 @@ class ProcessHygiene:
     async def _start_guardian(self) -> None:
         """Started after the first workers, so it never delays them; they have a
         parent-death signal meanwhile, and it learns of their groups at once."""
-        guardian = self._guardian = Guardian(self._mark)
+        guardian = self._guardian = Guardian(self._mark, self._guardian_lost)
         with self._reaper.spawning():
             await guardian.start()
             assert guardian.pid is not None
             self._reaper.own(guardian.pid)
+        for pgid in self._guarded:
+            guardian.watch(pgid)
         if self._lease is not None:
             guardian.set_lease(self._lease)
         if self._will is not None:
             guardian.set_will(self._will)
         for path in self._private_dirs:
             guardian.remove_when_gone(path)
+
+    def _guardian_lost(self, pid: int, code: int) -> None:
+        """The guardian died (killed, or out of memory): without one, a killed agent's
+        workers would outlive it, a lapsed lease would not be fenced and its membership
+        not released. Say so, and start another that learns everything again."""
+        self._reaper.disown(pid)
+        self._guardian = None
+        log.error(
+            "Guardian pid %d died (exit status %d); starting a new one (until it runs, "
+            "workers are not killed with a dead agent, nor fenced at the lease's end)",
+            pid,
+            code,
+        )
+        self._replacing = asyncio.ensure_future(self._replace_guardian())
+
+    async def _replace_guardian(self) -> None:
+        try:
+            await self._start_guardian()
+        except OSError as exc:
+            log.error("Could not start a new guardian: %s", exc)
+        else:
+            log.info(
+                "Guardian pid %s guards %d worker group(s)", self.guardian_pid, len(self._guarded)
+            )
+        finally:
+            self._replacing = None
+
+    @property
+    def guardian_pid(self) -> int | None:
+        """The guardian's pid, while one runs."""
+        return self._guardian.pid if self._guardian is not None else None

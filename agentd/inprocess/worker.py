@@ -152,17 +152,38 @@ def _grace() -> float:
         return wire.DEFAULT_GRACE
 
 
+def _uses_nccl(dist: Any, group: Any) -> bool:
+    """Whether ``group`` runs any collective on NCCL, by its backend's name."""
+    try:
+        return "nccl" in str(dist.get_backend(group)).lower()
+    except Exception:  # a group torch no longer knows: nothing of it to abort
+        return False
+
+
 def _nccl_groups(dist: Any) -> list[Any]:
-    """The NCCL backends of this process's groups (none without CUDA or NCCL)."""
+    """The NCCL backends of this process's groups (none without CUDA or NCCL). An NCCL
+    group whose backend cannot be had is named in a WARNING: it cannot be aborted alone
+    (:func:`_destroy_process_group` still aborts it, with every group)."""
     torch = sys.modules.get("torch")
     if torch is None or not dist.is_nccl_available():
         return []
     backends = []
     for group in {g for g in process_groups(dist) if g is not None}:
-        with contextlib.suppress(Exception):
+        if not _uses_nccl(dist, group):
+            continue
+        try:
             backend = group_backend(group, torch.device("cuda"))
-            if isinstance(backend, dist.ProcessGroupNCCL):
-                backends.append(backend)
+        except Exception as exc:
+            log.warning(
+                "In-process restart: the NCCL backend of process group %r cannot be had "
+                "(%s: %s); it is aborted with every other group",
+                group,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        if isinstance(backend, dist.ProcessGroupNCCL):
+            backends.append(backend)
     return backends
 
 
@@ -191,8 +212,8 @@ def _destroy_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
-    if _nccl_groups(dist):
-        abort_process_groups(dist)
+    if any(_uses_nccl(dist, g) for g in process_groups(dist) if g is not None):
+        abort_process_groups(dist)  # by the backend's name: never destroyed unaborted
         return
     doomed = process_groups(dist)
     dist.destroy_process_group()

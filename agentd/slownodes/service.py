@@ -27,8 +27,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from agentd.exceptions import AgentdError
 from agentd.slownodes.settings import SlowNodeSettings
 from agentd.support.aio import cancel_and_wait
+from agentd.support.ratelog import RateLimitedLog
 from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ class SlowNodeService(AgentObserver):
         self.verdict: dict[str, Any] | None = None
         self.named: dict[str, dict[str, Any]] = {}
         self.requests = 0
+        self._store_trouble = RateLimitedLog(log, interval=60.0)
 
     async def start(self) -> None:
         """Nothing until the workers run."""
@@ -95,10 +98,16 @@ class SlowNodeService(AgentObserver):
             await asyncio.sleep(self.settings.paced(size))
             try:
                 await self._tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the store's trouble: the next tick tries again
-                log.debug("Job-wide straggler comparison skipped a tick: %s", exc)
+            except AgentdError as exc:  # the store's trouble: the next tick tries again
+                self._store_trouble.warning(
+                    "store", "Job-wide straggler comparison skipped a tick: %s", exc
+                )
+            except Exception:  # a bug would fail every tick: say so once, and stop
+                log.exception(
+                    "Job-wide straggler comparison stopped; this node's compute times are "
+                    "no longer compared with the other nodes' until its workers restart"
+                )
+                return
 
     async def _tick(self) -> None:
         group = self._view.get_worker_group()

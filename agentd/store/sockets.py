@@ -14,9 +14,11 @@ on a connection that has not failed was acknowledged by the peer's host.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import socket
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 KEEPIDLE, KEEPINTVL, KEEPCNT = 1, 1, 2
 USER_TIMEOUT_MS = 3000
@@ -24,6 +26,8 @@ LIVENESS = KEEPIDLE + KEEPINTVL * KEEPCNT
 """Seconds, about, for a connection to a vanished peer to fail."""
 DELIVERED_AFTER = USER_TIMEOUT_MS / 1000 + 0.5
 """Seconds after which a request still waiting, its connection alive, was delivered."""
+_refused: set[str] = set()
+"""The options this host refused, each said once."""
 
 
 def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
@@ -38,6 +42,17 @@ def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
         ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
     ):
         if hasattr(socket, option):  # Linux has them all; elsewhere, what there is
-            with contextlib.suppress(OSError):
+            try:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            except OSError as exc:
+                if option not in _refused:
+                    _refused.add(option)
+                    log.warning(
+                        "Store connections: %s=%s refused (%s); a connection to a store "
+                        "host that vanished may hang past %.1fs",
+                        option,
+                        value,
+                        exc.strerror or exc,
+                        LIVENESS,
+                    )
     return sock

@@ -110,7 +110,10 @@ class Standby:
             )
             try:
                 await server.start()
-            except (StartError, ConfigError) as exc:
+            except ConfigError as exc:  # no port would do (TLS without a certificate)
+                log.warning("Store: cannot stand by for %s: %s", self._client.endpoints[0], exc)
+                return None
+            except StartError as exc:
                 log.debug("Store standby: cannot listen on %s:%d (%s)", host, each, exc)
                 continue
             candidacy.own = endpoint_text(host, server.port)

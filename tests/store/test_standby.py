@@ -189,3 +189,42 @@ async def test_a_closed_client_fails_at_once_and_opens_no_connection_again(job):
     with pytest.raises(StoreUnavailable, match="closed"):
         await asyncio.wait_for(first.get("hello/2"), timeout=2.0)
     assert first._client._session is None and first._prober._session is None
+
+
+async def test_a_node_with_a_ca_but_no_certificate_says_why_it_cannot_stand_by(tmp_path, caplog):
+    from agentd.store.tls import StoreTls
+    from tests.helpers.tls import make_ca
+
+    ca = make_ca(tmp_path)
+    tls = StoreTls(str(ca), None, None)  # verifies the store; cannot serve it
+    client = FailoverStore(("127.0.0.1:1",), TOKEN, growing=True, tls=tls)
+    try:
+        standby = Standby(client, "127.0.0.2", max_connections=64)
+        candidacy = Candidacy(("127.0.0.1:1",), None, TOKEN, growing=True)
+        assert await standby._listen("127.0.0.2", free_port(), candidacy, TOKEN) is None
+    finally:
+        await client.close()
+    [line] = [r for r in caplog.records if "cannot stand by" in r.getMessage()]
+    assert line.levelname == "WARNING"
+    assert "cert=: required to serve the store over TLS" in line.getMessage()
+    assert "no port to listen on" not in caplog.text
+
+
+def test_a_socket_option_the_host_refuses_is_said_once(monkeypatch, caplog):
+    import socket
+
+    from agentd.store import sockets
+
+    class Refusing(socket.socket):
+        def setsockopt(self, level, option, value, *rest):
+            if option == getattr(socket, "TCP_USER_TIMEOUT", None):
+                raise OSError(92, "Protocol not available")
+            return super().setsockopt(level, option, value, *rest)
+
+    monkeypatch.setattr(sockets.socket, "socket", Refusing)
+    monkeypatch.setattr(sockets, "_refused", set())
+    info = socket.getaddrinfo("127.0.0.1", 80, type=socket.SOCK_STREAM)[0]
+    for _ in range(2):
+        sockets.keepalive_socket(info).close()
+    [line] = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert line.levelname == "WARNING" and "TCP_USER_TIMEOUT=3000 refused" in line.getMessage()
