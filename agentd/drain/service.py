@@ -216,8 +216,17 @@ class DrainService:
         try:
             request = await self._drains.request(reason)
             step = await self._drains.choose_step(request.id, REPORT_WINDOW + 0.05, SETTLE)
-            log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
-            acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
+            if step is None:
+                log.warning(
+                    "Drain %d: the workers report no steps (they call neither "
+                    "agentd.heartbeat() nor agentd.checkpoint_saved()), so no checkpoint "
+                    "could be coordinated; this node leaves without one",
+                    request.id,
+                )
+                acks = {}
+            else:
+                log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
+                acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
         except StoreError as exc:
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
             acks, step = {}, -1
@@ -225,7 +234,7 @@ class DrainService:
             members: list[str] | None = await self._drains.members()
         except StoreError:
             members = None  # who else runs the job is unknown: leave as asked
-        missing = [node for node in members or () if node not in acks]
+        missing = [node for node in members or () if node not in acks and step is not None]
         alone = members is not None and not set(members) - {self._drains.node_id}
         seconds = time.monotonic() - began
         outcome = {
@@ -252,5 +261,6 @@ class DrainService:
             log.warning(
                 "Drain: no other node runs this job: it ends here, unfinished (exit %d)", exit_code
             )
-        why = f"drained ({reason}; checkpoints at step {step} in {seconds:.2f}s)"
+        saved = "no checkpoint" if step is None else f"checkpoints at step {step}"
+        why = f"drained ({reason}; {saved} in {seconds:.2f}s)"
         self._leave(why, exit_code, alone)

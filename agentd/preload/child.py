@@ -246,11 +246,23 @@ def _run(request: ForkRequest) -> int:
     except SystemExit as exc:
         code = _exit_status(exc)
     except BaseException as exc:
+        exc.__traceback__ = _from_the_target(exc.__traceback__)  # what Python prints
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 1
         if isinstance(exc, KeyboardInterrupt):
             code = -signal.SIGINT
     return _finalize(code)
+
+
+def _from_the_target(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without agentd's frames before the target's: a forked worker's traceback
+    starts where a spawned one's does (the script's ``<module>``, or runpy's for ``-m``)."""
+    from agentd.support.compat import runpy
+
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
 
 
 def _run_target(request: ForkRequest) -> None:

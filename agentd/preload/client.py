@@ -284,12 +284,17 @@ class Zygote:
             self._on_lost(self, code)
 
     async def stop(self) -> None:
-        """Close the channel (the zygote exits; its workers, if any, die) and reap it."""
+        """Close the channel (the zygote exits; its workers, if any, die) and reap it; one
+        still preloading has no worker and is not waited for: it is killed."""
         self._stopping = True
+        preloading = self._ready is not None and not self._ready.done()
         self._lost()
         process = self._process
         if process is None:
             return
+        if preloading:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
         try:
             async with asyncio.timeout(_STOP_WAIT):
                 await process.wait()

@@ -188,8 +188,11 @@ def main(argv: list[str]) -> int:
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
-    if not preload(sock, argv[1], [m for m in argv[2].split(",") if m]):
-        return 2
+    try:
+        if not preload(sock, argv[1], [m for m in argv[2].split(",") if m]):
+            return 2
+    except (BrokenPipeError, ConnectionResetError):  # the agent stopped before our report
+        return 0
     return Zygote(sock).serve()
 
 

@@ -92,11 +92,12 @@ class Drains:
     async def report_step(self, drain_id: int, step: int) -> None:
         await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
 
-    async def choose_step(self, drain_id: int, window: float, settle: float) -> int:
+    async def choose_step(self, drain_id: int, window: float, settle: float) -> int | None:
         """(The draining agent) Choose and publish one step past the furthest reported,
         once every member reported, or ``settle`` seconds after the first report (in a
         synchronous job a rank blocked in a collective cannot report, and cannot be ahead
-        either), or after ``window`` (0 when nobody reported: nobody counts steps)."""
+        either), or after ``window``. None, and nothing published, when no worker of any
+        node reported a step: nobody counts steps, so no checkpoint can be coordinated."""
         store = self._store()
         keys = [self._key(drain_id, f"step/{node}") for node in await self.members()]
         deadline = time.monotonic() + window
@@ -114,7 +115,9 @@ class Drains:
                 await store.watch(self._key(drain_id, "step/"), revision, until - now)
             ).revision
         reported = [s for s in steps if s >= 0]
-        chosen = max(reported) + 1 if reported else 0
+        if not reported:
+            return None
+        chosen = max(reported) + 1
         await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
         return chosen
 

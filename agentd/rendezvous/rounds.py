@@ -106,12 +106,15 @@ class Rounds(Sealing):
             behind = int(raw or b"0")
             moved, raw = await store.compare_set(self._keys.gen, raw, str(self.floor).encode())
             if moved:  # its round, if anyone waits in it, is over
-                await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
+                ended, _ = await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)
                 said = (
                     "Rendezvous %s: the store is new (it restarted or failed over): its "
                     "generation %d is behind the %d this agent has seen; moved it on to %d"
                 )
-                log.info(said, self._run_id, behind, self.floor, self.floor)
+                # A round this store sealed is no news: it is the round this agent was in
+                # (a first round is joined without writing the generation), now over.
+                level = logging.INFO if ended else logging.DEBUG
+                log.log(level, said, self._run_id, behind, self.floor, self.floor)
         generation = int(raw or b"0")
         self.floor = max(self.floor, generation)
         return generation

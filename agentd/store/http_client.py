@@ -187,11 +187,14 @@ class HttpStore:
         if once:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout)
         while True:
+            session = self._session
+            if session is None:  # closed while this request waited to retry (a failover)
+                raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
             self.requests += 1
             began = time.monotonic()
             headers = self._headers()
             try:
-                async with self._session.post(
+                async with session.post(
                     url, data=_payload(body), timeout=timeout, headers=headers
                 ) as response:
                     data = await response.json(content_type=None)

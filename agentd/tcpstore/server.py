@@ -49,7 +49,8 @@ class TCPStoreServer:
         self._closing = False
         self._problems = RateLimitedLog(log)
 
-    async def start(self) -> None:
+    async def start(self, what: str = "workers' store") -> None:
+        """Listen (StartError naming ``what``, the flag or the listener, when it cannot)."""
         try:
             if self._sock is not None:
                 self._server = await asyncio.start_server(self._serve, sock=self._sock)
@@ -59,7 +60,7 @@ class TCPStoreServer:
                 )
         except OSError as exc:
             raise StartError(
-                f"workers' store: cannot listen on {self.host}:{self.port} ({exc.strerror})"
+                f"{what}: cannot listen on {self.host}:{self.port} ({exc.strerror})"
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.debug("Workers' store listening on %s:%d", self.host, self.port)

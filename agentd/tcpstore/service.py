@@ -57,7 +57,8 @@ class WorkerStoreService:
             share=0.5,
         )
         server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
-        await server.start()
+        given = group.spec.master_port and sock is None  # the user's port: name the flag
+        await server.start("--master-port" if given else "workers' store")
         self.server = server
         log.info("[%s] Serving the workers' store on %s:%d", group.spec.role, host, server.port)
 

@@ -161,6 +161,20 @@ def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_pa
     assert token_file.read(port, "health") is None  # withdrawn as the agent left
 
 
+def test_a_drain_of_workers_that_report_no_steps_says_so(run_agentd, torch_worker):
+    """Workers that never heartbeat cannot be told a step: no checkpoint is coordinated,
+    the log says so, and the node leaves at once (not after the drain timeout)."""
+    agent = run_agentd("--standalone", "--health-port", "0", *torch_worker, "sleep")
+    url = health_url(agent)
+    agent.wait_ready(1)
+    done = drain_cli("--url", url)
+    assert done.returncode == 0, done.stderr
+    assert agent.wait(30) == DRAINED_ALONE, agent.stderr()[-3000:]
+    err = agent.stderr()
+    assert "the workers report no steps" in err and "this node leaves without one" in err
+    assert "no checkpoint in" in err and "checkpoints at step" not in err
+
+
 @pytest.mark.torch
 def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store, tmp_path):
     pytest.importorskip("torch")

@@ -146,3 +146,18 @@ def test_config_file_and_pet_env(run_agentd, tmp_path):
     agent = run_agentd("--config", str(config), env={"PET_NPROC_PER_NODE": "3"})
     assert agent.wait() == 0, agent.stderr()
     assert len(agent.stdout().splitlines()) == 3  # PET_ beats the file
+
+
+def test_a_taken_master_port_is_one_line_naming_the_flag(run_agentd, torch_worker):
+    """No zygote traceback, no word of a "new store": the flag, the port and why."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        agent = run_agentd("--standalone", "--master-port", str(port), *torch_worker, "ok")
+        assert agent.wait() == 3
+    err = agent.stderr()
+    assert f"--master-port: cannot listen on 127.0.0.1:{port} (" in err
+    assert "Traceback" not in err and "the store is new" not in err

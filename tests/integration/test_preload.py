@@ -312,3 +312,32 @@ def test_workers_ignore_a_drain_signal_meant_for_their_agent(run_agentd, tmp_pat
         assert handlers[str(int(signal.SIGUSR1))] == repr(signal.SIG_IGN)
         assert handlers[str(int(signal.SIGTERM))] == repr(signal.SIG_DFL)
         assert handlers[str(int(signal.SIGUSR2))] == repr(signal.SIG_DFL)
+
+
+def traceback_of(agent) -> list[str]:
+    """The worker's traceback lines, as its stderr log has them (file names and code)."""
+    [err] = agent.log_dir.glob("*/attempt_0/0/stderr.log")
+    lines = err.read_text().splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    return lines[start:]
+
+
+@pytest.mark.parametrize("kind", ["script", "module"])
+def test_a_forked_workers_traceback_is_a_spawned_ones(run_agentd, tmp_path, kind):
+    """No agentd frame before the user's: the same lines as ``python job.py`` gives."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "job.py").write_text(
+        "import json\n\n\ndef fail():\n    raise ValueError('x')\n\n\nfail()\n"
+    )
+    target = ["-m", "pkg.job"] if kind == "module" else [str(package / "job.py")]
+    seen = []
+    for preload in ("--preload=json", "--no-preload"):
+        agent = run_agentd("--redirects", "3", preload, *target, cwd=tmp_path)
+        assert agent.wait(timeout=60) == 1, agent.stderr()
+        seen.append(traceback_of(agent))
+    forked, spawned = seen
+    assert forked == spawned
+    assert "agentd" not in "\n".join(forked)
+    assert forked[-1] == "ValueError: x"

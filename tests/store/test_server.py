@@ -280,3 +280,18 @@ async def test_a_watch_on_a_restarted_store_is_answered_at_once_even_past_its_re
     finally:
         await client.close()
         await second.stop()
+
+
+async def test_a_client_closed_while_a_request_waits_to_retry_fails_it_cleanly():
+    """A failover closes the old store's client while a watch retries on it: the watch
+    gets StoreUnavailable (its caller tries the next store), never an AttributeError."""
+    from tests.conftest import free_port
+
+    client = HttpStore(f"127.0.0.1:{free_port()}", "t", retry_timeout=30.0, backoff_initial=0.2)
+    request = asyncio.ensure_future(client.get("k"))
+    async with asyncio.timeout(20):
+        while client.requests < 1:  # refused once: now it waits to retry
+            await asyncio.sleep(0.01)
+    await client.close()
+    with pytest.raises(StoreUnavailable, match="after the client was closed"):
+        await asyncio.wait_for(request, 20)
