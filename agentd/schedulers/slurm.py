@@ -47,6 +47,12 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
     _nproc(environ, values, read_from)
     if nodes <= 1:
         return Detected("Slurm", job, values, read_from)
+    if step is None and not _placed_by_user(given):
+        raise ConfigError(
+            f"SLURM_STEP_ID: not set, so agentd runs in the batch script of a {nodes}-node "
+            f"allocation ({nodes_var}), on its first node only: start it on every node with "
+            "srun --ntasks-per-node=1 agentd run ..."
+        )
     _check_tasks(environ, nodes_var, nodes)
     list_var, hosts = _hosts(environ, nodes_var, nodes)
     this_host = environ.get("SLURMD_NODENAME", "")
@@ -69,6 +75,12 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
         if name in more_from:
             read_from[name] = nodes_var
     return Detected("Slurm", job, {**values, **more}, read_from)
+
+
+def _placed_by_user(given: Mapping[str, str]) -> bool:
+    """The user said where the job runs (its nodes, or a store of its own)."""
+    standalone = given.get("standalone", "false").lower() in ("1", "true", "yes", "on")
+    return standalone or any(name in given for name in ("nnodes", "rdzv_endpoint"))
 
 
 def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:

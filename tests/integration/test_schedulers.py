@@ -53,7 +53,7 @@ def free_slurm_job() -> str:
     import socket
 
     for job in random.sample(range(100_000, 999_999), 50):
-        port = PORT_BASE + zlib.crc32(f"slurm-{job}".encode()) % PORT_SPAN
+        port = PORT_BASE + zlib.crc32(f"slurm-{job}.0".encode()) % PORT_SPAN  # step 0
         try:
             for host in HOSTS:
                 with socket.socket() as sock:
@@ -65,9 +65,10 @@ def free_slurm_job() -> str:
 
 
 def slurm_env(job: str, index: int) -> dict[str, str]:
-    """What Slurm sets for the task on node ``index`` of a 3-node job (nothing else)."""
+    """What srun sets for the task on node ``index`` of a 3-node job step (nothing else)."""
     return {
         "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
         "SLURM_NNODES": "3",
         "SLURM_JOB_NODELIST": "127.0.0.[1-3]",
         "SLURM_NODEID": str(index),
@@ -87,7 +88,7 @@ def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_a
     wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="one world of 3")
     said = agents[1].stderr()
     assert (
-        f"Slurm job {job}: 3 nodes (1:3), endpoint 127.0.0.1:" in said
+        f"Slurm job {job} step 0: 3 nodes (1:3), endpoint 127.0.0.1:" in said
         and "1 worker per node, this node 127.0.0.2, drain on SIGUSR1" in said
     ), said
     assert "Hosting the rendezvous store on 127.0.0.1:" in agents[0].stderr()

@@ -15,6 +15,7 @@ from agentd.schedulers.kubernetes import detect_kubernetes
 
 SLURM = {
     "SLURM_JOB_ID": "1234",
+    "SLURM_STEP_ID": "0",
     "SLURM_NNODES": "4",
     "SLURM_JOB_NODELIST": "node[01-04]",
     "SLURM_NODEID": "1",
@@ -32,7 +33,7 @@ def test_a_slurm_node_reads_the_job_shape():
     config = run({**SLURM, "SLURM_GPUS_ON_NODE": "8"})
     assert config.nnodes == (1, 4)
     assert config.rdzv_backend == "agentd"
-    assert config.rdzv_id == "slurm-1234"
+    assert config.rdzv_id == "slurm-1234.0"
     assert config.local_addr == "node02"
     assert config.nproc_per_node == "8"
     hosts = config.rdzv_endpoint.split(",")
@@ -42,7 +43,7 @@ def test_a_slurm_node_reads_the_job_shape():
     assert config.sources["nproc_per_node"] == "Slurm (SLURM_GPUS_ON_NODE)"
     port = hosts[0].split(":")[1]
     assert scheduler_line(config) == (
-        f"Slurm job 1234: 4 nodes (1:4), endpoint node01:{port}, candidates "
+        f"Slurm job 1234 step 0: 4 nodes (1:4), endpoint node01:{port}, candidates "
         "node01,node02,node03, 8 workers per node, this node node02, drain on SIGUSR1"
     )
     assert run(SLURM, drain_on="SIGTERM").drain_on == (signal.SIGTERM,)  # given: theirs
@@ -81,7 +82,7 @@ def test_the_workers_are_the_gpus_slurm_gave_else_one():
 def test_an_option_the_user_gives_wins_over_what_is_read(given, env, field, value):
     config = run({**SLURM, **env}, **given)
     assert getattr(config, field) == value
-    assert config.rdzv_id in ("slurm-1234", "mine")  # the rest is still read
+    assert config.rdzv_id in ("slurm-1234.0", "mine")  # the rest is still read
     assert "given: " in scheduler_line(config)
 
 
@@ -103,7 +104,7 @@ def test_an_explicit_backend_is_followed():
     static = run(SLURM, rdzv_backend="static")
     assert (static.nnodes, static.node_rank, static.master_addr) == ((4, 4), 1, "node01")
     etcd = run(SLURM, rdzv_backend="etcd")
-    assert etcd.rdzv_endpoint == "" and etcd.rdzv_id == "slurm-1234"
+    assert etcd.rdzv_endpoint == "" and etcd.rdzv_id == "slurm-1234.0"
     standalone = run(SLURM, standalone=True)
     assert (standalone.nnodes, standalone.rdzv_backend) == ((1, 1), "static")
 
@@ -114,6 +115,22 @@ def test_scheduler_none_reads_nothing_and_slurm_insists():
     with pytest.raises(ConfigError, match=r"^SLURM_JOB_ID: not set"):
         run({}, scheduler="slurm")
     assert run({}).detected is None  # auto, outside any scheduler: as before
+
+
+def test_the_batch_script_of_several_nodes_without_srun_is_refused():
+    """Run on the allocation's first node only, it would wait for the last call and then
+    train alone: one line saying to start it with srun (exit 2), unless told where."""
+    batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
+    with pytest.raises(ConfigError) as caught:
+        run(batch)
+    assert str(caught.value) == (
+        "SLURM_STEP_ID: not set, so agentd runs in the batch script of a 4-node allocation "
+        "(SLURM_NNODES), on its first node only: start it on every node with "
+        "srun --ntasks-per-node=1 agentd run ..."
+    )
+    assert run(batch, nnodes="1").nnodes == (1, 1)  # the user says where: theirs
+    single = {**batch, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node01"}
+    assert run(single).nnodes == (1, 1)  # an allocation of one node needs no srun
 
 
 def test_a_single_node_job_needs_no_store():
@@ -132,7 +149,7 @@ def test_without_a_token_a_loopback_job_grows_its_candidates():
 @pytest.mark.parametrize(
     ("change", "error"),
     [
-        ({"AGENTD_STORE_TOKEN": None}, "--store-token: Slurm job 1234 runs on several hosts"),
+        ({"AGENTD_STORE_TOKEN": None}, "--store-token: Slurm job 1234 step 0 runs on several"),
         ({"SLURM_JOB_NODELIST": "node[01-04"}, "SLURM_JOB_NODELIST: 'node[01-04' leaves"),
         (
             {"SLURM_JOB_NODELIST": "node[01-03]"},
