@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import textwrap
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def script(tmp_path: Path, source: str, name: str = "train.py") -> str:
         "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n",
         "import os\nif __name__ == '__main__':\n    import numpy\n",
         "import numpy\nimport os\nos.environ['X'] = '1'\n",  # after the import: harmless
-        "import os\nprint(os.environ.get('RANK'))\nimport numpy\n",  # reading is harmless
+        '"""Doc."""\nfrom __future__ import annotations\nimport math, typing\nimport numpy\n',
+        "import os as _os\nSTEPS = 10\nNAME: str = 'x'\ndef f(a=1):\n    pass\nimport numpy\n",
     ],
 )
 def test_a_safe_library_imported_at_module_level_is_preloaded(tmp_path, source):
@@ -68,7 +70,11 @@ def test_torch_comes_first_whatever_the_order(tmp_path):
         ),
         (
             "from dotenv import load_dotenv\nload_dotenv()\nimport numpy\n",
-            "train.py:2 changes the environment",
+            "train.py:1 imports dotenv (not known to leave the process unchanged) before",
+        ),
+        (
+            "import os\nprint(os.environ.get('RANK'))\nimport numpy\n",
+            "train.py:2 runs `print(os.environ.get('RANK'))` before it imports numpy",
         ),
         (
             "import os\nif True:\n    del os.environ['A']\nimport numpy\n",
@@ -110,11 +116,107 @@ def test_a_library_not_installed_spawns(tmp_path, monkeypatch):
 def test_a_module_entrypoint_is_read_from_its_file_without_importing_it(tmp_path):
     pkg = tmp_path / "proj"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    (pkg / "__init__.py").write_text('"""The project."""\n')
     (pkg / "train.py").write_text("import numpy\n")
     (pkg / "__main__.py").write_text("import os\nos.environ['A'] = '1'\nimport numpy\n")
     assert choose("module", "proj.train", str(tmp_path)).modules == ("numpy",)
+    assert "proj" not in sys.modules  # read, never imported
     package = choose("module", "proj", str(tmp_path))
     assert package.modules is None and "-m proj:2 changes the environment" in package.reason
     missing = choose("module", "proj.nothing", str(tmp_path))
     assert missing.modules is None and missing.reason == "-m proj.nothing: source not found"
+
+
+def job(tmp_path: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        script(tmp_path, text, name)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        (  # the environment set in a helper called before the import
+            {
+                "train.py": "import os\n\n\ndef setup():\n    os.environ['NCCL_DEBUG'] = 'INFO'"
+                "\n\n\nsetup()\nimport torch\n"
+            },
+            "train.py:8 runs `setup()` before it imports torch",
+        ),
+        (  # a sibling module, imported first, sets OMP_NUM_THREADS
+            {
+                "settings.py": "import os\nos.environ['OMP_NUM_THREADS'] = '4'\n",
+                "train.py": "import settings\nimport torch\n",
+            },
+            "settings.py:2 changes the environment before it imports torch",
+        ),
+        (
+            {"train.py": "from os import environ as env\nenv['X'] = '1'\nimport torch\n"},
+            "train.py:2 changes the environment before it imports torch",  # through the alias
+        ),
+        (  # another torch build, silently
+            {
+                "train.py": "import sys as _s\n_s.path.insert(0, '/opt/vendored-torch')\n"
+                "import torch\n"
+            },
+            "train.py:2 changes sys.path before it imports torch",
+        ),
+        (
+            {"train.py": "import site\nsite.addsitedir('/opt/libs')\nimport torch\n"},
+            "train.py:1 imports site (not known to leave the process unchanged)",
+        ),
+        (
+            {"train.py": "exec(open('env.py').read())\nimport torch\n"},
+            "train.py:1 runs `exec(open('env.py').read())` before it imports torch",
+        ),
+        (
+            {"train.py": "import wandb\nimport torch\n"},
+            "train.py:1 imports wandb (not known to leave the process unchanged) before it "
+            "imports torch",
+        ),
+        (
+            {"train.py": "import logging\nlog = logging.getLogger('x')\nimport torch\n"},
+            "train.py:2 runs `log = logging.getLogger('x')` before it imports torch",
+        ),
+    ],
+)
+def test_anything_that_may_change_the_process_before_the_import_spawns(tmp_path, files, why):
+    job(tmp_path, files)
+    chosen = choose("script", str(tmp_path / "train.py"), str(tmp_path))
+    assert chosen.modules is None
+    assert chosen.reason == why or chosen.reason.startswith(why), chosen.reason
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_a_package_init_is_read_before_the_module_it_runs(tmp_path):
+    job(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import os\nos.environ['X'] = '1'\n",
+            "pkg/train.py": "import torch\n",
+        },
+    )
+    chosen = choose("module", "pkg.train", str(tmp_path))
+    assert chosen.modules is None
+    assert chosen.reason == "pkg/__init__.py:2 changes the environment before it imports torch"
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_the_jobs_own_clean_modules_keep_the_fork(tmp_path):
+    """``from model import Net`` before ``import torch`` forks when model.py is clean
+    (here it reaches torch itself, after a docstring and constants)."""
+    job(
+        tmp_path,
+        {
+            "model.py": '"""The net."""\nSIZE = 4\nimport torch\n\n\nclass Net(torch.nn.Module):\n'
+            "    pass\n",
+            "helpers/__init__.py": "",
+            "helpers/paths.py": "import os\nROOT = '/data'\n",
+            "train.py": "from helpers import paths\nfrom model import Net\nimport torch\n",
+        },
+    )
+    chosen = choose("script", str(tmp_path / "train.py"), str(tmp_path))
+    assert chosen.modules is not None and chosen.modules[0] == "torch", chosen.reason
+    job(tmp_path, {"helpers/paths.py": "import os\nos.makedirs('/tmp/x', exist_ok=True)\n"})
+    dirty = choose("script", str(tmp_path / "train.py"), str(tmp_path))
+    assert dirty.reason.startswith("helpers/paths.py:2 runs `os.makedirs(")
