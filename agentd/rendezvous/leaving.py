@@ -106,6 +106,16 @@ class Leaving:
                 f"the store cannot be reached ({why}); the round will be ended when it answers"
             ) from None
 
+    async def _end_forming_round(self) -> None:
+        """Leaving while waiting in a round not yet sealed (a stop signal during the
+        rendezvous): end it, so the peers waiting in it re-form without us and no round
+        is sealed with a member already gone."""
+        rounds = self._rounds
+        forming = rounds.joining if rounds is not None and self._round is None else None
+        if rounds is not None and forming is not None:
+            rounds.joining = None
+            await rounds.advance(forming, f"node {self.node_id} left while it was forming")
+
     async def set_closed(self, succeeded: bool, reason: str) -> None:
         if self._store is None or self._closed:
             return
@@ -136,6 +146,7 @@ class Leaving:
                     if self._round is not None and self._rounds is not None:
                         await self._rounds.settle(self.node_id)
                     await self.end_round(f"node {self.node_id} left")
+                    await self._end_forming_round()
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
             if self._opened.serves:

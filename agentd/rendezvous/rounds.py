@@ -79,6 +79,8 @@ class Rounds(Sealing):
         self._node = node
         self.floor = 0
         """The lowest generation this agent may join."""
+        self.joining: int | None = None
+        """The round this agent has its entry in while it waits for it to be sealed."""
         self.reserved: socket.socket | None = None
         """The port our last node entry offered for the workers' store, still bound."""
         self.carried: Carried | None = None
@@ -148,6 +150,17 @@ class Rounds(Sealing):
                 generation,
             )
             return None
+        self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
+        joined = await self._until_sealed(generation, rank, mine, start)
+        self.joining = None
+        return joined
+
+    async def _until_sealed(
+        self, generation: int, rank: int, mine: bytes, start: int
+    ) -> Round | None:
+        """Wait in round ``generation`` (our entry ``mine`` at ``rank``) until it is sealed:
+        the round, or None (try the next)."""
+        settings = self._settings
         sealed, revision, checker = None, start, False
         if rank + 1 == settings.max_nodes:
             sealed = await self._seal(generation, settings.max_nodes)

@@ -172,9 +172,7 @@ class HttpStore:
         ``once``: a single attempt with no time limit but TCP's own (see
         :mod:`agentd.store.sockets`): answered, or failed because the store is out of
         reach, never given up on while it merely waits at a frozen store."""
-        if self._closed:
-            raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
-        if self._session is None:
+        if self._session is None and not self._closed:
             connector = aiohttp.TCPConnector(
                 keepalive_timeout=KEEPALIVE,
                 socket_factory=keepalive_socket,
@@ -188,7 +186,7 @@ class HttpStore:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout)
         while True:
             session = self._session
-            if session is None:  # closed while this request waited to retry (a failover)
+            if session is None:  # closed, before or while it waited to retry (a failover)
                 raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
             self.requests += 1
             began = time.monotonic()

@@ -19,6 +19,11 @@ import threading
 import time
 from pathlib import Path
 
+try:  # first, as a training script imports it: --preload auto forks this script
+    import numpy
+except ImportError:
+    numpy = None
+
 rank = os.environ["LOCAL_RANK"]
 out = os.environ["AGENTD_TEST_OUT"]
 handlers = {str(int(sig)): repr(signal.getsignal(sig)) for sig in signal.valid_signals()}
@@ -89,12 +94,8 @@ report = {
     "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) < 3),
     "fds_3_up": len([fd for fd in os.listdir("/proc/self/fd") if int(fd) >= 3]),
 }
-try:
-    import numpy
-
+if numpy is not None:
     report["numpy_random"] = float(numpy.random.random())
-except ImportError:
-    pass
 with open(os.path.join(out, f"report_{rank}.json"), "w") as fp:
     json.dump(report, fp)
 
