@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -12,13 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TESTS, AgentProc, free_port, wait_until
+from tests.conftest import (
+    FORKED_LINE,
+    START_MODES,
+    TESTS,
+    TORCH_WORKER,
+    AgentProc,
+    free_port,
+    wait_until,
+)
 from tests.helpers.jobs import TOKEN, agent_args
 
 JOB = str(TESTS / "workers" / "inprocess_job.py")
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def start_job(tmp_path: Path, mode: str, *flags: str) -> subprocess.Popen[str]:
+def start_job(
+    tmp_path: Path, mode: str, *flags: str, script: tuple[str, ...] = (JOB,)
+) -> subprocess.Popen[str]:
     (tmp_path / "out").mkdir()
     argv = [
         sys.executable,
@@ -33,7 +45,7 @@ def start_job(tmp_path: Path, mode: str, *flags: str) -> subprocess.Popen[str]:
         "--log-dir",
         str(tmp_path / "logs"),
         *flags,
-        JOB,
+        *script,
         str(tmp_path / "out"),
         mode,
     ]
@@ -85,12 +97,19 @@ def attempt_of(url: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     ("mode", "flags"),
-    [("loop", ()), ("hang", ("--file-timer",)), ("loop", ("--preload=",))],
-    ids=["crash", "timer-reaped", "preload"],
+    [
+        ("loop", START_MODES["spawned"]),
+        ("hang", ("--file-timer",)),
+        ("loop", START_MODES["forked"]),
+    ],
+    ids=["crash-spawned", "timer-reaped", "crash-forked"],
 )
 def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, flags):
+    """The defaults matrix: the crash variants run a worker that imports torch, spawned
+    and forked from the zygote as the default does."""
     port = free_port()
-    proc = start_job(tmp_path, mode, "--health-port", str(port), *flags)
+    script = (TORCH_WORKER, JOB) if "hang" != mode and HAS_TORCH else (JOB,)
+    proc = start_job(tmp_path, mode, "--health-port", str(port), *flags, script=script)
     try:
         status = f"http://127.0.0.1:{port}/status"
         wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
@@ -114,6 +133,8 @@ def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, 
     assert second["pid"] != first["pid"]
     assert second["count"] == 0 and second["replaced"] == [1] and second["source"] == 0
     assert "Started 3 worker(s), attempt 1" in done.stderr
+    if script != (JOB,):  # started the way the matrix says
+        assert (FORKED_LINE in done.stderr) == (flags == START_MODES["forked"])
 
 
 def test_a_survivor_that_cannot_park_in_time_means_new_processes_for_all(tmp_path):

@@ -52,8 +52,10 @@ def test_failure_report_names_root_cause(run_agentd):
     assert len(doc["failures"]) == 1  # rank 0 was stopped by us, not failed
 
 
-def test_record_error_file_in_report(run_agentd):
-    agent = run_agentd("--nproc-per-node", "1", WORKER, "record", "--message", "disk on fire")
+def test_record_error_file_in_report(run_agentd, torch_worker):
+    agent = run_agentd(
+        "--nproc-per-node", "1", *torch_worker, "record", "--message", "disk on fire"
+    )
     assert agent.wait() == 1
     err = agent.stderr()
     assert "message   : ValueError: disk on fire" in err

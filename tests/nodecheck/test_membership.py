@@ -66,7 +66,7 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
     assert "bad host: sick" in excluded["metadata"]["reason"]
 
 
-def test_a_host_that_keeps_failing_gives_up_with_exit_code_4(run_agentd, tmp_path):
+def test_a_host_that_keeps_failing_gives_up_with_exit_code_4(run_agentd, tmp_path, torch_worker):
     flag = tmp_path / "sick"
     flag.touch()
     agent = run_agentd(
@@ -76,7 +76,7 @@ def test_a_host_that_keeps_failing_gives_up_with_exit_code_4(run_agentd, tmp_pat
         "0.05",
         "--node-check-max-exclusions",
         "2",
-        WORKER,
+        *torch_worker,
         "ok",
     )
     assert agent.wait(60) == 4, agent.stderr()[-2000:]
