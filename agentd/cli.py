@@ -60,6 +60,12 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
 
 
+CACERT_HELP = (
+    "the CA that signed an https:// endpoint's certificate (--health-cert; default: "
+    "AGENTD_HEALTH_CACERT, else the system's CAs)"
+)
+
+
 @functools.cache
 def _columns() -> int:
     """The terminal's width as shutil finds it: $COLUMNS, else stdout's terminal, else 80."""
@@ -143,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only probe /livez or /readyz (for exec probes)",
     )
     status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    status.add_argument("--cacert", help=CACERT_HELP)
     drain = commands.add_parser(
         "drain",
         help="drain a running agent's node (its --health-port endpoint)",
@@ -153,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--url", help="the agent's health endpoint (as for agentd status)")
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
     drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    drain.add_argument("--cacert", help=CACERT_HELP)
     store = commands.add_parser(
         "store",
         help="run the rendezvous store server on its own",
@@ -351,13 +359,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             from agentd.health import status_cli
 
-            return status_cli.run(args.url, args.json, args.check, args.timeout)
+            return status_cli.run(args.url, args.json, args.check, args.timeout, args.cacert)
         if args.command == "store":
             return run_store(args, environ)
         if args.command == "drain":
             from agentd.drain import http as drain_http
 
-            return drain_http.run(args.url, args.reason, args.timeout)
+            return drain_http.run(args.url, args.reason, args.timeout, args.cacert)
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)

@@ -205,7 +205,15 @@ def _health(config: AgentConfig) -> HealthSettings | None:
             "--drain-token: must differ from the store token (each listener has its own "
             "secret: the health port never carries the store's)"
         )
-    return HealthSettings(config.health_port, config.health_host, config.health_timeout, token)
+    cert, key = config.health_cert, config.health_key
+    if (cert is None) != (key is None):
+        given, missing = (
+            ("--health-cert", "--health-key") if key is None else ("--health-key", "--health-cert")
+        )
+        raise ConfigError(f"{given}: needs {missing} (the endpoint serves TLS with both)")
+    return HealthSettings(
+        config.health_port, config.health_host, config.health_timeout, token, cert=cert, key=key
+    )
 
 
 def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:

@@ -51,6 +51,8 @@ class AgentConfig:
     rdzv_conf: str = ""
     store_token: str | None = None
     drain_token: str | None = None
+    health_cert: str | None = None
+    health_key: str | None = None
     node_rank: int = 0
     max_restarts: int = 0
     monitor_interval: float = 0.1

@@ -277,6 +277,20 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="HOST",
     ),
     _o(
+        "health_cert",
+        v.optional_text,
+        "",
+        "Serve the health endpoint over TLS with this certificate (PEM; with --health-key).",
+        metavar="PATH",
+    ),
+    _o(
+        "health_key",
+        v.optional_text,
+        "",
+        "The private key of --health-cert (PEM).",
+        metavar="PATH",
+    ),
+    _o(
         "health_timeout",
         v.number(0.0, strict=True),
         "5",

@@ -64,10 +64,10 @@ async def drain_response(
     return web.json_response(drain(reason), status=202)
 
 
-def run(url: str | None, reason: str | None, timeout: float) -> int:
+def run(url: str | None, reason: str | None, timeout: float, cacert: str | None = None) -> int:
     """``agentd drain``: 0 the agent drains, 1 it refused, 3 it cannot be reached."""
     from agentd.store import token_file
-    from agentd.support.agent_url import default_url, url_problem
+    from agentd.support.agent_url import default_url, tls_context, url_problem
 
     base = (url or default_url(dict(os.environ))).rstrip("/")
     problem = url_problem(base)
@@ -86,7 +86,9 @@ def run(url: str | None, reason: str | None, timeout: float) -> int:
         headers={"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(
+            request, timeout=timeout, context=tls_context(base, cacert)
+        ) as response:
             sys.stdout.write(response.read().decode().strip() + "\n")
             return 0
     except urllib.error.HTTPError as exc:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import ssl
+
     from aiohttp import web
 
 from agentd.support.http_site import Limits, serve_app
@@ -103,6 +105,7 @@ class HealthCheckServer(StartedInBackground):
         max_connections: int = MAX_CONNECTIONS,
         drain: Callable[[str], dict[str, Any]] | None = None,
         token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._alive = alive_callback
         self._timeout = timeout
@@ -111,6 +114,7 @@ class HealthCheckServer(StartedInBackground):
         self._metrics = metrics
         self._drain = drain
         self._token = token
+        self._ssl = ssl_context
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
@@ -120,7 +124,7 @@ class HealthCheckServer(StartedInBackground):
     @property
     def url(self) -> str:
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self._ssl is not None else 'http'}://{host}:{self.port}"
 
     async def start_async(self) -> None:
         from aiohttp import web
@@ -134,7 +138,12 @@ class HealthCheckServer(StartedInBackground):
         if self._drain is not None:
             app.router.add_post("/drain", self._drain_handler)
         self._runner, self.port = await serve_app(
-            app, self._host, self._requested_port, "health_port", self._limits
+            app,
+            self._host,
+            self._requested_port,
+            "health_port",
+            self._limits,
+            ssl_context=self._ssl,
         )
         log.info("Health endpoint on %s (/livez /readyz /status /metrics)", self.url)
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentd.exceptions import StartError
+from agentd.exceptions import ConfigError, StartError
 from agentd.group import WorkerState
 from agentd.rendezvous.api import ReportsStore
 from agentd.store import token_file
@@ -22,6 +22,8 @@ from agentd.support import fdlimits
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    import ssl
+
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer, LoopLagMonitor
     from agentd.health.settings import HealthSettings
@@ -72,6 +74,7 @@ class HealthService:
             max_connections=cap,
             drain=self._drain,
             token=self._token,
+            ssl_context=tls_context(settings.cert, settings.key) if settings.cert else None,
         )
         try:
             await self.server.start_async()
@@ -196,3 +199,17 @@ def status_document(agent: AgentView) -> dict[str, Any]:
             "timestamp": failure.timestamp,
         },
     }
+
+
+def tls_context(cert: str, key: str | None) -> ssl.SSLContext:
+    """The health endpoint's server context (ConfigError naming the flag when the files
+    cannot be loaded)."""
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+        raise ConfigError(f"--health-cert: {cert!r} with --health-key {key!r}: {reason}") from None
+    return context

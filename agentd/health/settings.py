@@ -16,6 +16,9 @@ class HealthSettings:
     token: str | None = None
     """What ``POST /drain`` must carry (``--drain-token``; None: the agent makes one and
     publishes it for its user only). Never the store's token."""
+    cert: str | None = None
+    """Serve over TLS with this certificate and :attr:`key` (PEM files; None: plain HTTP)."""
+    key: str | None = None
     required: bool = True
     """False for torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``: a port that cannot be bound
     (another agent on this host has it) is a warning and the job runs without the

@@ -15,19 +15,24 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agentd.support.agent_url import default_url, url_problem
+from agentd.support.agent_url import default_url, tls_context, url_problem
 
 
-def fetch(url: str, timeout: float) -> tuple[int, bytes]:
-    """GET ``url``: the status code and body (HTTP errors included, not raised)."""
+def fetch(url: str, timeout: float, cacert: str | None = None) -> tuple[int, bytes]:
+    """GET ``url``: the status code and body (HTTP errors included, not raised); an
+    ``https`` one verified against ``cacert`` (see :func:`tls_context`)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(
+            url, timeout=timeout, context=tls_context(url, cacert)
+        ) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
 
 
-def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> int:
+def run(
+    url: str | None, as_json: bool, check: str | None, timeout: float, cacert: str | None = None
+) -> int:
     """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable)."""
     base = (url or default_url(dict(os.environ))).rstrip("/")
     problem = url_problem(base)
@@ -45,7 +50,7 @@ def run(url: str | None, as_json: bool, check: str | None, timeout: float) -> in
         return 2
     path = f"/{check}" if check else "/status"
     try:
-        code, body = fetch(base + path, timeout)
+        code, body = fetch(base + path, timeout, cacert)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
+
 DEFAULT_PORT = 29401
+CACERT_ENV = "AGENTD_HEALTH_CACERT"
 
 
 def default_url(environ: dict[str, str]) -> str:
@@ -26,3 +32,14 @@ def url_problem(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be an http(s)://host:port URL, e.g. http://127.0.0.1:29401"
     return ""
+
+
+def tls_context(url: str, cacert: str | None) -> ssl.SSLContext | None:
+    """How an ``https`` endpoint is verified: against ``cacert`` (``--cacert``, else
+    ``AGENTD_HEALTH_CACERT``), else the system's CAs; None for plain ``http``."""
+    if not url.startswith("https:"):
+        return None
+    import os
+    import ssl
+
+    return ssl.create_default_context(cafile=cacert or os.environ.get(CACERT_ENV) or None)

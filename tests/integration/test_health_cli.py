@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,3 +94,63 @@ def test_bad_health_flags_exit_2(run_agentd):
         "address or a host name (letters, digits, '-' and '_' in "
         "dot-separated labels)\n"
     )
+
+
+def test_the_health_endpoint_over_tls(run_agentd, tmp_path):
+    """--health-cert and --health-key: probes, status and drains over https, verified
+    against the operator's CA; plain http gets nothing from it."""
+    import re
+    import urllib.request
+
+    from tests.helpers.tls import make_ca, node_tls
+
+    ca = make_ca(tmp_path / "tls")
+    node = node_tls(tmp_path / "tls", "node", ca)
+    agent = run_agentd(
+        "--standalone",
+        "--health-port",
+        "0",
+        "--health-cert",
+        str(node.cert),
+        "--health-key",
+        str(node.key),
+        WORKER,
+        "sleep",
+        env={"AGENTD_DRAIN_TOKEN": "drain-secret"},
+    )
+    agent.wait_ready(1)
+    url = wait_until(
+        lambda: re.search(r"Health endpoint on (https://\S+)", agent.stderr()),
+        what="an https endpoint",
+    ).group(1)
+    live = status("--check", "livez", "--cacert", str(ca), url=url)
+    assert (live.returncode, live.stdout) == (0, "ok\n"), live.stderr
+    untrusted = status("--check", "livez", url=url)  # the system's CAs do not know it
+    assert untrusted.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+    plain = url.replace("https://", "http://")
+    try:
+        urllib.request.urlopen(plain + "/livez", timeout=5)
+        raise AssertionError("plain http answered")
+    except OSError:
+        pass
+    drain = subprocess.run(
+        [sys.executable, "-m", "agentd", "drain", "--url", url, "--cacert", str(ca)],
+        env={**os.environ, "AGENTD_DRAIN_TOKEN": "drain-secret"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert drain.returncode == 0, drain.stderr
+    assert agent.wait(60) == 5  # the only node drained: it ends here, unfinished
+
+
+def test_a_certificate_without_its_key_is_a_usage_error(run_agentd, tmp_path):
+    agent = run_agentd("--health-port", "0", "--health-cert", str(tmp_path / "c.pem"), WORKER)
+    assert agent.wait() == 2
+    assert "--health-cert: needs --health-key" in agent.stderr()
+    (tmp_path / "c.pem").write_text("not a certificate")
+    (tmp_path / "k.pem").write_text("not a key")
+    flags = ("--health-cert", str(tmp_path / "c.pem"), "--health-key", str(tmp_path / "k.pem"))
+    agent = run_agentd("--health-port", "0", *flags, WORKER, "ok")
+    assert agent.wait() == 2
+    assert f"--health-cert: '{tmp_path / 'c.pem'}' with --health-key" in agent.stderr()
