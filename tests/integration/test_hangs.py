@@ -71,6 +71,14 @@ def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(
     assert root["rank"] == 1 and root["hang"]["timeout_source"] == "learned"
 
 
+def test_the_first_heartbeat_of_every_worker_is_trusted(run_agentd, torch_worker):
+    """Issue 48: a forked worker's first heartbeat arrived before the agent knew its pid
+    and was dropped (3 runs in 10); the fixture fails the test on any such line."""
+    agent = run_agentd("--nproc-per-node", "4", *torch_worker, JOB, "--steps", "3", "--step", "0")
+    assert agent.wait(timeout=90) == 0, agent.stderr()
+    assert trained(agent) == [f"trained {rank}" for rank in range(4)]
+
+
 def test_a_hang_in_a_section_without_restarts_is_the_root_cause_in_result_json(run_agentd):
     agent = run_agentd(
         "--nproc-per-node",
