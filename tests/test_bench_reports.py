@@ -30,6 +30,7 @@ LOGS = {
     ("bench_leave.py", "log_path"),
     ("bench_first_step.py", "log_path"),
     ("bench_stragglers.py", "log_path"),
+    ("bench_defaults.py", "err"),
 }
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
 

@@ -1,0 +1,192 @@
+"""The defaults, together (issue 48): what a new user with torch and torchrun's flags meets.
+
+    python bench/bench_defaults.py [--runs 10] [--record]
+
+Three measurements, each with the default ``--preload auto`` (the scripts import torch,
+so their workers are forked from the zygote):
+
+- **torch's watchdog.** ``TORCHELASTIC_ENABLE_FILE_TIMER=1 agentd run --standalone
+  --nproc-per-node 2 --max-restarts 1`` of a script whose local rank 0 configures torch's
+  ``FileTimerClient`` and hangs in ``expires(after=1)`` on its first attempt: the runs
+  where the worker was reaped and the job restarted and exited 0, and the lines of the
+  agent that dropped a request as untrusted.
+- **The first heartbeat.** Four workers call ``agentd.heartbeat()`` as their first act:
+  the runs in which the agent dropped one as untrusted.
+- **A stop while waiting for peers.** ``--nnodes 2`` with no second node: SIGTERM once the
+  agent waits in the rendezvous; seconds to its exit and its exit status, against
+  torchrun's in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from report_files import write_report
+from run_control import wait_for
+
+TIMER_JOB = """\
+import os, time
+import torch  # noqa: F401
+from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+
+configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+if os.environ["LOCAL_RANK"] == "0" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    with expires(after=1):
+        time.sleep(60)
+"""
+HEARTBEAT_JOB = """\
+import torch  # noqa: F401
+import agentd
+
+for _ in range(3):
+    agentd.heartbeat()
+"""
+UNTRUSTED = "dropped (untrusted"
+COMMAND = ".venv/bin/python bench/bench_defaults.py --runs 10 --record"
+
+
+def agentd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentd", "run", *args]
+
+
+def run(argv: list[str], folder: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    done = subprocess.run(
+        argv, cwd=folder, env={**os.environ, **(env or {})}, capture_output=True, timeout=120
+    )
+    return done.returncode, done.stderr.decode(errors="replace")
+
+
+def torch_timer(folder: Path, runs: int) -> tuple[int, int]:
+    """(runs reaped, restarted and exit 0; untrusted lines in all runs)."""
+    script = folder / "timer_job.py"
+    write_report(script, TIMER_JOB)
+    good = untrusted = 0
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1"}
+    for _ in range(runs):
+        argv = agentd("--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(script))
+        code, err = run(argv, folder, env)
+        good += code == 0 and "expired: sent SIGKILL" in err and "restart 1 of 1" in err
+        untrusted += err.count(UNTRUSTED)
+    return good, untrusted
+
+
+def first_heartbeat(folder: Path, runs: int) -> int:
+    """The runs in which a first heartbeat was dropped as untrusted."""
+    script = folder / "heartbeat_job.py"
+    write_report(script, HEARTBEAT_JOB)
+    dropped = 0
+    for _ in range(runs):
+        code, err = run(agentd("--standalone", "--nproc-per-node", "4", str(script)), folder)
+        if code != 0:
+            raise SystemExit(f"the heartbeat job failed ({code}):\n{err[-2000:]}")
+        dropped += UNTRUSTED in err
+    return dropped
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, int]:
+    """Seconds from SIGTERM to the exit of a launcher waiting for its peer, and its status."""
+    script = folder / "ok.py"
+    write_report(script, "print('never runs')\n")
+    port = free_port()
+    flags = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    flags += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench", str(script)]
+    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
+    err = folder / f"{launcher}.err"
+    with open(err, "wb") as out:
+        proc = subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out)
+    try:
+        if not wait_for(lambda: listening(port), 60):  # it hosts the rendezvous store
+            raise SystemExit(f"{launcher} never served its store:\n{err.read_text()}")
+        time.sleep(1.0)  # joined, and waiting for the peer
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            return float("inf"), -1
+        return time.monotonic() - began, code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-defaults-") as tmp:
+        folder = Path(tmp)
+        good, untrusted = torch_timer(folder, args.runs)
+        print(
+            f"torch's watchdog: {good}/{args.runs} reaped and restarted, exit 0; "
+            f"{untrusted} untrusted line(s)"
+        )
+        dropped = first_heartbeat(folder, args.runs)
+        print(f"first heartbeat of 4 forked workers: dropped in {dropped}/{args.runs} runs")
+        stops: dict[str, list[tuple[float, int]]] = {"agentd": [], "torchrun": []}
+        for _ in range(max(3, args.runs // 2)):
+            for launcher in stops:
+                stops[launcher].append(stop_while_waiting(folder, launcher))
+        medians = {}
+        for launcher, found in stops.items():
+            medians[launcher] = statistics.median(s for s, _ in found)
+            codes = sorted({c for _, c in found})
+            print(
+                f"SIGTERM while waiting for a peer, {launcher}: median "
+                f"{medians[launcher]:.2f}s, exit {codes}"
+            )
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from figures import record
+
+        record(
+            "defaults_torch_timer",
+            f"{good} of {args.runs}",
+            COMMAND,
+            f"reaped and restarted under the default preload; {untrusted} untrusted lines",
+        )
+        record(
+            "defaults_first_heartbeat",
+            f"{dropped} of {args.runs}",
+            COMMAND,
+            "runs in which a forked worker's first heartbeat was dropped as untrusted",
+        )
+        record(
+            "stop_waiting",
+            f"{medians['agentd']:.2f} s",
+            COMMAND,
+            "median seconds from SIGTERM to the exit of an agent waiting for its peer",
+        )
+        record(
+            "stop_waiting_torchrun",
+            f"{medians['torchrun']:.2f} s",
+            COMMAND,
+            "the same, torchrun, in the same run",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
