@@ -203,11 +203,12 @@ def test_a_kubernetes_indexed_job_needs_no_rendezvous_flags(run_agentd, tmp_path
     kill_the_store_host_and_see_two_go_on(agents, out, stop)
 
 
-def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_path):
+def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_path, torch_worker):
     """``#SBATCH --signal=USR1@120`` reaches every process of a job step on a node, as
     slurmstepd signals them: the agent drains (its default under Slurm) and its worker,
-    guardian and any helper ignore the signal meant for the agent, so every rank
-    checkpoints at one step and the other nodes go on from it."""
+    guardian and any helper ignore the signal meant for the agent (the zygote and a worker
+    forked from it too), so every rank checkpoints at one step and the other nodes go on
+    from it."""
     import json
 
     import psutil
@@ -218,7 +219,7 @@ def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_pat
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     job = free_slurm_job()
-    train = (str(TESTS / "drain" / "train_steps.py"), str(out), str(stop))
+    train = (*torch_worker, str(TESTS / "drain" / "train_steps.py"), str(out), str(stop))
     agents = [
         run_agentd("--nproc-per-node", "1", *train, env=slurm_env(job, index), log_dir=False)
         for index in range(3)
