@@ -2,8 +2,10 @@
 descriptors riding along as ``SCM_RIGHTS``.
 
 Agent to zygote: ``{"fork": id, "argv", "env": {"set": {...}, "unset": [...]}, "cwd",
-"fds": [target numbers]}`` with one descriptor per target (stdin, stdout, stderr, then the
-descriptors the worker inherits). Zygote to agent: ``{"ready": ...}`` once the preload is
+"fds": [target numbers], "gated": true}`` with one descriptor per target (stdin, stdout,
+stderr, then the descriptors the worker inherits) and, when gated, the read end of the
+gate last: the worker runs nothing of the user's until the agent writes to it (see
+:func:`agentd.preload.child.become_worker`). Zygote to agent: ``{"ready": ...}`` once the preload is
 done, ``{"failed": message}`` when it is not possible, ``{"forked": id, "pid"}`` with the
 worker's pidfd, or ``{"forked": id, "error"}``, and ``{"exited": pid, "status"}`` (a wait
 status) for every worker it reaps. Both ends trust each other (a socketpair made by the
