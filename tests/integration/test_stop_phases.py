@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import WORKER, pid_alive, wait_until
+from tests.conftest import TESTS, WORKER, pid_alive, wait_until
 from tests.helpers.jobs import TOKEN, agent_args
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
@@ -64,3 +64,17 @@ def test_in_the_exit_barrier(run_agentd, run_store, sig):
     slow.proc.send_signal(signal.SIGTERM)
     assert slow.wait() == 128 + signal.SIGTERM
     wait_until(lambda: not pid_alive(pid), timeout=5, what="the slow node's worker gone")
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_while_draining(run_agentd, sig):
+    """Workers that heartbeat but never confirm a checkpoint keep a drain waiting for
+    --drain-timeout (60 s): a stop signal ends it at once."""
+    job = str(TESTS / "workers" / "heartbeat_job.py")
+    agent = run_agentd(
+        "--standalone", "--drain-on", "SIGUSR1", job, "--steps", "3000", "--step", "0.02"
+    )
+    wait_until(lambda: "Started 1 worker(s)" in agent.stderr(), what="the worker")
+    agent.proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "every rank checkpoints at step" in agent.stderr(), what="the drain")
+    assert stopped_within(agent, sig) < PROMPT
