@@ -167,13 +167,7 @@ class ProcessHygiene:
         except OSError as exc:
             log.error("Could not start a new guardian: %s", exc)
         else:
-            log.info(
-                "Guardian pid %s guards %d worker group(s)", self.guardian_pid, len(self._guarded)
-            )
+            pid = self._guardian.pid if self._guardian is not None else None
+            log.info("Guardian pid %s guards %d worker group(s)", pid, len(self._guarded))
         finally:
             self._replacing = None
-
-    @property
-    def guardian_pid(self) -> int | None:
-        """The guardian's pid, while one runs."""
-        return self._guardian.pid if self._guardian is not None else None

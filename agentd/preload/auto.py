@@ -82,6 +82,11 @@ class _Scan:
     reached: tuple[str, ...] | None = None
     problem: str | None = None
 
+    @property
+    def decided(self) -> bool:
+        """The reading can stop here: the library was reached, or a problem found."""
+        return self.reached is not None or self.problem is not None
+
 
 def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
     """The preload for ``python target`` (``kind`` ``"script"``) or ``python -m target``
@@ -109,7 +114,7 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
     scan = _Scan()
     for init in first:
         scan = reader.scan_file(init, _display(init, cwd))
-        if scan.reached is not None or scan.problem is not None:
+        if scan.decided:
             break
     else:
         scan = reader.scan(tree, name)
@@ -159,7 +164,7 @@ class _Reader:
     def _statements(self, body: list[ast.stmt], display: str) -> _Scan:
         for node in body:
             scan = self._statement(node, display)
-            if scan.reached is not None or scan.problem is not None:
+            if scan.decided:
                 return scan
         return _Scan()
 
@@ -169,11 +174,11 @@ class _Reader:
             return self._import(node, where)
         if isinstance(node, ast.If) and _inert(node.test):
             scan = self._statements(node.body, display)
-            return scan if scan.reached or scan.problem else self._statements(node.orelse, display)
+            return scan if scan.decided else self._statements(node.orelse, display)
         if isinstance(node, ast.Try):
             for block in (node.body, *(h.body for h in node.handlers), node.orelse):
                 scan = self._statements(block, display)
-                if scan.reached is not None or scan.problem is not None:
+                if scan.decided:
                     return scan
             return self._statements(node.finalbody, display)
         if _defines_only(node):
@@ -203,12 +208,11 @@ class _Reader:
                 for alias in node.names:
                     extra = _own_files(f"{dotted}.{alias.name}", self._path0)
                     files += [path for path in extra if path not in files]
-            if files:
-                for path in files:
-                    scan = self.scan_file(path, _display(path, self._path0))
-                    if scan.reached is not None or scan.problem is not None:
-                        return scan
-            elif top not in INERT:
+            for path in files:
+                scan = self.scan_file(path, _display(path, self._path0))
+                if scan.decided:
+                    return scan
+            if not files and top not in INERT:
                 return _Scan(
                     problem=f"{where} imports {top} (not known to leave the process unchanged)"
                 )

@@ -6,6 +6,7 @@ pidfd directly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -41,21 +42,18 @@ class ZygoteWorker(WorkerProcess):
 
     def release(self) -> None:
         """Let the worker run the user's code (once; it was held since its fork)."""
+        self._close_gate(b"1")
+
+    def _close_gate(self, word: bytes = b"") -> None:
+        """Write ``word`` to the gate and close it; without one, the held worker is given
+        up: it exits having run nothing of the user's."""
         gate, self._gate = self._gate, -1
         if gate < 0:
             return
-        try:
-            os.write(gate, b"1")
-        except OSError:  # it died at the gate: its exit says so
-            pass
-        finally:
-            os.close(gate)
-
-    def _close_gate(self) -> None:
-        """Give the held worker up: it exits having run nothing of the user's."""
-        gate, self._gate = self._gate, -1
-        if gate >= 0:
-            os.close(gate)
+        if word:
+            with contextlib.suppress(OSError):  # it died at the gate: its exit says so
+                os.write(gate, word)
+        os.close(gate)
 
     async def read_pipe(self, fd: int, read_end: int) -> None:
         """Feed this worker's stream ``fd`` (1 or 2) from the pipe's read end."""
