@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from agentd.rendezvous.exclusions import Exclusions
     from agentd.rendezvous.timings import NodeTimings
 
+LOST_REASON = "left (no heartbeat)"
+"""How a round ends when a member's lease ran out (its loss, not a restart): the agent
+reads it in the reason ``round_over`` gives."""
+
 
 class RendezvousError(AgentdError):
     """Base of the rendezvous errors (torch's hierarchy)."""

@@ -20,11 +20,13 @@ from agentd.rendezvous.conf import (
     reject_unknown,
     settings_from_conf,
 )
-from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-from agentd.store.connect import StoreOpener
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.conf import RendezvousSettings
+    from agentd.rendezvous.dynamic import DynamicRendezvous
+    from agentd.rendezvous.solo import SoloRendezvous
     from agentd.rendezvous.static import StaticRendezvous
+    from agentd.store.connect import StoreOpener
     from agentd.store.tls import StoreTls
 
 TORCHRUN_MASTER_PORT = 29500
@@ -64,18 +66,21 @@ def build_rendezvous(
                 f"--nnodes: '{low}:{high}' cannot be combined with --standalone "
                 "(one node; use --rdzv-backend agentd for several)"
             )
-        from agentd.store.connect import open_memory_store
-
-        settings = settings_from_conf(conf, (1, 1))
-        reject_unknown(conf, "agentd")
-        addr = request.local_addr or "127.0.0.1"
-        return _handler(request, run_id, local_world_size, open_memory_store, settings, addr)
+        return _solo(request, run_id, conf)
     backend = request.rdzv_backend
     if backend == "static":
         return _static(request, run_id, local_world_size, conf)
     if backend in ("etcd", "etcd-v2"):
         return _etcd(request, run_id, local_world_size, conf)
     return _dynamic(request, run_id, local_world_size, conf)
+
+
+def _solo(request: RendezvousRequest, run_id: str, conf: dict[str, str]) -> SoloRendezvous:
+    from agentd.rendezvous.solo import SoloRendezvous
+
+    settings_from_conf(conf, (1, 1))  # the keys are checked, though one node meets no one
+    reject_unknown(conf, "agentd")
+    return SoloRendezvous(run_id, request.local_addr or "127.0.0.1", request.master_port or None)
 
 
 def _static(
@@ -244,9 +249,8 @@ def _handler(
     settings: RendezvousSettings,
     addr: str,
 ) -> DynamicRendezvous:
-    backend = (
-        "agentd" if request.standalone else _ALIASES.get(request.rdzv_backend, request.rdzv_backend)
-    )
+    from agentd.rendezvous.dynamic import DynamicRendezvous
+
     return DynamicRendezvous(
         run_id,
         open_store,
@@ -255,5 +259,5 @@ def _handler(
         local_world_size=local_world_size,
         addr=addr,
         master_port=request.master_port or None,
-        backend=backend,
+        backend=_ALIASES.get(request.rdzv_backend, request.rdzv_backend),
     )

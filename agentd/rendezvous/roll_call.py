@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 ANSWER_TTL = 60.0
 """Seconds a call and its answers stay in the store."""
-LOST_REASON = "left (no heartbeat)"
-"""How the round watch says that a member's lease ran out (its loss, not a restart)."""
 
 
 class RollCalls:

@@ -16,8 +16,9 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agentd.rendezvous.api import LOST_REASON
 from agentd.rendezvous.keys import RunKeys
-from agentd.rendezvous.roll_call import LOST_REASON, answer
+from agentd.rendezvous.roll_call import answer
 from agentd.rendezvous.round import Round
 from agentd.rendezvous.rounds import POLL
 from agentd.store.api import Store, StoreUnavailable

@@ -81,7 +81,7 @@ class StaticRendezvous:
 
     async def next_rendezvous(self) -> RendezvousInfo:
         self._generation += 1
-        port = self._master_port or free_port(self._master_addr)
+        port = self._master_port or self._pick_port()
         infos = tuple(
             RoleInstanceInfo(self._role, rank, self._local_world_size)
             for rank in range(self._nnodes)
@@ -95,6 +95,10 @@ class StaticRendezvous:
             generation=self._generation,
             role_infos=infos if self._nnodes > 1 else (),
         )
+
+    def _pick_port(self) -> int:
+        """A port for this round's workers' store, none being pinned."""
+        return free_port(self._master_addr)
 
     async def round_over(self) -> str:
         await asyncio.Future()  # a static rendezvous hears nothing from its peers

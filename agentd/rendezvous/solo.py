@@ -1,0 +1,79 @@
+"""The rendezvous of ``--standalone``: one node, no peers, no store to meet in.
+
+torchrun's ``--standalone`` runs its c10d rendezvous against a store on localhost that no
+other agent can reach; here a job of one node skips the membership machinery (leases,
+rounds, roll calls, releases) it could never use. What the job still sees is what a
+standalone job gets under torchrun: its agent serves the workers' store
+(``use_agent_store``), on a port reserved for it each attempt, and the backend reports
+itself as ``agentd``. A drain still works: it is agreed, among this node's workers alone,
+in a store inside the agent, built when first asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from agentd.rendezvous.static import StaticRendezvous, reserve_port
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.drains import Drains
+    from agentd.store.memory import MemoryStore
+
+
+class SoloRendezvous(StaticRendezvous):
+    """A rendezvous of this node alone (see the module docstring)."""
+
+    def __init__(self, run_id: str, addr: str = "127.0.0.1", master_port: int | None = None):
+        super().__init__(run_id, addr, master_port)
+        self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
+        self._reserved: socket.socket | None = None
+        self._store: MemoryStore | None = None
+
+    def get_backend(self) -> str:
+        return "agentd"
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    def _pick_port(self) -> int:
+        """A port held (bound, not listening) until the workers' store takes it over."""
+        self._release_reserved()
+        self._reserved = reserve_port(self._master_addr)
+        return int(self._reserved.getsockname()[1])
+
+    def take_master_socket(self, port: int) -> socket.socket | None:
+        """The socket reserved for the workers' store of this attempt, if ``port`` is its
+        port (the caller owns it then)."""
+        sock, self._reserved = self._reserved, None
+        if sock is not None and sock.getsockname()[1] != port:
+            sock.close()
+            return None
+        return sock
+
+    @cached_property
+    def drains(self) -> Drains:
+        """The drain protocol, among this node's workers (its store is built now)."""
+        from agentd.rendezvous.drains import Drains
+        from agentd.rendezvous.keys import RunKeys
+        from agentd.store.memory import MemoryStore
+
+        store = self._store = MemoryStore(stall_guard=False)
+
+        async def members() -> list[str]:
+            return [self.node_id]
+
+        return Drains(lambda: store, RunKeys(self._run_id), self.node_id, members)
+
+    async def shutdown(self) -> None:
+        self._release_reserved()
+        if self._store is not None:
+            await self._store.close()
+
+    def _release_reserved(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
