@@ -205,7 +205,14 @@ def main() -> int:
                 ratio = statistics.median(results["torchrun"][figure]) / statistics.median(
                     results[name][figure]
                 )
-                print(f"  ratio torchrun/{name} = {ratio:.1f}x")
+                paired = [
+                    t / a
+                    for t, a in zip(results["torchrun"][figure], results[name][figure], strict=True)
+                ]
+                print(
+                    f"  ratio torchrun/{name} = {ratio:.1f}x "
+                    f"(run by run {min(paired):.1f}-{max(paired):.1f}x)"
+                )
     print(
         f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window (agentd: the agent "
         "and the guardian process it starts; CPU and wake-ups of both)"
@@ -231,7 +238,22 @@ def main() -> int:
             command,
             "the agent and the guardian process it starts",
         )
+        restart = results["agentd"]["restart"]
+        record(
+            "restart",
+            f"{statistics.median(restart) * 1000:.0f} ms",
+            command,
+            f"median of {args.runs} ({min(restart) * 1000:.0f}-{max(restart) * 1000:.0f} ms); "
+            f"a worker of 4 crashes -> the next attempt's first worker runs (--standalone)",
+        )
         if "torchrun" in commands:
+            ratios = [t / a for t, a in zip(results["torchrun"]["restart"], restart, strict=True)]
+            record(
+                "restart_ratio",
+                f"{min(ratios):.1f}-{max(ratios):.1f}x",
+                command,
+                "torchrun's restart over agentd's, run by run (interleaved, the same run)",
+            )
             record("launch_torchrun", f"{launch['torchrun']:.1f} s", command)
             record("idle_rss_torchrun", f"{idle['torchrun'][0]:.0f} MiB", command)
     return 0
