@@ -21,8 +21,11 @@ has not failed, reached the store's host (TCP would have given up on bytes it co
 deliver). Such a store is not serving anyone (it reads every connection as it runs), so
 it cannot expire us either (its TTLs run on serving time): the lease is extended in short
 steps while that holds, and ends the moment the connection fails (a partition, a dead
-store). When the held heartbeat is answered, the lease counts from its send time, as
-always. So a store frozen for less than the TTL minus the margin costs no restart, as
+store). The extension is bounded: never past one TTL after the held heartbeat was sent,
+the lease that heartbeat would have given had it been answered at once. A store that
+serves others while it holds ours (a failover under way, a handler stuck on our
+connection) may expire us on that clock, so no proof lets a lease run longer. When the
+held heartbeat is answered, the lease counts from its send time, as always. So a store frozen for less than the TTL minus the margin costs no restart, as
 long as the TTL leaves room to see the proof (``ttl - margin - interval`` at least
 ``DELIVERED_AFTER``: 15 s, 1 s and 5 s by default); a longer freeze cannot be told from
 a lost store.
@@ -113,8 +116,10 @@ class Membership:
         if self._lost:
             return self._lost
         deadline = self.deadline
-        if deadline is not None and time.monotonic() >= deadline and not self._delivered():
-            return self._silence_reason()
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            if not self._delivered() or now >= self._extension_limit():
+                return self._silence_reason()
         return ""
 
     def rejoined(self) -> None:
@@ -133,7 +138,7 @@ class Membership:
                 wake_at = None
             elif now < deadline - self.margin:
                 wake_at = deadline - self.margin
-            elif self._delivered():
+            elif self._delivered() and now < self._extension_limit() - self.margin:
                 self._extend(now)
                 wake_at = now + _EXTEND_STEP / 2
             else:
@@ -156,6 +161,10 @@ class Membership:
             and time.monotonic() - pending >= DELIVERED_AFTER
         )
 
+    def _extension_limit(self) -> float:
+        """The furthest a held heartbeat may extend the lease: one TTL after its send."""
+        return (self._pending_since or 0.0) + self.ttl
+
     def _extend(self, now: float) -> None:
         if self._deadline is None or self._deadline < now + _EXTEND_STEP:
             self._problems.warning(
@@ -166,7 +175,7 @@ class Membership:
                 self._where,
                 now - (self._pending_since or now),
             )
-            self._set_deadline(now + _EXTEND_STEP)
+            self._set_deadline(min(now + _EXTEND_STEP, self._extension_limit()))
 
     def _silence_reason(self) -> str:
         since = self._failing_since
@@ -177,6 +186,9 @@ class Membership:
         )
         if since is not None:
             what += f" (unreachable since {time.monotonic() - since:.1f}s ago)"
+        elif self._pending_since is not None:
+            held = time.monotonic() - self._pending_since
+            what += f" (it has held the latest for {held:.1f}s without answering)"
         return what + f", within the heartbeat TTL of {self.ttl:g}s"
 
     def _lose(self, reason: str) -> None:

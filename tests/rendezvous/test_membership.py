@@ -74,3 +74,43 @@ async def test_without_a_lease_silence_is_never_loss():
     assert m.deadline is None
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(m.lost(), 0.5)
+
+
+class HoldsHeartbeats(MemoryStore):
+    """A store that takes our heartbeat and never answers it, while it may serve anyone
+    else (a failover under way, a handler stuck on our connection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_since: float | None = None
+
+    async def heartbeat(self, key: str, ttl: float) -> bool:
+        if self.held_since is None:
+            self.held_since = time.monotonic()
+        await asyncio.Future()
+        raise AssertionError("never answered")
+
+
+async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most(monkeypatch):
+    """Before, the lease was extended a second at a time for as long as the store held the
+    heartbeat: with a 6 s TTL the agent was still a member after 14 s, while the others
+    could fail over and give its ranks away."""
+    import agentd.rendezvous.membership as membership_module
+
+    monkeypatch.setattr(membership_module, "DELIVERED_AFTER", 0.1)
+    store = HoldsHeartbeats()
+    m = membership(store, ttl=1.0, interval=0.2)
+    deadlines: list[float] = []
+    m.on_lease(lambda d: deadlines.append(d) if d is not None else None)
+    await m.announce()
+    m.member = True
+    m.start()
+    try:
+        why = await asyncio.wait_for(m.lost(), 5)
+    finally:
+        await m.stop()
+    assert store.held_since is not None
+    assert "held the latest" in why
+    assert max(deadlines) <= store.held_since + m.ttl  # never past one TTL after its send
+    assert deadlines[-1] > deadlines[0]  # it was extended meanwhile: the proof still counts
+    assert m.expired() == why
