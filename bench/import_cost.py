@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from report_files import write_report
+
 _LINE = re.compile(r"^import time:\s+(\d+) \|\s+\d+ \|\s*(agentd(?:\.[\w.]+)?)\s*$")
 
 
@@ -36,7 +38,7 @@ def import_cost(standalone: bool = True) -> ImportCost:
     static rendezvous of one node)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "w.py").write_text("pass\n")
+        write_report(Path(tmp, "w.py"), "pass\n")
         done = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "agentd", "run"]
             + (["--standalone"] if standalone else [])
