@@ -25,10 +25,10 @@ store). The extension is bounded: never past one TTL after the held heartbeat wa
 the lease that heartbeat would have given had it been answered at once. A store that
 serves others while it holds ours (a failover under way, a handler stuck on our
 connection) may expire us on that clock, so no proof lets a lease run longer. When the
-held heartbeat is answered, the lease counts from its send time, as always. So a store frozen for less than the TTL minus the margin costs no restart, as
-long as the TTL leaves room to see the proof (``ttl - margin - interval`` at least
-``DELIVERED_AFTER``: 15 s, 1 s and 5 s by default); a longer freeze cannot be told from
-a lost store.
+held heartbeat is answered, the lease counts from its send time, as always. So a store
+frozen for less than the TTL minus the margin costs no restart, as long as the TTL leaves
+room to see the proof (``ttl - margin - interval`` at least ``DELIVERED_AFTER``: 15 s, 1 s
+and 5 s by default); a longer freeze cannot be told from a lost store.
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ class Membership:
             return self._lost
         deadline = self.deadline
         now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            if not self._delivered() or now >= self._extension_limit():
-                return self._silence_reason()
+        past = deadline is not None and now >= deadline
+        if past and (not self._delivered() or now >= self._extension_limit()):
+            return self._silence_reason()
         return ""
 
     def rejoined(self) -> None:
