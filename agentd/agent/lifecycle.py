@@ -45,6 +45,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     _hooks: AgentHooks
     _gate: ReleaseGate | None
     _drain: DrainPort | None
+    _drain_attempt: int
+    """The attempt the drain's service follows."""
     _slow_nodes: SlowNodesPort | None
     _oom: OomPort | None
     _running: list[Service]
@@ -113,7 +115,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         self._services.heartbeats.started(group, started)
         if self._services.node_checks is not None:
             self._services.node_checks.workers_started()
-        self._start_drains()
+        self._start_drains(group)
         self._start_slow_nodes()
         errors = [p for p in procs if isinstance(p, BaseException)]
         self._procs = {p.local_rank: p for p in started}
@@ -153,17 +155,29 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         import agentd.errors.error_file
         import agentd.telemetry.metrics_api  # noqa: F401
 
-    def _start_drains(self) -> None:
+    def _start_drains(self, group: WorkerGroup) -> None:
+        """Follow drains from this attempt's start, once a peer could ask for one; a node
+        alone in its round builds the drain's service when it drains (:meth:`_drain_now`)."""
+        if self._drain is None and (group.group_world_size or 1) < 2:
+            return
+        self._drain_now()
+
+    def _drain_now(self) -> DrainPort | None:
+        """The drain's service, following the current attempt (None: the rendezvous
+        carries no drains, or no workers started yet)."""
         handler = self.rdzv_handler
         if self.control_file is None or not isinstance(handler, CoordinatesDrains):
-            return
+            return None
         if self._drain is None:
             from agentd.assembly.services import drain_service
 
-            self._drain = drain_service(self._settings.drain, handler.drains, self._hooks)
+            self._drain = drain_service(self._settings.drain, handler.drains(), self._hooks)
             self._running.append(self._drain)  # stopped with the other services
-        self._drain.attempt(self.control_file)
-        self._drain.workers_started()
+        if self._drain_attempt != self.attempt:
+            self._drain_attempt = self.attempt
+            self._drain.attempt(self.control_file)
+            self._drain.workers_started()
+        return self._drain
 
     def _start_slow_nodes(self) -> None:
         handler, settings = self.rdzv_handler, self._settings.slow_nodes

@@ -105,6 +105,7 @@ class LocalElasticAgent(WorkerLifecycle):
         self._failed_ranks: set[int] = set()
         self._oom: OomPort | None = None
         self._drain: DrainPort | None = None
+        self._drain_attempt = -1
         self._slow_nodes: SlowNodesPort | None = None
         self._exit_on_leave: int | None = None
         self.control_file: str | None = None
@@ -187,7 +188,7 @@ class LocalElasticAgent(WorkerLifecycle):
         """Drain this node: every rank checkpoints at one step, then the job goes on
         without it, and it exits 0 (128+``signum`` for a signal). A second request, or one
         without running workers, stops at once."""
-        drain = self._drain
+        drain = self._drain_now() if self._procs else None
         exit_code = 128 + signum if signum is not None else 0
         if drain is None or not self._procs or not drain.request(reason, exit_code):
             self.request_stop(signum or signal.SIGTERM)

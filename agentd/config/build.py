@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
     from agentd.health.settings import HealthSettings
     from agentd.nodecheck.gate import NodeGate
+    from agentd.slownodes.settings import SlowNodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,6 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.settings import InProcessSettings
-    from agentd.slownodes.settings import SlowNodeSettings
     from agentd.timer.settings import WatchdogSettings
 
     settings = AgentSettings(
@@ -181,15 +181,26 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
         inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
         gpu_release_timeout=config.gpu_release_timeout,
-        slow_nodes=SlowNodeSettings(
-            config.straggler_interval, config.straggler_factor, config.replace_stragglers
-        ),
+        slow_nodes=_slow_nodes(config, spec),
     )
     return LocalElasticAgent(
         spec,
         exit_barrier_timeout=config.exit_barrier_timeout,
         log_dir=config.log_dir,
         settings=settings,
+    )
+
+
+def _slow_nodes(config: AgentConfig, spec: WorkerSpec) -> SlowNodeSettings | None:
+    """The straggler comparison's settings, where the rendezvous compares nodes at all."""
+    from agentd.rendezvous.api import ComparesNodes
+
+    if not isinstance(spec.rdzv_handler, ComparesNodes):
+        return None
+    from agentd.slownodes.settings import SlowNodeSettings
+
+    return SlowNodeSettings(
+        config.straggler_interval, config.straggler_factor, config.replace_stragglers
     )
 
 

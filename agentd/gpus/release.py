@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from agentd.gpus.usage import GpuUsage, open_usage
+if TYPE_CHECKING:
+    from agentd.gpus.usage import GpuUsage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ class GpuRelease:
         """Look for the GPUs now, in a thread (loading NVML takes tens of milliseconds),
         so the first stop does not wait for it."""
         if self._looking is None and self.timeout:
+            from agentd.gpus.usage import open_usage
+
             self._looking = asyncio.ensure_future(asyncio.to_thread(open_usage))
 
     async def _opened(self) -> GpuUsage | None:

@@ -267,7 +267,9 @@ class ComparesNodes(Protocol):
 class CoordinatesDrains(Protocol):
     """A rendezvous whose store carries the drain protocol (:mod:`agentd.rendezvous.drains`)."""
 
-    drains: Drains
+    def drains(self) -> Drains:
+        """This node's side of the protocol (built on the first call where that costs)."""
+        ...
 
 
 _AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")

@@ -94,7 +94,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._keys = RunKeys(run_id)
         self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
-        self.drains = Drains(lambda: self.store, self._keys, self.node_id, self._member_ids)
+        self._drains = Drains(lambda: self.store, self._keys, self.node_id, self._member_ids)
         self.timings = NodeTimings(lambda: self.store, self._keys)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
@@ -171,6 +171,9 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
     def bind_worker_spec(self, role: str, local_world_size: int) -> None:
         """The agent's role and worker count, for a handler built before its spec."""
         self._role, self._local_world_size = role, local_world_size
+
+    def drains(self) -> Drains:
+        return self._drains
 
     @property
     def use_agent_store(self) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 from agentd.rendezvous.static import StaticRendezvous, reserve_port
@@ -31,6 +30,7 @@ class SoloRendezvous(StaticRendezvous):
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._reserved: socket.socket | None = None
         self._store: MemoryStore | None = None
+        self._drains: Drains | None = None
 
     def get_backend(self) -> str:
         return "agentd"
@@ -54,19 +54,21 @@ class SoloRendezvous(StaticRendezvous):
             return None
         return sock
 
-    @cached_property
     def drains(self) -> Drains:
-        """The drain protocol, among this node's workers (its store is built now)."""
-        from agentd.rendezvous.drains import Drains
-        from agentd.rendezvous.keys import RunKeys
-        from agentd.store.memory import MemoryStore
+        """The drain protocol, among this node's workers (its store is built on the first
+        call: the agent asks only when this node drains)."""
+        if self._drains is None:
+            from agentd.rendezvous.drains import Drains
+            from agentd.rendezvous.keys import RunKeys
+            from agentd.store.memory import MemoryStore
 
-        store = self._store = MemoryStore(stall_guard=False)
+            store = self._store = MemoryStore(stall_guard=False)
 
-        async def members() -> list[str]:
-            return [self.node_id]
+            async def members() -> list[str]:
+                return [self.node_id]
 
-        return Drains(lambda: store, RunKeys(self._run_id), self.node_id, members)
+            self._drains = Drains(lambda: store, RunKeys(self._run_id), self.node_id, members)
+        return self._drains
 
     async def shutdown(self) -> None:
         self._release_reserved()

@@ -11,10 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentd.support.lazy import lazy_getattr
-from agentd.timer.api import RequestQueue, TimerClient, TimerRequest
-from agentd.timer.default_client import configure, expires, get_client
 
 _LAZY = {
+    "RequestQueue": "agentd.timer.api",
+    "TimerClient": "agentd.timer.api",
+    "TimerRequest": "agentd.timer.api",
+    "configure": "agentd.timer.default_client",
+    "expires": "agentd.timer.default_client",
+    "get_client": "agentd.timer.default_client",
     "FileTimerClient": "agentd.timer.file_pipe",
     "FileTimerRequest": "agentd.timer.file_pipe",
     "FileTimerServer": "agentd.timer.file_server",
@@ -45,6 +49,8 @@ __getattr__ = lazy_getattr(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:
+    from agentd.timer.api import RequestQueue, TimerClient, TimerRequest
+    from agentd.timer.default_client import configure, expires, get_client
     from agentd.timer.file_pipe import FileTimerClient, FileTimerRequest
     from agentd.timer.file_server import FileTimerServer
     from agentd.timer.local import LocalTimerClient, LocalTimerServer, MultiprocessingRequestQueue
