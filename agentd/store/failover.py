@@ -29,7 +29,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.candidates import Prober, RoleReport, grows
+from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
@@ -185,19 +185,25 @@ class FailoverStore:
 
     def _grow(self, reports: list[RoleReport]) -> bool:
         """Adopt the longest later version of our growing list that ``reports`` show."""
-        for report in sorted(reports, key=lambda r: len(r.endpoints), reverse=True):
-            if self.growing and grows(self.endpoints, report.endpoints):
-                if self.alone:  # from now on a lost server is left for another, in time
-                    self._client.set_timeouts(
-                        retry_timeout=SERVER_RETRY, request_timeout=self._request_timeout
-                    )
-                    self._client.refused_is_final = True
-                self._prober.endpoints = report.endpoints
-                log.debug("Store: the candidates are now %s", ",".join(report.endpoints))
-                if self.on_list is not None:
-                    self.on_list(report.endpoints)
-                return True
-        return False
+        return any(
+            self.adopt(report.endpoints)
+            for report in sorted(reports, key=lambda r: len(r.endpoints), reverse=True)
+        )
+
+    def adopt(self, endpoints: Sequence[str]) -> bool:
+        """Take ``endpoints`` as our growing list if it is a later version of it."""
+        if not (self.growing and grows(self.endpoints, endpoints)):
+            return False
+        if self.alone:  # from now on a lost server is left for another, in time
+            self._client.set_timeouts(
+                retry_timeout=SERVER_RETRY, request_timeout=self._request_timeout
+            )
+            self._client.refused_is_final = True
+        self._prober.endpoints = tuple(endpoints)
+        log.debug("Store: the candidates are now %s", ",".join(endpoints))
+        if self.on_list is not None:
+            self.on_list(self._prober.endpoints)
+        return True
 
     async def _find_server(self, moves: int, why: str) -> None:
         """Move to the candidate serving now (promoting one if none does), unless another
@@ -328,8 +334,12 @@ class FailoverStore:
         return await self._call(lambda s: s.watch(prefix, after_revision, timeout))
 
     async def stand(self, endpoint: str) -> dict[str, Any]:
-        """Offer ``endpoint`` to the serving candidate of our growing list."""
-        return await self._call(lambda s: s.stand(endpoint))
+        """Offer ``endpoint`` to the serving candidate of our growing list; its answer's
+        list, ours included once admitted, is ours from now on (a member that stood by
+        must know where to go should the store's host be lost before its next answer)."""
+        answer = await self._call(lambda s: s.stand(endpoint))
+        self.adopt(endpoint_list(answer.get("endpoints")))
+        return answer
 
     async def close(self) -> None:
         self._closed = True

@@ -296,8 +296,8 @@ class StoreServer:
                 raise BadRequest("op: 'stand' needs a growing candidate list (one endpoint)")
             if not candidacy.serving:
                 raise StoreNotServing(candidacy.not_serving_message())
-            endpoint = _endpoint(body.get("endpoint"))
-            return {**candidacy.document(), "admitted": candidacy.admit(endpoint)}
+            admitted = candidacy.admit(_endpoint(body.get("endpoint")))
+            return {**candidacy.document(), "admitted": admitted}  # the list, with it
         else:
             candidacy.extend(endpoints)
         return candidacy.document()

@@ -177,6 +177,29 @@ async def test_stand_checks_the_endpoint(job, body, status, error):
         assert sent[CANDIDATE_COUNT_HEADER] == "2"
 
 
+async def test_the_answer_to_stand_lists_the_member_it_admitted(job):
+    """The answer was built before the admission: a member learned a list without itself
+    (it logged "candidate -1") and, the store's host lost before its next answer, had no
+    candidate to move to while the others re-formed without it."""
+    headers = {CANDIDATES_HEADER: fingerprint([job.seed])}
+    _, doc, _ = await post(job.seed, "stand", {"endpoint": "127.0.0.9:4000"}, headers)
+    assert doc["admitted"] and doc["endpoints"] == [job.seed, "127.0.0.9:4000"], doc
+
+
+async def test_a_member_knows_the_list_with_itself_as_soon_as_it_stands_by(job):
+    client = job.client()
+    await client.set("hello", b"x")
+    client._learning = True  # no other request teaches it the list meanwhile
+    standby = Standby(client, "127.0.0.2", max_connections=64)
+    job.standbys.append(standby)
+    standby.start_soon()
+    assert standby._task is not None
+    await standby._task
+    assert standby.server is not None and standby.server.candidacy.index == 1
+    assert client.endpoints == (job.seed, f"127.0.0.2:{job.port}")
+    assert not client.alone  # the seed lost, it moves on instead of retrying it for 30 s
+
+
 async def test_a_client_of_another_seed_is_refused(job):
     other = fingerprint(["127.0.0.9:1"])
     status, doc, _ = await post(job.seed, "get", {"key": "k"}, {CANDIDATES_HEADER: other})
