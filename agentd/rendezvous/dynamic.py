@@ -335,8 +335,11 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         )
         for listener in self._lease_listeners:
             membership.on_lease(listener)
-        # the store's candidate list grows after a round: the will follows it
+        # the store's candidate list grows after a round: the will follows it, at once
+        # where this agent serves the store (its host's loss is what the list is for)
         membership.on_lease(lambda _deadline: self._tell_will(self._round is not None))
+        if opened.on_candidates is not None:
+            opened.on_candidates(lambda: self._tell_will(self._round is not None))
         membership.start()
         self._node = {
             "node": self.node_id,

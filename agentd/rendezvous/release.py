@@ -13,10 +13,10 @@ given to others. The release then, as a graceful leave would:
 
 There is no will while the agent is between rounds (it may have counted itself back in
 the next one), or after it left cleanly. An agent that serves the store has one once
-another candidate stands by to serve it (the will names every candidate; it is renewed
-with each heartbeat as the list grows): its release then reaches the candidate that took
-the store over, and marks it gone in the new store. A lost host, whose guardian went with
-it, still waits for its lease.
+another candidate stands by to serve it (the will names every candidate: renewed the
+moment the store it serves admits one, and with each heartbeat): its release then reaches
+the candidate that took the store over, and marks it gone in the new store. A lost host,
+whose guardian went with it, still waits for its lease.
 """
 
 from __future__ import annotations

@@ -166,3 +166,38 @@ def test_in_namespaces_each_agent_stands_by_on_its_own_address(run_agentd, tmp_p
     kill_the_host_and_wait_for_two(host, survivors)
     stop.touch()
     assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]
+
+
+def test_the_store_host_lost_as_the_others_stand_by_costs_no_last_call(run_agentd, tmp_path):
+    """The host's will named the candidates only from its next heartbeat (5 s by default):
+    killed in between, it left no will that could reach the new store, and the survivors
+    waited out the 30 s last call for it. Now the will names a candidate the moment the
+    store admits it. Default heartbeat and last call; killed as soon as both stood by."""
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    stop = tmp_path / "stop"
+    conf = "keep_alive_interval=5,keep_alive_max_attempt=3,join_timeout=60"
+    agents = []
+    for index in range(3):
+        agents.append(
+            start_agent(
+                run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}", conf=conf
+            )
+        )
+        if index == 0:
+            wait_until(
+                lambda: "Hosting the rendezvous store" in agents[0].stderr(),
+                what="the first agent to host the store",
+            )
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    host, survivors = agents[0], agents[1:]
+    wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
+    before = {a.pid: latest_attempt(a) for a in survivors}
+    host.proc.kill()
+    host.proc.wait()
+    killed = time.monotonic()
+    wait_until(lambda: one_round(survivors, 2, after=before), timeout=40, what="a job of two")
+    took = time.monotonic() - killed
+    assert took <= 3.0 + 2.0, f"{took:.2f}s: {survivors[0].stderr()[-3000:]}"  # S3, and polling
+    stop.touch()
+    assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]
