@@ -14,8 +14,9 @@ from tests.conftest import TESTS, free_port, wait_until
 
 WORLD = str(TESTS / "workers" / "world_loop.py")
 CANDIDATES = re.compile(r"releases it through the store candidates \S+, \S+, \S+")
-LAST_CALL = 30.0
-"""The default last call: a round that waited for it would miss the deadline below."""
+LEASE = 15.0
+"""The default heartbeat TTL (5 s x 3): a node found gone by its lease, not by its leave or
+its guardian's release, would miss the deadline below, and so would the last call (30 s)."""
 
 
 def worlds(out, size: int) -> list[str]:
@@ -57,8 +58,8 @@ def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path
     if how.endswith("host"):  # its will names the two others, who stand by to serve
         wait_until(lambda: CANDIDATES.search(leaver.stderr()), 30, what="the host's will")
     leaver.proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
-    # the others must not wait for the last call (30 s): well before it, they run at 2
-    wait_until(lambda: len(worlds(out, 2)) == 2, LAST_CALL * 0.6, what="a world of 2")
+    # the others must not wait for the last call (30 s) nor the lease (15 s): they run at 2
+    wait_until(lambda: len(worlds(out, 2)) == 2, LEASE / 2, what="a world of 2")
     said = "".join(agent.stderr() for agent in agents)  # the guardian's release may seal it
     assert "round 1 has every node expected (2 of round 0's 3 back, 1 gone" in said, said
     assert all(name.endswith("_0") for name in worlds(out, 2))  # no restart spent

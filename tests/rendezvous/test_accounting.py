@@ -20,10 +20,16 @@ store = test_dynamic.store  # the same stores: in-process and a real etcd
 LAST_CALL = 30.0
 SOON = 10.0
 """Well within the last call: a round that waited for it would time out here."""
+LONG_LEASE = {"keep_alive_interval": 1.0, "keep_alive_max_attempt": 30}
+"""A 30 s heartbeat TTL, for the tests of a release: within SOON, only the release can
+have counted the killed member gone (with FAST's 0.3 s its lease lapsed first, and the
+tests passed with the release removed)."""
 
 
-def job(store, count: int, nodes: tuple[int, int] = (2, 3)):
-    return [handler(store, nodes=nodes, last_call_timeout=LAST_CALL) for _ in range(count)]
+def job(store, count: int, nodes: tuple[int, int] = (2, 3), **settings):
+    return [
+        handler(store, nodes=nodes, last_call_timeout=LAST_CALL, **settings) for _ in range(count)
+    ]
 
 
 async def test_a_member_that_leaves_lets_the_others_seal_at_once(store):
@@ -92,7 +98,7 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
 async def test_a_guardians_release_lets_the_others_go_on(store):
     """What ``python -m agentd.rendezvous.release`` does with a SIGKILLed agent's will,
     over a store client of its own (here the same store)."""
-    a, b, c = job(store, 3)
+    a, b, c = job(store, 3, **LONG_LEASE)
     await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
     assert c._membership is not None and c._rounds is not None and c._round is not None
     await c._membership.stop()  # SIGKILL: nothing of c runs any more
@@ -114,7 +120,9 @@ async def test_a_will_released_over_http_lets_the_others_go_on():
     server = StoreServer("127.0.0.1", 0, "secret")
     await server.start()
     opener = http_store_opener("127.0.0.1", server.port, "secret", False, standby=False)
-    conf = RendezvousSettings(min_nodes=2, max_nodes=3, **{**FAST, "last_call_timeout": 30})
+    conf = RendezvousSettings(
+        min_nodes=2, max_nodes=3, **{**FAST, "last_call_timeout": 30, **LONG_LEASE}
+    )
     a, b, c = (DynamicRendezvous("job", opener, conf, role="default") for _ in range(3))
     try:
         await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
