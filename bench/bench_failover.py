@@ -2,6 +2,7 @@
 
     python bench/bench_failover.py [--runs 3]
         [--launchers agentd,agentd-candidates,agentd-no-standby,torchrun]
+    python bench/bench_failover.py --defaults --after 0,1,3,6 [--runs 3] [--record]
 
 Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3``
 job (one worker each, ``member_worker.py``: it records its start and world size, then
@@ -18,6 +19,11 @@ codes are read. The launchers:
 
 All use a heartbeat TTL of 3 s (``keep_alive_interval=1,keep_alive_max_attempt=3``) and a
 last call of 1 s, so the target is TTL + 2 s = 5 s.
+
+``--defaults --after 0,1,3,6`` measures ``agentd`` with its default heartbeat (5 s, TTL
+15 s) and last call (30 s) instead, killing the host that many seconds after the three
+workers run: the moments right after a round, when the other agents have just stood by
+as candidates (the protocol's S3, docs/protocol.md: the survivors at world 2 in <= 3 s).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def command(launcher: str, port: int) -> list[str]:
+def command(launcher: str, port: int, conf: str = CONF) -> list[str]:
     if launcher == "torchrun":
         return [
             sys.executable,
@@ -61,9 +67,9 @@ def command(launcher: str, port: int) -> list[str]:
             "--rdzv-endpoint",
             f"127.0.0.1:{port}",
             "--rdzv-conf",
-            CONF,
+            conf,
         ]
-    endpoint, conf = f"127.0.0.1:{port}", CONF
+    endpoint = f"127.0.0.1:{port}"
     if launcher == "agentd-candidates":
         endpoint += f",127.0.0.2:{port}"
     if launcher == "agentd-no-standby":
@@ -77,8 +83,7 @@ def command(launcher: str, port: int) -> list[str]:
         "c10d",
         "--rdzv-endpoint",
         endpoint,
-        "--rdzv-conf",
-        conf,
+        *(["--rdzv-conf", conf] if conf else []),
     ]
 
 
@@ -87,8 +92,12 @@ def reports(out: Path) -> list[dict[str, float]]:
     return [json.loads(p.read_text()) for p in finished_reports(out, "member_*.json")]
 
 
-def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | None]]:
-    """(seconds from the kill to world 2 running again, or None; the survivors' exit codes)."""
+def run_once(
+    launcher: str, timeout: float, conf: str = CONF, after: float = 0.0, hosts: bool = False
+) -> tuple[float | None, list[int | None]]:
+    """(seconds from the kill to world 2 running again, or None; the survivors' exit codes).
+    The host is killed ``after`` seconds after the three workers run; ``hosts``: each node
+    on a loopback address of its own (127.0.0.1-3, ``--local-addr``), as three hosts."""
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
@@ -99,7 +108,7 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
             "OMP_NUM_THREADS": "1",
         }
         argv = [
-            *command(launcher, port),
+            *command(launcher, port, conf),
             "--nnodes",
             "2:3",
             "--rdzv-id",
@@ -112,10 +121,12 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
         ]
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            for _ in range(3):  # one after the other: the first serves the store
+            script = argv.index(WORKER)
+            for node in range(3):  # one after the other: the first serves the store
+                own = ["--local-addr", f"127.0.0.{node + 1}"] if hosts else []
                 procs.append(
                     subprocess.Popen(
-                        argv,
+                        [*argv[:script], *own, *argv[script:]],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
@@ -125,6 +136,8 @@ def run_once(launcher: str, timeout: float) -> tuple[float | None, list[int | No
                 time.sleep(0.5)
             if not wait_for(lambda: sum(r["world"] == 3 for r in reports(out)) == 3, timeout):
                 return None, []
+            running = max(r["started"] for r in reports(out))
+            time.sleep(max(0.0, running + after - time.time()))
             host = procs[0]
             host.send_signal(signal.SIGKILL)
             host.wait()
@@ -154,7 +167,19 @@ def main() -> None:
         "--launchers", default="agentd,agentd-candidates,agentd-no-standby,torchrun"
     )
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="agentd alone, with its default heartbeat and last call (see --after)",
+    )
+    parser.add_argument(
+        "--after", default="0", help="seconds after the workers run to kill the host, e.g. 0,1,3,6"
+    )
+    parser.add_argument("--record", action="store_true", help="write docs/figures.json")
     args = parser.parse_args()
+    if args.defaults:
+        after_round(args)
+        return
     launchers = args.launchers.split(",")
     if "torchrun" in launchers and importlib.util.find_spec("torch") is None:
         print("torch is not installed: torchrun is left out")
@@ -177,6 +202,39 @@ def main() -> None:
             )
         codes = sorted({str(c) for _, cs in results for c in cs})
         print(line + f"  (survivors' exit codes: {', '.join(codes) or 'none'})", flush=True)
+
+
+def after_round(args: argparse.Namespace) -> None:
+    """The store's host killed at each delay of ``--after``, with agentd's defaults, each
+    node on its own loopback address (as under Slurm on three hosts)."""
+    delays = [float(d) for d in args.after.split(",")]
+    print(
+        f"store host SIGKILLed S s after the workers of a 3-node --nnodes 2:3 job run, "
+        f"agentd's defaults (heartbeat 5 s, last call 30 s) -> both survivors at world 2 "
+        f"(target 3 s; {args.runs} runs, {os.cpu_count()} CPUs)"
+    )
+    worst: list[float] = []
+    for delay in delays:
+        results = [
+            run_once("agentd", args.timeout, "", delay, hosts=True) for _ in range(args.runs)
+        ]
+        ok = [took for took, _ in results if took is not None]
+        worst.extend(ok if len(ok) == args.runs else [float("inf")])
+        line = f"  after {delay:g} s: went on {len(ok)}/{args.runs}"
+        if ok:
+            line += f"  median {statistics.median(ok):5.2f} s  max {max(ok):5.2f}"
+        print(line, flush=True)
+    if args.record and worst:
+        from figures import record
+
+        record(
+            "store_host_lost_after_round",
+            f"{max(worst):.1f} s",
+            f".venv/bin/python bench/bench_failover.py --defaults --after {args.after} "
+            f"--runs {args.runs} --record",
+            f"the slowest of {args.runs} runs at each delay ({args.after} s after the "
+            "workers run): the store's host SIGKILLed -> both survivors at world 2",
+        )
 
 
 if __name__ == "__main__":
