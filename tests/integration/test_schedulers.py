@@ -77,10 +77,13 @@ def slurm_env(job: str, index: int) -> dict[str, str]:
     }
 
 
-def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(run_agentd, tmp_path):
+def test_a_slurm_job_needs_no_rendezvous_flags_and_outlives_the_store_host(
+    run_agentd, tmp_path, torch_worker
+):
+    """The workers import torch: forked from the zygote, and spawned (the defaults matrix)."""
     out, stop = tmp_path / "worlds", tmp_path / "stop"
     out.mkdir()
-    job, job_args = free_slurm_job(), (WORLD, str(out), str(stop))
+    job, job_args = free_slurm_job(), (*torch_worker, WORLD, str(out), str(stop))
     agents = [
         run_agentd("--nproc-per-node", "1", *job_args, env=slurm_env(job, index), log_dir=False)
         for index in range(3)

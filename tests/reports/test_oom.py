@@ -171,7 +171,8 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture
 def memory_cgroup(tmp_path):
-    """A memory cgroup below this process's own, limited to 160 MiB; removed afterwards."""
+    """A memory cgroup below this process's own, limited to 1 GiB (room for workers that
+    import torch, and a zygote that preloaded it); removed afterwards."""
     mine = MemoryCgroup.of()
     if mine is None:
         unavailable("no memory cgroup to create one under")
@@ -180,7 +181,7 @@ def memory_cgroup(tmp_path):
         path.mkdir()
     except OSError as exc:
         unavailable(f"memory cgroups are not writable here: {exc.strerror}")
-    limit = 160 * MiB
+    limit = 1024 * MiB
     try:
         limit_file = path / ("memory.max" if mine.version == 2 else "memory.limit_in_bytes")
         if not limit_file.exists():  # v2: the memory controller is not delegated to us
@@ -205,8 +206,9 @@ def memory_cgroup(tmp_path):
 
 
 def test_a_worker_killed_for_its_memory_is_reported_out_of_memory(
-    run_agentd, tmp_path, memory_cgroup
+    run_agentd, tmp_path, memory_cgroup, torch_worker
 ):
+    """Its workers import torch: forked from the zygote, and spawned (the defaults matrix)."""
     cgroup, limit = memory_cgroup
     hog = tmp_path / "hog.py"
     hog.write_text(
@@ -230,6 +232,7 @@ def test_a_worker_killed_for_its_memory_is_reported_out_of_memory(
         "2",
         "--event-log",
         str(events),
+        *torch_worker,
         str(hog),
         preexec=enter_cgroup,
     )
@@ -237,7 +240,7 @@ def test_a_worker_killed_for_its_memory_is_reported_out_of_memory(
     root = result_json(agent)["root_cause"]
     assert root["rank"] == 1 and root["signal"] == "SIGKILL"
     assert root["oom"]["limit_bytes"] == limit
-    assert root["message"].startswith("out of memory (cgroup limit 160 MiB")
+    assert root["message"].startswith("out of memory (cgroup limit 1 GiB")
     assert "exit code : -9 (SIGKILL: out of memory)" in agent.stderr()
     failed = [json.loads(line) for line in events.read_text().splitlines()]
     failed = [e for e in failed if e["name"] == "worker_failed"]

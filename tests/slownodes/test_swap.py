@@ -3,7 +3,8 @@ compute made twice as slow (its worker sleeps twice as long in ``agentd.section
 ("compute")``). Every member names it once, in its log, ``/status`` and ``/metrics``;
 without a spare nothing more happens. Once a spare waits, with --replace-stragglers, the
 slow node drains (every rank checkpoints at one step) and the spare takes its place, the
-job going on from that step."""
+job going on from that step. Its workers import torch: forked from the zygote (the
+default) and spawned (the defaults matrix)."""
 
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ def get(agent, path: str) -> str:
 
 
 def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
-    run_agentd, run_store, tmp_path
+    run_agentd, run_store, tmp_path, torch_worker
 ):
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
-    job = ["--nproc-per-node", "1", *FAST_COMPARISON, "--replace-stragglers", TRAIN]
+    job = ["--nproc-per-node", "1", *FAST_COMPARISON, "--replace-stragglers", *torch_worker, TRAIN]
     rdzv = agent_args(store.endpoint, "3:3")
     members = [
         run_agentd(*rdzv, *extra, *job, str(out), str(stop), env={**env, **slow})
