@@ -64,14 +64,15 @@ def kill_the_host_and_wait_for_two(host, survivors):
         assert latest_attempt(agent) == before[agent.pid] + 1  # one restart each
 
 
-def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, tmp_path):
-    port = free_port()
-    endpoint = f"127.0.0.1:{port}"
-    stop = tmp_path / "stop"
+def three_hosts(run_agentd, endpoint, stop, conf=FAST):
+    """Three agents on 127.0.0.1-3, the first hosting the store, once they run as one
+    round and the other two stand by: (the host, the other two)."""
     agents = []
     for index in range(3):
         agents.append(
-            start_agent(run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}")
+            start_agent(
+                run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}", conf=conf
+            )
         )
         if index == 0:  # the first one hosts the store
             wait_until(
@@ -81,6 +82,14 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     host, survivors = agents[0], agents[1:]
     wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
+    return host, survivors
+
+
+def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, tmp_path):
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    stop = tmp_path / "stop"
+    host, survivors = three_hosts(run_agentd, endpoint, stop)
     # each client learns a longer list with its next answer from the store
     shown = wait_until(
         lambda: (doc := status(survivors[0])["store"]) and len(doc["endpoints"]) == 3 and doc,
@@ -177,21 +186,7 @@ def test_the_store_host_lost_as_the_others_stand_by_costs_no_last_call(run_agent
     endpoint = f"127.0.0.1:{port}"
     stop = tmp_path / "stop"
     conf = "keep_alive_interval=5,keep_alive_max_attempt=3,join_timeout=60"
-    agents = []
-    for index in range(3):
-        agents.append(
-            start_agent(
-                run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}", conf=conf
-            )
-        )
-        if index == 0:
-            wait_until(
-                lambda: "Hosting the rendezvous store" in agents[0].stderr(),
-                what="the first agent to host the store",
-            )
-    wait_until(lambda: one_round(agents, 3), what="a job of three")
-    host, survivors = agents[0], agents[1:]
-    wait_until(lambda: all(standing_by(a) for a in survivors), what="both to stand by")
+    host, survivors = three_hosts(run_agentd, endpoint, stop, conf)
     before = {a.pid: latest_attempt(a) for a in survivors}
     host.proc.kill()
     host.proc.wait()
