@@ -90,6 +90,9 @@ class Membership:
         """How long before the lease ends :meth:`lost` returns, to stop the workers in."""
         self.member = False
         """In a round now: an expired heartbeat then means membership is lost."""
+        self.told_expired = False
+        """Membership was lost because the store answered that our heartbeat had expired
+        (it expired us, or forgot us: restarted or failed over), not by silence."""
         self._confirmed_until: float | None = None
         self._deadline: float | None = None
         self._pending_since: float | None = None
@@ -125,6 +128,7 @@ class Membership:
     def rejoined(self) -> None:
         """A new round begins: forget why the last membership ended."""
         self._lost = None
+        self.told_expired = False
 
     async def lost(self) -> str:
         """Return, saying why, once membership is lost: the store reported our heartbeat
@@ -257,6 +261,7 @@ class Membership:
             if alive:
                 self._confirm(sent)
             elif self.member:
+                self.told_expired = True
                 self._lose(
                     f"the store at {self._where} says our heartbeat had expired (or it "
                     "forgot it: restarted?)"

@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -403,3 +403,50 @@ async def test_a_place_given_by_a_store_we_moved_away_from_is_given_up(store, ca
         assert info.group_rank == 1  # the next place, not the taken one
     finally:
         await shutdown_all(late)
+
+
+class Forgetful(MemoryStore):
+    """A store that answers our next heartbeat 'expired', and then either still holds our
+    round (it expired us) or, with ``lost_round``, no longer does (it restarted or failed
+    over). Only ``get`` shows the loss, nothing changes under a watch and the round watch's
+    reads (``multi_get``) see the old round: the heartbeat is what finds it, first."""
+
+    def __init__(self, lost_round: bool) -> None:
+        super().__init__()
+        self.lost_round = lost_round
+        self.forgot = False
+
+    async def refresh(self, key: str, ttl: float) -> bool:
+        return False if self.forgot else await super().refresh(key, ttl)
+
+    async def get(self, key: str) -> bytes | None:
+        if self.forgot and self.lost_round and "/node/" in key:
+            return None
+        return await super().get(key)
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [await MemoryStore.get(self, key) for key in keys]
+
+
+@pytest.mark.parametrize("lost_round", [False, True])
+async def test_a_store_that_lost_the_round_is_said_at_info_an_expiry_at_warning(lost_round, caplog):
+    """A store that failed over forgets our heartbeat and our round alike: what the design
+    expects, said at INFO as the round watch says it (a WARNING there failed a chaos test
+    that allows none, whenever the heartbeat reached the new store before the watch)."""
+    store = Forgetful(lost_round)
+    a = handler(store, nodes=(1, 1))
+    await a.next_rendezvous()
+    a._membership.member = True  # type: ignore[union-attr]
+    watch = asyncio.create_task(a.round_over())
+    store.forgot = True
+    with caplog.at_level(logging.INFO, logger="agentd.rendezvous.dynamic"):
+        why = await asyncio.wait_for(watch, 10)
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    if lost_round:
+        assert why == "round 0 went with the store's old state (a restart or failover)"
+        assert not warned
+        assert any("our heartbeat went with it" in r.getMessage() for r in caplog.records)
+    else:
+        assert why.startswith("membership lost: ") and "had expired" in why
+        assert [r.getMessage() for r in warned if "no longer a member" in r.getMessage()]
+    await shutdown_all(a)

@@ -52,6 +52,7 @@ async def test_silence_ends_membership_a_margin_before_the_lease():
     fired = await asyncio.wait_for(control, 5)
     assert abs(returned - fired) < m.margin / 2  # at the margin, not at the lease's end
     assert m.expired() == why
+    assert not m.told_expired  # silence: nobody to ask
 
 
 async def test_a_heartbeat_the_store_forgot_ends_membership_at_once():
@@ -64,6 +65,7 @@ async def test_a_heartbeat_the_store_forgot_ends_membership_at_once():
         await store.delete("hb")  # a store that restarted, or expired us
         why = await asyncio.wait_for(m.lost(), 5)
         assert "says our heartbeat had expired" in why
+        assert m.told_expired  # the rendezvous then asks whether the store lost the round
     finally:
         await m.stop()
 
