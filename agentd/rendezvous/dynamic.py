@@ -297,13 +297,9 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         if lost.done() and not lost.cancelled():
             membership.member = False
             self._unended = current.generation
-            if membership.told_expired and await self._store_forgot(current):  # as designed
-                why = (
-                    f"round {current.generation} went with the store's old state "
-                    "(a restart or failover)"
-                )  # as the round watch says it, had it seen it first
+            if membership.told_expired and (why := await watch.store_lost_round()):
                 log.info("Rendezvous %s: %s; our heartbeat went with it", self._run_id, why)
-                return why
+                return why  # as designed, and as the round watch says it when it sees it first
             log.warning(
                 "Rendezvous %s: no longer a member of round %d: %s",
                 self._run_id,
@@ -312,18 +308,6 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             )
             return f"membership lost: {lost.result()}"
         return watch_task.result()
-
-    async def _store_forgot(self, current: Round) -> bool:
-        """Whether the store no longer holds our entry of ``current``: it restarted or
-        failed over, which also makes it forget our heartbeat (False if it cannot say
-        within a second: the store just answered, so a slow one is not a new one)."""
-        key = self._keys.round(current.generation, f"node/{current.rank}")
-        try:
-            async with asyncio.timeout(1.0):
-                entry = await self.store.get(key)
-        except (StoreError, TimeoutError):
-            return False
-        return entry != current.mine
 
     async def num_nodes_waiting(self) -> int:
         current = self._round

@@ -21,7 +21,7 @@ from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.roll_call import answer
 from agentd.rendezvous.round import Round
 from agentd.rendezvous.rounds import POLL
-from agentd.store.api import Store, StoreUnavailable
+from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.support.ratelog import RateLimitedLog
 
 WATCHED = 3
@@ -126,11 +126,25 @@ class RoundWatch:
         if gen != str(generation).encode() and (gen is not None or generation > 0):
             return f"generation {generation} ended"  # (round 0 runs before the key exists)
         if entry != current.mine:
-            return f"round {generation} went with the store's old state (a restart or failover)"
+            return _old_state(generation)
         for key, beat in zip(members, beats, strict=True):
             if beat is None and not self.succeeded_elsewhere:
                 return await self._lost(members[key])
         return ""
+
+    async def store_lost_round(self) -> str:
+        """Why the round is over, once the store answered our heartbeat 'expired': it no
+        longer holds our entry (it restarted or failed over, forgetting the heartbeat with
+        it), or '' (it expired us, or it cannot say within a second: it just answered, so
+        a slow store is not a new one)."""
+        current = self.current
+        key = self.keys.round(current.generation, f"node/{current.rank}")
+        try:
+            async with asyncio.timeout(1.0):
+                entry = await self.store.get(key)
+        except (StoreError, TimeoutError):
+            return ""
+        return _old_state(current.generation) if entry != current.mine else ""
 
     async def _lost(self, node: str) -> str:
         """A member's heartbeat is gone: end the round for everyone (the first member back
@@ -145,3 +159,7 @@ def _after(value: bytes | None, generation: int) -> bool:
     """Whether a ``ctl/gen`` change to ``value`` ends round ``generation`` (a deleted one
     does: the store was wiped; a lower one is history replayed from before the round)."""
     return value is None or not value.isdigit() or int(value) > generation
+
+
+def _old_state(generation: int) -> str:
+    return f"round {generation} went with the store's old state (a restart or failover)"
