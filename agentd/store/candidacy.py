@@ -73,8 +73,8 @@ class Candidacy:
         """Called as serving begins: the server makes a fresh, empty store."""
         self.on_step_down: Callable[[], Coroutine[Any, Any, None]] | None = None
         """Called as serving ends: the server lets its store go."""
-        self.on_admit: Callable[[], None] = lambda: None
-        """Called when a member standing by was appended to the list we serve."""
+        self.admitted: list[Callable[[], object]] = []
+        """Each called when a member standing by was appended to the list we serve."""
         self._standing_by = asyncio.Event()
         self._standing_by.set()
         self._look_until = 0.0
@@ -128,7 +128,8 @@ class Candidacy:
             endpoint,
             len(self.endpoints) - 1,
         )
-        self.on_admit()
+        for call in self.admitted:
+            call()
         return True
 
     def mismatch(self, given: str | None) -> str:

@@ -46,9 +46,9 @@ class OpenedStore(NamedTuple):
     client_spec: Callable[[], dict[str, Any]] | None = None
     """How another process reaches the store as a client now (:func:`client_from_spec`):
     the guardian's release of a killed agent's membership."""
-    on_candidates: Callable[[Callable[[], None]], None] | None = None
-    """Register a call for the moment the store this agent serves admits a candidate (its
-    ``client_spec`` names it from then on, before this agent's client hears of it)."""
+    on_candidates: Callable[[Callable[[], object]], None] | None = None
+    """Register a call for the moment the store this agent serves admits a candidate (this
+    agent's client, and so its ``client_spec``, knows the candidate by then)."""
 
     @property
     def serves(self) -> bool:
@@ -143,6 +143,9 @@ def http_store_opener(
             tls=tls,
         )
         hosting = server.candidacy if server is not None else None
+        if hosting is not None:  # our client knows a new candidate at once, and so our will
+            served = hosting
+            served.admitted.append(lambda: client.adopt(served.endpoints))
         standby = None
         if want_standby and server is None:
             standby = Standby(client, standby_host, _connection_cap(workers))
@@ -169,14 +172,8 @@ def http_store_opener(
             describe=describe,
             after_round=standby.start_soon if standby else None,
             serving=(lambda: standby.serving) if standby else None,
-            client_spec=lambda: client_spec(
-                client,
-                token if server is None else server.token,
-                hosting.endpoints if hosting is not None else (),
-            ),
-            on_candidates=(
-                (lambda call: setattr(hosting, "on_admit", call)) if hosting is not None else None
-            ),
+            client_spec=lambda: client_spec(client, token if server is None else server.token),
+            on_candidates=hosting.admitted.append if hosting is not None else None,
         )
 
     return open_store
@@ -258,19 +255,12 @@ def candidates_opener(
     return open_store
 
 
-def client_spec(
-    client: FailoverStore, token: str | None, served: Sequence[str] = ()
-) -> dict[str, Any]:
+def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
     """What :func:`client_from_spec` needs to reach ``client``'s store from another process
-    (JSON; it holds the token, so it is only ever passed on a private pipe). ``served``:
-    the growing list of the store this agent serves, which knows of a new candidate before
-    the client does."""
-    from agentd.store.candidates import grows
-
+    (JSON; it holds the token, so it is only ever passed on a private pipe)."""
     tls = client.tls
-    endpoints = served if client.growing and grows(client.endpoints, served) else client.endpoints
     return {
-        "endpoints": list(endpoints),
+        "endpoints": list(client.endpoints),
         "growing": client.growing,
         "token": token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],

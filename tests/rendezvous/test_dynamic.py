@@ -436,7 +436,6 @@ async def test_a_store_that_lost_the_round_is_said_at_info_an_expiry_at_warning(
     store = Forgetful(lost_round)
     a = handler(store, nodes=(1, 1))
     await a.next_rendezvous()
-    a._membership.member = True  # type: ignore[union-attr]
     watch = asyncio.create_task(a.round_over())
     store.forgot = True
     with caplog.at_level(logging.INFO, logger="agentd.rendezvous.dynamic"):
