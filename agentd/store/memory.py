@@ -39,6 +39,9 @@ _EVENT_OVERHEAD = 64
 """What one event or item costs beyond its key and value, roughly (so empty values count)."""
 
 
+EXPIRY_ROUNDING = 1e-6
+"""Seconds early a TTL key may expire: far below any TTL, far above a float's rounding."""
+
 STALL = 2.0
 """The most serving time one gap between two readings of the clock may count."""
 TICK = 1.0
@@ -299,7 +302,10 @@ class MemoryStore:
         self._wakeups.changed(event.key)
 
     def _expire_due(self) -> None:
-        now = self._clock()
+        # a microsecond early: the timer's loop time and the serving clock are sums of
+        # different floats, and a key due a rounding error later would re-arm the timer
+        # at the same instant, over and over (found by the protocol simulation)
+        now = self._clock() + EXPIRY_ROUNDING
         while self._expiries and self._expiries[0][0] <= now:
             _, key = heapq.heappop(self._expiries)
             item = self._items.get(key)
