@@ -34,6 +34,7 @@ from agentd.rendezvous.rounds import Rounds
 
 if TYPE_CHECKING:
     from agentd.rendezvous.round import Round
+    from agentd.store.api import Store
     from agentd.store.connect import OpenedStore
 
 TIMEOUT = 10.0
@@ -64,14 +65,17 @@ def will(
     }
 
 
-async def release(doc: dict[str, Any]) -> str:
-    """Carry out the will ``doc``; what was done, in one line."""
-    from agentd.store.connect import client_from_spec
-
+async def release(doc: dict[str, Any], store: Store | None = None) -> str:
+    """Carry out the will ``doc``; what was done, in one line. It reaches the store its
+    ``store`` spec names, or ``store`` where given (the protocol simulation's)."""
     run_id, node = str(doc["run_id"]), str(doc["node"])
     generation, size = (int(n) for n in doc["round"])
     keys = RunKeys(run_id)
-    store = client_from_spec(doc["store"], TIMEOUT)
+    own = store is None
+    if store is None:
+        from agentd.store.connect import client_from_spec
+
+        store = client_from_spec(doc["store"], TIMEOUT)
     try:
         rounds = Rounds(run_id, store, keys, RoundSettings(*doc["limits"]), None, {"node": node})
         rounds.carried = Carried(generation, size, member=True)
@@ -79,7 +83,8 @@ async def release(doc: dict[str, Any]) -> str:
             await rounds.settle(node)
             await store.delete(keys.heartbeat(node))
     finally:
-        await store.close()
+        if own:
+            await store.close()
     return f"released node {node}'s membership of round {generation} of run {run_id!r}"
 
 
