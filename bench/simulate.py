@@ -1,0 +1,81 @@
+"""The membership protocol under seeded fault schedules (see tests/sim/world.py).
+
+    python bench/simulate.py [--seeds 10000] [--start 0] [--kinds kill,term,...]
+    python bench/simulate.py --seed N
+
+Runs agentd's rendezvous, membership, release and store code for each seed's agents and
+faults on a virtual clock, and ends with one line: ``N seeds, M requests, K seeds with
+invariant violations`` and the count by invariant (docs/protocol.md). ``--seed N`` runs
+one seed and prints its schedule, what happened, the violations, and the fewest of its
+faults that still break the first violated invariant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.sim.world import KINDS, Schedule, schedule_for, shrink, simulate
+
+
+def _invariants(violations: list[str]) -> list[str]:
+    return sorted({line.split(" ")[0] for line in violations})
+
+
+def one(seed: int, kinds: tuple[str, ...]) -> int:
+    schedule = schedule_for(seed, kinds)
+    outcome = simulate(schedule)
+    print(schedule.describe())
+    print("\n".join(outcome.notes))
+    if not outcome.violations:
+        print(f"no violation ({outcome.requests} requests, {outcome.rounds} rounds sealed)")
+        return 0
+    first = _invariants(outcome.violations)[0]
+
+    def fails(candidate: Schedule) -> bool:
+        return first in _invariants(simulate(candidate).violations)
+
+    print(f"\nthe fewest faults that still break {first}:")
+    print(shrink(schedule, fails).describe())
+    return 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=1000)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="run this seed alone, and say why it fails")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from")
+    args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({', '.join(KINDS)})")
+    if args.seed is not None:
+        return one(args.seed, kinds)
+    began = time.perf_counter()
+    requests = 0
+    failing: dict[int, list[str]] = {}
+    for seed in range(args.start, args.start + args.seeds):
+        outcome = simulate(schedule_for(seed, kinds))
+        requests += outcome.requests
+        if outcome.violations:
+            failing[seed] = _invariants(outcome.violations)
+    by_invariant = collections.Counter(i for found in failing.values() for i in found)
+    for invariant, count in sorted(by_invariant.items()):
+        seeds = [s for s, found in failing.items() if invariant in found]
+        print(f"{invariant}: {count} seed(s), e.g. {', '.join(map(str, seeds[:8]))}")
+    print(
+        f"{args.seeds} seeds, {requests} requests, {len(failing)} seeds with invariant "
+        f"violations ({time.perf_counter() - began:.0f} s)"
+    )
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

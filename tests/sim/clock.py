@@ -1,0 +1,201 @@
+"""A virtual clock for the protocol simulation: an event loop whose time jumps to its next
+timer, and whose callbacks are gated by the simulated process that owns them.
+
+Every callback the loop runs belongs to an *owner* (an agent, a guardian, the store), read
+from :data:`OWNER` in the context it runs in: a task started by an owner, and everything
+that task schedules, is that owner's. A paused owner (SIGSTOP) runs nothing: its callbacks
+are held and run in order when it is resumed, late, as a frozen process's timers fire
+after SIGCONT. A dead owner (SIGKILL) never runs again. Nothing sleeps for real: when no
+callback is ready, the clock moves to the next timer. ``time.monotonic`` is the same clock
+while :func:`run` runs, since agentd's membership reads it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import selectors
+import warnings
+from collections.abc import Callable, Coroutine
+from typing import Any
+from unittest import mock
+
+START = 1000.0
+"""The clock's reading when a simulation starts (monotonic readings are never near 0)."""
+
+
+LIVELOCK = 100_000
+"""Loop turns at one instant after which the simulation is stuck (a livelock)."""
+RESOLUTION = 1e-6
+"""The smallest step the clock takes when it jumps."""
+
+
+class Owner:
+    """A simulated process: ``paused`` holds its callbacks, ``dead`` drops them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.paused = False
+        self.dead = False
+        self.held: list[tuple[Callable[..., object], tuple[Any, ...], contextvars.Context]] = []
+
+    def __repr__(self) -> str:
+        return f"Owner({self.name})"
+
+
+OWNER: contextvars.ContextVar[Owner | None] = contextvars.ContextVar("sim_owner", default=None)
+
+
+class Stuck(RuntimeError):
+    """Nothing is ready and no timer is set: every simulated process waits forever."""
+
+
+class _JumpingSelector(selectors.BaseSelector):
+    """A selector that never sleeps: a wait of ``timeout`` moves the clock instead."""
+
+    def __init__(self, clock: VirtualLoop) -> None:
+        self._real = selectors.DefaultSelector()
+        self._loop = clock
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._real.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            raise Stuck("no callback is ready and no timer is set")
+        # at least a microsecond: a timer due a float's rounding away (asyncio runs one up
+        # to its clock resolution early) would otherwise be re-armed at the same instant
+        self._loop.now += max(timeout, RESOLUTION)
+        return []
+
+    def close(self) -> None:
+        self._real.close()
+
+    def get_map(self) -> Any:
+        return self._real.get_map()
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time with callbacks gated by their owner."""
+
+    def __init__(self) -> None:
+        self.now = START
+        self.ending = False
+        self._spins = 0
+        self.holding: set[Owner] = set()
+        """The simulation is over: every owner's callbacks run (its tasks are cancelled)."""
+        super().__init__(_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+    def _run_once(self) -> None:
+        before = self.now
+        super()._run_once()  # type: ignore[misc]
+        if self.now != before:
+            self._spins = 0
+            return
+        self._spins += 1
+        if self._spins > LIVELOCK:
+            raise Stuck(f"{LIVELOCK} loop turns at t={self.now - START:.6f}s without time moving")
+
+    def call_soon(
+        self,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        context = context if context is not None else contextvars.copy_context()
+        return super().call_soon(_gate(self, callback, context), *args, context=context)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        context = context if context is not None else contextvars.copy_context()
+        return super().call_at(when, _gate(self, callback, context), *args, context=context)
+
+    def resume(self, owner: Owner) -> None:
+        """Run what ``owner`` held while it was paused, in order."""
+        owner.paused = False
+        self.holding.discard(owner)
+        held, owner.held = owner.held, []
+        for callback, args, context in held:
+            super().call_soon(callback, *args, context=context)
+
+
+def _gate(
+    loop: VirtualLoop, callback: Callable[..., object], context: contextvars.Context
+) -> Callable[..., object]:
+    owner = context.get(OWNER)
+    if owner is None:
+        return callback
+
+    def gated(*args: Any) -> object:
+        if loop.ending:
+            return callback(*args)
+        if owner.dead:
+            return None
+        if owner.paused:
+            owner.held.append((callback, args, context))
+            loop.holding.add(owner)
+            return None
+        return callback(*args)
+
+    return gated
+
+
+def run(main: Callable[[VirtualLoop], Coroutine[Any, Any, Any]]) -> Any:
+    """Run ``main(loop)`` on a new virtual loop, with ``time.monotonic`` on its clock."""
+    loop = VirtualLoop()
+    loop.set_exception_handler(_quiet_about_the_dead)
+    try:
+        with mock.patch("time.monotonic", loop.time):
+            return loop.run_until_complete(main(loop))
+    finally:
+        loop.ending = True
+        for owner in list(loop.holding):
+            loop.resume(owner)
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        with mock.patch("time.monotonic", loop.time), contextlib.suppress(Stuck):
+            if tasks:  # a dead owner's task never ends: wait a virtual minute at most
+                loop.run_until_complete(asyncio.wait(tasks, timeout=60))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for task in asyncio.all_tasks(loop):  # a dead owner's: it never ran again
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+                with contextlib.suppress(BaseException):  # its finally blocks run now
+                    task.get_coro().close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # coroutines it never started
+            loop.close()
+            gc.collect()
+
+
+def _quiet_about_the_dead(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A dead owner's tasks are destroyed pending, as a killed process's work is lost."""
+    if not str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+        loop.default_exception_handler(context)
+
+
+def spawn(owner: Owner, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    """Start ``coro`` as a task of ``owner``."""
+    context = contextvars.copy_context()
+    context.run(OWNER.set, owner)
+    return asyncio.get_running_loop().create_task(coro, name=name, context=context)

@@ -1,0 +1,574 @@
+"""The protocol simulation: agentd's real rendezvous, membership, release and store code
+for N agents, their guardians and the store, in one process on a virtual clock
+(:mod:`tests.sim.clock`), under a seeded schedule of faults, with the invariants of
+docs/protocol.md checked as the events happen.
+
+What is real: :class:`~agentd.rendezvous.dynamic.DynamicRendezvous` (rounds, sealing,
+accounting, leases, the round watch, roll calls, leaving),
+:func:`~agentd.rendezvous.release.release` (a guardian carrying out a will) and
+:class:`~agentd.store.memory.MemoryStore` (the embedded store's core, TTLs on its serving
+clock). What is modelled, and how:
+
+- **the network** (:class:`Link`): every request and answer takes a seeded latency, so
+  requests reorder. A partitioned agent's requests fail after
+  :data:`~agentd.store.sockets.LIVENESS` seconds (TCP keepalive) and are retried for
+  ``RETRY_TIMEOUT`` (the HTTP client's), a heartbeat once; a request under way when the
+  partition starts loses its answer the same way. A request to a frozen store is delivered
+  and waits, as on a live connection.
+- **the workers**: one per agent, holding the global rank the round gave it, from the
+  round's completion until the agent stops them (at once) or they die.
+- **the guardian** (:class:`SimAgent`): a process of its own; when its agent dies it kills
+  the workers and carries out the will; while its agent lives, it kills the workers
+  ``LEASE_SLACK`` after the last lease it was told ends.
+- **SIGSTOP** pauses everything the agent runs (:class:`~tests.sim.clock.Owner`), not its
+  guardian or workers; **SIGKILL** stops it for good; a **lost host** takes agent,
+  guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
+- **the store** can freeze (nothing it runs moves, TTLs included: they run on its serving
+  clock) and restart empty (requests under way are retried on the new one, as a reset
+  connection is).
+
+The invariants (docs/protocol.md), checked at the event that could break them:
+
+- S1 when workers start: no live worker of another agent holds one of their ranks;
+- S2 when a round is sealed: every member's heartbeat is live in the store;
+- S5 at the end: every live agent is in one round with all of them, within a bound after
+  the last fault;
+- S6 when a lease moves: it ends no later than one TTL after the last heartbeat sent that
+  reached the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+from agentd.hygiene.guardian_process import LEASE_SLACK
+from agentd.rendezvous.api import RendezvousError
+from agentd.rendezvous.conf import RendezvousSettings
+from agentd.rendezvous.dynamic import DynamicRendezvous
+from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.release import release
+from agentd.rendezvous.sealing import ENDED
+from agentd.rendezvous.summary import decode
+from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable
+from agentd.store.connect import OpenedStore
+from agentd.store.memory import MemoryStore
+from agentd.store.sockets import LIVENESS
+from tests.sim.clock import START, Owner, Stuck, VirtualLoop, spawn
+
+RUN_ID = "sim"
+RETRY_TIMEOUT = 30.0
+"""How long the HTTP client retries a request the network failed."""
+SETTLE = 120.0
+"""Seconds simulated after the last fault before liveness (S5) is judged."""
+
+log = logging.getLogger(__name__)
+
+
+class Violation(AssertionError):
+    """An invariant of docs/protocol.md did not hold."""
+
+
+# -- the schedule ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At ``at`` seconds, ``kind`` happens to agent ``target`` (or the store) for
+    ``duration`` seconds."""
+
+    at: float
+    kind: str
+    target: int = -1
+    duration: float = 0.0
+
+    def __str__(self) -> str:
+        who = "store" if self.target < 0 else f"agent {self.target}"
+        lasting = f" for {self.duration:.2f}s" if self.duration else ""
+        return f"t={self.at:7.2f}s {self.kind:<13} {who}{lasting}"
+
+
+AGENT_FAULTS = ("kill", "lose_host", "term", "stop", "partition")
+STORE_FAULTS = ("freeze_store", "restart_store")
+KINDS = (*AGENT_FAULTS, *STORE_FAULTS, "join")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One simulated job: ``nodes`` agents start at 0 (``min_nodes``:``max_nodes``), and
+    ``faults`` happen to them."""
+
+    seed: int
+    nodes: int
+    min_nodes: int
+    max_nodes: int
+    faults: tuple[Fault, ...]
+
+    def describe(self) -> str:
+        head = (
+            f"seed {self.seed}: {self.nodes} agents, nnodes {self.min_nodes}:{self.max_nodes}, "
+            f"{len(self.faults)} fault(s)"
+        )
+        return "\n".join([head, *(f"  {fault}" for fault in self.faults)])
+
+    def without(self, index: int) -> Schedule:
+        faults = self.faults[:index] + self.faults[index + 1 :]
+        return Schedule(self.seed, self.nodes, self.min_nodes, self.max_nodes, faults)
+
+
+def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS) -> Schedule:
+    """A random job and fault schedule, the same for the same ``seed``."""
+    rng = random.Random(seed)
+    nodes = rng.randint(2, 5)
+    min_nodes = rng.randint(1, nodes)
+    max_nodes = rng.choice((nodes, nodes + 1))
+    faults = []
+    at = 0.0
+    joined = nodes
+    for _ in range(rng.randint(1, 4)):
+        at += rng.choice((0.0, rng.uniform(0, 3), rng.uniform(0, 40)))
+        kind = rng.choice(kinds)
+        if kind == "join":
+            faults.append(Fault(round(at, 3), kind, joined))
+            joined += 1
+        elif kind in STORE_FAULTS:
+            faults.append(Fault(round(at, 3), kind, -1, round(rng.uniform(0.5, 20), 3)))
+        else:
+            duration = round(rng.uniform(0.5, 25), 3) if kind in ("stop", "partition") else 0
+            faults.append(Fault(round(at, 3), kind, rng.randrange(joined), duration))
+    return Schedule(seed, nodes, min_nodes, max_nodes, tuple(faults))
+
+
+# -- the store and the network ---------------------------------------------------------------
+
+
+class StoreHost:
+    """The store's process: a :class:`MemoryStore` on the virtual clock."""
+
+    def __init__(self, loop: VirtualLoop) -> None:
+        self._loop = loop
+        self.epoch = 0
+        self.owner = Owner("store")
+        self.store = MemoryStore(clock=loop.time)
+        self.restarted = asyncio.Event()
+        self.sealed: list[tuple[int, list[str]]] = []
+
+    def freeze(self) -> None:
+        self.owner.paused = True
+
+    def thaw(self) -> None:
+        self._loop.resume(self.owner)
+
+    def restart(self) -> None:
+        """A new, empty store: the old one's work in flight is lost with it."""
+        self.owner.dead = True
+        self.epoch += 1
+        self.owner = Owner(f"store#{self.epoch}")
+        self.store = MemoryStore(clock=self._loop.time)
+        self.restarted.set()
+        self.restarted = asyncio.Event()
+
+    def live(self, key: str) -> bool:
+        return self.store._live(key) is not None
+
+
+class Link:
+    """One process's connection to the store, as the Store protocol (see the module
+    docstring for what the network does to it)."""
+
+    def __init__(self, world: World, node: SimAgent) -> None:
+        self._world = world
+        self._node = node
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        once = name == "heartbeat"  # the HTTP client's refresh in one attempt
+        if name.startswith("_") or not (once or hasattr(MemoryStore, name)):
+            raise AttributeError(name)
+        op = "refresh" if once else name
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._call(op, args, kwargs, once)
+
+        return call
+
+    async def close(self) -> None:
+        pass
+
+    async def _call(
+        self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], once: bool
+    ) -> Any:
+        world, node = self._world, self._node
+        sent = world.loop.time()
+        while True:
+            world.requests += 1
+            await asyncio.sleep(world.latency())
+            if not node.partitioned:
+                host = world.host
+                if op in ("set", "refresh") and args and args[0] == node.heartbeat_key:
+                    node.delivered = max(node.delivered, sent)
+                task = spawn(host.owner, getattr(host.store, op)(*args, **kwargs), f"store {op}")
+                cut = asyncio.ensure_future(node.cut.wait())
+                reset = asyncio.ensure_future(host.restarted.wait())
+                try:
+                    await asyncio.wait({task, cut, reset}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    cut.cancel()
+                    reset.cancel()
+                if task.done():
+                    result = task.result()  # the store's own errors are the caller's
+                    world.after_op(host, op, args, result)
+                    await asyncio.sleep(world.latency())
+                    if not node.partitioned:
+                        return result
+                elif reset.done() and not once:
+                    continue  # a reset connection: retried on the new store at once
+            # the network failed this attempt: TCP notices within LIVENESS
+            await asyncio.sleep(LIVENESS)
+            if op == "add" and not once:
+                raise StoreOutcomeUnknown(f"sim: {op} failed after it may have been applied")
+            if once or world.loop.time() - sent >= RETRY_TIMEOUT:
+                raise StoreUnavailable(f"sim: the store is unreachable ({op})")
+
+
+# -- the agents ------------------------------------------------------------------------------
+
+
+@dataclass
+class Hold:
+    """The worker of one agent: the global rank its round gave it."""
+
+    generation: int
+    rank: int
+    world: int
+    since: float
+
+
+class SimAgent:
+    """One agent with its guardian and its worker."""
+
+    def __init__(self, world: World, index: int) -> None:
+        self.world = world
+        self.index = index
+        self.owner = Owner(f"agent{index}")
+        self.guardian = Owner(f"guardian{index}")
+        self.partitioned = False
+        self.cut = asyncio.Event()
+        self.delivered = 0.0
+        """The latest send time of a heartbeat (or announcement) that reached the store."""
+        self.lease: float | None = None
+        self.lease_moved = asyncio.Event()
+        self.will: dict[str, Any] | None = None
+        self.hold: Hold | None = None
+        self.workers_died = asyncio.Event()
+        self.state = "running"
+        self.exit = ""
+        settings = RendezvousSettings(world.schedule.min_nodes, world.schedule.max_nodes)
+        with mock.patch("os.urandom", world.rng.randbytes):
+            self.handler = DynamicRendezvous(RUN_ID, self._open, settings)
+        self.handler.node_id = f"node{index}"
+        self.heartbeat_key = RunKeys(RUN_ID).heartbeat(self.handler.node_id)
+        self.handler.on_lease(self._on_lease)
+        self.handler.on_will(self._on_will)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("running", "stopped")
+
+    async def _open(self) -> OpenedStore:
+        async def nothing() -> None:
+            pass
+
+        return OpenedStore(
+            Link(self.world, self),  # type: ignore[arg-type]
+            nothing,
+            remote=True,
+            single_process=True,
+            where="the simulated store",
+            client_spec=lambda: {"endpoints": ["sim"]},
+        )
+
+    def _on_lease(self, deadline: float | None) -> None:
+        self.lease = deadline
+        self.lease_moved.set()
+        ttl = self.handler.settings.heartbeat_ttl
+        if deadline is not None and deadline > self.delivered + ttl + 1e-9:
+            self.world.violate(
+                "S6",
+                f"agent {self.index}'s lease runs to t={deadline - START:.3f}s, past one TTL "
+                f"({ttl:g}s) after its last heartbeat that reached the store "
+                f"(sent t={self.delivered - START:.3f}s)",
+            )
+
+    def _on_will(self, doc: dict[str, Any] | None) -> None:
+        self.will = doc
+
+    def start(self) -> None:
+        self.task = spawn(self.owner, self._main(), f"agent{self.index}")
+        spawn(self.guardian, self._fence(), f"guardian{self.index}")
+
+    async def _main(self) -> None:
+        try:
+            while True:
+                info = await self.handler.next_rendezvous()
+                self.workers_died.clear()
+                self.world.start_workers(
+                    self, info.generation, info.group_rank, info.group_world_size
+                )
+                watch = asyncio.ensure_future(self.handler.round_over())
+                died = asyncio.ensure_future(self.workers_died.wait())
+                try:
+                    await asyncio.wait({watch, died}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (watch, died):
+                        task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, RendezvousError):
+                        await watch
+                self.hold = None  # the agent stops its workers
+        except (RendezvousError, StoreError) as exc:  # agentd run exits with it
+            self.hold = None
+            self.state, self.exit = "exited", f"{type(exc).__name__}: {exc}"
+
+    async def _fence(self) -> None:
+        """The guardian's lease fence: the workers die ``LEASE_SLACK`` after the lease."""
+        while True:
+            self.lease_moved.clear()
+            lease = self.lease
+            if lease is None:
+                await self.lease_moved.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(lease + LEASE_SLACK):
+                    await self.lease_moved.wait()
+                    continue
+            if self.hold is not None:
+                self.world.note(f"guardian {self.index} kills the workers at the lease's end")
+                self.kill_workers()
+            await self.lease_moved.wait()  # nothing to fence until the next lease
+
+    def kill_workers(self) -> None:
+        self.hold = None
+        self.workers_died.set()
+
+    # -- faults
+
+    def sigkill(self) -> None:
+        """The agent dies; its guardian kills the workers and carries out the will."""
+        self.owner.dead = True
+        self.state = "killed"
+        self.hold = None
+        if self.will is not None:
+            spawn(self.guardian, self._release(self.will), f"release{self.index}")
+
+    async def _release(self, will: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            said = await release(will, Link(self.world, self))  # type: ignore[arg-type]
+            self.world.note(f"guardian {self.index}: {said}")
+
+    def lose_host(self) -> None:
+        self.owner.dead = self.guardian.dead = True
+        self.state = "lost"
+        self.hold = None
+
+    def sigterm(self) -> None:
+        self.task.cancel()
+        spawn(self.owner, self._leave(), f"leave{self.index}")
+
+    async def _leave(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.hold = None
+        with contextlib.suppress(Exception):
+            await self.handler.shutdown()
+        self.state = "left"
+
+
+# -- the world ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    schedule: Schedule
+    violations: list[str] = field(default_factory=list)
+    requests: int = 0
+    rounds: int = 0
+    settled_after: float | None = None
+    """Seconds after the last fault until the round every live agent ended up in (S5)."""
+    notes: list[str] = field(default_factory=list)
+
+
+class World:
+    def __init__(self, loop: VirtualLoop, schedule: Schedule) -> None:
+        self.loop = loop
+        self.schedule = schedule
+        self.rng = random.Random(schedule.seed ^ 0x5EED)
+        self.host = StoreHost(loop)
+        self.agents: list[SimAgent] = []
+        self.requests = 0
+        self.outcome = Outcome(schedule)
+        self._last_start = START
+
+    def latency(self) -> float:
+        r = self.rng.random()
+        return 0.0002 + (self.rng.uniform(0, 0.2) if r < 0.02 else self.rng.uniform(0, 0.003))
+
+    def note(self, line: str) -> None:
+        self.outcome.notes.append(f"t={self.loop.time() - START:.3f}s {line}")
+
+    def violate(self, invariant: str, detail: str) -> None:
+        line = f"{invariant} at t={self.loop.time() - START:.3f}s: {detail}"
+        self.outcome.violations.append(line)
+        self.note(line)
+
+    def start_workers(self, agent: SimAgent, generation: int, rank: int, size: int) -> None:
+        now = self.loop.time()
+        for other in self.agents:
+            held = other.hold
+            if other is not agent and held is not None and held.rank == rank:
+                self.violate(
+                    "S1",
+                    f"rank {rank} of round {generation} starts on agent {agent.index} while "
+                    f"agent {other.index}'s worker of round {held.generation} holds it",
+                )
+        agent.hold = Hold(generation, rank, size, now)
+        self._last_start = now
+        self.note(f"agent {agent.index}: round {generation}, rank {rank} of {size}")
+
+    def after_op(self, host: StoreHost, op: str, args: tuple[Any, ...], result: Any) -> None:
+        """S2: a round sealed with members only, each with a live heartbeat."""
+        if op != "compare_set" or not args[0].endswith("/sealed") or not result[0]:
+            return
+        if args[2] == ENDED:
+            return
+        generation = int(args[0].rsplit("/", 2)[-2])
+        size = decode(args[2]).size
+        keys = RunKeys(RUN_ID)
+        self.outcome.rounds += 1
+        for i in range(size):
+            item = host.store._live(keys.round(generation, f"node/{i}"))
+            node = json.loads(item.value)["node"] if item else f"arrival {i}"
+            if not host.live(keys.heartbeat(node)):
+                self.violate(
+                    "S2",
+                    f"round {generation} sealed with {node} (rank {i}), whose heartbeat "
+                    "the store no longer holds",
+                )
+
+    def fault(self, fault: Fault) -> None:
+        self.note(f"fault: {fault}")
+        if fault.kind == "join":
+            self._add_agent()
+            return
+        if fault.kind == "freeze_store":
+            self.host.freeze()
+            self.loop.call_later(fault.duration, self.host.thaw)
+            return
+        if fault.kind == "restart_store":
+            self.host.restart()
+            return
+        agent = self.agents[fault.target]
+        if not agent.alive:
+            return
+        if fault.kind == "kill":
+            agent.sigkill()
+        elif fault.kind == "lose_host":
+            agent.lose_host()
+        elif fault.kind == "term":
+            agent.sigterm()
+        elif fault.kind == "stop":
+            agent.owner.paused = True
+            agent.state = "stopped"
+
+            def cont() -> None:
+                if agent.state == "stopped":
+                    agent.state = "running"
+                    self.loop.resume(agent.owner)
+
+            self.loop.call_later(fault.duration, cont)
+        elif fault.kind == "partition":
+            agent.partitioned = True
+            agent.cut.set()
+
+            def heal() -> None:
+                agent.partitioned = False
+                agent.cut = asyncio.Event()
+
+            self.loop.call_later(fault.duration, heal)
+
+    def _add_agent(self) -> None:
+        agent = SimAgent(self, len(self.agents))
+        self.agents.append(agent)
+        agent.start()
+
+    def check_liveness(self, quiet_since: float) -> None:
+        """S5: every live agent is in the same round, of all of them (up to MAX)."""
+        live = [a for a in self.agents if a.alive]
+        schedule = self.schedule
+        if len(live) < schedule.min_nodes:
+            return
+        holds = {a.index: a.hold for a in live}
+        generations = {h.generation for h in holds.values() if h is not None}
+        members = [i for i, h in holds.items() if h is not None]
+        expected = min(len(live), schedule.max_nodes)
+        if len(generations) != 1 or len(members) != expected:
+            self.violate(
+                "S5",
+                f"{SETTLE:g}s after the last fault, the live agents {sorted(holds)} are not "
+                f"in one round of {expected}: "
+                + ", ".join(
+                    f"{i}: {'none' if h is None else f'round {h.generation}'}"
+                    for i, h in sorted(holds.items())
+                ),
+            )
+            return
+        self.outcome.settled_after = max(0.0, self._last_start - quiet_since)
+
+
+async def _simulate(loop: VirtualLoop, schedule: Schedule) -> Outcome:
+    world = World(loop, schedule)
+    for _ in range(schedule.nodes):
+        world._add_agent()
+    quiet = START
+    for fault in schedule.faults:
+        await asyncio.sleep(max(0.0, START + fault.at - loop.time()))
+        world.fault(fault)
+        quiet = max(quiet, loop.time() + fault.duration)
+    await asyncio.sleep(max(0.0, quiet + SETTLE - loop.time()))
+    world.check_liveness(quiet)
+    world.outcome.requests = world.requests
+    for agent in world.agents:  # the master ports the rounds reserved, dead agents' too
+        if agent.handler._rounds is not None:
+            agent.handler._rounds.release()
+    return world.outcome
+
+
+def simulate(schedule: Schedule) -> Outcome:
+    """Run ``schedule`` to its end; the same schedule gives the same outcome."""
+    from tests.sim.clock import run
+
+    logging.disable(logging.WARNING)  # the agents say what they see; the invariants judge
+    try:
+        return run(lambda loop: _simulate(loop, schedule))
+    except Stuck as exc:
+        return Outcome(schedule, violations=[f"stuck: {exc}"])
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def shrink(schedule: Schedule, fails: Callable[[Schedule], bool]) -> Schedule:
+    """The schedule with the fewest faults that still ``fails``, one fault dropped at a time."""
+    changed = True
+    while changed:
+        changed = False
+        for index in range(len(schedule.faults)):
+            smaller = schedule.without(index)
+            if fails(smaller):
+                schedule, changed = smaller, True
+                break
+    return schedule
