@@ -334,6 +334,10 @@ class SimAgent:
         except (RendezvousError, StoreError) as exc:  # agentd run exits with it
             self.hold = None
             self.state, self.exit = "exited", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a bug: agentd run would die with a traceback
+            self.hold = None
+            self.state, self.exit = "crashed", f"{type(exc).__name__}: {exc}"
+            self.world.violate("crash", f"agent {self.index}'s rendezvous raised {self.exit}")
 
     async def _fence(self) -> None:
         """The guardian's lease fence: the workers die ``LEASE_SLACK`` after the lease."""
