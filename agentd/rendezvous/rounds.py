@@ -36,6 +36,11 @@ from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
 
+_STORE_LOST_ROUND = (
+    "Rendezvous %s: round %d went with the store's old state (it restarted or failed "
+    "over); joining the next round"
+)
+
 POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
 REPORT = 30.0
@@ -234,11 +239,7 @@ class Rounds(Sealing):
             revision = result.revision
             if result.compacted:
                 if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
-                    said = (
-                        "Rendezvous %s: round %d went with the store's old state (it "
-                        "restarted or failed over); joining the next round"
-                    )
-                    log.info(said, self._run_id, generation)
+                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
                     return None, revision
                 sealed = await store.get(sealed_key)
             else:
@@ -265,6 +266,9 @@ class Rounds(Sealing):
                     )
             elif loop.time() >= last_call:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
+                if joined <= rank:  # our own arrival is not counted: the store lost it
+                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
+                    return None, revision
                 sealed = await self._seal(generation, min(joined, settings.max_nodes))
         return sealed, revision
 
