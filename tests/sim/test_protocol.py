@@ -18,6 +18,8 @@ from tests.sim.clock import START, Owner, run, spawn
 from tests.sim.world import Fault, Schedule, schedule_for, shrink, simulate
 
 SEEDS = range(300)
+CHUNK = 25
+"""Seeds per test: each runs in a few seconds, even on a loaded machine."""
 
 KNOWN_GAPS = {
     # S2: an arrival that dies before its round is sealed is sealed in (its heartbeat is
@@ -82,15 +84,18 @@ def test_a_graceful_leave_re_forms_the_others_within_a_second():
     assert len(restarted) == 2 and all(10.0 < t <= 11.0 for t in restarted), outcome.notes
 
 
-def test_the_seeds_break_no_invariant_beyond_the_known_gaps():
+@pytest.mark.parametrize("first", range(SEEDS.start, SEEDS.stop, CHUNK))
+def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
+    seeds = range(first, min(first + CHUNK, SEEDS.stop))
     found = {}
-    for seed in SEEDS:
+    for seed in seeds:
         outcome = simulate(schedule_for(seed))
         if outcome.violations:
             found[seed] = "+".join(sorted({v.split(" ")[0] for v in outcome.violations}))
-    assert found == KNOWN_GAPS, {
-        "new": {s: v for s, v in found.items() if KNOWN_GAPS.get(s) != v},
-        "gone": {s: v for s, v in KNOWN_GAPS.items() if found.get(s) != v},
+    known = {seed: gap for seed, gap in KNOWN_GAPS.items() if seed in seeds}
+    assert found == known, {
+        "new": {s: v for s, v in found.items() if known.get(s) != v},
+        "gone": {s: v for s, v in known.items() if found.get(s) != v},
     }
 
 
