@@ -69,8 +69,6 @@ RETRY_TIMEOUT = 30.0
 SETTLE = 120.0
 """Seconds simulated after the last fault before liveness (S5) is judged."""
 
-log = logging.getLogger(__name__)
-
 
 class Violation(AssertionError):
     """An invariant of docs/protocol.md did not hold."""
@@ -158,7 +156,6 @@ class StoreHost:
         self.owner = Owner("store")
         self.store = MemoryStore(clock=loop.time)
         self.restarted = asyncio.Event()
-        self.sealed: list[tuple[int, list[str]]] = []
 
     def freeze(self) -> None:
         self.owner.paused = True
@@ -246,8 +243,6 @@ class Hold:
 
     generation: int
     rank: int
-    world: int
-    since: float
 
 
 class SimAgent:
@@ -402,8 +397,6 @@ class Outcome:
     violations: list[str] = field(default_factory=list)
     requests: int = 0
     rounds: int = 0
-    settled_after: float | None = None
-    """Seconds after the last fault until the round every live agent ended up in (S5)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -416,7 +409,6 @@ class World:
         self.agents: list[SimAgent] = []
         self.requests = 0
         self.outcome = Outcome(schedule)
-        self._last_start = START
 
     def latency(self) -> float:
         r = self.rng.random()
@@ -431,7 +423,6 @@ class World:
         self.note(line)
 
     def start_workers(self, agent: SimAgent, generation: int, rank: int, size: int) -> None:
-        now = self.loop.time()
         for other in self.agents:
             held = other.hold
             if other is not agent and held is not None and held.rank == rank:
@@ -440,8 +431,7 @@ class World:
                     f"rank {rank} of round {generation} starts on agent {agent.index} while "
                     f"agent {other.index}'s worker of round {held.generation} holds it",
                 )
-        agent.hold = Hold(generation, rank, size, now)
-        self._last_start = now
+        agent.hold = Hold(generation, rank)
         self.note(f"agent {agent.index}: round {generation}, rank {rank} of {size}")
 
     def after_op(self, host: StoreHost, op: str, args: tuple[Any, ...], result: Any) -> None:
@@ -510,7 +500,7 @@ class World:
         self.agents.append(agent)
         agent.start()
 
-    def check_liveness(self, quiet_since: float) -> None:
+    def check_liveness(self) -> None:
         """S5: every live agent is in the same round, of all of them (up to MAX)."""
         live = [a for a in self.agents if a.alive]
         schedule = self.schedule
@@ -531,7 +521,6 @@ class World:
                 ),
             )
             return
-        self.outcome.settled_after = max(0.0, self._last_start - quiet_since)
 
 
 async def _simulate(loop: VirtualLoop, schedule: Schedule) -> Outcome:
@@ -544,7 +533,7 @@ async def _simulate(loop: VirtualLoop, schedule: Schedule) -> Outcome:
         world.fault(fault)
         quiet = max(quiet, loop.time() + fault.duration)
     await asyncio.sleep(max(0.0, quiet + SETTLE - loop.time()))
-    world.check_liveness(quiet)
+    world.check_liveness()
     world.outcome.requests = world.requests
     for agent in world.agents:  # the master ports the rounds reserved, dead agents' too
         if agent.handler._rounds is not None:
