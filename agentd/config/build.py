@@ -17,6 +17,7 @@ from agentd.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
+    from agentd.drain.settings import DrainSettings
     from agentd.health.settings import HealthSettings
     from agentd.nodecheck.gate import NodeGate
     from agentd.slownodes.settings import SlowNodeSettings
@@ -151,7 +152,6 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     own settings object, never the whole config)."""
     from agentd.agent.local import LocalElasticAgent
     from agentd.assembly.settings import AgentSettings
-    from agentd.drain.settings import DrainSettings
     from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.settings import InProcessSettings
     from agentd.timer.settings import WatchdogSettings
@@ -178,7 +178,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
             straggler_steps=config.straggler_steps,
         ),
         node_checks=_node_gate(config, spec) if config.node_check else None,
-        drain=DrainSettings(config.drain_on, config.drain_timeout, config.checkpoint_signal),
+        drain=_drain(config),
         inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
         gpu_release_timeout=config.gpu_release_timeout,
         slow_nodes=_slow_nodes(config, spec),
@@ -189,6 +189,17 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         log_dir=config.log_dir,
         settings=settings,
     )
+
+
+def _drain(config: AgentConfig) -> DrainSettings | None:
+    """The drain's settings where an option changed them (None: the defaults, built with
+    the drain's service if the node ever drains)."""
+    given = (config.drain_on, config.drain_timeout, config.checkpoint_signal)
+    if given == (AgentConfig.drain_on, AgentConfig.drain_timeout, AgentConfig.checkpoint_signal):
+        return None
+    from agentd.drain.settings import DrainSettings
+
+    return DrainSettings(*given)
 
 
 def _slow_nodes(config: AgentConfig, spec: WorkerSpec) -> SlowNodeSettings | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+DRIVER_DEVICE = "/dev/nvidiactl"
+"""Present wherever NVIDIA's driver is loaded (and in a container given its GPUs)."""
 FIRST_INTERVAL = 0.05
 MAX_INTERVAL = 0.5
 
@@ -33,12 +36,19 @@ class GpuRelease:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self._usage: GpuUsage | None = None
+        self._looked = False
         self._looking: asyncio.Future[GpuUsage | None] | None = None
 
     def look(self) -> None:
         """Look for the GPUs now, in a thread (loading NVML takes tens of milliseconds),
-        so the first stop does not wait for it."""
-        if self._looking is None and self.timeout:
+        so the first stop does not wait for it. A node without NVIDIA's driver device or
+        ``nvidia-smi`` has none: nothing is loaded there."""
+        if self._looked or not self.timeout:
+            return
+        self._looked = True
+        import shutil  # off the launch path: it imports the compression modules
+
+        if os.path.exists(DRIVER_DEVICE) or shutil.which("nvidia-smi") is not None:
             from agentd.gpus.usage import open_usage
 
             self._looking = asyncio.ensure_future(asyncio.to_thread(open_usage))

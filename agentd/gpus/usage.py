@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from typing import Any, Protocol
 
 from agentd.support.secrets import child_env
@@ -75,11 +74,10 @@ class NvidiaSmiUsage:
 
     @classmethod
     def open(cls) -> NvidiaSmiUsage | None:
-        for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-            path = os.path.join(folder or ".", "nvidia-smi")
-            if os.path.isfile(path) and os.access(path, os.X_OK):
-                return cls(path)
-        return None
+        import shutil
+
+        path = shutil.which("nvidia-smi")
+        return cls(path) if path is not None else None
 
     async def holders(self) -> dict[int, int] | None:
         try:

@@ -19,18 +19,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 from agentd.exceptions import StartError
 from agentd.support.ratelog import RateLimitedLog
-from agentd.tcpstore.session import Session
-from agentd.tcpstore.table import KeyTable, ProtocolError, StoreLimits
+
+if TYPE_CHECKING:
+    from agentd.tcpstore.table import KeyTable, StoreLimits
 
 log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 4096
+"""Connections one workers' store takes at most (before the open-files limit's share)."""
 
 
 class TCPStoreServer:
     """A TCPStore for the workers of one attempt, on ``host:port`` (0: any free port), or
-    on a listening socket the caller reserved (``sock``)."""
+    on a listening socket the caller reserved (``sock``), with at most ``max_connections``
+    open at once. The protocol and the data (:mod:`~agentd.tcpstore.session`,
+    :mod:`~agentd.tcpstore.table`) are loaded with the first connection: a job whose
+    workers never connect does not import them."""
 
     def __init__(
         self,
@@ -38,13 +46,16 @@ class TCPStoreServer:
         port: int = 0,
         limits: StoreLimits | None = None,
         sock: object | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.host = host
         self.port = port
-        self.limits = limits or StoreLimits()
+        self.limits = limits
+        """The table's bounds (None: :class:`~agentd.tcpstore.table.StoreLimits`' defaults)."""
+        self.max_connections = max_connections
         self._sock = sock
         self._server: asyncio.Server | None = None
-        self._table = KeyTable(self.limits)
+        self._table: KeyTable | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._closing = False
         self._problems = RateLimitedLog(log)
@@ -85,9 +96,12 @@ class TCPStoreServer:
     # -- a connection --------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from agentd.tcpstore.session import Session
+        from agentd.tcpstore.table import ProtocolError
+
         task = asyncio.current_task()
         assert task is not None
-        full = len(self._connections) >= self.limits.max_connections
+        full = len(self._connections) >= self.max_connections
         self._connections.add(task)  # even one turned away: stop() waits for its close
         try:
             if self._closing:  # accepted as the store stopped: not served
@@ -96,10 +110,10 @@ class TCPStoreServer:
                 self._problems.warning(
                     "full",
                     "Workers' store: %d connections open, the most it takes; closing new ones",
-                    self.limits.max_connections,
+                    self.max_connections,
                 )
                 return
-            session = Session(self._table, reader, writer)
+            session = Session(self._keys(), reader, writer)
             await session.run()
         except ProtocolError as exc:
             self._problems.warning("protocol", "Workers' store: closed a connection: %s", exc)
@@ -110,3 +124,11 @@ class TCPStoreServer:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
             self._connections.discard(task)
+
+    def _keys(self) -> KeyTable:
+        """The store's data, made with the first connection and kept for every other."""
+        if self._table is None:
+            from agentd.tcpstore.table import KeyTable, StoreLimits
+
+            self._table = KeyTable(self.limits or StoreLimits())
+        return self._table

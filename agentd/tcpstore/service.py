@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from agentd.rendezvous.api import ReservesMasterPort
 from agentd.rendezvous.placement import agent_serves_store
 from agentd.support import fdlimits
-from agentd.tcpstore.server import TCPStoreServer
-from agentd.tcpstore.table import MAX_CONNECTIONS, StoreLimits
+from agentd.tcpstore.server import MAX_CONNECTIONS, TCPStoreServer
 
 if TYPE_CHECKING:
     from agentd.group import WorkerGroup
@@ -56,7 +55,7 @@ class WorkerStoreService:
             fdlimits.worker_reserve(workers),
             share=0.5,
         )
-        server = TCPStoreServer(host, port, StoreLimits(max_connections=cap), sock=sock)
+        server = TCPStoreServer(host, port, sock=sock, max_connections=cap)
         given = group.spec.master_port and sock is None  # the user's port: name the flag
         await server.start("--master-port" if given else "workers' store")
         self.server = server

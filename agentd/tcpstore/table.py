@@ -6,14 +6,10 @@ import asyncio
 import collections
 from typing import NamedTuple
 
-MAX_CONNECTIONS = 4096
-"""Connections one workers' store takes at most (before the open-files limit's share)."""
-
 
 class StoreLimits(NamedTuple):
-    """How much one workers' store takes."""
+    """How much one workers' store holds (its connections are the server's bound)."""
 
-    max_connections: int = MAX_CONNECTIONS
     max_key: int = 64 << 10
     max_value: int = 64 << 20
     max_keys: int = 1 << 17

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.torch
 class ThreadedServer:
     """An agentd TCPStoreServer on its own event loop in a daemon thread."""
 
-    def __init__(self, limits: StoreLimits | None = None) -> None:
+    def __init__(self, limits: StoreLimits | None = None, max_connections: int = 64) -> None:
         self.loop = asyncio.new_event_loop()
-        self.server = TCPStoreServer("127.0.0.1", 0, limits)
+        self.server = TCPStoreServer("127.0.0.1", 0, limits, max_connections=max_connections)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(10)
@@ -146,7 +146,7 @@ def test_garbage_costs_only_its_own_connection():
 
 
 def test_a_flood_of_requests_from_one_client_leaves_the_others_served():
-    server = ThreadedServer(StoreLimits(max_connections=16))
+    server = ThreadedServer(max_connections=16)
     try:
         flood = [client(server.port) for _ in range(8)]
         stop = threading.Event()
