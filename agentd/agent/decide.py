@@ -24,7 +24,7 @@ rules is the contract:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentd.group import WorkerState
 
@@ -42,8 +42,7 @@ class Action(enum.Enum):
     GIVE_UP = "give_up"
 
 
-@dataclass(frozen=True)
-class Situation:
+class Situation(NamedTuple):
     """The facts one decision needs."""
 
     state: WorkerState

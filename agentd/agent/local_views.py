@@ -53,7 +53,7 @@ class LocalAgentViews:
         last = self._services.inprocess.last_fallback
         return {
             "fallbacks": dict(self._services.inprocess.fallbacks),
-            "last_fallback": None if last is None else dataclasses.asdict(last),
+            "last_fallback": None if last is None else last._asdict(),
         }
 
     @property

@@ -12,14 +12,12 @@ import json
 import os
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
-@dataclass(frozen=True)
-class ErrorFileContent:
+class ErrorFileContent(NamedTuple):
     """What a worker wrote into its error file: ``message`` and ``traceback`` (may be empty)."""
 
     message: str

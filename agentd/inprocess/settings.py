@@ -4,7 +4,7 @@ record of the last fallback: light enough for the command line and ``/status``."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 QUICK_REPEATS = 3
 QUICK_WINDOW = 60.0
@@ -26,8 +26,7 @@ three every rank (see the module docstring). A rank whose process is on its way 
 channel closed, or it exited while the others parked) is lost, not a fallback."""
 
 
-@dataclass(frozen=True)
-class InProcessSettings:
+class InProcessSettings(NamedTuple):
     """How in-process restarts are bounded: ``park_timeout`` seconds for the survivors to
     park; after ``quick_repeats`` in-process restarts in a row, each within
     :data:`QUICK_WINDOW` of the last, the next uses new processes (0: no such limit)."""
@@ -36,8 +35,7 @@ class InProcessSettings:
     quick_repeats: int = QUICK_REPEATS
 
 
-@dataclass(frozen=True)
-class Fallback:
+class Fallback(NamedTuple):
     """The last restart that did not keep every survivor: why, the local ranks it
     concerned, and the local ranks kept anyway (empty: every rank was a new process)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentd.exceptions import ConfigError
 
@@ -21,8 +21,7 @@ VALUED = frozenset("WX")
 """Interpreter options that take a value (``-W error``, ``-X dev``)."""
 
 
-@dataclass(frozen=True)
-class PythonCommand:
+class PythonCommand(NamedTuple):
     """``python [options] target args``: ``kind`` is ``"script"`` or ``"module"``."""
 
     executable: str

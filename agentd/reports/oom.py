@@ -22,9 +22,8 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _NO_LIMIT = 2**62  # v1 reports "no limit" as a page-rounded 2**63 - 1
 _KMSG = "/dev/kmsg"
@@ -35,8 +34,7 @@ _KILLED = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class MemoryCgroup:
+class MemoryCgroup(NamedTuple):
     """One memory cgroup's directory, and which cgroup version's files it holds."""
 
     path: Path
@@ -98,8 +96,7 @@ class MemoryCgroup:
         )
 
 
-@dataclass(frozen=True)
-class KernelOomKill:
+class KernelOomKill(NamedTuple):
     """The kernel's record of one OOM kill."""
 
     pid: int
