@@ -96,12 +96,16 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
 
 
 class Zygote:
-    """The fork loop: requests on the channel, SIGCHLD through a wakeup socket."""
+    """The fork loop: requests on the channel, SIGCHLD through a wakeup socket, and each
+    new worker's word that it leads its process group, which its reply waits for (the
+    next request is forked meanwhile: the workers set themselves up side by side)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = socket.socketpair()
         self.selector = selectors.DefaultSelector()
+        self.unanswered: dict[int, tuple[int, int, int]] = {}
+        """Forks not yet answered: their ``leading`` pipe -> (request id, pid, pidfd)."""
 
     def serve(self) -> int:
         for s in (self.wake_r, self.wake_w):
@@ -116,8 +120,11 @@ class Zygote:
                     with contextlib.suppress(BlockingIOError):
                         while self.wake_r.recv(4096):
                             pass
-                elif not self.on_request():
-                    return 0
+                elif key.fileobj is self.sock:
+                    if not self.on_request():
+                        return 0
+                elif key.fd in self.unanswered:
+                    self.answer(key.fd)
             self.reap()
 
     def reap(self) -> None:
@@ -128,7 +135,21 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            for leading, (_, forked, _) in list(self.unanswered.items()):
+                if forked == pid:  # it died before it said it leads: its pid comes first
+                    self.answer(leading)
             wire.send(self.sock, {"exited": pid, "status": status})
+
+    def answer(self, leading: int) -> None:
+        """Reply to a fork: its worker leads its process group (or died trying), so from
+        now on a signal to its group reaches it."""
+        request_id, pid, pidfd = self.unanswered.pop(leading)
+        self.selector.unregister(leading)
+        os.close(leading)
+        try:
+            wire.send(self.sock, {"forked": request_id, "pid": pid}, [pidfd])
+        finally:
+            os.close(pidfd)
 
     def on_request(self) -> bool:
         """Handle one message; False when the agent closed the channel."""
@@ -155,6 +176,7 @@ class Zygote:
         return True
 
     def fork(self, request: child.ForkRequest, fds: list[int]) -> None:
+        """Fork the worker; it is answered by :meth:`answer` once it leads its group."""
         leading, led = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
@@ -164,20 +186,19 @@ class Zygote:
                 self.wake_w.fileno(),
                 self.selector.fileno(),
                 leading,
+                *(
+                    fd
+                    for pending in self.unanswered
+                    for fd in (pending, self.unanswered[pending][2])
+                ),
             ]
             child.become_worker(request, fds, own, led)
         os.close(led)
         for fd in fds:
             os.close(fd)
-        # Reply once the worker leads its process group (or died trying): from then on a
-        # signal to its group reaches it.
-        os.read(leading, 1)
-        os.close(leading)
         pidfd = os.pidfd_open(pid)  # before any reap: the pid cannot be reused yet
-        try:
-            wire.send(self.sock, {"forked": request.id, "pid": pid}, [pidfd])
-        finally:
-            os.close(pidfd)
+        self.unanswered[leading] = (request.id, pid, pidfd)
+        self.selector.register(leading, selectors.EVENT_READ)
 
 
 def main(argv: list[str]) -> int:
