@@ -265,7 +265,8 @@ class WorkerSpec:
     duplicate_stderr_filters: list[str] | None = None
     preload: tuple[str, ...] | None = None
     """Modules a zygote imports once, to fork every worker from (warm restarts; see
-    :mod:`agentd.preload`). None spawns each worker; ``()`` pre-starts the interpreter only."""
+    :mod:`agentd.preload`). None spawns each worker; ``()`` spawns the first attempt's and
+    forks later attempts' from a bare zygote, started with the first workers."""
     preload_reason: str = ""
     """Why ``preload`` is what it is (``agentd run``'s choice), for the agent's start line."""
 

@@ -6,7 +6,8 @@ Measures, for each launcher (torchrun only where torch is installed):
   1. launch: the command starts -> the first of 4 trivial workers runs;
   2. restart: a worker crashes -> the first worker of the next attempt runs;
   3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep,
-     the guardian process every agent starts included (its RSS is shown apart too).
+     the helper processes every agent starts included (the guardian, and the zygote of the
+     restarts; their RSS is shown apart too).
 ``agentd-preload`` forks the workers from a zygote with an empty preload (``--preload=``:
 the interpreter is started ahead). Prints median/min/max per figure and the ratios
 torchrun/agentd.
@@ -15,6 +16,7 @@ torchrun/agentd.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -33,7 +35,7 @@ NPROC = 4
 
 def launcher_commands() -> dict[str, list[str]]:
     agentd = [sys.executable, "-m", "agentd", "run"]
-    commands = {"agentd": agentd, "agentd-preload": [*agentd, "--preload="]}
+    commands = {"agentd": agentd, "agentd-spawn": [*agentd, "--no-preload"]}
     if importlib.util.find_spec("torch") is not None:
         commands["torchrun"] = [sys.executable, "-m", "torch.distributed.run"]
     return commands
@@ -125,16 +127,27 @@ def guardians(agent: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+def zygotes(agent: psutil.Process) -> list[psutil.Process]:
+    """The agent's zygote, where it keeps one (``python -m agentd.preload.zygote``)."""
+    found = []
+    for child in agent.children():
+        with contextlib.suppress(psutil.Error):
+            if "agentd.preload.zygote" in child.cmdline():
+                found.append(child)
+    return found
+
+
 def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float, float]:
-    """(peak RSS MiB of the agent, of its guardian, CPU seconds, wake-ups per second) of
-    the agent while its workers sleep. CPU and wake-ups count the agent and its guardian."""
+    """(peak RSS MiB of the agent, of its helper processes, CPU seconds, wake-ups per
+    second) while its workers sleep. The helpers are the guardian and the zygote, where
+    the agent keeps one; CPU and wake-ups count the agent and its helpers."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = start(cmd, out, "sleep", str(seconds + 5))
         first_start(out, 0, proc)
         time.sleep(1.0)  # settle after the start
         agent = psutil.Process(proc.pid)
-        watched = [agent, *guardians(agent)]
+        watched = [agent, *guardians(agent), *zygotes(agent)]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in watched)
         sw0 = sum(task_stats(p)[0] for p in watched)
         time.sleep(seconds)
@@ -215,13 +228,14 @@ def main() -> int:
                 )
     print(
         f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window (agentd: the agent "
-        "and the guardian process it starts; CPU and wake-ups of both)"
+        "and the helper processes it starts, the guardian and any zygote; CPU and wake-ups "
+        "of all)"
     )
     for name in commands:
-        rss, guardian, cpu, wakeups = idle[name]
+        rss, helpers, cpu, wakeups = idle[name]
         print(
-            f"  {name:14s} peak RSS {rss + guardian:6.1f} MiB (agent {rss:5.1f}, guardian "
-            f"{guardian:4.1f})  CPU {cpu * 1000:6.1f} ms  wake-ups {wakeups:5.1f}/s"
+            f"  {name:14s} peak RSS {rss + helpers:6.1f} MiB (agent {rss:5.1f}, helpers "
+            f"{helpers:4.1f})  CPU {cpu * 1000:6.1f} ms  wake-ups {wakeups:5.1f}/s"
         )
     if "torchrun" in commands:
         total = {name: idle[name][0] + idle[name][1] for name in ("torchrun", "agentd")}
@@ -236,7 +250,8 @@ def main() -> int:
             "idle_rss",
             f"{sum(idle['agentd'][:2]):.0f} MiB",
             command,
-            "the agent and the guardian process it starts",
+            "the agent and the helper processes it starts (the guardian, and the zygote of "
+            "the restarts)",
         )
         restart = results["agentd"]["restart"]
         record(

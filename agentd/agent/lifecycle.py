@@ -15,7 +15,12 @@ from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
 from agentd.group import RunResult, WorkerGroup, WorkerState
 from agentd.inprocess.wire import DEFAULT_GRACE
-from agentd.rendezvous.api import ComparesNodes, CoordinatesDrains, KeepsWorkers
+from agentd.rendezvous.api import (
+    ComparesNodes,
+    CoordinatesDrains,
+    KeepsWorkers,
+    LeasedMembership,
+)
 from agentd.rendezvous.placement import agent_serves_store
 from agentd.support.sync_bridge import agent_step
 from agentd.wire import control
@@ -91,9 +96,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
                 pass_fds.extend(self._gate.worker_fds)
         kept = self._services.inprocess.parked
         preload = self._services.preload
-        if preload.enabled:  # the preload can take seconds: a stop signal does not wait
+        forked = preload.forks
+        if forked:  # the preload can take seconds: a stop signal does not wait
             await self._unless_stopped(preload.ready())
-        spawn = preload.spawn if preload.enabled else spawn_worker
+        spawn = preload.spawn if forked else spawn_worker
         with self._services.hygiene.spawning():
             procs = await asyncio.gather(
                 *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),
@@ -148,10 +154,15 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         await self._services.gpus.wait(pids)
 
     def _after_first_start(self) -> None:
-        """Once the first workers are spawned: sweep dead agents' pipe directories, and load
-        what a failure needs, so neither the launch nor the first restart waits for it."""
+        """Once the first workers are spawned: sweep dead agents' pipe directories, start a
+        bare zygote, and load what a failure needs, so neither the launch nor the first
+        restart waits for it."""
         self._services.watchdog.sweep_stale_pipes()
         self._services.gpus.look()
+        may_restart = self._worker_group.spec.max_restarts > 0 or isinstance(
+            self.rdzv_handler, LeasedMembership
+        )
+        self._services.preload.first_started(may_restart)
         import agentd.errors.error_file
         import agentd.telemetry.metrics_api  # noqa: F401
 

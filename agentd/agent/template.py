@@ -364,5 +364,6 @@ def _how_started(spec: WorkerSpec) -> str:
     why = f" ({spec.preload_reason})" if spec.preload_reason else ""
     if spec.preload is None:
         return f"workers spawned{why}"
-    modules = ", ".join(spec.preload) or "the interpreter only"
-    return f"workers forked from a zygote preloading {modules}{why}"
+    if not spec.preload:
+        return f"first workers spawned, restarts forked from a bare zygote{why}"
+    return f"workers forked from a zygote preloading {', '.join(spec.preload)}{why}"

@@ -128,6 +128,15 @@ class PreloadPort(Protocol):
 
     enabled: bool
 
+    @property
+    def forks(self) -> bool:
+        """Whether the next attempt's workers are forked from the zygote."""
+        ...
+
+    def first_started(self, may_restart: bool) -> None:
+        """The first attempt's workers run (a bare zygote starts now if ``may_restart``)."""
+        ...
+
     async def spawn(self, local_rank: int, *launch: Any) -> WorkerProcess: ...
 
     async def ready(self) -> None:

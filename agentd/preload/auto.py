@@ -19,8 +19,12 @@ under any alias, an import of another library.
 Spawn is kept too, with the reason in one line, when:
 
 - the script is not found, not readable or not valid Python (spawn reports it as usual);
-- it imports none of :data:`SAFE`, or they are not installed for this interpreter;
+- the libraries it imports are not installed for this interpreter;
 - its own folder holds a module of the same name, which would shadow the library.
+
+A script that imports none of :data:`SAFE` is forked from a bare zygote, which preloads
+nothing (``()``): nothing of the script runs before the fork, so no rule applies, and each
+worker of each attempt saves an interpreter's start.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import ast
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from importlib.machinery import PathFinder
+from typing import NamedTuple
 
 SAFE = ("torch", "numpy")
 """The libraries ``auto`` preloads, in import order (torch first: it imports numpy)."""
@@ -65,16 +69,15 @@ _RUNS_CODE = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 """Expressions that run code of their own (or change a name) when evaluated."""
 
 
-@dataclass(frozen=True)
-class AutoPreload:
-    """What ``auto`` chose: ``modules`` to preload (None: spawn) and why, for the start line."""
+class AutoPreload(NamedTuple):
+    """What ``auto`` chose: ``modules`` to preload (None: spawn; empty: a bare zygote) and
+    why, for the start line."""
 
     modules: tuple[str, ...] | None
     reason: str
 
 
-@dataclass(frozen=True)
-class _Scan:
+class _Scan(NamedTuple):
     """How a file's module-level code reaches the library: ``reached`` the libraries its
     first import of one names (None: it never imports one); ``problem`` the first
     statement before that which may change the process, as ``file:line what``."""
@@ -120,7 +123,7 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
         scan = reader.scan(tree, name)
     found.extend(t for t in scan.reached or () if t not in found)
     if not found:
-        return AutoPreload(None, f"{name} imports none of {', '.join(SAFE)}")
+        return AutoPreload((), f"{name} imports none of {', '.join(SAFE)}")
     if scan.problem is not None:
         library = (scan.reached or found)[0]
         return AutoPreload(None, f"{scan.problem} before it imports {library}")

@@ -1,10 +1,15 @@
 """The preload service: the zygote that forks the workers when ``spec.preload`` is set.
 
-The zygote starts with the agent, before the first rendezvous, so the interpreter and the
-preloaded imports overlap with the wait for peers. Every attempt forks its workers from
-it; a zygote that dies is replaced at once (with a warning), so the next attempt is warm
+A zygote with modules to preload starts with the agent, before the first rendezvous, so
+the interpreter and the preloaded imports overlap with the wait for peers, and every
+attempt forks its workers from it. A bare zygote (``spec.preload`` empty: nothing to
+preload) cannot beat a spawn at the launch, only at restarts: the first attempt's workers
+are spawned, the zygote starts once they run (where the job may restart at all), and
+every later attempt forks from it.
+
+A zygote that dies is replaced at once (with a warning), so the next attempt is warm
 again. A preload that cannot work (a module fails to import, CUDA initialized at import)
-is a configuration error: the first attempt fails with it, never falling back to spawn.
+is a configuration error: the attempt fails with it, never falling back to spawn.
 """
 
 from __future__ import annotations
@@ -39,14 +44,31 @@ class PreloadService:
         self.zygotes_started = 0
         self._replacing: asyncio.Task[None] | None = None
 
+    @property
+    def forks(self) -> bool:
+        """Whether the next attempt's workers are forked (a bare zygote's, once it started
+        with the first attempt: see :meth:`first_started`)."""
+        return self.enabled and (bool(self._spec.preload) or self.zygotes_started > 0)
+
     async def start(self) -> None:
-        if self.enabled:  # a command a zygote cannot run is a ConfigError before it starts
-            await self._start_zygote()
+        if self.enabled and self._spec.preload:  # a command a zygote cannot run is a
+            await self._start_zygote()  # ConfigError before it starts
+
+    def first_started(self, may_restart: bool) -> None:
+        """The first attempt's workers run: a bare zygote starts now, in the background,
+        for the attempts after it, if there may be any (``may_restart``: restarts are
+        allowed, or a change of membership starts new workers)."""
+        if not (self.enabled and may_restart and self.zygotes_started == 0):
+            return
+        if self._replacing is None:
+            self._replacing = asyncio.ensure_future(self._replace())
 
     async def stop(self) -> None:
         self.enabled = False
-        if self._replacing is not None:
-            self._replacing.cancel()
+        replacing = self._replacing
+        if replacing is not None:  # a zygote cancelled as it starts is killed: wait for it
+            replacing.cancel()
+            await asyncio.gather(replacing, return_exceptions=True)
         zygote, self.zygote = self.zygote, None
         if zygote is not None:
             await zygote.stop()

@@ -92,7 +92,7 @@ def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
 
 
 def test_exit_codes_and_stderr_tail_reach_the_report(run_agentd, tmp_path):
-    agent = run_introspect(run_agentd, tmp_path, "--preload=", code=7)
+    agent = run_introspect(run_agentd, tmp_path, "--preload=json", code=7)
     [result] = agent.log_dir.glob("*/result.json")
     root = json.loads(result.read_text())["root_cause"]
     assert root["exitcode"] == 7
@@ -157,7 +157,7 @@ def test_no_preload_overrides_the_environment(run_agentd, tmp_path):
 def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     port = free_port()
     agent = run_agentd(
-        "--preload=",
+        "--preload=json",
         "--nproc-per-node",
         "2",
         "--max-restarts",
@@ -182,15 +182,42 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert f"Zygote pid {zygote} died (exit status -9); starting a new one" in err
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
         preload = json.loads(response.read())["preload"]
-    assert preload == {"modules": [], "zygote_pid": new_zygote, "ready": True, "zygotes_started": 2}
+    assert preload == {
+        "modules": ["json"],
+        "zygote_pid": new_zygote,
+        "ready": True,
+        "zygotes_started": 2,
+    }
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
 
 
+def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
+    """The first workers are spawned (a zygote would only delay them), the zygote starts
+    once they run, and the next attempt is forked from it."""
+    agent = run_agentd("--nproc-per-node", "2", "--max-restarts", "1", WORKER, "sleep")
+    first = agent.wait_ready(2)
+    agent.extra_pids += first
+    assert all(psutil.Process(p).ppid() == agent.pid for p in first)
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the bare zygote")
+    agent.extra_pids.append(zygote)
+    wait_until(lambda: "Zygote pid" in agent.stderr(), what="the zygote ready")
+    os.kill(first[0], signal.SIGKILL)
+    second = agent.wait_ready(2, attempt=1)
+    agent.extra_pids += second
+    assert all(psutil.Process(p).ppid() == zygote for p in second)
+    err = agent.stderr()
+    said = "first workers spawned, restarts forked from a bare zygote (auto: worker.py imports none"
+    assert said in err
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not any(pid_alive(p) for p in [*second, zygote])
+
+
 def test_zygote_killed_between_attempts(run_agentd):
     agent = run_agentd(
-        "--preload=",
+        "--preload=json",
         "--nproc-per-node",
         "2",
         "--max-restarts",
@@ -212,7 +239,7 @@ def test_zygote_killed_between_attempts(run_agentd):
 
 @pytest.mark.parametrize("victim", ["agent", "zygote-then-agent"])
 def test_killed_agent_leaves_nothing_alive(run_agentd, victim):
-    agent = run_agentd("--preload=", "--nproc-per-node", "2", WORKER, "tree")
+    agent = run_agentd("--preload=json", "--nproc-per-node", "2", WORKER, "tree")
     pids = agent.wait_ready(2)
     [zygote] = zygotes_of(agent)
     everything = [*pids, zygote, *descendants(agent.pid)]
@@ -301,7 +328,7 @@ def test_the_zygote_program_without_its_channel_is_a_usage_error():
     assert done.returncode == 2 and "usage: python -m agentd.preload.zygote" in done.stderr
 
 
-@pytest.mark.parametrize("how", ["--no-preload", "--preload="])
+@pytest.mark.parametrize("how", ["--no-preload", "--preload=json"])
 def test_workers_ignore_a_drain_signal_meant_for_their_agent(run_agentd, tmp_path, how):
     """Under ``--drain-on SIGUSR1`` (Slurm's default) a worker, spawned or forked, starts
     with SIGUSR1 ignored, as the zygote does: Slurm signals every process of the step. The
