@@ -13,17 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from agentd.gpus import may_have_gpus
 
 if TYPE_CHECKING:
     from agentd.gpus.usage import GpuUsage
 
 log = logging.getLogger(__name__)
 
-DRIVER_DEVICE = "/dev/nvidiactl"
-"""Present wherever NVIDIA's driver is loaded (and in a container given its GPUs)."""
 FIRST_INTERVAL = 0.05
 MAX_INTERVAL = 0.5
 
@@ -46,9 +45,7 @@ class GpuRelease:
         if self._looked or not self.timeout:
             return
         self._looked = True
-        import shutil  # off the launch path: it imports the compression modules
-
-        if os.path.exists(DRIVER_DEVICE) or shutil.which("nvidia-smi") is not None:
+        if may_have_gpus():
             from agentd.gpus.usage import open_usage
 
             self._looking = asyncio.ensure_future(asyncio.to_thread(open_usage))

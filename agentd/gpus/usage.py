@@ -9,6 +9,7 @@ import contextlib
 import logging
 from typing import Any, Protocol
 
+from agentd.gpus import nvidia_smi
 from agentd.support.secrets import child_env
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,7 @@ class NvidiaSmiUsage:
 
     @classmethod
     def open(cls) -> NvidiaSmiUsage | None:
-        import shutil
-
-        path = shutil.which("nvidia-smi")
+        path = nvidia_smi()
         return cls(path) if path is not None else None
 
     async def holders(self) -> dict[int, int] | None:
