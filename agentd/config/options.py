@@ -236,8 +236,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
         v.preload,
         "auto",
         "Fast starts and restarts: a zygote imports these modules once (comma-separated, "
-        "e.g. torch; empty: only the interpreter) and forks every worker from them; 'auto' "
-        "preloads torch and numpy when the script imports them (docs/preload.md); 'off' "
+        "e.g. torch) and forks every worker from them (empty: the first workers are "
+        "spawned, restarts forked); 'auto' preloads torch and numpy when the script "
+        "imports them, and nothing when it imports neither (docs/preload.md); 'off' "
         "spawns each worker (--no-preload).",
         metavar="MODULES",
     ),
