@@ -466,6 +466,8 @@ class World:
         if fault.kind == "restart_store":
             self.host.restart()
             return
+        if fault.target >= len(self.agents):  # its join was shrunk away
+            return
         agent = self.agents[fault.target]
         if not agent.alive:
             return
