@@ -13,6 +13,11 @@ Keys, under ``agentd/<run_id>/``::
     round/<g>/sealed    the member count n, set once: arrivals < n are the round's members;
                         "0" when the round ended before it was sealed
     round/<g>/done/<i>  member i's workers succeeded (the exit barrier)
+    round/<g>/back/<G>, round/<G>/gone, round/<G>/gone/<node>
+                        the count of a round against the last sealed one (see
+                        rendezvous/accounting.py)
+    round/<G>/out/<node> that member of round G stopped its workers and joined a later
+                        round (a round sealed without it need not fence it: sealing.py)
     excluded/<node>     JSON: why that agent's node checks keep it out of the job (a TTL
                         key, deleted when it joins again)
     timings/<g>/<i>     JSON: member i's compute times in round g (a TTL key; see

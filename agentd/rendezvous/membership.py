@@ -118,12 +118,17 @@ class Membership:
         """Why membership is over already ('' while it holds)."""
         if self._lost:
             return self._lost
+        return self._silence_reason() if self.lapsed() else ""
+
+    def lapsed(self) -> bool:
+        """The lease has run out by the clock (beyond what a heartbeat held by a frozen
+        store extends): the store may have expired us, and no round joined before now may
+        start workers on it."""
         deadline = self.deadline
         now = time.monotonic()
-        past = deadline is not None and now >= deadline
-        if past and (not self._delivered() or now >= self._extension_limit()):
-            return self._silence_reason()
-        return ""
+        if deadline is None or now < deadline:
+            return False
+        return not self._delivered() or now >= self._extension_limit()
 
     def rejoined(self) -> None:
         """A new round begins: forget why the last membership ended."""

@@ -134,6 +134,11 @@ class Rounds(Sealing):
         assert self._membership is not None, "joining needs a membership"
         start = await self._membership.announce()
         generation = await self.generation()
+        carried = self.carried
+        if carried is not None and carried.member and carried.generation < generation:
+            # our workers of that round are stopped: a round sealed without us need not
+            # wait for our lease to run out (see Sealing._fence)
+            await store.set(keys.round(carried.generation, f"out/{self._node['node']}"), b"1")
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
             log.info(
@@ -198,6 +203,16 @@ class Rounds(Sealing):
             await self.wait_for_generation_after(generation)
             return None
         self.carried = Carried(generation, size, member=True)
+        assert self._membership is not None
+        if self._membership.lapsed():  # paused past our lease as the round sealed: the
+            log.warning(  # others may have re-formed without us, giving away our ranks
+                "Rendezvous %s: round %d was sealed with this node, but its lease ran out "
+                "meanwhile (was it paused?); ending it without starting workers",
+                self._run_id,
+                generation,
+            )
+            await self.advance(generation, f"node {self._node['node']}'s lease ran out")
+            return None
         return Round(generation, rank, summary, revision, mine)
 
     async def _wait_for_seal(

@@ -4,6 +4,7 @@ a member left for good. A mixin of :class:`~agentd.rendezvous.rounds.Rounds`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ LOOK_BACK = 2
 """Rounds before a new one searched for the last sealed one (older ones are deleted)."""
 ENDED = b"0"
 """The ``sealed`` value of a round that ended before it was sealed."""
+FENCE_CHECK = 0.25
+"""How often a sealer waiting on an absent member's workers looks again."""
 
 
 class Sealing:
@@ -99,7 +102,9 @@ class Sealing:
 
     async def _seal(self, generation: int, count: int) -> bytes | None:
         """Seal round ``generation`` with its first ``count`` arrivals as members: their
-        summary, unless the round is sealed already. Returns the ``sealed`` value then."""
+        summary, unless the round is sealed already. Returns the ``sealed`` value then.
+        An arrival whose heartbeat the store no longer holds (it died after it arrived)
+        ends the round instead (:data:`ENDED`): the others join the next one without it."""
         store, keys = self._store, self._keys
         sealed_key = keys.round(generation, "sealed")
         entries = [keys.round(generation, f"node/{i}") for i in range(count)]
@@ -119,9 +124,75 @@ class Sealing:
                 return await store.get(sealed_key)
             values = await store.multi_get(entries)
         nodes = [json.loads(value or b"{}") for value in values]
-        excluded = await self._excluded(generation, {str(node.get("node")) for node in nodes})
+        ids = [str(node.get("node")) for node in nodes]
+        beats = await store.multi_get([keys.heartbeat(node) for node in ids])
+        expired = [node for node, beat in zip(ids, beats, strict=True) if beat is None]
+        if expired:  # S2: a member's lease must be live at the store that seals its round
+            await self.advance(
+                generation,
+                f"the heartbeat of {len(expired)} arrival(s) expired before the seal "
+                f"({', '.join(expired[:3])}{', ...' if len(expired) > 3 else ''})",
+            )
+            return await store.get(sealed_key)
+        last = await self._last_sealed(generation)
+        excluded: dict[str, Any] = {}
+        if last is not None:
+            absent = [node for node in last[1] if node not in set(ids)]
+            if absent:
+                held = await self._fence(generation, last[0], absent)
+                if held is not None:
+                    return held
+                excluded = await self._exclusions(absent)
         _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
         return held
+
+    async def _fence(self, generation: int, last: int, absent: list[str]) -> bytes | None:
+        """S1: wait until no worker of ``absent``, members of round ``last`` missing from
+        round ``generation``, can still be running: each stopped its workers (it joined a
+        later round: ``out``), left or was released (``gone``), or its heartbeat has been
+        missing for :data:`~agentd.rendezvous.accounting.FENCE` (its guardian killed them).
+        A round filled by spares while a member is frozen or cut off waits here, at most
+        that member's lease and the fence. Returns the ``sealed`` value if another agent
+        sealed or ended the round meanwhile (None: seal it)."""
+        store, keys = self._store, self._keys
+        sealed_key = keys.round(generation, "sealed")
+        missing_since: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        waited = False
+        while True:
+            markers = [
+                key
+                for node in absent
+                for key in (keys.round(last, f"out/{node}"), keys.round(last, f"gone/{node}"))
+            ]
+            sealed, *values = await store.multi_get(
+                [sealed_key, *markers, *(keys.heartbeat(node) for node in absent)]
+            )
+            if sealed is not None:
+                return sealed
+            marks, beats = values[: len(markers)], values[len(markers) :]
+            now = loop.time()
+            waiting = []
+            for i, node in enumerate(absent):
+                if marks[2 * i] is not None or marks[2 * i + 1] is not None:
+                    continue
+                if beats[i] is not None:
+                    missing_since.pop(node, None)
+                elif now - missing_since.setdefault(node, now) >= accounting.FENCE:
+                    continue
+                waiting.append(node)
+            if not waiting:
+                return None
+            if not waited:
+                waited = True
+                log.info(
+                    "Rendezvous %s: round %d waits until %s of round %d can run no worker",
+                    self._run_id,
+                    generation,
+                    ", ".join(waiting[:3]) + (", ..." if len(waiting) > 3 else ""),
+                    last,
+                )
+            await asyncio.sleep(FENCE_CHECK)
 
     async def member_ids(self, current: Round) -> list[str]:
         """The node ids of ``current``'s members, by group rank: N entries read, for the
@@ -132,17 +203,24 @@ class Sealing:
         keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
         return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
 
-    async def _excluded(self, generation: int, members: set[str]) -> dict[str, Any]:
-        """The exclusions of the members of the last sealed round before ``generation``
-        missing from ``members`` (the new round's node ids). Store trouble costs the
-        report, never the round."""
+    async def _last_sealed(self, generation: int) -> tuple[int, list[str]] | None:
+        """The last round sealed before ``generation`` (within :data:`LOOK_BACK`) and its
+        members' node ids; None for none."""
+        for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
+            sealed = await self._store.get(self._keys.round(earlier, "sealed"))
+            if sealed is not None and sealed != ENDED:
+                try:
+                    size = decode(sealed).size
+                except (RendezvousStateError, ValueError, KeyError):
+                    return None
+                return earlier, await self._node_ids(earlier, size)
+        return None
+
+    async def _exclusions(self, gone: list[str]) -> dict[str, Any]:
+        """The exclusions of ``gone``, members of the last round missing from the new one.
+        Store trouble costs the report, never the round."""
         try:
-            for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
-                sealed = await self._store.get(self._keys.round(earlier, "sealed"))
-                if sealed is not None and sealed != ENDED:
-                    before = await self._node_ids(earlier, decode(sealed).size)
-                    gone = sorted(set(before) - members)
-                    return await exclusions_of(self._store, self._keys, gone)
+            return await exclusions_of(self._store, self._keys, sorted(gone))
         except (StoreError, RendezvousStateError, ValueError, KeyError) as exc:
             log.debug("Rendezvous %s: could not read exclusions: %s", self._run_id, exc)
         return {}

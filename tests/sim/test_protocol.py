@@ -22,17 +22,10 @@ CHUNK = 25
 """Seeds per test: each runs in a few seconds, even on a loaded machine."""
 
 KNOWN_GAPS = {
-    # S2: an arrival that dies before its round is sealed is sealed in (its heartbeat is
-    # gone by then); the round's members start, see it missing and re-form.
-    **dict.fromkeys(
-        (7, 29, 39, 53, 63, 66, 71, 93, 98, 100, 128, 132, 133, 135, 139, 142, 144, 148),
-        "S2",
-    ),
-    **dict.fromkeys((173, 203, 214, 254, 265, 267, 285, 294), "S2"),
-    # S1: an agent frozen (SIGSTOP) past its lease keeps its workers until its guardian's
-    # fence, 0.5 s after the lease ends, and a store restarted empty knows no lease at
-    # all: the others can re-form and start workers on its ranks before either.
-    **dict.fromkeys((91, 111, 145, 185, 221), "S1"),
+    # S1: a store restarted empty knows no lease: the others form a round in it at once,
+    # while a frozen or cut-off agent's workers still hold their ranks (its lease, granted
+    # by the old store, runs until its guardian's fence).
+    **dict.fromkeys((91, 111), "S1"),
 }
 
 
@@ -100,7 +93,6 @@ def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
 
 
 FOUND_BEYOND = {
-    145: "S1",  # spares replace a partitioned member whose heartbeat is still live
     347: "S5",  # a partition and a store restart: the job never forms a round again
 }
 """Gaps found among seeds 300-1,999, each with the first seed that shows it."""
@@ -124,9 +116,9 @@ def test_a_round_the_store_forgot_before_its_last_call_is_joined_anew_not_sealed
 
 
 def test_a_failing_schedule_shrinks_to_the_faults_that_break_it():
-    """Seed 91's four faults break S1; two of them do it alone: a spare joins while an
-    agent is frozen past its lease (its guardian fences its workers 0.5 s after the
-    lease ends; the others re-form with the spare sooner)."""
+    """Seed 91's four faults break S1; three of them do it alone: an agent frozen, the
+    store restarted empty (it knows no lease), and a spare joining, which fills the new
+    round while the frozen agent's workers still run."""
     schedule = schedule_for(91)
 
     def fails(candidate: Schedule) -> bool:
@@ -134,4 +126,40 @@ def test_a_failing_schedule_shrinks_to_the_faults_that_break_it():
 
     assert fails(schedule) and len(schedule.faults) == 4
     smallest = shrink(schedule, fails)
-    assert [f.kind for f in smallest.faults] == ["stop", "join"], smallest.describe()
+    kinds = [f.kind for f in smallest.faults]
+    assert kinds == ["stop", "restart_store", "join"], smallest.describe()
+
+
+def rounds_of(outcome, generation: int) -> list[str]:
+    """``agent N: rank R of W`` for each agent that started workers of round ``generation``."""
+    marker = f": round {generation}, "
+    return [n.split("s ", 1)[1].replace(marker, " ") for n in outcome.notes if marker in n]
+
+
+def test_an_arrival_that_dies_before_the_seal_ends_its_round_instead_of_joining_it():
+    """Seed 7 (S2): agent 1 joins the first round and is SIGKILLed before it is sealed
+    (no will yet). At the last call its heartbeat is gone: the round ends unsealed, and
+    the others form the next one without it, never with a member whose lease is dead."""
+    outcome = simulate(schedule_for(7))
+    assert outcome.violations == []
+    assert rounds_of(outcome, 0) == []
+    members = rounds_of(outcome, 1)
+    assert len(members) == 3 and all(m.endswith("of 3") for m in members), outcome.notes
+    assert not any(m.startswith("agent 1 ") for m in members)
+
+
+def test_spares_wait_for_the_workers_of_a_member_cut_off_from_the_store():
+    """Seed 145 (S1): a member leaves, another is partitioned as two spares arrive. The
+    next round reaches MAX with the spares at once, but it is sealed only once the cut-off
+    member's workers cannot run (its lease lapsed and the fence passed)."""
+    assert simulate(schedule_for(145)).violations == []
+
+
+@pytest.mark.parametrize("seed", [8, 221])
+def test_an_agent_paused_past_its_lease_ends_the_round_it_was_sealed_into(seed):
+    """Seeds 8 and 221 (S1, S5): an agent SIGSTOPped as its round is sealed resumes past
+    its lease. It starts no worker of that round (the others may have its ranks by now)
+    and ends it, so the job re-forms with it rather than waiting on it for ever."""
+    outcome = simulate(schedule_for(seed))
+    assert outcome.violations == []
+    assert outcome.rounds >= 2
