@@ -27,10 +27,12 @@ TRIM_EVERY = 1024
 class Wakeups:
     """Who waits for a change to which keys: a write wakes only the waiters under whose
     prefix its key falls (one look per distinct prefix), never every waiter. With N nodes
-    each waiting on one key, a round of N writes costs O(N) wake-ups, not O(N^2)."""
+    each waiting on one key, a round of N writes costs O(N) wake-ups, not O(N^2). Waiters
+    wake in the order they began to wait (a dict, not a set: a set's order is its
+    members' addresses, which differ from run to run)."""
 
     def __init__(self) -> None:
-        self._by_prefix: dict[str, set[asyncio.Event]] = {}
+        self._by_prefix: dict[str, dict[asyncio.Event, None]] = {}
 
     @contextlib.contextmanager
     def waiting(self, prefixes: Sequence[str]) -> Iterator[asyncio.Event]:
@@ -38,14 +40,14 @@ class Wakeups:
         prefix); it is forgotten when the block ends, however it ends."""
         event = asyncio.Event()
         for prefix in prefixes:
-            self._by_prefix.setdefault(prefix, set()).add(event)
+            self._by_prefix.setdefault(prefix, {})[event] = None
         try:
             yield event
         finally:
             for prefix in prefixes:
                 waiters = self._by_prefix.get(prefix)
                 if waiters is not None:
-                    waiters.discard(event)
+                    waiters.pop(event, None)
                     if not waiters:
                         del self._by_prefix[prefix]
 
