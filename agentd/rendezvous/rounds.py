@@ -213,6 +213,13 @@ class Rounds(Sealing):
             )
             await self.advance(generation, f"node {self._node['node']}'s lease ran out")
             return None
+        if int(await self._store.get(self._keys.gen) or b"0") != generation:
+            log.info(  # cut off as it was sealed: the others went on without this node
+                "Rendezvous %s: round %d ended before this node could start it; joining the next",
+                self._run_id,
+                generation,
+            )
+            return None
         return Round(generation, rank, summary, revision, mine)
 
     async def _wait_for_seal(

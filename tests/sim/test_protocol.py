@@ -10,6 +10,7 @@ prints its schedule, the events and the fewest faults that still break it).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -61,6 +62,32 @@ def test_a_schedule_gives_the_same_outcome_every_time():
     first, second = simulate(schedule), simulate(schedule)
     assert first.notes == second.notes
     assert first.requests == second.requests > 0
+
+
+def test_a_schedule_gives_the_same_outcome_in_another_process():
+    """Nothing in a run depends on the process: not string hashing, object addresses (the
+    store's waiters wake in the order they came) nor the ids the code draws at random."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tests.sim.world import simulate, schedule_for\n"
+        "o = simulate(schedule_for(24))\n"
+        "print(o.requests, len(o.notes), o.notes[-1])\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(hashed)},
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        for hashed in (0, 1)
+    }
+    assert len(outputs) == 1, outputs
 
 
 def test_a_job_without_faults_forms_one_round_of_every_node():

@@ -329,10 +329,18 @@ class SimAgent:
         except (RendezvousError, StoreError) as exc:  # agentd run exits with it
             self.hold = None
             self.state, self.exit = "exited", f"{type(exc).__name__}: {exc}"
+            spawn(self.owner, self._exit(), f"exit{self.index}")
         except Exception as exc:  # a bug: agentd run would die with a traceback
             self.hold = None
             self.state, self.exit = "crashed", f"{type(exc).__name__}: {exc}"
             self.world.violate("crash", f"agent {self.index}'s rendezvous raised {self.exit}")
+
+    async def _exit(self) -> None:
+        """As ``agentd run`` ends on a rendezvous error: it leaves the rendezvous (its
+        shutdown), then the process is gone, its heartbeat with it."""
+        with contextlib.suppress(Exception):
+            await self.handler.shutdown()
+        self.owner.dead = True
 
     async def _fence(self) -> None:
         """The guardian's lease fence: the workers die ``LEASE_SLACK`` after the lease."""
@@ -548,8 +556,10 @@ def simulate(schedule: Schedule) -> Outcome:
     from tests.sim.clock import run
 
     logging.disable(logging.WARNING)  # the agents say what they see; the invariants judge
+    entropy = random.Random(f"entropy {schedule.seed}")  # ids the code draws: seeded too
     try:
-        return run(lambda loop: _simulate(loop, schedule))
+        with mock.patch("os.urandom", lambda n: entropy.randbytes(n)):
+            return run(lambda loop: _simulate(loop, schedule))
     except Stuck as exc:
         return Outcome(schedule, violations=[f"stuck: {exc}"])
     finally:
