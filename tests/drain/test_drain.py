@@ -176,6 +176,7 @@ def test_a_drain_of_workers_that_report_no_steps_says_so(run_agentd, torch_worke
 
 
 @pytest.mark.torch
+@pytest.mark.timeout(300)  # six gloo ranks import torch at once: its waits allow 120 s each
 def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store, tmp_path):
     pytest.importorskip("torch")
     store = run_store()
