@@ -116,24 +116,21 @@ class Sealing:
             try:
                 await store.wait(missing, self._settings.entry_timeout)
             except StoreTimeout:
-                await self.advance(
-                    generation,
-                    f"{len(missing)} arrival(s) wrote no entry "
-                    f"within {self._settings.entry_timeout:g}s",
+                timeout = self._settings.entry_timeout
+                return await self._end_unsealed(
+                    generation, f"{len(missing)} arrival(s) wrote no entry within {timeout:g}s"
                 )
-                return await store.get(sealed_key)
             values = await store.multi_get(entries)
         nodes = [json.loads(value or b"{}") for value in values]
         ids = [str(node.get("node")) for node in nodes]
         beats = await store.multi_get([keys.heartbeat(node) for node in ids])
         expired = [node for node, beat in zip(ids, beats, strict=True) if beat is None]
         if expired:  # S2: a member's lease must be live at the store that seals its round
-            await self.advance(
+            return await self._end_unsealed(
                 generation,
                 f"the heartbeat of {len(expired)} arrival(s) expired before the seal "
-                f"({', '.join(expired[:3])}{', ...' if len(expired) > 3 else ''})",
+                f"({_few(expired)})",
             )
-            return await store.get(sealed_key)
         last = await self._last_sealed(generation)
         excluded: dict[str, Any] = {}
         if last is not None:
@@ -145,6 +142,12 @@ class Sealing:
                 excluded = await self._exclusions(absent)
         _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
         return held
+
+    async def _end_unsealed(self, generation: int, reason: str) -> bytes | None:
+        """End round ``generation`` before it is sealed (:meth:`advance`); its ``sealed``
+        value then: :data:`ENDED`, or the seal another agent made first."""
+        await self.advance(generation, reason)
+        return await self._store.get(self._keys.round(generation, "sealed"))
 
     async def _fence(self, generation: int, last: int, absent: list[str]) -> bytes | None:
         """S1: wait until no worker of ``absent``, members of round ``last`` missing from
@@ -189,7 +192,7 @@ class Sealing:
                     "Rendezvous %s: round %d waits until %s of round %d can run no worker",
                     self._run_id,
                     generation,
-                    ", ".join(waiting[:3]) + (", ..." if len(waiting) > 3 else ""),
+                    _few(waiting),
                     last,
                 )
             await asyncio.sleep(FENCE_CHECK)
@@ -224,3 +227,8 @@ class Sealing:
         except (StoreError, RendezvousStateError, ValueError, KeyError) as exc:
             log.debug("Rendezvous %s: could not read exclusions: %s", self._run_id, exc)
         return {}
+
+
+def _few(names: list[str]) -> str:
+    """The first three of ``names`` for a log line, and ``...`` for the rest."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
