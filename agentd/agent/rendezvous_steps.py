@@ -196,6 +196,12 @@ class RendezvousSteps:
             after = "no other node runs it: it ends here, unfinished"
         log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
+        handler = self.rdzv_handler
+        if isinstance(handler, LeasedMembership):  # the round re-forms without waiting on us
+            try:
+                await handler.workers_stopped()
+            except AgentdError as exc:
+                log.warning("Could not tell the other nodes our workers stopped: %s", exc)
         self._stepping_out = None
         self._set_state(WorkerState.STOPPED, why)
         await self._restart_group(group, reason="node_check", stopped=True)

@@ -216,6 +216,11 @@ class LeasedMembership(Protocol):
         """Why this agent is no longer a member of its round ('' while it is)."""
         ...
 
+    async def workers_stopped(self) -> None:
+        """This agent's workers of its round are stopped and it stays out of the next
+        rounds for a while: a round sealed without it need not wait for its lease."""
+        ...
+
 
 @runtime_checkable
 class ReservesMasterPort(Protocol):

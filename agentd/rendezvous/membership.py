@@ -93,6 +93,10 @@ class Membership:
         self.told_expired = False
         """Membership was lost because the store answered that our heartbeat had expired
         (it expired us, or forgot us: restarted or failed over), not by silence."""
+        self.dropped = False
+        """Since the last :meth:`announce`, the store said our heartbeat had expired while
+        we were in no round, and it was made again: a round sealed meanwhile may have
+        gone on without us."""
         self._confirmed_until: float | None = None
         self._deadline: float | None = None
         self._pending_since: float | None = None
@@ -231,6 +235,7 @@ class Membership:
         sent = time.monotonic()
         revision = await self._store.set(self._key, self._value, ttl=self.ttl)
         self._deadline = None  # a new lease: the old one may have been extended
+        self.dropped = False
         self._confirm(sent)
         return revision
 
@@ -274,6 +279,7 @@ class Membership:
             else:  # not in a round: nobody counts on it, so just make it again
                 with contextlib.suppress(StoreError):
                     await self.announce()
+                self.dropped = True
 
     def _failed(self, exc: BaseException) -> None:
         now = time.monotonic()

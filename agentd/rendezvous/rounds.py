@@ -134,11 +134,8 @@ class Rounds(Sealing):
         assert self._membership is not None, "joining needs a membership"
         start = await self._membership.announce()
         generation = await self.generation()
-        carried = self.carried
-        if carried is not None and carried.member and carried.generation < generation:
-            # our workers of that round are stopped: a round sealed without us need not
-            # wait for our lease to run out (see Sealing._fence)
-            await store.set(keys.round(carried.generation, f"out/{self._node['node']}"), b"1")
+        if self.carried is not None and self.carried.generation < generation:
+            await self.mark_out()
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
             log.info(
@@ -164,6 +161,15 @@ class Rounds(Sealing):
         joined = await self._until_sealed(generation, rank, mine, start)
         self.joining = None
         return joined
+
+    async def mark_out(self) -> None:
+        """Our workers of our last round are stopped: a round sealed without us need not
+        wait for our lease to run out (:meth:`Sealing._fence`). Written as we join a later
+        round, or as we step out of the job for a while."""
+        carried = self.carried
+        if carried is not None and carried.member:
+            key = self._keys.round(carried.generation, f"out/{self._node['node']}")
+            await self._store.set(key, b"1")
 
     async def _until_sealed(
         self, generation: int, rank: int, mine: bytes, start: int
@@ -204,21 +210,16 @@ class Rounds(Sealing):
             return None
         self.carried = Carried(generation, size, member=True)
         assert self._membership is not None
-        if self._membership.lapsed():  # paused past our lease as the round sealed: the
-            log.warning(  # others may have re-formed without us, giving away our ranks
-                "Rendezvous %s: round %d was sealed with this node, but its lease ran out "
-                "meanwhile (was it paused?); ending it without starting workers",
+        membership = self._membership
+        if membership.lapsed() or membership.dropped:  # paused or cut off as the round
+            log.warning(  # sealed: the others may have gone on without us, with our ranks
+                "Rendezvous %s: round %d was sealed with this node, but its lease %s "
+                "meanwhile; ending it without starting workers",
                 self._run_id,
                 generation,
+                "ran out" if membership.lapsed() else "expired at the store",
             )
             await self.advance(generation, f"node {self._node['node']}'s lease ran out")
-            return None
-        if int(await self._store.get(self._keys.gen) or b"0") != generation:
-            log.info(  # cut off as it was sealed: the others went on without this node
-                "Rendezvous %s: round %d ended before this node could start it; joining the next",
-                self._run_id,
-                generation,
-            )
             return None
         return Round(generation, rank, summary, revision, mine)
 

@@ -395,6 +395,7 @@ async def test_a_place_given_by_a_store_we_moved_away_from_is_given_up(store, ca
         {"node": "other", "role": "default", "nproc": 1, "addr": "127.0.0.1", "port": 1}
     ).encode()
     await store.set("agentd/job/round/0/node/0", other)  # its place, as given by the old store
+    await store.set("agentd/job/ctl/hb/other", b"1", ttl=60)  # and it is alive (S2)
     late = handler(store, nodes=(1, 2), last_call_timeout=0.05)
     try:
         with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.rounds"):
