@@ -154,13 +154,6 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         after it. None: no lease (a store in this agent)."""
         return self._membership.deadline if self._membership is not None else None
 
-    async def workers_stopped(self) -> None:
-        """Our workers of the current round are stopped, and we step out of the job for a
-        while (a node check failed): the others need not fence us (see
-        :meth:`~agentd.rendezvous.rounds.Rounds.mark_out`)."""
-        if self._rounds is not None:
-            await self._rounds.mark_out()
-
     def membership_lost(self) -> str:
         """Why we are no longer a member of the current round ('' while we are)."""
         if self._membership is None or self._round is None:

@@ -88,6 +88,13 @@ class Leaving:
             for listener in self._will_listeners:
                 listener(doc)
 
+    async def workers_stopped(self) -> None:
+        """Our workers of the current round are stopped, and we step out of the job for a
+        while (a node check failed): the others need not fence us (see
+        :meth:`~agentd.rendezvous.rounds.Rounds.mark_out`)."""
+        if self._rounds is not None:
+            await self._rounds.mark_out()
+
     async def end_round(self, reason: str) -> None:
         """End our round for every peer. A store out of reach is not waited for longer
         than the heartbeat TTL (the peers lose their leases meanwhile anyway): the round
