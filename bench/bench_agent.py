@@ -8,9 +8,9 @@ Measures, for each launcher (torchrun only where torch is installed):
   3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep,
      the helper processes every agent starts included (the guardian, and the zygote of the
      restarts; their RSS is shown apart too).
-``agentd-preload`` forks the workers from a zygote with an empty preload (``--preload=``:
-the interpreter is started ahead). Prints median/min/max per figure and the ratios
-torchrun/agentd.
+``agentd`` is the default (for these workers: the first attempt spawned, restarts forked
+from a bare zygote); ``agentd-spawn`` spawns every worker (``--no-preload``). Prints
+median/min/max per figure and the ratios torchrun/agentd.
 """
 
 from __future__ import annotations
