@@ -134,12 +134,12 @@ class Sealing:
         last = await self._last_sealed(generation)
         excluded: dict[str, Any] = {}
         if last is not None:
-            absent = [node for node in last[1] if node not in set(ids)]
+            absent = {rank: node for rank, node in enumerate(last[1]) if node not in ids}
             if absent:
                 held = await self._fence(generation, last[0], absent)
                 if held is not None:
                     return held
-                excluded = await self._exclusions(absent)
+                excluded = await self._exclusions(list(absent.values()))
         _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
         return held
 
@@ -149,37 +149,35 @@ class Sealing:
         await self.advance(generation, reason)
         return await self._store.get(self._keys.round(generation, "sealed"))
 
-    async def _fence(self, generation: int, last: int, absent: list[str]) -> bytes | None:
-        """S1: wait until no worker of ``absent``, members of round ``last`` missing from
-        round ``generation``, can still be running: each stopped its workers (it joined a
-        later round: ``out``), left or was released (``gone``), or its heartbeat has been
-        missing for :data:`~agentd.rendezvous.accounting.FENCE` (its guardian killed them).
-        A round filled by spares while a member is frozen or cut off waits here, at most
-        that member's lease and the fence. Returns the ``sealed`` value if another agent
-        sealed or ended the round meanwhile (None: seal it)."""
+    async def _fence(self, generation: int, last: int, absent: dict[int, str]) -> bytes | None:
+        """S1: wait until no worker of ``absent`` (group rank -> node id), members of round
+        ``last`` missing from round ``generation``, can still be running: each stopped its
+        workers (it joined a later round or stepped out: ``out``), left or was released
+        (``gone``), saw its workers succeed (``done``: in the exit barrier), or its
+        heartbeat has been missing for :data:`~agentd.rendezvous.accounting.FENCE` (its
+        guardian killed them). A round filled by spares while a member is frozen or cut off
+        waits here, at most that member's lease and the fence. Returns the ``sealed`` value
+        if another agent sealed or ended the round meanwhile (None: seal it)."""
         store, keys = self._store, self._keys
         sealed_key = keys.round(generation, "sealed")
         missing_since: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         waited = False
         while True:
-            markers = [
-                key
-                for node in absent
-                for key in (keys.round(last, f"out/{node}"), keys.round(last, f"gone/{node}"))
-            ]
-            sealed, *values = await store.multi_get(
-                [sealed_key, *markers, *(keys.heartbeat(node) for node in absent)]
-            )
+            reads = [sealed_key]
+            for rank, node in absent.items():  # three ways to be done with the workers
+                reads += [keys.round(last, f"{mark}/{node}") for mark in ("out", "gone")]
+                reads += [keys.round(last, f"done/{rank}"), keys.heartbeat(node)]
+            sealed, *values = await store.multi_get(reads)
             if sealed is not None:
                 return sealed
-            marks, beats = values[: len(markers)], values[len(markers) :]
             now = loop.time()
             waiting = []
-            for i, node in enumerate(absent):
-                if marks[2 * i] is not None or marks[2 * i + 1] is not None:
+            for i, node in enumerate(absent.values()):
+                *stopped, beat = values[4 * i : 4 * i + 4]
+                if any(mark is not None for mark in stopped):
                     continue
-                if beats[i] is not None:
+                if beat is not None:
                     missing_since.pop(node, None)
                 elif now - missing_since.setdefault(node, now) >= accounting.FENCE:
                     continue
