@@ -58,9 +58,7 @@ class PreloadService:
         """The first attempt's workers run: a bare zygote starts now, in the background,
         for the attempts after it, if there may be any (``may_restart``: restarts are
         allowed, or a change of membership starts new workers)."""
-        if not (self.enabled and may_restart and self.zygotes_started == 0):
-            return
-        if self._replacing is None:
+        if self.enabled and may_restart and not self.zygotes_started and not self._replacing:
             self._replacing = asyncio.ensure_future(self._replace())
 
     async def stop(self) -> None:

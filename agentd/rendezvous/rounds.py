@@ -210,16 +210,17 @@ class Rounds(Sealing):
             return None
         self.carried = Carried(generation, size, member=True)
         assert self._membership is not None
-        membership = self._membership
-        if membership.lapsed() or membership.dropped:  # paused or cut off as the round
-            log.warning(  # sealed: the others may have gone on without us, with our ranks
+        lapsed = self._membership.lapsed()
+        if lapsed or self._membership.dropped:  # paused or cut off as the round sealed: the
+            why = "ran out" if lapsed else "expired at the store"  # others may have our ranks
+            log.warning(
                 "Rendezvous %s: round %d was sealed with this node, but its lease %s "
                 "meanwhile; ending it without starting workers",
                 self._run_id,
                 generation,
-                "ran out" if membership.lapsed() else "expired at the store",
+                why,
             )
-            await self.advance(generation, f"node {self._node['node']}'s lease ran out")
+            await self.advance(generation, f"node {self._node['node']}'s lease {why}")
             return None
         return Round(generation, rank, summary, revision, mine)
 
