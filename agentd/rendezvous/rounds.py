@@ -271,6 +271,7 @@ class Rounds(Sealing):
             if sealed is not None:
                 break
             if not result.events and await self.generation() != generation:
+                await self._carry_if_sealed_with_us(generation, rank)
                 return None, revision  # ended by an agent that could not seal it (it died)
             if last_call is None:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
@@ -295,6 +296,14 @@ class Rounds(Sealing):
                     return None, revision
                 sealed = await self._seal(generation, min(joined, settings.max_nodes))
         return sealed, revision
+
+    async def _carry_if_sealed_with_us(self, generation: int, rank: int) -> None:
+        """A round sealed with us and ended before we saw its seal (we were paused): we
+        are one of its members, so the next round's sealer waits for our ``out``, which we
+        write as we join it (:meth:`mark_out`); we never started its workers."""
+        sealed = await self._store.get(self._keys.round(generation, "sealed"))
+        if sealed is not None and sealed != ENDED and rank < (size := decode(sealed).size):
+            self.carried = Carried(generation, size, member=True)
 
     async def _end_if_abandoned(self, generation: int, size: int) -> None:
         """End a full round whose members are gone, so a late arrival never waits on it."""

@@ -57,7 +57,7 @@ from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.release import release
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.summary import decode
-from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable
+from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable, WatchResult
 from agentd.store.connect import OpenedStore
 from agentd.store.memory import MemoryStore
 from agentd.store.sockets import LIVENESS
@@ -183,6 +183,11 @@ class Link:
     def __init__(self, world: World, node: SimAgent) -> None:
         self._world = world
         self._node = node
+        self._epoch: int | None = None
+        """The store (its restarts counted) that answered last."""
+        self._base = 0
+        """As the HTTP client's: added to the revisions of the store answering now."""
+        self._highest = 0
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         once = name == "heartbeat"  # the HTTP client's refresh in one attempt
@@ -199,6 +204,40 @@ class Link:
         pass
 
     async def _call(
+        self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], once: bool
+    ) -> Any:
+        """As the HTTP client does, revisions only grow across a store's restarts: the
+        first answer of a new store moves the base past every revision handed out, and a
+        watch from a revision before that, or under way as it moved, is ``compacted``."""
+        if op != "watch":
+            return self._rebased(op, await self._send(op, args, kwargs, once))
+        prefix, after, timeout = args
+        base = self._base
+        if after < base:
+            return WatchResult(await self.revision(), compacted=True)
+        result = await self._send(op, (prefix, after - base, timeout), kwargs, once)
+        if self._base != base:
+            return WatchResult(await self.revision(), compacted=True)
+        return self._rebased(op, result)
+
+    def _rebased(self, op: str, result: Any) -> Any:
+        def rev(revision: int) -> int:
+            self._highest = max(self._highest, revision + self._base)
+            return revision + self._base
+
+        if op in ("set", "multi_set", "revision"):
+            return rev(result)
+        if op == "watch":
+            events = tuple(e._replace(revision=rev(e.revision)) for e in result.events)
+            return WatchResult(rev(result.revision), events, result.compacted)
+        return result
+
+    def _answered_by(self, host: StoreHost) -> None:
+        if self._epoch is not None and host.epoch != self._epoch:
+            self._base = self._highest + 1  # the client's rebase on a new instance
+        self._epoch = host.epoch
+
+    async def _send(
         self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], once: bool
     ) -> Any:
         world, node = self._world, self._node
@@ -221,6 +260,7 @@ class Link:
                 if task.done():
                     result = task.result()  # the store's own errors are the caller's
                     world.after_op(host, op, args, result)
+                    self._answered_by(host)
                     await asyncio.sleep(world.latency())
                     if not node.partitioned:
                         return result
