@@ -32,8 +32,12 @@ REPORT_WINDOW = 0.25
 """How long the workers' steps are waited for at most (a worker that never heartbeats never
 reports); the workers pause meanwhile, so this bounds the pause too."""
 SETTLE = 0.02
-"""After the first report, how long the others are waited for: in a synchronous job a rank
-blocked in a collective (its peer paused to report) cannot report, nor be ahead."""
+"""After a worker's first report, how long the node's others are waited for: in a
+synchronous job a rank blocked in a collective (its peer paused to report) cannot report,
+nor be ahead."""
+CHOICE_WINDOW = 5.0
+"""How long the draining agent waits for every member's report before it chooses the
+step without those missing (their ranks may then checkpoint later than the others)."""
 
 
 class DrainService:
@@ -215,7 +219,15 @@ class DrainService:
         began = time.monotonic()
         try:
             request = await self._drains.request(reason)
-            step = await self._drains.choose_step(request.id, REPORT_WINDOW + 0.05, SETTLE)
+            step, missing = await self._drains.choose_step(request.id, CHOICE_WINDOW)
+            if missing:
+                log.warning(
+                    "Drain %d: node(s) %s reported no step within %.0fs; the step is chosen "
+                    "without them, and their ranks may checkpoint at a later one",
+                    request.id,
+                    ", ".join(missing),
+                    CHOICE_WINDOW,
+                )
             if step is None:
                 log.warning(
                     "Drain %d: the workers report no steps (they call neither "

@@ -92,34 +92,38 @@ class Drains:
     async def report_step(self, drain_id: int, step: int) -> None:
         await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
 
-    async def choose_step(self, drain_id: int, window: float, settle: float) -> int | None:
+    async def choose_step(self, drain_id: int, window: float) -> tuple[int | None, list[str]]:
         """(The draining agent) Choose and publish one step past the furthest reported,
-        once every member reported, or ``settle`` seconds after the first report (in a
-        synchronous job a rank blocked in a collective cannot report, and cannot be ahead
-        either), or after ``window``. None, and nothing published, when no worker of any
-        node reported a step: nobody counts steps, so no checkpoint can be coordinated."""
+        once every member reported, or after ``window``; with the members that had not
+        reported then. None, and nothing published, when no worker of any node reported a
+        step: nobody counts steps, so no checkpoint can be coordinated.
+
+        Every member is waited for: a member reports only after it told its workers of
+        the drain, and a worker told of it pauses at its next step until the step is
+        chosen, so no rank passes the step before it knows it. Choosing on the first
+        reports alone let a member that saw the request late tell its workers the step
+        after they had passed it (under load, one node's ranks checkpointed four steps
+        after the others')."""
         store = self._store()
-        keys = [self._key(drain_id, f"step/{node}") for node in await self.members()]
+        nodes = await self.members()
+        keys = [self._key(drain_id, f"step/{node}") for node in nodes]
         deadline = time.monotonic() + window
-        first: float | None = None
         revision = await store.revision()
         while True:
-            steps = [int(v) for v in await store.multi_get(keys) if v is not None]
+            values = await store.multi_get(keys)
             now = time.monotonic()
-            if steps and first is None:
-                first = now
-            until = deadline if first is None else min(deadline, first + settle)
-            if len(steps) == len(keys) or now >= until:
+            if all(v is not None for v in values) or now >= deadline:
                 break
             revision = (
-                await store.watch(self._key(drain_id, "step/"), revision, until - now)
+                await store.watch(self._key(drain_id, "step/"), revision, deadline - now)
             ).revision
-        reported = [s for s in steps if s >= 0]
+        missing = [node for node, v in zip(nodes, values, strict=True) if v is None]
+        reported = [s for s in (int(v) for v in values if v is not None) if s >= 0]
         if not reported:
-            return None
+            return None, missing
         chosen = max(reported) + 1
         await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
-        return chosen
+        return chosen, missing
 
     async def finish(self) -> None:
         """(The draining agent) The drain is over: withdraw the request."""

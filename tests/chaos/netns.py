@@ -9,20 +9,46 @@ nothing tells either side). :meth:`Bridge.heal` forwards them again.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
+import tempfile
 
 
 def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
-class Bridge:
-    """A bridge and its hosts; names carry this test process's pid so runs never collide."""
+SUBNETS = range(20, 220)
+"""The third byte of the 10.234.x.0/24 subnets a bridge may take."""
 
-    def __init__(self, subnet: int) -> None:
+
+def _claim_subnet() -> tuple[int, int]:
+    """A subnet no other test process holds (tests may run in parallel), and the open
+    file whose lock holds it: the lock goes with the process, so none is ever stale."""
+    for subnet in SUBNETS:
+        fd = os.open(
+            os.path.join(tempfile.gettempdir(), f"agentd-test-subnet-{subnet}.lock"),
+            os.O_CREAT | os.O_RDWR,
+            0o600,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return subnet, fd
+    raise RuntimeError(f"every test subnet 10.234.{SUBNETS[0]}-{SUBNETS[-1]}.0/24 is taken")
+
+
+class Bridge:
+    """A bridge and its hosts; names carry this test process's pid so runs never collide,
+    and its subnet is held under a lock while it lives."""
+
+    def __init__(self) -> None:
         self.tag = f"{os.getpid() % 100000}"
         self.name = f"agbr{self.tag}"
+        subnet, self._lock = _claim_subnet()
         self.subnet = f"10.234.{subnet}"
         self.address = f"{self.subnet}.1"
         self.hosts: dict[str, tuple[str, str]] = {}
@@ -76,3 +102,4 @@ class Bridge:
                 ip("netns", "del", namespace)
         with contextlib.suppress(subprocess.CalledProcessError):
             ip("link", "del", self.name)
+        os.close(self._lock)

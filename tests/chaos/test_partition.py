@@ -8,7 +8,6 @@ of the cut, before anyone else holds their ranks, and it rejoins soon after the 
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -25,7 +24,7 @@ FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,j
 @pytest.fixture
 def bridge():
     require_root("network namespaces")
-    net = Bridge(subnet=os.getpid() % 200 + 20)
+    net = Bridge()
     try:
         yield net
     finally:
