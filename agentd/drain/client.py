@@ -33,11 +33,11 @@ from collections.abc import Callable
 from agentd.wire.control import NO_STEP, ControlView, open_view
 
 PAUSE_LIMIT = 10.0
-"""The longest a rank waits for the drain's step. The choice takes milliseconds; the limit
-only frees the ranks of a drain whose agents died before choosing. A rank that stops
-waiting steps on and checkpoints past the step the others keep, so the limit is generous:
-2 s was passed on a loaded 2-core machine, and a rank checkpointed at step 11 while the
-others kept step 10."""
+"""The longest a rank waits for the drain's step. The choice takes milliseconds, or up to
+5 s while a node is slow to tell its workers (``TOLD_WITHIN`` in
+:mod:`agentd.drain.service`); the limit frees the ranks of a drain whose agents died
+before choosing. A rank that stops waiting steps on and checkpoints past the step the
+others keep: 2 s was passed on a loaded 2-core machine."""
 _POLL = 0.0005
 
 _view: ControlView | None = None

@@ -35,9 +35,10 @@ SETTLE = 0.02
 """After a worker's first report, how long the node's others are waited for: in a
 synchronous job a rank blocked in a collective (its peer paused to report) cannot report,
 nor be ahead."""
-CHOICE_WINDOW = 5.0
-"""How long the draining agent waits for every member's report before it chooses the
-step without those missing (their ranks may then checkpoint later than the others)."""
+TOLD_WITHIN = 5.0
+"""How long the draining agent waits for every member to tell its workers of the drain
+before it chooses the step without those missing (their ranks may then checkpoint later
+than the others)."""
 
 
 class DrainService:
@@ -150,7 +151,7 @@ class DrainService:
             return
         if self._request is None or self._request.id != request.id:
             self._start_following(request, path)
-            self._spawn(self._report(request.id))
+            self._spawn(self._tell_and_report(request.id))
         if step is not None and self._step is None:
             self._step = step
             control.publish(path, request.id, step)
@@ -177,6 +178,13 @@ class DrainService:
             for proc in self._workers().values():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, sig)
+
+    async def _tell_and_report(self, drain_id: int) -> None:
+        """Say our workers are told (the choice waits for every node's word), then report
+        their step."""
+        with contextlib.suppress(StoreError):
+            await self._drains.told(drain_id)
+        await self._report(drain_id)
 
     async def _report(self, drain_id: int) -> None:
         """Report the furthest step our workers reported (once all did, or the window)."""
@@ -219,14 +227,17 @@ class DrainService:
         began = time.monotonic()
         try:
             request = await self._drains.request(reason)
-            step, missing = await self._drains.choose_step(request.id, CHOICE_WINDOW)
+            step, missing = await self._drains.choose_step(
+                request.id, told_within=TOLD_WITHIN, window=REPORT_WINDOW + 0.05, settle=SETTLE
+            )
             if missing:
                 log.warning(
-                    "Drain %d: node(s) %s reported no step within %.0fs; the step is chosen "
-                    "without them, and their ranks may checkpoint at a later one",
+                    "Drain %d: node(s) %s did not tell their workers of the drain within "
+                    "%.0fs; the step is chosen without them, and their ranks may checkpoint "
+                    "at a later one",
                     request.id,
                     ", ".join(missing),
-                    CHOICE_WINDOW,
+                    TOLD_WITHIN,
                 )
             if step is None:
                 log.warning(

@@ -4,6 +4,7 @@ every node's acknowledgement.
 Keys, under ``agentd/<run_id>/drain/``::
 
     request             JSON {"id", "node", "reason", "at"}: the drain every agent follows
+    <id>/told/<node>    that node's workers are told of the drain (each pauses at its next step)
     <id>/step/<node>    the furthest step that node's workers reported when they learned of it
     <id>/at_step        the step every rank checkpoints at: one past the furthest reported
     <id>/ack/<node>     JSON {"ranks", "steps"}: that node's workers saved their checkpoints
@@ -92,33 +93,57 @@ class Drains:
     async def report_step(self, drain_id: int, step: int) -> None:
         await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
 
-    async def choose_step(self, drain_id: int, window: float) -> tuple[int | None, list[str]]:
-        """(The draining agent) Choose and publish one step past the furthest reported,
-        once every member reported, or after ``window``; with the members that had not
-        reported then. None, and nothing published, when no worker of any node reported a
-        step: nobody counts steps, so no checkpoint can be coordinated.
+    async def told(self, drain_id: int) -> None:
+        """Our workers are told of drain ``drain_id``: each pauses at its next step until
+        the step is chosen."""
+        await self._store().set(self._key(drain_id, f"told/{self.node_id}"), b"1")
 
-        Every member is waited for: a member reports only after it told its workers of
-        the drain, and a worker told of it pauses at its next step until the step is
-        chosen, so no rank passes the step before it knows it. Choosing on the first
-        reports alone let a member that saw the request late tell its workers the step
-        after they had passed it (under load, one node's ranks checkpointed four steps
-        after the others')."""
+    async def choose_step(
+        self, drain_id: int, *, told_within: float, window: float, settle: float
+    ) -> tuple[int | None, list[str]]:
+        """(The draining agent) Choose and publish one step past the furthest reported;
+        with the members that had not told their workers of the drain ``told_within``
+        seconds on. The choice waits until every member told its workers, and then until
+        every member reported a step, or ``settle`` seconds after the first report (in a
+        synchronous job a rank blocked in a collective cannot report, and cannot be ahead
+        either), or ``window`` seconds after the start. None, and nothing published, when
+        no worker of any node reported a step: nobody counts steps, so no checkpoint can
+        be coordinated.
+
+        Why every member is waited for: a worker told of the drain pauses at its next
+        step until the step is chosen, so it cannot pass the step before it knows it.
+        Choosing on the first reports alone let a member that saw the request late tell
+        its workers the step after they had passed it (on a loaded machine one node's
+        ranks checkpointed four steps after the others')."""
         store = self._store()
         nodes = await self.members()
-        keys = [self._key(drain_id, f"step/{node}") for node in nodes]
-        deadline = time.monotonic() + window
+        keys = [
+            self._key(drain_id, f"{kind}/{node}") for kind in ("told", "step") for node in nodes
+        ]
+        began = time.monotonic()
+        first: float | None = None
         revision = await store.revision()
         while True:
             values = await store.multi_get(keys)
+            told, steps = values[: len(nodes)], values[len(nodes) :]
             now = time.monotonic()
-            if all(v is not None for v in values) or now >= deadline:
+            if first is None and any(v is not None for v in steps):
+                first = now
+            every_told = all(
+                t is not None or v is not None for t, v in zip(told, steps, strict=True)
+            )
+            until = began + window if first is None else min(began + window, first + settle)
+            if not every_told:
+                until = began + told_within
+            elif all(v is not None for v in steps):
                 break
-            revision = (
-                await store.watch(self._key(drain_id, "step/"), revision, deadline - now)
-            ).revision
-        missing = [node for node, v in zip(nodes, values, strict=True) if v is None]
-        reported = [s for s in (int(v) for v in values if v is not None) if s >= 0]
+            if now >= until:
+                break
+            revision = (await store.watch(self._key(drain_id, ""), revision, until - now)).revision
+        missing = [
+            node for node, t, v in zip(nodes, told, steps, strict=True) if t is None and v is None
+        ]
+        reported = [s for s in (int(v) for v in steps if v is not None) if s >= 0]
         if not reported:
             return None, missing
         chosen = max(reported) + 1

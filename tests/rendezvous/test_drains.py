@@ -1,5 +1,6 @@
 """The drain's step agreement in a real (in-memory) store: the step is chosen only once
-every member reported, so no member tells its ranks the step after they passed it."""
+every member told its workers of the drain, so no member tells its ranks the step after
+they passed it; and, once all are told, without waiting on ranks blocked in a collective."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.memory import MemoryStore
+
+QUICK = {"window": 0.3, "settle": 0.02}
 
 
 def drains_of(store: MemoryStore, *nodes: str) -> list[Drains]:
@@ -23,28 +26,41 @@ async def test_the_step_waits_for_a_member_that_learns_of_the_drain_late():
     store = MemoryStore()
     leaving, late = drains_of(store, "a", "b")
     request = await leaving.request("preempted")
+    await leaving.told(request.id)
     await leaving.report_step(request.id, 19)
-    choice = asyncio.ensure_future(leaving.choose_step(request.id, window=60))
+    choice = asyncio.ensure_future(leaving.choose_step(request.id, told_within=60, **QUICK))
     with pytest.raises(TimeoutError):  # the first report alone chose 20 before
-        await asyncio.wait_for(asyncio.shield(choice), 0.3)
-    await late.report_step(request.id, 22)  # its ranks went on meanwhile
-    assert await choice == (23, [])
-    assert await late.current() == (request, 23)
+        await asyncio.wait_for(asyncio.shield(choice), 1.0)
+    await late.told(request.id)  # its ranks pause at their next step from now on
+    assert await choice == (20, [])
+    assert await late.current() == (request, 20)
+
+
+async def test_once_every_member_is_told_ranks_blocked_in_a_collective_are_not_waited_for():
+    store = MemoryStore()
+    leaving, blocked = drains_of(store, "a", "b")
+    request = await leaving.request("preempted")
+    for node in (leaving, blocked):
+        await node.told(request.id)
+    await leaving.report_step(request.id, 7)  # b's ranks wait in the all-reduce: no report
+    assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (8, [])
 
 
 async def test_a_member_silent_for_the_window_is_named_and_left_out():
     store = MemoryStore()
     leaving, _silent = drains_of(store, "a", "b")
     request = await leaving.request("preempted")
+    await leaving.told(request.id)
     await leaving.report_step(request.id, 4)
-    assert await leaving.choose_step(request.id, window=0.2) == (5, ["b"])
+    assert await leaving.choose_step(request.id, told_within=0.2, **QUICK) == (5, ["b"])
 
 
 async def test_no_worker_counting_steps_means_no_step_is_chosen():
     store = MemoryStore()
     leaving, other = drains_of(store, "a", "b")
     request = await leaving.request("preempted")
-    await leaving.report_step(request.id, -1)
-    await other.report_step(request.id, -1)
-    assert await leaving.choose_step(request.id, window=60) == (None, [])
+    for node in (leaving, other):
+        await node.told(request.id)
+        await node.report_step(request.id, -1)
+    assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (None, [])
     assert await other.current() == (request, None)
