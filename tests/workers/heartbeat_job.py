@@ -4,7 +4,9 @@ Every rank runs ``--steps`` steps of ``--step`` seconds, heartbeating after each
 ``--section-every`` steps it spends ``--section-time`` in the section ``--section``.
 Rank ``--hang-rank`` hangs at step ``--hang-at`` (inside the section with
 ``--hang-in-section``) while the restart count is below ``--until-attempt``; with
-``--silent-rank`` that rank never heartbeats. Prints ``trained <rank>`` at the end.
+``--silent-rank`` that rank never heartbeats. At the end the node's ranks wait for each
+other, as a job's last collective makes them (a rank cannot finish while a peer hangs),
+then each prints ``trained <rank>``.
 Writes its progress pipe's path to ``$AGENTD_TEST_OUT/pipe`` (for the foreign-pid test).
 """
 
@@ -55,7 +57,17 @@ def main() -> None:
             with agentd.section(args.section):
                 time.sleep(args.section_time)
     agentd.end_heartbeats()
+    if out:
+        wait_for_the_nodes_ranks(os.path.join(out, f"finished_{ATTEMPT}"))
     print(f"trained {RANK}", flush=True)
+
+
+def wait_for_the_nodes_ranks(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.environ.get("LOCAL_RANK", RANK))), "w").close()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    while len(os.listdir(folder)) < local_world:
+        time.sleep(0.01)
 
 
 if __name__ == "__main__":
