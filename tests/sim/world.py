@@ -250,6 +250,7 @@ class Link:
                 if op in ("set", "refresh") and args and args[0] == node.heartbeat_key:
                     node.delivered = max(node.delivered, sent)
                 task = spawn(host.owner, getattr(host.store, op)(*args, **kwargs), f"store {op}")
+                task.add_done_callback(_answer_lost)  # unless the caller reads it below
                 cut = asyncio.ensure_future(node.cut.wait())
                 reset = asyncio.ensure_future(host.restarted.wait())
                 try:
@@ -272,6 +273,13 @@ class Link:
                 raise StoreOutcomeUnknown(f"sim: {op} failed after it may have been applied")
             if once or world.loop.time() - sent >= RETRY_TIMEOUT:
                 raise StoreUnavailable(f"sim: the store is unreachable ({op})")
+
+
+def _answer_lost(task: asyncio.Task[Any]) -> None:
+    """A request whose caller stopped waiting (cut off, or the store restarted under it):
+    its answer, an error too, is lost on the network, not raised in nobody's hands."""
+    if not task.cancelled():
+        task.exception()
 
 
 # -- the agents ------------------------------------------------------------------------------
