@@ -39,7 +39,10 @@ class Owner:
         self.name = name
         self.paused = False
         self.dead = False
-        self.held: list[tuple[Callable[..., object], tuple[Any, ...], contextvars.Context]] = []
+        self.held: list[
+            tuple[Callable[..., object], tuple[Any, ...], contextvars.Context, asyncio.Handle]
+        ] = []
+        """What came due while paused: the callback, its arguments, context and handle."""
 
     def __repr__(self) -> str:
         return f"Owner({self.name})"
@@ -119,7 +122,11 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         context = context if context is not None else contextvars.copy_context()
-        return super().call_soon(_gate(self, callback, context), *args, context=context)
+        gated = _gate(self, callback, context)
+        handle = super().call_soon(gated, *args, context=context)
+        if gated is not callback:
+            gated.handle = handle  # type: ignore[attr-defined]
+        return handle
 
     def call_at(
         self,
@@ -129,15 +136,20 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         context = context if context is not None else contextvars.copy_context()
-        return super().call_at(when, _gate(self, callback, context), *args, context=context)
+        gated = _gate(self, callback, context)
+        handle = super().call_at(when, gated, *args, context=context)
+        if gated is not callback:
+            gated.handle = handle  # type: ignore[attr-defined]
+        return handle
 
     def resume(self, owner: Owner) -> None:
         """Run what ``owner`` held while it was paused, in order."""
         owner.paused = False
         self.holding.discard(owner)
         held, owner.held = owner.held, []
-        for callback, args, context in held:
-            super().call_soon(callback, *args, context=context)
+        for callback, args, context, handle in held:
+            if not handle.cancelled():  # as a real loop skips a handle cancelled meanwhile
+                super().call_soon(callback, *args, context=context)
 
 
 def _gate(
@@ -153,7 +165,7 @@ def _gate(
         if owner.dead:
             return None
         if owner.paused:
-            owner.held.append((callback, args, context))
+            owner.held.append((callback, args, context, gated.handle))  # type: ignore[attr-defined]
             loop.holding.add(owner)
             return None
         return callback(*args)
