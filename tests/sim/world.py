@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import random
@@ -250,7 +251,8 @@ class Link:
                 if op in ("set", "refresh") and args and args[0] == node.heartbeat_key:
                     node.delivered = max(node.delivered, sent)
                 task = spawn(host.owner, getattr(host.store, op)(*args, **kwargs), f"store {op}")
-                task.add_done_callback(_answer_lost)  # unless the caller reads it below
+                # unless the caller reads it below; in no process's context: a dead store's too
+                task.add_done_callback(_answer_lost, context=contextvars.Context())
                 cut = asyncio.ensure_future(node.cut.wait())
                 reset = asyncio.ensure_future(host.restarted.wait())
                 try:
