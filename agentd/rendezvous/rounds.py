@@ -45,6 +45,8 @@ POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
 REPORT = 30.0
 """While a round waits for its minimum, how often the agent says so."""
+SPARE_CHECK = 5.0
+"""How often a spare waiting beside a full round checks that its members still live."""
 
 
 def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
@@ -142,8 +144,7 @@ class Rounds(Sealing):
                 "Rendezvous %s: round %d is full; waiting for the next", self._run_id, generation
             )
             self.carried = Carried(generation, settings.max_nodes, member=False)
-            await self._end_if_abandoned(generation, settings.max_nodes)
-            await self.wait_for_generation_after(generation)
+            await self.wait_for_generation_after(generation, full=settings.max_nodes)
             return None
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}
         mine = json.dumps(node).encode()
@@ -204,9 +205,9 @@ class Rounds(Sealing):
             self.carried = Carried(generation, size, member=False)
             if size < settings.max_nodes:  # there is room: end the round to admit us
                 await self.advance(generation, f"node {self._node['node']} wants to join")
+                await self.wait_for_generation_after(generation)
             else:
-                await self._end_if_abandoned(generation, size)
-            await self.wait_for_generation_after(generation)
+                await self.wait_for_generation_after(generation, full=size)
             return None
         self.carried = Carried(generation, size, member=True)
         assert self._membership is not None
@@ -351,12 +352,18 @@ class Rounds(Sealing):
                 current,
             )
 
-    async def wait_for_generation_after(self, generation: int) -> None:
-        """Return once the current generation is not ``generation`` (raise if closed)."""
+    async def wait_for_generation_after(self, generation: int, full: int | None = None) -> None:
+        """Return once the current generation is not ``generation`` (raise if closed).
+        ``full``: we wait as a spare beside that round, full with ``full`` members, and
+        end it once one of them is gone (every :data:`SPARE_CHECK` seconds): when every
+        member died at once, nobody else is left to end it (seed 1397 of the simulation:
+        two spares waited for ever beside a round whose hosts were both lost)."""
         store = self._store
         while True:
             revision = await store.revision()
             if await self.generation() != generation:
                 return
-            await store.watch(self._keys.ctl, revision, POLL)
+            if full is not None:
+                await self._end_if_abandoned(generation, full)
+            await store.watch(self._keys.ctl, revision, POLL if full is None else SPARE_CHECK)
             # loop: re-read, so a compacted or restarted store cannot hide the change

@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from tests.conftest import TESTS, free_port, wait_until
+from tests.conftest import TESTS, free_port, kill_pids, pid_alive, processes_of_agent, wait_until
+from tests.helpers.jobs import TOKEN, agent_args, member_job, one_round
 
 WORLD = str(TESTS / "workers" / "world_loop.py")
 CANDIDATES = re.compile(r"releases it through the store candidates \S+, \S+, \S+")
@@ -68,3 +69,26 @@ def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path
     stop.touch()
     for agent in stayers:
         assert agent.wait(60) == 0, agent.stderr()[-3000:]
+
+
+def test_spares_take_over_when_every_member_is_lost_at_once(run_agentd, run_store, tmp_path):
+    """A full round of two with two spares waiting beside it; both members' hosts are
+    lost at once (agent, guardian and workers SIGKILLed: no release, no member left to end
+    the round). The spares see the members' heartbeats expire and form the next round
+    themselves; before, they waited beside the dead round for ever (simulation seed 1397)."""
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = agent_args(store.endpoint, "2:2")
+    members = [run_agentd(*job, *member_job(stop), env=env) for _ in range(2)]
+    wait_until(lambda: one_round(members, 2), what="a round of the first two")
+    spares = [run_agentd(*job, *member_job(stop), env=env) for _ in range(2)]
+    for spare in spares:
+        wait_until(lambda s=spare: "is full; waiting for the next" in s.stderr(), what="spares")
+    for member in members:  # the whole host: nothing of it is left to release or report
+        doomed = [member.pid, *processes_of_agent(member.pid)]
+        kill_pids(doomed)
+        wait_until(lambda d=doomed: not any(pid_alive(p) for p in d), what="a lost host")
+    wait_until(lambda: one_round(spares, 2), 30, what="the spares' own round of two")
+    stop.touch()
+    assert [s.wait(30) for s in spares] == [0, 0], [s.stderr()[-2000:] for s in spares]

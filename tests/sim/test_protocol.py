@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.sim.clock import START, Owner, run, spawn
-from tests.sim.world import Fault, Schedule, schedule_for, shrink, simulate
+from tests.sim.world import KINDS, Fault, Schedule, schedule_for, shrink, simulate
 
 SEEDS = range(300)
 CHUNK = 25
@@ -203,3 +203,14 @@ def test_a_member_paused_through_its_round_marks_itself_out_of_it_as_it_comes_ba
     outcome = simulate(schedule_for(1963))
     assert outcome.violations == []
     assert len(rounds_of(outcome, 2)) == 3, outcome.notes
+
+
+def test_spares_beside_a_full_round_whose_hosts_are_all_lost_form_the_next_one():
+    """Seed 1397 of the schedules without store restarts (S5): two spares wait beside a
+    full round of two; both its hosts are lost at once, so no member is left to end it.
+    The spares now check the full round's members while they wait, end it once one is
+    gone, and form the next round themselves."""
+    kinds = tuple(k for k in KINDS if k != "restart_store")
+    outcome = simulate(schedule_for(1397, kinds))
+    assert outcome.violations == []
+    assert sorted(rounds_of(outcome, 1)) == ["agent 2 rank 0 of 2", "agent 3 rank 1 of 2"]
