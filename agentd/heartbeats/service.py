@@ -161,6 +161,9 @@ class HeartbeatService:
         return True
 
     def _drop(self, pid: int) -> None:
+        if self._watchdog.gone(pid):  # sent as our worker exited: late, not foreign
+            self.stats["late"] += 1
+            return
         self.stats["untrusted"] += 1
         now = time.monotonic()
         if now - self._warned_at >= _WARN_INTERVAL:

@@ -72,6 +72,7 @@ class TimerServer(Expiry, StartedInBackground):
         daemon: bool = True,
         *,
         trust: Trust | None = None,
+        gone: Callable[[int], bool] | None = None,
         on_expired: OnExpired | None = None,
         dump_signal: int | None = None,
         dump_grace: float = 1.0,
@@ -85,6 +86,7 @@ class TimerServer(Expiry, StartedInBackground):
         self.max_interval = max_interval
         self.daemon = daemon
         self._trust = trust
+        self._gone = gone
         self._request_count = 0
         self._on_expired = on_expired
         self._dump_signal = dump_signal
@@ -129,6 +131,9 @@ class TimerServer(Expiry, StartedInBackground):
                 continue
             pgid = self._trusted_group(request.worker_id)
             if pgid is None and self._trust is not None:
+                if self._gone is not None and self._gone(request.worker_id):
+                    self.stats["late"] += 1  # sent as our worker exited: nothing to time
+                    continue
                 self.count_bad("untrusted", f"pid {request.worker_id} is not one of our workers")
                 continue
             deadline = self._clock() + (request.expiration_time - self._wall())

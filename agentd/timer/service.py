@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from agentd.timer.dstate import UninterruptibleMonitor
 
 
+REMEMBERED_GONE = 4096
+"""How many exited workers' pids :meth:`Watchdog.gone` remembers."""
+
+
 class Unhealthy(NamedTuple):
     """Worker ``pid`` was found unhealthy at ``when`` (epoch seconds) because ``why``."""
 
@@ -49,10 +53,13 @@ class Watchdog:
     ) -> None:
         self._settings = settings
         self._procs = procs
+        self._gone: dict[int, None] = {}
+        """Pids of our workers that exited or were stopped, the latest last."""
         self._mark = mark
         self._wake = wake
         common: dict[str, Any] = {
             "trust": self.trust,
+            "gone": self.gone,
             "on_expired": self._on_timer_expired,
             "dump_signal": settings.dump_signal,
             "dump_grace": settings.dump_grace,
@@ -129,8 +136,33 @@ class Watchdog:
 
     def forget(self, pids: Iterable[int]) -> None:
         """These workers exited or were stopped: their timers go, and so does what was
-        noted against them once every worker is gone."""
+        noted against them once every worker is gone. Their pids are remembered a while
+        (:meth:`gone`): a request they sent just before they exited may be read after."""
+        pids = list(pids)
         self.timer_server.clear_timers(pids)
+        self._gone.update(dict.fromkeys(pids))
+        while len(self._gone) > REMEMBERED_GONE:
+            del self._gone[next(iter(self._gone))]
+
+    def gone(self, pid: int) -> bool:
+        """Whether ``pid`` was one of our workers, now exited or stopped: what it sent is
+        late, not foreign (dropped without a warning). A worker forked from the zygote is
+        reaped by the zygote as it exits, before the agent hears of it: its pid is then
+        one of ours that no longer exists."""
+        if pid in self._gone:
+            return True
+        proc = next((p for p in self._procs().values() if p.pid == pid), None)
+        if proc is None:
+            return False
+        if proc.returncode is not None:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
 
     def clear(self) -> None:
         """The group was stopped: start the next one with a clean slate."""
