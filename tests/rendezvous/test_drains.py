@@ -8,25 +8,28 @@ import asyncio
 
 import pytest
 
-from agentd.rendezvous.drains import Drains
+from agentd.rendezvous.drains import DrainRequest, Drains
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.memory import MemoryStore
 
 QUICK = {"window": 0.3, "settle": 0.02}
 
 
-def drains_of(store: MemoryStore, *nodes: str) -> list[Drains]:
-    async def members() -> list[str]:
-        return list(nodes)
+async def a_drain() -> tuple[Drains, Drains, DrainRequest]:
+    """Nodes ``a`` (draining, its workers told) and ``b`` of one job, and a's request."""
+    store = MemoryStore()
 
-    return [Drains(lambda: store, RunKeys("job"), node, members) for node in nodes]
+    async def members() -> list[str]:
+        return ["a", "b"]
+
+    leaving, other = (Drains(lambda: store, RunKeys("job"), n, members) for n in ("a", "b"))
+    request = await leaving.request("preempted")
+    await leaving.told(request.id)
+    return leaving, other, request
 
 
 async def test_the_step_waits_for_a_member_that_learns_of_the_drain_late():
-    store = MemoryStore()
-    leaving, late = drains_of(store, "a", "b")
-    request = await leaving.request("preempted")
-    await leaving.told(request.id)
+    leaving, late, request = await a_drain()
     await leaving.report_step(request.id, 19)
     choice = asyncio.ensure_future(leaving.choose_step(request.id, told_within=60, **QUICK))
     with pytest.raises(TimeoutError):  # the first report alone chose 20 before
@@ -37,30 +40,22 @@ async def test_the_step_waits_for_a_member_that_learns_of_the_drain_late():
 
 
 async def test_once_every_member_is_told_ranks_blocked_in_a_collective_are_not_waited_for():
-    store = MemoryStore()
-    leaving, blocked = drains_of(store, "a", "b")
-    request = await leaving.request("preempted")
-    for node in (leaving, blocked):
-        await node.told(request.id)
+    leaving, blocked, request = await a_drain()
+    await blocked.told(request.id)
     await leaving.report_step(request.id, 7)  # b's ranks wait in the all-reduce: no report
     assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (8, [])
 
 
 async def test_a_member_silent_for_the_window_is_named_and_left_out():
-    store = MemoryStore()
-    leaving, _silent = drains_of(store, "a", "b")
-    request = await leaving.request("preempted")
-    await leaving.told(request.id)
+    leaving, _silent, request = await a_drain()
     await leaving.report_step(request.id, 4)
     assert await leaving.choose_step(request.id, told_within=0.2, **QUICK) == (5, ["b"])
 
 
 async def test_no_worker_counting_steps_means_no_step_is_chosen():
-    store = MemoryStore()
-    leaving, other = drains_of(store, "a", "b")
-    request = await leaving.request("preempted")
+    leaving, other, request = await a_drain()
+    await other.told(request.id)
     for node in (leaving, other):
-        await node.told(request.id)
         await node.report_step(request.id, -1)
     assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (None, [])
     assert await other.current() == (request, None)
