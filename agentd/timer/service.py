@@ -154,15 +154,7 @@ class Watchdog:
         proc = next((p for p in self._procs().values() if p.pid == pid), None)
         if proc is None:
             return False
-        if proc.returncode is not None:
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return False
+        return proc.returncode is not None or not self.timer_server.is_process_running(pid)
 
     def clear(self) -> None:
         """The group was stopped: start the next one with a clean slate."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 from agentd.timer.api import TimerRequest
 from agentd.timer.service import Watchdog
@@ -39,12 +40,8 @@ def test_a_pid_never_ours_is_still_untrusted():
 def test_a_request_of_a_worker_reaped_before_the_agent_heard_of_its_exit_is_late():
     """A worker forked from the zygote is reaped by the zygote: its pid is gone before
     the agent's worker record says it exited."""
-
-    class Exiting:  # the agent's record of it: no return code yet
-        pid, pgid, returncode = exited_pid(), 0, None
-
-    worker = Exiting()
-    worker.pgid = worker.pid
+    pid = exited_pid()
+    worker = SimpleNamespace(pid=pid, pgid=pid, returncode=None)  # the agent's record of it
     watchdog = Watchdog(WatchdogSettings(), lambda: {0: worker}, "mark", lambda: None)
     server = watchdog.timer_server
     server.register_timers([TimerRequest(worker.pid, "step", time.time() + 60)])
