@@ -21,11 +21,15 @@ leaving a section always sends one (a few microseconds): sections are for phases
 every operation. The first call that sends registers :mod:`faulthandler` on the signal
 the agent chose (``$AGENTD_DUMP_SIGNAL``), writing every thread's stack to
 ``$AGENTD_STACK_FILE`` when the agent asks (each message names that signal, so the agent
-never sends it to a process that did not register it). Nothing here needs torch or asyncio.
+never sends it to a process that did not register it). A worker that heartbeated enters
+the section :data:`SHUTDOWN_SECTION` when its interpreter exits, so the time torch and
+NCCL take to tear down is held to that section's timeout, not the step's. Nothing here
+needs torch or asyncio.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -46,6 +50,10 @@ SEND_INTERVAL = 0.25
 """Seconds between two heartbeat messages at most; the agent needs no more."""
 _SEND_INTERVAL_NS = int(SEND_INTERVAL * 1e9)
 _NEVER = 1 << 62
+SHUTDOWN_SECTION = "shutdown"
+"""The section a worker is in from its interpreter's exit on (``atexit``): held to that
+section's timeout (``--initial-heartbeat-timeout`` until it has samples, or
+``--section-timeout shutdown=S``), as the step's would take the teardown for a hang."""
 
 _steps = 0
 _next_send_ns = 0
@@ -104,7 +112,14 @@ def _open_channel() -> _Channel | None:
         _next_send_ns = _NEVER
         return None
     _channel.register_dumps()
+    atexit.register(_enter_shutdown, os.getpid())
     return _channel
+
+
+def _enter_shutdown(pid: int) -> None:
+    """At interpreter exit: the worker is in its teardown (not in a child forked since)."""
+    if os.getpid() == pid and _next_send_ns != _NEVER:
+        _send("enter", SHUTDOWN_SECTION)
 
 
 def _send(kind: str, section: str | None = None) -> None:

@@ -75,7 +75,7 @@ def test_heartbeats_are_rate_limited_and_carry_the_step_count(pipe):
     proc = run_worker(code, {PIPE_ENV: str(path)})
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (0, "")
-    messages = read_messages(fd, until=5)
+    messages = read_messages(fd, until=6)
     kinds = [(m["kind"], m["steps"], m.get("section")) for m in messages]
     assert kinds == [
         ("beat", 1, None),
@@ -83,6 +83,7 @@ def test_heartbeats_are_rate_limited_and_carry_the_step_count(pipe):
         ("enter", 1001, "checkpoint"),
         ("exit", 1001, "checkpoint"),
         ("done", 1001, None),
+        ("enter", 1001, "shutdown"),  # the interpreter's exit
     ]
     assert {m["pid"] for m in messages} == {proc.pid}
     assert messages[1]["at"] - messages[0]["at"] >= 0.25
@@ -166,5 +167,21 @@ def test_every_message_names_the_dump_signal(pipe, tmp_path):
     }
     proc = run_worker(code, env)
     proc.communicate(timeout=60)
-    messages = read_messages(fd, until=2)
-    assert [m["dump_signal"] for m in messages] == [DUMP_SIGNAL, DUMP_SIGNAL]
+    messages = read_messages(fd, until=3)
+    assert [m["dump_signal"] for m in messages] == [DUMP_SIGNAL] * 3  # beat, beat, shutdown
+
+
+def test_only_the_worker_itself_enters_shutdown_at_exit_not_a_child_it_forked(pipe):
+    """A child forked after the first heartbeat (that exits through the interpreter, as
+    a plain os.fork child may) inherits the exit hook; its pid is no worker's, so it
+    sends nothing at exit."""
+    path, fd = pipe
+    code = (
+        "import agentd, os, sys\nagentd.heartbeat()\npid = os.fork()\n"
+        "if pid == 0:\n    sys.exit(0)\nos.waitpid(pid, 0)\nprint('parent')"
+    )
+    proc = run_worker(code, {PIPE_ENV: str(path)})
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, "parent\n", "")
+    messages = read_messages(fd, until=3, deadline=2.0)
+    assert [(m["kind"], m["pid"]) for m in messages] == [("beat", proc.pid), ("enter", proc.pid)]

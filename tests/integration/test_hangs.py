@@ -115,6 +115,30 @@ def test_a_hang_in_a_section_without_restarts_is_the_root_cause_in_result_json(r
     assert "in the section 'checkpoint'" in agent.stderr()
 
 
+def test_a_teardown_longer_than_the_step_timeout_is_no_hang(run_agentd):
+    """A script that never ends its heartbeats, whose interpreter takes 2.5 s to exit
+    (torch's teardown under load took more than the 2 s floor: the swap test's false
+    hang): the teardown is in the section 'shutdown', held to the initial timeout."""
+    agent = run_agentd(*FLOOR, JOB, "--steps", "50", "--step", "0.05", "--exit-time", "2.5")
+    assert agent.wait(timeout=90) == 0, agent.stderr()
+    assert "Heartbeat timeout for the step: 1.00s learned" in agent.stderr()
+    assert "Hang" not in agent.stderr() and trained(agent) == ["trained 0"]
+
+
+def test_a_teardown_that_hangs_is_caught_by_the_shutdown_sections_timeout(run_agentd):
+    agent = run_agentd(
+        "--section-timeout", "shutdown=1", JOB, "--steps", "5", "--exit-time", "3600"
+    )
+    assert agent.wait(timeout=90) == 1, agent.stderr()
+    hang = result_json(agent.log_dir)["root_cause"]["hang"]
+    assert (hang["section"], hang["timeout"], hang["timeout_source"]) == (
+        "shutdown",
+        1.0,
+        "explicit",
+    )
+    assert "in the section 'shutdown'" in agent.stderr()
+
+
 def test_sections_learn_their_own_timeouts_longer_than_the_step(run_agentd):
     """Checkpoints of 0.8 s pass while the step's timeout is 0.5 s; once learned, the
     checkpoint's own timeout (2 x 0.8 s) catches a checkpoint that hangs."""

@@ -76,4 +76,5 @@ def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
 
     wait_until(lambda: len(resumed()) == 3, 30, what="the spare's world of three, from it")
     stop.touch()
-    assert [a.wait(30) for a in (*members[:2], spare)] == [0, 0, 0]
+    for agent in (*members[:2], spare):
+        assert agent.wait(30) == 0, agent.stderr()[-6000:]

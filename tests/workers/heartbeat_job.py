@@ -4,7 +4,10 @@ Every rank runs ``--steps`` steps of ``--step`` seconds, heartbeating after each
 ``--section-every`` steps it spends ``--section-time`` in the section ``--section``.
 Rank ``--hang-rank`` hangs at step ``--hang-at`` (inside the section with
 ``--hang-in-section``) while the restart count is below ``--until-attempt``; with
-``--silent-rank`` that rank never heartbeats. At the end the node's ranks wait for each
+``--silent-rank`` that rank never heartbeats. With ``--exit-time S`` it does not end its
+heartbeats and its interpreter's exit takes S seconds, as torch's teardown may (an
+``atexit`` handler registered before the first heartbeat, so it runs after agentd's). At
+the end the node's ranks wait for each
 other, as a job's last collective makes them (a rank cannot finish while a peer hangs),
 then each prints ``trained <rank>``.
 Writes its progress pipe's path to ``$AGENTD_TEST_OUT/pipe`` (for the foreign-pid test).
@@ -13,6 +16,7 @@ Writes its progress pipe's path to ``$AGENTD_TEST_OUT/pipe`` (for the foreign-pi
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
 
@@ -38,7 +42,10 @@ def main() -> None:
     parser.add_argument("--hang-in-section", action="store_true")
     parser.add_argument("--until-attempt", type=int, default=1)
     parser.add_argument("--silent-rank", type=int, default=-1)
+    parser.add_argument("--exit-time", type=float, default=0.0)
     args = parser.parse_args()
+    if args.exit_time:
+        atexit.register(time.sleep, args.exit_time)
     out = os.environ.get("AGENTD_TEST_OUT")
     if out and RANK == 0:
         with open(os.path.join(out, "pipe"), "w") as fp:
@@ -56,7 +63,8 @@ def main() -> None:
         if args.section_every and step % args.section_every == 0:
             with agentd.section(args.section):
                 time.sleep(args.section_time)
-    agentd.end_heartbeats()
+    if not args.exit_time:
+        agentd.end_heartbeats()
     if out:
         wait_for_the_nodes_ranks(os.path.join(out, f"finished_{ATTEMPT}"))
     print(f"trained {RANK}", flush=True)
