@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -97,6 +98,8 @@ class Membership:
         """Since the last :meth:`announce`, the store said our heartbeat had expired while
         we were in no round, and it was made again: a round sealed meanwhile may have
         gone on without us."""
+        self._announced_at = -math.inf
+        """When the latest :meth:`announce` was sent (monotonic seconds)."""
         self._confirmed_until: float | None = None
         self._deadline: float | None = None
         self._pending_since: float | None = None
@@ -232,7 +235,7 @@ class Membership:
     async def announce(self) -> int:
         """(Re)create our heartbeat, as on every join (a restarted store forgot it); returns
         the store's revision after it."""
-        sent = time.monotonic()
+        sent = self._announced_at = time.monotonic()
         revision = await self._store.set(self._key, self._value, ttl=self.ttl)
         self._deadline = None  # a new lease: the old one may have been extended
         self.dropped = False
@@ -270,6 +273,8 @@ class Membership:
                 self._pending_since = None
             if alive:
                 self._confirm(sent)
+            elif sent < self._announced_at:
+                continue  # about the lease before the latest join's: it was made again since
             elif self.member:
                 self.told_expired = True
                 self._lose(

@@ -116,3 +116,57 @@ async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most
     assert max(deadlines) <= store.held_since + m.ttl  # never past one TTL after its send
     assert deadlines[-1] > deadlines[0]  # it was extended meanwhile: the proof still counts
     assert m.expired() == why
+
+
+class AnswersLate(MemoryStore):
+    """A store that reads our heartbeat at once (the key is gone: it restarted or failed
+    over) but answers only once the test lets it: the TLS failover test's survivor
+    re-joined in between, and the late "expired" ended the round it had just sealed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def heartbeat(self, key: str, ttl: float) -> bool:
+        alive = await self.refresh(key, ttl)
+        self.read.set()
+        await self.answer.wait()
+        return alive
+
+
+@pytest.mark.parametrize("sealed_by_then", [False, True])
+async def test_an_expired_answer_to_a_heartbeat_sent_before_the_join_is_stale(sealed_by_then):
+    store = AnswersLate()
+    m = membership(store, ttl=5.0, interval=0.05)
+    await m.announce()
+    await store.delete("hb")  # the store forgot us
+    m.start()
+    try:
+        await asyncio.wait_for(store.read.wait(), 5)  # sent and read: "expired"
+        await m.announce()  # the join makes it again before the answer comes
+        m.member = sealed_by_then
+        store.answer.set()
+        await asyncio.sleep(0.3)  # a few intervals: the next heartbeats find the new key
+        assert not m.dropped and m.expired() == "" and await store.get("hb") == b"me"
+    finally:
+        await m.stop()
+
+
+async def test_an_expired_answer_to_a_heartbeat_sent_after_the_join_still_counts():
+    store = AnswersLate()
+    store.answer.set()
+    m = membership(store, ttl=5.0, interval=0.05)
+    await m.announce()
+    m.start()
+    try:
+        await store.delete("hb")
+        await asyncio.wait_for(_until(lambda: m.dropped), 5)  # made again, and said so
+        assert await store.get("hb") == b"me"
+    finally:
+        await m.stop()
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
