@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.agent.local_views import LocalAgentViews
 from agentd.agent.template import SimpleElasticAgent
+from agentd.assembly.services import can_restart
 from agentd.group import RunResult, WorkerGroup, WorkerState
-from agentd.inprocess.wire import DEFAULT_GRACE
 from agentd.rendezvous.api import (
     ComparesNodes,
     CoordinatesDrains,
     KeepsWorkers,
-    LeasedMembership,
 )
 from agentd.rendezvous.placement import agent_serves_store
 from agentd.support.sync_bridge import agent_step
@@ -83,12 +82,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             await self._stop_dropped(dropped)
         plans = [plan_worker(self, group, worker) for worker in group.workers]
         if isinstance(spec.entrypoint, str):
-            handler, grace = self.rdzv_handler, DEFAULT_GRACE
+            handler, peer_loss = self.rdzv_handler, 0.0
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
-                grace += handler.peer_loss_timeout()  # a lost node takes that long to see
-            self._services.inprocess.plan(
-                plans, self.kept_ranks, grace
-            )  # drops kept ones that died
+                peer_loss = handler.peer_loss_timeout()  # a lost node takes that long to see
+            self._services.inprocess.plan(plans, self.kept_ranks, peer_loss)  # drops dead kept ones
         else:  # function workers leave together
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:
@@ -159,10 +156,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         restart waits for it."""
         self._services.watchdog.sweep_stale_pipes()
         self._services.gpus.look()
-        may_restart = self._worker_group.spec.max_restarts > 0 or isinstance(
-            self.rdzv_handler, LeasedMembership
-        )
-        self._services.preload.first_started(may_restart)
+        self._services.preload.first_started(can_restart(self))
         import agentd.errors.error_file
         import agentd.telemetry.metrics_api  # noqa: F401
 

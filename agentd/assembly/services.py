@@ -9,7 +9,8 @@ endpoint, node checks), and the drain and OOM watch are built on first use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentd.assembly.settings import AgentSettings
@@ -17,7 +18,6 @@ from agentd.gpus.release import GpuRelease
 from agentd.heartbeats.service import HeartbeatService
 from agentd.heartbeats.settings import HeartbeatSettings
 from agentd.hygiene.service import ProcessHygiene
-from agentd.inprocess.service import InProcessRestarts
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.result_service import ResultFileService
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         WorkerStorePort,
     )
     from agentd.drain.settings import DrainSettings
+    from agentd.inprocess.settings import Fallback
     from agentd.rendezvous.api import ComparesNodes
     from agentd.rendezvous.drains import Drains
     from agentd.slownodes.settings import SlowNodeSettings
@@ -143,6 +144,76 @@ class LocalServices:
 ServicesFactory = Callable[[AgentHooks, AgentSettings], LocalServices]
 
 
+def can_restart(agent: AgentView) -> bool:
+    """Whether the agent's group may ever be restarted: it has restarts to spend, or its
+    membership can change (a leased rendezvous restarts without spending one)."""
+    spec = agent.get_worker_group().spec
+    return spec.max_restarts > 0 or isinstance(agent.rdzv_handler, LeasedMembership)
+
+
+class NoInProcessRestarts:
+    """The in-process port of a group that is never restarted: no worker gets a channel
+    (``agentd.inprocess.run`` then calls the function once), nothing is ever kept, and
+    none of the in-process machinery is loaded."""
+
+    def __init__(self) -> None:
+        self.last_fallback: Fallback | None = None
+        self.parked: dict[int, WorkerProcess] = {}
+        self.kinds = {"in_process": 0, "process": 0}
+        self.fallbacks: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def restarting(self) -> Iterator[None]:
+        yield
+
+    def plan(self, plans: Any, kept_ranks: Any, peer_loss: float) -> None:
+        pass
+
+    def keeping(self) -> list[int]:
+        return []
+
+    def unresumable(self) -> list[WorkerProcess]:
+        return []
+
+    async def see_exits(self, procs: Any, cause_wait: float) -> None:
+        pass
+
+    def resume_all(self, plans: Any) -> list[WorkerProcess]:
+        return []
+
+    def spawned(self, local_ranks: Any) -> None:
+        pass
+
+    def closed_at(self, local_rank: int) -> float | None:
+        return None
+
+    async def park(self, procs: Any, failed: Any, fresh_store: bool) -> dict[int, WorkerProcess]:
+        return {}
+
+    def raised(self) -> dict[int, tuple[str, float]]:
+        return {}
+
+    def forget(self, local_ranks: Any) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+def in_process_restarts(
+    agent: AgentView, settings: AgentSettings, hooks: AgentHooks
+) -> InProcessPort:
+    """The in-process port: the real one where the group may restart."""
+    if not can_restart(agent):
+        return NoInProcessRestarts()
+    from agentd.inprocess.service import InProcessRestarts
+
+    return InProcessRestarts(settings.inprocess, hooks.wakeup)
+
+
 def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
     """Every service of the agent behind ``hooks``, from ``settings`` (torch's environment
     switches stand in for a watchdog or health endpoint the settings leave unset)."""
@@ -204,7 +275,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         workers_store=WorkerStoreService(agent),
         hygiene=hygiene,
         preload=PreloadService(spec, hygiene),
-        inprocess=InProcessRestarts(settings.inprocess, hooks.wakeup),
+        inprocess=in_process_restarts(agent, settings, hooks),
         gpus=GpuRelease(settings.gpu_release_timeout),
         node_checks=node_checks,
     )

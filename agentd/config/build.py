@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
     from agentd.drain.settings import DrainSettings
     from agentd.health.settings import HealthSettings
+    from agentd.inprocess.settings import InProcessSettings
     from agentd.nodecheck.gate import NodeGate
     from agentd.slownodes.settings import SlowNodeSettings
 
@@ -153,7 +154,6 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     from agentd.agent.local import LocalElasticAgent
     from agentd.assembly.settings import AgentSettings
     from agentd.heartbeats.settings import HeartbeatSettings
-    from agentd.inprocess.settings import InProcessSettings
     from agentd.timer.settings import WatchdogSettings
 
     settings = AgentSettings(
@@ -179,7 +179,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         ),
         node_checks=_node_gate(config, spec) if config.node_check else None,
         drain=_drain(config),
-        inprocess=InProcessSettings(config.inprocess_park_timeout, config.inprocess_quick_restarts),
+        inprocess=_inprocess(config),
         gpu_release_timeout=config.gpu_release_timeout,
         slow_nodes=_slow_nodes(config, spec),
     )
@@ -200,6 +200,17 @@ def _drain(config: AgentConfig) -> DrainSettings | None:
     from agentd.drain.settings import DrainSettings
 
     return DrainSettings(*given)
+
+
+def _inprocess(config: AgentConfig) -> InProcessSettings | None:
+    """In-process restarts' settings where an option changed them (None: the defaults,
+    loaded with the in-process service where the group can restart at all)."""
+    given = (config.inprocess_park_timeout, config.inprocess_quick_restarts)
+    if given == (AgentConfig.inprocess_park_timeout, AgentConfig.inprocess_quick_restarts):
+        return None
+    from agentd.inprocess.settings import InProcessSettings
+
+    return InProcessSettings(*given)
 
 
 def _slow_nodes(config: AgentConfig, spec: WorkerSpec) -> SlowNodeSettings | None:

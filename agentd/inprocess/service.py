@@ -79,10 +79,11 @@ class InProcessRestarts:
             self._restarting = before
 
     def plan(
-        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, grace: float
+        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, peer_loss: float
     ) -> None:
-        """Give each new worker's plan its channel and ``grace`` (see
-        :data:`~agentd.inprocess.wire.GRACE_ENV`), and tell every rank which global ranks
+        """Give each new worker's plan its channel and its grace (see
+        :data:`~agentd.inprocess.wire.GRACE_ENV`: the default, plus ``peer_loss``, the
+        seconds a lost node takes to be seen), and tell every rank which global ranks
         are new processes, which kept rank hands them its state, and whether no rank kept
         its process (:data:`~agentd.inprocess.wire.FRESH_ENV`: the job's state is then only
         in its checkpoint). ``kept_ranks`` are the ranks every node kept, as the round told
@@ -95,6 +96,7 @@ class InProcessRestarts:
         replaced = sorted(set(range(world)) - kept_ranks) if kept_ranks else []
         source = str(min(kept_ranks)) if replaced and kept_ranks else ""
         fresh = "0" if kept_ranks or self.parked else "1"
+        grace = wire.DEFAULT_GRACE + peer_loss
         for worker, _argv, env, *_, pass_fds in plans:
             env[wire.GRACE_ENV] = f"{grace:g}"
             # set even when empty: a kept worker must not keep the last attempt's values

@@ -12,8 +12,10 @@ The worker waits up to ``AGENTD_INPROCESS_GRACE`` seconds for its ``park`` (the 
 sets it); without one the exception propagates as usual and the process exits.
 Parked, the worker destroys its torch process group, tells the agent, waits for
 ``resume`` with the new attempt's variables, and calls the training function again in
-the same process, with whatever objects the caller kept. Outside agentd (no channel)
-:func:`run` is a plain call.
+the same process, with whatever objects the caller kept. Without a channel (outside
+agentd, or under an agent whose group is never restarted) :func:`run` is a plain call
+that writes an exception it raises to the error file, as ``@record`` does, so the failure
+report names it.
 """
 
 from __future__ import annotations
@@ -251,7 +253,13 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     _current = _from_env(_current.count)
     if channel is None:
         _no_channel_warning()
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # the failure's cause, as a channel would have told it
+            from agentd.errors.error_file import write_error_file
+
+            write_error_file(exc)  # nothing without $TORCHELASTIC_ERROR_FILE
+            raise
     while True:
         try:
             try:

@@ -310,6 +310,8 @@ def test_a_rank_whose_training_function_raises_is_a_failure_but_keeps_its_proces
 
 
 def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_path):
+    """A group that is never restarted (--max-restarts 0 on one node) gets no channel:
+    ``inprocess.run`` is a plain call that writes what it raised to the error file."""
     (tmp_path / "out").mkdir()
     argv = [
         sys.executable,
@@ -330,6 +332,9 @@ def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_
     [result] = (tmp_path / "logs").glob("*/result.json")
     root = json.loads(result.read_text())["root_cause"]
     assert root["rank"] == 1 and root["message"] == "ValueError: loss is NaN at step 7"
+    assert [call["channel"] for rank in range(3) for call in calls_of(tmp_path)[rank]] == [
+        False
+    ] * 3
 
 
 def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_process(tmp_path):

@@ -31,7 +31,7 @@ def env_of(plan: tuple) -> dict[str, str]:
 async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_channel():
     service = InProcessRestarts()
     planned = plans(0, 2)
-    service.plan(planned, None, 2.0)
+    service.plan(planned, None, 0.0)
     for plan in planned:
         assert env_of(plan) == {
             wire.GRACE_ENV: "2",
@@ -48,7 +48,7 @@ async def test_a_single_node_job_knows_its_kept_ranks_and_only_new_ranks_get_a_c
     service = InProcessRestarts()
     service.parked = {1: Kept(1)}  # type: ignore[dict-item]
     planned = plans(0, 2)
-    service.plan(planned, None, 2.0)
+    service.plan(planned, None, 0.0)
     for plan in planned:
         assert plan[2][wire.REPLACED_ENV] == "0" and plan[2][wire.SOURCE_ENV] == "1"
         assert plan[2][wire.FRESH_ENV] == "0"
@@ -60,7 +60,7 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
     service = InProcessRestarts()
     service.parked = {0: Kept(0), 1: Kept(1)}  # type: ignore[dict-item]
     planned = plans(2, 4)  # this node's ranks 2 and 3; the round says every rank was kept
-    service.plan(planned, frozenset(range(4)), 6.0)
+    service.plan(planned, frozenset(range(4)), 4.0)  # a peer lost in 4 s
     for plan in planned:  # explicit empty values, so a resume overwrites stale ones
         assert env_of(plan) == {
             wire.GRACE_ENV: "6",
@@ -76,7 +76,7 @@ async def test_across_nodes_the_rounds_kept_ranks_decide_and_a_dead_kept_worker_
     service = InProcessRestarts()
     service.parked = {0: Kept(0), 1: Kept(1, returncode=-9)}  # type: ignore[dict-item]
     planned = plans(0, 4)
-    service.plan(planned, frozenset({0, 1}), 2.0)  # the other node's ranks 2, 3 are new
+    service.plan(planned, frozenset({0, 1}), 0.0)  # the other node's ranks 2, 3 are new
     assert planned[0][2][wire.REPLACED_ENV] == "2,3" and planned[0][2][wire.SOURCE_ENV] == "0"
     assert not planned[0][6] and planned[1][6]  # the dead one gets a channel: it is spawned
     await service.stop()

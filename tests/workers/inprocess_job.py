@@ -87,6 +87,7 @@ def train() -> None:
         "replaced": list(restart.replaced),
         "source": restart.source,
         "fresh": restart.fresh,
+        "channel": "AGENTD_INPROCESS_FD" in os.environ,
     }
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as fp:
         fp.write(json.dumps(line) + "\n")
