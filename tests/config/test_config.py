@@ -200,3 +200,19 @@ def test_the_drain_token_is_its_own_secret():
         _health(same)
     alone = resolve(args, {"AGENTD_STORE_TOKEN": "s"})
     assert _health(alone).token is None  # the agent makes one: never the store's
+
+
+def test_agent_config_is_frozen_keyword_built_and_equal_whatever_its_sources():
+    from agentd.config.resolve import AgentConfig
+
+    config = resolve({"script": "train.py", "max_restarts": 2}, {})
+    assert config.max_restarts == 2 and config.nproc_per_node == AgentConfig.nproc_per_node
+    with pytest.raises(AttributeError, match="AgentConfig is frozen: cannot set max_restarts"):
+        config.max_restarts = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match=r"unknown field\(s\) max_restart$"):
+        AgentConfig(script="train.py", max_restart=2)
+    with pytest.raises(TypeError, match="script is required"):
+        AgentConfig()
+    same = AgentConfig(script="train.py", max_restarts=2, sources={"max_restarts": "file"})
+    assert same == config and same != AgentConfig(script="train.py")
+    assert repr(same).startswith("AgentConfig(script='train.py', script_args=()")
