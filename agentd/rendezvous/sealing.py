@@ -140,7 +140,20 @@ class Sealing:
                 if held is not None:
                     return held
                 excluded = await self._exclusions(list(absent.values()))
-        _, held = await store.compare_set(sealed_key, None, encode(summarize(nodes, excluded)))
+        # S2 in one step: the seal is refused by a store that lacks an arrival's heartbeat
+        # now (one that restarted empty since the read above, to which it was resent)
+        placed, held = await store.compare_set(
+            sealed_key,
+            None,
+            encode(summarize(nodes, excluded)),
+            present=[keys.heartbeat(node) for node in ids],
+        )
+        if not placed and held is None:
+            return await self._end_unsealed(
+                generation,
+                "an arrival's heartbeat was gone from the store as the round was sealed "
+                "(it restarted, or the lease expired)",
+            )
         return held
 
     async def _end_unsealed(self, generation: int, reason: str) -> bytes | None:

@@ -84,9 +84,16 @@ class Store(Protocol):
         ...
 
     async def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        """Set ``key`` to ``desired`` only if it holds ``expected`` (None: is missing).
+        """Set ``key`` to ``desired`` only if it holds ``expected`` (None: is missing) and
+        every key of ``present`` exists, in one step (a round's seal names its members'
+        heartbeats: a store that does not hold their leases, restarted empty, refuses it).
 
         Returns whether it was set, and the value the key holds now.
         """

@@ -302,9 +302,14 @@ class FailoverStore:
         return await self._call(lambda s: s.add(key, delta))
 
     async def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        return await self._call(lambda s: s.compare_set(key, expected, desired, ttl))
+        return await self._call(lambda s: s.compare_set(key, expected, desired, ttl, present))
 
     async def refresh(self, key: str, ttl: float) -> bool:
         return await self._call(lambda s: s.refresh(key, ttl))

@@ -311,9 +311,21 @@ class HttpStore:
         return int(doc["value"])
 
     async def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        body = {"key": key, "expected": _b64(expected), "desired": _b64(desired), "ttl": ttl}
+        body: dict[str, Any] = {
+            "key": key,
+            "expected": _b64(expected),
+            "desired": _b64(desired),
+            "ttl": ttl,
+        }
+        if present:
+            body["present"] = list(present)
         doc = await self._call("compare_set", body)
         return bool(doc["succeeded"]), _unb64(doc["value"])
 

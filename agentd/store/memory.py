@@ -153,11 +153,16 @@ class MemoryStore:
         return total
 
     async def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
         item = self._live(key)
         current = item.value if item else None
-        if current != expected:
+        if current != expected or any(self._live(k) is None for k in present):
             return False, current
         self._put(key, desired, ttl)
         return True, desired

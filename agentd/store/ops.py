@@ -11,7 +11,7 @@ from typing import Any
 
 from agentd.store.api import WatchResult
 from agentd.store.memory import MemoryStore
-from agentd.store.wire import MAX_KEYS, MAX_POLL, TERM_HEADER
+from agentd.store.wire import MAX_KEYS, MAX_POLL, MAX_PRESENT, TERM_HEADER
 
 MAX_KEY = 1024
 MAX_VALUE = 1 << 20
@@ -34,11 +34,13 @@ class Args:
             raise BadRequest(f"{name}: {_show(value)} must be a string of 1..{MAX_KEY} bytes")
         return value
 
-    def keys(self) -> list[str]:
-        value = self._body.get("keys")
-        if not isinstance(value, list) or len(value) > MAX_KEYS:
-            raise BadRequest(f"keys: must be a list of at most {MAX_KEYS} keys")
-        return [Args({"key": k}).key() for k in value]
+    def keys(self, name: str = "keys", limit: int = MAX_KEYS, optional: bool = False) -> list[str]:
+        value = self._body.get(name)
+        if value is None and optional:
+            return []
+        if not isinstance(value, list) or len(value) > limit:
+            raise BadRequest(f"{name}: must be a list of at most {limit} keys")
+        return [Args({name: k}).key(name) for k in value]
 
     def value(self, name: str = "value", optional: bool = False) -> bytes | None:
         value = self._body.get(name)
@@ -138,7 +140,11 @@ async def _add(store: MemoryStore, a: Args) -> dict[str, Any]:
 
 async def _compare_set(store: MemoryStore, a: Args) -> dict[str, Any]:
     ok, current = await store.compare_set(
-        a.key(), a.value("expected", optional=True), a.value("desired") or b"", a.ttl()
+        a.key(),
+        a.value("expected", optional=True),
+        a.value("desired") or b"",
+        a.ttl(),
+        a.keys("present", MAX_PRESENT, optional=True),
     )
     return {"succeeded": ok, "value": _b64(current)}
 

@@ -25,3 +25,6 @@ sizes its server before it loads one."""
 MAX_KEYS = 4096
 """The most keys one request may name (``multi_get``, ``multi_set``); clients split
 longer reads."""
+MAX_PRESENT = 32768
+"""The most keys a ``compare_set`` may require to exist (a round's members' heartbeats:
+one step, so never split; about 2 MB of keys, within the server's 4 MB body)."""

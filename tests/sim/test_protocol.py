@@ -214,3 +214,12 @@ def test_spares_beside_a_full_round_whose_hosts_are_all_lost_form_the_next_one()
     outcome = simulate(schedule_for(1397, kinds))
     assert outcome.violations == []
     assert sorted(rounds_of(outcome, 1)) == ["agent 2 rank 0 of 2", "agent 3 rank 1 of 2"]
+
+
+@pytest.mark.parametrize("seed", [2306, 5941, 7053, 8648])
+def test_a_seal_resent_to_a_store_restarted_empty_is_refused(seed):
+    """Seeds 2306, 5941, 7053 and 8648 (S2): an agent read its round's arrivals, the store
+    restarted empty, and the seal, resent as a reset connection is, sealed the new
+    store's round of the same number with arrivals whose leases it never held. The seal
+    now names their heartbeats, and a store that lacks one refuses it."""
+    assert simulate(schedule_for(seed)).violations == []

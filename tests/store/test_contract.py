@@ -98,6 +98,18 @@ async def test_compare_set(store: Store):
     assert await store.compare_set("c", b"first", b"second") == (True, b"second")
 
 
+async def test_compare_set_only_while_every_named_key_is_present(store: Store):
+    """A round's seal names its members' heartbeats: a store that lacks one refuses it."""
+    await store.multi_set({"hb/a": b"1", "hb/b": b"1"})
+    assert await store.compare_set("s", None, b"x", present=["hb/a", "hb/c"]) == (False, None)
+    assert await store.get("s") is None
+    assert await store.compare_set("s", None, b"x", present=["hb/a", "hb/b"]) == (True, b"x")
+    many = {f"hb/{i:03}": b"1" for i in range(200)}  # etcd: beyond one transaction's compares
+    await store.multi_set(many)
+    assert await store.compare_set("t", None, b"y", present=[*many, "hb/gone"]) == (False, None)
+    assert await store.compare_set("t", None, b"y", present=[*many]) == (True, b"y")
+
+
 async def test_multi(store: Store):
     await store.multi_set({"m/1": b"one", "m/2": b"two"})
     assert await store.multi_get(["m/1", "m/2", "m/3"]) == [b"one", b"two", None]

@@ -59,6 +59,18 @@ async def test_wrong_or_missing_token_is_401_and_changes_nothing(server):
         ("add", '{"key": "k", "delta": "1"}', 400, "delta: '1' must be a 64-bit integer"),
         ("watch", '{"prefix": "", "after_revision": 0, "timeout": 999}', 400, "timeout: 999"),
         ("multi_get", '{"keys": "k"}', 400, "keys: must be a list"),
+        (
+            "compare_set",
+            '{"key": "k", "desired": "eA==", "present": "hb/a"}',
+            400,
+            "present: must be a list of at most 32768 keys",
+        ),
+        (
+            "compare_set",
+            '{"key": "k", "desired": "eA==", "present": [""]}',
+            400,
+            "present: '' must be a string of 1..1024 bytes",
+        ),
         ("frobnicate", "{}", 404, "op: 'frobnicate' is not one of"),
     ],
 )

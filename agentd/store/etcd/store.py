@@ -213,17 +213,33 @@ class EtcdStore:
         raise AssertionError("unreachable")
 
     async def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes, ttl: float | None = None
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
+        """The keys of ``present`` are compared in the transaction as far as etcd's limit
+        on its operations allows; the rest are read just before it (etcd keeps its state
+        through restarts, so no empty store can come between)."""
+        inside = list(present[: MAX_TXN_OPS - 1])
+        beyond = list(present[MAX_TXN_OPS - 1 :])
+        if beyond and None in await self.multi_get(beyond):
+            return False, await self.get(key)
         lease = None if ttl is None else await self._grant(ttl)
         compare: dict[str, Any] = {"key": self._key(key)}
         if expected is None:
             compare.update(target="CREATE", create_revision="0")
         else:
             compare.update(target="VALUE", value=b64(expected))
+        exist = [
+            {"key": self._key(k), "target": "VERSION", "version": "0", "result": "GREATER"}
+            for k in inside
+        ]
         doc = await self._txn(
             "compare_set",
-            [compare],
+            [compare, *exist],
             [{"request_put": self._put(key, desired, lease)}],
             [{"request_range": {"key": self._key(key)}}],
         )
