@@ -152,13 +152,15 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
 
     def _after_first_start(self) -> None:
         """Once the first workers are spawned: sweep dead agents' pipe directories, start a
-        bare zygote, and load what a failure needs, so neither the launch nor the first
-        restart waits for it."""
+        bare zygote, and, where the group can restart, load what a failure needs, so
+        neither the launch nor the first restart waits for it."""
         self._services.watchdog.sweep_stale_pipes()
         self._services.gpus.look()
-        self._services.preload.first_started(can_restart(self))
-        import agentd.errors.error_file
-        import agentd.telemetry.metrics_api  # noqa: F401
+        may_restart = can_restart(self)
+        self._services.preload.first_started(may_restart)
+        if may_restart:  # a failure's report needs them, and a restart should not wait
+            import agentd.errors.error_file
+            import agentd.telemetry.metrics_api  # noqa: F401
 
     def _start_drains(self, group: WorkerGroup) -> None:
         """Follow drains from this attempt's start, once a peer could ask for one; a node
