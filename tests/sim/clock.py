@@ -148,8 +148,15 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self.holding.discard(owner)
         held, owner.held = owner.held, []
         for callback, args, context, handle in held:
-            if not handle.cancelled():  # as a real loop skips a handle cancelled meanwhile
-                super().call_soon(callback, *args, context=context)
+            super().call_soon(_unless_cancelled, handle, callback, *args, context=context)
+
+
+def _unless_cancelled(handle: asyncio.Handle, callback: Callable[..., object], *args: Any) -> None:
+    """Run a held callback unless its handle was cancelled meanwhile, up to its turn (as a
+    real loop skips it): a timeout left between the resume and that turn cancels it then,
+    and a timer that fired anyway failed ``asyncio.timeout``'s own assertion."""
+    if not handle.cancelled():
+        callback(*args)
 
 
 def _gate(

@@ -10,6 +10,7 @@ prints its schedule, the events and the fewest faults that still break it).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -223,3 +224,13 @@ def test_a_seal_resent_to_a_store_restarted_empty_is_refused(seed):
     store's round of the same number with arrivals whose leases it never held. The seal
     now names their heartbeats, and a store that lacks one refuses it."""
     assert simulate(schedule_for(seed)).violations == []
+
+
+@pytest.mark.parametrize("seed", [8686, 9138])
+def test_a_timer_held_by_a_paused_agent_and_cancelled_after_its_resume_never_runs(seed, caplog):
+    """Seeds 8686 and 9138: the simulated loop re-queued a paused agent's held timer as
+    it resumed and ran it even when ``asyncio.timeout`` cancelled it before its turn
+    (``Timeout._on_timeout`` then failed its own assertion). Nothing is logged now."""
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        simulate(schedule_for(seed))
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
