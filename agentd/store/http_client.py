@@ -31,7 +31,7 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff, refused
 from agentd.store.sockets import keepalive_socket
 from agentd.store.tls import scheme, tls_client, tls_problem
 from agentd.store.wire import (
@@ -56,12 +56,6 @@ connection is never reused just as the server closes it."""
 
 _JSON = {"Content-Type": "application/json"}
 _LARGE = 1 << 16
-
-
-def _refused(exc: BaseException) -> bool:
-    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
-        exc.os_error, ConnectionRefusedError
-    )
 
 
 def _payload(body: dict[str, Any]) -> bytes | io.BytesIO:
@@ -207,7 +201,7 @@ class HttpStore:
             except aiohttp.ClientSSLError as exc:  # retrying would fail the same way
                 raise StoreAuthError(f"store at {self.url}: {tls_problem(exc)}") from None
             except NOT_SENT as exc:
-                if self.refused_is_final and _refused(exc):
+                if self.refused_is_final and refused(exc):
                     raise StoreUnavailable(f"store at {self.url}: connection refused") from exc
                 problem: BaseException = exc
             except MAYBE_SENT as exc:
@@ -318,15 +312,8 @@ class HttpStore:
         ttl: float | None = None,
         present: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        body: dict[str, Any] = {
-            "key": key,
-            "expected": _b64(expected),
-            "desired": _b64(desired),
-            "ttl": ttl,
-        }
-        if present:
-            body["present"] = list(present)
-        doc = await self._call("compare_set", body)
+        body = {"key": key, "expected": _b64(expected), "desired": _b64(desired), "ttl": ttl}
+        doc = await self._call("compare_set", {**body, "present": list(present)})
         return bool(doc["succeeded"]), _unb64(doc["value"])
 
     async def refresh(self, key: str, ttl: float) -> bool:

@@ -20,6 +20,13 @@ MAYBE_SENT = (
 """Failures after the request may have reached the server: resend only what is idempotent."""
 
 
+def refused(exc: BaseException) -> bool:
+    """The server's port refused the connection: nothing listens there (now)."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+        exc.os_error, ConnectionRefusedError
+    )
+
+
 class Backoff:
     """The pauses between attempts of one request, for at most ``timeout`` seconds.
 
