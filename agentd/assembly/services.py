@@ -4,7 +4,8 @@ the agent's :class:`AgentHooks` to the :class:`LocalServices` it runs.
 ``agentd run`` (:mod:`agentd.config.build`), torch's ``elastic_launch``
 (:mod:`agentd.launcher`) and a Python caller's ``LocalElasticAgent(spec)`` all come
 here. A service that only an option asks for is imported only then (the health
-endpoint, node checks), and the drain and OOM watch are built on first use.
+endpoint, node checks), in-process restarts only where the group can restart at all
+(:func:`can_restart`), and the drain and OOM watch are built on first use.
 """
 
 from __future__ import annotations
