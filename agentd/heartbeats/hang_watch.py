@@ -104,17 +104,18 @@ class HangWatch:
         ranks = {w.local_rank: w.global_rank for w in group.workers}
         who = ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue)
         limits = dict.fromkeys(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue)
+        watched = [(s.local_rank, s.pid, s.dump_signal) for s in silences]
+        targets = [
+            stacks.DumpTarget(local_rank, pid, signal, self._stack_file(local_rank))
+            for local_rank, pid, signal in watched + self.monitor.ended_but_running()
+        ]
         log.error(
             "Hang: no progress from rank(s) %s within their timeout (%s); dumping the "
             "stacks of %d worker(s)",
             who,
             "; ".join(limits),
-            len(silences),
+            len(targets),
         )
-        targets = [
-            stacks.DumpTarget(s.local_rank, s.pid, s.dump_signal, self._stack_file(s.local_rank))
-            for s in silences
-        ]
         dumps = await stacks.capture(targets, self._dump_wait, self._helpers)
         where = attempt_dir(self._agent.run_dir, self._agent.attempt, 0).parent / "*" / STACK_FILE
         verdict = judge(silences, dumps, ranks, str(where))

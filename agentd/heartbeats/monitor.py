@@ -233,6 +233,16 @@ class ProgressMonitor:
             )
         return out
 
+    def ended_but_running(self) -> list[tuple[int, int, int]]:
+        """(local rank, pid, dump signal) of each watched worker that ended its heartbeats
+        and still runs: held to no timeout, but a hang's dump shows where it waits (often
+        in a last collective with the rank that hung)."""
+        return [
+            (w.local_rank, w.pid, w.dump_signal)
+            for w in self._watches.values()
+            if w.done and self._running(w.local_rank)
+        ]
+
     def status(self) -> list[dict[str, Any]]:
         """Each watched worker: steps, section, seconds since its last progress, timeout."""
         now = self._clock()

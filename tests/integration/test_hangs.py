@@ -115,6 +115,20 @@ def test_a_hang_in_a_section_without_restarts_is_the_root_cause_in_result_json(r
     assert "in the section 'checkpoint'" in agent.stderr()
 
 
+def test_a_rank_that_ended_its_heartbeats_and_waits_is_dumped_too(run_agentd):
+    """Rank 1 hangs at the last step; rank 0 has finished, ended its heartbeats and waits
+    for it (as in a last collective). It is held to no timeout, but the hang's dump shows
+    where it waits (CI: it was left out when it finished first under load)."""
+    hang = ("--hang-rank", "1", "--hang-at", "20")
+    agent = run_agentd(*FLOOR, "--nproc-per-node", "2", JOB, "--steps", "20", *hang)
+    assert agent.wait(timeout=90) == 1, agent.stderr()
+    assert "dumping the stacks of 2 worker(s)" in agent.stderr()
+    [run_dir] = agent.log_dir.iterdir()
+    waiting = (run_dir / "attempt_0" / "0" / "stacks.txt").read_text()
+    assert " in wait_for_the_nodes_ranks\n" in waiting, waiting
+    assert " in hang\n" in (run_dir / "attempt_0" / "1" / "stacks.txt").read_text()
+
+
 def test_a_teardown_longer_than_the_step_timeout_is_no_hang(run_agentd):
     """A script that never ends its heartbeats, whose interpreter takes 2.5 s to exit
     (torch's teardown under load took more than the 2 s floor: the swap test's false
