@@ -32,6 +32,7 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
         "0",
         str(TESTS / "workers" / "lightning_ddp.py"),
         str(root),
+        "1000",  # the drain ends it, whenever it comes
     )
     url = health_url(agent)
     wait_until(lambda: stepping(url), 180, what="training to start")
@@ -53,6 +54,7 @@ def test_the_hugging_face_callback_saves_on_a_drain(run_agentd, tmp_path):
         "0",
         str(TESTS / "workers" / "hf_trainer.py"),
         str(out),
+        "1000000",  # the drain ends it: 400 steps were over before the drain came (CI)
         env={"TRANSFORMERS_OFFLINE": "1"},
     )
     url = health_url(agent)

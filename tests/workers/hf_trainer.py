@@ -1,6 +1,8 @@
 """A Hugging Face Trainer job with agentd's callback: steps, evaluation, checkpoints.
 
-Run by tests/integration/test_hangs.py under ``agentd run``.
+``hf_trainer.py OUT [STEPS]``: 400 steps unless STEPS says otherwise (a drain test asks
+for more than it lets the job reach: 400 steps take about 1.3 s on a quiet machine).
+Run under ``agentd run`` by tests/integration/test_hangs.py and tests/drain.
 """
 
 import sys
@@ -38,7 +40,7 @@ class Line(torch.nn.Module):
 def main() -> None:
     args = TrainingArguments(
         output_dir=sys.argv[1],
-        max_steps=400,
+        max_steps=int(sys.argv[2]) if len(sys.argv) > 2 else 400,
         per_device_train_batch_size=8,
         eval_strategy="steps",
         eval_steps=100,

@@ -1,6 +1,8 @@
 """A Lightning DDP job on CPU with agentd's callback: training, validation, checkpoints.
 
-Run by tests/integration/test_hangs.py under ``agentd run --nproc-per-node 2``.
+``lightning_ddp.py ROOT [EPOCHS]``: 2 epochs unless EPOCHS says otherwise (a drain test
+asks for more than it lets the job reach). Run by tests/integration/test_hangs.py and
+tests/drain under ``agentd run --nproc-per-node 2``.
 """
 
 import os
@@ -38,7 +40,7 @@ def main() -> None:
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         strategy="ddp",
-        max_epochs=2,
+        max_epochs=int(sys.argv[2]) if len(sys.argv) > 2 else 2,
         default_root_dir=sys.argv[1],
         callbacks=[HeartbeatCallback()],
         enable_progress_bar=False,
