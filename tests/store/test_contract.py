@@ -153,7 +153,9 @@ async def test_refresh_extends_a_ttl_without_a_change(store: Store):
         assert await store.refresh("hb/a", 0.5) is True
     assert await store.get("hb/a") == b"1"
     result = await store.watch("hb/", quiet, timeout=0.05)
-    assert result.events == () and result.revision == quiet  # heartbeats are not changes
+    assert result.events == ()  # heartbeats are not changes
+    if not isinstance(store, EtcdStore):  # etcd's revision is the shared cluster's: another
+        assert result.revision == quiet  # test's lease that expires meanwhile moves it
     assert await store.refresh("hb/missing", 1.0) is False
 
 
