@@ -15,7 +15,9 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
 note = out / f"start_{os.environ.get('GROUP_RANK')}_{rank}_{time.monotonic_ns()}"
-note.write_text(json.dumps({"world": world, "restarts": int(attempt), "pid": os.getpid()}))
+partial = out / f".{note.name}"  # whole or not there: the test reads start_* as they land
+partial.write_text(json.dumps({"world": world, "restarts": int(attempt), "pid": os.getpid()}))
+partial.replace(note)
 tensor = torch.ones(1)
 while not stop.exists():
     dist.all_reduce(tensor)
