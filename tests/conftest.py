@@ -197,7 +197,7 @@ def run_agentd(
             agent.proc.wait(DEADLINE)
         kill_pids(leftovers + processes_of_agent(agent.pid) + agent.extra_pids)
     if started:  # an agent killed before its guardian started left its pipe directory
-        from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+        from agentd.timer.pipe import sweep_stale_pipe_dirs
 
         sweep_stale_pipe_dirs(tempfile.gettempdir())
     callspec = getattr(request.node, "callspec", None)

@@ -19,20 +19,20 @@ from agentd.rendezvous.api import (
     ComparesNodes,
     CoordinatesDrains,
     KeepsWorkers,
+    agent_serves_store,
 )
-from agentd.rendezvous.placement import agent_serves_store
 from agentd.support.sync_bridge import agent_step
 from agentd.wire import control
 from agentd.workers.output import attempt_dir, prune_attempts
 from agentd.workers.plan import plan_worker
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
-from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import AgentHooks, LocalServices
     from agentd.assembly.settings import AgentSettings
     from agentd.view import Service
+    from agentd.workers.release_gate import ReleaseGate
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
                 peer_loss = handler.peer_loss_timeout()  # a lost node takes that long to see
             self._services.inprocess.plan(plans, self.kept_ranks, peer_loss)  # drops dead kept ones
         else:  # function workers leave together
+            from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
+
             self._gate = ReleaseGate(len(plans))
             for _, _, env, *_, pass_fds in plans:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
@@ -158,9 +160,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         self._services.gpus.look()
         may_restart = can_restart(self)
         self._services.preload.first_started(may_restart)
-        if may_restart:  # a failure's report needs them, and a restart should not wait
-            import agentd.errors.error_file
-            import agentd.telemetry.metrics_api  # noqa: F401
+        if may_restart:  # a failure's report needs it, and a restart should not wait
+            import agentd.errors.error_file  # noqa: F401
 
     def _start_drains(self, group: WorkerGroup) -> None:
         """Follow drains from this attempt's start, once a peer could ask for one; a node
@@ -240,7 +241,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec = group.spec
-        fresh_store = agent_serves_store(self.rdzv_handler, group)
+        fresh_store = agent_serves_store(self.rdzv_handler, group.spec.master_addr)
         kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]

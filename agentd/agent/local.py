@@ -30,13 +30,13 @@ from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
 from agentd.workers.output import ensure_dir
 from agentd.workers.processes import WorkerProcess
-from agentd.workers.release_gate import ReleaseGate
 
 if TYPE_CHECKING:
     from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import ServicesFactory
     from agentd.view import Service
     from agentd.wire.progress import ProgressMessage
+    from agentd.workers.release_gate import ReleaseGate
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class LocalElasticAgent(WorkerLifecycle):
         for service in self._services.in_order():
             await service.start()
             self._running.append(service)
-        pipe_dir = self._services.watchdog.timer_server.private_dir
+        pipe_dir = self._services.watchdog.pipe_dir
         if pipe_dir:  # a killed agent cannot remove it: its guardian will
             self._services.hygiene.remove_when_gone(pipe_dir)
 

@@ -11,6 +11,7 @@ import abc
 import asyncio
 import logging
 import signal
+import sys
 import time
 from typing import Any
 
@@ -43,11 +44,12 @@ log = logging.getLogger(__name__)
 
 def put_metric(metric_name: str, metric_value: float, metric_group: str = "torchelastic") -> None:
     """torch's ``put_metric`` (:func:`agentd.telemetry.metrics_api.put_metric`), here where
-    torch's users patch it in its agent module; the metrics module loads at the first value,
-    at the end of a run, off the launch path."""
-    from agentd.telemetry import metrics_api
-
-    metrics_api.put_metric(metric_name, metric_value, metric_group)
+    torch's users patch it in its agent module. Until something in this process loads the
+    metrics module (to configure a handler, subscribe a ``/metrics`` sink or patch
+    ``getStream``), no one can hear a value: it is dropped without loading it."""
+    metrics_api = sys.modules.get("agentd.telemetry.metrics_api")
+    if metrics_api is not None:
+        metrics_api.put_metric(metric_name, metric_value, metric_group)
 
 
 class ElasticAgent(abc.ABC):

@@ -14,7 +14,9 @@ framework patches), through the template's ``_put_metric``.
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import sys
 from typing import TYPE_CHECKING, Any
 
 from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
@@ -26,6 +28,18 @@ if TYPE_CHECKING:
     from agentd.telemetry.events import Event, EventSource
 
 ROLE_INFO_KEY = "torchelastic/role_info/{}"
+
+
+def _worker_events_heard(destination: str) -> bool:
+    """Whether a worker's status event sent to ``destination`` reaches anyone: a handler
+    configured (which loads the events module), the ``console`` destination, the default
+    handler's DEBUG records, or a handler a site put on torch's logger of that
+    destination. When none would, the events are not built (nor their module loaded)."""
+    if "agentd.telemetry.events" in sys.modules or destination == "console":
+        return True
+    if logging.getLogger("agentd.telemetry.events").isEnabledFor(logging.DEBUG):
+        return True
+    return bool(logging.getLogger(f"torchelastic-events-{destination}").handlers)
 
 
 class TorchInternals:
@@ -78,9 +92,11 @@ class TorchInternals:
         """One ``torchelastic.worker.status.<STATE>`` event per worker, as torch's: the
         group's state for a worker that failed or returned, ``TERMINATED`` for one stopped
         because others failed."""
+        group = self._worker_group
+        if not _worker_events_heard(group.spec.event_log_handler):
+            return
         from agentd.telemetry import events  # at the end of a run, off the launch path
 
-        group = self._worker_group
         failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
         for worker in group.workers:
             failure = result.failures.get(worker.global_rank)

@@ -10,21 +10,19 @@ endpoint, node checks), in-process restarts only where the group can restart at 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentd.assembly.settings import AgentSettings
-from agentd.gpus.release import GpuRelease
-from agentd.heartbeats.service import HeartbeatService
-from agentd.heartbeats.settings import HeartbeatSettings
+from agentd.assembly.standins import HeartbeatsOnDemand, NoGpus, NoInProcessRestarts
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import LeasedMembership
 from agentd.reports.result_service import ResultFileService
 from agentd.tcpstore.service import WorkerStoreService
-from agentd.telemetry.event_log import EventLog
 from agentd.timer.service import Watchdog
+from agentd.timer.settings import WatchdogSettings
 
 if TYPE_CHECKING:
     from agentd.assembly.ports import (
@@ -43,7 +41,7 @@ if TYPE_CHECKING:
         WorkerStorePort,
     )
     from agentd.drain.settings import DrainSettings
-    from agentd.inprocess.settings import Fallback
+    from agentd.health.settings import HealthSettings
     from agentd.rendezvous.api import ComparesNodes
     from agentd.rendezvous.drains import Drains
     from agentd.slownodes.settings import SlowNodeSettings
@@ -103,7 +101,7 @@ class LocalServices:
         self,
         *,
         result: ResultPort,
-        events: Service,
+        events: Service | None,
         watchdog: WatchdogPort,
         heartbeats: HeartbeatsPort,
         health: HealthPort | None,
@@ -152,58 +150,6 @@ def can_restart(agent: AgentView) -> bool:
     return spec.max_restarts > 0 or isinstance(agent.rdzv_handler, LeasedMembership)
 
 
-class NoInProcessRestarts:
-    """The in-process port of a group that is never restarted: no worker gets a channel
-    (``agentd.inprocess.run`` then calls the function once), nothing is ever kept, and
-    none of the in-process machinery is loaded."""
-
-    def __init__(self) -> None:
-        self.last_fallback: Fallback | None = None
-        self.parked: dict[int, WorkerProcess] = {}
-        self.kinds = {"in_process": 0, "process": 0}
-        self.fallbacks: dict[str, int] = {}
-
-    @contextlib.contextmanager
-    def restarting(self) -> Iterator[None]:
-        yield
-
-    def plan(self, plans: Any, kept_ranks: Any, peer_loss: float) -> None:
-        pass
-
-    def keeping(self) -> list[int]:
-        return []
-
-    def unresumable(self) -> list[WorkerProcess]:
-        return []
-
-    async def see_exits(self, procs: Any, cause_wait: float) -> None:
-        pass
-
-    def resume_all(self, plans: Any) -> list[WorkerProcess]:
-        return []
-
-    def spawned(self, local_ranks: Any) -> None:
-        pass
-
-    def closed_at(self, local_rank: int) -> float | None:
-        return None
-
-    async def park(self, procs: Any, failed: Any, fresh_store: bool) -> dict[int, WorkerProcess]:
-        return {}
-
-    def raised(self) -> dict[int, tuple[str, float]]:
-        return {}
-
-    def forget(self, local_ranks: Any) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-
 def in_process_restarts(
     agent: AgentView, settings: AgentSettings, hooks: AgentHooks
 ) -> InProcessPort:
@@ -218,15 +164,10 @@ def in_process_restarts(
 def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
     """Every service of the agent behind ``hooks``, from ``settings`` (torch's environment
     switches stand in for a watchdog or health endpoint the settings leave unset)."""
-    from agentd.assembly.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
-
     agent = hooks.view
-    health = settings.health
-    if health is None:
-        import os
-
-        if os.environ.get(HEALTH_PORT_ENV):
-            health = health_from_env()
+    health, watchdog_settings = settings.health, settings.watchdog
+    if settings.torch_env and (health is None or watchdog_settings is None):
+        health, watchdog_settings = _from_torch_env(health, watchdog_settings)
     mark = agent.owner_mark
     hygiene = ProcessHygiene(
         mark,
@@ -235,29 +176,18 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         fresh_run_id=settings.fresh_run_id,
     )
     watchdog = Watchdog(
-        settings.watchdog or watchdog_from_env(),
+        watchdog_settings or WatchdogSettings(),
         hooks.procs,
         mark,
         hooks.wakeup,
         max_overdue=health.timeout if health is not None else None,
     )
-    heartbeats = HeartbeatService(
-        agent,
-        watchdog,
-        settings.heartbeats or HeartbeatSettings(),
-        hooks.notify,
-        dump_wait=max(1.0, watchdog.dump_grace),
-        helpers=hygiene,
-    )
+    heartbeats = heartbeat_service(agent, settings, hooks, watchdog, hygiene)
     health_service = None
     if health is not None:
         from agentd.health.service import HealthService
 
         health_service = HealthService(agent, health)
-    spec = agent.get_worker_group().spec
-    events = EventLog(
-        agent.run_id, spec.role, agent.hostname, settings.event_log, hooks.add_observer
-    )
     node_checks = None
     gate = settings.node_checks
     if gate is not None and gate.enabled:
@@ -269,17 +199,86 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         agent.rdzv_handler.on_will(hygiene.set_will)
     return LocalServices(
         result=ResultFileService(agent),
-        events=events,
+        events=event_log(settings, hooks),
         watchdog=watchdog,
         heartbeats=heartbeats,
         health=health_service,
         workers_store=WorkerStoreService(agent),
         hygiene=hygiene,
-        preload=PreloadService(spec, hygiene),
+        preload=PreloadService(agent.get_worker_group().spec, hygiene),
         inprocess=in_process_restarts(agent, settings, hooks),
-        gpus=GpuRelease(settings.gpu_release_timeout),
+        gpus=gpu_release(settings.gpu_release_timeout),
         node_checks=node_checks,
     )
+
+
+def _from_torch_env(
+    health: HealthSettings | None, watchdog: WatchdogSettings | None
+) -> tuple[HealthSettings | None, WatchdogSettings]:
+    """The health endpoint and watchdog torch's environment switches ask for, where the
+    settings leave them unset."""
+    import os
+
+    from agentd.assembly.torch_env import HEALTH_PORT_ENV, health_from_env, watchdog_from_env
+
+    if health is None and os.environ.get(HEALTH_PORT_ENV):
+        health = health_from_env()
+    return health, watchdog or watchdog_from_env()
+
+
+def heartbeat_service(
+    agent: AgentView,
+    settings: AgentSettings,
+    hooks: AgentHooks,
+    watchdog: Watchdog,
+    hygiene: ProcessHygiene,
+) -> HeartbeatsPort:
+    """Hang detection: built now where heartbeat options were given or an earlier agent of
+    the run may have learned timeouts (its run id was given), so they hold workers that
+    never heartbeat; else with the workers' first heartbeat (:class:`HeartbeatsOnDemand`)."""
+
+    def build() -> HeartbeatsPort:
+        from agentd.heartbeats.service import HeartbeatService
+        from agentd.heartbeats.settings import HeartbeatSettings
+
+        return HeartbeatService(
+            agent,
+            watchdog,
+            settings.heartbeats or HeartbeatSettings(),
+            hooks.notify,
+            dump_wait=max(1.0, watchdog.dump_grace),
+            helpers=hygiene,
+        )
+
+    if settings.heartbeats is not None or not settings.fresh_run_id:
+        return build()
+    return HeartbeatsOnDemand(build)
+
+
+def event_log(settings: AgentSettings, hooks: AgentHooks) -> Service | None:
+    """The run's event log, where its events go somewhere: a file (``--event-log``) or
+    DEBUG records (see :class:`~agentd.telemetry.event_log.EventLog`). Else none is
+    built, and the events' modules are not loaded."""
+    debug = logging.getLogger("agentd.telemetry.event_log").isEnabledFor(logging.DEBUG)
+    if not settings.event_log and not debug:
+        return None
+    from agentd.telemetry.event_log import EventLog
+
+    agent = hooks.view
+    role = agent.get_worker_group().spec.role
+    return EventLog(agent.run_id, role, agent.hostname, settings.event_log, hooks.add_observer)
+
+
+def gpu_release(timeout: float) -> GpusPort:
+    """The bounded wait for a stop's GPU memory (:class:`~agentd.gpus.release.GpuRelease`)
+    on a node that may have NVIDIA GPUs; elsewhere, or with ``timeout`` 0, no wait."""
+    from agentd.gpus import may_have_gpus
+
+    if not timeout or not may_have_gpus():
+        return NoGpus()
+    from agentd.gpus.release import GpuRelease
+
+    return GpuRelease(timeout)
 
 
 def drain_service(settings: DrainSettings | None, drains: Drains, hooks: AgentHooks) -> DrainPort:

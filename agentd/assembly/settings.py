@@ -29,7 +29,10 @@ class AgentSettings:
     (0: all); ``heartbeats`` tunes hang detection, ``node_checks`` gates each join,
     ``drain`` the coordinated drain, ``inprocess`` in-process restarts,
     ``slow_nodes`` the job-wide straggler comparison (None: its defaults), and
-    ``gpu_release_timeout`` bounds the wait for stopped workers' GPU memory.
+    ``gpu_release_timeout`` bounds the wait for stopped workers' GPU memory. ``torch_env``:
+    torch's environment switches decide a ``watchdog`` or ``health`` left None, as torch's
+    agent reads them whoever builds it (``agentd run`` resolves them as its flags' defaults,
+    and turns this off).
 
     A plain class, not a ``NamedTuple``: a ``NamedTuple`` compiles each of its string
     annotations into a ``ForwardRef`` when it is defined, 0.4 ms for these eleven on every
@@ -48,6 +51,7 @@ class AgentSettings:
         "node_checks",
         "process_hygiene",
         "slow_nodes",
+        "torch_env",
         "watchdog",
     )
 
@@ -66,6 +70,7 @@ class AgentSettings:
         inprocess: InProcessSettings | None = None,
         gpu_release_timeout: float = 30.0,
         slow_nodes: SlowNodeSettings | None = None,
+        torch_env: bool = True,
     ) -> None:
         self.process_hygiene = process_hygiene
         self.fresh_run_id = fresh_run_id
@@ -79,6 +84,7 @@ class AgentSettings:
         self.inprocess = inprocess
         self.gpu_release_timeout = gpu_release_timeout
         self.slow_nodes = slow_nodes
+        self.torch_env = torch_env
 
     def replace(self, **changes: Any) -> AgentSettings:
         """A copy, with ``changes`` (field names and their new values)."""

@@ -10,8 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import field_error
-from agentd.timer.api import TIMER_FILE_ENV
-from agentd.timer.settings import WatchdogSettings
+from agentd.timer.settings import TIMER_FILE_ENV, WatchdogSettings
 
 if TYPE_CHECKING:
     from agentd.health.settings import HealthSettings

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentd.agent.local import LocalElasticAgent
     from agentd.drain.settings import DrainSettings
     from agentd.health.settings import HealthSettings
+    from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.inprocess.settings import InProcessSettings
     from agentd.nodecheck.gate import NodeGate
     from agentd.slownodes.settings import SlowNodeSettings
@@ -153,7 +154,6 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     own settings object, never the whole config)."""
     from agentd.agent.local import LocalElasticAgent
     from agentd.assembly.settings import AgentSettings
-    from agentd.heartbeats.settings import HeartbeatSettings
     from agentd.timer.settings import WatchdogSettings
 
     settings = AgentSettings(
@@ -168,20 +168,13 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         ),
         health=_health(config),
         event_log=config.event_log,
-        heartbeats=HeartbeatSettings(
-            initial_timeout=config.initial_heartbeat_timeout,
-            step_timeout=config.heartbeat_timeout,
-            section_timeouts=config.section_timeout,
-            safety_factor=config.heartbeat_safety_factor,
-            min_timeout=config.heartbeat_min_timeout,
-            straggler_factor=config.straggler_factor,
-            straggler_steps=config.straggler_steps,
-        ),
+        heartbeats=_heartbeats(config),
         node_checks=_node_gate(config, spec) if config.node_check else None,
         drain=_drain(config),
         inprocess=_inprocess(config),
         gpu_release_timeout=config.gpu_release_timeout,
         slow_nodes=_slow_nodes(config, spec),
+        torch_env=False,  # resolved above, as the flags' defaults
     )
     return LocalElasticAgent(
         spec,
@@ -189,6 +182,34 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
         log_dir=config.log_dir,
         settings=settings,
     )
+
+
+def _heartbeats(config: AgentConfig) -> HeartbeatSettings | None:
+    """Hang detection's settings where an option changed them (None: the defaults, built
+    with the heartbeat service at the workers' first heartbeat)."""
+    given = (
+        config.initial_heartbeat_timeout,
+        config.heartbeat_timeout,
+        config.section_timeout,
+        config.heartbeat_safety_factor,
+        config.heartbeat_min_timeout,
+        config.straggler_factor,
+        config.straggler_steps,
+    )
+    defaults = (
+        AgentConfig.initial_heartbeat_timeout,
+        AgentConfig.heartbeat_timeout,
+        AgentConfig.section_timeout,
+        AgentConfig.heartbeat_safety_factor,
+        AgentConfig.heartbeat_min_timeout,
+        AgentConfig.straggler_factor,
+        AgentConfig.straggler_steps,
+    )
+    if given == defaults:
+        return None
+    from agentd.heartbeats.settings import HeartbeatSettings
+
+    return HeartbeatSettings(*given)
 
 
 def _drain(config: AgentConfig) -> DrainSettings | None:

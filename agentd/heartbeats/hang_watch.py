@@ -65,7 +65,7 @@ class HangWatch:
             self.step_times,
             self._on_hang,
             self._running,
-            drain=watchdog.timer_server.drain,
+            drain=watchdog.drain,
         )
         self._handling: asyncio.Task[None] | None = None
 

@@ -285,3 +285,17 @@ def is_agentd_handler(handler: Any) -> bool:
     return all(
         inspect.iscoroutinefunction(getattr(handler, name, None)) for name in _AGENTD_METHODS
     )
+
+
+def agent_serves_store(handler: RendezvousHandler, pinned: str | None) -> bool:
+    """Whether the agents serve their workers' store (torch's ``use_agent_store``): the
+    rendezvous wants an agent store, and the master address the user ``pinned`` (the
+    spec's ``master_addr``), if any, names this host. A pinned address elsewhere is the
+    user's own: rank 0's worker hosts the store there, as before agents served it."""
+    if not handler.use_agent_store:
+        return False
+    if not pinned:
+        return True
+    from agentd.support.net import is_local_address  # only for an address the user pinned
+
+    return is_local_address(pinned)

@@ -13,13 +13,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.api import RendezvousHandler
-from agentd.rendezvous.conf import (
-    parse_rdzv_conf,
-    pop_bool,
-    pop_seconds,
-    reject_unknown,
-    settings_from_conf,
-)
 
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
@@ -59,7 +52,11 @@ def build_rendezvous(
 ) -> RendezvousHandler:
     """The rendezvous handler for ``request``."""
     low, high = request.nnodes
-    conf = parse_rdzv_conf(request.rdzv_conf)
+    conf: dict[str, str] = {}
+    if request.rdzv_conf:  # none given: no parser, and no key to check
+        from agentd.rendezvous.conf import parse_rdzv_conf
+
+        conf = parse_rdzv_conf(request.rdzv_conf)
     if request.standalone:
         if (low, high) != (1, 1):
             raise ConfigError(
@@ -78,8 +75,11 @@ def build_rendezvous(
 def _solo(request: RendezvousRequest, run_id: str, conf: dict[str, str]) -> SoloRendezvous:
     from agentd.rendezvous.solo import SoloRendezvous
 
-    settings_from_conf(conf, (1, 1))  # the keys are checked, though one node meets no one
-    reject_unknown(conf, "agentd")
+    if conf:
+        from agentd.rendezvous.conf import reject_unknown, settings_from_conf
+
+        settings_from_conf(conf, (1, 1))  # the keys are checked, though one node meets no one
+        reject_unknown(conf, "agentd")
     return SoloRendezvous(run_id, request.local_addr or "127.0.0.1", request.master_port or None)
 
 
@@ -98,7 +98,10 @@ def _static(
         raise ConfigError(
             f"--node-rank: {request.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
         )
-    reject_unknown(conf, "static")
+    if conf:
+        from agentd.rendezvous.conf import reject_unknown
+
+        reject_unknown(conf, "static")
     addr = request.master_addr or "127.0.0.1"
     if low == 1:
         return StaticRendezvous(run_id, addr, request.master_port or None)
@@ -116,6 +119,7 @@ def _static(
 def _dynamic(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
+    from agentd.rendezvous.conf import pop_bool, pop_seconds
     from agentd.store.connect import http_store_opener
     from agentd.support.net import is_loopback, serves_here, split_endpoint
 
@@ -167,6 +171,7 @@ def _candidates(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     """The embedded store, served by one of several candidates, failing over among them."""
+    from agentd.rendezvous.conf import pop_bool, pop_seconds
     from agentd.store.candidates import parse_candidates
     from agentd.store.connect import candidates_opener
     from agentd.support.net import is_loopback
@@ -204,6 +209,7 @@ def _etcd(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> DynamicRendezvous:
     """The same rendezvous, on an etcd cluster: the agents are all its clients."""
+    from agentd.rendezvous.conf import pop_seconds
     from agentd.store.etcd.connect import etcd_settings, etcd_store_opener
     from agentd.support.net import is_loopback
 
@@ -234,6 +240,8 @@ def _tls(conf: dict[str, str], hosts: list[str], serves: bool) -> StoreTls | Non
 
 def _rendezvous_settings(request: RendezvousRequest, conf: dict[str, str]) -> RendezvousSettings:
     """The rendezvous keys, once the backend took its own; any key left is an error."""
+    from agentd.rendezvous.conf import reject_unknown, settings_from_conf
+
     settings = settings_from_conf(conf, request.nnodes, request.rdzv_backend in ("etcd", "etcd-v2"))
     for key in _IGNORED_TORCH_KEYS:
         conf.pop(key, None)

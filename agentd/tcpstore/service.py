@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.rendezvous.api import ReservesMasterPort
-from agentd.rendezvous.placement import agent_serves_store
+from agentd.rendezvous.api import ReservesMasterPort, agent_serves_store
 from agentd.support import fdlimits
 from agentd.tcpstore.server import MAX_CONNECTIONS, TCPStoreServer
 
@@ -44,7 +43,7 @@ class WorkerStoreService:
         """The store of the attempt about to start: this agent's if it is group rank 0."""
         await self._close()
         handler = self._agent.rdzv_handler
-        if not agent_serves_store(handler, group) or group.group_rank != 0:
+        if not agent_serves_store(handler, group.spec.master_addr) or group.group_rank != 0:
             return
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None

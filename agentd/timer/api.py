@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
 RELEASE = -1.0
 
 

@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from agentd.timer.api import TIMER_FILE_ENV, TimerClient
+from agentd.timer.api import TimerClient
+from agentd.timer.settings import TIMER_FILE_ENV
 
 _client: TimerClient | None = None
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentd.timer.api import TimerRequest
+from agentd.timer.pipe import FifoSource
 from agentd.timer.server import TimerServer
-from agentd.wire.progress import ProgressMessage
+
+if TYPE_CHECKING:
+    from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +25,8 @@ class FileTimerServer(TimerServer):
     """A timer server fed by the named pipe torch's ``FileTimerClient`` writes to.
 
     torch's signature; ``file_path`` None makes a private pipe (:attr:`path` tells where,
-    once started). ``on_progress`` hears the pipe's progress messages (heartbeats and
+    once started). ``source``, a pipe already served (the watchdog's), is taken over
+    instead. ``on_progress`` hears the pipe's progress messages (heartbeats and
     sections, :mod:`agentd.wire.progress`), which torch's server does not know.
     ``log_event(name, request)`` hears "watchdog started", "timer expired",
     "kill worker process" and "watchdog stopped", as torch's.
@@ -36,23 +40,35 @@ class FileTimerServer(TimerServer):
         daemon: bool = True,
         log_event: Callable[[str, TimerRequest | None], None] | None = None,
         on_progress: Callable[[list[ProgressMessage]], None] | None = None,
+        *,
+        source: FifoSource | None = None,
         **kwargs: Any,
     ) -> None:
-        from agentd.timer.file_pipe import FifoSource
-
         super().__init__(None, max_interval, daemon, **kwargs)
         self.run_id = run_id
-        self._source = FifoSource(self, file_path, on_progress)
+        if source is None:
+            source = FifoSource(self, file_path, on_progress)
+        source.registry = self
+        self._source = source
         self._log_event = log_event
-        self.path = ""
-        self.private_dir: str | None = None
-        """The private directory holding the pipe, when this server made it."""
 
-    async def start_async(self) -> None:
-        self.path = self._source.open()
-        self.private_dir = self._source.private_dir
-        await super().start_async()
-        self.log_event("watchdog started", None)
+    @property
+    def path(self) -> str:
+        """The pipe's path, once it is open ("" before)."""
+        return self._source.path
+
+    @property
+    def private_dir(self) -> str | None:
+        """The private directory holding the pipe, when this server made it."""
+        return self._source.private_dir
+
+    def start_on_loop(self) -> None:
+        if not self._source.is_open:
+            self._source.open()
+        first = self._task is None
+        super().start_on_loop()
+        if first:
+            self.log_event("watchdog started", None)
 
     async def stop_async(self) -> None:
         await super().stop_async()

@@ -222,6 +222,10 @@ class TimerServer(Expiry, StartedInBackground):
 
     async def start_async(self) -> None:
         """Start the watchdog task on the running loop (idempotent)."""
+        self.start_on_loop()
+
+    def start_on_loop(self) -> None:
+        """:meth:`start_async` from code that runs on the loop already (a callback)."""
         if self._task is None:
             self._wake = asyncio.Event()
             loop = asyncio.get_running_loop()

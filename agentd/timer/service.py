@@ -4,6 +4,9 @@ A worker whose timer runs out is reaped by the timer server; one stuck in uninte
 sleep past the timeout is reported by the hang monitor. Either way the worker is noted as
 unhealthy and the agent woken: the group then restarts per policy, like a failure. Timer
 requests are trusted only for the agent's own worker trees (:meth:`Watchdog.trust`).
+
+The pipe is served from the start (:mod:`agentd.timer.pipe`); the timer server is built
+with the first request on it, so a job whose workers set no timer never loads it.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentd.hygiene import orphans
-from agentd.timer.api import TimerRequest
-from agentd.timer.expiry import signal_name
-from agentd.timer.file_server import FileTimerServer
+from agentd.timer.pipe import FifoSource
 from agentd.timer.settings import WatchdogSettings
-from agentd.wire.progress import ProgressMessage
-from agentd.workers.processes import WorkerProcess
 
 if TYPE_CHECKING:
+    from agentd.timer.api import TimerRequest
     from agentd.timer.dstate import UninterruptibleMonitor
+    from agentd.timer.file_server import FileTimerServer
+    from agentd.wire.progress import ProgressMessage
+    from agentd.workers.processes import WorkerProcess
 
 
 REMEMBERED_GONE = 4096
@@ -57,26 +60,50 @@ class Watchdog:
         """Pids of our workers that exited or were stopped, the latest last."""
         self._mark = mark
         self._wake = wake
-        common: dict[str, Any] = {
-            "trust": self.trust,
-            "gone": self.gone,
-            "on_expired": self._on_timer_expired,
-            "dump_signal": settings.dump_signal,
-            "dump_grace": settings.dump_grace,
-        }
+        self._max_overdue = max_overdue
         # The pipe is always served: heartbeats travel on it. Only --file-timer tells the
         # workers about it as torch's TORCHELASTIC_TIMER_FILE (torch scripts look for it).
-        self.timer_server: FileTimerServer = FileTimerServer(
-            settings.timer_file if settings.file_timer else None,
-            on_progress=self._on_progress,
-            **common,
+        self._pipe = FifoSource(
+            self, settings.timer_file if settings.file_timer else None, self._on_progress
         )
-        if max_overdue is not None:
-            self.timer_server.max_overdue = max_overdue
+        self._server: FileTimerServer | None = None
+        self._running = False
         self._hang_monitor: UninterruptibleMonitor | None = None
         self._progress_sink: Callable[[list[ProgressMessage]], None] | None = None
         self.unhealthy: list[Unhealthy] = []
         """Workers reaped, found stuck or hung since the group started."""
+
+    @property
+    def timer_server(self) -> FileTimerServer:
+        """The timer server on the pipe, built when first needed: by the pipe's first timer
+        request (or bad line), or by a caller that asks (the health endpoint); it runs
+        while the watchdog does."""
+        if self._server is None:
+            from agentd.timer.file_server import FileTimerServer
+
+            server = FileTimerServer(
+                source=self._pipe,
+                trust=self.trust,
+                gone=self.gone,
+                on_expired=self._on_timer_expired,
+                dump_signal=self._settings.dump_signal,
+                dump_grace=self._settings.dump_grace,
+            )
+            if self._max_overdue is not None:
+                server.max_overdue = self._max_overdue
+            self._server = server
+            if self._running:
+                server.start_on_loop()
+        return self._server
+
+    def register_timers(self, timer_requests: Iterable[TimerRequest]) -> None:
+        """The pipe's first requests: they build the timer server, which takes the pipe's
+        next ones itself."""
+        self.timer_server.register_timers(timer_requests)
+
+    def count_bad(self, kind: str, detail: str) -> None:
+        """A bad line on the pipe before any request: counted by the timer server too."""
+        self.timer_server.count_bad(kind, detail)
 
     @property
     def dump_grace(self) -> float:
@@ -85,12 +112,21 @@ class Watchdog:
     @property
     def timer_file(self) -> str | None:
         """The named pipe workers write timer requests to (None without --file-timer)."""
-        return self.timer_server.path if self._settings.file_timer else None
+        return self._pipe.path if self._settings.file_timer else None
 
     @property
     def progress_pipe(self) -> str | None:
         """The named pipe workers write heartbeats to (the same pipe), once started."""
-        return self.timer_server.path or None
+        return self._pipe.path or None
+
+    @property
+    def pipe_dir(self) -> str | None:
+        """The private directory holding the pipe, when the watchdog made it."""
+        return self._pipe.private_dir
+
+    def drain(self) -> None:
+        """Read what is waiting on the pipe now (the loop would, at its next turn)."""
+        self._pipe.drain()
 
     def on_progress(self, sink: Callable[[list[ProgressMessage]], None]) -> None:
         """Send the pipe's progress messages to ``sink`` (the heartbeat service)."""
@@ -107,7 +143,11 @@ class Watchdog:
         self._wake()
 
     async def start(self) -> None:
-        await self.timer_server.start_async()
+        self._running = True
+        if self._server is not None:
+            self._server.start_on_loop()  # opens the pipe
+        else:
+            self._pipe.open()
         if self._settings.uninterruptible_timeout > 0:
             from agentd.timer.dstate import UninterruptibleMonitor
 
@@ -120,11 +160,11 @@ class Watchdog:
 
     def sweep_stale_pipes(self) -> None:
         """Remove the pipe directories of agents that died before their guardian could (see
-        :func:`~agentd.timer.file_pipe.sweep_stale_pipe_dirs`), if ours is one such: called
+        :func:`~agentd.timer.pipe.sweep_stale_pipe_dirs`), if ours is one such: called
         once our first workers run, as it scans the whole temporary folder."""
-        if self.timer_server.private_dir:
+        if self._pipe.private_dir:
             from agentd.support.tempdirs import temp_root
-            from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+            from agentd.timer.pipe import sweep_stale_pipe_dirs
 
             sweep_stale_pipe_dirs(temp_root())
 
@@ -132,14 +172,18 @@ class Watchdog:
         if self._hang_monitor is not None:
             await self._hang_monitor.stop()
             self._hang_monitor = None
-        await self.timer_server.stop_async()
+        self._running = False
+        if self._server is not None:
+            await self._server.stop_async()  # closes the pipe
+        self._pipe.close()
 
     def forget(self, pids: Iterable[int]) -> None:
         """These workers exited or were stopped: their timers go, and so does what was
         noted against them once every worker is gone. Their pids are remembered a while
         (:meth:`gone`): a request they sent just before they exited may be read after."""
         pids = list(pids)
-        self.timer_server.clear_timers(pids)
+        if self._server is not None:
+            self._server.clear_timers(pids)
         self._gone.update(dict.fromkeys(pids))
         while len(self._gone) > REMEMBERED_GONE:
             del self._gone[next(iter(self._gone))]
@@ -154,7 +198,11 @@ class Watchdog:
         proc = next((p for p in self._procs().values() if p.pid == pid), None)
         if proc is None:
             return False
-        return proc.returncode is not None or not self.timer_server.is_process_running(pid)
+        if proc.returncode is not None:
+            return True
+        from agentd.timer.expiry import Expiry
+
+        return not Expiry.is_process_running(pid)
 
     def clear(self) -> None:
         """The group was stopped: start the next one with a clean slate."""
@@ -179,6 +227,8 @@ class Watchdog:
     def _on_timer_expired(self, request: TimerRequest, pgid: int | None) -> None:
         if pgid is None:
             return  # signal <= 0: reported, not enforced
+        from agentd.timer.expiry import signal_name
+
         why = (
             f"timer expired: scope {request.scope_id!r} of pid {request.worker_id}, "
             f"reaped with {signal_name(request.signal)}"

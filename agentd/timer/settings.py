@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+"""Where a worker finds the pipe's path under ``--file-timer`` (torch's variable)."""
+
 
 class WatchdogSettings(NamedTuple):
     """How the agent's watchdog is set up (``agentd run`` flags of the same names).

@@ -9,7 +9,7 @@ from string import Template
 from typing import TYPE_CHECKING, Any
 
 from agentd.group import Worker, WorkerGroup
-from agentd.rendezvous.placement import agent_serves_store
+from agentd.rendezvous.api import agent_serves_store
 from agentd.spec import Std, WorkerSpec, std_for
 from agentd.wire.progress import STACK_FILE
 from agentd.workers.env import WorkerEnvContext, worker_env
@@ -43,7 +43,7 @@ def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[A
     error_file = wdir / "error.json"
     with contextlib.suppress(FileNotFoundError):
         error_file.unlink()
-    agent_store = agent_serves_store(agent.rdzv_handler, group)
+    agent_store = agent_serves_store(agent.rdzv_handler, group.spec.master_addr)
     env = worker_env(
         group,
         worker,

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -41,14 +42,20 @@ def use_pidfd_child_watcher() -> None:
     """
     if sys.version_info >= (3, 12):
         return
-    from agentd.support.compat.asyncio import has_pidfd_watcher
-
     loop = asyncio.get_running_loop()
-    if has_pidfd_watcher(loop):
-        return
+    ours = _pidfd_watchers.get(loop)
+    if ours is not None and asyncio.get_child_watcher() is ours:
+        return  # still the policy's: nothing replaced it since
     watcher = asyncio.PidfdChildWatcher()
     watcher.attach_loop(loop)
     asyncio.set_child_watcher(watcher)
+    _pidfd_watchers[loop] = watcher
+
+
+_pidfd_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+    weakref.WeakKeyDictionary()
+)
+"""The pidfd watcher attached to each loop (Python 3.11), while the loop lives."""
 
 
 class WorkerProcess(asyncio.SubprocessProtocol):

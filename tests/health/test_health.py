@@ -111,6 +111,7 @@ async def test_livez_fails_when_the_watchdog_stalls_or_dies(tmp_path):
         async with aiohttp.ClientSession() as http:
             await until(lambda: _state(agent, WorkerState.HEALTHY))
             url = agent.health_server.url
+            assert await code(http, url + "/livez") == 200  # the watchdog runs, asleep
             timers = agent.timer_server
             # a stall: a deadline the sleeping watchdog was never woken for, now overdue
             worker_pid = agent.get_worker_group().workers[0].id

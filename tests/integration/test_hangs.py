@@ -179,7 +179,9 @@ def test_sections_learn_their_own_timeouts_longer_than_the_step(run_agentd):
     assert agent.wait(timeout=90) == 1
     err = agent.stderr()
     assert "Heartbeat timeout for the step: 0.50s learned" in err
-    assert "Heartbeat timeout for the section 'checkpoint': 1.6" in err
+    learned = re.search(r"Heartbeat timeout for the section 'checkpoint': ([\d.]+)s learned", err)
+    assert learned, err  # 2 x the checkpoint's 0.8 s, or a little more on a loaded machine
+    assert 1.6 <= float(learned[1]) < 3.0, learned[0]
     hang = result_json(agent.log_dir)["root_cause"]["hang"]
     assert (hang["rank"], hang["section"], hang["timeout_source"]) == (1, "checkpoint", "learned")
     assert len(samples(agent.log_dir)["checkpoint"]) >= 8

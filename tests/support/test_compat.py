@@ -149,25 +149,6 @@ def test_run_exit_functions_runs_and_clears_them():
     assert run_python(code).splitlines() == ["exit function", "done"], f"{PYTHON}: atexit"
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ watches children by pidfd")
-async def test_has_pidfd_watcher_sees_the_policy_watcher():
-    import warnings
-
-    from agentd.support.compat.asyncio import has_pidfd_watcher
-    from agentd.workers.processes import use_pidfd_child_watcher
-
-    loop = asyncio.get_running_loop()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        use_pidfd_child_watcher()
-        assert has_pidfd_watcher(loop), f"{PYTHON}: policy._watcher / watcher._loop"
-        asyncio.set_child_watcher(asyncio.ThreadedChildWatcher())
-        try:
-            assert not has_pidfd_watcher(loop)
-        finally:
-            use_pidfd_child_watcher()  # as every agentd test leaves it
-
-
 @pytest.mark.torch
 def test_torch_process_groups_and_abort(tmp_path):
     """Run in a fresh process: a gloo world of one, one more group, then the abort."""

@@ -266,7 +266,7 @@ def test_the_pipe_dirs_of_agents_that_are_gone_are_swept(tmp_path):
     """An agent SIGKILLed before its guardian started leaves its private pipe directory;
     the next agent to make one removes it, and nothing else."""
     from agentd.hygiene.orphans import process_start_ticks
-    from agentd.timer.file_pipe import sweep_stale_pipe_dirs
+    from agentd.timer.pipe import sweep_stale_pipe_dirs
 
     gone = subprocess.Popen(["true"])
     gone.wait()

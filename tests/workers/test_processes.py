@@ -129,3 +129,23 @@ async def test_missing_executable_is_a_start_error():
 
     with pytest.raises(StartError, match="could not start worker 0: /no/such/binary"):
         await spawn_worker(0, ["/no/such/binary"], os.environ, StreamRoute(), StreamRoute())
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ watches children by pidfd")
+async def test_children_are_watched_by_pidfd_and_a_replaced_watcher_is_put_back():
+    import warnings
+
+    from agentd.workers.processes import use_pidfd_child_watcher
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        use_pidfd_child_watcher()
+        ours = asyncio.get_child_watcher()
+        assert isinstance(ours, asyncio.PidfdChildWatcher)
+        use_pidfd_child_watcher()
+        assert asyncio.get_child_watcher() is ours  # kept, not replaced at every spawn
+        asyncio.set_child_watcher(asyncio.ThreadedChildWatcher())
+        use_pidfd_child_watcher()  # as every agentd test leaves it
+        assert isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
