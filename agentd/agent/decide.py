@@ -14,6 +14,11 @@ rules is the contract:
    failure or a join on another node): re-form without spending a restart (REJOIN). Workers
    that succeeded are not asked about their lease: their exit barrier copes with a store
    out of reach.
+   A round ended by the loss of a member that leaves fewer than MIN nodes is no
+   membership change, though: the job cannot go on as it was, and our healthy group has
+   failed with it (the lost node is the root cause): RESTART while restarts remain
+   (the next round waits for a replacement), else GIVE_UP, as if our workers had failed
+   of it first, which they often do.
 4. Healthy: keep watching (WATCH). Succeeded: the exit barrier, then done (SUCCEED).
    Unknown (the monitor could not tell): stop and raise without spending a restart (ABORT),
    as torch's agent does.
@@ -58,6 +63,8 @@ class Situation(NamedTuple):
     remaining_restarts: int = 0
     retryable: bool = True
     """The root cause's exit code is not listed as non-retryable."""
+    lost_below_min: bool = False
+    """The round ended because a member was lost, leaving fewer than MIN nodes."""
 
 
 def decide(situation: Situation) -> Action:
@@ -69,6 +76,8 @@ def decide(situation: Situation) -> Action:
         return Action.STEP_OUT
     if state is not WorkerState.SUCCEEDED and situation.membership_lost:
         return Action.REJOIN
+    if state is WorkerState.HEALTHY and situation.lost_below_min:
+        return Action.RESTART if situation.remaining_restarts > 0 else Action.GIVE_UP
     if state is WorkerState.HEALTHY:
         return Action.REJOIN if situation.round_ended else Action.WATCH
     if state is WorkerState.SUCCEEDED:

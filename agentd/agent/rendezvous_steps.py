@@ -41,7 +41,7 @@ _SILENT = (
     "if it is lost"
 )
 _LOST = (
-    "[%s] The root cause of this node's worker failures: %s (its agent stopped answering); "
+    "[%s] The root cause of this node's worker failure: %s (its agent stopped answering); "
     "%d node(s) left, the job needs %d"
 )
 ROLL_CALL_WAIT = 1.0
@@ -163,6 +163,21 @@ class RendezvousSteps:
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         log.warning(_LOST, group.spec.role, why, left, needed)
         return why if left >= needed else ""
+
+    def _lost_below_min(self, group: WorkerGroup) -> bool:
+        """Whether the round ended because a member was lost (its lease ran out) and the
+        nodes left are fewer than MIN: then no new round can go on without it, and this
+        node's healthy workers have failed with the job; the lost node is named the root
+        cause (:attr:`lost_peer`)."""
+        why, handler = self._round_ended or "", self.rdzv_handler
+        if LOST_REASON not in why or not isinstance(handler, FindsLostPeers):
+            return False
+        left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
+        if left >= needed:
+            return False
+        self.lost_peer = lost_node(why, handler.peer_loss_timeout())
+        log.warning(_LOST, group.spec.role, why, left, needed)
+        return True
 
     async def _watch_round(self) -> None:
         """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""

@@ -250,6 +250,7 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
             # we were frozen) or a peer: a membership change, which spends no restart.
             lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
             lost = lost or await self._lost_peer(group, state)
+            below_min = state is WorkerState.HEALTHY and self._lost_below_min(group)
             root = result.root_cause
             action = decide(
                 Situation(
@@ -260,6 +261,7 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
                     stepping_out=self._stepping_out is not None,
                     remaining_restarts=self._remaining_restarts,
                     retryable=root is None or spec.restart_policy.is_retryable(root.exitcode),
+                    lost_below_min=below_min,
                 )
             )
             if action is Action.WATCH:
@@ -295,6 +297,8 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
                 return result
             # FAILED or UNHEALTHY: RESTART or GIVE_UP
             reason = "failure" if state == WorkerState.FAILED else "unhealthy"
+            if below_min:
+                reason = "failure (a node was lost, leaving fewer than MIN)"
             self._set_state(state, reason)
             if root is not None:
                 self.last_failure = root

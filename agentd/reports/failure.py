@@ -17,15 +17,28 @@ def format_failure_report(
     line. A lost peer (``lost_peer``) is the root cause, this node's first failure what
     followed."""
     root = result.root_cause
+    bar = "=" * 72
+    title = f"{entrypoint} FAILED" + (f" (run {run_id})" if run_id else "")
+    if root is None and lost_peer is not None:  # the loss was seen before any rank failed
+        return "\n".join(
+            [
+                bar,
+                title,
+                bar,
+                *_lost_peer_lines(lost_peer, "  the job cannot go on without it:"),
+                "What followed on this node:",
+                "  its workers were stopped, before any of them failed",
+                bar,
+            ]
+        )
     if root is None:
         return f"{entrypoint} failed (run {run_id}) with no recorded worker failure"
-    bar = "=" * 72
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.timestamp))
     lines = [
         bar,
-        f"{entrypoint} FAILED" + (f" (run {run_id})" if run_id else ""),
+        title,
         bar,
-        *_lost_peer_lines(lost_peer),
+        *_lost_peer_lines(lost_peer, "  its loss failed the collectives of this node's ranks:"),
         "What followed on this node (first failure):"
         if lost_peer
         else "Root cause (first failure):",
@@ -59,7 +72,7 @@ def format_failure_report(
     return "\n".join(lines)
 
 
-def _lost_peer_lines(lost: dict[str, Any] | None) -> list[str]:
+def _lost_peer_lines(lost: dict[str, Any] | None, then: str) -> list[str]:
     if lost is None:
         return []
     lapsed = lost["lapsed_at"]
@@ -71,7 +84,7 @@ def _lost_peer_lines(lost: dict[str, Any] | None) -> list[str]:
         f"  host      : {lost['host']}"
         + (f" (its agent, pid {pid}, stopped answering)" if pid else ""),
         f"  last heard: {lost['last_heard_before']:g}s or less before its lease lapsed, at {when}",
-        "  its loss failed the collectives of this node's ranks:",
+        then,
     ]
 
 

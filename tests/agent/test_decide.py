@@ -28,6 +28,11 @@ H, S, F, U = WorkerState.HEALTHY, WorkerState.SUCCEEDED, WorkerState.FAILED, Wor
         # ...unless they succeeded: the exit barrier copes with a lost store.
         (Situation(S, membership_lost=True), Action.SUCCEED),
         (Situation(S, round_ended=True), Action.SUCCEED),
+        # A member lost below MIN ended the round: no membership change, our group fails.
+        (Situation(H, round_ended=True, lost_below_min=True, remaining_restarts=1), Action.RESTART),
+        (Situation(H, round_ended=True, lost_below_min=True), Action.GIVE_UP),
+        (Situation(F, round_ended=True, lost_below_min=True), Action.GIVE_UP),
+        (Situation(S, round_ended=True, lost_below_min=True), Action.SUCCEED),
         # A failure elsewhere ended the round, but ours failed too: that spends a restart.
         (Situation(F, round_ended=True, remaining_restarts=1), Action.RESTART),
         # Failures: restart while restarts remain and the exit code is retryable.
