@@ -140,6 +140,21 @@ UNTRUSTED = "dropped (untrusted"
 trust: from its own workers, in either start mode, never."""
 
 
+AGENTS_KEY = pytest.StashKey[list["AgentProc"]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test shows the last lines each of its agents logged (most failures of a
+    real-process test are explained there, and a flaky one may not fail again)."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for agent in item.stash.get(AGENTS_KEY, []):
+            with contextlib.suppress(OSError):
+                report.sections.append((f"agent {agent.pid} stderr (end)", agent.stderr()[-4000:]))
+    return report
+
+
 @pytest.fixture
 def run_agentd(
     tmp_path: Path, request: pytest.FixtureRequest
@@ -149,6 +164,7 @@ def run_agentd(
     After the test, an agent that dropped a request as untrusted fails it, unless the test
     is marked ``foreign_requests`` (it forges them on purpose)."""
     started: list[AgentProc] = []
+    request.node.stash[AGENTS_KEY] = started
 
     def start(
         *args: str,
