@@ -27,11 +27,13 @@ from typing import Any, NamedTuple
 
 _NO_LIMIT = 2**62  # v1 reports "no limit" as a page-rounded 2**63 - 1
 _KMSG = "/dev/kmsg"
-_KILLED = re.compile(
+_KILLED = (
     r"(?P<scope>Memory cgroup out of memory|Out of memory)?:? ?Killed process (?P<pid>\d+) "
     r"\((?P<comm>[^)]*)\).*?anon-rss:(?P<anon>\d+)kB, file-rss:(?P<file>\d+)kB, "
     r"shmem-rss:(?P<shmem>\d+)kB"
 )
+"""The OOM killer's record in the kernel log (compiled at the first death by SIGKILL:
+most runs never read it)."""
 
 
 class MemoryCgroup(NamedTuple):
@@ -141,7 +143,7 @@ def _parse_record(record: str, since: float) -> KernelOomKill | None:
     with contextlib.suppress(ValueError):
         if int(fields[2]) / 1e6 < since:
             return None
-    match = _KILLED.search(text)
+    match = re.search(_KILLED, text)  # re caches the compiled pattern
     if match is None:
         return None
     rss_kb = sum(int(match[k]) for k in ("anon", "file", "shmem"))
