@@ -248,7 +248,7 @@ def resolve(
 
 def _detect(picks: Mapping[str, tuple[str, str]], environ: Mapping[str, str]) -> Detected | None:
     """What ``--scheduler`` reads from the environment, given the options the user set."""
-    from agentd.schedulers.detect import detect
+    from agentd.schedulers import detect
 
     raw, source = picks["scheduler"]
     try:
