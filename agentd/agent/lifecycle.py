@@ -99,14 +99,21 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if forked:  # the preload can take seconds: a stop signal does not wait
             await self._unless_stopped(preload.ready())
         spawn = preload.spawn if forked else spawn_worker
-        with self._services.hygiene.spawning():
-            procs = await asyncio.gather(
-                *(spawn(w.local_rank, *plan) for w, *plan in plans if w.local_rank not in kept),
-                return_exceptions=True,
-            )
+        hygiene = self._services.hygiene
+
+        async def start(local_rank: int, plan: tuple[Any, ...]) -> WorkerProcess:
+            proc = await spawn(local_rank, *plan)
+            self._procs[local_rank] = proc  # known, so what it sends is trusted
+            hygiene.adopt([proc])  # and guarded: it may run the user's code now
+            proc.release()
+            return proc
+
+        with hygiene.spawning():
+            todo = [(w.local_rank, tuple(plan)) for w, *plan in plans if w.local_rank not in kept]
+            procs = await asyncio.gather(*(start(*one) for one in todo), return_exceptions=True)
             started = [p for p in procs if isinstance(p, WorkerProcess)]
             self._services.inprocess.spawned(p.local_rank for p in started)
-            await self._services.hygiene.started(started)
+            await hygiene.started(started)
         started += self._services.inprocess.resume_all(plans)
         if self._oom is None:
             from agentd.assembly.services import oom_watch
@@ -129,8 +136,6 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if errors:
             await self._stop_workers(group)
             raise errors[0]
-        for proc in started:  # known and trusted by now: a forked worker may run the script
-            proc.release()
         log.info(
             "[%s] Started %d worker(s), attempt %d, pids %s, logs in %s",
             spec.role,

@@ -162,22 +162,35 @@ class RendezvousSteps:
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         log.warning(_LOST, group.spec.role, why, left, needed)
-        return why if left >= needed else ""
+        spares = await self._spares() if left < needed else 0
+        return why if spares is None or left + spares >= needed else ""
 
-    def _lost_below_min(self, group: WorkerGroup) -> bool:
+    async def _lost_below_min(self, group: WorkerGroup) -> bool:
         """Whether the round ended because a member was lost (its lease ran out) and the
-        nodes left are fewer than MIN: then no new round can go on without it, and this
-        node's healthy workers have failed with the job; the lost node is named the root
-        cause (:attr:`lost_peer`)."""
+        nodes left, with the spares waiting to join, are fewer than MIN: then no new round
+        can form without a replacement, and this node's healthy workers have failed with
+        the job; the lost node is named the root cause (:attr:`lost_peer`). A store that
+        cannot say how many wait leaves it a membership change, as before."""
         why, handler = self._round_ended or "", self.rdzv_handler
         if LOST_REASON not in why or not isinstance(handler, FindsLostPeers):
             return False
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         if left >= needed:
             return False
+        spares = await self._spares()
+        if spares is None or left + spares >= needed:
+            return False
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         log.warning(_LOST, group.spec.role, why, left, needed)
         return True
+
+    async def _spares(self) -> int | None:
+        """The nodes waiting to join the next round (None: the store cannot say now)."""
+        try:
+            return await self.rdzv_handler.num_nodes_waiting()
+        except AgentdError as exc:
+            log.debug("Could not count the nodes waiting: %s", exc)
+            return None
 
     async def _watch_round(self) -> None:
         """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""

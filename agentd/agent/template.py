@@ -250,7 +250,7 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
             # we were frozen) or a peer: a membership change, which spends no restart.
             lost = self._membership_lost() if state != WorkerState.SUCCEEDED else ""
             lost = lost or await self._lost_peer(group, state)
-            below_min = state is WorkerState.HEALTHY and self._lost_below_min(group)
+            below_min = state is WorkerState.HEALTHY and await self._lost_below_min(group)
             root = result.root_cause
             action = decide(
                 Situation(

@@ -132,10 +132,12 @@ class HeartbeatService:
         """Progress messages from the pipe, in order; foreign pids are dropped."""
         pairs = []
         for message in messages:
+            if self._attempt is None:  # no attempt watched yet: a trusted worker's waits
+                if not self._held(message):
+                    self._drop(message.pid)
+                continue
             local_rank = self._local_rank_of(message.pid)
             if local_rank is None:
-                if self._attempt is None and self._held(message):
-                    continue
                 self._drop(message.pid)
                 continue
             pairs.append((local_rank, message))

@@ -78,16 +78,24 @@ class ProcessHygiene:
         with self._reaper.spawning():
             yield
 
-    async def started(self, procs: Sequence[WorkerProcess]) -> None:
-        """Workers were spawned (inside :meth:`spawning`): own them, and guard them."""
+    def adopt(self, procs: Sequence[WorkerProcess]) -> None:
+        """Workers were spawned (inside :meth:`spawning`): own them, and guard them (the
+        guardian, once it runs, learns of their groups at once). Adopting one twice is
+        harmless."""
         for proc in procs:
             self._reaper.own(proc.pid)
-        self._guarded.update(proc.pgid for proc in procs)
-        if self._enabled and self._guardian is None:
-            await self._start_guardian()  # it learns every group guarded
-        elif self._guardian is not None:
-            for proc in procs:
+            if proc.pgid in self._guarded:
+                continue
+            self._guarded.add(proc.pgid)
+            if self._guardian is not None:
                 self._guardian.watch(proc.pgid)
+
+    async def started(self, procs: Sequence[WorkerProcess]) -> None:
+        """An attempt's workers were spawned: adopt them, and start the guardian with the
+        first ones (it learns every group guarded)."""
+        self.adopt(procs)
+        if self._enabled and self._guardian is None:
+            await self._start_guardian()
 
     def own(self, pid: int | None) -> None:
         """A helper the agent spawned (inside :meth:`spawning`): its exit status is not the

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from tests.conftest import TESTS, WORKER, pid_alive, wait_until
+from tests.drain.test_drain import health_url
+from tests.drain.test_integrations import stepping
 from tests.helpers.jobs import TOKEN, agent_args
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
@@ -72,9 +74,21 @@ def test_while_draining(run_agentd, sig):
     --drain-timeout (60 s): a stop signal ends it at once."""
     job = str(TESTS / "workers" / "heartbeat_job.py")
     agent = run_agentd(
-        "--standalone", "--drain-on", "SIGUSR1", job, "--steps", "3000", "--step", "0.02"
+        "--standalone",
+        "--drain-on",
+        "SIGUSR1",
+        "--health-port",
+        "0",
+        job,
+        "--steps",
+        "3000",
+        "--step",
+        "0.02",
     )
-    wait_until(lambda: "Started 1 worker(s)" in agent.stderr(), what="the worker")
+    # Stepping, not just started: a drain that comes while the worker still starts finds
+    # no step to coordinate, and the node leaves without a checkpoint (it did, under load).
+    url = health_url(agent)
+    wait_until(lambda: stepping(url), what="the worker's first heartbeat")
     agent.proc.send_signal(signal.SIGUSR1)
     wait_until(lambda: "every rank checkpoints at step" in agent.stderr(), what="the drain")
     assert stopped_within(agent, sig) < PROMPT
