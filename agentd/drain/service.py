@@ -241,10 +241,12 @@ class DrainService:
                 )
             if step is None:
                 log.warning(
-                    "Drain %d: the workers report no steps (they call neither "
-                    "agentd.heartbeat() nor agentd.checkpoint_saved()), so no checkpoint "
-                    "could be coordinated; this node leaves without one",
+                    "Drain %d: the workers report no steps within %.2fs (they call neither "
+                    "agentd.heartbeat() nor agentd.checkpoint_saved(), or none has reached "
+                    "its first step yet), so no checkpoint could be coordinated; this node "
+                    "leaves without one",
                     request.id,
+                    REPORT_WINDOW,
                 )
                 acks = {}
             else:
