@@ -59,12 +59,17 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot; None if it does not exist."""
+    """The start time of ``pid`` in clock ticks since boot; None if it does not exist (or
+    cannot be read)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            stat = fp.read()
+        return _start_ticks(pid)
     except OSError:
         return None
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fp:
+        stat = fp.read()
     return int(stat.rsplit(b")", 1)[1].split()[19])
 
 
@@ -85,9 +90,17 @@ def parse_owner_mark(mark: str) -> tuple[int, int | None, str] | None:
 
 
 def agent_alive(pid: int, ticks: int | None) -> bool:
-    """Whether the agent process named by a mark still runs (pid reuse is told apart)."""
-    current = process_start_ticks(pid)
-    return current is not None and (ticks is None or current == ticks)
+    """Whether the agent process named by a mark still runs (pid reuse is told apart).
+    Only a process known gone counts as dead: one whose entry cannot be read for another
+    reason (the caller out of descriptors, say) counts as alive, so what may be a live
+    agent's pipes or workers are never swept or killed."""
+    try:
+        current = _start_ticks(pid)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return ticks is None or current == ticks
 
 
 def kill_leftovers(run_id: str) -> list[int]:

@@ -22,6 +22,24 @@ def test_owner_mark_round_trip():
     assert orphans.parse_owner_mark("garbage") is None
 
 
+def test_an_agent_that_cannot_be_looked_up_counts_as_alive():
+    """Out of descriptors, a sweep cannot read a live agent's /proc entry: before, that
+    made it dead, and its pipe directory was swept under it."""
+    code = (
+        "import os, resource, sys\n"
+        "from agentd.hygiene import orphans\n"
+        "pid, ticks = os.getppid(), orphans.process_start_ticks(os.getppid())\n"
+        "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))\n"
+        "print(orphans.process_start_ticks(pid), orphans.agent_alive(pid, ticks))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["None", "True"], done.stderr
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not orphans.agent_alive(gone.pid, None)  # known gone: dead
+
+
 def test_marked_processes_finds_mark_anywhere_in_environ():
     mark = f"{os.getpid()}.1/find-me-{os.getpid()}"
     env = {"A": "1", "AGENTD_OWNER": mark, "Z": "2"}
