@@ -43,10 +43,12 @@ def test_a_frozen_agents_workers_die_before_their_ranks_are_given_away(
     ]
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     # freeze the agent of rank 0: its rank is one the re-formed job of two gives away
-    victim = next(a for a in agents if members(a, 0)[0]["RANK"] == "0")
-    [worker] = [int(m["PID"]) for m in members(victim, 0)]
+    # (each agent's latest attempt: a third that came after the first seal restarted two)
+    latest = {a.pid: latest_attempt(a) for a in agents}
+    victim = next(a for a in agents if members(a, latest[a.pid])[0]["RANK"] == "0")
+    [worker] = [int(m["PID"]) for m in members(victim, latest[victim.pid])]
     others = [a for a in agents if a is not victim]
-    before = {a.pid: latest_attempt(a) for a in others}
+    before = {a.pid: latest[a.pid] for a in others}
     os.kill(victim.pid, signal.SIGSTOP)
     frozen = time.time()
     try:

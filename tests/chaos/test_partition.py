@@ -48,12 +48,15 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
             )
         )
     wait_until(lambda: one_round(agents, 3), what="a job of three")
-    victim_index, victim = next(
-        (i, a) for i, a in enumerate(agents) if members(a, 0)[0]["RANK"] == "0"
-    )
-    [worker] = [int(m["PID"]) for m in members(victim, 0)]
-    others = [a for a in agents if a is not victim]
+    # The round of three is each agent's latest attempt: a third agent that came after the
+    # first round was sealed made the other two restart once (their attempt 0 may have
+    # been stopped before its worker reported).
     before = {a.pid: latest_attempt(a) for a in agents}
+    victim_index, victim = next(
+        (i, a) for i, a in enumerate(agents) if members(a, before[a.pid])[0]["RANK"] == "0"
+    )
+    [worker] = [int(m["PID"]) for m in members(victim, before[victim.pid])]
+    others = [a for a in agents if a is not victim]
     bridge.cut(f"h{victim_index}")
     cut = time.time()
     wait_until(lambda: not pid_alive(worker), timeout=10, what="the cut-off agent's worker")
