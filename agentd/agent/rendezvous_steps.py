@@ -162,8 +162,7 @@ class RendezvousSteps:
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         log.warning(_LOST, group.spec.role, why, left, needed)
-        spares = await self._spares() if left < needed else 0
-        return why if spares is None or left + spares >= needed else ""
+        return why if await self._enough_without_one(group, needed) else ""
 
     async def _lost_below_min(self, group: WorkerGroup) -> bool:
         """Whether the round ended because a member was lost (its lease ran out) and the
@@ -174,23 +173,25 @@ class RendezvousSteps:
         why, handler = self._round_ended or "", self.rdzv_handler
         if LOST_REASON not in why or not isinstance(handler, FindsLostPeers):
             return False
-        left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
-        if left >= needed:
-            return False
-        spares = await self._spares()
-        if spares is None or left + spares >= needed:
+        needed = handler.min_nodes()
+        if await self._enough_without_one(group, needed):
             return False
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
-        log.warning(_LOST, group.spec.role, why, left, needed)
+        log.warning(_LOST, group.spec.role, why, (group.group_world_size or 1) - 1, needed)
         return True
 
-    async def _spares(self) -> int | None:
-        """The nodes waiting to join the next round (None: the store cannot say now)."""
+    async def _enough_without_one(self, group: WorkerGroup, needed: int) -> bool:
+        """Whether the round's nodes but one, with the spares waiting to join, reach
+        ``needed`` (MIN); a store that cannot say how many wait counts as yes."""
+        left = (group.group_world_size or 1) - 1
+        if left >= needed:
+            return True
         try:
-            return await self.rdzv_handler.num_nodes_waiting()
+            spares = await self.rdzv_handler.num_nodes_waiting()
         except AgentdError as exc:
             log.debug("Could not count the nodes waiting: %s", exc)
-            return None
+            return True
+        return left + spares >= needed
 
     async def _watch_round(self) -> None:
         """Wake the run loop when the rendezvous round ends elsewhere (no polling)."""

@@ -57,11 +57,6 @@ class FileTimerServer(TimerServer):
         """The pipe's path, once it is open ("" before)."""
         return self._source.path
 
-    @property
-    def private_dir(self) -> str | None:
-        """The private directory holding the pipe, when this server made it."""
-        return self._source.private_dir
-
     def start_on_loop(self) -> None:
         if not self._source.is_open:
             self._source.open()
