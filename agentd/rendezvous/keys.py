@@ -6,6 +6,8 @@ Keys, under ``agentd/<run_id>/``::
                         on with compare_set, so stale agents never end a newer round
     ctl/closed          JSON {"outcome", "node", "reason"}: no more rounds
     ctl/hb/<node>       each agent's heartbeat, a TTL key refreshed without a change
+    ctl/forgotten       JSON {"generation", "size"}: the last round a store that restarted
+                        or failed over forgot (a TTL key; see rendezvous/forgotten.py)
     ctl/rollcall        JSON {"id", "gen", "by"}: who of round gen still answers? (TTL key)
     rollcall/<id>/<node> that member's answer (TTL key; see rendezvous/roll_call.py)
     round/<g>/join      the arrival counter (add): an agent's arrival index is its group rank
@@ -38,6 +40,7 @@ class RunKeys:
         self.closed = self.ctl + "closed"
         self.heartbeats = self.ctl + "hb/"
         self.rollcall = self.ctl + "rollcall"
+        self.forgotten = self.ctl + "forgotten"
 
     def heartbeat(self, node: str) -> str:
         return self.heartbeats + node

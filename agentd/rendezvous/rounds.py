@@ -23,7 +23,7 @@ import socket
 from typing import Any
 
 from agentd.exceptions import StartError
-from agentd.rendezvous import accounting
+from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
@@ -113,6 +113,8 @@ class Rounds(Sealing):
             raise closed_error(self._run_id, closed)
         while int(raw or b"0") < self.floor:
             behind = int(raw or b"0")
+            if self.carried is not None and self._membership is not None:
+                await forgotten.remember(store, self._keys, self.carried, self._membership.ttl)
             moved, raw = await store.compare_set(self._keys.gen, raw, str(self.floor).encode())
             if moved:  # its round, if anyone waits in it, is over
                 ended, _ = await store.compare_set(self._keys.round(behind, "sealed"), None, ENDED)

@@ -9,7 +9,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from agentd.rendezvous import accounting
+from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
 from agentd.rendezvous.exclusions import exclusions_of
@@ -106,6 +106,11 @@ class Sealing:
         An arrival whose heartbeat the store no longer holds (it died after it arrived)
         ends the round instead (:data:`ENDED`): the others join the next one without it."""
         store, keys = self._store, self._keys
+        last = await self._last_sealed(generation)
+        if last is None:  # the store's first seal: it may have forgotten a round (S1)
+            held = await forgotten.hold(store, keys, self._run_id, generation)
+            if held is not None:
+                return held
         sealed_key = keys.round(generation, "sealed")
         entries = [keys.round(generation, f"node/{i}") for i in range(count)]
         sealed, *values = await store.multi_get([sealed_key, *entries])
@@ -131,7 +136,6 @@ class Sealing:
                 f"the heartbeat of {len(expired)} arrival(s) expired before the seal "
                 f"({_few(expired)})",
             )
-        last = await self._last_sealed(generation)
         excluded: dict[str, Any] = {}
         if last is not None:
             absent = {rank: node for rank, node in enumerate(last[1]) if node not in ids}
@@ -140,18 +144,19 @@ class Sealing:
                 if held is not None:
                     return held
                 excluded = await self._exclusions(list(absent.values()))
-        # S2 in one step: the seal is refused by a store that lacks an arrival's heartbeat
-        # now (one that restarted empty since the read above, to which it was resent)
+        # S2 in one step: the seal is refused by a store that lacks an arrival's entry or
+        # heartbeat now (one that restarted empty since the reads above, or to which the
+        # seal was resent)
         placed, held = await store.compare_set(
             sealed_key,
             None,
             encode(summarize(nodes, excluded)),
-            present=[keys.heartbeat(node) for node in ids],
+            present=[*entries, *(keys.heartbeat(node) for node in ids)],
         )
         if not placed and held is None:
             return await self._end_unsealed(
                 generation,
-                "an arrival's heartbeat was gone from the store as the round was sealed "
+                "an arrival's entry or heartbeat was gone from the store as the round was sealed "
                 "(it restarted, or the lease expired)",
             )
         return held

@@ -1,0 +1,116 @@
+"""S1 across a store that forgot the run: the fence a new store keeps for the round it lost.
+
+A store that restarted empty, or a candidate that took it over, knows no lease and no
+round. Without more, the agents that reach it first form a round there at once, while a
+member of the last round that is frozen or cut off still runs its workers on the old
+store's lease (seed 91 of ``bench/simulate.py``: a spare took rank 1 while the paused
+member's worker held it). The first agent to find the store new tells it, before it
+moves the generation on (:meth:`~agentd.rendezvous.rounds.Rounds.generation`), what it
+forgot: the last sealed round that agent saw and its size, under ``ctl/forgotten``, a
+TTL key that lives for one lease, the guardian's slack and the fence. No later lease
+granted by the old store can outlast it.
+
+While that key lives, the first round sealed in the new store (the sealer finds no
+sealed round before its own there) waits until every member of the forgotten round is
+accounted for: back in this round (``round/<g>/back/<G>``) or gone for good
+(``round/<G>/gone``, which a killed agent's guardian writes in the new store). A member
+that never comes back costs the others one lease; one that does costs nothing.
+
+What it cannot cover: nodes that never saw the old round's seal and fill a round of the
+new store before any member reaches it (they know nothing to fence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import NamedTuple
+
+from agentd.rendezvous.accounting import FENCE, Carried
+from agentd.rendezvous.keys import RunKeys
+from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+GUARDIAN_SLACK = 0.5
+"""How long after a lease's end its guardian may still be killing the workers
+(``agentd.hygiene.guardian_process.LEASE_SLACK``, a layer above this one)."""
+CHECK = 0.1
+"""How often a sealer held by the fence counts again."""
+
+
+class Forgotten(NamedTuple):
+    """The last sealed round an agent saw before the store forgot the run."""
+
+    generation: int
+    size: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"generation": self.generation, "size": self.size}).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Forgotten | None:
+        try:
+            doc = json.loads(raw)
+            return Forgotten(int(doc["generation"]), int(doc["size"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def lifetime(ttl: float) -> float:
+    """How long the fence lives: past the end of any lease the old store granted, with
+    the heartbeat TTL ``ttl``, and past its guardian's kill."""
+    return ttl + GUARDIAN_SLACK + FENCE
+
+
+async def remember(store: Store, keys: RunKeys, carried: Carried, ttl: float) -> None:
+    """Tell a store that forgot the run about ``carried``'s round (its members may still
+    run workers on the old lease), unless it already holds a later one."""
+    mine = Forgotten(carried.generation, carried.size)
+    held = await store.get(keys.forgotten)
+    while True:
+        known = Forgotten.decode(held) if held is not None else None
+        if known is not None and known.generation >= mine.generation:
+            return
+        placed, held = await store.compare_set(
+            keys.forgotten, held, mine.encode(), ttl=lifetime(ttl)
+        )
+        if placed:
+            return
+
+
+async def hold(store: Store, keys: RunKeys, run_id: str, generation: int) -> bytes | None:
+    """S1: before round ``generation`` is sealed in a store that forgot the run, wait
+    while its fence lives and a member of the forgotten round is unaccounted for.
+    Returns the round's ``sealed`` value if another agent sealed or ended it meanwhile
+    (None: seal it)."""
+    sealed_key = keys.round(generation, "sealed")
+    waited = False
+    while True:
+        sealed, raw = await store.multi_get([sealed_key, keys.forgotten])
+        if sealed is not None:
+            return sealed
+        forgotten = Forgotten.decode(raw) if raw is not None else None
+        if forgotten is None:
+            return None
+        back, gone = await store.multi_get(
+            [
+                keys.round(generation, f"back/{forgotten.generation}"),
+                keys.round(forgotten.generation, "gone"),
+            ]
+        )
+        if int(back or b"0") + int(gone or b"0") >= forgotten.size:
+            return None
+        if not waited:
+            waited = True
+            log.info(
+                "Rendezvous %s: the store forgot round %d (it restarted or failed over); "
+                "round %d waits until its %d member(s) are back or gone, or their leases "
+                "have ended",
+                run_id,
+                forgotten.generation,
+                generation,
+                forgotten.size,
+            )
+        await asyncio.sleep(CHECK)
