@@ -34,7 +34,7 @@ class Line(L.LightningModule):
 
 def main() -> None:
     torch.manual_seed(0)
-    x = torch.randn(4096, 2)
+    x = torch.randn(1024, 2)
     data = TensorDataset(x, x @ torch.tensor([[2.0], [-3.0]]))
     trainer = L.Trainer(
         accelerator="cpu",
