@@ -141,16 +141,6 @@ trust: from its own workers, in either start mode, never."""
 
 
 AGENTS_KEY = pytest.StashKey[list["AgentProc"]]()
-LONG_TESTS = TESTS / "long_tests.txt"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests (tests/long_tests.txt) run first, longest first; the rest keep
-    their order. pytest-xdist hands the first quarter of the tests out round robin, so the
-    long ones start on every worker at once instead of leaving one for the suite's end."""
-    names = [n for n in LONG_TESTS.read_text().splitlines() if n and not n.startswith("#")]
-    rank = {name: index for index, name in enumerate(names)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(rank)))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
