@@ -4,8 +4,20 @@ import os
 import subprocess
 import sys
 
+import psutil
+
 from agentd.hygiene import orphans
 from tests.conftest import wait_until
+
+
+def reaper_of_this_test() -> orphans.ZombieReaper:
+    """A reaper that owns every child this process has already: other tests' leftovers
+    in a shared pytest worker (zombies of dropped Popen objects) are not this test's to
+    reap (reaped here, their Popen warns later, in another test)."""
+    reaper = orphans.ZombieReaper()
+    for child in psutil.Process().children():
+        reaper.own(child.pid)
+    return reaper
 
 
 def is_zombie(pid: int) -> bool:
@@ -57,7 +69,7 @@ def test_marked_processes_finds_mark_anywhere_in_environ():
 
 
 def test_zombie_reaper_reaps_orphans_but_not_owned_children():
-    reaper = orphans.ZombieReaper()
+    reaper = reaper_of_this_test()
     # an owned child that exits: left alone for its owner
     owned = subprocess.Popen([sys.executable, "-c", "pass"])
     reaper.own(owned.pid)
@@ -73,7 +85,7 @@ def test_zombie_reaper_reaps_orphans_but_not_owned_children():
 
 
 def test_reaping_waits_while_a_spawn_is_in_flight():
-    reaper = orphans.ZombieReaper()
+    reaper = reaper_of_this_test()
     child = subprocess.Popen(["true"])
     child.returncode = 0
     with reaper.spawning():
