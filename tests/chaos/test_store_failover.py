@@ -185,7 +185,7 @@ def test_examples_train_survives_a_kill_of_the_store_host(run_agentd, tmp_path):
                 *agent_args(endpoint_list, "2:3", "--max-restarts", "3", conf=FAST),
                 train,
                 "--steps",
-                "3000",
+                "1000",  # long enough to be killed mid-run, then trained again at world 2
                 env={**ENV, "OMP_NUM_THREADS": "1"},
             )
         )

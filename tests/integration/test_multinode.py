@@ -14,7 +14,16 @@ import psutil
 import pytest
 
 from tests.conftest import DEADLINE, TESTS, WORKER, free_port, processes_of_agent, wait_until
-from tests.helpers.jobs import FAST, TOKEN, agent_args, member_job, members, world_sizes
+from tests.helpers.jobs import (
+    FAST,
+    TOKEN,
+    agent_args,
+    latest_attempt,
+    member_job,
+    members,
+    one_round,
+    world_sizes,
+)
 
 
 def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):
@@ -116,14 +125,15 @@ def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path)
     agents = [
         run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(3)
     ]
-    for agent in agents:
-        wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
+    # one slow to start arrives after a round of two: then the three meet in the next
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    before = {a.pid: latest_attempt(a) for a in agents}
     victim = agents.pop()
     workers = processes_of_agent(victim.pid)
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait()
-    for agent in agents:  # its heartbeat expires: the others re-form without it
-        wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
+    # its heartbeat expires: the others re-form without it
+    wait_until(lambda: one_round(agents, 2, after=before), what="a job of two")
     wait_until(
         lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
         what="the killed agent's workers to be gone",

@@ -61,16 +61,17 @@ def worker_env(pid: int) -> dict[str, str]:
 
 
 def test_leftovers_of_a_dead_agent_are_cleaned_at_start(run_agentd):
+    run = f"leftovers-{os.getpid()}"  # no other test's agent shares it (they run side by side)
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid names an agent that no longer exists
-    mark = f"{dead.pid}.1/same"
+    mark = f"{dead.pid}.1/{run}"
     leftover = subprocess.Popen(["sleep", "600"], env={**os.environ, "AGENTD_OWNER": mark})
     other_run = subprocess.Popen(["sleep", "600"], env={**os.environ, "AGENTD_OWNER": mark + "x"})
     try:
-        agent = run_agentd("--rdzv-id", "same", WORKER, "ok")
+        agent = run_agentd("--rdzv-id", run, WORKER, "ok")
         assert agent.wait() == 0
         assert leftover.wait(timeout=5) == -signal.SIGKILL
-        assert "left by an earlier agent of run same" in agent.stderr()
+        assert f"left by an earlier agent of run {run}" in agent.stderr()
         assert other_run.poll() is None  # another run's processes are not ours
     finally:
         for proc in (leftover, other_run):
