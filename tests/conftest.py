@@ -143,6 +143,36 @@ trust: from its own workers, in either start mode, never."""
 AGENTS_KEY = pytest.StashKey[list["AgentProc"]]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-log",
+        metavar="PATH",
+        help="append each test's CPU seconds (the test process and the children it waited "
+        "for: agents, their workers) and its id to PATH, one line per test: the suite is "
+        "CPU-bound on 2 cores, so this, not --durations, says what to make cheaper",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    path = item.config.getoption("--cpu-log")
+    if not path:
+        return (yield)
+    import resource
+
+    def cpu() -> float:
+        own, children = (
+            resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        )
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    began = cpu()
+    result = yield
+    with open(path, "a") as log:  # one short line per write: workers append side by side
+        log.write(f"{cpu() - began:.2f} {item.nodeid}\n")
+    return result
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     """A failed test shows the last lines each of its agents logged (most failures of a
