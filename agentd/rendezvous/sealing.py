@@ -106,7 +106,7 @@ class Sealing:
         An arrival whose heartbeat the store no longer holds (it died after it arrived)
         ends the round instead (:data:`ENDED`): the others join the next one without it."""
         store, keys = self._store, self._keys
-        last = await self._last_sealed(generation)
+        last = await self._last_sealed(generation)  # (generation, size): two reads at most
         if last is None:  # the store's first seal: it may have forgotten a round (S1)
             held = await forgotten.hold(store, keys, self._run_id, generation)
             if held is not None:
@@ -138,7 +138,8 @@ class Sealing:
             )
         excluded: dict[str, Any] = {}
         if last is not None:
-            absent = {rank: node for rank, node in enumerate(last[1]) if node not in ids}
+            members = await self._node_ids(*last)
+            absent = {rank: node for rank, node in enumerate(members) if node not in ids}
             if absent:
                 held = await self._fence(generation, last[0], absent)
                 if held is not None:
@@ -222,17 +223,16 @@ class Sealing:
         keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
         return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]
 
-    async def _last_sealed(self, generation: int) -> tuple[int, list[str]] | None:
+    async def _last_sealed(self, generation: int) -> tuple[int, int] | None:
         """The last round sealed before ``generation`` (within :data:`LOOK_BACK`) and its
-        members' node ids; None for none."""
+        size; None for none."""
         for earlier in range(generation - 1, max(-1, generation - 1 - LOOK_BACK), -1):
             sealed = await self._store.get(self._keys.round(earlier, "sealed"))
             if sealed is not None and sealed != ENDED:
                 try:
-                    size = decode(sealed).size
+                    return earlier, decode(sealed).size
                 except (RendezvousStateError, ValueError, KeyError):
                     return None
-                return earlier, await self._node_ids(earlier, size)
         return None
 
     async def _exclusions(self, gone: list[str]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.release import release, will
@@ -154,3 +155,13 @@ def test_a_lapsed_member_is_counted_gone_only_after_its_guardian_killed_its_work
     from agentd.rendezvous.accounting import FENCE
 
     assert FENCE >= LEASE_SLACK + 0.5
+
+
+def test_the_forgotten_rounds_fence_outlives_the_guardians_kill():
+    """rendezvous/forgotten.py cannot import the guardian (a layer above): its copy of
+    the guardian's slack must be the guardian's, or the fence could end before the kill."""
+    from agentd.hygiene.guardian_process import LEASE_SLACK
+    from agentd.rendezvous import forgotten
+
+    assert forgotten.GUARDIAN_SLACK == LEASE_SLACK
+    assert forgotten.lifetime(15.0) == 15.0 + LEASE_SLACK + accounting.FENCE
