@@ -17,7 +17,12 @@ import pytest
 
 from agentd.exceptions import DRAINED_ALONE
 from tests.conftest import wait_until
-from tests.helpers.jobs import TOKEN, agent_args
+from tests.helpers.jobs import FAST, TOKEN, agent_args
+
+ALL_AT_ONCE = FAST.replace("last_call_timeout=0.5", "last_call_timeout=10") + ",is_host=0"
+"""FAST, but the first round waits 10 s for the nodes started together: one slow to start
+on a loaded machine would otherwise miss it, and attempt 0 would not hold every node.
+Once a node leaves, its peers seal on their count, not at the last call."""
 
 TRAIN = str(Path(__file__).with_name("train_steps.py"))
 
@@ -116,10 +121,9 @@ def test_agentd_drain_asks_over_http_with_the_drain_token(run_agentd, run_store,
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     drains = {"AGENTD_DRAIN_TOKEN": "drain-secret"}
     job = ["--nproc-per-node", "1", TRAIN, str(out), str(stop)]
-    stay = run_agentd(*agent_args(store.endpoint, "1:2"), *job, env=env)
-    leaving = run_agentd(
-        *agent_args(store.endpoint, "1:2"), "--health-port", "0", *job, env=env | drains
-    )
+    rdzv = agent_args(store.endpoint, "1:2", conf=ALL_AT_ONCE)
+    stay = run_agentd(*rdzv, *job, env=env)
+    leaving = run_agentd(*rdzv, "--health-port", "0", *job, env=env | drains)
     url = health_url(leaving)
     wait_until(lambda: len(starts(out, 0)) == 2, what="a job of two nodes")
 
@@ -190,8 +194,9 @@ def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store
         str(out),
         str(stop),
     ]
-    stay = [run_agentd(*agent_args(store.endpoint, "2:3"), *job, env=env) for _ in range(2)]
-    leaving = run_agentd(*agent_args(store.endpoint, "2:3"), "--drain-on", "SIGUSR1", *job, env=env)
+    rdzv = agent_args(store.endpoint, "2:3", conf=ALL_AT_ONCE)
+    stay = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
+    leaving = run_agentd(*rdzv, "--drain-on", "SIGUSR1", *job, env=env)
     wait_until(lambda: len(starts(out, 0)) == 6, 120, what="a gloo job of six ranks")
     wait_until(lambda: "Started 2 worker" in leaving.stderr(), what="the workers")
     leaving.proc.send_signal(signal.SIGUSR1)

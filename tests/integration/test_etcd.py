@@ -16,7 +16,7 @@ import pytest
 from agentd.store.etcd.gateway import prefix_end
 from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
 from tests.helpers.etcd_server import EtcdCluster, etcd_call, make_tls, require_etcd
-from tests.helpers.jobs import FAST, member_job, members, world_sizes
+from tests.helpers.jobs import FAST, latest_attempt, member_job, members, one_round, world_sizes
 
 
 @pytest.fixture(autouse=True)
@@ -101,14 +101,15 @@ def test_a_sigkilled_agent_leaves_a_smaller_job_when_its_lease_expires(run_agent
         run_agentd(*etcd_args(etcd.endpoints, "2:3", run_id=run_id), *member_job(stop))
         for _ in range(3)
     ]
-    for agent in agents:
-        wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
+    # one slow to start arrives after a round of two: then the three meet in the next
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    before = {a.pid: latest_attempt(a) for a in agents}
     victim = agents.pop()
     workers = processes_of_agent(victim.pid)
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait()
-    for agent in agents:  # its heartbeat lease runs out: the others re-form without it
-        wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
+    # its heartbeat lease runs out: the others re-form without it
+    wait_until(lambda: one_round(agents, 2, after=before), what="a job of two")
     wait_until(
         lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
         what="the killed agent's workers to be gone",
