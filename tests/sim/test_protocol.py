@@ -97,7 +97,7 @@ def test_a_job_without_faults_forms_one_round_of_every_node():
 def test_a_graceful_leave_re_forms_the_others_within_a_second():
     outcome = simulate(Schedule(0, 3, 2, 3, (Fault(10.0, "term", 1),)))
     assert outcome.violations == []
-    restarted = [float(n.split("s ")[0][2:]) for n in outcome.notes if "round 1, rank" in n]
+    restarted = [at(n) for n in outcome.notes if "round 1, rank" in n]
     assert len(restarted) == 2 and all(10.0 < t <= 11.0 for t in restarted), outcome.notes
 
 
