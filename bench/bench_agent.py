@@ -6,8 +6,9 @@ Measures, for each launcher (torchrun only where torch is installed):
   1. launch: the command starts -> the first of 4 trivial workers runs;
   2. restart: a worker crashes -> the first worker of the next attempt runs;
   3. idle: the agent's peak RSS, CPU time and wake-ups per second while 4 workers sleep,
-     the helper processes every agent starts included (the guardian, and the zygote of the
-     restarts; their RSS is shown apart too).
+     the helper processes every agent starts included (the guardian; their RSS is shown
+     apart too), and for agentd again with restarts allowed (``-r 3``: the zygote of the
+     restarts and its 4 spares come too).
 ``agentd`` is the default (for these workers: the first attempt spawned, restarts forked
 from a bare zygote); ``agentd-spawn`` spawns every worker (``--no-preload``). Prints
 median/min/max per figure and the ratios torchrun/agentd.
@@ -137,26 +138,42 @@ def zygotes(agent: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def measure_idle(cmd: list[str], seconds: float) -> tuple[float, float, float, float]:
+def spares(zygote: psutil.Process) -> list[psutil.Process]:
+    """The zygote's children forked ahead of a restart (``agentd: spare worker ...``)."""
+    found = []
+    for child in zygote.children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[0].startswith("agentd: spare worker"):
+                found.append(child)
+    return found
+
+
+def measure_idle(
+    cmd: list[str], seconds: float, restarts: int = 0
+) -> tuple[float, float, float, float]:
     """(peak RSS MiB of the agent, of its helper processes, CPU seconds, wake-ups per
     second) while its workers sleep. The helpers are the guardian and the zygote, where
-    the agent keeps one; CPU and wake-ups count the agent and its helpers."""
+    the agent keeps one, and the zygote's spares, counted by their own pages (USS: the
+    rest is the zygote's, shared); CPU and wake-ups count the agent and its helpers."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        proc = start(cmd, out, "sleep", str(seconds + 5))
+        proc = start(cmd, out, "sleep", str(seconds + 5), restarts=restarts)
         first_start(out, 0, proc)
-        time.sleep(1.0)  # settle after the start
+        time.sleep(1.0)  # settle after the start (the zygote and its spares are up)
         agent = psutil.Process(proc.pid)
-        watched = [agent, *guardians(agent), *zygotes(agent)]
+        found = zygotes(agent)
+        forked_ahead = [spare for zygote in found for spare in spares(zygote)]
+        watched = [agent, *guardians(agent), *found, *forked_ahead]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in watched)
         sw0 = sum(task_stats(p)[0] for p in watched)
         time.sleep(seconds)
         cpu1 = sum(sum(p.cpu_times()[:2]) for p in watched)
+        own = sum(p.memory_full_info().uss for p in forked_ahead)
         stats = [task_stats(p) for p in watched]
         proc.terminate()
         finish(proc)
         sw1 = sum(switches for switches, _ in stats)
-        helpers = sum(hwm for _, hwm in stats[1:])
+        helpers = sum(hwm for _, hwm in stats[1 : len(stats) - len(forked_ahead)]) + own
         return stats[0][1] / 2**20, helpers / 2**20, cpu1 - cpu0, (sw1 - sw0) / seconds
 
 
@@ -205,6 +222,7 @@ def main() -> int:
             results[name]["launch"].append(measure_launch(cmd))
             results[name]["restart"].append(measure_restart(cmd))
     idle = {name: measure_idle(cmd, args.idle) for name, cmd in commands.items()}
+    idle["agentd -r 3"] = measure_idle(commands["agentd"], args.idle, restarts=3)
 
     for figure, title in (
         ("launch", "launch -> first worker running"),
@@ -228,10 +246,10 @@ def main() -> int:
                 )
     print(
         f"\nidle agent, {NPROC} workers sleeping, {args.idle:g}s window (agentd: the agent "
-        "and the helper processes it starts, the guardian and any zygote; CPU and wake-ups "
-        "of all)"
+        "and the helper processes it starts, the guardian and any zygote with its spares, "
+        "these by their own pages; CPU and wake-ups of all)"
     )
-    for name in commands:
+    for name in idle:
         rss, helpers, cpu, wakeups = idle[name]
         print(
             f"  {name:14s} peak RSS {rss + helpers:6.1f} MiB (agent {rss:5.1f}, helpers "
@@ -250,8 +268,14 @@ def main() -> int:
             "idle_rss",
             f"{sum(idle['agentd'][:2]):.0f} MiB",
             command,
-            "the agent and the helper processes it starts (the guardian, and the zygote of "
-            "the restarts)",
+            "the agent and the helper processes it starts (the guardian; --max-restarts 0)",
+        )
+        record(
+            "idle_rss_restartable",
+            f"{sum(idle['agentd -r 3'][:2]):.0f} MiB",
+            command,
+            "the same with --max-restarts 3: the zygote of the restarts and its 4 spares "
+            "(these by their own pages) too",
         )
         restart = results["agentd"]["restart"]
         record(

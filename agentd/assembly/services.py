@@ -197,6 +197,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
     if isinstance(agent.rdzv_handler, LeasedMembership):
         agent.rdzv_handler.on_lease(hygiene.on_lease)
         agent.rdzv_handler.on_will(hygiene.set_will)
+    spec = agent.get_worker_group().spec
     return LocalServices(
         result=ResultFileService(agent),
         events=event_log(settings, hooks),
@@ -205,7 +206,9 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         health=health_service,
         workers_store=WorkerStoreService(agent),
         hygiene=hygiene,
-        preload=PreloadService(agent.get_worker_group().spec, hygiene),
+        preload=PreloadService(
+            spec, hygiene, spares=spec.local_world_size if can_restart(agent) else 0
+        ),
         inprocess=in_process_restarts(agent, settings, hooks),
         gpus=gpu_release(settings.gpu_release_timeout),
         node_checks=node_checks,

@@ -19,6 +19,7 @@ import fcntl
 import io
 import os
 import signal
+import socket
 import sys
 import types
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agentd.hygiene.orphans import set_parent_death_signal
+from agentd.preload import wire
 
 START_FAILED = 127
 """The exit status of a worker that could not be set up (its stderr says why)."""
@@ -119,6 +121,46 @@ def become_worker(
     without that byte means the agent gave the worker up: it exits with
     :data:`START_FAILED`, having run nothing.
     """
+    try:
+        _detach(zygote_fds, leading)
+    except BaseException as exc:
+        _start_failed(exc)
+    _become(request, fds)
+
+
+def become_spare(channel: int, zygote_fds: Sequence[int], leading: int) -> NoReturn:
+    """In a child forked ahead of any request: lead a session of its own, as a worker
+    does, then wait on ``channel`` for the request the zygote hands it (a message and its
+    descriptors, as the agent sent them) and become that worker. The zygote closing
+    ``channel`` gives the spare up: it exits 0, having run nothing. Never returns."""
+    try:
+        show_command_line([f"agentd: spare worker of zygote {os.getppid()}"])  # then known
+        _detach(zygote_fds, leading)
+        received = _wait_for_request(channel)
+        if received is None:
+            os._exit(0)
+        message, fds = received
+        request = ForkRequest.from_message(message, len(fds))
+    except BaseException as exc:
+        _start_failed(exc)
+    _become(request, fds)
+
+
+def _wait_for_request(channel: int) -> tuple[dict[str, Any], list[int]] | None:
+    sock = socket.socket(fileno=channel)
+    try:
+        while True:
+            try:
+                return wire.recv(sock)
+            except InterruptedError:
+                continue
+    finally:
+        sock.close()
+
+
+def _become(request: ForkRequest, fds: Sequence[int]) -> NoReturn:
+    """Take on ``request``: its descriptors, directory, environment and command line;
+    wait at its gate; run it; exit."""
     gate = -1
     try:
         if request.gated:
@@ -126,13 +168,19 @@ def become_worker(
             gate = fcntl.fcntl(fds[-1], fcntl.F_DUPFD_CLOEXEC, max(request.targets) + 1)
             os.close(fds[-1])
             fds = fds[:-1]
-        _set_up(request, fds, zygote_fds, leading)
+        _take_on(request, fds)
         if gate >= 0 and not _wait_at_gate(gate):
             os._exit(START_FAILED)
-    except BaseException as exc:  # nothing of the user's ran yet: say why, plainly
-        os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
-        os._exit(START_FAILED)
+    except BaseException as exc:
+        _start_failed(exc)
     os._exit(_run(request))
+
+
+def _start_failed(exc: BaseException) -> NoReturn:
+    """Nothing of the user's ran yet: say why, plainly, and exit :data:`START_FAILED`."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
+    os._exit(START_FAILED)
 
 
 def _wait_at_gate(gate: int) -> bool:
@@ -147,9 +195,9 @@ def _wait_at_gate(gate: int) -> bool:
         os.close(gate)
 
 
-def _set_up(
-    request: ForkRequest, fds: Sequence[int], zygote_fds: Sequence[int], leading: int
-) -> None:
+def _detach(zygote_fds: Sequence[int], leading: int) -> None:
+    """Lead a session and process group of our own, die with the zygote, say so on
+    ``leading``, and drop the zygote's signal set-up and descriptors."""
     os.setsid()
     set_parent_death_signal()
     os.write(leading, b"1")
@@ -161,6 +209,9 @@ def _set_up(
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     for fd in zygote_fds:
         os.close(fd)
+
+
+def _take_on(request: ForkRequest, fds: Sequence[int]) -> None:
     _install_fds(fds, request.targets)
     if request.cwd is not None:
         os.chdir(request.cwd)

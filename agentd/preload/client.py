@@ -7,6 +7,11 @@ status. Should the zygote die, its workers die with it (their parent-death signa
 are re-parented to the agent, which is a child subreaper: their status is then read from
 the pidfd directly. Output is read from pipes the agent made, passed to the worker with
 SCM_RIGHTS, so a forked worker's stdio is routed exactly as a spawned one's.
+
+Where the zygote keeps spares (children forked ahead, each waiting on a channel of its
+own that the zygote hands to the agent), a fork is a message to a spare: no fork and no
+round trip through the zygote on a restart's path. The spare's pid is known before the
+request is sent, and the worker still waits at its gate until the agent releases it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import contextlib
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
@@ -42,7 +49,8 @@ class Zygote:
 
     ``env`` is the zygote's environment (the workers' common one, without their
     per-worker variables); each fork sends only what differs. ``on_lost(zygote, code)``
-    is called when it dies while it was not asked to stop.
+    is called when it dies while it was not asked to stop. It keeps ``spares`` children
+    forked ahead, so that many forks cost no fork (see :mod:`agentd.preload.zygote`).
     """
 
     def __init__(
@@ -51,8 +59,10 @@ class Zygote:
         modules: Sequence[str],
         env: Mapping[str, str],
         on_lost: Callable[[Zygote, int | None], None] | None = None,
+        spares: int = 0,
     ) -> None:
         self.command = cmd
+        self.spares = spares
         self.modules = tuple(modules)
         self.env = dict(env)
         self.pid: int | None = None
@@ -62,6 +72,8 @@ class Zygote:
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._forks: dict[int, asyncio.Future[tuple[int, int]]] = {}
+        self._spares: list[_Spare] = []
+        """Children the zygote forked ahead, oldest first: a fork takes one."""
         self._statuses: dict[int, asyncio.Future[int]] = {}
         self._ids = itertools.count(1)
         self._stopping = False
@@ -79,6 +91,7 @@ class Zygote:
             str(theirs.fileno()),
             self.command.path0(cwd),
             ",".join(self.modules),
+            str(self.spares),
             " " * _ROOM_FOR_ARGV,
         ]
         try:
@@ -94,6 +107,11 @@ class Zygote:
         self._sock = ours
         self._ready = loop.create_future()
         loop.add_reader(ours, self._on_readable)
+
+    @property
+    def spare_pids(self) -> list[int]:
+        """The spares held now, oldest (the next one taken) first."""
+        return [spare.pid for spare in self._spares]
 
     async def ready(self) -> dict[str, Any]:
         """Wait for the preload: its report, or ConfigError (a module failed to import,
@@ -146,7 +164,7 @@ class Zygote:
                     close_after.append(devnull)
                     send_fds.append(devnull)
             argv = list(argv)
-            pid, pidfd = await self._request(
+            pid, pidfd = await self._start(
                 {
                     "kind": cmd.kind,
                     "target": cmd.target,
@@ -175,6 +193,25 @@ class Zygote:
             "set": {k: v for k, v in env.items() if base.get(k) != v},
             "unset": [k for k in base if k not in env],
         }
+
+    async def _start(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
+        """Hand the request to a spare (the zygote is only told), else ask the zygote to
+        fork: ``(pid, pidfd)`` of a worker that leads its group and waits at its gate."""
+        while self._spares and self.alive and self._sock is not None:
+            spare = self._spares.pop(0)
+            if _exited(spare.pidfd):  # the zygote's report of it is on its way
+                spare.close()
+                continue
+            try:
+                await _send(spare.channel, {"fork": next(self._ids), **message}, fds)
+            except OSError:  # it died since
+                spare.close()
+                continue
+            spare.channel.close()
+            with contextlib.suppress(OSError):  # a zygote gone does not need to know
+                await _send(self._sock, {"taken": spare.pid}, ())
+            return spare.pid, spare.pidfd
+        return await self._request(message, fds)
 
     async def _request(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
         if not self.alive or self._sock is None:
@@ -223,7 +260,13 @@ class Zygote:
 
     def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
         loop = asyncio.get_running_loop()
-        if "exited" in message and isinstance(message.get("status"), int):
+        if "spare" in message and isinstance(message["spare"], int) and len(fds) == 2:
+            channel = socket.socket(fileno=fds[1])
+            channel.setblocking(False)
+            self._spares.append(_Spare(message["spare"], fds[0], channel))
+        elif "exited" in message and isinstance(message.get("status"), int):
+            if self._drop_spare(int(message["exited"])):
+                return
             status = self._statuses.setdefault(int(message["exited"]), loop.create_future())
             if not status.done():
                 status.set_result(os.waitstatus_to_exitcode(message["status"]))
@@ -250,11 +293,23 @@ class Zygote:
         else:
             _close_all(fds)
 
+    def _drop_spare(self, pid: int) -> bool:
+        """Forget the spare ``pid`` (it exited); False when it is none we hold."""
+        for spare in self._spares:
+            if spare.pid == pid:
+                self._spares.remove(spare)
+                spare.close()
+                return True
+        return False
+
     def _lost(self) -> None:
         """The channel closed: the zygote is gone (or going)."""
         if not self.alive:
             return
         self.alive = False
+        for spare in self._spares:  # each one exits as its channel closes
+            spare.close()
+        self._spares.clear()
         loop = asyncio.get_running_loop()
         if self._sock is not None:
             loop.remove_reader(self._sock)
@@ -304,6 +359,19 @@ class Zygote:
             await process.wait()
 
 
+@dataclass
+class _Spare:
+    """A child of the zygote that leads its group and waits for a request on ``channel``."""
+
+    pid: int
+    pidfd: int
+    channel: socket.socket
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+        self.channel.close()
+
+
 async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]) -> None:
     loop = asyncio.get_running_loop()
     while True:
@@ -317,6 +385,11 @@ async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]
                 await writable
             finally:
                 loop.remove_writer(sock)
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` exited (a pidfd reads ready then)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _is_open(fd: int) -> bool:

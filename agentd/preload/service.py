@@ -36,9 +36,12 @@ class PreloadService:
     """Keeps one zygote for ``spec``'s workers while the agent runs; with
     ``spec.preload`` None it does nothing and :attr:`enabled` is False."""
 
-    def __init__(self, spec: WorkerSpec, hygiene: ProcessHygiene) -> None:
+    def __init__(self, spec: WorkerSpec, hygiene: ProcessHygiene, spares: int = 0) -> None:
         self._spec = spec
         self._hygiene = hygiene
+        self._spares = spares
+        """Workers the zygote keeps forked ahead (one attempt's, where the group may
+        restart): a restart then forks nothing."""
         self.enabled = spec.preload is not None
         self.zygote: Zygote | None = None
         self.zygotes_started = 0
@@ -112,6 +115,7 @@ class PreloadService:
             spec.preload or (),
             common_env(spec),
             on_lost=self._lost,
+            spares=self._spares,
         )
         with self._hygiene.spawning():  # the zygote's exit status is its watcher's
             await zygote.start(os.getcwd())

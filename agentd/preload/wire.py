@@ -5,10 +5,13 @@ Agent to zygote: ``{"fork": id, "argv", "env": {"set": {...}, "unset": [...]}, "
 "fds": [target numbers], "gated": true}`` with one descriptor per target (stdin, stdout,
 stderr, then the descriptors the worker inherits) and, when gated, the read end of the
 gate last: the worker runs nothing of the user's until the agent writes to it (see
-:func:`agentd.preload.child.become_worker`). Zygote to agent: ``{"ready": ...}`` once the preload is
+:func:`agentd.preload.child.become_worker`); ``{"taken": pid}`` once the agent sent a
+request to that spare itself. Zygote to agent: ``{"ready": ...}`` once the preload is
 done, ``{"failed": message}`` when it is not possible, ``{"forked": id, "pid"}`` with the
-worker's pidfd, or ``{"forked": id, "error"}``, and ``{"exited": pid, "status"}`` (a wait
-status) for every worker it reaps. Both ends trust each other (a socketpair made by the
+worker's pidfd, or ``{"forked": id, "error"}``, ``{"spare": pid}`` with a spare's pidfd and
+the agent's end of its channel (a fork request sent there, as above, makes it that
+worker), and ``{"exited": pid, "status"}`` (a wait status) for every child it reaps.
+Both ends trust each other (a socketpair made by the
 agent); a malformed message is still an error, never a crash.
 """
 

@@ -1,13 +1,14 @@
 """The zygote program: import the preload modules once, then fork a worker per request.
 
-``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] [PADDING]``: run by
-the agent in a session of its own with a parent-death signal, ``FD`` being its end of the
-control channel (:mod:`agentd.preload.wire`). It sets ``sys.path[0]`` to ``PATH0`` (what
-the workers will have), imports the modules, refuses to go on when that started a CUDA
-context (a forked child cannot use its parent's), and says ``ready`` with the threads alive
-(fork copies only the calling one). Then it only forks: the zygote itself never runs user
-code, so every worker is a fork of the same pristine process. It reaps its workers and
-reports each wait status; it exits when the agent closes the channel.
+``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [PADDING]``:
+run by the agent in a session of its own with a parent-death signal, ``FD`` being its end
+of the control channel (:mod:`agentd.preload.wire`). It sets ``sys.path[0]`` to ``PATH0``
+(what the workers will have), imports the modules, refuses to go on when that started a
+CUDA context (a forked child cannot use its parent's), and says ``ready`` with the threads
+alive (fork copies only the calling one). Then it only forks: the zygote itself never runs
+user code, so every worker is a fork of the same pristine process, and it keeps
+``SPARES`` children forked ahead of the requests. It reaps its workers and reports each
+wait status; it exits when the agent closes the channel.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NoReturn
 
 from agentd.preload import child, wire
 
@@ -95,17 +99,56 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
     return True
 
 
+SPARE_QUIET = 0.1
+"""Seconds without a message or a child's exit before the zygote forks the spares it
+lacks: the forks of an attempt's start, and its workers' first steps, never wait on
+them."""
+
+
+@dataclass
+class _Child:
+    """A child forked, until it says it leads its process group."""
+
+    pid: int
+    pidfd: int
+    request: int | None = None
+    """The request it was forked for (None: a spare)."""
+    channel: socket.socket | None = None
+    """A spare's channel: the end its request will come through, for the agent."""
+
+    def fds(self) -> list[int]:
+        """The descriptors the zygote holds for it (a forked child closes them)."""
+        return [self.pidfd] if self.channel is None else [self.pidfd, self.channel.fileno()]
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+        if self.channel is not None:
+            self.channel.close()
+
+
 class Zygote:
     """The fork loop: requests on the channel, SIGCHLD through a wakeup socket, and each
-    new worker's word that it leads its process group, which its reply waits for (the
-    next request is forked meanwhile: the workers set themselves up side by side)."""
+    new child's word that it leads its process group, which its reply waits for (the next
+    request is forked meanwhile: the workers set themselves up side by side).
 
-    def __init__(self, sock: socket.socket) -> None:
+    With ``spares``, it keeps that many children forked ahead of any request, each leading
+    its group and waiting on a channel of its own, which the zygote hands to the agent
+    (``{"spare": pid}`` with the spare's pidfd and channel): the agent then starts a
+    worker by writing its request to a spare, with no fork and no round trip through the
+    zygote, and says ``{"taken": pid}``. Spares are forked once the channel has been
+    quiet for :data:`SPARE_QUIET`; every child's exit is reported, spares' too; none
+    outlives the zygote.
+    """
+
+    def __init__(self, sock: socket.socket, spares: int = 0) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = socket.socketpair()
         self.selector = selectors.DefaultSelector()
-        self.unanswered: dict[int, tuple[int, int, int]] = {}
-        """Forks not yet answered: their ``leading`` pipe -> (request id, pid, pidfd)."""
+        self.unanswered: dict[int, _Child] = {}
+        """Children that did not say yet that they lead their group, by that pipe."""
+        self.spares_wanted = spares
+        self.spares_out: set[int] = set()
+        """Spares handed to the agent and not taken (nor dead) since."""
 
     def serve(self) -> int:
         for s in (self.wake_r, self.wake_w):
@@ -114,18 +157,29 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
         self.selector.register(self.sock, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
-        while True:
-            for key, _ in self.selector.select():
-                if key.fileobj is self.wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        while self.wake_r.recv(4096):
-                            pass
-                elif key.fileobj is self.sock:
-                    if not self.on_request():
-                        return 0
-                elif key.fd in self.unanswered:
-                    self.answer(key.fd)
-            self.reap()
+        try:
+            while True:
+                events = self.selector.select(SPARE_QUIET if self.lacking() else None)
+                if not events:
+                    self.fork_spare()
+                for key, _ in events:
+                    if key.fileobj is self.wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            while self.wake_r.recv(4096):
+                                pass
+                    elif key.fileobj is self.sock:
+                        if not self.on_message():
+                            return 0
+                    elif key.fd in self.unanswered:
+                        self.answer(key.fd)
+                self.reap()
+        finally:
+            self.end_spares()
+
+    def lacking(self) -> bool:
+        """Whether the agent holds, or will soon, fewer spares than wanted."""
+        coming = sum(child.request is None for child in self.unanswered.values())
+        return len(self.spares_out) + coming < self.spares_wanted
 
     def reap(self) -> None:
         while True:
@@ -135,23 +189,32 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            for leading, (_, forked, _) in list(self.unanswered.items()):
-                if forked == pid:  # it died before it said it leads: its pid comes first
+            self.spares_out.discard(pid)
+            for leading, pending in list(self.unanswered.items()):
+                if pending.pid == pid:  # it died before it said it leads: its pid comes first
                     self.answer(leading)
             wire.send(self.sock, {"exited": pid, "status": status})
 
     def answer(self, leading: int) -> None:
-        """Reply to a fork: its worker leads its process group (or died trying), so from
-        now on a signal to its group reaches it."""
-        request_id, pid, pidfd = self.unanswered.pop(leading)
+        """A child leads its process group (or died trying), so from now on a signal to
+        its group reaches it: reply to its request, or hand it to the agent as a spare."""
+        pending = self.unanswered.pop(leading)
         self.selector.unregister(leading)
         os.close(leading)
         try:
-            wire.send(self.sock, {"forked": request_id, "pid": pid}, [pidfd])
+            if pending.channel is None:
+                wire.send(
+                    self.sock, {"forked": pending.request, "pid": pending.pid}, [pending.pidfd]
+                )
+            else:
+                wire.send(
+                    self.sock, {"spare": pending.pid}, [pending.pidfd, pending.channel.fileno()]
+                )
+                self.spares_out.add(pending.pid)
         finally:
-            os.close(pidfd)
+            pending.close()
 
-    def on_request(self) -> bool:
+    def on_message(self) -> bool:
         """Handle one message; False when the agent closed the channel."""
         try:
             received = wire.recv(self.sock)
@@ -165,11 +228,13 @@ class Zygote:
         if received is None:
             return False
         message, fds = received
+        if "taken" in message and not fds:  # that spare is a worker now
+            self.spares_out.discard(message["taken"])
+            return True
         try:
             request = child.ForkRequest.from_message(message, len(fds))
         except ValueError as exc:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             wire.send(self.sock, {"forked": message.get("fork"), "error": str(exc)})
             return True
         self.fork(request, fds)
@@ -177,34 +242,68 @@ class Zygote:
 
     def fork(self, request: child.ForkRequest, fds: list[int]) -> None:
         """Fork the worker; it is answered by :meth:`answer` once it leads its group."""
+        leading, pid = self._fork_child(
+            lambda own, led: child.become_worker(request, fds, own, led)
+        )
+        _close(fds)
+        self._pending(leading, _Child(pid, os.pidfd_open(pid), request=request.id))
+
+    def fork_spare(self) -> None:
+        """Fork one spare; it goes to the agent once it leads its group."""
+        agents, theirs = wire.socketpair()
+        channel = theirs.fileno()
+        leading, pid = self._fork_child(
+            lambda own, led: child.become_spare(channel, [*own, agents.fileno()], led)
+        )
+        theirs.close()
+        self._pending(leading, _Child(pid, os.pidfd_open(pid), channel=agents))
+
+    def _fork_child(self, become: Callable[[list[int], int], NoReturn]) -> tuple[int, int]:
+        """Fork; the child runs ``become(the zygote's descriptors, its leading pipe)``."""
         leading, led = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the worker: never returns
+        if pid == 0:  # the child: never returns
             own = [
                 self.sock.fileno(),
                 self.wake_r.fileno(),
                 self.wake_w.fileno(),
                 self.selector.fileno(),
                 leading,
-                *(
-                    fd
-                    for pending in self.unanswered
-                    for fd in (pending, self.unanswered[pending][2])
-                ),
+                *self.unanswered,
+                *(fd for pending in self.unanswered.values() for fd in pending.fds()),
             ]
-            child.become_worker(request, fds, own, led)
+            become(own, led)
         os.close(led)
-        for fd in fds:
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)  # before any reap: the pid cannot be reused yet
-        self.unanswered[leading] = (request.id, pid, pidfd)
+        return leading, pid
+
+    def _pending(self, leading: int, forked: _Child) -> None:
+        # The pidfd was opened before any reap: the pid cannot have been reused.
+        self.unanswered[leading] = forked
         self.selector.register(leading, selectors.EVENT_READ)
+
+    def end_spares(self) -> None:
+        """Kill and reap the spares, handed out or on their way: none outlives the zygote
+        (workers die of their parent-death signal)."""
+        pids = [*self.spares_out, *(c.pid for c in self.unanswered.values() if c.request is None)]
+        for pid in pids:  # our unreaped children: their pids cannot have been reused
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.spares_out.clear()
+
+
+def _close(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or not argv[0].isdigit():
+    if len(argv) < 4 or not argv[0].isdigit() or not argv[3].isdigit():
         sys.stderr.write(
-            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] [PADDING]\n"
+            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [PADDING]\n"
         )
         return 2
     sock = socket.socket(fileno=int(argv[0]))
@@ -214,7 +313,7 @@ def main(argv: list[str]) -> int:
             return 2
     except (BrokenPipeError, ConnectionResetError):  # the agent stopped before our report
         return 0
-    return Zygote(sock).serve()
+    return Zygote(sock, spares=int(argv[3])).serve()
 
 
 if __name__ == "__main__":

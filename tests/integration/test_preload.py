@@ -39,11 +39,23 @@ def zygotes_of(agent) -> list[int]:
     return zygotes
 
 
+def spares_of(zygote: int) -> list[int]:
+    """The zygote's children forked ahead, waiting to become workers."""
+    found = []
+    for child in psutil.Process(zygote).children():
+        try:
+            if child.cmdline()[0] == f"agentd: spare worker of zygote {zygote}":
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def reports(agent, nproc: int) -> list[dict]:
     return [json.loads((agent.out_dir / f"report_{r}.json").read_text()) for r in range(nproc)]
 
 
-def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: int = 0):
+def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: str = "0"):
     agent = run_agentd(
         "--nproc-per-node",
         "2",
@@ -51,13 +63,18 @@ def run_introspect(run_agentd, tmp_path: Path, *flags: str, code: int = 0):
         "3",
         *flags,
         INTROSPECT,
-        str(code),
+        code,
         "arg one",
         env={"EXTRA_VAR": "extra"},
         cwd=tmp_path,
     )
-    assert agent.wait(timeout=60) == (1 if code else 0), agent.stderr()
+    assert agent.wait(timeout=60) == int(code.split(",")[-1] != "0"), agent.stderr()
     return agent
+
+
+RESTARTED = ("argv", "cmdline", "TORCHELASTIC_RESTART_COUNT", "AGENTD_ATTEMPT", "fds_3_up")
+"""What differs in the report of a worker of a job that restarted: its attempt, the code
+argument, and the in-process restart channel it inherits (a job that may restart)."""
 
 
 def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
@@ -66,14 +83,18 @@ def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
     modules = "json,email.message" + (",numpy" if numpy else "")
     forked = run_introspect(run_agentd, tmp_path, "--preload", modules)
     default = run_introspect(run_agentd, tmp_path)  # auto: introspect.py imports numpy
+    # The restart's workers come from spares, forked ahead during the backoff.
+    restart = ("--max-restarts", "1", "--restart-backoff", "0.5")
+    from_spares = run_introspect(run_agentd, tmp_path, "--preload", modules, *restart, code="1,0")
     assert "Zygote pid" in forked.stderr() and "Zygote pid" not in spawned.stderr()
     assert "workers spawned (--preload off)" in spawned.stderr()
     if numpy:
         assert "preloading numpy (auto: introspect.py imports numpy)" in default.stderr()
     randoms = ("random", "numpy_random")
-    for other in (forked, default):
+    for other in (forked, default, from_spares):
         for before, after in zip(reports(spawned, 2), reports(other, 2), strict=True):
-            for name in (*randoms, "MASTER_PORT"):
+            dropped = (*randoms, "MASTER_PORT", *(RESTARTED if other is from_spares else ()))
+            for name in dropped:
                 (before if name in before else before["env"]).pop(name, None)
                 (after if name in after else after["env"]).pop(name, None)
             assert before == after
@@ -81,18 +102,23 @@ def test_forked_workers_look_exactly_like_spawned_ones(run_agentd, tmp_path):
     for name in randoms if numpy else randoms[:1]:
         assert a[name] != b[name]  # each fork reseeded: not the zygote's sequence twice
     assert a["argv"] == [INTROSPECT, "0", "arg one"] and a["name"] == "__main__"
-    for agent in (spawned, forked, default):
+    [a, b] = reports(from_spares, 2)
+    assert a["argv"] == [INTROSPECT, "1,0", "arg one"] and a["cmdline"][-3:] == a["argv"]
+    assert a["env"]["TORCHELASTIC_RESTART_COUNT"] == a["env"]["AGENTD_ATTEMPT"] == "1"
+    assert a["fds_3_up"] == reports(spawned, 2)[0]["fds_3_up"] + 1  # the channel
+    for agent in (spawned, forked, default, from_spares):
+        attempt = 1 if agent is from_spares else 0
         for rank in (0, 1):
             assert (agent.out_dir / f"atexit_{rank}").read_text() == "ran"
             assert (agent.out_dir / f"thread_{rank}").read_text() == "joined"
             assert f"[default{rank}]:stdout of rank {rank}" in agent.stdout()
             assert f"[default{rank}]:stderr of rank {rank}" in agent.stderr()
-            [log] = agent.log_dir.glob(f"*/attempt_0/{rank}/stdout.log")
+            [log] = agent.log_dir.glob(f"*/attempt_{attempt}/{rank}/stdout.log")
             assert log.read_text() == f"stdout of rank {rank}\n"
 
 
 def test_exit_codes_and_stderr_tail_reach_the_report(run_agentd, tmp_path):
-    agent = run_introspect(run_agentd, tmp_path, "--preload=json", code=7)
+    agent = run_introspect(run_agentd, tmp_path, "--preload=json", code="7")
     [result] = agent.log_dir.glob("*/result.json")
     root = json.loads(result.read_text())["root_cause"]
     assert root["exitcode"] == 7
@@ -203,10 +229,12 @@ def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the bare zygote")
     agent.extra_pids.append(zygote)
     wait_until(lambda: "Zygote pid" in agent.stderr(), what="the zygote ready")
+    spares = wait_until(lambda: len(spares_of(zygote)) == 2 and spares_of(zygote), what="spares")
+    agent.extra_pids += spares
     os.kill(first[0], signal.SIGKILL)
     second = agent.wait_ready(2, attempt=1)
     agent.extra_pids += second
-    assert all(psutil.Process(p).ppid() == zygote for p in second)
+    assert sorted(second) == sorted(spares)  # forked ahead: the restart forked nothing
     err = agent.stderr()
     said = "first workers spawned, restarts forked from a bare zygote (auto: worker.py imports none"
     assert said in err

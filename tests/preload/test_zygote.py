@@ -25,9 +25,9 @@ def zygote_after(reports: int) -> Iterator[Zygote]:
 
 def test_an_agent_killed_with_reports_unread_ends_the_loop_quietly():
     with zygote_after(reports=1) as zygote:  # its read is a reset: no traceback
-        assert zygote.on_request() is False
+        assert zygote.on_message() is False
 
 
 def test_an_agent_that_closed_the_channel_ends_the_loop():
     with zygote_after(reports=0) as zygote:
-        assert zygote.on_request() is False
+        assert zygote.on_message() is False

@@ -2,7 +2,8 @@
 
 ``introspect.py CODE [ARGS...]``: writes ``report_<local_rank>.json`` to
 ``$AGENTD_TEST_OUT``, prints one line on stdout and one on stderr, leaves a non-daemon
-thread and an atexit handler that must both run, and exits with CODE.
+thread and an atexit handler that must both run, and exits with CODE (``1,0``: 1 on the
+first attempt, 0 on the next).
 """
 
 import atexit
@@ -115,4 +116,5 @@ atexit.register(at_exit)
 threading.Thread(target=late_thread).start()
 print(f"stdout of rank {rank}")
 print(f"stderr of rank {rank}", file=sys.stderr)
-sys.exit(int(sys.argv[1]))
+codes = sys.argv[1].split(",")
+sys.exit(int(codes[min(int(os.environ["TORCHELASTIC_RESTART_COUNT"]), len(codes) - 1)]))
