@@ -23,8 +23,13 @@ from agentd.rendezvous.api import (
 )
 from agentd.support.sync_bridge import agent_step
 from agentd.wire import control
-from agentd.workers.output import attempt_dir, prune_attempts
-from agentd.workers.plan import plan_worker
+from agentd.workers.output import (
+    attempt_dir,
+    prune_attempts,
+    stage_next_attempt,
+    take_staged_attempt,
+)
+from agentd.workers.plan import plan_workers
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
@@ -71,6 +76,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
         self.attempt += 1
+        take_staged_attempt(self.run_dir, self.attempt)
         prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
         await self._services.workers_store.open_for(group)
         spec = group.spec
@@ -80,7 +86,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         dropped = self._services.inprocess.unresumable()  # kept, but their channel closed since
         if dropped:
             await self._stop_dropped(dropped)
-        plans = [plan_worker(self, group, worker) for worker in group.workers]
+        plans = plan_workers(self, group)
         if isinstance(spec.entrypoint, str):
             handler, peer_loss = self.rdzv_handler, 0.0
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
@@ -144,6 +150,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             [p.pid for p in started],
             self.run_dir / f"attempt_{self.attempt}",
         )
+        if can_restart(self):  # the next attempt's directories, off its path
+            stage_next_attempt(self.run_dir, (w.local_rank for w in group.workers))
         return {p.local_rank: p.pid for p in started}
 
     async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:

@@ -28,7 +28,7 @@ from agentd.support import fdlimits
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
 from agentd.support.tempdirs import private_dir
-from agentd.workers.output import ensure_dir
+from agentd.workers.output import drop_staged_attempt, ensure_dir
 from agentd.workers.processes import WorkerProcess
 
 if TYPE_CHECKING:
@@ -156,6 +156,7 @@ class LocalElasticAgent(WorkerLifecycle):
                     self._set_state(WorkerState.STOPPED, "agent shutting down")
             await self.rdzv_handler.shutdown()
         finally:
+            drop_staged_attempt(self.run_dir)
             while self._running:
                 service = self._running.pop()
                 try:

@@ -52,11 +52,16 @@ def common_env(spec: WorkerSpec) -> dict[str, str]:
 
 
 def worker_env(
-    group: WorkerGroup, worker: Worker, error_file: str, ctx: WorkerEnvContext
+    group: WorkerGroup,
+    worker: Worker,
+    error_file: str,
+    ctx: WorkerEnvContext,
+    common: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The full environment of ``worker`` of ``group`` for this attempt."""
+    """The full environment of ``worker`` of ``group`` for this attempt; ``common`` is
+    :func:`common_env` of the group's spec where the caller made it already."""
     spec = group.spec
-    env = common_env(spec)
+    env = dict(common) if common is not None else common_env(spec)
     env.update(
         {
             "RANK": str(worker.global_rank),

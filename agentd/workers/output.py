@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -285,6 +286,42 @@ def prune_attempts(run_dir: Path, current: int, keep: int) -> list[int]:
             shutil.rmtree(path, ignore_errors=True)
             doomed.append(int(suffix))
     return sorted(doomed)
+
+
+STAGED_ATTEMPT = ".attempt_next"
+"""The next attempt's worker directories, made while the current attempt runs: a restart
+renames it into place (one metadata write) instead of making a directory per worker on
+its path (each a journal write: 0.1-2 ms on ext4, more on a network file system)."""
+
+
+def stage_next_attempt(run_dir: Path, local_ranks: Iterable[int]) -> None:
+    """Make the next attempt's worker directories ahead, under :data:`STAGED_ATTEMPT`
+    (a failure is left to that attempt, which makes its own)."""
+    staged = run_dir / STAGED_ATTEMPT
+    try:
+        for rank in local_ranks:
+            ensure_dir(staged / str(rank))
+    except OSError:
+        return
+
+
+def take_staged_attempt(run_dir: Path, attempt: int) -> None:
+    """The staged directories become ``attempt``'s, where they exist and it has none."""
+    try:
+        os.rename(run_dir / STAGED_ATTEMPT, run_dir / f"attempt_{attempt}")
+    except OSError:
+        return
+
+
+def drop_staged_attempt(run_dir: Path) -> None:
+    """Remove the staged directories (empty) when no attempt will follow."""
+    staged = run_dir / STAGED_ATTEMPT
+    try:
+        for rank_dir in staged.iterdir():
+            rank_dir.rmdir()
+        staged.rmdir()
+    except OSError:
+        return
 
 
 def ensure_dir(path: Path) -> Path:

@@ -12,7 +12,7 @@ from agentd.group import Worker, WorkerGroup
 from agentd.rendezvous.api import agent_serves_store
 from agentd.spec import Std, WorkerSpec, std_for
 from agentd.wire.progress import STACK_FILE
-from agentd.workers.env import WorkerEnvContext, worker_env
+from agentd.workers.env import WorkerEnvContext, common_env, worker_env
 from agentd.workers.output import attempt_dir, disk_problem, ensure_dir, plan_route
 
 if TYPE_CHECKING:
@@ -30,9 +30,19 @@ def worker_command(spec: WorkerSpec) -> list[str]:
     return [*FUNCTION_WORKER, "CALL", "RESULT"]
 
 
-def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[Any, ...]:
+def plan_workers(agent: AgentView, group: WorkerGroup) -> list[tuple[Any, ...]]:
+    """:func:`plan_worker` for every worker of ``group``, with their common environment
+    made once."""
+    common = common_env(group.spec)
+    return [plan_worker(agent, group, worker, common) for worker in group.workers]
+
+
+def plan_worker(
+    agent: AgentView, group: WorkerGroup, worker: Worker, common: dict[str, str] | None = None
+) -> tuple[Any, ...]:
     """``(worker, argv, env, stdout route, stderr route, cwd, pass_fds)`` for ``worker`` in
-    ``agent``'s current attempt (a function entrypoint's call file is written here)."""
+    ``agent``'s current attempt (a function entrypoint's call file is written here);
+    ``common`` as for :func:`~agentd.workers.env.worker_env`."""
     spec = group.spec
     rank = worker.local_rank
     wdir = attempt_dir(agent.run_dir, agent.attempt, rank)
@@ -60,6 +70,7 @@ def plan_worker(agent: AgentView, group: WorkerGroup, worker: Worker) -> tuple[A
             stack_file=str(wdir / STACK_FILE),
             control_file=agent.control_file,
         ),
+        common,
     )
     args = [
         Template(a).safe_substitute(local_rank=rank) if isinstance(a, str) else a for a in spec.args

@@ -235,12 +235,17 @@ def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
     second = agent.wait_ready(2, attempt=1)
     agent.extra_pids += second
     assert sorted(second) == sorted(spares)  # forked ahead: the restart forked nothing
+    [run_dir] = agent.log_dir.iterdir()  # and its directories were made ahead, as are the next
+    assert sorted(p.name for p in (run_dir / "attempt_1").iterdir()) == ["0", "1"]
+    next_attempt = run_dir / ".attempt_next"
+    wait_until(lambda: next_attempt.is_dir() and len(list(next_attempt.iterdir())) == 2)
     err = agent.stderr()
     said = "first workers spawned, restarts forked from a bare zygote (auto: worker.py imports none"
     assert said in err
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*second, zygote])
+    assert not next_attempt.exists()  # no attempt follows
 
 
 def test_zygote_killed_between_attempts(run_agentd):

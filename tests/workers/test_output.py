@@ -134,6 +134,30 @@ def test_attempt_directories_keep_the_first_and_the_last_n(tmp_path):
     assert prune_attempts(tmp_path, 11, 0) == []  # 0 keeps everything
 
 
+def test_the_next_attempts_directories_are_made_ahead_and_renamed_into_place(tmp_path):
+    from agentd.workers.output import (
+        STAGED_ATTEMPT,
+        drop_staged_attempt,
+        stage_next_attempt,
+        take_staged_attempt,
+    )
+
+    stage_next_attempt(tmp_path, [0, 1])
+    assert sorted(p.name for p in (tmp_path / STAGED_ATTEMPT).iterdir()) == ["0", "1"]
+    take_staged_attempt(tmp_path, 1)
+    assert sorted(p.name for p in (tmp_path / "attempt_1").iterdir()) == ["0", "1"]
+    assert not (tmp_path / STAGED_ATTEMPT).exists()
+    take_staged_attempt(tmp_path, 2)  # nothing staged: the attempt makes its own
+    assert not (tmp_path / "attempt_2").exists()
+
+    (tmp_path / "attempt_1" / "0" / "stdout.log").write_text("kept")
+    stage_next_attempt(tmp_path, [0, 1])
+    take_staged_attempt(tmp_path, 1)  # an attempt with files is never replaced
+    assert (tmp_path / "attempt_1" / "0" / "stdout.log").read_text() == "kept"
+    drop_staged_attempt(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_1"]
+
+
 def test_the_event_log_is_rotated_past_its_size(tmp_path):
     from agentd.telemetry.events import Event, JsonLinesFile
 
