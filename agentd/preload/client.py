@@ -21,17 +21,16 @@ import contextlib
 import itertools
 import logging
 import os
-import select
 import signal
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.preload import command, wire
 from agentd.preload.command import PythonCommand
 from agentd.preload.forked import ZygoteWorker, status_from_pidfd
+from agentd.preload.spares import Spares
 from agentd.workers.output import StreamRoute, StreamSink
 from agentd.workers.processes import spawn_process
 
@@ -72,8 +71,8 @@ class Zygote:
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._forks: dict[int, asyncio.Future[tuple[int, int]]] = {}
-        self._spares: list[_Spare] = []
-        """Children the zygote forked ahead, oldest first: a fork takes one."""
+        self._spares = Spares()
+        """Children the zygote forked ahead: a fork takes one."""
         self._statuses: dict[int, asyncio.Future[int]] = {}
         self._ids = itertools.count(1)
         self._stopping = False
@@ -111,7 +110,7 @@ class Zygote:
     @property
     def spare_pids(self) -> list[int]:
         """The spares held now, oldest (the next one taken) first."""
-        return [spare.pid for spare in self._spares]
+        return self._spares.pids
 
     async def ready(self) -> dict[str, Any]:
         """Wait for the preload: its report, or ConfigError (a module failed to import,
@@ -197,20 +196,12 @@ class Zygote:
     async def _start(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
         """Hand the request to a spare (the zygote is only told), else ask the zygote to
         fork: ``(pid, pidfd)`` of a worker that leads its group and waits at its gate."""
-        while self._spares and self.alive and self._sock is not None:
-            spare = self._spares.pop(0)
-            if _exited(spare.pidfd):  # the zygote's report of it is on its way
-                spare.close()
-                continue
-            try:
-                await _send(spare.channel, {"fork": next(self._ids), **message}, fds)
-            except OSError:  # it died since
-                spare.close()
-                continue
-            spare.channel.close()
-            with contextlib.suppress(OSError):  # a zygote gone does not need to know
-                await _send(self._sock, {"taken": spare.pid}, ())
-            return spare.pid, spare.pidfd
+        if self.alive and self._sock is not None:
+            taken = await self._spares.take({"fork": next(self._ids), **message}, fds, _send)
+            if taken is not None:
+                with contextlib.suppress(OSError):  # a zygote gone does not need to know
+                    await _send(self._sock, {"taken": taken[0]}, ())
+                return taken
         return await self._request(message, fds)
 
     async def _request(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
@@ -261,11 +252,9 @@ class Zygote:
     def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
         loop = asyncio.get_running_loop()
         if "spare" in message and isinstance(message["spare"], int) and len(fds) == 2:
-            channel = socket.socket(fileno=fds[1])
-            channel.setblocking(False)
-            self._spares.append(_Spare(message["spare"], fds[0], channel))
+            self._spares.add(message["spare"], fds[0], fds[1])
         elif "exited" in message and isinstance(message.get("status"), int):
-            if self._drop_spare(int(message["exited"])):
+            if self._spares.drop(int(message["exited"])):
                 return
             status = self._statuses.setdefault(int(message["exited"]), loop.create_future())
             if not status.done():
@@ -293,23 +282,12 @@ class Zygote:
         else:
             _close_all(fds)
 
-    def _drop_spare(self, pid: int) -> bool:
-        """Forget the spare ``pid`` (it exited); False when it is none we hold."""
-        for spare in self._spares:
-            if spare.pid == pid:
-                self._spares.remove(spare)
-                spare.close()
-                return True
-        return False
-
     def _lost(self) -> None:
         """The channel closed: the zygote is gone (or going)."""
         if not self.alive:
             return
         self.alive = False
-        for spare in self._spares:  # each one exits as its channel closes
-            spare.close()
-        self._spares.clear()
+        self._spares.close()
         loop = asyncio.get_running_loop()
         if self._sock is not None:
             loop.remove_reader(self._sock)
@@ -359,19 +337,6 @@ class Zygote:
             await process.wait()
 
 
-@dataclass
-class _Spare:
-    """A child of the zygote that leads its group and waits for a request on ``channel``."""
-
-    pid: int
-    pidfd: int
-    channel: socket.socket
-
-    def close(self) -> None:
-        os.close(self.pidfd)
-        self.channel.close()
-
-
 async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]) -> None:
     loop = asyncio.get_running_loop()
     while True:
@@ -385,11 +350,6 @@ async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]
                 await writable
             finally:
                 loop.remove_writer(sock)
-
-
-def _exited(pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` exited (a pidfd reads ready then)."""
-    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _is_open(fd: int) -> bool:
