@@ -143,6 +143,7 @@ class Zygote:
         sinks = {fd: StreamSink(route) for fd, route in ((1, stdout), (2, stderr)) if route.piped}
         worker = ZygoteWorker(local_rank, sinks, self.exit_status)
         send_fds, close_after = [0], []
+        reads: list[tuple[int, int]] = []  # (stream, read end): read once the request left
         gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
         worker.hold_at(gate_w)
         close_after.append(gate_r)
@@ -157,7 +158,7 @@ class Zygote:
                     read_end, write_end = os.pipe2(os.O_CLOEXEC)
                     close_after.append(write_end)
                     send_fds.append(write_end)
-                    await worker.read_pipe(fd, read_end)
+                    reads.append((fd, read_end))
                 else:
                     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
                     close_after.append(devnull)
@@ -178,11 +179,13 @@ class Zygote:
                 [*send_fds, *pass_fds, gate_r],
             )
         except BaseException:
+            _close_all([read_end for _, read_end in reads])
             worker.abandon()
             raise
         finally:
             for fd in close_after:
                 os.close(fd)
+        worker.read_pipes(reads)
         worker.attach(pid, pidfd)
         return worker
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from agentd.workers.output import StreamSink
 from agentd.workers.processes import WorkerProcess
@@ -32,6 +33,7 @@ class ZygoteWorker(WorkerProcess):
         self._exit_status = exit_status
         """The zygote's report of ``(pid, pidfd)``'s wait status."""
         self._pipes: list[asyncio.BaseTransport] = []
+        self._connecting: asyncio.Future[None] | None = None
         self._pidfd = -1
         self._gate = -1
         """The write end of the pipe the worker waits on before the user's code."""
@@ -55,13 +57,28 @@ class ZygoteWorker(WorkerProcess):
                 os.write(gate, word)
         os.close(gate)
 
-    async def read_pipe(self, fd: int, read_end: int) -> None:
-        """Feed this worker's stream ``fd`` (1 or 2) from the pipe's read end."""
-        self._open_pipes.add(fd)
+    def read_pipes(self, reads: Sequence[tuple[int, int]]) -> None:
+        """Feed this worker's streams (1 or 2) from the pipes' read ends, ``(stream, read
+        end)``: connected on the loop's next turns, so the worker can be let go at once
+        (what it writes meanwhile waits in the pipes)."""
+        self._open_pipes.update(fd for fd, _ in reads)
+        self._connecting = asyncio.ensure_future(self._connect(list(reads)))
+        self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _connect(self, reads: list[tuple[int, int]]) -> None:
         loop = asyncio.get_running_loop()
-        pipe = os.fdopen(read_end, "rb", buffering=0)
-        transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(self, fd), pipe)
-        self._pipes.append(transport)
+        try:
+            while reads:
+                fd, read_end = reads[0]
+                pipe = os.fdopen(read_end, "rb", buffering=0)
+                reads.pop(0)
+                reader = functools.partial(_PipeReader, self, fd)
+                transport, _ = await loop.connect_read_pipe(reader, pipe)
+                self._pipes.append(transport)
+        except BaseException:  # cancelled (given up): the pipes not read yet are closed
+            for _, read_end in reads:
+                os.close(read_end)
+            raise
 
     def attach(self, pid: int, pidfd: int) -> None:
         """The worker runs as ``pid``: watch its exit through ``pidfd`` (now ours)."""
@@ -89,12 +106,16 @@ class ZygoteWorker(WorkerProcess):
     def abandon(self) -> None:
         """Never forked: close what was opened for it."""
         self._close_gate()
+        if self._connecting is not None:
+            self._connecting.cancel()
         for transport in self._pipes:
             transport.close()
         for sink in self.sinks.values():
             sink.close()
 
     async def drain(self) -> None:
+        if self._connecting is not None:
+            await asyncio.gather(self._connecting, return_exceptions=True)
         await super().drain()
         for transport in self._pipes:
             transport.close()
