@@ -19,15 +19,16 @@ import fcntl
 import io
 import os
 import signal
-import socket
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agentd.hygiene.orphans import set_parent_death_signal
-from agentd.preload import wire
+
+Compiled = Callable[[str], types.CodeType | None]
+"""The script's code object compiled ahead, for its absolute path (None: compile it now)."""
 
 START_FAILED = 127
 """The exit status of a worker that could not be set up (its stderr says why)."""
@@ -122,45 +123,16 @@ def become_worker(
     :data:`START_FAILED`, having run nothing.
     """
     try:
-        _detach(zygote_fds, leading)
+        detach(zygote_fds, leading)
     except BaseException as exc:
-        _start_failed(exc)
-    _become(request, fds)
+        start_failed(exc)
+    become(request, fds)
 
 
-def become_spare(channel: int, zygote_fds: Sequence[int], leading: int) -> NoReturn:
-    """In a child forked ahead of any request: lead a session of its own, as a worker
-    does, then wait on ``channel`` for the request the zygote hands it (a message and its
-    descriptors, as the agent sent them) and become that worker. The zygote closing
-    ``channel`` gives the spare up: it exits 0, having run nothing. Never returns."""
-    try:
-        show_command_line([f"agentd: spare worker of zygote {os.getppid()}"])  # then known
-        _detach(zygote_fds, leading)
-        received = _wait_for_request(channel)
-        if received is None:
-            os._exit(0)
-        message, fds = received
-        request = ForkRequest.from_message(message, len(fds))
-    except BaseException as exc:
-        _start_failed(exc)
-    _become(request, fds)
-
-
-def _wait_for_request(channel: int) -> tuple[dict[str, Any], list[int]] | None:
-    sock = socket.socket(fileno=channel)
-    try:
-        while True:
-            try:
-                return wire.recv(sock)
-            except InterruptedError:
-                continue
-    finally:
-        sock.close()
-
-
-def _become(request: ForkRequest, fds: Sequence[int]) -> NoReturn:
+def become(request: ForkRequest, fds: Sequence[int], compiled: Compiled | None = None) -> NoReturn:
     """Take on ``request``: its descriptors, directory, environment and command line;
-    wait at its gate; run it; exit."""
+    wait at its gate; run it (``compiled`` gives the script's code where it is the file
+    compiled ahead); exit."""
     gate = -1
     try:
         if request.gated:
@@ -172,11 +144,11 @@ def _become(request: ForkRequest, fds: Sequence[int]) -> NoReturn:
         if gate >= 0 and not _wait_at_gate(gate):
             os._exit(START_FAILED)
     except BaseException as exc:
-        _start_failed(exc)
-    os._exit(_run(request))
+        start_failed(exc)
+    os._exit(_run(request, compiled))
 
 
-def _start_failed(exc: BaseException) -> NoReturn:
+def start_failed(exc: BaseException) -> NoReturn:
     """Nothing of the user's ran yet: say why, plainly, and exit :data:`START_FAILED`."""
     with contextlib.suppress(OSError):
         os.write(2, f"agentd: could not start the worker from the zygote: {exc!r}\n".encode())
@@ -195,7 +167,7 @@ def _wait_at_gate(gate: int) -> bool:
         os.close(gate)
 
 
-def _detach(zygote_fds: Sequence[int], leading: int) -> None:
+def detach(zygote_fds: Sequence[int], leading: int) -> None:
     """Lead a session and process group of our own, die with the zygote, say so on
     ``leading``, and drop the zygote's signal set-up and descriptors."""
     os.setsid()
@@ -290,10 +262,10 @@ def _reseed() -> None:
         numpy_random.seed()
 
 
-def _run(request: ForkRequest) -> int:
+def _run(request: ForkRequest, compiled: Compiled | None) -> int:
     code = 0
     try:
-        _run_target(request)
+        _run_target(request, compiled)
     except SystemExit as exc:
         code = _exit_status(exc)
     except BaseException as exc:
@@ -316,7 +288,7 @@ def _from_the_target(tb: types.TracebackType | None) -> types.TracebackType | No
     return tb
 
 
-def _run_target(request: ForkRequest) -> None:
+def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
     sys.path[0] = request.path0
     if request.kind == "module":
         from agentd.support.compat.runpy import run_module_as_main
@@ -336,9 +308,12 @@ def _run_target(request: ForkRequest) -> None:
         __loader__=SourceFileLoader("__main__", path),
     )
     sys.modules["__main__"] = main
-    with io.open_code(path) as fp:
-        source = fp.read()
-    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+    code = compiled(path) if compiled is not None else None
+    if code is None:
+        with io.open_code(path) as fp:
+            source = fp.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
 
 
 def _exit_status(exc: SystemExit) -> int:

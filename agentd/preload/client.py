@@ -91,6 +91,7 @@ class Zygote:
             self.command.path0(cwd),
             ",".join(self.modules),
             str(self.spares),
+            self.command.target if self.command.kind == "script" else "-",
             " " * _ROOM_FOR_ARGV,
         ]
         try:

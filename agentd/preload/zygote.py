@@ -1,14 +1,15 @@
 """The zygote program: import the preload modules once, then fork a worker per request.
 
-``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [PADDING]``:
-run by the agent in a session of its own with a parent-death signal, ``FD`` being its end
-of the control channel (:mod:`agentd.preload.wire`). It sets ``sys.path[0]`` to ``PATH0``
-(what the workers will have), imports the modules, refuses to go on when that started a
-CUDA context (a forked child cannot use its parent's), and says ``ready`` with the threads
-alive (fork copies only the calling one). Then it only forks: the zygote itself never runs
-user code, so every worker is a fork of the same pristine process, and it keeps
-``SPARES`` children forked ahead of the requests. It reaps its workers and reports each
-wait status; it exits when the agent closes the channel.
+``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [SCRIPT
+[PADDING]]``: run by the agent in a session of its own with a parent-death signal,
+``FD`` being its end of the control channel (:mod:`agentd.preload.wire`). It sets
+``sys.path[0]`` to ``PATH0`` (what the workers will have), imports the modules, refuses
+to go on when that started a CUDA context (a forked child cannot use its parent's), and
+says ``ready`` with the threads alive (fork copies only the calling one). Then it only
+forks: the zygote itself never runs user code, so every worker is a fork of the same
+pristine process, and it keeps ``SPARES`` children forked ahead of the requests, which
+compile ``SCRIPT`` (``-`` for none: the job runs a module) while they wait. It reaps its
+workers and reports each wait status; it exits when the agent closes the channel.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from agentd.preload import child, wire
+from agentd.preload import child, spare, wire
 
 
 def import_problem(name: str, exc: BaseException) -> str:
@@ -140,8 +141,10 @@ class Zygote:
     outlives the zygote.
     """
 
-    def __init__(self, sock: socket.socket, spares: int = 0) -> None:
+    def __init__(self, sock: socket.socket, spares: int = 0, script: str | None = None) -> None:
         self.sock = sock
+        self.script = script
+        """The job's script, which each spare compiles while it waits (None: ``-m``)."""
         self.wake_r, self.wake_w = socket.socketpair()
         self.selector = selectors.DefaultSelector()
         self.unanswered: dict[int, _Child] = {}
@@ -253,7 +256,7 @@ class Zygote:
         agents, theirs = wire.socketpair()
         channel = theirs.fileno()
         leading, pid = self._fork_child(
-            lambda own, led: child.become_spare(channel, [*own, agents.fileno()], led)
+            lambda own, led: spare.become_spare(channel, [*own, agents.fileno()], led, self.script)
         )
         theirs.close()
         self._pending(leading, _Child(pid, os.pidfd_open(pid), channel=agents))
@@ -303,7 +306,8 @@ def _close(fds: Iterable[int]) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or not argv[0].isdigit() or not argv[3].isdigit():
         sys.stderr.write(
-            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [PADDING]\n"
+            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES "
+            "[SCRIPT [PADDING]]\n"
         )
         return 2
     sock = socket.socket(fileno=int(argv[0]))
@@ -313,7 +317,8 @@ def main(argv: list[str]) -> int:
             return 2
     except (BrokenPipeError, ConnectionResetError):  # the agent stopped before our report
         return 0
-    return Zygote(sock, spares=int(argv[3])).serve()
+    script = argv[4] if len(argv) > 4 and argv[4].strip() and argv[4] != "-" else None
+    return Zygote(sock, spares=int(argv[3]), script=script).serve()
 
 
 if __name__ == "__main__":

@@ -248,6 +248,30 @@ def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
     assert not next_attempt.exists()  # no attempt follows
 
 
+def test_a_script_edited_after_the_spares_compiled_it_runs_as_edited(run_agentd, tmp_path):
+    """Spares compile the job's script while they wait; a restart after the file changed
+    runs the file as it is then, as a spawned worker would."""
+    job = tmp_path / "job.py"
+    job.write_text(Path(WORKER).read_text())
+    agent = run_agentd("--nproc-per-node", "2", "--max-restarts", "1", str(job), "sleep")
+    first = agent.wait_ready(2)
+    agent.extra_pids += first
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the bare zygote")
+    spares = wait_until(lambda: len(spares_of(zygote)) == 2 and spares_of(zygote), what="spares")
+    agent.extra_pids += [zygote, *spares]
+    source = job.read_text()
+    edit = "from __future__ import annotations\n"
+    mark = 'import os as _o; open(_o.environ["AGENTD_TEST_OUT"] + "/edited", "w").close()\n'
+    job.write_text(source.replace(edit, edit + mark, 1))
+    os.kill(first[0], signal.SIGKILL)
+    second = agent.wait_ready(2, attempt=1)
+    agent.extra_pids += second
+    assert sorted(second) == sorted(spares)
+    assert (agent.out_dir / "edited").exists()
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+
+
 def test_zygote_killed_between_attempts(run_agentd):
     agent = run_agentd(
         "--preload=json",
