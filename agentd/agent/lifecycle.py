@@ -76,7 +76,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
         self.attempt += 1
-        take_staged_attempt(self.run_dir, self.attempt)
+        staged = take_staged_attempt(self.run_dir, self.attempt)
         prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
         await self._services.workers_store.open_for(group)
         spec = group.spec
@@ -86,7 +86,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         dropped = self._services.inprocess.unresumable()  # kept, but their channel closed since
         if dropped:
             await self._stop_dropped(dropped)
-        plans = plan_workers(self, group)
+        plans = plan_workers(self, group, staged)
         if isinstance(spec.entrypoint, str):
             handler, peer_loss = self.rdzv_handler, 0.0
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):

@@ -19,9 +19,15 @@ NO_STEP = -1
 
 
 def create(path: str) -> None:
-    """A fresh control file: no drain."""
-    with open(path, "wb") as fp:
-        fp.write(_LAYOUT.pack(0, NO_STEP))
+    """A fresh control file: no drain. An earlier attempt's is written over in place (no
+    truncation: a kept worker that maps it reads the reset, never a shorter file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        os.pwrite(fd, _LAYOUT.pack(0, NO_STEP), 0)
+        if os.fstat(fd).st_size != SIZE:
+            os.ftruncate(fd, SIZE)
+    finally:
+        os.close(fd)
 
 
 def publish(path: str, drain_id: int, step: int = NO_STEP) -> None:

@@ -296,26 +296,33 @@ its path (each a journal write: 0.1-2 ms on ext4, more on a network file system)
 
 def stage_next_attempt(run_dir: Path, local_ranks: Iterable[int]) -> None:
     """Make the next attempt's worker directories ahead, under :data:`STAGED_ATTEMPT`
-    (a failure is left to that attempt, which makes its own)."""
-    staged = run_dir / STAGED_ATTEMPT
+    once they all exist (a failure is left to that attempt, which makes its own)."""
+    partial = run_dir / f"{STAGED_ATTEMPT}.part"
     try:
         for rank in local_ranks:
-            ensure_dir(staged / str(rank))
+            ensure_dir(partial / str(rank))
+        os.rename(partial, run_dir / STAGED_ATTEMPT)
     except OSError:
-        return
+        _remove_empty(partial)
 
 
-def take_staged_attempt(run_dir: Path, attempt: int) -> None:
-    """The staged directories become ``attempt``'s, where they exist and it has none."""
+def take_staged_attempt(run_dir: Path, attempt: int) -> bool:
+    """The staged directories become ``attempt``'s, where they exist and it has none;
+    whether they did."""
     try:
         os.rename(run_dir / STAGED_ATTEMPT, run_dir / f"attempt_{attempt}")
     except OSError:
-        return
+        return False
+    return True
 
 
 def drop_staged_attempt(run_dir: Path) -> None:
     """Remove the staged directories (empty) when no attempt will follow."""
-    staged = run_dir / STAGED_ATTEMPT
+    _remove_empty(run_dir / STAGED_ATTEMPT)
+    _remove_empty(run_dir / f"{STAGED_ATTEMPT}.part")
+
+
+def _remove_empty(staged: Path) -> None:
     try:
         for rank_dir in staged.iterdir():
             rank_dir.rmdir()

@@ -30,29 +30,37 @@ def worker_command(spec: WorkerSpec) -> list[str]:
     return [*FUNCTION_WORKER, "CALL", "RESULT"]
 
 
-def plan_workers(agent: AgentView, group: WorkerGroup) -> list[tuple[Any, ...]]:
+def plan_workers(
+    agent: AgentView, group: WorkerGroup, staged: bool = False
+) -> list[tuple[Any, ...]]:
     """:func:`plan_worker` for every worker of ``group``, with their common environment
-    made once."""
+    made once; ``staged``: the attempt's directories were made ahead, empty."""
     common = common_env(group.spec)
-    return [plan_worker(agent, group, worker, common) for worker in group.workers]
+    return [plan_worker(agent, group, worker, common, staged) for worker in group.workers]
 
 
 def plan_worker(
-    agent: AgentView, group: WorkerGroup, worker: Worker, common: dict[str, str] | None = None
+    agent: AgentView,
+    group: WorkerGroup,
+    worker: Worker,
+    common: dict[str, str] | None = None,
+    staged: bool = False,
 ) -> tuple[Any, ...]:
     """``(worker, argv, env, stdout route, stderr route, cwd, pass_fds)`` for ``worker`` in
     ``agent``'s current attempt (a function entrypoint's call file is written here);
-    ``common`` as for :func:`~agentd.workers.env.worker_env`."""
+    ``common`` as for :func:`~agentd.workers.env.worker_env`; ``staged`` as for
+    :func:`plan_workers`."""
     spec = group.spec
     rank = worker.local_rank
     wdir = attempt_dir(agent.run_dir, agent.attempt, rank)
-    try:
-        ensure_dir(wdir)
-    except OSError as exc:  # the worker runs all the same; its output reaches the console
-        disk_problem(wdir, exc)
     error_file = wdir / "error.json"
-    with contextlib.suppress(FileNotFoundError):
-        error_file.unlink()
+    if not staged:
+        try:
+            ensure_dir(wdir)
+        except OSError as exc:  # the worker runs all the same; its output reaches the console
+            disk_problem(wdir, exc)
+        with contextlib.suppress(FileNotFoundError):
+            error_file.unlink()
     agent_store = agent_serves_store(agent.rdzv_handler, group.spec.master_addr)
     env = worker_env(
         group,

@@ -144,7 +144,7 @@ def test_the_next_attempts_directories_are_made_ahead_and_renamed_into_place(tmp
 
     stage_next_attempt(tmp_path, [0, 1])
     assert sorted(p.name for p in (tmp_path / STAGED_ATTEMPT).iterdir()) == ["0", "1"]
-    take_staged_attempt(tmp_path, 1)
+    assert take_staged_attempt(tmp_path, 1) is True
     assert sorted(p.name for p in (tmp_path / "attempt_1").iterdir()) == ["0", "1"]
     assert not (tmp_path / STAGED_ATTEMPT).exists()
     take_staged_attempt(tmp_path, 2)  # nothing staged: the attempt makes its own
@@ -156,6 +156,12 @@ def test_the_next_attempts_directories_are_made_ahead_and_renamed_into_place(tmp
     assert (tmp_path / "attempt_1" / "0" / "stdout.log").read_text() == "kept"
     drop_staged_attempt(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_1"]
+
+    (tmp_path / f"{STAGED_ATTEMPT}.part").mkdir()
+    (tmp_path / f"{STAGED_ATTEMPT}.part" / "1").write_text("")  # rank 1 cannot be made
+    stage_next_attempt(tmp_path, [0, 1])
+    assert not (tmp_path / STAGED_ATTEMPT).exists()  # nothing half made is ever taken
+    assert take_staged_attempt(tmp_path, 2) is False
 
 
 def test_the_event_log_is_rotated_past_its_size(tmp_path):
