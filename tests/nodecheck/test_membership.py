@@ -9,7 +9,18 @@ import signal
 import urllib.request
 
 from tests.conftest import WORKER, wait_until
-from tests.helpers.jobs import TOKEN, agent_args, member_job, members, world_sizes
+from tests.helpers.jobs import (
+    TOKEN,
+    agent_args,
+    latest_attempt,
+    member_job,
+    members,
+    one_round,
+)
+
+
+def restart_counts(agent, attempt: int) -> set[str]:
+    return {m["TORCHELASTIC_RESTART_COUNT"] for m in members(agent, attempt)}
 
 
 def flag_check(flag) -> list[str]:
@@ -37,23 +48,25 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
         *member_job(stop),
         env=env,
     )
-    for agent in (*healthy, gated):
-        wait_until(lambda a=agent: world_sizes(a, 0) == {3}, what="a job of three")
+    agents = [*healthy, gated]
+    wait_until(lambda: one_round(agents, 3), what="a job of three")  # whichever attempt
+    three = {a.pid: latest_attempt(a) for a in agents}
+    spent = {a.pid: restart_counts(a, three[a.pid]) for a in healthy}
 
     flag.touch()  # the host turns bad while its workers run
-    for agent in healthy:  # the others go on without it, and spend no restart
-        wait_until(lambda a=agent: world_sizes(a, 1) == {2}, what="a job of two")
-        assert {m["TORCHELASTIC_RESTART_COUNT"] for m in members(agent, 1)} == {"0"}
+    # The others go on without it, and spend no restart.
+    wait_until(lambda: one_round(healthy, 2, after=three), what="a job of two")
+    for agent in healthy:
+        assert restart_counts(agent, latest_attempt(agent)) == spent[agent.pid]
     assert "failed its node checks" in gated.stderr() and "leaving the job" in gated.stderr()
     wait_until(
         lambda: any("is out of the job: test ! -e" in a.stderr() for a in healthy),
         what="the others to say why the world is smaller",
     )
 
+    two = {a.pid: latest_attempt(a) for a in agents}
     flag.unlink()  # healthy again: it joins, and the job grows back to three
-    wait_until(lambda: world_sizes(gated, 1) == {3}, what="the host to join again")
-    for agent in healthy:
-        wait_until(lambda a=agent: world_sizes(a, 2) == {3}, what="a job of three again")
+    wait_until(lambda: one_round(agents, 3, after=two), what="a job of three again")
     stop.touch()
     assert [a.wait(30) for a in (*healthy, gated)] == [0, 0, 0]
     names = [json.loads(line)["name"] for line in events.read_text().splitlines()]
