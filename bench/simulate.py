@@ -1,26 +1,29 @@
 """The membership protocol under seeded fault schedules (see tests/sim/world.py).
 
-    python bench/simulate.py [--seeds 10000] [--start 0] [--kinds kill,term,...]
+    python bench/simulate.py [--seeds 10000] [--start 0] [--kinds kill,term,...] [--jobs N]
     python bench/simulate.py --seed N
 
 Runs agentd's rendezvous, membership, release and store code for each seed's agents and
-faults on a virtual clock, and ends with one line: ``N seeds, M requests, K seeds with
-invariant violations`` and the count by invariant (docs/protocol.md). ``--seed N`` runs
-one seed and prints its schedule, what happened, the violations, and the fewest of its
-faults that still break the first violated invariant.
+faults on a virtual clock, in one process per CPU (``--jobs``), and ends with one line:
+``N seeds, M requests, K seeds with invariant violations`` and the count by invariant
+(docs/protocol.md). ``--seed N`` runs one seed and prints its schedule, what happened,
+the violations, and the fewest of its faults that still break the first violated
+invariant.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.sim.world import KINDS, Schedule, schedule_for, shrink, simulate
+from tests.sim.world import KINDS, MORE_KINDS, Schedule, schedule_for, shrink, simulate
 
 
 def _invariants(violations: list[str]) -> list[str]:
@@ -45,27 +48,53 @@ def one(seed: int, kinds: tuple[str, ...]) -> int:
     return 1
 
 
+CHUNK = 50
+"""Seeds per task handed to a process of the pool."""
+
+
+def run_chunk(job: tuple[range, tuple[str, ...]]) -> tuple[int, dict[int, list[str]]]:
+    """Run the seeds of one chunk: their requests, and the seeds with violations."""
+    seeds, kinds = job
+    requests = 0
+    failing: dict[int, list[str]] = {}
+    for seed in seeds:
+        outcome = simulate(schedule_for(seed, kinds))
+        requests += outcome.requests
+        if outcome.violations:
+            failing[seed] = _invariants(outcome.violations)
+    return requests, failing
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=1000)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--seed", type=int, help="run this seed alone, and say why it fails")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"the faults to draw from (also: {', '.join(MORE_KINDS)})",
+    )
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    unknown = set(kinds) - set(KINDS)
+    unknown = set(kinds) - {*KINDS, *MORE_KINDS}
     if unknown:
-        parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({', '.join(KINDS)})")
+        known = ", ".join((*KINDS, *MORE_KINDS))
+        parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({known})")
     if args.seed is not None:
         return one(args.seed, kinds)
     began = time.perf_counter()
+    seeds = range(args.start, args.start + args.seeds)
+    chunks = [(seeds[i : i + CHUNK], kinds) for i in range(0, len(seeds), CHUNK)]
     requests = 0
     failing: dict[int, list[str]] = {}
-    for seed in range(args.start, args.start + args.seeds):
-        outcome = simulate(schedule_for(seed, kinds))
-        requests += outcome.requests
-        if outcome.violations:
-            failing[seed] = _invariants(outcome.violations)
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for done_requests, done_failing in pool.map(run_chunk, chunks):
+            requests += done_requests
+            failing.update(done_failing)
     by_invariant = collections.Counter(i for found in failing.values() for i in found)
     for invariant, count in sorted(by_invariant.items()):
         seeds = [s for s, found in failing.items() if invariant in found]

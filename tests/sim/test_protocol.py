@@ -17,7 +17,16 @@ import time
 import pytest
 
 from tests.sim.clock import START, Owner, run, spawn
-from tests.sim.world import KINDS, Fault, Schedule, schedule_for, shrink, simulate
+from tests.sim.world import (
+    GUARDIAN_START,
+    KINDS,
+    MORE_KINDS,
+    Fault,
+    Schedule,
+    schedule_for,
+    shrink,
+    simulate,
+)
 
 SEEDS = range(300)
 CHUNK = 25
@@ -114,6 +123,33 @@ def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
         "new": {s: v for s, v in found.items() if known.get(s) != v},
         "gone": {s: v for s, v in known.items() if found.get(s) != v},
     }
+
+
+GUARDIAN_SEEDS = range(100)
+"""Seeds drawn with a guardian's death among the faults (``MORE_KINDS``)."""
+
+
+def test_seeds_with_a_guardians_death_break_no_invariant():
+    kinds = (*KINDS, *MORE_KINDS)
+    drawn = [schedule_for(seed, kinds) for seed in GUARDIAN_SEEDS]
+    assert sum(f.kind == "kill_guardian" for s in drawn for f in s.faults) >= 20
+    found = {s.seed: simulate(s).violations for s in drawn}
+    assert {seed: v for seed, v in found.items() if v} == {}
+
+
+def test_a_guardian_dead_as_its_agent_freezes_leaves_the_workers_unfenced():
+    """A known gap (docs/protocol.md): S1 rests on the guardian while its agent is frozen.
+    The agent starts a new guardian within GUARDIAN_START of the old one's death, if it
+    runs; frozen in that window, nothing fences its workers past its lease, and the others
+    re-form over its ranks. Frozen a moment later, the new guardian fences them."""
+    same_time = (Fault(5.0, "kill_guardian", 0), Fault(5.0, "stop", 0, 25.0))
+    outcome = simulate(Schedule(1, 3, 2, 3, same_time))
+    assert [v.split(" ")[0] for v in outcome.violations] == ["S1"], outcome.notes
+    later = 5.0 + GUARDIAN_START + 0.05
+    replaced = (Fault(5.0, "kill_guardian", 0), Fault(later, "stop", 0, 25.0))
+    outcome = simulate(Schedule(1, 3, 2, 3, replaced))
+    assert outcome.violations == [], outcome.notes
+    assert any("guardian 0 kills the workers at the lease's end" in n for n in outcome.notes)
 
 
 @pytest.mark.parametrize("seed", [111, 347])

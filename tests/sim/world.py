@@ -20,6 +20,9 @@ clock). What is modelled, and how:
 - **the guardian** (:class:`SimAgent`): a process of its own; when its agent dies it kills
   the workers and carries out the will; while its agent lives, it kills the workers
   ``LEASE_SLACK`` after the last lease it was told ends.
+- **a guardian's death** (``kill_guardian``, drawn only when asked for): the agent, while
+  it runs, starts another :data:`GUARDIAN_START` later, which learns the lease and the
+  will again; until then nothing fences the workers or carries out a will;
 - **SIGSTOP** pauses everything the agent runs (:class:`~tests.sim.clock.Owner`), not its
   guardian or workers; **SIGKILL** stops it for good; a **lost host** takes agent,
   guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
@@ -97,6 +100,13 @@ class Fault:
 AGENT_FAULTS = ("kill", "lose_host", "term", "stop", "partition")
 STORE_FAULTS = ("freeze_store", "restart_store")
 KINDS = (*AGENT_FAULTS, *STORE_FAULTS, "join")
+"""The kinds a seed draws from by default (the seeds pinned in the tests were drawn so)."""
+MORE_KINDS = ("kill_guardian",)
+"""Kinds drawn only when asked for (``--kinds``): adding one to :data:`KINDS` would draw
+every seed's schedule anew."""
+GUARDIAN_START = 0.1
+"""Seconds from a guardian's death to the new one the agent starts (it sees the exit on
+its loop, then starts a bare interpreter)."""
 
 
 @dataclass(frozen=True)
@@ -428,6 +438,17 @@ class SimAgent:
             said = await release(will, Link(self.world, self))  # type: ignore[arg-type]
             self.world.note(f"guardian {self.index}: {said}")
 
+    def kill_guardian(self) -> None:
+        """The guardian dies; the agent starts another (once it runs again, if paused)."""
+        self.guardian.dead = True
+        spawn(self.owner, self._replace_guardian(), f"replace guardian{self.index}")
+
+    async def _replace_guardian(self) -> None:
+        await asyncio.sleep(GUARDIAN_START)
+        self.guardian = Owner(f"guardian{self.index}")
+        self.world.note(f"agent {self.index} starts a new guardian")
+        spawn(self.guardian, self._fence(), f"guardian{self.index}")
+
     def lose_host(self) -> None:
         self.owner.dead = self.guardian.dead = True
         self.state = "lost"
@@ -533,6 +554,8 @@ class World:
             agent.sigkill()
         elif fault.kind == "lose_host":
             agent.lose_host()
+        elif fault.kind == "kill_guardian":
+            agent.kill_guardian()
         elif fault.kind == "term":
             agent.sigterm()
         elif fault.kind == "stop":
