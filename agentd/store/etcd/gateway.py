@@ -60,6 +60,7 @@ class EtcdGateway:
         self.answering = True
         """The member in use answered last time (so a failure is news worth a warning)."""
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
         self.observer: Callable[[str, float], None] | None = None
@@ -89,6 +90,9 @@ class EtcdGateway:
         self._token = None
 
     def session(self) -> aiohttp.ClientSession:
+        """The HTTP session (made at first use); StoreUnavailable once :meth:`close` ran."""
+        if self._closed:
+            raise StoreUnavailable(f"etcd at {self.where}: the client was closed")
         if self._session is None:
             connector = aiohttp.TCPConnector(
                 ssl=self._ssl if self._ssl is not None else True, socket_factory=keepalive_socket
@@ -152,6 +156,9 @@ class EtcdGateway:
                         "been applied"
                     ) from exc
                 problem = f"{endpoint}: {exc!r}"
+            except aiohttp.ClientConnectionError as exc:
+                self.raise_if_closed(endpoint, op, exc)
+                raise
             except ValueError as exc:
                 raise StoreError(
                     f"etcd at {endpoint}: {path} did not answer JSON; is this "
@@ -242,7 +249,15 @@ class EtcdGateway:
             return
         self._token = str(doc["token"])
 
+    def raise_if_closed(self, endpoint: str, op: str, exc: BaseException) -> None:
+        """A connection error of a request the client was closed under (a shutdown):
+        StoreUnavailable, which the store's callers expect, instead of aiohttp's."""
+        if self._closed:
+            raise StoreUnavailable(f"etcd at {endpoint}: {op}: the client was closed") from exc
+
     async def close(self) -> None:
+        """Close the session: requests under way end with StoreUnavailable, as do later ones."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -112,6 +112,9 @@ class EtcdWatch:
             if is_tls(exc):
                 raise self._gw.tls_refused(endpoint, exc) from exc
             raise _Retry(f"{endpoint}: {exc!r}") from exc
+        except aiohttp.ClientConnectionError as exc:
+            self._gw.raise_if_closed(endpoint, "watch", exc)
+            raise
         except ValueError as exc:
             raise StoreError(
                 f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an etcd v3 client URL?"

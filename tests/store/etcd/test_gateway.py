@@ -4,6 +4,7 @@ resent. (The real cluster's outages are in tests/integration/test_etcd.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -23,9 +24,13 @@ class Gateway:
     def __init__(self) -> None:
         self.answers: list[Answer] = []
         self.paths: list[str] = []
+        self.hold: asyncio.Event | None = None
+        """Set: each request waits for it before it is answered."""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.paths.append(request.path)
+        if self.hold is not None:
+            await self.hold.wait()
         status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         return web.json_response(body, status=status)
 
@@ -105,3 +110,23 @@ async def test_an_add_refused_before_raft_is_resent(gateway):
     fake.answers = [(200, {"header": {"revision": "3"}}), busy, SUCCEEDED]
     assert await store().add("counter", 2) == 2
     assert fake.paths == ["/v3/kv/range", "/v3/kv/txn", "/v3/kv/txn"]
+
+
+async def test_a_request_under_way_when_the_store_closes_is_store_unavailable(gateway):
+    """Before: aiohttp's "Connector is closed" escaped a drain watch at an agent's
+    shutdown (a traceback from "Could not stop DrainService"); the store's callers
+    handle StoreError, and get it."""
+    fake, store = gateway
+    fake.answers = [SUCCEEDED]
+    fake.hold = asyncio.Event()
+    etcd = store()
+    under_way = asyncio.ensure_future(etcd.compare_set("k", None, b"v"))
+    async with asyncio.timeout(10):
+        while not fake.paths:
+            await asyncio.sleep(0.01)
+    await etcd.close()
+    with pytest.raises(StoreUnavailable, match="the client was closed"):
+        await asyncio.wait_for(under_way, 10)
+    with pytest.raises(StoreUnavailable, match="the client was closed"):
+        await etcd.compare_set("k", None, b"v")
+    fake.hold.set()
