@@ -29,9 +29,15 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def start_job(
-    tmp_path: Path, mode: str, *flags: str, script: tuple[str, ...] = (JOB,)
+    tmp_path: Path,
+    mode: str,
+    *flags: str,
+    script: tuple[str, ...] = (JOB,),
+    hold: Path | None = None,
 ) -> subprocess.Popen[str]:
     (tmp_path / "out").mkdir()
+    if hold is not None:
+        hold.write_text("")
     argv = [
         sys.executable,
         "-m",
@@ -188,7 +194,10 @@ def test_a_rank_whose_exit_lags_its_sockets_is_replaced_and_the_others_kept(tmp_
 
 def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path):
     port = free_port()
-    proc = start_job(tmp_path, "stuck", "--inprocess-park-timeout", "1", "--health-port", str(port))
+    hold = tmp_path / "out" / "hold"  # attempt 1 runs until the status is read
+    proc = start_job(
+        tmp_path, "stuck", "--inprocess-park-timeout", "1", "--health-port", str(port), hold=hold
+    )
     try:
         status = f"http://127.0.0.1:{port}/status"
         wait_until(lambda: attempt_of(status) == (1, "HEALTHY"), 60, "attempt 1 running")
@@ -199,7 +208,7 @@ def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path)
         assert 'agentd_inprocess_fallbacks_total{reason="park_timeout"} 1.0' in metrics
         assert 'agentd_inprocess_fallbacks_total{reason="quick_repeats"} 0.0' in metrics
     finally:
-        (tmp_path / "out" / "release").write_text("")
+        hold.unlink()
         code, err = finish(proc, tmp_path)
     assert code == 0, err[-3000:]
     [line] = [ln for ln in err.splitlines() if "in-process fallback" in ln]

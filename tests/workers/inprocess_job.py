@@ -15,7 +15,8 @@ attempt 0:
 their channel, then loop. Every call of the training function appends a JSON line to
 ``OUT/rank<LOCAL_RANK>.jsonl``; on later attempts it returns (in ``loop`` mode once
 ``OUT/release`` exists). SIGUSR1 makes any rank close its channel and linger, as a process
-on its way out does. In ``undestroyable`` mode (``loop`` otherwise), local rank 2's process
+on its way out does. While ``OUT/hold`` exists, later attempts keep running in any mode.
+In ``undestroyable`` mode (``loop`` otherwise), local rank 2's process
 group cannot be destroyed when it parks (a stand-in for ``torch.distributed`` raises), and
 attempt 1 returns at once.
 """
@@ -67,6 +68,11 @@ def released() -> bool:
     return os.path.exists(os.path.join(shared, "release"))
 
 
+def held() -> bool:
+    """``OUT/hold`` keeps a later attempt running, whatever the mode, until it is gone."""
+    return os.path.exists(os.path.join(shared, "hold"))
+
+
 def calls(path: str) -> int:
     """How many calls of the training function the file records."""
     try:
@@ -102,7 +108,9 @@ def train() -> None:
         while True:
             time.sleep(0.01)
     if mode == "nodes" or attempt != "0":
-        while mode in ("loop", "hang", "nodes", "raise", "slow-exit") and not released():
+        while held() or (
+            mode in ("loop", "hang", "nodes", "raise", "slow-exit") and not released()
+        ):
             time.sleep(0.01)
         return
     if rank == 1:
