@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.sim import world
 from tests.sim.clock import START, Owner, run, spawn
 from tests.sim.world import (
     GUARDIAN_START,
@@ -123,6 +124,18 @@ def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
         "new": {s: v for s, v in found.items() if known.get(s) != v},
         "gone": {s: v for s, v in known.items() if found.get(s) != v},
     }
+
+
+@pytest.mark.parametrize("kind", ["term", "kill", "lose_host"])
+def test_a_member_that_leaves_alone_costs_the_others_no_more_than_s3_allows(kind, monkeypatch):
+    outcome = simulate(Schedule(1, 3, 2, 3, (Fault(10.0, kind, 1),)))
+    assert outcome.violations == [], outcome.notes
+    re_formed = min(at(n) for n in outcome.notes if "round 1, rank" in n)
+    assert re_formed - 10.0 <= (3.0 if kind != "lose_host" else 15.0 + 2.0)
+    monkeypatch.setattr(world, "LEAVE_BOUND", 0.01)  # the check itself can fail
+    monkeypatch.setattr(world, "HOST_LOST_SLACK", -15.0)
+    [violation] = simulate(Schedule(1, 3, 2, 3, (Fault(10.0, kind, 1),))).violations
+    assert violation.startswith("S3") and f"left ({kind} at t=10.000s)" in violation
 
 
 GUARDIAN_SEEDS = range(100)

@@ -34,6 +34,9 @@ The invariants (docs/protocol.md), checked at the event that could break them:
 
 - S1 when workers start: no live worker of another agent holds one of their ranks;
 - S2 when a round is sealed: every member's heartbeat is live in the store;
+- S3 at the end, from when rounds started: the others of a member that left alone
+  (SIGTERM, SIGKILL with its guardian alive: within 3 s; a host lost whole: one lease +
+  2 s), if still at least MIN, were in a later round by then;
 - S5 at the end: every live agent is in one round with all of them, within a bound after
   the last fault;
 - S6 when a lease moves: it ends no later than one TTL after the last heartbeat sent that
@@ -72,6 +75,14 @@ RETRY_TIMEOUT = 30.0
 """How long the HTTP client retries a request the network failed."""
 SETTLE = 120.0
 """Seconds simulated after the last fault before liveness (S5) is judged."""
+LEAVE_BOUND = 3.0
+"""S3: what a node that leaves (SIGTERM, SIGKILL with its guardian alive) may cost the
+others, in seconds, with the defaults; a host lost whole may cost one lease + 2 s."""
+HOST_LOST_SLACK = 2.0
+"""S3: a host lost whole may cost one lease and this many seconds."""
+QUIET_BEFORE = 2.0
+"""S3 is judged for a leave alone: no other fault between its bound and this long before
+it, nor one earlier whose effects may last until then (its duration and a lease + 2 s)."""
 
 
 class Violation(AssertionError):
@@ -324,6 +335,10 @@ class SimAgent:
         self.workers_died = asyncio.Event()
         self.state = "running"
         self.exit = ""
+        self.ended_at: float | None = None
+        """When it stopped being alive (exited, killed, lost, left)."""
+        self.rounds_at: dict[int, float] = {}
+        """When its workers of each round started."""
         settings = RendezvousSettings(world.schedule.min_nodes, world.schedule.max_nodes)
         with mock.patch("os.urandom", world.rng.randbytes):
             self.handler = DynamicRendezvous(RUN_ID, self._open, settings)
@@ -389,10 +404,12 @@ class SimAgent:
         except (RendezvousError, StoreError) as exc:  # agentd run exits with it
             self.hold = None
             self.state, self.exit = "exited", f"{type(exc).__name__}: {exc}"
+            self.ended_at = self.world.loop.time()
             spawn(self.owner, self._exit(), f"exit{self.index}")
         except Exception as exc:  # a bug: agentd run would die with a traceback
             self.hold = None
             self.state, self.exit = "crashed", f"{type(exc).__name__}: {exc}"
+            self.ended_at = self.world.loop.time()
             self.world.violate("crash", f"agent {self.index}'s rendezvous raised {self.exit}")
 
     async def _exit(self) -> None:
@@ -429,6 +446,7 @@ class SimAgent:
         """The agent dies; its guardian kills the workers and carries out the will."""
         self.owner.dead = True
         self.state = "killed"
+        self.ended_at = self.world.loop.time()
         self.hold = None
         if self.will is not None:
             spawn(self.guardian, self._release(self.will), f"release{self.index}")
@@ -452,6 +470,7 @@ class SimAgent:
     def lose_host(self) -> None:
         self.owner.dead = self.guardian.dead = True
         self.state = "lost"
+        self.ended_at = self.world.loop.time()
         self.hold = None
 
     def sigterm(self) -> None:
@@ -465,6 +484,7 @@ class SimAgent:
         with contextlib.suppress(Exception):
             await self.handler.shutdown()
         self.state = "left"
+        self.ended_at = self.world.loop.time()
 
 
 # -- the world ---------------------------------------------------------------------------------
@@ -488,6 +508,8 @@ class World:
         self.agents: list[SimAgent] = []
         self.requests = 0
         self.outcome = Outcome(schedule)
+        self.leaves: list[tuple[Fault, int, int, float, list[SimAgent]]] = []
+        """S3's cases: (the fault, who left, its round, the bound's time, the others)."""
 
     def latency(self) -> float:
         r = self.rng.random()
@@ -511,6 +533,7 @@ class World:
                     f"agent {other.index}'s worker of round {held.generation} holds it",
                 )
         agent.hold = Hold(generation, rank)
+        agent.rounds_at.setdefault(generation, self.loop.time())
         self.note(f"agent {agent.index}: round {generation}, rank {rank} of {size}")
 
     def after_op(self, host: StoreHost, op: str, args: tuple[Any, ...], result: Any) -> None:
@@ -550,6 +573,7 @@ class World:
         agent = self.agents[fault.target]
         if not agent.alive:
             return
+        self._judge_leave(fault, agent)
         if fault.kind == "kill":
             agent.sigkill()
         elif fault.kind == "lose_host":
@@ -577,6 +601,47 @@ class World:
                 agent.cut = asyncio.Event()
 
             self.loop.call_later(fault.duration, heal)
+
+    def _judge_leave(self, fault: Fault, agent: SimAgent) -> None:
+        """S3, for a member that leaves alone (no other fault near it): the others of its
+        round, if still at least MIN, are in a later round within the bound."""
+        ttl = agent.handler.settings.heartbeat_ttl
+        bounds = {"term": LEAVE_BOUND, "kill": LEAVE_BOUND, "lose_host": ttl + HOST_LOST_SLACK}
+        bound = bounds.get(fault.kind)
+        if bound is None or agent.hold is None:
+            return
+        for other in self.schedule.faults:  # each other one's effects may last a lease
+            lasts = other.at + other.duration + ttl + 2.0
+            if other != fault and other.at <= fault.at + bound and lasts >= fault.at - QUIET_BEFORE:
+                return
+        generation = agent.hold.generation
+        survivors = [
+            a
+            for a in self.agents
+            if a is not agent and a.alive and a.hold is not None and a.hold.generation == generation
+        ]
+        if len(survivors) >= self.schedule.min_nodes:
+            deadline = self.loop.time() + bound
+            self.leaves.append((fault, agent.index, generation, deadline, survivors))
+
+    def judge_leaves(self) -> None:
+        """S3, at the end, from what happened (no timer of its own: the run is as without
+        it): each survivor of a leave still alive at its bound was in a later round by
+        then."""
+        for fault, leaver, generation, deadline, survivors in self.leaves:
+            late = [
+                a.index
+                for a in survivors
+                if (a.ended_at is None or a.ended_at > deadline)
+                and not any(g > generation and t <= deadline for g, t in a.rounds_at.items())
+            ]
+            if late:
+                self.violate(
+                    "S3",
+                    f"agents {late} were not in a round after round {generation} "
+                    f"{deadline - START - fault.at:g}s after agent {leaver} left "
+                    f"({fault.kind} at t={fault.at:.3f}s)",
+                )
 
     def _add_agent(self) -> None:
         agent = SimAgent(self, len(self.agents))
@@ -617,6 +682,7 @@ async def _simulate(loop: VirtualLoop, schedule: Schedule) -> Outcome:
         quiet = max(quiet, loop.time() + fault.duration)
     await asyncio.sleep(max(0.0, quiet + SETTLE - loop.time()))
     world.check_liveness()
+    world.judge_leaves()
     world.outcome.requests = world.requests
     for agent in world.agents:  # the master ports the rounds reserved, dead agents' too
         if agent.handler._rounds is not None:
