@@ -153,8 +153,10 @@ def test_seeds_with_a_guardians_death_break_no_invariant():
 def test_a_guardian_dead_as_its_agent_freezes_leaves_the_workers_unfenced():
     """A known gap (docs/protocol.md): S1 rests on the guardian while its agent is frozen.
     The agent starts a new guardian within GUARDIAN_START of the old one's death, if it
-    runs; frozen in that window, nothing fences its workers past its lease, and the others
-    re-form over its ranks. Frozen a moment later, the new guardian fences them."""
+    runs; frozen in that window (or before the death), nothing fences its workers past its
+    lease, and the others re-form over its ranks (seeds 1941, 4736, 6185 and 8717 of
+    ``--kinds ...,kill_guardian`` are this). Frozen a moment later, the new guardian fences
+    them."""
     same_time = (Fault(5.0, "kill_guardian", 0), Fault(5.0, "stop", 0, 25.0))
     outcome = simulate(Schedule(1, 3, 2, 3, same_time))
     assert [v.split(" ")[0] for v in outcome.violations] == ["S1"], outcome.notes

@@ -448,7 +448,7 @@ class SimAgent:
         self.state = "killed"
         self.ended_at = self.world.loop.time()
         self.hold = None
-        if self.will is not None:
+        if self.will is not None and not self.guardian.dead:  # a dead one carries out nothing
             spawn(self.guardian, self._release(self.will), f"release{self.index}")
 
     async def _release(self, will: dict[str, Any]) -> None:
@@ -464,6 +464,7 @@ class SimAgent:
     async def _replace_guardian(self) -> None:
         await asyncio.sleep(GUARDIAN_START)
         self.guardian = Owner(f"guardian{self.index}")
+        self.lease_moved = asyncio.Event()  # the dead one's fence waits on the old one
         self.world.note(f"agent {self.index} starts a new guardian")
         spawn(self.guardian, self._fence(), f"guardian{self.index}")
 
