@@ -18,10 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import NamedTuple
 
+from bench_agent import interpreter_start
 from report_files import write_report
 
 _LINE = re.compile(r"^import time:\s+(\d+) \|\s+\d+ \|\s*(agentd(?:\.[\w.]+)?)\s*$")
@@ -54,16 +54,6 @@ def import_cost(standalone: bool = True) -> ImportCost:
         raise RuntimeError(f"the job failed (exit {done.returncode}): {done.stderr[-2000:]}")
     found = [m for m in map(_LINE.match, done.stderr.splitlines()) if m]
     return ImportCost([m[2] for m in found], sum(int(m[1]) for m in found))
-
-
-def interpreter_start() -> float:
-    """Median seconds for this Python to start and exit: what the machine's speed is."""
-    times = []
-    for _ in range(9):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def main() -> int:
