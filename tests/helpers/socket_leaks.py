@@ -24,9 +24,16 @@ _transports: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def _tracked(init: Any) -> Any:
     @functools.wraps(init)
-    def track(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self._opened_at = traceback.format_stack(limit=16)[:-1]
+    def track(self: Any, loop: Any, sock: Any, *args: Any, **kwargs: Any) -> None:
+        self._opened_at = traceback.format_stack(limit=16)[:-1]  # before: init may fail
+        try:
+            init(self, loop, sock, *args, **kwargs)
+        except BaseException:
+            # Python 3.11's server, closed as it accepts a connection, fails the new
+            # transport's init (Server._attach asserts it is open) with the socket still
+            # open: a later collection would blame a random test for it. Close it now.
+            sock.close()
+            raise
         _transports.add(self)
 
     return track
