@@ -33,6 +33,7 @@ def _tracked(init: Any) -> Any:
             # transport's init (Server._attach asserts it is open) with the socket still
             # open: a later collection would blame a random test for it. Close it now.
             sock.close()
+            self._sock = None  # closed: its collection has nothing to say
             raise
         _transports.add(self)
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 INNER = """
@@ -61,3 +63,33 @@ def test_the_test_that_leaves_a_socket_open_fails_and_the_next_one_does_not(tmp_
     )
     assert "_SelectorSocketTransport closing" in out.stdout
     assert "in send_and_close" in out.stdout  # where it was opened
+
+
+def test_a_transport_whose_init_fails_closes_its_socket_and_blames_nobody():
+    """Python 3.11's server, closed as it accepts a connection, fails the new transport's
+    init (``Server._attach`` asserts the server is open) with the socket still open; a
+    later collection then warned in an unrelated test (two clean CI runs, 2026-11-29)."""
+    import asyncio
+    import gc
+    import socket
+    import warnings
+    from asyncio import selector_events
+
+    class ClosedServer:
+        def _attach(self) -> None:
+            raise AssertionError("the server is closed")
+
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        with pytest.raises(AssertionError, match="the server is closed"):
+            selector_events._SelectorSocketTransport(
+                loop, ours, asyncio.Protocol(), server=ClosedServer()
+            )
+        assert ours.fileno() == -1  # closed where the init failed
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gc.collect()  # the half-made transport says nothing when collected
+    finally:
+        theirs.close()
+        loop.close()
