@@ -69,11 +69,14 @@ class ZygoteWorker(WorkerProcess):
         loop = asyncio.get_running_loop()
         try:
             while reads:
-                fd, read_end = reads[0]
+                fd, read_end = reads.pop(0)
                 pipe = os.fdopen(read_end, "rb", buffering=0)
-                reads.pop(0)
-                reader = functools.partial(_PipeReader, self, fd)
-                transport, _ = await loop.connect_read_pipe(reader, pipe)
+                try:
+                    reader = functools.partial(_PipeReader, self, fd)
+                    transport, _ = await loop.connect_read_pipe(reader, pipe)
+                except BaseException:
+                    pipe.close()
+                    raise
                 self._pipes.append(transport)
         except BaseException:  # cancelled (given up): the pipes not read yet are closed
             for _, read_end in reads:
