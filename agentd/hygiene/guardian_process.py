@@ -37,7 +37,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 OWNER_ENV = "AGENTD_OWNER"
 
@@ -60,54 +60,23 @@ def read_mark(pid: int) -> str | None:
     return environ[start + len(needle) : end if end >= 0 else None].decode(errors="replace")
 
 
-def marked_processes(among: Iterable[int] | None = None) -> Iterator[tuple[int, str]]:
-    """Every process readable by us that carries an owner mark: ``(pid, mark)``; only
-    those of ``among`` where given (else every process is read)."""
+def marked_processes() -> Iterator[tuple[int, str]]:
+    """Every process readable by us that carries an owner mark: ``(pid, mark)``."""
     me = os.getpid()
-    if among is None:
-        among = (int(name) for name in os.listdir("/proc") if name.isdigit())
-    for pid in among:
-        if pid != me:
-            mark = read_mark(pid)
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            mark = read_mark(int(name))
             if mark is not None:
-                yield pid, mark
-
-
-def descendants(pid: int) -> list[int] | None:
-    """Every descendant of ``pid``, from the children list the kernel keeps for each
-    thread; None where it keeps none (a kernel without ``CONFIG_PROC_CHILDREN``)."""
-    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
-        return None
-    found: list[int] = []
-    parents = [pid]
-    while parents:
-        parent = parents.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:  # it exited meanwhile
-            continue
-        for tid in threads:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as fp:
-                    children = [int(child) for child in fp.read().split()]
-            except OSError:
-                continue
-            found.extend(children)
-            parents.extend(children)
-    return found
+                yield int(name), mark
 
 
 def kill_marked(
-    predicate: Callable[[str], bool],
-    sig: int = signal.SIGKILL,
-    spare_groups: Collection[int] = (),
-    among: Iterable[int] | None = None,
+    predicate: Callable[[str], bool], sig: int = signal.SIGKILL, spare_groups: Collection[int] = ()
 ) -> list[int]:
     """Send ``sig`` to every marked process whose mark satisfies ``predicate``, but those in
-    the process groups ``spare_groups`` (workers kept across a restart, and their children);
-    only processes of ``among`` are looked at where given (else every process)."""
+    the process groups ``spare_groups`` (workers kept across a restart, and their children)."""
     killed = []
-    for pid, mark in marked_processes(among):
+    for pid, mark in marked_processes():
         if predicate(mark) and not (spare_groups and _group_of(pid) in spare_groups):
             try:
                 os.kill(pid, sig)

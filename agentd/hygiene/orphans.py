@@ -6,9 +6,6 @@ Four mechanisms, each covering what the others cannot:
   everything it starts, so the agent's processes can be found even after ``setsid``;
 * the agent is a *child subreaper*: orphaned grandchildren are re-parented to it and it
   reaps them (:class:`ZombieReaper`), as it also must when it runs as PID 1 in a container;
-  so a process that left its worker's group stays the agent's descendant, and a stop
-  finds such strays among its descendants (:func:`our_descendants`) rather than by
-  reading every process on the host;
 * a guardian process (:mod:`agentd.hygiene.guardian_process`) kills the workers' process
   groups and every marked process when the agent dies without stopping them (``kill -9``);
 * at start, an agent kills marked processes of the same run whose agent is gone.
@@ -24,13 +21,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 
-from agentd.hygiene.guardian_process import (
-    OWNER_ENV,
-    descendants,
-    kill_marked,
-    marked_processes,
-    read_mark,
-)
+from agentd.hygiene.guardian_process import OWNER_ENV, kill_marked, marked_processes, read_mark
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +29,6 @@ __all__ = ["OWNER_ENV", "kill_marked", "marked_processes", "read_mark"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_PR_GET_CHILD_SUBREAPER = 37
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -58,23 +48,6 @@ def _prctl(option: int, value: int) -> bool:
 def become_subreaper() -> bool:
     """Make orphaned descendants re-parent to this process (Linux); False where unsupported."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
-def is_subreaper() -> bool:
-    """Whether orphaned descendants re-parent to this process."""
-    flag = ctypes.c_int(0)
-    return (
-        _PRCTL is not None
-        and _PRCTL(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
-        and flag.value == 1
-    )
-
-
-def our_descendants() -> list[int] | None:
-    """This process's descendants where every process that left a descendant's group is
-    still one (this process is a child subreaper, and the kernel lists children); None
-    where only a scan of every process finds them all."""
-    return descendants(os.getpid()) if is_subreaper() else None
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:

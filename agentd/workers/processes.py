@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import StartError
-from agentd.hygiene.orphans import kill_marked, our_descendants, set_parent_death_signal
+from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
 from agentd.support.child_signals import apply_in_child
 from agentd.support.fdlimits import restore_for_child
 from agentd.workers.output import StreamRoute, StreamSink
@@ -241,9 +241,7 @@ async def stop_workers(
     finally:
         signal_groups(pgids, signal.SIGKILL)
         if mark is not None:
-            strays = kill_marked(
-                lambda m: m == mark, spare_groups=spare_groups, among=our_descendants()
-            )
+            strays = kill_marked(lambda m: m == mark, spare_groups=spare_groups)
         await asyncio.shield(asyncio.gather(*(w.exited for w in workers)))
         await asyncio.shield(asyncio.gather(*(w.drain() for w in workers)))
     return strays
