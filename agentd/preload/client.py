@@ -61,7 +61,7 @@ class Zygote:
         spares: int = 0,
     ) -> None:
         self.command = cmd
-        self.spares = spares
+        self.spares_wanted = spares
         self.modules = tuple(modules)
         self.env = dict(env)
         self.pid: int | None = None
@@ -90,7 +90,7 @@ class Zygote:
             str(theirs.fileno()),
             self.command.path0(cwd),
             ",".join(self.modules),
-            str(self.spares),
+            str(self.spares_wanted),
             self.command.target if self.command.kind == "script" else "-",
             " " * _ROOM_FOR_ARGV,
         ]
