@@ -2,6 +2,7 @@
 
     python bench/simulate.py [--seeds 10000] [--start 0] [--kinds kill,term,...] [--jobs N]
     python bench/simulate.py --seed N
+    python bench/simulate.py --failover ...  # agent 0 serves the store, the others stand by
 
 Runs agentd's rendezvous, membership, release and store code for each seed's agents and
 faults on a virtual clock, in one process per CPU (``--jobs``), and ends with one line:
@@ -30,8 +31,8 @@ def _invariants(violations: list[str]) -> list[str]:
     return sorted({line.split(" ")[0] for line in violations})
 
 
-def one(seed: int, kinds: tuple[str, ...]) -> int:
-    schedule = schedule_for(seed, kinds)
+def one(seed: int, kinds: tuple[str, ...], failover: bool) -> int:
+    schedule = schedule_for(seed, kinds, failover)
     outcome = simulate(schedule)
     print(schedule.describe())
     print("\n".join(outcome.notes))
@@ -52,13 +53,13 @@ CHUNK = 50
 """Seeds per task handed to a process of the pool."""
 
 
-def run_chunk(job: tuple[range, tuple[str, ...]]) -> tuple[int, dict[int, list[str]]]:
+def run_chunk(job: tuple[range, tuple[str, ...], bool]) -> tuple[int, dict[int, list[str]]]:
     """Run the seeds of one chunk: their requests, and the seeds with violations."""
-    seeds, kinds = job
+    seeds, kinds, failover = job
     requests = 0
     failing: dict[int, list[str]] = {}
     for seed in seeds:
-        outcome = simulate(schedule_for(seed, kinds))
+        outcome = simulate(schedule_for(seed, kinds, failover))
         requests += outcome.requests
         if outcome.violations:
             failing[seed] = _invariants(outcome.violations)
@@ -78,6 +79,11 @@ def main() -> int:
         default=",".join(KINDS),
         help=f"the faults to draw from (also: {', '.join(MORE_KINDS)})",
     )
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="the store served by agent 0 as the others stand by (store faults: its host's)",
+    )
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = set(kinds) - {*KINDS, *MORE_KINDS}
@@ -85,10 +91,10 @@ def main() -> int:
         known = ", ".join((*KINDS, *MORE_KINDS))
         parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({known})")
     if args.seed is not None:
-        return one(args.seed, kinds)
+        return one(args.seed, kinds, args.failover)
     began = time.perf_counter()
     seeds = range(args.start, args.start + args.seeds)
-    chunks = [(seeds[i : i + CHUNK], kinds) for i in range(0, len(seeds), CHUNK)]
+    chunks = [(seeds[i : i + CHUNK], kinds, args.failover) for i in range(0, len(seeds), CHUNK)]
     requests = 0
     failing: dict[int, list[str]] = {}
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:

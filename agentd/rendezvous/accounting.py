@@ -69,12 +69,18 @@ class Count(NamedTuple):
         return self.back >= expected and self.joined >= target
 
 
+async def count_back(store: Store, keys: RunKeys, generation: int, carried: Carried) -> int:
+    """Count this node, a member of ``carried``'s round, back in round ``generation``:
+    how many are back now."""
+    return await store.add(keys.round(generation, f"back/{carried.generation}"), 1)
+
+
 async def count(
     store: Store, keys: RunKeys, generation: int, carried: Carried, *, arrive: bool
 ) -> Count:
     """Round ``generation``'s count (counting this node back first, with ``arrive``)."""
     back_key = keys.round(generation, f"back/{carried.generation}")
-    back = await store.add(back_key, 1) if arrive else None
+    back = await count_back(store, keys, generation, carried) if arrive else None
     raw = await store.multi_get(
         [
             back_key,
@@ -103,12 +109,21 @@ async def mark_gone(store: Store, keys: RunKeys, carried: Carried, node: str) ->
 
 
 class LeaseCheck:
-    """The first member back's check of the missing members' leases, while a round fills:
-    the last round's member list is read once, then their heartbeats at each check; a
-    member whose heartbeat has been missing for :data:`FENCE` is counted gone."""
+    """The first member back's check of the missing members' leases while round
+    ``generation`` fills: the last round's member list is read once, then their
+    heartbeats at each check; a member whose heartbeat has been missing for :data:`FENCE`
+    is counted gone.
 
-    def __init__(self, store: Store, keys: RunKeys, carried: Carried | None) -> None:
+    A store that forgot the last round (it failed over or restarted empty) holds neither
+    its member list nor their leases: there, once the fence it keeps for that round
+    (``ctl/forgotten``, see :mod:`agentd.rendezvous.forgotten`) has ended, no lease of the
+    old store holds any more, and every member not back is counted gone at once."""
+
+    def __init__(
+        self, store: Store, keys: RunKeys, carried: Carried | None, generation: int
+    ) -> None:
         self._store, self._keys, self._carried = store, keys, carried
+        self._generation = generation
         self._nodes: list[str] | None = None
         self._missing_since: dict[str, float] = {}
 
@@ -119,9 +134,29 @@ class LeaseCheck:
             return 0
         if self._nodes is None:
             self._nodes = await members(self._store, self._keys, carried)
+        if not self._nodes:
+            return await self._forgotten_fence_passed(carried)
         return await mark_lapsed(
             self._store, self._keys, carried, self._nodes, self._missing_since, now
         )
+
+    async def _forgotten_fence_passed(self, carried: Carried) -> int:
+        keys = self._keys
+        back_key = keys.round(self._generation, f"back/{carried.generation}")
+        fence, back, gone = await self._store.multi_get(
+            [keys.forgotten, back_key, keys.round(carried.generation, "gone")]
+        )
+        missing = carried.size - int(back or b"0") - int(gone or b"0")
+        if fence is not None or missing <= 0:
+            return 0
+        await self._store.add(keys.round(carried.generation, "gone"), missing)
+        log.info(
+            "Rendezvous: the store forgot round %d, and its fence has ended: the %d member(s) "
+            "not back are gone",
+            carried.generation,
+            missing,
+        )
+        return missing
 
 
 async def members(store: Store, keys: RunKeys, carried: Carried) -> list[str]:

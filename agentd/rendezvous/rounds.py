@@ -181,7 +181,11 @@ class Rounds(Sealing):
         the round, or None (try the next)."""
         settings = self._settings
         sealed, revision, checker = None, start, False
+        carried = self.carried
         if rank + 1 == settings.max_nodes:
+            if carried is not None and carried.member and carried.generation < generation:
+                # a store that forgot our last round waits for its members to be back
+                await accounting.count_back(self._store, self._keys, generation, carried)
             sealed = await self._seal(generation, settings.max_nodes)
         elif self.carried is not None and self.carried.generation < generation:
             sealed, checker = await self._seal_if_counted(generation, self.carried)
@@ -250,7 +254,9 @@ class Rounds(Sealing):
         )
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
         waiting_since = reported = loop.time()
-        leases = accounting.LeaseCheck(store, self._keys, self.carried) if checker else None
+        leases = (
+            accounting.LeaseCheck(store, self._keys, self.carried, generation) if checker else None
+        )
         next_check = loop.time()
         while sealed is None:
             timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
@@ -342,6 +348,7 @@ class Rounds(Sealing):
         after = str(generation + 1).encode()
         moved, current = await store.compare_set(self._keys.gen, str(generation).encode(), after)
         if not moved and current is None and generation == 0:  # round 0 has no key yet
+            await self._remember_if_new()
             moved, current = await store.compare_set(self._keys.gen, None, after)
         if moved:
             log.info("Rendezvous %s: ended round %d: %s", self._run_id, generation, reason)
@@ -353,6 +360,18 @@ class Rounds(Sealing):
                 generation,
                 current,
             )
+
+    async def _remember_if_new(self) -> None:
+        """Before round 0 is ended in a store without a generation: if this agent saw round
+        0 sealed and the store holds no trace of it, the store is new (it failed over, or
+        restarted) and must learn what it forgot first, as :meth:`generation` tells it,
+        else the round this end starts could seal beside live workers of round 0 (seed 155
+        of ``bench/simulate.py --failover``)."""
+        carried = self.carried
+        if carried is None or carried.generation != 0 or self._membership is None:
+            return
+        if await self._store.get(self._keys.round(0, "sealed")) is None:
+            await forgotten.remember(self._store, self._keys, carried, self._membership.ttl)
 
     async def wait_for_generation_after(self, generation: int, full: int | None = None) -> None:
         """Return once the current generation is not ``generation`` (raise if closed).

@@ -52,6 +52,7 @@ class Candidacy:
     ``growing``: the list grows from its first endpoint (the seed); a member standing by
     is constructed with the seed alone and ``index`` None, and learns its place when the
     serving candidate admits it (:attr:`own` is its endpoint, set once it listens).
+    ``prober`` makes the prober of the other candidates (the protocol simulation's own).
     """
 
     def __init__(
@@ -62,9 +63,10 @@ class Candidacy:
         *,
         growing: bool = False,
         tls: StoreTls | None = None,
+        prober: Callable[..., Prober] = Prober,
     ) -> None:
         self.growing = growing
-        self._prober = Prober(endpoints, token, growing=growing, tls=tls)
+        self._prober = prober(endpoints, token, growing=growing, tls=tls)
         self.fingerprint = self._prober.fingerprint
         self.own = endpoints[index] if index is not None else ""
         self.role = "standby"
@@ -151,10 +153,16 @@ class Candidacy:
 
     def promote(self, term: int, endpoints: Sequence[str] = ()) -> None:
         """Serve under ``term``, if it is newer than ours (else nothing changes);
-        ``endpoints``: the promoting client's list, when it grows."""
+        ``endpoints``: the promoting client's list, when it grows. Serving already, we
+        serve on under our term unless the client has seen a newer one (``term`` - 1):
+        two clients that fail over at once, one of which asked us before the other
+        promoted us, meet here instead of dropping the state the first one began (seed
+        505 of ``bench/simulate.py --failover``: a killed host's release was lost so)."""
         self.extend(endpoints)
         if term <= self.term:
             return
+        if self.serving and term - 1 <= self.term:
+            return  # the client saw no term newer than ours: its report of us was stale
         if self.serving:
             self._step_down(f"promoted again, under term {term}")
         self.term, self.role = term, "serving"

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
+from agentd.store.retry import refused
 from agentd.store.tls import scheme, tls_client, tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
@@ -100,6 +101,9 @@ class RoleReport:
     problem: str = ""
     endpoints: tuple[str, ...] = ()
     """The candidate's own list, when it grows."""
+    refused: bool = False
+    """Its host refused the connection: the host is up and reachable, and nothing serves
+    there (the candidate's process is gone)."""
 
     @property
     def serving(self) -> bool:
@@ -182,9 +186,15 @@ class Prober:
                 doc = await response.json(content_type=None)
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            return RoleReport(index, endpoint, problem=_describe(exc))
+            return RoleReport(index, endpoint, problem=_describe(exc), refused=refused(exc))
+        return self.report(index, status, doc)
+
+    def report(self, index: int, status: int, doc: Any) -> RoleReport:
+        """Candidate ``index``'s answer (``status``, JSON ``doc``) as a report; a
+        mismatched list raises."""
+        endpoint = self.endpoints[index]
         error = doc.get("error", "") if isinstance(doc, dict) else ""
-        if status == 409 and doc.get("mismatch"):
+        if status == 409 and isinstance(doc, dict) and doc.get("mismatch"):
             raise CandidateMismatch(f"--rdzv-endpoint: {error}")
         if status != 200 or not isinstance(doc, dict):
             return RoleReport(index, endpoint, problem=f"{status} {error}".strip())

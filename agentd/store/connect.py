@@ -144,6 +144,7 @@ def http_store_opener(
         )
         hosting = server.candidacy if server is not None else None
         if hosting is not None:  # our client knows a new candidate at once, and so our will
+            client.own_candidate = where
             served = hosting
             served.admitted.append(lambda: client.adopt(served.endpoints))
         standby = None
@@ -232,6 +233,8 @@ def candidates_opener(
         client = FailoverStore(
             texts, token, retry_timeout=retry_timeout, request_timeout=request_timeout, tls=tls
         )
+        if server is not None:
+            client.own_candidate = server.candidacy.endpoint if server.candidacy else ""
 
         async def close() -> None:
             await client.close()

@@ -18,6 +18,7 @@ lost server is failed over as above.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
+from agentd.support.aio import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentd.store.tls import StoreTls
@@ -57,6 +59,9 @@ class FailoverStore:
 
     ``growing``: ``endpoints`` is the seed of a growing list; until it grows, requests go
     to the seed as to a lone store, each with ``alone_request_timeout``.
+
+    ``connect`` and ``prober`` make the client of one server and the prober of them all
+    (the protocol simulation's carry its requests over its own network).
     """
 
     def __init__(
@@ -69,13 +74,15 @@ class FailoverStore:
         growing: bool = False,
         alone_request_timeout: float = 10.0,
         tls: StoreTls | None = None,
+        connect: Callable[..., HttpStore] = HttpStore,
+        prober: Callable[..., Prober] = Prober,
     ) -> None:
         self.growing = growing
         self.tls = tls
         """The TLS of every connection to a candidate (None: plain HTTP)."""
-        self._prober = Prober(endpoints, token or "", growing=growing, tls=tls)
+        self._prober = prober(endpoints, token or "", growing=growing, tls=tls)
         alone = growing and len(endpoints) == 1
-        self._client = HttpStore(
+        self._client = connect(
             endpoints[0],
             token,
             retry_timeout=retry_timeout if alone else SERVER_RETRY,
@@ -96,8 +103,11 @@ class FailoverStore:
         self.failed: dict[str, str] = {}
         """Candidates seen failing, and why (the last time), until seen serving again."""
         self.failovers = 0
+        self.own_candidate = ""
+        """The endpoint of the candidate on this agent's host, if it stands as one."""
         self._moves = 0
         self._lock = asyncio.Lock()
+        self._search: asyncio.Task[None] | None = None
         self._started = time.monotonic()
         self._set_headers()
 
@@ -236,8 +246,11 @@ class FailoverStore:
             if not report.reachable:
                 self.failed[report.endpoint] = report.problem
         reachable = [r for r in reports if r.reachable]
-        if not reachable:
-            return None
+        own = self.own_candidate
+        if not reachable or not any(
+            r.endpoint != own and (r.reachable or r.refused) for r in reports
+        ):
+            return None  # none but our own host's answers: we may be the one cut off (S1)
         first = reachable[0]
         early = self.serving is None and self.failovers == 0 and not self._moves
         if early and first.index > 0 and time.monotonic() - self._started < STARTUP_GRACE:
@@ -314,6 +327,30 @@ class FailoverStore:
     async def refresh(self, key: str, ttl: float) -> bool:
         return await self._call(lambda s: s.refresh(key, ttl))
 
+    async def heartbeat(self, key: str, ttl: float) -> bool:
+        """:meth:`refresh` in one attempt at the candidate serving now, as
+        :meth:`HttpStore.heartbeat`. The membership reads a heartbeat held unanswered as
+        one a frozen store received (``rendezvous/membership.py``); that holds for one
+        attempt on one connection, never for retries and a search for another candidate
+        (a member cut off from every candidate extended its lease past S6's bound). A
+        failure is raised at once, and the search for the candidate serving now begins
+        in the background, for the requests that follow."""
+        if self.serving is None or self._closed:
+            return await self.refresh(key, ttl)
+        moves = self._moves
+        try:
+            alive = await self._client.heartbeat(key, ttl)
+        except (StoreUnavailable, StoreNotServing) as exc:
+            if not self.alone and (self._search is None or self._search.done()):
+                self._search = asyncio.create_task(self._search_quietly(moves, str(exc)))
+            raise
+        self._adopt(self._client.server_term)
+        return alive
+
+    async def _search_quietly(self, moves: int, why: str) -> None:
+        with contextlib.suppress(StoreUnavailable):  # the requests that follow say it
+            await self._find_server(moves, why)
+
     async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
         return await self._call(lambda s: s.multi_get(keys))
 
@@ -348,5 +385,6 @@ class FailoverStore:
 
     async def close(self) -> None:
         self._closed = True
+        await cancel_and_wait(self._search)
         await self._client.close()
         await self._prober.close()

@@ -103,13 +103,14 @@ class MemoryStore:
     def __init__(
         self,
         history: int = DEFAULT_HISTORY,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         *,
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
         stall_guard: bool = True,
         on_lapse: Callable[[str], None] | None = None,
     ) -> None:
+        clock = clock or time.monotonic  # read now: the protocol simulation's clock replaces it
         self._on_lapse = on_lapse
         """Told why, when a TTL key expires or the store stood still: signs that a client
         was cut off from it, or it from them (see :mod:`agentd.store.candidacy`)."""

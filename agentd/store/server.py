@@ -16,7 +16,7 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,35 +186,14 @@ class StoreServer:
     async def _guard(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]
     ) -> Any:
-        """Auth first, then the handler, with every failure turned into a 4xx JSON error."""
+        """Auth first, then the handler; a failure :meth:`answer` does not turn into a 4xx
+        JSON error (a body too large or that cannot be read) is turned into one here."""
         from aiohttp import web
 
         if not self._authorized(request):
             return self._error(401, "authorization: a valid bearer token is required")
-        candidacy = self.candidacy
         try:
-            if candidacy is not None:
-                mismatch = candidacy.mismatch(request.headers.get(CANDIDATES_HEADER))
-                if mismatch:
-                    return web.json_response({"error": mismatch, "mismatch": True}, status=409)
-                candidacy.observe(term_header(request.headers.get(TERM_HEADER, "0")))
-                response = await handler(request)
-                response.headers[TERM_HEADER] = str(candidacy.term)
-                if candidacy.growing:
-                    response.headers[CANDIDATE_COUNT_HEADER] = str(len(candidacy.endpoints))
-                return response
             return await handler(request)
-        except StoreNotServing as exc:
-            return self._error(NOT_SERVING, str(exc))
-        except BadRequest as exc:
-            return self._error(400, str(exc))
-        except StoreTimeout as exc:
-            return self._error(408, str(exc))
-        except StoreFull as exc:
-            self._problems.warning("full", "Store: %s", exc)
-            return self._error(507, str(exc))
-        except StoreError as exc:
-            return self._error(409, str(exc))
         except web.HTTPRequestEntityTooLarge:
             return self._error(413, f"body: larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
@@ -237,13 +216,6 @@ class StoreServer:
     async def _dispatch(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
-        op = request.match_info["op"]
-        method = OPS.get(op)
-        candidacy = self.candidacy
-        if op in CANDIDATE_OPS:
-            return web.json_response(await self._candidate_op(op, request))
-        if method is None:
-            return self._error(404, f"op: {op!r} is not one of {sorted(OPS)}")
         timeout = self._limits.body_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -252,6 +224,47 @@ class StoreServer:
             response = self._error(408, f"body: not received within {timeout:g}s")
             response.force_close()  # the rest of the body may still come: not on this connection
             return response
+        status, doc, headers = await self.answer(request.match_info["op"], raw, request.headers)
+        return web.json_response(doc, status=status, headers=headers)
+
+    async def answer(
+        self, op: str, raw: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """The answer to an authorized ``POST /v1/<op>`` with body ``raw`` and the request's
+        ``headers``, apart from HTTP: its status, JSON document and headers. Every broken
+        rule is a 4xx naming it. (The protocol simulation serves through this alone.)"""
+        candidacy = self.candidacy
+        try:
+            if candidacy is None:
+                return await self._serve(op, raw)
+            mismatch = candidacy.mismatch(headers.get(CANDIDATES_HEADER))
+            if mismatch:
+                return 409, {"error": mismatch, "mismatch": True}, {}
+            candidacy.observe(term_header(headers.get(TERM_HEADER, "0")))
+            status, doc, answered = await self._serve(op, raw)
+            answered[TERM_HEADER] = str(candidacy.term)
+            if candidacy.growing:
+                answered[CANDIDATE_COUNT_HEADER] = str(len(candidacy.endpoints))
+            return status, doc, answered
+        except StoreNotServing as exc:
+            return NOT_SERVING, {"error": str(exc)}, {}
+        except BadRequest as exc:
+            return 400, {"error": str(exc)}, {}
+        except StoreTimeout as exc:
+            return 408, {"error": str(exc)}, {}
+        except StoreFull as exc:
+            self._problems.warning("full", "Store: %s", exc)
+            return 507, {"error": str(exc)}, {}
+        except StoreError as exc:
+            return 409, {"error": str(exc)}, {}
+
+    async def _serve(self, op: str, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        method = OPS.get(op)
+        candidacy = self.candidacy
+        if op in CANDIDATE_OPS:
+            return 200, self._candidate_op(op, raw), {}
+        if method is None:
+            return 404, {"error": f"op: {op!r} is not one of {sorted(OPS)}"}, {}
         try:
             body = json.loads(raw) if raw else {}
         except (ValueError, UnicodeDecodeError):
@@ -267,15 +280,15 @@ class StoreServer:
             # the client's revisions are another store's (we restarted): a long poll on them
             # could wait for changes that will never come, so say so at once
             lost = WatchResult(await self.store.revision(), compacted=True)
-            return web.json_response(watch_doc(lost), headers={INSTANCE_HEADER: self.instance})
+            return 200, watch_doc(lost), {INSTANCE_HEADER: self.instance}
         instance = self.instance
         if candidacy is not None and op in LONG_POLLS:  # the others never wait on the loop
             result = await candidacy.while_serving(method(self.store, Args(body)))
         else:
             result = await method(self.store, Args(body))
-        return web.json_response(result, headers={INSTANCE_HEADER: instance})
+        return 200, result, {INSTANCE_HEADER: instance}
 
-    async def _candidate_op(self, op: str, request: web.Request) -> dict[str, Any]:
+    def _candidate_op(self, op: str, raw: bytes) -> dict[str, Any]:
         """``role`` (any server: one without a candidacy always serves), ``promote`` and
         ``stand`` (a member joining a growing list; only the serving candidate admits)."""
         candidacy = self.candidacy
@@ -284,7 +297,7 @@ class StoreServer:
                 raise BadRequest(f"op: {op!r} needs a store started as a candidate")
             return {"role": "serving", "term": 0}
         try:
-            body = json.loads(await request.read() or b"{}")
+            body = json.loads(raw or b"{}")
         except (ValueError, UnicodeDecodeError):
             raise BadRequest("body: not valid JSON") from None
         body = body if isinstance(body, dict) else {}

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.store.api import StoreError
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import MAX_CANDIDATES
+from agentd.store.candidates import MAX_CANDIDATES, Prober
 from agentd.store.failover import FailoverStore
 from agentd.support.aio import cancel_and_wait
 from agentd.support.net import endpoint_text, route_source, split_endpoint
@@ -35,10 +36,18 @@ log = logging.getLogger(__name__)
 class Standby:
     """This agent's offer to serve the store of ``client``'s growing list if its host is
     lost: a candidate server on ``host`` ('': the address we reach the seed from),
-    preferably on the seed's port, taking at most ``max_connections``."""
+    preferably on the seed's port, taking at most ``max_connections``; ``prober`` asks the
+    other candidates (the protocol simulation's own)."""
 
-    def __init__(self, client: FailoverStore, host: str, max_connections: int) -> None:
+    def __init__(
+        self,
+        client: FailoverStore,
+        host: str,
+        max_connections: int,
+        prober: Callable[..., Prober] = Prober,
+    ) -> None:
         self._client = client
+        self._prober = prober
         self._host = host
         self._max_connections = max_connections
         self._task: asyncio.Task[None] | None = None
@@ -70,12 +79,15 @@ class Standby:
         if not host:
             log.warning("Store: cannot stand by for %s: no route to it", client.endpoints[0])
             return
-        candidacy = Candidacy(client.endpoints[:1], None, token, growing=True, tls=client.tls)
+        candidacy = Candidacy(
+            client.endpoints[:1], None, token, growing=True, tls=client.tls, prober=self._prober
+        )
         server = self.server = await self._listen(host, seed_port, candidacy, token)
         if server is None:
             return
         candidacy.extend(client.endpoints)
         client.on_list = candidacy.extend
+        client.own_candidate = candidacy.own
         try:
             answer = await client.stand(candidacy.own)
         except StoreError as exc:
@@ -83,6 +95,7 @@ class Standby:
             answer = {}
         if not answer.get("admitted"):
             client.on_list = None
+            client.own_candidate = ""
             self.server = None
             await server.stop()
             return

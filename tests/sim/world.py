@@ -28,7 +28,8 @@ clock). What is modelled, and how:
   guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
 - **the store** can freeze (nothing it runs moves, TTLs included: they run on its serving
   clock) and restart empty (requests under way are retried on the new one, as a reset
-  connection is).
+  connection is). With ``failover`` (:mod:`tests.sim.failover`) it is served by agent 0
+  instead, the others standing by, and every client is agentd's ``FailoverStore``.
 
 The invariants (docs/protocol.md), checked at the event that could break them:
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import json
 import logging
 import random
@@ -68,6 +70,7 @@ from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable, 
 from agentd.store.connect import OpenedStore
 from agentd.store.memory import MemoryStore
 from agentd.store.sockets import LIVENESS
+from tests.sim import failover
 from tests.sim.clock import START, Owner, Stuck, VirtualLoop, spawn
 
 RUN_ID = "sim"
@@ -130,22 +133,33 @@ class Schedule:
     min_nodes: int
     max_nodes: int
     faults: tuple[Fault, ...]
+    failover: bool = False
+    """Agent 0 serves the store, the others stand by (:mod:`tests.sim.failover`); else
+    the store is a process of its own."""
 
     def describe(self) -> str:
         head = (
             f"seed {self.seed}: {self.nodes} agents, nnodes {self.min_nodes}:{self.max_nodes}, "
             f"{len(self.faults)} fault(s)"
         )
+        if self.failover:
+            head += ", the store served by agent 0, the others standing by"
         return "\n".join([head, *(f"  {fault}" for fault in self.faults)])
 
     def without(self, index: int) -> Schedule:
         faults = self.faults[:index] + self.faults[index + 1 :]
-        return Schedule(self.seed, self.nodes, self.min_nodes, self.max_nodes, faults)
+        return dataclasses.replace(self, faults=faults)
 
 
-def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS) -> Schedule:
-    """A random job and fault schedule, the same for the same ``seed``."""
-    rng = random.Random(seed)
+def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS, failover: bool = False) -> Schedule:
+    """A random job and fault schedule, the same for the same ``seed``. ``failover``: the
+    store is served by agent 0, the others stand by, and half the faults that strike an
+    agent strike the store's host (store faults are not drawn: its host's are those)."""
+    if failover:
+        kinds = tuple(kind for kind in kinds if kind not in STORE_FAULTS)
+        rng = random.Random(f"failover {seed}")
+    else:
+        rng = random.Random(seed)
     nodes = rng.randint(2, 5)
     min_nodes = rng.randint(1, nodes)
     max_nodes = rng.choice((nodes, nodes + 1))
@@ -162,8 +176,9 @@ def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS) -> Schedule:
             faults.append(Fault(round(at, 3), kind, -1, round(rng.uniform(0.5, 20), 3)))
         else:
             duration = round(rng.uniform(0.5, 25), 3) if kind in ("stop", "partition") else 0
-            faults.append(Fault(round(at, 3), kind, rng.randrange(joined), duration))
-    return Schedule(seed, nodes, min_nodes, max_nodes, tuple(faults))
+            target = 0 if failover and rng.random() < 0.5 else rng.randrange(joined)
+            faults.append(Fault(round(at, 3), kind, target, duration))
+    return Schedule(seed, nodes, min_nodes, max_nodes, tuple(faults), failover)
 
 
 # -- the store and the network ---------------------------------------------------------------
@@ -326,6 +341,8 @@ class SimAgent:
         self.guardian = Owner(f"guardian{index}")
         self.partitioned = False
         self.cut = asyncio.Event()
+        self.down = asyncio.Event()
+        """Set when its process is gone (killed, exited, its host lost)."""
         self.delivered = 0.0
         """The latest send time of a heartbeat (or announcement) that reached the store."""
         self.lease: float | None = None
@@ -352,6 +369,9 @@ class SimAgent:
         return self.state in ("running", "stopped")
 
     async def _open(self) -> OpenedStore:
+        if self.world.network is not None:
+            return await failover.open_store(self.world.network, self)
+
         async def nothing() -> None:
             pass
 
@@ -418,6 +438,7 @@ class SimAgent:
         with contextlib.suppress(Exception):
             await self.handler.shutdown()
         self.owner.dead = True
+        self.down.set()
 
     async def _fence(self) -> None:
         """The guardian's lease fence: the workers die ``LEASE_SLACK`` after the lease."""
@@ -445,6 +466,7 @@ class SimAgent:
     def sigkill(self) -> None:
         """The agent dies; its guardian kills the workers and carries out the will."""
         self.owner.dead = True
+        self.down.set()
         self.state = "killed"
         self.ended_at = self.world.loop.time()
         self.hold = None
@@ -452,6 +474,12 @@ class SimAgent:
             spawn(self.guardian, self._release(self.will), f"release{self.index}")
 
     async def _release(self, will: dict[str, Any]) -> None:
+        network = self.world.network
+        if network is not None:
+            await failover.carry_out(
+                network, self, will, lambda said: self.world.note(f"guardian {self.index}: {said}")
+            )
+            return
         with contextlib.suppress(Exception):
             said = await release(will, Link(self.world, self))  # type: ignore[arg-type]
             self.world.note(f"guardian {self.index}: {said}")
@@ -470,6 +498,7 @@ class SimAgent:
 
     def lose_host(self) -> None:
         self.owner.dead = self.guardian.dead = True
+        self.down.set()
         self.state = "lost"
         self.ended_at = self.world.loop.time()
         self.hold = None
@@ -506,6 +535,7 @@ class World:
         self.schedule = schedule
         self.rng = random.Random(schedule.seed ^ 0x5EED)
         self.host = StoreHost(loop)
+        self.network = failover.Network(self) if schedule.failover else None
         self.agents: list[SimAgent] = []
         self.requests = 0
         self.outcome = Outcome(schedule)
@@ -537,7 +567,9 @@ class World:
         agent.rounds_at.setdefault(generation, self.loop.time())
         self.note(f"agent {agent.index}: round {generation}, rank {rank} of {size}")
 
-    def after_op(self, host: StoreHost, op: str, args: tuple[Any, ...], result: Any) -> None:
+    def after_op(
+        self, host: StoreHost | failover.SimServer, op: str, args: tuple[Any, ...], result: Any
+    ) -> None:
         """S2: a round sealed with members only, each with a live heartbeat."""
         if op != "compare_set" or not args[0].endswith("/sealed") or not result[0]:
             return
@@ -608,6 +640,8 @@ class World:
         round, if still at least MIN, are in a later round within the bound."""
         ttl = agent.handler.settings.heartbeat_ttl
         bounds = {"term": LEAVE_BOUND, "kill": LEAVE_BOUND, "lose_host": ttl + HOST_LOST_SLACK}
+        if self.network is not None and self.network.serves(agent):
+            bounds["lose_host"] = failover.store_host_lost_bound(agent.handler.settings)
         bound = bounds.get(fault.kind)
         if bound is None or agent.hold is None:
             return
@@ -621,6 +655,9 @@ class World:
             for a in self.agents
             if a is not agent and a.alive and a.hold is not None and a.hold.generation == generation
         ]
+        lost = fault.kind == "lose_host"
+        if lost and self.network is not None and not self.network.can_serve(survivors):
+            return  # a job of two cannot tell its store host's loss from its own cut-off
         if len(survivors) >= self.schedule.min_nodes:
             deadline = self.loop.time() + bound
             self.leaves.append((fault, agent.index, generation, deadline, survivors))
@@ -654,6 +691,8 @@ class World:
         live = [a for a in self.agents if a.alive]
         schedule = self.schedule
         if len(live) < schedule.min_nodes:
+            return
+        if self.network is not None and not self.network.can_serve(live):
             return
         holds = {a.index: a.hold for a in live}
         generations = {h.generation for h in holds.values() if h is not None}
@@ -697,8 +736,12 @@ def simulate(schedule: Schedule) -> Outcome:
 
     logging.disable(logging.WARNING)  # the agents say what they see; the invariants judge
     entropy = random.Random(f"entropy {schedule.seed}")  # ids the code draws: seeded too
+    jitter = random.Random(f"jitter {schedule.seed}")  # and the retries' backoff
     try:
-        with mock.patch("os.urandom", lambda n: entropy.randbytes(n)):
+        with (
+            mock.patch("os.urandom", lambda n: entropy.randbytes(n)),
+            mock.patch("agentd.store.retry.random", jitter),
+        ):
             return run(lambda loop: _simulate(loop, schedule))
     except Stuck as exc:
         return Outcome(schedule, violations=[f"stuck: {exc}"])
