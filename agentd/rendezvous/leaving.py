@@ -1,8 +1,10 @@
 """How an agent leaves a rendezvous: it ends its round for the others (a failure, a
 restart, a node that leaves), closes the rendezvous with the job's outcome, and at
-shutdown counts itself gone, deletes its heartbeat and, when it serves the store, keeps it
-up until the round's other members are gone. Should it die instead, its will tells its
-guardian how to release it (:mod:`agentd.rendezvous.release`). A mixin of
+shutdown counts itself gone, deletes its heartbeat and, when it serves the store, hands it
+over to the next candidate while the job goes on (the others fail over once, as it
+leaves), or keeps it up until the round's other members are gone once the job is over.
+Should it die instead, its will tells its guardian how to release it
+(:mod:`agentd.rendezvous.release`). A mixin of
 :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`.
 """
 
@@ -147,8 +149,12 @@ class Leaving:
             await self._membership.stop()
         if self._store is None or self._opened is None:
             return
+        handed = False
         try:
             if not self._closed:  # the others re-form without us, at once
+                current = self._round
+                if self._opened.hand_over is not None and current is not None:
+                    handed = await self._opened.hand_over(current.size)  # to its next server
                 async with asyncio.timeout(self.settings.close_timeout):
                     if self._round is not None and self._rounds is not None:
                         await self._rounds.settle(self.node_id)
@@ -156,7 +162,7 @@ class Leaving:
                     await self._end_forming_round()
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
-            if self._opened.serves:
+            if self._opened.serves and not handed:
                 await self._wait_for_peers_to_leave()
         except (StoreError, TimeoutError) as exc:
             log.warning(

@@ -49,6 +49,11 @@ class OpenedStore(NamedTuple):
     on_candidates: Callable[[Callable[[], object]], None] | None = None
     """Register a call for the moment the store this agent serves admits a candidate (this
     agent's client, and so its ``client_spec``, knows the candidate by then)."""
+    hand_over: Callable[[int], Awaitable[bool]] | None = None
+    """Stop serving the store now, where another candidate can take it over and each of
+    the round's N members (the argument) knows one: an agent that leaves a job that goes
+    on (SIGTERM, a drain) lets the others fail over at once, before it counts itself gone
+    there, instead of when it exits (a second restart for them). True if it did."""
 
     @property
     def serves(self) -> bool:
@@ -163,6 +168,10 @@ def http_store_opener(
             hosting = serves.candidacy if serves is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
+        async def hand_over(members: int) -> bool:
+            serves = server or (standby.server if standby is not None else None)
+            return await hand_over_store(serves, client, members)
+
         return OpenedStore(
             client,
             close,
@@ -175,6 +184,7 @@ def http_store_opener(
             serving=(lambda: standby.serving) if standby else None,
             client_spec=lambda: client_spec(client, token if server is None else server.token),
             on_candidates=hosting.admitted.append if hosting is not None else None,
+            hand_over=hand_over,
         )
 
     return open_store
@@ -253,9 +263,32 @@ def candidates_opener(
             where=",".join(texts),
             describe=describe,
             client_spec=lambda: client_spec(client, token),
+            hand_over=lambda members: hand_over_store(server, client, members),
         )
 
     return open_store
+
+
+async def hand_over_store(server: StoreServer | None, client: FailoverStore, members: int) -> bool:
+    """Stop ``server`` if it serves the store and the candidate list is as long as the
+    round (each of its ``members`` stood by, so each knows a candidate to move to; see
+    :attr:`OpenedStore.hand_over`): from now on its port refuses, and every client, ours
+    included, moves to the next candidate at its next request. A member that has not
+    stood by yet knows only this server: then it is not stopped (False)."""
+    from agentd.store.candidates import MAX_CANDIDATES
+
+    candidacy = server.candidacy if server is not None else None
+    if server is None or candidacy is None or not candidacy.serving:
+        return False
+    if len(client.endpoints) < max(2, min(members, MAX_CANDIDATES)):
+        return False
+    log.info(
+        "Store %s: this agent leaves while the job goes on: handing the store over to "
+        "the next candidate (the others fail over now, once)",
+        server.endpoint,
+    )
+    await server.stop()
+    return True
 
 
 def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
@@ -265,6 +298,7 @@ def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
     return {
         "endpoints": list(client.endpoints),
         "growing": client.growing,
+        "serving": client.serving,
         "token": token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
     }
@@ -277,6 +311,8 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
 
     files = spec.get("tls")
     tls = StoreTls(files[0], files[1], files[2], serve=False) if files else None
+    serving = spec.get("serving")
+    start = serving if isinstance(serving, int) and 0 <= serving < len(spec["endpoints"]) else None
     return FailoverStore(
         spec["endpoints"],
         spec.get("token") or None,
@@ -285,4 +321,5 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
         request_timeout=timeout / 2,
         alone_request_timeout=timeout / 2,
         tls=tls,
+        start=start,
     )

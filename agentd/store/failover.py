@@ -61,7 +61,9 @@ class FailoverStore:
     to the seed as to a lone store, each with ``alone_request_timeout``.
 
     ``connect`` and ``prober`` make the client of one server and the prober of them all
-    (the protocol simulation's carry its requests over its own network).
+    (the protocol simulation's carry its requests over its own network). ``start``: the
+    index of the candidate another client found serving (a guardian's release goes
+    there first, not to a seed that may be the host just lost).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class FailoverStore:
         tls: StoreTls | None = None,
         connect: Callable[..., HttpStore] = HttpStore,
         prober: Callable[..., Prober] = Prober,
+        start: int | None = None,
     ) -> None:
         self.growing = growing
         self.tls = tls
@@ -83,7 +86,7 @@ class FailoverStore:
         self._prober = prober(endpoints, token or "", growing=growing, tls=tls)
         alone = growing and len(endpoints) == 1
         self._client = connect(
-            endpoints[0],
+            endpoints[start or 0],
             token,
             retry_timeout=retry_timeout if alone else SERVER_RETRY,
             request_timeout=alone_request_timeout if alone else request_timeout,
@@ -94,7 +97,7 @@ class FailoverStore:
         self._retry_timeout = retry_timeout
         self.term = 0
         """The newest term seen: requests carry it, so a replaced server learns it was."""
-        self.serving: int | None = 0 if growing else None
+        self.serving: int | None = start if start is not None else (0 if growing else None)
         """The index of the candidate this client talks to (None: not found yet)."""
         self.on_list: Callable[[tuple[str, ...]], None] | None = None
         """Told each longer version of a growing list this client adopts."""

@@ -218,6 +218,7 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
         "import agentd\n"
         "got = os.path.join(sys.argv[1], 'signal_' + os.environ['LOCAL_RANK'])\n"
         "signal.signal(signal.SIGUSR2, lambda *_: open(got, 'w').close())\n"
+        "open(os.path.join(sys.argv[1], 'ready_' + os.environ['LOCAL_RANK']), 'w').close()\n"
         "while True:\n"
         "    time.sleep(0.01)\n"
         "    agentd.heartbeat()\n"
@@ -236,7 +237,8 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
         str(tmp_path),
     )
     url = health_url(agent)
-    wait_until(lambda: "Started 2 worker" in agent.stderr(), what="the workers")
+    # a worker that has not set its handler yet dies of the signal (its default action)
+    wait_until(lambda: len(list(tmp_path.glob("ready_*"))) == 2, what="the workers' handlers")
     assert drain_cli("--url", url).returncode == 0
     assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
     assert sorted(p.name for p in tmp_path.glob("signal_*")) == ["signal_0", "signal_1"]

@@ -34,7 +34,7 @@ from agentd.rendezvous.forgotten import lifetime
 from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import PROBE_TIMEOUT, Prober, RoleReport
-from agentd.store.connect import OpenedStore, client_spec
+from agentd.store.connect import OpenedStore, client_spec, hand_over_store
 from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
@@ -172,8 +172,9 @@ class Network:
             for wait in waits:
                 wait.cancel()
         if not task.done():
-            if server.agent.owner.dead and server.agent.state != "lost":
-                return Reply(failure="lost")  # its kernel resets the connection
+            gone = server.agent.owner.dead or server.closed.is_set()
+            if gone and server.agent.state != "lost":
+                return Reply(failure="lost")  # closed, or its kernel resets the connection
             return await self._unanswered(sent, answer_within)
         status, doc, answered = task.result()
         if op == "compare_set" and status == 200 and doc.get("succeeded"):
@@ -282,7 +283,7 @@ class SimStandby(Standby):
 
 
 def failover_client(
-    network: Network, agent: SimAgent, endpoints: list[str], **timeouts: float
+    network: Network, agent: SimAgent, endpoints: list[str], **timeouts: Any
 ) -> FailoverStore:
     """A client of the growing list ``endpoints`` from ``agent``'s host."""
     return FailoverStore(
@@ -341,6 +342,9 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         serving=(lambda: standby.serving) if standby else None,
         client_spec=lambda: client_spec(client, TOKEN),
         on_candidates=hosting.admitted.append if hosting is not None else None,
+        hand_over=lambda members: hand_over_store(
+            server or (standby and standby.server), client, members
+        ),
     )
 
 
@@ -351,6 +355,7 @@ def release_client(network: Network, agent: SimAgent, spec: dict[str, Any]) -> F
         network,
         agent,
         spec["endpoints"],
+        start=spec["serving"],
         retry_timeout=RELEASE_TIMEOUT,
         request_timeout=RELEASE_TIMEOUT / 2,
         alone_request_timeout=RELEASE_TIMEOUT / 2,

@@ -74,6 +74,11 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
         (56, "a heartbeat retried through a failover read as one a frozen store held"),
         (505, "two clients failing over at once dropped the new store's first state"),
         (839, "the round's last arrival never counted itself back in a new store"),
+        (4566, "a killed member's release tried the lost seed first, for 5 s"),
+        (8937, "the same, after the seed's host and agent were lost and killed"),
+        (4764, "a store host that left dropped the store 30 s later: a second restart"),
+        (1681, "a failed heartbeat began no search for the next server"),
+        (1270, "a store host that left before every member stood by stranded one"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):

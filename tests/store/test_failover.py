@@ -284,3 +284,46 @@ def test_none_serving_names_every_candidate_and_why():
     searching = {**status, "serving": "127.0.0.1:1"}  # the one it used failed: it searches
     assert none_serving(searching) == none_serving(status)
     assert none_serving(None) == ""
+
+
+async def test_a_serving_candidate_promoted_by_a_stale_report_keeps_its_term_and_state(three):
+    """Two clients fail over at once: one asked the next candidate its role before the
+    other promoted it, and asks it to serve under the next term. It serves on (seed 505 of
+    ``bench/simulate.py --failover``); only a client that saw a newer term than its own
+    makes it start again, empty."""
+    client = three.client()
+    await client.set("k", b"v")
+    candidacy = three.servers[0].candidacy
+    candidacy.promote(2)  # the client saw term 1, ours: its report of us was stale
+    assert three.role(0) == ("serving", 1)
+    assert await client.get("k") == b"v"
+    candidacy.promote(3)  # a client that saw term 2: we were replaced meanwhile
+    assert three.role(0) == ("serving", 3)
+    assert await client.get("k") is None
+
+
+async def test_a_client_that_reaches_no_candidate_but_its_own_promotes_none():
+    """A member cut off from the others reaches only the candidate on its own host; were it
+    to promote that one, it would form a job of its own beside theirs (S1; seed 545 of
+    ``bench/simulate.py --failover``). Here candidate 0 accepts connections and never
+    answers, as a frozen or cut-off host does."""
+    import socket
+
+    group = Candidates(2)
+    silent = socket.socket()
+    try:
+        await group.start(0)
+        await group.start(1)
+        client = group.client(retry=2.0)
+        client.own_candidate = group.endpoints[1]
+        await client.set("k", b"v")
+        await group.stop(0)
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", group.port))
+        silent.listen()
+        with pytest.raises(StoreUnavailable, match="no store candidate serves"):
+            await client.get("k")
+        assert group.role(1) == ("standby", 1)  # it learned the term, and serves nothing
+    finally:
+        silent.close()
+        await group.close()
