@@ -87,7 +87,33 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
+        raise ConfigError(message + self._suggestion(message))
+
+    def _suggestion(self, message: str) -> str:
+        """For an unknown ``--flag``: the flag meant, when one is close (a typo)."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [flag for parser in self._parsers() for flag in parser._option_string_actions]
+        hints = []
+        for word in message[len(prefix) :].split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+            if flag.startswith("--") and close:
+                hints.append((flag, close[0]))
+        if len(hints) == 1:
+            return f" (did you mean {hints[0][1]}?)"
+        return f" (did you mean {', '.join(f'{c} for {f}' for f, c in hints)}?)" if hints else ""
+
+    def _parsers(self) -> list[argparse.ArgumentParser]:
+        """This parser and its commands' (argparse reports their unknown flags here)."""
+        found: list[argparse.ArgumentParser] = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += action.choices.values()
+        return found
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer
     from agentd.heartbeats.stragglers import StepTimes
+    from agentd.rendezvous.api import RendezvousHandler
     from agentd.timer.server import TimerServer
     from agentd.workers.processes import WorkerProcess
 
@@ -39,6 +40,7 @@ class LocalAgentViews:
     run_dir: Path
     attempt: int
     hostname: str
+    rdzv_handler: RendezvousHandler
 
     @property
     def restart_kinds(self) -> dict[str, int]:
@@ -110,6 +112,18 @@ class LocalAgentViews:
     def drain_status(self) -> dict[str, Any] | None:
         """The last drain this agent followed (None: none yet)."""
         return self._drain.status() if self._drain is not None else None
+
+    def _peer_drain_under_way(self) -> str:
+        """The node whose drain this agent follows since its workers started ('': none,
+        or the drain is this node's own)."""
+        status = self.drain_status()
+        if not status or not self._procs:
+            return ""
+        started = min(proc.started_at for proc in self._procs.values())
+        node = str(status.get("node") or "")
+        if node == getattr(self.rdzv_handler, "node_id", None):
+            return ""
+        return node if float(status.get("requested_at") or 0.0) >= started else ""
 
     def node_check_status(self) -> dict[str, Any] | None:
         """The node checks' last results and exclusions (None without ``--node-check``)."""

@@ -44,6 +44,10 @@ _LOST = (
     "[%s] The root cause of this node's worker failure: %s (its agent stopped answering); "
     "%d node(s) left, the job needs %d"
 )
+_DRAINED = (
+    "[%s] Our workers failed while node %s drains (its workers leave); waiting up to %gs "
+    "for the round to end without it"
+)
 ROLL_CALL_WAIT = 1.0
 """Seconds the peers have to answer a roll call (a live round watch answers in ms)."""
 
@@ -137,6 +141,16 @@ class RendezvousSteps:
             return ""
         if not isinstance(handler, FindsLostPeers):
             return ""
+        draining = self._peer_drain_under_way()
+        if draining:  # its workers leave, so ours may fail first: a membership change
+            if self._round_ended is None and self._round_closed is None:
+                wait = handler.peer_loss_timeout() + ROLL_CALL_WAIT
+                log.info(_DRAINED, group.spec.role, draining, wait)
+                await self._wait_for_round_end(wait)
+            why = self._round_ended
+            if why is not None and await self._enough_without_one(group, handler.min_nodes()):
+                return why
+            return ""
         if self._round_ended is None and self._round_closed is None:
             from agentd.store.api import StoreError  # a handler that calls rolls has a store
 
@@ -149,14 +163,11 @@ class RendezvousSteps:
                 return ""
             wait = handler.peer_loss_timeout() + ROLL_CALL_WAIT
             log.info(_SILENT, group.spec.role, ", ".join(silent), wait)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    while self._round_ended is None and self._round_closed is None:
-                        await self._wakeup.wait()
-                        self._wakeup.clear()
-                        if self._stop_requested.is_set():
-                            break
+            await self._wait_for_round_end(wait)
         why = self._round_ended or ""
+        if why and LOST_REASON not in why and await self._a_member_left(handler):
+            # a peer that left for good (SIGTERM, a drain, a release): a membership change
+            return why if await self._enough_without_one(group, handler.min_nodes()) else ""
         if LOST_REASON not in why:
             return ""
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
@@ -179,6 +190,30 @@ class RendezvousSteps:
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         log.warning(_LOST, group.spec.role, why, (group.group_world_size or 1) - 1, needed)
         return True
+
+    async def _wait_for_round_end(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the round to end or close elsewhere (or a stop)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                while self._round_ended is None and self._round_closed is None:
+                    await self._wakeup.wait()
+                    self._wakeup.clear()
+                    if self._stop_requested.is_set():
+                        break
+
+    @staticmethod
+    async def _a_member_left(handler: FindsLostPeers) -> bool:
+        from agentd.store.api import StoreError
+
+        try:
+            return await handler.departed() > 0
+        except StoreError as exc:
+            log.debug("Could not read who left: %s", exc)
+            return False
+
+    def _peer_drain_under_way(self) -> str:
+        """The node whose drain this agent follows since its workers started ('': none)."""
+        return ""
 
     async def _enough_without_one(self, group: WorkerGroup, needed: int) -> bool:
         """Whether the round's nodes but one, with the spares waiting to join, reach

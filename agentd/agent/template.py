@@ -306,6 +306,13 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
             for failure in sorted(result.failures.values(), key=lambda f: f.timestamp):
                 self._notify("worker_failed", failure)
             if action is Action.RESTART:
+                log.info(
+                    "[%s] %s; restarting the group (restart %d of %d)",
+                    role,
+                    _what_failed(root, reason),
+                    self.restart_count + 1,
+                    spec.max_restarts,
+                )
                 await self._restart_after(group, reason)
                 continue
             return await self._give_up(group, result, reason)
@@ -373,3 +380,11 @@ def _how_started(spec: WorkerSpec) -> str:
     if not spec.preload:
         return f"first workers spawned, restarts forked from a bare zygote{why}"
     return f"workers forked from a zygote preloading {', '.join(spec.preload)}{why}"
+
+
+def _what_failed(root: WorkerFailure | None, reason: str) -> str:
+    """Who failed and how, in one line: the root cause's summary, else the group's state."""
+    if root is None:
+        return f"The worker group is {reason}"
+    line = root.summary().splitlines()[0] if root.summary() else ""
+    return line[:1].upper() + line[1:]

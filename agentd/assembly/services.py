@@ -181,6 +181,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         mark,
         hooks.wakeup,
         max_overdue=health.timeout if health is not None else None,
+        rank_of=lambda local_rank: _global_rank(agent, local_rank),
     )
     heartbeats = heartbeat_service(agent, settings, hooks, watchdog, hygiene)
     health_service = None
@@ -320,3 +321,9 @@ def oom_watch() -> OomPort:
     from agentd.reports.oom import OomWatch
 
     return OomWatch()
+
+
+def _global_rank(agent: AgentView, local_rank: int) -> int | None:
+    """The global rank of ``agent``'s worker at ``local_rank`` this attempt (None: none)."""
+    workers = agent.get_worker_group().workers
+    return next((w.global_rank for w in workers if w.local_rank == local_rank), None)

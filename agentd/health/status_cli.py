@@ -53,7 +53,13 @@ def run(
         code, body = fetch(base + path, timeout, cacert)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
-        sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
+        hint = ""
+        if url is None and not os.environ.get("AGENTD_STATUS_URL"):
+            hint = (
+                "; the health endpoint is off unless the agent runs with --health-port "
+                "(or AGENTD_HEALTH_PORT): start it so, or pass that agent's URL"
+            )
+        sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}{hint}\n")
         return 3
     if check:
         sys.stdout.write(body.decode(errors="replace"))

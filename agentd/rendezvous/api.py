@@ -184,6 +184,10 @@ class FindsLostPeers(Protocol):
         """The other members of the current round that did not answer within ``wait``."""
         ...
 
+    async def departed(self) -> int:
+        """How many members of the current round left it for good."""
+        ...
+
     def min_nodes(self) -> int:
         """The fewest nodes the job runs with."""
         ...

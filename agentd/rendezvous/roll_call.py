@@ -74,6 +74,15 @@ class RollCalls:
         heard = await store.multi_get(answers)
         return [node for node, answer in zip(asked, heard, strict=True) if answer is None]
 
+    async def departed(self) -> int:
+        """How many members of the current round left it for good (a leave, a drain, a
+        guardian's release): one read of the round's ``gone`` count."""
+        current = self._round
+        if current is None:
+            return 0
+        gone = await self.store.get(self._keys.round(current.generation, "gone"))
+        return int(gone or b"0")
+
     def min_nodes(self) -> int:
         """The fewest nodes the job runs with (``--nnodes MIN:MAX``)."""
         return self.settings.min_nodes

@@ -32,6 +32,7 @@ from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.sealing import ENDED, Sealing
 from agentd.rendezvous.static import reserve_port
 from agentd.rendezvous.summary import decode
+from agentd.rendezvous.waiting import WaitReport
 from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ _STORE_LOST_ROUND = (
 
 POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
-REPORT = 30.0
-"""While a round waits for its minimum, how often the agent says so."""
 SPARE_CHECK = 5.0
 """How often a spare waiting beside a full round checks that its members still live."""
 
@@ -253,13 +252,19 @@ class Rounds(Sealing):
             settings.max_nodes,
         )
         sealed: bytes | None = None  # the watch from our join on returns a seal already made
-        waiting_since = reported = loop.time()
+        report = WaitReport(
+            self._run_id, store, self._keys, settings, generation, loop.time(), self.carried
+        )
+        joined = rank + 1
         leases = (
             accounting.LeaseCheck(store, self._keys, self.carried, generation) if checker else None
         )
         next_check = loop.time()
         while sealed is None:
-            timeout = REPORT if last_call is None else max(0.0, last_call - loop.time())
+            await report.say(loop.time(), joined, last_call, names=checker)
+            timeout = report.due_in(loop.time())
+            if last_call is not None:
+                timeout = min(timeout, max(0.0, last_call - loop.time()))
             if leases is not None:
                 if loop.time() >= next_check:
                     next_check = loop.time() + accounting.CHECK_INTERVAL
@@ -282,23 +287,11 @@ class Rounds(Sealing):
             if not result.events and await self.generation() != generation:
                 await self._carry_if_sealed_with_us(generation, rank)
                 return None, revision  # ended by an agent that could not seal it (it died)
-            if last_call is None:
+            if last_call is None or report.due_in(loop.time()) == 0:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
-                if joined >= settings.min_nodes:
+                if last_call is None and joined >= settings.min_nodes:
                     last_call = loop.time() + settings.last_call_timeout
-                elif not result.events and loop.time() - reported >= REPORT - 0.5:
-                    reported = loop.time()
-                    log.info(
-                        "Rendezvous %s: still waiting for nodes: %d of at least %d "
-                        "joined round %d (%.0fs so far, join timeout %.0fs)",
-                        self._run_id,
-                        joined,
-                        settings.min_nodes,
-                        generation,
-                        loop.time() - waiting_since,
-                        settings.join_timeout,
-                    )
-            elif loop.time() >= last_call:
+            if last_call is not None and loop.time() >= last_call:
                 joined = int(await store.get(self._keys.round(generation, "join")) or 0)
                 if joined <= rank:  # our own arrival is not counted: the store lost it
                     log.info(_STORE_LOST_ROUND, self._run_id, generation)

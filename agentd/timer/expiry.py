@@ -40,6 +40,7 @@ class Expiry:
     _request_queue: object
     max_interval: float
     _trust: Callable[[int], int | None] | None
+    _describe: Callable[[int], str] | None
     _on_expired: OnExpired | None
     _dump_signal: int | None
     _dump_grace: float
@@ -161,9 +162,9 @@ class Expiry:
         if self._dump_signal:
             _signal_pid(request.worker_id, self._dump_signal)
             log.warning(
-                "Timer %r of pid %d expired: sent %s, killing in %.1fs",
+                "Timer %r of %s expired: sent %s, killing in %.1fs",
                 request.scope_id,
-                request.worker_id,
+                self._who(request.worker_id),
                 signal.Signals(self._dump_signal).name,
                 self._dump_grace,
             )
@@ -203,14 +204,20 @@ class Expiry:
         self.stats["reaped"] += 1
         self.log_event("kill worker process", request)
         log.error(
-            "Timer %r of pid %d expired: sent %s to its process group %d (%.2f ms late)",
+            "Timer %r of %s expired: sent %s to its process group %d (%.2f ms late)",
             request.scope_id,
-            request.worker_id,
+            self._who(request.worker_id),
             signal_name(request.signal),
             pgid,
             late * 1000,
         )
         self._notify(request, pgid)
+
+    def _who(self, pid: int) -> str:
+        """``pid N``, or what the agent names it by (``rank R (local rank L, pid N)``)."""
+        if self._describe is not None:
+            return self._describe(pid)
+        return f"pid {pid}"
 
     def _notify(self, request: TimerRequest, pgid: int | None) -> None:
         if self._on_expired is not None:

@@ -81,8 +81,11 @@ class TimerServer(Expiry, StartedInBackground):
         max_timers: int = MAX_TIMERS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        describe: Callable[[int], str] | None = None,
     ) -> None:
         self._request_queue = request_queue
+        self._describe = describe
+        """Names a worker pid in the kill lines (the agent's: its rank), else ``pid N``."""
         self.max_interval = max_interval
         self.daemon = daemon
         self._trust = trust

@@ -53,9 +53,12 @@ class Watchdog:
         mark: str,
         wake: Callable[[], None],
         max_overdue: float | None = None,
+        rank_of: Callable[[int], int | None] = lambda _local_rank: None,
     ) -> None:
         self._settings = settings
         self._procs = procs
+        self._rank_of = rank_of
+        """The global rank of the worker at a local rank (None: not known)."""
         self._gone: dict[int, None] = {}
         """Pids of our workers that exited or were stopped, the latest last."""
         self._mark = mark
@@ -88,6 +91,7 @@ class Watchdog:
                 on_expired=self._on_timer_expired,
                 dump_signal=self._settings.dump_signal,
                 dump_grace=self._settings.dump_grace,
+                describe=self.describe,
             )
             if self._max_overdue is not None:
                 server.max_overdue = self._max_overdue
@@ -207,6 +211,19 @@ class Watchdog:
     def clear(self) -> None:
         """The group was stopped: start the next one with a clean slate."""
         self.unhealthy.clear()
+
+    def describe(self, pid: int) -> str:
+        """Worker ``pid`` (or a process of its group) as a person knows it: its ranks."""
+        try:
+            pgid = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            pgid = pid
+        for local_rank, proc in self._procs().items():
+            if proc.pid in (pid, pgid):
+                rank = self._rank_of(local_rank)
+                known = "" if rank is None else f"rank {rank}, "
+                return f"{known}local rank {local_rank} (pid {pid})"
+        return f"pid {pid}"
 
     def trust(self, pid: int) -> int | None:
         """The process group to signal for a timer of ``pid``; None unless it is ours.

@@ -8,13 +8,17 @@ one (through ``steps_<round>/<rank>`` files, a round known by its MASTER_PORT). 
 the job a drain's promise is made for: every rank checkpoints at the same step. With
 ``AGENTD_TEST_COMPUTE=SECONDS`` each step computes (sleeps) that long in
 ``agentd.section("compute")``, times ``AGENTD_TEST_SLOW`` (1: a node as fast as the others)
-on the node whose agent has it in its environment. It notes each start
+on the node whose agent has it in its environment. With ``AGENTD_TEST_FAIL_AFTER_SAVE``,
+a rank exits 1 right after it saved (as a collective fails once a drained node's ranks
+are gone); with ``AGENTD_TEST_FAIL_ON_PEER_EXIT``, a rank stopped by SIGTERM says so as it
+goes, and the others exit 1 as they see it. It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -66,7 +70,21 @@ def wait_for_every_rank(step: int) -> None:
     while not os.path.exists(stop):
         if all(finished_by(peer) >= step for peer in range(world)):
             return
+        if peer_exits and os.listdir(peer_exits):
+            sys.exit(1)  # as a collective fails once a peer's process is gone
         time.sleep(0.003)
+
+
+peer_exits = ""
+if os.environ.get("AGENTD_TEST_FAIL_ON_PEER_EXIT"):
+    peer_exits = os.path.join(lockstep, "exits")
+    os.makedirs(peer_exits, exist_ok=True)
+
+    def leave(*_: object) -> None:
+        open(os.path.join(peer_exits, str(rank)), "w").close()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 saved = [read(n) for n in os.listdir(out) if n.startswith("ckpt_") and not n.endswith(".tmp")]
@@ -85,4 +103,6 @@ while not os.path.exists(stop):
     if agentd.checkpoint_requested():
         write(f"ckpt_{host}{attempt}_{rank}", {"step": step, "at": time.time(), "world": world})
         agentd.checkpoint_saved()
+        if os.environ.get("AGENTD_TEST_FAIL_AFTER_SAVE"):
+            sys.exit(1)  # as a collective fails once the drained node's ranks are gone
     finished(step)

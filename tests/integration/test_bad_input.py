@@ -18,6 +18,10 @@ from tests.conftest import WORKER
         (["--stop-signal", "SIGNOPE", WORKER], "--stop-signal: 'SIGNOPE' is not a signal"),
         (["--redirects", "7", WORKER], "--redirects: '7' must be 0-3"),
         (["--bogus-flag", WORKER], "unrecognized arguments: --bogus-flag"),
+        (
+            ["--nproc-per-nodes", "2", WORKER],
+            "unrecognized arguments: --nproc-per-nodes (did you mean --nproc-per-node?)",
+        ),
         (["missing_script.py"], "script: 'missing_script.py' does not exist"),
         (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
         (["--no-python", "no-such-binary-xyz"], "'no-such-binary-xyz' is not on PATH"),

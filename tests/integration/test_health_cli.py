@@ -154,3 +154,17 @@ def test_a_certificate_without_its_key_is_a_usage_error(run_agentd, tmp_path):
     agent = run_agentd("--health-port", "0", *flags, WORKER, "ok")
     assert agent.wait() == 2
     assert f"--health-cert: '{tmp_path / 'c.pem'}' with --health-key" in agent.stderr()
+
+
+def test_status_with_no_agent_listening_says_how_to_reach_one():
+    """The health endpoint is off by default: a bare ``agentd status`` says so."""
+    from tests.conftest import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "AGENTD_STATUS_URL"}
+    env["AGENTD_HEALTH_PORT"] = str(free_port())
+    done = subprocess.run(
+        [sys.executable, "-m", "agentd", "status"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 3
+    assert "cannot reach the agent" in done.stderr
+    assert "runs with --health-port" in done.stderr and "pass that agent's URL" in done.stderr

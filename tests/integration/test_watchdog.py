@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -31,6 +32,13 @@ def test_hung_worker_is_reaped_and_the_group_restarts(run_agentd, torch_worker):
     assert agent.stdout().count("finished in time on restart 1") == 2
     err = agent.stderr()
     assert "expired: sent SIGKILL to its process group" in err
+    assert re.search(r"Timer '[^']+' of rank \d, local rank \d \(pid \d+\) expired", err), err
+    # one line names who failed, how, and what is done about it
+    assert re.search(
+        r"Rank \d \(pid \d+ on \S+\) failed with signal SIGKILL: timer expired: .*; "
+        r"restarting the group \(restart 1 of 1\)",
+        err,
+    ), err
     assert result_json(agent)["restarts"] == 1
     assert pid_alive(agent.pid) is False  # exited normally, was never killed
 

@@ -369,22 +369,52 @@ async def test_a_store_restart_mid_rendezvous_is_survived():
 
 
 async def test_a_round_short_of_its_minimum_says_what_it_waits_for(store, monkeypatch, caplog):
-    from agentd.rendezvous import rounds
+    from agentd.rendezvous import waiting
 
-    monkeypatch.setattr(rounds, "REPORT", 0.1)
-    caplog.set_level("INFO", logger="agentd.rendezvous.rounds")
+    monkeypatch.setattr(waiting, "FIRST_EVERY", 0.1)
+    caplog.set_level("INFO", logger="agentd.rendezvous.waiting")
     lonely = handler(store, nodes=(2, 2))
     joining = asyncio.create_task(lonely.next_rendezvous())
     try:
-        deadline = asyncio.get_running_loop().time() + 10
-        while "still waiting for nodes: 1 of at least 2" not in caplog.text:
-            assert asyncio.get_running_loop().time() < deadline, caplog.text
-            await asyncio.sleep(0.05)
+        said = "round 0: 1 of 2..2 node(s) joined in "
+        await wait_for_log(caplog, said)
+        assert "waiting for at least 2 (join timeout in " in caplog.text
     finally:
         joining.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await joining
         await shutdown_all(lonely)
+
+
+async def test_the_first_member_back_names_the_members_not_back_yet(store, monkeypatch, caplog):
+    """While a round waits, the first member of the last round back says who of that
+    round is missing, by address and node id; a node gone for good is not named."""
+    from agentd.rendezvous import waiting
+
+    monkeypatch.setattr(waiting, "FIRST_EVERY", 0.1)
+    caplog.set_level("INFO", logger="agentd.rendezvous.waiting")
+    nodes = [handler(store, nodes=(2, 3), last_call_timeout=30.0) for _ in range(3)]
+    await asyncio.gather(*(h.next_rendezvous() for h in nodes))
+    await nodes[0].end_round("a worker failed")
+    back = asyncio.create_task(nodes[0].next_rendezvous())  # the others stay away
+    try:
+        await wait_for_log(caplog, "not back yet from round 0: ")
+        line = next(r.message for r in caplog.records if "not back yet" in r.message)
+        absent = sorted(f"({h.node_id})" for h in nodes[1:])
+        assert all(node in line for node in absent) and f"({nodes[0].node_id})" not in line
+        assert "sealing at the last call in" not in line  # 1 of at least 2: no last call
+    finally:
+        back.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await back
+        await shutdown_all(*nodes)
+
+
+async def wait_for_log(caplog, text: str, seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while text not in caplog.text:
+        assert asyncio.get_running_loop().time() < deadline, caplog.text
+        await asyncio.sleep(0.05)
 
 
 async def test_a_place_given_by_a_store_we_moved_away_from_is_given_up(store, caplog):
