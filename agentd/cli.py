@@ -9,8 +9,6 @@ Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import gc
 import json
 import logging
@@ -18,10 +16,11 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from agentd import __version__
 from agentd.config.build import scheduler_line, worker_spec
+from agentd.config.cli_parser import Parser
 from agentd.config.resolve import (
     OPTIONS,
     AgentConfig,
@@ -42,84 +41,16 @@ log = logging.getLogger("agentd")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-
-class _Formatter(argparse.HelpFormatter):
-    """argparse's help layout, sized without importing shutil.
-
-    argparse builds a formatter per option it adds (to check the metavar), and each one it
-    sizes through ``shutil.get_terminal_size``: importing shutil and asking the terminal 90
-    times was most of the time ``agentd run`` spent building its parser."""
-
-    def __init__(
-        self,
-        prog: str,
-        indent_increment: int = 2,
-        max_help_position: int = 24,
-        width: int | None = None,
-    ) -> None:
-        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
-
-
 CACERT_HELP = (
     "the CA that signed an https:// endpoint's certificate (--health-cert; default: "
     "AGENTD_HEALTH_CACERT, else the system's CAs)"
 )
 
 
-@functools.cache
-def _columns() -> int:
-    """The terminal's width as shutil finds it: $COLUMNS, else stdout's terminal, else 80."""
-    with contextlib.suppress(KeyError, ValueError):
-        if (columns := int(os.environ["COLUMNS"])) > 0:
-            return columns
-    stdout = sys.__stdout__
-    if stdout is not None:
-        with contextlib.suppress(AttributeError, ValueError, OSError):
-            return os.get_terminal_size(stdout.fileno()).columns or 80
-    return 80
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so every error is one line and exit 2."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message + self._suggestion(message))
-
-    def _suggestion(self, message: str) -> str:
-        """For an unknown ``--flag``: the flag meant, when one is close (a typo)."""
-        import difflib
-
-        prefix = "unrecognized arguments: "
-        if not message.startswith(prefix):
-            return ""
-        known = [flag for parser in self._parsers() for flag in parser._option_string_actions]
-        hints = []
-        for word in message[len(prefix) :].split():
-            flag = word.split("=", 1)[0]
-            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
-            if flag.startswith("--") and close:
-                hints.append((flag, close[0]))
-        if len(hints) == 1:
-            return f" (did you mean {hints[0][1]}?)"
-        return f" (did you mean {', '.join(f'{c} for {f}' for f, c in hints)}?)" if hints else ""
-
-    def _parsers(self) -> list[argparse.ArgumentParser]:
-        """This parser and its commands' (argparse reports their unknown flags here)."""
-        found: list[argparse.ArgumentParser] = [self]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                found += action.choices.values()
-        return found
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="agentd", description="An asyncio elastic agent for training jobs.")
+    parser = Parser(prog="agentd", description="An asyncio elastic agent for training jobs.")
     parser.add_argument("--version", action="version", version=f"agentd {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     run = commands.add_parser(
         "run",
         help="run a training script's workers on this host (torchrun's flags)",
