@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentd import __version__
 from agentd.config.build import scheduler_line, worker_spec
-from agentd.config.cli_parser import Parser
+from agentd.config.option import Parser
 from agentd.config.resolve import (
     OPTIONS,
     AgentConfig,

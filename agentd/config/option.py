@@ -1,10 +1,20 @@
 """One option of ``agentd run``: its field name (also the TOML key), flags, parser, default,
-help and environment variables; the tables are in :mod:`agentd.config.options`."""
+help and environment variables (the tables are in :mod:`agentd.config.options`); and the
+command-line parser the flags go to: argparse that raises a :class:`ConfigError` instead
+of exiting (every error one line, exit 2), suggests the flag meant for a mistyped one, and
+sizes its help without importing shutil."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import os
+import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
+
+from agentd.exceptions import ConfigError
 
 ENV_PREFIXES = ("AGENTD_", "PET_")
 RDZV_BACKENDS = ("static", "agentd", "c10d", "etcd", "etcd-v2")
@@ -52,3 +62,72 @@ def option(
     return Option(
         name, tuple(flags), parse, default, help, is_flag, metavar, torch_env, repeatable, separator
     )
+
+
+_FLAGS: set[str] = set()
+"""Every ``--flag`` of agentd's parsers (argparse reports a command's unknown flags at the
+top parser, which does not know them)."""
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help layout, sized without importing shutil.
+
+    argparse builds a formatter per option it adds (to check the metavar), and each one it
+    sizes through ``shutil.get_terminal_size``: importing shutil and asking the terminal 90
+    times was most of the time ``agentd run`` spent building its parser."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+@functools.cache
+def _columns() -> int:
+    """The terminal's width as shutil finds it: $COLUMNS, else stdout's terminal, else 80."""
+    with contextlib.suppress(KeyError, ValueError):
+        if (columns := int(os.environ["COLUMNS"])) > 0:
+            return columns
+    stdout = sys.__stdout__
+    if stdout is not None:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            return os.get_terminal_size(stdout.fileno()).columns or 80
+    return 80
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so every error is one line and exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message + self._suggestion(message))
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        _FLAGS.update(flag for flag in action.option_strings if flag.startswith("--"))
+        return action
+
+    @staticmethod
+    def _suggestion(message: str) -> str:
+        """For an unknown ``--flag``: the flag meant, when one is close (a typo)."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        hints = []
+        for word in message[len(prefix) :].split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, sorted(_FLAGS), n=1, cutoff=0.8)
+            if flag.startswith("--") and close:
+                hints.append((flag, close[0]))
+        if len(hints) == 1:
+            return f" (did you mean {hints[0][1]}?)"
+        return f" (did you mean {', '.join(f'{c} for {f}' for f, c in hints)}?)" if hints else ""
