@@ -133,7 +133,10 @@ class RendezvousSteps:
         more (a membership change: it spends no restart); '' otherwise (a loss below MIN is
         still named in the report, :attr:`lost_peer`). A peer that does not answer a roll
         call is waited for up to its lease; a round whose peers all answer was failed by
-        this node."""
+        this node, unless a peer drains (its ranks leave: the round's end is waited for) or
+        the round ended with a member that left it for good (SIGTERM, a drain, a release):
+        those are membership changes too, as a real collective fails once a peer's ranks
+        are gone."""
         handler = self.rdzv_handler
         self.lost_peer = None  # an earlier loss is not this failure's cause
         failed = state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
@@ -203,6 +206,7 @@ class RendezvousSteps:
 
     @staticmethod
     async def _a_member_left(handler: FindsLostPeers) -> bool:
+        """A member of the current round left it for good (False if the store cannot say)."""
         from agentd.store.api import StoreError
 
         try:

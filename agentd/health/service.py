@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError, StartError
 from agentd.group import WorkerState
+from agentd.health.history import RestartHistory
 from agentd.rendezvous.api import ReportsStore
 from agentd.store import token_file
 from agentd.support import fdlimits
@@ -42,6 +43,7 @@ class HealthService:
         self._unsubscribe: Callable[[], None] | None = None
         self._token = settings.token or token_file.new_token()
         self._published: int | None = None
+        self.history = RestartHistory()
 
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
@@ -51,6 +53,7 @@ class HealthService:
         agent, settings = self._agent, self.settings
         self.metrics = AgentMetrics(agent)
         agent.add_observer(self.metrics)
+        agent.add_observer(self.history)
         self._unsubscribe = subscribe(self.metrics.put_metric)  # put_metric -> /metrics
         if isinstance(agent.rdzv_handler, ReportsStore):  # a rendezvous over a networked store
             agent.rdzv_handler.observe_store(self.metrics.store_request)
@@ -69,7 +72,7 @@ class HealthService:
             settings.timeout,
             settings.host,
             ready=lambda: agent.get_worker_group().state is WorkerState.HEALTHY,
-            status=lambda: status_document(agent),
+            status=lambda: status_document(agent, self.history),
             metrics=self._render_metrics,
             max_connections=cap,
             drain=self._drain,
@@ -151,8 +154,9 @@ def worker_readings(agent: AgentView) -> list[dict[str, Any]]:
     return readings
 
 
-def status_document(agent: AgentView) -> dict[str, Any]:
-    """What ``/status`` shows (no environment, no output, no tracebacks, no secrets)."""
+def status_document(agent: AgentView, history: RestartHistory | None = None) -> dict[str, Any]:
+    """What ``/status`` shows (no environment, no output, no tracebacks, no secrets);
+    ``history``: the restarts to list (none without the health service's)."""
     group = agent.get_worker_group()
     failure = agent.last_failure
     workers = group.workers
@@ -187,6 +191,7 @@ def status_document(agent: AgentView) -> dict[str, Any]:
         "node_checks": agent.node_check_status(),
         "drain": agent.drain_status(),
         "nodes": agent.slow_node_status(),
+        "recent_restarts": history.document() if history is not None else [],
         "last_failure": None
         if failure is None
         else {

@@ -97,6 +97,16 @@ def render(doc: dict[str, Any]) -> str:
             f"{w['local_rank']:>5} {w['rank']:>5} {w['pid']:>8} {state:<8} "
             f"{_age(w['started_at']):>8} {w['cpu_seconds']:>9.2f} {w['rss_bytes'] / 2**20:>8.1f}"
         )
+    restarts = doc.get("recent_restarts") or []
+    if restarts:
+        lines += ["", "recent restarts:"]
+        for entry in restarts[-5:]:
+            when = time.strftime("%H:%M:%S", time.localtime(entry["at"]))
+            if entry["reason"] == "membership":
+                what = "re-formed for a membership change (no restart spent)"
+            else:
+                what = f"restart {entry['restart_count']}: {entry['cause'] or entry['reason']}"
+            lines.append(f"  {when}  {what}")
     failure = doc.get("last_failure")
     if failure:
         what = failure["signal"] or f"exit code {failure['exitcode']}"

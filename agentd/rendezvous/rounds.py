@@ -186,8 +186,8 @@ class Rounds(Sealing):
                 # a store that forgot our last round waits for its members to be back
                 await accounting.count_back(self._store, self._keys, generation, carried)
             sealed = await self._seal(generation, settings.max_nodes)
-        elif self.carried is not None and self.carried.generation < generation:
-            sealed, checker = await self._seal_if_counted(generation, self.carried)
+        elif carried is not None and carried.generation < generation:
+            sealed, checker = await self._seal_if_counted(generation, carried)
         if sealed is None:
             sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
