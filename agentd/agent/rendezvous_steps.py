@@ -36,13 +36,14 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _WATCH_RETRY = 5.0
-_SILENT = (
-    "[%s] %s did not answer a roll call after our workers failed; waiting up to %gs to see "
-    "if it is lost"
-)
 _LOST = (
     "[%s] The root cause of this node's worker failure: %s (its agent stopped answering); "
     "%d node(s) left, the job needs %d"
+)
+_LEFT = "[%s] Our workers failed as a member left the round (%s): a membership change"
+_NOT_LOST = (
+    "[%s] %s did not answer a roll call after our workers failed, and the round went on "
+    "for %gs: the failure is this node's own"
 )
 _DRAINED = (
     "[%s] Our workers failed while node %s drains (its workers leave); waiting up to %gs "
@@ -165,12 +166,18 @@ class RendezvousSteps:
             if not silent:
                 return ""
             wait = handler.peer_loss_timeout() + ROLL_CALL_WAIT
-            log.info(_SILENT, group.spec.role, ", ".join(silent), wait)
+            # one account: the line that follows says whether it was lost
+            log.debug("[%s] %s silent at the roll call; waiting %gs", group.spec.role, silent, wait)
             await self._wait_for_round_end(wait)
+            if self._round_ended is None and self._round_closed is None:
+                log.info(_NOT_LOST, group.spec.role, ", ".join(silent), wait)
         why = self._round_ended or ""
-        if why and LOST_REASON not in why and await self._a_member_left(handler):
+        if why and LOST_REASON not in why and await handler.departed() > 0:
             # a peer that left for good (SIGTERM, a drain, a release): a membership change
-            return why if await self._enough_without_one(group, handler.min_nodes()) else ""
+            if not await self._enough_without_one(group, handler.min_nodes()):
+                return ""
+            log.info(_LEFT, group.spec.role, why)
+            return why
         if LOST_REASON not in why:
             return ""
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
@@ -203,17 +210,6 @@ class RendezvousSteps:
                     self._wakeup.clear()
                     if self._stop_requested.is_set():
                         break
-
-    @staticmethod
-    async def _a_member_left(handler: FindsLostPeers) -> bool:
-        """A member of the current round left it for good (False if the store cannot say)."""
-        from agentd.store.api import StoreError
-
-        try:
-            return await handler.departed() > 0
-        except StoreError as exc:
-            log.debug("Could not read who left: %s", exc)
-            return False
 
     def _peer_drain_under_way(self) -> str:
         """The node whose drain this agent follows since its workers started ('': none)."""

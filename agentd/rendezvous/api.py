@@ -185,7 +185,7 @@ class FindsLostPeers(Protocol):
         ...
 
     async def departed(self) -> int:
-        """How many members of the current round left it for good."""
+        """How many members of the current round left it for good (0: none, or unknown)."""
         ...
 
     def min_nodes(self) -> int:

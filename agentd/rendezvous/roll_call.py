@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from typing import TYPE_CHECKING
 
-from agentd.store.api import StoreTimeout
+from agentd.store.api import StoreError, StoreTimeout
 
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.round import Round
     from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
 
 ANSWER_TTL = 60.0
 """Seconds a call and its answers stay in the store."""
@@ -76,11 +79,16 @@ class RollCalls:
 
     async def departed(self) -> int:
         """How many members of the current round left it for good (a leave, a drain, a
-        guardian's release): one read of the round's ``gone`` count."""
+        guardian's release): one read of the round's ``gone`` count (0 when the store
+        cannot say)."""
         current = self._round
         if current is None:
             return 0
-        gone = await self.store.get(self._keys.round(current.generation, "gone"))
+        try:
+            gone = await self.store.get(self._keys.round(current.generation, "gone"))
+        except StoreError as exc:
+            log.debug("Could not read who left round %d: %s", current.generation, exc)
+            return 0
         return int(gone or b"0")
 
     def min_nodes(self) -> int:

@@ -131,7 +131,7 @@ def test_workers_that_fail_as_a_peer_leaves_cost_no_restart(run_agentd, run_stor
     stop.touch()
     assert [a.wait(30) for a in stay] == [0, 0], [a.stderr()[-3000:] for a in stay]
     logs = "".join(a.stderr() for a in stay)
-    assert "after our workers failed" in logs, logs  # they failed first: the case at hand
+    assert "Our workers failed as a member left the round" in logs, logs  # the case at hand
     assert "without spending a restart" in logs and "restart 1 of" not in logs, logs
 
 
