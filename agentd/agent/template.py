@@ -386,5 +386,5 @@ def _what_failed(root: WorkerFailure | None, reason: str) -> str:
     """Who failed and how, in one line: the root cause's summary, else the group's state."""
     if root is None:
         return f"The worker group is {reason}"
-    line = root.summary().splitlines()[0] if root.summary() else ""
+    line = root.summary().splitlines()[0]
     return line[:1].upper() + line[1:]

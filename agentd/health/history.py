@@ -25,7 +25,7 @@ class RestartHistory(AgentObserver):
 
     def worker_failed(self, failure: WorkerFailure) -> None:
         if self._cause is None:
-            self._cause = failure.summary().splitlines()[0] if failure.summary() else None
+            self._cause = failure.summary().splitlines()[0]
 
     def restarted(self, reason: str, restart_count: int) -> None:
         cause, self._cause = self._cause, None

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
-from agentd.store.retry import refused
 from agentd.store.tls import scheme, tls_client, tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
@@ -165,6 +164,7 @@ class Prober:
         """``role`` or ``promote`` at candidate ``index``; a mismatched list raises."""
         import aiohttp
 
+        from agentd.store.retry import refused  # aiohttp's: only once a candidate is asked
         from agentd.store.sockets import keepalive_socket
 
         endpoint = self.endpoints[index]

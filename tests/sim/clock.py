@@ -236,3 +236,11 @@ def spawn(owner: Owner, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Ta
     context = contextvars.copy_context()
     context.run(OWNER.set, owner)
     return asyncio.get_running_loop().create_task(coro, name=name, context=context)
+
+
+def answer_lost(task: asyncio.Task[Any]) -> None:
+    """A request whose caller stopped waiting (cut off, or the store restarted or died
+    under it): its answer, an error too, is lost on the network, not raised in nobody's
+    hands."""
+    if not task.cancelled():
+        task.exception()

@@ -42,7 +42,7 @@ from agentd.store.server import StoreServer
 from agentd.store.sockets import LIVENESS
 from agentd.store.standby import Standby
 from agentd.store.wire import CANDIDATE_COUNT_HEADER, INSTANCE_HEADER, TERM_HEADER
-from tests.sim.clock import spawn
+from tests.sim.clock import answer_lost, spawn
 
 if TYPE_CHECKING:
     from tests.sim.world import SimAgent, World
@@ -159,7 +159,7 @@ class Network:
             sender.delivered = max(sender.delivered, sent)
         raw = json.dumps(body).encode()
         task = spawn(server.agent.owner, server.answer(op, raw, headers), f"serve {op}")
-        task.add_done_callback(_answer_lost, context=contextvars.Context())
+        task.add_done_callback(answer_lost, context=contextvars.Context())
         ends = [server.closed.wait(), server.agent.down.wait()]
         if sender is not server.agent:  # loopback: no partition between a host and itself
             ends += [sender.cut.wait(), server.agent.cut.wait()]
@@ -189,11 +189,6 @@ class Network:
         waited = LIVENESS if answer_within is None else min(LIVENESS, answer_within)
         await asyncio.sleep(max(0.0, sent + waited - self.world.loop.time()))
         return Reply(failure="lost")
-
-
-def _answer_lost(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class ServerLink(HttpStore):

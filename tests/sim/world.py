@@ -71,7 +71,7 @@ from agentd.store.connect import OpenedStore
 from agentd.store.memory import MemoryStore
 from agentd.store.sockets import LIVENESS
 from tests.sim import failover
-from tests.sim.clock import START, Owner, Stuck, VirtualLoop, spawn
+from tests.sim.clock import START, Owner, Stuck, VirtualLoop, answer_lost, spawn
 
 RUN_ID = "sim"
 RETRY_TIMEOUT = 30.0
@@ -288,7 +288,7 @@ class Link:
                     node.delivered = max(node.delivered, sent)
                 task = spawn(host.owner, getattr(host.store, op)(*args, **kwargs), f"store {op}")
                 # unless the caller reads it below; in no process's context: a dead store's too
-                task.add_done_callback(_answer_lost, context=contextvars.Context())
+                task.add_done_callback(answer_lost, context=contextvars.Context())
                 cut = asyncio.ensure_future(node.cut.wait())
                 reset = asyncio.ensure_future(host.restarted.wait())
                 try:
@@ -311,13 +311,6 @@ class Link:
                 raise StoreOutcomeUnknown(f"sim: {op} failed after it may have been applied")
             if once or world.loop.time() - sent >= RETRY_TIMEOUT:
                 raise StoreUnavailable(f"sim: the store is unreachable ({op})")
-
-
-def _answer_lost(task: asyncio.Task[Any]) -> None:
-    """A request whose caller stopped waiting (cut off, or the store restarted under it):
-    its answer, an error too, is lost on the network, not raised in nobody's hands."""
-    if not task.cancelled():
-        task.exception()
 
 
 # -- the agents ------------------------------------------------------------------------------
