@@ -104,7 +104,8 @@ def main() -> int:
     by_invariant = collections.Counter(i for found in failing.values() for i in found)
     for invariant, count in sorted(by_invariant.items()):
         seeds = [s for s, found in failing.items() if invariant in found]
-        print(f"{invariant}: {count} seed(s), e.g. {', '.join(map(str, seeds[:8]))}")
+        shown = ", ".join(map(str, sorted(seeds)[:40])) + (", ..." if len(seeds) > 40 else "")
+        print(f"{invariant}: {count} seed(s): {shown}")
     print(
         f"{args.seeds} seeds, {requests} requests, {len(failing)} seeds with invariant "
         f"violations ({time.perf_counter() - began:.0f} s)"

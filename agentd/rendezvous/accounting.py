@@ -98,11 +98,17 @@ async def count(
     )
 
 
-async def mark_gone(store: Store, keys: RunKeys, carried: Carried, node: str) -> bool:
+async def mark_gone(
+    store: Store, keys: RunKeys, carried: Carried, node: str, lapsed: bool = False
+) -> bool:
     """Count ``node``, a member of ``carried``'s round, gone for good (once, whoever calls
-    first); whether this call did."""
+    first); whether this call did. ``lapsed``: because its lease was not held: only
+    where the store that takes the mark holds no heartbeat of it, in the same step (the
+    lease was read in one store; a failover may carry the mark to another, where the
+    node beats)."""
     marker = keys.round(carried.generation, f"gone/{node}")
-    placed, _ = await store.compare_set(marker, None, b"1")
+    absent = [keys.heartbeat(node)] if lapsed else []
+    placed, _ = await store.compare_set(marker, None, b"1", absent=absent)
     if placed:
         await store.add(keys.round(carried.generation, "gone"), 1)
     return placed
@@ -183,7 +189,7 @@ async def mark_lapsed(
             missing_since.pop(node, None)
             continue
         since = missing_since.setdefault(node, now)
-        if now - since >= FENCE and await mark_gone(store, keys, carried, node):
+        if now - since >= FENCE and await mark_gone(store, keys, carried, node, lapsed=True):
             log.info(
                 "Rendezvous: node %s of round %d is gone (its lease is not held)",
                 node,

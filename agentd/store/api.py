@@ -90,10 +90,13 @@ class Store(Protocol):
         desired: bytes,
         ttl: float | None = None,
         present: Sequence[str] = (),
+        absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        """Set ``key`` to ``desired`` only if it holds ``expected`` (None: is missing) and
-        every key of ``present`` exists, in one step (a round's seal names its members'
-        heartbeats: a store that does not hold their leases, restarted empty, refuses it).
+        """Set ``key`` to ``desired`` only if it holds ``expected`` (None: is missing),
+        every key of ``present`` exists and no key of ``absent`` does, in one step (a
+        round's seal names its members' heartbeats: a store that does not hold their
+        leases, restarted empty, refuses it; a lapsed lease's gone mark names the
+        heartbeat: a store where the node still beats, failed over to, refuses it).
 
         Returns whether it was set, and the value the key holds now.
         """

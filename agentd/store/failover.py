@@ -324,8 +324,11 @@ class FailoverStore:
         desired: bytes,
         ttl: float | None = None,
         present: Sequence[str] = (),
+        absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        return await self._call(lambda s: s.compare_set(key, expected, desired, ttl, present))
+        return await self._call(
+            lambda s: s.compare_set(key, expected, desired, ttl, present, absent)
+        )
 
     async def refresh(self, key: str, ttl: float) -> bool:
         return await self._call(lambda s: s.refresh(key, ttl))

@@ -311,9 +311,11 @@ class HttpStore:
         desired: bytes,
         ttl: float | None = None,
         present: Sequence[str] = (),
+        absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        body = {"key": key, "expected": _b64(expected), "desired": _b64(desired), "ttl": ttl}
-        doc = await self._call("compare_set", {**body, "present": list(present)})
+        body: dict[str, Any] = {"key": key, "desired": _b64(desired), "ttl": ttl}
+        body.update(expected=_b64(expected), present=list(present), absent=list(absent))
+        doc = await self._call("compare_set", body)
         return bool(doc["succeeded"]), _unb64(doc["value"])
 
     async def refresh(self, key: str, ttl: float) -> bool:

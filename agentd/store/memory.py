@@ -160,10 +160,15 @@ class MemoryStore:
         desired: bytes,
         ttl: float | None = None,
         present: Sequence[str] = (),
+        absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
         item = self._live(key)
         current = item.value if item else None
-        if current != expected or any(self._live(k) is None for k in present):
+        if (
+            current != expected
+            or any(self._live(k) is None for k in present)
+            or any(self._live(k) is not None for k in absent)
+        ):
             return False, current
         self._put(key, desired, ttl)
         return True, desired

@@ -145,6 +145,7 @@ async def _compare_set(store: MemoryStore, a: Args) -> dict[str, Any]:
         a.value("desired") or b"",
         a.ttl(),
         a.keys("present", MAX_PRESENT, optional=True),
+        a.keys("absent", MAX_PRESENT, optional=True),
     )
     return {"succeeded": ok, "value": _b64(current)}
 

@@ -79,6 +79,8 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
         (4764, "a store host that left dropped the store 30 s later: a second restart"),
         (1681, "a failed heartbeat began no search for the next server"),
         (1270, "a store host that left before every member stood by stranded one"),
+        (949, "gone marks from a lease check in the old store, written in the new one"),
+        (2887, "the same, with nnodes 3:4 (MIN above half of MAX)"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):

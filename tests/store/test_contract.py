@@ -110,6 +110,17 @@ async def test_compare_set_only_while_every_named_key_is_present(store: Store):
     assert await store.compare_set("t", None, b"y", present=[*many]) == (True, b"y")
 
 
+async def test_compare_set_only_while_every_named_key_is_absent(store: Store):
+    """A lapsed lease's gone mark names the heartbeat: a store where it beats refuses it."""
+    await store.set("hb/live", b"1", ttl=30)
+    marked = await store.compare_set("gone/live", None, b"1", absent=["hb/live"])
+    assert marked == (False, None)
+    assert await store.get("gone/live") is None
+    assert await store.compare_set("gone/lost", None, b"1", absent=["hb/lost"]) == (True, b"1")
+    both = await store.compare_set("u", None, b"z", present=["hb/live"], absent=["hb/lost"])
+    assert both == (True, b"z")
+
+
 async def test_multi(store: Store):
     await store.multi_set({"m/1": b"one", "m/2": b"two"})
     assert await store.multi_get(["m/1", "m/2", "m/3"]) == [b"one", b"two", None]

@@ -71,6 +71,12 @@ async def test_wrong_or_missing_token_is_401_and_changes_nothing(server):
             400,
             "present: '' must be a string of 1..1024 bytes",
         ),
+        (
+            "compare_set",
+            '{"key": "k", "desired": "eA==", "absent": {"hb/a": 1}}',
+            400,
+            "absent: must be a list of at most 32768 keys",
+        ),
         ("frobnicate", "{}", 404, "op: 'frobnicate' is not one of"),
     ],
 )

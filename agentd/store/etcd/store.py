@@ -219,12 +219,16 @@ class EtcdStore:
         desired: bytes,
         ttl: float | None = None,
         present: Sequence[str] = (),
+        absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        """The keys of ``present`` are compared in the transaction as far as etcd's limit
-        on its operations allows; the rest are read just before it (etcd keeps its state
-        through restarts, so no empty store can come between)."""
-        inside = list(present[: MAX_TXN_OPS - 1])
-        beyond = list(present[MAX_TXN_OPS - 1 :])
+        """The keys of ``absent``, and of ``present`` as far as etcd's limit on a
+        transaction's operations allows, are compared in the transaction; the rest of
+        ``present`` are read just before it (etcd keeps its state through restarts, so no
+        empty store can come between)."""
+        if len(absent) >= MAX_TXN_OPS:
+            raise StoreError(f"compare_set: absent names {len(absent)} keys, etcd allows fewer")
+        room = MAX_TXN_OPS - 1 - len(absent)
+        inside, beyond = list(present[:room]), list(present[room:])
         if beyond and None in await self.multi_get(beyond):
             return False, await self.get(key)
         lease = None if ttl is None else await self._grant(ttl)
@@ -236,6 +240,10 @@ class EtcdStore:
         exist = [
             {"key": self._key(k), "target": "VERSION", "version": "0", "result": "GREATER"}
             for k in inside
+        ]
+        exist += [
+            {"key": self._key(k), "target": "VERSION", "version": "0", "result": "EQUAL"}
+            for k in absent
         ]
         doc = await self._txn(
             "compare_set",
