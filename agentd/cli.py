@@ -101,6 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
+        "--job",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="the whole job: every node of the round, from any agent's health endpoint "
+        "(URL, else as --url)",
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="with --job: redraw in place every SECONDS (default 2) until Ctrl-C",
+    )
+    status.add_argument(
         "--check",
         choices=("livez", "readyz"),
         help="only probe /livez or /readyz (for exec probes)",
@@ -316,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             from agentd.health import status_cli
 
-            return status_cli.run(args.url, args.json, args.check, args.timeout, args.cacert)
+            return status_cli.run(
+                args.url, args.json, args.check, args.timeout, args.cacert, args.job, args.watch
+            )
         if args.command == "store":
             return run_store(args, environ)
         if args.command == "drain":

@@ -140,6 +140,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "drain",
             "heartbeats",
             "slownodes",
+            "jobview",
             "health",
         ),
     ),

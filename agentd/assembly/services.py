@@ -18,7 +18,7 @@ from agentd.assembly.settings import AgentSettings
 from agentd.assembly.standins import HeartbeatsOnDemand, NoGpus, NoInProcessRestarts
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
-from agentd.rendezvous.api import LeasedMembership
+from agentd.rendezvous.api import LeasedMembership, ShowsJob
 from agentd.reports.result_service import ResultFileService
 from agentd.tcpstore.service import WorkerStoreService
 from agentd.timer.service import Watchdog
@@ -90,6 +90,7 @@ class LocalServices:
         "heartbeats",
         "hygiene",
         "inprocess",
+        "job_records",
         "node_checks",
         "preload",
         "result",
@@ -111,6 +112,7 @@ class LocalServices:
         inprocess: InProcessPort,
         gpus: GpusPort,
         node_checks: NodeChecksPort | None,
+        job_records: Service | None = None,
     ) -> None:
         self.result = result
         self.events = events
@@ -123,6 +125,7 @@ class LocalServices:
         self.inprocess = inprocess
         self.gpus = gpus
         self.node_checks = node_checks
+        self.job_records = job_records
 
     def in_order(self) -> list[Service]:
         """Started in this order before the first rendezvous, stopped in reverse."""
@@ -136,6 +139,7 @@ class LocalServices:
             self.hygiene,
             self.preload,
             self.inprocess,
+            self.job_records,
         ]
         return [s for s in ordered if s is not None]
 
@@ -213,6 +217,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         inprocess=in_process_restarts(agent, settings, hooks),
         gpus=gpu_release(settings.gpu_release_timeout),
         node_checks=node_checks,
+        job_records=job_record_publisher(hooks),
     )
 
 
@@ -314,6 +319,19 @@ def slow_node_service(
     )
     hooks.add_observer(service)  # a straggler's drain names it on agents yet to read it
     return service
+
+
+def job_record_publisher(hooks: AgentHooks) -> Service | None:
+    """This node's record for the job view, where the rendezvous has a store to keep it
+    (:mod:`agentd.jobview.publisher`); an observer of the worker group's state."""
+    handler = hooks.view.rdzv_handler
+    if not isinstance(handler, ShowsJob):
+        return None
+    from agentd.jobview.publisher import JobRecordPublisher
+
+    publisher = JobRecordPublisher(hooks.view, handler)
+    hooks.add_observer(publisher)
+    return publisher
 
 
 def oom_watch() -> OomPort:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,14 +82,19 @@ class LoopLagMonitor:
         self._handle = loop.call_at(self._due, self._tick)
 
 
+JOB_TIMEOUT = 2.0
+"""The longest ``/job`` waits for the store (within ``agentd status``'s 3 s default)."""
+
+
 class HealthCheckServer(StartedInBackground):
     """Serves the health endpoints on ``host:port`` (port 0: an ephemeral one).
 
     torch's API: ``start()`` serves on a daemon thread and returns, ``stop()`` ends it;
     on a running loop, ``await start_async()``/``stop_async()`` serve on that loop.
 
-    ``alive_callback`` decides ``/livez``; ``ready``, ``status`` and ``metrics`` (each
-    optional) provide ``/readyz``, ``/status`` and ``/metrics``.
+    ``alive_callback`` decides ``/livez``; ``ready``, ``status``, ``metrics`` and ``job``
+    (each optional) provide ``/readyz``, ``/status``, ``/metrics`` and ``/job`` (the job
+    view: a store that does not answer it is a 503 naming why).
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class HealthCheckServer(StartedInBackground):
         ready: Callable[[], bool] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], bytes] | None = None,
+        job: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         drain: Callable[[str], dict[str, Any]] | None = None,
         token: str | None = None,
@@ -112,6 +118,7 @@ class HealthCheckServer(StartedInBackground):
         self._ready = ready
         self._status = status
         self._metrics = metrics
+        self._job = job
         self._drain = drain
         self._token = token
         self._ssl = ssl_context
@@ -135,6 +142,8 @@ class HealthCheckServer(StartedInBackground):
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/status", self._status_handler)
         app.router.add_get("/metrics", self._metrics_handler)
+        if self._job is not None:
+            app.router.add_get("/job", self._job_handler)
         if self._drain is not None:
             app.router.add_post("/drain", self._drain_handler)
         self._runner, self.port = await serve_app(
@@ -145,7 +154,7 @@ class HealthCheckServer(StartedInBackground):
             self._limits,
             ssl_context=self._ssl,
         )
-        log.info("Health endpoint on %s (/livez /readyz /status /metrics)", self.url)
+        log.info("Health endpoint on %s (/livez /readyz /status /metrics /job)", self.url)
 
     async def stop_async(self) -> None:
         if self._runner is not None:
@@ -180,6 +189,22 @@ class HealthCheckServer(StartedInBackground):
             raise web.HTTPNotFound()
         return web.Response(
             text=json.dumps(self._status(), indent=2) + "\n", content_type="application/json"
+        )
+
+    async def _job_handler(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        from agentd.exceptions import AgentdError
+
+        assert self._job is not None
+        try:
+            async with asyncio.timeout(JOB_TIMEOUT):
+                doc, status = await self._job(), 200
+        except (AgentdError, TimeoutError) as exc:  # the store's trouble: say so, go on
+            why = str(exc) or f"no answer within {JOB_TIMEOUT:g}s"
+            doc, status = {"error": f"the job view needs the store: {why}"}, 503
+        return web.Response(
+            text=json.dumps(doc, indent=2) + "\n", status=status, content_type="application/json"
         )
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:

@@ -74,6 +74,7 @@ class HealthService:
             ready=lambda: agent.get_worker_group().state is WorkerState.HEALTHY,
             status=lambda: status_document(agent, self.history),
             metrics=self._render_metrics,
+            job=self._job,
             max_connections=cap,
             drain=self._drain,
             token=self._token,
@@ -107,6 +108,11 @@ class HealthService:
         if self._published is not None:
             token_file.withdraw(self._published, self._token, "health")
             self._published = None
+
+    async def _job(self) -> dict[str, Any]:
+        from agentd.jobview.reading import read_job
+
+        return await read_job(self._agent)
 
     def _drain(self, reason: str) -> dict[str, Any]:
         self._agent.request_drain(reason)

@@ -12,28 +12,23 @@ import os
 import sys
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
-from agentd.support.agent_url import default_url, tls_context, url_problem
-
-
-def fetch(url: str, timeout: float, cacert: str | None = None) -> tuple[int, bytes]:
-    """GET ``url``: the status code and body (HTTP errors included, not raised); an
-    ``https`` one verified against ``cacert`` (see :func:`tls_context`)."""
-    try:
-        with urllib.request.urlopen(
-            url, timeout=timeout, context=tls_context(url, cacert)
-        ) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+from agentd.support.agent_url import default_url, fetch, url_problem
 
 
 def run(
-    url: str | None, as_json: bool, check: str | None, timeout: float, cacert: str | None = None
+    url: str | None,
+    as_json: bool,
+    check: str | None,
+    timeout: float,
+    cacert: str | None = None,
+    job: str | None = None,
+    watch: float | None = None,
 ) -> int:
-    """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable)."""
+    """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable).
+    ``job`` (a URL, or '' for ``url``'s): the job view instead (:mod:`.job_cli`)."""
+    url = job or url
     base = (url or default_url(dict(os.environ))).rstrip("/")
     problem = url_problem(base)
     if problem:
@@ -48,6 +43,16 @@ def run(
     if not 0 < timeout <= 3600:
         sys.stderr.write(f"agentd: error: --timeout: {timeout!r} must be within 0..3600 seconds\n")
         return 2
+    if job is None and watch is not None:
+        sys.stderr.write("agentd: error: --watch: redraws the job view only: add --job\n")
+        return 2
+    if job is not None:
+        if check:
+            sys.stderr.write("agentd: error: --check: a probe of one agent, not with --job\n")
+            return 2
+        from agentd.health import job_cli
+
+        return job_cli.run(base, as_json, watch, timeout, cacert)
     path = f"/{check}" if check else "/status"
     try:
         code, body = fetch(base + path, timeout, cacert)

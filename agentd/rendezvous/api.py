@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from agentd.exceptions import AgentdError, StartError
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.drains import Drains
     from agentd.rendezvous.exclusions import Exclusions
+    from agentd.rendezvous.job_records import JobRecords
     from agentd.rendezvous.timings import NodeTimings
 
 LOST_REASON = "left (no heartbeat)"
@@ -270,6 +272,19 @@ class ComparesNodes(Protocol):
     node_id: str
 
     async def num_nodes_waiting(self) -> int: ...
+
+
+@runtime_checkable
+class ShowsJob(Protocol):
+    """A rendezvous whose store carries each member's status record
+    (:mod:`agentd.rendezvous.job_records`), for the job at a glance."""
+
+    job: JobRecords
+    settings: RendezvousSettings
+
+    async def num_nodes_waiting(self) -> int: ...
+
+    def store_status(self) -> dict[str, Any] | None: ...
 
 
 @runtime_checkable

@@ -41,6 +41,7 @@ from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.exit_barrier import ExitBarrier
+from agentd.rendezvous.job_records import JobRecords
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.leaving import Leaving
 from agentd.rendezvous.membership import LeaseListener, Membership
@@ -96,6 +97,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self.exclusions = Exclusions(lambda: self.store, self._keys, self.node_id)
         self._drains = Drains(lambda: self.store, self._keys, self.node_id, self._member_ids)
         self.timings = NodeTimings(lambda: self.store, self._keys)
+        self.job = JobRecords(lambda: self.store, self._keys, self.node_id, addr)
         self._store: Store | None = None
         self._opened: OpenedStore | None = None
         self._membership: Membership | None = None
@@ -122,10 +124,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
     def announce_kept(self, local_ranks: Sequence[int]) -> None:
         """Our join records carry the local ranks we keep (none: no key at all)."""
         self._kept = sorted(local_ranks)
-        if self._kept:
-            self._node["kept"] = self._kept
-        else:
-            self._node.pop("kept", None)
+        self._node.pop("kept", None)
+        self._node.update({"kept": self._kept} if self._kept else {})
 
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Tell the other agents why this node stays out (None: that it is back)."""
@@ -145,9 +145,11 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             self._membership.on_lease(listener)
 
     def store_status(self) -> dict[str, Any] | None:
-        """Which store candidate serves, and which ones failed (candidate lists only)."""
+        """Where the store is; with candidate lists, which candidate serves, which failed."""
         opened = self._opened
-        return opened.describe() if opened is not None and opened.describe else None
+        if opened is None:
+            return None
+        return opened.describe() if opened.describe else {"where": opened.where}
 
     def lease_deadline(self) -> float | None:
         """When our membership lease ends (monotonic seconds): no worker of ours may run

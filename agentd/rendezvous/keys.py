@@ -25,6 +25,8 @@ Keys, under ``agentd/<run_id>/``::
     timings/<g>/<i>     JSON: member i's compute times in round g (a TTL key; see
                         rendezvous/timings.py)
     timings/<g>/verdict JSON: the job's comparison of round g's nodes, by group rank 0
+    job/<g>/<i>         JSON: member i's status record in round g (a TTL key; see
+                        rendezvous/job_records.py)
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class RunKeys:
 
     def timings(self, generation: int, name: str) -> str:
         return f"{self.prefix}timings/{generation}/{name}"
+
+    def job(self, generation: int, rank: int) -> str:
+        return f"{self.prefix}job/{generation}/{rank}"
 
     def round(self, generation: int, name: str = "") -> str:
         """A key of round ``generation`` (its prefix, without ``name``)."""

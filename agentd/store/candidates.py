@@ -230,9 +230,9 @@ def none_serving(status: dict[str, Any] | None) -> str:
     """From a candidate client's status: every candidate and why it does not serve, while
     none does ('' when one serves, or without candidates). The one it used stays named as
     serving while it searches, but it is among the failed then."""
-    if not status:
+    if not status or "failed" not in status:  # no candidates: a store at one place
         return ""
-    failed = status.get("failed", {})
+    failed = status["failed"]
     if status.get("serving") is not None and status["serving"] not in failed:
         return ""
     states = "; ".join(f"{e}: {failed.get(e, 'no answer yet')}" for e in status["endpoints"])

@@ -202,6 +202,33 @@ async def test_seed_style_server_with_a_heartbeat_callback():
     assert server.checks()[0] == Check("heartbeat", False, server.checks()[0].detail)
 
 
+async def test_job_view_answers_503_naming_the_store_trouble(monkeypatch):
+    from agentd.health import server as health_server
+    from agentd.store.api import StoreUnavailable
+
+    monkeypatch.setattr(health_server, "JOB_TIMEOUT", 0.2)
+    answers = iter([StoreUnavailable("127.0.0.1:9: connection refused"), None])
+
+    async def job() -> dict:
+        trouble = next(answers)
+        if trouble is not None:
+            raise trouble
+        await asyncio.Event().wait()  # a store that never answers
+        return {}
+
+    server = HealthCheckServer(lambda: True, 0, 5, job=job)
+    await server.start_async()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for why in ("127.0.0.1:9: connection refused", "no answer within 0.2s"):
+                async with http.get(server.url + "/job") as answer:
+                    doc = await answer.json()
+                assert answer.status == 503
+                assert doc == {"error": f"the job view needs the store: {why}"}
+    finally:
+        await server.stop_async()
+
+
 async def test_port_in_use_is_a_start_error():
     with socket.socket() as holder:  # a listener that does not share its port
         holder.bind(("127.0.0.1", 0))

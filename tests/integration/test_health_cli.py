@@ -48,6 +48,10 @@ def test_status_table_json_and_checks(run_agentd, tmp_path):
     live = status("--check", "livez", url=url)
     assert (live.returncode, live.stdout) == (0, "ok\n")
     assert status("--check", "readyz", url=url).returncode == 0
+    job = json.loads(status("--job", "--json", url=url).stdout)  # standalone: one row, live
+    assert (job["size"], job["spares"], job["store"]) == (1, 0, None)
+    [row] = job["nodes"]
+    assert (row["state"], row["ranks"], row["host"]) == ("HEALTHY", [0, 1], doc["host"])
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 143
     gone = status(url=url)
@@ -81,6 +85,18 @@ def test_failure_shows_in_status_and_events(run_agentd, tmp_path):
     assert len(failed) == 2 and failed[0]["source"] == "WORKER"
     assert failed[0]["metadata"]["exitcode"] == 7 and "traceback" not in failed[0]["metadata"]
     assert [d["metadata"]["reason"] for d in docs if d["name"] == "restart"] == ["failure"]
+
+
+def test_job_flags_that_do_not_go_together_exit_2():
+    url = "http://127.0.0.1:9"
+    watch = status("--watch", "1", url=url)
+    assert watch.returncode == 2 and "--watch: redraws the job view only: add --job" in watch.stderr
+    check = status("--job", "--check", "livez", url=url)
+    assert check.returncode == 2 and "--check: a probe of one agent, not with --job" in check.stderr
+    fast = status("--job", "--watch", "0.01", url=url)
+    assert fast.returncode == 2 and "--watch: 0.01 must be within 0.1..3600 seconds" in fast.stderr
+    gone = status("--job", url=url)
+    assert gone.returncode == 3 and "cannot reach the agent at http://127.0.0.1:9" in gone.stderr
 
 
 def test_bad_health_flags_exit_2(run_agentd):

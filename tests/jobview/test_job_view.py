@@ -1,0 +1,73 @@
+"""The job at a glance with real agents (issue 50): three nodes on 127.0.0.1-3, one of
+them computing twice as long; ``agentd status --job`` asked of one agent lists the three
+nodes with their hosts and ranks, the slow one as the outlier."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from tests.conftest import TESTS, wait_until
+from tests.helpers.jobs import TOKEN, agent_args
+
+TRAIN = str(TESTS / "drain" / "train_steps.py")
+
+
+def status_job(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "agentd", "status", "--job", url, *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_store, tmp_path):
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
+    rdzv = agent_args(store.endpoint, "3:3")
+    agents = [
+        run_agentd(
+            *rdzv,
+            *("--local-addr", f"127.0.0.{i + 1}", "--nproc-per-node", "2"),
+            *(("--health-port", "0") if i == 0 else ()),
+            *("--straggler-interval", "0.5", TRAIN, str(out), str(stop)),
+            env={**env, **({"AGENTD_TEST_SLOW": "2"} if i == 2 else {})},
+        )
+        for i in range(3)
+    ]
+    found = re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()) or wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()), 30
+    )
+    url = found.group(1)
+
+    def view() -> dict:
+        answer = status_job(url, "--json")
+        assert answer.returncode == 0, answer.stderr
+        return json.loads(answer.stdout)
+
+    def settled() -> dict | None:
+        doc = view()
+        rows = doc["nodes"]
+        timed = all(r["state"] == "HEALTHY" and r["ratio"] is not None for r in rows)
+        return doc if len(rows) == 3 and timed and max(r["ratio"] for r in rows) >= 1.5 else None
+
+    doc = wait_until(settled, 60, what="three nodes, timed, one slow")
+    rows = doc["nodes"]
+    assert (doc["size"], doc["min_nodes"], doc["max_nodes"], doc["world_size"]) == (3, 3, 3, 6)
+    assert sorted(r["host"] for r in rows) == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert sorted(rank for r in rows for rank in r["ranks"]) == list(range(6))
+    assert all(len(r["ranks"]) == 2 and r["steps"] > 0 for r in rows)
+    slowest = max(rows, key=lambda r: r["ratio"])
+    assert slowest["host"] == "127.0.0.3", rows
+    assert all(r["ratio"] < 1.5 for r in rows if r is not slowest), rows
+
+    table = status_job(url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith(f"run job  round {doc['generation']}  world size 6  nodes 3 (3:3)")
+    [marked] = [line for line in lines if re.search(r"\d! ", line)]
+    assert "127.0.0.3" in marked
+    stop.touch()
+    for agent in agents:
+        assert agent.wait(30) == 0, agent.stderr()[-3000:]
