@@ -227,6 +227,25 @@ class _Readings:
         yield rss
         yield from _progress_metrics(agent)
         yield from _node_metrics(agent)
+        yield from _store_metrics(agent)
+
+
+def _store_metrics(agent: AgentView) -> Iterator[Metric]:
+    """With store candidates: the serving candidate's term and this client's failovers."""
+    from agentd.rendezvous.api import ReportsStore
+
+    handler = agent.rdzv_handler
+    status = handler.store_status() if isinstance(handler, ReportsStore) else None
+    if not status or "failovers" not in status:
+        return
+    failovers = CounterMetricFamily(
+        "agentd_store_failovers", "Times this agent's store client moved to another candidate"
+    )
+    failovers.add_metric([], status["failovers"])
+    yield failovers
+    term = GaugeMetricFamily("agentd_store_term", "The serving store candidate's term")
+    term.add_metric([], status["term"])
+    yield term
 
 
 def _progress_metrics(agent: AgentView) -> Iterator[Metric]:
