@@ -144,6 +144,8 @@ class HealthCheckServer(StartedInBackground):
         app.router.add_get("/metrics", self._metrics_handler)
         if self._job is not None:
             app.router.add_get("/job", self._job_handler)
+            app.router.add_get("/", self._page_handler)
+            app.router.add_get("/page/{name}", self._page_handler)
         if self._drain is not None:
             app.router.add_post("/drain", self._drain_handler)
         self._runner, self.port = await serve_app(
@@ -154,7 +156,7 @@ class HealthCheckServer(StartedInBackground):
             self._limits,
             ssl_context=self._ssl,
         )
-        log.info("Health endpoint on %s (/livez /readyz /status /metrics /job)", self.url)
+        log.info("Health endpoint on %s (/livez /readyz /status /metrics /job; page /)", self.url)
 
     async def stop_async(self) -> None:
         if self._runner is not None:
@@ -205,6 +207,20 @@ class HealthCheckServer(StartedInBackground):
             doc, status = {"error": f"the job view needs the store: {why}"}, 503
         return web.Response(
             text=json.dumps(doc, indent=2) + "\n", status=status, content_type="application/json"
+        )
+
+    async def _page_handler(self, request: web.Request) -> web.Response:
+        """The job page (``/``) and its files (``/page/<name>``), read-only."""
+        from aiohttp import web
+
+        from agentd.jobview.web import SECURITY_HEADERS, page_file
+
+        found = page_file(request.match_info.get("name", "index.html"))
+        if found is None:
+            raise web.HTTPNotFound()
+        body, content_type = found
+        return web.Response(
+            body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS
         )
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:

@@ -26,6 +26,7 @@ COLUMNS = (
     "compute",
     "last_failure",
     "drain",
+    "gpu_memory_mib",
     "at",
 )
 

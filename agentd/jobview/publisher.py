@@ -21,6 +21,7 @@ from agentd.support.ratelog import RateLimitedLog
 from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
+    from agentd.gpus.usage import GpuUsage
     from agentd.rendezvous.api import ShowsJob
     from agentd.view import AgentView
 
@@ -40,6 +41,8 @@ class JobRecordPublisher(AgentObserver):
         self._rate = StepRate()
         self._task: asyncio.Task[None] | None = None
         self._trouble = RateLimitedLog(log, interval=60.0)
+        self._nvml: GpuUsage | None = None
+        self._looked_for_nvml = False
         self.published = 0
 
     @property
@@ -74,9 +77,27 @@ class JobRecordPublisher(AgentObserver):
         rank = view.get_worker_group().group_rank
         if rank is None:
             return
-        doc = node_record(view, job.node_id, job.addr, self._rate)
+        doc = node_record(view, job.node_id, job.addr, self._rate, await self._gpu_memory())
         try:
             await job.publish(view.generation, rank, doc, TTL_INTERVALS * self.interval)
             self.published += 1
         except AgentdError as exc:
             self._trouble.warning("store", "Could not publish this node's job record: %s", exc)
+
+    async def _gpu_memory(self) -> int | None:
+        """MiB this node's workers hold on its GPUs, where NVML answers (None elsewhere:
+        nvidia-smi, a process a reading, is not worth it every few seconds)."""
+        if not self._looked_for_nvml:
+            from agentd.gpus import may_have_gpus
+
+            self._looked_for_nvml = True
+            if may_have_gpus():
+                from agentd.gpus.usage import NvmlUsage
+
+                self._nvml = await asyncio.to_thread(NvmlUsage.open)
+        if self._nvml is None:
+            return None
+        held = await self._nvml.holders()
+        if held is None:
+            return None
+        return sum(held.get(proc.pid, 0) for proc in self._view.worker_processes().values())

@@ -14,6 +14,7 @@ A record is a small JSON object (a few hundred bytes for 8 workers)::
                       (the straggler comparison's measure; None: no sections timed)
     last_failure      {rank, exitcode, signal, at} of this node's last failed worker
     drain             the reason of the drain this node follows, if one is under way
+    gpu_memory_mib    the GPU memory its workers hold, where NVML answers (else None)
     at                when the record was taken (wall clock, seconds)
 """
 
@@ -42,7 +43,9 @@ class StepRate:
         return round((steps - last[1]) / (now - last[0]), 3)
 
 
-def node_record(view: AgentView, node: str, host: str, rate: StepRate) -> dict[str, Any]:
+def node_record(
+    view: AgentView, node: str, host: str, rate: StepRate, gpu_memory_mib: int | None = None
+) -> dict[str, Any]:
     """``view``'s record now (see the module docstring); ``rate`` keeps the last reading."""
     group = view.get_worker_group()
     watched = (view.heartbeat_status() or {}).get("workers") or []
@@ -77,5 +80,6 @@ def node_record(view: AgentView, node: str, host: str, rate: StepRate) -> dict[s
             "at": failure.timestamp,
         },
         "drain": drain["reason"] if drain and "outcome" not in drain else None,
+        "gpu_memory_mib": gpu_memory_mib,
         "at": now,
     }

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import TESTS, wait_until
 from tests.helpers.jobs import TOKEN, agent_args
@@ -20,7 +21,9 @@ def status_job(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=30)
 
 
-def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_store, tmp_path):
+def three_nodes(run_agentd, run_store, tmp_path) -> tuple[list, str, Path]:
+    """Three agents on 127.0.0.1-3 with two workers each, the third computing twice as
+    long; the first serves its health endpoint. Their agents, its URL, the stop file."""
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
@@ -36,10 +39,22 @@ def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_stor
         )
         for i in range(3)
     ]
-    found = re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()) or wait_until(
-        lambda: re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()), 30
+    found = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()),
+        30,
+        what="the health endpoint",
     )
-    url = found.group(1)
+    return agents, found.group(1), stop
+
+
+def stop_all(agents: list, stop: Path) -> None:
+    stop.touch()
+    for agent in agents:
+        assert agent.wait(30) == 0, agent.stderr()[-3000:]
+
+
+def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_store, tmp_path):
+    agents, url, stop = three_nodes(run_agentd, run_store, tmp_path)
 
     def view() -> dict:
         answer = status_job(url, "--json")
@@ -68,6 +83,4 @@ def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_stor
     assert lines[0].startswith(f"run job  round {doc['generation']}  world size 6  nodes 3 (3:3)")
     [marked] = [line for line in lines if re.search(r"\d! ", line)]
     assert "127.0.0.3" in marked
-    stop.touch()
-    for agent in agents:
-        assert agent.wait(30) == 0, agent.stderr()[-3000:]
+    stop_all(agents, stop)
