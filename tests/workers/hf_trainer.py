@@ -1,7 +1,8 @@
 """A Hugging Face Trainer job with agentd's callback: steps, evaluation, checkpoints.
 
-``hf_trainer.py OUT [STEPS]``: 400 steps unless STEPS says otherwise (a drain test asks
-for more than it lets the job reach: 400 steps take about 1.3 s on a quiet machine).
+``hf_trainer.py OUT [STEPS [SAVE_STEPS]]``: 400 steps unless STEPS says otherwise (a drain
+test asks for more than it lets the job reach: 400 steps take about 1.3 s on a quiet
+machine), a checkpoint every 200 unless SAVE_STEPS says otherwise.
 Run under ``agentd run`` by tests/integration/test_hangs.py and tests/drain.
 """
 
@@ -45,7 +46,7 @@ def main() -> None:
         eval_strategy="steps",
         eval_steps=100,
         save_strategy="steps",
-        save_steps=200,
+        save_steps=int(sys.argv[3]) if len(sys.argv) > 3 else 200,
         logging_strategy="no",
         report_to=[],
         use_cpu=True,
