@@ -134,6 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
     drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     drain.add_argument("--cacert", help=CACERT_HELP)
+    logs = commands.add_parser(
+        "logs",
+        help="every node's worker output, merged in time order (needs --tee or --redirects)",
+        description="Print the ranks' output of every node of the job, merged in time order, "
+        "each line prefixed host:rank and the attempt. Exit 0, 1 an agent refused, 3 "
+        "unreachable.",
+    )
+    logs.add_argument(
+        "url", nargs="?", metavar="URL", help="any agent's health endpoint (as for agentd status)"
+    )
+    logs.add_argument("-f", "--follow", action="store_true", help="go on printing new lines")
+    logs.add_argument("--rank", type=int, help="only this global rank's lines")
+    logs.add_argument("--node", help="only this node's (its group rank, host or node id)")
+    logs.add_argument("--since", help="only lines from this long ago on: 90s, 10m, 2h, 1d")
+    logs.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    logs.add_argument("--cacert", help=CACERT_HELP)
     store = commands.add_parser(
         "store",
         help="run the rendezvous store server on its own",
@@ -337,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.command == "store":
             return run_store(args, environ)
+        if args.command == "logs":
+            from agentd.joblogs import cli as logs_cli
+
+            return logs_cli.run(
+                args.url, args.follow, args.rank, args.node, args.since, args.timeout, args.cacert
+            )
         if args.command == "drain":
             from agentd.drain import http as drain_http
 

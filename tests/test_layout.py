@@ -141,6 +141,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "heartbeats",
             "slownodes",
             "jobview",
+            "joblogs",
             "health",
         ),
     ),

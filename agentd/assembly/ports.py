@@ -93,6 +93,9 @@ class HealthPort(Protocol):
     server: HealthCheckServer | None
     metrics: AgentMetrics | None
 
+    @property
+    def url(self) -> str | None: ...
+
     def liveness_checks(self) -> list[Check]: ...
 
     async def start(self) -> None: ...

@@ -217,7 +217,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         inprocess=in_process_restarts(agent, settings, hooks),
         gpus=gpu_release(settings.gpu_release_timeout),
         node_checks=node_checks,
-        job_records=job_record_publisher(hooks),
+        job_records=job_record_publisher(hooks, health_service),
     )
 
 
@@ -321,15 +321,16 @@ def slow_node_service(
     return service
 
 
-def job_record_publisher(hooks: AgentHooks) -> Service | None:
+def job_record_publisher(hooks: AgentHooks, health: HealthPort | None) -> Service | None:
     """This node's record for the job view, where the rendezvous has a store to keep it
-    (:mod:`agentd.jobview.publisher`); an observer of the worker group's state."""
+    (:mod:`agentd.jobview.publisher`); an observer of the worker group's state. It names
+    ``health``'s URL, where ``agentd logs`` reads the node's lines."""
     handler = hooks.view.rdzv_handler
     if not isinstance(handler, ShowsJob):
         return None
     from agentd.jobview.publisher import JobRecordPublisher
 
-    publisher = JobRecordPublisher(hooks.view, handler)
+    publisher = JobRecordPublisher(hooks.view, handler, lambda: health.url if health else None)
     hooks.add_observer(publisher)
     return publisher
 

@@ -11,7 +11,6 @@ does, 401 without the right token, 400 naming what is wrong with the body.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import sys
@@ -19,7 +18,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+
+from agentd.support.bearer import bearer_ok
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -34,8 +34,7 @@ async def drain_response(
 ) -> web.Response:
     from aiohttp import web
 
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    if not token or not hmac.compare_digest(given, f"Bearer {token}".encode()):
+    if not bearer_ok(request.headers.get("Authorization", ""), token):
         return web.json_response(
             {"error": "POST /drain needs the bearer token (Authorization: Bearer <token>)"},
             status=401,
@@ -74,10 +73,7 @@ def run(url: str | None, reason: str | None, timeout: float, cacert: str | None 
     if problem:
         sys.stderr.write(f"agentd: error: --url: {base!r} {problem}\n")
         return 2
-    parts = urlsplit(base)
-    token = os.environ.get(DRAIN_TOKEN_ENV)
-    if not token and parts.hostname in ("127.0.0.1", "localhost", "::1"):
-        token = token_file.read(parts.port or 80, "health")  # the local agent's, for us only
+    token = token_file.for_agent(base, os.environ.get(DRAIN_TOKEN_ENV))
     body = json.dumps({"reason": reason} if reason else {}).encode()
     request = urllib.request.Request(
         base + "/drain",

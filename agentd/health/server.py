@@ -94,7 +94,8 @@ class HealthCheckServer(StartedInBackground):
 
     ``alive_callback`` decides ``/livez``; ``ready``, ``status``, ``metrics`` and ``job``
     (each optional) provide ``/readyz``, ``/status``, ``/metrics`` and ``/job`` (the job
-    view: a store that does not answer it is a 503 naming why).
+    view: a store that does not answer it is a 503 naming why) with its page at ``/``;
+    ``logs`` answers ``GET /logs`` (token-guarded: see :mod:`agentd.joblogs.http`).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class HealthCheckServer(StartedInBackground):
         status: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], bytes] | None = None,
         job: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        logs: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         drain: Callable[[str], dict[str, Any]] | None = None,
         token: str | None = None,
@@ -119,6 +121,7 @@ class HealthCheckServer(StartedInBackground):
         self._status = status
         self._metrics = metrics
         self._job = job
+        self._logs = logs
         self._drain = drain
         self._token = token
         self._ssl = ssl_context
@@ -146,6 +149,8 @@ class HealthCheckServer(StartedInBackground):
             app.router.add_get("/job", self._job_handler)
             app.router.add_get("/", self._page_handler)
             app.router.add_get("/page/{name}", self._page_handler)
+        if self._logs is not None:
+            app.router.add_get("/logs", self._logs)
         if self._drain is not None:
             app.router.add_post("/drain", self._drain_handler)
         self._runner, self.port = await serve_app(

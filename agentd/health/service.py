@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.exceptions import ConfigError, StartError
 from agentd.group import WorkerState
 from agentd.health.history import RestartHistory
-from agentd.rendezvous.api import ReportsStore
+from agentd.rendezvous.api import ReportsStore, ShowsJob
 from agentd.store import token_file
 from agentd.support import fdlimits
 
@@ -25,9 +25,12 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     import ssl
 
+    from aiohttp import web
+
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer, LoopLagMonitor
     from agentd.health.settings import HealthSettings
+    from agentd.joblogs.reader import LogReader
     from agentd.view import AgentView
 
 
@@ -44,6 +47,7 @@ class HealthService:
         self._token = settings.token or token_file.new_token()
         self._published: int | None = None
         self.history = RestartHistory()
+        self._log_reader: LogReader | None = None
 
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
@@ -75,6 +79,7 @@ class HealthService:
             status=lambda: status_document(agent, self.history),
             metrics=self._render_metrics,
             job=self._job,
+            logs=self._logs,
             max_connections=cap,
             drain=self._drain,
             token=self._token,
@@ -108,6 +113,28 @@ class HealthService:
         if self._published is not None:
             token_file.withdraw(self._published, self._token, "health")
             self._published = None
+
+    @property
+    def url(self) -> str | None:
+        """The endpoint's URL while it is served."""
+        return self.server.url if self.server is not None else None
+
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
+        from agentd.joblogs.http import logs_response
+        from agentd.joblogs.reader import LogReader
+
+        agent = self._agent
+        if self._log_reader is None:
+            self._log_reader = LogReader(agent.run_dir)
+        handler = agent.rdzv_handler
+        who = (
+            {"node": handler.job.node_id, "host": handler.job.addr}
+            if isinstance(handler, ShowsJob)
+            else {"node": agent.hostname, "host": agent.hostname}
+        )
+        return await logs_response(
+            request, self._token, self._log_reader, lambda: agent.attempt, lambda: who
+        )
 
     async def _job(self) -> dict[str, Any]:
         from agentd.jobview.reading import read_job

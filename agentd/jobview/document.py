@@ -27,6 +27,7 @@ COLUMNS = (
     "last_failure",
     "drain",
     "gpu_memory_mib",
+    "health",
     "at",
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import AgentdError
@@ -31,13 +32,25 @@ TTL_INTERVALS = 3
 """A record lives this many intervals unless rewritten."""
 
 
+def reachable(url: str | None, addr: str) -> str | None:
+    """``url`` as another host reaches it: a wildcard listener's address is the node's."""
+    if url is None:
+        return None
+    for wildcard in ("//0.0.0.0:", "//[::]:"):
+        url = url.replace(wildcard, f"//{f'[{addr}]' if ':' in addr else addr}:")
+    return url
+
+
 class JobRecordPublisher(AgentObserver):
     """Publishes ``view``'s record through ``handler``'s store, as an observer of the
     worker group's state (the agent's services start and stop it)."""
 
-    def __init__(self, view: AgentView, handler: ShowsJob) -> None:
+    def __init__(
+        self, view: AgentView, handler: ShowsJob, health_url: Callable[[], str | None]
+    ) -> None:
         self._view = view
         self._handler = handler
+        self._health_url = health_url
         self._rate = StepRate()
         self._task: asyncio.Task[None] | None = None
         self._trouble = RateLimitedLog(log, interval=60.0)
@@ -78,6 +91,7 @@ class JobRecordPublisher(AgentObserver):
         if rank is None:
             return
         doc = node_record(view, job.node_id, job.addr, self._rate, await self._gpu_memory())
+        doc["health"] = reachable(self._health_url(), job.addr)
         try:
             await job.publish(view.generation, rank, doc, TTL_INTERVALS * self.interval)
             self.published += 1

@@ -15,6 +15,8 @@ A record is a small JSON object (a few hundred bytes for 8 workers)::
     last_failure      {rank, exitcode, signal, at} of this node's last failed worker
     drain             the reason of the drain this node follows, if one is under way
     gpu_memory_mib    the GPU memory its workers hold, where NVML answers (else None)
+    health            its agent's health endpoint (URL; None: it serves none), where
+                      ``agentd logs`` asks for its lines
     at                when the record was taken (wall clock, seconds)
 """
 

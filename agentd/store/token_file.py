@@ -81,3 +81,17 @@ def withdraw(port: int, token: str, kind: str = "store") -> None:
         path = token_path(port, kind)
         if path.read_text().strip() == token:
             path.unlink()
+
+
+def for_agent(url: str, given: str | None) -> str | None:
+    """The token for an agent's guarded requests (``POST /drain``, ``GET /logs``) at
+    ``url``: ``given`` (the operator's), else the one a local agent published for this
+    user (a loopback URL only: no other host's agent publishes here)."""
+    from urllib.parse import urlsplit
+
+    if given:
+        return given
+    parts = urlsplit(url)
+    if parts.hostname in ("localhost", "::1") or (parts.hostname or "").startswith("127."):
+        return read(parts.port or 80, "health")
+    return None

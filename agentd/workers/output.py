@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -46,6 +47,9 @@ class StreamRoute(NamedTuple):
     the prefix, to ``duplicate_path`` (one file for the attempt's workers)."""
     duplicate_path: Path | None = None
     duplicate_prefix: bytes = b""
+    times_of: tuple[int, int] | None = None
+    """With a log file: the worker's (global rank, attempt); when the file's bytes were
+    written goes to ``<file>.times`` (see :mod:`agentd.wire.line_times`)."""
 
     @property
     def piped(self) -> bool:
@@ -67,6 +71,7 @@ def plan_route(
     prefix: str,
     duplicate_filters: tuple[str, ...] = (),
     duplicate_path: Path | None = None,
+    times_of: tuple[int, int] | None = None,
 ) -> StreamRoute:
     """Decide a stream's route from torchrun's settings for one local rank.
 
@@ -77,6 +82,8 @@ def plan_route(
     """
     console = (sys.stderr if is_stderr else sys.stdout).buffer if shown else None
     route = _plain_route(redirect, tee, shown, is_stderr, file_path, prefix, console)
+    if route.file_path is not None:
+        route = route._replace(times_of=times_of)
     if not duplicate_filters or duplicate_path is None:
         return route
     if route.inherit:  # the lines must pass through the agent to be filtered
@@ -132,6 +139,9 @@ class StreamSink:
         self._file = self._open(route.file_path) if route.file_path else None
         self._duplicates = self._open(route.duplicate_path) if route.duplicate_path else None
         self._dup_partial = bytearray()
+        self._offset = self._file.tell() if self._file is not None else 0
+        self._times: BinaryIO | None = None
+        self._marked = float("-inf")
         self.bytes = 0
         self.lost_bytes = 0
         """Bytes the log file did not get (its disk was full, or it could not be opened)."""
@@ -196,19 +206,46 @@ class StreamSink:
             self._file.close()
         if self._duplicates is not None:
             self._duplicates.close()
+        if self._times is not None:
+            self._times.close()
 
     def _to_file(self, chunk: bytes) -> None:
         file = self._file
         if file is None:
             self.lost_bytes += len(chunk)
             return
+        if self._route.times_of is not None:
+            self._mark_time()
         view = memoryview(chunk)
         try:
             while view:  # an unbuffered write may be short when the disk is nearly full
-                view = view[file.write(view) or 0 :]
+                written = file.write(view) or 0
+                self._offset += written
+                view = view[written:]
         except OSError as exc:
             self.lost_bytes += len(view)
             disk_problem(self._route.file_path, exc)
+
+    def _mark_time(self) -> None:
+        """A line-times record for the bytes about to be written, where the last record is
+        :data:`~agentd.wire.line_times.INTERVAL` old or more."""
+        from agentd.wire import line_times  # only where a log file is written
+
+        now = time.time()
+        if now - self._marked < line_times.INTERVAL:
+            return
+        self._marked = now
+        route = self._route
+        assert route.file_path is not None and route.times_of is not None
+        path = route.file_path.with_name(route.file_path.name + line_times.SUFFIX)
+        try:
+            if self._times is None:
+                self._times = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
+                if self._times.tell() == 0:
+                    self._times.write(line_times.header(*route.times_of))
+            self._times.write(line_times.record(self._offset, now))
+        except OSError as exc:  # the log goes on; its lines then have the file's time
+            disk_problem(path, exc)
 
     def _to_console(self, chunk: bytes) -> None:
         prefix = self._route.prefix

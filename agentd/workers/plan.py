@@ -111,6 +111,7 @@ def plan_worker(
             prefix=prefix,
             duplicate_filters=tuple(filters or ()),
             duplicate_path=wdir.parent / f"filtered_{name}",
+            times_of=(worker.global_rank, agent.attempt),
         )
         for std, name, filters in (
             (Std.OUT, "stdout.log", spec.duplicate_stdout_filters),

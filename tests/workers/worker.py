@@ -155,6 +155,15 @@ def main() -> int:
     if args.mode == "signal-self":
         os.kill(os.getpid(), signal.SIGKILL)
         return 0
+    if args.mode == "ticks":  # --code lines, each with the time it was printed, --after apart
+        for i in range(args.code):
+            print(f"tick {i} of rank {os.environ.get('RANK')} at {time.time():.3f}", flush=True)
+            time.sleep(args.after)
+        sys.stdout.write("last words without a newline")
+        sys.stdout.flush()
+        while args.stop_file and not os.path.exists(args.stop_file):
+            time.sleep(0.05)
+        return 0
     if args.mode == "lines":  # partial writes that must reach the console as whole lines
         for i in range(3):
             sys.stdout.write(f"part-{i}-a ")

@@ -1,0 +1,211 @@
+"""``agentd logs [URL]``: every node's worker lines, merged in time order, each prefixed
+``host:rank aN|`` (N: the attempt).
+
+The agent at URL (any agent's health endpoint) names its round's nodes and where each
+serves its own (``/job``); each node is asked for its lines (``GET /logs``, with the
+health token: ``AGENTD_DRAIN_TOKEN``, or a local agent's published one). ``--follow``
+asks again every second and prints lines once a second old, so the nodes' lines stay in
+order as they arrive; ``--rank``, ``--node`` and ``--since`` narrow what is shown.
+"""
+
+from __future__ import annotations
+
+import heapq
+import http.client
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from agentd.store import token_file
+from agentd.support.agent_url import default_url, fetch, tls_context, url_problem
+
+TOKEN_ENV = "AGENTD_DRAIN_TOKEN"
+FOLLOW_EVERY = 1.0
+HOLD = 1.0
+"""With --follow, a line is printed once this old: a slower node's earlier lines first."""
+_SINCE = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)\Z")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class LogsError(Exception):
+    """What stops the command: the message, and the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: ``90``, ``90s``, ``10m``, ``2h`` or ``1d`` ago, as epoch seconds."""
+    found = _SINCE.match(text.strip())
+    if not found:
+        raise LogsError(f"--since: {text!r} must be a time ago, like 90s, 10m, 2h or 1d", 2)
+    return now - float(found.group(1)) * _UNIT[found.group(2)]
+
+
+class Source:
+    """One node: where it serves its lines, and the cursor of what was read."""
+
+    def __init__(self, row: dict[str, Any], url: str) -> None:
+        self.host = row.get("host") or row.get("node") or "?"
+        self.node = row.get("node") or "?"
+        self.url = url
+        self.cursor = ""
+        self.files = 0
+        """How many log files the node's agent has (0: it writes none)."""
+        self.token = token_file.for_agent(url, os.environ.get(TOKEN_ENV))
+
+    def ask(
+        self, since: float | None, rank: int | None, timeout: float, cacert: str | None
+    ) -> dict[str, Any]:
+        """One ``GET /logs`` from the cursor (LogsError with the exit code)."""
+        query = {"cursor": self.cursor} if self.cursor else {}
+        if since is not None and not self.cursor:
+            query["since"] = f"{since:.3f}"
+        if rank is not None:
+            query["rank"] = str(rank)
+        request = urllib.request.Request(
+            f"{self.url}/logs?{urllib.parse.urlencode(query)}",
+            headers={"Authorization": f"Bearer {self.token or ''}"},
+        )
+        try:
+            with urllib.request.urlopen(
+                request, timeout=timeout, context=tls_context(self.url, cacert)
+            ) as answer:
+                doc = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            why = exc.read().decode(errors="replace").strip()
+            hint = f" (give its token in {TOKEN_ENV})" if exc.code == 401 else ""
+            raise LogsError(f"{self.url}/logs answered {exc.code}: {why}{hint}", 1) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise LogsError(
+                f"cannot reach {self.host}'s agent at {self.url}: {reason}", 3
+            ) from None
+        self.cursor = doc["cursor"]
+        return doc
+
+
+def sources(base: str, node: str | None, timeout: float, cacert: str | None) -> list[Source]:
+    """The round's nodes from ``base``'s ``/job`` (those ``node`` names, when given)."""
+    try:
+        code, body = fetch(base + "/job", timeout, cacert)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise LogsError(
+            f"cannot reach the agent at {base}: {getattr(exc, 'reason', exc)}", 3
+        ) from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    if code != 200:
+        raise LogsError(f"{base}/job: {doc.get('error') or f'answered {code}'}", 1)
+    found = []
+    for row in doc["nodes"]:
+        names = {str(row["group_rank"]), str(row.get("node")), str(row.get("host"))}
+        if node is not None and node not in names:
+            continue
+        url = base if row["group_rank"] == doc.get("answered_by") else row.get("health")
+        if url:
+            found.append(Source(row, url.rstrip("/")))
+        else:
+            sys.stderr.write(
+                f"agentd: node {row['group_rank']} ({row.get('host') or 'unknown'}) serves no "
+                "health endpoint: its lines are not shown (start its agent with --health-port)\n"
+            )
+    if node is not None and not found:
+        raise LogsError(f"--node: {node!r} is no node of round {doc['generation']}", 2)
+    return found
+
+
+def line_text(source: Source, line: list[Any]) -> str:
+    _, attempt, rank, local_rank, _, text = line
+    who = rank if rank >= 0 else f"l{local_rank}"
+    return f"{source.host}:{who} a{attempt}| {text}\n"
+
+
+def run(
+    url: str | None,
+    follow: bool,
+    rank: int | None,
+    node: str | None,
+    since: str | None,
+    timeout: float,
+    cacert: str | None,
+) -> int:
+    """The command; its exit code (0, 1 an agent refused, 2 usage, 3 unreachable)."""
+    base = (url or default_url(dict(os.environ))).rstrip("/")
+    try:
+        if problem := url_problem(base):
+            raise LogsError(f"URL: {base!r} {problem}", 2)
+        if rank is not None and rank < 0:
+            raise LogsError(f"--rank: {rank} must be a global rank (>= 0)", 2)
+        start = parse_since(since, time.time()) if since else None
+        nodes = sources(base, node, timeout, cacert)
+        if not follow:
+            batches = [_drain(source, start, rank, timeout, cacert) for source in nodes]
+            for _, _, text in heapq.merge(*batches):
+                sys.stdout.write(text)
+            _files_note(nodes)
+            return 0
+        return _follow(nodes, start, rank, timeout, cacert)
+    except LogsError as exc:
+        sys.stderr.write(f"agentd: error: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        return 0
+
+
+Timed = tuple[float, int, str]
+"""A line to print: its time, its order among equal times, its text."""
+
+
+def _drain(
+    source: Source, since: float | None, rank: int | None, timeout: float, cacert: str | None
+) -> list[Timed]:
+    """Every line ``source`` has (asking again while it says there is more)."""
+    out: list[Timed] = []
+    while True:
+        doc = source.ask(since, rank, timeout, cacert)
+        out += [
+            (line[0], len(out) + i, line_text(source, line)) for i, line in enumerate(doc["lines"])
+        ]
+        if not doc["more"]:
+            return out
+
+
+def _files_note(nodes: list[Source]) -> None:
+    for source in nodes:
+        if not source.files:
+            sys.stderr.write(
+                f"agentd: {source.host} keeps no log files: its agent writes them with --tee 3 "
+                "(or --redirects 3)\n"
+            )
+
+
+def _follow(
+    nodes: list[Source], since: float | None, rank: int | None, timeout: float, cacert: str | None
+) -> int:
+    """Print the nodes' lines as they come, in time order, until interrupted."""
+    held: list[Timed] = []
+    count = 0
+    noted = False
+    while True:
+        for source in nodes:
+            for at, _, text in _drain(source, since, rank, timeout, cacert):
+                heapq.heappush(held, (at, count, text))
+                count += 1
+        if not noted:
+            _files_note(nodes)
+            noted = True
+        ripe = time.time() - HOLD
+        while held and held[0][0] <= ripe:
+            sys.stdout.write(heapq.heappop(held)[2])
+        sys.stdout.flush()
+        time.sleep(FOLLOW_EVERY)

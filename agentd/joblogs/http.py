@@ -1,0 +1,108 @@
+"""``GET /logs`` on the health endpoint: this agent's worker lines, for ``agentd logs``.
+
+Logs can hold secrets, so the request needs the health endpoint's token, as ``POST
+/drain`` does (``Authorization: Bearer <token>``; 401 without it). Query, each optional:
+``cursor`` (what an earlier answer gave: read on from there), ``since`` (epoch seconds:
+lines from then on), ``rank`` (one global rank). The answer::
+
+    {"node": ..., "host": ..., "attempt": <current>, "files": <log files>,
+     "lines": [[at, attempt, rank, local_rank, stream, text], ...],   # in time order
+     "cursor": "...", "more": <bool: ask again from cursor at once>}
+
+A malformed query is a 400 naming the field, its value and the rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agentd.joblogs.reader import LogReader, log_files
+from agentd.support.bearer import bearer_ok
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+MAX_CURSOR = 64 * 1024
+"""The longest cursor accepted (characters): thousands of log files."""
+
+
+class BadQuery(ValueError):
+    """A query field that cannot be read: the message names it."""
+
+
+def encode_cursor(cursor: dict[str, int]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(cursor, separators=(",", ":")).encode()).decode()
+
+
+def decode_cursor(text: str) -> dict[str, int]:
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    if len(text) > MAX_CURSOR:
+        raise BadQuery(f"cursor: {len(text)} characters is more than {MAX_CURSOR}")
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(text.encode()))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise BadQuery(f"cursor: {shown!r} is not a cursor an earlier answer gave") from None
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in doc.items()
+    ):
+        raise BadQuery(f"cursor: {shown!r} is not a cursor an earlier answer gave")
+    return doc
+
+
+def parse_query(query: Any) -> tuple[dict[str, int], float | None, int | None]:
+    """``cursor``, ``since`` and ``rank`` from a request's query (BadQuery naming one)."""
+    cursor = decode_cursor(query["cursor"]) if query.get("cursor") else {}
+    since = None
+    if query.get("since") is not None:
+        try:
+            since = float(query["since"])
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since) or since < 0:
+            raise BadQuery(f"since: {query['since']!r} must be a time in epoch seconds")
+    rank = None
+    if query.get("rank") is not None:
+        text = query["rank"]
+        if not text.isdigit() or len(text) > 9:
+            raise BadQuery(f"rank: {text!r} must be a global rank (an integer >= 0)")
+        rank = int(text)
+    return cursor, since, rank
+
+
+async def logs_response(
+    request: web.Request,
+    token: str | None,
+    reader: LogReader,
+    attempt: Callable[[], int],
+    who: Callable[[], dict[str, Any]],
+) -> web.Response:
+    """Answer one ``GET /logs`` (see the module docstring)."""
+    from aiohttp import web
+
+    if not bearer_ok(request.headers.get("Authorization", ""), token):
+        return web.json_response(
+            {"error": "GET /logs needs the bearer token (Authorization: Bearer <token>)"},
+            status=401,
+        )
+    try:
+        cursor, since, rank = parse_query(request.query)
+    except BadQuery as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    current = attempt()
+    lines, after, more = await asyncio.to_thread(reader.read, cursor, current, since, rank)
+    files = await asyncio.to_thread(lambda: len(log_files(reader.run_dir)))
+    doc = {
+        **who(),
+        "attempt": current,
+        "files": files,
+        "lines": [list(line) for line in lines],
+        "cursor": encode_cursor(after),
+        "more": more,
+    }
+    return web.json_response(doc)

@@ -1,0 +1,100 @@
+"""``agentd logs`` with real agents (issue 50): three nodes on 127.0.0.1-3 with two ranks
+each, every rank printing lines that carry the time they were printed; the command asked
+of one agent prints every node's lines, prefixed ``host:rank aN|``, in time order, whole."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+from tests.conftest import WORKER, wait_until
+from tests.helpers.jobs import TOKEN, agent_args
+
+TICKS = 15
+LINE = re.compile(r"(127\.0\.0\.\d):(\d+) a0\| tick (\d+) of rank (\d+) at ([\d.]+)\Z")
+SLACK = 0.25
+"""How far a merged line's print time may run behind the one before it: the line-times
+file's 0.05 s, and the pipe's and a loaded machine's delay in between."""
+
+
+def logs(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "agentd", "logs", url, *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def ticks(text: str) -> list[re.Match[str]]:
+    return [m for line in text.splitlines() if (m := LINE.match(line))]
+
+
+def test_every_nodes_lines_merged_in_time_order(run_agentd, run_store, tmp_path):
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    rdzv = agent_args(store.endpoint, "3:3")
+    job = ["--nproc-per-node", "2", "--tee", "3", "--health-port", "0"]
+    work = [WORKER, "ticks", "--code", str(TICKS), "--after", "0.1", "--stop-file", str(stop)]
+    agents = [
+        run_agentd(*rdzv, "--local-addr", f"127.0.0.{i + 1}", *job, *work, env=env)
+        for i in range(3)
+    ]
+    urls = [
+        wait_until(lambda a=a: re.search(r"Health endpoint on (http://\S+)", a.stderr()), 30).group(
+            1
+        )
+        for a in agents
+    ]
+    wait_until(
+        lambda: all(a.stdout().count(f"tick {TICKS - 1} of") == 2 for a in agents),
+        60,
+        what="every tick",
+    )
+
+    def merged() -> list[re.Match[str]] | None:
+        found = ticks(logs(urls[0]).stdout)
+        return found if len(found) == 3 * 2 * TICKS else None
+
+    lines = wait_until(merged, 30, what="every node's records, then every line")
+    printed = [float(m.group(5)) for m in lines]
+    assert all(b >= a - SLACK for a, b in itertools.pairwise(printed)), printed
+    hosts = {int(m.group(2)): m.group(1) for m in lines}
+    assert sorted(hosts) == list(range(6)) and all(m.group(2) == m.group(4) for m in lines)
+    assert {hosts[r] for r in range(6)} == {"127.0.0.1", "127.0.0.2", "127.0.0.3"}
+    for rank in range(6):
+        assert [int(m.group(3)) for m in lines if m.group(2) == str(rank)] == list(range(TICKS))
+    whole = logs(urls[0]).stdout.splitlines()
+    assert not [line for line in whole if "last words" in line]  # still being written: held
+    assert len(whole) == 3 * 2 * TICKS
+
+    one = ticks(logs(urls[1], "--rank", "3").stdout)
+    assert len(one) == TICKS and {m.group(2) for m in one} == {"3"}
+    node = ticks(logs(urls[2], "--node", hosts[0]).stdout)
+    assert {m.group(1) for m in node} == {hosts[0]} and len(node) == 2 * TICKS
+    assert ticks(logs(urls[0], "--since", "0s").stdout) == []
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "agentd", "logs", urls[1], "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as follow:
+        try:
+            assert follow.stdout is not None
+            seen = [follow.stdout.readline() for _ in range(3 * 2 * TICKS)]
+            assert len(ticks("".join(seen))) == 3 * 2 * TICKS
+        finally:
+            follow.send_signal(signal.SIGINT)
+            assert follow.wait(30) == 0
+
+    try:
+        urllib.request.urlopen(urls[0] + "/logs", timeout=5)
+        raise AssertionError("GET /logs without the token answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401 and b"needs the bearer token" in exc.read()
+    stop.touch()
+    for agent in agents:
+        assert agent.wait(30) == 0, agent.stderr()[-3000:]
