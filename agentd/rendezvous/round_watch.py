@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentd.rendezvous.api import LOST_REASON
 from agentd.rendezvous.keys import RunKeys
@@ -45,6 +45,8 @@ class RoundWatch:
     raise_if_failed: Callable[[bytes], None]
     problems: RateLimitedLog
     succeeded_elsewhere: bool = False
+    _addrs: dict[str, str] = field(default_factory=dict)
+    """The watched members' addresses (``--local-addr``), by node id, for messages."""
 
     async def reason(self) -> str:
         """Why the round ended elsewhere, once it has; store trouble is waited out (the
@@ -103,12 +105,10 @@ class RoundWatch:
         ranks = {(current.rank + step) % current.size for step in range(1, WATCHED + 1)}
         ranks.discard(current.rank)
         keys = [self.keys.round(current.generation, f"node/{rank}") for rank in sorted(ranks)]
-        nodes = [
-            str(json.loads(entry)["node"])
-            for entry in await self.store.multi_get(keys)
-            if entry is not None
-        ]  # (gone: the store lost the round; the check says so)
-        return {self.keys.heartbeat(node): node for node in nodes}
+        entries = [json.loads(e) for e in await self.store.multi_get(keys) if e is not None]
+        # (gone: the store lost the round; the check says so)
+        self._addrs.update({str(e["node"]): str(e.get("addr") or "") for e in entries})
+        return {self.keys.heartbeat(str(e["node"])): str(e["node"]) for e in entries}
 
     async def _state(self, members: dict[str, str]) -> str:
         """Why the round is over already ('' if it is not). Fills ``members`` with the
@@ -150,7 +150,8 @@ class RoundWatch:
         """A member's heartbeat is gone: end the round for everyone (the first member back
         counts it gone once its workers are surely dead: see
         :data:`agentd.rendezvous.accounting.FENCE`)."""
-        why = f"node {node} {LOST_REASON}"
+        addr = self._addrs.get(node)
+        why = f"node {addr} ({node}) {LOST_REASON}" if addr else f"node {node} {LOST_REASON}"
         await self.end_round(why)
         return why
 

@@ -164,7 +164,7 @@ async def test_a_lost_member_is_noticed_while_its_predecessor_waits_in_the_exit_
     await lost._membership.stop()
     lost._rounds.release()
     reasons = await asyncio.wait_for(asyncio.gather(*watches), 10)
-    assert f"node {lost.node_id} left (no heartbeat)" in reasons
+    assert f"node 127.0.0.1 ({lost.node_id}) left (no heartbeat)" in reasons
     barrier.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await barrier
@@ -208,7 +208,7 @@ async def test_a_lost_member_is_noticed_even_when_the_members_watching_it_are_lo
         await node._membership.stop()
         node._rounds.release()
     why = await asyncio.wait_for(watch, 10)
-    assert why in {f"node {node.node_id} left (no heartbeat)" for node in lost[:3]}
+    assert why in {f"node 127.0.0.1 ({node.node_id}) left (no heartbeat)" for node in lost[:3]}
     info = await survivor.next_rendezvous()
     assert (info.generation, info.group_world_size, info.group_rank) == (1, 1, 0)
     await shutdown_all(survivor)
@@ -262,7 +262,7 @@ async def test_an_expired_heartbeat_ends_the_round(store):
     assert b._rounds is not None
     b._rounds.release()  # ... and its sockets close with it
     why = await asyncio.wait_for(watch, 10)
-    assert f"node {b.node_id} left (no heartbeat)" == why
+    assert f"node 127.0.0.1 ({b.node_id}) left (no heartbeat)" == why
     info = await a.next_rendezvous()
     assert (info.generation, info.group_world_size, info.group_rank) == (1, 1, 0)
     await shutdown_all(a)
@@ -480,3 +480,16 @@ async def test_a_store_that_lost_the_round_is_said_at_info_an_expiry_at_warning(
         assert why.startswith("membership lost: ") and "had expired" in why
         assert [r.getMessage() for r in warned if "no longer a member" in r.getMessage()]
     await shutdown_all(a)
+
+
+def test_a_lost_peer_is_named_by_its_address_with_its_id_beside_it():
+    from agentd.agent.rendezvous_steps import lost_node
+
+    named = lost_node("node 10.0.0.3 (node3_16678_7c5933) left (no heartbeat)", 15.0)
+    assert (named["node"], named["host"], named["agent_pid"]) == (
+        "node3_16678_7c5933",
+        "10.0.0.3",
+        16678,
+    )
+    bare = lost_node("node node3_16678_7c5933 left (no heartbeat)", 15.0)  # an older agent's
+    assert (bare["node"], bare["host"], bare["agent_pid"]) == ("node3_16678_7c5933", "node3", 16678)
