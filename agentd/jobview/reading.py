@@ -44,6 +44,10 @@ async def read_job(view: AgentView) -> dict[str, Any]:
     else:
         records, node, host = {}, view.hostname, view.hostname
         header.update(min_nodes=size, max_nodes=size, spares=0, store=None)
+    checks = view.node_check_status() or {}
+    header["excluded"] = {
+        node: str(doc.get("reason", "")) for node, doc in checks.get("excluded_peers", {}).items()
+    }  # the peers the last round lost that keep themselves out (their node checks fail)
     if own not in records:  # it has not written one this round yet: read it live
         records[own] = node_record(view, node, host, StepRate())
     return job_document(header, records, size, time.time())

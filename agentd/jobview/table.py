@@ -36,6 +36,8 @@ def render_job(doc: dict[str, Any]) -> str:
             f"{_dash(ratio, '.2f'):>6}{'!' if ratio is not None and ratio >= 1.5 else ' '}"
             f"{_age(row['record_age']):>5}  {note}".rstrip()
         )
+    for node, reason in (doc.get("excluded") or {}).items():
+        lines.append(f"   - {node}: excluded by its node checks ({reason})")
     return "\n".join(lines) + "\n"
 
 

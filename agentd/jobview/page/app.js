@@ -56,7 +56,8 @@ function drawHeader(doc) {
   document.getElementById("run").textContent = doc.run_id;
   document.getElementById("summary").textContent =
     `round ${doc.generation} · world size ${dash(doc.world_size)} · nodes ${doc.size} ` +
-    `(${doc.min_nodes}:${doc.max_nodes}) · spares waiting ${doc.spares} · store ${where}`;
+    `(${doc.min_nodes}:${doc.max_nodes}) · spares waiting ${doc.spares} · store ${where}` +
+    Object.entries(doc.excluded || {}).map(([n, why]) => ` · ${n} excluded (${why})`).join("");
 }
 
 function drawTable(doc) {
