@@ -9,8 +9,9 @@ missing (it has just joined, or stopped writing) is a row with state ``UNKNOWN``
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
+
+from agentd.support.medians import median_of_others
 
 COLUMNS = (
     "node",
@@ -30,22 +31,6 @@ COLUMNS = (
     "health",
     "at",
 )
-
-
-def median_of_others(ordered: list[float], value: float) -> float | None:
-    """The median of ``ordered`` (sorted) without one occurrence of ``value``, in O(log N):
-    the rest keep their order, so the median is an entry at the middle or next to it."""
-    rest = len(ordered) - 1
-    if rest < 1:
-        return None
-    removed = bisect.bisect_left(ordered, value)
-
-    def at(i: int) -> float:
-        return ordered[i if i < removed else i + 1]
-
-    if rest % 2:
-        return at(rest // 2)
-    return (at(rest // 2 - 1) + at(rest // 2)) / 2
 
 
 def job_document(

@@ -3,7 +3,8 @@
 Each node reports, per section, its local ranks' median recent time (the compute sections:
 the step, which includes waiting in collectives, is the same on every node of a
 synchronous job). For each section two or more nodes report, a node's ratio is its time
-over the median of the *other* nodes' times; its ratio is the median of those. A node whose
+over the median of the *other* nodes' times (one sort per section, then a binary search
+per node: :mod:`agentd.support.medians`); its ratio is the median of those. A node whose
 ratio stays at or above ``factor`` for ``window`` seconds is slow: named once, until its
 ratio falls below the factor again.
 """
@@ -14,6 +15,8 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentd.support.medians import median_of_others
 
 
 @dataclass
@@ -30,14 +33,17 @@ class NodeJudge:
         """``times``: each node's seconds per section. Returns the verdict: the job's median
         per section, each node's ratio and the nodes named slow (by name, sorted)."""
         sections = _shared_sections(times)
-        medians = {s: statistics.median(t[s] for t in times.values() if s in t) for s in sections}
+        ordered = {s: sorted(t[s] for t in times.values() if s in t) for s in sections}
+        medians = {s: statistics.median(values) for s, values in ordered.items()}
         ratios: dict[str, float] = {}
         for node, mine in times.items():
             per_section = []
             for section in sections:
-                others = [t[section] for n, t in times.items() if n != node and section in t]
-                if section in mine and others and statistics.median(others) > 0:
-                    per_section.append(mine[section] / statistics.median(others))
+                if section not in mine:
+                    continue
+                others = median_of_others(ordered[section], mine[section])
+                if others is not None and others > 0:
+                    per_section.append(mine[section] / others)
             if per_section:
                 ratios[node] = statistics.median(per_section)
         for node in list(self._over_since):

@@ -7,9 +7,10 @@ import statistics
 
 import pytest
 
-from agentd.jobview.document import job_document, median_of_others
+from agentd.jobview.document import job_document
 from agentd.jobview.record import StepRate
 from agentd.jobview.table import render_job
+from agentd.support.medians import median_of_others
 
 HEADER = {"run_id": "r", "generation": 4, "world_size": 6, "size": 3, "min_nodes": 2}
 HEADER |= {"max_nodes": 4, "spares": 1, "store": {"serving": "10.0.0.1:29400", "term": 2}}
@@ -68,6 +69,9 @@ def test_the_table_marks_the_slow_node_and_names_failures_and_drains():
     assert "draining: straggler: 2.00x; rank 3 SIGKILL at " in lines[4]
     assert lines[5].split()[3] == "4-5,7" and "2.50! " in lines[5]
     assert "!" not in lines[3]
+    excluded = {**HEADER, "excluded": {"n-d": "gpu-check: exit 1"}}
+    last = render_job(job_document(excluded, records, 3, now=1001.0)).splitlines()[-1]
+    assert last == "   - n-d: excluded by its node checks (gpu-check: exit 1)"
 
 
 def test_the_step_rate_is_known_from_the_second_reading_and_not_across_a_restart():
