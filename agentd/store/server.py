@@ -218,8 +218,11 @@ class StoreServer:
 
         timeout = self._limits.body_timeout
         try:
-            async with asyncio.timeout(timeout):
+            if request.content.is_eof():  # the body came whole with the headers: no timer
                 raw = await request.read()
+            else:
+                async with asyncio.timeout(timeout):
+                    raw = await request.read()
         except TimeoutError:
             response = self._error(408, f"body: not received within {timeout:g}s")
             response.force_close()  # the rest of the body may still come: not on this connection
