@@ -272,8 +272,8 @@ class CollectOnceRunning(AgentObserver):
 
 def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``agentd store``: validate, then serve until a stop signal."""
+    import asyncio
 
-    from agentd.store.serve import run as run_serving
     from agentd.store.serve import serve
     from agentd.store.server import StoreServer
 
@@ -293,7 +293,7 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
         warn_clear_token([args.host], "serve it with --cert and --key (and --cacert)")
     try:
-        return run_serving(serve(args.host, args.port, token, peers, index, tls))
+        return asyncio.run(serve(args.host, args.port, token, peers, index, tls))
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code

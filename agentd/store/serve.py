@@ -6,8 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from agentd.store.candidacy import Candidacy
 from agentd.store.server import StoreServer
@@ -19,17 +18,6 @@ from agentd.support.ratelog import rate_limited_loop_errors
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def run(main: Coroutine[Any, Any, int]) -> int:
-    """Run ``main`` on uvloop's event loop where uvloop is installed (a dependency of
-    agentd on Linux), else on asyncio's: the store is CPU-bound at scale, and uvloop's
-    transports cut its CPU per join by about a sixth (docs/scale.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 async def serve(
