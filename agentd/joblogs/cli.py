@@ -66,7 +66,7 @@ class Source:
     ) -> dict[str, Any]:
         """One ``GET /logs`` from the cursor (LogsError with the exit code)."""
         query = {"cursor": self.cursor} if self.cursor else {}
-        if since is not None and not self.cursor:
+        if since is not None:  # a file first read after the first request starts there too
             query["since"] = f"{since:.3f}"
         if rank is not None:
             query["rank"] = str(rank)
