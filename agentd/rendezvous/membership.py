@@ -287,12 +287,16 @@ class Membership:
                 self.dropped = True
 
     def _failed(self, exc: BaseException) -> None:
+        """A heartbeat failed: said at INFO the first time (a failover to the next store
+        candidate, or a blip, is over by the next one), at WARNING while it goes on."""
         now = time.monotonic()
-        if self._failing_since is None:
+        first = self._failing_since is None
+        if first:
             self._failing_since = now
         left = (self.deadline or now) - now
-        self._problems.warning(
-            "unreachable",
+        self._problems(
+            logging.INFO if first else logging.WARNING,
+            "unreachable once" if first else "unreachable",
             "Rendezvous: heartbeat to the store at %s failed "
             "(%s); membership lapses in %.1fs unless it answers",
             self._where,

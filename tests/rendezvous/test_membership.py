@@ -170,3 +170,20 @@ async def test_an_expired_answer_to_a_heartbeat_sent_after_the_join_still_counts
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+async def test_one_failed_heartbeat_is_said_at_info_and_a_second_at_warning(caplog):
+    """A failover to the next store candidate fails one heartbeat by design: INFO. The
+    trouble going on into the next one is a WARNING."""
+    from agentd.store.api import StoreUnavailable
+
+    m = membership(MemoryStore())
+    await m.announce()
+    with caplog.at_level("INFO", logger="agentd.rendezvous.membership"):
+        for _ in range(2):
+            m._failed(StoreUnavailable("connection refused"))
+        m._confirm(time.monotonic())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in said] == ["INFO", "WARNING", "INFO"], said
+    assert "heartbeat to the store at test failed (connection refused)" in said[0][1]
+    assert said[2][1] == "Rendezvous: the store at test answers again"
