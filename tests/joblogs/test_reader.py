@@ -93,7 +93,7 @@ def test_the_sink_keeps_the_times_of_its_log_file(tmp_path):
     sink.close()
     parsed = line_times.parse((tmp_path / "stdout.log.times").read_text())
     assert (parsed.rank, parsed.attempt, parsed.offsets) == (7, 2, [0, 8])
-    assert before - 0.01 <= parsed.times[0] <= parsed.times[1] <= time.time()
+    assert before - 0.001 <= parsed.times[0] <= parsed.times[1] <= time.time() + 0.001  # ms
 
 
 def test_a_torn_or_foreign_times_file_is_read_as_far_as_it_goes():
