@@ -22,10 +22,10 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from agentd.drain.http import DRAIN_TOKEN_ENV
 from agentd.store import token_file
 from agentd.support.agent_url import default_url, fetch, tls_context, url_problem
 
-TOKEN_ENV = "AGENTD_DRAIN_TOKEN"
 FOLLOW_EVERY = 1.0
 HOLD = 1.0
 """With --follow, a line is printed once this old: a slower node's earlier lines first."""
@@ -59,7 +59,7 @@ class Source:
         self.cursor = ""
         self.files = 0
         """How many log files the node's agent has (0: it writes none)."""
-        self.token = token_file.for_agent(url, os.environ.get(TOKEN_ENV))
+        self.token = token_file.for_agent(url, os.environ.get(DRAIN_TOKEN_ENV))
 
     def ask(
         self, since: float | None, rank: int | None, timeout: float, cacert: str | None
@@ -81,7 +81,7 @@ class Source:
                 doc = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             why = exc.read().decode(errors="replace").strip()
-            hint = f" (give its token in {TOKEN_ENV})" if exc.code == 401 else ""
+            hint = f" (give its token in {DRAIN_TOKEN_ENV})" if exc.code == 401 else ""
             raise LogsError(f"{self.url}/logs answered {exc.code}: {why}{hint}", 1) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             reason = getattr(exc, "reason", exc)

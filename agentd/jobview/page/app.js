@@ -15,7 +15,6 @@ const series = new Map(); // node id -> {host, color, points: [[t, seconds]]}
 const events = []; // {at, text}
 const seen = { generation: null, restarts: new Map(), recent: new Set() };
 const started = Date.now() / 1000;
-window.agentdPage = { series, events, polls: 0 };
 
 function el(tag, attrs = {}, text) {
   const node = tag === "svg" || ["polyline", "line", "text", "rect", "circle", "title"]
@@ -224,7 +223,6 @@ async function poll() {
     drawSteps();
     drawTimeline();
     drawGpus(doc);
-    window.agentdPage.polls += 1;
   } catch (err) {
     problem.hidden = false;
     problem.textContent = `Cannot read the job: ${err.message}`;
