@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentd.joblogs.reader import LogReader, log_files
+from agentd.joblogs.reader import LogReader
 from agentd.support.bearer import bearer_ok
 
 if TYPE_CHECKING:
@@ -96,11 +96,10 @@ async def logs_response(
         return web.json_response({"error": str(exc)}, status=400)
     current = attempt()
     lines, after, more = await asyncio.to_thread(reader.read, cursor, current, since, rank)
-    files = await asyncio.to_thread(lambda: len(log_files(reader.run_dir)))
     doc = {
         **who(),
         "attempt": current,
-        "files": files,
+        "files": reader.files,
         "lines": [list(line) for line in lines],
         "cursor": encode_cursor(after),
         "more": more,

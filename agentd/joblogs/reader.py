@@ -74,6 +74,8 @@ class LogReader:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._times: dict[Path, tuple[float, line_times.LineTimes]] = {}
+        self.files = 0
+        """How many log files the last read found (0: this agent writes none)."""
 
     def read(
         self,
@@ -87,7 +89,9 @@ class LogReader:
         lines: list[LogLine] = []
         after = dict(cursor)
         budget, more = MAX_BYTES, False
-        for log in log_files(self.run_dir):
+        found = log_files(self.run_dir)
+        self.files = len(found)
+        for log in found:
             if budget <= 0:
                 more = True
                 break

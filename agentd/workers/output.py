@@ -142,6 +142,11 @@ class StreamSink:
         self._offset = self._file.tell() if self._file is not None else 0
         self._times: BinaryIO | None = None
         self._marked = float("-inf")
+        self._mark_every = 0.0
+        if route.times_of is not None:
+            from agentd.wire import line_times  # only where a log file is written
+
+            self._mark_every = line_times.INTERVAL
         self.bytes = 0
         self.lost_bytes = 0
         """Bytes the log file did not get (its disk was full, or it could not be opened)."""
@@ -229,11 +234,11 @@ class StreamSink:
     def _mark_time(self) -> None:
         """A line-times record for the bytes about to be written, where the last record is
         :data:`~agentd.wire.line_times.INTERVAL` old or more."""
-        from agentd.wire import line_times  # only where a log file is written
-
         now = time.time()
-        if now - self._marked < line_times.INTERVAL:
+        if now - self._marked < self._mark_every:
             return
+        from agentd.wire import line_times  # loaded by __init__: a dict lookup
+
         self._marked = now
         route = self._route
         assert route.file_path is not None and route.times_of is not None
