@@ -1,7 +1,8 @@
 """The embedded store server: a :class:`MemoryStore` over HTTP (aiohttp), for rendezvous.
 
-``POST /v1/<op>`` with a JSON body; values travel as base64. Bearer-token auth (required
-when binding anything but loopback); bounded key, value and body sizes; every bad
+``POST /v1/<op>`` with a JSON body; values travel as base64, over the lean HTTP/1.1 of
+:mod:`agentd.support.json_http` (a rendezvous's requests come all at once). Bearer-token
+auth (required when binding anything but loopback); bounded key, value and body sizes; every bad
 request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls (``wait``,
 ``watch``) are capped at :data:`~agentd.store.wire.MAX_POLL` seconds. The operations and
 their checks are in :mod:`agentd.store.ops`.
@@ -9,14 +10,13 @@ their checks are in :mod:`agentd.store.ops`.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import gc
 import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +36,13 @@ from agentd.store.wire import (
     NOT_SERVING,
     TERM_HEADER,
 )
-from agentd.support.http_site import Limits, ServerLog, client_problem, is_client_fault, serve_app
+from agentd.support.http_messages import Request, error_body
+from agentd.support.http_site import Limits, ServerLog
+from agentd.support.json_http import Answer, JsonHttpServer
 from agentd.support.net import is_loopback, split_endpoint
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout
 """The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
 so a connection is never reused just as the server closes it."""
 CANDIDATE_OPS = frozenset({"role", "promote", "stand"})
+CANDIDATES_KEY = CANDIDATES_HEADER.lower()
+TERM_KEY = TERM_HEADER.lower()
 LONG_POLLS = frozenset({"wait", "watch"})
 """The operations that wait: a candidate stepping down answers them at once."""
 
@@ -105,7 +107,7 @@ class StoreServer:
             candidacy.on_promote = self._fresh_store
             candidacy.on_step_down = self._drop_store
             candidacy.share_token(self.token)
-        self._runner: web.AppRunner | None = None
+        self._http: JsonHttpServer | None = None
         self._problems = RateLimitedLog(log)
         self._limits = dataclasses.replace(limits, max_connections=max_connections)
         self.server_log = ServerLog("store", self._limits.log_interval)
@@ -116,22 +118,14 @@ class StoreServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
-        from aiohttp import web
-
-        @web.middleware
-        async def guard(request: web.Request, handler: Any) -> Any:
-            return await self._guard(request, handler)
-
         young, middle, old = gc.get_threshold()
         gc.set_threshold(max(young, GC_YOUNG), middle, old)
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[guard])
-        app.router.add_post("/v1/{op}", self._dispatch)
         context = None
         if self.tls is not None:
             context = self.tls.server_context(self._refused_handshake)
-        self._runner, self.port = await serve_app(
-            app, self.host, self.port, "store", self._limits, self.server_log, context
-        )
+        http = JsonHttpServer(self._handle, "store", self._limits, self.server_log, MAX_BODY)
+        self.port = await http.start(self.host, self.port, context)
+        self._http = http
         if not self._given_token:
             try:
                 self.token_file = token_file.publish(self.port, self.token)
@@ -170,80 +164,50 @@ class StoreServer:
         if self.token_file is not None:
             token_file.withdraw(self.port, self.token)
             self.token_file = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         await self.store.close()
 
     # -- request handling --------------------------------------------------------------------
 
-    @staticmethod
-    def _error(status: int, message: str) -> web.Response:
-        from aiohttp import web
-
-        return web.json_response({"error": message}, status=status)
-
-    async def _guard(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]
-    ) -> Any:
-        """Auth first, then the handler; a failure :meth:`answer` does not turn into a 4xx
-        JSON error (a body too large or that cannot be read) is turned into one here."""
-        from aiohttp import web
-
-        if not self._authorized(request):
-            return self._error(401, "authorization: a valid bearer token is required")
+    async def _handle(self, request: Request) -> Answer:
+        """Auth first, then ``POST /v1/<op>``; a failure of ours is a 500 and one log
+        line per interval, never a traceback to the client."""
+        if not self._authorized(request.headers.get("authorization", "")):
+            return _error(401, "authorization: a valid bearer token is required")
+        prefix, _, op = request.path.partition("/v1/")
+        if prefix or not op or "/" in op:
+            return _error(404, f"path: {request.path[:80]!r} is not /v1/<op>")
+        if request.method != "POST":
+            return _error(405, f"method: {request.method[:20]!r} is not POST", {"Allow": "POST"})
         try:
-            return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            return self._error(413, f"body: larger than {MAX_BODY} bytes")
-        except web.HTTPException as exc:
-            return self._error(exc.status, exc.reason)
-        except Exception as exc:
-            if is_client_fault(exc):  # a body that cannot be decoded
-                self.server_log.client_fault(str(request.remote), exc)
-                return self._error(400, f"body: {client_problem(exc)}")
-            # a bug, not the client's fault: one line, never a traceback
+            status, doc, headers = await self.answer(op, request.body, request.headers)
+        except Exception as exc:  # a bug, not the client's fault: one line, no traceback
             self._problems.error("internal", "Store: %s failed: %r", request.path, exc)
-            return self._error(500, f"internal error: {type(exc).__name__}")
+            return _error(500, f"internal error: {type(exc).__name__}")
+        return status, json.dumps(doc).encode(), headers
 
-    def _authorized(self, request: web.Request) -> bool:
-        """The request carries our bearer token (compared in constant time, as bytes: a
-        header of undecodable bytes is simply not our token)."""
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        given = token.encode("utf-8", "surrogateescape")
-        return scheme == "Bearer" and hmac.compare_digest(given, self._token)
-
-    async def _dispatch(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
-        timeout = self._limits.body_timeout
-        try:
-            if request.content.is_eof():  # the body came whole with the headers: no timer
-                raw = await request.read()
-            else:
-                async with asyncio.timeout(timeout):
-                    raw = await request.read()
-        except TimeoutError:
-            response = self._error(408, f"body: not received within {timeout:g}s")
-            response.force_close()  # the rest of the body may still come: not on this connection
-            return response
-        status, doc, headers = await self.answer(request.match_info["op"], raw, request.headers)
-        return web.json_response(doc, status=status, headers=headers)
+    def _authorized(self, header: str) -> bool:
+        """The request carries our bearer token (compared in constant time, as bytes)."""
+        scheme, _, token = header.partition(" ")
+        return scheme == "Bearer" and hmac.compare_digest(token.encode(), self._token)
 
     async def answer(
         self, op: str, raw: bytes, headers: Mapping[str, str]
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         """The answer to an authorized ``POST /v1/<op>`` with body ``raw`` and the request's
-        ``headers``, apart from HTTP: its status, JSON document and headers. Every broken
-        rule is a 4xx naming it. (The protocol simulation serves through this alone.)"""
+        ``headers`` (names in lower case), apart from HTTP: its status, JSON document and
+        headers. Every broken rule is a 4xx naming it. (The protocol simulation serves
+        through this alone.)"""
         candidacy = self.candidacy
         try:
             if candidacy is None:
                 return await self._serve(op, raw)
-            mismatch = candidacy.mismatch(headers.get(CANDIDATES_HEADER))
+            mismatch = candidacy.mismatch(headers.get(CANDIDATES_KEY))
             if mismatch:
                 return 409, {"error": mismatch, "mismatch": True}, {}
-            candidacy.observe(term_header(headers.get(TERM_HEADER, "0")))
+            candidacy.observe(term_header(headers.get(TERM_KEY, "0")))
             status, doc, answered = await self._serve(op, raw)
             answered[TERM_HEADER] = str(candidacy.term)
             if candidacy.growing:
@@ -317,6 +281,10 @@ class StoreServer:
         else:
             candidacy.extend(endpoints)
         return candidacy.document()
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Answer:
+    return status, error_body(message), headers or {}
 
 
 def _endpoint(value: Any) -> str:

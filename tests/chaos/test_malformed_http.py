@@ -75,7 +75,7 @@ def store_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pat
 def test_a_candidate_store_answers_garbage_400_with_one_warning(store_process):
     proc, err = store_process
     port = int(re.search(r"Store listening on http://127\.0\.0\.1:(\d+)", err.read_text())[1])
-    assert {send(port, request) for request in MALFORMED} == {b"HTTP/1.0 400 Bad Request"}
+    assert {send(port, request) for request in MALFORMED} == {b"HTTP/1.1 400 Bad Request"}
     assert proc.poll() is None
     assert_one_warning_per_listener(err.read_text(), "store")
 

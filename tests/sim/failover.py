@@ -158,7 +158,8 @@ class Network:
         if op in ("set", "refresh") and body.get("key") == sender.heartbeat_key:
             sender.delivered = max(sender.delivered, sent)
         raw = json.dumps(body).encode()
-        task = spawn(server.agent.owner, server.answer(op, raw, headers), f"serve {op}")
+        named = {name.lower(): value for name, value in headers.items()}  # as HTTP hands them
+        task = spawn(server.agent.owner, server.answer(op, raw, named), f"serve {op}")
         task.add_done_callback(answer_lost, context=contextvars.Context())
         ends = [server.closed.wait(), server.agent.down.wait()]
         if sender is not server.agent:  # loopback: no partition between a host and itself

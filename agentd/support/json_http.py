@@ -1,0 +1,332 @@
+"""A small HTTP/1.1 server for a JSON API on the hot path: one ``asyncio.Protocol`` per
+connection, no framework objects per request.
+
+The embedded store answers a few requests per node per rendezvous; behind aiohttp's
+application, routing and middleware, its CPU per request was three times what the
+store's own work costs (``bench/bench_rdzv.py``). This server parses what a JSON API's
+clients send (a request line, headers, a ``Content-Length`` body) and nothing more, and
+keeps every bound the aiohttp listeners of :mod:`agentd.support.http_site` keep:
+
+* at most ``max_connections`` open; one more gets a ready-made ``503`` and is closed;
+* a connection that has not sent a whole request's head within ``idle_timeout`` of
+  connecting or of its last answer is closed (looked at again after the loop polled for
+  I/O, so a process resuming from a stall reads waiting requests first);
+* a body that has not arrived within ``body_timeout`` is answered ``408``; a head over
+  :data:`MAX_HEAD` bytes (or a line over ``MAX_LINE``), a chunked or a compressed body
+  (its clients send neither) and anything malformed (the request line, a header, a
+  ``Content-Length``, bytes that are not UTF-8) ``400`` naming what; a body over
+  ``max_body`` bytes ``413``; each 400 counted by
+  :class:`~agentd.support.http_site.ServerLog`, one log line per interval;
+* a handler whose client disconnects is cancelled (long polls end with their client);
+* requests on one connection are answered in order (pipelining), one at a time.
+
+Every error is a JSON document ``{"error": "..."}``. The handler gets a :class:`Request`
+and returns ``(status, JSON bytes, extra headers)``; an exception from it is the caller's
+bug and is its to catch (the server closes the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
+
+from agentd.exceptions import StartError
+from agentd.support.http_messages import (
+    MAX_HEAD,
+    Malformed,
+    Request,
+    body_length,
+    encode_answer,
+    error_body,
+    parse_head,
+)
+from agentd.support.http_site import Limits, ServerLog
+from agentd.support.ratelog import RateLimitedLog
+
+if TYPE_CHECKING:
+    import ssl
+
+log = logging.getLogger(__name__)
+
+IDLE_RECHECK = 0.1
+"""Seconds an idle connection's close waits, so the loop polls for I/O first."""
+LINGER = 2.0
+"""Seconds a connection answered with a close reads (and drops) what its client still
+sends, so the client reads the answer rather than a reset."""
+Answer = tuple[int, bytes, Mapping[str, str]]
+Handler = Callable[[Request], Awaitable[Answer]]
+
+
+class JsonHttpServer:
+    """Serves ``handler`` on ``host:port`` (0: an ephemeral port) inside the running loop;
+    ``what`` names the listener in log lines and errors."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        what: str,
+        limits: Limits,
+        server_log: ServerLog,
+        max_body: int,
+    ) -> None:
+        self.handler = handler
+        self.what = what
+        self.limits = limits
+        self.server_log = server_log
+        self.max_body = max_body
+        self.connections: set[_Connection] = set()
+        self.refused = 0
+        self._full = RateLimitedLog(log)
+        self._server: asyncio.Server | None = None
+        self._full_answer = encode_answer(
+            503,
+            error_body(f"{what}: too many connections ({limits.max_connections}); retry"),
+            {"Retry-After": "1"},
+            close=True,
+        )
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Listen; the port really bound. One that cannot be is a :class:`StartError`."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                self._protocol,
+                host,
+                port,
+                reuse_address=True,
+                backlog=self.limits.backlog,
+                ssl=ssl_context,
+            )
+        except OSError as exc:
+            raise StartError(
+                f"{self.what}: cannot listen on {host}:{port} ({exc.strerror})"
+            ) from None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening, drop every connection and cancel what their handlers do (long
+        polls would hold a stop for up to a minute; clients retry them elsewhere)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for connection in list(self.connections):
+            connection.drop()
+        await asyncio.sleep(0)  # let the cancelled handlers and the closes run
+
+    def _protocol(self) -> asyncio.Protocol:
+        if len(self.connections) >= self.limits.max_connections:
+            self.refused += 1
+            self._full.warning(
+                "full",
+                "%s: %d connections open, the most it takes; "
+                "refusing new ones with 503 (%d so far)",
+                self.what,
+                self.limits.max_connections,
+                self.refused,
+            )
+            return _Refused(self._full_answer)
+        return _Connection(self)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 and closed, nothing read."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self._answer)
+        transport.close()
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: reads requests, answers them in order, one at a time."""
+
+    def __init__(self, server: JsonHttpServer) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._peer = "a client"
+        self._buffer = bytearray()
+        self._head: tuple[str, str, dict[str, str], bool] | None = None
+        self._length = 0
+        self._task: asyncio.Task[None] | None = None
+        self._received = 0
+        """Chunks received so far: an idle timer that finds it moved does not close."""
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._paused = False
+
+    # -- asyncio's side ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if peer else "a client"
+        self._server.connections.add(self)
+        self._wait(self._server.limits.idle_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._received += 1
+        if self._closing:
+            return  # lingering: what a client still sends after our last answer is dropped
+        self._buffer += data
+        if self._task is None:
+            self._next()
+        elif len(self._buffer) > MAX_HEAD + self._server.max_body and not self._paused:
+            self._paused = True  # a client pipelining without reading our answers
+            assert self._transport is not None
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False  # a client that stops sending has gone: close, cancel its handler
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
+
+    def drop(self) -> None:
+        """Close now (the server stops)."""
+        if self._transport is not None:
+            self._transport.close()
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Start on the next whole request in the buffer, if there is one."""
+        try:
+            if self._head is None:
+                if not self._read_head():
+                    return
+                if len(self._buffer) < self._length:  # the body's clock starts once
+                    self._wait(self._server.limits.body_timeout)
+                    return
+            elif len(self._buffer) < self._length:
+                return
+        except Malformed as exc:
+            if exc.status == 400:
+                self._server.server_log.refused(self._peer, str(exc))
+            self._finish(exc.status, error_body(str(exc)))
+            return
+        assert self._head is not None
+        method, path, headers, keep_alive = self._head
+        body = bytes(self._buffer[: self._length])
+        del self._buffer[: self._length]
+        self._head = None
+        self._deadline = 0.0  # no timer closes a connection whose request is being answered
+        request = Request(method, path, headers, body, self._peer)
+        self._task = self._loop.create_task(self._answer(request, keep_alive))
+
+    def _read_head(self) -> bool:
+        end = self._buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+        if end < 0:
+            if len(self._buffer) > MAX_HEAD:
+                raise Malformed(f"request head: longer than {MAX_HEAD} bytes")
+            return False
+        start = 0
+        while self._buffer.startswith(b"\r\n", start):  # blank lines between requests
+            start += 2
+        head = bytes(self._buffer[start:end])
+        del self._buffer[: end + 4]
+        method, path, headers, keep_alive = parse_head(head)
+        self._length = body_length(headers, self._server.max_body)
+        self._head = (method, path, headers, keep_alive)
+        if headers.get("expect", "").lower() == "100-continue" and len(self._buffer) < self._length:
+            assert self._transport is not None
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return True
+
+    async def _answer(self, request: Request, keep_alive: bool) -> None:
+        try:
+            status, body, headers = await self._server.handler(request)
+        except asyncio.CancelledError:
+            return  # the client went away, or the server stops
+        except Exception:
+            self._task = None
+            log.exception("%s: the handler of %s failed", self._server.what, request.path)
+            if not self._closing:
+                self._finish(500, error_body("internal error"))
+            return
+        self._task = None
+        if self._closing:
+            return
+        if not keep_alive:
+            self._finish(status, body, headers)
+            return
+        assert self._transport is not None
+        self._transport.write(encode_answer(status, body, headers, close=False))
+        if self._paused:
+            self._paused = False
+            self._transport.resume_reading()
+        self._wait(self._server.limits.idle_timeout)
+        if self._buffer:
+            self._next()
+
+    def _finish(self, status: int, body: bytes, headers: Mapping[str, str] = {}) -> None:
+        """Answer with ``Connection: close``, then close after a linger (module docstring)."""
+        transport = self._transport
+        assert transport is not None
+        self._closing = True
+        self._buffer.clear()
+        transport.write(encode_answer(status, body, headers, close=True))
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self._paused:
+            transport.resume_reading()
+        self._loop.call_later(LINGER, transport.close)
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def _wait(self, seconds: float) -> None:
+        """Close the connection unless a whole request arrives within ``seconds``: one
+        timer per connection, moved lazily (a request does not cancel and re-arm it)."""
+        self._deadline = self._loop.time() + seconds
+        if self._timer is not None and self._timer.when() > self._deadline:
+            self._timer.cancel()  # an earlier deadline (a body's): re-armed
+            self._timer = None
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self._closing or not self._deadline:
+            return
+        if self._loop.time() < self._deadline:  # moved since it was armed
+            self._timer = self._loop.call_at(self._deadline, self._expired)
+            return
+        # look again once the loop has polled for I/O: after a stall, overdue timers can
+        # run before any socket is read, and the request that ends the wait may be there
+        self._timer = self._loop.call_later(IDLE_RECHECK, self._recheck, self._received)
+
+    def _recheck(self, received: int | None) -> None:
+        """``received``: the chunk count when the deadline passed (None: the last look)."""
+        self._timer = None
+        if self._closing or not self._deadline or self._loop.time() < self._deadline:
+            if not self._closing and self._deadline:  # a request came and was answered
+                self._timer = self._loop.call_at(self._deadline, self._expired)
+            return
+        if received not in (None, self._received) and self._head is None and self._buffer:
+            # bytes of a head came after the poll: the rest is due within one more look
+            self._deadline = self._loop.time() + IDLE_RECHECK
+            self._timer = self._loop.call_at(self._deadline, self._recheck, None)
+            return
+        if self._head is not None:  # a head, but the body did not come in time
+            timeout = self._server.limits.body_timeout
+            self._finish(408, error_body(f"body: not received within {timeout:g}s"))
+            return
+        assert self._transport is not None
+        self._closing = True
+        self._transport.close()
