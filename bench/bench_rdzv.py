@@ -543,8 +543,8 @@ def main() -> int:
             f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
             f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "
             f"per node, store CPU {mid['store_cpu_us']:.0f} us per join, store RSS "
-            f"{mid['store_rss_mb']:.0f} MB, handler RSS {mid['handler_rss_mb']:.0f} MB per "
-            "process"
+            f"{mid['store_rss_mb']:.0f} MB; handler CPU {mid['handler_cpu'] / n * 1e6:.0f} us "
+            f"per join, handler RSS {mid['handler_rss_mb']:.0f} MB per process"
         )
         print(
             f"         a crash: every other node told in "

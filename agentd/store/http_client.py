@@ -1,4 +1,5 @@
-"""HttpStore: the Store protocol over the embedded server's HTTP API (aiohttp).
+"""HttpStore: the Store protocol over the embedded server's HTTP API (the lean client of
+:mod:`agentd.support.json_client`).
 
 Connection failures are retried with jittered exponential backoff until ``retry_timeout``
 runs out, so a store that restarts, or starts a little after its clients, is waited for.
@@ -9,15 +10,12 @@ the outcome (everything but ``add``).
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from agentd.store import token_file
 from agentd.store.api import (
@@ -31,9 +29,9 @@ from agentd.store.api import (
     StoreUnavailable,
     WatchResult,
 )
-from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff, refused
+from agentd.store.retry import Backoff
 from agentd.store.sockets import keepalive_socket
-from agentd.store.tls import scheme, tls_client, tls_problem
+from agentd.store.tls import scheme, tls_problem
 from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     INSTANCE_HEADER,
@@ -42,6 +40,7 @@ from agentd.store.wire import (
     NOT_SERVING,
     TERM_HEADER,
 )
+from agentd.support.json_client import JsonClient, MaybeSent, NotSent, TlsFailed
 from agentd.support.net import is_loopback
 
 if TYPE_CHECKING:
@@ -55,13 +54,9 @@ connection is never reused just as the server closes it."""
 
 
 _JSON = {"Content-Type": "application/json"}
-_LARGE = 1 << 16
-
-
-def _payload(body: dict[str, Any]) -> bytes | io.BytesIO:
-    """The JSON body; a large one as a stream, which aiohttp sends without blocking."""
-    data = json.dumps(body).encode()
-    return io.BytesIO(data) if len(data) > _LARGE else data
+INSTANCE_KEY, TERM_KEY, COUNT_KEY = (
+    name.lower() for name in (INSTANCE_HEADER, TERM_HEADER, CANDIDATE_COUNT_HEADER)
+)
 
 
 def _b64(value: bytes | None) -> str | None:
@@ -70,10 +65,6 @@ def _b64(value: bytes | None) -> str | None:
 
 def _unb64(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
-
-
-_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-"""How a TLS store that refuses a client's certificate looks to the client."""
 
 
 class HttpStore:
@@ -108,7 +99,7 @@ class HttpStore:
         self._retry_timeout = retry_timeout
         self._request_timeout = request_timeout
         self._backoff = (backoff_initial, backoff_max)
-        self._session: aiohttp.ClientSession | None = None
+        self._connections: JsonClient | None = None
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
         self.observer: Callable[[str, float], None] | None = None
@@ -166,57 +157,43 @@ class HttpStore:
         ``once``: a single attempt with no time limit but TCP's own (see
         :mod:`agentd.store.sockets`): answered, or failed because the store is out of
         reach, never given up on while it merely waits at a frozen store."""
-        if self._session is None and not self._closed:
-            connector = aiohttp.TCPConnector(
-                keepalive_timeout=KEEPALIVE,
-                socket_factory=keepalive_socket,
-                ssl=tls_client(self._tls),
-            )
-            self._session = aiohttp.ClientSession(connector=connector)
-        url = f"{self.url}/v1/{op}"
+        client = self._client()
+        path = f"/v1/{op}"
+        data = json.dumps(body).encode()
         backoff = Backoff(0.0 if once else self._retry_timeout, *self._backoff)
-        timeout = aiohttp.ClientTimeout(total=self._request_timeout + poll)
-        if once:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout)
+        timeout = None if once else self._request_timeout + poll
         while True:
-            session = self._session
-            if session is None:  # closed, before or while it waited to retry (a failover)
+            if self._closed:  # closed, before or while it waited to retry (a failover)
                 raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
             self.requests += 1
             began = time.monotonic()
             headers = self._headers()
             try:
-                async with session.post(
-                    url, data=_payload(body), timeout=timeout, headers=headers
-                ) as response:
-                    data = await response.json(content_type=None)
-                    status = response.status
-                    self._note_instance(response.headers.get(INSTANCE_HEADER))
-                    term = response.headers.get(TERM_HEADER, "")
-                    if term.isdigit():
-                        self.server_term = int(term)
-                    count = response.headers.get(CANDIDATE_COUNT_HEADER, "")
-                    if count.isdigit():
-                        self.candidate_count = int(count)
-            except aiohttp.ClientSSLError as exc:  # retrying would fail the same way
-                raise StoreAuthError(f"store at {self.url}: {tls_problem(exc)}") from None
-            except NOT_SENT as exc:
-                if self.refused_is_final and refused(exc):
+                reply = await client.post(path, data, headers, timeout, self._request_timeout)
+                answer = json.loads(reply.body)
+            except TlsFailed as exc:  # retrying would fail the same way
+                raise StoreAuthError(
+                    f"store at {self.url}: {tls_problem(exc.__cause__ or exc)}"
+                ) from None
+            except NotSent as exc:
+                if self.refused_is_final and exc.refused:
                     raise StoreUnavailable(f"store at {self.url}: connection refused") from exc
                 problem: BaseException = exc
-            except MAYBE_SENT as exc:
+            except MaybeSent as exc:
                 if not idempotent:
                     raise StoreOutcomeUnknown(
-                        f"store at {self.url}: {op} failed ({exc!r}); "
+                        f"store at {self.url}: {op} failed ({exc}); "
                         "not resent, it may have been applied"
                     ) from exc
                 problem = exc
             except ValueError as exc:
                 raise StoreError(f"store at {self.url}: {op}: the answer is not JSON") from exc
             else:
+                status = reply.status
+                self._note_answer(reply.headers)
                 if status == 503:  # overloaded (too many connections): nothing was done
                     problem = StoreError(
-                        f"{op}: 503 {data.get('error', '') if isinstance(data, dict) else ''}"
+                        f"{op}: 503 {answer.get('error', '') if isinstance(answer, dict) else ''}"
                     )
                 elif status == 401 and self._token_port is not None:
                     # the published token: not there yet, or an earlier store's; read again
@@ -224,14 +201,14 @@ class HttpStore:
                 else:
                     if self.observer is not None and not poll:  # a long poll is not latency
                         self.observer(op, time.monotonic() - began)
-                    return self._answer(op, status, data)
+                    return self._answer(op, status, answer)
             log.debug("Store %s: %s failed (%s); retrying", self.url, op, problem)
             if not await backoff.pause():
                 if isinstance(problem, StoreAuthError):
                     raise problem
                 after = "" if once else f" after {self._retry_timeout:g}s"
                 hint = ""
-                if self._tls is not None and isinstance(problem, _DROPPED):
+                if self._tls is not None and isinstance(problem, MaybeSent):
                     hint = " (over TLS: it may refuse this node's certificate; see its log)"
                 raise StoreUnavailable(
                     f"store at {self.url} is unreachable{after}: {problem}{hint}"
@@ -259,6 +236,28 @@ class HttpStore:
             f"store at {self.url}: {why}; a store served by another user "
             "needs its token in AGENTD_STORE_TOKEN"
         )
+
+    def _client(self) -> JsonClient:
+        """The connections to the server at :attr:`url` (new ones after a move)."""
+        parts = urlsplit(self.url)
+        where = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        client = self._connections
+        if client is None or (client.host, client.port) != where:
+            if client is not None:
+                client.close()
+            context = None if self._tls is None else self._tls.client
+            client = JsonClient(*where, context, KEEPALIVE, keepalive_socket)
+            self._connections = client
+        return client
+
+    def _note_answer(self, headers: Mapping[str, str]) -> None:
+        self._note_instance(headers.get(INSTANCE_KEY))
+        term = headers.get(TERM_KEY, "")
+        if term.isdigit():
+            self.server_term = int(term)
+        count = headers.get(COUNT_KEY, "")
+        if count.isdigit():
+            self.candidate_count = int(count)
 
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:
@@ -395,6 +394,6 @@ class HttpStore:
     async def close(self) -> None:
         """Close the connections; a request after this fails (none opens them again)."""
         self._closed = True
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._connections is not None:
+            self._connections.close()
+            self._connections = None

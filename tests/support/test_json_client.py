@@ -1,0 +1,114 @@
+"""The lean JSON HTTP client over real sockets: keep-alive reuse, concurrent requests, and
+each failure saying whether the request may have reached the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from agentd.support.http_messages import Request
+from agentd.support.http_site import Limits, ServerLog
+from agentd.support.json_client import JsonClient, MaybeSent, NotSent
+from agentd.support.json_http import JsonHttpServer
+from tests.conftest import free_port
+
+
+async def answer(request: Request) -> tuple[int, bytes, dict[str, str]]:
+    if request.path == "/slow":
+        await asyncio.sleep(60)
+    doc = {"path": request.path, "body": json.loads(request.body), "peer": request.peer}
+    return 200, json.dumps(doc).encode(), {"X-Token": request.headers.get("authorization", "")}
+
+
+@pytest.fixture
+async def server():
+    limits = Limits(max_connections=16, idle_timeout=5.0, body_timeout=5.0)
+    served = JsonHttpServer(answer, "test", limits, ServerLog("test"), max_body=1 << 20)
+    port = await served.start("127.0.0.1", 0, None)
+    yield served, port
+    await served.stop()
+
+
+async def test_requests_reuse_an_idle_connection_and_run_concurrently_on_others(server):
+    served, port = server
+    client = JsonClient("127.0.0.1", port)
+    try:
+        for n in range(3):
+            reply = await client.post("/a", b'{"n": %d}' % n, {"Authorization": "t"}, 5, 5)
+            assert reply.status == 200 and json.loads(reply.body)["body"] == {"n": n}
+            assert reply.headers["x-token"] == "t"
+        assert len(served.connections) == 1
+        big = json.dumps({"v": "x" * 200_000}).encode()  # larger than a socket buffer
+        replies = await asyncio.gather(*(client.post("/b", big, {}, 5, 5) for _ in range(4)))
+        assert all(json.loads(r.body)["body"]["v"] == "x" * 200_000 for r in replies)
+        assert len(served.connections) == 4
+    finally:
+        client.close()
+
+
+async def test_a_refused_connection_is_not_sent():
+    client = JsonClient("127.0.0.1", free_port())
+    with pytest.raises(NotSent) as caught:
+        await client.post("/a", b"{}", {}, 5, 5)
+    assert caught.value.refused
+
+
+async def test_no_answer_in_time_may_have_been_sent_and_frees_the_server(server):
+    served, port = server
+    client = JsonClient("127.0.0.1", port)
+    with pytest.raises(MaybeSent, match=r"no answer within 0\.2s"):
+        await client.post("/slow", b"{}", {}, 0.2, 5)
+    async with asyncio.timeout(5):  # the connection closed: the server's handler ends too
+        while served.connections:
+            await asyncio.sleep(0.01)
+    client.close()
+    with pytest.raises(NotSent, match="closed"):
+        await client.post("/a", b"{}", {}, 5, 5)
+
+
+async def raw_server(reply: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> asyncio.Server:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reply(writer)
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def post_to(reply: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> bytes:
+    server = await raw_server(reply)
+    client = JsonClient("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        return (await client.post("/a", b"{}", {}, 5, 5)).body
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_an_answer_without_a_length_ends_at_the_close():
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"all": ')
+        await writer.drain()
+        writer.write(b"true}")
+
+    assert await post_to(reply) == b'{"all": true}'
+
+
+@pytest.mark.parametrize(
+    ("answer_bytes", "message"),
+    [
+        (b"", "the server closed the connection"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "the answer is not HTTP"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "the server closed"),
+    ],
+)
+async def test_a_broken_answer_may_have_been_sent(answer_bytes, message):
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(answer_bytes)
+        await writer.drain()
+
+    with pytest.raises(MaybeSent, match=message):
+        await post_to(reply)
