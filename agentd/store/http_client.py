@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE = 5.0
-"""Seconds an idle pooled connection is kept: less than the server's idle timeout, so a
-connection is never reused just as the server closes it."""
+KEEPALIVE = 8.0
+"""Seconds an idle pooled connection is kept: longer than the heartbeat interval (5 s by
+default), so each heartbeat reuses the last one's connection rather than opening one, and
+less than the server's idle timeout, so a connection is never reused just as the server
+closes it."""
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -100,6 +102,7 @@ class HttpStore:
         self._request_timeout = request_timeout
         self._backoff = (backoff_initial, backoff_max)
         self._connections: JsonClient | None = None
+        self._connected_url = ""
         self.requests = 0
         """Requests sent, retries included (for benchmarks and metrics)."""
         self.observer: Callable[[str, float], None] | None = None
@@ -157,6 +160,8 @@ class HttpStore:
         ``once``: a single attempt with no time limit but TCP's own (see
         :mod:`agentd.store.sockets`): answered, or failed because the store is out of
         reach, never given up on while it merely waits at a frozen store."""
+        if self._closed:
+            raise StoreUnavailable(f"store at {self.url}: {op} after the client was closed")
         client = self._client()
         path = f"/v1/{op}"
         data = json.dumps(body).encode()
@@ -239,6 +244,10 @@ class HttpStore:
 
     def _client(self) -> JsonClient:
         """The connections to the server at :attr:`url` (new ones after a move)."""
+        client = self._connections
+        if client is not None and self._connected_url == self.url:
+            return client
+        self._connected_url = self.url
         parts = urlsplit(self.url)
         where = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         client = self._connections

@@ -25,14 +25,16 @@ from collections.abc import Callable, Mapping, Sequence
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
 from agentd.store.watch_index import PrefixIndex, Wakeups
 
-DEFAULT_HISTORY = 16384
+DEFAULT_HISTORY = 1 << 17
 """Events the watch history keeps: watchers re-watch at once, and one that falls further
-behind reads the keys again ("compacted"); a long-running job's store stays flat. A
-rendezvous makes about 3 changes per node while its members watch from their join:
-room for 4,096 nodes, so none of them needs the extra reads."""
-DEFAULT_HISTORY_BYTES = 8 << 20
-"""Bytes of keys and values the watch history keeps (200 overwrites of a 1 MiB key once
-pinned 200 MiB)."""
+behind reads the keys again ("compacted"); a long-running job's store stays flat. A round
+that re-forms makes about 5 changes per node (out, join, node, back, heartbeat) while its
+members watch from their join: room for 16,384 nodes, so none of them needs the extra
+reads (4,096 nodes overran a history of 16,384 events: five more requests each, 1.7 s
+more to re-form)."""
+DEFAULT_HISTORY_BYTES = 32 << 20
+"""Bytes of keys and values the watch history keeps (about 250 per rendezvous change; 200
+overwrites of a 1 MiB key once pinned 200 MiB)."""
 DEFAULT_MAX_BYTES = 64 << 20
 """Bytes of live keys and values; rendezvous needs a few KiB per node."""
 _EVENT_OVERHEAD = 64

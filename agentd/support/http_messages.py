@@ -15,6 +15,10 @@ MAX_HEAD = 32 << 10
 MAX_LINE = 8190
 """The most bytes one line of them may take (as aiohttp's listeners allow)."""
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_WELL_FORMED = re.compile(
+    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ /[^ \r\n\x00]* HTTP/1\.[01]"
+    rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\x00]*)*"
+)
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
@@ -58,7 +62,30 @@ def encode_answer(status: int, body: bytes, headers: Mapping[str, str], close: b
 
 def parse_head(head: bytes) -> tuple[str, str, dict[str, str], bool]:
     """``(method, path, headers, keep_alive)`` of a request's head (without its blank
-    line), or :class:`Malformed` naming what is wrong."""
+    line), or :class:`Malformed` naming what is wrong. A head that one regular expression
+    finds well formed is split at once; any other is checked rule by rule, for the first
+    rule it breaks (or, a long one, taken all the same)."""
+    if len(head) > MAX_LINE or not _WELL_FORMED.fullmatch(head):
+        return _parse_checking(head)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return _parse_checking(head)
+    line, *fields = text.split("\r\n")
+    method, target, version = line.split(" ")
+    headers: dict[str, str] = {}
+    for field in fields:
+        name, _, value = field.partition(":")
+        key = name.lower()
+        if key in headers:
+            return _parse_checking(head)
+        headers[key] = value.strip(" \t")
+    connection = headers.get("connection", "").lower()
+    keep_alive = "close" not in connection if version == "HTTP/1.1" else False
+    return method, target.split("?", 1)[0], headers, keep_alive
+
+
+def _parse_checking(head: bytes) -> tuple[str, str, dict[str, str], bool]:
     line, *fields = head.split(b"\r\n")
     longest = max(map(len, [line, *fields]))
     if longest > MAX_LINE:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,11 @@ IDLE_RECHECK = 0.1
 LINGER = 2.0
 """Seconds a connection answered with a close reads (and drops) what its client still
 sends, so the client reads the answer rather than a reset."""
+LISTEN_QUEUE = 4096
+"""Connections the kernel holds for the loop to accept (the system's ``somaxconn`` caps
+it): a rendezvous's nodes connect at once, and a connection the queue cannot hold waits
+a second for its SYN to be sent again (4,096 nodes: heartbeats failed to connect within
+10 s behind a queue of 128)."""
 Answer = tuple[int, bytes, Mapping[str, str]]
 Handler = Callable[[Request], Awaitable[Answer]]
 
@@ -103,6 +109,8 @@ class JsonHttpServer:
             raise StartError(
                 f"{self.what}: cannot listen on {host}:{port} ({exc.strerror})"
             ) from None
+        for listening in self._server.sockets:
+            _deepen(listening.fileno())
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -129,6 +137,17 @@ class JsonHttpServer:
             )
             return _Refused(self._full_answer)
         return _Connection(self)
+
+
+def _deepen(fd: int) -> None:
+    """Let the kernel queue :data:`LISTEN_QUEUE` connections on the listening socket ``fd``
+    (asyncio listens with its accept burst, ``Limits.backlog``): calling ``listen`` again
+    on a listening socket changes only its queue."""
+    listening = socket.socket(fileno=fd)
+    try:
+        listening.listen(LISTEN_QUEUE)
+    finally:
+        listening.detach()
 
 
 class _Refused(asyncio.Protocol):
