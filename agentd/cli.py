@@ -272,10 +272,9 @@ class CollectOnceRunning(AgentObserver):
 
 def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``agentd store``: validate, then serve until a stop signal."""
-    import asyncio
-
     from agentd.store.serve import serve
     from agentd.store.server import StoreServer
+    from agentd.support import fast_loop
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port: {args.port!r} must be within 0..65535")
@@ -293,7 +292,7 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
         warn_clear_token([args.host], "serve it with --cert and --key (and --cacert)")
     try:
-        return asyncio.run(serve(args.host, args.port, token, peers, index, tls))
+        return fast_loop.run(serve(args.host, args.port, token, peers, index, tls))
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code

@@ -22,8 +22,6 @@ from agentd.store.api import (
     KeyEvent,
     StoreAuthError,
     StoreError,
-    StoreFull,
-    StoreNotServing,
     StoreOutcomeUnknown,
     StoreTimeout,
     StoreUnavailable,
@@ -37,8 +35,8 @@ from agentd.store.wire import (
     INSTANCE_HEADER,
     MAX_KEYS,
     MAX_POLL,
-    NOT_SERVING,
     TERM_HEADER,
+    refusal,
 )
 from agentd.support.json_client import JsonClient, MaybeSent, NotSent, TlsFailed
 from agentd.support.net import is_loopback
@@ -286,18 +284,10 @@ class HttpStore:
         return revision
 
     def _answer(self, op: str, status: int, data: Any) -> dict[str, Any]:
-        message = data.get("error", "") if isinstance(data, dict) else ""
         if status == 200 and isinstance(data, dict):
             return data
-        if status == 401:
-            raise StoreAuthError(f"store at {self.url} refused our token: {message}")
-        if status == 408:
-            raise StoreTimeout(message)
-        if status == NOT_SERVING:
-            raise StoreNotServing(f"store at {self.url}: {message}")
-        if status == 507:
-            raise StoreFull(f"store at {self.url} refused {op}: {message}")
-        raise StoreError(f"store at {self.url} refused {op} ({status}): {message}")
+        message = data.get("error", "") if isinstance(data, dict) else ""
+        raise refusal(status, f"store at {self.url}", op, message)
 
     # -- the Store protocol ------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from agentd.store.candidacy import Candidacy
 from agentd.store.server import StoreServer
 from agentd.store.tls import StoreTls
 from agentd.store.wire import MAX_CONNECTIONS
-from agentd.support import fdlimits
+from agentd.support import fast_loop, fdlimits
 from agentd.support.ratelog import rate_limited_loop_errors
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ async def serve(
     server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy, tls=tls)
     await server.start()
     gc.freeze()  # what the start made lives as long as the store: never scan it again
+    log.info("Store: serving on %s's event loop", fast_loop.loop_name(loop))
     if candidacy is not None:
         log.info("Standing by as store candidate %d of %d", index, len(peers))
     received: list[int] = []

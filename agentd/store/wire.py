@@ -4,6 +4,14 @@ headers, status codes and limits both sides agree on (see :mod:`agentd.store.ser
 
 from __future__ import annotations
 
+from agentd.store.api import (
+    StoreAuthError,
+    StoreError,
+    StoreFull,
+    StoreNotServing,
+    StoreTimeout,
+)
+
 TERM_HEADER = "Agentd-Store-Term"
 """The highest candidate term a client or server has seen (candidate stores)."""
 CANDIDATES_HEADER = "Agentd-Store-Candidates"
@@ -28,3 +36,17 @@ longer reads."""
 MAX_PRESENT = 32768
 """The most keys a ``compare_set`` may require to exist (a round's members' heartbeats:
 one step, so never split; about 2 MB of keys, within the server's 4 MB body)."""
+
+
+def refusal(status: int, where: str, op: str, message: str) -> StoreError:
+    """The error a store server's answer of ``status`` (not 200) to ``op`` stands for;
+    ``where`` names the server, ``message`` is its ``error``."""
+    if status == 401:
+        return StoreAuthError(f"{where} refused our token: {message}")
+    if status == 408:
+        return StoreTimeout(message)
+    if status == NOT_SERVING:
+        return StoreNotServing(f"{where}: {message}")
+    if status == 507:
+        return StoreFull(f"{where} refused {op}: {message}")
+    return StoreError(f"{where} refused {op} ({status}): {message}")

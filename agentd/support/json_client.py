@@ -26,7 +26,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 MAX_ANSWER_HEAD = 64 << 10
 """The most bytes an answer's status line and headers may take."""
@@ -209,7 +209,7 @@ class _Connection(asyncio.Protocol):
         self.timed_out = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # any loop's (uvloop's are not subclasses)
         self._transport = transport
         self._registry.add(self)
         self.reusable = True

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from agentd.exceptions import StartError
 from agentd.support.http_messages import (
@@ -157,7 +157,7 @@ class _Refused(asyncio.Protocol):
         self._answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # any loop's (uvloop's are not subclasses)
         transport.write(self._answer)
         transport.close()
 
@@ -184,7 +184,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio's side ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # any loop's (uvloop's are not subclasses)
         self._transport = transport
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if peer else "a client"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import signal
@@ -43,6 +44,8 @@ def test_store_serves_and_stops_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 128 + signal.SIGTERM
         assert "Store stopped by SIGTERM" in err.read_text()
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+        assert f"Store: serving on {loop}'s event loop" in err.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
