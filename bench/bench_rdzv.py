@@ -281,13 +281,14 @@ def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -
                 run_id,
                 str(n),
                 str(count),
+                f"127.0.0.{2 + i}",  # each process its own ports (rdzv_scale_group.py)
             ],
             env=env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for count in counts
+        for i, count in enumerate(counts)
         if count
     ]
     try:

@@ -1,9 +1,13 @@
 """A group of agentd rendezvous handlers in one process, for the scale benchmark.
 
-``rdzv_scale_group.py store|etcd TARGET RUN_ID NNODES COUNT``: opens COUNT handlers of an
-NNODES-node rendezvous, each with its own client of the ``agentd store`` at TARGET
+``rdzv_scale_group.py store|etcd TARGET RUN_ID NNODES COUNT SOURCE``: opens COUNT handlers
+of an NNODES-node rendezvous, each with its own client of the ``agentd store`` at TARGET
 (host:port) or the etcd cluster at TARGET (its members' URLs, comma-separated; keys under
-``/bench/RUN_ID/``), with the agents' default settings (a heartbeat every 5 s). Before the
+``/bench/RUN_ID/``), with the agents' default settings (a heartbeat every 5 s). The
+handlers' address (where they reserve a port for the workers' store) and their store
+connections' source address is SOURCE, a loopback address of this process's own: one
+address has about 28,000 ephemeral ports, and 16,384 handlers on one machine reserve
+16,384 ports and hold about 33,000 store connections. Before the
 clock starts, each handler opens its store client and asks the store's revision once (an
 agent does that as it starts), and the process's objects are frozen out of the garbage
 collector (``gc.freeze()``: one process holds COUNT handlers' objects, where an agent
@@ -25,12 +29,27 @@ import gc
 import json
 import logging
 import resource
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentd.store.api import Store
+
+
+def connect_from(source: str) -> None:
+    """The embedded store's clients in this process connect from ``source``."""
+    from agentd.store import http_client
+
+    make = http_client.keepalive_socket
+
+    def bound(addr_info: tuple[Any, ...]) -> socket.socket:
+        sock = make(addr_info)
+        sock.bind((source, 0))
+        return sock
+
+    http_client.keepalive_socket = bound
 
 
 def client(kind: str, target: str, run_id: str) -> Store:
@@ -48,10 +67,12 @@ def report(doc: dict[str, Any]) -> None:
     print(json.dumps({**doc, "rss_mb": rss}), flush=True)
 
 
-async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> None:
+async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, source: str) -> None:
     from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
     from agentd.store.connect import OpenedStore
 
+    if kind == "store":
+        connect_from(source)
     clients = [client(kind, target, run_id) for _ in range(count)]
 
     def opener(client: Store):
@@ -63,7 +84,7 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
     # the agents' defaults, keep-alive included: each handler renews its heartbeat every
     # 5 s, as an agent does, measured along with the rendezvous
     settings = RendezvousSettings(min_nodes=nnodes, max_nodes=nnodes)
-    handlers = [DynamicRendezvous(run_id, opener(c), settings) for c in clients]
+    handlers = [DynamicRendezvous(run_id, opener(c), settings, addr=source) for c in clients]
     loop = asyncio.get_running_loop()
     try:
         for handler in handlers:
@@ -109,5 +130,5 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int) -> 
 
 
 if __name__ == "__main__":
-    kind, target, run_id, nnodes, count = sys.argv[1:6]
-    asyncio.run(main(kind, target, run_id, int(nnodes), int(count)))
+    kind, target, run_id, nnodes, count, source = sys.argv[1:7]
+    asyncio.run(main(kind, target, run_id, int(nnodes), int(count), source))

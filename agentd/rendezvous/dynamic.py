@@ -50,7 +50,7 @@ from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import Rounds, closed_error
 from agentd.rendezvous.timings import NodeTimings
-from agentd.store.api import Store, StoreError, StoreUnavailable
+from agentd.store.api import Store, StoreError, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
 from agentd.support.ratelog import RateLimitedLog
@@ -255,8 +255,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
 
     async def _join_until_member(self) -> Round:
         """Join rounds until one completes with us in it. An unreachable store ends the
-        first rendezvous (it is a configuration problem until proven otherwise); later
-        ones wait for it, so a store outage costs a restart, not the job."""
+        first rendezvous (a configuration problem until proven otherwise; an overloaded one
+        that lost an arrival is not: join again); later ones wait for it."""
         rounds = self._rounds_or_fail()
         while True:
             try:
@@ -265,7 +265,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
                     self._unended = None
                 joined = await rounds.join()
             except StoreUnavailable as exc:
-                if not self._joined_once:
+                if not (self._joined_once or isinstance(exc, StoreOutcomeUnknown)):
                     raise
                 self._store_problem = str(exc)
                 self._problems.warning(

@@ -52,9 +52,12 @@ GC_YOUNG = 10_000
 """Allocations between two young collections while a store serves (Python's default is
 700): every request allocates a few hundred objects, and a 4,096-node rendezvous spent a
 fifth of the store's CPU collecting them (860 -> 660 us per join)."""
-LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=10.0, body_timeout=10.0)
-"""The idle timeout is longer than clients keep an idle connection (http_client.KEEPALIVE),
-so a connection is never reused just as the server closes it."""
+LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=30.0, body_timeout=10.0)
+"""The idle timeout is well past the time clients keep an idle connection
+(http_client.KEEPALIVE, 8 s), so a connection is never reused just as the server closes
+it, even by a client whose loop lags seconds behind its answers (16,384 handlers, 4,096
+per process: with 10 s, thousands of ``add`` requests went out on connections the store
+had just closed, their outcome unknown)."""
 CANDIDATE_OPS = frozenset({"role", "promote", "stand"})
 CANDIDATES_KEY = CANDIDATES_HEADER.lower()
 TERM_KEY = TERM_HEADER.lower()

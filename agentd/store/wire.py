@@ -25,11 +25,12 @@ MAX_POLL = 60.0
 CANDIDATE_COUNT_HEADER = "Agentd-Store-Candidate-Count"
 """How many candidates a growing list holds (see :mod:`agentd.store.standby`): a client
 whose list is shorter asks the server for the rest."""
-MAX_CONNECTIONS = 16384
-"""The most connections a store server takes: about three per agent at once (a long poll,
-a heartbeat, an operation), so 5,000 agents (fewer when the open-files limit is lower; see
-:mod:`agentd.support.fdlimits`). Here, not in the server, as an agent that may stand by
-sizes its server before it loads one."""
+MAX_CONNECTIONS = 65536
+"""The most connections a store server takes: an agent holds two while its job runs (a
+long poll, and its heartbeat's between beats) and a third for a moment, so 16,384 agents
+hold about 33,000. The open-files limit caps it lower where it is lower (see
+:mod:`agentd.support.fdlimits`: 20,000 descriptors serve about 9,000 agents). Here, not in
+the server, as an agent that may stand by sizes its server before it loads one."""
 MAX_KEYS = 4096
 """The most keys one request may name (``multi_get``, ``multi_set``); clients split
 longer reads."""

@@ -9,8 +9,9 @@ keeps every bound the aiohttp listeners of :mod:`agentd.support.http_site` keep:
 
 * at most ``max_connections`` open; one more gets a ready-made ``503`` and is closed;
 * a connection that has not sent a whole request's head within ``idle_timeout`` of
-  connecting or of its last answer is closed (looked at again after the loop polled for
-  I/O, so a process resuming from a stall reads waiting requests first);
+  connecting or of its last answer is closed, unless its bytes wait unread in the kernel
+  (a loop behind on a burst of thousands of requests, or resuming from a stall, reads
+  them first: closing then lost requests that had been sent in time);
 * a body that has not arrived within ``body_timeout`` is answered ``408``; a head over
   :data:`MAX_HEAD` bytes (or a line over ``MAX_LINE``), a chunked or a compressed body
   (its clients send neither) and anything malformed (the request line, a header, a
@@ -28,8 +29,11 @@ bug and is its to catch (the server closes the connection).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import socket
+import sys
+import termios
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE_RECHECK = 0.1
-"""Seconds an idle connection's close waits, so the loop polls for I/O first."""
+"""Seconds between two looks at a connection past its deadline whose client's bytes wait
+unread (the loop is behind)."""
 LINGER = 2.0
 """Seconds a connection answered with a close reads (and drops) what its client still
 sends, so the client reads the answer rather than a reset."""
@@ -174,8 +179,6 @@ class _Connection(asyncio.Protocol):
         self._head: tuple[str, str, dict[str, str], bool] | None = None
         self._length = 0
         self._task: asyncio.Task[None] | None = None
-        self._received = 0
-        """Chunks received so far: an idle timer that finds it moved does not close."""
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -192,7 +195,6 @@ class _Connection(asyncio.Protocol):
         self._wait(self._server.limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
-        self._received += 1
         if self._closing:
             return  # lingering: what a client still sends after our last answer is dropped
         self._buffer += data
@@ -326,21 +328,11 @@ class _Connection(asyncio.Protocol):
         if self._loop.time() < self._deadline:  # moved since it was armed
             self._timer = self._loop.call_at(self._deadline, self._expired)
             return
-        # look again once the loop has polled for I/O: after a stall, overdue timers can
-        # run before any socket is read, and the request that ends the wait may be there
-        self._timer = self._loop.call_later(IDLE_RECHECK, self._recheck, self._received)
-
-    def _recheck(self, received: int | None) -> None:
-        """``received``: the chunk count when the deadline passed (None: the last look)."""
-        self._timer = None
-        if self._closing or not self._deadline or self._loop.time() < self._deadline:
-            if not self._closing and self._deadline:  # a request came and was answered
-                self._timer = self._loop.call_at(self._deadline, self._expired)
-            return
-        if received not in (None, self._received) and self._head is None and self._buffer:
-            # bytes of a head came after the poll: the rest is due within one more look
-            self._deadline = self._loop.time() + IDLE_RECHECK
-            self._timer = self._loop.call_at(self._deadline, self._recheck, None)
+        if self._unread():
+            # the client's bytes wait in the kernel: the loop is behind (busy, or resumed
+            # from a stall, with overdue timers run before any socket is read), not the
+            # client; look again once it has read them
+            self._timer = self._loop.call_later(IDLE_RECHECK, self._expired)
             return
         if self._head is not None:  # a head, but the body did not come in time
             timeout = self._server.limits.body_timeout
@@ -349,3 +341,15 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._closing = True
         self._transport.close()
+
+    def _unread(self) -> bool:
+        """Bytes from the client wait on the socket, not yet read by the loop."""
+        assert self._transport is not None
+        sock = self._transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(pending, sys.byteorder) > 0

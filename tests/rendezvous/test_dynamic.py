@@ -18,7 +18,7 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
-from agentd.store.api import Store
+from agentd.store.api import Store, StoreOutcomeUnknown
 from agentd.store.connect import OpenedStore
 from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
@@ -192,6 +192,34 @@ async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
         assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
     finally:
         await shutdown_all(a, b)
+
+
+class Overloaded(MemoryStore):
+    """A store that applies the first ``add`` and loses its answer (etcd's ``request timed
+    out`` under load): the arrival counted, its outcome unknown to the agent."""
+
+    lost = False
+
+    async def add(self, key: str, delta: int) -> int:
+        value = await super().add(key, delta)
+        if not self.lost:
+            self.lost = True
+            raise StoreOutcomeUnknown("add failed (request timed out); not resent")
+        return value
+
+
+async def test_an_arrival_of_unknown_outcome_joins_again_even_in_the_first_rendezvous():
+    """Not a configuration problem (the store took the request): the node joins again, and
+    its arrival the store may have counted ends that round, as one that never wrote its
+    entry does."""
+    store = Overloaded()
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    try:
+        infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), 20)
+        assert sorted(i.group_rank for i in infos) == [0, 1] and store.lost
+    finally:
+        await shutdown_all(a, b)
+        await store.close()
 
 
 async def test_a_lost_member_is_noticed_even_when_the_members_watching_it_are_lost_too(store):

@@ -155,3 +155,25 @@ async def test_an_idle_connection_is_closed_after_the_idle_timeout():
         assert not server.connections
     finally:
         await server.stop()
+
+
+async def test_a_request_waiting_unread_past_the_deadline_is_answered_not_closed(served):
+    """A loop behind on a burst (or resuming from a stall) can reach a connection's idle
+    deadline before it reads the request its client sent in time: that connection stays."""
+    server, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with asyncio.timeout(10):
+        while not server.connections:
+            await asyncio.sleep(0.01)
+        connection = next(iter(server.connections))
+        connection._transport.pause_reading()  # the loop does not get to this socket
+        writer.write(request(b'{"late": 1}'))
+        while not connection._unread():
+            await asyncio.sleep(0.01)
+        connection._deadline = asyncio.get_running_loop().time() - 1  # past it
+        connection._expired()
+        assert not connection._transport.is_closing()
+        connection._transport.resume_reading()
+        head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    writer.close()
