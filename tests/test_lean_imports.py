@@ -28,6 +28,17 @@ def test_agent_start_path_without_health_is_lean():
     assert loaded(imports, ("aiohttp", "prometheus_client", "psutil", "torch")) == []
 
 
+def test_a_multi_node_agents_store_and_client_need_no_aiohttp():
+    """The embedded store and its client speak HTTP themselves (support/json_http.py,
+    support/json_client.py): a multi-node agent, hosting the store or not, loads none of
+    aiohttp's client or server (the health endpoint, etcd and candidates may)."""
+    imports = (
+        "import agentd.store.server, agentd.store.http_client, agentd.store.failover, "
+        "agentd.store.connect, agentd.rendezvous.build, agentd.rendezvous.dynamic"
+    )
+    assert loaded(imports, ("aiohttp", "yarl", "multidict")) == []
+
+
 def test_worker_side_timer_client_needs_no_asyncio():
     imports = (
         "from agentd.timer import expires, FileTimerClient, configure; import agentd.errors.record"

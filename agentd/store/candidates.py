@@ -164,7 +164,7 @@ class Prober:
         """``role`` or ``promote`` at candidate ``index``; a mismatched list raises."""
         import aiohttp
 
-        from agentd.store.retry import refused  # aiohttp's: only once a candidate is asked
+        from agentd.store.aiohttp_failures import refused  # only once a candidate is asked
         from agentd.store.sockets import keepalive_socket
 
         endpoint = self.endpoints[index]

@@ -1,30 +1,12 @@
-"""Retrying a store request: which failures allow it, and jittered exponential backoff up to
-a monotonic deadline."""
+"""Retrying a store request: jittered exponential backoff up to a monotonic deadline (which
+failures allow it: :mod:`agentd.store.aiohttp_failures` for the clients on aiohttp,
+:mod:`agentd.support.json_client` for the embedded store's)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-
-import aiohttp
-
-NOT_SENT = (aiohttp.ClientConnectorError,)
-"""Failures before the request left: always safe to send again."""
-MAYBE_SENT = (
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-    asyncio.TimeoutError,
-    aiohttp.ClientPayloadError,
-)
-"""Failures after the request may have reached the server: resend only what is idempotent."""
-
-
-def refused(exc: BaseException) -> bool:
-    """The server's port refused the connection: nothing listens there (now)."""
-    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
-        exc.os_error, ConnectionRefusedError
-    )
 
 
 class Backoff:

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from agentd.store.aiohttp_failures import MAYBE_SENT, NOT_SENT
 from agentd.store.api import (
     StoreAuthError,
     StoreError,
@@ -26,7 +27,7 @@ from agentd.store.api import (
     StoreUnavailable,
 )
 from agentd.store.etcd.codes import UNAUTHENTICATED, Verdict, classify
-from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+from agentd.store.retry import Backoff
 from agentd.store.sockets import keepalive_socket
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,11 @@ from typing import Any
 
 import aiohttp
 
+from agentd.store.aiohttp_failures import MAYBE_SENT, NOT_SENT
 from agentd.store.api import KeyEvent, StoreError, StoreUnavailable, WatchResult
 from agentd.store.etcd.codes import UNAVAILABLE, watch_cancel_code
 from agentd.store.etcd.gateway import EtcdGateway, b64, is_tls, kv_value, prefix_end
-from agentd.store.retry import MAYBE_SENT, NOT_SENT, Backoff
+from agentd.store.retry import Backoff
 
 
 class _Resync(Exception):
