@@ -177,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="require clients to present a certificate signed by this PEM CA (mutual TLS); "
         "candidates verify each other against it",
     )
+    store.add_argument(
+        "--loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="its event loop (default auto: uvloop's where installed, else asyncio's)",
+    )
     store.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return parser
 
@@ -292,7 +298,7 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
 
         warn_clear_token([args.host], "serve it with --cert and --key (and --cacert)")
     try:
-        return fast_loop.run(serve(args.host, args.port, token, peers, index, tls))
+        return fast_loop.run(serve(args.host, args.port, token, peers, index, tls), args.loop)
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code

@@ -241,11 +241,12 @@ def measure_last_join(backend: str) -> float:
             reap(procs)
 
 
-def start_store() -> tuple[subprocess.Popen[str], str]:
-    """An ``agentd store`` process on a free port; (process, host:port)."""
+def start_store(loop: str = "auto") -> tuple[subprocess.Popen[str], str]:
+    """An ``agentd store`` process on a free port (on event loop ``loop``: its ``--loop``);
+    (process, host:port)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+        [sys.executable, "-m", "agentd", "store", "--port", str(port), "--loop", loop],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -255,7 +256,9 @@ def start_store() -> tuple[subprocess.Popen[str], str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -> dict[str, float]:
+def scale(
+    n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None, loop: str = "auto"
+) -> dict[str, float]:
     """``n`` agentd handlers, spread over ``procs`` processes, rendezvous at once through
     an ``agentd store`` process (or ``etcd``: its members' URLs and pids): seconds to
     complete (go -> the last handler has its result), store requests per node, the
@@ -264,7 +267,7 @@ def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -
     import psutil
 
     if etcd is None:
-        store, target = start_store()
+        store, target = start_store(loop)
         kind, pids, started = "store", [store.pid], [store]
     else:
         (urls, pids), kind, started = etcd, "etcd", []
@@ -331,7 +334,7 @@ def scale(n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None) -
         reap(started)
 
 
-def fan_out(n: int) -> tuple[float, float]:
+def fan_out(n: int, loop: str = "auto") -> tuple[float, float]:
     """The store's part of telling every node that a round ended: ``n`` clients (in this
     process) long-poll one prefix of an ``agentd store``, one write wakes them all.
     (Seconds until the last had its answer, the store's CPU seconds for it.)"""
@@ -356,7 +359,7 @@ def fan_out(n: int) -> tuple[float, float]:
             for client in clients:
                 await client.close()
 
-    store, endpoint = start_store()
+    store, endpoint = start_store(loop)
     try:
         return asyncio.run(measure(endpoint, psutil.Process(store.pid)))
     finally:
@@ -455,6 +458,12 @@ def main() -> int:
         help="skip the launch, last-join and crash measurements",
     )
     parser.add_argument(
+        "--store-loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="the scale test's `agentd store --loop` (default auto: uvloop where installed)",
+    )
+    parser.add_argument(
         "--record",
         action="store_true",
         help="write the figures the docs quote to docs/figures.json",
@@ -527,19 +536,24 @@ def main() -> int:
     )
     times = []
     for n in sizes:
-        runs = [scale(n, args.procs) for _ in range(args.scale_runs)]
+        runs = [scale(n, args.procs, loop=args.store_loop) for _ in range(args.scale_runs)]
         mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run
         times.append(mid["seconds"])
         if args.record:
             from figures import record
 
-            record(
-                f"scale_{n}",
-                f"{mid['seconds']:.1f} s",
-                command,
-                f"{spread([r['seconds'] for r in runs])}; rendezvous handlers, not agents, "
-                "through one `agentd store` process",
-            )
+            what = "rendezvous handlers, not agents, through one `agentd store` process"
+            for name, key, unit, scale_by in (
+                ("", "seconds", "s", 1.0),
+                ("_store_cpu", "store_cpu_us", "us", 1.0),
+                ("_told", "told", "ms", 1000.0),
+                ("_next_round", "next_round", "s", 1.0),
+            ):
+                values = sorted(r[key] * scale_by for r in runs)
+                digits = 2 if unit == "s" else 0
+                text = f"{statistics.median(values):.{digits}f} {unit}"
+                note = f"median of {len(runs)} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
+                record(f"scale_{n}{name}", text, command, f"{note}; {what}")
         print(
             f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
             f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "
@@ -556,7 +570,7 @@ def main() -> int:
         print(f"  time grows as nodes^{exponent(sizes, times):.2f}")
     for n in sizes:
         if n <= 1024:
-            seconds, cpu = fan_out(n)
+            seconds, cpu = fan_out(n, args.store_loop)
             print(
                 f"  fan-out alone: {n} long polls answered {seconds * 1000:.0f} ms after one "
                 f"write, {cpu / n * 1e6:.0f} us of store CPU each"

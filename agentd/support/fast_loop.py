@@ -13,21 +13,33 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from agentd.exceptions import ConfigError
+
 T = TypeVar("T")
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop factory, or None (asyncio's) where uvloop is not installed."""
+def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop factory for ``choice`` (``auto``: uvloop's where installed; ``uvloop``;
+    ``asyncio``); None is asyncio's. uvloop asked for but not installed is a ConfigError."""
+    if choice == "asyncio":
+        return None
     try:
         import uvloop
     except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("--loop: 'uvloop' is not installed (pip install uvloop)") from None
         return None
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)``, on the fastest loop installed."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
+    """``asyncio.run(main)`` on the loop ``choice`` names (see :func:`loop_factory`)."""
+    try:
+        factory = loop_factory(choice)
+    except ConfigError:
+        main.close()  # never awaited
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
 
 

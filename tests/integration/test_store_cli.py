@@ -52,6 +52,29 @@ def test_store_serves_and_stops_on_sigterm(tmp_path):
             proc.wait()
 
 
+def test_store_runs_on_the_loop_asked_for(tmp_path):
+    """``--loop asyncio`` serves on asyncio's loop even where uvloop is installed."""
+    err = tmp_path / "store.err"
+    with open(err, "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", "0", "--loop", "asyncio"],
+            stderr=fp,
+            stdin=subprocess.DEVNULL,
+            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        )
+    try:
+        wait_until(
+            lambda: "Store: serving on asyncio's event loop" in err.read_text(),
+            what="the store on asyncio's loop",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_store_refuses_a_public_address_without_a_token():
     out = subprocess.run(
         [sys.executable, "-m", "agentd", "store", "--host", "0.0.0.0"],
