@@ -23,7 +23,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentd.exceptions import StartError
 from agentd.support.compat import aiohttp as compat_aiohttp
@@ -159,14 +159,14 @@ def _one_line(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-class _Refused(asyncio.Protocol):
+class RefusedConnection(asyncio.Protocol):
     """A connection over the cap: answered 503 and closed, nothing read."""
 
     def __init__(self, answer: bytes) -> None:
         self._answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # any loop's (uvloop's are not subclasses)
         transport.write(self._answer)
         transport.close()
 
@@ -186,7 +186,7 @@ def _freeze_safe(handler_class: type) -> type:
 
 class _Bounded:
     """The protocol factory a site serves: the runner's aiohttp ``Server`` while it has
-    room, :class:`_Refused` beyond ``limit`` open connections. Everything else (shutdown,
+    room, :class:`RefusedConnection` beyond ``limit`` open connections. Everything else (shutdown,
     the connection list) is the server's own."""
 
     def __init__(self, server: web.Server, limit: int, what: str) -> None:
@@ -216,7 +216,7 @@ class _Bounded:
                 self._limit,
                 self.refused,
             )
-            return _Refused(self._answer)
+            return RefusedConnection(self._answer)
         handler = self._server()
         if self._handler_class is None:
             self._handler_class = _freeze_safe(type(handler))

@@ -47,7 +47,7 @@ from agentd.support.http_messages import (
     error_body,
     parse_head,
 )
-from agentd.support.http_site import Limits, ServerLog
+from agentd.support.http_site import Limits, RefusedConnection, ServerLog
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class JsonHttpServer:
                 self.limits.max_connections,
                 self.refused,
             )
-            return _Refused(self._full_answer)
+            return RefusedConnection(self._full_answer)
         return _Connection(self)
 
 
@@ -153,18 +153,6 @@ def _deepen(fd: int) -> None:
         listening.listen(LISTEN_QUEUE)
     finally:
         listening.detach()
-
-
-class _Refused(asyncio.Protocol):
-    """A connection over the cap: answered 503 and closed, nothing read."""
-
-    def __init__(self, answer: bytes) -> None:
-        self._answer = answer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # any loop's (uvloop's are not subclasses)
-        transport.write(self._answer)
-        transport.close()
 
 
 class _Connection(asyncio.Protocol):
