@@ -257,7 +257,11 @@ def start_store(loop: str = "auto") -> tuple[subprocess.Popen[str], str]:
 
 
 def scale(
-    n: int, procs: int, etcd: tuple[list[str], list[int]] | None = None, loop: str = "auto"
+    n: int,
+    procs: int,
+    etcd: tuple[list[str], list[int]] | None = None,
+    loop: str = "auto",
+    steady: float = 0.0,
 ) -> dict[str, float]:
     """``n`` agentd handlers, spread over ``procs`` processes, rendezvous at once through
     an ``agentd store`` process (or ``etcd``: its members' URLs and pids): seconds to
@@ -315,6 +319,15 @@ def scale(
             "handler_cpu": sum(r["cpu"] for r in reports),
             "handler_rss_mb": max(r["rss_mb"] for r in reports),
         }
+        if steady:  # the job runs: the store's load from every agent meanwhile
+            cpu = sum(sum(s.cpu_times()[:2]) for s in servers)
+            began = time.monotonic()
+            for group in groups:
+                send(group, f"steady {steady}")
+            requests = sum(read_line(group)["requests"] for group in groups)
+            took = time.monotonic() - began
+            figures["steady_rps"] = requests / took
+            figures["steady_cpu"] = (sum(sum(s.cpu_times()[:2]) for s in servers) - cpu) / took
         for group in groups:
             send(group, "watch")
         for group in groups:
@@ -458,6 +471,13 @@ def main() -> int:
         help="skip the launch, last-join and crash measurements",
     )
     parser.add_argument(
+        "--steady",
+        type=float,
+        default=15.0,
+        help="seconds of the scale test's job running (heartbeats, job records, straggler "
+        "ticks) after its first round, to measure the store's load (0: skip)",
+    )
+    parser.add_argument(
         "--store-loop",
         default="auto",
         choices=("auto", "uvloop", "asyncio"),
@@ -536,7 +556,10 @@ def main() -> int:
     )
     times = []
     for n in sizes:
-        runs = [scale(n, args.procs, loop=args.store_loop) for _ in range(args.scale_runs)]
+        runs = [
+            scale(n, args.procs, loop=args.store_loop, steady=args.steady)
+            for _ in range(args.scale_runs)
+        ]
         mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]  # the median run
         times.append(mid["seconds"])
         if args.record:
@@ -548,6 +571,14 @@ def main() -> int:
                 ("_store_cpu", "store_cpu_us", "us", 1.0),
                 ("_told", "told", "ms", 1000.0),
                 ("_next_round", "next_round", "s", 1.0),
+                *(
+                    [
+                        ("_steady_rps", "steady_rps", "req/s", 1.0),
+                        ("_steady_cpu", "steady_cpu", "%", 100.0),
+                    ]
+                    if args.steady
+                    else []
+                ),
             ):
                 values = sorted(r[key] * scale_by for r in runs)
                 digits = 2 if unit == "s" else 0
@@ -561,6 +592,13 @@ def main() -> int:
             f"{mid['store_rss_mb']:.0f} MB; handler CPU {mid['handler_cpu'] / n * 1e6:.0f} us "
             f"per join, handler RSS {mid['handler_rss_mb']:.0f} MB per process"
         )
+        if args.steady:
+            rps = statistics.median(r["steady_rps"] for r in runs)
+            load = statistics.median(r["steady_cpu"] for r in runs)
+            print(
+                f"         while the job runs: {rps:.0f} store requests a second (heartbeats, "
+                f"job records, straggler ticks), {load * 100:.0f}% of the store's core"
+            )
         print(
             f"         a crash: every other node told in "
             f"{spread([r['told'] for r in runs])}, the next round complete in "

@@ -15,7 +15,9 @@ holds one handler's, so its collections would cost COUNT times what an agent's d
 are handlers, not agents: no agent processes, no workers. It prints ``ready``, waits for a
 line on stdin (go), joins them all at once and prints one JSON line: the epoch time the
 last handler had its result, the store requests they made, this process's CPU seconds
-and peak RSS. Then, on ``watch``, every handler watches its round (``{"watching": true}``);
+and peak RSS. On ``steady SECONDS`` (optional), every handler writes for SECONDS what its
+agent writes while its workers run (:func:`running`) and the process prints the requests
+made. Then, on ``watch``, every handler watches its round (``{"watching": true}``);
 on ``crash`` handler 0 ends the round as its agent does when a worker crashes (on any
 other line nobody does), and once every handler was told, all join the next round: one
 JSON line with when the crash was, when the last handler was told and when the last had
@@ -28,6 +30,7 @@ import asyncio
 import gc
 import json
 import logging
+import random
 import resource
 import socket
 import sys
@@ -35,6 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.api import RendezvousInfo
     from agentd.store.api import Store
 
 
@@ -60,6 +64,69 @@ def client(kind: str, target: str, run_id: str) -> Store:
     from agentd.store.http_client import HttpStore
 
     return HttpStore(target)
+
+
+RECORD = {
+    "node": "vm-0123-abcdef",
+    "host": "node-0123.cluster.example",
+    "state": "HEALTHY",
+    "ranks": list(range(8)),
+    "attempt": 0,
+    "restarts": 0,
+    "max_restarts": 3,
+    "steps": 12345,
+    "step_rate": 2.031,
+    "step_time": 0.492311,
+    "compute": 0.401234,
+    "last_failure": None,
+    "drain": None,
+    "gpu_memory_mib": 61234,
+}
+"""A job-view record as an agent of 8 workers publishes it (agentd/jobview/record.py)."""
+
+
+async def running(handler: Any, info: Any, seconds: float) -> None:
+    """``seconds`` of what ``handler``'s agent writes to the store while its workers run,
+    besides the heartbeats (which go on): its job-view record every heartbeat interval
+    (agentd/jobview/publisher.py), and its straggler comparison's ticks, paced as
+    agentd/slownodes/service.py paces them (a random phase, so the job's rate is its
+    rate): on odd ticks, group rank 0 gathers every member's times and judges them, and
+    the others publish theirs; on even ticks, rank 0 publishes its verdict and the others
+    read it."""
+    from agentd.slownodes.judge import NodeJudge
+    from agentd.slownodes.settings import SlowNodeSettings
+
+    settings = SlowNodeSettings()
+    size, rank, generation = info.group_world_size, info.group_rank, info.generation
+    paced = settings.paced(size)
+    interval = 5.0  # the heartbeat interval, the publisher's too
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    next_record = loop.time() + random.uniform(0, interval)
+    next_tick, ticks = loop.time() + random.uniform(0, paced), 0
+    judge = NodeJudge(settings.factor, settings.window(size))
+    own = {"node": handler.node_id, "sections": {"forward": 0.2, "backward": 0.3}}
+    while True:
+        wake = min(next_record, next_tick)
+        if wake >= end:
+            return
+        await asyncio.sleep(max(0.0, wake - loop.time()))
+        if next_record <= next_tick:
+            doc = {**RECORD, "node": handler.node_id, "at": time.time()}
+            await handler.job.publish(generation, rank, doc, ttl=3 * interval)
+            next_record += interval
+            continue
+        ticks += 1
+        next_tick += paced
+        if rank == 0 and ticks % 2:
+            docs = {**await handler.timings.gather(generation, size), 0: own}
+            judge.judge({d["node"]: d["sections"] for d in docs.values()}, time.monotonic())
+        elif rank == 0:
+            await handler.timings.decide(generation, {"slow": [], "at": time.time()})
+        elif ticks % 2:
+            await handler.timings.publish(generation, rank, {**own, "at": time.time()}, 4 * paced)
+        else:
+            await handler.timings.verdict(generation)
 
 
 def report(doc: dict[str, Any]) -> None:
@@ -96,8 +163,10 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
         await loop.run_in_executor(None, sys.stdin.readline)
         cpu = time.process_time()
 
+        infos: dict[int, RendezvousInfo] = {}
+
         async def join(handler: DynamicRendezvous) -> float:
-            await handler.next_rendezvous()
+            infos[id(handler)] = await handler.next_rendezvous()
             return time.time()
 
         async def told(handler: DynamicRendezvous) -> float:
@@ -112,7 +181,15 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
                 "requests": sum(c.requests for c in clients) - before,
             }
         )  # type: ignore[attr-defined]
-        if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "watch":
+        command = (await loop.run_in_executor(None, sys.stdin.readline)).split()
+        if command[:1] == ["steady"]:  # the job runs: what every agent writes meanwhile
+            before = sum(c.requests for c in clients)  # type: ignore[attr-defined]
+            seconds = float(command[1])
+            await asyncio.gather(*(running(h, infos[id(h)], seconds) for h in handlers))
+            requests = sum(c.requests for c in clients) - before  # type: ignore[attr-defined]
+            report({"requests": requests})
+            command = (await loop.run_in_executor(None, sys.stdin.readline)).split()
+        if command != ["watch"]:
             return
         watches = [asyncio.create_task(told(h)) for h in handlers]
         report({"watching": True})

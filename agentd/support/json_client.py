@@ -140,7 +140,7 @@ class JsonClient:
         expired = time.monotonic() - self._keepalive
         while self._idle:
             connection = self._idle.pop()
-            if connection.reusable and connection.idle_since > expired:
+            if connection.reusable and connection.idle_since > expired and connection.open:
                 return connection
             connection.close()
         return None
@@ -221,6 +221,11 @@ class _Connection(asyncio.Protocol):
         self._transport.write(request)
         return self._waiter
 
+    @property
+    def open(self) -> bool:
+        """Its transport is not closing (a close may be on its way as a FIN is read)."""
+        return self._transport is not None and not self._transport.is_closing()
+
     def close(self) -> None:
         self.reusable = False
         if self._transport is not None:
@@ -249,6 +254,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = self._keep and not self._buffer
 
     def eof_received(self) -> bool:
+        self.reusable = False
         if self._head is not None and self._length is None:  # a body that ends at the close
             self._finish(bytes(self._buffer))
         return False
