@@ -135,6 +135,8 @@ class MemoryStore:
         self._by_prefix = PrefixIndex()
         self._expiries: list[tuple[float, str]] = []
         self._expiry_timer: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0
+        """The expiry time (on the store's clock) the timer is armed for."""
 
     # -- reads and writes --------------------------------------------------------------------
 
@@ -335,16 +337,20 @@ class MemoryStore:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # not on a loop: expiry happens lazily, on the next read
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
         while self._expiries:  # drop heap entries of keys since rewritten or deleted
             at, key = self._expiries[0]
             item = self._items.get(key)
             if item is not None and item.expires_at == at:
                 break
             heapq.heappop(self._expiries)
+        timer = self._expiry_timer
+        if timer is not None and self._expiries and self._armed_for <= self._expiries[0][0]:
+            return  # it fires no later than the first expiry, and arms the next then
+        if timer is not None:  # (a heartbeat's renewal moves no timer: one set, no timers)
+            timer.cancel()
+            self._expiry_timer = None
         if self._expiries:
-            at = self._expiries[0][0]
+            at = self._armed_for = self._expiries[0][0]
             self._expiry_timer = loop.call_at(
                 loop.time() + max(0.0, at - self._clock()), self._on_expiry_timer
             )
