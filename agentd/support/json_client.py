@@ -136,8 +136,12 @@ class JsonClient:
         self._idle.clear()
 
     def _reuse(self) -> _Connection | None:
-        """The connection idle the shortest time that is still open and young enough."""
+        """The connection idle the shortest time that is still open and young enough; the
+        ones idle too long are closed (the list is in the order they fell idle)."""
         expired = time.monotonic() - self._keepalive
+        idle = self._idle
+        while idle and (idle[0].idle_since <= expired or not idle[0].reusable):
+            idle.pop(0).close()
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable and connection.idle_since > expired and connection.open:

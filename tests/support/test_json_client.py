@@ -112,3 +112,18 @@ async def test_a_broken_answer_may_have_been_sent(answer_bytes, message):
 
     with pytest.raises(MaybeSent, match=message):
         await post_to(reply)
+
+
+async def test_a_connection_idle_past_the_keepalive_is_closed_not_reused(server):
+    served, port = server
+    client = JsonClient("127.0.0.1", port, keepalive=0.2)
+    try:
+        await asyncio.gather(*(client.post("/a", b"{}", {}, 5, 5) for _ in range(2)))
+        assert len(served.connections) == 2
+        await asyncio.sleep(0.3)  # both idle past the keep-alive
+        await client.post("/a", b"{}", {}, 5, 5)  # on a new connection; the old ones close
+        async with asyncio.timeout(5):
+            while len(served.connections) != 1:
+                await asyncio.sleep(0.01)
+    finally:
+        client.close()
