@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 
@@ -177,3 +178,25 @@ async def test_a_request_waiting_unread_past_the_deadline_is_answered_not_closed
         head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ")
     writer.close()
+
+
+def connect_many(port: int, count: int) -> int:
+    """Connect ``count`` times at once (the server's loop is not running meanwhile); how
+    many the kernel took before one had to wait."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+    except OSError:
+        pass
+    finally:
+        for sock in held:
+            sock.close()
+    return len(held)
+
+
+async def test_a_burst_of_connections_waits_in_the_listen_queue(served):
+    """A rendezvous's nodes connect at once, while the loop is busy: the kernel holds
+    them (asyncio's own backlog of 128 dropped the rest's SYNs, a second's wait each)."""
+    _, port = served
+    assert connect_many(port, 600) == 600  # the loop is blocked: nothing is accepted
