@@ -1,11 +1,11 @@
-"""The embedded store server: a :class:`MemoryStore` over HTTP (aiohttp), for rendezvous.
+"""The embedded store server: a :class:`MemoryStore` over HTTP, for rendezvous.
 
 ``POST /v1/<op>`` with a JSON body; values travel as base64, over the lean HTTP/1.1 of
 :mod:`agentd.support.json_http` (a rendezvous's requests come all at once). Bearer-token
-auth (required when binding anything but loopback); bounded key, value and body sizes; every bad
-request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls (``wait``,
-``watch``) are capped at :data:`~agentd.store.wire.MAX_POLL` seconds. The operations and
-their checks are in :mod:`agentd.store.ops`.
+auth (required when binding anything but loopback); bounded key, value and body sizes;
+every bad request gets a 4xx with ``{"error": "..."}`` and changes nothing. Long polls
+(``wait``, ``watch``) are capped at :data:`~agentd.store.wire.MAX_POLL` seconds. The
+operations and their checks are in :mod:`agentd.store.ops`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ keeps every bound the aiohttp listeners of :mod:`agentd.support.http_site` keep:
 * requests on one connection are answered in order (pipelining), one at a time.
 
 Every error is a JSON document ``{"error": "..."}``. The handler gets a :class:`Request`
-and returns ``(status, JSON bytes, extra headers)``; an exception from it is the caller's
-bug and is its to catch (the server closes the connection).
+and returns ``(status, JSON bytes, extra headers)``; an exception from it (a bug: the
+handler answers its own errors) is logged with its traceback and answered ``500``.
 """
 
 from __future__ import annotations
