@@ -2,10 +2,10 @@
 connection, no framework objects per request.
 
 The embedded store answers a few requests per node per rendezvous; behind aiohttp's
-application, routing and middleware, its CPU per request was three times what the
-store's own work costs (``bench/bench_rdzv.py``). This server parses what a JSON API's
-clients send (a request line, headers, a ``Content-Length`` body) and nothing more, and
-keeps every bound the aiohttp listeners of :mod:`agentd.support.http_site` keep:
+application, routing and middleware, its CPU per join was twice what it is on this server
+(about 750 against 352 us at 1,024 nodes, ``bench/bench_rdzv.py``). This server parses
+what a JSON API's clients send (a request line, headers, a ``Content-Length`` body) and
+nothing more, and keeps every bound the aiohttp listeners of :mod:`agentd.support.http_site` keep:
 
 * at most ``max_connections`` open; one more gets a ready-made ``503`` and is closed;
 * a connection that has not sent a whole request's head within ``idle_timeout`` of
