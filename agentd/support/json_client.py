@@ -176,10 +176,12 @@ class JsonClient:
         """A socket connected to the first address of ``host`` that answers."""
         infos: list[tuple[Any, ...]]
         try:
-            family = socket.AF_INET6 if ipaddress.ip_address(self.host).version == 6 else 0
-            infos = [(family or socket.AF_INET, socket.SOCK_STREAM, 0, "", (self.host, self.port))]
+            version = ipaddress.ip_address(self.host).version
         except ValueError:  # a name
             infos = list(await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
+        else:  # TCP by name, so asyncio turns Nagle's algorithm off, as aiohttp's client did
+            family = socket.AF_INET6 if version == 6 else socket.AF_INET
+            infos = [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.host, self.port))]
         problem: OSError = OSError(f"{self.host}: no address")
         for info in infos:
             factory = self._socket_factory

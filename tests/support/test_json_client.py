@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -45,6 +46,8 @@ async def test_requests_reuse_an_idle_connection_and_run_concurrently_on_others(
         replies = await asyncio.gather(*(client.post("/b", big, {}, 5, 5) for _ in range(4)))
         assert all(json.loads(r.body)["body"]["v"] == "x" * 200_000 for r in replies)
         assert len(served.connections) == 4
+        sock = next(iter(client._open))._transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # no Nagle delays
     finally:
         client.close()
 
