@@ -148,6 +148,23 @@ async def test_ttl_key_expires_as_a_change(store: Store):
     assert await store.get("hb/node0") is None
 
 
+async def test_a_shorter_ttl_set_after_a_longer_one_expires_first(store: Store):
+    """The store's expiry timer, armed for the longer key, moves earlier for the shorter:
+    the expiry wakes the watch (a read after the watch's timeout would expire it lazily)."""
+    start = await store.revision()
+    await store.set("hb/long", b"1", ttl=60)
+    await store.set("hb/short", b"1", ttl=0.2)
+    gone = None
+    async with asyncio.timeout(10):
+        after = start
+        while gone is None:
+            result = await store.watch("hb/", after, timeout=15)
+            after = result.revision
+            gone = next((e for e in result.events if e.value is None), None)
+    assert gone.key == "hb/short"
+    assert await store.get("hb/long") == b"1"
+
+
 async def test_ttl_refresh_keeps_a_key(store: Store):
     await store.set("hb", b"1", ttl=0.3)
     for _ in range(3):
