@@ -108,7 +108,12 @@ def test_workers_that_fail_as_a_drained_node_leaves_cost_no_restart(
     stop.touch()
     assert [a.wait(30) for a in stay] == [0, 0], [a.stderr()[-3000:] for a in stay]
     logs = "".join(a.stderr() for a in stay)
-    assert "Our workers failed while node" in logs and "restart 1 of" not in logs
+    # which an agent hears first, its workers' exit or the drained node's leave, is a race
+    # (a store that answers in a millisecond often tells the leave first): either way, the
+    # failure is the membership change's and spends no restart
+    failed_first = "Our workers failed while node" in logs
+    assert failed_first or "Rendezvous round over (generation 0 ended)" in logs, logs
+    assert "restart 1 of" not in logs
 
 
 def test_workers_that_fail_as_a_peer_leaves_cost_no_restart(run_agentd, run_store, tmp_path):
