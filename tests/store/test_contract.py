@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentd.store.api import Store, StoreError, StoreTimeout
+from agentd.store.api import KeyEvent, Store, StoreError, StoreTimeout
 from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
@@ -133,17 +133,23 @@ async def test_multi_beyond_one_transaction(store: Store):
     await store.wait(list(items), timeout=10)
 
 
+async def first_deletion(store: Store, prefix: str, after: int, poll: float) -> KeyEvent:
+    """The first key under ``prefix`` deleted (or expired) after revision ``after``, as
+    watches of ``poll`` seconds see it, within 10 s."""
+    async with asyncio.timeout(10):
+        while True:
+            result = await store.watch(prefix, after, timeout=poll)
+            after = result.revision
+            gone = next((e for e in result.events if e.value is None), None)
+            if gone is not None:
+                return gone
+
+
 async def test_ttl_key_expires_as_a_change(store: Store):
     start = await store.revision()
     await store.set("hb/node0", b"alive", ttl=0.2)
     assert await store.get("hb/node0") == b"alive"
-    gone = None
-    async with asyncio.timeout(10):
-        after = start
-        while gone is None:
-            result = await store.watch("hb/", after, timeout=5)
-            after = result.revision
-            gone = next((e for e in result.events if e.value is None), None)
+    gone = await first_deletion(store, "hb/", start, poll=5)
     assert gone.key == "hb/node0"
     assert await store.get("hb/node0") is None
 
@@ -154,13 +160,7 @@ async def test_a_shorter_ttl_set_after_a_longer_one_expires_first(store: Store):
     start = await store.revision()
     await store.set("hb/long", b"1", ttl=60)
     await store.set("hb/short", b"1", ttl=0.2)
-    gone = None
-    async with asyncio.timeout(10):
-        after = start
-        while gone is None:
-            result = await store.watch("hb/", after, timeout=15)
-            after = result.revision
-            gone = next((e for e in result.events if e.value is None), None)
+    gone = await first_deletion(store, "hb/", start, poll=15)  # 15: past the 10 s limit
     assert gone.key == "hb/short"
     assert await store.get("hb/long") == b"1"
 
