@@ -340,14 +340,17 @@ class FailoverStore:
         attempt on one connection, never for retries and a search for another candidate
         (a member cut off from every candidate extended its lease past S6's bound). A
         failure is raised at once, and the search for the candidate serving now begins
-        in the background, for the requests that follow."""
+        in the background, for the requests that follow (a lone seed's too, once it says
+        it stands by: a restarted host's own store, stepped down)."""
         if self.serving is None or self._closed:
             return await self.refresh(key, ttl)
         moves = self._moves
         try:
             alive = await self._client.heartbeat(key, ttl)
         except (StoreUnavailable, StoreNotServing) as exc:
-            if not self.alone and (self._search is None or self._search.done()):
+            # a lone seed that stands by knows where the job went; an unreachable one, not
+            findable = not self.alone or isinstance(exc, StoreNotServing)
+            if findable and (self._search is None or self._search.done()):
                 self._search = asyncio.create_task(self._search_quietly(moves, str(exc)))
             raise
         self._adopt(self._client.server_term)

@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from agentd.store.api import StoreUnavailable
+from agentd.store.api import StoreNotServing, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES, fingerprint
 from agentd.store.failover import FailoverStore
@@ -128,6 +128,32 @@ async def test_a_restarted_seed_is_told_it_was_replaced_and_its_client_follows(j
     assert restarted.candidacy.role == "standby" and restarted.candidacy.term == 2
     assert await lone.get("moved") == b"1"  # it learned the list, and went to the job
     assert lone.endpoints == first.endpoints and lone.term == 2
+
+
+async def test_a_heartbeat_told_the_seed_stands_by_moves_its_lone_client_at_once(job):
+    """A restarted host's client knows only the seed, its own stepped-down store. Its
+    heartbeat, the first request to fail there, starts the search for the server, so the
+    next heartbeat reaches the job's (before, it waited for another request: heartbeats
+    failed twice, and the second said WARNING)."""
+    first, _ = await job.member(2)
+    await job.server.stop()
+    await first.set("moved", b"1")
+    restarted = await job.start_seed()
+    lone = job.client()
+    await lone.set("mine", b"1")
+    for _ in range(100):
+        if not restarted.candidacy.serving:
+            break
+        await asyncio.sleep(0.05)
+    assert restarted.candidacy.role == "standby"
+    with pytest.raises(StoreNotServing):
+        await lone.heartbeat("mine", 5.0)
+    for _ in range(100):  # no other request is made meanwhile
+        if lone.failovers:
+            break
+        await asyncio.sleep(0.05)
+    assert lone.endpoints[lone.serving] == f"127.0.0.2:{job.port}" and lone.term == 2
+    assert await lone.heartbeat("moved", 5.0) is True  # only the job's server holds it
 
 
 async def test_the_list_stops_growing_at_its_limit(job):
