@@ -39,11 +39,6 @@ async def serve(
     if peers and index is not None and token:
         candidacy = Candidacy(peers, index, token, tls=tls)
     server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy, tls=tls)
-    await server.start()
-    gc.freeze()  # what the start made lives as long as the store: never scan it again
-    log.info("Store: serving on %s's event loop", fast_loop.loop_name(loop))
-    if candidacy is not None:
-        log.info("Standing by as store candidate %d of %d", index, len(peers))
     received: list[int] = []
     stopped = asyncio.Event()
 
@@ -51,9 +46,15 @@ async def serve(
         received.append(signum)
         stopped.set()
 
+    # before the start, so a stop signal sent once it says it serves is always ours
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
+        await server.start()
+        gc.freeze()  # what the start made lives as long as the store: never scan it again
+        log.info("Store: serving on %s's event loop", fast_loop.loop_name(loop))
+        if candidacy is not None:
+            log.info("Standing by as store candidate %d of %d", index, len(peers))
         await stopped.wait()
         signum = received[0]
     finally:
