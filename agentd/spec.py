@@ -269,6 +269,13 @@ class WorkerSpec:
     forks later attempts' from a bare zygote, started with the first workers."""
     preload_reason: str = ""
     """Why ``preload`` is what it is (``agentd run``'s choice), for the agent's start line."""
+    standby_workers: int | None = None
+    """Workers the zygote keeps forked ahead, so a lost rank's replacement costs no fork
+    (:mod:`agentd.preload.spare`). None: one per local rank where the group may restart,
+    none where it may not."""
+    standby_cuda: bool = False
+    """Each standby initialises CUDA and makes a context on its local rank's device while
+    it waits (torch preloaded; :mod:`agentd.preload.warm_cuda`)."""
 
     def __post_init__(self) -> None:
         check_name("role", self.role)
@@ -310,9 +317,36 @@ class WorkerSpec:
             raise field_error("master_port", self.master_port, "must be within 0..65535")
         if self.preload is not None:
             self.preload = check_module_names("preload", self.preload)
+        self._check_standbys()
         self.args = tuple(self.args)
         self.stop_signal = signal.Signals(self.stop_signal)
         self.log_line_prefix_template = check_log_prefix(self.log_line_prefix_template)
+
+    def _check_standbys(self) -> None:
+        count = self.standby_workers
+        if count is not None and (type(count) is not int or not 0 <= count <= MAX_LOCAL_WORLD_SIZE):
+            raise field_error(
+                "standby_workers", count, f"must be None or an int within 0..{MAX_LOCAL_WORLD_SIZE}"
+            )
+        if (count or self.standby_cuda) and self.preload is None:
+            field = "standby_workers" if count else "standby_cuda"
+            value = count if count else self.standby_cuda
+            raise field_error(
+                field, value, "needs a zygote (preload not None): spawned workers have no standbys"
+            )
+        if self.standby_cuda and "torch" not in (self.preload or ()):
+            raise field_error(
+                "standby_cuda",
+                True,
+                f"needs torch among the preloaded modules (preload {self.preload})",
+            )
+        if self.standby_cuda and self.virtual_local_rank:
+            raise field_error(
+                "standby_cuda",
+                True,
+                "cannot be combined with virtual_local_rank: each worker's CUDA_VISIBLE_DEVICES "
+                "differs, and a standby's CUDA was initialised under the zygote's",
+            )
 
     @property
     def restart_policy(self) -> RestartPolicy:

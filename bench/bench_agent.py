@@ -139,11 +139,11 @@ def zygotes(agent: psutil.Process) -> list[psutil.Process]:
 
 
 def spares(zygote: psutil.Process) -> list[psutil.Process]:
-    """The zygote's children forked ahead of a restart (``agentd: spare worker ...``)."""
+    """The zygote's children forked ahead of a restart (``agentd: standby worker ...``)."""
     found = []
     for child in zygote.children():
         with contextlib.suppress(psutil.Error):
-            if child.cmdline()[0].startswith("agentd: spare worker"):
+            if child.cmdline()[0].startswith("agentd: standby worker"):
                 found.append(child)
     return found
 

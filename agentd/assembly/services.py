@@ -154,6 +154,15 @@ def can_restart(agent: AgentView) -> bool:
     return spec.max_restarts > 0 or isinstance(agent.rdzv_handler, LeasedMembership)
 
 
+def standby_count(agent: AgentView) -> int:
+    """The standby workers the zygote keeps: as the spec says, else one per local rank
+    where the group may restart (a lost rank's replacement then costs no fork)."""
+    spec = agent.get_worker_group().spec
+    if spec.standby_workers is not None:
+        return spec.standby_workers
+    return spec.local_world_size if can_restart(agent) else 0
+
+
 def in_process_restarts(
     agent: AgentView, settings: AgentSettings, hooks: AgentHooks
 ) -> InProcessPort:
@@ -211,9 +220,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         health=health_service,
         workers_store=WorkerStoreService(agent),
         hygiene=hygiene,
-        preload=PreloadService(
-            spec, hygiene, spares=spec.local_world_size if can_restart(agent) else 0
-        ),
+        preload=PreloadService(spec, hygiene, spares=standby_count(agent)),
         inprocess=in_process_restarts(agent, settings, hooks),
         gpus=gpu_release(settings.gpu_release_timeout),
         node_checks=node_checks,

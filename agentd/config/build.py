@@ -86,6 +86,8 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         virtual_local_rank=config.virtual_local_rank,
         preload=preload,
         preload_reason=preload_reason,
+        standby_workers=config.standby_workers,
+        standby_cuda=_standby_cuda(config, preload),
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
@@ -101,6 +103,28 @@ def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
 
     chosen = choose("module" if config.module else "script", config.script)
     return chosen.modules, f"auto: {chosen.reason}"
+
+
+def _standby_cuda(config: AgentConfig, preload: tuple[str, ...] | None) -> bool:
+    """``--standby-cuda``, checked against the preload and the other options it needs."""
+    if preload is None and config.standby_workers:
+        raise ConfigError(
+            f"--standby-workers: {config.standby_workers} needs a zygote to fork them "
+            "from; --no-preload spawns each worker"
+        )
+    if not config.standby_cuda:
+        return False
+    if preload is None or "torch" not in preload:
+        modules = "off" if preload is None else ",".join(preload) or "nothing"
+        raise ConfigError(
+            f"--standby-cuda: needs torch preloaded (--preload torch); the preload is {modules}"
+        )
+    if config.virtual_local_rank:
+        raise ConfigError(
+            "--standby-cuda: cannot be combined with --virtual-local-rank (each worker's "
+            "CUDA_VISIBLE_DEVICES differs from the one a standby initialised CUDA under)"
+        )
+    return True
 
 
 SCHEDULED = (

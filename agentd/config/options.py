@@ -243,6 +243,24 @@ JOB_OPTIONS: tuple[Option, ...] = (
         metavar="MODULES",
     ),
     _o(
+        "standby_workers",
+        v.standby_count,
+        "auto",
+        "Workers the zygote keeps forked ahead, each parked until a lost rank's "
+        "replacement is needed (no fork on the restart's path); 'auto' keeps one per "
+        "local rank where the job may restart, none where it may not (docs/inprocess.md).",
+        metavar="N",
+    ),
+    _o(
+        "standby_cuda",
+        v.boolean,
+        "false",
+        "Each standby worker initialises CUDA and makes a context on its local rank's "
+        "device (cuda:LOCAL_RANK, modulo the devices visible) while it waits; needs torch "
+        "preloaded (docs/inprocess.md#standby-workers).",
+        is_flag=True,
+    ),
+    _o(
         "master_addr",
         v.optional_host,
         "",

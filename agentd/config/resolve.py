@@ -81,6 +81,8 @@ class AgentConfig:
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     preload: tuple[str, ...] | Literal["auto"] | None = "auto"
+    standby_workers: int | None = None
+    standby_cuda: bool = False
     master_addr: str | None = None
     master_port: int = 0
     local_addr: str | None = None

@@ -178,6 +178,20 @@ def preload(text: str) -> tuple[str, ...] | Literal["auto"] | None:
     return names
 
 
+def standby_count(text: str) -> int | None:
+    """``--standby-workers``: ``auto`` (None: one per local rank where the group may
+    restart) or a count."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text.strip())
+    except ValueError:
+        raise RuleError("must be 'auto' or a whole number of workers") from None
+    if not 0 <= count <= 1024:
+        raise RuleError("must be 'auto' or within 0..1024")
+    return count
+
+
 def unsupported(why: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text.strip():

@@ -59,9 +59,13 @@ class Zygote:
         env: Mapping[str, str],
         on_lost: Callable[[Zygote, int | None], None] | None = None,
         spares: int = 0,
+        cuda: bool = False,
     ) -> None:
         self.command = cmd
         self.spares_wanted = spares
+        self.cuda = cuda
+        """The spares initialise CUDA on their slot's device: one takes only its slot's
+        local rank."""
         self.modules = tuple(modules)
         self.env = dict(env)
         self.pid: int | None = None
@@ -90,7 +94,7 @@ class Zygote:
             str(theirs.fileno()),
             self.command.path0(cwd),
             ",".join(self.modules),
-            str(self.spares_wanted),
+            f"{self.spares_wanted}:cuda" if self.cuda else str(self.spares_wanted),
             self.command.target if self.command.kind == "script" else "-",
             " " * _ROOM_FOR_ARGV,
         ]
@@ -166,6 +170,7 @@ class Zygote:
                     send_fds.append(devnull)
             argv = list(argv)
             pid, pidfd = await self._start(
+                local_rank,
                 {
                     "kind": cmd.kind,
                     "target": cmd.target,
@@ -197,11 +202,15 @@ class Zygote:
             "unset": [k for k in base if k not in env],
         }
 
-    async def _start(self, message: dict[str, Any], fds: Sequence[int]) -> tuple[int, int]:
+    async def _start(
+        self, local_rank: int, message: dict[str, Any], fds: Sequence[int]
+    ) -> tuple[int, int]:
         """Hand the request to a spare (the zygote is only told), else ask the zygote to
-        fork: ``(pid, pidfd)`` of a worker that leads its group and waits at its gate."""
+        fork: ``(pid, pidfd)`` of a worker that leads its group and waits at its gate.
+        The spare of ``local_rank``'s slot is taken first; with CUDA, only that one."""
         if self.alive and self._sock is not None:
-            taken = await self._spares.take({"fork": next(self._ids), **message}, fds, _send)
+            request = {"fork": next(self._ids), **message}
+            taken = await self._spares.take(request, fds, _send, local_rank, only=self.cuda)
             if taken is not None:
                 with contextlib.suppress(OSError):  # a zygote gone does not need to know
                     await _send(self._sock, {"taken": taken[0]}, ())
@@ -256,7 +265,10 @@ class Zygote:
     def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
         loop = asyncio.get_running_loop()
         if "spare" in message and isinstance(message["spare"], int) and len(fds) == 2:
-            self._spares.add(message["spare"], fds[0], fds[1])
+            slot = message.get("slot")
+            self._spares.add(
+                message["spare"], fds[0], fds[1], slot if isinstance(slot, int) else -1
+            )
         elif "exited" in message and isinstance(message.get("status"), int):
             if self._spares.drop(int(message["exited"])):
                 return

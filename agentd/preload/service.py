@@ -40,8 +40,8 @@ class PreloadService:
         self._spec = spec
         self._hygiene = hygiene
         self._spares = spares
-        """Workers the zygote keeps forked ahead (one attempt's, where the group may
-        restart): a restart then forks nothing."""
+        """Standby workers the zygote keeps forked ahead (by default one attempt's,
+        where the group may restart): a restart then forks nothing."""
         self.enabled = spec.preload is not None
         self.zygote: Zygote | None = None
         self.zygotes_started = 0
@@ -76,7 +76,8 @@ class PreloadService:
             self._hygiene.disown(zygote.pid)
 
     def status(self) -> dict[str, Any] | None:
-        """For ``/status``: the modules, the zygote's pid, whether it is up, how many ran."""
+        """For ``/status``: the modules, the zygote's pid, whether it is up, how many ran,
+        and its standby workers (how many it keeps, the ones held now, CUDA or not)."""
         if self._spec.preload is None:
             return None
         zygote = self.zygote
@@ -85,6 +86,9 @@ class PreloadService:
             "zygote_pid": zygote.pid if zygote is not None else None,
             "ready": bool(zygote is not None and zygote.alive and zygote.ready_info),
             "zygotes_started": self.zygotes_started,
+            "standby_workers": self._spares,
+            "standby_pids": zygote.spare_pids if zygote is not None else [],
+            "standby_cuda": self._spec.standby_cuda,
         }
 
     async def ready(self) -> None:
@@ -116,6 +120,7 @@ class PreloadService:
             common_env(spec),
             on_lost=self._lost,
             spares=self._spares,
+            cuda=spec.standby_cuda,
         )
         with self._hygiene.spawning():  # the zygote's exit status is its watcher's
             await zygote.start(os.getcwd())

@@ -1,11 +1,13 @@
-"""In a spare: a child the zygote forked ahead of any request, which waits for one.
+"""In a spare (a standby worker): a child the zygote forked ahead of any request, which
+waits for one.
 
 It leads a session of its own at once, as a worker does, and spends its wait on what a
 worker's start would otherwise pay on a restart's path: the copies of the pages it
 shares with the zygote that taking a request on writes (:func:`rehearse`), and the
 compilation of the job's script (:class:`ScriptAhead`), reused only while the file is
-unchanged. Then it waits on its channel for a request (a message and its descriptors, as
-the agent sent them) and becomes that worker (:func:`agentd.preload.child.become`).
+unchanged; with ``--standby-cuda``, CUDA's start-up as well (:mod:`agentd.preload.warm_cuda`).
+Then it waits on its channel for a request (a message and its descriptors, as the agent
+sent them) and becomes that worker (:func:`agentd.preload.child.become`).
 """
 
 from __future__ import annotations
@@ -17,23 +19,39 @@ import socket
 import sys
 import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agentd.preload import wire
 from agentd.preload.child import ForkRequest, become, detach, show_command_line, start_failed
 
 
+@dataclass(frozen=True)
+class SpareStart:
+    """What a spare does while it waits: compile ``script`` (the job's, where it runs a
+    file), and with ``cuda`` initialise CUDA and make a context on its ``slot``'s device."""
+
+    script: str | None = None
+    slot: int = 0
+    cuda: bool = False
+
+
 def become_spare(
-    channel: int, zygote_fds: Sequence[int], leading: int, script: str | None = None
+    channel: int, zygote_fds: Sequence[int], leading: int, start: SpareStart = SpareStart()
 ) -> NoReturn:
-    """Set up, rehearse, compile ``script`` (the job's, where it runs a file), wait on
+    """Set up, rehearse, compile the job's script, warm CUDA where asked, wait on
     ``channel`` for a request, and become that worker. The zygote closing ``channel``
     gives the spare up: it exits 0, having run nothing. Never returns."""
     try:
-        show_command_line([f"agentd: spare worker of zygote {os.getppid()}"])  # then known
+        title = f"agentd: standby worker {start.slot} of zygote {os.getppid()}"
+        show_command_line([title])  # the zygote's pid is known only now
         detach(zygote_fds, leading)
         rehearse()
-        ahead = ScriptAhead(script) if script else None
+        ahead = ScriptAhead(start.script) if start.script else None
+        if start.cuda:
+            from agentd.preload.warm_cuda import warm_cuda
+
+            warm_cuda(start.slot)
         received = _wait_for_request(channel)
         if received is None:
             os._exit(0)

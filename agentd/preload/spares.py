@@ -24,11 +24,13 @@ Send = Callable[[socket.socket, dict[str, Any], Sequence[int]], Awaitable[None]]
 
 @dataclass
 class Spare:
-    """One spare: its pid, its pidfd and the agent's end of its channel."""
+    """One spare: its pid, its pidfd, the agent's end of its channel and its slot (the
+    local rank it stands for first; with CUDA, the one whose device it made ready)."""
 
     pid: int
     pidfd: int
     channel: socket.socket
+    slot: int = -1
 
     def close(self) -> None:
         os.close(self.pidfd)
@@ -45,11 +47,11 @@ class Spares:
     def pids(self) -> list[int]:
         return [spare.pid for spare in self._held]
 
-    def add(self, pid: int, pidfd: int, channel_fd: int) -> None:
+    def add(self, pid: int, pidfd: int, channel_fd: int, slot: int = -1) -> None:
         """Hold a spare the zygote handed over (the descriptors are ours now)."""
         channel = socket.socket(fileno=channel_fd)
         channel.setblocking(False)
-        self._held.append(Spare(pid, pidfd, channel))
+        self._held.append(Spare(pid, pidfd, channel, slot))
 
     def drop(self, pid: int) -> bool:
         """Forget the spare ``pid`` (it exited); False when it is none we hold."""
@@ -67,12 +69,25 @@ class Spares:
         self._held.clear()
 
     async def take(
-        self, message: dict[str, Any], fds: Sequence[int], send: Send
+        self,
+        message: dict[str, Any],
+        fds: Sequence[int],
+        send: Send,
+        slot: int = -1,
+        only: bool = False,
     ) -> tuple[int, int] | None:
-        """Write the request to the oldest live spare: ``(pid, pidfd)`` of the worker it
-        is now (its channel closed), or None when no spare could take it."""
-        while self._held:
-            spare = self._held.pop(0)
+        """Write the request to the live spare of ``slot``, else (unless ``only``) to the
+        oldest live one: ``(pid, pidfd)`` of the worker it is now (its channel closed),
+        or None when no spare could take it."""
+        while True:
+            mine = [spare for spare in self._held if spare.slot == slot]
+            if mine:
+                spare = mine[0]
+            elif only or not self._held:
+                return None
+            else:
+                spare = self._held[0]
+            self._held.remove(spare)
             if _exited(spare.pidfd):  # the zygote's report of it is on its way
                 spare.close()
                 continue
@@ -83,7 +98,6 @@ class Spares:
                 continue
             spare.channel.close()
             return spare.pid, spare.pidfd
-        return None
 
 
 def _exited(pidfd: int) -> bool:

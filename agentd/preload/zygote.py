@@ -1,15 +1,16 @@
 """The zygote program: import the preload modules once, then fork a worker per request.
 
-``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES [SCRIPT
-[PADDING]]``: run by the agent in a session of its own with a parent-death signal,
+``python [options] -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES[:cuda]
+[SCRIPT [PADDING]]``: run by the agent in a session of its own with a parent-death signal,
 ``FD`` being its end of the control channel (:mod:`agentd.preload.wire`). It sets
 ``sys.path[0]`` to ``PATH0`` (what the workers will have), imports the modules, refuses
 to go on when that started a CUDA context (a forked child cannot use its parent's), and
 says ``ready`` with the threads alive (fork copies only the calling one). Then it only
 forks: the zygote itself never runs user code, so every worker is a fork of the same
-pristine process, and it keeps ``SPARES`` children forked ahead of the requests, which
-compile ``SCRIPT`` (``-`` for none: the job runs a module) while they wait. It reaps its
-workers and reports each wait status; it exits when the agent closes the channel.
+pristine process, and it keeps ``SPARES`` children forked ahead of the requests, one per
+slot, which compile ``SCRIPT`` (``-`` for none: the job runs a module) while they wait,
+and with ``:cuda`` initialise CUDA on their slot's device (:mod:`agentd.preload.spare`).
+It reaps its workers and reports each wait status; it exits when the agent closes the channel.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class _Child:
     """The request it was forked for (None: a spare)."""
     channel: socket.socket | None = None
     """A spare's channel: the end its request will come through, for the agent."""
+    slot: int = -1
+    """A spare's slot: the local rank it stands for first."""
 
     def fds(self) -> list[int]:
         """The descriptors the zygote holds for it (a forked child closes them)."""
@@ -141,7 +144,9 @@ class Zygote:
     outlives the zygote.
     """
 
-    def __init__(self, sock: socket.socket, spares: int = 0, script: str | None = None) -> None:
+    def __init__(
+        self, sock: socket.socket, spares: int = 0, script: str | None = None, cuda: bool = False
+    ) -> None:
         self.sock = sock
         self.script = script
         """The job's script, which each spare compiles while it waits (None: ``-m``)."""
@@ -150,8 +155,10 @@ class Zygote:
         self.unanswered: dict[int, _Child] = {}
         """Children that did not say yet that they lead their group, by that pipe."""
         self.spares_wanted = spares
-        self.spares_out: set[int] = set()
-        """Spares handed to the agent and not taken (nor dead) since."""
+        self.cuda = cuda
+        """Each spare initialises CUDA on its slot's device while it waits."""
+        self.spares_out: dict[int, int] = {}
+        """Spares handed to the agent and not taken (nor dead) since: their slots, by pid."""
 
     def serve(self) -> int:
         for s in (self.wake_r, self.wake_w):
@@ -192,7 +199,7 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            self.spares_out.discard(pid)
+            self.spares_out.pop(pid, None)
             for leading, pending in list(self.unanswered.items()):
                 if pending.pid == pid:  # it died before it said it leads: its pid comes first
                     self.answer(leading)
@@ -211,9 +218,11 @@ class Zygote:
                 )
             else:
                 wire.send(
-                    self.sock, {"spare": pending.pid}, [pending.pidfd, pending.channel.fileno()]
+                    self.sock,
+                    {"spare": pending.pid, "slot": pending.slot},
+                    [pending.pidfd, pending.channel.fileno()],
                 )
-                self.spares_out.add(pending.pid)
+                self.spares_out[pending.pid] = pending.slot
         finally:
             pending.close()
 
@@ -232,7 +241,7 @@ class Zygote:
             return False
         message, fds = received
         if "taken" in message and not fds:  # that spare is a worker now
-            self.spares_out.discard(message["taken"])
+            self.spares_out.pop(message["taken"], None)
             return True
         try:
             request = child.ForkRequest.from_message(message, len(fds))
@@ -252,14 +261,18 @@ class Zygote:
         self._pending(leading, _Child(pid, os.pidfd_open(pid), request=request.id))
 
     def fork_spare(self) -> None:
-        """Fork one spare; it goes to the agent once it leads its group."""
+        """Fork one spare, for the lowest slot none stands for; it goes to the agent once
+        it leads its group."""
+        taken = {*self.spares_out.values(), *(c.slot for c in self.unanswered.values())}
+        slot = next(n for n in range(len(taken) + 1) if n not in taken)
         agents, theirs = wire.socketpair()
         channel = theirs.fileno()
+        start = spare.SpareStart(self.script, slot, self.cuda)
         leading, pid = self._fork_child(
-            lambda own, led: spare.become_spare(channel, [*own, agents.fileno()], led, self.script)
+            lambda own, led: spare.become_spare(channel, [*own, agents.fileno()], led, start)
         )
         theirs.close()
-        self._pending(leading, _Child(pid, os.pidfd_open(pid), channel=agents))
+        self._pending(leading, _Child(pid, os.pidfd_open(pid), channel=agents, slot=slot))
 
     def _fork_child(self, become: Callable[[list[int], int], NoReturn]) -> tuple[int, int]:
         """Fork; the child runs ``become(the zygote's descriptors, its leading pipe)``."""
@@ -304,9 +317,10 @@ def _close(fds: Iterable[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or not argv[0].isdigit() or not argv[3].isdigit():
+    spares, _, cuda = argv[3].partition(":") if len(argv) > 3 else ("", "", "")
+    if len(argv) < 4 or not argv[0].isdigit() or not spares.isdigit() or cuda not in ("", "cuda"):
         sys.stderr.write(
-            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES "
+            "usage: python -m agentd.preload.zygote FD PATH0 MODULE[,MODULE...] SPARES[:cuda] "
             "[SCRIPT [PADDING]]\n"
         )
         return 2
@@ -318,7 +332,7 @@ def main(argv: list[str]) -> int:
     except (BrokenPipeError, ConnectionResetError):  # the agent stopped before our report
         return 0
     script = argv[4] if len(argv) > 4 and argv[4].strip() and argv[4] != "-" else None
-    return Zygote(sock, spares=int(argv[3]), script=script).serve()
+    return Zygote(sock, spares=int(spares), script=script, cuda=bool(cuda)).serve()
 
 
 if __name__ == "__main__":

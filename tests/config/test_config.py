@@ -76,6 +76,8 @@ def test_file_describes_the_job(tmp_path):
         ({"health_host": "not a host!!"}, {}, "", "--health-host: 'not a host!!' must be an IP"),
         ({}, {"PET_LOCAL_ADDR": "a b"}, "", "PET_LOCAL_ADDR: 'a b' must be an IP address or"),
         ({}, {}, "master_addr = '-x.example'", "master_addr: '-x.example' must be an IP"),
+        ({"standby_workers": "x"}, {}, "", "--standby-workers: 'x' must be 'auto' or a whole"),
+        ({"standby_workers": "-1"}, {}, "", "--standby-workers: '-1' must be 'auto' or within"),
     ],
 )
 def test_errors_name_source_value_rule(tmp_path, cli, env, text, message):
@@ -216,3 +218,35 @@ def test_agent_config_is_frozen_keyword_built_and_equal_whatever_its_sources():
     same = AgentConfig(script="train.py", max_restarts=2, sources={"max_restarts": "file"})
     assert same == config and same != AgentConfig(script="train.py")
     assert repr(same).startswith("AgentConfig(script='train.py', script_args=()")
+
+
+@pytest.mark.parametrize(
+    ("cli", "preload", "message"),
+    [
+        ({"standby_workers": "2"}, None, "--standby-workers: 2 needs a zygote to fork them"),
+        ({"standby_cuda": True}, None, "--standby-cuda: needs torch preloaded (--preload torch)"),
+        ({"standby_cuda": True}, ("numpy",), "the preload is numpy"),
+        (
+            {"standby_cuda": True, "virtual_local_rank": True},
+            ("torch",),
+            "--standby-cuda: cannot be combined with --virtual-local-rank",
+        ),
+    ],
+)
+def test_standby_options_are_checked_against_the_preload(cli, preload, message):
+    from agentd.config.build import _standby_cuda
+
+    config = resolve({"script": "t.py", **cli}, {})
+    with pytest.raises(ConfigError) as info:
+        _standby_cuda(config, preload)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_standby_defaults():
+    from agentd.config.build import _standby_cuda
+
+    config = resolve({"script": "t.py"}, {})
+    assert config.standby_workers is None and config.standby_cuda is False
+    assert _standby_cuda(config, None) is False  # spawned workers, nothing asked: fine
+    config = resolve({"script": "t.py", "standby_workers": "0", "standby_cuda": True}, {})
+    assert config.standby_workers == 0 and _standby_cuda(config, ("torch", "numpy")) is True

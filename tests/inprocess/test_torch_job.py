@@ -5,6 +5,7 @@ ends. Skipped where torch is not installed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.torch
 JOB = str(TESTS / "workers" / "torch_inprocess.py")
 
 
-def train(tmp_path: Path, name: str, *crash: str) -> dict[int, dict]:
+def train(
+    tmp_path: Path, name: str, *crash: str, flags: tuple[str, ...] = (), standby: bool = True
+) -> dict[int, dict]:
     out = tmp_path / name
     out.mkdir()
     argv = [
@@ -34,12 +37,14 @@ def train(tmp_path: Path, name: str, *crash: str) -> dict[int, dict]:
         "1",
         "--log-dir",
         str(tmp_path / "logs"),
+        *flags,
         JOB,
         str(out),
         "12",
         *crash,
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {**os.environ, "TEST_WAIT_STANDBY": "1" if standby else ""}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
@@ -56,3 +61,18 @@ def test_a_crashed_rank_is_replaced_and_the_others_keep_training_in_process(tmp_
     assert {r["restart_count"] for r in crashed.values()} == {"1"}
     weights = plain[0]["weights"]
     assert all(r["weights"] == weights for r in [*plain.values(), *crashed.values()])
+    # the new rank 2 is the standby worker that waited for it (its pid known before)
+    crash = json.loads((tmp_path / "crashed" / "crash.json").read_text())
+    assert crash["standby"] is not None and crashed[2]["pid"] == crash["standby"]
+    assert crashed[2]["started"] < crash["since_boot"]
+
+
+@pytest.mark.timeout(300)
+def test_without_standby_workers_the_new_rank_is_forked_after_the_failure(tmp_path):
+    """``--standby-workers 0``: the zygote keeps none, so the lost rank's process is
+    forked once it is lost (the test above would fail on its standby check)."""
+    crashed = train(tmp_path, "cold", "5", flags=("--standby-workers", "0"), standby=False)
+    crash = json.loads((tmp_path / "cold" / "crash.json").read_text())
+    assert crash["standby"] is None
+    assert crashed[2]["calls"] == 1 and crashed[2]["started"] >= crash["since_boot"] - 0.01
+    assert all(r["weights"] == crashed[0]["weights"] for r in crashed.values())

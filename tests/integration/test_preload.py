@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import urllib.request
@@ -44,7 +45,7 @@ def spares_of(zygote: int) -> list[int]:
     found = []
     for child in psutil.Process(zygote).children():
         try:
-            if child.cmdline()[0] == f"agentd: spare worker of zygote {zygote}":
+            if re.fullmatch(rf"agentd: standby worker \d+ of zygote {zygote}", child.cmdline()[0]):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue
@@ -208,12 +209,24 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert f"Zygote pid {zygote} died (exit status -9); starting a new one" in err
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
         preload = json.loads(response.read())["preload"]
+    standbys = preload.pop("standby_pids")
     assert preload == {
         "modules": ["json"],
         "zygote_pid": new_zygote,
         "ready": True,
         "zygotes_started": 2,
+        "standby_workers": 2,  # one per local rank: the job may restart
+        "standby_cuda": False,
     }
+    assert len(standbys) <= 2
+
+    def standby_pids() -> list[int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+            return json.loads(response.read())["preload"]["standby_pids"]
+
+    # the new zygote forks its standbys once quiet: /status shows them as ps does
+    held = wait_until(lambda: len(pids := standby_pids()) == 2 and pids, what="2 standbys")
+    assert sorted(held) == sorted(spares_of(new_zygote))
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])

@@ -2,7 +2,9 @@
 
 Four ranks train a linear model on data fixed by (rank, step); with CRASH_STEP, rank 2
 dies at that step of attempt 0, before its all-reduce, and rank 3 drifts (its weights
-change) before it syncs again: it must get rank 0's. Each process writes
+change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writes
+``crash.json``: the time (since boot), and the pid of the standby worker of its slot, which it first
+waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set. Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
 it saw, the model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
 ``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
@@ -11,7 +13,9 @@ allocator held at the end of each call.
 
 import json
 import os
+import re
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,6 +34,38 @@ state = {"step": 0, "calls": 0}
 true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]], device=device)
 
 
+def since_boot() -> float:
+    """Seconds since the machine booted, as the kernel counts a process's start."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started() -> float:
+    """When this process started, in seconds since boot (``/proc/self/stat``, in clock
+    ticks: 10 ms here, finer than ``psutil``'s wall-clock figure, whose boot time is
+    rounded to the second)."""
+    with open("/proc/self/stat") as fp:
+        fields = fp.read().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_standby(patience: float) -> int | None:
+    """The pid of the standby worker the zygote (our parent) keeps for our local rank."""
+    import psutil  # here: imported before torch, it would turn --preload auto off
+
+    title = re.compile(rf"agentd: standby worker {os.environ['LOCAL_RANK']} of zygote \d+")
+    deadline = time.monotonic() + patience
+    while True:
+        for child in psutil.Process(os.getppid()).children():
+            try:
+                if title.fullmatch(child.cmdline()[0]):
+                    return child.pid
+            except (psutil.Error, IndexError):
+                continue
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
 def train() -> None:
     state["calls"] += 1
     if device.type == "cuda":  # what this process holds as the call starts
@@ -46,6 +82,9 @@ def train() -> None:
     while state["step"] < steps:
         step = state["step"]
         if step == crash and rank == 2 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            standby = own_standby(30.0 if os.environ.get("TEST_WAIT_STANDBY") else 0.0)
+            with open(os.path.join(out, "crash.json"), "w") as fp:
+                json.dump({"since_boot": since_boot(), "standby": standby}, fp)
             os._exit(1)
         x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step * 100 + rank))
         x = x.to(device)
@@ -65,6 +104,7 @@ inprocess.run(train)
 report = {
     "rank": int(os.environ["RANK"]),
     "pid": os.getpid(),
+    "started": started(),
     "calls": state["calls"],
     "restart": inprocess.current().count,
     "restart_count": os.environ["TORCHELASTIC_RESTART_COUNT"],
