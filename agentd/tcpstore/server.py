@@ -119,6 +119,8 @@ class TCPStoreServer:
             self._problems.warning("protocol", "Workers' store: closed a connection: %s", exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # a client that went away
+        except asyncio.CancelledError:  # stop(), which waits for us: end as a closed one
+            pass  # (raised on, Python 3.11's start_server logs it as an ERROR with a trace)
         finally:
             writer.close()
             with contextlib.suppress(Exception, asyncio.CancelledError):
