@@ -12,9 +12,13 @@ all-reduce. ``agentd`` is ``agentd run`` with no flags (``--preload auto``: the 
 imports torch, so a zygote preloads it and forks the workers); ``agentd-spawn`` spawns
 each worker (``--no-preload``); ``agentd-preload`` names the preload (``--preload
 torch``). ``agentd-inprocess`` does too, and its workers
-restart in process (``recovery_inprocess_worker.py``): the survivors keep their process, a
-new rank 0 is forked; each run also checks that the survivors' pids and model checksums did
-not change and that the new rank's checksum matches theirs. The launchers take turns,
+restart in process (``recovery_inprocess_worker.py``): the survivors keep their process,
+and rank 0, which crashes once the standby worker of its slot is there, is replaced by
+that standby; ``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0``: the
+new rank 0 is forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose
+CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is); each run also
+checks that the survivors' pids and model checksums did not change and that the new
+rank's checksum matches theirs. The launchers take turns,
 run by run (a slow spell of the machine hits them all), and each launcher's output goes
 to a file: a run that does not recover within the timeout, or whose checks fail, is
 counted as failed and printed with its cause (the exit, the ranks that never got past the
@@ -46,13 +50,19 @@ MARK_ENV = "BENCH_RECOVERY_RUN"
 INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
 COMMANDS = {
     "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
+    "agentd-inprocess-cuda": [
+        *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-cuda")
+    ],
+    "agentd-inprocess-cold": [
+        *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-workers", "0")
+    ],
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd": [sys.executable, "-m", "agentd", "run"],
     "agentd-spawn": [sys.executable, "-m", "agentd", "run", "--no-preload"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
 ORDER = list(COMMANDS)
-"""Fastest first, for the ratios."""
+"""Fastest first, for the ratios (the standbys' launchers, then the forked and spawned)."""
 FIRST_STEPS: dict[str, list[float]] = {}
 """Each launcher's times to first step, of the runs that recovered or not."""
 
@@ -63,7 +73,8 @@ def run_once(
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce, or why
     the job did not recover (the launcher's exit and the last lines it wrote). The time
     to first step goes to :data:`FIRST_STEPS`."""
-    worker = INPROCESS_WORKER if name == "agentd-inprocess" else WORKER
+    inprocess = name.startswith("agentd-inprocess")
+    worker = INPROCESS_WORKER if inprocess else WORKER
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         argv = [
             *COMMANDS[name],
@@ -80,6 +91,7 @@ def run_once(
         if model_mb:
             env["BENCH_MODEL_MB"] = str(model_mb)
         env["BENCH_DEVICE"] = device
+        env["BENCH_STANDBY_WAIT"] = STANDBY_WAIT.get(name, "")
         log = Path(tmp) / "launcher.log"
         with open(log, "wb") as output:
             launched = time.time()
@@ -104,13 +116,13 @@ def run_once(
             exit_text = f"no exit within {timeout:g}s" if code is None else f"exit {code}"
             missing = [p.name for p in past if not p.exists()]
             return f"{exit_text}; not past the next all-reduce: {missing}; {cause(log)}"
-        if name == "agentd-inprocess" and not kept_in_process(out, nproc):
+        if inprocess and not kept_in_process(out, nproc):
             return "the in-process checks failed (printed above)"
         crash = float((out / "crash").read_text())
-        if name == "agentd-inprocess":  # where the new rank's time went
+        if inprocess:  # where the new rank's time went
             phases = json.loads((out / "phases_1_0").read_text())
             for phase, at in phases.items():
-                PHASES.setdefault(phase, []).append(at - crash)
+                PHASES.setdefault(name, {}).setdefault(phase, []).append(at - crash)
         return max(float(p.read_text()) for p in past) - crash
 
 
@@ -121,8 +133,11 @@ def cause(log: Path) -> str:
     return f"it said: {errors[-2:]}" if errors else f"its last lines: {lines[-3:]}"
 
 
-PHASES: dict[str, list[float]] = {}
-"""In-process runs: seconds from the crash to each phase of the new rank 0."""
+PHASES: dict[str, dict[str, list[float]]] = {}
+"""In-process runs: seconds from the crash to each phase of the new rank 0, by launcher."""
+STANDBY_WAIT = {"agentd-inprocess": "1", "agentd-inprocess-cuda": "cuda"}
+"""What rank 0 waits for before it crashes (``recovery_inprocess_worker.py``): the
+standby of its slot, with its CUDA ready for ``-cuda``; ``-cold`` keeps none."""
 
 
 def kept_in_process(out: Path, nproc: int) -> bool:
@@ -206,9 +221,9 @@ def main() -> None:
                 f"  max {max(ok) * 1000:7.0f}"
             )
         print(line, flush=True)
-        if name == "agentd-inprocess" and PHASES:
+        if name in PHASES:
             steps = ", ".join(
-                f"{phase} {statistics.median(t) * 1000:.0f}" for phase, t in PHASES.items()
+                f"{phase} {statistics.median(t) * 1000:.0f}" for phase, t in PHASES[name].items()
             )
             print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
     if args.record and args.device == "cpu" and not args.model_mb:
@@ -217,6 +232,7 @@ def main() -> None:
         command = f".venv/bin/python bench/bench_recovery.py --runs {args.runs} --record"
         for name, figure in (
             ("agentd-inprocess", "inprocess_recovery"),
+            ("agentd-inprocess-cold", "inprocess_recovery_cold"),
             ("agentd-preload", "preload_recovery"),
             ("agentd", "default_recovery"),
         ):

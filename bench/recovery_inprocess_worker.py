@@ -10,6 +10,9 @@ checksum and, on a GPU, the CUDA memory its allocator holds). On the first attem
 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
 their next collective, which fails as rank 0 dies. ``BENCH_MODEL_MB`` sets the model's
 size (default 1), ``BENCH_DEVICE`` where it lives (default cpu; collectives stay gloo).
+With ``BENCH_STANDBY_WAIT`` (``1``, or ``cuda`` for a standby whose CUDA is ready), rank 0
+first waits for the standby worker of its slot, as a job that fails after its start
+finds it (up to 20 s; it crashes anyway after that, and says so).
 """
 
 import json
@@ -30,6 +33,27 @@ side = int((float(os.environ.get("BENCH_MODEL_MB", "1")) * 2**20 / 4) ** 0.5)
 device = os.environ.get("BENCH_DEVICE", "cpu")
 model = torch.nn.Linear(side, side, device=device)  # the survivors keep it: no checkpoint read
 phases["model built"] = time.time()
+
+
+def wait_for_standby(kind: str) -> None:
+    """Until the zygote (our parent) holds the standby of our slot (``cuda``: with its
+    CUDA ready); nothing for ``''``."""
+    if not kind:
+        return
+    import psutil  # here: imported before torch, it would turn --preload auto off
+
+    title = f"agentd: standby worker {os.environ['LOCAL_RANK']} of zygote {os.getppid()}"
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        for child in psutil.Process(os.getppid()).children():
+            try:
+                shown = child.cmdline()[0]
+            except (psutil.Error, IndexError):
+                continue
+            if shown.startswith(title) and (kind != "cuda" or shown.endswith("ready)")):
+                return
+        time.sleep(0.02)
+    print(f"no standby ({kind}) after 20 s: crashing without one", file=sys.stderr, flush=True)
 
 
 def train() -> None:
@@ -55,6 +79,7 @@ def train() -> None:
     if restart == "0":
         dist.barrier()
         if rank == 0:
+            wait_for_standby(os.environ.get("BENCH_STANDBY_WAIT", ""))
             write_report(os.path.join(out, "crash"), repr(time.time()))
             os._exit(1)
         dist.barrier()  # fails as rank 0 dies; the agent parks us

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,19 +50,24 @@ class Restart:
     global ranks that are new processes in this attempt (their state comes from
     ``source``, a rank that kept its process); both empty on a fresh start. ``fresh``:
     no rank of this attempt kept its process (the first attempt, or a restart that used
-    new processes for every rank), so no rank holds the job's state: load the checkpoint."""
+    new processes for every rank), so no rank holds the job's state: load the checkpoint.
+    ``teardown_s``: seconds this process spent, at its last park, tearing its process
+    groups down (an NCCL group's abort; a gloo group's destruction, its abort going on
+    in the background); 0.0 before any."""
 
     count: int = 0
     replaced: tuple[int, ...] = ()
     source: int | None = None
     fresh: bool = True
+    teardown_s: float = 0.0
 
 
-def _from_env(count: int) -> Restart:
+def _from_env(count: int, teardown_s: float = 0.0) -> Restart:
     replaced = tuple(int(r) for r in os.environ.get(wire.REPLACED_ENV, "").split(",") if r)
     source = os.environ.get(wire.SOURCE_ENV)
     fresh = os.environ.get(wire.FRESH_ENV, "1") != "0"
-    return Restart(count, replaced, int(source) if source and replaced else None, fresh)
+    known = int(source) if source and replaced else None
+    return Restart(count, replaced, known, fresh, teardown_s)
 
 
 _current = Restart()
@@ -250,7 +256,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     this process each time the agent restarts the job (see the module docstring)."""
     global _current
     channel = _open_channel()
-    _current = _from_env(_current.count)
+    _current = _from_env(_current.count, _current.teardown_s)
     if channel is None:
         _no_channel_warning()
         try:
@@ -274,6 +280,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 channel.send("error", message=f"{type(exc).__name__}: {exc}"[: wire.MAX_MESSAGE])
             if not channel.parking.wait(_grace()) or channel.closed.is_set():
                 raise
+        began = time.perf_counter()
         try:
             _destroy_process_group()
         except Exception:
@@ -282,15 +289,18 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 "this rank restarts as a new process"
             )
             raise
+        teardown_s = time.perf_counter() - began
         channel.send("parked")
         channel.resumed.wait()
         if channel.closed.is_set():
             raise SystemExit(1)  # the agent is gone; it stops us anyway
         os.environ.update(channel.env)
-        _current = _from_env(_current.count + 1)
+        _current = _from_env(_current.count + 1, teardown_s)
         log.info(
-            "agentd: restarting in process (restart %d, rank %s of %s)",
+            "agentd: restarting in process (restart %d, rank %s of %s; process groups "
+            "torn down in %.1f ms)",
             _current.count,
             os.environ.get("RANK"),
             os.environ.get("WORLD_SIZE"),
+            teardown_s * 1000,
         )

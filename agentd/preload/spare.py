@@ -51,7 +51,9 @@ def become_spare(
         if start.cuda:
             from agentd.preload.warm_cuda import warm_cuda
 
-            warm_cuda(start.slot)
+            device = warm_cuda(start.slot)
+            if device is not None:  # ps tells a standby whose CUDA is ready
+                show_command_line([f"{title} (cuda:{device} ready)"])
         received = _wait_for_request(channel)
         if received is None:
             os._exit(0)

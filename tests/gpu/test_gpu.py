@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,42 @@ def test_a_model_on_the_gpu_restarts_in_process_and_the_new_rank_gets_its_weight
 
 
 @pytest.mark.timeout(300)
+def test_a_standby_with_its_cuda_ready_takes_the_lost_ranks_place(tmp_path):
+    """``--standby-cuda``: 4 gloo ranks, the model and 256 MiB on the GPU; rank 2 dies
+    once the standby of its slot has its CUDA context. That standby becomes rank 2 (its
+    pid known before the crash), held no more than a context on the GPU before, and
+    the job ends with every rank's weights alike."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"TEST_DEVICE": "cuda", "TEST_BALLAST_MB": "256", "TEST_WAIT_STANDBY": "cuda"}
+    done = agentd(
+        tmp_path,
+        4,
+        "--max-restarts",
+        "1",
+        "--preload",
+        "torch",
+        "--standby-cuda",
+        str(WORKERS / "torch_inprocess.py"),
+        str(out),
+        "12",
+        "5",
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = {r["rank"]: r for r in map(json.loads, map(Path.read_text, out.glob("rank*.json")))}
+    crash = json.loads((out / "crash.json").read_text())
+    print(json.dumps(crash))  # the standby's GPU memory: docs/inprocess.md quotes it
+    assert crash["standby"] is not None and reports[2]["pid"] == crash["standby"]
+    assert reports[2]["calls"] == 1 and reports[2]["started"] < crash["since_boot"]
+    if shutil.which("nvidia-smi"):
+        assert crash["mib"] is not None and 0 < crash["mib"] <= 1024, crash  # a context
+    for report in reports.values():
+        assert report["weights"] == pytest.approx(reports[0]["weights"], abs=1e-5)
+    assert "in-process fallback" not in done.stderr and "could not be started" not in done.stderr
+
+
+@pytest.mark.timeout(300)
 def test_a_one_rank_nccl_job_that_raises_five_times_stays_in_one_process_and_flat(tmp_path):
     (tmp_path / "out").mkdir()
     done = agentd(
@@ -114,6 +151,14 @@ def test_a_one_rank_nccl_job_that_raises_five_times_stays_in_one_process_and_fla
     used = [c["device_used"] for c in calls[1:]]
     assert max(used) - min(used) <= 64 * 2**20, used  # the device, NCCL's buffers too: flat
     assert "in-process fallback" not in done.stderr
+    raised = [float(t) for t in (tmp_path / "out" / "rank0.raised").read_text().split()]
+    restarts = [c["called_at"] - r for c, r in zip(calls[1:], raised, strict=True)]
+    teardowns = [c["teardown_s"] for c in calls[1:]]
+    assert all(t > 0 for t in teardowns)  # each park aborted the NCCL group
+    print(  # bench/gpu_check.sh's table quotes these lines
+        "nccl restart ms: " + " ".join(f"{t * 1000:.0f}" for t in restarts),
+        "| abort ms: " + " ".join(f"{t * 1000:.0f}" for t in teardowns),
+    )
 
 
 @pytest.mark.timeout(300)

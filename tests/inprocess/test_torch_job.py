@@ -57,6 +57,8 @@ def test_a_crashed_rank_is_replaced_and_the_others_keep_training_in_process(tmp_
     crashed = train(tmp_path, "crashed", "5")
     for rank in (0, 1, 3):
         assert crashed[rank]["calls"] == 2 and crashed[rank]["restart"] == 1
+        assert crashed[rank]["teardown_s"] > 0.0  # its park destroyed its gloo group
+    assert crashed[2]["teardown_s"] == 0.0 and plain[0]["teardown_s"] == 0.0
     assert crashed[2]["calls"] == 1 and crashed[2]["restart"] == 0  # the new process
     assert {r["restart_count"] for r in crashed.values()} == {"1"}
     weights = plain[0]["weights"]

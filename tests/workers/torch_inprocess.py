@@ -3,8 +3,9 @@
 Four ranks train a linear model on data fixed by (rank, step); with CRASH_STEP, rank 2
 dies at that step of attempt 0, before its all-reduce, and rank 3 drifts (its weights
 change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writes
-``crash.json``: the time (since boot), and the pid of the standby worker of its slot, which it first
-waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set. Each process writes
+``crash.json``: the time (since boot), and the pid of the standby worker of its slot,
+which it first waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set (``cuda``: until
+its CUDA is ready; then also the GPU memory it holds, in MiB). Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
 it saw, the model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
 ``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
@@ -48,11 +49,15 @@ def started() -> float:
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def own_standby(patience: float) -> int | None:
-    """The pid of the standby worker the zygote (our parent) keeps for our local rank."""
+def own_standby(patience: float, cuda: bool = False) -> int | None:
+    """The pid of the standby worker the zygote (our parent) keeps for our local rank
+    (``cuda``: once its title says its CUDA is ready)."""
     import psutil  # here: imported before torch, it would turn --preload auto off
 
-    title = re.compile(rf"agentd: standby worker {os.environ['LOCAL_RANK']} of zygote \d+")
+    ready = r" \(cuda:\d+ ready\)" if cuda else r"( \(cuda:\d+ ready\))?"
+    title = re.compile(
+        rf"agentd: standby worker {os.environ['LOCAL_RANK']} of zygote {os.getppid()}{ready}"
+    )
     deadline = time.monotonic() + patience
     while True:
         for child in psutil.Process(os.getppid()).children():
@@ -64,6 +69,19 @@ def own_standby(patience: float) -> int | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
+
+
+def gpu_mib(pid: int | None) -> int | None:
+    """The GPU memory ``pid`` holds, in MiB, as nvidia-smi lists it (None: not listed)."""
+    import subprocess
+
+    query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    try:
+        listed = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    held = [line.split(",") for line in listed.splitlines() if "," in line]
+    return next((int(mib) for p, mib in held if p.strip() == str(pid)), None)
 
 
 def train() -> None:
@@ -82,9 +100,11 @@ def train() -> None:
     while state["step"] < steps:
         step = state["step"]
         if step == crash and rank == 2 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-            standby = own_standby(30.0 if os.environ.get("TEST_WAIT_STANDBY") else 0.0)
+            wait = os.environ.get("TEST_WAIT_STANDBY", "")
+            standby = own_standby(30.0 if wait else 0.0, cuda=wait == "cuda")
+            held = gpu_mib(standby) if wait == "cuda" else None
             with open(os.path.join(out, "crash.json"), "w") as fp:
-                json.dump({"since_boot": since_boot(), "standby": standby}, fp)
+                json.dump({"since_boot": since_boot(), "standby": standby, "mib": held}, fp)
             os._exit(1)
         x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step * 100 + rank))
         x = x.to(device)
@@ -107,6 +127,7 @@ report = {
     "started": started(),
     "calls": state["calls"],
     "restart": inprocess.current().count,
+    "teardown_s": inprocess.current().teardown_s,
     "restart_count": os.environ["TORCHELASTIC_RESTART_COUNT"],
     "weights": [round(v, 6) for v in torch.cat([p.flatten() for p in model.parameters()]).tolist()],
     "allocated": allocated,

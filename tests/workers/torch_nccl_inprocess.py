@@ -5,8 +5,11 @@ tensor and raises on its first 5 calls; the 6th returns. ``blocked`` (two ranks,
 GPU: the world is gloo, and each rank all-reduces on an NCCL group of its own): rank 0
 loops over NCCL all-reduces and CUDA synchronisations until its training function is
 interrupted; rank 1 dies on attempt 0. Every call appends a JSON line to
-``OUT/rank<RANK>.jsonl``: pid, call, the restart agentd reports, and the GPU memory
-held (the allocator's, and the device's used memory, NCCL's buffers included).
+``OUT/rank<RANK>.jsonl``: pid, call, the restart agentd reports, the GPU memory held
+(the allocator's, and the device's used memory, NCCL's buffers included), when the call
+began (``called_at``) and how long the last park's teardown took (``teardown_s``: NCCL's
+abort); each raise appends its time to ``OUT/rank<RANK>.raised``, so a restart's time is
+the next call's start less the raise.
 """
 
 import json
@@ -22,6 +25,7 @@ import agentd.inprocess as inprocess
 out, mode = sys.argv[1], sys.argv[2]
 torch.cuda.set_device(0)
 calls = 0
+called_at = 0.0
 
 
 def report(**fields: object) -> None:
@@ -33,6 +37,8 @@ def report(**fields: object) -> None:
         "count": inprocess.current().count,
         "allocated": torch.cuda.memory_allocated(),
         "device_used": total - free,
+        "teardown_s": inprocess.current().teardown_s,
+        "called_at": called_at,
         **fields,
     }
     with open(os.path.join(out, f"rank{os.environ['RANK']}.jsonl"), "a") as fp:
@@ -40,13 +46,16 @@ def report(**fields: object) -> None:
 
 
 def train_raise() -> None:
-    global calls
+    global calls, called_at
     calls += 1
+    called_at = time.time()
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     tensor = torch.full((1 << 20,), float(calls), device="cuda")
     dist.all_reduce(tensor)
     report(value=float(tensor[0]))
     if calls <= 5:
+        with open(os.path.join(out, f"rank{os.environ['RANK']}.raised"), "a") as fp:
+            fp.write(f"{time.time()}\n")
         raise RuntimeError(f"loss is NaN (call {calls})")
     dist.destroy_process_group()
 
