@@ -200,7 +200,7 @@ def main() -> None:
         if name in firsts:
             t = FIRST_STEPS[name]
             print(
-                f"  {name:<16} first step  median {firsts[name] * 1000:7.0f} ms  "
+                f"  {name:<21} first step  median {firsts[name] * 1000:7.0f} ms  "
                 f"min {min(t) * 1000:7.0f}  max {max(t) * 1000:7.0f}",
                 flush=True,
             )
@@ -213,7 +213,7 @@ def main() -> None:
     print("crash -> recovered:")
     for name in names:
         ok = times[name]
-        line = f"  {name:<16} recovered {len(ok)}/{args.runs}"
+        line = f"  {name:<21} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
             line += (
@@ -225,7 +225,7 @@ def main() -> None:
             steps = ", ".join(
                 f"{phase} {statistics.median(t) * 1000:.0f}" for phase, t in PHASES[name].items()
             )
-            print(f"    the new rank, ms after the crash (medians): {steps}", flush=True)
+            print(f"    {name}: the new rank, ms after the crash (medians): {steps}", flush=True)
     if args.record and args.device == "cpu" and not args.model_mb:
         from figures import record
 

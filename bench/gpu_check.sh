@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in about 5 minutes,
-# ending in one table. Run from the repository root, agentd from its source tree:
+# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in at most 9 minutes
+# (about 6 expected), ending in one table: the tests, a CUDA-ready standby's memory, the
+# one-rank NCCL restart and its abort (with NCCL's monitoring thread on and off), and the
+# in-process recovery with CUDA-ready standbys, plain standbys, none, and new processes. Run from the repository root, agentd from its source tree:
 #
 #     bash bench/gpu_check.sh [OUT_DIR]
 #
@@ -34,41 +36,61 @@ PY
 } 2>&1 | tee "$out/machine.txt"
 
 step "tests/gpu (and the in-process tests that reproduce the GPU's slow exit on CPU)"
-timeout 240 "$py" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/gpus \
-    tests/inprocess/test_restart.py -k "gpu or GPU or lags or fallback or nccl" 2>&1 \
-    | tee "$out/tests.txt"
+timeout 240 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
+    tests/inprocess/test_restart.py -k "gpu or GPU or lags or fallback or nccl or standby" 2>&1 \
+    | tee "$out/tests.txt" | grep -v "^PASSED\|^SKIPPED" | tail -30
 
 device=cuda
 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || device=cpu
-if [ "$device" = cuda ]; then
-    step "NCCL, one rank whose training function raises 5 times"
-    nccl="$(mktemp -d)"
-    timeout 120 "$py" -m agentd run --standalone --nproc-per-node 1 --max-restarts 5 \
-        --inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py "$nccl" raise \
-        > "$out/nccl.log" 2>&1
-    "$py" - "$nccl/rank0.jsonl" <<'PY' | tee -a "$out/bench.txt"
-import json, sys
-calls = [json.loads(line) for line in open(sys.argv[1])]
+nccl_run() {  # NAME [ENV=VALUE]: one NCCL rank whose training function raises 5 times
+    local dir
+    dir="$(mktemp -d)"
+    env "${@:2}" timeout 90 "$py" -m agentd run --standalone --nproc-per-node 1 --max-restarts 5 \
+        --inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py "$dir" raise \
+        > "$out/nccl-$1.log" 2>&1
+    "$py" - "$dir" "$1" <<'PY' | tee -a "$out/bench.txt"
+import json, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+calls = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+raised = [float(t) for t in (out / "rank0.raised").read_text().split()]
+restart = [c["called_at"] - r for c, r in zip(calls[1:], raised)]
+abort = [c["teardown_s"] for c in calls[1:]]
 mib = lambda key: "/".join(str(c[key] >> 20) for c in calls)
-print(f"  nccl-raise x5   {len(calls)} calls in {len({c['pid'] for c in calls})} process(es); "
-      f"allocated MiB {mib('allocated')}; device used MiB {mib('device_used')}")
+ms = lambda xs: f"median {statistics.median(xs) * 1000:.0f} ms ({min(xs) * 1000:.0f}-{max(xs) * 1000:.0f})"
+print(f"  nccl-raise {sys.argv[2]}: {len(calls)} calls in {len({c['pid'] for c in calls})} process(es); "
+      f"restart {ms(restart)}; abort {ms(abort)}; allocated MiB {mib('allocated')}; "
+      f"device used MiB {mib('device_used')}")
 PY
+}
+if [ "$device" = cuda ]; then
+    step "NCCL, one rank whose training function raises 5 times (monitoring on, then off)"
+    nccl_run default
+    nccl_run no-monitor TORCH_NCCL_ENABLE_MONITORING=0
 fi
-step "a real job with the model on $device (256 MiB): the default (a zygote preloads torch), spawned, torchrun"
+step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready, standbys, none, new processes"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
-bench 150 --device "$device" --model-mb 256 --runs 3 --launchers agentd,agentd-spawn
-bench 45 --device "$device" --model-mb 256 --runs 1 --timeout 25 --launchers torchrun
+standby=agentd-inprocess-cuda,agentd-inprocess
+[ "$device" = cuda ] || standby=agentd-inprocess  # without a GPU no standby's CUDA is ever ready
+bench 200 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
+bench 120 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
 
 step "summary"
 "$py" - "$out" <<'PY'
-import re, sys
+import json, re, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 machine = (out / "machine.txt").read_text().strip().splitlines()[-1]
-tests = [l for l in (out / "tests.txt").read_text().splitlines() if re.search(r"\d+ (passed|failed)", l)]
+text = (out / "tests.txt").read_text()
+tests = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed)", l)]
 print(f"| {machine} |")
 print("| what | result |\n| --- | --- |")
 print(f"| tests/gpu, tests/gpus, the in-process fault tests | {tests[-1].strip('= ') if tests else 'no result'} |")
+for line in text.splitlines():
+    if line.startswith('{"since_boot"'):
+        print(f"| a CUDA-ready standby before its hand-over: GPU MiB held | {json.loads(line)['mib']} |")
+    elif line.startswith("nccl restart ms:"):
+        print(f"| tests/gpu: one NCCL rank, 5 restarts | {line} |")
 where = "?"
 for line in (out / "bench.txt").read_text().splitlines():
     if line.startswith("launch ->"):
@@ -78,8 +100,9 @@ for line in (out / "bench.txt").read_text().splitlines():
     elif "recovered" in line and not line.startswith("crash"):
         print(f"| {line.split()[0]}: {where} | {' '.join(line.split()[1:])} |")
     elif "the new rank" in line:
-        label, figures = line.strip().split(": ", 1)
+        label, figures = line.strip().rsplit(": ", 1)
         print(f"| {label}: {where} | {figures} |")
     elif "nccl-raise" in line:
-        print(f"| NCCL, one rank raising 5 times | {line.split(None, 2)[2]} |")
+        label, figures = line.strip().split(": ", 1)
+        print(f"| NCCL, one rank raising 5 times ({label.split()[1]}) | {figures} |")
 PY

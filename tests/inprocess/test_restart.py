@@ -222,7 +222,9 @@ def test_without_agentd_run_is_a_plain_call(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert out.stdout.strip() == "5 Restart(count=0, replaced=(), source=None, fresh=True)"
+    assert out.stdout.strip() == (
+        "5 Restart(count=0, replaced=(), source=None, fresh=True, teardown_s=0.0)"
+    )
 
 
 def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers(
