@@ -21,7 +21,9 @@ made. Then, on ``watch``, every handler watches its round (``{"watching": true}`
 on ``crash`` handler 0 ends the round as its agent does when a worker crashes (on any
 other line nobody does), and once every handler was told, all join the next round: one
 JSON line with when the crash was, when the last handler was told and when the last had
-its next round. It leaves when stdin closes.
+its next round (the handlers later than :data:`LATE` are named on stderr). It leaves when
+stdin closes. With ``SCALE_LOG=PATH`` every handler's log lines from INFO up go to
+``PATH.SOURCE``, for a diagnosis.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Any
+
+LATE = 5.0
+"""Seconds past the last handler told after which a handler's next round is named late."""
 
 if TYPE_CHECKING:
     from agentd.rendezvous.api import RendezvousInfo
@@ -199,6 +204,18 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
             await handlers[0].end_round("a worker crashed")  # ends the round for everyone
         told_at = await asyncio.gather(*watches)
         done = await asyncio.gather(*(join(h) for h in handlers))
+        late = sorted(
+            (round(at - max(told_at), 1), h.node_id)
+            for at, h in zip(done, handlers, strict=True)
+            if at - max(told_at) > LATE
+        )
+        if late:  # what to look for in SCALE_LOG's files
+            print(
+                f"{len(late)} handler(s) had the next round more than {LATE:g} s after the "
+                f"last was told (seconds, node): {late[-10:]}",
+                file=sys.stderr,
+                flush=True,
+            )
         report({"crashed_at": crashed_at, "told": max(told_at), "done": max(done)})
         await loop.run_in_executor(None, sys.stdin.read)
     finally:  # the store may stop first: its heartbeats failing now is no news
@@ -207,5 +224,13 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
 
 
 if __name__ == "__main__":
+    import os
+
+    if os.environ.get("SCALE_LOG"):  # a diagnosis: every handler's INFO lines to a file
+        logging.basicConfig(
+            filename=f"{os.environ['SCALE_LOG']}.{sys.argv[6]}",
+            level=logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     kind, target, run_id, nnodes, count, source = sys.argv[1:7]
     asyncio.run(main(kind, target, run_id, int(nnodes), int(count), source))
