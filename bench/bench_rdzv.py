@@ -91,18 +91,25 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
         for out in outs:
             out.mkdir()
         t0 = time.time()
-        procs = [
-            subprocess.Popen(
-                [*cmd, *rdzv, str(HERE / "worker.py"), "exit", str(out)],
-                env=env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for out in outs
-        ]
+        procs = []
+        for out in outs:
+            with open(out / "launcher.err", "wb") as err:
+                procs.append(
+                    subprocess.Popen(
+                        [*cmd, *rdzv, str(HERE / "worker.py"), "exit", str(out)],
+                        env=env(),
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    )
+                )
         try:
             starts = wait_reports([out / "start_0_0" for out in outs])
             return max(map(float, starts)) - t0
+        except TimeoutError:  # say why, from each launcher's last lines
+            for i, out in enumerate(outs):
+                lines = (out / "launcher.err").read_text(errors="replace").splitlines()
+                print(f"  launcher {i} ({cmd[-1]}), its last lines: {lines[-4:]}", flush=True)
+            raise
         finally:
             reap(procs)
 
