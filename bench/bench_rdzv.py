@@ -93,7 +93,8 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
         t0 = time.time()
         procs = []
         for out in outs:
-            with open(out / "launcher.err", "wb") as err:
+            log_path = out / "launcher.err"
+            with open(log_path, "wb") as err:
                 procs.append(
                     subprocess.Popen(
                         [*cmd, *rdzv, str(HERE / "worker.py"), "exit", str(out)],
@@ -105,7 +106,8 @@ def measure_launch(cmd: list[str], rdzv: list[str] | None = None) -> float:
         try:
             starts = wait_reports([out / "start_0_0" for out in outs])
             return max(map(float, starts)) - t0
-        except TimeoutError:  # say why, from each launcher's last lines
+        except TimeoutError:  # say why, from each launcher's last lines, once it ended
+            reap(procs)
             for i, out in enumerate(outs):
                 lines = (out / "launcher.err").read_text(errors="replace").splitlines()
                 print(f"  launcher {i} ({cmd[-1]}), its last lines: {lines[-4:]}", flush=True)
