@@ -189,6 +189,12 @@ class JsonClient:
             sock.setblocking(False)
             try:
                 await loop.sock_connect(sock, info[4])
+                if sock.getsockname() == sock.getpeername():
+                    # TCP connects a socket given, as its own, the port it asks for to
+                    # itself: no server is reached, and the port its server wants is held
+                    raise ConnectionRefusedError(
+                        f"connected to itself: nothing listens on {self.host}:{self.port}"
+                    )
                 return sock
             except OSError as exc:
                 sock.close()

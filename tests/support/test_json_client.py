@@ -59,6 +59,33 @@ async def test_a_refused_connection_is_not_sent():
     assert caught.value.refused
 
 
+async def test_a_connection_to_itself_is_refused_and_frees_the_port():
+    """A client retrying a port nobody listens on yet (a store's host still starting) can
+    be given that port as its own ephemeral one, and TCP then connects it to itself: it
+    would read its own request as the answer, and the host could not bind the port. Here
+    the client is bound to the port it connects to, as that would happen."""
+    port = free_port()
+
+    def on_the_port(info):
+        sock = socket.socket(info[0], info[1], info[2])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        return sock
+
+    client = JsonClient("127.0.0.1", port, socket_factory=on_the_port)
+    with pytest.raises(NotSent) as caught:
+        await client.post("/a", b"{}", {}, 5, 5)
+    assert caught.value.refused and "connected to itself" in str(caught.value)
+    limits = Limits(max_connections=16, idle_timeout=5.0, body_timeout=5.0)
+    served = JsonHttpServer(answer, "test", limits, ServerLog("test"), max_body=1 << 20)
+    assert await served.start("127.0.0.1", port, None) == port  # the port is free again
+    try:
+        reply = await JsonClient("127.0.0.1", port).post("/a", b"{}", {}, 5, 5)
+        assert reply.status == 200
+    finally:
+        await served.stop()
+
+
 async def test_no_answer_in_time_may_have_been_sent_and_frees_the_server(server):
     served, port = server
     client = JsonClient("127.0.0.1", port)
