@@ -493,11 +493,21 @@ def main() -> int:
         help="the scale test's `agentd store --loop` (default auto: uvloop where installed)",
     )
     parser.add_argument(
+        "--keepalive",
+        type=float,
+        default=None,
+        help="the scale test's clients keep an idle connection this long (default: the "
+        "agents' 8 s; 0: none, so each handler holds one connection to the store, its long "
+        "poll's: 16,384 handlers then fit a store whose open-files limit is 20,000)",
+    )
+    parser.add_argument(
         "--record",
         action="store_true",
         help="write the figures the docs quote to docs/figures.json",
     )
     args = parser.parse_args()
+    if args.keepalive is not None:  # the handler groups read it (rdzv_scale_group.py)
+        os.environ["SCALE_KEEPALIVE"] = str(args.keepalive)
     cmds = launchers()
     command = " ".join([".venv/bin/python bench/bench_rdzv.py", *sys.argv[1:]])
     backends = {"agentd": "agentd", **({"torchrun": "torch"} if "torchrun" in cmds else {})}
@@ -559,9 +569,10 @@ def main() -> int:
                 f"{many['ok']:.0f} of {args.agents} agents exited 0",
             )
     sizes = [int(x) for x in re.split(r"[ ,]+", args.sizes) if x]
+    kept = "" if args.keepalive is None else f", but idle connections kept {args.keepalive:g} s"
     print(
         f"\nagentd rendezvous handlers at scale ({args.procs} processes of handlers, the "
-        "agents' defaults, through one `agentd store` process; median (min-max))"
+        f"agents' defaults{kept}, through one `agentd store` process; median (min-max))"
     )
     times = []
     for n in sizes:
@@ -574,7 +585,7 @@ def main() -> int:
         if args.record:
             from figures import record
 
-            what = "rendezvous handlers, not agents, through one `agentd store` process"
+            what = "rendezvous handlers, not agents, through one `agentd store` process" + kept
             for name, key, unit, scale_by in (
                 ("", "seconds", "s", 1.0),
                 ("_store_cpu", "store_cpu_us", "us", 1.0),
@@ -593,7 +604,8 @@ def main() -> int:
                 digits = 2 if unit == "s" else 0
                 text = f"{statistics.median(values):.{digits}f} {unit}"
                 note = f"median of {len(runs)} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
-                record(f"scale_{n}{name}", text, command, f"{note}; {what}")
+                tag = "" if args.keepalive is None else f"_ka{args.keepalive:g}"
+                record(f"scale_{n}{tag}{name}", text, command, f"{note}; {what}")
         print(
             f"  {n:5d} handlers: {spread([r['seconds'] for r in runs])} "
             f"({len(runs)} runs); the median run: {mid['requests']:.1f} store requests "

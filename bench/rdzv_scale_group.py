@@ -23,7 +23,9 @@ other line nobody does), and once every handler was told, all join the next roun
 JSON line with when the crash was, when the last handler was told and when the last had
 its next round (the handlers later than :data:`LATE` are named on stderr). It leaves when
 stdin closes. With ``SCALE_LOG=PATH`` every handler's log lines from INFO up go to
-``PATH.SOURCE``, for a diagnosis.
+``PATH.SOURCE``, for a diagnosis; ``SCALE_KEEPALIVE=SECONDS`` sets how long the store's
+clients keep an idle connection (0: none, so a handler holds one connection, its long
+poll's, and not a second one for its heartbeats).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import random
 import resource
 import socket
@@ -145,6 +148,10 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
 
     if kind == "store":
         connect_from(source)
+        if os.environ.get("SCALE_KEEPALIVE"):  # not the agents' default: bench_rdzv says
+            import agentd.store.http_client as http_client
+
+            http_client.KEEPALIVE = float(os.environ["SCALE_KEEPALIVE"])
     clients = [client(kind, target, run_id) for _ in range(count)]
 
     def opener(client: Store):
@@ -224,8 +231,6 @@ async def main(kind: str, target: str, run_id: str, nnodes: int, count: int, sou
 
 
 if __name__ == "__main__":
-    import os
-
     if os.environ.get("SCALE_LOG"):  # a diagnosis: every handler's INFO lines to a file
         logging.basicConfig(
             filename=f"{os.environ['SCALE_LOG']}.{sys.argv[6]}",

@@ -65,7 +65,8 @@ SocketFactory = Callable[[tuple[Any, ...]], socket.socket]
 class JsonClient:
     """Keep-alive connections to ``host:port`` (over TLS with ``ssl_context``), each made
     by ``socket_factory`` from an address-info tuple; an idle one is kept ``keepalive``
-    seconds. Requests run concurrently, one per connection."""
+    seconds (0: none; each closes after its answer). Requests run concurrently, one per
+    connection."""
 
     def __init__(
         self,
@@ -121,7 +122,7 @@ class JsonClient:
         finally:
             if timer is not None:
                 timer.cancel()
-        if connection.reusable and not self._closed:
+        if connection.reusable and self._keepalive > 0 and not self._closed:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
         else:

@@ -144,6 +144,19 @@ async def test_a_broken_answer_may_have_been_sent(answer_bytes, message):
         await post_to(reply)
 
 
+async def test_without_keepalive_each_connection_closes_after_its_answer(server):
+    served, port = server
+    client = JsonClient("127.0.0.1", port, keepalive=0)
+    try:
+        for _ in range(3):
+            assert (await client.post("/a", b"{}", {}, 5, 5)).status == 200
+            async with asyncio.timeout(5):  # closed by the client: the server sees it go
+                while served.connections:
+                    await asyncio.sleep(0.01)
+    finally:
+        client.close()
+
+
 async def test_a_connection_idle_past_the_keepalive_is_closed_not_reused(server):
     served, port = server
     client = JsonClient("127.0.0.1", port, keepalive=0.2)
