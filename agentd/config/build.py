@@ -87,7 +87,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         preload=preload,
         preload_reason=preload_reason,
         standby_workers=config.standby_workers,
-        standby_cuda=_standby_cuda(config, preload),
+        standby_cuda=_standby_cuda(config, preload, preload_reason),
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
@@ -105,19 +105,21 @@ def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:
     return chosen.modules, f"auto: {chosen.reason}"
 
 
-def _standby_cuda(config: AgentConfig, preload: tuple[str, ...] | None) -> bool:
-    """``--standby-cuda``, checked against the preload and the other options it needs."""
+def _standby_cuda(config: AgentConfig, preload: tuple[str, ...] | None, why: str) -> bool:
+    """``--standby-cuda`` as the spec takes it, once both standby options are checked
+    against the preload chosen (``preload``, for the reason ``why``)."""
     if preload is None and config.standby_workers:
         raise ConfigError(
             f"--standby-workers: {config.standby_workers} needs a zygote to fork them "
-            "from; --no-preload spawns each worker"
+            f"from, and the workers are spawned ({why})"
         )
     if not config.standby_cuda:
         return False
     if preload is None or "torch" not in preload:
         modules = "off" if preload is None else ",".join(preload) or "nothing"
         raise ConfigError(
-            f"--standby-cuda: needs torch preloaded (--preload torch); the preload is {modules}"
+            "--standby-cuda: needs torch preloaded (--preload torch); the preload is "
+            f"{modules} ({why})"
         )
     if config.virtual_local_rank:
         raise ConfigError(

@@ -223,9 +223,14 @@ def test_agent_config_is_frozen_keyword_built_and_equal_whatever_its_sources():
 @pytest.mark.parametrize(
     ("cli", "preload", "message"),
     [
-        ({"standby_workers": "2"}, None, "--standby-workers: 2 needs a zygote to fork them"),
+        (
+            {"standby_workers": "2"},
+            None,
+            "--standby-workers: 2 needs a zygote to fork them from, and the workers are "
+            "spawned (--preload off)",
+        ),
         ({"standby_cuda": True}, None, "--standby-cuda: needs torch preloaded (--preload torch)"),
-        ({"standby_cuda": True}, ("numpy",), "the preload is numpy"),
+        ({"standby_cuda": True}, ("numpy",), "the preload is numpy (--preload)"),
         (
             {"standby_cuda": True, "virtual_local_rank": True},
             ("torch",),
@@ -238,7 +243,7 @@ def test_standby_options_are_checked_against_the_preload(cli, preload, message):
 
     config = resolve({"script": "t.py", **cli}, {})
     with pytest.raises(ConfigError) as info:
-        _standby_cuda(config, preload)
+        _standby_cuda(config, preload, "--preload off" if preload is None else "--preload")
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -247,6 +252,25 @@ def test_standby_defaults():
 
     config = resolve({"script": "t.py"}, {})
     assert config.standby_workers is None and config.standby_cuda is False
-    assert _standby_cuda(config, None) is False  # spawned workers, nothing asked: fine
+    assert _standby_cuda(config, None, "--preload off") is False  # nothing asked: fine
     config = resolve({"script": "t.py", "standby_workers": "0", "standby_cuda": True}, {})
-    assert config.standby_workers == 0 and _standby_cuda(config, ("torch", "numpy")) is True
+    assert config.standby_workers == 0
+    assert _standby_cuda(config, ("torch", "numpy"), "--preload") is True
+
+
+def test_standbys_asked_of_workers_auto_spawns_are_a_usage_error(tmp_path):
+    """``--preload auto`` spawns a script that imports psutil before torch: standbys then
+    have no zygote to come from, and the error says why the workers are spawned."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text("import psutil\nimport torch\n")
+    argv = [sys.executable, "-m", "agentd", "run", "--standalone", "--standby-workers", "2"]
+    done = subprocess.run(
+        [*argv, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if "--standby-workers" in ln]
+    assert "2 needs a zygote to fork them from, and the workers are spawned (auto: " in line
+    assert "imports psutil" in line
