@@ -31,10 +31,22 @@ def test_agent_start_path_without_health_is_lean():
 def test_a_multi_node_agents_store_and_client_need_no_aiohttp():
     """The embedded store and its client speak HTTP themselves (support/json_http.py,
     support/json_client.py): a multi-node agent, hosting the store or not, loads none of
-    aiohttp's client or server (the health endpoint, etcd and candidates may)."""
+    aiohttp's client or server (the health endpoint and etcd may)."""
     imports = (
         "import agentd.store.server, agentd.store.http_client, agentd.store.failover, "
         "agentd.store.connect, agentd.rendezvous.build, agentd.rendezvous.dynamic"
+    )
+    assert loaded(imports, ("aiohttp", "yarl", "multidict")) == []
+
+
+def test_probing_the_store_candidates_needs_no_aiohttp():
+    """A failover asks every candidate its role (store/candidates.py), on the same lean
+    client: here one that refuses, and one that is this process's own listener."""
+    imports = (
+        "import asyncio, socket; from agentd.store.candidates import Prober; "
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "p = Prober(['127.0.0.1:9', f'127.0.0.1:{s.getsockname()[1]}'], 't', timeout=0.5); "
+        "r = asyncio.run(p.roles(1)); assert all(x.problem for x in r), r"
     )
     assert loaded(imports, ("aiohttp", "yarl", "multidict")) == []
 

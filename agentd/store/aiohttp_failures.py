@@ -1,6 +1,6 @@
 """Which of aiohttp's client failures allow sending a store request again: those of etcd's
-gateway and of the candidates' prober, the store clients on aiohttp. (The embedded store's
-own client says it itself: :mod:`agentd.support.json_client`.)"""
+gateway, the store client on aiohttp. (The embedded store's own client and the candidates'
+prober say it themselves: :mod:`agentd.support.json_client`.)"""
 
 from __future__ import annotations
 

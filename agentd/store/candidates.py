@@ -29,20 +29,19 @@ both hold.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
-from agentd.store.tls import scheme, tls_client, tls_problem
+from agentd.store.tls import tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from agentd.store.tls import StoreTls
+    from agentd.support.json_client import JsonClient
 
 PROBE_TIMEOUT = 2.0
 """Seconds a candidate has to answer a probe before it counts as out of reach."""
@@ -136,7 +135,8 @@ class Prober:
         self._tls = tls
         self.fingerprint = fingerprint(self.endpoints[:1] if growing else self.endpoints)
         self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._clients: dict[str, JsonClient] = {}
+        """One per candidate asked, keeping no connection: a probe is one request."""
         self._closed = False
 
     def headers(self, term: int) -> dict[str, str]:
@@ -161,33 +161,48 @@ class Prober:
         return list(await asyncio.gather(*asks))
 
     async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
-        """``role`` or ``promote`` at candidate ``index``; a mismatched list raises."""
-        import aiohttp
-
-        from agentd.store.aiohttp_failures import refused  # only once a candidate is asked
-        from agentd.store.sockets import keepalive_socket
+        """``role`` or ``promote`` at candidate ``index``, answered within the timeout; a
+        mismatched list raises."""
+        from agentd.support.json_client import MaybeSent, NotSent, TlsFailed
 
         endpoint = self.endpoints[index]
         if self._closed:
             return RoleReport(index, endpoint, problem="this client was closed")
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                socket_factory=keepalive_socket, force_close=True, ssl=tls_client(self._tls)
-            )
-            self._session = aiohttp.ClientSession(connector=connector)
-        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        headers = {"Content-Type": "application/json", **self.headers(term)}
         try:
-            async with self._session.post(
-                f"{scheme(self._tls)}://{endpoint}/v1/{op}",
-                json=body,
-                headers=self.headers(term),
-                timeout=timeout,
-            ) as response:
-                doc = await response.json(content_type=None)
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            return RoleReport(index, endpoint, problem=_describe(exc), refused=refused(exc))
-        return self.report(index, status, doc)
+            async with asyncio.timeout(self._timeout):
+                reply = await self._client(endpoint).post(
+                    f"/v1/{op}", json.dumps(body).encode(), headers, None, self._timeout
+                )
+            doc = json.loads(reply.body)
+        except TimeoutError:
+            return RoleReport(index, endpoint, problem="no answer within the probe timeout")
+        except TlsFailed as exc:
+            return RoleReport(index, endpoint, problem=tls_problem(exc.__cause__ or exc))
+        except NotSent as exc:
+            cause = exc.__cause__
+            why = getattr(cause, "strerror", None) or str(cause or exc)
+            return RoleReport(
+                index, endpoint, problem=f"cannot connect ({why})", refused=exc.refused
+            )
+        except MaybeSent as exc:
+            return RoleReport(index, endpoint, problem=str(exc) or "the connection was lost")
+        except ValueError:
+            return RoleReport(index, endpoint, problem=f"{reply.status}: the answer is not JSON")
+        return self.report(index, reply.status, doc)
+
+    def _client(self, endpoint: str) -> JsonClient:
+        from agentd.store.sockets import keepalive_socket
+        from agentd.support.json_client import JsonClient
+        from agentd.support.net import split_endpoint
+
+        client = self._clients.get(endpoint)
+        if client is None:
+            context = None if self._tls is None else self._tls.client
+            host, port = split_endpoint(endpoint)
+            client = JsonClient(host, port, context, 0.0, keepalive_socket)
+            self._clients[endpoint] = client
+        return client
 
     def report(self, index: int, status: int, doc: Any) -> RoleReport:
         """Candidate ``index``'s answer (``status``, JSON ``doc``) as a report; a
@@ -208,22 +223,9 @@ class Prober:
 
     async def close(self) -> None:
         self._closed = True
-        if self._session is not None:
-            with contextlib.suppress(Exception):
-                await self._session.close()
-            self._session = None
-
-
-def _describe(exc: BaseException) -> str:
-    import aiohttp
-
-    if isinstance(exc, TimeoutError):
-        return "no answer within the probe timeout"
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return tls_problem(exc)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
-    return str(exc) or type(exc).__name__
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
 
 
 def none_serving(status: dict[str, Any] | None) -> str:

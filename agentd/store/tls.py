@@ -214,11 +214,6 @@ def scheme(tls: StoreTls | None) -> str:
     return "http" if tls is None else "https"
 
 
-def tls_client(tls: StoreTls | None) -> ssl.SSLContext | bool:
-    """aiohttp's ``ssl=`` for a client of a store reached with ``tls``."""
-    return True if tls is None else tls.client
-
-
 def warn_clear_token(hosts: list[str], hint: str) -> None:
     """One WARNING, at start, when the store's bearer token goes to or from an address off
     loopback without TLS: anyone on the path can read it, and then use the store."""

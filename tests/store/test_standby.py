@@ -237,7 +237,7 @@ async def test_a_closed_client_fails_at_once_and_opens_no_connection_again(job):
     await first.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         await asyncio.wait_for(first.get("hello/2"), timeout=2.0)
-    assert first._client._connections is None and first._prober._session is None
+    assert first._client._connections is None and first._prober._clients == {}
 
 
 async def test_a_node_with_a_ca_but_no_certificate_says_why_it_cannot_stand_by(tmp_path, caplog):
