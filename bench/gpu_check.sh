@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in at most 9 minutes
+# The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in at most 9.5 minutes
 # (about 6 expected), ending in one table: the tests, a CUDA-ready standby's memory, the
 # one-rank NCCL restart and its abort (with NCCL's monitoring thread on and off), and the
-# in-process recovery with CUDA-ready standbys, plain standbys, none, and new processes. Run from the repository root, agentd from its source tree:
+# in-process recovery with CUDA-ready standbys, plain standbys, none, and new processes.
+# Each step's timeout keeps the whole under the device tool's 10 minutes a command. Run
+# from the repository root, agentd from its source tree:
 #
 #     bash bench/gpu_check.sh [OUT_DIR]
 #
@@ -36,7 +38,7 @@ PY
 } 2>&1 | tee "$out/machine.txt"
 
 step "tests/gpu (and the in-process tests that reproduce the GPU's slow exit on CPU)"
-timeout 240 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
+timeout 200 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
     tests/inprocess/test_restart.py -k "gpu or GPU or lags or fallback or nccl or standby" 2>&1 \
     | tee "$out/tests.txt" | grep -v "^PASSED\|^SKIPPED" | tail -30
 
@@ -45,7 +47,7 @@ device=cuda
 nccl_run() {  # NAME [ENV=VALUE]: one NCCL rank whose training function raises 5 times
     local dir
     dir="$(mktemp -d)"
-    env "${@:2}" timeout 90 "$py" -m agentd run --standalone --nproc-per-node 1 --max-restarts 5 \
+    env "${@:2}" timeout 60 "$py" -m agentd run --standalone --nproc-per-node 1 --max-restarts 5 \
         --inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py "$dir" raise \
         > "$out/nccl-$1.log" 2>&1
     "$py" - "$dir" "$1" <<'PY' | tee -a "$out/bench.txt"
@@ -72,8 +74,8 @@ step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready, sta
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
 standby=agentd-inprocess-cuda,agentd-inprocess
 [ "$device" = cuda ] || standby=agentd-inprocess  # without a GPU no standby's CUDA is ever ready
-bench 200 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
-bench 120 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
+bench 150 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
+bench 90 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
 
 step "summary"
 "$py" - "$out" <<'PY'
