@@ -20,8 +20,8 @@ import sys
 def warm_cuda(slot: int) -> int | None:
     """Initialise CUDA and make the primary context on device ``slot`` modulo the visible
     devices; return that device. None where torch is not preloaded or sees no GPU, and
-    where the start-up fails (one line on stderr says why: the standby then takes its
-    request with CUDA as a new process has it)."""
+    where the start-up fails (one line on stderr says why; the standby then waits without
+    its CUDA made ready, and its worker's own first CUDA call meets what failed)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None

@@ -7,8 +7,10 @@ import importlib.util
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -67,6 +69,34 @@ def test_store_runs_on_the_loop_asked_for(tmp_path):
             lambda: "Store: serving on asyncio's event loop" in err.read_text(),
             what="the store on asyncio's loop",
         )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stop_signal_as_soon_as_the_store_listens_stops_it_cleanly():
+    """The stop signals' handlers are in place before the store listens: a supervisor
+    that sends SIGTERM the moment the port answers gets a clean stop (128+15), not a
+    store killed by the signal (it had listened, and said so, before it had them)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentd", "store", "--port", str(port)],
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the first moment it accepts a connection
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "never listened"
+                time.sleep(0.001)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 128 + signal.SIGTERM
     finally:
