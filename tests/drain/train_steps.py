@@ -11,7 +11,9 @@ the job a drain's promise is made for: every rank checkpoints at the same step. 
 on the node whose agent has it in its environment. With ``AGENTD_TEST_FAIL_AFTER_SAVE``,
 a rank exits 1 right after it saved (as a collective fails once a drained node's ranks
 are gone); with ``AGENTD_TEST_FAIL_ON_PEER_EXIT``, a rank stopped by SIGTERM says so as it
-goes, and the others exit 1 as they see it. It notes each start
+goes, and the others exit 1 as they see it; the stopped rank exits only once their agents
+have reaped them (up to 20 s), so its agent's leave reaches theirs after their workers'
+failure, as a real peer's loss does. It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
 """
@@ -70,7 +72,11 @@ def wait_for_every_rank(step: int) -> None:
     while not os.path.exists(stop):
         if all(finished_by(peer) >= step for peer in range(world)):
             return
-        if peer_exits and os.listdir(peer_exits):
+        if peer_exits and any(n.startswith("stopped_") for n in os.listdir(peer_exits)):
+            failed = os.path.join(peer_exits, f"failed_{rank}")
+            with open(failed + ".tmp", "w") as fp:
+                fp.write(str(os.getpid()))
+            os.replace(failed + ".tmp", failed)
             sys.exit(1)  # as a collective fails once a peer's process is gone
         time.sleep(0.003)
 
@@ -80,8 +86,25 @@ if os.environ.get("AGENTD_TEST_FAIL_ON_PEER_EXIT"):
     peer_exits = os.path.join(lockstep, "exits")
     os.makedirs(peer_exits, exist_ok=True)
 
+    def reaped(peer: int) -> bool:
+        try:
+            with open(os.path.join(peer_exits, f"failed_{peer}")) as fp:
+                pid = int(fp.read())
+        except FileNotFoundError:
+            return False
+        try:
+            os.kill(pid, 0)  # a zombie still answers: its agent has not seen it exit
+        except ProcessLookupError:
+            return True
+        return False
+
     def leave(*_: object) -> None:
-        open(os.path.join(peer_exits, str(rank)), "w").close()
+        open(os.path.join(peer_exits, f"stopped_{rank}"), "w").close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+            reaped(peer) for peer in range(world) if peer != rank
+        ):
+            time.sleep(0.005)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, leave)
