@@ -92,7 +92,7 @@ for line in text.splitlines():
     if line.startswith('{"since_boot"'):
         print(f"| a CUDA-ready standby before its hand-over: GPU MiB held | {json.loads(line)['mib']} |")
     elif line.startswith("agent:") and "GPU memory" in line:
-        print(f"| the lost rank's GPU memory, waited for before its standby ran | {line[7:]} |")
+        print(f"| the lost rank's GPU memory at its standby's hand-over | {line[7:]} |")
     elif line.startswith("nccl restart ms:"):
         print(f"| tests/gpu: one NCCL rank, 5 restarts | {line} |")
 where = "?"

@@ -102,7 +102,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         kept = self._services.inprocess.parked
         preload = self._services.preload
         forked = preload.forks
-        if forked:  # the preload can take seconds: a stop signal does not wait
+        # the stopped workers' GPU memory, waited for since their stop (the round formed
+        # meanwhile); and the preload, which can take seconds: a stop signal waits for neither
+        await self._unless_stopped(self._services.gpus.settled())
+        if forked:
             await self._unless_stopped(preload.ready())
         spawn = preload.spawn if forked else spawn_worker
         hygiene = self._services.hygiene
@@ -163,7 +166,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         self._services.hygiene.stopped(procs)
         self._services.watchdog.forget(p.pid for p in procs)
         self._services.inprocess.forget(p.local_rank for p in procs)
-        await self._services.gpus.wait(pids)
+        self._services.gpus.stopped(pids)
 
     def _after_first_start(self) -> None:
         """Once the first workers are spawned: sweep dead agents' pipe directories, start a
@@ -302,4 +305,4 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
                 self._gate.close()
                 self._gate = None
             log.log(level, "[%s] Stopped worker group", spec.role)
-        await self._services.gpus.wait(gpu_pids | set(strays))
+        self._services.gpus.stopped(gpu_pids | set(strays))  # waited for by the next start

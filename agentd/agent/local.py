@@ -155,6 +155,7 @@ class LocalElasticAgent(WorkerLifecycle):
                 if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
                     self._set_state(WorkerState.STOPPED, "agent shutting down")
             await self.rdzv_handler.shutdown()
+            await self._services.gpus.settled()  # the agent ends once its GPUs are free
         finally:
             drop_staged_attempt(self.run_dir)
             while self._running:

@@ -198,13 +198,16 @@ class InProcessPort(Protocol):
 
 
 class GpusPort(Protocol):
-    """The bounded wait after a stop until the stopped workers hold no GPU memory."""
+    """The bounded wait, from a stop to the next start, until the stopped workers' GPU
+    memory is released or fits beside them."""
 
     def look(self) -> None: ...
 
     async def watched(self, pids: Iterable[int]) -> set[int]: ...
 
-    async def wait(self, pids: set[int]) -> None: ...
+    def stopped(self, pids: set[int]) -> None: ...
+
+    async def settled(self) -> None: ...
 
 
 class NodeChecksPort(Protocol):

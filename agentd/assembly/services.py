@@ -222,7 +222,7 @@ def build_services(hooks: AgentHooks, settings: AgentSettings) -> LocalServices:
         hygiene=hygiene,
         preload=PreloadService(spec, hygiene, spares=standby_count(agent)),
         inprocess=in_process_restarts(agent, settings, hooks),
-        gpus=gpu_release(settings.gpu_release_timeout),
+        gpus=gpu_release(settings.gpu_release_timeout, hygiene),
         node_checks=node_checks,
         job_records=job_record_publisher(hooks, health_service),
     )
@@ -285,16 +285,17 @@ def event_log(settings: AgentSettings, hooks: AgentHooks) -> Service | None:
     return EventLog(agent.run_id, role, agent.hostname, settings.event_log, hooks.add_observer)
 
 
-def gpu_release(timeout: float) -> GpusPort:
+def gpu_release(timeout: float, helpers: ProcessHygiene) -> GpusPort:
     """The bounded wait for a stop's GPU memory (:class:`~agentd.gpus.release.GpuRelease`)
-    on a node that may have NVIDIA GPUs; elsewhere, or with ``timeout`` 0, no wait."""
+    on a node that may have NVIDIA GPUs; elsewhere, or with ``timeout`` 0, no wait.
+    ``helpers``: the process hygiene that must leave nvidia-smi's exit status alone."""
     from agentd.gpus import may_have_gpus
 
     if not timeout or not may_have_gpus():
         return NoGpus()
     from agentd.gpus.release import GpuRelease
 
-    return GpuRelease(timeout)
+    return GpuRelease(timeout, helpers)
 
 
 def drain_service(settings: DrainSettings | None, drains: Drains, hooks: AgentHooks) -> DrainPort:

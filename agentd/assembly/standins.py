@@ -83,7 +83,10 @@ class NoGpus:
     async def watched(self, pids: Iterable[int]) -> set[int]:
         return set()
 
-    async def wait(self, pids: set[int]) -> None:
+    def stopped(self, pids: set[int]) -> None:
+        pass
+
+    async def settled(self) -> None:
         pass
 
 

@@ -85,9 +85,9 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         "gpu_release_timeout",
         v.number(0.0),
         "30",
-        "Seconds a restart waits, once its workers are stopped, until none of them holds "
-        "memory on this node's GPUs (read through NVML or nvidia-smi) before it starts new "
-        "ones (0: no wait).",
+        "Seconds a restart's new workers wait, from the stop while the next round forms, "
+        "until the stopped ones hold no memory on this node's GPUs, or what they hold fits "
+        "in what those GPUs have free (read through NVML or nvidia-smi; 0: no wait).",
         metavar="SECONDS",
     ),
     _o(

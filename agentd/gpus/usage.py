@@ -1,31 +1,49 @@
-"""Which processes hold memory on this node's GPUs, read through NVML (the optional
-``nvidia-ml-py`` package: ``pip install 'agentd[gpu]'``) or, without it, through
-``nvidia-smi --query-compute-apps``. A node with neither has no GPU to watch."""
+"""Which processes hold memory on this node's GPUs, and how much each GPU has free, read
+through NVML (the optional ``nvidia-ml-py`` package: ``pip install 'agentd[gpu]'``) or,
+without it, through ``nvidia-smi``. A node with neither has no GPU to watch."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentd.gpus import nvidia_smi
 from agentd.support.secrets import child_env
 
+if TYPE_CHECKING:
+    from agentd.view import Helpers
+
 log = logging.getLogger(__name__)
 
-NVIDIA_SMI_QUERY = ("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+APPS_QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
+GPUS_QUERY = ("--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits")
 NVIDIA_SMI_TIMEOUT = 10.0
 
 
+@dataclass(frozen=True)
+class GpuMemory:
+    """One reading of the node's GPUs: the MiB each process holds on each GPU (by pid,
+    then by GPU index) and the MiB free on each GPU. A GPU known only by a process's
+    reading (its index unknown) is named by its UUID and has no free figure."""
+
+    held: dict[int, dict[str, int]] = field(default_factory=dict)
+    free: dict[str, int] = field(default_factory=dict)
+
+    def by_pid(self) -> dict[int, int]:
+        """MiB each process holds, summed over the GPUs."""
+        return {pid: sum(on.values()) for pid, on in self.held.items()}
+
+
 class GpuUsage(Protocol):
-    """Reads the processes that hold GPU memory on this node."""
+    """Reads which processes hold memory on this node's GPUs, and what is free there."""
 
     name: str
 
-    async def holders(self) -> dict[int, int] | None:
-        """MiB held on the node's GPUs, by pid (summed over GPUs); None when it could not
-        be read."""
+    async def read(self) -> GpuMemory | None:
+        """A reading now; None when it could not be taken (the reason is logged)."""
         ...
 
 
@@ -47,47 +65,60 @@ class NvmlUsage:
             return None
         return cls(pynvml)
 
-    def _read(self) -> dict[int, int]:
-        nvml = self._nvml
-        held: dict[int, int] = {}
+    def _read(self) -> GpuMemory:
+        nvml, memory = self._nvml, GpuMemory()
         for index in range(nvml.nvmlDeviceGetCount()):
-            device = nvml.nvmlDeviceGetHandleByIndex(index)
+            device, gpu = nvml.nvmlDeviceGetHandleByIndex(index), str(index)
+            memory.free[gpu] = nvml.nvmlDeviceGetMemoryInfo(device).free // 2**20
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(device):
                 used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
-                held[proc.pid] = held.get(proc.pid, 0) + used // 2**20
-        return held
+                on = memory.held.setdefault(proc.pid, {})
+                on[gpu] = on.get(gpu, 0) + used // 2**20
+        return memory
 
-    async def holders(self) -> dict[int, int] | None:
+    async def read(self) -> GpuMemory | None:
         try:
             return await asyncio.to_thread(self._read)
         except Exception as exc:
-            log.warning("Could not read the GPUs' processes through NVML: %s", exc)
+            log.warning("Could not read the GPUs' memory through NVML: %s", exc)
             return None
 
 
 class NvidiaSmiUsage:
-    """Through ``nvidia-smi --query-compute-apps`` (one process per reading)."""
+    """Through ``nvidia-smi`` (two queries, run together, a reading). ``helpers``: the
+    agent's process hygiene, whose reaper must leave nvidia-smi's exit status to us."""
 
     name = "nvidia-smi"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, helpers: Helpers | None = None) -> None:
         self.path = path
+        self._helpers = helpers
 
     @classmethod
-    def open(cls) -> NvidiaSmiUsage | None:
+    def open(cls, helpers: Helpers | None = None) -> NvidiaSmiUsage | None:
         path = nvidia_smi()
-        return cls(path) if path is not None else None
+        return cls(path, helpers) if path is not None else None
 
-    async def holders(self) -> dict[int, int] | None:
+    async def read(self) -> GpuMemory | None:
+        gpus, apps = await asyncio.gather(self._query(GPUS_QUERY), self._query(APPS_QUERY))
+        if gpus is None or apps is None:
+            return None
+        return parse_readings(gpus, apps)
+
+    async def _query(self, query: tuple[str, str]) -> str | None:
+        helpers = self._helpers
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self.path,
-                *NVIDIA_SMI_QUERY,
-                env=child_env(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
+            with helpers.spawning() if helpers is not None else contextlib.nullcontext():
+                proc = await asyncio.create_subprocess_exec(
+                    self.path,
+                    *query,
+                    env=child_env(),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                if helpers is not None:
+                    helpers.own(proc.pid)
         except OSError as exc:
             log.warning("Could not run %s: %s", self.path, exc)
             return None
@@ -100,28 +131,38 @@ class NvidiaSmiUsage:
             await proc.wait()
             log.warning("%s did not answer within %.0fs", self.path, NVIDIA_SMI_TIMEOUT)
             return None
+        finally:
+            if helpers is not None and proc.returncode is not None:
+                helpers.disown(proc.pid)
         if proc.returncode != 0:
             why = err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"]
-            log.warning("%s %s failed: %s", self.path, NVIDIA_SMI_QUERY[0], why[-1])
+            log.warning("%s %s failed: %s", self.path, query[0], why[-1])
             return None
-        return parse_compute_apps(out.decode(errors="replace"))
+        return out.decode(errors="replace")
 
 
-def parse_compute_apps(text: str) -> dict[int, int]:
-    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits``'s
-    lines (``1234, 2048``; memory may read ``[N/A]``) as MiB by pid; other lines are
-    skipped."""
-    held: dict[int, int] = {}
-    for line in text.splitlines():
+def parse_readings(gpus: str, apps: str) -> GpuMemory:
+    """``nvidia-smi``'s answers to :data:`GPUS_QUERY` (``0, GPU-8f.., 80512``) and
+    :data:`APPS_QUERY` (``GPU-8f.., 1234, 2048``; memory may read ``[N/A]``, counted as 0)
+    as one reading, GPUs named by index; lines of any other shape are skipped."""
+    memory, index_of = GpuMemory(), {}
+    for line in gpus.splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 2 or not fields[0].isdigit():
+        if len(fields) == 3 and fields[0].isdigit():
+            index_of[fields[1]] = fields[0]
+            if fields[2].isdigit():
+                memory.free[fields[0]] = int(fields[2])
+    for line in apps.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3 or not fields[1].isdigit():
             continue
-        pid = int(fields[0])
-        used = int(fields[1]) if fields[1].isdigit() else 0
-        held[pid] = held.get(pid, 0) + used
-    return held
+        gpu = index_of.get(fields[0], fields[0])
+        on = memory.held.setdefault(int(fields[1]), {})
+        on[gpu] = on.get(gpu, 0) + (int(fields[2]) if fields[2].isdigit() else 0)
+    return memory
 
 
-def open_usage() -> GpuUsage | None:
-    """NVML where it loads, else nvidia-smi where it is on PATH, else None (no GPU)."""
-    return NvmlUsage.open() or NvidiaSmiUsage.open()
+def open_usage(helpers: Helpers | None = None) -> GpuUsage | None:
+    """NVML where it loads, else nvidia-smi where it is on PATH (run as ``helpers``
+    allow), else None (no GPU)."""
+    return NvmlUsage.open() or NvidiaSmiUsage.open(helpers)

@@ -111,7 +111,8 @@ class JobRecordPublisher(AgentObserver):
                 self._nvml = await asyncio.to_thread(NvmlUsage.open)
         if self._nvml is None:
             return None
-        held = await self._nvml.holders()
-        if held is None:
+        memory = await self._nvml.read()
+        if memory is None:
             return None
+        held = memory.by_pid()
         return sum(held.get(proc.pid, 0) for proc in self._view.worker_processes().values())

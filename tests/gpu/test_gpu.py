@@ -117,8 +117,8 @@ def test_a_standby_with_its_cuda_ready_takes_the_lost_ranks_place(tmp_path):
     reports = {r["rank"]: r for r in map(json.loads, map(Path.read_text, out.glob("rank*.json")))}
     crash = json.loads((out / "crash.json").read_text())
     print(json.dumps(crash))  # the standby's GPU memory: docs/inprocess.md quotes it
-    for line in done.stderr.splitlines():  # what the replacement waited for: the lost
-        if "GPU memory" in line:  # rank's memory (none printed: it was gone at once)
+    for line in done.stderr.splitlines():  # the lost rank's memory at the hand-over: it
+        if "GPU memory" in line:  # fits beside it, or was waited for (or gone at once)
             print("agent:", line.split(" ", 2)[2])
     assert crash["standby"] is not None and reports[2]["pid"] == crash["standby"]
     assert reports[2]["calls"] == 1 and reports[2]["started"] < crash["since_boot"]

@@ -1,6 +1,7 @@
 """Stopped workers' GPU memory, seen by the next attempt: ``torch_gpu_release.py OUT``.
 
-On attempt 0 each of two ranks holds 4 GiB on GPU 0 and records its pid; rank 1 then
+On attempt 0 each of two ranks holds 35% of GPU 0's memory and records its pid (together
+more than the GPU has left free: the next attempt cannot start beside them); rank 1 then
 dies and rank 0 waits to be stopped. On attempt 1 each rank asks NVML which processes
 hold memory on the GPU and writes ``OUT/seen<RANK>.json``: the old pids among them (the
 agent must have waited until there are none).
@@ -18,7 +19,8 @@ import torch
 out = sys.argv[1]
 rank = os.environ["RANK"]
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    ballast = torch.ones(1 << 30, device="cuda")  # 4 GiB
+    _, total = torch.cuda.mem_get_info()
+    ballast = torch.ones(int(total * 0.35) // 4, device="cuda")  # float32: 35% of the GPU
     torch.cuda.synchronize()
     with open(os.path.join(out, f"pid{rank}"), "w") as fp:
         fp.write(str(os.getpid()))
