@@ -16,7 +16,9 @@ restart in process (``recovery_inprocess_worker.py``): the survivors keep their 
 and rank 0, which crashes once the standby worker of its slot is there, is replaced by
 that standby; ``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0``: the
 new rank 0 is forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose
-CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is); each run also
+CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is);
+``agentd-inprocess-shm`` hands the survivors' state to the new rank through shared memory
+rather than the process group (``AGENTD_SYNC_SHARED_MEMORY=1``); each run also
 checks that the survivors' pids and model checksums did not change and that the new
 rank's checksum matches theirs. The launchers take turns,
 run by run (a slow spell of the machine hits them all), and each launcher's output goes
@@ -56,6 +58,7 @@ COMMANDS = {
     "agentd-inprocess-cold": [
         *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-workers", "0")
     ],
+    "agentd-inprocess-shm": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd-preload": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd": [sys.executable, "-m", "agentd", "run"],
     "agentd-spawn": [sys.executable, "-m", "agentd", "run", "--no-preload"],
@@ -92,6 +95,7 @@ def run_once(
             env["BENCH_MODEL_MB"] = str(model_mb)
         env["BENCH_DEVICE"] = device
         env["BENCH_STANDBY_WAIT"] = STANDBY_WAIT.get(name, "")
+        env.update(LAUNCHER_ENV.get(name, {}))
         log = Path(tmp) / "launcher.log"
         with open(log, "wb") as output:
             launched = time.time()
@@ -135,7 +139,13 @@ def cause(log: Path) -> str:
 
 PHASES: dict[str, dict[str, list[float]]] = {}
 """In-process runs: seconds from the crash to each phase of the new rank 0, by launcher."""
-STANDBY_WAIT = {"agentd-inprocess": "1", "agentd-inprocess-cuda": "cuda"}
+LAUNCHER_ENV = {"agentd-inprocess-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"}}
+"""What a launcher's workers have in their environment besides."""
+STANDBY_WAIT = {
+    "agentd-inprocess": "1",
+    "agentd-inprocess-cuda": "cuda",
+    "agentd-inprocess-shm": "1",
+}
 """What rank 0 waits for before it crashes (``recovery_inprocess_worker.py``): the
 standby of its slot, with its CUDA ready for ``-cuda``; ``-cold`` keeps none."""
 

@@ -2,7 +2,8 @@
 # The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in at most 9.5 minutes
 # (about 6 expected), ending in one table: the tests, a CUDA-ready standby's memory, the
 # one-rank NCCL restart and its abort (with NCCL's monitoring thread on and off), and the
-# in-process recovery with CUDA-ready standbys, plain standbys, none, and new processes.
+# in-process recovery with CUDA-ready standbys, plain standbys (the survivors' state handed
+# over through the process group, then through shared memory), none, and new processes.
 # Each step's timeout keeps the whole under the device tool's 10 minutes a command. Run
 # from the repository root, agentd from its source tree:
 #
@@ -38,8 +39,9 @@ PY
 } 2>&1 | tee "$out/machine.txt"
 
 step "tests/gpu (and the in-process tests that reproduce the GPU's slow exit on CPU)"
-timeout 200 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
-    tests/inprocess/test_restart.py -k "gpu or GPU or lags or fallback or nccl or standby" 2>&1 \
+timeout 190 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
+    tests/inprocess/test_restart.py tests/inprocess/test_handover.py \
+    -k "gpu or GPU or lags or fallback or nccl or standby or route" 2>&1 \
     | tee "$out/tests.txt" | grep -v "^PASSED\|^SKIPPED" | tail -30
 
 device=cuda
@@ -70,12 +72,12 @@ if [ "$device" = cuda ]; then
     nccl_run default
     nccl_run no-monitor TORCH_NCCL_ENABLE_MONITORING=0
 fi
-step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready, standbys, none, new processes"
+step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready, standbys (the state through the group, then shared memory), none, new processes"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
-standby=agentd-inprocess-cuda,agentd-inprocess
-[ "$device" = cuda ] || standby=agentd-inprocess  # without a GPU no standby's CUDA is ever ready
-bench 150 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
-bench 90 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
+standby=agentd-inprocess-cuda,agentd-inprocess,agentd-inprocess-shm
+[ "$device" = cuda ] || standby=agentd-inprocess,agentd-inprocess-shm  # no CUDA ever ready
+bench 170 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
+bench 80 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
 
 step "summary"
 "$py" - "$out" <<'PY'

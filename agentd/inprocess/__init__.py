@@ -30,10 +30,21 @@ _EXPORTS = {
     "Interrupted": "agentd.inprocess.worker",
     "sync": "agentd.inprocess.state",
     "sync_object": "agentd.inprocess.state",
+    "last_sync": "agentd.inprocess.state",
+    "Synced": "agentd.inprocess.state",
 }
-__all__ = ["Interrupted", "Restart", "current", "run", "sync", "sync_object"]
+__all__ = [
+    "Interrupted",
+    "Restart",
+    "Synced",
+    "current",
+    "last_sync",
+    "run",
+    "sync",
+    "sync_object",
+]
 __getattr__ = lazy_getattr(__name__, globals(), _EXPORTS)
 
 if TYPE_CHECKING:
-    from agentd.inprocess.state import sync, sync_object
+    from agentd.inprocess.state import Synced, last_sync, sync, sync_object
     from agentd.inprocess.worker import Interrupted, Restart, current, run

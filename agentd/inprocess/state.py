@@ -6,11 +6,31 @@ or when no rank was replaced, they do nothing and communicate nothing.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentd.inprocess.worker import current
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Synced:
+    """How this rank's last :func:`sync` that handed state over went: ``route`` is
+    ``"shared memory"`` where its tensors were copied on each host, ``"process group"``
+    where they were sent or broadcast through it; ``seconds``, its time in the call."""
+
+    route: str
+    seconds: float
+
+
+_last: Synced | None = None
+
+
+def last_sync() -> Synced | None:
+    """This process's last :func:`sync` that handed state over (None: none has)."""
+    return _last
 
 
 def sync(*objects: Any) -> bool:
@@ -19,12 +39,15 @@ def sync(*objects: Any) -> bool:
     ``load_state_dict()`` (an optimizer, an LR scheduler, a grad scaler) as one pickled
     state dict, since a new rank's may have another shape (no momentum buffers yet).
 
-    Tensors in host memory under gloo go only where they are needed: every rank first
-    shares a digest of them, and only the new ranks and any survivor whose digest differs
-    from the source's (it missed an optimizer step, say) receive them, point to point.
-    Tensors on a GPU are broadcast to every rank (gloo's broadcast stages them through
-    host memory faster than a send does: 222 against 481 ms for 256 MiB to 1 of 4 ranks
-    on an H200), and so is everything under NCCL.
+    Under gloo the tensors go only where they are needed: every rank first shares a
+    digest of them, and only the new ranks and any survivor whose digest differs from the
+    source's (it missed an optimizer step, say) receive them: tensors in host memory
+    point to point from the source; tensors on a GPU in a broadcast to every rank (gloo's
+    broadcast stages them through host memory faster than a send does: 222 against 481 ms
+    for 256 MiB to 1 of 4 ranks on an H200). With ``AGENTD_SYNC_SHARED_MEMORY=1``, where
+    each receiver has a rank holding the source's state on its host, that rank writes
+    them once into shared memory and they copy them from there
+    (:mod:`agentd.inprocess.handover`). Under NCCL everything is broadcast.
 
     Returns whether the ranks now share a kept rank's state: False when no rank kept its
     process (:attr:`~agentd.inprocess.Restart.fresh`: the first attempt, or a restart in
@@ -36,6 +59,8 @@ def sync(*objects: Any) -> bool:
     import torch
     import torch.distributed as dist
 
+    global _last
+    began = time.perf_counter()
     tensors: list[Any] = []
     stateful: list[Any] = []
     for obj in objects:
@@ -52,12 +77,17 @@ def sync(*objects: Any) -> bool:
             )
     with torch.no_grad():
         gloo = dist.get_backend() == "gloo"
+        digests: list[float] = []
+        route = "process group"
+        if gloo and tensors:
+            tensors, digests = _hand_over_on_each_host(tensors, source)
+            route = "process group" if tensors else "shared memory"
         on_host: list[Any] = []
         broadcast: list[Any] = []
         for tensor in tensors:
             (on_host if gloo and tensor.device.type == "cpu" else broadcast).append(tensor)
         if on_host:
-            _send_to_those_who_differ(on_host, source)
+            _send_to_those_who_differ(on_host, source, digests)
         for tensor in broadcast:
             dist.broadcast(tensor, src=source)
         for obj in stateful:
@@ -65,6 +95,7 @@ def sync(*objects: Any) -> bool:
             dist.broadcast_object_list(box, src=source)
             if dist.get_rank() != source:
                 obj.load_state_dict(box[0])
+    _last = Synced(route, time.perf_counter() - began)
     return True
 
 
@@ -80,13 +111,29 @@ def _digest(tensors: list[Any]) -> float:
     return total
 
 
-def _send_to_those_who_differ(tensors: list[Any], source: int) -> None:
+def _hand_over_on_each_host(tensors: list[Any], source: int) -> tuple[list[Any], list[float]]:
+    """Hand ``tensors`` over through shared memory where every receiver has a holder of
+    the source's state on its host: then none are left to send. Else all of them, with
+    every rank's digest."""
+    import torch.distributed as dist
+
+    from agentd.inprocess import handover
+
+    peers: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peers, handover.me(_digest(tensors)))
+    writers = handover.plan(peers, source, set(current().replaced))
+    if writers is not None and handover.hand_over(tensors, peers, writers):
+        return [], []
+    return tensors, [peer.digest for peer in peers]
+
+
+def _send_to_those_who_differ(tensors: list[Any], source: int, digests: list[float]) -> None:
+    """Send ``tensors`` from ``source`` to the ranks that are new or whose ``digests``
+    (every rank's, of all the tensors synced) differ from the source's."""
     import torch
     import torch.distributed as dist
 
     rank, replaced = dist.get_rank(), set(current().replaced)
-    digests: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, _digest(tensors))
     receivers = [
         r for r, d in enumerate(digests) if r != source and (r in replaced or d != digests[source])
     ]

@@ -21,7 +21,12 @@ JOB = str(TESTS / "workers" / "torch_inprocess.py")
 
 
 def train(
-    tmp_path: Path, name: str, *crash: str, flags: tuple[str, ...] = (), standby: bool = True
+    tmp_path: Path,
+    name: str,
+    *crash: str,
+    flags: tuple[str, ...] = (),
+    standby: bool = True,
+    env: dict[str, str] | None = None,
 ) -> dict[int, dict]:
     out = tmp_path / name
     out.mkdir()
@@ -43,8 +48,8 @@ def train(
         "12",
         *crash,
     ]
-    env = {**os.environ, "TEST_WAIT_STANDBY": "1" if standby else ""}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    full = {**os.environ, "TEST_WAIT_STANDBY": "1" if standby else "", **(env or {})}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=full)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
@@ -67,14 +72,20 @@ def test_a_crashed_rank_is_replaced_and_the_others_keep_training_in_process(tmp_
     crash = json.loads((tmp_path / "crashed" / "crash.json").read_text())
     assert crash["standby"] is not None and crashed[2]["pid"] == crash["standby"]
     assert crashed[2]["started"] < crash["since_boot"]
+    assert {r["synced"] for r in crashed.values()} == {"process group"}  # the default
+    assert plain[0]["synced"] is None  # nothing was ever handed over
 
 
 @pytest.mark.timeout(300)
 def test_without_standby_workers_the_new_rank_is_forked_after_the_failure(tmp_path):
     """``--standby-workers 0``: the zygote keeps none, so the lost rank's process is
-    forked once it is lost (the test above would fail on its standby check)."""
-    crashed = train(tmp_path, "cold", "5", flags=("--standby-workers", "0"), standby=False)
+    forked once it is lost (the test above would fail on its standby check). With
+    ``AGENTD_SYNC_SHARED_MEMORY=1``, the state goes through shared memory: on one host,
+    rank 0 writes it once, and ranks 2 and 3 (it drifted) copy it from there."""
+    on = {"AGENTD_SYNC_SHARED_MEMORY": "1"}
+    crashed = train(tmp_path, "cold", "5", flags=("--standby-workers", "0"), standby=False, env=on)
     crash = json.loads((tmp_path / "cold" / "crash.json").read_text())
     assert crash["standby"] is None
     assert crashed[2]["calls"] == 1 and crashed[2]["started"] >= crash["since_boot"] - 0.01
     assert all(r["weights"] == crashed[0]["weights"] for r in crashed.values())
+    assert {r["synced"] for r in crashed.values()} == {"shared memory"}

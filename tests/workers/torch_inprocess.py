@@ -7,9 +7,9 @@ change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writ
 which it first waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set (``cuda``: until
 its CUDA is ready; then also the GPU memory it holds, in MiB). Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
-it saw, the model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
-``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
-allocator held at the end of each call.
+it saw, how its last ``sync()`` handed state over, the model's weights and, with the
+model on a GPU (``TEST_DEVICE=cuda``, with ``TEST_BALLAST_MB`` more MiB held there, as a
+real model's would be), the CUDA memory its allocator held at the end of each call.
 """
 
 import json
@@ -128,6 +128,7 @@ report = {
     "calls": state["calls"],
     "restart": inprocess.current().count,
     "teardown_s": inprocess.current().teardown_s,
+    "synced": getattr(inprocess.last_sync(), "route", None),
     "restart_count": os.environ["TORCHELASTIC_RESTART_COUNT"],
     "weights": [round(v, 6) for v in torch.cat([p.flatten() for p in model.parameters()]).tolist()],
     "allocated": allocated,

@@ -1,0 +1,85 @@
+"""The survivors' tensors handed to new ranks: the plan, the segment's layout, and two
+real gloo ranks through each route (shared memory, and the fallbacks to the group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentd.inprocess import handover
+from agentd.inprocess.handover import Peer, plan
+from tests.conftest import TESTS
+
+
+def peer(place: str | None, digest: float = 1.0) -> Peer:
+    return Peer(place, digest, 100, "t")
+
+
+def test_each_receiver_reads_from_the_lowest_holder_of_the_state_on_its_host():
+    peers = [peer("a"), peer("a"), peer("a"), peer("b", 2.0), peer("b"), peer("b")]
+    # rank 2 is new, rank 3 drifted: rank 0 writes for host a, rank 4 for host b
+    assert plan(peers, source=0, replaced={2}) == {0: [2], 4: [3]}
+    assert plan(peers, source=1, replaced={2, 5}) == {0: [2], 4: [3, 5]}
+
+
+def test_a_receiver_without_a_holder_beside_it_sends_every_rank_to_the_group():
+    assert plan([peer("a"), peer("b")], source=0, replaced={1}) is None
+    assert plan([peer("a"), peer(None)], source=0, replaced={1}) is None  # not switched on
+    assert plan([peer(None), peer("a"), peer("a")], source=0, replaced={1, 2}) is None
+    # a holder that is not the source will do, and a drifted one is no holder
+    assert plan([peer("a"), peer("b"), peer("b")], source=0, replaced={2}) == {1: [2]}
+    assert plan([peer("a"), peer("b", 3.0), peer("b")], source=0, replaced={2}) is None
+
+
+def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import torch
+
+    monkeypatch.setattr(handover, "SHM_DIR", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / f"{handover.PREFIX}{gone.pid}-abc").write_bytes(b"x")
+    (tmp_path / f"{handover.PREFIX}{os.getpid()}-live").write_bytes(b"x")  # alive: kept
+    made = tmp_path / f"{handover.PREFIX}{os.getpid()}-new"
+    assert handover._write(str(made), [torch.ones(3)]) == "ok"
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"{handover.PREFIX}{os.getpid()}-live", made.name]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    script = str(TESTS / "workers" / "torch_handover.py")
+    init = str(tmp_path / "init")
+    env = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV}
+    env["TEST_DEVICE"] = device
+    procs = [
+        subprocess.Popen([sys.executable, script, str(r), init, str(tmp_path)], env=env)
+        for r in (0, 1)
+    ]
+    try:
+        assert [p.wait(timeout=100) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    routes = {
+        "shared memory": "shared memory",
+        "no /dev/shm on the writer": "process group",
+        "switched off on rank 1": "process group",
+    }
+    for name, route in routes.items():
+        assert [r[name]["route"] for r in reports] == [route, route], name
+        assert reports[1][name]["equal"], name  # rank 1 now holds rank 0's tensors
+        assert reports[1][name]["contiguous"][1] is False  # copied in place, not replaced
+    assert not [p for p in Path("/dev/shm").glob(f"{handover.PREFIX}{procs[0].pid}-*")]

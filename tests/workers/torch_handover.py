@@ -1,0 +1,60 @@
+"""Two gloo ranks hand tensors over by each route: ``torch_handover.py RANK INIT_FILE OUT``.
+
+Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. Three
+rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory; with rank 0's
+``/dev/shm`` missing (its segment cannot be made: both fall back); with the switch off
+on rank 1 only. Each rank
+writes ``OUT/<RANK>.json``: per round, the route and whether rank 1's tensors (of several
+dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``, the CPU by default) equal
+rank 0's.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import agentd.inprocess as inprocess
+from agentd.inprocess import handover, worker
+
+rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+worker._current = worker.Restart(count=1, replaced=(1,), source=0, fresh=False)
+
+
+device = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
+
+
+def tensors(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(300, 7, generator=g).to(device),
+        torch.randn(5, 9, generator=g).to(device).t(),  # not contiguous
+        torch.randint(0, 1 << 40, (33,), generator=g).to(device),
+        torch.rand(17, generator=g).to(device) > 0.5,
+        torch.randn(64, generator=g).to(torch.bfloat16).to(device),
+        torch.empty(0, device=device),
+    ]
+
+
+rounds = {}
+for name in ("shared memory", "no /dev/shm on the writer", "switched off on rank 1"):
+    os.environ[handover.SWITCH_ENV] = "1"
+    handover.SHM_DIR = "/dev/shm"
+    if name == "no /dev/shm on the writer" and rank == 0:
+        handover.SHM_DIR = os.path.join(out, "missing")
+    if name == "switched off on rank 1" and rank == 1:
+        os.environ[handover.SWITCH_ENV] = "0"
+    mine = tensors(seed=rank)
+    inprocess.sync(*mine)
+    expected = tensors(seed=0)
+    rounds[name] = {
+        "route": inprocess.last_sync().route,
+        "equal": all(torch.equal(a, b) for a, b in zip(mine, expected, strict=True)),
+        "contiguous": [t.is_contiguous() for t in mine],
+    }
+dist.destroy_process_group()
+with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+    json.dump(rounds, fp)
