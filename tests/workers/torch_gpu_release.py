@@ -1,8 +1,8 @@
 """Stopped workers' GPU memory, seen by the next attempt: ``torch_gpu_release.py OUT``.
 
-On attempt 0 each of two ranks holds 35% of GPU 0's memory and records its pid (together
-more than the GPU has left free: the next attempt cannot start beside them); rank 1 then
-dies and rank 0 waits to be stopped. On attempt 1 each rank asks NVML which processes
+On attempt 0 rank 0 holds 60% of GPU 0's memory and rank 1 5%, and each records its pid;
+rank 1 then dies and rank 0 waits to be stopped. What rank 0 holds is more than the GPU
+has free beside it: the next attempt cannot start until it is released. On attempt 1 each rank asks NVML which processes
 hold memory on the GPU and writes ``OUT/seen<RANK>.json``: the old pids among them (the
 agent must have waited until there are none).
 """
@@ -20,7 +20,8 @@ out = sys.argv[1]
 rank = os.environ["RANK"]
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     _, total = torch.cuda.mem_get_info()
-    ballast = torch.ones(int(total * 0.35) // 4, device="cuda")  # float32: 35% of the GPU
+    share = 0.6 if rank == "0" else 0.05
+    ballast = torch.ones(int(total * share) // 4, device="cuda")  # float32
     torch.cuda.synchronize()
     with open(os.path.join(out, f"pid{rank}"), "w") as fp:
         fp.write(str(os.getpid()))
