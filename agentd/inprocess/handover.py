@@ -99,20 +99,26 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
         path = os.path.join(SHM_DIR, f"{PREFIX}{peers[rank].pid}-{peers[rank].token}")
         made = _write(path, tensors)
     written: list[Any] = [None] * world
-    dist.all_gather_object(written, made)
-    fd: int | None = None
-    opened: str | None = "ok"
-    if all(written[w] == "ok" for w in writers) and mine is not None:
-        theirs = os.path.join(SHM_DIR, f"{PREFIX}{peers[mine].pid}-{peers[mine].token}")
-        try:
-            fd = os.open(theirs, os.O_RDONLY)
-        except OSError as exc:
-            opened = f"{theirs}: {exc.strerror}"
     answers: list[Any] = [None] * world
-    dist.all_gather_object(answers, opened)
-    if path is not None and made == "ok":  # its receivers have it open
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    fd: int | None = None
+    try:
+        dist.all_gather_object(written, made)
+        opened: str | None = "ok"
+        if all(written[w] == "ok" for w in writers) and mine is not None:
+            theirs = os.path.join(SHM_DIR, f"{PREFIX}{peers[mine].pid}-{peers[mine].token}")
+            try:
+                fd = os.open(theirs, os.O_RDONLY)
+            except OSError as exc:
+                opened = f"{theirs}: {exc.strerror}"
+        dist.all_gather_object(answers, opened)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    finally:  # its receivers have it open, or the hand-over failed (a peer died, say)
+        if path is not None and made == "ok":
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     ok = all(written[w] == "ok" for w in writers) and all(a == "ok" for a in answers)
     if fd is not None:
         try:

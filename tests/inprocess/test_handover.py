@@ -83,3 +83,28 @@ def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
         assert reports[1][name]["equal"], name  # rank 1 now holds rank 0's tensors
         assert reports[1][name]["contiguous"][1] is False  # copied in place, not replaced
     assert not [p for p in Path("/dev/shm").glob(f"{handover.PREFIX}{procs[0].pid}-*")]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_a_receiver_that_dies_leaves_no_segment_behind(tmp_path):
+    """The writer's peer dies during the hand-over: its sync() fails as the group does,
+    and its segment (256 bytes here, a model's size on a real job) is gone all the same."""
+    pytest.importorskip("torch")
+    script = str(TESTS / "workers" / "torch_handover.py")
+    env = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV}
+    init = str(tmp_path / "init")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(r), init, str(tmp_path), "receiver-dies"], env=env
+        )
+        for r in (0, 1)
+    ]
+    try:
+        assert [p.wait(timeout=100) for p in procs] == [0, 3]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    report = json.loads((tmp_path / "0.json").read_text())
+    assert report["failure"] and report["left"] == [], report

@@ -2,9 +2,10 @@
 
 On attempt 0 rank 0 holds 60% of GPU 0's memory and rank 1 5%, and each records its pid;
 rank 1 then dies and rank 0 waits to be stopped. What rank 0 holds is more than the GPU
-has free beside it: the next attempt cannot start until it is released. On attempt 1 each rank asks NVML which processes
-hold memory on the GPU and writes ``OUT/seen<RANK>.json``: the old pids among them (the
-agent must have waited until there are none).
+has free beside it: the next attempt cannot start until it is released. On attempt 1
+each rank asks NVML which processes hold memory on the GPU and writes
+``OUT/seen<RANK>.json``: the old pids among them (the agent must have waited until there
+are none).
 """
 
 import json

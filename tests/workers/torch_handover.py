@@ -1,4 +1,5 @@
-"""Two gloo ranks hand tensors over by each route: ``torch_handover.py RANK INIT_FILE OUT``.
+"""Two gloo ranks hand tensors over by each route: ``torch_handover.py RANK INIT_FILE OUT
+[receiver-dies]``.
 
 Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. Three
 rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory; with rank 0's
@@ -6,7 +7,8 @@ rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory; with rank 0
 on rank 1 only. Each rank
 writes ``OUT/<RANK>.json``: per round, the route and whether rank 1's tensors (of several
 dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``, the CPU by default) equal
-rank 0's.
+rank 0's. With ``receiver-dies``, rank 1 dies as it would open rank 0's segment, and rank
+0 writes how its ``sync()`` failed and which of its segments are left in ``/dev/shm``.
 """
 
 import json
@@ -38,6 +40,21 @@ def tensors(seed: int) -> list[torch.Tensor]:
         torch.empty(0, device=device),
     ]
 
+
+if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's segment
+    os.environ[handover.SWITCH_ENV] = "1"
+    if rank == 1:
+        handover.os.open = lambda *args, **kwargs: os._exit(3)
+    try:
+        inprocess.sync(*tensors(seed=rank))
+    except Exception as exc:  # the group's failure, seen by the survivor
+        failure = f"{type(exc).__name__}: {exc}"
+    else:
+        failure = ""
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"{handover.PREFIX}{os.getpid()}-")]
+    with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+        json.dump({"failure": failure, "left": left}, fp)
+    sys.exit(0)
 
 rounds = {}
 for name in ("shared memory", "no /dev/shm on the writer", "switched off on rank 1"):
