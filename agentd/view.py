@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 class Helpers(Protocol):
     """The agent's process hygiene, for a service that spawns a helper process: the agent
     reaps orphans, so a helper's exit status must be left to the service that waits for it
-    (spawn inside :meth:`spawning`, :meth:`own` the pid, :meth:`disown` it once reaped)."""
+    (spawn inside :meth:`spawning`, :meth:`own` the pid, :meth:`disown` it once reaped:
+    :func:`agentd.support.owned.owned` does all three)."""
 
     def spawning(self) -> AbstractContextManager[None]: ...
 

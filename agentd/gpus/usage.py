@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentd.gpus import nvidia_smi
+from agentd.support.owned import owned
 from agentd.support.secrets import child_env
 
 if TYPE_CHECKING:
@@ -106,34 +107,28 @@ class NvidiaSmiUsage:
         return parse_readings(gpus, apps)
 
     async def _query(self, query: tuple[str, str]) -> str | None:
-        helpers = self._helpers
+        start = asyncio.create_subprocess_exec(
+            self.path,
+            *query,
+            env=child_env(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
-            with helpers.spawning() if helpers is not None else contextlib.nullcontext():
-                proc = await asyncio.create_subprocess_exec(
-                    self.path,
-                    *query,
-                    env=child_env(),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-                if helpers is not None:
-                    helpers.own(proc.pid)
+            async with owned(self._helpers, start) as proc:
+                try:
+                    async with asyncio.timeout(NVIDIA_SMI_TIMEOUT):
+                        out, err = await proc.communicate()
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+                    log.warning("%s did not answer within %.0fs", self.path, NVIDIA_SMI_TIMEOUT)
+                    return None
         except OSError as exc:
             log.warning("Could not run %s: %s", self.path, exc)
             return None
-        try:
-            async with asyncio.timeout(NVIDIA_SMI_TIMEOUT):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            log.warning("%s did not answer within %.0fs", self.path, NVIDIA_SMI_TIMEOUT)
-            return None
-        finally:
-            if helpers is not None and proc.returncode is not None:
-                helpers.disown(proc.pid)
         if proc.returncode != 0:
             why = err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"]
             log.warning("%s %s failed: %s", self.path, query[0], why[-1])

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentd.support.owned import owned
 from agentd.support.secrets import child_env
 
 if TYPE_CHECKING:
@@ -198,29 +199,24 @@ def _append(path: Path, text: str) -> None:
 
 
 async def _py_spy(py_spy: str, target: DumpTarget, helpers: Helpers | None) -> str:
-    with helpers.spawning() if helpers is not None else contextlib.nullcontext():
-        proc = await asyncio.create_subprocess_exec(
-            py_spy,
-            "dump",
-            "--pid",
-            str(target.pid),
-            env=child_env(),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        if helpers is not None:
-            helpers.own(proc.pid)
-    try:
-        async with asyncio.timeout(PY_SPY_TIMEOUT):
-            out, _ = await proc.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        return "py-spy failed: timed out"
-    finally:
-        if helpers is not None and proc.returncode is not None:
-            helpers.disown(proc.pid)
+    start = asyncio.create_subprocess_exec(
+        py_spy,
+        "dump",
+        "--pid",
+        str(target.pid),
+        env=child_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    async with owned(helpers, start) as proc:
+        try:
+            async with asyncio.timeout(PY_SPY_TIMEOUT):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return "py-spy failed: timed out"
     return out.decode(errors="replace")
 
 

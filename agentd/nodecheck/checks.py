@@ -20,11 +20,11 @@ import re
 import shutil
 import signal
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from agentd.support.owned import owned
 from agentd.support.secrets import child_env
 from agentd.view import Helpers
 
@@ -129,33 +129,28 @@ class CommandCheck:
         from agentd.workers.processes import use_pidfd_child_watcher
 
         use_pidfd_child_watcher()
-        helpers = self.helpers
+        start = asyncio.create_subprocess_shell(
+            self.name,
+            env=child_env(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            with helpers.spawning() if helpers is not None else nullcontext():
-                proc = await asyncio.create_subprocess_shell(
-                    self.name,
-                    env=child_env(),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                if helpers is not None:
-                    helpers.own(proc.pid)
+            async with owned(self.helpers, start) as proc:
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        output, _ = await proc.communicate()
+                except TimeoutError:
+                    return CheckResult(self.name, False, f"no answer within {self._timeout:g}s")
+                finally:
+                    if proc.returncode is None:  # timed out or cancelled: nothing of it stays
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        await asyncio.shield(proc.wait())
         except OSError as exc:
             return CheckResult(self.name, False, f"could not run: {exc.strerror}")
-        try:
-            async with asyncio.timeout(self._timeout):
-                output, _ = await proc.communicate()
-        except TimeoutError:
-            return CheckResult(self.name, False, f"no answer within {self._timeout:g}s")
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: nothing of it stays
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.shield(proc.wait())
-            if helpers is not None:
-                helpers.disown(proc.pid)
         text = output.decode(errors="replace").strip()
         lines = text.splitlines()
         last = lines[-1][:200] if lines else ""
