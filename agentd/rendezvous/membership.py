@@ -21,7 +21,10 @@ has not failed, reached the store's host (TCP would have given up on bytes it co
 deliver). Such a store is not serving anyone (it reads every connection as it runs), so
 it cannot expire us either (its TTLs run on serving time): the lease is extended in short
 steps while that holds, and ends the moment the connection fails (a partition, a dead
-store). The extension is bounded: never past one TTL after the held heartbeat was sent,
+store), and only when every heartbeat since the last confirmed one reached the store: after
+a failed one (a partition of ours) the others may have failed over meanwhile, and a held
+heartbeat proves nothing of that. The extension is bounded: never past one TTL after the
+held heartbeat was sent,
 the lease that heartbeat would have given had it been answered at once. A store that
 serves others while it holds ours (a failover under way, a handler stuck on our
 connection) may expire us on that clock, so no proof lets a lease run longer. When the
@@ -169,11 +172,17 @@ class Membership:
                     await self._changed.wait()
 
     def _delivered(self) -> bool:
-        """A heartbeat reached the frozen store's host and waits there, unanswered."""
+        """A heartbeat reached the frozen store's host and waits there, unanswered, and
+        every heartbeat since the last one confirmed reached it too. After a failed one
+        (a partition of ours, say), a held heartbeat proves nothing of what the others
+        did meanwhile: they may have failed over and fenced the round we held on a
+        clock that ends before this heartbeat's TTL would (seed 39 of
+        ``tests/sim/test_failover.py``: a worker went on beside its rank's successor)."""
         pending = self._pending_since
         return (
             self._extendable
             and pending is not None
+            and self._failing_since is None
             and time.monotonic() - pending >= DELIVERED_AFTER
         )
 

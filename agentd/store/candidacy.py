@@ -205,8 +205,9 @@ class Candidacy:
         return f"the candidate at {self.endpoint} stands by (term {self.term}); it does not serve"
 
     async def _look_for_successor(self) -> None:
+        body = {"endpoints": list(self.endpoints)} if self.growing else None
         while self.serving and time.monotonic() < self._look_until:
-            for report in await self._prober.roles(self.term, skip=self.index):
+            for report in await self._prober.roles(self.term, skip=self.index, body=body):
                 if report.serving and (report.term, -report.index) > (self.term, -self.index):
                     self._step_down(f"{report.endpoint} serves under term {report.term}")
                     self.term = max(self.term, report.term)

@@ -12,7 +12,7 @@ and the rendezvous re-forms its round there.
 With a growing list (``growing``; see :mod:`agentd.store.standby`), it starts with the
 seed alone and talks to it as to a single store. Every answer says how long the server's
 list is; when it is longer than ours, one ``role`` request fetches it, and from then on a
-lost server is failed over as above.
+lost server is failed over as above. Its role and promote requests carry the list.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class FailoverStore:
             backoff = Backoff(self._retry_timeout, initial=0.1, maximum=1.0)
             self._prober.token = self.token or ""
             while True:
-                reports = await self._prober.roles(self.term)
+                reports = await self._prober.roles(self.term, body=self._list())
                 self._adopt(max(report.term for report in reports))
                 if self._grow(reports):
                     continue  # ask the candidates we did not know of too
@@ -258,12 +258,13 @@ class FailoverStore:
         early = self.serving is None and self.failovers == 0 and not self._moves
         if early and first.index > 0 and time.monotonic() - self._started < STARTUP_GRACE:
             return None  # the lower ones may just not have started yet
-        body: dict[str, Any] = {"term": self.term + 1}
-        if self.growing:
-            body["endpoints"] = list(self.endpoints)
+        body = {"term": self.term + 1, **self._list()}
         promoted = await self._prober.ask(first.index, "promote", body, self.term)
         self._adopt(promoted.term)
         return promoted if promoted.serving else None
+
+    def _list(self) -> dict[str, Any]:  # a candidate a search steps down learns it too
+        return {"endpoints": list(self.endpoints)} if self.growing else {}
 
     def _move(self, old: int | None, found: RoleReport, why: str) -> None:
         self.failed.pop(found.endpoint, None)

@@ -156,6 +156,33 @@ async def test_a_heartbeat_told_the_seed_stands_by_moves_its_lone_client_at_once
     assert await lone.heartbeat("moved", 5.0) is True  # only the job's server holds it
 
 
+async def test_a_search_that_steps_the_restarted_seed_down_teaches_it_the_list(job):
+    """A client that has seen term 2 and looks for the server asks the restarted seed
+    too: the seed steps down and learns the list from that one request, so its own lone
+    client follows at its first failed heartbeat. Before, the list came with the new
+    server's next word, up to 2 s later (a chaos test saw heartbeats fail twice
+    meanwhile, the second a WARNING)."""
+    first, member = await job.member(2)
+    await job.server.stop()
+    await first.set("moved", b"1")  # promotes the member, under term 2
+    assert member.server is not None and member.server.candidacy._telling is not None
+    member.server.candidacy._telling.cancel()  # its word to the seed comes too late here
+    restarted = await job.start_seed()
+    lone = job.client()
+    await lone.set("mine", b"1")
+    assert restarted.candidacy.serving and restarted.candidacy.endpoints == (job.seed,)
+    await first._find_server(first._moves, "a search")  # one round of role requests
+    assert restarted.candidacy.role == "standby" and restarted.candidacy.term == 2
+    assert restarted.candidacy.endpoints == first.endpoints
+    with pytest.raises(StoreNotServing):
+        await lone.heartbeat("mine", 5.0)
+    for _ in range(40):
+        if lone.failovers:
+            break
+        await asyncio.sleep(0.05)
+    assert lone.endpoints[lone.serving] == f"127.0.0.2:{job.port}" and lone.term == 2
+
+
 async def test_the_list_stops_growing_at_its_limit(job):
     members = [await job.member(number) for number in range(2, MAX_CANDIDATES + 2)]
     admitted = [standby for _, standby in members if standby.server is not None]
