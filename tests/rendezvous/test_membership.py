@@ -118,6 +118,47 @@ async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most
     assert m.expired() == why
 
 
+class FailsThenHolds(HoldsHeartbeats):
+    """A store our first heartbeat cannot reach (a partition of ours) and that holds the
+    next one (it froze): meanwhile the others may have failed over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    async def heartbeat(self, key: str, ttl: float) -> bool:
+        from agentd.store.api import StoreUnavailable
+
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailable("unreachable: a partition")
+        return await super().heartbeat(key, ttl)
+
+
+async def test_a_heartbeat_held_after_a_failed_one_extends_nothing(monkeypatch):
+    """Seed 39 of the failover simulation: the held heartbeat was sent after another agent
+    had promoted the next candidate, and its TTL outlasted the new store's fence for the
+    round: the others re-formed over this agent's live worker. The lease now ends on the
+    last confirmed heartbeat's clock."""
+    import agentd.rendezvous.membership as membership_module
+
+    monkeypatch.setattr(membership_module, "DELIVERED_AFTER", 0.1)
+    store = FailsThenHolds()
+    m = membership(store, ttl=1.0, interval=0.2)
+    deadlines: list[float] = []
+    m.on_lease(lambda d: deadlines.append(d) if d is not None else None)
+    await m.announce()
+    m.member = True
+    m.start()
+    try:
+        why = await asyncio.wait_for(m.lost(), 5)
+    finally:
+        await m.stop()
+    assert store.failed and store.held_since is not None
+    assert deadlines == deadlines[:1]  # never extended
+    assert "unreachable since" in why
+
+
 class AnswersLate(MemoryStore):
     """A store that reads our heartbeat at once (the key is gone: it restarted or failed
     over) but answers only once the test lets it: the TLS failover test's survivor
