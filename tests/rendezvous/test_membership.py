@@ -93,14 +93,12 @@ class HoldsHeartbeats(MemoryStore):
         raise AssertionError("never answered")
 
 
-async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most(monkeypatch):
-    """Before, the lease was extended a second at a time for as long as the store held the
-    heartbeat: with a 6 s TTL the agent was still a member after 14 s, while the others
-    could fail over and give its ranks away."""
+async def until_lost(store: MemoryStore, monkeypatch) -> tuple[Membership, str, list[float]]:
+    """A member of ``store`` (TTL 1 s, a held heartbeat proven after 0.1 s) until its
+    membership is lost: it, why, and every deadline its lease had."""
     import agentd.rendezvous.membership as membership_module
 
     monkeypatch.setattr(membership_module, "DELIVERED_AFTER", 0.1)
-    store = HoldsHeartbeats()
     m = membership(store, ttl=1.0, interval=0.2)
     deadlines: list[float] = []
     m.on_lease(lambda d: deadlines.append(d) if d is not None else None)
@@ -111,6 +109,15 @@ async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most
         why = await asyncio.wait_for(m.lost(), 5)
     finally:
         await m.stop()
+    return m, why, deadlines
+
+
+async def test_a_held_heartbeat_extends_the_lease_one_ttl_after_its_send_at_most(monkeypatch):
+    """Before, the lease was extended a second at a time for as long as the store held the
+    heartbeat: with a 6 s TTL the agent was still a member after 14 s, while the others
+    could fail over and give its ranks away."""
+    store = HoldsHeartbeats()
+    m, why, deadlines = await until_lost(store, monkeypatch)
     assert store.held_since is not None
     assert "held the latest" in why
     assert max(deadlines) <= store.held_since + m.ttl  # never past one TTL after its send
@@ -140,20 +147,8 @@ async def test_a_heartbeat_held_after_a_failed_one_extends_nothing(monkeypatch):
     had promoted the next candidate, and its TTL outlasted the new store's fence for the
     round: the others re-formed over this agent's live worker. The lease now ends on the
     last confirmed heartbeat's clock."""
-    import agentd.rendezvous.membership as membership_module
-
-    monkeypatch.setattr(membership_module, "DELIVERED_AFTER", 0.1)
     store = FailsThenHolds()
-    m = membership(store, ttl=1.0, interval=0.2)
-    deadlines: list[float] = []
-    m.on_lease(lambda d: deadlines.append(d) if d is not None else None)
-    await m.announce()
-    m.member = True
-    m.start()
-    try:
-        why = await asyncio.wait_for(m.lost(), 5)
-    finally:
-        await m.stop()
+    _, why, deadlines = await until_lost(store, monkeypatch)
     assert store.failed and store.held_since is not None
     assert deadlines == deadlines[:1]  # never extended
     assert "unreachable since" in why
