@@ -51,6 +51,23 @@ def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypa
     assert names == [f"{handover.PREFIX}{os.getpid()}-live", made.name]
 
 
+def two_ranks(tmp_path: Path, codes: list[int], *args: str, **env: str) -> list[int]:
+    """Run ``torch_handover.py``'s two ranks with ``args`` and ``env`` until they exit
+    with ``codes``; their pids."""
+    script = str(TESTS / "workers" / "torch_handover.py")
+    full = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV} | env
+    init = str(tmp_path / "init")
+    argv = [[sys.executable, script, str(r), init, str(tmp_path), *args] for r in (0, 1)]
+    procs = [subprocess.Popen(one, env=full) for one in argv]
+    try:
+        assert [p.wait(timeout=100) for p in procs] == codes
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return [p.pid for p in procs]
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -58,20 +75,7 @@ def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
     torch = pytest.importorskip("torch")
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    script = str(TESTS / "workers" / "torch_handover.py")
-    init = str(tmp_path / "init")
-    env = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV}
-    env["TEST_DEVICE"] = device
-    procs = [
-        subprocess.Popen([sys.executable, script, str(r), init, str(tmp_path)], env=env)
-        for r in (0, 1)
-    ]
-    try:
-        assert [p.wait(timeout=100) for p in procs] == [0, 0]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    pids = two_ranks(tmp_path, [0, 0], TEST_DEVICE=device)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     routes = {
         "shared memory": "shared memory",
@@ -82,7 +86,7 @@ def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
         assert [r[name]["route"] for r in reports] == [route, route], name
         assert reports[1][name]["equal"], name  # rank 1 now holds rank 0's tensors
         assert reports[1][name]["contiguous"][1] is False  # copied in place, not replaced
-    assert not [p for p in Path("/dev/shm").glob(f"{handover.PREFIX}{procs[0].pid}-*")]
+    assert not [p for p in Path("/dev/shm").glob(f"{handover.PREFIX}{pids[0]}-*")]
 
 
 @pytest.mark.torch
@@ -91,20 +95,6 @@ def test_a_receiver_that_dies_leaves_no_segment_behind(tmp_path):
     """The writer's peer dies during the hand-over: its sync() fails as the group does,
     and its segment (256 bytes here, a model's size on a real job) is gone all the same."""
     pytest.importorskip("torch")
-    script = str(TESTS / "workers" / "torch_handover.py")
-    env = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV}
-    init = str(tmp_path / "init")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script, str(r), init, str(tmp_path), "receiver-dies"], env=env
-        )
-        for r in (0, 1)
-    ]
-    try:
-        assert [p.wait(timeout=100) for p in procs] == [0, 3]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    two_ranks(tmp_path, [0, 3], "receiver-dies")
     report = json.loads((tmp_path / "0.json").read_text())
     assert report["failure"] and report["left"] == [], report
