@@ -207,3 +207,32 @@ async def test_nvmls_processes_and_free_memory_make_one_reading():
     assert memory is not None
     assert memory.held == {7: {"0": 2048, "1": 512}, 8: {"0": 0}}
     assert memory.free == {"0": 80000, "1": 100}
+
+
+async def test_a_start_cut_short_leaves_the_wait_for_the_next_one():
+    """``settled()`` cancelled (a stop signal during the start) leaves the wait that
+    ``stopped()`` began running: the shutdown's ``settled()`` waits for it."""
+    from agentd.gpus.release import GpuRelease
+    from agentd.gpus.usage import GpuMemory
+
+    class Usage:
+        name = "a stand-in"
+        held = True
+
+        async def read(self) -> GpuMemory:
+            held = {7: {"0": 2048}} if self.held else {}
+            return GpuMemory(held=held, free={"0": 1024})
+
+    release = GpuRelease(30.0)
+    release._usage = Usage()
+    release.stopped({7})
+    start = asyncio.create_task(release.settled())
+    await asyncio.sleep(0.1)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    [wait] = release._waits
+    assert not wait.done()
+    release._usage.held = False
+    await asyncio.wait_for(release.settled(), 5)
+    assert wait.done() and release._waits == []
