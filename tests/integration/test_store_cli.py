@@ -18,6 +18,18 @@ from agentd.store.http_client import HttpStore
 from tests.conftest import free_port, wait_until
 
 
+def stops_cleanly_on_sigterm(proc: subprocess.Popen) -> None:
+    """SIGTERM the store: it exits 128+15 within 20 s."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+
+
+def kill_if_alive(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def test_store_serves_and_stops_on_sigterm(tmp_path):
     err = tmp_path / "store.err"
     with open(err, "wb") as fp:
@@ -43,15 +55,12 @@ def test_store_serves_and_stops_on_sigterm(tmp_path):
                 await client.close()
 
         assert asyncio.run(use()) == b"42"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        stops_cleanly_on_sigterm(proc)
         assert "Store stopped by SIGTERM" in err.read_text()
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
         assert f"Store: serving on {loop}'s event loop" in err.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_alive(proc)
 
 
 def test_store_runs_on_the_loop_asked_for(tmp_path):
@@ -69,12 +78,9 @@ def test_store_runs_on_the_loop_asked_for(tmp_path):
             lambda: "Store: serving on asyncio's event loop" in err.read_text(),
             what="the store on asyncio's loop",
         )
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        stops_cleanly_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_alive(proc)
 
 
 def test_a_stop_signal_as_soon_as_the_store_listens_stops_it_cleanly():
@@ -97,12 +103,9 @@ def test_a_stop_signal_as_soon_as_the_store_listens_stops_it_cleanly():
             except OSError:
                 assert time.monotonic() < deadline and proc.poll() is None, "never listened"
                 time.sleep(0.001)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        stops_cleanly_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_alive(proc)
 
 
 def test_store_refuses_a_public_address_without_a_token():
@@ -146,8 +149,7 @@ def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
         grown = (rss().rss - before) / 2**20
         assert grown < 64, f"the store grew by {grown:.0f} MiB"
     finally:
-        proc.kill()
-        proc.wait()
+        kill_if_alive(proc)
 
 
 def store_error(*args: str, token: str = "tok") -> str:
