@@ -5,13 +5,12 @@ without it, through ``nvidia-smi``. A node with neither has no GPU to watch."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentd.gpus import nvidia_smi
-from agentd.support.owned import owned
+from agentd.support.owned import output_within, owned
 from agentd.support.secrets import child_env
 
 if TYPE_CHECKING:
@@ -117,18 +116,14 @@ class NvidiaSmiUsage:
         )
         try:
             async with owned(self._helpers, start) as proc:
-                try:
-                    async with asyncio.timeout(NVIDIA_SMI_TIMEOUT):
-                        out, err = await proc.communicate()
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
-                    log.warning("%s did not answer within %.0fs", self.path, NVIDIA_SMI_TIMEOUT)
-                    return None
+                output = await output_within(proc, NVIDIA_SMI_TIMEOUT)
         except OSError as exc:
             log.warning("Could not run %s: %s", self.path, exc)
             return None
+        if output is None:
+            log.warning("%s did not answer within %.0fs", self.path, NVIDIA_SMI_TIMEOUT)
+            return None
+        out, err = output
         if proc.returncode != 0:
             why = err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"]
             log.warning("%s %s failed: %s", self.path, query[0], why[-1])

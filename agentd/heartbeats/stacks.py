@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentd.support.owned import owned
+from agentd.support.owned import output_within, owned
 from agentd.support.secrets import child_env
 
 if TYPE_CHECKING:
@@ -209,15 +209,8 @@ async def _py_spy(py_spy: str, target: DumpTarget, helpers: Helpers | None) -> s
         stderr=asyncio.subprocess.STDOUT,
     )
     async with owned(helpers, start) as proc:
-        try:
-            async with asyncio.timeout(PY_SPY_TIMEOUT):
-                out, _ = await proc.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            return "py-spy failed: timed out"
-    return out.decode(errors="replace")
+        output = await output_within(proc, PY_SPY_TIMEOUT)
+    return "py-spy failed: timed out" if output is None else output[0].decode(errors="replace")
 
 
 def parse_faulthandler(text: str) -> tuple[tuple[Frame, ...], int]:

@@ -1,17 +1,17 @@
 """Helper processes the agent runs and waits for itself (py-spy, node checks,
 nvidia-smi): the agent reaps every child it does not own on SIGCHLD, so a helper is
 started inside its owner's ``spawning()`` and owned until it has exited (the owner is
-the process hygiene: :class:`agentd.view.Helpers`)."""
+the process hygiene: :class:`agentd.view.Helpers`); :func:`output_within` reads its
+output with a deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import asyncio
-
     from agentd.view import Helpers
 
 
@@ -31,3 +31,18 @@ async def owned(
     finally:
         if owner is not None and proc.returncode is not None:
             owner.disown(proc.pid)
+
+
+async def output_within(
+    proc: asyncio.subprocess.Process, seconds: float
+) -> tuple[bytes, bytes] | None:
+    """``proc``'s stdout and stderr once it exits, or None when it has not within
+    ``seconds`` (it is killed and reaped then)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await proc.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return None
