@@ -5,8 +5,8 @@ what those GPUs have free.
 A process's GPU memory is freed as it exits, but not at once: the driver tears its
 context down (0.1-1 s), and a process of the worker's tree that the stop did not wait
 for may still hold some. New workers started on a nearly full GPU meanwhile die of CUDA
-out of memory; on a GPU with room for the stopped workers' memory twice over they do
-not, and need not wait for the teardown. :class:`GpuRelease` reads the holders and the
+out of memory; on a GPU with as much free as the stopped workers still hold there they
+do not, and need not wait for the teardown. :class:`GpuRelease` reads the holders and the
 free memory (:mod:`agentd.gpus.usage`) in the background from the stop, while the next
 round forms, until either holds, bounded; the next start waits for it
 (:meth:`GpuRelease.settled`). It logs what is still held and by which pid, and never

@@ -65,14 +65,18 @@ def me(digest: float) -> Peer:
     return Peer(this_place(), digest, os.getpid(), os.urandom(8).hex())
 
 
-def plan(peers: list[Peer], source: int, replaced: set[int]) -> dict[int, list[int]] | None:
-    """Writer rank → its receivers: each rank that is new or differs from ``source``
-    reads from the lowest rank of its place that holds the source's state. None when a
-    receiver has no such rank beside it (the process group hands the tensors over)."""
-    digest = peers[source].digest
-    receivers = [
-        r for r, p in enumerate(peers) if r != source and (r in replaced or p.digest != digest)
+def receivers_of(digests: list[float], source: int, replaced: set[int]) -> list[int]:
+    """The ranks that need ``source``'s state: the new ones, and any whose digest differs."""
+    return [
+        r for r, d in enumerate(digests) if r != source and (r in replaced or d != digests[source])
     ]
+
+
+def plan(peers: list[Peer], source: int, replaced: set[int]) -> dict[int, list[int]] | None:
+    """Writer rank → its receivers (:func:`receivers_of`): each reads from the lowest rank
+    of its place that holds the source's state. None when a receiver has no such rank
+    beside it (the process group hands the tensors over)."""
+    receivers = receivers_of([peer.digest for peer in peers], source, replaced)
     holders: dict[str, int] = {}
     for rank, peer in enumerate(peers):
         if rank not in receivers and peer.place is not None:
@@ -96,7 +100,7 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
     mine = next((w for w, rs in writers.items() if rank in rs), None)
     path, made = None, None
     if rank in writers:
-        path = os.path.join(SHM_DIR, f"{PREFIX}{peers[rank].pid}-{peers[rank].token}")
+        path = _segment(peers[rank])
         made = _write(path, tensors)
     written: list[Any] = [None] * world
     answers: list[Any] = [None] * world
@@ -105,7 +109,7 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
         dist.all_gather_object(written, made)
         opened: str | None = "ok"
         if all(written[w] == "ok" for w in writers) and mine is not None:
-            theirs = os.path.join(SHM_DIR, f"{PREFIX}{peers[mine].pid}-{peers[mine].token}")
+            theirs = _segment(peers[mine])
             try:
                 fd = os.open(theirs, os.O_RDONLY)
             except OSError as exc:
@@ -129,12 +133,18 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
     return ok
 
 
-def _layout(tensors: list[Any]) -> tuple[list[int], int]:
+def _segment(writer: Peer) -> str:
+    """The path of ``writer``'s segment (its pid first: see :func:`_remove_the_dead_ones`)."""
+    return os.path.join(SHM_DIR, f"{PREFIX}{writer.pid}-{writer.token}")
+
+
+def _offsets(tensors: list[Any]) -> list[int]:
+    """Where each tensor's bytes start in a segment (each aligned to :data:`ALIGN`)."""
     offsets, size = [], 0
     for tensor in tensors:
         offsets.append(size)
         size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
-    return offsets, size
+    return offsets
 
 
 def _bytes(tensor: Any) -> memoryview:
@@ -149,7 +159,7 @@ def _write(path: str, tensors: list[Any]) -> str:
     page of it is mapped here): "ok", or why it could not be (a full ``/dev/shm`` is
     ENOSPC here)."""
     _remove_the_dead_ones()
-    offsets, _ = _layout(tensors)
+    offsets = _offsets(tensors)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
@@ -175,7 +185,7 @@ def _read(fd: int, tensors: list[Any]) -> None:
     tensor's memory, through a host buffer for one on a GPU or not contiguous."""
     import torch
 
-    offsets, _ = _layout(tensors)
+    offsets = _offsets(tensors)
     for tensor, offset in zip(tensors, offsets, strict=True):
         count = tensor.numel() * tensor.element_size()
         if not count:

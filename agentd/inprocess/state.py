@@ -137,10 +137,10 @@ def _send_to_those_who_differ(tensors: list[Any], source: int, digests: list[flo
     import torch
     import torch.distributed as dist
 
-    rank, replaced = dist.get_rank(), set(current().replaced)
-    receivers = [
-        r for r, d in enumerate(digests) if r != source and (r in replaced or d != digests[source])
-    ]
+    from agentd.inprocess.handover import receivers_of
+
+    rank = dist.get_rank()
+    receivers = receivers_of(digests, source, set(current().replaced))
     if rank != source and rank not in receivers:
         return
     for tensor in tensors:
