@@ -18,7 +18,9 @@ that standby; ``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0
 new rank 0 is forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose
 CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is);
 ``agentd-inprocess-shm`` hands the survivors' state to the new rank through shared memory
-rather than the process group (``AGENTD_SYNC_SHARED_MEMORY=1``); each run also
+rather than the process group (``AGENTD_SYNC_SHARED_MEMORY=1``: with the model on the GPU
+all ranks share, CUDA IPC), and ``agentd-inprocess-cuda-shm`` does so to a standby whose
+CUDA is ready; the route the state took is printed with the new rank's phases. Each run also
 checks that the survivors' pids and model checksums did not change and that the new
 rank's checksum matches theirs. The launchers take turns,
 run by run (a slow spell of the machine hits them all), and each launcher's output goes
@@ -51,6 +53,9 @@ WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 MARK_ENV = "BENCH_RECOVERY_RUN"
 INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
 COMMANDS = {
+    "agentd-inprocess-cuda-shm": [
+        *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-cuda")
+    ],
     "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
     "agentd-inprocess-cuda": [
         *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-cuda")
@@ -123,10 +128,12 @@ def run_once(
         if inprocess and not kept_in_process(out, nproc):
             return "the in-process checks failed (printed above)"
         crash = float((out / "crash").read_text())
-        if inprocess:  # where the new rank's time went
+        if inprocess:  # where the new rank's time went, and the route its state took
             phases = json.loads((out / "phases_1_0").read_text())
             for phase, at in phases.items():
                 PHASES.setdefault(name, {}).setdefault(phase, []).append(at - crash)
+            route = (out / "route_1_0").read_text() if (out / "route_1_0").exists() else "none"
+            ROUTES.setdefault(name, []).append(route)
         return max(float(p.read_text()) for p in past) - crash
 
 
@@ -139,12 +146,18 @@ def cause(log: Path) -> str:
 
 PHASES: dict[str, dict[str, list[float]]] = {}
 """In-process runs: seconds from the crash to each phase of the new rank 0, by launcher."""
-LAUNCHER_ENV = {"agentd-inprocess-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"}}
+ROUTES: dict[str, list[str]] = {}
+"""In-process runs: the route the state took to the new rank 0 (``inprocess.last_sync()``)."""
+LAUNCHER_ENV = {
+    "agentd-inprocess-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"},
+    "agentd-inprocess-cuda-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"},
+}
 """What a launcher's workers have in their environment besides."""
 STANDBY_WAIT = {
     "agentd-inprocess": "1",
     "agentd-inprocess-cuda": "cuda",
     "agentd-inprocess-shm": "1",
+    "agentd-inprocess-cuda-shm": "cuda",
 }
 """What rank 0 waits for before it crashes (``recovery_inprocess_worker.py``): the
 standby of its slot, with its CUDA ready for ``-cuda``; ``-cold`` keeps none."""
@@ -210,7 +223,7 @@ def main() -> None:
         if name in firsts:
             t = FIRST_STEPS[name]
             print(
-                f"  {name:<21} first step  median {firsts[name] * 1000:7.0f} ms  "
+                f"  {name:<25} first step  median {firsts[name] * 1000:7.0f} ms  "
                 f"min {min(t) * 1000:7.0f}  max {max(t) * 1000:7.0f}",
                 flush=True,
             )
@@ -223,7 +236,7 @@ def main() -> None:
     print("crash -> recovered:")
     for name in names:
         ok = times[name]
-        line = f"  {name:<21} recovered {len(ok)}/{args.runs}"
+        line = f"  {name:<25} recovered {len(ok)}/{args.runs}"
         if ok:
             medians[name] = statistics.median(ok)
             line += (
@@ -236,6 +249,10 @@ def main() -> None:
                 f"{phase} {statistics.median(t) * 1000:.0f}" for phase, t in PHASES[name].items()
             )
             print(f"    {name}: the new rank, ms after the crash (medians): {steps}", flush=True)
+        if name in ROUTES:
+            taken = ROUTES[name]
+            counts = ", ".join(f"{r} {taken.count(r)}/{len(ok)}" for r in sorted(set(taken)))
+            print(f"    {name}: the new rank's state came by: {counts}", flush=True)
     if args.record and args.device == "cpu" and not args.model_mb:
         from figures import record
 

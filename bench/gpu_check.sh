@@ -2,8 +2,9 @@
 # The GPU check: tests/gpu/ and the GPU benchmarks on one CUDA GPU, in at most 9.5 minutes
 # (about 6 expected), ending in one table: the tests, a CUDA-ready standby's memory, the
 # one-rank NCCL restart and its abort (with NCCL's monitoring thread on and off), and the
-# in-process recovery with CUDA-ready standbys, plain standbys (the survivors' state handed
-# over through the process group, then through shared memory), none, and new processes.
+# in-process recovery with CUDA-ready standbys (the survivors' state handed over through
+# the process group, then mapped from their GPU memory: CUDA IPC), plain standbys, none,
+# and new processes (on CPU: plain standbys, through the group then shared memory).
 # Each step's timeout keeps the whole under the device tool's 10 minutes a command. Run
 # from the repository root, agentd from its source tree:
 #
@@ -72,9 +73,9 @@ if [ "$device" = cuda ]; then
     nccl_run default
     nccl_run no-monitor TORCH_NCCL_ENABLE_MONITORING=0
 fi
-step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready, standbys (the state through the group, then shared memory), none, new processes"
+step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready (the state through the group, then CUDA IPC), standbys, none, new processes"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
-standby=agentd-inprocess-cuda,agentd-inprocess,agentd-inprocess-shm
+standby=agentd-inprocess-cuda,agentd-inprocess-cuda-shm,agentd-inprocess
 [ "$device" = cuda ] || standby=agentd-inprocess,agentd-inprocess-shm  # no CUDA ever ready
 bench 170 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
 bench 80 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn

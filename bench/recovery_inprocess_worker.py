@@ -5,7 +5,8 @@ with the training function wrapped in :func:`agentd.inprocess.run`.
 process group, hands the survivors' model to a new rank (:func:`agentd.inprocess.sync`),
 all-reduces, and writes ``past_<restart>_<rank>`` (epoch seconds) and
 ``phases_<restart>_<rank>`` (when it started, built its model, joined the group, had
-its state and was past the all-reduce), ``state_<restart>_<rank>`` (its pid, the model's
+its state and was past the all-reduce), ``route_<restart>_<rank>`` (the route its state
+took, where it was handed any), ``state_<restart>_<rank>`` (its pid, the model's
 checksum and, on a GPU, the CUDA memory its allocator holds). On the first attempt, rank 0
 writes ``crash`` and exits 1 once every rank is past its all-reduce; the others wait in
 their next collective, which fails as rank 0 dies. ``BENCH_MODEL_MB`` sets the model's
@@ -71,6 +72,8 @@ def train() -> None:
     phases["past all-reduce"] = time.time()
     write_report(os.path.join(out, f"past_{restart}_{rank}"), repr(phases["past all-reduce"]))
     write_report(os.path.join(out, f"phases_{restart}_{rank}"), json.dumps(phases))
+    if inprocess.last_sync() is not None:
+        write_report(os.path.join(out, f"route_{restart}_{rank}"), inprocess.last_sync().route)
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     state = {"pid": os.getpid(), "checksum": checksum}
     if device != "cpu":

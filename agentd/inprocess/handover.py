@@ -10,13 +10,16 @@ of its host copies them. :func:`hand_over` plans, from what every rank says of i
 source's state writes for which receivers; it writes its tensors into a file under
 ``/dev/shm``, and its receivers copy them into theirs. A new rank with no such rank on
 its host, a ``/dev/shm`` without room, or any rank without the switch on makes every rank
-fall back to the process group, decided by every rank alike from the same facts.
+fall back to the process group, decided by every rank alike from the same facts. A
+tensor on the GPU where every receiver's tensor is too is not written: the receivers map
+the writer's GPU memory and copy it on the GPU (:mod:`agentd.inprocess.cuda_ipc`).
 
 Which is faster depends on the host: on the 2-core VM of docs/benchmarks.md, a 256 MiB
 model reaches the new rank 188 ms after it joined the group through the group, and 282 ms
 through shared memory (the kernel copies it in, then out, where gloo's send and receive
 overlap); ``bench/gpu_check.sh`` measures both with the model on a GPU, where the group's
-route is a broadcast to every rank. See docs/inprocess.md, "The hand-over's route".
+route is a broadcast to every rank and this one CUDA IPC. See docs/inprocess.md, "The
+hand-over's route".
 
 A segment is unlinked as soon as its receivers have it open; one left by a rank killed in
 between is removed by the next writer on its host (its pid is in its name).
@@ -28,6 +31,8 @@ import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from agentd.inprocess import cuda_ipc
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
@@ -45,6 +50,20 @@ class Peer:
     digest: float
     pid: int
     token: str
+    gpus: tuple[str, ...] = ()
+    """Each tensor's GPU (:func:`agentd.inprocess.cuda_ipc.device_keys`); () with no place."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a writer did: ``status`` "ok" or why it could not; ``mapped``, the indices of
+    the tensors its receivers map from its GPU memory (``handles``, one per index); the
+    others' bytes are in its segment (``in_segment`` of them have any)."""
+
+    status: str
+    mapped: tuple[int, ...] = ()
+    handles: tuple[Any, ...] = ()
+    in_segment: int = 0
 
 
 def this_place() -> str | None:
@@ -61,8 +80,10 @@ def this_place() -> str | None:
     return f"{boot}:{shm.st_dev}:{shm.st_ino}"
 
 
-def me(digest: float) -> Peer:
-    return Peer(this_place(), digest, os.getpid(), os.urandom(8).hex())
+def me(digest: float, tensors: list[Any]) -> Peer:
+    place = this_place()
+    gpus = cuda_ipc.device_keys(tensors) if place is not None else ()
+    return Peer(place, digest, os.getpid(), os.urandom(8).hex(), gpus)
 
 
 def receivers_of(digests: list[float], source: int, replaced: set[int]) -> list[int]:
@@ -90,47 +111,94 @@ def plan(peers: list[Peer], source: int, replaced: set[int]) -> dict[int, list[i
     return writers
 
 
-def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int]]) -> bool:
-    """Carry out ``writers`` (from :func:`plan`, which every rank computed alike): True
-    once this rank's part is done, False when every rank must fall back to the process
-    group (a segment could not be written or opened; nothing was copied then)."""
+def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int]]) -> str | None:
+    """Carry out ``writers`` (from :func:`plan`, which every rank computed alike): the
+    route the tensors took (:func:`_route`) once this rank's part is done, None when
+    every rank must fall back to the process group (a segment could not be written or
+    opened, or GPU memory not exported or mapped; nothing was copied then)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = next((w for w, rs in writers.items() if rank in rs), None)
-    path, made = None, None
+    path: str | None = None
+    made: Written | None = None
     if rank in writers:
         path = _segment(peers[rank])
-        made = _write(path, tensors)
+        mapped = cuda_ipc.mapped_by(peers[rank].gpus, [peers[r].gpus for r in writers[rank]])
+        made = _export(path, tensors, mapped)
     written: list[Any] = [None] * world
     answers: list[Any] = [None] * world
     fd: int | None = None
+    views: list[Any] = []
     try:
         dist.all_gather_object(written, made)
         opened: str | None = "ok"
-        if all(written[w] == "ok" for w in writers) and mine is not None:
-            theirs = _segment(peers[mine])
-            try:
-                fd = os.open(theirs, os.O_RDONLY)
-            except OSError as exc:
-                opened = f"{theirs}: {exc.strerror}"
+        if all(written[w].status == "ok" for w in writers) and mine is not None:
+            opened, fd, views = _open(_segment(peers[mine]), written[mine], tensors)
         dist.all_gather_object(answers, opened)
     except BaseException:
         if fd is not None:
             os.close(fd)
         raise
     finally:  # its receivers have it open, or the hand-over failed (a peer died, say)
-        if path is not None and made == "ok":
+        if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    ok = all(written[w] == "ok" for w in writers) and all(a == "ok" for a in answers)
-    if fd is not None:
+    ok = all(written[w].status == "ok" for w in writers) and all(a == "ok" for a in answers)
+    if fd is not None and mine is not None:
         try:
             if ok:
-                _read(fd, tensors)
+                _read(fd, tensors, set(written[mine].mapped))
+                if views:
+                    cuda_ipc.copy_mapped([tensors[i] for i in written[mine].mapped], views)
         finally:
             os.close(fd)
-    return ok
+            views.clear()
+    if not ok:
+        return None
+    if any(written[w].mapped for w in writers):
+        dist.barrier()  # every receiver has copied: the writers may change their tensors
+    return _route([written[w] for w in writers])
+
+
+def _route(written: list[Written]) -> str:
+    """How the tensors went: ``"shared memory"`` (a segment in host memory),
+    ``"CUDA IPC"`` (all mapped from GPU memory) or ``"shared memory and CUDA IPC"``."""
+    ipc = any(w.mapped for w in written)
+    host = any(w.in_segment for w in written) or not ipc
+    return " and ".join(name for name, used in (("shared memory", host), ("CUDA IPC", ipc)) if used)
+
+
+def _export(path: str, tensors: list[Any], mapped: tuple[int, ...]) -> Written:
+    """Write the tensors not ``mapped`` to a new segment at ``path``, and export the
+    ``mapped`` ones' GPU memory."""
+    skip = set(mapped)
+    status = _write(path, tensors, skip)
+    handles: list[Any] = []
+    if status == "ok" and mapped:
+        try:
+            handles = cuda_ipc.export([tensors[i] for i in mapped])
+        except Exception as exc:  # an allocator whose memory cannot be shared, say
+            status = f"CUDA IPC export: {type(exc).__name__}: {exc}"
+    in_segment = sum(1 for i, t in enumerate(tensors) if i not in skip and t.numel())
+    return Written(status, mapped, tuple(handles), in_segment)
+
+
+def _open(path: str, writer: Written, tensors: list[Any]) -> tuple[str, int | None, list[Any]]:
+    """Open the writer's segment at ``path`` and map its exported tensors: ("ok", the
+    segment's descriptor, the mapped tensors), or why not (nothing left open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}", None, []
+    if not writer.mapped:
+        return "ok", fd, []
+    try:
+        devices = [tensors[i].device.index for i in writer.mapped]
+        return "ok", fd, cuda_ipc.open_exported(writer.handles, devices)
+    except Exception as exc:  # a GPU this process cannot map memory of, say
+        os.close(fd)
+        return f"CUDA IPC open: {type(exc).__name__}: {exc}", None, []
 
 
 def _segment(writer: Peer) -> str:
@@ -138,12 +206,14 @@ def _segment(writer: Peer) -> str:
     return os.path.join(SHM_DIR, f"{PREFIX}{writer.pid}-{writer.token}")
 
 
-def _offsets(tensors: list[Any]) -> list[int]:
-    """Where each tensor's bytes start in a segment (each aligned to :data:`ALIGN`)."""
+def _offsets(tensors: list[Any], skip: set[int]) -> list[int]:
+    """Where each tensor's bytes start in a segment (each aligned to :data:`ALIGN`; those
+    in ``skip`` take no room)."""
     offsets, size = [], 0
-    for tensor in tensors:
+    for i, tensor in enumerate(tensors):
         offsets.append(size)
-        size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+        if i not in skip:
+            size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
     return offsets
 
 
@@ -154,19 +224,19 @@ def _bytes(tensor: Any) -> memoryview:
     return memoryview(tensor.detach().view(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def _write(path: str, tensors: list[Any]) -> str:
-    """Write ``tensors`` to a new segment at ``path`` (the kernel copies them in: no
-    page of it is mapped here): "ok", or why it could not be (a full ``/dev/shm`` is
-    ENOSPC here)."""
+def _write(path: str, tensors: list[Any], skip: set[int]) -> str:
+    """Write ``tensors`` but those in ``skip`` to a new segment at ``path`` (the kernel
+    copies them in: no page of it is mapped here): "ok", or why it could not be (a full
+    ``/dev/shm`` is ENOSPC here)."""
     _remove_the_dead_ones()
-    offsets = _offsets(tensors)
+    offsets = _offsets(tensors, skip)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         return f"{path}: {exc.strerror}"
     try:
-        for tensor, offset in zip(tensors, offsets, strict=True):
-            if tensor.numel():
+        for i, (tensor, offset) in enumerate(zip(tensors, offsets, strict=True)):
+            if tensor.numel() and i not in skip:
                 data = _bytes(tensor.detach().contiguous().cpu())
                 done = 0
                 while done < len(data):
@@ -180,15 +250,16 @@ def _write(path: str, tensors: list[Any]) -> str:
     return "ok"
 
 
-def _read(fd: int, tensors: list[Any]) -> None:
-    """Copy the segment open as ``fd`` into ``tensors``: straight into a contiguous host
-    tensor's memory, through a host buffer for one on a GPU or not contiguous."""
+def _read(fd: int, tensors: list[Any], skip: set[int]) -> None:
+    """Copy the segment open as ``fd`` into ``tensors`` but those in ``skip``: straight
+    into a contiguous host tensor's memory, through a host buffer for one on a GPU or not
+    contiguous."""
     import torch
 
-    offsets = _offsets(tensors)
-    for tensor, offset in zip(tensors, offsets, strict=True):
+    offsets = _offsets(tensors, skip)
+    for i, (tensor, offset) in enumerate(zip(tensors, offsets, strict=True)):
         count = tensor.numel() * tensor.element_size()
-        if not count:
+        if not count or i in skip:
             continue
         direct = tensor.device.type == "cpu" and tensor.is_contiguous()
         host = tensor if direct else torch.empty(tensor.shape, dtype=tensor.dtype)

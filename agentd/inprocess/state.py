@@ -18,8 +18,10 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Synced:
     """How this rank's last :func:`sync` that handed state over went: ``route`` is
-    ``"shared memory"`` where its tensors were copied on each host, ``"process group"``
-    where they were sent or broadcast through it; ``seconds``, its time in the call."""
+    ``"process group"`` where its tensors were sent or broadcast through it, ``"shared
+    memory"`` where they were copied on each host through host memory, ``"CUDA IPC"``
+    where they were copied from a survivor's GPU memory on the same GPU, ``"shared memory
+    and CUDA IPC"`` for both; ``seconds``, its time in the call."""
 
     route: str
     seconds: float
@@ -46,7 +48,8 @@ def sync(*objects: Any) -> bool:
     broadcast stages them through host memory faster than a send does: 222 against 481 ms
     for 256 MiB to 1 of 4 ranks on an H200). With ``AGENTD_SYNC_SHARED_MEMORY=1``, where
     each receiver has a rank holding the source's state on its host, that rank writes
-    them once into shared memory and they copy them from there
+    them once into shared memory and they copy them from there; a tensor on the GPU
+    where the receivers' are too they copy from its GPU memory (CUDA IPC)
     (:mod:`agentd.inprocess.handover`). Under NCCL everything is broadcast.
 
     Returns whether the ranks now share a kept rank's state: False when no rank kept its
@@ -80,8 +83,8 @@ def sync(*objects: Any) -> bool:
         digests: list[float] = []
         route = "process group"
         if gloo and tensors:
-            tensors, digests = _hand_over_on_each_host(tensors, source)
-            route = "process group" if tensors else "shared memory"
+            tensors, digests, handed = _hand_over_on_each_host(tensors, source)
+            route = handed or route
         on_host: list[Any] = []
         broadcast: list[Any] = []
         for tensor in tensors:
@@ -115,20 +118,23 @@ def _digest(tensors: list[Any]) -> float:
     return sum(float(value) for per in sums.values() for value in torch.stack(per).tolist())
 
 
-def _hand_over_on_each_host(tensors: list[Any], source: int) -> tuple[list[Any], list[float]]:
+def _hand_over_on_each_host(
+    tensors: list[Any], source: int
+) -> tuple[list[Any], list[float], str | None]:
     """Hand ``tensors`` over through shared memory where every receiver has a holder of
-    the source's state on its host: then none are left to send. Else all of them, with
-    every rank's digest."""
+    the source's state on its host: then none are left to send, and the route they took
+    is given. Else all of them, with every rank's digest."""
     import torch.distributed as dist
 
     from agentd.inprocess import handover
 
     peers: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(peers, handover.me(_digest(tensors)))
+    dist.all_gather_object(peers, handover.me(_digest(tensors), tensors))
     writers = handover.plan(peers, source, set(current().replaced))
-    if writers is not None and handover.hand_over(tensors, peers, writers):
-        return [], []
-    return tensors, [peer.digest for peer in peers]
+    route = handover.hand_over(tensors, peers, writers) if writers is not None else None
+    if route is not None:
+        return [], [], route
+    return tensors, [peer.digest for peer in peers], None
 
 
 def _send_to_those_who_differ(tensors: list[Any], source: int, digests: list[float]) -> None:

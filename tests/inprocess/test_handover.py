@@ -1,5 +1,6 @@
-"""The survivors' tensors handed to new ranks: the plan, the segment's layout, and two
-real gloo ranks through each route (shared memory, and the fallbacks to the group)."""
+"""The survivors' tensors handed to new ranks: the plan, which tensors are mapped from
+GPU memory, the segment's layout, and two real gloo ranks through each route (shared
+memory, CUDA IPC where there is a GPU, and the fallbacks to the group)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agentd.inprocess import handover
-from agentd.inprocess.handover import Peer, plan
+from agentd.inprocess.cuda_ipc import mapped_by
+from agentd.inprocess.handover import Peer, Written, plan
 from tests.conftest import TESTS
 
 
@@ -36,6 +38,38 @@ def test_a_receiver_without_a_holder_beside_it_sends_every_rank_to_the_group():
     assert plan([peer("a"), peer("b", 3.0), peer("b")], source=0, replaced={2}) is None
 
 
+def test_only_tensors_on_the_gpu_every_receivers_tensor_is_on_are_mapped():
+    writer = ("GPU-a", "GPU-a", "", "GPU-a")
+    # ranks sharing one GPU map all of them; a host tensor never
+    assert mapped_by(writer, [writer, writer]) == (0, 1, 3)
+    # a receiver whose tensor 1 is on a GPU of its own, or in host memory, keeps 1 out
+    assert mapped_by(writer, [writer, ("GPU-a", "GPU-b", "", "GPU-a")]) == (0, 3)
+    assert mapped_by(writer, [("GPU-a", "", "", "GPU-a")]) == (0, 3)
+    # a GPU per rank (the usual node): nothing is mapped, the bytes go through the segment
+    assert mapped_by(("GPU-a",) * 4, [("GPU-b",) * 4]) == ()
+    assert mapped_by(writer, [("GPU-a",)]) == ()  # another count of tensors: none
+    assert mapped_by(("", ""), [("", "")]) == ()
+
+
+def test_the_route_names_how_the_tensors_went():
+    segment, both = Written("ok", (), (), 2), Written("ok", (0,), ("h",), 1)
+    mapped = Written("ok", (0, 1), ("h", "h"), 0)
+    assert handover._route([segment]) == "shared memory"
+    assert handover._route([Written("ok")]) == "shared memory"  # only empty tensors
+    assert handover._route([mapped]) == "CUDA IPC"
+    assert handover._route([both]) == "shared memory and CUDA IPC"
+    assert handover._route([segment, mapped]) == "shared memory and CUDA IPC"
+
+
+def test_mapped_tensors_take_no_room_in_the_segment():
+    pytest.importorskip("torch")
+    import torch
+
+    tensors = [torch.ones(3), torch.ones(100), torch.ones(1)]
+    assert handover._offsets(tensors, set()) == [0, 64, 512]
+    assert handover._offsets(tensors, {1}) == [0, 64, 64]
+
+
 def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import torch
@@ -46,7 +80,7 @@ def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypa
     (tmp_path / f"{handover.PREFIX}{gone.pid}-abc").write_bytes(b"x")
     (tmp_path / f"{handover.PREFIX}{os.getpid()}-live").write_bytes(b"x")  # alive: kept
     made = tmp_path / f"{handover.PREFIX}{os.getpid()}-new"
-    assert handover._write(str(made), [torch.ones(3)]) == "ok"
+    assert handover._write(str(made), [torch.ones(3)], set()) == "ok"
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"{handover.PREFIX}{os.getpid()}-live", made.name]
 
@@ -78,9 +112,11 @@ def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
     pids = two_ranks(tmp_path, [0, 0], TEST_DEVICE=device)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     routes = {
-        "shared memory": "shared memory",
+        "shared memory": "shared memory" if device == "cpu" else "shared memory and CUDA IPC",
         "no /dev/shm on the writer": "process group",
         "switched off on rank 1": "process group",
+        "GPU memory not exported": "process group",
+        "GPU memory not mapped": "process group",
     }
     for name, route in routes.items():
         assert [r[name]["route"] for r in reports] == [route, route], name

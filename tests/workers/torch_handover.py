@@ -1,14 +1,16 @@
 """Two gloo ranks hand tensors over by each route: ``torch_handover.py RANK INIT_FILE OUT
 [receiver-dies]``.
 
-Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. Three
-rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory; with rank 0's
-``/dev/shm`` missing (its segment cannot be made: both fall back); with the switch off
-on rank 1 only. Each rank
-writes ``OUT/<RANK>.json``: per round, the route and whether rank 1's tensors (of several
-dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``, the CPU by default) equal
-rank 0's. With ``receiver-dies``, rank 1 dies as it would open rank 0's segment, and rank
-0 writes how its ``sync()`` failed and which of its segments are left in ``/dev/shm``.
+Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. Five
+rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory (and CUDA IPC for the
+tensors on a GPU); with rank 0's ``/dev/shm`` missing (its segment cannot be made: both
+fall back); with the switch off on rank 1 only; with the first tensor said to be on one
+GPU for both, and rank 0's export of its GPU memory failing, then rank 1's mapping of it
+(both fall back). Each rank writes ``OUT/<RANK>.json``: per round, the route and whether
+rank 1's tensors (of several dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``,
+the CPU by default, one always on the CPU) equal rank 0's. With ``receiver-dies``, rank 1
+dies as it would open rank 0's segment, and rank 0 writes how its ``sync()`` failed and
+which of its segments are left in ``/dev/shm``.
 """
 
 import json
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import agentd.inprocess as inprocess
-from agentd.inprocess import handover, worker
+from agentd.inprocess import cuda_ipc, handover, worker
 
 rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -38,7 +40,19 @@ def tensors(seed: int) -> list[torch.Tensor]:
         torch.rand(17, generator=g).to(device) > 0.5,
         torch.randn(64, generator=g).to(torch.bfloat16).to(device),
         torch.empty(0, device=device),
+        torch.randn(11, generator=g),  # in host memory wherever the others are
     ]
+
+
+def fail(what: str):
+    def failing(*args, **kwargs):
+        raise RuntimeError(what)
+
+    return failing
+
+
+def said_to_be_on_one_gpu(tensors):
+    return ("GPU-test", *real["device_keys"](tensors)[1:])
 
 
 if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's segment
@@ -57,13 +71,29 @@ if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's s
     sys.exit(0)
 
 rounds = {}
-for name in ("shared memory", "no /dev/shm on the writer", "switched off on rank 1"):
+real = {name: getattr(cuda_ipc, name) for name in ("device_keys", "export", "open_exported")}
+for name in (
+    "shared memory",
+    "no /dev/shm on the writer",
+    "switched off on rank 1",
+    "GPU memory not exported",
+    "GPU memory not mapped",
+):
     os.environ[handover.SWITCH_ENV] = "1"
     handover.SHM_DIR = "/dev/shm"
+    for attribute, function in real.items():
+        setattr(cuda_ipc, attribute, function)
     if name == "no /dev/shm on the writer" and rank == 0:
         handover.SHM_DIR = os.path.join(out, "missing")
     if name == "switched off on rank 1" and rank == 1:
         os.environ[handover.SWITCH_ENV] = "0"
+    if name.startswith("GPU memory"):
+        cuda_ipc.device_keys = said_to_be_on_one_gpu
+        cuda_ipc.export = (lambda ts: [("handle",)] * len(ts)) if rank == 0 else None
+        cuda_ipc.open_exported = fail("cannot map that") if rank == 1 else None
+    if name == "GPU memory not exported":  # nothing to map: rank 1 must not try
+        cuda_ipc.export = fail("cannot export that")
+        cuda_ipc.open_exported = lambda *args: os._exit(4)
     mine = tensors(seed=rank)
     inprocess.sync(*mine)
     expected = tensors(seed=0)
