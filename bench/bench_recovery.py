@@ -18,11 +18,12 @@ that standby; ``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0
 new rank 0 is forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose
 CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is);
 ``agentd-inprocess-shm`` hands the survivors' state to the new rank through shared memory
-rather than the process group (``AGENTD_SYNC_SHARED_MEMORY=1``: with the model on the GPU
-all ranks share, CUDA IPC), and ``agentd-inprocess-cuda-shm`` does so to a standby whose
-CUDA is ready; the route the state took is printed with the new rank's phases. Each run also
-checks that the survivors' pids and model checksums did not change and that the new
-rank's checksum matches theirs. The launchers take turns,
+rather than the process group (``AGENTD_SYNC_ROUTE=shared-memory``: with the model on
+the GPU all ranks share, CUDA IPC), and ``agentd-inprocess-cuda-ipc`` maps the model from
+a survivor's GPU memory into a standby whose CUDA is ready (``--standby-cuda``,
+``AGENTD_SYNC_ROUTE=cuda-ipc``); the route the state took is printed with the new
+rank's phases. Each run also checks that the survivors' pids and model checksums did not
+change and that the new rank's checksum matches theirs. The launchers take turns,
 run by run (a slow spell of the machine hits them all), and each launcher's output goes
 to a file: a run that does not recover within the timeout, or whose checks fail, is
 counted as failed and printed with its cause (the exit, the ranks that never got past the
@@ -53,7 +54,7 @@ WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 MARK_ENV = "BENCH_RECOVERY_RUN"
 INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
 COMMANDS = {
-    "agentd-inprocess-cuda-shm": [
+    "agentd-inprocess-cuda-ipc": [
         *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-cuda")
     ],
     "agentd-inprocess": [sys.executable, "-m", "agentd", "run", "--preload", "torch"],
@@ -149,15 +150,15 @@ PHASES: dict[str, dict[str, list[float]]] = {}
 ROUTES: dict[str, list[str]] = {}
 """In-process runs: the route the state took to the new rank 0 (``inprocess.last_sync()``)."""
 LAUNCHER_ENV = {
-    "agentd-inprocess-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"},
-    "agentd-inprocess-cuda-shm": {"AGENTD_SYNC_SHARED_MEMORY": "1"},
+    "agentd-inprocess-shm": {"AGENTD_SYNC_ROUTE": "shared-memory"},
+    "agentd-inprocess-cuda-ipc": {"AGENTD_SYNC_ROUTE": "cuda-ipc"},
 }
 """What a launcher's workers have in their environment besides."""
 STANDBY_WAIT = {
     "agentd-inprocess": "1",
     "agentd-inprocess-cuda": "cuda",
     "agentd-inprocess-shm": "1",
-    "agentd-inprocess-cuda-shm": "cuda",
+    "agentd-inprocess-cuda-ipc": "cuda",
 }
 """What rank 0 waits for before it crashes (``recovery_inprocess_worker.py``): the
 standby of its slot, with its CUDA ready for ``-cuda``; ``-cold`` keeps none."""

@@ -75,7 +75,7 @@ if [ "$device" = cuda ]; then
 fi
 step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready (the state through the group, then CUDA IPC), standbys, none, new processes"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
-standby=agentd-inprocess-cuda,agentd-inprocess-cuda-shm,agentd-inprocess
+standby=agentd-inprocess-cuda,agentd-inprocess-cuda-ipc,agentd-inprocess
 [ "$device" = cuda ] || standby=agentd-inprocess,agentd-inprocess-shm  # no CUDA ever ready
 bench 170 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
 bench 80 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn

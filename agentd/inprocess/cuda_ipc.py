@@ -85,5 +85,5 @@ def copy_mapped(tensors: Sequence[Any], mapped: Sequence[Any]) -> None:
 
     for tensor, source in zip(tensors, mapped, strict=True):
         tensor.copy_(source)
-    for device in {tensor.device for tensor in tensors}:
+    for device in {tensor.device for tensor in tensors if tensor.device.type == "cuda"}:
         torch.cuda.synchronize(device)

@@ -1,5 +1,5 @@
 """The survivors' tensors handed to the new ranks of their host through shared memory
-(``AGENTD_SYNC_SHARED_MEMORY=1``; off by default, measured below).
+(``AGENTD_SYNC_ROUTE=shared-memory`` or ``cuda-ipc``; off by default, measured below).
 
 A new rank usually runs on the host where the rank it replaces ran, beside survivors that
 hold the job's state. Under gloo the process group sends it the tensors over a loopback
@@ -9,10 +9,11 @@ of its host copies them. :func:`hand_over` plans, from what every rank says of i
 (:class:`Peer`: where it runs, a digest of its tensors, its pid), which rank holding the
 source's state writes for which receivers; it writes its tensors into a file under
 ``/dev/shm``, and its receivers copy them into theirs. A new rank with no such rank on
-its host, a ``/dev/shm`` without room, or any rank without the switch on makes every rank
-fall back to the process group, decided by every rank alike from the same facts. A
+its host, a ``/dev/shm`` without room, or a receiver whose route is the group makes every
+rank fall back to the process group, decided by every rank alike from the same facts. A
 tensor on the GPU where every receiver's tensor is too is not written: the receivers map
-the writer's GPU memory and copy it on the GPU (:mod:`agentd.inprocess.cuda_ipc`).
+the writer's GPU memory and copy it on the GPU (:mod:`agentd.inprocess.cuda_ipc`); with
+``cuda-ipc`` (no segment), a tensor that cannot be mapped sends every rank to the group.
 
 Which is faster depends on the host: on the 2-core VM of docs/benchmarks.md, a 256 MiB
 model reaches the new rank 188 ms after it joined the group through the group, and 282 ms
@@ -36,20 +37,35 @@ from agentd.inprocess import cuda_ipc
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
-SWITCH_ENV = "AGENTD_SYNC_SHARED_MEMORY"
-"""``1`` on every rank: the tensors go through shared memory where they can."""
+ROUTE_ENV = "AGENTD_SYNC_ROUTE"
+GROUP, SHARED_MEMORY, CUDA_IPC = "group", "shared-memory", "cuda-ipc"
+ROUTES = (GROUP, SHARED_MEMORY, CUDA_IPC)
+"""The values of ``AGENTD_SYNC_ROUTE`` (the same on every rank): ``group`` (the default),
+the process group; ``shared-memory``, a segment in host memory, and CUDA IPC for the
+tensors on a GPU the receivers share; ``cuda-ipc``, CUDA IPC only, where every tensor
+with any bytes is on a GPU its receivers share (else the process group)."""
 ALIGN = 64
+
+
+def chosen_route() -> str:
+    """This rank's ``AGENTD_SYNC_ROUTE`` (ValueError, naming the rule, for another value)."""
+    value = os.environ.get(ROUTE_ENV, GROUP)
+    if value not in ROUTES:
+        raise ValueError(f"{ROUTE_ENV}={value!r}: must be one of {', '.join(ROUTES)}")
+    return value
 
 
 @dataclass(frozen=True)
 class Peer:
     """What a rank says of itself before a hand-over: ``place`` names its host and its
-    ``/dev/shm`` (None: it takes no part), ``digest`` its tensors' digest."""
+    ``/dev/shm`` (None: it takes no part), ``digest`` its tensors' digest, ``segment``
+    whether its tensors may go through a segment in host memory."""
 
     place: str | None
     digest: float
     pid: int
     token: str
+    segment: bool = True
     gpus: tuple[str, ...] = ()
     """Each tensor's GPU (:func:`agentd.inprocess.cuda_ipc.device_keys`); () with no place."""
 
@@ -68,9 +84,7 @@ class Written:
 
 def this_place() -> str | None:
     """The host and the ``/dev/shm`` this process sees (ranks in containers of one host
-    may see different ones), or None where there is none or the switch is not on."""
-    if os.environ.get(SWITCH_ENV, "0") != "1":
-        return None
+    may see different ones, and CUDA IPC needs one), or None where there is none."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as fp:
             boot = fp.read().strip()
@@ -81,9 +95,10 @@ def this_place() -> str | None:
 
 
 def me(digest: float, tensors: list[Any]) -> Peer:
-    place = this_place()
+    route = chosen_route()
+    place = this_place() if route != GROUP else None
     gpus = cuda_ipc.device_keys(tensors) if place is not None else ()
-    return Peer(place, digest, os.getpid(), os.urandom(8).hex(), gpus)
+    return Peer(place, digest, os.getpid(), os.urandom(8).hex(), route == SHARED_MEMORY, gpus)
 
 
 def receivers_of(digests: list[float], source: int, replaced: set[int]) -> list[int]:
@@ -125,7 +140,8 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
     if rank in writers:
         path = _segment(peers[rank])
         mapped = cuda_ipc.mapped_by(peers[rank].gpus, [peers[r].gpus for r in writers[rank]])
-        made = _export(path, tensors, mapped)
+        segment = all(peers[r].segment for r in (rank, *writers[rank]))
+        made = _export(path, tensors, mapped, segment)
     written: list[Any] = [None] * world
     answers: list[Any] = [None] * world
     fd: int | None = None
@@ -145,15 +161,16 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
             with contextlib.suppress(OSError):
                 os.unlink(path)
     ok = all(written[w].status == "ok" for w in writers) and all(a == "ok" for a in answers)
-    if fd is not None and mine is not None:
-        try:
-            if ok:
+    try:
+        if ok and mine is not None:
+            if fd is not None:
                 _read(fd, tensors, set(written[mine].mapped))
-                if views:
-                    cuda_ipc.copy_mapped([tensors[i] for i in written[mine].mapped], views)
-        finally:
+            if views:
+                cuda_ipc.copy_mapped([tensors[i] for i in written[mine].mapped], views)
+    finally:
+        if fd is not None:
             os.close(fd)
-            views.clear()
+        views.clear()
     if not ok:
         return None
     if any(written[w].mapped for w in writers):
@@ -169,35 +186,42 @@ def _route(written: list[Written]) -> str:
     return " and ".join(name for name, used in (("shared memory", host), ("CUDA IPC", ipc)) if used)
 
 
-def _export(path: str, tensors: list[Any], mapped: tuple[int, ...]) -> Written:
-    """Write the tensors not ``mapped`` to a new segment at ``path``, and export the
-    ``mapped`` ones' GPU memory."""
+def _export(path: str, tensors: list[Any], mapped: tuple[int, ...], segment: bool) -> Written:
+    """Write the tensors not ``mapped`` that have any bytes to a new segment at ``path``
+    (where there are some, and only if ``segment``: else the writer cannot), and export
+    the ``mapped`` ones' GPU memory."""
     skip = set(mapped)
-    status = _write(path, tensors, skip)
+    in_segment = sum(1 for i, t in enumerate(tensors) if i not in skip and t.numel())
+    if in_segment and not segment:
+        return Written(f"{in_segment} tensors not on a GPU the receivers share", mapped)
+    status = _write(path, tensors, skip) if in_segment else "ok"
     handles: list[Any] = []
     if status == "ok" and mapped:
         try:
             handles = cuda_ipc.export([tensors[i] for i in mapped])
         except Exception as exc:  # an allocator whose memory cannot be shared, say
             status = f"CUDA IPC export: {type(exc).__name__}: {exc}"
-    in_segment = sum(1 for i, t in enumerate(tensors) if i not in skip and t.numel())
     return Written(status, mapped, tuple(handles), in_segment)
 
 
 def _open(path: str, writer: Written, tensors: list[Any]) -> tuple[str, int | None, list[Any]]:
-    """Open the writer's segment at ``path`` and map its exported tensors: ("ok", the
-    segment's descriptor, the mapped tensors), or why not (nothing left open)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}", None, []
+    """Open the writer's segment at ``path`` (where it wrote one) and map its exported
+    tensors: ("ok", the segment's descriptor or None, the mapped tensors), or why not
+    (nothing left open)."""
+    fd = None
+    if writer.in_segment:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            return f"{path}: {exc.strerror}", None, []
     if not writer.mapped:
         return "ok", fd, []
     try:
         devices = [tensors[i].device.index for i in writer.mapped]
         return "ok", fd, cuda_ipc.open_exported(writer.handles, devices)
     except Exception as exc:  # a GPU this process cannot map memory of, say
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         return f"CUDA IPC open: {type(exc).__name__}: {exc}", None, []
 
 

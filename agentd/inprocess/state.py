@@ -46,10 +46,11 @@ def sync(*objects: Any) -> bool:
     source's (it missed an optimizer step, say) receive them: tensors in host memory
     point to point from the source; tensors on a GPU in a broadcast to every rank (gloo's
     broadcast stages them through host memory faster than a send does: 222 against 481 ms
-    for 256 MiB to 1 of 4 ranks on an H200). With ``AGENTD_SYNC_SHARED_MEMORY=1``, where
-    each receiver has a rank holding the source's state on its host, that rank writes
-    them once into shared memory and they copy them from there; a tensor on the GPU
-    where the receivers' are too they copy from its GPU memory (CUDA IPC)
+    for 256 MiB to 1 of 4 ranks on an H200). With ``AGENTD_SYNC_ROUTE=shared-memory``,
+    where each receiver has a rank holding the source's state on its host, that rank
+    writes them once into shared memory and they copy them from there, and a tensor on
+    the GPU where the receivers' are too they copy from its GPU memory (CUDA IPC); with
+    ``cuda-ipc``, CUDA IPC only, where every tensor can go that way
     (:mod:`agentd.inprocess.handover`). Under NCCL everything is broadcast.
 
     Returns whether the ranks now share a kept rank's state: False when no rank kept its

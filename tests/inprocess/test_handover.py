@@ -70,6 +70,15 @@ def test_mapped_tensors_take_no_room_in_the_segment():
     assert handover._offsets(tensors, {1}) == [0, 64, 64]
 
 
+def test_a_route_that_is_none_of_the_three_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv(handover.ROUTE_ENV, "shm")
+    with pytest.raises(ValueError) as raised:
+        handover.me(1.0, [])
+    assert str(raised.value) == (
+        "AGENTD_SYNC_ROUTE='shm': must be one of group, shared-memory, cuda-ipc"
+    )
+
+
 def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import torch
@@ -89,7 +98,7 @@ def two_ranks(tmp_path: Path, codes: list[int], *args: str, **env: str) -> list[
     """Run ``torch_handover.py``'s two ranks with ``args`` and ``env`` until they exit
     with ``codes``; their pids."""
     script = str(TESTS / "workers" / "torch_handover.py")
-    full = {k: v for k, v in os.environ.items() if k != handover.SWITCH_ENV} | env
+    full = {k: v for k, v in os.environ.items() if k != handover.ROUTE_ENV} | env
     init = str(tmp_path / "init")
     argv = [[sys.executable, script, str(r), init, str(tmp_path), *args] for r in (0, 1)]
     procs = [subprocess.Popen(one, env=full) for one in argv]
@@ -111,12 +120,17 @@ def test_two_gloo_ranks_hand_tensors_over_by_each_route(tmp_path, device):
         pytest.skip("needs a CUDA GPU")
     pids = two_ranks(tmp_path, [0, 0], TEST_DEVICE=device)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    group, both = "process group", "shared memory and CUDA IPC"
     routes = {
-        "shared memory": "shared memory" if device == "cpu" else "shared memory and CUDA IPC",
-        "no /dev/shm on the writer": "process group",
-        "switched off on rank 1": "process group",
-        "GPU memory not exported": "process group",
-        "GPU memory not mapped": "process group",
+        "shared memory": "shared memory" if device == "cpu" else both,
+        "no /dev/shm on the writer": group,
+        "the group's route on rank 1": group,
+        "GPU memory not exported": group,
+        "GPU memory not mapped": group,
+        "CUDA IPC stand-in": "CUDA IPC",
+        "shared memory and a CUDA IPC stand-in": both,
+        "CUDA IPC with a tensor in host memory": group,
+        "CUDA IPC": group if device == "cpu" else "CUDA IPC",
     }
     for name, route in routes.items():
         assert [r[name]["route"] for r in reports] == [route, route], name

@@ -80,9 +80,9 @@ def test_a_crashed_rank_is_replaced_and_the_others_keep_training_in_process(tmp_
 def test_without_standby_workers_the_new_rank_is_forked_after_the_failure(tmp_path):
     """``--standby-workers 0``: the zygote keeps none, so the lost rank's process is
     forked once it is lost (the test above would fail on its standby check). With
-    ``AGENTD_SYNC_SHARED_MEMORY=1``, the state goes through shared memory: on one host,
+    ``AGENTD_SYNC_ROUTE=shared-memory``, the state goes through shared memory: on one host,
     rank 0 writes it once, and ranks 2 and 3 (it drifted) copy it from there."""
-    on = {"AGENTD_SYNC_SHARED_MEMORY": "1"}
+    on = {"AGENTD_SYNC_ROUTE": "shared-memory"}
     crashed = train(tmp_path, "cold", "5", flags=("--standby-workers", "0"), standby=False, env=on)
     crash = json.loads((tmp_path / "cold" / "crash.json").read_text())
     assert crash["standby"] is None

@@ -1,14 +1,18 @@
 """Two gloo ranks hand tensors over by each route: ``torch_handover.py RANK INIT_FILE OUT
 [receiver-dies]``.
 
-Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. Five
-rounds, with ``AGENTD_SYNC_SHARED_MEMORY=1``: through shared memory (and CUDA IPC for the
-tensors on a GPU); with rank 0's ``/dev/shm`` missing (its segment cannot be made: both
-fall back); with the switch off on rank 1 only; with the first tensor said to be on one
-GPU for both, and rank 0's export of its GPU memory failing, then rank 1's mapping of it
-(both fall back). Each rank writes ``OUT/<RANK>.json``: per round, the route and whether
-rank 1's tensors (of several dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``,
-the CPU by default, one always on the CPU) equal rank 0's. With ``receiver-dies``, rank 1
+Rank 1 plays a new rank (``replaced``), rank 0 the source that kept its state. One
+round per entry of ``ROUNDS``, each with its ``AGENTD_SYNC_ROUTE`` per rank: through
+shared memory (and CUDA IPC for the tensors on a GPU); with rank 0's ``/dev/shm``
+missing (its segment cannot be made: both fall back); with the group's route on rank 1;
+with the first tensor said to be on one GPU for both, and rank 0's export of its GPU
+memory failing, then rank 1's mapping of it (both fall back); with a stand-in for CUDA
+IPC that runs anywhere (the exported "handles" are the tensors' values), for every
+tensor, then for the first only; CUDA IPC only, with a tensor in host memory (both fall
+back); and CUDA IPC only for all but that tensor (real CUDA IPC on a GPU; the group on
+the CPU). Each rank writes ``OUT/<RANK>.json``: per round, the route and whether rank
+1's tensors (of several dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``, the
+CPU by default, the last always on the CPU) equal rank 0's. With ``receiver-dies``, rank 1
 dies as it would open rank 0's segment, and rank 0 writes how its ``sync()`` failed and
 which of its segments are left in ``/dev/shm``.
 """
@@ -56,7 +60,7 @@ def said_to_be_on_one_gpu(tensors):
 
 
 if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's segment
-    os.environ[handover.SWITCH_ENV] = "1"
+    os.environ[handover.ROUTE_ENV] = handover.SHARED_MEMORY
     if rank == 1:
         handover.os.open = lambda *args, **kwargs: os._exit(3)
     try:
@@ -70,23 +74,36 @@ if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's s
         json.dump({"failure": failure, "left": left}, fp)
     sys.exit(0)
 
+
+def values(tensors):  # a stand-in for CUDA IPC that runs anywhere: the bytes themselves
+    return [t.detach().cpu().clone() for t in tensors]
+
+
+def on_one_gpu(tensors):  # every tensor with bytes, as if all ranks shared one GPU
+    return tuple("GPU-test" if t.numel() else cuda_ipc.HOST for t in tensors)
+
+
+SHM, IPC, GROUP = handover.SHARED_MEMORY, handover.CUDA_IPC, handover.GROUP
+ROUNDS = {  # name: AGENTD_SYNC_ROUTE on rank 0 and on rank 1
+    "shared memory": (SHM, SHM),
+    "no /dev/shm on the writer": (SHM, SHM),
+    "the group's route on rank 1": (SHM, GROUP),
+    "GPU memory not exported": (SHM, SHM),
+    "GPU memory not mapped": (SHM, SHM),
+    "CUDA IPC stand-in": (IPC, IPC),
+    "shared memory and a CUDA IPC stand-in": (SHM, SHM),
+    "CUDA IPC with a tensor in host memory": (IPC, IPC),
+    "CUDA IPC": (IPC, IPC),
+}
 rounds = {}
 real = {name: getattr(cuda_ipc, name) for name in ("device_keys", "export", "open_exported")}
-for name in (
-    "shared memory",
-    "no /dev/shm on the writer",
-    "switched off on rank 1",
-    "GPU memory not exported",
-    "GPU memory not mapped",
-):
-    os.environ[handover.SWITCH_ENV] = "1"
+for name, routes in ROUNDS.items():
+    os.environ[handover.ROUTE_ENV] = routes[rank]
     handover.SHM_DIR = "/dev/shm"
     for attribute, function in real.items():
         setattr(cuda_ipc, attribute, function)
     if name == "no /dev/shm on the writer" and rank == 0:
         handover.SHM_DIR = os.path.join(out, "missing")
-    if name == "switched off on rank 1" and rank == 1:
-        os.environ[handover.SWITCH_ENV] = "0"
     if name.startswith("GPU memory"):
         cuda_ipc.device_keys = said_to_be_on_one_gpu
         cuda_ipc.export = (lambda ts: [("handle",)] * len(ts)) if rank == 0 else None
@@ -94,12 +111,17 @@ for name in (
     if name == "GPU memory not exported":  # nothing to map: rank 1 must not try
         cuda_ipc.export = fail("cannot export that")
         cuda_ipc.open_exported = lambda *args: os._exit(4)
+    if "stand-in" in name:
+        cuda_ipc.device_keys = on_one_gpu if name == "CUDA IPC stand-in" else said_to_be_on_one_gpu
+        cuda_ipc.export = values
+        cuda_ipc.open_exported = lambda handles, devices: list(handles)
     mine = tensors(seed=rank)
-    inprocess.sync(*mine)
+    handed = mine[:-1] if name == "CUDA IPC" else mine  # all on the GPU, where there is one
+    inprocess.sync(*handed)
     expected = tensors(seed=0)
     rounds[name] = {
         "route": inprocess.last_sync().route,
-        "equal": all(torch.equal(a, b) for a, b in zip(mine, expected, strict=True)),
+        "equal": all(torch.equal(a, b) for a, b in zip(handed, expected, strict=False)),
         "contiguous": [t.is_contiguous() for t in mine],
     }
 dist.destroy_process_group()
