@@ -183,6 +183,13 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--launchers", default="agentd-inprocess,agentd,agentd-spawn,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--give-up-after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run a launcher no more after N runs that did not recover (0: run them all)",
+    )
     parser.add_argument("--model-mb", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
     parser.add_argument(
@@ -211,11 +218,17 @@ def main() -> None:
     if unknown:
         sys.exit(f"--launchers: unknown {sorted(unknown)}; known: {', '.join(COMMANDS)}")
     times: dict[str, list[float]] = {name: [] for name in names}
+    failed: dict[str, int] = {name: 0 for name in names}
     for run in range(args.runs):  # interleaved: a slow spell of the machine hits them all
         for name in names:
+            if args.give_up_after and failed[name] >= args.give_up_after:
+                continue
             took = run_once(name, args.nproc, args.timeout, args.model_mb, args.device)
             if isinstance(took, str):
                 print(f"  {name}: run {run + 1} did not recover: {took}", flush=True)
+                failed[name] += 1
+                if failed[name] == args.give_up_after:
+                    print(f"  {name}: given up after {failed[name]} failed runs", flush=True)
             else:
                 times[name].append(took)
     firsts = {name: statistics.median(FIRST_STEPS[name]) for name in names if name in FIRST_STEPS}

@@ -77,8 +77,12 @@ step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready (the
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
 standby=agentd-inprocess-cuda,agentd-inprocess-cuda-ipc,agentd-inprocess
 [ "$device" = cuda ] || standby=agentd-inprocess,agentd-inprocess-shm  # no CUDA ever ready
-bench 170 --device "$device" --model-mb 256 --runs 5 --launchers "$standby"
-bench 80 --device "$device" --model-mb 256 --runs 2 --launchers agentd-inprocess-cold,agentd,agentd-spawn
+# a run that does not recover costs at most 30 s, and a launcher is dropped after two:
+# one broken launcher cannot take the others' figures down with it
+bench 170 --device "$device" --model-mb 256 --runs 5 --timeout 30 --give-up-after 2 \
+    --launchers "$standby"
+bench 80 --device "$device" --model-mb 256 --runs 2 --timeout 30 --give-up-after 1 \
+    --launchers agentd-inprocess-cold,agentd,agentd-spawn
 
 step "summary"
 "$py" - "$out" <<'PY'
