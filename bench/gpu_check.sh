@@ -8,22 +8,38 @@
 # Each step's timeout keeps the whole under the device tool's 10 minutes a command. Run
 # from the repository root, agentd from its source tree:
 #
-#     bash bench/gpu_check.sh [OUT_DIR]
+#     bash bench/gpu_check.sh --fetch-wheels   # here first: the test tools' wheels, in .whl/
+#     bash bench/gpu_check.sh [OUT_DIR]        # there, with .whl/ carried along
 #
-# Needs python3 with torch (CUDA), aiohttp, psutil, pytest and pytest-timeout; a wheel of
-# pytest-asyncio in .whl/ is installed to a scratch folder when it is missing. Logs go to
-# OUT_DIR (default: $OUT, else a temporary folder). Without a GPU the tests skip and the
-# GPU benchmarks say so: the script still runs end to end (that is how it is tried on CPU).
+# The GPU machine has python3 with torch (CUDA), aiohttp and psutil, and cannot fetch
+# packages: where pytest, pytest-timeout or pytest-asyncio is missing there, the wheels in
+# .whl/ (pure Python, fetched here by --fetch-wheels for its Python 3.12) are unpacked into
+# a scratch folder first. pytest runs without the project's addopts (they name
+# pytest-xdist's options). Logs go to OUT_DIR (default: $OUT, else a temporary folder).
+# Without a GPU the tests skip and the GPU benchmarks say so: the script still runs end to
+# end (that is how it is tried on CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+py="${PYTHON:-python3}"
+if [ "${1:-}" = --fetch-wheels ]; then
+    rm -rf .whl && mkdir .whl
+    exec "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps -d .whl \
+        pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 \
+        pytest-timeout==2.4.0 pytest-asyncio==1.5.0 typing-extensions==4.16.0
+fi
 out="${1:-${OUT:-$(mktemp -d)}}"
 mkdir -p "$out"
+: > "$out/bench.txt"  # this run's figures only, in an OUT_DIR used before
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-py="${PYTHON:-python3}"
-if ! "$py" -c "import pytest_asyncio" 2>/dev/null && ls .whl/pytest_asyncio-*.whl >/dev/null 2>&1; then
-    "$py" -m pip install -q --no-index --no-deps --target /tmp/gpu-check-site .whl/pytest_asyncio-*.whl
-    export PYTHONPATH="$PYTHONPATH:/tmp/gpu-check-site"
+if ! "$py" -c "import pytest, pytest_timeout, pytest_asyncio" 2>/dev/null; then
+    if ls .whl/*.whl >/dev/null 2>&1; then  # a wheel of pure Python is its files, zipped
+        for wheel in .whl/*.whl; do "$py" -m zipfile -e "$wheel" /tmp/gpu-check-site; done
+        export PYTHONPATH="/tmp/gpu-check-site:$PYTHONPATH"
+    else
+        echo "pytest, pytest-timeout or pytest-asyncio is missing and .whl/ has no wheels" \
+            "(bash bench/gpu_check.sh --fetch-wheels, then carry .whl): the tests will not run"
+    fi
 fi
 step() { echo; echo "=== $1 ($(date +%T))"; }
 
@@ -40,7 +56,7 @@ PY
 } 2>&1 | tee "$out/machine.txt"
 
 step "tests/gpu (and the in-process tests that reproduce the GPU's slow exit on CPU)"
-timeout 190 "$py" -m pytest -q -rA -p no:cacheprovider tests/gpu tests/gpus \
+timeout 190 "$py" -m pytest -q -rA -p no:cacheprovider -o addopts= tests/gpu tests/gpus \
     tests/inprocess/test_restart.py tests/inprocess/test_handover.py \
     -k "gpu or GPU or lags or fallback or nccl or standby or route" 2>&1 \
     | tee "$out/tests.txt" | grep -v "^PASSED\|^SKIPPED" | tail -30
