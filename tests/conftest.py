@@ -47,17 +47,36 @@ def wait_until(
         time.sleep(0.01)
 
 
+_handed_out: set[int] = set()
+"""The ports :func:`free_port` gave this process: none twice (a test may take several
+before its processes bind any)."""
+
+
 def free_port() -> int:
     """A free port below the ephemeral range: a client retrying an ephemeral port with no
-    listener can connect to itself (TCP self-connect) and hold the port a restart needs."""
+    listener can connect to itself (TCP self-connect) and hold the port a restart needs.
+
+    A port is free until a process binds it, seconds later: so each pytest-xdist worker
+    draws from its own share of the range (every Nth port), and this process never draws
+    one twice, or two tests could be handed the same port before either binds it. The
+    probe binds every address (tests listen on 127.0.0.1-3: a store's candidates take
+    the endpoint's port on 127.0.0.2 and .3); it never listens."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(20000, min(low, 32768)), 200):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = range(20000, min(low, 32768))[int(worker) if worker.isdigit() else 0 :: workers]
+    unused = [port for port in share if port not in _handed_out]
+    if not unused:  # every port of the share given out: long bound or long freed
+        _handed_out.clear()
+        unused = list(share)
+    for port in random.sample(unused, min(200, len(unused))):
         with socket.socket() as sock:
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind(("", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     raise RuntimeError("no free port below the ephemeral range")
 
 
