@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 
 from report_files import write_report
-from run_control import wait_for
+from run_control import free_port, listening, wait_for
 
 TIMER_JOB = """\
 import os, time
@@ -90,17 +89,6 @@ def first_heartbeat(folder: Path, runs: int) -> int:
             raise SystemExit(f"the heartbeat job failed ({code}):\n{err[-2000:]}")
         dropped += UNTRUSTED in err
     return dropped
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, int]:

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,14 +27,9 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from run_control import free_port
 
 WORKER = str(Path(__file__).parents[1] / "tests" / "workers" / "worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get_json(url: str) -> dict:

@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 
 import psutil
-from run_control import end_run, wait_for
+from run_control import end_run, free_port, listening, wait_for
 
 WORKER = str(Path(__file__).with_name("node_loss_worker.py"))
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
@@ -47,17 +46,6 @@ TOKEN = "bench-secret"
 MARK_ENV = "BENCH_NODE_LOSS_RUN"
 SPARE_SETTLE = 4.0
 """Seconds the spare gets to start (its interpreter and zygote: torch) and wait in the store."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def rounds(out: Path) -> list[dict]:

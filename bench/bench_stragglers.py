@@ -50,7 +50,7 @@ from pathlib import Path
 
 import psutil
 from report_files import reports as finished_reports
-from run_control import end_run, wait_for
+from run_control import end_run, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = str(REPO / "tests" / "drain" / "train_steps.py")
@@ -61,12 +61,6 @@ STEADY = 5.0
 """Seconds the world of 3 trains before the clock starts (and before the spare comes)."""
 RATE_WINDOW = 2.0
 """Seconds over which a round's steps a second are counted."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def notes(out: Path, pattern: str) -> list[dict]:

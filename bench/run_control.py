@@ -1,5 +1,6 @@
-"""What the benchmarks that start several launchers share: waiting on a condition with a
-deadline, and killing every process of one run by pid.
+"""What the benchmarks that start several launchers share: a port and whether something
+listens on it, waiting on a condition with a deadline, and killing every process of one
+run by pid.
 
 A run marks its processes by an environment variable (a launcher's workers inherit it),
 so :func:`kill_marked` finds what a killed or failed launcher left behind: torchrun's
@@ -9,12 +10,26 @@ workers, blocked in gloo, outlive it.
 from __future__ import annotations
 
 import contextlib
+import socket
 import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 
 import psutil
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 nothing holds now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.02) -> bool:
