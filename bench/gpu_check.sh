@@ -12,9 +12,9 @@
 #     bash bench/gpu_check.sh [OUT_DIR]        # there, with .whl/ carried along
 #
 # The GPU machine has python3 with torch (CUDA), aiohttp and psutil, and cannot fetch
-# packages: where pytest, pytest-timeout or pytest-asyncio is missing there, the wheels in
-# .whl/ (pure Python, fetched here by --fetch-wheels for its Python 3.12) are unpacked into
-# a scratch folder first. pytest runs without the project's addopts (they name
+# packages: the wheels in .whl/ (pytest, pytest-timeout, pytest-asyncio: pure Python,
+# fetched here by --fetch-wheels, CI's versions) are unpacked into a scratch folder ahead
+# of whatever the machine has (the tests' hooks need pytest 8 or later). pytest runs without the project's addopts (they name
 # pytest-xdist's options). Logs go to OUT_DIR (default: $OUT, else a temporary folder).
 # Without a GPU the tests skip and the GPU benchmarks say so: the script still runs end to
 # end (that is how it is tried on CPU).
@@ -32,14 +32,12 @@ mkdir -p "$out"
 : > "$out/bench.txt"  # this run's figures only, in an OUT_DIR used before
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-if ! "$py" -c "import pytest, pytest_timeout, pytest_asyncio" 2>/dev/null; then
-    if ls .whl/*.whl >/dev/null 2>&1; then  # a wheel of pure Python is its files, zipped
-        for wheel in .whl/*.whl; do "$py" -m zipfile -e "$wheel" /tmp/gpu-check-site; done
-        export PYTHONPATH="/tmp/gpu-check-site:$PYTHONPATH"
-    else
-        echo "pytest, pytest-timeout or pytest-asyncio is missing and .whl/ has no wheels" \
-            "(bash bench/gpu_check.sh --fetch-wheels, then carry .whl): the tests will not run"
-    fi
+if ls .whl/*.whl >/dev/null 2>&1; then  # a wheel of pure Python is its files, zipped
+    for wheel in .whl/*.whl; do "$py" -m zipfile -e "$wheel" /tmp/gpu-check-site; done
+    export PYTHONPATH="/tmp/gpu-check-site:$PYTHONPATH"  # CI's versions, before the machine's
+elif ! "$py" -c "import pytest, pytest_timeout, pytest_asyncio" 2>/dev/null; then
+    echo "pytest, pytest-timeout or pytest-asyncio is missing and .whl/ has no wheels" \
+        "(bash bench/gpu_check.sh --fetch-wheels, then carry .whl): the tests will not run"
 fi
 step() { echo; echo "=== $1 ($(date +%T))"; }
 
