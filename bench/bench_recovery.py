@@ -164,6 +164,56 @@ STANDBY_WAIT = {
 standby of its slot, with its CUDA ready for ``-cuda``; ``-cold`` keeps none."""
 
 
+GPU_FIGURES = {
+    "agentd-inprocess-cuda-ipc": "gpu_inprocess_standby_ipc",
+    "agentd-inprocess-cuda": "gpu_inprocess_standby_cuda",
+    "agentd-inprocess": "gpu_inprocess_standby",
+    "agentd-inprocess-cold": "gpu_inprocess_cold",
+    "agentd": "gpu_default_recovery",
+    "agentd-spawn": "gpu_spawn_recovery",
+}
+"""The figure each launcher's recovery is recorded as with ``--device cuda --record``."""
+
+
+def gpu_figures(
+    medians: dict[str, float], times: dict[str, list[float]], runs: int, model_mb: float
+) -> list[tuple[str, str, str]]:
+    """(figure, text, note) for each launcher of :data:`GPU_FIGURES` that recovered: the
+    median, and in the note the spread, the runs recovered, the model and the route."""
+    found = []
+    for name, figure in GPU_FIGURES.items():
+        if name not in medians:
+            continue
+        ms = [t * 1000 for t in times[name]]
+        note = (
+            f"{name}: crash -> all ranks past the next all-reduce, median of {len(ms)} "
+            f"({min(ms):,.0f}-{max(ms):,.0f} ms), {len(ms)}/{runs} recovered, "
+            f"a {model_mb:g} MiB model on the GPU, gloo"
+        )
+        if name in ROUTES:
+            taken = ROUTES[name]
+            note += "; the state by " + ", ".join(
+                f"{r} {taken.count(r)}/{len(taken)}" for r in sorted(set(taken))
+            )
+        found.append((figure, f"{medians[name] * 1000:,.0f} ms", note))
+    return found
+
+
+def record_gpu_figures(
+    args: argparse.Namespace, medians: dict[str, float], times: dict[str, list[float]], gpu: str
+) -> None:
+    """Write :func:`gpu_figures` to docs/figures.json, ``gpu`` (its name, torch's
+    version) named as the device."""
+    from figures import record
+
+    command = (
+        f"bash bench/gpu_check.sh (bench/bench_recovery.py --device {args.device} --model-mb "
+        f"{args.model_mb:g} --runs {args.runs} --launchers {args.launchers} --record)"
+    )
+    for figure, text, note in gpu_figures(medians, times, args.runs, args.model_mb):
+        record(figure, text, command, note, device=gpu)
+
+
 def kept_in_process(out: Path, nproc: int) -> bool:
     """Ranks 1.. kept their pid and checksum; the new rank 0 has theirs (printed if not)."""
     before = [json.loads((out / f"state_0_{r}").read_text()) for r in range(nproc)]
@@ -195,18 +245,21 @@ def main() -> None:
     parser.add_argument(
         "--record",
         action="store_true",
-        help="write the figures the docs quote to docs/figures.json",
+        help="write the figures the docs quote to docs/figures.json (with --device cuda: "
+        "the gpu_* figures of GPU_FIGURES, the GPU named)",
     )
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_recovery needs torch (pip install torch==2.13.0)")
     model = f", a {args.model_mb:g} MiB model" if args.model_mb else ""
+    gpu = ""  # the GPU's name and torch's version, where the model is on one
     if args.device != "cpu":
         import torch
 
         if not torch.cuda.is_available():
             sys.exit(f"bench_recovery --device {args.device} needs a CUDA GPU")
-        model += f" on {torch.cuda.get_device_name()}, torch {torch.__version__}"
+        gpu = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+        model += f" on {gpu}"
     print(
         f"launch -> all {args.nproc} workers past their first all-reduce (time to first "
         f"step), and crash -> all {args.nproc} workers of the next attempt past their "
@@ -267,6 +320,8 @@ def main() -> None:
             taken = ROUTES[name]
             counts = ", ".join(f"{r} {taken.count(r)}/{len(ok)}" for r in sorted(set(taken)))
             print(f"    {name}: the new rank's state came by: {counts}", flush=True)
+    if args.record and args.device != "cpu":
+        record_gpu_figures(args, medians, times, gpu)
     if args.record and args.device == "cpu" and not args.model_mb:
         from figures import record
 

@@ -33,20 +33,25 @@ def load(path: Path = DATA) -> dict[str, dict[str, Any]]:
     return json.loads(path.read_text())
 
 
-def record(name: str, text: str, command: str, note: str = "", path: Path = DATA) -> None:
-    """Store figure ``name`` as measured now by ``command`` (a benchmark's ``--record``)."""
+def record(
+    name: str, text: str, command: str, note: str = "", path: Path = DATA, device: str = ""
+) -> None:
+    """Store figure ``name`` as measured now by ``command`` (a benchmark's ``--record``),
+    on this machine and ``device`` (a GPU's name, versions), where one was used."""
     figures = load(path) if path.exists() else {}
+    machine = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
     entry = {
         "text": text,
         "command": command,
         "measured": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        "machine": f"{device}, {machine}" if device else machine,
     }
     if note:
         entry["note"] = note
     figures[name] = entry
     write_report(path, json.dumps(dict(sorted(figures.items())), indent=2) + "\n")
-    print(f"  recorded {name} = {text!r} in {path.relative_to(ROOT)}")
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"  recorded {name} = {text!r} in {shown}")
 
 
 def pages(root: Path = ROOT) -> list[Path]:

@@ -4,7 +4,9 @@
 # one-rank NCCL restart and its abort (with NCCL's monitoring thread on and off), and the
 # in-process recovery with CUDA-ready standbys (the survivors' state handed over through
 # the process group, then mapped from their GPU memory: CUDA IPC), plain standbys, none,
-# and new processes (on CPU: plain standbys, through the group then shared memory).
+# and new processes (on CPU: plain standbys, through the group then shared memory). On a
+# GPU, the figures go to docs/figures.json too (named gpu_*, the GPU and torch named, the
+# spread and the route in each note), copied to OUT_DIR/figures.json to bring back.
 # Each step's timeout keeps the whole under the device tool's 10 minutes a command. Run
 # from the repository root, agentd from its source tree:
 #
@@ -80,6 +82,20 @@ ms = lambda xs: f"median {statistics.median(xs) * 1000:.0f} ms ({min(xs) * 1000:
 print(f"  nccl-raise {sys.argv[2]}: {len(calls)} calls in {len({c['pid'] for c in calls})} process(es); "
       f"restart {ms(restart)}; abort {ms(abort)}; allocated MiB {mib('allocated')}; "
       f"device used MiB {mib('device_used')}")
+import torch
+sys.path.insert(0, "bench")
+from figures import record
+monitoring = "TORCH_NCCL_ENABLE_MONITORING=0" if sys.argv[2] == "no-monitor" else "monitoring on"
+record(
+    "gpu_nccl_restart" + ("_no_monitoring" if sys.argv[2] == "no-monitor" else ""),
+    f"{statistics.median(restart) * 1000:,.0f} ms",
+    "bash bench/gpu_check.sh (agentd run --standalone --nproc-per-node 1 --max-restarts 5 "
+    "--inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py DIR raise)",
+    f"one NCCL rank whose training function raises 5 times ({monitoring}): from each raise "
+    f"to the next call, {ms(restart)}; NCCL's abort {ms(abort)}; {len(calls)} calls in "
+    f"{len({c['pid'] for c in calls})} process(es)",
+    device=f"{torch.cuda.get_device_name()}, torch {torch.__version__}",
+)
 PY
 }
 if [ "$device" = cuda ]; then
@@ -93,10 +109,12 @@ standby=agentd-inprocess-cuda,agentd-inprocess-cuda-ipc,agentd-inprocess
 [ "$device" = cuda ] || standby=agentd-inprocess,agentd-inprocess-shm  # no CUDA ever ready
 # a run that does not recover costs at most 30 s, and a launcher is dropped after two:
 # one broken launcher cannot take the others' figures down with it
+# --record writes the GPU's figures (on a GPU only) to docs/figures.json, copied to OUT_DIR
 bench 170 --device "$device" --model-mb 256 --runs 5 --timeout 30 --give-up-after 2 \
-    --launchers "$standby"
+    --record --launchers "$standby"
 bench 80 --device "$device" --model-mb 256 --runs 2 --timeout 30 --give-up-after 1 \
-    --launchers agentd-inprocess-cold,agentd,agentd-spawn
+    --record --launchers agentd-inprocess-cold,agentd,agentd-spawn
+cp docs/figures.json "$out/figures.json"
 
 step "summary"
 "$py" - "$out" <<'PY'

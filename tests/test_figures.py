@@ -48,3 +48,29 @@ def test_a_page_that_differs_is_named_and_render_puts_it_right(tmp_path):
     assert figures.render(tmp_path) == 1
     assert page.read_text() == f"about <!--fig:{name}-->{entry['text']}<!--/fig--> and more\n"
     assert figures.problems(tmp_path) == []
+
+
+def test_a_gpu_runs_recovery_figures_name_the_gpu_the_spread_and_the_route(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "bench_recovery", ROOT / "bench" / "bench_recovery.py"
+    )
+    assert spec is not None and spec.loader is not None
+    recovery = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recovery)
+    recovery.ROUTES["agentd-inprocess-cuda-ipc"] = ["CUDA IPC"] * 4 + ["process group"]
+    times = {"agentd-inprocess-cuda-ipc": [0.21, 0.19, 0.25, 0.2, 0.22], "agentd": [1.452]}
+    medians = {"agentd-inprocess-cuda-ipc": 0.21, "agentd": 1.452}
+    found = recovery.gpu_figures(medians, times, 5, 256)
+    assert [(name, text) for name, text, _ in found] == [
+        ("gpu_inprocess_standby_ipc", "210 ms"),
+        ("gpu_default_recovery", "1,452 ms"),
+    ]
+    assert found[0][2] == (
+        "agentd-inprocess-cuda-ipc: crash -> all ranks past the next all-reduce, median of 5 "
+        "(190-250 ms), 5/5 recovered, a 256 MiB model on the GPU, gloo; the state by "
+        "CUDA IPC 4/5, process group 1/5"
+    )
+    data = tmp_path / "figures.json"
+    figures.record(*found[0], path=data, device="NVIDIA H200, torch 2.11.0+cu130")
+    entry = figures.load(data)["gpu_inprocess_standby_ipc"]
+    assert entry["machine"].startswith("NVIDIA H200, torch 2.11.0+cu130, ")
