@@ -14,9 +14,10 @@
 #     bash bench/gpu_check.sh [OUT_DIR]        # there, with .whl/ carried along
 #
 # The GPU machine has python3 with torch (CUDA), aiohttp and psutil, and cannot fetch
-# packages: the wheels in .whl/ (pytest, pytest-timeout, pytest-asyncio: pure Python,
-# fetched here by --fetch-wheels, CI's versions) are unpacked into a scratch folder ahead
-# of whatever the machine has (the tests' hooks need pytest 8 or later). pytest runs without the project's addopts (they name
+# packages: the wheels in .whl/ (pytest, pytest-timeout, pytest-asyncio, and pynvml for
+# the test that asks NVML who holds GPU memory: pure Python, fetched here by
+# --fetch-wheels, CI's versions) are unpacked into a scratch folder ahead of whatever the
+# machine has (the tests' hooks need pytest 8 or later). pytest runs without the project's addopts (they name
 # pytest-xdist's options). Logs go to OUT_DIR (default: $OUT, else a temporary folder).
 # Without a GPU the tests skip and the GPU benchmarks say so: the script still runs end to
 # end (that is how it is tried on CPU).
@@ -27,7 +28,8 @@ if [ "${1:-}" = --fetch-wheels ]; then
     rm -rf .whl && mkdir .whl
     exec "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps -d .whl \
         pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 \
-        pytest-timeout==2.4.0 pytest-asyncio==1.5.0 typing-extensions==4.16.0
+        pytest-timeout==2.4.0 pytest-asyncio==1.5.0 typing-extensions==4.16.0 \
+        nvidia-ml-py==13.615.71
 fi
 out="${1:-${OUT:-$(mktemp -d)}}"
 mkdir -p "$out"

@@ -5,7 +5,6 @@ tests/gpu/ checks the real thing)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,8 +20,8 @@ from agentd.hygiene.orphans import ZombieReaper
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("pynvml") is not None,
-    reason="NVML is installed here: the agent would read it, not the stand-in nvidia-smi",
+    NvmlUsage.open() is not None,
+    reason="NVML answers here: the agent would read it, not the stand-in nvidia-smi",
 )
 
 JOB = """
