@@ -149,7 +149,8 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
     try:
         dist.all_gather_object(written, made)
         opened: str | None = "ok"
-        if all(written[w].status == "ok" for w in writers) and mine is not None:
+        exported = all(written[w].status == "ok" for w in writers)
+        if exported and mine is not None:
             opened, fd, views = _open(_segment(peers[mine]), written[mine], tensors)
         dist.all_gather_object(answers, opened)
     except BaseException:
@@ -160,7 +161,7 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
         if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    ok = all(written[w].status == "ok" for w in writers) and all(a == "ok" for a in answers)
+    ok = exported and all(a == "ok" for a in answers)
     try:
         if ok and mine is not None:
             if fd is not None:
