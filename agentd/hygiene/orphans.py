@@ -73,27 +73,59 @@ def _start_ticks(pid: int) -> int:
     return int(stat.rsplit(b")", 1)[1].split()[19])
 
 
-def owner_mark(run_id: str, pid: int | None = None) -> str:
-    """The ``AGENTD_OWNER`` value that identifies one agent process and its run."""
+def pid_namespace(pid: int | str = "self") -> int | None:
+    """The PID namespace ``pid`` runs in (the inode of ``/proc/<pid>/ns/pid``); None where
+    it cannot be read."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def agent_identity(pid: int | None = None) -> str:
+    """``<pid>.<start ticks>.<PID namespace>``: one agent process, told apart from a later
+    process given its pid (the ticks) and from a process of another PID namespace (a
+    container's agent, sharing this host's temporary folder or seen in its process table,
+    numbers its processes on its own)."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}.{process_start_ticks(pid)}/{run_id}"
+    namespace = pid_namespace(pid)
+    return f"{pid}.{process_start_ticks(pid)}" + ("" if namespace is None else f".{namespace}")
 
 
-def parse_owner_mark(mark: str) -> tuple[int, int | None, str] | None:
-    """``(agent pid, agent start ticks, run id)`` from a mark; None if malformed."""
-    owner, sep, run_id = mark.partition("/")
-    pid_text, _, ticks_text = owner.partition(".")
-    if not sep or not pid_text.isdigit():
+def parse_identity(text: str) -> tuple[int, int | None, int | None] | None:
+    """``(pid, start ticks, PID namespace)`` from :func:`agent_identity` (the ticks and the
+    namespace None where it did not say them); None if malformed."""
+    pid_text, _, rest = text.partition(".")
+    ticks_text, _, namespace_text = rest.partition(".")
+    if not pid_text.isdigit():
         return None
     ticks = int(ticks_text) if ticks_text.isdigit() else None
-    return int(pid_text), ticks, run_id
+    return int(pid_text), ticks, int(namespace_text) if namespace_text.isdigit() else None
 
 
-def agent_alive(pid: int, ticks: int | None) -> bool:
+def owner_mark(run_id: str, pid: int | None = None) -> str:
+    """The ``AGENTD_OWNER`` value that identifies one agent process and its run."""
+    return f"{agent_identity(pid)}/{run_id}"
+
+
+def parse_owner_mark(mark: str) -> tuple[int, int | None, int | None, str] | None:
+    """``(agent pid, its start ticks, its PID namespace, run id)`` from a mark; None if
+    malformed."""
+    owner, sep, run_id = mark.partition("/")
+    identity = parse_identity(owner)
+    if not sep or identity is None:
+        return None
+    return *identity, run_id
+
+
+def agent_alive(pid: int, ticks: int | None, namespace: int | None = None) -> bool:
     """Whether the agent process named by a mark still runs (pid reuse is told apart).
     Only a process known gone counts as dead: one whose entry cannot be read for another
-    reason (the caller out of descriptors, say) counts as alive, so what may be a live
-    agent's pipes or workers are never swept or killed."""
+    reason (the caller out of descriptors, say) counts as alive, and so does one of
+    another PID namespace than ours (its pid means another process here), so what may be
+    a live agent's pipes or workers are never swept or killed."""
+    if namespace is not None and namespace != pid_namespace():
+        return True
     try:
         current = _start_ticks(pid)
     except FileNotFoundError:
@@ -110,8 +142,8 @@ def kill_leftovers(run_id: str) -> list[int]:
         parsed = parse_owner_mark(mark)
         if parsed is None:
             return False
-        pid, ticks, mark_run = parsed
-        return mark_run == run_id and not agent_alive(pid, ticks)
+        pid, ticks, namespace, mark_run = parsed
+        return mark_run == run_id and not agent_alive(pid, ticks, namespace)
 
     killed = kill_marked(is_leftover)
     if killed:

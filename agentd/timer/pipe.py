@@ -11,10 +11,12 @@ loads none of it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import select
 import stat
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,24 +29,34 @@ log = logging.getLogger(__name__)
 PIPE_BUF = select.PIPE_BUF
 """Writes up to this size are atomic: one request is one write."""
 PIPE_DIR_PREFIX = "agentd-timer-"
-"""A private pipe's directory: ``agentd-timer-<agent pid>.<its start ticks>-<random>``."""
+"""A private pipe's directory: ``agentd-timer-<agent pid>.<its start ticks>.<its PID
+namespace>-<random>`` (:func:`~agentd.hygiene.orphans.agent_identity`)."""
 _READ_SIZE = 1 << 16
 
 
 def sweep_stale_pipe_dirs(folder: str) -> list[str]:
-    """Remove the private pipe directories (``agentd-timer-<pid>.<start ticks>-*``, holding
-    only named pipes, ours) of agents that are gone: one killed before its guardian started
-    (it starts with the first workers) could not have its directory removed. Returns them."""
-    from agentd.hygiene.orphans import agent_alive  # agent side only: workers import this module
+    """Remove the private pipe directories (``agentd-timer-<pid>.<start ticks>[.<PID
+    namespace>]-*``, holding only named pipes, ours) of agents that are gone: one killed
+    before its guardian started (it starts with the first workers) could not have its
+    directory removed. An agent of another PID namespace (a container's, sharing the
+    folder) is not judged by its pid, which names another process here or none, but by its
+    lock on the directory (:func:`lock_dir`), which ends with it. Returns those removed."""
+    from agentd.hygiene.orphans import agent_alive, parse_identity, pid_namespace  # agent side
 
+    ours = pid_namespace()
     removed = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
             if not entry.name.startswith(PIPE_DIR_PREFIX):
                 continue
-            owner = entry.name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0]
-            pid, _, ticks = owner.partition(".")
-            if not (pid.isdigit() and ticks.isdigit()) or agent_alive(int(pid), int(ticks)):
+            owner = parse_identity(entry.name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0])
+            if owner is None or owner[1] is None:
+                continue
+            pid, ticks, namespace = owner
+            if namespace is None or namespace == ours:
+                if agent_alive(pid, ticks):
+                    continue
+            elif _young(entry.path) or _locked(entry.path):
                 continue
             if not _only_our_fifos(entry.path):
                 continue
@@ -54,6 +66,46 @@ def sweep_stale_pipe_dirs(folder: str) -> list[str]:
                 os.rmdir(entry.path)
                 removed.append(entry.path)
     return removed
+
+
+FOREIGN_GRACE = 60.0
+"""Seconds another PID namespace's pipe directory is left alone, whatever its lock says
+(its agent locks it just after making it)."""
+
+
+def lock_dir(path: str) -> int | None:
+    """Lock the directory ``path`` for as long as this process lives (the descriptor to
+    hold; None where the file system cannot): how an agent of another PID namespace tells
+    that its maker lives."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _locked(path: str) -> bool:
+    """Whether the directory ``path`` is locked by its maker (or cannot be told)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as it is closed
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _young(path: str) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime < FOREIGN_GRACE
+    except OSError:
+        return True
 
 
 def _only_our_fifos(path: str) -> bool:
@@ -92,6 +144,7 @@ class FifoSource:
         self._requested_path = file_path
         self.path = ""
         self._created_dir: str | None = None
+        self._dir_lock: int | None = None
         self._created_fifo = False
         self._rfd = -1
         self._wfd = -1
@@ -104,11 +157,11 @@ class FifoSource:
         from agentd.exceptions import StartError
 
         if self._requested_path is None:
-            from agentd.hygiene.orphans import process_start_ticks
+            from agentd.hygiene.orphans import agent_identity
             from agentd.support.tempdirs import private_dir
 
-            owner = f"{os.getpid()}.{process_start_ticks(os.getpid())}"
-            self._created_dir = private_dir(f"{PIPE_DIR_PREFIX}{owner}-")
+            self._created_dir = private_dir(f"{PIPE_DIR_PREFIX}{agent_identity()}-")
+            self._dir_lock = lock_dir(self._created_dir)
             self.path = os.path.join(self._created_dir, "timer.fifo")
         else:
             self.path = os.path.abspath(self._requested_path)
@@ -161,6 +214,9 @@ class FifoSource:
             with contextlib.suppress(OSError):
                 os.rmdir(self._created_dir)
             self._created_dir = None
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)
+            self._dir_lock = None
 
     def drain(self) -> None:
         """Read what is waiting on the pipe now (nothing once closed)."""

@@ -27,11 +27,21 @@ def is_zombie(pid: int) -> bool:
 
 def test_owner_mark_round_trip():
     mark = orphans.owner_mark("run-1")
-    pid, ticks, run = orphans.parse_owner_mark(mark)
-    assert (pid, run) == (os.getpid(), "run-1")
-    assert orphans.agent_alive(pid, ticks)
-    assert not orphans.agent_alive(pid, (ticks or 0) + 1)  # same pid, other process
+    pid, ticks, namespace, run = orphans.parse_owner_mark(mark)
+    assert (pid, namespace, run) == (os.getpid(), orphans.pid_namespace(), "run-1")
+    assert orphans.agent_alive(pid, ticks, namespace)
+    assert not orphans.agent_alive(pid, (ticks or 0) + 1, namespace)  # same pid, other process
     assert orphans.parse_owner_mark("garbage") is None
+    assert orphans.parse_owner_mark("12.34/run-0") == (12, 34, None, "run-0")  # before namespaces
+
+
+def test_an_agent_of_another_pid_namespace_counts_as_alive():
+    """A mark (or pipe directory) made in another PID namespace names its agent by a pid
+    of that namespace: here it is another process or none, so it is never taken for dead."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not orphans.agent_alive(gone.pid, 1, orphans.pid_namespace())
+    assert orphans.agent_alive(gone.pid, 1, orphans.pid_namespace() + 1)
 
 
 def test_an_agent_that_cannot_be_looked_up_counts_as_alive():

@@ -289,3 +289,48 @@ def test_the_pipe_dirs_of_agents_that_are_gone_are_swept(tmp_path):
     assert sorted(sweep_stale_pipe_dirs(str(tmp_path))) == sorted([str(stale), str(reused)])
     assert not stale.exists() and not reused.exists()
     assert live.exists() and not_only_fifos.exists() and old_name.exists()
+
+
+def test_another_pid_namespaces_pipe_dirs_are_judged_by_their_lock(tmp_path):
+    """A directory named by an agent of another PID namespace (a container sharing /tmp):
+    its pid means nothing here, so it is swept only once nobody holds its lock and it is
+    older than FOREIGN_GRACE (its agent locks it just after making it); ours are judged by
+    pid as before. A live one that looked dead here was swept under its agent."""
+    from agentd.hygiene.orphans import (
+        agent_identity,
+        parse_identity,
+        pid_namespace,
+        process_start_ticks,
+    )
+    from agentd.timer.pipe import FOREIGN_GRACE, lock_dir, sweep_stale_pipe_dirs
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    elsewhere = pid_namespace() + 1
+    old = time.time() - FOREIGN_GRACE - 1
+
+    def pipe_dir(name: str, age: float | None = None) -> pathlib.Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        os.mkfifo(folder / "timer.fifo")
+        if age is not None:
+            os.utime(folder, (age, age))
+        return folder
+
+    held = pipe_dir(f"agentd-timer-{gone.pid}.1.{elsewhere}-held", old)
+    lock = lock_dir(str(held))  # a live agent there (its pid, here, is nobody's)
+    young = pipe_dir(f"agentd-timer-{gone.pid}.1.{elsewhere}-young")
+    dead = pipe_dir(f"agentd-timer-{os.getpid()}.1.{elsewhere}-dead", old)  # our pid, not us
+    ours_gone = pipe_dir(f"agentd-timer-{gone.pid}.1.{pid_namespace()}-gone")
+    ours_live = pipe_dir(f"agentd-timer-{agent_identity()}-live")
+    try:
+        assert sorted(sweep_stale_pipe_dirs(str(tmp_path))) == sorted([str(dead), str(ours_gone)])
+        assert held.exists() and young.exists() and ours_live.exists()
+    finally:
+        os.close(lock)
+    assert sweep_stale_pipe_dirs(str(tmp_path)) == [str(held)]  # its agent is gone
+    assert parse_identity(agent_identity()) == (
+        os.getpid(),
+        process_start_ticks(os.getpid()),
+        pid_namespace(),
+    )
