@@ -30,6 +30,13 @@ def launcher(request) -> str:
     return request.param
 
 
+def torchrun_has(option: str) -> bool:
+    """Whether the installed torchrun's command line has ``option``."""
+    from torch.distributed.run import get_args_parser
+
+    return any(option in action.option_strings for action in get_args_parser()._actions)
+
+
 def script(tmp_path, name: str, body: str) -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
@@ -57,6 +64,8 @@ def test_torchs_prefix_template_variable_and_syntax(run_agentd, launcher, tmp_pa
 
 @pytest.mark.parametrize("variable", ["PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
 def test_the_shutdown_timeout_variables_bound_the_stop(run_agentd, launcher, tmp_path, variable):
+    if launcher == "torchrun" and not torchrun_has("--shutdown-timeout"):
+        pytest.skip("this torchrun has no --shutdown-timeout (2.11: SIGKILL after 30 s)")
     if launcher == "torchrun" and variable == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT":
         pytest.skip("torchrun 2.13's command line reads PET_SHUTDOWN_TIMEOUT only")
     stubborn = script(
