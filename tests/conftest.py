@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -195,13 +196,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     """A failed test shows the last lines each of its agents logged (most failures of a
-    real-process test are explained there, and a flaky one may not fail again)."""
+    real-process test are explained there, and a flaky one may not fail again), and, where
+    its workers' output pushed them out of that tail (a progress bar's, say), agentd's own
+    lines: the agent's log and what agentd's worker side said."""
     report = yield
     if report.when == "call" and report.failed:
         for agent in item.stash.get(AGENTS_KEY, []):
             with contextlib.suppress(OSError):
-                report.sections.append((f"agent {agent.pid} stderr (end)", agent.stderr()[-4000:]))
+                text = agent.stderr()
+                report.sections.append((f"agent {agent.pid} stderr (end)", text[-4000:]))
+                own = "\n".join(line for line in text.splitlines() if AGENTD_LINE.match(line))
+                if own[-4000:] not in text[-4000:]:
+                    report.sections.append((f"agent {agent.pid}: agentd's lines", own[-4000:]))
     return report
+
+
+AGENTD_LINE = re.compile(r"(\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ )?agentd[.:]")
+"""A line of the agent's log, or of agentd's worker side (``agentd.heartbeats.client: ...``)."""
 
 
 @pytest.fixture
