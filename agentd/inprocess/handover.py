@@ -23,7 +23,9 @@ route is a broadcast to every rank and this one CUDA IPC. See docs/inprocess.md,
 hand-over's route".
 
 A segment is unlinked as soon as its receivers have it open; one left by a rank killed in
-between is removed by the next writer on its host (its pid is in its name).
+between is removed by the next writer on its host: its pid is in its name, and its writer
+holds a lock on it until it is unlinked, as a writer of another PID namespace's pid (a
+container's, sharing ``/dev/shm``) names another process here, or none.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentd.inprocess import cuda_ipc
+from agentd.support import tempdirs
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
@@ -137,11 +140,12 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
     mine = next((w for w, rs in writers.items() if rank in rs), None)
     path: str | None = None
     made: Written | None = None
+    held: list[int] = []  # the segment this rank writes, open and locked until unlinked
     if rank in writers:
         path = _segment(peers[rank])
         mapped = cuda_ipc.mapped_by(peers[rank].gpus, [peers[r].gpus for r in writers[rank]])
         segment = all(peers[r].segment for r in (rank, *writers[rank]))
-        made = _export(path, tensors, mapped, segment)
+        made = _export(path, tensors, mapped, segment, held)
     written: list[Any] = [None] * world
     answers: list[Any] = [None] * world
     fd: int | None = None
@@ -161,6 +165,8 @@ def hand_over(tensors: list[Any], peers: list[Peer], writers: dict[int, list[int
         if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            for one in held:
+                os.close(one)
     ok = exported and all(a == "ok" for a in answers)
     try:
         if ok and mine is not None:
@@ -187,15 +193,17 @@ def _route(written: list[Written]) -> str:
     return " and ".join(name for name, used in (("shared memory", host), ("CUDA IPC", ipc)) if used)
 
 
-def _export(path: str, tensors: list[Any], mapped: tuple[int, ...], segment: bool) -> Written:
+def _export(
+    path: str, tensors: list[Any], mapped: tuple[int, ...], segment: bool, held: list[int]
+) -> Written:
     """Write the tensors not ``mapped`` that have any bytes to a new segment at ``path``
-    (where there are some, and only if ``segment``: else the writer cannot), and export
-    the ``mapped`` ones' GPU memory."""
+    (where there are some, and only if ``segment``: else the writer cannot; see
+    :func:`_write` for ``held``), and export the ``mapped`` ones' GPU memory."""
     skip = set(mapped)
     in_segment = sum(1 for i, t in enumerate(tensors) if i not in skip and t.numel())
     if in_segment and not segment:
         return Written(f"{in_segment} tensors not on a GPU the receivers share", mapped)
-    status = _write(path, tensors, skip) if in_segment else "ok"
+    status = _write(path, tensors, skip, held) if in_segment else "ok"
     handles: list[Any] = []
     if status == "ok" and mapped:
         try:
@@ -249,10 +257,11 @@ def _bytes(tensor: Any) -> memoryview:
     return memoryview(tensor.detach().view(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def _write(path: str, tensors: list[Any], skip: set[int]) -> str:
+def _write(path: str, tensors: list[Any], skip: set[int], held: list[int]) -> str:
     """Write ``tensors`` but those in ``skip`` to a new segment at ``path`` (the kernel
-    copies them in: no page of it is mapped here): "ok", or why it could not be (a full
-    ``/dev/shm`` is ENOSPC here)."""
+    copies them in: no page of it is mapped here): "ok", its descriptor, locked, added to
+    ``held`` (the caller closes it once the segment is unlinked), or why it could not be
+    (a full ``/dev/shm`` is ENOSPC here)."""
     _remove_the_dead_ones()
     offsets = _offsets(tensors, skip)
     try:
@@ -260,18 +269,21 @@ def _write(path: str, tensors: list[Any], skip: set[int]) -> str:
     except OSError as exc:
         return f"{path}: {exc.strerror}"
     try:
+        tempdirs.hold(fd)
         for i, (tensor, offset) in enumerate(zip(tensors, offsets, strict=True)):
             if tensor.numel() and i not in skip:
                 data = _bytes(tensor.detach().contiguous().cpu())
                 done = 0
                 while done < len(data):
                     done += os.pwrite(fd, data[done:], offset + done)
-    except OSError as exc:
+    except BaseException as exc:  # nothing left behind, whatever stopped the write
         with contextlib.suppress(OSError):
             os.unlink(path)
-        return f"{path}: {exc.strerror}"
-    finally:
         os.close(fd)
+        if isinstance(exc, OSError):
+            return f"{path}: {exc.strerror}"
+        raise
+    held.append(fd)
     return "ok"
 
 
@@ -299,12 +311,14 @@ def _read(fd: int, tensors: list[Any], skip: set[int]) -> None:
 
 
 def _remove_the_dead_ones() -> None:
-    """Remove the segments of writers that died before they unlinked them."""
+    """Remove the segments of writers that died before they unlinked them: no process
+    of their pid here, and nobody holds their lock (a writer of another PID namespace)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(SHM_DIR):
             if not name.startswith(PREFIX):
                 continue
             pid = name[len(PREFIX) :].split("-", 1)[0]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            path = os.path.join(SHM_DIR, name)
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and not tempdirs.held(path):
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(SHM_DIR, name))
+                    os.unlink(path)

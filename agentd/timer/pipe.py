@@ -11,7 +11,6 @@ loads none of it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import select
@@ -19,6 +18,8 @@ import stat
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from agentd.support import tempdirs
 
 if TYPE_CHECKING:
     from agentd.timer.api import TimerRegistry
@@ -56,7 +57,7 @@ def sweep_stale_pipe_dirs(folder: str) -> list[str]:
             if namespace is None or namespace == ours:
                 if agent_alive(pid, ticks):
                     continue
-            elif _young(entry.path) or _locked(entry.path):
+            elif _young(entry.path) or tempdirs.held(entry.path):
                 continue
             if not _only_our_fifos(entry.path):
                 continue
@@ -78,27 +79,10 @@ def lock_dir(path: str) -> int | None:
     hold; None where the file system cannot): how an agent of another PID namespace tells
     that its maker lives."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _locked(path: str) -> bool:
-    """Whether the directory ``path`` is locked by its maker (or cannot be told)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as it is closed
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    if tempdirs.hold(fd):
+        return fd
+    os.close(fd)
+    return None
 
 
 def _young(path: str) -> bool:
@@ -158,9 +142,8 @@ class FifoSource:
 
         if self._requested_path is None:
             from agentd.hygiene.orphans import agent_identity
-            from agentd.support.tempdirs import private_dir
 
-            self._created_dir = private_dir(f"{PIPE_DIR_PREFIX}{agent_identity()}-")
+            self._created_dir = tempdirs.private_dir(f"{PIPE_DIR_PREFIX}{agent_identity()}-")
             self._dir_lock = lock_dir(self._created_dir)
             self.path = os.path.join(self._created_dir, "timer.fifo")
         else:

@@ -15,6 +15,7 @@ import pytest
 from agentd.inprocess import handover
 from agentd.inprocess.cuda_ipc import mapped_by
 from agentd.inprocess.handover import Peer, Written, plan
+from agentd.support import tempdirs
 from tests.conftest import TESTS
 
 
@@ -89,9 +90,41 @@ def test_a_dead_writers_segment_is_removed_by_the_next_writer(tmp_path, monkeypa
     (tmp_path / f"{handover.PREFIX}{gone.pid}-abc").write_bytes(b"x")
     (tmp_path / f"{handover.PREFIX}{os.getpid()}-live").write_bytes(b"x")  # alive: kept
     made = tmp_path / f"{handover.PREFIX}{os.getpid()}-new"
-    assert handover._write(str(made), [torch.ones(3)], set()) == "ok"
+    held: list[int] = []
+    assert handover._write(str(made), [torch.ones(3)], set(), held) == "ok"
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"{handover.PREFIX}{os.getpid()}-live", made.name]
+    os.close(held.pop())
+
+
+def test_a_writer_of_another_pid_namespace_keeps_its_segment(tmp_path, monkeypatch):
+    """A writer in a container sharing /dev/shm (``--ipc=host``) names its segment by a pid
+    of its own namespace: here, no process or another. Its segment went to the next
+    writer of this namespace in the milliseconds it lived (that hand-over fell back to
+    the process group); it is kept while its writer holds the lock it takes on it."""
+    pytest.importorskip("torch")
+    import torch
+
+    monkeypatch.setattr(handover, "SHM_DIR", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    theirs = tmp_path / f"{handover.PREFIX}{gone.pid}-theirs"
+    theirs.write_bytes(b"x")
+    lock = os.open(theirs, os.O_RDONLY)
+    assert tempdirs.hold(lock)  # its writer, in another namespace, holds it
+    held: list[int] = []
+    try:
+        assert handover._write(str(tmp_path / "mine"), [torch.ones(3)], set(), held) == "ok"
+        assert theirs.exists()
+        assert tempdirs.held(str(tmp_path / "mine"))  # ours, while we hand it over
+    finally:
+        os.close(lock)
+        for fd in held:
+            os.close(fd)
+    held.clear()
+    assert handover._write(str(tmp_path / "next"), [torch.ones(3)], set(), held) == "ok"
+    os.close(held.pop())
+    assert not theirs.exists()  # its writer died (its lock went with it)
 
 
 def two_ranks(tmp_path: Path, codes: list[int], *args: str, **env: str) -> list[int]:
