@@ -183,6 +183,8 @@ class Zygote:
                     elif key.fd in self.unanswered:
                         self.answer(key.fd)
                 self.reap()
+        except (BrokenPipeError, ConnectionResetError):  # the agent closed its end after the
+            return 0  # select (a worker's exit and the agent's, at the end of a job)
         finally:
             self.end_spares()
 

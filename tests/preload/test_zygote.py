@@ -1,10 +1,15 @@
 """The zygote's fork loop, on a real socket pair: how it sees its agent go."""
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from agentd.preload import wire
 from agentd.preload.zygote import Zygote
+
+ROOT = Path(__file__).parents[2]
 
 
 @contextmanager
@@ -31,3 +36,37 @@ def test_an_agent_killed_with_reports_unread_ends_the_loop_quietly():
 def test_an_agent_that_closed_the_channel_ends_the_loop():
     with zygote_after(reports=0) as zygote:
         assert zygote.on_message() is False
+
+
+def test_an_agent_gone_while_a_worker_exit_is_reported_ends_the_loop_quietly():
+    """A job's end: its last worker exits and so does the agent. The zygote, woken by the
+    worker's SIGCHLD, reports the exit on a channel the agent closed since its select: a
+    BrokenPipeError traceback on the agent's stderr after the job succeeded (seen once in
+    CI). The loop ends with 0 instead. Run in a process of its own: ``serve()`` takes
+    SIGCHLD and reaps any child."""
+    code = """
+import os, selectors, sys
+from agentd.preload import wire
+from agentd.preload.zygote import Zygote
+
+agent, zygote_end = wire.socketpair()
+zygote = Zygote(zygote_end)
+child = os.fork()
+if child == 0:
+    os._exit(0)
+select = zygote.selector.select
+
+def woken_by_the_exit_alone(timeout=None):  # the select returned before the agent closed
+    zygote.selector.select = select
+    while os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT) is None:
+        pass
+    agent.close()
+    return [(zygote.selector.get_key(zygote.wake_r), selectors.EVENT_READ)]
+
+zygote.selector.select = woken_by_the_exit_alone
+print(zygote.serve())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "0", "")
