@@ -51,9 +51,11 @@ def sweep_stale_pipe_dirs(folder: str) -> list[str]:
             if not entry.name.startswith(PIPE_DIR_PREFIX):
                 continue
             owner = parse_identity(entry.name[len(PIPE_DIR_PREFIX) :].split("-", 1)[0])
-            if owner is None or owner[1] is None:
+            if owner is None:
                 continue
             pid, ticks, namespace = owner
+            if ticks is None:
+                continue
             if namespace is None or namespace == ours:
                 if agent_alive(pid, ticks):
                     continue

@@ -17,6 +17,7 @@ from agentd.inprocess.cuda_ipc import mapped_by
 from agentd.inprocess.handover import Peer, Written, plan
 from agentd.support import tempdirs
 from tests.conftest import TESTS
+from tests.helpers.lock_holder import lock_holder
 
 
 def peer(place: str | None, digest: float = 1.0) -> Peer:
@@ -110,18 +111,18 @@ def test_a_writer_of_another_pid_namespace_keeps_its_segment(tmp_path, monkeypat
     gone.wait()
     theirs = tmp_path / f"{handover.PREFIX}{gone.pid}-theirs"
     theirs.write_bytes(b"x")
-    lock = os.open(theirs, os.O_RDONLY)
-    assert tempdirs.hold(lock)  # its writer, in another namespace, holds it
     held: list[int] = []
-    try:
-        assert handover._write(str(tmp_path / "mine"), [torch.ones(3)], set(), held) == "ok"
-        assert theirs.exists()
-        assert tempdirs.held(str(tmp_path / "mine"))  # ours, while we hand it over
-    finally:
-        os.close(lock)
-        for fd in held:
-            os.close(fd)
-    held.clear()
+    with lock_holder(str(theirs)) as writer:  # its writer, in another namespace, lives
+        try:
+            assert handover._write(str(tmp_path / "mine"), [torch.ones(3)], set(), held) == "ok"
+            assert theirs.exists()
+            assert tempdirs.held(str(tmp_path / "mine"))  # ours, while we hand it over
+        finally:
+            for fd in held:
+                os.close(fd)
+        held.clear()
+        writer.kill()
+        writer.wait()
     assert handover._write(str(tmp_path / "next"), [torch.ones(3)], set(), held) == "ok"
     os.close(held.pop())
     assert not theirs.exists()  # its writer died (its lock went with it)

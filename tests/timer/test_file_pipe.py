@@ -302,7 +302,8 @@ def test_another_pid_namespaces_pipe_dirs_are_judged_by_their_lock(tmp_path):
         pid_namespace,
         process_start_ticks,
     )
-    from agentd.timer.pipe import FOREIGN_GRACE, lock_dir, sweep_stale_pipe_dirs
+    from agentd.timer.pipe import FOREIGN_GRACE, sweep_stale_pipe_dirs
+    from tests.helpers.lock_holder import lock_holder
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -318,16 +319,15 @@ def test_another_pid_namespaces_pipe_dirs_are_judged_by_their_lock(tmp_path):
         return folder
 
     held = pipe_dir(f"agentd-timer-{gone.pid}.1.{elsewhere}-held", old)
-    lock = lock_dir(str(held))  # a live agent there (its pid, here, is nobody's)
     young = pipe_dir(f"agentd-timer-{gone.pid}.1.{elsewhere}-young")
     dead = pipe_dir(f"agentd-timer-{os.getpid()}.1.{elsewhere}-dead", old)  # our pid, not us
     ours_gone = pipe_dir(f"agentd-timer-{gone.pid}.1.{pid_namespace()}-gone")
     ours_live = pipe_dir(f"agentd-timer-{agent_identity()}-live")
-    try:
+    with lock_holder(str(held)) as agent:  # a live agent there (its pid, here, is nobody's)
         assert sorted(sweep_stale_pipe_dirs(str(tmp_path))) == sorted([str(dead), str(ours_gone)])
         assert held.exists() and young.exists() and ours_live.exists()
-    finally:
-        os.close(lock)
+        agent.kill()
+        agent.wait()
     assert sweep_stale_pipe_dirs(str(tmp_path)) == [str(held)]  # its agent is gone
     assert parse_identity(agent_identity()) == (
         os.getpid(),
