@@ -24,12 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentd.store.api import (
-    StoreNotServing,
-    StoreOutcomeUnknown,
-    StoreUnavailable,
-    WatchResult,
-)
+from agentd.store.api import StoreNotServing, StoreOutcomeUnknown, StoreUnavailable, WatchResult
 from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
@@ -144,6 +139,10 @@ class FailoverStore:
     def requests(self) -> int:
         """Store requests sent, retries included (probes are not counted)."""
         return self._client.requests
+
+    @property
+    def incarnation(self) -> int:  # :attr:`HttpStore.incarnation`: a failover is one more
+        return self._client.incarnation
 
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows: the candidates, which one serves, which ones failed, and
@@ -336,13 +335,12 @@ class FailoverStore:
 
     async def heartbeat(self, key: str, ttl: float) -> bool:
         """:meth:`refresh` in one attempt at the candidate serving now, as
-        :meth:`HttpStore.heartbeat`. The membership reads a heartbeat held unanswered as
-        one a frozen store received (``rendezvous/membership.py``); that holds for one
-        attempt on one connection, never for retries and a search for another candidate
-        (a member cut off from every candidate extended its lease past S6's bound). A
-        failure is raised at once, and the search for the candidate serving now begins
-        in the background, for the requests that follow (a lone seed's too, once it says
-        it stands by: a restarted host's own store, stepped down)."""
+        :meth:`HttpStore.heartbeat`: the membership reads a heartbeat held unanswered as
+        one a frozen store received, true of one attempt on one connection, never of
+        retries and a search (a member cut off from every candidate extended its lease
+        past S6's bound). A failure is raised at once, and the search for the serving
+        candidate begins in the background for the requests that follow (a lone seed's
+        too, once it says it stands by: a restarted host's own store, stepped down)."""
         if self.serving is None or self._closed:
             return await self.refresh(key, ttl)
         moves = self._moves

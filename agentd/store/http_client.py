@@ -9,7 +9,6 @@ the outcome (everything but ``add``).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
@@ -36,7 +35,9 @@ from agentd.store.wire import (
     MAX_KEYS,
     MAX_POLL,
     TERM_HEADER,
+    b64,
     refusal,
+    unb64,
 )
 from agentd.support.json_client import JsonClient, MaybeSent, NotSent, TlsFailed
 from agentd.support.net import is_loopback
@@ -57,14 +58,6 @@ _JSON = {"Content-Type": "application/json"}
 INSTANCE_KEY, TERM_KEY, COUNT_KEY = (
     name.lower() for name in (INSTANCE_HEADER, TERM_HEADER, CANDIDATE_COUNT_HEADER)
 )
-
-
-def _b64(value: bytes | None) -> str | None:
-    return None if value is None else base64.b64encode(value).decode()
-
-
-def _unb64(value: str | None) -> bytes | None:
-    return None if value is None else base64.b64decode(value)
 
 
 class HttpStore:
@@ -115,6 +108,9 @@ class HttpStore:
         ``compacted``, whoever asks (several watches may run at once)."""
         self._highest = 0
         """The highest revision handed out."""
+        self.incarnation = 0
+        """How many times the store behind this client was replaced (a restart, a move):
+        what a request wrote before a change may be missing after it."""
         self.extra_headers: dict[str, str] = {}
         """Sent with every request (a candidate list's term and fingerprint)."""
         self.server_term = 0
@@ -276,6 +272,7 @@ class HttpStore:
 
     def _rebase(self) -> None:
         self._base = self._moved_at = self._highest + 1
+        self.incarnation += 1
 
     def _revision(self, server_revision: Any) -> int:
         """A server revision as this client hands it out."""
@@ -292,11 +289,11 @@ class HttpStore:
     # -- the Store protocol ------------------------------------------------------------------
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
-        doc = await self._call("set", {"key": key, "value": _b64(value), "ttl": ttl})
+        doc = await self._call("set", {"key": key, "value": b64(value), "ttl": ttl})
         return self._revision(doc["revision"])
 
     async def get(self, key: str) -> bytes | None:
-        return _unb64((await self._call("get", {"key": key}))["value"])
+        return unb64((await self._call("get", {"key": key}))["value"])
 
     async def add(self, key: str, delta: int) -> int:
         doc = await self._call("add", {"key": key, "delta": delta}, idempotent=False)
@@ -311,10 +308,10 @@ class HttpStore:
         present: Sequence[str] = (),
         absent: Sequence[str] = (),
     ) -> tuple[bool, bytes | None]:
-        body: dict[str, Any] = {"key": key, "desired": _b64(desired), "ttl": ttl}
-        body.update(expected=_b64(expected), present=list(present), absent=list(absent))
+        body: dict[str, Any] = {"key": key, "desired": b64(desired), "ttl": ttl}
+        body.update(expected=b64(expected), present=list(present), absent=list(absent))
         doc = await self._call("compare_set", body)
-        return bool(doc["succeeded"]), _unb64(doc["value"])
+        return bool(doc["succeeded"]), unb64(doc["value"])
 
     async def refresh(self, key: str, ttl: float) -> bool:
         return bool((await self._call("refresh", {"key": key, "ttl": ttl}))["refreshed"])
@@ -330,11 +327,11 @@ class HttpStore:
         values: list[bytes | None] = []
         for start in range(0, len(keys), MAX_KEYS):
             chunk = list(keys[start : start + MAX_KEYS])
-            values += map(_unb64, (await self._call("multi_get", {"keys": chunk}))["values"])
+            values += map(unb64, (await self._call("multi_get", {"keys": chunk}))["values"])
         return values
 
     async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
-        body = {"items": {k: _b64(v) for k, v in items.items()}, "ttl": ttl}
+        body = {"items": {k: b64(v) for k, v in items.items()}, "ttl": ttl}
         return self._revision((await self._call("multi_set", body))["revision"])
 
     async def delete(self, key: str) -> bool:
@@ -380,7 +377,7 @@ class HttpStore:
         if self._base != base:  # the server restarted, or we moved, during this watch
             return WatchResult(await self.revision(), compacted=True)
         events = tuple(
-            KeyEvent(e["key"], _unb64(e["value"]), self._revision(e["revision"]))
+            KeyEvent(e["key"], unb64(e["value"]), self._revision(e["revision"]))
             for e in doc["events"]
         )
         return WatchResult(self._revision(doc["revision"]), events, bool(doc["compacted"]))

@@ -11,7 +11,7 @@ from typing import Any
 
 from agentd.store.api import WatchResult
 from agentd.store.memory import MemoryStore
-from agentd.store.wire import MAX_KEYS, MAX_POLL, MAX_PRESENT, TERM_HEADER
+from agentd.store.wire import MAX_KEYS, MAX_POLL, MAX_PRESENT, TERM_HEADER, b64
 
 MAX_KEY = 1024
 MAX_VALUE = 1 << 20
@@ -112,16 +112,12 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _b64(value: bytes | None) -> str | None:
-    return None if value is None else base64.b64encode(value).decode()
-
-
 def watch_doc(result: WatchResult) -> dict[str, Any]:
     return {
         "revision": result.revision,
         "compacted": result.compacted,
         "events": [
-            {"key": e.key, "value": _b64(e.value), "revision": e.revision} for e in result.events
+            {"key": e.key, "value": b64(e.value), "revision": e.revision} for e in result.events
         ],
     }
 
@@ -131,7 +127,7 @@ async def _set(store: MemoryStore, a: Args) -> dict[str, Any]:
 
 
 async def _get(store: MemoryStore, a: Args) -> dict[str, Any]:
-    return {"value": _b64(await store.get(a.key()))}
+    return {"value": b64(await store.get(a.key()))}
 
 
 async def _add(store: MemoryStore, a: Args) -> dict[str, Any]:
@@ -147,7 +143,7 @@ async def _compare_set(store: MemoryStore, a: Args) -> dict[str, Any]:
         a.keys("present", MAX_PRESENT, optional=True),
         a.keys("absent", MAX_PRESENT, optional=True),
     )
-    return {"succeeded": ok, "value": _b64(current)}
+    return {"succeeded": ok, "value": b64(current)}
 
 
 async def _refresh(store: MemoryStore, a: Args) -> dict[str, Any]:
@@ -155,7 +151,7 @@ async def _refresh(store: MemoryStore, a: Args) -> dict[str, Any]:
 
 
 async def _multi_get(store: MemoryStore, a: Args) -> dict[str, Any]:
-    return {"values": [_b64(v) for v in await store.multi_get(a.keys())]}
+    return {"values": [b64(v) for v in await store.multi_get(a.keys())]}
 
 
 async def _multi_set(store: MemoryStore, a: Args) -> dict[str, Any]:

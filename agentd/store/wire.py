@@ -4,6 +4,8 @@ headers, status codes and limits both sides agree on (see :mod:`agentd.store.ser
 
 from __future__ import annotations
 
+import base64
+
 from agentd.store.api import (
     StoreAuthError,
     StoreError,
@@ -37,6 +39,16 @@ longer reads."""
 MAX_PRESENT = 32768
 """The most keys a ``compare_set`` may require to exist (a round's members' heartbeats:
 one step, so never split; about 2 MB of keys, within the server's 4 MB body)."""
+
+
+def b64(value: bytes | None) -> str | None:
+    """A value as the JSON bodies carry it (base64; None stays None)."""
+    return None if value is None else base64.b64encode(value).decode()
+
+
+def unb64(value: str | None) -> bytes | None:
+    """A value from a JSON body of ours (the server checks a client's, see ``ops``)."""
+    return None if value is None else base64.b64decode(value)
 
 
 def refusal(status: int, where: str, op: str, message: str) -> StoreError:

@@ -104,6 +104,7 @@ async def test_a_standby_refuses_store_operations_with_421(three):
 async def test_the_server_lost_moves_every_client_to_the_next_candidate(three):
     client, watcher = three.client(), three.client()
     await client.set("k", b"v")
+    assert client.incarnation == 0  # finding the first server replaces nothing
     revision = await watcher.revision()
     watch = asyncio.create_task(watcher.watch("", revision, 30))
     await asyncio.sleep(0.1)
@@ -111,6 +112,7 @@ async def test_the_server_lost_moves_every_client_to_the_next_candidate(three):
     result = await asyncio.wait_for(watch, 10)
     assert result.compacted  # the new store's revisions are not the old one's
     assert await client.get("k") is None  # the state starts empty there
+    assert client.incarnation == watcher.incarnation == 1  # what the rounds compare
     assert three.role(1) == ("serving", 2)
     status = client.status()
     assert (status["serving"], status["term"], status["failovers"]) == (three.endpoints[1], 2, 1)

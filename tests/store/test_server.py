@@ -171,6 +171,7 @@ async def test_a_watch_across_a_store_restart_says_compacted():
         for i in range(5):
             await client.set(f"k{i}", b"old")
         seen = await client.revision()
+        assert client.incarnation == 0
         await first.stop()
         second = StoreServer("127.0.0.1", port)  # a new store that soon passes our revision
         await second.start()
@@ -179,6 +180,7 @@ async def test_a_watch_across_a_store_restart_says_compacted():
                 await second.store.set(f"n{i}", b"new")
             result = await client.watch("", seen, timeout=5)
             assert result.compacted and result.events == ()
+            assert client.incarnation == 1  # a join that spans it starts again
         finally:
             await second.stop()
     finally:
