@@ -16,11 +16,10 @@ the floor, is moved forward to it, and the round it was at is marked ended.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentd.exceptions import StartError
 from agentd.rendezvous import accounting, forgotten
@@ -29,21 +28,13 @@ from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
-from agentd.rendezvous.sealing import ENDED, Sealing
+from agentd.rendezvous.seal_wait import POLL, SealWait
+from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.static import reserve_port
-from agentd.rendezvous.summary import decode
-from agentd.rendezvous.waiting import WaitReport
-from agentd.store.api import Store
+from agentd.store.api import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-_STORE_LOST_ROUND = (
-    "Rendezvous %s: round %d went with the store's old state (it restarted or failed "
-    "over); joining the next round"
-)
-
-POLL = 60.0
-"""Longest single watch; the servers cap long polls at a minute."""
 SPARE_CHECK = 5.0
 """How often a spare waiting beside a full round checks that its members still live."""
 
@@ -63,7 +54,23 @@ def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
     )
 
 
-class Rounds(Sealing):
+class Arrival(NamedTuple):
+    """Our place in a round: its ``entry`` at ``rank``, the store's revision before we
+    arrived (``start``), and the store's :attr:`~agentd.store.http_client.HttpStore.incarnation`
+    then (0 where it has none: a store that is never replaced)."""
+
+    generation: int
+    rank: int
+    entry: bytes
+    start: int
+    incarnation: int
+
+
+def _incarnation(store: Store) -> int:
+    return int(getattr(store, "incarnation", 0))
+
+
+class Rounds(SealWait):
     """The rounds of run ``run_id`` on ``store``, as joined by the node described in
     ``node`` (id, role, worker count, address and master port, 0 for any free one). Without
     a ``membership`` it cannot join, only settle (:mod:`agentd.rendezvous.release`)."""
@@ -87,6 +94,9 @@ class Rounds(Sealing):
         """The lowest generation this agent may join."""
         self.joining: int | None = None
         """The round this agent has its entry in while it waits for it to be sealed."""
+        self._arrival: Arrival | None = None
+        """Our place in the round being joined, from the ``add`` that gave it until the
+        join ends: a join the store cut short (an answer lost) resumes there."""
         self.reserved: socket.socket | None = None
         """The port our last node entry offered for the workers' store, still bound."""
         self.carried: Carried | None = None
@@ -130,27 +140,90 @@ class Rounds(Sealing):
         return generation
 
     async def join(self) -> Round | None:
-        """Join the current round and wait for it to be sealed; None: try the next round."""
+        """Join the current round and wait for it to be sealed; None: try the next round.
+        After a store error, the next call goes on in the round joined, if it still can."""
+        if self._arrival is None or not await self._resumable(self._arrival):
+            self._arrival = None
+            if not await self._arrive():
+                return None
+        assert self._arrival is not None
+        generation, rank, mine, start, _ = self._arrival
+        self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
+        try:
+            joined = await self._until_sealed(generation, rank, mine, start)
+        except BaseException as exc:
+            if not isinstance(exc, StoreUnavailable):
+                self._arrival = None
+            raise
+        self._arrival = self.joining = None
+        return joined
+
+    async def _resumable(self, arrival: Arrival) -> bool:
+        """Whether the store still holds our entry in the round a store error cut our join
+        short in: joining anew would arrive a second time, and a round sealed with the
+        first arrival would wait for workers never started (seed 28208 of ``bench/
+        simulate.py --failover``: the answer to a count was lost in a partition)."""
+        if not await self._placed_here(arrival):
+            return False
+        generation, rank = arrival.generation, arrival.rank
+        log.info("Rendezvous %s: still node %d of round %d", self._run_id, rank, generation)
+        return True
+
+    async def _placed_here(self, arrival: Arrival, held: bytes | None = None) -> bool:
+        """Whether our entry is in the store that gave its place (``held``: what the entry's
+        key was read to hold, else it is read). One written after the store was replaced
+        (a failover between the ``add`` and the entry) is removed: that store gave the
+        place to nobody, or to another node, and a round sealed with it would wait for
+        workers never started (seed 27665 of ``--failover``)."""
+        key = self._keys.round(arrival.generation, f"node/{arrival.rank}")
+        if held is None:
+            held = await self._store.get(key)
+        if held != arrival.entry:
+            return False
+        if _incarnation(self._store) == arrival.incarnation:
+            return True
+        await self._store.delete(key)
+        return False
+
+    async def _arrive(self) -> bool:
+        """Take a place in the current round and write our entry there (:attr:`_arrival`);
+        False: there is none (the round is full, or the place was taken)."""
         store, settings, keys = self._store, self._settings, self._keys
         # a store that restarted has forgotten our heartbeat; a watch from this revision
         # answers ``compacted`` if the store is replaced before we are in the round
         assert self._membership is not None, "joining needs a membership"
+        incarnation = _incarnation(store)  # every step of an arrival in one store
         start = await self._membership.announce()
         generation = await self.generation()
         if self.carried is not None and self.carried.generation < generation:
             await self.mark_out()
+        if _incarnation(store) != incarnation:  # our heartbeat, or the generation, was
+            return False  # the old store's: arrive in the new one, where nothing was written
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
             log.info(
                 "Rendezvous %s: round %d is full; waiting for the next", self._run_id, generation
             )
+            carried = self.carried
+            if carried is not None and carried.member and carried.generation < generation:
+                # back, if without a place (its workers are stopped): a store that forgot
+                # our round need not fence it for us (seed 22498 of --failover: 16.5 s)
+                await accounting.count_back(store, keys, generation, carried)
             self.carried = Carried(generation, settings.max_nodes, member=False)
             await self.wait_for_generation_after(generation, full=settings.max_nodes)
-            return None
+            return False
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}
         mine = json.dumps(node).encode()
+        arrival = self._arrival = Arrival(generation, rank, mine, start, incarnation)
         placed, held = await store.compare_set(keys.round(generation, f"node/{rank}"), None, mine)
+        if held == mine and not await self._placed_here(arrival, held):
+            self._arrival = None
+            log.info(
+                "Rendezvous %s: the store changed during the join; joining again", self._run_id
+            )
+            return False
         if not placed and held != mine:  # our place was given by another store (a failover)
+            self._arrival = None
             log.warning(
                 "Rendezvous %s: place %d of round %d is another node's (the store "
                 "changed during the join); joining again",
@@ -158,11 +231,8 @@ class Rounds(Sealing):
                 rank,
                 generation,
             )
-            return None
-        self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
-        joined = await self._until_sealed(generation, rank, mine, start)
-        self.joining = None
-        return joined
+            return False
+        return True
 
     async def mark_out(self) -> None:
         """Our workers of our last round are stopped: a round sealed without us need not
@@ -172,140 +242,6 @@ class Rounds(Sealing):
         if carried is not None and carried.member:
             key = self._keys.round(carried.generation, f"out/{self._node['node']}")
             await self._store.set(key, b"1")
-
-    async def _until_sealed(
-        self, generation: int, rank: int, mine: bytes, start: int
-    ) -> Round | None:
-        """Wait in round ``generation`` (our entry ``mine`` at ``rank``) until it is sealed:
-        the round, or None (try the next)."""
-        settings = self._settings
-        sealed, revision, checker = None, start, False
-        carried = self.carried
-        if rank + 1 == settings.max_nodes:
-            if carried is not None and carried.member and carried.generation < generation:
-                # a store that forgot our last round waits for its members to be back
-                await accounting.count_back(self._store, self._keys, generation, carried)
-            sealed = await self._seal(generation, settings.max_nodes)
-        elif carried is not None and carried.generation < generation:
-            sealed, checker = await self._seal_if_counted(generation, carried)
-        if sealed is None:
-            sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
-            if sealed is None:
-                return None
-        if sealed == ENDED:
-            log.info(
-                "Rendezvous %s: round %d ended before it was sealed; joining the next",
-                self._run_id,
-                generation,
-            )
-            return None
-        summary = decode(sealed)
-        size = summary.size
-        if rank >= size:
-            log.info(
-                "Rendezvous %s: arrived after round %d was sealed; waiting for the next",
-                self._run_id,
-                generation,
-            )
-            self.carried = Carried(generation, size, member=False)
-            if size < settings.max_nodes:  # there is room: end the round to admit us
-                await self.advance(generation, f"node {self._node['node']} wants to join")
-                await self.wait_for_generation_after(generation)
-            else:
-                await self.wait_for_generation_after(generation, full=size)
-            return None
-        self.carried = Carried(generation, size, member=True)
-        assert self._membership is not None
-        lapsed = self._membership.lapsed()
-        if lapsed or self._membership.dropped:  # paused or cut off as the round sealed: the
-            why = "ran out" if lapsed else "expired at the store"  # others may have our ranks
-            log.warning(
-                "Rendezvous %s: round %d was sealed with this node, but its lease %s "
-                "meanwhile; ending it without starting workers",
-                self._run_id,
-                generation,
-                why,
-            )
-            await self.advance(generation, f"node {self._node['node']}'s lease {why}")
-            return None
-        return Round(generation, rank, summary, revision, mine)
-
-    async def _wait_for_seal(
-        self, generation: int, rank: int, mine: bytes, revision: int, checker: bool = False
-    ) -> tuple[bytes | None, int]:
-        """The round's ``sealed`` value once it is set, and the last revision seen while
-        waiting; None if the round went away meanwhile (the store lost it, or its
-        generation moved on and nobody sealed it). The ``checker`` (the first member of
-        the last round back) marks members whose lease lapsed gone, once a second."""
-        store, settings = self._store, self._settings
-        sealed_key = self._keys.round(generation, "sealed")
-        loop = asyncio.get_running_loop()
-        last_call = (
-            loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
-        )
-        log.info(
-            "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
-            self._run_id,
-            generation,
-            rank,
-            settings.min_nodes,
-            settings.max_nodes,
-        )
-        sealed: bytes | None = None  # the watch from our join on returns a seal already made
-        report = WaitReport(
-            self._run_id, store, self._keys, settings, generation, loop.time(), self.carried
-        )
-        joined = rank + 1
-        leases = (
-            accounting.LeaseCheck(store, self._keys, self.carried, generation) if checker else None
-        )
-        next_check = loop.time()
-        while sealed is None:
-            await report.say(loop.time(), joined, last_call, names=checker)
-            timeout = report.due_in(loop.time())
-            if last_call is not None:
-                timeout = min(timeout, max(0.0, last_call - loop.time()))
-            if leases is not None:
-                if loop.time() >= next_check:
-                    next_check = loop.time() + accounting.CHECK_INTERVAL
-                    if await leases.marked(loop.time()):
-                        sealed = await self._settle_count(generation)
-                        if sealed is not None:
-                            break
-                timeout = min(timeout, max(0.0, next_check - loop.time()))
-            result = await store.watch(sealed_key, revision, min(timeout, POLL))
-            revision = result.revision
-            if result.compacted:
-                if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
-                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
-                    return None, revision
-                sealed = await store.get(sealed_key)
-            else:
-                sealed = next((e.value for e in result.events if e.value is not None), None)
-            if sealed is not None:
-                break
-            if not result.events and await self.generation() != generation:
-                await self._carry_if_sealed_with_us(generation, rank)
-                return None, revision  # ended by an agent that could not seal it (it died)
-            if last_call is None or report.due_in(loop.time()) == 0:
-                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
-                if last_call is None and joined >= settings.min_nodes:
-                    last_call = loop.time() + settings.last_call_timeout
-            if last_call is not None and loop.time() >= last_call:
-                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
-                if joined <= rank:  # our own arrival is not counted: the store lost it
-                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
-                    return None, revision
-                sealed = await self._seal(generation, min(joined, settings.max_nodes))
-        return sealed, revision
-
-    async def _carry_if_sealed_with_us(self, generation: int, rank: int) -> None:
-        """A round sealed with us and ended before we saw its seal (we were paused): we
-        are one of its members, so the next round's sealer waits for our ``out``, which we
-        write as we join it (:meth:`mark_out`); we never started its workers."""
-        sealed = await self._store.get(self._keys.round(generation, "sealed"))
-        if sealed is not None and sealed != ENDED and rank < (size := decode(sealed).size):
-            self.carried = Carried(generation, size, member=True)
 
     async def _end_if_abandoned(self, generation: int, size: int) -> None:
         """End a full round whose members are gone, so a late arrival never waits on it."""

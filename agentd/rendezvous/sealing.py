@@ -176,20 +176,24 @@ class Sealing:
         heartbeat has been missing for :data:`~agentd.rendezvous.accounting.FENCE` (its
         guardian killed them). A round filled by spares while a member is frozen or cut off
         waits here, at most that member's lease and the fence. Returns the ``sealed`` value
-        if another agent sealed or ended the round meanwhile (None: seal it)."""
+        if another agent sealed or ended the round meanwhile, :data:`ENDED` once the store
+        is at another round (it moved on, or it failed over or restarted and forgot this
+        one, which nobody will seal or end there), and None: seal it."""
         store, keys = self._store, self._keys
         sealed_key = keys.round(generation, "sealed")
         missing_since: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         waited = False
         while True:
-            reads = [sealed_key]
+            reads = [sealed_key, keys.gen]
             for rank, node in absent.items():  # three ways to be done with the workers
                 reads += [keys.round(last, f"{mark}/{node}") for mark in ("out", "gone")]
                 reads += [keys.round(last, f"done/{rank}"), keys.heartbeat(node)]
-            sealed, *values = await store.multi_get(reads)
+            sealed, current, *values = await store.multi_get(reads)
             if sealed is not None:
                 return sealed
+            if int(current or b"0") != generation:  # seed 27581 of --failover waited forever
+                return ENDED
             now = loop.time()
             waiting = []
             for i, node in enumerate(absent.values()):

@@ -81,6 +81,12 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
         (1270, "a store host that left before every member stood by stranded one"),
         (949, "gone marks from a lease check in the old store, written in the new one"),
         (2887, "the same, with nnodes 3:4 (MIN above half of MAX)"),
+        (27581, "a sealer fenced a round the new store forgot, waiting for ever"),
+        (28208, "a join whose count's answer was lost arrived twice; its first place sealed"),
+        (27665, "an entry written in a new store at a place the old one gave"),
+        (20307, "the same, leaving two agents spares beside a round with room"),
+        (22498, "a member that found the round full was never counted back: 16.5 s"),
+        (26183, "the same, after a round with a stopped store host"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):

@@ -225,6 +225,8 @@ class Link:
         self._base = 0
         """As the HTTP client's: added to the revisions of the store answering now."""
         self._highest = 0
+        self.incarnation = 0
+        """As the HTTP client's: how many times the store answering was replaced."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         once = name == "heartbeat"  # the HTTP client's refresh in one attempt
@@ -272,6 +274,7 @@ class Link:
     def _answered_by(self, host: StoreHost) -> None:
         if self._epoch is not None and host.epoch != self._epoch:
             self._base = self._highest + 1  # the client's rebase on a new instance
+            self.incarnation += 1
         self._epoch = host.epoch
 
     async def _send(
@@ -534,6 +537,8 @@ class World:
         self.outcome = Outcome(schedule)
         self.leaves: list[tuple[Fault, int, int, float, list[SimAgent]]] = []
         """S3's cases: (the fault, who left, its round, the bound's time, the others)."""
+        self.full_at: dict[int, float] = {}
+        """When the first worker of each round sealed with MAX members started."""
 
     def latency(self) -> float:
         r = self.rng.random()
@@ -558,6 +563,8 @@ class World:
                 )
         agent.hold = Hold(generation, rank)
         agent.rounds_at.setdefault(generation, self.loop.time())
+        if size == self.schedule.max_nodes:
+            self.full_at.setdefault(generation, self.loop.time())
         self.note(f"agent {agent.index}: round {generation}, rank {rank} of {size}")
 
     def after_op(
@@ -658,8 +665,11 @@ class World:
     def judge_leaves(self) -> None:
         """S3, at the end, from what happened (no timer of its own: the run is as without
         it): each survivor of a leave still alive at its bound was in a later round by
-        then."""
+        then, or a later round had started with MAX members (spares that took places
+        first leave a survivor waiting as a spare: the job's cost is that round's)."""
         for fault, leaver, generation, deadline, survivors in self.leaves:
+            if any(g > generation and t <= deadline for g, t in self.full_at.items()):
+                continue
             late = [
                 a.index
                 for a in survivors

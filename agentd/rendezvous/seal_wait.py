@@ -1,0 +1,178 @@
+"""Waiting in a joined round until it is sealed: the seal at once where our arrival fills
+the round or completes its count, else a watch on its ``sealed`` key until another
+agent seals it, the last call (where this agent seals it), or the round goes away (the
+store lost it, or its generation moved on unsealed). The mechanics of
+:class:`~agentd.rendezvous.rounds.Rounds` (its state lives there)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from agentd.rendezvous import accounting
+from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.round import Round
+from agentd.rendezvous.sealing import ENDED, Sealing
+from agentd.rendezvous.summary import decode
+from agentd.rendezvous.waiting import WaitReport
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.membership import Membership
+
+log = logging.getLogger(__name__)
+
+_STORE_LOST_ROUND = (
+    "Rendezvous %s: round %d went with the store's old state (it restarted or failed "
+    "over); joining the next round"
+)
+
+POLL = 60.0
+"""Longest single watch; the servers cap long polls at a minute."""
+
+
+class SealWait(Sealing):
+    """Waiting for a round's seal (state lives on :class:`~agentd.rendezvous.rounds.Rounds`)."""
+
+    _membership: Membership | None
+    _node: dict[str, object]
+
+    if TYPE_CHECKING:
+
+        async def wait_for_generation_after(
+            self, generation: int, full: int | None = None
+        ) -> None: ...
+
+    async def _until_sealed(
+        self, generation: int, rank: int, mine: bytes, start: int
+    ) -> Round | None:
+        """Wait in round ``generation`` (our entry ``mine`` at ``rank``) until it is sealed:
+        the round, or None (try the next)."""
+        settings = self._settings
+        sealed, revision, checker = None, start, False
+        carried = self.carried
+        if rank + 1 == settings.max_nodes:
+            if carried is not None and carried.member and carried.generation < generation:
+                # a store that forgot our last round waits for its members to be back
+                await accounting.count_back(self._store, self._keys, generation, carried)
+            sealed = await self._seal(generation, settings.max_nodes)
+        elif carried is not None and carried.generation < generation:
+            sealed, checker = await self._seal_if_counted(generation, carried)
+        if sealed is None:
+            sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
+            if sealed is None:
+                return None
+        if sealed == ENDED:
+            log.info(
+                "Rendezvous %s: round %d ended before it was sealed; joining the next",
+                self._run_id,
+                generation,
+            )
+            return None
+        summary = decode(sealed)
+        size = summary.size
+        if rank >= size:
+            log.info(
+                "Rendezvous %s: arrived after round %d was sealed; waiting for the next",
+                self._run_id,
+                generation,
+            )
+            self.carried = Carried(generation, size, member=False)
+            if size < settings.max_nodes:  # there is room: end the round to admit us
+                await self.advance(generation, f"node {self._node['node']} wants to join")
+                await self.wait_for_generation_after(generation)
+            else:
+                await self.wait_for_generation_after(generation, full=size)
+            return None
+        self.carried = Carried(generation, size, member=True)
+        assert self._membership is not None
+        lapsed = self._membership.lapsed()
+        if lapsed or self._membership.dropped:  # paused or cut off as the round sealed: the
+            why = "ran out" if lapsed else "expired at the store"  # others may have our ranks
+            log.warning(
+                "Rendezvous %s: round %d was sealed with this node, but its lease %s "
+                "meanwhile; ending it without starting workers",
+                self._run_id,
+                generation,
+                why,
+            )
+            await self.advance(generation, f"node {self._node['node']}'s lease {why}")
+            return None
+        return Round(generation, rank, summary, revision, mine)
+
+    async def _wait_for_seal(
+        self, generation: int, rank: int, mine: bytes, revision: int, checker: bool = False
+    ) -> tuple[bytes | None, int]:
+        """The round's ``sealed`` value once it is set, and the last revision seen while
+        waiting; None if the round went away meanwhile (the store lost it, or its
+        generation moved on and nobody sealed it). The ``checker`` (the first member of
+        the last round back) marks members whose lease lapsed gone, once a second."""
+        store, settings = self._store, self._settings
+        sealed_key = self._keys.round(generation, "sealed")
+        loop = asyncio.get_running_loop()
+        last_call = (
+            loop.time() + settings.last_call_timeout if rank + 1 >= settings.min_nodes else None
+        )
+        log.info(
+            "Rendezvous %s: joined round %d as node %d; waiting for %d..%d node(s)",
+            self._run_id,
+            generation,
+            rank,
+            settings.min_nodes,
+            settings.max_nodes,
+        )
+        sealed: bytes | None = None  # the watch from our join on returns a seal already made
+        report = WaitReport(
+            self._run_id, store, self._keys, settings, generation, loop.time(), self.carried
+        )
+        joined = rank + 1
+        leases = (
+            accounting.LeaseCheck(store, self._keys, self.carried, generation) if checker else None
+        )
+        next_check = loop.time()
+        while sealed is None:
+            await report.say(loop.time(), joined, last_call, names=checker)
+            timeout = report.due_in(loop.time())
+            if last_call is not None:
+                timeout = min(timeout, max(0.0, last_call - loop.time()))
+            if leases is not None:
+                if loop.time() >= next_check:
+                    next_check = loop.time() + accounting.CHECK_INTERVAL
+                    if await leases.marked(loop.time()):
+                        sealed = await self._settle_count(generation)
+                        if sealed is not None:
+                            break
+                timeout = min(timeout, max(0.0, next_check - loop.time()))
+            result = await store.watch(sealed_key, revision, min(timeout, POLL))
+            revision = result.revision
+            if result.compacted:
+                if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
+                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
+                    return None, revision
+                sealed = await store.get(sealed_key)
+            else:
+                sealed = next((e.value for e in result.events if e.value is not None), None)
+            if sealed is not None:
+                break
+            if not result.events and await self.generation() != generation:
+                await self._carry_if_sealed_with_us(generation, rank)
+                return None, revision  # ended by an agent that could not seal it (it died)
+            if last_call is None or report.due_in(loop.time()) == 0:
+                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
+                if last_call is None and joined >= settings.min_nodes:
+                    last_call = loop.time() + settings.last_call_timeout
+            if last_call is not None and loop.time() >= last_call:
+                joined = int(await store.get(self._keys.round(generation, "join")) or 0)
+                if joined <= rank:  # our own arrival is not counted: the store lost it
+                    log.info(_STORE_LOST_ROUND, self._run_id, generation)
+                    return None, revision
+                sealed = await self._seal(generation, min(joined, settings.max_nodes))
+        return sealed, revision
+
+    async def _carry_if_sealed_with_us(self, generation: int, rank: int) -> None:
+        """A round sealed with us and ended before we saw its seal (we were paused): we
+        are one of its members, so the next round's sealer waits for our ``out``, which we
+        write as we join it (:meth:`mark_out`); we never started its workers."""
+        sealed = await self._store.get(self._keys.round(generation, "sealed"))
+        if sealed is not None and sealed != ENDED and rank < (size := decode(sealed).size):
+            self.carried = Carried(generation, size, member=True)
