@@ -100,3 +100,13 @@ def test_the_known_gaps_still_break_what_docs_protocol_says(seed, invariant):
     fix turns its lines into regression tests above."""
     found = {v.split(" ")[0] for v in failover_seed(seed).violations}
     assert found == {invariant}
+
+
+@pytest.mark.parametrize("seed", [38979, 39566])
+def test_members_that_never_heard_their_stand_by_answer_are_stranded(seed):
+    """The second pinned gap (docs/protocol.md, Known gaps): the store's host admitted them
+    as candidates and was lost before its answer reached them (39566: two of five, 3 ms
+    before the loss), or before they asked (38979: 36 ms into the job); knowing the seed
+    alone, they ask it for ever, and the others, below MIN without them, never seal."""
+    found = {v.split(" ")[0] for v in failover_seed(seed).violations}
+    assert found == {"S5"}
