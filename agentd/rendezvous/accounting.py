@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from agentd.rendezvous.keys import RunKeys
@@ -123,13 +124,22 @@ class LeaseCheck:
     A store that forgot the last round (it failed over or restarted empty) holds neither
     its member list nor their leases: there, once the fence it keeps for that round
     (``ctl/forgotten``, see :mod:`agentd.rendezvous.forgotten`) has ended, no lease of the
-    old store holds any more, and every member not back is counted gone at once."""
+    old store holds any more, and every member not back is counted gone at once. A fence
+    that was never set has not ended: where the round's ``fenced`` mark is missing too,
+    ``fence`` sets it (nobody who knew the round told the store before it moved on: seed
+    46256 of ``bench/simulate.py --failover`` gave a live worker's rank away)."""
 
     def __init__(
-        self, store: Store, keys: RunKeys, carried: Carried | None, generation: int
+        self,
+        store: Store,
+        keys: RunKeys,
+        carried: Carried | None,
+        generation: int,
+        fence: Callable[[], Awaitable[None]],
     ) -> None:
         self._store, self._keys, self._carried = store, keys, carried
         self._generation = generation
+        self._fence = fence
         self._nodes: list[str] | None = None
         self._missing_since: dict[str, float] = {}
 
@@ -149,11 +159,19 @@ class LeaseCheck:
     async def _forgotten_fence_passed(self, carried: Carried) -> int:
         keys = self._keys
         back_key = keys.round(self._generation, f"back/{carried.generation}")
-        fence, back, gone = await self._store.multi_get(
-            [keys.forgotten, back_key, keys.round(carried.generation, "gone")]
+        fence, fenced, back, gone = await self._store.multi_get(
+            [
+                keys.forgotten,
+                keys.round(carried.generation, "fenced"),
+                back_key,
+                keys.round(carried.generation, "gone"),
+            ]
         )
         missing = carried.size - int(back or b"0") - int(gone or b"0")
         if fence is not None or missing <= 0:
+            return 0
+        if fenced is None:
+            await self._fence()
             return 0
         await self._store.add(keys.round(carried.generation, "gone"), missing)
         log.info(

@@ -66,18 +66,23 @@ def lifetime(ttl: float) -> float:
 
 async def remember(store: Store, keys: RunKeys, carried: Carried, ttl: float) -> None:
     """Tell a store that forgot the run about ``carried``'s round (its members may still
-    run workers on the old lease), unless it already holds a later one."""
+    run workers on the old lease), unless it already holds a later one; then mark the
+    round ``fenced`` (no TTL), so a fence that ended is told from one never set. The mark
+    is set only where the fence is, in one step: a failover between the two (seed 47215
+    of ``--failover``) would have left the mark alone in the next store."""
     mine = Forgotten(carried.generation, carried.size)
     held = await store.get(keys.forgotten)
     while True:
         known = Forgotten.decode(held) if held is not None else None
         if known is not None and known.generation >= mine.generation:
-            return
+            break
         placed, held = await store.compare_set(
             keys.forgotten, held, mine.encode(), ttl=lifetime(ttl)
         )
         if placed:
-            return
+            break
+    fenced = keys.round(carried.generation, "fenced")
+    await store.compare_set(fenced, None, b"1", present=[keys.forgotten])
 
 
 async def hold(store: Store, keys: RunKeys, run_id: str, generation: int) -> bytes | None:

@@ -7,10 +7,11 @@ store lost it, or its generation moved on unsealed). The mechanics of
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.rendezvous import accounting
+from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.round import Round
 from agentd.rendezvous.sealing import ENDED, Sealing
@@ -126,9 +127,11 @@ class SealWait(Sealing):
             self._run_id, store, self._keys, settings, generation, loop.time(), self.carried
         )
         joined = rank + 1
-        leases = (
-            accounting.LeaseCheck(store, self._keys, self.carried, generation) if checker else None
-        )
+        leases = None
+        if checker and (carried := self.carried) is not None and self._membership is not None:
+            ttl = self._membership.ttl
+            fence = functools.partial(forgotten.remember, store, self._keys, carried, ttl)
+            leases = accounting.LeaseCheck(store, self._keys, carried, generation, fence)
         next_check = loop.time()
         while sealed is None:
             await report.say(loop.time(), joined, last_call, names=checker)
