@@ -162,8 +162,14 @@ class JsonClient:
                         ssl=self._ssl,
                         server_hostname=self.host if self._ssl is not None else None,
                     )
+                except asyncio.CancelledError:
+                    # only its handshake's wait is cancelled, and its transport owns the
+                    # socket then: after a TLS handshake it closes gracefully, reading on,
+                    # so a close here would free the descriptor under it for the next
+                    # socket ("File descriptor N is used by transport")
+                    raise
                 except BaseException:
-                    sock.close()
+                    sock.close()  # no transport took it, or it was aborted
                     raise
         except ssl.SSLError as exc:
             raise TlsFailed(str(exc)) from exc

@@ -170,3 +170,51 @@ async def test_a_connection_idle_past_the_keepalive_is_closed_not_reused(server)
                 await asyncio.sleep(0.01)
     finally:
         client.close()
+
+
+async def test_a_tls_connect_cancelled_after_its_handshake_leaves_no_descriptor_behind(
+    tmp_path, monkeypatch
+):
+    """A connect cancelled between the TLS handshake's end and the caller's next step (a
+    request cancelled, or its connect timeout, at that moment) leaves asyncio closing the
+    connection gracefully, its socket still its own: a client that closed that socket
+    itself freed the descriptor under a live transport, and the next connection, given
+    the same number, failed with "File descriptor N is used by transport" (an agent's
+    exit barrier over TLS, in the suite, 2026-11-29)."""
+    from agentd.store.tls import StoreTls
+    from agentd.support import json_client
+    from tests.helpers.tls import make_ca, node_tls
+
+    node = node_tls(tmp_path, "n0", make_ca(tmp_path))
+    tls = StoreTls(str(node.ca), str(node.cert), str(node.key))
+    limits = Limits(max_connections=16, idle_timeout=5.0, body_timeout=5.0)
+    served = JsonHttpServer(answer, "test", limits, ServerLog("test"), max_body=1 << 20)
+    port = await served.start("127.0.0.1", 0, tls.server_context(lambda why: None))
+    poster: asyncio.Task[object] | None = None
+    made = json_client._Connection.connection_made
+
+    def cancelled_once_made(connection, transport):  # the handshake's end, before its waiter
+        made(connection, transport)
+        if poster is not None and not poster.done():
+            poster.cancel()
+
+    monkeypatch.setattr(json_client._Connection, "connection_made", cancelled_once_made)
+    client = JsonClient("127.0.0.1", port, tls.client)
+    loop = asyncio.get_running_loop()
+    try:
+        poster = asyncio.create_task(client.post("/a", b"{}", {}, 5, 5))
+        with pytest.raises(asyncio.CancelledError):
+            await poster
+        monkeypatch.setattr(json_client._Connection, "connection_made", made)
+        # the next socket takes the lowest free descriptor: the freed one, were it freed
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+        finally:
+            sock.close()
+        reply = await client.post("/b", b"{}", {}, 5, 5)
+        assert reply.status == 200
+    finally:
+        client.close()
+        await served.stop()
