@@ -109,6 +109,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             await self._unless_stopped(preload.ready())
         spawn = preload.spawn if forked else spawn_worker
         hygiene = self._services.hygiene
+        await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first
 
         async def start(local_rank: int, plan: tuple[Any, ...]) -> WorkerProcess:
             proc = await spawn(local_rank, *plan)

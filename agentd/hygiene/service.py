@@ -1,10 +1,14 @@
 """Process hygiene: no worker, and no child of a worker, outlives the agent or its lease.
 
 The agent becomes a child subreaper and reaps orphans on SIGCHLD; at start it kills the
-workers an earlier, dead agent of the same run left behind; after the first workers start,
-a guardian process learns every worker's process group, kills them if the agent dies, and
-kills them when the agent's membership lease runs out while the agent cannot act
-(frozen). See :mod:`agentd.hygiene.orphans` and :mod:`agentd.hygiene.guardian_process`.
+workers an earlier, dead agent of the same run left behind. A guardian process learns every
+worker's process group, kills them if the agent dies, and kills them when the agent's
+membership lease runs out while the agent cannot act (frozen). It starts with the first
+lease, so it runs and holds the lease before any worker can (an agent frozen between its
+first workers' spawn and a guardian started after them left them running past the lease,
+beside the round the others formed over their ranks); without a lease (a standalone job),
+after the first workers, so it never delays them. See :mod:`agentd.hygiene.orphans` and
+:mod:`agentd.hygiene.guardian_process`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class ProcessHygiene:
         self._guarded: set[int] = set()
         """The process groups of the running workers (a new guardian learns them)."""
         self._replacing: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        """The guardian's start, begun by the first lease."""
 
     async def start(self) -> None:
         if not self._enabled:
@@ -60,6 +66,10 @@ class ProcessHygiene:
             log.debug("Agent off the main thread: orphans are reaped when workers stop")
 
     async def stop(self) -> None:
+        if self._starting is not None:  # let it finish (milliseconds): it is stopped below
+            with contextlib.suppress(OSError):
+                await self._starting
+            self._starting = None
         if self._replacing is not None:
             await cancel_and_wait(self._replacing)
             self._replacing = None
@@ -90,10 +100,26 @@ class ProcessHygiene:
             if self._guardian is not None:
                 self._guardian.watch(proc.pgid)
 
+    async def guarding(self) -> None:
+        """Return once a guardian runs that holds the lease, while a lease is in force
+        (called before workers spawn: one frozen with its agent before then would outlive
+        the lease on its ranks); at once without a lease. A guardian that cannot be started
+        raises here (OSError), so no worker starts unguarded."""
+        starting = self._starting
+        if starting is not None:
+            try:
+                await asyncio.shield(starting)  # a stop request does not cut it short
+            except OSError:
+                self._starting = None  # the next lease, or the workers' start, tries again
+                raise
+        if self._replacing is not None and self._lease is not None:
+            await asyncio.shield(self._replacing)
+
     async def started(self, procs: Sequence[WorkerProcess]) -> None:
         """An attempt's workers were spawned: adopt them, and start the guardian with the
-        first ones (it learns every group guarded)."""
+        first ones where no lease started it before (it learns every group guarded)."""
         self.adopt(procs)
+        await self.guarding()
         if self._enabled and self._guardian is None:
             await self._start_guardian()
 
@@ -122,8 +148,10 @@ class ProcessHygiene:
         """Our membership lease moved: the guardian kills the workers if it runs out while
         the agent cannot (frozen), so no worker outlives the lease on its ranks."""
         self._lease = deadline
-        if self._guardian is not None:
+        if self._guardian is not None:  # one that is starting sends the latest once it runs
             self._guardian.set_lease(deadline)
+        elif deadline is not None and self._enabled and not (self._starting or self._replacing):
+            self._starting = asyncio.ensure_future(self._start_guardian())
 
     def set_will(self, doc: dict[str, Any] | None) -> None:
         """How the guardian releases our membership if the agent dies (None: it does not)."""
@@ -139,11 +167,15 @@ class ProcessHygiene:
             self._guardian.remove_when_gone(path)
 
     async def _start_guardian(self) -> None:
-        """Started after the first workers, so it never delays them; they have a
-        parent-death signal meanwhile, and it learns of their groups at once."""
+        """Start the guardian and tell it everything known (groups, lease, will, pipe
+        directories); what changes meanwhile is sent again once it runs."""
         guardian = self._guardian = Guardian(self._mark, self._guardian_lost)
         with self._reaper.spawning():
-            await guardian.start()
+            try:
+                await guardian.start()
+            except BaseException:
+                self._guardian = None  # none runs: the next start tries again
+                raise
             assert guardian.pid is not None
             self._reaper.own(guardian.pid)
         for pgid in self._guarded:
