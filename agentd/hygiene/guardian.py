@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentd.hygiene import guardian_process
+from agentd.support.aio import use_pidfd_child_watcher
 from agentd.support.secrets import child_env
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Guardian:
         return self._process.pid if self._process else None
 
     async def start(self) -> None:
+        use_pidfd_child_watcher()
         env = child_env()
         env.pop(guardian_process.OWNER_ENV, None)
         self._process = await asyncio.create_subprocess_exec(

@@ -126,7 +126,7 @@ class CommandCheck:
 
     async def run(self, keep_output: bool = False) -> CheckResult:
         """The result; its detail is the last output line (all of it with ``keep_output``)."""
-        from agentd.workers.processes import use_pidfd_child_watcher
+        from agentd.support.aio import use_pidfd_child_watcher
 
         use_pidfd_child_watcher()
         start = asyncio.create_subprocess_shell(

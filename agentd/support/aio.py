@@ -1,9 +1,12 @@
-"""Asyncio patterns the agent's long-lived tasks share."""
+"""Asyncio patterns the agent's long-lived tasks share, and how its loop watches its
+children."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -50,3 +53,29 @@ async def run_shielded(coro: Coroutine[Any, Any, _T]) -> _T:
         if cancelled:
             raise asyncio.CancelledError
         return result
+
+
+def use_pidfd_child_watcher() -> None:
+    """On Python 3.11, watch children through pidfds (3.12+ does so by itself). Called
+    before every child the agent starts through asyncio: a watcher replaced while it
+    watches a child warns, and loses that child's exit.
+
+    3.11's default watcher starts a thread per child; a pidfd makes an exit one more event
+    on the loop, noticed as soon as it happens.
+    """
+    if sys.version_info >= (3, 12):
+        return
+    loop = asyncio.get_running_loop()
+    ours = _pidfd_watchers.get(loop)
+    if ours is not None and asyncio.get_child_watcher() is ours:
+        return  # still the policy's: nothing replaced it since
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    asyncio.set_child_watcher(watcher)
+    _pidfd_watchers[loop] = watcher
+
+
+_pidfd_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+    weakref.WeakKeyDictionary()
+)
+"""The pidfd watcher attached to each loop (Python 3.11), while the loop lives."""

@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
+from agentd.support.aio import use_pidfd_child_watcher
+
 if TYPE_CHECKING:
     from agentd.view import Helpers
 
@@ -22,6 +24,7 @@ async def owned(
     """The process ``start`` (an un-awaited ``asyncio.create_subprocess_*``) makes, owned
     by ``owner`` from its spawn; disowned on leaving the block once it has exited (wait
     for it inside). With no owner (no hygiene runs), just the process."""
+    use_pidfd_child_watcher()
     with owner.spawning() if owner is not None else contextlib.nullcontext():
         proc = await start
         if owner is not None:

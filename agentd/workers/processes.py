@@ -16,14 +16,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
-import weakref
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import StartError
 from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
+from agentd.support.aio import use_pidfd_child_watcher
 from agentd.support.child_signals import apply_in_child
 from agentd.support.fdlimits import restore_for_child
 from agentd.workers.output import StreamRoute, StreamSink
@@ -32,30 +31,6 @@ log = logging.getLogger(__name__)
 
 _GROUP_POLL_INTERVAL = 0.01
 _PIPE_DRAIN_TIMEOUT = 1.0
-
-
-def use_pidfd_child_watcher() -> None:
-    """On Python 3.11, watch children through pidfds (3.12+ does so by itself).
-
-    3.11's default watcher starts a thread per child; a pidfd makes an exit one more event
-    on the loop, noticed as soon as it happens.
-    """
-    if sys.version_info >= (3, 12):
-        return
-    loop = asyncio.get_running_loop()
-    ours = _pidfd_watchers.get(loop)
-    if ours is not None and asyncio.get_child_watcher() is ours:
-        return  # still the policy's: nothing replaced it since
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(loop)
-    asyncio.set_child_watcher(watcher)
-    _pidfd_watchers[loop] = watcher
-
-
-_pidfd_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-    weakref.WeakKeyDictionary()
-)
-"""The pidfd watcher attached to each loop (Python 3.11), while the loop lives."""
 
 
 class WorkerProcess(asyncio.SubprocessProtocol):

@@ -135,7 +135,7 @@ async def test_missing_executable_is_a_start_error():
 async def test_children_are_watched_by_pidfd_and_a_replaced_watcher_is_put_back():
     import warnings
 
-    from agentd.workers.processes import use_pidfd_child_watcher
+    from agentd.support.aio import use_pidfd_child_watcher
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
