@@ -21,6 +21,11 @@ Each node makes O(1) requests for this, whatever the job's size. The one excepti
 first member back, which checks once a second, while the count is short, that the
 missing members still hold their leases (one read of N heartbeats): a lost host with no
 guardian left is marked gone :data:`FENCE` after its lease expires, not a last call later.
+It checks the spares' leases too: a spare names itself as it waits
+(``round/<G>/spare/<place>``), and one whose lease lapsed is no longer waited for
+(``round/<G>/spares_gone``): a spare's host lost while it waited cost the next round its
+last call (seed 26183 of ``bench/simulate.py --failover``: 30 s, when a member left 40 s
+later).
 
 The last call still decides where nobody can know who is coming: the first round, and a
 round whose count never adds up (a member that joined and died before sealing).
@@ -85,33 +90,44 @@ async def count(
     raw = await store.multi_get(
         [
             back_key,
-            keys.round(carried.generation, "gone"),
+            keys.round(carried.generation, MEMBERS),
             keys.round(generation, "join"),
             keys.round(carried.generation, "join"),
+            keys.round(carried.generation, SPARES),
         ]
     )
-    read_back, gone, joined, late = (int(value or b"0") for value in raw)
+    read_back, gone, joined, late, spares_gone = (int(value or b"0") for value in raw)
     return Count(
         back if back is not None else read_back,
         gone,
         joined,
-        max(0, late - carried.size),
+        max(0, late - carried.size - spares_gone),
     )
 
 
+MEMBERS = "gone"
+SPARES = "spares_gone"
+"""The counters of ``carried``'s round that :func:`mark_gone` adds to."""
+
+
 async def mark_gone(
-    store: Store, keys: RunKeys, carried: Carried, node: str, lapsed: bool = False
+    store: Store,
+    keys: RunKeys,
+    carried: Carried,
+    node: str,
+    lapsed: bool = False,
+    counter: str = MEMBERS,
 ) -> bool:
-    """Count ``node``, a member of ``carried``'s round, gone for good (once, whoever calls
-    first); whether this call did. ``lapsed``: because its lease was not held: only
-    where the store that takes the mark holds no heartbeat of it, in the same step (the
-    lease was read in one store; a failover may carry the mark to another, where the
-    node beats)."""
-    marker = keys.round(carried.generation, f"gone/{node}")
+    """Count ``node``, a member of ``carried``'s round (or, with ``counter`` SPARES, a
+    spare that waited after it), gone for good (once, whoever calls first); whether
+    this call did. ``lapsed``: because its lease was not held: only where the store
+    that takes the mark holds no heartbeat of it, in the same step (the lease was read in
+    one store; a failover may carry the mark to another, where the node beats)."""
+    marker = keys.round(carried.generation, f"{counter}/{node}")
     absent = [keys.heartbeat(node)] if lapsed else []
     placed, _ = await store.compare_set(marker, None, b"1", absent=absent)
     if placed:
-        await store.add(keys.round(carried.generation, "gone"), 1)
+        await store.add(keys.round(carried.generation, counter), 1)
     return placed
 
 
@@ -141,20 +157,24 @@ class LeaseCheck:
         self._generation = generation
         self._fence = fence
         self._nodes: list[str] | None = None
+        self._spares: list[str] = []
         self._missing_since: dict[str, float] = {}
 
     async def marked(self, now: float) -> int:
-        """Check once; how many members were newly counted gone."""
+        """Check once; how many members, or spares, were newly counted gone."""
         carried = self._carried
         if carried is None:
             return 0
         if self._nodes is None:
             self._nodes = await members(self._store, self._keys, carried)
+            self._spares = await spares(self._store, self._keys, carried)
         if not self._nodes:
             return await self._forgotten_fence_passed(carried)
-        return await mark_lapsed(
-            self._store, self._keys, carried, self._nodes, self._missing_since, now
-        )
+        store, keys, since = self._store, self._keys, self._missing_since
+        gone = await mark_lapsed(store, keys, carried, self._nodes, since, now)
+        if self._spares:
+            gone += await mark_lapsed(store, keys, carried, self._spares, since, now, SPARES)
+        return gone
 
     async def _forgotten_fence_passed(self, carried: Carried) -> int:
         keys = self._keys
@@ -189,6 +209,14 @@ async def members(store: Store, keys: RunKeys, carried: Carried) -> list[str]:
     return [str(json.loads(v)["node"]) for v in await store.multi_get(entries) if v]
 
 
+async def spares(store: Store, keys: RunKeys, carried: Carried) -> list[str]:
+    """The node ids of the spares that waited after ``carried``'s round was full."""
+    late = int(await store.get(keys.round(carried.generation, "join")) or b"0")
+    places = range(carried.size, late)
+    named = await store.multi_get([keys.round(carried.generation, f"spare/{i}") for i in places])
+    return [value.decode() for value in named if value]
+
+
 async def mark_lapsed(
     store: Store,
     keys: RunKeys,
@@ -196,10 +224,11 @@ async def mark_lapsed(
     nodes: list[str],
     missing_since: dict[str, float],
     now: float,
+    counter: str = MEMBERS,
 ) -> int:
-    """Mark gone every node of ``nodes`` whose heartbeat (lease) has been missing for
-    :data:`FENCE` seconds, as seen by the calls so far (``missing_since``: when each was
-    first seen missing, kept by the caller); how many were newly marked."""
+    """Mark gone (in ``counter``) every node of ``nodes`` whose heartbeat (lease) has been
+    missing for :data:`FENCE` seconds, as seen by the calls so far (``missing_since``:
+    when each was first seen missing, kept by the caller); how many were newly marked."""
     beats = await store.multi_get([keys.heartbeat(node) for node in nodes])
     marked = 0
     for node, beat in zip(nodes, beats, strict=True):
@@ -207,9 +236,10 @@ async def mark_lapsed(
             missing_since.pop(node, None)
             continue
         since = missing_since.setdefault(node, now)
-        if now - since >= FENCE and await mark_gone(store, keys, carried, node, lapsed=True):
+        if now - since >= FENCE and await mark_gone(store, keys, carried, node, True, counter):
             log.info(
-                "Rendezvous: node %s of round %d is gone (its lease is not held)",
+                "Rendezvous: %s %s of round %d is gone (its lease is not held)",
+                "node" if counter == MEMBERS else "spare",
                 node,
                 carried.generation,
             )

@@ -209,6 +209,9 @@ class Rounds(SealWait):
                 # back, if without a place (its workers are stopped): a store that forgot
                 # our round need not fence it for us (seed 22498 of --failover: 16.5 s)
                 await accounting.count_back(store, keys, generation, carried)
+            # named, so the next round's first member back can see our lease lapse
+            spare = keys.round(generation, f"spare/{rank}")
+            await store.set(spare, str(self._node["node"]).encode())
             self.carried = Carried(generation, settings.max_nodes, member=False)
             await self.wait_for_generation_after(generation, full=settings.max_nodes)
             return False

@@ -96,6 +96,27 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
     await shutdown_all(a, spare)
 
 
+async def test_a_spare_lost_while_it_waits_is_no_longer_waited_for(store):
+    """The spare's host is lost while it waits for a place: the next round expected it,
+    and sealed only at the last call (seed 26183 of ``bench/simulate.py --failover``:
+    30 s, after a member left 40 s later). The first member back sees its lease lapse."""
+    a, b, c, spare = job(store, 4, nodes=(2, 3))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), c.next_rendezvous())
+    waiting = asyncio.create_task(spare.next_rendezvous())  # beyond MAX: it waits for a place
+    async with asyncio.timeout(SOON):
+        while await a.store.get(a._keys.round(0, "spare/3")) is None:
+            await asyncio.sleep(0.02)
+    assert spare._membership is not None
+    waiting.cancel()  # its host is lost: it says nothing more, its heartbeat stops
+    await spare._membership.stop()
+    watches = [asyncio.create_task(h.round_over()) for h in (a, b)]
+    await c.shutdown()  # a member leaves: the next round expects two, and the spare
+    await asyncio.wait_for(asyncio.gather(*watches), SOON)
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(a, b)
+
+
 async def test_a_guardians_release_lets_the_others_go_on(store):
     """What ``python -m agentd.rendezvous.release`` does with a SIGKILLed agent's will,
     over a store client of its own (here the same store)."""
