@@ -45,6 +45,7 @@ from agentd.rendezvous.job_records import JobRecords
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.leaving import Leaving
 from agentd.rendezvous.membership import LeaseListener, Membership
+from agentd.rendezvous.no_round import no_round_message
 from agentd.rendezvous.roll_call import RollCalls
 from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
@@ -211,12 +212,20 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             async with asyncio.timeout(self.settings.join_timeout):
                 joined = await self._join_until_member()
         except TimeoutError:
-            raise RendezvousTimeoutError(await self._timeout_message()) from None
+            message = await no_round_message(
+                self._run_id,
+                self.settings,
+                self._rounds_or_fail(),
+                self._store_problem,
+                self.store_status(),
+            )
+            raise RendezvousTimeoutError(message) from None
         self._round = joined
         self._tell_will(member=True)
         self._joined_once = True
         if self._opened is not None and self._opened.after_round is not None:
-            self._opened.after_round()
+            own = self._node.get("candidate")
+            self._opened.after_round([peer for peer in joined.summary.peers if peer != own])
         rounds = self._rounds_or_fail()
         rounds.floor = max(rounds.floor, joined.generation + 1)
         if joined.rank == 0:
@@ -362,7 +371,9 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             settings.join_timeout,
             settings.heartbeat_ttl,
         )
-        self._rounds = Rounds(self._run_id, opened.store, self._keys, limits, membership, node)
+        self._rounds = Rounds(
+            self._run_id, opened.store, self._keys, limits, membership, node, opened.prepare
+        )
 
     def _raise_if_failed(self, closed: bytes) -> None:
         """A peer failed for good: the job is over here too (a peer's success is not: our
@@ -371,29 +382,3 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         if not error.succeeded:
             self._closed = True  # nobody left to tell when we leave
             raise error
-
-    async def _timeout_message(self) -> str:
-        """Why no round formed: the store out of reach, or too few nodes (how many)."""
-        settings = self.settings
-        window = (
-            f"{settings.min_nodes}..{settings.max_nodes} needed, within "
-            f"join_timeout={settings.join_timeout:g}s"
-        )
-        problem = self._store_problem
-        joined = 0
-        if not problem:
-            try:
-                async with asyncio.timeout(2):
-                    joined = await self._rounds_or_fail().joined()
-            except (StoreError, TimeoutError) as exc:  # a search for a candidate goes on: name all
-                from agentd.store.candidates import none_serving
-
-                problem = (
-                    str(exc) or none_serving(self.store_status()) or "it did not answer within 2s"
-                )
-        if problem:
-            return (
-                f"rendezvous {self._run_id!r}: the store could not be reached "
-                f"({problem}); no round of {window}"
-            )
-        return f"rendezvous {self._run_id!r}: {joined} node(s) joined, {window}"

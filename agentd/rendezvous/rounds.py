@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from agentd.exceptions import StartError
@@ -83,13 +84,17 @@ class Rounds(SealWait):
         settings: RoundSettings,
         membership: Membership | None,
         node: dict[str, Any],
+        stand_by: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
+        """``stand_by``: once the store has answered us, where we stand by for it (''
+        nowhere); our entries name it (see :mod:`agentd.store.standby`)."""
         self._run_id = run_id
         self._store = store
         self._keys = keys
         self._settings = settings
         self._membership = membership
         self._node = node
+        self._stand_by = stand_by
         self.floor = 0
         """The lowest generation this agent may join."""
         self.joining: int | None = None
@@ -194,6 +199,9 @@ class Rounds(SealWait):
         assert self._membership is not None, "joining needs a membership"
         incarnation = _incarnation(store)  # every step of an arrival in one store
         start = await self._membership.announce()
+        stand_by = None if "candidate" in self._node else self._stand_by
+        if stand_by is not None and (where := await stand_by()):  # the store has answered
+            self._node["candidate"] = where
         generation = await self.generation()
         if self.carried is not None and self.carried.generation < generation:
             await self.mark_out()

@@ -7,13 +7,16 @@ entries was the rendezvous's O(N²)). Its size grows with the number of *distinc
 not with their count: consecutive members with the same role, worker count and kept
 workers are one group. It holds what rank assignment needs (roles and worker counts by
 group rank, the workers each node kept), the master's address, and why members of the
-previous round are missing (their exclusions).
+previous round are missing (their exclusions), and where the first members that stand by
+for the store listen (at most :data:`PEERS`: a member that lost the store's candidate
+list asks them for it; see :mod:`agentd.store.failover`).
 
 Format (JSON)::
 
     {"size": n, "master": [addr, port],
      "groups": [[role, nproc, [kept local ranks], count], ...],
-     "excluded": {node id: exclusion document}}          # absent when empty
+     "excluded": {node id: exclusion document},          # absent when empty
+     "peers": [host:port, ...]}                          # absent when empty
 
 """
 
@@ -28,6 +31,9 @@ from typing import Any, NamedTuple, TypeVar, overload
 from agentd.rendezvous.api import RendezvousStateError, RoleInstanceInfo
 
 T = TypeVar("T")
+
+PEERS = 8
+"""The most members' candidate endpoints a summary names, in their order of arrival."""
 
 
 class Group(NamedTuple):
@@ -47,6 +53,8 @@ class RoundSummary(NamedTuple):
     master_port: int
     groups: tuple[Group, ...]
     excluded: Mapping[str, dict[str, Any]]
+    peers: tuple[str, ...] = ()
+    """Where the first members that stand by for the store listen (their ``candidate``)."""
 
     def role_infos(self) -> Sequence[RoleInstanceInfo]:
         """Every member's role info, by group rank (built on access, not stored)."""
@@ -73,8 +81,9 @@ def summarize(
         for (role, nproc, kept), run in itertools.groupby(keyed)
     )
     master = nodes[0]
+    peers = tuple(str(n["candidate"]) for n in nodes if n.get("candidate"))[:PEERS]
     return RoundSummary(
-        len(nodes), str(master["addr"]), int(master["port"]), groups, dict(excluded)
+        len(nodes), str(master["addr"]), int(master["port"]), groups, dict(excluded), peers
     )
 
 
@@ -86,6 +95,8 @@ def encode(summary: RoundSummary) -> bytes:
     }
     if summary.excluded:
         doc["excluded"] = summary.excluded
+    if summary.peers:
+        doc["peers"] = list(summary.peers)
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -100,7 +111,12 @@ def decode(raw: bytes) -> RoundSummary:
             for role, nproc, kept, count in doc["groups"]
         )
         summary = RoundSummary(
-            int(doc["size"]), str(addr), int(port), groups, dict(doc.get("excluded", {}))
+            int(doc["size"]),
+            str(addr),
+            int(port),
+            groups,
+            dict(doc.get("excluded", {})),
+            tuple(str(peer) for peer in doc.get("peers", ())[:PEERS]),
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise RendezvousStateError(

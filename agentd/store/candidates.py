@@ -163,9 +163,28 @@ class Prober:
     async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
         """``role`` or ``promote`` at candidate ``index``, answered within the timeout; a
         mismatched list raises."""
+        return await self.ask_at(index, self.endpoints[index], op, body, term)
+
+    async def peers(self, endpoints: Sequence[str], term: int) -> list[RoleReport]:
+        """The roles, and lists, of candidate servers outside our list (index -1), asked
+        at once; one started with another list is left out."""
+
+        async def one(endpoint: str) -> RoleReport | None:
+            try:
+                return await self.ask_at(-1, endpoint, "role", {}, term)
+            except CandidateMismatch:
+                return None
+
+        reports = await asyncio.gather(*(one(endpoint) for endpoint in endpoints))
+        return [report for report in reports if report is not None]
+
+    async def ask_at(
+        self, index: int, endpoint: str, op: str, body: dict[str, Any], term: int
+    ) -> RoleReport:
+        """:meth:`ask` of the candidate server at ``endpoint``, named ``index`` in the
+        report."""
         from agentd.support.json_client import MaybeSent, NotSent, TlsFailed
 
-        endpoint = self.endpoints[index]
         if self._closed:
             return RoleReport(index, endpoint, problem="this client was closed")
         headers = {"Content-Type": "application/json", **self.headers(term)}
@@ -189,7 +208,7 @@ class Prober:
             return RoleReport(index, endpoint, problem=str(exc) or "the connection was lost")
         except ValueError:
             return RoleReport(index, endpoint, problem=f"{reply.status}: the answer is not JSON")
-        return self.report(index, reply.status, doc)
+        return self.report(index, reply.status, doc, endpoint)
 
     def _client(self, endpoint: str) -> JsonClient:
         from agentd.store.sockets import keepalive_socket
@@ -204,10 +223,10 @@ class Prober:
             self._clients[endpoint] = client
         return client
 
-    def report(self, index: int, status: int, doc: Any) -> RoleReport:
-        """Candidate ``index``'s answer (``status``, JSON ``doc``) as a report; a
-        mismatched list raises."""
-        endpoint = self.endpoints[index]
+    def report(self, index: int, status: int, doc: Any, endpoint: str = "") -> RoleReport:
+        """Candidate ``index``'s answer (``status``, JSON ``doc``) as a report (from
+        ``endpoint``, where it is none of our list's); a mismatched list raises."""
+        endpoint = endpoint or self.endpoints[index]
         error = doc.get("error", "") if isinstance(doc, dict) else ""
         if status == 409 and isinstance(doc, dict) and doc.get("mismatch"):
             raise CandidateMismatch(f"--rdzv-endpoint: {error}")

@@ -39,8 +39,12 @@ class OpenedStore(NamedTuple):
     """The store's endpoint(s), for messages."""
     describe: Callable[[], dict[str, Any]] | None = None
     """What ``/status`` shows of the store (candidate lists only)."""
-    after_round: Callable[[], None] | None = None
-    """Called after each round this agent is in (a member stands by for the store then)."""
+    prepare: Callable[[], Awaitable[str]] | None = None
+    """Called before this agent's first round: where its candidate server stands by ('':
+    nowhere), for its round entries (see :mod:`agentd.store.standby`)."""
+    after_round: Callable[[Sequence[str]], None] | None = None
+    """Called after each round this agent is in, with where the round's other members
+    stand by (a member offers its candidate then)."""
     serving: Callable[[], bool] | None = None
     """This agent serves the store now, though it did not at first (a standby promoted)."""
     client_spec: Callable[[], dict[str, Any]] | None = None
@@ -180,7 +184,8 @@ def http_store_opener(
             single_process=True,
             where=where,
             describe=describe,
-            after_round=standby.start_soon if standby else None,
+            prepare=standby.prepare if standby else None,
+            after_round=standby.after_round if standby else None,
             serving=(lambda: standby.serving) if standby else None,
             client_spec=lambda: client_spec(client, token if server is None else server.token),
             on_candidates=hosting.admitted.append if hosting is not None else None,

@@ -13,6 +13,13 @@ With a growing list (``growing``; see :mod:`agentd.store.standby`), it starts wi
 seed alone and talks to it as to a single store. Every answer says how long the server's
 list is; when it is longer than ours, one ``role`` request fetches it, and from then on a
 lost server is failed over as above. Its role and promote requests carry the list.
+
+A list's only copy may be lost with the store's host: a member that the host admitted in
+its last milliseconds, or one that had not asked yet, knows the seed alone. So the client
+also knows its **peers**: where the other members of its last round stand by (their
+candidate servers, each listening from before its first round, and each told its
+client's list). When no candidate of our list serves, or can, and a peer outside it
+shows a later version of the list, that version is ours, and the search goes on there.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentd.store.api import StoreNotServing, StoreOutcomeUnknown, StoreUnavailable, WatchResult
+from agentd.store.api import StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
+from agentd.store.forwarding import ForwardingStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
@@ -46,7 +54,7 @@ STARTUP_GRACE = 5.0
 for before a higher one is promoted (agents and stores start in any order)."""
 
 
-class FailoverStore:
+class FailoverStore(ForwardingStore):
     """A client of the candidates at ``endpoints`` (host:port, in their order).
 
     ``retry_timeout``: how long to look for a serving candidate before a request fails
@@ -103,6 +111,8 @@ class FailoverStore:
         self.failovers = 0
         self.own_candidate = ""
         """The endpoint of the candidate on this agent's host, if it stands as one."""
+        self.peers: tuple[str, ...] = ()
+        """Where the other members of our last round stand by (see the module docstring)."""
         self._moves = 0
         self._lock = asyncio.Lock()
         self._search: asyncio.Task[None] | None = None
@@ -145,8 +155,8 @@ class FailoverStore:
         return self._client.incarnation
 
     def status(self) -> dict[str, Any]:
-        """What ``/status`` shows: the candidates, which one serves, which ones failed, and
-        whether the connections are TLS."""
+        """What ``/status`` shows: the candidates, which one serves, which ones failed, the
+        peers, and whether the connections are TLS."""
         serving = None if self.serving is None else self.endpoints[self.serving]
         return {
             "endpoints": list(self.endpoints),
@@ -155,6 +165,7 @@ class FailoverStore:
             "term": self.term,
             "failovers": self.failovers,
             "failed": dict(self.failed),
+            "peers": list(self.peers),
             "tls": self.tls is not None,
         }
 
@@ -175,8 +186,9 @@ class FailoverStore:
                     self.failed[self.endpoints[self.serving]] = str(exc)
                 raise
             except (StoreUnavailable, StoreNotServing) as exc:
-                if self.alone and isinstance(exc, StoreUnavailable):
-                    raise  # retried for retry_timeout already, and there is no other server
+                alone = self.alone and isinstance(exc, StoreUnavailable)
+                if alone and not await self._learn_from_peers():
+                    raise  # retried for retry_timeout already, and no peer knows another
                 await self._find_server(moves, str(exc))
                 continue
             self._adopt(self._client.server_term)
@@ -194,6 +206,24 @@ class FailoverStore:
             self._grow([await self._prober.ask(self.serving, "role", {}, self.term)])
         finally:
             self._learning = False
+
+    async def _learn_from_peers(self) -> bool:
+        """Whether a peer outside our list showed a later version of it (now ours)."""
+        outside = [peer for peer in self.peers if peer not in self.endpoints]
+        if not (self.growing and outside):
+            return False
+        self._prober.token = self.token or ""
+        reports = await self._prober.peers(outside, self.term)
+        reachable = [report for report in reports if report.reachable]
+        if not self._grow(reachable):
+            return False
+        self._adopt(max(report.term for report in reachable))
+        log.info(
+            "Store: %s, which this agent had not heard of, are the candidates now: learned "
+            "from a peer of its round",
+            ",".join(self.endpoints[1:]),
+        )
+        return True
 
     def _grow(self, reports: list[RoleReport]) -> bool:
         """Adopt the longest later version of our growing list that ``reports`` show."""
@@ -228,17 +258,28 @@ class FailoverStore:
                 self.failed[self.endpoints[old]] = why
             backoff = Backoff(self._retry_timeout, initial=0.1, maximum=1.0)
             self._prober.token = self.token or ""
+            reports = await self._prober.roles(self.term, body=self._list())
             while True:
-                reports = await self._prober.roles(self.term, body=self._list())
-                self._adopt(max(report.term for report in reports))
-                if self._grow(reports):
-                    continue  # ask the candidates we did not know of too
+                reports = await self._with_new_candidates(reports)
                 found = await self._serving_or_promoted(reports)
                 if found is not None:
                     self._move(old, found, why)
                     return
-                if not await backoff.pause():
+                if not await self._learn_from_peers() and not await backoff.pause():
                     raise StoreUnavailable(self._none_serving(reports))
+                reports = await self._prober.roles(self.term, body=self._list())
+
+    async def _with_new_candidates(self, reports: list[RoleReport]) -> list[RoleReport]:
+        """``reports``, and those of the candidates a longer list they show adds (asked
+        alone: the others just answered, and one on a lost host would cost its probe
+        timeout again; seed 2929 of ``bench/simulate.py --failover`` paid it twice)."""
+        while True:
+            self._adopt(max(report.term for report in reports))
+            known = len(self.endpoints)
+            if not self._grow(reports):
+                return reports
+            added = range(known, len(self.endpoints))
+            reports = reports + await self._prober.roles_of(added, self.term, self._list())
 
     async def _serving_or_promoted(self, reports: list[RoleReport]) -> RoleReport | None:
         serving = [r for r in reports if r.serving and r.term >= self.term]
@@ -306,32 +347,7 @@ class FailoverStore:
         headers = self._prober.headers(self.term)
         self._client.extra_headers = {key: headers[key] for key in (TERM_HEADER, CANDIDATES_HEADER)}
 
-    # -- the Store protocol ------------------------------------------------------------------
-
-    async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
-        return await self._call(lambda s: s.set(key, value, ttl))
-
-    async def get(self, key: str) -> bytes | None:
-        return await self._call(lambda s: s.get(key))
-
-    async def add(self, key: str, delta: int) -> int:
-        return await self._call(lambda s: s.add(key, delta))
-
-    async def compare_set(
-        self,
-        key: str,
-        expected: bytes | None,
-        desired: bytes,
-        ttl: float | None = None,
-        present: Sequence[str] = (),
-        absent: Sequence[str] = (),
-    ) -> tuple[bool, bytes | None]:
-        return await self._call(
-            lambda s: s.compare_set(key, expected, desired, ttl, present, absent)
-        )
-
-    async def refresh(self, key: str, ttl: float) -> bool:
-        return await self._call(lambda s: s.refresh(key, ttl))
+    # -- the Store protocol, beyond what ForwardingStore sends -------------------------------
 
     async def heartbeat(self, key: str, ttl: float) -> bool:
         """:meth:`refresh` in one attempt at the candidate serving now, as
@@ -348,7 +364,7 @@ class FailoverStore:
             alive = await self._client.heartbeat(key, ttl)
         except (StoreUnavailable, StoreNotServing) as exc:
             # a lone seed that stands by knows where the job went; an unreachable one, not
-            findable = not self.alone or isinstance(exc, StoreNotServing)
+            findable = not self.alone or isinstance(exc, StoreNotServing) or bool(self.peers)
             if findable and (self._search is None or self._search.done()):
                 self._search = asyncio.create_task(self._search_quietly(moves, str(exc)))
             raise
@@ -358,30 +374,6 @@ class FailoverStore:
     async def _search_quietly(self, moves: int, why: str) -> None:
         with contextlib.suppress(StoreUnavailable):  # the requests that follow say it
             await self._find_server(moves, why)
-
-    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return await self._call(lambda s: s.multi_get(keys))
-
-    async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
-        return await self._call(lambda s: s.multi_set(items, ttl))
-
-    async def delete(self, key: str) -> bool:
-        return await self._call(lambda s: s.delete(key))
-
-    async def delete_prefix(self, prefix: str) -> int:
-        return await self._call(lambda s: s.delete_prefix(prefix))
-
-    async def num_keys(self) -> int:
-        return await self._call(lambda s: s.num_keys())
-
-    async def revision(self) -> int:
-        return await self._call(lambda s: s.revision())
-
-    async def wait(self, keys: Sequence[str], timeout: float) -> None:
-        await self._call(lambda s: s.wait(keys, timeout))
-
-    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
-        return await self._call(lambda s: s.watch(prefix, after_revision, timeout))
 
     async def stand(self, endpoint: str) -> dict[str, Any]:
         """Offer ``endpoint`` to the serving candidate of our growing list; its answer's

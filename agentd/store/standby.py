@@ -3,20 +3,26 @@
 
 The agent that serves the store at the endpoint (the *seed*) does so as candidate 0 of a
 **growing** candidate list, under term 1 (see :mod:`agentd.store.candidates`). Every other
-agent, once it has been in a round, starts a candidate server of its own that stands by
-(on its own address: the seed's port if it is free there, else any port) and offers it to
-the serving candidate (``stand``), which appends it to the list, up to
+agent starts a candidate server of its own before its first round (:meth:`Standby.prepare`:
+on its own address, the seed's port if it is free there, else any port), whose endpoint
+goes into its round entries, and once in a round offers it to the serving candidate
+(``stand``), which appends it to the list, up to
 :data:`~agentd.store.candidates.MAX_CANDIDATES`. Every answer says how long the list is,
 so each client fetches a new version once. From then on a lost store host is failed over
 as with a given list: the clients promote the first candidate that answers, under a new
 term, and the round re-forms there.
+
+A member whose offer went unanswered offers again after its next round; one the full
+list refused, or that never heard, keeps its server listening: it answers the other
+members' questions with its client's list, which is how a member that knows the seed
+alone finds the job after the host was lost (the peers of :mod:`agentd.store.failover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError, StartError
@@ -50,6 +56,9 @@ class Standby:
         self._prober = prober
         self._host = host
         self._max_connections = max_connections
+        self._prepared = False
+        self._offered = False
+        """Admitted to the list, or refused by a full one: nothing more to offer."""
         self._task: asyncio.Task[None] | None = None
         self.server: StoreServer | None = None
 
@@ -59,14 +68,36 @@ class Standby:
         candidacy = self.server.candidacy if self.server is not None else None
         return candidacy is not None and candidacy.serving
 
-    def start_soon(self) -> None:
-        """Stand by, in the background, if not done yet (called after each round: by then
-        the seed has answered, so its list and our token are known)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._stand_by(), name="store-standby")
+    @property
+    def endpoint(self) -> str:
+        """Where our candidate server listens ('' where none does)."""
+        candidacy = self.server.candidacy if self.server is not None else None
+        return candidacy.own if candidacy is not None else ""
 
-    async def _stand_by(self) -> None:
-        client = self._client
+    async def prepare(self) -> str:
+        """Listen, standing by, before this agent's first round (once): our endpoint ('' if
+        we cannot stand by), for our round entries. Called once the seed has answered: its
+        answers say whether it keeps a list, and give the token on loopback."""
+        if not self._prepared:
+            self._prepared = True
+            await self._listen_for(self._client)
+        return self.endpoint
+
+    def after_round(self, peers: Sequence[str]) -> None:
+        """A round formed: ``peers`` (where its other members stand by) are our client's
+        peers now, and we offer our candidate if it was neither admitted nor refused."""
+        self._client.peers = tuple(peers)
+        self.start_soon()
+
+    def start_soon(self) -> None:
+        """Offer our candidate to the serving one, in the background, unless it was
+        admitted or refused (called after each round: by then the seed has answered, so
+        its list and our token are known)."""
+        if self._offered or (self._task is not None and not self._task.done()):
+            return
+        self._task = asyncio.create_task(self._stand_by(), name="store-standby")
+
+    async def _listen_for(self, client: FailoverStore) -> None:
         token = client.token
         if (client.alone and client.candidate_count == 0) or not token:
             return  # the seed keeps no list (`agentd store`, or one started without a port)
@@ -88,23 +119,34 @@ class Standby:
         candidacy.extend(client.endpoints)
         client.on_list = candidacy.extend
         client.own_candidate = candidacy.own
+
+    async def _stand_by(self) -> None:
+        if not self._prepared:
+            await self.prepare()
+        if self.server is None:
+            self._offered = True  # we cannot stand by: nothing to offer
+            return
+        candidacy = self.server.candidacy
+        assert candidacy is not None
         try:
-            answer = await client.stand(candidacy.own)
+            answer = await self._client.stand(candidacy.own)
         except StoreError as exc:
-            log.warning("Store: cannot stand by for %s (%s)", client.endpoints[0], exc)
-            answer = {}
+            log.warning(
+                "Store: cannot stand by for %s (%s); offering again after the next round",
+                self._client.endpoints[0],
+                exc,
+            )
+            return
+        self._offered = True
         if not answer.get("admitted"):
-            client.on_list = None
-            client.own_candidate = ""
-            self.server = None
-            await server.stop()
+            log.debug("Store: the candidate list is full; %s answers peers only", candidacy.own)
             return
         log.info(
             "Standing by as store candidate %d on %s: if %s is lost, this agent can "
             "serve the store",
             candidacy.index,
             candidacy.own,
-            client.endpoints[0],
+            self._client.endpoints[0],
         )
 
     async def _listen(

@@ -96,6 +96,9 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     )
     assert shown["endpoints"][0] == endpoint, shown
     assert f"127.0.0.2:{port}" in shown["endpoints"]  # the seed's port, on its own address
+    # its peers: where the round's other members stand by (the seed's host is none)
+    own = shown["hosting"]["endpoint"]
+    assert shown["peers"] == [e for e in shown["endpoints"][1:] if e != own], shown
     kill_the_host_and_wait_for_two(host, survivors)
     shown = status(survivors[0])["store"]
     assert shown["serving"] != endpoint and shown["term"] == 2, shown

@@ -6,7 +6,7 @@ import pytest
 
 from agentd.agent.rendezvous_steps import kept_global_ranks
 from agentd.rendezvous.api import RendezvousStateError, RoleInstanceInfo
-from agentd.rendezvous.summary import decode, encode, summarize
+from agentd.rendezvous.summary import PEERS, decode, encode, summarize
 
 
 def entry(node: str, role: str = "trainer", nproc: int = 8, kept=(), port: int = 0):
@@ -50,8 +50,28 @@ def test_exclusions_travel_with_the_summary():
     assert summary.excluded == {"n7": why}
 
 
+def test_the_first_members_that_stand_by_travel_with_the_summary_in_arrival_order():
+    """Where members stand by for the store (their entries' ``candidate``), at most
+    PEERS of them: a member that lost the store's list asks them for it."""
+    nodes = [entry(str(i)) for i in range(20)]
+    for i in (1, 3, *range(5, 20)):
+        nodes[i]["candidate"] = f"10.0.0.{i}:29400"
+    summary = decode(encode(summarize(nodes, {})))
+    first = [1, 3, *range(5, 5 + PEERS - 2)]
+    assert summary.peers == tuple(f"10.0.0.{i}:29400" for i in first)
+    assert decode(encode(summarize([entry("0")], {}))).peers == ()  # none: no key at all
+    assert b"peers" not in encode(summarize([entry("0")], {}))
+
+
 @pytest.mark.parametrize(
-    "raw", [b"3", b"{}", b'{"size": 2, "master": ["a", 1], "groups": [["t", 1, [], 1]]}', b"\xff"]
+    "raw",
+    [
+        b"3",
+        b"{}",
+        b'{"size": 2, "master": ["a", 1], "groups": [["t", 1, [], 1]]}',
+        b"\xff",
+        b'{"size": 1, "master": ["a", 1], "groups": [["t", 1, [], 1]], "peers": 5}',
+    ],
 )
 def test_a_value_that_is_not_a_summary_is_named(raw):
     with pytest.raises(RendezvousStateError, match="sealed value"):

@@ -243,8 +243,9 @@ class SimProber(Prober):
         self._network = network
         self._sender = sender
 
-    async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
-        endpoint = self.endpoints[index]
+    async def ask_at(
+        self, index: int, endpoint: str, op: str, body: dict[str, Any], term: int
+    ) -> RoleReport:
         if self._closed:
             return RoleReport(index, endpoint, problem="this client was closed")
         reply = await self._network.send(
@@ -255,7 +256,7 @@ class SimProber(Prober):
             return RoleReport(index, endpoint, problem=problem, refused=True)
         if reply.failure:
             return RoleReport(index, endpoint, problem="no answer within the probe timeout")
-        return self.report(index, reply.status, reply.doc)
+        return self.report(index, reply.status, reply.doc, endpoint)
 
     async def close(self) -> None:
         self._closed = True
@@ -334,7 +335,8 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         remote=True,
         single_process=True,
         where=seed,
-        after_round=standby.start_soon if standby else None,
+        prepare=standby.prepare if standby else None,
+        after_round=standby.after_round if standby else None,
         serving=(lambda: standby.serving) if standby else None,
         client_spec=lambda: client_spec(client, TOKEN),
         on_candidates=hosting.admitted.append if hosting is not None else None,

@@ -238,6 +238,7 @@ def test_the_status_document_before_any_request():
         "term": 0,
         "failovers": 0,
         "failed": {},
+        "peers": [],
         "tls": False,
     }
 

@@ -183,6 +183,75 @@ async def test_a_search_that_steps_the_restarted_seed_down_teaches_it_the_list(j
     assert lone.endpoints[lone.serving] == f"127.0.0.2:{job.port}" and lone.term == 2
 
 
+async def test_a_member_that_knows_the_seed_alone_finds_the_job_through_a_peer(job):
+    """The store's host admitted the member and was lost before its answer (or before the
+    member asked): it knows the seed alone. A peer of its round, asked once the seed fails,
+    shows the list, and it moves to the job's new server (before, it asked the dead seed
+    until its join timeout, and a job short of MIN without it never re-formed)."""
+    lone = job.client()
+    await lone.set("hello/9", b"x")  # the seed's list was the seed alone then
+    first, member = await job.member(2)
+    assert lone.alone and not first.alone
+    lone.peers = (member.endpoint,)
+    await job.server.stop()
+    job.server = None
+    await first.set("moved", b"1")  # promotes the member, under term 2
+    with pytest.raises(StoreUnavailable):
+        await lone.heartbeat("hello/9", 5.0)  # one attempt at the dead seed: the search begins
+    for _ in range(100):
+        if lone.failovers:
+            break
+        await asyncio.sleep(0.05)
+    assert lone.endpoints == first.endpoints and lone.term == 2
+    assert await lone.get("moved") == b"1"
+
+
+async def test_a_lone_request_asks_the_peers_once_the_seed_is_given_up(job):
+    """The same through a request: a lone client retries the seed for its retry timeout,
+    then asks its peers before it fails."""
+    lone = FailoverStore((job.seed,), TOKEN, growing=True, retry_timeout=1.0)
+    job.clients.append(lone)
+    await lone.set("hello/9", b"x")
+    first, member = await job.member(2)
+    await job.server.stop()
+    job.server = None
+    await first.set("moved", b"1")
+    with pytest.raises(StoreUnavailable):  # no peer: as before
+        await lone.get("moved")
+    lone.peers = (f"127.0.0.9:{job.port}", member.endpoint)  # one peer gone, one there
+    assert await lone.get("moved") == b"1"
+    assert lone.endpoints == first.endpoints and lone.failovers == 1
+
+
+async def test_a_member_listens_before_its_first_round_and_offers_again_after_a_lost_answer(job):
+    """Its endpoint goes into its round entries, so it listens before it is in a round;
+    an offer whose answer never came is made again after the next round, and meanwhile
+    the server answers the peers' questions with the client's list."""
+    client = FailoverStore((job.seed,), TOKEN, growing=True, retry_timeout=1.0)
+    job.clients.append(client)
+    standby = Standby(client, "127.0.0.2", max_connections=64)
+    job.standbys.append(standby)
+    await client.set("hello", b"x")  # the seed's first answer: it keeps a list
+    endpoint = await standby.prepare()
+    assert endpoint == f"127.0.0.2:{job.port}" and await standby.prepare() == endpoint
+    asked = {CANDIDATES_HEADER: fingerprint([job.seed])}
+    _, doc, _ = await post(endpoint, "role", {}, asked)
+    assert doc["role"] == "standby" and doc["endpoints"] == [job.seed]
+    await job.server.stop()
+    job.server = None
+    standby.after_round([])
+    assert standby._task is not None
+    await standby._task  # the offer fails: the seed is gone
+    assert standby.server is not None and not client.peers
+    await job.start_seed()  # back, empty: the next round's offer is admitted
+    standby.after_round([f"127.0.0.3:{job.port}"])
+    await standby._task
+    assert client.endpoints == (job.seed, endpoint)
+    assert client.peers == (f"127.0.0.3:{job.port}",)
+    standby.after_round([])
+    assert standby._task.done()  # admitted: nothing more to offer
+
+
 async def test_the_list_stops_growing_at_its_limit(job):
     members = [await job.member(number) for number in range(2, MAX_CANDIDATES + 2)]
     admitted = [standby for _, standby in members if standby.server is not None]

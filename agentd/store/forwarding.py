@@ -1,0 +1,70 @@
+"""The Store protocol over one call: a client whose every request is the same request of
+the :class:`~agentd.store.http_client.HttpStore` it talks to now, sent by its ``_call``
+(which chooses that store, and sends again where it must)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from agentd.store.api import WatchResult
+    from agentd.store.http_client import HttpStore
+
+T = TypeVar("T")
+
+
+class ForwardingStore:
+    """Each Store operation, as ``_call`` of the operation on the current server."""
+
+    async def _call(self, request: Callable[[HttpStore], Awaitable[T]]) -> T:
+        raise NotImplementedError
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        return await self._call(lambda s: s.set(key, value, ttl))
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._call(lambda s: s.get(key))
+
+    async def add(self, key: str, delta: int) -> int:
+        return await self._call(lambda s: s.add(key, delta))
+
+    async def compare_set(
+        self,
+        key: str,
+        expected: bytes | None,
+        desired: bytes,
+        ttl: float | None = None,
+        present: Sequence[str] = (),
+        absent: Sequence[str] = (),
+    ) -> tuple[bool, bytes | None]:
+        return await self._call(
+            lambda s: s.compare_set(key, expected, desired, ttl, present, absent)
+        )
+
+    async def refresh(self, key: str, ttl: float) -> bool:
+        return await self._call(lambda s: s.refresh(key, ttl))
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return await self._call(lambda s: s.multi_get(keys))
+
+    async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
+        return await self._call(lambda s: s.multi_set(items, ttl))
+
+    async def delete(self, key: str) -> bool:
+        return await self._call(lambda s: s.delete(key))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        return await self._call(lambda s: s.delete_prefix(prefix))
+
+    async def num_keys(self) -> int:
+        return await self._call(lambda s: s.num_keys())
+
+    async def revision(self) -> int:
+        return await self._call(lambda s: s.revision())
+
+    async def wait(self, keys: Sequence[str], timeout: float) -> None:
+        await self._call(lambda s: s.wait(keys, timeout))
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult:
+        return await self._call(lambda s: s.watch(prefix, after_revision, timeout))
