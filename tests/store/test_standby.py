@@ -252,6 +252,38 @@ async def test_a_member_listens_before_its_first_round_and_offers_again_after_a_
     assert standby._task.done()  # admitted: nothing more to offer
 
 
+async def test_a_search_asks_a_silent_candidate_once_when_the_list_grows(job):
+    """A search whose answers show a longer list asks every candidate again but those
+    that did not answer in time: one on a lost host costs its probe timeout once per
+    search, not once per version of the list (seed 2929 of ``bench/simulate.py
+    --failover`` paid it twice: 4.1 s); the others are asked again, since an answer from
+    before a partition would pass for a sign that this host is not cut off (seed 5548)."""
+    connections = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.read()  # never answers: the host behind it is lost
+        writer.close()
+
+    lost = await asyncio.start_server(silent, "127.0.0.3", 0)
+    asked = {CANDIDATES_HEADER: fingerprint([job.seed])}
+    try:
+        lost_endpoint = f"127.0.0.3:{lost.sockets[0].getsockname()[1]}"
+        await post(job.seed, "stand", {"endpoint": lost_endpoint}, asked)
+        client = job.client()
+        await client.set("hello", b"x")  # learns the list of two
+        assert client.endpoints == (job.seed, lost_endpoint)
+        later = f"127.0.0.4:{free_port()}"
+        await post(job.seed, "stand", {"endpoint": later}, asked)  # a third, unknown to it
+        await client._find_server(client._moves, "a search")
+        assert client.endpoints == (job.seed, lost_endpoint, later)
+        assert connections == 1
+        assert client.failovers == 0  # the seed serves still
+    finally:
+        lost.close()
+
+
 async def test_the_list_stops_growing_at_its_limit(job):
     members = [await job.member(number) for number in range(2, MAX_CANDIDATES + 2)]
     admitted = [standby for _, standby in members if standby.server is not None]
