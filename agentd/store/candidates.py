@@ -223,10 +223,9 @@ class Prober:
             self._clients[endpoint] = client
         return client
 
-    def report(self, index: int, status: int, doc: Any, endpoint: str = "") -> RoleReport:
-        """Candidate ``index``'s answer (``status``, JSON ``doc``) as a report (from
-        ``endpoint``, where it is none of our list's); a mismatched list raises."""
-        endpoint = endpoint or self.endpoints[index]
+    def report(self, index: int, status: int, doc: Any, endpoint: str) -> RoleReport:
+        """The answer (``status``, JSON ``doc``) of the candidate at ``endpoint``, index
+        ``index`` of our list (-1: none of it), as a report; a mismatched list raises."""
         error = doc.get("error", "") if isinstance(doc, dict) else ""
         if status == 409 and isinstance(doc, dict) and doc.get("mismatch"):
             raise CandidateMismatch(f"--rdzv-endpoint: {error}")
