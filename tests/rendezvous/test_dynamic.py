@@ -33,6 +33,14 @@ FAST = {
     "join_timeout": 20.0,
 }
 
+ETCD_ATTEMPTS = 20
+"""On etcd a node's heartbeats may all miss for 2 s (20 x 0.1 s) before its lease ends, not
+0.3 s: etcd rounds the lease up to 1 s and runs it on its own clock, and on a loaded 2-core
+CI machine a stall of etcd or of the test's loop once outlasted that second. The node whose
+lease lapsed as its round was sealed then ended the round, as it must, after its peer had
+returned from it (the peer's ``next_rendezvous`` was not called again). Tests of a lapsed
+lease stop the heartbeat or pass their own ``keep_alive_max_attempt``."""
+
 
 class Counting:
     """A store that counts the operations its clients make (``by_name``: each one's)."""
@@ -70,6 +78,8 @@ def handler(store, run_id="job", nodes=(1, 1), role="default", nproc=1, **settin
 
         return OpenedStore(store, nothing)
 
+    if isinstance(getattr(store, "inner", store), EtcdStore):
+        settings.setdefault("keep_alive_max_attempt", ETCD_ATTEMPTS)
     conf = RendezvousSettings(min_nodes=nodes[0], max_nodes=nodes[1], **{**FAST, **settings})
     return DynamicRendezvous(run_id, open_store, conf, role=role, local_world_size=nproc)
 
