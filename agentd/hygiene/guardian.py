@@ -68,6 +68,15 @@ class Guardian:
         """Remove the agent's private pipe directory ``path`` once the agent is gone."""
         self._send(f"R{path}\n")
 
+    def remove_secret_when_gone(self, path: str, digest: str) -> None:
+        """Remove the file ``path`` once the agent is gone, if it still holds the secret of
+        SHA-256 ``digest``."""
+        self._send(f"F{digest} {path}\n")
+
+    def keep_secret(self, path: str) -> None:
+        """Take back :meth:`remove_secret_when_gone` for ``path``."""
+        self._send(f"f{path}\n")
+
     def unwatch(self, pgid: int) -> None:
         self._send(f"-{pgid}\n")
 

@@ -14,6 +14,11 @@ nothing is marked, so it simply exits.
 agent is gone, so a killed agent leaves no litter in ``/tmp``: only a directory named
 ``agentd-*`` that holds nothing but named pipes is removed.
 
+``F<sha256> <path>`` names a secret the agent published (its store's or health endpoint's
+token file, :mod:`agentd.store.token_file`), ``f<path>`` takes it back (withdrawn, or the
+agent stops cleanly): when the agent is gone, the file is removed if it still holds a
+token of that SHA-256 (a newer agent may have published its own there since).
+
 ``W<json>`` is the agent's will (:mod:`agentd.rendezvous.release`), ``W-`` takes it back:
 when the agent is gone, once its workers are killed and seen dead, the guardian runs
 ``python -m agentd.rendezvous.release`` with the will on its stdin, which releases the
@@ -179,6 +184,24 @@ def remove_private_dir(path: str) -> None:
         return
 
 
+def remove_secret_file(path: str, digest: str) -> None:
+    """Remove the regular file ``path`` if its content (stripped) has SHA-256 ``digest``."""
+    import hashlib  # only here: the guardian's start stays on the lightest modules
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            content = os.read(fd, 4096).strip()
+        finally:
+            os.close(fd)
+        if hashlib.sha256(content).hexdigest() == digest:
+            os.unlink(path)
+    except OSError:
+        return
+
+
 GUARDIAN_IGNORES = (
     signal.SIGINT,
     signal.SIGHUP,
@@ -200,6 +223,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     groups: set[int] = set()
     private_dirs: set[str] = set()
+    secret_files: dict[str, str] = {}
     lease: float | None = None
     will: bytes | None = None
     fd = sys.stdin.fileno()
@@ -226,6 +250,10 @@ def main(argv: list[str]) -> int:
                     groups.discard(pgid)
             elif line[:1] == b"R" and len(line) > 1:
                 private_dirs.add(os.fsdecode(line[1:]))
+            elif line[:1] == b"F" and line[65:66] == b" " and len(line) > 66:
+                secret_files[os.fsdecode(line[66:])] = line[1:65].decode(errors="replace")
+            elif line[:1] == b"f" and len(line) > 1:
+                secret_files.pop(os.fsdecode(line[1:]), None)
             elif line == b"W-":
                 will = None
             elif line[:1] == b"W" and len(line) > 1:
@@ -238,6 +266,8 @@ def main(argv: list[str]) -> int:
     kill_all(groups, mark)
     for path in private_dirs:
         remove_private_dir(path)
+    for path, digest in secret_files.items():
+        remove_secret_file(path, digest)
     if will is not None:  # fencing: the ranks are given away only once the workers are dead
         if wait_dead(groups, mark, DEAD_WAIT):
             run_will(will)

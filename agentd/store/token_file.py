@@ -8,6 +8,11 @@ not a symlink; anything else there is refused, never used. Clients of a loopback
 without a token read the file, so one user's agents on one host meet with no
 configuration, while another local user can neither read the token nor use the store.
 Off loopback, a token must be given (the file cannot reach another host).
+
+A killed agent cannot withdraw what it published: each file is told to
+:func:`agentd.support.secrets.on_published`'s listeners, the agent's guardian among them
+(:mod:`agentd.hygiene.guardian_process`), which removes each one that still holds its token
+once the agent is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import stat
 from pathlib import Path
 
 from agentd.exceptions import StartError
+from agentd.support.secrets import published, withdrawn
 
 
 def run_dir() -> Path:
@@ -64,6 +70,7 @@ def publish(port: int, token: str, kind: str = "store") -> Path:
     finally:
         os.close(fd)
     os.replace(temporary, path)
+    published(path, token)
     return path
 
 
@@ -79,6 +86,7 @@ def withdraw(port: int, token: str, kind: str = "store") -> None:
     """Remove the published token, if it is still ours (a newer store may have replaced it)."""
     with contextlib.suppress(OSError, StartError):
         path = token_path(port, kind)
+        withdrawn(path, token)
         if path.read_text().strip() == token:
             path.unlink()
 

@@ -6,12 +6,18 @@ nvidia-smi, an etcd server, any helper), and a ``password=`` item is cut out of 
 inherited ``--rdzv-conf`` variable, so neither a child nor anything it prints can leak
 them. :func:`child_env` is the one function that builds a helper's environment; a
 worker's starts from :func:`without_secrets` too (``agentd.workers.env``).
+
+The secret files this process publishes (its store's and health endpoint's tokens,
+:mod:`agentd.store.token_file`) are told to :func:`on_published`'s listeners: the guardian
+removes those a killed agent could not withdraw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 SECRET_ENV = (
     "AGENTD_STORE_TOKEN",
@@ -40,3 +46,40 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = without_secrets(os.environ)
     env.update(extra or {})
     return env
+
+
+SecretListener = Callable[[Path, "str | None"], None]
+"""Told a secret file's path and its content as it is published, None as it is withdrawn."""
+
+_published: dict[Path, str] = {}
+"""The secret files this process published and has not withdrawn."""
+_listeners: list[SecretListener] = []
+
+
+def on_published(listener: SecretListener) -> Callable[[], None]:
+    """Tell ``listener`` of every secret file this process has published and not withdrawn,
+    and from now on of each one published or withdrawn; returns what stops the calls."""
+    _listeners.append(listener)
+    for path, content in list(_published.items()):
+        listener(path, content)
+
+    def stop() -> None:
+        with contextlib.suppress(ValueError):
+            _listeners.remove(listener)
+
+    return stop
+
+
+def published(path: Path, content: str) -> None:
+    """This process wrote the secret ``content`` to ``path``."""
+    _published[path] = content
+    for listener in list(_listeners):
+        listener(path, content)
+
+
+def withdrawn(path: Path, content: str) -> None:
+    """This process removed ``path``, or would have if it still held ``content``."""
+    if _published.get(path) == content:
+        del _published[path]
+        for listener in list(_listeners):
+            listener(path, None)

@@ -4,11 +4,12 @@ workers are dead."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 
-from agentd.hygiene.guardian_process import remove_private_dir, wait_dead
+from agentd.hygiene.guardian_process import remove_private_dir, remove_secret_file, wait_dead
 
 
 def test_a_pipe_directory_is_removed(tmp_path):
@@ -32,6 +33,24 @@ def test_anything_else_is_left_alone(tmp_path):
     remove_private_dir(str(named))
     assert named.exists()
     remove_private_dir(str(tmp_path / "agentd-gone"))  # missing: nothing to do, no error
+
+
+def test_a_secret_file_is_removed_only_while_it_holds_the_secret(tmp_path):
+    digest = hashlib.sha256(b"ours").hexdigest()
+    ours = tmp_path / "store-1.token"
+    ours.write_text("ours")
+    remove_secret_file(str(ours), digest)
+    assert not ours.exists()
+    newer = tmp_path / "store-2.token"
+    newer.write_text("a newer agent's")  # published over ours after we were told of it
+    remove_secret_file(str(newer), digest)
+    assert newer.read_text() == "a newer agent's"
+    link = tmp_path / "store-3.token"
+    link.symlink_to(ours.with_name("elsewhere"))
+    ours.with_name("elsewhere").write_text("ours")
+    remove_secret_file(str(link), digest)  # never followed
+    assert link.is_symlink()
+    remove_secret_file(str(tmp_path / "gone.token"), digest)  # missing: no error
 
 
 def test_a_will_waits_for_running_workers_but_not_for_zombies():

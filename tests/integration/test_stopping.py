@@ -7,8 +7,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.conftest import WORKER, pid_alive, wait_until
-from tests.helpers.jobs import result_json
+import psutil
+
+from tests.conftest import WORKER, free_port, pid_alive, wait_until
+from tests.helpers.jobs import FAST, agent_args, member_job, result_json, world_sizes
 
 
 def test_sigterm_stops_workers_and_exits_143(run_agentd):
@@ -53,6 +55,32 @@ def test_kill_9_leaves_nothing_behind(run_agentd):
         what="workers and grandchildren dead within a second",
     )
     wait_until(lambda: not pipe_dir.exists(), what="the guardian to remove the pipe's directory")
+
+
+def test_kill_9_of_a_store_host_leaves_no_token_file(run_agentd, tmp_path):
+    """The tokens a killed agent published for this user (its store's, its health
+    endpoint's) cannot be withdrawn by it: its guardian removes them."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    agent = run_agentd(
+        *agent_args(f"127.0.0.1:{free_port()}", "1", "--health-port", "0", conf=FAST),
+        *member_job(tmp_path / "stop"),
+        env={"XDG_RUNTIME_DIR": str(runtime)},
+    )
+    wait_until(lambda: world_sizes(agent, 0) == {1}, what="the job's worker")
+    wait_until(lambda: guardian_of(agent.proc.pid) is not None, what="the agent's guardian")
+    published = runtime / "agentd"
+    assert sorted(p.name.split("-")[0] for p in published.iterdir()) == ["health", "store"]
+    agent.proc.kill()
+    agent.wait()
+    wait_until(lambda: not any(published.iterdir()), what="the guardian to remove the tokens")
+
+
+def guardian_of(pid: int) -> psutil.Process | None:
+    for child in psutil.Process(pid).children():
+        if any(arg.endswith("guardian_process.py") for arg in child.cmdline()):
+            return child
+    return None
 
 
 def worker_env(pid: int) -> dict[str, str]:
