@@ -304,6 +304,7 @@ def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
         "endpoints": list(client.endpoints),
         "growing": client.growing,
         "serving": client.serving,
+        "term": client.term,
         "token": token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
     }
@@ -318,6 +319,7 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
     tls = StoreTls(files[0], files[1], files[2], serve=False) if files else None
     serving = spec.get("serving")
     start = serving if isinstance(serving, int) and 0 <= serving < len(spec["endpoints"]) else None
+    term = spec.get("term")
     return FailoverStore(
         spec["endpoints"],
         spec.get("token") or None,
@@ -327,4 +329,5 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
         alone_request_timeout=timeout / 2,
         tls=tls,
         start=start,
+        term=term if isinstance(term, int) and term > 0 else 0,
     )

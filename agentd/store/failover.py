@@ -66,7 +66,9 @@ class FailoverStore(ForwardingStore):
     ``connect`` and ``prober`` make the client of one server and the prober of them all
     (the protocol simulation's carry its requests over its own network). ``start``: the
     index of the candidate another client found serving (a guardian's release goes
-    there first, not to a seed that may be the host just lost).
+    there first, not to a seed that may be the host just lost), and ``term`` the newest
+    term that client had seen: a failover promotes above it, never beside a server that
+    is only frozen (seed 10409 of ``bench/simulate.py --failover``).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class FailoverStore(ForwardingStore):
         connect: Callable[..., HttpStore] = HttpStore,
         prober: Callable[..., Prober] = Prober,
         start: int | None = None,
+        term: int = 0,
     ) -> None:
         self.growing = growing
         self.tls = tls
@@ -98,7 +101,7 @@ class FailoverStore(ForwardingStore):
         self._client.refused_is_final = not alone
         self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
-        self.term = 0
+        self.term = term
         """The newest term seen: requests carry it, so a replaced server learns it was."""
         self.serving: int | None = start if start is not None else (0 if growing else None)
         """The index of the candidate this client talks to (None: not found yet)."""

@@ -117,6 +117,7 @@ class Standby:
         if server is None:
             return
         candidacy.extend(client.endpoints)
+        candidacy.observe(client.term)
         client.on_list = candidacy.extend
         client.own_candidate = candidacy.own
 
@@ -138,6 +139,7 @@ class Standby:
             )
             return
         self._offered = True
+        candidacy.observe(self._client.term)  # asked for its role, we say the serving term
         if not answer.get("admitted"):
             log.debug("Store: the candidate list is full; %s answers peers only", candidacy.own)
             return

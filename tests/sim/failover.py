@@ -354,6 +354,7 @@ def release_client(network: Network, agent: SimAgent, spec: dict[str, Any]) -> F
         agent,
         spec["endpoints"],
         start=spec["serving"],
+        term=spec["term"],
         retry_timeout=RELEASE_TIMEOUT,
         request_timeout=RELEASE_TIMEOUT / 2,
         alone_request_timeout=RELEASE_TIMEOUT / 2,

@@ -91,6 +91,7 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
         (46256, "a member that knew the seed alone found the job through a peer"),
         (2929, "a list grown during a search asked a lost host's candidate twice: 4.1 s"),
         (5548, "the same search, kept answers from before this host was cut off: S1"),
+        (10409, "a guardian promoted beside a frozen seed, under its term: a split job"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):

@@ -11,6 +11,7 @@ import pytest
 from agentd.store.api import StoreNotServing, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES, fingerprint
+from agentd.store.connect import client_from_spec, client_spec
 from agentd.store.failover import FailoverStore
 from agentd.store.server import StoreServer
 from agentd.store.standby import Standby
@@ -405,3 +406,28 @@ def test_a_socket_option_the_host_refuses_is_said_once(monkeypatch, caplog):
         sockets.keepalive_socket(info).close()
     [line] = [r for r in caplog.records if "refused" in r.getMessage()]
     assert line.levelname == "WARNING" and "TCP_USER_TIMEOUT=3000 refused" in line.getMessage()
+
+
+async def test_a_member_standing_by_knows_the_term_the_seed_serves_under(job):
+    """Asked for its role, it says term 1: a client that knows no term (a guardian's,
+    say) then promotes above the seed's, not beside it."""
+    _, standby = await job.member(2)
+    assert standby.server is not None and standby.server.candidacy.term == 1
+
+
+async def test_a_client_made_from_a_spec_promotes_above_the_term_its_agent_saw(job):
+    """A killed agent's guardian releases it through a client made from its spec; with the
+    seed out of reach (frozen, say), it promotes a member under term 2. Under term 1, as
+    it once did, the frozen seed kept serving once it resumed (it wins a tie), beside the
+    member promoted, and the job was split between the two (seed 10409 of
+    ``bench/simulate.py --failover``)."""
+    first, standby = await job.member(2)
+    spec = client_spec(first, TOKEN)
+    assert spec["term"] == 1
+    await job.server.stop()
+    job.server = None
+    guardian = client_from_spec(spec, 5.0)
+    job.clients.append(guardian)
+    standby.server.candidacy.term = 0  # as a member that stood by before this fix knew it
+    await guardian.set("released", b"1")
+    assert standby.serving and standby.server.candidacy.term == 2 and guardian.term == 2
