@@ -81,6 +81,7 @@ class Standby:
         if not self._prepared:
             self._prepared = True
             await self._listen_for(self._client)
+            self.start_soon()  # offered now, its answer comes as the round forms
         return self.endpoint
 
     def after_round(self, peers: Sequence[str]) -> None:

@@ -224,10 +224,12 @@ async def test_a_lone_request_asks_the_peers_once_the_seed_is_given_up(job):
     assert lone.endpoints == first.endpoints and lone.failovers == 1
 
 
-async def test_a_member_listens_before_its_first_round_and_offers_again_after_a_lost_answer(job):
-    """Its endpoint goes into its round entries, so it listens before it is in a round;
-    an offer whose answer never came is made again after the next round, and meanwhile
-    the server answers the peers' questions with the client's list."""
+async def test_a_member_listens_and_offers_before_its_first_round(job):
+    """Its endpoint goes into its round entries, so it listens before it is in a round,
+    and it offers at once: admitted while its first round forms, it knows a list to fail
+    over with even where the host is lost as that round is sealed (seeds 39566 and 54457
+    of ``bench/simulate.py --failover``, where every member heard its answer too late and
+    knew the seed alone)."""
     client = FailoverStore((job.seed,), TOKEN, growing=True, retry_timeout=1.0)
     job.clients.append(client)
     standby = Standby(client, "127.0.0.2", max_connections=64)
@@ -235,14 +237,28 @@ async def test_a_member_listens_before_its_first_round_and_offers_again_after_a_
     await client.set("hello", b"x")  # the seed's first answer: it keeps a list
     endpoint = await standby.prepare()
     assert endpoint == f"127.0.0.2:{job.port}" and await standby.prepare() == endpoint
+    assert standby._task is not None
+    await standby._task
+    assert client.endpoints == (job.seed, endpoint)
+    standby.after_round([])
+    assert standby._task.done()  # admitted: nothing more to offer
+
+
+async def test_an_offer_whose_answer_was_lost_is_made_again_after_the_next_round(job):
+    """Meanwhile the server answers the peers' questions with the client's list."""
+    client = FailoverStore((job.seed,), TOKEN, growing=True, retry_timeout=1.0)
+    job.clients.append(client)
+    standby = Standby(client, "127.0.0.2", max_connections=64)
+    job.standbys.append(standby)
+    await client.set("hello", b"x")
+    await job.server.stop()  # lost before the member's offer
+    job.server = None
+    endpoint = await standby.prepare()
+    assert standby._task is not None
+    await standby._task  # the offer fails: the seed is gone
     asked = {CANDIDATES_HEADER: fingerprint([job.seed])}
     _, doc, _ = await post(endpoint, "role", {}, asked)
     assert doc["role"] == "standby" and doc["endpoints"] == [job.seed]
-    await job.server.stop()
-    job.server = None
-    standby.after_round([])
-    assert standby._task is not None
-    await standby._task  # the offer fails: the seed is gone
     assert standby.server is not None and not client.peers
     await job.start_seed()  # back, empty: the next round's offer is admitted
     standby.after_round([f"127.0.0.3:{job.port}"])
