@@ -106,6 +106,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._will_listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self._will: dict[str, Any] | None = None
         self._leaving = False
+        self._shutting: asyncio.Task[None] | None = None
         self._round: Round | None = None
         self._rounds: Rounds | None = None
         self._ended_generation: int | None = None

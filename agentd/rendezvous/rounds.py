@@ -254,13 +254,22 @@ class Rounds(SealWait):
             key = self._keys.round(carried.generation, f"out/{self._node['node']}")
             await self._store.set(key, b"1")
 
-    async def _end_if_abandoned(self, generation: int, size: int) -> None:
-        """End a full round whose members are gone, so a late arrival never waits on it."""
+    async def _end_if_abandoned(self, generation: int, size: int, settle: bool) -> None:
+        """End a full round whose members are gone, so a late arrival never waits on it.
+        With ``settle`` (a check after the first), seal a full round nobody has sealed, as
+        its last arrival would have: each arrival that filled it joined again elsewhere
+        (the store failed over during its join) and left its place empty, and the spares
+        beside it waited for ever (seed 1611 of ``bench/simulate.py --failover``). The
+        seal ends a round with a place still empty after the entry timeout."""
+        sealed_key = self._keys.round(generation, "sealed")
         keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
-        nodes = [json.loads(v) for v in await self._store.multi_get(keys) if v is not None]
+        sealed, *values = await self._store.multi_get([sealed_key, *keys])
+        nodes = [json.loads(v) for v in values if v is not None]
         beats = await self._store.multi_get([self._keys.heartbeat(str(n["node"])) for n in nodes])
         if any(beat is None for beat in beats):
             await self.advance(generation, "a member of the full round is gone")
+        elif settle and sealed is None:
+            await self._seal(generation, size)
 
     def _reserve_port(self) -> int:
         """A free port on our address for the workers' store, should we be group rank 0;
@@ -320,11 +329,13 @@ class Rounds(SealWait):
         member died at once, nobody else is left to end it (seed 1397 of the simulation:
         two spares waited for ever beside a round whose hosts were both lost)."""
         store = self._store
+        checked = False
         while True:
             revision = await store.revision()
             if await self.generation() != generation:
                 return
             if full is not None:
-                await self._end_if_abandoned(generation, full)
+                await self._end_if_abandoned(generation, full, settle=checked)
+                checked = True
             await store.watch(self._keys.ctl, revision, POLL if full is None else SPARE_CHECK)
             # loop: re-read, so a compacted or restarted store cannot hide the change

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from agentd.rendezvous import rounds
 from agentd.rendezvous.api import (
     RendezvousClosedError,
     RendezvousStateError,
@@ -207,6 +208,22 @@ async def test_an_arrival_that_never_writes_its_entry_ends_the_round(store):
         await shutdown_all(a, b)
 
 
+async def test_a_spare_beside_a_full_round_nobody_sealed_ends_it(store, monkeypatch):
+    """Both arrivals that filled the round joined again elsewhere (the store failed over
+    during their joins) and left their places empty, so nobody sealed it; the spare that
+    found it full waited for ever (seed 1611 of ``bench/simulate.py --failover``). At its
+    second check, the spare seals it as its last arrival would have: with its places
+    still empty, that ends it, and the spare takes a place in the next round."""
+    monkeypatch.setattr(rounds, "SPARE_CHECK", 0.2)
+    await store.add("agentd/job/round/0/join", 2)  # places 0 and 1, and nothing more
+    spare = handler(store, nodes=(1, 2), keep_alive_max_attempt=3)  # alone: a short TTL
+    try:
+        info = await asyncio.wait_for(spare.next_rendezvous(), 10)
+        assert (info.generation, info.group_world_size) == (1, 1)
+    finally:
+        await shutdown_all(spare)
+
+
 class Overloaded(MemoryStore):
     """A store that applies the first ``add`` and loses its answer (etcd's ``request timed
     out`` under load): the arrival counted, its outcome unknown to the agent."""
@@ -327,6 +344,21 @@ async def test_a_node_beyond_max_waits_for_a_departure(store):
     infos = await asyncio.gather(a.next_rendezvous(), spare)
     assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
     await shutdown_all(a, c)
+
+
+async def test_a_second_shutdown_while_the_first_runs_waits_for_it(store):
+    """A second stop signal while the agent leaves: one leave, which ends the round for
+    the others at once. Two at once raced, and the first to end closed the store under
+    the other (seed 8218 of ``bench/simulate.py --failover``: the round was fenced for
+    16.5 s instead of ended)."""
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    watch = asyncio.create_task(a.round_over())
+    await asyncio.gather(b.shutdown(), b.shutdown())
+    assert "generation 0 ended" in await asyncio.wait_for(watch, 10)
+    assert await store.get(f"agentd/job/ctl/hb/{b.node_id}") is None
+    await b.shutdown()  # once it is over: nothing more to do
+    await shutdown_all(a)
 
 
 async def test_an_expired_heartbeat_ends_the_round(store):

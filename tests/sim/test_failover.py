@@ -101,6 +101,9 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
         (2929, "a list grown during a search asked a lost host's candidate twice: 4.1 s"),
         (5548, "the same search, kept answers from before this host was cut off: S1"),
         (10409, "a guardian promoted beside a frozen seed, under its term: a split job"),
+        (8218, "two leaves at once: the first closed the store under the second: 16.5 s"),
+        (1611, "a full round nobody sealed: its spares waited for ever"),
+        (54457, "every member lost the host as round 0 was sealed: the join timeout"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):
