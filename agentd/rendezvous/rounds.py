@@ -29,7 +29,7 @@ from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
-from agentd.rendezvous.seal_wait import POLL, SealWait
+from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.static import reserve_port
 from agentd.store.api import Store, StoreUnavailable
@@ -65,10 +65,6 @@ class Arrival(NamedTuple):
     entry: bytes
     start: int
     incarnation: int
-
-
-def _incarnation(store: Store) -> int:
-    return int(getattr(store, "incarnation", 0))
 
 
 class Rounds(SealWait):
@@ -152,10 +148,10 @@ class Rounds(SealWait):
             if not await self._arrive():
                 return None
         assert self._arrival is not None
-        generation, rank, mine, start, _ = self._arrival
+        generation, rank, mine, start, incarnation = self._arrival
         self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
         try:
-            joined = await self._until_sealed(generation, rank, mine, start)
+            joined = await self._until_sealed(generation, rank, mine, start, incarnation)
         except BaseException as exc:
             if not isinstance(exc, StoreUnavailable):
                 self._arrival = None
@@ -185,7 +181,7 @@ class Rounds(SealWait):
             held = await self._store.get(key)
         if held != arrival.entry:
             return False
-        if _incarnation(self._store) == arrival.incarnation:
+        if incarnation_of(self._store) == arrival.incarnation:
             return True
         await self._store.delete(key)
         return False
@@ -197,7 +193,7 @@ class Rounds(SealWait):
         # a store that restarted has forgotten our heartbeat; a watch from this revision
         # answers ``compacted`` if the store is replaced before we are in the round
         assert self._membership is not None, "joining needs a membership"
-        incarnation = _incarnation(store)  # every step of an arrival in one store
+        incarnation = incarnation_of(store)  # every step of an arrival in one store
         start = await self._membership.announce()
         stand_by = None if "candidate" in self._node else self._stand_by
         if stand_by is not None and (where := await stand_by()):  # the store has answered
@@ -205,7 +201,7 @@ class Rounds(SealWait):
         generation = await self.generation()
         if self.carried is not None and self.carried.generation < generation:
             await self.mark_out()
-        if _incarnation(store) != incarnation:  # our heartbeat, or the generation, was
+        if incarnation_of(store) != incarnation:  # our heartbeat, or the generation, was
             return False  # the old store's: arrive in the new one, where nothing was written
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:

@@ -20,6 +20,7 @@ from agentd.rendezvous.waiting import WaitReport
 
 if TYPE_CHECKING:
     from agentd.rendezvous.membership import Membership
+    from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,12 @@ _STORE_LOST_ROUND = (
 
 POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
+
+
+def incarnation_of(store: Store) -> int:
+    """Which server the store's client talks to (:attr:`~agentd.store.http_client.HttpStore.
+    incarnation`: one more at each restart or failover; 0 for a store never replaced)."""
+    return int(getattr(store, "incarnation", 0))
 
 
 class SealWait(Sealing):
@@ -45,10 +52,10 @@ class SealWait(Sealing):
         ) -> None: ...
 
     async def _until_sealed(
-        self, generation: int, rank: int, mine: bytes, start: int
+        self, generation: int, rank: int, mine: bytes, start: int, incarnation: int
     ) -> Round | None:
-        """Wait in round ``generation`` (our entry ``mine`` at ``rank``) until it is sealed:
-        the round, or None (try the next)."""
+        """Wait in round ``generation`` (our entry ``mine`` at ``rank``, written in the store
+        of ``incarnation``) until it is sealed: the round, or None (try the next)."""
         settings = self._settings
         sealed, revision, checker = None, start, False
         carried = self.carried
@@ -63,6 +70,12 @@ class SealWait(Sealing):
             sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
                 return None
+        if incarnation_of(self._store) != incarnation:
+            # the store failed over while we waited: a seal read since is the new store's,
+            # of a round of the same number where our place is another node's (seed 5779 of
+            # ``bench/simulate.py --failover``: two workers of one rank)
+            log.info(_STORE_LOST_ROUND, self._run_id, generation)
+            return None
         if sealed == ENDED:
             log.info(
                 "Rendezvous %s: round %d ended before it was sealed; joining the next",
