@@ -70,8 +70,9 @@ class SealWait(Sealing):
             sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
                 return None
-        if incarnation_of(self._store) != incarnation:
-            # the store failed over while we waited: a seal read since is the new store's,
+        if incarnation_of(self._store) != incarnation and not await self._holds(
+            generation, rank, mine
+        ):  # the store failed over while we waited: the seal read since is the new store's,
             # of a round of the same number where our place is another node's (seed 5779 of
             # ``bench/simulate.py --failover``: two workers of one rank)
             log.info(_STORE_LOST_ROUND, self._run_id, generation)
@@ -113,6 +114,10 @@ class SealWait(Sealing):
             await self.advance(generation, f"node {self._node['node']}'s lease {why}")
             return None
         return Round(generation, rank, summary, revision, mine)
+
+    async def _holds(self, generation: int, rank: int, mine: bytes) -> bool:
+        """Whether the store holds our entry ``mine`` at ``rank`` of round ``generation``."""
+        return await self._store.get(self._keys.round(generation, f"node/{rank}")) == mine
 
     async def _wait_for_seal(
         self, generation: int, rank: int, mine: bytes, revision: int, checker: bool = False
@@ -162,7 +167,7 @@ class SealWait(Sealing):
             result = await store.watch(sealed_key, revision, min(timeout, POLL))
             revision = result.revision
             if result.compacted:
-                if await store.get(self._keys.round(generation, f"node/{rank}")) != mine:
+                if not await self._holds(generation, rank, mine):
                     log.info(_STORE_LOST_ROUND, self._run_id, generation)
                     return None, revision
                 sealed = await store.get(sealed_key)
