@@ -83,6 +83,7 @@ class SealWait(Sealing):
                 self._run_id,
                 generation,
             )
+            await self._move_past_ended(generation)
             return None
         summary = decode(sealed)
         size = summary.size
@@ -114,6 +115,15 @@ class SealWait(Sealing):
             await self.advance(generation, f"node {self._node['node']}'s lease {why}")
             return None
         return Round(generation, rank, summary, revision, mine)
+
+    async def _move_past_ended(self, generation: int) -> None:
+        """Round ``generation`` is marked ended: move the generation past it where that
+        did not happen. The two are written one after the other, and a failover between
+        them (the mark resent to the new server, the generation's move applied to the
+        old one) left a new store at an ended round, which every agent joined again and
+        again until it was full (seed 42455 of ``bench/simulate.py --failover``)."""
+        if await self.generation() == generation:
+            await self.advance(generation, "it was marked ended, but the generation had not moved")
 
     async def _holds(self, generation: int, rank: int, mine: bytes) -> bool:
         """Whether the store holds our entry ``mine`` at ``rank`` of round ``generation``."""

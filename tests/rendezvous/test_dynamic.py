@@ -20,6 +20,7 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.rendezvous.sealing import ENDED
 from agentd.store.api import Store, StoreOutcomeUnknown
 from agentd.store.connect import OpenedStore
 from agentd.store.etcd.store import EtcdStore
@@ -222,6 +223,20 @@ async def test_a_spare_beside_a_full_round_nobody_sealed_ends_it(store, monkeypa
         assert (info.generation, info.group_world_size) == (1, 1)
     finally:
         await shutdown_all(spare)
+
+
+async def test_a_round_marked_ended_whose_generation_never_moved_is_moved_past(store):
+    """A round is ended by moving the generation, then marking the round; a failover
+    between the two resent the mark to the new store, whose generation never moved, and
+    every agent joined the ended round again and again until it was full, then waited
+    beside it for ever (seed 42455 of ``bench/simulate.py --failover``)."""
+    await store.set("agentd/job/round/0/sealed", ENDED)  # the mark alone, as resent
+    node = handler(store, nodes=(1, 1))
+    try:
+        info = await asyncio.wait_for(node.next_rendezvous(), 10)
+        assert (info.generation, info.group_world_size) == (1, 1)
+    finally:
+        await shutdown_all(node)
 
 
 class Overloaded(MemoryStore):

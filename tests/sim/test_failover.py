@@ -105,6 +105,7 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
         (1611, "a full round nobody sealed: its spares waited for ever"),
         (54457, "every member lost the host as round 0 was sealed: the join timeout"),
         (5779, "a seal read after a failover was the new store's: two workers of a rank"),
+        (42455, "a round's end mark resent to a new store, its generation not moved"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):
