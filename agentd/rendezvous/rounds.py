@@ -264,8 +264,8 @@ class Rounds(SealWait):
         beats = await self._store.multi_get([self._keys.heartbeat(str(n["node"])) for n in nodes])
         if any(beat is None for beat in beats):
             await self.advance(generation, "a member of the full round is gone")
-        elif sealed == ENDED:  # marked ended, the generation not moved: see _move_past_ended
-            await self.advance(generation, "it was marked ended, but the generation had not moved")
+        elif sealed == ENDED:
+            await self._move_past_ended(generation)
         elif settle and sealed is None:
             await self._seal(generation, size)
 
