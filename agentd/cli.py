@@ -278,7 +278,7 @@ class CollectOnceRunning(AgentObserver):
 
 def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``agentd store``: validate, then serve until a stop signal."""
-    from agentd.store.serve import serve
+    from agentd.store.serve import peers_from_flag, served_tls
     from agentd.store.server import StoreServer
     from agentd.support import fast_loop
 
@@ -289,53 +289,38 @@ def run_store(args: argparse.Namespace, environ: dict[str, str]) -> int:
     except RuleError as exc:
         raise ConfigError(f"--host: {args.host!r} {exc}") from None
     token = args.store_token or environ.get("AGENTD_STORE_TOKEN") or None
-    tls = store_tls(args)
+    tls = served_tls(args.cacert, args.cert, args.key)
     StoreServer(args.host, args.port, token, tls=tls)  # every rule is checked before binding
-    peers, index = store_peers(args.peers, args.host, args.port, token)
+    peers, index = peers_from_flag(args.peers, args.host, args.port, token)
     setup_logging("text", args.log_level)
     if tls is None:
         from agentd.store.tls import warn_clear_token
 
         warn_clear_token([args.host], "serve it with --cert and --key (and --cacert)")
     try:
-        return fast_loop.run(serve(args.host, args.port, token, peers, index, tls), args.loop)
+        return fast_loop.run(serve_store(args.host, args.port, token, peers, index, tls), args.loop)
     except AgentdError as exc:
         log.error("%s", exc)
         return exc.exit_code
 
 
-def store_tls(args: argparse.Namespace) -> StoreTls | None:
-    """``agentd store``'s TLS, its files checked (None: plain HTTP)."""
-    from agentd.store.tls import StoreTls
+async def serve_store(
+    host: str,
+    port: int,
+    token: str | None,
+    peers: list[str],
+    index: int | None,
+    tls: StoreTls | None,
+) -> int:
+    """Serve the store; one that makes its own token publishes it in a file, which a
+    guardian removes if the store is killed (SIGKILL, out of memory)."""
+    from agentd.hygiene.guardian import guarded_secrets
+    from agentd.store.serve import serve
 
-    if not (args.cert or args.key or args.cacert):
-        return None
-    if not args.cert:
-        rule = "required to serve the store over TLS (--cacert and --key go with it)"
-        raise ConfigError(f"--cert: {rule}")
-    return StoreTls(args.cacert, args.cert, args.key, flags=True)
-
-
-def store_peers(text: str, host: str, port: int, token: str | None) -> tuple[list[str], int | None]:
-    """``--peers`` checked: the candidate list and this store's place in it."""
-    from agentd.store.candidates import parse_candidates
-    from agentd.support.net import endpoint_text
-
-    if not text:
-        return [], None
-    peers = [endpoint_text(*pair) for pair in parse_candidates(text, "--peers")]
-    own = endpoint_text(host, port)
-    if own not in peers:
-        raise ConfigError(
-            f"--peers: {text!r} must list this store's own address {own!r} "
-            "(--host:--port), spelled the same"
-        )
-    if not token:
-        raise ConfigError(
-            "--store-token: required with --peers: the candidates and every "
-            "agent share it (set AGENTD_STORE_TOKEN)"
-        )
-    return peers, peers.index(own)
+    if token is not None:
+        return await serve(host, port, token, peers, index, tls)
+    async with guarded_secrets("store"):
+        return await serve(host, port, token, peers, index, tls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

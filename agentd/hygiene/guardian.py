@@ -1,18 +1,26 @@
-"""The agent's side of the guardian (see :mod:`agentd.hygiene.guardian_process`)."""
+"""The agent's side of the guardian (see :mod:`agentd.hygiene.guardian_process`), and the
+secret files this process publishes, kept known to a guardian (:class:`SecretFiles`) that
+removes them if the process is killed before it can withdraw them: the agent's
+(:class:`~agentd.hygiene.service.ProcessHygiene` gives it the guardian of its workers),
+or, with :func:`guarded_secrets`, one of its own for ``agentd store``, which has no
+workers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from agentd.hygiene import guardian_process
 from agentd.support.aio import use_pidfd_child_watcher
-from agentd.support.secrets import child_env
+from agentd.support.secrets import child_env, on_published
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +112,75 @@ class Guardian:
             await self._watch
             self._watch = None
         self._process = None
+
+
+class SecretFiles:
+    """The secret files this process published and has not withdrawn, kept known to the
+    guardian given to :meth:`attach` (path: the SHA-256 of the content, stripped)."""
+
+    def __init__(self) -> None:
+        self._digests: dict[str, str] = {}
+        self._guardian: Guardian | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def follow(self) -> None:
+        """From now on, learn of every secret file published or withdrawn (and of those
+        published before)."""
+        if self._unsubscribe is None:
+            self._unsubscribe = on_published(self._on_secret)
+
+    def attach(self, guardian: Guardian | None) -> None:
+        """``guardian`` removes the files if this process dies first (None: none runs; a
+        guardian attached later is told of every file at once)."""
+        self._guardian = guardian
+        if guardian is not None:
+            for path, digest in self._digests.items():
+                guardian.remove_secret_when_gone(path, digest)
+
+    def stop(self) -> None:
+        """A clean stop: their owners withdraw the files (several agents may share one
+        process, and a store another one serves must keep its token), so the guardian is
+        told to keep every one, and nothing more is followed."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._guardian is not None:
+            for path in self._digests:
+                self._guardian.keep_secret(path)
+        self._digests.clear()
+
+    def _on_secret(self, path: Path, token: str | None) -> None:
+        name = str(path)
+        if token is None:
+            if self._digests.pop(name, None) is not None and self._guardian is not None:
+                self._guardian.keep_secret(name)
+            return
+        digest = self._digests[name] = hashlib.sha256(token.strip().encode()).hexdigest()
+        if self._guardian is not None:
+            self._guardian.remove_secret_when_gone(name, digest)
+
+
+@contextlib.asynccontextmanager
+async def guarded_secrets(what: str) -> AsyncIterator[None]:
+    """Within, a guardian removes the secret files this process publishes if it is killed
+    (SIGKILL, out of memory) before it withdraws them. A guardian that cannot start costs
+    only that: ``what`` runs without one, and a WARNING says so."""
+    guardian = Guardian(f"{what}-{os.getpid()}")  # marks no process: it only removes files
+    try:
+        await guardian.start()
+    except OSError as exc:
+        log.warning("No guardian for the %s (%s): if it is killed, its token file stays", what, exc)
+        started = False
+    else:
+        started = True
+    if not started:
+        yield
+        return
+    secrets = SecretFiles()
+    secrets.follow()
+    secrets.attach(guardian)
+    try:
+        yield
+    finally:
+        secrets.stop()
+        await guardian.stop()

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentd.hygiene import orphans
-from agentd.hygiene.guardian import Guardian
+from agentd.hygiene.guardian import Guardian, SecretFiles
 from agentd.support.aio import cancel_and_wait
-from agentd.support.secrets import on_published
 
 if TYPE_CHECKING:
     from agentd.workers.processes import WorkerProcess
@@ -48,9 +45,8 @@ class ProcessHygiene:
         self._reaper = orphans.ZombieReaper()
         self._guardian: Guardian | None = None
         self._private_dirs: list[str] = []
-        self._unsubscribe: Callable[[], None] | None = None
-        self._secrets: dict[str, str] = {}
-        """Published secret files (path: the SHA-256 of their content) to remove if killed."""
+        self._secrets = SecretFiles()
+        """The secret files this process published: the guardian removes them if killed."""
         self._sigchld = False
         self._lease: float | None = None
         self._will: dict[str, Any] | None = None
@@ -65,7 +61,7 @@ class ProcessHygiene:
             return
         if not self._fresh_run_id:
             orphans.kill_leftovers(self._run_id)
-        self._unsubscribe = on_published(self._on_secret)
+        self._secrets.follow()
         if not orphans.become_subreaper():
             log.warning("Could not become a child subreaper; orphans re-parent to init")
         if threading.current_thread() is threading.main_thread():
@@ -82,15 +78,10 @@ class ProcessHygiene:
         if self._replacing is not None:
             await cancel_and_wait(self._replacing)
             self._replacing = None
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        self._secrets.stop()  # a clean stop: their owners withdraw them
         if self._guardian is not None:
-            for path in self._secrets:  # a clean stop: their owners withdraw them
-                self._guardian.keep_secret(path)
             await self._guardian.stop()
             self._guardian = None
-        self._secrets.clear()
         if self._sigchld:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
             self._sigchld = False
@@ -181,18 +172,6 @@ class ProcessHygiene:
         if self._guardian is not None:
             self._guardian.remove_when_gone(path)
 
-    def _on_secret(self, path: Path, token: str | None) -> None:
-        """This process published the secret file ``path`` (``token``), or withdrew it
-        (None): the guardian removes it if the agent dies first."""
-        name = str(path)
-        if token is None:
-            if self._secrets.pop(name, None) is not None and self._guardian is not None:
-                self._guardian.keep_secret(name)
-            return
-        digest = self._secrets[name] = hashlib.sha256(token.strip().encode()).hexdigest()
-        if self._guardian is not None:
-            self._guardian.remove_secret_when_gone(name, digest)
-
     async def _start_guardian(self) -> None:
         """Start the guardian and tell it everything known (groups, lease, will, pipe
         directories); what changes meanwhile is sent again once it runs."""
@@ -213,8 +192,7 @@ class ProcessHygiene:
             guardian.set_will(self._will)
         for path in self._private_dirs:
             guardian.remove_when_gone(path)
-        for name, digest in self._secrets.items():
-            guardian.remove_secret_when_gone(name, digest)
+        self._secrets.attach(guardian)
 
     def _guardian_lost(self, pid: int, code: int) -> None:
         """The guardian died (killed, or out of memory): without one, a killed agent's
@@ -222,6 +200,7 @@ class ProcessHygiene:
         not released. Say so, and start another that learns everything again."""
         self._reaper.disown(pid)
         self._guardian = None
+        self._secrets.attach(None)
         log.error(
             "Guardian pid %d died (exit status %d); starting a new one (until it runs, "
             "workers are not killed with a dead agent, nor fenced at the lease's end)",

@@ -1,4 +1,4 @@
-"""``agentd store``: run the store server alone until a stop signal."""
+"""``agentd store``: its flags checked, then the store server alone until a stop signal."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from agentd.exceptions import ConfigError
 from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import parse_candidates
 from agentd.store.server import StoreServer
 from agentd.store.tls import StoreTls
 from agentd.store.wire import MAX_CONNECTIONS
 from agentd.support import fast_loop, fdlimits
+from agentd.support.net import endpoint_text
 from agentd.support.ratelog import rate_limited_loop_errors
 
 log = logging.getLogger(__name__)
@@ -63,3 +66,35 @@ async def serve(
         await server.stop()
     log.info("Store stopped by %s", signal.Signals(signum).name)
     return 128 + signum
+
+
+def served_tls(cacert: str | None, cert: str | None, key: str | None) -> StoreTls | None:
+    """``agentd store``'s ``--cacert``, ``--cert`` and ``--key``, their files checked
+    (None: plain HTTP)."""
+    if not (cert or key or cacert):
+        return None
+    if not cert:
+        rule = "required to serve the store over TLS (--cacert and --key go with it)"
+        raise ConfigError(f"--cert: {rule}")
+    return StoreTls(cacert, cert, key, flags=True)
+
+
+def peers_from_flag(
+    text: str, host: str, port: int, token: str | None
+) -> tuple[list[str], int | None]:
+    """``--peers`` checked: the candidate list and this store's place in it."""
+    if not text:
+        return [], None
+    peers = [endpoint_text(*pair) for pair in parse_candidates(text, "--peers")]
+    own = endpoint_text(host, port)
+    if own not in peers:
+        raise ConfigError(
+            f"--peers: {text!r} must list this store's own address {own!r} "
+            "(--host:--port), spelled the same"
+        )
+    if not token:
+        raise ConfigError(
+            "--store-token: required with --peers: the candidates and every "
+            "agent share it (set AGENTD_STORE_TOKEN)"
+        )
+    return peers, peers.index(own)

@@ -13,6 +13,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from agentd.store.http_client import HttpStore
 from tests.conftest import free_port, wait_until
@@ -207,3 +208,40 @@ def test_an_agent_with_candidates_needs_a_token():
     )
     assert out.returncode == 2, out.stderr
     assert "--store-token: required with several --rdzv-endpoint candidates" in out.stderr
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_stopped_store_leaves_no_token_file_nor_guardian(tmp_path, stop):
+    """A store that made its own token publishes it for this user; killed with SIGKILL, it
+    cannot withdraw it, so a guardian started with it removes the file. A clean stop
+    withdraws the file itself, and its guardian exits with it."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    err = tmp_path / "store.err"
+    with open(err, "wb") as fp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", "--port", "0"],
+            stderr=fp,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(runtime)},
+        )
+    try:
+        wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
+        [token] = (runtime / "agentd").iterdir()
+        assert token.name.startswith("store-")
+        [guardian] = psutil.Process(proc.pid).children()
+        assert guardian.cmdline()[-2].endswith("guardian_process.py")
+        proc.send_signal(stop)
+        assert proc.wait(timeout=20) == (-stop if stop == signal.SIGKILL else 128 + stop)
+        wait_until(lambda: not token.exists(), what="the token file to be removed")
+        wait_until(lambda: exited(guardian), what="the guardian to exit")
+    finally:
+        kill_if_alive(proc)
+
+
+def exited(proc: psutil.Process) -> bool:
+    """Whether ``proc`` ended (a zombie its new parent has not reaped yet counts)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
