@@ -59,6 +59,8 @@ class Carried(NamedTuple):
     size: int
     member: bool
     """This node was one of its members (else it arrived after the round was sealed)."""
+    instance: str | None = None
+    """The store server instance it was seen sealed in (None: not known)."""
 
 
 class Count(NamedTuple):

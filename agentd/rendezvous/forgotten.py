@@ -6,9 +6,12 @@ member of the last round that is frozen or cut off still runs its workers on the
 store's lease (seed 91 of ``bench/simulate.py``: a spare took rank 1 while the paused
 member's worker held it). The first agent to find the store new tells it, before it
 moves the generation on (:meth:`~agentd.rendezvous.rounds.Rounds.generation`), what it
-forgot: the last sealed round that agent saw and its size, under ``ctl/forgotten``, a
-TTL key that lives for one lease, the guardian's slack and the fence. No later lease
-granted by the old store can outlast it.
+forgot: the last sealed round that agent saw, its size and the server instance it was
+sealed in, under ``ctl/forgotten``, a TTL key that lives for one lease, the guardian's
+slack and the fence. No later lease granted by the old store can outlast it. A member
+that never read the seal before the store forgot the round learns there that it was one
+(it held a place below the size in that instance's round: :meth:`Forgotten.sealed_with`),
+and counts back as the others do.
 
 While that key lives, the first round sealed in the new store (the sealer finds no
 sealed round before its own there) waits until every member of the forgotten round is
@@ -41,21 +44,42 @@ CHECK = 0.1
 
 
 class Forgotten(NamedTuple):
-    """The last sealed round an agent saw before the store forgot the run."""
+    """The last sealed round an agent saw before the store forgot the run, and the server
+    instance it was sealed in (None: not known)."""
 
     generation: int
     size: int
+    instance: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"generation": self.generation, "size": self.size}).encode()
+        doc: dict[str, object] = {"generation": self.generation, "size": self.size}
+        if self.instance is not None:
+            doc["instance"] = self.instance
+        return json.dumps(doc).encode()
 
     @staticmethod
     def decode(raw: bytes) -> Forgotten | None:
         try:
             doc = json.loads(raw)
-            return Forgotten(int(doc["generation"]), int(doc["size"]))
-        except (ValueError, KeyError, TypeError):
+            instance = doc.get("instance")
+            return Forgotten(
+                int(doc["generation"]),
+                int(doc["size"]),
+                instance if isinstance(instance, str) else None,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def sealed_with(self, generation: int, place: int, instance: str | None) -> bool:
+        """Whether round ``generation`` was sealed with the node that held ``place`` in it
+        at the server ``instance``: this is that round, sealed in that instance, with
+        more members than ``place`` (a sealed round's members hold its first places)."""
+        return (
+            instance is not None
+            and self.instance == instance
+            and self.generation == generation
+            and place < self.size
+        )
 
 
 def lifetime(ttl: float) -> float:
@@ -70,7 +94,7 @@ async def remember(store: Store, keys: RunKeys, carried: Carried, ttl: float) ->
     round ``fenced`` (no TTL), so a fence that ended is told from one never set. The mark
     is set only where the fence is, in one step: a failover between the two (seed 47215
     of ``--failover``) would have left the mark alone in the next store."""
-    mine = Forgotten(carried.generation, carried.size)
+    mine = Forgotten(carried.generation, carried.size, carried.instance)
     held = await store.get(keys.forgotten)
     while True:
         known = Forgotten.decode(held) if held is not None else None

@@ -29,7 +29,7 @@ from agentd.rendezvous.api import RendezvousClosedError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
-from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of
+from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of, instance_of
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.static import reserve_port
 from agentd.store.api import Store, StoreUnavailable
@@ -65,6 +65,8 @@ class Arrival(NamedTuple):
     entry: bytes
     start: int
     incarnation: int
+    instance: str | None = None
+    """The server instance that holds the entry (None: not known)."""
 
 
 class Rounds(SealWait):
@@ -148,10 +150,10 @@ class Rounds(SealWait):
             if not await self._arrive():
                 return None
         assert self._arrival is not None
-        generation, rank, mine, start, incarnation = self._arrival
+        generation, rank, mine, start, incarnation, instance = self._arrival
         self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
         try:
-            joined = await self._until_sealed(generation, rank, mine, start, incarnation)
+            joined = await self._until_sealed(generation, rank, mine, start, incarnation, instance)
         except BaseException as exc:
             if not isinstance(exc, StoreUnavailable):
                 self._arrival = None
@@ -168,6 +170,7 @@ class Rounds(SealWait):
             return False
         generation, rank = arrival.generation, arrival.rank
         log.info("Rendezvous %s: still node %d of round %d", self._run_id, rank, generation)
+        self._arrival = arrival._replace(instance=instance_of(self._store))
         return True
 
     async def _placed_here(self, arrival: Arrival, held: bytes | None = None) -> bool:
@@ -216,7 +219,7 @@ class Rounds(SealWait):
             # named, so the next round's first member back can see our lease lapse
             spare = keys.round(generation, f"spare/{rank}")
             await store.set(spare, str(self._node["node"]).encode())
-            self.carried = Carried(generation, settings.max_nodes, member=False)
+            self.carried = Carried(generation, settings.max_nodes, False, instance_of(store))
             await self.wait_for_generation_after(generation, full=settings.max_nodes)
             return False
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}
@@ -239,6 +242,7 @@ class Rounds(SealWait):
                 generation,
             )
             return False
+        self._arrival = arrival._replace(instance=instance_of(store))
         return True
 
     async def mark_out(self) -> None:

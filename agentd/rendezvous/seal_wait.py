@@ -39,6 +39,13 @@ def incarnation_of(store: Store) -> int:
     return int(getattr(store, "incarnation", 0))
 
 
+def instance_of(store: Store) -> str | None:
+    """The server instance that answered the store's client last (:attr:`~agentd.store.
+    http_client.HttpStore.instance`; None: not known, or a store that is never replaced)."""
+    instance = getattr(store, "instance", None)
+    return instance if isinstance(instance, str) else None
+
+
 class SealWait(Sealing):
     """Waiting for a round's seal (state lives on :class:`~agentd.rendezvous.rounds.Rounds`)."""
 
@@ -52,10 +59,17 @@ class SealWait(Sealing):
         ) -> None: ...
 
     async def _until_sealed(
-        self, generation: int, rank: int, mine: bytes, start: int, incarnation: int
+        self,
+        generation: int,
+        rank: int,
+        mine: bytes,
+        start: int,
+        incarnation: int,
+        instance: str | None = None,
     ) -> Round | None:
         """Wait in round ``generation`` (our entry ``mine`` at ``rank``, written in the store
-        of ``incarnation``) until it is sealed: the round, or None (try the next)."""
+        of ``incarnation``, at the server ``instance``) until it is sealed: the round, or
+        None (try the next)."""
         settings = self._settings
         sealed, revision, checker = None, start, False
         carried = self.carried
@@ -63,12 +77,13 @@ class SealWait(Sealing):
             if carried is not None and carried.member and carried.generation < generation:
                 # a store that forgot our last round waits for its members to be back
                 await accounting.count_back(self._store, self._keys, generation, carried)
-            sealed = await self._seal(generation, settings.max_nodes)
+            sealed = await self._seal(generation, settings.max_nodes, rank)
         elif carried is not None and carried.generation < generation:
             sealed, checker = await self._seal_if_counted(generation, carried)
         if sealed is None:
             sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
+                await self._carry_if_forgotten_with_us(generation, rank, instance)
                 return None
         if incarnation_of(self._store) != incarnation and not await self._holds(
             generation, rank, mine
@@ -76,6 +91,7 @@ class SealWait(Sealing):
             # of a round of the same number where our place is another node's (seed 5779 of
             # ``bench/simulate.py --failover``: two workers of one rank)
             log.info(_STORE_LOST_ROUND, self._run_id, generation)
+            await self._carry_if_forgotten_with_us(generation, rank, instance)
             return None
         if sealed == ENDED:
             log.info(
@@ -93,14 +109,14 @@ class SealWait(Sealing):
                 self._run_id,
                 generation,
             )
-            self.carried = Carried(generation, size, member=False)
+            self.carried = Carried(generation, size, False, instance_of(self._store))
             if size < settings.max_nodes:  # there is room: end the round to admit us
                 await self.advance(generation, f"node {self._node['node']} wants to join")
                 await self.wait_for_generation_after(generation)
             else:
                 await self.wait_for_generation_after(generation, full=size)
             return None
-        self.carried = Carried(generation, size, member=True)
+        self.carried = Carried(generation, size, True, instance_of(self._store))
         assert self._membership is not None
         lapsed = self._membership.lapsed()
         if lapsed or self._membership.dropped:  # paused or cut off as the round sealed: the
@@ -198,7 +214,7 @@ class SealWait(Sealing):
                 if joined <= rank:  # our own arrival is not counted: the store lost it
                     log.info(_STORE_LOST_ROUND, self._run_id, generation)
                     return None, revision
-                sealed = await self._seal(generation, min(joined, settings.max_nodes))
+                sealed = await self._seal(generation, min(joined, settings.max_nodes), rank)
         return sealed, revision
 
     async def _carry_if_sealed_with_us(self, generation: int, rank: int) -> None:
@@ -208,3 +224,28 @@ class SealWait(Sealing):
         sealed = await self._store.get(self._keys.round(generation, "sealed"))
         if sealed is not None and sealed != ENDED and rank < (size := decode(sealed).size):
             self.carried = Carried(generation, size, member=True)
+
+    async def _carry_if_forgotten_with_us(
+        self, generation: int, rank: int, instance: str | None
+    ) -> None:
+        """The store forgot round ``generation`` while we waited for its seal (it failed
+        over or restarted): if a member that saw it sealed told the new store so
+        (:mod:`~agentd.rendezvous.forgotten`), in the server instance that gave us our
+        place and with us among its members, we are one of them. We count ourselves back
+        in the next round, as its other members do, and never started its workers; else
+        the next round waited for the fence of a member it would never see back (seed
+        25946 of ``bench/simulate.py --failover``: 17 s, its store's host stopped 50 ms
+        after the seal)."""
+        carried = self.carried
+        if carried is not None and carried.generation >= generation:
+            return
+        raw = await self._store.get(self._keys.forgotten)
+        record = forgotten.Forgotten.decode(raw) if raw is not None else None
+        if record is not None and record.sealed_with(generation, rank, instance):
+            self.carried = Carried(generation, record.size, True, instance)
+            log.info(
+                "Rendezvous %s: round %d was sealed with this node before the store forgot "
+                "it; counting back in the next round",
+                self._run_id,
+                generation,
+            )

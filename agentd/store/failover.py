@@ -157,6 +157,10 @@ class FailoverStore(ForwardingStore):
     def incarnation(self) -> int:  # :attr:`HttpStore.incarnation`: a failover is one more
         return self._client.incarnation
 
+    @property
+    def instance(self) -> str | None:  # :attr:`HttpStore.instance`
+        return self._client.instance
+
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows: the candidates, which one serves, which ones failed, the
         peers, and whether the connections are TLS."""

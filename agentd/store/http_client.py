@@ -98,7 +98,7 @@ class HttpStore:
         """Requests sent, retries included (for benchmarks and metrics)."""
         self.observer: Callable[[str, float], None] | None = None
         """Told (operation, seconds) after each answered request but long polls (metrics)."""
-        self._instance: str | None = None
+        self.instance: str | None = None
         """The server instance we last heard from (its ``Agentd-Store-Instance`` header)."""
         self._base = 0
         """Added to the server's revisions: each server (or instance) we move to gets a base
@@ -135,7 +135,7 @@ class HttpStore:
         store we talked to before, so a watch after an earlier revision answers
         ``compacted``."""
         self.url = f"{scheme(self._tls)}://{endpoint}"
-        self._instance = None
+        self.instance = None
         if lost_state:
             self._rebase()
         self.server_term = 0
@@ -265,10 +265,10 @@ class HttpStore:
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:
             return
-        if self._instance is not None and instance != self._instance:
+        if self.instance is not None and instance != self.instance:
             log.info("Store %s restarted: its state starts empty, so the round re-forms", self.url)
             self._rebase()
-        self._instance = instance
+        self.instance = instance
 
     def _rebase(self) -> None:
         self._base = self._moved_at = self._highest + 1
@@ -371,7 +371,7 @@ class HttpStore:
             "prefix": prefix,
             "after_revision": after_revision - base,
             "timeout": poll,
-            "instance": self._instance,
+            "instance": self.instance,
         }  # a different server answers at once
         doc = await self._call("watch", body, poll=poll)
         if self._base != base:  # the server restarted, or we moved, during this watch

@@ -186,3 +186,23 @@ def test_the_forgotten_rounds_fence_outlives_the_guardians_kill():
 
     assert forgotten.GUARDIAN_SLACK == LEASE_SLACK
     assert forgotten.lifetime(15.0) == 15.0 + LEASE_SLACK + accounting.FENCE
+
+
+def test_a_forgotten_round_names_its_members_only_in_the_server_it_was_sealed_in():
+    """What a member that never read its round's seal learns from the new store's
+    ``ctl/forgotten``: it was one of the members only where the round is the one it
+    waited in, sealed in the server instance that gave it its place, with more members
+    than its place. A record without an instance (an agent of an older version wrote it)
+    names nobody."""
+    from agentd.rendezvous.forgotten import Forgotten
+
+    record = Forgotten.decode(Forgotten(4, 3, "a1").encode())
+    assert record == Forgotten(4, 3, "a1")
+    assert record.sealed_with(4, 2, "a1")
+    assert not record.sealed_with(4, 3, "a1")  # a place past the seal: a spare
+    assert not record.sealed_with(4, 0, "b2")  # a round 4 of another server
+    assert not record.sealed_with(3, 0, "a1")
+    assert not record.sealed_with(4, 0, None)
+    old = Forgotten.decode(json.dumps({"generation": 4, "size": 3}).encode())
+    assert old == Forgotten(4, 3) and not old.sealed_with(4, 0, None)
+    assert Forgotten.decode(b"[1]") is None and Forgotten.decode(b"{") is None

@@ -66,6 +66,19 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
     assert 16.5 <= cost <= store_host_lost_bound(RendezvousSettings(2, 3)), cost
 
 
+def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover():
+    """Seed 25946's shrunk schedule: the store's host leaves (SIGTERM) 50 ms after round 0
+    was sealed, before agent 2 read the seal. The new store forgot the round; its other
+    members told it so, naming the server the round was sealed in, and agent 2 held a
+    place there, so it counts back as they do. Before, the next round waited 16.5 s for
+    the forgotten round's fence to end, as for a member never to be seen again."""
+    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.08, "term", 0),), failover=True))
+    assert outcome.violations == []
+    assert not any("agent 2: round 0," in n for n in outcome.notes), outcome.notes
+    restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
+    assert len(restarted) == 3 and max(restarted) - 30.08 < 3.0, outcome.notes
+
+
 def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
     """Seed 545's finding, as a schedule of its own: a partitioned member reaches only the
     candidate on its own host (loopback), and promoting it formed a job of its own (MIN
@@ -106,6 +119,7 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
         (54457, "every member lost the host as round 0 was sealed: the join timeout"),
         (5779, "a seal read after a failover was the new store's: two workers of a rank"),
         (42455, "a round's end mark resent to a new store, its generation not moved"),
+        (25946, "a last call's seal waited 15 s in a new store for entries it never had"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):

@@ -228,6 +228,11 @@ class Link:
         self.incarnation = 0
         """As the HTTP client's: how many times the store answering was replaced."""
 
+    @property
+    def instance(self) -> str | None:
+        """As the HTTP client's: the store (its restarts counted) that answered last."""
+        return None if self._epoch is None else str(self._epoch)
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
         once = name == "heartbeat"  # the HTTP client's refresh in one attempt
         if name.startswith("_") or not (once or hasattr(MemoryStore, name)):
