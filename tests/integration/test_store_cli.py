@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,16 +32,22 @@ def kill_if_alive(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def test_store_serves_and_stops_on_sigterm(tmp_path):
-    err = tmp_path / "store.err"
+def start_store(err: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``agentd store ARGS``, its stderr in ``err``; with the token ``tok`` unless ``env``
+    says otherwise."""
     with open(err, "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", "0"],
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentd", "store", *args],
             stderr=fp,
             stdout=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
-            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+            env=env or {"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
         )
+
+
+def test_store_serves_and_stops_on_sigterm(tmp_path):
+    err = tmp_path / "store.err"
+    proc = start_store(err, "--port", "0")
     try:
         endpoint = wait_until(
             lambda: re.search(r"Store listening on http://(\S+)", err.read_text()),
@@ -67,13 +74,7 @@ def test_store_serves_and_stops_on_sigterm(tmp_path):
 def test_store_runs_on_the_loop_asked_for(tmp_path):
     """``--loop asyncio`` serves on asyncio's loop even where uvloop is installed."""
     err = tmp_path / "store.err"
-    with open(err, "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", "0", "--loop", "asyncio"],
-            stderr=fp,
-            stdin=subprocess.DEVNULL,
-            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )
+    proc = start_store(err, "--port", "0", "--loop", "asyncio")
     try:
         wait_until(
             lambda: "Store: serving on asyncio's event loop" in err.read_text(),
@@ -125,14 +126,7 @@ def test_store_refuses_a_public_address_without_a_token():
 def test_overwriting_a_large_value_does_not_pin_memory(tmp_path):
     """200 overwrites of one key with 1 MiB once took the store from 47 to 251 MiB."""
     port = free_port()
-    with open(tmp_path / "store.err", "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", str(port)],
-            stderr=fp,
-            stdout=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            env={"AGENTD_STORE_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
-        )
+    proc = start_store(tmp_path / "store.err", "--port", str(port))
     try:
         wait_until(lambda: "Store listening" in (tmp_path / "store.err").read_text())
         rss = psutil.Process(proc.pid).memory_info
@@ -218,13 +212,9 @@ def test_a_stopped_store_leaves_no_token_file_nor_guardian(tmp_path, stop):
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     err = tmp_path / "store.err"
-    with open(err, "wb") as fp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentd", "store", "--port", "0"],
-            stderr=fp,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(runtime)},
-        )
+    proc = start_store(
+        err, "--port", "0", env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(runtime)}
+    )
     try:
         wait_until(lambda: "Store listening" in err.read_text(), what="the store to listen")
         [token] = (runtime / "agentd").iterdir()
