@@ -105,6 +105,9 @@ class Rounds(SealWait):
         self.carried: Carried | None = None
         """The last sealed round this agent saw, whose members the next round expects
         (:mod:`agentd.rendezvous.accounting`)."""
+        self.unsure: tuple[int, int, str] | None = None
+        """A round the store forgot as we waited for its seal, before any member told the
+        new store it was sealed: its generation, our place, and the server instance."""
 
     @property
     def settings(self) -> RoundSettings:
@@ -202,6 +205,9 @@ class Rounds(SealWait):
         if stand_by is not None and (where := await stand_by()):  # the store has answered
             self._node["candidate"] = where
         generation = await self.generation()
+        if self.unsure is not None and self.unsure[0] < generation:  # moved past it: by
+            await self._carry_if_forgotten_with_us(*self.unsure)  # one who told the store
+            self.unsure = None  # asked once more: none did
         if self.carried is not None and self.carried.generation < generation:
             await self.mark_out()
         if incarnation_of(store) != incarnation:  # our heartbeat, or the generation, was

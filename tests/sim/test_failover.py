@@ -120,6 +120,7 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
         (5779, "a seal read after a failover was the new store's: two workers of a rank"),
         (42455, "a round's end mark resent to a new store, its generation not moved"),
         (25946, "a last call's seal waited 15 s in a new store for entries it never had"),
+        (65153, "a member that never read the seal asked the new store too soon: 30 s"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):
