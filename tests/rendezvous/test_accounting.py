@@ -11,7 +11,9 @@ from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.release import release, will
-from agentd.store.connect import http_store_opener
+from agentd.store.api import Store
+from agentd.store.connect import OpenedStore, http_store_opener
+from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
 from tests.rendezvous import test_dynamic
 from tests.rendezvous.test_dynamic import FAST, handler, shutdown_all
@@ -206,3 +208,105 @@ def test_a_forgotten_round_names_its_members_only_in_the_server_it_was_sealed_in
     old = Forgotten.decode(json.dumps({"generation": 4, "size": 3}).encode())
     assert old == Forgotten(4, 3) and not old.sealed_with(4, 0, None)
     assert Forgotten.decode(b"[1]") is None and Forgotten.decode(b"{") is None
+
+
+class Held:
+    """A member's store client whose requests that ``hold`` picks (the operation's name
+    and first argument) wait until :attr:`go` is set: that answer comes late."""
+
+    def __init__(self, inner: HttpStore, hold) -> None:
+        self.inner = inner
+        self.hold = hold
+        self.go = asyncio.Event()
+        self.held = asyncio.Event()
+        """Set once a request was held."""
+
+    def __getattr__(self, name: str):
+        found = getattr(self.inner, name)
+        if not callable(found):
+            return found  # ``incarnation``, ``instance``: the client's, read through
+
+        async def call(*args, **kwargs):
+            if args and self.hold(name, args[0]):
+                self.held.set()
+                await self.go.wait()
+            return await found(*args, **kwargs)
+
+        return call
+
+
+def member(client: Store, nodes: int = 3, last_call: float = 60) -> DynamicRendezvous:
+    """A node of ``job`` (``nodes`` MIN, 3 MAX) over ``client``, with a lease of 30 s: the
+    entry timeout, and what fences a round a restarted store forgot."""
+
+    async def open_store() -> OpenedStore:
+        return OpenedStore(client, client.close)
+
+    settings = {**FAST, "last_call_timeout": last_call, "join_timeout": 60, **LONG_LEASE}
+    return DynamicRendezvous("job", open_store, RendezvousSettings(nodes, 3, **settings))
+
+
+def reads_round_0s_seal(op: str, key) -> bool:
+    """The member is slow to learn round 0 was sealed (paused, or its answer late)."""
+    return op in ("watch", "get") and str(key).endswith("round/0/sealed")
+
+
+async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_restart():
+    """The embedded store restarts empty, over HTTP, just after round 0 was sealed with
+    three, before one member read the seal. The others tell the new store what it forgot,
+    naming the server the round was sealed in; the member held a place there, so it counts
+    back, and round 1 seals as soon as all three are in. Before, it joined round 1 as a
+    newcomer, and round 1 waited for it as a member never to be seen again: until the
+    forgotten round's fence ended, a lease later (31.5 s here), or the last call (60 s)."""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+    held = Held(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20), reads_round_0s_seal)
+    slow = member(held)
+    a, b = (member(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20)) for _ in "ab")
+    try:
+        waiting = asyncio.create_task(slow.next_rendezvous())
+        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
+        first = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in first} == {(0, 3)}
+        await server.stop()  # everything the store knew is gone, and its instance
+        server = StoreServer("127.0.0.1", port, "secret")
+        await server.start()
+        again = asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+        await server.store.wait(["agentd/job/round/1/node/1"], SOON)  # both in round 1
+        held.go.set()  # the slow member reads the seal: from a store that forgot the round
+        infos = await asyncio.wait_for(asyncio.gather(again, waiting), SOON)
+        assert {(i.generation, i.group_world_size) for i in [*infos[0], infos[1]]} == {(1, 3)}
+    finally:
+        await shutdown_all(a, b, slow)
+        await server.stop()
+
+
+async def test_a_seal_whose_store_restarted_after_the_last_calls_count_gives_up_at_once():
+    """The embedded store restarts empty between a node's last-call count and its seal's
+    read of the entries. The node's own entry is not there: the store lost the round, and
+    the node joins anew at once. Before, the seal waited the entry timeout (the 30 s
+    lease here) for entries the new store never had."""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+
+    def reads_the_entries(op: str, keys) -> bool:
+        return op == "multi_get" and "agentd/job/round/0/node/0" in keys
+
+    held = Held(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20), reads_the_entries)
+    alone = member(held, nodes=1, last_call=0.2)
+    try:
+        joining = asyncio.create_task(alone.next_rendezvous())
+        await asyncio.wait_for(held.held.wait(), SOON)  # sealing at its last call
+        await server.stop()
+        server = StoreServer("127.0.0.1", port, "secret")
+        await server.start()
+        held.go.set()
+        info = await asyncio.wait_for(joining, SOON)
+        assert info.group_world_size == 1
+    finally:
+        await shutdown_all(alone)
+        await server.stop()
