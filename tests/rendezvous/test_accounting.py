@@ -235,15 +235,21 @@ class Held:
         return call
 
 
-def member(client: Store, nodes: int = 3, last_call: float = 60) -> DynamicRendezvous:
-    """A node of ``job`` (``nodes`` MIN, 3 MAX) over ``client``, with a lease of 30 s: the
+def member(
+    client: Store, nodes: tuple[int, int] = (3, 3), last_call: float = 60
+) -> DynamicRendezvous:
+    """A node of ``job`` (``nodes``: MIN, MAX) over ``client``, with a lease of 30 s: the
     entry timeout, and what fences a round a restarted store forgot."""
 
     async def open_store() -> OpenedStore:
         return OpenedStore(client, client.close)
 
     settings = {**FAST, "last_call_timeout": last_call, "join_timeout": 60, **LONG_LEASE}
-    return DynamicRendezvous("job", open_store, RendezvousSettings(nodes, 3, **settings))
+    return DynamicRendezvous("job", open_store, RendezvousSettings(*nodes, **settings))
+
+
+def over_http(port: int) -> HttpStore:
+    return HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20)
 
 
 def reads_round_0s_seal(op: str, key) -> bool:
@@ -261,9 +267,9 @@ async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_resta
     server = StoreServer("127.0.0.1", 0, "secret")
     await server.start()
     port = server.port
-    held = Held(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20), reads_round_0s_seal)
+    held = Held(over_http(port), reads_round_0s_seal)
     slow = member(held)
-    a, b = (member(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20)) for _ in "ab")
+    a, b = (member(over_http(port)) for _ in "ab")
     try:
         waiting = asyncio.create_task(slow.next_rendezvous())
         await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
@@ -296,8 +302,8 @@ async def test_a_seal_whose_store_restarted_after_the_last_calls_count_gives_up_
     def reads_the_entries(op: str, keys) -> bool:
         return op == "multi_get" and "agentd/job/round/0/node/0" in keys
 
-    held = Held(HttpStore(f"127.0.0.1:{port}", "secret", retry_timeout=20), reads_the_entries)
-    alone = member(held, nodes=1, last_call=0.2)
+    held = Held(over_http(port), reads_the_entries)
+    alone = member(held, nodes=(1, 3), last_call=0.2)
     try:
         joining = asyncio.create_task(alone.next_rendezvous())
         await asyncio.wait_for(held.held.wait(), SOON)  # sealing at its last call
@@ -309,4 +315,40 @@ async def test_a_seal_whose_store_restarted_after_the_last_calls_count_gives_up_
         assert info.group_world_size == 1
     finally:
         await shutdown_all(alone)
+        await server.stop()
+
+
+async def test_a_seal_read_from_a_store_restarted_empty_is_not_taken_for_our_round():
+    """What seed 5779 of ``bench/simulate.py --failover`` found, over HTTP: a node waits in
+    round 0 of a store that restarts empty; two other nodes form a round 0 of their own in
+    the new store, where the waiting node's place 0 is another's. Its seal read, answered
+    by the new store, is that round's: taken for ours, two workers would hold rank 0. The
+    node joins anew instead, finds the round full, and takes the place of the first to
+    leave. (The HTTP client reports the new store as a compacted watch, whose check catches
+    it here; the check after the read, 5779's fix, catches a seal read as an event.)"""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+    held = Held(over_http(port), reads_round_0s_seal)
+    slow = member(held, nodes=(2, 2))
+    a, b = (member(over_http(port), nodes=(2, 2)) for _ in "ab")
+    try:
+        waiting = asyncio.create_task(slow.next_rendezvous())
+        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # it waits, alone
+        await server.stop()
+        server = StoreServer("127.0.0.1", port, "secret")
+        await server.start()
+        first = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in first} == {(0, 2)}
+        held.go.set()  # its seal read: the new store's round 0
+        await server.store.wait(["agentd/job/round/0/spare/2"], SOON)  # a spare beside it
+        assert not waiting.done()
+        leaving, staying = (a, b) if first[0].group_rank == 0 else (b, a)
+        await leaving.shutdown()
+        infos = await asyncio.wait_for(asyncio.gather(staying.next_rendezvous(), waiting), SOON)
+        assert sorted((i.generation, i.group_rank) for i in infos) == [(1, 0), (1, 1)]
+    finally:
+        await shutdown_all(a, b, slow)
         await server.stop()
