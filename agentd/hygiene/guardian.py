@@ -165,17 +165,13 @@ async def guarded_secrets(what: str) -> AsyncIterator[None]:
     """Within, a guardian removes the secret files this process publishes if it is killed
     (SIGKILL, out of memory) before it withdraws them. A guardian that cannot start costs
     only that: ``what`` runs without one, and a WARNING says so."""
-    guardian = Guardian(f"{what}-{os.getpid()}")  # marks no process: it only removes files
+    guardian: Guardian | None = None
     try:
-        await guardian.start()
+        started = Guardian(f"{what}-{os.getpid()}")  # marks no process: it only removes files
+        await started.start()
+        guardian = started
     except OSError as exc:
         log.warning("No guardian for the %s (%s): if it is killed, its token file stays", what, exc)
-        started = False
-    else:
-        started = True
-    if not started:
-        yield
-        return
     secrets = SecretFiles()
     secrets.follow()
     secrets.attach(guardian)
@@ -183,4 +179,5 @@ async def guarded_secrets(what: str) -> AsyncIterator[None]:
         yield
     finally:
         secrets.stop()
-        await guardian.stop()
+        if guardian is not None:
+            await guardian.stop()
