@@ -163,6 +163,9 @@ class Leaving:
         handed = False
         try:
             if not self._closed:  # the others re-form without us, at once
+                if self._round is None and self._rounds is not None:
+                    async with asyncio.timeout(_LEAVE_TIMEOUT):
+                        self._round = await self._rounds.sealed_with_us()
                 current = self._round
                 if self._opened.hand_over is not None and current is not None:
                     handed = await self._opened.hand_over(current.size)  # to its next server

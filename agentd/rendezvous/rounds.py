@@ -25,13 +25,14 @@ from typing import Any, NamedTuple
 from agentd.exceptions import StartError
 from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
-from agentd.rendezvous.api import RendezvousClosedError
+from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of, instance_of
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.static import reserve_port
+from agentd.rendezvous.summary import decode
 from agentd.store.api import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class Rounds(SealWait):
         """The lowest generation this agent may join."""
         self.joining: int | None = None
         """The round this agent has its entry in while it waits for it to be sealed."""
+        self._joined_as: tuple[int, bytes] | None = None
+        """Our place and entry in the round being joined."""
         self._arrival: Arrival | None = None
         """Our place in the round being joined, from the ``add`` that gave it until the
         join ends: a join the store cut short (an answer lost) resumes there."""
@@ -155,6 +158,7 @@ class Rounds(SealWait):
         assert self._arrival is not None
         generation, rank, mine, start, incarnation, instance = self._arrival
         self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
+        self._joined_as = (rank, mine)
         try:
             joined = await self._until_sealed(generation, rank, mine, start, incarnation, instance)
         except BaseException as exc:
@@ -163,6 +167,29 @@ class Rounds(SealWait):
             raise
         self._arrival = self.joining = None
         return joined
+
+    async def sealed_with_us(self) -> Round | None:
+        """The round a cancelled join waited in, where a seal we never read names us among
+        its members: a stop signal came just as it was sealed (the others started its
+        workers). The leaver then leaves it as a member, so the others re-form at once;
+        a store host that ended it as a forming round instead handed nothing over, and
+        the others waited the fence of the round its store took with it
+        (``tests/sim/test_failover.py``: 20 s)."""
+        generation = self.joining
+        if generation is None or self._joined_as is None:
+            return None
+        rank, mine = self._joined_as
+        sealed = await self._store.get(self._keys.round(generation, "sealed"))
+        if sealed is None or sealed == ENDED or not await self._holds(generation, rank, mine):
+            return None
+        try:
+            summary = decode(sealed)
+        except RendezvousStateError:  # leaving anyway: the join said what is wrong
+            return None
+        if rank >= summary.size:
+            return None
+        self.carried = Carried(generation, summary.size, True, instance_of(self._store))
+        return Round(generation, rank, summary, 0, mine)
 
     async def _resumable(self, arrival: Arrival) -> bool:
         """Whether the store still holds our entry in the round a store error cut our join
@@ -207,7 +234,6 @@ class Rounds(SealWait):
         generation = await self.generation()
         if self.unsure is not None and self.unsure[0] < generation:  # moved past it: by
             await self._carry_if_forgotten_with_us(*self.unsure)  # one who told the store
-            self.unsure = None  # asked once more: none did
         if self.carried is not None and self.carried.generation < generation:
             await self.mark_out()
         if incarnation_of(store) != incarnation:  # our heartbeat, or the generation, was

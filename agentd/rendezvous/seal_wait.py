@@ -31,6 +31,8 @@ _STORE_LOST_ROUND = (
 
 POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
+UNSURE_POLL = 0.5
+"""How often a node unsure of its last round asks for the store's record of it."""
 
 
 def incarnation_of(store: Store) -> int:
@@ -118,6 +120,7 @@ class SealWait(Sealing):
                 await self.wait_for_generation_after(generation, full=size)
             return None
         self.carried = Carried(generation, size, True, instance_of(self._store))
+        self.unsure = None  # a round sealed with us: the one before no longer matters
         assert self._membership is not None
         lapsed = self._membership.lapsed()
         if lapsed or self._membership.dropped:  # paused or cut off as the round sealed: the
@@ -184,6 +187,11 @@ class SealWait(Sealing):
             timeout = report.due_in(loop.time())
             if last_call is not None:
                 timeout = min(timeout, max(0.0, last_call - loop.time()))
+            if self.unsure is not None and self.unsure[0] < generation:
+                timeout = min(timeout, UNSURE_POLL)  # the record may come after our join
+                sealed = await self._count_back_if_told(generation)
+                if sealed is not None:
+                    break
             if leases is not None:
                 if loop.time() >= next_check:
                     next_check = loop.time() + accounting.CHECK_INTERVAL
@@ -217,6 +225,21 @@ class SealWait(Sealing):
                     return None, revision
                 sealed = await self._seal(generation, min(joined, settings.max_nodes), rank)
         return sealed, revision
+
+    async def _count_back_if_told(self, generation: int) -> bytes | None:
+        """Waiting in round ``generation`` unsure whether we were a member of a round the
+        store forgot (:attr:`unsure`): ask the record again, and once it names us, count
+        back here (and seal, if that completes the count). The member that writes the
+        record may come after our join: where this node itself had moved the generation
+        past that round (it found its entry gone as it sealed), the others waited for the
+        fence (``tests/sim/test_failover.py``: 20 s)."""
+        assert self.unsure is not None
+        await self._carry_if_forgotten_with_us(*self.unsure)
+        carried = self.carried
+        if carried is None or not carried.member or carried.generation >= generation:
+            return None
+        sealed, _ = await self._seal_if_counted(generation, carried)
+        return sealed
 
     async def _carry_if_sealed_with_us(self, generation: int, rank: int) -> None:
         """A round sealed with us and ended before we saw its seal (we were paused): we

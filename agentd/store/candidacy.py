@@ -9,6 +9,20 @@ steps down, which it does on evidence of a successor:
   looks for one only after a sign that it may have been cut off or frozen: a heartbeat
   key expired in its store (its clients went quiet), or its loop stood still. It then asks
   the other candidates every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR` seconds.
+* **cut off**: in a growing list of three or more, a serving candidate that no other
+  candidate answered (nor refused) for :data:`CUT_OFF` seconds steps down, and takes no
+  promotion until one answers again. Its clients on the far side of a partition, two or
+  more candidates that reach each other, promote one of theirs; without the rule it went
+  on serving its own agent over loopback, renewing its lease and forming rounds beside
+  theirs (S1, ``bench/simulate.py --failover`` seed 882). It asks them every
+  :data:`CONTACT_EVERY` seconds, and a request that finds the last answer older than
+  :data:`CUT_OFF` waits for the next round of asks before it is served, so no lease is
+  renewed more than :data:`CUT_OFF` seconds after the last sign of the others (the
+  fence a new store keeps for the round it forgot adds that much:
+  :func:`agentd.rendezvous.forgotten.lifetime`). Two candidates never apply it: the
+  other one alone never promotes itself while ours is silent. A given (static) list
+  never applies it either: its candidates may be stores apart from the agents, whose
+  silence says nothing of the agents.
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
@@ -29,7 +43,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing
-from agentd.store.candidates import MAX_CANDIDATES, Prober, grows
+from agentd.store.candidates import (
+    MAX_CANDIDATES,
+    CandidateMismatch,
+    Prober,
+    RoleReport,
+    grows,
+)
 from agentd.support.aio import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -42,6 +62,11 @@ LOOK_FOR = 300.0
 """After a sign of trouble, how long a serving candidate keeps looking for a successor."""
 TELL_AGAIN = 30.0
 """How often a candidate that has heard the term is told again (it may have restarted)."""
+CONTACT_EVERY = 1.0
+"""How often a serving candidate of a growing list of three or more asks the others."""
+CUT_OFF = 3.0
+"""How long a serving candidate of a growing list of three or more serves with no other
+candidate answering: then it steps down (see the module docstring)."""
 
 T = TypeVar("T")
 
@@ -82,6 +107,13 @@ class Candidacy:
         self._look_until = 0.0
         self._looking: asyncio.Task[None] | None = None
         self._telling: asyncio.Task[None] | None = None
+        self._touching: asyncio.Task[None] | None = None
+        self._contact = 0.0
+        """When the last round of asks that another candidate answered (or refused) began."""
+        self._asked = asyncio.Event()
+        """Set as each round of asks ends (a request waiting on stale contact wakes)."""
+        self.cut_off = False
+        """Stepped down for want of contact, and no other candidate has answered since."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -105,6 +137,11 @@ class Candidacy:
     def serving(self) -> bool:
         return self.role == "serving"
 
+    @property
+    def watches_contact(self) -> bool:
+        """The cut-off rule applies: a growing list of three or more."""
+        return self.growing and len(self.endpoints) >= 3
+
     def document(self) -> dict[str, Any]:
         doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.endpoint}
         if self.growing:
@@ -124,6 +161,7 @@ class Candidacy:
         if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
             return False
         self._prober.endpoints += (endpoint,)
+        self._contact = max(self._contact, time.monotonic())  # its request just came
         log.info(
             "Store %s: %s stands by as candidate %d",
             self.endpoint,
@@ -161,12 +199,21 @@ class Candidacy:
         self.extend(endpoints)
         if term <= self.term:
             return
+        if self.cut_off:
+            log.info(
+                "Store %s: not serving under term %d: no other candidate has answered "
+                "since this one was cut off",
+                self.endpoint,
+                term,
+            )
+            return
         if self.serving and term - 1 <= self.term:
             return  # the client saw no term newer than ours: its report of us was stale
         if self.serving:
             self._step_down(f"promoted again, under term {term}")
         self.term, self.role = term, "serving"
         self._standing_by = asyncio.Event()
+        self._contact = time.monotonic()  # the promoting client found another candidate
         self.on_promote()
         log.log(
             logging.INFO,
@@ -178,6 +225,7 @@ class Candidacy:
         )
         if self.growing and term > 1 and (self._telling is None or self._telling.done()):
             self._telling = asyncio.create_task(self._tell_the_others(), name="store-tell")
+        self._keep_in_touch()
 
     def suspect(self, why: str) -> None:
         """A sign we may have been replaced: look for a successor for a while."""
@@ -200,6 +248,80 @@ class Candidacy:
             await cancel_and_wait(task)
             raise StoreNotServing(self.not_serving_message())
         return task.result()
+
+    async def confirm_contact(self) -> None:
+        """Before a request is served: when the last answer of another candidate is older
+        than :data:`CUT_OFF`, wait for the next round of asks (this candidate steps down
+        if nobody answers it)."""
+        while self.serving and self.watches_contact and self._stale():
+            self._keep_in_touch()
+            self._asked.clear()
+            await self._asked.wait()
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._contact > CUT_OFF
+
+    def _keep_in_touch(self) -> None:
+        if self.growing and (self._touching is None or self._touching.done()):
+            self._touching = asyncio.create_task(self._keep_contact(), name="store-contact")
+
+    async def _keep_contact(self) -> None:
+        """While serving (or cut off), ask the other candidates every
+        :data:`CONTACT_EVERY` seconds (or as the last round ends, where one waits out a
+        silent candidate's probe timeout); step down on a successor, or when cut off."""
+        try:
+            while self.serving or self.cut_off:
+                began = time.monotonic()
+                if self.watches_contact:
+                    self._heard(began, await self._ask_the_others(began))
+                await asyncio.sleep(max(0.0, began + CONTACT_EVERY - time.monotonic()))
+        finally:
+            self._asked.set()
+
+    async def _ask_the_others(self, began: float) -> list[RoleReport]:
+        """Every other candidate's role (one started with another list counts as silent).
+        The first answer renews the contact at once: a silent candidate's probe timeout
+        holds back neither the contact nor a request waiting on it."""
+        body = {"endpoints": list(self.endpoints)}
+
+        async def one(index: int) -> RoleReport:
+            try:
+                report = await self._prober.ask(index, "role", body, self.term)
+            except CandidateMismatch as exc:
+                return RoleReport(index, self.endpoints[index], problem=str(exc))
+            if report.reachable or report.refused:
+                self._touched(began)
+            return report
+
+        others = [i for i in range(len(self.endpoints)) if i != self.index]
+        return list(await asyncio.gather(*(one(i) for i in others)))
+
+    def _touched(self, began: float) -> None:
+        """Another candidate answered (or refused) an ask sent at ``began``."""
+        self._contact = max(self._contact, began)
+        if self.cut_off:
+            log.info("Store %s: another candidate answers again", self.endpoint)
+            self.cut_off = False
+        self._asked.set()
+
+    def _heard(self, began: float, reports: list[RoleReport]) -> None:
+        """What a round of asks begun at ``began`` showed: a successor, or none answering."""
+        for report in reports:
+            if report.term > self.term or (
+                report.serving and (report.term, -report.index) > (self.term, -self.index)
+            ):
+                if self.serving:
+                    self._step_down(f"{report.endpoint} has seen term {report.term}")
+                self.term = max(self.term, report.term)
+        answered = any(report.reachable or report.refused for report in reports)
+        if not answered and self.serving and self._stale():
+            self.cut_off = True
+            self._step_down(
+                f"cut off: none of the {len(reports)} other candidates has answered for "
+                f"{time.monotonic() - self._contact:.1f}s; those that reach each other may "
+                "have promoted one of theirs"
+            )
+        self._asked.set()
 
     def not_serving_message(self) -> str:
         return f"the candidate at {self.endpoint} stands by (term {self.term}); it does not serve"
@@ -248,6 +370,7 @@ class Candidacy:
     async def close(self) -> None:
         await cancel_and_wait(self._looking)
         await cancel_and_wait(self._telling)
+        await cancel_and_wait(self._touching)
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await task

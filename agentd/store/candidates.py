@@ -14,7 +14,9 @@ client that moved on, and steps down. Which candidate serves, and when one steps
 * A server steps down when a request shows it a higher term, or when it finds another
   candidate serving under a higher term (or the same term at a lower index). It looks
   for one only after a sign it may have been replaced (see :mod:`agentd.store.candidacy`),
-  so nothing is asked while nothing fails.
+  so nothing is asked while nothing fails; but in a growing list of three or more, the
+  serving candidate asks the others every second, and steps down when none answers (it
+  may be the one cut off).
 
 The state a new server starts from is empty: the rendezvous re-creates it (it is soft
 state), and the clients see the switch as a store that restarted.

@@ -243,6 +243,8 @@ class StoreServer:
             raise BadRequest("body: JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
+        if candidacy is not None:  # a candidate cut off from the others renews no lease
+            await candidacy.confirm_contact()
         if candidacy is not None and not candidacy.serving:  # checked after the last await:
             raise StoreNotServing(candidacy.not_serving_message())  # no step-down comes first
         seen = body.get("instance")

@@ -118,3 +118,50 @@ def test_a_partition_from_the_store_host_leaves_one_server_on_the_larger_side(
     wait_until(lambda: one_round(agents, 3, after=shrunk), timeout=60, what="a job of three")
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
+
+
+def test_a_store_host_cut_off_from_every_other_candidate_steps_down(run_agentd, tmp_path, bridge):
+    """One ``--rdzv-endpoint`` (a growing list, the defaults under Slurm and Kubernetes),
+    nnodes 1:3: h0 serves the store and is cut off. h1 and h2 fail over and go on at two;
+    h0 hears no other candidate for 3 s and steps down, so its agent renews no lease there
+    and forms no round alone, as MIN 1 would allow (before: two jobs at once, S1). Its
+    worker is stopped before the others' round starts. After the heal h0 joins them."""
+    conf = "keep_alive_interval=1,keep_alive_max_attempt=8,last_call_timeout=0.5,join_timeout=60"
+    addresses = [bridge.add_host(host) for host in ("h0", "h1", "h2")]
+    endpoint = f"{addresses[0]}:29400"
+    stop = tmp_path / "stop"
+    agents = []
+    for index in range(3):
+        agents.append(
+            run_agentd(
+                *agent_args(endpoint, "1:3", conf=conf),
+                *member_job(stop),
+                env={"AGENTD_STORE_TOKEN": TOKEN},
+                prefix=tuple(bridge.run_in(f"h{index}")),
+            )
+        )
+        if index == 0:
+            wait_until(lambda: "now serving" in agents[0].stderr(), what="h0 to serve")
+    wait_until(lambda: one_round(agents, 3), what="a job of three")
+    host, others = agents[0], agents[1:]
+    wait_until(
+        lambda: all("Standing by as store candidate" in a.stderr() for a in others),
+        what="both to stand by",
+    )
+    [worker] = [int(m["PID"]) for m in members(host, latest_attempt(host))]
+    before = {a.pid: latest_attempt(a) for a in agents}
+    bridge.cut("h0")
+    wait_until(
+        lambda: "stepping down (cut off" in host.stderr(), timeout=30, what="h0 to step down"
+    )
+    wait_until(lambda: not pid_alive(worker), timeout=30, what="the cut-off host's worker")
+    died = time.time()
+    wait_until(lambda: one_round(others, 2, after=before), timeout=60, what="a job of two")
+    successors = [m for a in others for m in members(a, latest_attempt(a))]
+    assert died <= min(float(m["STARTED"]) for m in successors) + 0.5  # polling: S1
+    assert latest_attempt(host) == before[host.pid]  # no round formed on h0's side
+    shrunk = {a.pid: latest_attempt(a) for a in agents}
+    bridge.heal("h0")
+    wait_until(lambda: one_round(agents, 3, after=shrunk), timeout=60, what="a job of three")
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]

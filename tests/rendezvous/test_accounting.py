@@ -182,12 +182,14 @@ def test_a_lapsed_member_is_counted_gone_only_after_its_guardian_killed_its_work
 
 def test_the_forgotten_rounds_fence_outlives_the_guardians_kill():
     """rendezvous/forgotten.py cannot import the guardian (a layer above): its copy of
-    the guardian's slack must be the guardian's, or the fence could end before the kill."""
+    the guardian's slack must be the guardian's, or the fence could end before the kill.
+    It also outlives the leases a store cut off from the others may still renew."""
     from agentd.hygiene.guardian_process import LEASE_SLACK
     from agentd.rendezvous import forgotten
+    from agentd.store.candidacy import CUT_OFF
 
     assert forgotten.GUARDIAN_SLACK == LEASE_SLACK
-    assert forgotten.lifetime(15.0) == 15.0 + LEASE_SLACK + accounting.FENCE
+    assert forgotten.lifetime(15.0) == 15.0 + LEASE_SLACK + accounting.FENCE + CUT_OFF
 
 
 def test_a_forgotten_round_names_its_members_only_in_the_server_it_was_sealed_in():

@@ -2,7 +2,7 @@
 the defaults under Slurm and Kubernetes, under seeded fault schedules
 (``python bench/simulate.py --failover``; see :mod:`tests.sim.failover` for what is real).
 
-Each fixed finding keeps its seed here; the pinned gaps are in docs/protocol.md.
+Each fixed finding keeps its seed here; the gaps left are in docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agentd.rendezvous.conf import RendezvousSettings
+from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
 from tests.sim.test_protocol import at
 from tests.sim.world import Fault, Schedule, schedule_for, simulate
@@ -55,7 +56,8 @@ def test_the_store_host_killed_its_guardian_releases_it_at_the_candidate_now_ser
 
 def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fence():
     """Seed 53's shape: the new store cannot know the lost member's lease, so it fences
-    the round it forgot for one lease and the guardian's slack and fence, and the first
+    the round it forgot for one lease, the guardian's slack, the fence and the cut-off
+    store's last renewals (:func:`~agentd.rendezvous.forgotten.lifetime`), and the first
     member back counts the rest gone when that fence ends (before: the last call, 30 s
     after the failover)."""
     outcome = simulate(Schedule(0, 3, 2, 3, (Fault(10.0, "lose_host", 0),), failover=True))
@@ -63,20 +65,52 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
     restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
     assert len(restarted) == 2, outcome.notes
     cost = max(restarted) - 10.0
-    assert 16.5 <= cost <= store_host_lost_bound(RendezvousSettings(2, 3)), cost
+    settings = RendezvousSettings(2, 3)
+    assert lifetime(settings.heartbeat_ttl) <= cost <= store_host_lost_bound(settings), cost
 
 
 def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover():
-    """Seed 25946's shrunk schedule: the store's host leaves (SIGTERM) 50 ms after round 0
-    was sealed, before agent 2 read the seal. The new store forgot the round; its other
-    members told it so, naming the server the round was sealed in, and agent 2 held a
-    place there, so it counts back as they do. Before, the next round waited 16.5 s for
-    the forgotten round's fence to end, as for a member never to be seen again."""
-    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.08, "term", 0),), failover=True))
+    """Seed 25946's shrunk schedule: the store's host leaves (SIGTERM) 20 ms after round 0
+    was sealed, before agent 1 read the seal. The new store forgot the round; its other
+    members told it so, naming the server the round was sealed in, and agent 1 held a
+    place there, so it counts back as they do. Before, the next round waited for the
+    forgotten round's fence to end, as for a member never to be seen again. Agent 1
+    itself moved the generation past round 0 (its entry was gone as it sealed) before
+    the others wrote that record, so it asks for it while it waits in round 1."""
+    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.14, "term", 0),), failover=True))
     assert outcome.violations == []
-    assert not any("agent 2: round 0," in n for n in outcome.notes), outcome.notes
+    assert not any("agent 1: round 0," in n for n in outcome.notes), outcome.notes
     restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
-    assert len(restarted) == 3 and max(restarted) - 30.08 < 3.0, outcome.notes
+    assert len(restarted) == 3 and max(restarted) - 30.14 < 3.0, outcome.notes
+
+
+def test_a_store_host_that_leaves_as_its_round_is_sealed_leaves_it_as_a_member():
+    """The same schedule, the SIGTERM 0.5 ms earlier: the host's own wait for the seal is
+    cancelled before it reads it, while agents 2 and 3 read it and start workers. The
+    host leaves the round as a member (it hands the store over and marks itself gone
+    there), so the others re-form at once; before, it ended the round as a forming one
+    in the store it was closing, and they waited 20 s for the forgotten round's fence."""
+    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.1175, "term", 0),), failover=True))
+    assert outcome.violations == []
+    assert not any("agent 0: round 0," in n for n in outcome.notes), outcome.notes
+    assert any("agent 2: round 0," in n for n in outcome.notes), outcome.notes
+    restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
+    assert len(restarted) == 3 and max(restarted) - 30.1175 < 3.0, outcome.notes
+
+
+def test_a_store_host_cut_off_from_every_other_candidate_steps_down():
+    """Seed 882's shrunk schedule: agent 0, serving the store, is partitioned for 21 s.
+    The others fail over and re-form without it once the fence of the round the new
+    store forgot has ended; agent 0 hears no other candidate for 3 s and steps down, so
+    its own agent renews no lease and forms no round alone (MIN 1), as it did before
+    (S1: two jobs at once). Once the partition heals it joins the others."""
+    partition = Fault(28.39, "partition", 0, 20.91)
+    outcome = simulate(Schedule(882, 4, 1, 4, (partition,), failover=True))
+    assert outcome.violations == []
+    rounds = [n for n in outcome.notes if ": round " in n and "rank" in n]
+    assert not any(" of 1" in n for n in rounds), rounds
+    back = [at(n) for n in rounds if "agent 0: round " in n and at(n) > 28.39 + 20.91]
+    assert back, outcome.notes
 
 
 def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
@@ -121,16 +155,9 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
         (42455, "a round's end mark resent to a new store, its generation not moved"),
         (25946, "a last call's seal waited 15 s in a new store for entries it never had"),
         (65153, "a member that never read the seal asked the new store too soon: 30 s"),
+        (882, "a store host cut off from every other candidate formed a round alone: S1"),
+        (911, "the same, with 3 agents"),
     ],
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):
     assert failover_seed(seed).violations == [], finding
-
-
-@pytest.mark.parametrize(("seed", "invariant"), [(882, "S1"), (911, "S1")])
-def test_the_known_gaps_still_break_what_docs_protocol_says(seed, invariant):
-    """The pinned gap (docs/protocol.md, Known gaps): a store host cut off from every other
-    candidate goes on serving its own agent, which re-forms alone where MIN allows it. A
-    fix turns its lines into regression tests above."""
-    found = {v.split(" ")[0] for v in failover_seed(seed).violations}
-    assert found == {invariant}

@@ -1,0 +1,198 @@
+"""A serving candidate of a growing list that no other candidate answers steps down, over
+real HTTP on loopback addresses (:mod:`agentd.store.candidacy`, "cut off"): the others,
+on the far side of a partition, may have promoted one of theirs.
+
+The other candidates fall silent as a partitioned host sees them: a listener on their
+address that takes the connection and never answers. The probe timeout and the rule's
+periods are shortened, so each test takes a second or two."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agentd.store import candidacy as candidacy_module
+from agentd.store.api import StoreNotServing
+from agentd.store.candidacy import Candidacy
+from agentd.store.candidates import Prober
+from agentd.store.http_client import HttpStore
+from agentd.store.server import StoreServer
+from tests.conftest import free_port
+
+TOKEN = "secret"
+CUT_OFF = 0.6
+PROBE = 0.2
+
+
+@pytest.fixture(autouse=True)
+def short_periods(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(candidacy_module, "CUT_OFF", CUT_OFF)
+    monkeypatch.setattr(candidacy_module, "CONTACT_EVERY", 0.1)
+
+
+class Silent:
+    """Takes connections on ``host``:``port`` and never answers (a host cut off)."""
+
+    def __init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self._held: list[asyncio.StreamWriter] = []
+
+    async def start(self, host: str, port: int) -> None:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._held.append(writer)
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(4096):
+                    pass
+
+        self._server = await asyncio.start_server(hold, host, port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._held:
+                writer.close()
+            await self._server.wait_closed()
+            self._server = None
+
+
+class Group:
+    """Candidate 0 serving a growing list of ``count`` on 127.0.0.1, .2, ...; the others
+    silent, until :meth:`answer` starts one."""
+
+    def __init__(self, count: int) -> None:
+        self.port = free_port()
+        self.endpoints = [f"127.0.0.{i + 1}:{self.port}" for i in range(count)]
+        self.silent = [Silent() for _ in range(count)]
+        self.servers: list[StoreServer] = []
+
+    def candidacy(self, index: int) -> Candidacy:
+        prober = functools.partial(Prober, timeout=PROBE)
+        return Candidacy(self.endpoints, index, TOKEN, growing=True, prober=prober)
+
+    async def serve(self, index: int) -> StoreServer:
+        server = StoreServer(
+            f"127.0.0.{index + 1}", self.port, TOKEN, candidacy=self.candidacy(index)
+        )
+        await server.start()
+        self.servers.append(server)
+        return server
+
+    async def answer(self, index: int) -> StoreServer:
+        await self.silent[index].stop()
+        return await self.serve(index)
+
+    async def close(self) -> None:
+        for server in self.servers:
+            await server.stop()
+        for silent in self.silent:
+            await silent.stop()
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[Callable[[int], Group]]:
+    made: list[Group] = []
+
+    async def make(count: int) -> Group:
+        one = Group(count)
+        made.append(one)
+        for index in range(1, count):
+            await one.silent[index].start(f"127.0.0.{index + 1}", one.port)
+        return one
+
+    yield make  # type: ignore[misc]
+    for one in made:
+        await one.close()
+
+
+async def until(condition: Callable[[], bool], deadline: float = 10.0) -> None:
+    ends = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < ends, "the condition never came true"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_serving_candidate_no_other_answers_steps_down_and_takes_no_promotion(group):
+    three = await group(3)
+    server = await three.serve(0)
+    candidacy = server.candidacy
+    candidacy.promote(1)
+    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    try:
+        await client.set("k", b"v")  # served: the promotion counts as contact
+        await until(lambda: candidacy.cut_off)
+        assert candidacy.role == "standby"
+        with pytest.raises(StoreNotServing):
+            await client.set("k", b"w")
+        candidacy.promote(2)  # a client on this side of the partition: refused
+        assert candidacy.role == "standby" and candidacy.term == 1
+
+        await three.answer(1)  # the partition heals: candidate 1 answers (standing by)
+        await until(lambda: not candidacy.cut_off)
+        candidacy.promote(2)
+        assert candidacy.role == "serving" and candidacy.term == 2
+    finally:
+        await client.close()
+
+
+async def test_a_candidate_in_touch_serves_on_and_steps_down_once_the_others_fall_silent(group):
+    """While another candidate answers, the rounds of asks keep the contact fresh; once
+    none does, no request is served more than CUT_OFF after the last answer."""
+    three = await group(3)
+    standby = await three.answer(1)
+    server = await three.serve(0)
+    candidacy = server.candidacy
+    candidacy.promote(1)
+    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    try:
+        await asyncio.sleep(2 * CUT_OFF)  # the rounds go on: contact stays fresh
+        await client.set("k", b"v")
+        assert candidacy.serving
+        await standby.stop()  # candidate 1 falls silent: nothing listens, and
+        await three.silent[1].start("127.0.0.2", three.port)  # its host takes, mute
+        silent = time.monotonic()
+        served = silent
+        with contextlib.suppress(StoreNotServing):
+            while served - silent < 10 * CUT_OFF:  # a lease renewal, again and again
+                await client.set("k", b"v")
+                served = time.monotonic()
+        assert served - silent <= 2 * CUT_OFF  # CUT_OFF and a round of asks, on a slow host
+        assert candidacy.cut_off and not candidacy.serving
+    finally:
+        await client.close()
+
+
+async def test_two_candidates_never_apply_it(group):
+    """The other one alone never promotes itself while ours is silent (it may be the one
+    cut off), so a list of two serves on."""
+    two = await group(2)
+    server = await two.serve(0)
+    server.candidacy.promote(1)
+    client = HttpStore(two.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    try:
+        await asyncio.sleep(3 * CUT_OFF)
+        await client.set("k", b"v")
+        assert server.candidacy.serving and not server.candidacy.cut_off
+    finally:
+        await client.close()
+
+
+async def test_a_refused_candidate_is_contact(group):
+    """A host that refuses the connection (its agent died) is reachable: the refusal
+    proves this host is not cut off, and a dead candidate promotes nobody."""
+    three = await group(3)
+    for index in (1, 2):
+        await three.silent[index].stop()  # nothing listens there: refused at once
+    server = await three.serve(0)
+    server.candidacy.promote(1)
+    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    try:
+        await asyncio.sleep(3 * CUT_OFF)
+        await client.set("k", b"v")
+        assert server.candidacy.serving
+    finally:
+        await client.close()
