@@ -111,6 +111,8 @@ class Rounds(SealWait):
         self.unsure: tuple[int, int, str] | None = None
         """A round the store forgot as we waited for its seal, before any member told the
         new store it was sealed: its generation, our place, and the server instance."""
+        self._unsure_until = 0.0
+        """Until when (loop time) the record of :attr:`unsure` may still come."""
 
     @property
     def settings(self) -> RoundSettings:

@@ -54,6 +54,7 @@ class SealWait(Sealing):
     _membership: Membership | None
     _node: dict[str, object]
     unsure: tuple[int, int, str] | None
+    _unsure_until: float
 
     if TYPE_CHECKING:
 
@@ -187,7 +188,8 @@ class SealWait(Sealing):
             timeout = report.due_in(loop.time())
             if last_call is not None:
                 timeout = min(timeout, max(0.0, last_call - loop.time()))
-            if self.unsure is not None and self.unsure[0] < generation:
+            unsure = self.unsure is not None and self.unsure[0] < generation
+            if unsure and loop.time() < self._unsure_until:
                 timeout = min(timeout, UNSURE_POLL)  # the record may come after our join
                 sealed = await self._count_back_if_told(generation)
                 if sealed is not None:
@@ -261,8 +263,10 @@ class SealWait(Sealing):
         25946 of ``bench/simulate.py --failover``: 17 s, its store's host stopped 50 ms
         after the seal). A member tells the store before it moves the generation on, so
         where no record is found yet, the next join asks again once the generation has
-        moved past the round (:attr:`unsure`; seed 65153: the last call, 30 s)."""
-        self.unsure = None
+        moved past the round (:attr:`unsure`; seed 65153: the last call, 30 s), and asks
+        while it waits in the next one, until the record could no longer name us (it
+        lives :func:`~agentd.rendezvous.forgotten.lifetime`)."""
+        before, self.unsure = self.unsure, None
         carried = self.carried
         if instance is None or (carried is not None and carried.generation >= generation):
             return
@@ -270,6 +274,9 @@ class SealWait(Sealing):
         record = forgotten.Forgotten.decode(raw) if raw is not None else None
         if record is None or record.generation < generation:
             self.unsure = (generation, rank, instance)
+            if before != self.unsure and self._membership is not None:
+                ttl = self._membership.ttl
+                self._unsure_until = asyncio.get_running_loop().time() + forgotten.lifetime(ttl)
         elif record.sealed_with(generation, rank, instance):
             self.carried = Carried(generation, record.size, True, instance)
             log.info(
