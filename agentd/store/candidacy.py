@@ -67,6 +67,8 @@ CONTACT_EVERY = 1.0
 CUT_OFF = 3.0
 """How long a serving candidate of a growing list of three or more serves with no other
 candidate answering: then it steps down (see the module docstring)."""
+STALL = 1.0
+"""How much longer than its asks' timeout a round of asks must take to have stood still."""
 
 T = TypeVar("T")
 
@@ -305,7 +307,10 @@ class Candidacy:
         self._asked.set()
 
     def _heard(self, began: float, reports: list[RoleReport]) -> None:
-        """What a round of asks begun at ``began`` showed: a successor, or none answering."""
+        """What a round of asks begun at ``began`` showed: a successor, or none answering.
+        A round that outlasted its timeout by :data:`STALL` ran while this process stood
+        still (frozen, or starved): its silence may be our own, so the next round
+        decides (the others' answers to it may have waited unread)."""
         for report in reports:
             if report.term > self.term or (
                 report.serving and (report.term, -report.index) > (self.term, -self.index)
@@ -314,7 +319,8 @@ class Candidacy:
                     self._step_down(f"{report.endpoint} has seen term {report.term}")
                 self.term = max(self.term, report.term)
         answered = any(report.reachable or report.refused for report in reports)
-        if not answered and self.serving and self._stale():
+        stalled = time.monotonic() - began > self._prober.timeout + STALL
+        if not answered and self.serving and self._stale() and not stalled:
             self.cut_off = True
             self._step_down(
                 f"cut off: none of the {len(reports)} other candidates has answered for "

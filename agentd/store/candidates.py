@@ -141,6 +141,11 @@ class Prober:
         """One per candidate asked, keeping no connection: a probe is one request."""
         self._closed = False
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a candidate has to answer one ask."""
+        return self._timeout
+
     def headers(self, term: int) -> dict[str, str]:
         return {
             "Authorization": f"Bearer {self.token}",

@@ -10,6 +10,7 @@ agent an address of its own and no ``--local-addr``.
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 
@@ -192,3 +193,30 @@ def test_the_store_host_lost_as_the_others_stand_by_costs_no_last_call(run_agent
     kill_the_host_and_wait_for_two(host, survivors)  # in 5 s (S3's 3 s, and polling)
     stop.touch()
     assert [a.wait(30) for a in survivors] == [0, 0], [a.stderr()[-2000:] for a in survivors]
+
+
+def test_a_store_host_frozen_for_less_than_a_failover_costs_no_restart(run_agentd, tmp_path):
+    """The serving candidate of a list of three asks the others every second, and steps
+    down when none answers for 3 s (it may be the one cut off). Frozen (SIGSTOP) for 4 s,
+    less than the others take to fail over (a request's timeout of TTL/3, 1 s of
+    retries, a 2 s probe: 5.7 s with this TTL of 8 s), it wakes with its last answer 4 s
+    old: the requests wait for the next round of asks, which the others answer, so it
+    serves on and nobody restarts, as before the rule. (A round out as it froze times
+    out unread on waking, and decides nothing: ``tests/store/test_cut_off.py``.)"""
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    stop = tmp_path / "stop"
+    conf = "keep_alive_interval=1,keep_alive_max_attempt=8,last_call_timeout=0.5,join_timeout=60"
+    host, others = three_hosts(run_agentd, endpoint, stop, conf)
+    agents = [host, *others]
+    before = {a.pid: latest_attempt(a) for a in agents}
+    time.sleep(3.0)  # the list of three is in every client's hands, and the rounds of asks run
+    host.proc.send_signal(signal.SIGSTOP)
+    time.sleep(4.0)  # the fault's length: a bare sleep is the point here
+    host.proc.send_signal(signal.SIGCONT)
+    time.sleep(5.0)  # a wrong step-down shows within a round of asks and a failover
+    assert "cut off" not in host.stderr(), host.stderr()[-3000:]
+    assert all("Store failover" not in a.stderr() for a in others)
+    assert {a.pid: latest_attempt(a) for a in agents} == before  # nobody restarted
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]

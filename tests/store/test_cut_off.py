@@ -19,7 +19,7 @@ import pytest
 from agentd.store import candidacy as candidacy_module
 from agentd.store.api import StoreNotServing
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import Prober
+from agentd.store.candidates import Prober, RoleReport
 from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
 from tests.conftest import free_port
@@ -196,3 +196,27 @@ async def test_a_refused_candidate_is_contact(group):
         assert server.candidacy.serving
     finally:
         await client.close()
+
+
+async def test_a_round_of_asks_that_stood_still_decides_nothing(group):
+    """A process that stood still (frozen, starved) while its asks were out times them
+    out before it reads the answers: that silence is its own, so such a round steps
+    nothing down, and the next one decides. Without this, a store host frozen for 3-8 s
+    (less than the others take to fail over) stepped down on waking, and the whole job
+    re-formed."""
+    three = await group(3)
+    candidacy = three.candidacy(0)
+    candidacy.promote(1)
+    try:
+        silent = [
+            RoleReport(index, three.endpoints[index], problem="no answer within the probe timeout")
+            for index in (1, 2)
+        ]
+        now = time.monotonic()
+        candidacy._contact = now - 10 * CUT_OFF  # stale: nothing heard for long
+        candidacy._heard(now - (PROBE + candidacy_module.STALL + 0.5), silent)  # stood still
+        assert candidacy.serving and not candidacy.cut_off
+        candidacy._heard(now - PROBE, silent)  # a round that ran in time: cut off
+        assert candidacy.cut_off and not candidacy.serving
+    finally:
+        await candidacy.close()
