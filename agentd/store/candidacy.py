@@ -10,19 +10,16 @@ steps down, which it does on evidence of a successor:
   key expired in its store (its clients went quiet), or its loop stood still. It then asks
   the other candidates every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR` seconds.
 * **cut off**: in a growing list of three or more, a serving candidate that no other
-  candidate answered (nor refused) for :data:`CUT_OFF` seconds steps down, and takes no
-  promotion until one answers again. Its clients on the far side of a partition, two or
-  more candidates that reach each other, promote one of theirs; without the rule it went
-  on serving its own agent over loopback, renewing its lease and forming rounds beside
-  theirs (S1, ``bench/simulate.py --failover`` seed 882). It asks them every
-  :data:`CONTACT_EVERY` seconds, and a request that finds the last answer older than
-  :data:`CUT_OFF` waits for the next round of asks before it is served, so no lease is
-  renewed more than :data:`CUT_OFF` seconds after the last sign of the others (the
-  fence a new store keeps for the round it forgot adds that much:
-  :func:`agentd.rendezvous.forgotten.lifetime`). Two candidates never apply it: the
-  other one alone never promotes itself while ours is silent. A given (static) list
-  never applies it either: its candidates may be stores apart from the agents, whose
-  silence says nothing of the agents.
+  candidate answered (nor refused) for :data:`CUT_OFF` seconds, where two or more had
+  answered within :data:`PRESENT`, steps down, and takes no promotion until one answers
+  again: on the far side of a partition, two candidates that reach each other promote
+  one of theirs, and it would go on serving its own agent over loopback beside them (S1,
+  ``bench/simulate.py --failover`` seed 882). It asks them every :data:`CONTACT_EVERY`
+  seconds; a request that finds the last answer older than :data:`CUT_OFF` waits for the
+  next round, so no lease is renewed longer after the others' last sign (the fence of
+  :func:`agentd.rendezvous.forgotten.lifetime` adds that much). A list of two never
+  applies it (the other alone never promotes itself), nor a given list (its candidates
+  may be stores apart from the agents). See docs/protocol.md.
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
@@ -69,6 +66,9 @@ CUT_OFF = 3.0
 candidate answering: then it steps down (see the module docstring)."""
 STALL = 1.0
 """How much longer than its asks' timeout a round of asks must take to have stood still."""
+PRESENT = 30.0
+"""A candidate silent this long, while this one heard others, counts as gone: its host was
+lost, not ours cut off (a growing list never drops one), so its silence no longer counts."""
 
 T = TypeVar("T")
 
@@ -116,6 +116,8 @@ class Candidacy:
         """Set as each round of asks ends (a request waiting on stale contact wakes)."""
         self.cut_off = False
         """Stepped down for want of contact, and no other candidate has answered since."""
+        self._answered: dict[str, float] = {}
+        """When each other candidate last answered (or refused) a round of asks."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -163,7 +165,7 @@ class Candidacy:
         if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
             return False
         self._prober.endpoints += (endpoint,)
-        self._contact = max(self._contact, time.monotonic())  # its request just came
+        self._contact = self._answered[endpoint] = time.monotonic()  # its request just came
         log.info(
             "Store %s: %s stands by as candidate %d",
             self.endpoint,
@@ -255,13 +257,25 @@ class Candidacy:
         """Before a request is served: when the last answer of another candidate is older
         than :data:`CUT_OFF`, wait for the next round of asks (this candidate steps down
         if nobody answers it)."""
-        while self.serving and self.watches_contact and self._stale():
+        while self.serving and self._exposed() and self._stale():
             self._keep_in_touch()
             self._asked.clear()
             await self._asked.wait()
 
     def _stale(self) -> bool:
         return time.monotonic() - self._contact > CUT_OFF
+
+    def _exposed(self) -> bool:
+        """The rule applies now: a growing list of three or more, two of whose other
+        candidates answered within :data:`PRESENT` (two that reach each other could
+        promote one of theirs; one alone never promotes itself)."""
+        if not self.watches_contact:
+            return False
+        since = time.monotonic() - PRESENT
+        present = [
+            e for e in self.endpoints if e != self.own and self._answered.get(e, -1.0) >= since
+        ]
+        return len(present) >= 2
 
     def _keep_in_touch(self) -> None:
         if self.growing and (self._touching is None or self._touching.done()):
@@ -292,15 +306,16 @@ class Candidacy:
             except CandidateMismatch as exc:
                 return RoleReport(index, self.endpoints[index], problem=str(exc))
             if report.reachable or report.refused:
-                self._touched(began)
+                self._touched(began, report.endpoint)
             return report
 
         others = [i for i in range(len(self.endpoints)) if i != self.index]
         return list(await asyncio.gather(*(one(i) for i in others)))
 
-    def _touched(self, began: float) -> None:
-        """Another candidate answered (or refused) an ask sent at ``began``."""
+    def _touched(self, began: float, endpoint: str) -> None:
+        """The candidate at ``endpoint`` answered (or refused) an ask sent at ``began``."""
         self._contact = max(self._contact, began)
+        self._answered[endpoint] = max(self._answered.get(endpoint, began), began)
         if self.cut_off:
             log.info("Store %s: another candidate answers again", self.endpoint)
             self.cut_off = False
@@ -320,7 +335,7 @@ class Candidacy:
                 self.term = max(self.term, report.term)
         answered = any(report.reachable or report.refused for report in reports)
         stalled = time.monotonic() - began > self._prober.timeout + STALL
-        if not answered and self.serving and self._stale() and not stalled:
+        if not answered and self.serving and self._stale() and not stalled and self._exposed():
             self.cut_off = True
             self._step_down(
                 f"cut off: none of the {len(reports)} other candidates has answered for "

@@ -2,9 +2,9 @@
 real HTTP on loopback addresses (:mod:`agentd.store.candidacy`, "cut off"): the others,
 on the far side of a partition, may have promoted one of theirs.
 
-The other candidates fall silent as a partitioned host sees them: a listener on their
-address that takes the connection and never answers. The probe timeout and the rule's
-periods are shortened, so each test takes a second or two."""
+The other candidates answer at first, then fall silent as a partitioned host sees them:
+a listener on their address that takes the connection and never answers. The probe
+timeout and the rule's periods are shortened, so each test takes a second or two."""
 
 from __future__ import annotations
 
@@ -27,12 +27,14 @@ from tests.conftest import free_port
 TOKEN = "secret"
 CUT_OFF = 0.6
 PROBE = 0.2
+PRESENT = 1.5
 
 
 @pytest.fixture(autouse=True)
 def short_periods(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(candidacy_module, "CUT_OFF", CUT_OFF)
     monkeypatch.setattr(candidacy_module, "CONTACT_EVERY", 0.1)
+    monkeypatch.setattr(candidacy_module, "PRESENT", PRESENT)
 
 
 class Silent:
@@ -61,34 +63,48 @@ class Silent:
 
 
 class Group:
-    """Candidate 0 serving a growing list of ``count`` on 127.0.0.1, .2, ...; the others
-    silent, until :meth:`answer` starts one."""
+    """Candidate 0 of a growing list of ``count`` on 127.0.0.1, .2, ...: the others stand
+    by and answer, until :meth:`silence` cuts one off (or :meth:`stop` ends it: refused)."""
 
     def __init__(self, count: int) -> None:
         self.port = free_port()
         self.endpoints = [f"127.0.0.{i + 1}:{self.port}" for i in range(count)]
         self.silent = [Silent() for _ in range(count)]
-        self.servers: list[StoreServer] = []
+        self.servers: dict[int, StoreServer] = {}
 
     def candidacy(self, index: int) -> Candidacy:
         prober = functools.partial(Prober, timeout=PROBE)
         return Candidacy(self.endpoints, index, TOKEN, growing=True, prober=prober)
 
-    async def serve(self, index: int) -> StoreServer:
+    async def answer(self, index: int) -> StoreServer:
+        await self.silent[index].stop()
         server = StoreServer(
             f"127.0.0.{index + 1}", self.port, TOKEN, candidacy=self.candidacy(index)
         )
         await server.start()
-        self.servers.append(server)
+        self.servers[index] = server
         return server
 
-    async def answer(self, index: int) -> StoreServer:
-        await self.silent[index].stop()
-        return await self.serve(index)
+    async def stop(self, index: int) -> None:
+        await self.servers.pop(index).stop()
+
+    async def silence(self, index: int) -> None:
+        await self.stop(index)
+        await self.silent[index].start(f"127.0.0.{index + 1}", self.port)
+
+    async def serving(self) -> Candidacy:
+        """Candidate 0, promoted, once every other one has answered its asks."""
+        candidacy = (await self.answer(0)).candidacy
+        assert candidacy is not None
+        candidacy.promote(1)
+        others = set(self.endpoints[1:])
+        if candidacy.watches_contact:  # a list of two asks nothing
+            await until(lambda: others <= set(candidacy._answered))
+        return candidacy
 
     async def close(self) -> None:
-        for server in self.servers:
-            await server.stop()
+        for index in list(self.servers):
+            await self.stop(index)
         for silent in self.silent:
             await silent.stop()
 
@@ -101,12 +117,16 @@ async def group() -> AsyncIterator[Callable[[int], Group]]:
         one = Group(count)
         made.append(one)
         for index in range(1, count):
-            await one.silent[index].start(f"127.0.0.{index + 1}", one.port)
+            await one.answer(index)
         return one
 
     yield make  # type: ignore[misc]
     for one in made:
         await one.close()
+
+
+def client_of(group: Group) -> HttpStore:
+    return HttpStore(group.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
 
 
 async def until(condition: Callable[[], bool], deadline: float = 10.0) -> None:
@@ -118,12 +138,12 @@ async def until(condition: Callable[[], bool], deadline: float = 10.0) -> None:
 
 async def test_a_serving_candidate_no_other_answers_steps_down_and_takes_no_promotion(group):
     three = await group(3)
-    server = await three.serve(0)
-    candidacy = server.candidacy
-    candidacy.promote(1)
-    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    candidacy = await three.serving()
+    client = client_of(three)
     try:
-        await client.set("k", b"v")  # served: the promotion counts as contact
+        await client.set("k", b"v")
+        await three.silence(1)
+        await three.silence(2)  # cut off from both
         await until(lambda: candidacy.cut_off)
         assert candidacy.role == "standby"
         with pytest.raises(StoreNotServing):
@@ -140,20 +160,17 @@ async def test_a_serving_candidate_no_other_answers_steps_down_and_takes_no_prom
 
 
 async def test_a_candidate_in_touch_serves_on_and_steps_down_once_the_others_fall_silent(group):
-    """While another candidate answers, the rounds of asks keep the contact fresh; once
+    """While other candidates answer, the rounds of asks keep the contact fresh; once
     none does, no request is served more than CUT_OFF after the last answer."""
     three = await group(3)
-    standby = await three.answer(1)
-    server = await three.serve(0)
-    candidacy = server.candidacy
-    candidacy.promote(1)
-    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    candidacy = await three.serving()
+    client = client_of(three)
     try:
         await asyncio.sleep(2 * CUT_OFF)  # the rounds go on: contact stays fresh
         await client.set("k", b"v")
         assert candidacy.serving
-        await standby.stop()  # candidate 1 falls silent: nothing listens, and
-        await three.silent[1].start("127.0.0.2", three.port)  # its host takes, mute
+        await three.silence(1)
+        await three.silence(2)
         silent = time.monotonic()
         served = silent
         with contextlib.suppress(StoreNotServing):
@@ -166,17 +183,36 @@ async def test_a_candidate_in_touch_serves_on_and_steps_down_once_the_others_fal
         await client.close()
 
 
+async def test_a_candidate_silent_for_long_no_longer_counts(group):
+    """A candidate silent for PRESENT while this one heard another was lost (a growing list
+    never drops it): when the last other one falls silent too, one candidate alone could
+    not promote itself, so this one serves on (a long job whose lost hosts filled the
+    list would otherwise stop when one more is lost)."""
+    three = await group(3)
+    candidacy = await three.serving()
+    client = client_of(three)
+    try:
+        await three.silence(2)
+        await asyncio.sleep(PRESENT + CUT_OFF)
+        await three.silence(1)
+        await asyncio.sleep(3 * CUT_OFF)
+        await client.set("k", b"v")
+        assert candidacy.serving and not candidacy.cut_off
+    finally:
+        await client.close()
+
+
 async def test_two_candidates_never_apply_it(group):
     """The other one alone never promotes itself while ours is silent (it may be the one
     cut off), so a list of two serves on."""
     two = await group(2)
-    server = await two.serve(0)
-    server.candidacy.promote(1)
-    client = HttpStore(two.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    candidacy = await two.serving()
+    client = client_of(two)
     try:
+        await two.silence(1)
         await asyncio.sleep(3 * CUT_OFF)
         await client.set("k", b"v")
-        assert server.candidacy.serving and not server.candidacy.cut_off
+        assert candidacy.serving and not candidacy.cut_off
     finally:
         await client.close()
 
@@ -185,15 +221,14 @@ async def test_a_refused_candidate_is_contact(group):
     """A host that refuses the connection (its agent died) is reachable: the refusal
     proves this host is not cut off, and a dead candidate promotes nobody."""
     three = await group(3)
-    for index in (1, 2):
-        await three.silent[index].stop()  # nothing listens there: refused at once
-    server = await three.serve(0)
-    server.candidacy.promote(1)
-    client = HttpStore(three.endpoints[0], TOKEN, retry_timeout=1.0, request_timeout=5.0)
+    candidacy = await three.serving()
+    client = client_of(three)
     try:
+        await three.stop(1)
+        await three.stop(2)  # nothing listens there: refused at once
         await asyncio.sleep(3 * CUT_OFF)
         await client.set("k", b"v")
-        assert server.candidacy.serving
+        assert candidacy.serving
     finally:
         await client.close()
 
@@ -205,18 +240,16 @@ async def test_a_round_of_asks_that_stood_still_decides_nothing(group):
     (less than the others take to fail over) stepped down on waking, and the whole job
     re-formed."""
     three = await group(3)
-    candidacy = three.candidacy(0)
-    candidacy.promote(1)
-    try:
-        silent = [
-            RoleReport(index, three.endpoints[index], problem="no answer within the probe timeout")
-            for index in (1, 2)
-        ]
-        now = time.monotonic()
-        candidacy._contact = now - 10 * CUT_OFF  # stale: nothing heard for long
-        candidacy._heard(now - (PROBE + candidacy_module.STALL + 0.5), silent)  # stood still
-        assert candidacy.serving and not candidacy.cut_off
-        candidacy._heard(now - PROBE, silent)  # a round that ran in time: cut off
-        assert candidacy.cut_off and not candidacy.serving
-    finally:
-        await candidacy.close()
+    candidacy = await three.serving()
+    silent = [
+        RoleReport(index, three.endpoints[index], problem="no answer within the probe timeout")
+        for index in (1, 2)
+    ]
+    await three.silence(1)
+    await three.silence(2)
+    now = time.monotonic()
+    candidacy._contact = now - 2 * CUT_OFF  # stale, though both answered within PRESENT
+    candidacy._heard(now - (PROBE + candidacy_module.STALL + 0.5), silent)  # stood still
+    assert candidacy.serving and not candidacy.cut_off
+    candidacy._heard(now - PROBE, silent)  # a round that ran in time: cut off
+    assert candidacy.cut_off and not candidacy.serving
