@@ -183,6 +183,17 @@ async def test_a_candidate_in_touch_serves_on_and_steps_down_once_the_others_fal
         await client.close()
 
 
+async def serves_on(group: Group, candidacy: Candidacy) -> None:
+    """Several CUT_OFFs later, candidate 0 still serves a request, and was never cut off."""
+    await asyncio.sleep(3 * CUT_OFF)
+    client = client_of(group)
+    try:
+        await client.set("k", b"v")
+    finally:
+        await client.close()
+    assert candidacy.serving and not candidacy.cut_off
+
+
 async def test_a_candidate_silent_for_long_no_longer_counts(group):
     """A candidate silent for PRESENT while this one heard another was lost (a growing list
     never drops it): when the last other one falls silent too, one candidate alone could
@@ -190,16 +201,10 @@ async def test_a_candidate_silent_for_long_no_longer_counts(group):
     list would otherwise stop when one more is lost)."""
     three = await group(3)
     candidacy = await three.serving()
-    client = client_of(three)
-    try:
-        await three.silence(2)
-        await asyncio.sleep(PRESENT + CUT_OFF)
-        await three.silence(1)
-        await asyncio.sleep(3 * CUT_OFF)
-        await client.set("k", b"v")
-        assert candidacy.serving and not candidacy.cut_off
-    finally:
-        await client.close()
+    await three.silence(2)
+    await asyncio.sleep(PRESENT + CUT_OFF)
+    await three.silence(1)
+    await serves_on(three, candidacy)
 
 
 async def test_two_candidates_never_apply_it(group):
@@ -207,14 +212,8 @@ async def test_two_candidates_never_apply_it(group):
     cut off), so a list of two serves on."""
     two = await group(2)
     candidacy = await two.serving()
-    client = client_of(two)
-    try:
-        await two.silence(1)
-        await asyncio.sleep(3 * CUT_OFF)
-        await client.set("k", b"v")
-        assert candidacy.serving and not candidacy.cut_off
-    finally:
-        await client.close()
+    await two.silence(1)
+    await serves_on(two, candidacy)
 
 
 async def test_a_refused_candidate_is_contact(group):
@@ -222,15 +221,9 @@ async def test_a_refused_candidate_is_contact(group):
     proves this host is not cut off, and a dead candidate promotes nobody."""
     three = await group(3)
     candidacy = await three.serving()
-    client = client_of(three)
-    try:
-        await three.stop(1)
-        await three.stop(2)  # nothing listens there: refused at once
-        await asyncio.sleep(3 * CUT_OFF)
-        await client.set("k", b"v")
-        assert candidacy.serving
-    finally:
-        await client.close()
+    await three.stop(1)
+    await three.stop(2)  # nothing listens there: refused at once
+    await serves_on(three, candidacy)
 
 
 async def test_a_round_of_asks_that_stood_still_decides_nothing(group):
