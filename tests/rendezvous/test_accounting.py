@@ -5,6 +5,7 @@ nodes that waited for a place are in: a node that leaves costs its peers no last
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from agentd.rendezvous import accounting
@@ -289,6 +290,38 @@ async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_resta
         assert {(i.generation, i.group_world_size) for i in [*infos[0], infos[1]]} == {(1, 3)}
     finally:
         await shutdown_all(a, b, slow)
+        await server.stop()
+
+
+async def test_a_node_whose_wait_is_cancelled_as_its_round_is_sealed_leaves_as_a_member():
+    """A stop signal cancels a node's wait for its round's seal after the others sealed it
+    and started their workers, before it read the seal. It leaves as a member: it marks
+    itself gone in that round, so the next round need not wait for its lease. Before, it
+    ended the round as one still forming and marked nothing; a store host that left so
+    took the round with its store, and the others waited 20 s for the forgotten round's
+    fence (seed 25946's schedule at 30.1175 s in ``tests/sim/test_failover.py``)."""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+    held = Held(over_http(port), reads_round_0s_seal)
+    slow = member(held)
+    b, c = (member(over_http(port)) for _ in "bc")
+    try:
+        waiting = asyncio.create_task(slow.next_rendezvous())
+        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
+        first = await asyncio.wait_for(
+            asyncio.gather(b.next_rendezvous(), c.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in first} == {(0, 3)}
+        await asyncio.wait_for(held.held.wait(), SOON)  # its read of the seal waits
+        waiting.cancel()  # the stop signal
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        held.go.set()
+        await asyncio.wait_for(slow.shutdown(), SOON)
+        assert await server.store.get("agentd/job/round/0/gone") == b"1"
+    finally:
+        await shutdown_all(b, c, slow)
         await server.stop()
 
 
