@@ -257,7 +257,7 @@ class Candidacy:
         """Before a request is served: when the last answer of another candidate is older
         than :data:`CUT_OFF`, wait for the next round of asks (this candidate steps down
         if nobody answers it)."""
-        while self.serving and self._exposed() and self._stale():
+        while self.serving and self._stale() and self._exposed():
             self._keep_in_touch()
             self._asked.clear()
             await self._asked.wait()
