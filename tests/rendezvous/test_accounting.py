@@ -260,6 +260,26 @@ def reads_round_0s_seal(op: str, key) -> bool:
     return op in ("watch", "get") and str(key).endswith("round/0/sealed")
 
 
+@contextlib.asynccontextmanager
+async def round_0_sealed_unread(server: StoreServer):
+    """Round 0 sealed with three over HTTP at ``server``, one member not having read the
+    seal (its reads of it held): (its client, its join still waiting, the other two);
+    all three leave at the end."""
+    held = Held(over_http(server.port), reads_round_0s_seal)
+    slow = member(held)
+    a, b = (member(over_http(server.port)) for _ in "ab")
+    try:
+        waiting = asyncio.create_task(slow.next_rendezvous())
+        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
+        first = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in first} == {(0, 3)}
+        yield held, slow, waiting, (a, b)
+    finally:
+        await shutdown_all(a, b, slow)
+
+
 async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_restart():
     """The embedded store restarts empty, over HTTP, just after round 0 was sealed with
     three, before one member read the seal. The others tell the new store what it forgot,
@@ -270,26 +290,18 @@ async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_resta
     server = StoreServer("127.0.0.1", 0, "secret")
     await server.start()
     port = server.port
-    held = Held(over_http(port), reads_round_0s_seal)
-    slow = member(held)
-    a, b = (member(over_http(port)) for _ in "ab")
     try:
-        waiting = asyncio.create_task(slow.next_rendezvous())
-        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
-        first = await asyncio.wait_for(
-            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
-        )
-        assert {(i.generation, i.group_world_size) for i in first} == {(0, 3)}
-        await server.stop()  # everything the store knew is gone, and its instance
-        server = StoreServer("127.0.0.1", port, "secret")
-        await server.start()
-        again = asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
-        await server.store.wait(["agentd/job/round/1/node/1"], SOON)  # both in round 1
-        held.go.set()  # the slow member reads the seal: from a store that forgot the round
-        infos = await asyncio.wait_for(asyncio.gather(again, waiting), SOON)
-        assert {(i.generation, i.group_world_size) for i in [*infos[0], infos[1]]} == {(1, 3)}
+        async with round_0_sealed_unread(server) as (held, _, waiting, (a, b)):
+            await server.stop()  # everything the store knew is gone, and its instance
+            server = StoreServer("127.0.0.1", port, "secret")
+            await server.start()
+            again = asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+            await server.store.wait(["agentd/job/round/1/node/1"], SOON)  # both in round 1
+            held.go.set()  # the slow member reads the seal: from a store that forgot it
+            infos = await asyncio.wait_for(asyncio.gather(again, waiting), SOON)
+            rounds = {(i.generation, i.group_world_size) for i in [*infos[0], infos[1]]}
+            assert rounds == {(1, 3)}
     finally:
-        await shutdown_all(a, b, slow)
         await server.stop()
 
 
@@ -302,26 +314,16 @@ async def test_a_node_whose_wait_is_cancelled_as_its_round_is_sealed_leaves_as_a
     fence (seed 25946's schedule at 30.1175 s in ``tests/sim/test_failover.py``)."""
     server = StoreServer("127.0.0.1", 0, "secret")
     await server.start()
-    port = server.port
-    held = Held(over_http(port), reads_round_0s_seal)
-    slow = member(held)
-    b, c = (member(over_http(port)) for _ in "bc")
     try:
-        waiting = asyncio.create_task(slow.next_rendezvous())
-        await server.store.wait(["agentd/job/round/0/node/0"], SOON)  # the slow one is in
-        first = await asyncio.wait_for(
-            asyncio.gather(b.next_rendezvous(), c.next_rendezvous()), SOON
-        )
-        assert {(i.generation, i.group_world_size) for i in first} == {(0, 3)}
-        await asyncio.wait_for(held.held.wait(), SOON)  # its read of the seal waits
-        waiting.cancel()  # the stop signal
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
-        held.go.set()
-        await asyncio.wait_for(slow.shutdown(), SOON)
-        assert await server.store.get("agentd/job/round/0/gone") == b"1"
+        async with round_0_sealed_unread(server) as (held, slow, waiting, _):
+            await asyncio.wait_for(held.held.wait(), SOON)  # its read of the seal waits
+            waiting.cancel()  # the stop signal
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            held.go.set()
+            await asyncio.wait_for(slow.shutdown(), SOON)
+            assert await server.store.get("agentd/job/round/0/gone") == b"1"
     finally:
-        await shutdown_all(b, c, slow)
         await server.stop()
 
 
