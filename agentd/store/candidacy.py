@@ -149,7 +149,7 @@ class Candidacy:
     def document(self) -> dict[str, Any]:
         doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.endpoint}
         if self.growing:
-            doc["endpoints"] = list(self.endpoints)
+            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off)
         return doc
 
     def extend(self, endpoints: Sequence[str]) -> None:

@@ -146,6 +146,7 @@ async def test_a_serving_candidate_no_other_answers_steps_down_and_takes_no_prom
         await three.silence(2)  # cut off from both
         await until(lambda: candidacy.cut_off)
         assert candidacy.role == "standby"
+        assert candidacy.document()["cut_off"] is True  # /status's store.hosting says so
         with pytest.raises(StoreNotServing):
             await client.set("k", b"w")
         candidacy.promote(2)  # a client on this side of the partition: refused
@@ -153,6 +154,7 @@ async def test_a_serving_candidate_no_other_answers_steps_down_and_takes_no_prom
 
         await three.answer(1)  # the partition heals: candidate 1 answers (standing by)
         await until(lambda: not candidacy.cut_off)
+        assert candidacy.document()["cut_off"] is False
         candidacy.promote(2)
         assert candidacy.role == "serving" and candidacy.term == 2
     finally:
