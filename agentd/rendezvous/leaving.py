@@ -124,7 +124,8 @@ class Leaving:
         forming = rounds.joining if rounds is not None and self._round is None else None
         if rounds is not None and forming is not None:
             rounds.joining = None
-            await rounds.advance(forming, f"node {self.node_id} left while it was forming")
+            reason = f"node {self.node_id} left while it was forming"
+            await rounds.advance(forming.generation, reason)
 
     async def set_closed(self, succeeded: bool, reason: str) -> None:
         if self._store is None or self._closed:

@@ -32,7 +32,6 @@ from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of, instance_of
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.static import reserve_port
-from agentd.rendezvous.summary import decode
 from agentd.store.api import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -96,10 +95,9 @@ class Rounds(SealWait):
         self._stand_by = stand_by
         self.floor = 0
         """The lowest generation this agent may join."""
-        self.joining: int | None = None
-        """The round this agent has its entry in while it waits for it to be sealed."""
-        self._joined_as: tuple[int, bytes] | None = None
-        """Our place and entry in the round being joined."""
+        self.joining: Arrival | None = None
+        """Our place in the round this agent waits in for a seal (a cancelled wait leaves
+        it set: the leaver ends the round, or leaves it as a member)."""
         self._arrival: Arrival | None = None
         """Our place in the round being joined, from the ``add`` that gave it until the
         join ends: a join the store cut short (an answer lost) resumes there."""
@@ -158,9 +156,7 @@ class Rounds(SealWait):
             if not await self._arrive():
                 return None
         assert self._arrival is not None
-        generation, rank, mine, start, incarnation, instance = self._arrival
-        self.joining = generation  # a cancelled wait leaves it set: the leaver ends the round
-        self._joined_as = (rank, mine)
+        generation, rank, mine, start, incarnation, instance = self.joining = self._arrival
         try:
             joined = await self._until_sealed(generation, rank, mine, start, incarnation, instance)
         except BaseException as exc:
@@ -177,18 +173,14 @@ class Rounds(SealWait):
         a store host that ended it as a forming round instead handed nothing over, and
         the others waited the fence of the round its store took with it
         (``tests/sim/test_failover.py``: 20 s)."""
-        generation = self.joining
-        if generation is None or self._joined_as is None:
+        if self.joining is None:
             return None
-        rank, mine = self._joined_as
-        sealed = await self._store.get(self._keys.round(generation, "sealed"))
-        if sealed is None or sealed == ENDED or not await self._holds(generation, rank, mine):
-            return None
+        generation, rank, mine = self.joining[:3]
         try:
-            summary = decode(sealed)
+            summary = await self._sealed_with(generation, rank)
         except RendezvousStateError:  # leaving anyway: the join said what is wrong
             return None
-        if rank >= summary.size:
+        if summary is None or not await self._holds(generation, rank, mine):
             return None
         self.carried = Carried(generation, summary.size, True, instance_of(self._store))
         return Round(generation, rank, summary, 0, mine)

@@ -15,7 +15,7 @@ from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.round import Round
 from agentd.rendezvous.sealing import ENDED, Sealing
-from agentd.rendezvous.summary import decode
+from agentd.rendezvous.summary import RoundSummary, decode
 from agentd.rendezvous.waiting import WaitReport
 
 if TYPE_CHECKING:
@@ -247,9 +247,18 @@ class SealWait(Sealing):
         """A round sealed with us and ended before we saw its seal (we were paused): we
         are one of its members, so the next round's sealer waits for our ``out``, which we
         write as we join it (:meth:`mark_out`); we never started its workers."""
+        summary = await self._sealed_with(generation, rank)
+        if summary is not None:
+            self.carried = Carried(generation, summary.size, member=True)
+
+    async def _sealed_with(self, generation: int, rank: int) -> RoundSummary | None:
+        """Round ``generation``'s summary, where it was sealed with the node that held
+        place ``rank`` in it (None: not sealed, ended, or sealed without it)."""
         sealed = await self._store.get(self._keys.round(generation, "sealed"))
-        if sealed is not None and sealed != ENDED and rank < (size := decode(sealed).size):
-            self.carried = Carried(generation, size, member=True)
+        if sealed is None or sealed == ENDED:
+            return None
+        summary = decode(sealed)
+        return summary if rank < summary.size else None
 
     async def _carry_if_forgotten_with_us(
         self, generation: int, rank: int, instance: str | None
