@@ -33,7 +33,7 @@ from typing import NamedTuple
 from agentd.rendezvous.accounting import FENCE, Carried
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.api import Store
-from agentd.store.candidacy import CUT_OFF
+from agentd.store.contact import CUT_OFF
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def lifetime(ttl: float) -> float:
     """How long the fence lives: past the end of any lease the old store granted, with
     the heartbeat TTL ``ttl``, and past its guardian's kill. An old store cut off from the
     others may have renewed its own agent's lease for up to
-    :data:`~agentd.store.candidacy.CUT_OFF` after the others lost it."""
+    :data:`~agentd.store.contact.CUT_OFF` after the others lost it."""
     return ttl + GUARDIAN_SLACK + FENCE + CUT_OFF
 
 

@@ -10,16 +10,18 @@ steps down, which it does on evidence of a successor:
   key expired in its store (its clients went quiet), or its loop stood still. It then asks
   the other candidates every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR` seconds.
 * **cut off**: in a growing list of three or more, a serving candidate that no other
-  candidate answered (nor refused) for :data:`CUT_OFF` seconds, where two or more had
-  answered within :data:`PRESENT`, steps down, and takes no promotion until one answers
-  again: on the far side of a partition, two candidates that reach each other promote
-  one of theirs, and it would go on serving its own agent over loopback beside them (S1,
-  ``bench/simulate.py --failover`` seed 882). It asks them every :data:`CONTACT_EVERY`
-  seconds; a request that finds the last answer older than :data:`CUT_OFF` waits for the
-  next round, so no lease is renewed longer after the others' last sign (the fence of
-  :func:`agentd.rendezvous.forgotten.lifetime` adds that much). A list of two never
-  applies it (the other alone never promotes itself), nor a given list (its candidates
-  may be stores apart from the agents). See docs/protocol.md.
+  candidate answered (nor refused) for ``CUT_OFF`` seconds, where two or more had
+  answered within ``PRESENT`` (both in :mod:`agentd.store.contact`), steps down, and
+  takes no promotion until one answers again: on the far side of a partition, two
+  candidates that reach each other promote one of theirs, and it would go on serving its
+  own agent over loopback beside them (S1, ``bench/simulate.py --failover`` seed 882). It
+  asks them every :data:`CONTACT_EVERY` seconds; a request that finds the last answer
+  older than ``CUT_OFF`` waits for the next round, so no lease is renewed longer after
+  the others' last sign (the fence of :func:`agentd.rendezvous.forgotten.lifetime` adds
+  that much). A list of two never applies it (the other alone never promotes itself),
+  nor a given list (its candidates may be stores apart from the agents). The answers also
+  tell the clients which candidates are silent (:meth:`Candidacy.absent`). See
+  docs/protocol.md.
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
@@ -47,6 +49,7 @@ from agentd.store.candidates import (
     RoleReport,
     grows,
 )
+from agentd.store.contact import ContactLog
 from agentd.support.aio import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -61,14 +64,8 @@ TELL_AGAIN = 30.0
 """How often a candidate that has heard the term is told again (it may have restarted)."""
 CONTACT_EVERY = 1.0
 """How often a serving candidate of a growing list of three or more asks the others."""
-CUT_OFF = 3.0
-"""How long a serving candidate of a growing list of three or more serves with no other
-candidate answering: then it steps down (see the module docstring)."""
 STALL = 1.0
 """How much longer than its asks' timeout a round of asks must take to have stood still."""
-PRESENT = 30.0
-"""A candidate silent this long, while this one heard others, counts as gone: its host was
-lost, not ours cut off (a growing list never drops one), so its silence no longer counts."""
 
 T = TypeVar("T")
 
@@ -110,14 +107,11 @@ class Candidacy:
         self._looking: asyncio.Task[None] | None = None
         self._telling: asyncio.Task[None] | None = None
         self._touching: asyncio.Task[None] | None = None
-        self._contact = 0.0
-        """When the last round of asks that another candidate answered (or refused) began."""
+        self.contact = ContactLog()
         self._asked = asyncio.Event()
         """Set as each round of asks ends (a request waiting on stale contact wakes)."""
         self.cut_off = False
         """Stepped down for want of contact, and no other candidate has answered since."""
-        self._answered: dict[str, float] = {}
-        """When each other candidate last answered (or refused) a round of asks."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -165,7 +159,7 @@ class Candidacy:
         if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
             return False
         self._prober.endpoints += (endpoint,)
-        self._contact = self._answered[endpoint] = time.monotonic()  # its request just came
+        self.contact.admitted(endpoint)
         log.info(
             "Store %s: %s stands by as candidate %d",
             self.endpoint,
@@ -217,7 +211,7 @@ class Candidacy:
             self._step_down(f"promoted again, under term {term}")
         self.term, self.role = term, "serving"
         self._standing_by = asyncio.Event()
-        self._contact = time.monotonic()  # the promoting client found another candidate
+        self.contact.begin()
         self.on_promote()
         log.log(
             logging.INFO,
@@ -255,27 +249,27 @@ class Candidacy:
 
     async def confirm_contact(self) -> None:
         """Before a request is served: when the last answer of another candidate is older
-        than :data:`CUT_OFF`, wait for the next round of asks (this candidate steps down
-        if nobody answers it)."""
-        while self.serving and self._stale() and self._exposed():
+        than ``CUT_OFF``, wait for the next round of asks (this candidate steps down if
+        nobody answers it)."""
+        while self.serving and self.contact.stale() and self._exposed():
             self._keep_in_touch()
             self._asked.clear()
             await self._asked.wait()
 
-    def _stale(self) -> bool:
-        return time.monotonic() - self._contact > CUT_OFF
-
     def _exposed(self) -> bool:
         """The rule applies now: a growing list of three or more, two of whose other
-        candidates answered within :data:`PRESENT` (two that reach each other could
-        promote one of theirs; one alone never promotes itself)."""
-        if not self.watches_contact:
-            return False
-        since = time.monotonic() - PRESENT
-        present = [
-            e for e in self.endpoints if e != self.own and self._answered.get(e, -1.0) >= since
-        ]
-        return len(present) >= 2
+        candidates answered lately (see :meth:`ContactLog.exposed`)."""
+        return self.watches_contact and self.contact.exposed(self._others())
+
+    def absent(self) -> list[int]:
+        """The indexes of the other candidates silent to our asks, while we serve and ask
+        them (see :meth:`ContactLog.absent`): a client's search need not wait for them."""
+        if not (self.serving and self.watches_contact):
+            return []
+        return [self.endpoints.index(e) for e in self.contact.absent(self._others())]
+
+    def _others(self) -> list[str]:
+        return [e for e in self.endpoints if e != self.own]
 
     def _keep_in_touch(self) -> None:
         if self.growing and (self._touching is None or self._touching.done()):
@@ -314,8 +308,7 @@ class Candidacy:
 
     def _touched(self, began: float, endpoint: str) -> None:
         """The candidate at ``endpoint`` answered (or refused) an ask sent at ``began``."""
-        self._contact = max(self._contact, began)
-        self._answered[endpoint] = max(self._answered.get(endpoint, began), began)
+        self.contact.heard(began, endpoint)
         if self.cut_off:
             log.info("Store %s: another candidate answers again", self.endpoint)
             self.cut_off = False
@@ -335,11 +328,17 @@ class Candidacy:
                 self.term = max(self.term, report.term)
         answered = any(report.reachable or report.refused for report in reports)
         stalled = time.monotonic() - began > self._prober.timeout + STALL
-        if not answered and self.serving and self._stale() and not stalled and self._exposed():
+        if (
+            not answered
+            and self.serving
+            and self.contact.stale()
+            and not stalled
+            and self._exposed()
+        ):
             self.cut_off = True
             self._step_down(
                 f"cut off: none of the {len(reports)} other candidates has answered for "
-                f"{time.monotonic() - self._contact:.1f}s; those that reach each other may "
+                f"{time.monotonic() - self.contact.last:.1f}s; those that reach each other may "
                 "have promoted one of theirs"
             )
         self._asked.set()

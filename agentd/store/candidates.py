@@ -33,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
 from agentd.store.tls import tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
+from agentd.support.aio import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentd.store.tls import StoreTls
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 PROBE_TIMEOUT = 2.0
 """Seconds a candidate has to answer a probe before it counts as out of reach."""
+SPARED = "silent lately: not waited for once the others had answered"
+"""Why a candidate the serving one has not heard lately has no answer in a search."""
 MAX_CANDIDATES = 8
 """The longest a growing list gets: enough spares for a store, few enough to ask them all
 at once when one fails."""
@@ -154,18 +157,39 @@ class Prober:
         }
 
     async def roles(
-        self, term: int, skip: int | None = None, body: dict[str, Any] | None = None
+        self,
+        term: int,
+        skip: int | None = None,
+        body: dict[str, Any] | None = None,
+        spare: Collection[int] = (),
     ) -> list[RoleReport]:
         """Every candidate's role (but ``skip``'s), asked at once, each within the timeout."""
         indexes = [i for i in range(len(self.endpoints)) if i != skip]
-        return await self.roles_of(indexes, term, body)
+        return await self.roles_of(indexes, term, body, spare)
 
     async def roles_of(
-        self, indexes: Sequence[int], term: int, body: dict[str, Any] | None = None
+        self,
+        indexes: Sequence[int],
+        term: int,
+        body: dict[str, Any] | None = None,
+        spare: Collection[int] = (),
     ) -> list[RoleReport]:
-        """The roles of the candidates at ``indexes``, asked at once."""
-        asks = (self.ask(i, "role", body or {}, term) for i in indexes)
-        return list(await asyncio.gather(*asks))
+        """The roles of the candidates at ``indexes``, asked at once. Those in ``spare``
+        (silent lately) are not waited for once every other one has answered: one on a
+        lost host would hold the answers for the whole timeout."""
+        asks = {i: asyncio.ensure_future(self.ask(i, "role", body or {}, term)) for i in indexes}
+        awaited = [ask for i, ask in asks.items() if i not in spare] or list(asks.values())
+        try:
+            if awaited:  # none asked: none to wait for
+                await asyncio.wait(awaited)
+            return [
+                ask.result() if ask.done() else RoleReport(i, self.endpoints[i], problem=SPARED)
+                for i, ask in asks.items()
+            ]
+        finally:
+            for ask in asks.values():
+                if not ask.done():
+                    await cancel_and_wait(ask)
 
     async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
         """``role`` or ``promote`` at candidate ``index``, answered within the timeout; a

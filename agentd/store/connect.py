@@ -305,6 +305,7 @@ def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
         "growing": client.growing,
         "serving": client.serving,
         "term": client.term,
+        "absent": sorted(client.absent),
         "token": token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
     }
@@ -320,6 +321,7 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
     serving = spec.get("serving")
     start = serving if isinstance(serving, int) and 0 <= serving < len(spec["endpoints"]) else None
     term = spec.get("term")
+    absent = spec.get("absent")
     return FailoverStore(
         spec["endpoints"],
         spec.get("token") or None,
@@ -330,4 +332,5 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
         tls=tls,
         start=start,
         term=term if isinstance(term, int) and term > 0 else 0,
+        absent=[i for i in absent if isinstance(i, int)] if isinstance(absent, list) else (),
     )

@@ -5,7 +5,10 @@ and keeps talking to it; while nothing fails, that is the only extra cost (one p
 each candidate at start). When the server stops answering, or answers that it stands
 by, the client asks every candidate its role, moves to the one serving under the newest
 term or promotes the lowest-index candidate that answers, and sends the request again
-there (except an ``add`` that may have been applied). The new server's state is empty,
+there (except an ``add`` that may have been applied). It waits for every answer, each
+within the probe timeout, but for those of the candidates the server last said it had
+not heard lately (on a host lost earlier: see :mod:`agentd.store.contact`), once the
+others are in. The new server's state is empty,
 which the caller sees as a store that restarted: the next watch answers ``compacted``
 and the rendezvous re-forms its round there.
 
@@ -28,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
@@ -68,7 +71,8 @@ class FailoverStore(ForwardingStore):
     index of the candidate another client found serving (a guardian's release goes
     there first, not to a seed that may be the host just lost), and ``term`` the newest
     term that client had seen: a failover promotes above it, never beside a server that
-    is only frozen (seed 10409 of ``bench/simulate.py --failover``).
+    is only frozen (seed 10409 of ``bench/simulate.py --failover``); ``absent``, the
+    candidates the server had last said were silent (see the module docstring).
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class FailoverStore(ForwardingStore):
         prober: Callable[..., Prober] = Prober,
         start: int | None = None,
         term: int = 0,
+        absent: Collection[int] = (),
     ) -> None:
         self.growing = growing
         self.tls = tls
@@ -99,6 +104,7 @@ class FailoverStore(ForwardingStore):
             tls=tls,
         )
         self._client.refused_is_final = not alone
+        self._client.absent = frozenset(absent)
         self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
         self.term = term
@@ -130,36 +136,6 @@ class FailoverStore(ForwardingStore):
     def alone(self) -> bool:
         """A growing list that holds the seed only: nothing to fail over to yet."""
         return self.growing and len(self.endpoints) == 1
-
-    @property
-    def token(self) -> str | None:
-        return self._client.token
-
-    @property
-    def candidate_count(self) -> int:
-        """The length of the serving candidate's growing list, as it last said."""
-        return self._client.candidate_count
-
-    @property
-    def observer(self) -> Callable[[str, float], None] | None:
-        return self._client.observer
-
-    @observer.setter
-    def observer(self, value: Callable[[str, float], None] | None) -> None:
-        self._client.observer = value
-
-    @property
-    def requests(self) -> int:
-        """Store requests sent, retries included (probes are not counted)."""
-        return self._client.requests
-
-    @property
-    def incarnation(self) -> int:  # :attr:`HttpStore.incarnation`: a failover is one more
-        return self._client.incarnation
-
-    @property
-    def instance(self) -> str | None:  # :attr:`HttpStore.instance`
-        return self._client.instance
 
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows: the candidates, which one serves, which ones failed, the
@@ -265,7 +241,8 @@ class FailoverStore(ForwardingStore):
                 self.failed[self.endpoints[old]] = why
             backoff = Backoff(self._retry_timeout, initial=0.1, maximum=1.0)
             self._prober.token = self.token or ""
-            reports = await self._prober.roles(self.term, body=self._list())
+            spare = self._client.absent  # silent to the old server's asks: see Prober.roles_of
+            reports = await self._prober.roles(self.term, body=self._list(), spare=spare)
             while True:
                 reports = await self._with_new_candidates(reports)
                 found = await self._serving_or_promoted(reports)
@@ -274,7 +251,7 @@ class FailoverStore(ForwardingStore):
                     return
                 if not await self._learn_from_peers() and not await backoff.pause():
                     raise StoreUnavailable(self._none_serving(reports))
-                reports = await self._prober.roles(self.term, body=self._list())
+                reports = await self._prober.roles(self.term, body=self._list(), spare=spare)
 
     async def _with_new_candidates(self, reports: list[RoleReport]) -> list[RoleReport]:
         """``reports``, or, where they show a longer list, every candidate's again but for

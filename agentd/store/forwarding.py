@@ -1,6 +1,7 @@
 """The Store protocol over one call: a client whose every request is the same request of
 the :class:`~agentd.store.http_client.HttpStore` it talks to now, sent by its ``_call``
-(which chooses that store, and sends again where it must)."""
+(which chooses that store, and sends again where it must); what that client counts and
+learns is read through."""
 
 from __future__ import annotations
 
@@ -15,7 +16,45 @@ T = TypeVar("T")
 
 
 class ForwardingStore:
-    """Each Store operation, as ``_call`` of the operation on the current server."""
+    """Each Store operation, as ``_call`` of the operation on the current server
+    (``_client``)."""
+
+    _client: HttpStore
+
+    @property
+    def token(self) -> str | None:
+        return self._client.token
+
+    @property
+    def candidate_count(self) -> int:
+        """The length of the serving candidate's growing list, as it last said."""
+        return self._client.candidate_count
+
+    @property
+    def observer(self) -> Callable[[str, float], None] | None:
+        return self._client.observer
+
+    @observer.setter
+    def observer(self, value: Callable[[str, float], None] | None) -> None:
+        self._client.observer = value
+
+    @property
+    def absent(self) -> frozenset[int]:
+        """The candidates the serving one last said it had not heard lately."""
+        return self._client.absent
+
+    @property
+    def requests(self) -> int:
+        """Store requests sent, retries included (probes are not counted)."""
+        return self._client.requests
+
+    @property
+    def incarnation(self) -> int:  # :attr:`HttpStore.incarnation`: a failover is one more
+        return self._client.incarnation
+
+    @property
+    def instance(self) -> str | None:  # :attr:`HttpStore.instance`
+        return self._client.instance
 
     async def _call(self, request: Callable[[HttpStore], Awaitable[T]]) -> T:
         raise NotImplementedError

@@ -30,12 +30,14 @@ from agentd.store.retry import Backoff
 from agentd.store.sockets import keepalive_socket
 from agentd.store.tls import scheme, tls_problem
 from agentd.store.wire import (
+    ABSENT_HEADER,
     CANDIDATE_COUNT_HEADER,
     INSTANCE_HEADER,
     MAX_KEYS,
     MAX_POLL,
     TERM_HEADER,
     b64,
+    index_list,
     refusal,
     unb64,
 )
@@ -55,8 +57,8 @@ closes it."""
 
 
 _JSON = {"Content-Type": "application/json"}
-INSTANCE_KEY, TERM_KEY, COUNT_KEY = (
-    name.lower() for name in (INSTANCE_HEADER, TERM_HEADER, CANDIDATE_COUNT_HEADER)
+INSTANCE_KEY, TERM_KEY, COUNT_KEY, ABSENT_KEY = (
+    name.lower() for name in (INSTANCE_HEADER, TERM_HEADER, CANDIDATE_COUNT_HEADER, ABSENT_HEADER)
 )
 
 
@@ -117,6 +119,8 @@ class HttpStore:
         """The term the server last answered under (candidate servers only)."""
         self.candidate_count = 0
         """How many candidates the server's growing list holds (0: it has none)."""
+        self.absent: frozenset[int] = frozenset()
+        """The candidates the server said it has not heard lately (see :data:`ABSENT_HEADER`)."""
         self._closed = False
         self.refused_is_final = False
         """A refused connection fails the request at once, unretried: nothing listens
@@ -138,8 +142,8 @@ class HttpStore:
         self.instance = None
         if lost_state:
             self._rebase()
-        self.server_term = 0
-        self.candidate_count = 0
+        self.server_term = self.candidate_count = 0
+        self.absent = frozenset()
 
     async def _call(
         self,
@@ -258,6 +262,7 @@ class HttpStore:
         term = headers.get(TERM_KEY, "")
         if term.isdigit():
             self.server_term = int(term)
+            self.absent = index_list(headers.get(ABSENT_KEY, ""))
         count = headers.get(COUNT_KEY, "")
         if count.isdigit():
             self.candidate_count = int(count)

@@ -29,6 +29,7 @@ from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
 from agentd.store.tls import scheme
 from agentd.store.wire import (
+    ABSENT_HEADER,
     CANDIDATE_COUNT_HEADER,
     CANDIDATES_HEADER,
     INSTANCE_HEADER,
@@ -215,6 +216,9 @@ class StoreServer:
             answered[TERM_HEADER] = str(candidacy.term)
             if candidacy.growing:
                 answered[CANDIDATE_COUNT_HEADER] = str(len(candidacy.endpoints))
+            absent = candidacy.absent()
+            if absent:
+                answered[ABSENT_HEADER] = ",".join(map(str, absent))
             return status, doc, answered
         except StoreNotServing as exc:
             return NOT_SERVING, {"error": str(exc)}, {}

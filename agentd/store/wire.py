@@ -27,6 +27,10 @@ MAX_POLL = 60.0
 CANDIDATE_COUNT_HEADER = "Agentd-Store-Candidate-Count"
 """How many candidates a growing list holds (see :mod:`agentd.store.standby`): a client
 whose list is shorter asks the server for the rest."""
+ABSENT_HEADER = "Agentd-Store-Absent"
+"""The indexes of the candidates that the serving one of a growing list has not heard
+lately (comma-separated; see :mod:`agentd.store.contact`): a client's search does not
+wait out their probe timeout once every other candidate has answered."""
 MAX_CONNECTIONS = 65536
 """The most connections a store server takes: an agent holds two while its job runs (a
 long poll, and its heartbeat's between beats) and a third for a moment, so 16,384 agents
@@ -49,6 +53,12 @@ def b64(value: bytes | None) -> str | None:
 def unb64(value: str | None) -> bytes | None:
     """A value from a JSON body of ours (the server checks a client's, see ``ops``)."""
     return None if value is None else base64.b64decode(value)
+
+
+def index_list(text: str) -> frozenset[int]:
+    """The indexes a header such as :data:`ABSENT_HEADER` lists (what is not one is left
+    out)."""
+    return frozenset(int(part) for part in text.split(",") if part.isdigit() and len(part) < 4)
 
 
 def refusal(status: int, where: str, op: str, message: str) -> StoreError:

@@ -202,7 +202,7 @@ def test_a_store_host_frozen_for_less_than_a_failover_costs_no_restart(run_agent
     retries, a 2 s probe: 5.7 s with this TTL of 8 s), it wakes with its last answer 4 s
     old: the requests wait for the next round of asks, which the others answer, so it
     serves on and nobody restarts, as before the rule. (A round out as it froze times
-    out unread on waking, and decides nothing: ``tests/store/test_cut_off.py``.)"""
+    out unread on waking, and decides nothing: ``tests/store/test_contact.py``.)"""
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
     stop = tmp_path / "stop"

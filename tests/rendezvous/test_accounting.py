@@ -187,7 +187,7 @@ def test_the_forgotten_rounds_fence_outlives_the_guardians_kill():
     It also outlives the leases a store cut off from the others may still renew."""
     from agentd.hygiene.guardian_process import LEASE_SLACK
     from agentd.rendezvous import forgotten
-    from agentd.store.candidacy import CUT_OFF
+    from agentd.store.contact import CUT_OFF
 
     assert forgotten.GUARDIAN_SLACK == LEASE_SLACK
     assert forgotten.lifetime(15.0) == 15.0 + LEASE_SLACK + accounting.FENCE + CUT_OFF

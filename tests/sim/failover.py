@@ -41,7 +41,6 @@ from agentd.store.retry import Backoff
 from agentd.store.server import StoreServer
 from agentd.store.sockets import LIVENESS
 from agentd.store.standby import Standby
-from agentd.store.wire import CANDIDATE_COUNT_HEADER, INSTANCE_HEADER, TERM_HEADER
 from tests.sim.clock import answer_lost, spawn
 
 if TYPE_CHECKING:
@@ -221,11 +220,7 @@ class ServerLink(HttpStore):
                 self._sender, endpoint, op, body, self._headers(), timeout
             )
             if not reply.failure:
-                self._note_instance(reply.headers.get(INSTANCE_HEADER))
-                if TERM_HEADER in reply.headers:
-                    self.server_term = int(reply.headers[TERM_HEADER])
-                if CANDIDATE_COUNT_HEADER in reply.headers:
-                    self.candidate_count = int(reply.headers[CANDIDATE_COUNT_HEADER])
+                self._note_answer({key.lower(): value for key, value in reply.headers.items()})
                 return self._answer(op, reply.status, reply.doc)
             if reply.failure == "refused" and self.refused_is_final:
                 raise StoreUnavailable(f"store at {self.url}: connection refused")
@@ -355,6 +350,7 @@ def release_client(network: Network, agent: SimAgent, spec: dict[str, Any]) -> F
         spec["endpoints"],
         start=spec["serving"],
         term=spec["term"],
+        absent=spec["absent"],
         retry_timeout=RELEASE_TIMEOUT,
         request_timeout=RELEASE_TIMEOUT / 2,
         alone_request_timeout=RELEASE_TIMEOUT / 2,

@@ -98,6 +98,18 @@ def test_a_store_host_that_leaves_as_its_round_is_sealed_leaves_it_as_a_member()
     assert len(restarted) == 3 and max(restarted) - 30.1175 < 3.0, outcome.notes
 
 
+def test_a_candidate_on_a_host_lost_earlier_costs_a_later_failover_nothing():
+    """Agent 2's host (candidate 1) is lost whole; 40 s later the store's host is killed.
+    The serving candidate's answers had named candidate 1 silent, and so had agent 0's
+    will, so neither the others' search nor the guardian's waits out its 2 s probe
+    timeout: the others re-form within a second of the kill (2.1 s before)."""
+    faults = (Fault(30.0, "lose_host", 2), Fault(70.0, "kill", 0))
+    outcome = simulate(Schedule(313, 5, 1, 5, faults, failover=True))
+    assert outcome.violations == []
+    restarted = [at(n) for n in outcome.notes if ": round 2, rank" in n]
+    assert len(restarted) == 3 and max(restarted) - 70.0 < 1.0, outcome.notes
+
+
 def test_a_store_host_cut_off_from_every_other_candidate_steps_down():
     """Seed 882's shrunk schedule: agent 0, serving the store, is partitioned for 21 s.
     The others fail over and re-form without it once the fence of the round the new

@@ -1,6 +1,8 @@
-"""A serving candidate of a growing list that no other candidate answers steps down, over
-real HTTP on loopback addresses (:mod:`agentd.store.candidacy`, "cut off"): the others,
-on the far side of a partition, may have promoted one of theirs.
+"""A serving candidate of a growing list asks the others every second, over real HTTP on
+loopback addresses (:mod:`agentd.store.contact`): when no other candidate answers, it
+steps down (:mod:`agentd.store.candidacy`, "cut off": the others, on the far side of a
+partition, may have promoted one of theirs); while others answer, it names the silent
+ones in its answers, and a client's search does not wait out their probe timeout.
 
 The other candidates answer at first, then fall silent as a partitioned host sees them:
 a listener on their address that takes the connection and never answers. The probe
@@ -17,9 +19,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from agentd.store import candidacy as candidacy_module
+from agentd.store import contact as contact_module
 from agentd.store.api import StoreNotServing
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import Prober, RoleReport
+from agentd.store.candidates import SPARED, Prober, RoleReport
+from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
 from tests.conftest import free_port
@@ -32,9 +36,9 @@ PRESENT = 1.5
 
 @pytest.fixture(autouse=True)
 def short_periods(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(candidacy_module, "CUT_OFF", CUT_OFF)
+    monkeypatch.setattr(contact_module, "CUT_OFF", CUT_OFF)
     monkeypatch.setattr(candidacy_module, "CONTACT_EVERY", 0.1)
-    monkeypatch.setattr(candidacy_module, "PRESENT", PRESENT)
+    monkeypatch.setattr(contact_module, "PRESENT", PRESENT)
 
 
 class Silent:
@@ -99,7 +103,7 @@ class Group:
         candidacy.promote(1)
         others = set(self.endpoints[1:])
         if candidacy.watches_contact:  # a list of two asks nothing
-            await until(lambda: others <= set(candidacy._answered))
+            await until(lambda: others <= set(candidacy.contact.answered))
         return candidacy
 
     async def close(self) -> None:
@@ -243,8 +247,96 @@ async def test_a_round_of_asks_that_stood_still_decides_nothing(group):
     await three.silence(1)
     await three.silence(2)
     now = time.monotonic()
-    candidacy._contact = now - 2 * CUT_OFF  # stale, though both answered within PRESENT
+    candidacy.contact.last = now - 2 * CUT_OFF  # stale, though both answered within PRESENT
     candidacy._heard(now - (PROBE + candidacy_module.STALL + 0.5), silent)  # stood still
     assert candidacy.serving and not candidacy.cut_off
     candidacy._heard(now - PROBE, silent)  # a round that ran in time: cut off
     assert candidacy.cut_off and not candidacy.serving
+
+
+# -- the silent candidates, named in the answers ---------------------------------------------
+
+
+async def absent_said(client: HttpStore, expected: frozenset[int]) -> None:
+    """Send requests until the serving candidate's answers name ``expected`` as absent."""
+    ends = time.monotonic() + 10.0
+    while True:
+        await client.set("k", b"v")
+        if client.absent == expected:
+            return
+        assert time.monotonic() < ends, f"absent stayed {sorted(client.absent)}"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_serving_candidate_names_the_silent_ones_in_its_answers(group):
+    """A candidate silent to the asks for CUT_OFF is named; one that refuses (its host is
+    up) is not, nor one that answers again."""
+    four = await group(4)
+    await four.serving()
+    client = client_of(four)
+    try:
+        await absent_said(client, frozenset())
+        await four.silence(2)
+        await four.stop(3)
+        await absent_said(client, frozenset({2}))
+        await four.answer(2)
+        await absent_said(client, frozenset())
+    finally:
+        await client.close()
+
+
+async def test_nobody_is_named_while_the_serving_candidate_hears_no_other(group):
+    """A serving candidate that hears nobody may be the one cut off: it names no one (a
+    client's search then waits for every candidate)."""
+    three = await group(3)
+    candidacy = await three.serving()
+    await three.silence(1)
+    await until(lambda: candidacy.absent() == [1])
+    await three.silence(2)
+    await until(lambda: candidacy.absent() == [] and not candidacy.serving)
+
+
+async def test_a_search_does_not_wait_out_a_candidate_named_silent(group):
+    """The store's host lost after another host was: the search takes the others' answers
+    and promotes the next candidate without waiting out the lost one's probe timeout,
+    which is made longer here than the test's whole deadline."""
+    long_probe = 60.0
+    four = await group(4)
+    await four.serving()
+    await four.silence(1)  # a host lost earlier: below the next candidate to promote
+    client = FailoverStore(
+        four.endpoints,
+        TOKEN,
+        growing=True,
+        retry_timeout=30.0,
+        request_timeout=5.0,
+        prober=functools.partial(Prober, timeout=long_probe),
+    )
+    try:
+        await absent_said(client._client, frozenset({1}))
+        await four.stop(0)  # the store's agent is killed: refused
+        async with asyncio.timeout(long_probe / 3):
+            await client.set("k", b"w")
+        assert client.serving == 2 and client.failovers == 1
+        assert client.failed[four.endpoints[1]] == SPARED
+    finally:
+        await client.close()
+
+
+async def test_a_candidate_named_silent_that_answers_in_time_counts(group):
+    """Not waiting for a spared candidate leaves out only its silence: its answer, when it
+    comes with the others', is read (here, the lowest standing by, so it is promoted)."""
+    three = await group(3)
+    await three.serving()
+    prober = Prober(three.endpoints, TOKEN, timeout=PROBE, growing=True)
+    try:
+        reports = await prober.roles(1, skip=0, spare={1, 2})
+        assert [report.role for report in reports] == ["standby", "standby"]
+        await three.silence(2)
+        reports = await prober.roles(1, skip=0, spare={2})
+        assert reports[0].role == "standby" and reports[1].problem == SPARED
+        reports = await prober.roles(1, skip=0)  # waited for: its probe timeout
+        assert reports[1].problem == "no answer within the probe timeout"
+        assert await prober.roles_of([], 1, spare={2}) == []  # none due: nothing to ask
+    finally:
+        await prober.close()
