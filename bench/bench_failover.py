@@ -3,6 +3,7 @@
     python bench/bench_failover.py [--runs 3]
         [--launchers agentd,agentd-candidates,agentd-no-standby,torchrun]
     python bench/bench_failover.py --defaults --after 0,1,3,6 [--runs 3] [--record]
+    python bench/bench_failover.py --lost-earlier [--runs 3] [--record]
 
 Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3``
 job (one worker each, ``member_worker.py``: it records its start and world size, then
@@ -24,6 +25,13 @@ last call of 1 s, so the target is TTL + 2 s = 5 s.
 15 s) and last call (30 s) instead, killing the host that many seconds after the three
 workers run: the moments right after a round, when the other agents have just stood by
 as candidates (the protocol's S3, docs/protocol.md: the survivors at world 2 in <= 3 s).
+
+``--lost-earlier`` measures ``agentd`` (TTL 3 s) in a four-node ``--nnodes 2:4`` job, each
+node on a loopback address of its own, whose fourth node is frozen first (SIGSTOP: its
+candidate takes connections and never answers, as on a lost host); once the other three
+run at world 3, and a second more, the store's host is SIGKILLed: the figure is the time
+to both survivors at world 2. A search that waited out the silent candidate's 2 s probe
+timeout would add those 2 s (docs/protocol.md, the silent candidates named).
 """
 
 from __future__ import annotations
@@ -93,11 +101,18 @@ def reports(out: Path) -> list[dict[str, float]]:
 
 
 def run_once(
-    launcher: str, timeout: float, conf: str = CONF, after: float = 0.0, hosts: bool = False
+    launcher: str,
+    timeout: float,
+    conf: str = CONF,
+    after: float = 0.0,
+    hosts: bool = False,
+    frozen: bool = False,
 ) -> tuple[float | None, list[int | None]]:
     """(seconds from the kill to world 2 running again, or None; the survivors' exit codes).
     The host is killed ``after`` seconds after the three workers run; ``hosts``: each node
-    on a loopback address of its own (127.0.0.1-3, ``--local-addr``), as three hosts."""
+    on a loopback address of its own (127.0.0.1-3, ``--local-addr``), as three hosts;
+    ``frozen``: a fourth node, frozen once the four run, and the host killed once the
+    other three run again."""
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
@@ -110,7 +125,7 @@ def run_once(
         argv = [
             *command(launcher, port, conf),
             "--nnodes",
-            "2:3",
+            "2:4" if frozen else "2:3",
             "--rdzv-id",
             "bench",
             "--max-restarts",
@@ -122,7 +137,7 @@ def run_once(
         procs: list[subprocess.Popen[bytes]] = []
         try:
             script = argv.index(WORKER)
-            for node in range(3):  # one after the other: the first serves the store
+            for node in range(4 if frozen else 3):  # one after the other: the first serves
                 own = ["--local-addr", f"127.0.0.{node + 1}"] if hosts else []
                 procs.append(
                     subprocess.Popen(
@@ -134,9 +149,22 @@ def run_once(
                     )
                 )
                 time.sleep(0.5)
-            if not wait_for(lambda: sum(r["world"] == 3 for r in reports(out)) == 3, timeout):
+            nodes = len(procs)
+            if not wait_for(
+                lambda: sum(r["world"] == nodes for r in reports(out)) >= nodes, timeout
+            ):
                 return None, []
             running = max(r["started"] for r in reports(out))
+            if frozen:
+                procs[3].send_signal(signal.SIGSTOP)
+                stopped = time.time()
+
+                def three() -> list[dict[str, float]]:
+                    return [r for r in reports(out) if r["world"] == 3 and r["started"] > stopped]
+
+                if not wait_for(lambda: len(three()) == 3, timeout):
+                    return None, []
+                running = max(r["started"] for r in three()) + 1.0  # named silent by then
             time.sleep(max(0.0, running + after - time.time()))
             host = procs[0]
             host.send_signal(signal.SIGKILL)
@@ -150,7 +178,7 @@ def run_once(
             took = max(r["started"] for r in again()) - killed if recovered else None
             stop.touch()
             codes: list[int | None] = []
-            for proc in procs[1:]:
+            for proc in procs[1:3]:
                 try:
                     codes.append(proc.wait(timeout))
                 except subprocess.TimeoutExpired:
@@ -175,10 +203,18 @@ def main() -> None:
     parser.add_argument(
         "--after", default="0", help="seconds after the workers run to kill the host, e.g. 0,1,3,6"
     )
+    parser.add_argument(
+        "--lost-earlier",
+        action="store_true",
+        help="agentd alone, four nodes, one frozen before the store's host is killed",
+    )
     parser.add_argument("--record", action="store_true", help="write docs/figures.json")
     args = parser.parse_args()
     if args.defaults:
         after_round(args)
+        return
+    if args.lost_earlier:
+        lost_earlier(args)
         return
     launchers = args.launchers.split(",")
     if "torchrun" in launchers and importlib.util.find_spec("torch") is None:
@@ -234,6 +270,31 @@ def after_round(args: argparse.Namespace) -> None:
             f"--runs {args.runs} --record",
             f"the slowest of {args.runs} runs at each delay ({args.after} s after the "
             "workers run): the store's host SIGKILLed -> both survivors at world 2",
+        )
+
+
+def lost_earlier(args: argparse.Namespace) -> None:
+    """The store's host killed after another node was lost (frozen: its candidate silent)."""
+    print(
+        "store host SIGKILLed in a 4-node --nnodes 2:4 job after a fourth node froze and the "
+        f"others went on at world 3 -> both survivors at world 2 ({args.runs} runs, "
+        f"{os.cpu_count()} CPUs)"
+    )
+    results = [run_once("agentd", args.timeout, hosts=True, frozen=True) for _ in range(args.runs)]
+    ok = [took for took, _ in results if took is not None]
+    line = f"  went on {len(ok)}/{args.runs}"
+    if ok:
+        line += f"  median {statistics.median(ok):5.2f} s  min {min(ok):5.2f}  max {max(ok):5.2f}"
+    print(line, flush=True)
+    if args.record and len(ok) == args.runs:
+        from figures import record
+
+        record(
+            "store_host_lost_after_a_lost_host",
+            f"{statistics.median(ok):.2f} s",
+            f".venv/bin/python bench/bench_failover.py --lost-earlier --runs {args.runs} --record",
+            f"the median of {args.runs} runs: a fourth node frozen, the others at world 3, "
+            "then the store's host SIGKILLed -> both survivors at world 2 (TTL 3 s)",
         )
 
 
