@@ -26,6 +26,7 @@ from agentd.store.candidates import SPARED, Prober, RoleReport
 from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
+from agentd.store.wire import index_list
 from tests.conftest import free_port
 
 TOKEN = "secret"
@@ -340,3 +341,11 @@ async def test_a_candidate_named_silent_that_answers_in_time_counts(group):
         assert await prober.roles_of([], 1, spare={2}) == []  # none due: nothing to ask
     finally:
         await prober.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "indexes"),
+    [("", set()), ("2", {2}), ("1,3", {1, 3}), ("1,,x,-2, 3,99999", {1}), ("7,7", {7})],
+)
+def test_the_header_naming_silent_candidates_reads_indexes_alone(header, indexes):
+    assert index_list(header) == indexes

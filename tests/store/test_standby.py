@@ -457,3 +457,26 @@ async def test_a_client_made_from_a_spec_promotes_above_the_term_its_agent_saw(j
     standby.server.candidacy.term = 0  # as a member that stood by before this fix knew it
     await guardian.set("released", b"1")
     assert standby.serving and standby.server.candidacy.term == 2 and guardian.term == 2
+
+
+async def test_a_spec_carries_the_candidates_named_silent_and_a_spec_without_them_reads():
+    """A guardian's client starts knowing the candidates its agent's server named silent
+    (its search does not wait for them); a will written by an older agentd, without
+    them, or with junk in their place, reads as naming none."""
+    endpoints = ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]
+    client = FailoverStore(endpoints, TOKEN, growing=True, absent=[2])
+    spec = client_spec(client, TOKEN)
+    made = [client]
+    try:
+        assert spec["absent"] == [2]
+        made.append(client_from_spec(spec, 5.0))
+        assert made[-1].absent == {2}
+        for absent, read in ((None, set()), ("2", set()), ([None, "x", 1], {1})):
+            older = {key: value for key, value in spec.items() if key != "absent"}
+            made.append(
+                client_from_spec(older if absent is None else {**older, "absent": absent}, 5.0)
+            )
+            assert made[-1].absent == read
+    finally:
+        for one in made:
+            await one.close()
