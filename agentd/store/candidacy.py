@@ -143,7 +143,8 @@ class Candidacy:
     def document(self) -> dict[str, Any]:
         doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.endpoint}
         if self.growing:
-            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off)
+            silent = [self.endpoints[i] for i in self.absent()]
+            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off, absent=silent)
         return doc
 
     def extend(self, endpoints: Sequence[str]) -> None:

@@ -273,13 +273,14 @@ async def test_the_serving_candidate_names_the_silent_ones_in_its_answers(group)
     """A candidate silent to the asks for CUT_OFF is named; one that refuses (its host is
     up) is not, nor one that answers again."""
     four = await group(4)
-    await four.serving()
+    candidacy = await four.serving()
     client = client_of(four)
     try:
         await absent_said(client, frozenset())
         await four.silence(2)
         await four.stop(3)
         await absent_said(client, frozenset({2}))
+        assert candidacy.document()["absent"] == [four.endpoints[2]]  # /status says so
         await four.answer(2)
         await absent_said(client, frozenset())
     finally:
