@@ -212,6 +212,167 @@ GUARDIAN_IGNORES = (
 )
 
 
+class Charge:
+    """What the agent has put in the guardian's care: its lines, read (see the module
+    docstring)."""
+
+    def __init__(self) -> None:
+        self.groups: set[int] = set()
+        self.private_dirs: set[str] = set()
+        self.secret_files: dict[str, str] = {}
+        self.lease: float | None = None
+        self.will: bytes | None = None
+        self.done = False
+        """The twin's: the guardian acted for the agent gone (``Q``), leaving it nothing."""
+
+    def read(self, line: bytes) -> None:
+        if line[:1] in (b"+", b"-") and line[1:].isdigit():
+            pgid = int(line[1:])
+            if line[:1] == b"+":
+                self.groups.add(pgid)
+            else:
+                self.groups.discard(pgid)
+        elif line[:1] == b"R" and len(line) > 1:
+            self.private_dirs.add(os.fsdecode(line[1:]))
+        elif line[:1] == b"F" and line[65:66] == b" " and len(line) > 66:
+            self.secret_files[os.fsdecode(line[66:])] = line[1:65].decode(errors="replace")
+        elif line[:1] == b"f" and len(line) > 1:
+            self.secret_files.pop(os.fsdecode(line[1:]), None)
+        elif line == b"W-":
+            self.will = None
+        elif line[:1] == b"W" and len(line) > 1:
+            self.will = line[1:]
+        elif line == b"L-":
+            self.lease = None
+        elif line[:1] == b"L":
+            with contextlib.suppress(ValueError):
+                self.lease = float(line[1:])
+        elif line == b"Q":
+            self.done = True
+
+    def fence(self, mark: str) -> None:
+        """The lease ran out and the agent did not stop its workers: kill them."""
+        kill_all(self.groups, mark)
+        self.groups.clear()
+        self.lease = None
+
+    def carry_out(self, mark: str) -> None:
+        """The agent is gone: kill its workers, remove its litter, carry out its will."""
+        kill_all(self.groups, mark)
+        for path in self.private_dirs:
+            remove_private_dir(path)
+        for path, digest in self.secret_files.items():
+            remove_secret_file(path, digest)
+        if self.will is not None:  # fencing: the ranks are given away once the workers died
+            if wait_dead(self.groups, mark, DEAD_WAIT):
+                run_will(self.will)
+            else:
+                sys.stderr.write("agentd guardian: workers still alive; membership not released\n")
+
+
+def guard(fd: int, mark: str, charge: Charge, twin: int | None) -> int | None:
+    """Read the agent's lines from ``fd`` into ``charge`` until its end, fencing the lease
+    meanwhile, and pass each on through the pipe ``twin`` (None: this is the twin, which
+    reads them from the guardian and leaves the fence to it). The pipe, while open."""
+    pending = b""
+    while True:
+        lease = charge.lease if twin is not None else None
+        timeout = None if lease is None else max(0.0, lease + LEASE_SLACK - time.monotonic())
+        readable, _, _ = select.select([fd], [], [], timeout)
+        if not readable:  # the lease ran out and the agent did not stop its workers
+            charge.fence(mark)
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return twin
+        if twin is not None:
+            twin = _tell(twin, chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            charge.read(raw.strip())
+
+
+def _tell(twin: int, chunk: bytes) -> int | None:
+    """Pass ``chunk`` on to the twin; None once it is gone (killed: nothing to tell)."""
+    try:
+        os.write(twin, chunk)
+    except OSError:
+        os.close(twin)
+        return None
+    return twin
+
+
+TWIN_LOOKS_EVERY = 0.25
+"""How often a twin whose guardian died looks for the agent, the guardian that replaced
+it, and the lease's end."""
+
+
+def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
+    """Fork the guardian's twin, which reads every line the guardian reads and, should the
+    guardian die before the agent, fences the workers in its stead until the agent has a
+    new guardian (a frozen agent starts none: a guardian dead then left the workers
+    unfenced past the lease, beside the round the others formed over their ranks), or
+    acts for the agent if it is gone too. The pipe to the twin and its pid (None: none
+    started)."""
+    agent = os.getppid()
+    try:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid:
+        os.close(read_end)
+        return write_end, pid
+    os.close(write_end)
+    null = os.open(os.devnull, os.O_RDONLY)  # the agent's pipe is the guardian's alone
+    os.dup2(null, 0)
+    os.close(null)
+    code = 0
+    try:
+        guard(read_end, mark, charge, None)
+        if not charge.done:
+            stand_in(mark, charge, agent)
+    except BaseException:  # the twin never returns into the guardian's code
+        code = 1
+    os._exit(code)
+
+
+def stand_in(mark: str, charge: Charge, agent: int) -> None:
+    """The guardian died before the agent: fence the lease until another guardian of
+    ``mark`` runs (the agent started it, and tells it everything again), or act for the
+    agent once it is gone."""
+    while True:
+        if not _running(agent):
+            charge.carry_out(mark)
+            return
+        if _another_guardian(mark):
+            return
+        if charge.lease is not None and time.monotonic() >= charge.lease + LEASE_SLACK:
+            charge.fence(mark)
+        time.sleep(TWIN_LOOKS_EVERY)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            return fp.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _another_guardian(mark: str) -> bool:
+    """Whether a guardian of ``mark`` other than this process runs (or its twin)."""
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fp:
+                args = fp.read().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if args[-2:-1] and args[-2].endswith(b"guardian_process.py") and args[-1] == mark.encode():
+            return True
+    return False
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python guardian_process.py MARK\n")
@@ -221,58 +382,15 @@ def main(argv: list[str]) -> int:
     # process of the job, Slurm's SIGUSR1 warning included, is the agent's to act on)
     for sig in GUARDIAN_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
-    groups: set[int] = set()
-    private_dirs: set[str] = set()
-    secret_files: dict[str, str] = {}
-    lease: float | None = None
-    will: bytes | None = None
-    fd = sys.stdin.fileno()
-    pending = b""
-    while True:
-        timeout = None if lease is None else max(0.0, lease + LEASE_SLACK - time.monotonic())
-        readable, _, _ = select.select([fd], [], [], timeout)
-        if not readable:  # the lease ran out and the agent did not stop its workers
-            kill_all(groups, mark)
-            groups.clear()
-            lease = None
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.strip()
-            if line[:1] in (b"+", b"-") and line[1:].isdigit():
-                pgid = int(line[1:])
-                if line[:1] == b"+":
-                    groups.add(pgid)
-                else:
-                    groups.discard(pgid)
-            elif line[:1] == b"R" and len(line) > 1:
-                private_dirs.add(os.fsdecode(line[1:]))
-            elif line[:1] == b"F" and line[65:66] == b" " and len(line) > 66:
-                secret_files[os.fsdecode(line[66:])] = line[1:65].decode(errors="replace")
-            elif line[:1] == b"f" and len(line) > 1:
-                secret_files.pop(os.fsdecode(line[1:]), None)
-            elif line == b"W-":
-                will = None
-            elif line[:1] == b"W" and len(line) > 1:
-                will = line[1:]
-            elif line == b"L-":
-                lease = None
-            elif line[:1] == b"L":
-                with contextlib.suppress(ValueError):
-                    lease = float(line[1:])
-    kill_all(groups, mark)
-    for path in private_dirs:
-        remove_private_dir(path)
-    for path, digest in secret_files.items():
-        remove_secret_file(path, digest)
-    if will is not None:  # fencing: the ranks are given away only once the workers are dead
-        if wait_dead(groups, mark, DEAD_WAIT):
-            run_will(will)
-        else:
-            sys.stderr.write("agentd guardian: workers still alive; membership not released\n")
+    charge = Charge()
+    twin = start_twin(mark, charge)
+    told = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None)
+    charge.carry_out(mark)
+    if told is not None and _tell(told, b"Q\n") is not None:  # the twin has nothing to do
+        os.close(told)
+    if twin is not None:  # gone with the guardian: a stop leaves no process behind
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(twin[1], 0)
     return 0
 
 

@@ -150,17 +150,21 @@ def test_seeds_with_a_guardians_death_break_no_invariant():
     assert {seed: v for seed, v in found.items() if v} == {}
 
 
-def test_a_guardian_dead_as_its_agent_freezes_leaves_the_workers_unfenced():
-    """A known gap (docs/protocol.md): S1 rests on the guardian while its agent is frozen.
-    The agent starts a new guardian within GUARDIAN_START of the old one's death, if it
-    runs; frozen in that window (or before the death), nothing fences its workers past its
-    lease, and the others re-form over its ranks (seeds 1941, 4736, 6185 and 8717 of
-    ``--kinds ...,kill_guardian`` are this). Frozen a moment later, the new guardian fences
-    them."""
+def test_a_guardian_dead_as_its_agent_freezes_leaves_its_twin_to_fence_the_workers():
+    """Seeds 1941, 3255, 4736, 6185 and 8717 of ``--kinds ...,kill_guardian``, shrunk: the
+    guardian dies as its agent freezes, so the agent starts no new one. Its twin stands
+    in and kills the workers at the lease's end, before the others re-form over their
+    ranks (before the twin, nothing did: S1). A twin that dies too, standing in, leaves
+    the gap again (three faults: the guardian, its twin, a freeze)."""
     same_time = (Fault(5.0, "kill_guardian", 0), Fault(5.0, "stop", 0, 25.0))
     outcome = simulate(Schedule(1, 3, 2, 3, same_time))
+    assert outcome.violations == [], outcome.notes
+    assert any("guardian 0's twin stands in" in n for n in outcome.notes), outcome.notes
+    assert any("guardian 0 kills the workers at the lease's end" in n for n in outcome.notes)
+    both = (*same_time, Fault(5.0, "kill_guardian", 0))
+    outcome = simulate(Schedule(1, 3, 2, 3, both))
     assert [v.split(" ")[0] for v in outcome.violations] == ["S1"], outcome.notes
-    later = 5.0 + GUARDIAN_START + 0.05
+    later = 5.0 + GUARDIAN_START + 0.05  # frozen once the agent started a new guardian
     replaced = (Fault(5.0, "kill_guardian", 0), Fault(later, "stop", 0, 25.0))
     outcome = simulate(Schedule(1, 3, 2, 3, replaced))
     assert outcome.violations == [], outcome.notes

@@ -20,9 +20,12 @@ clock). What is modelled, and how:
 - **the guardian** (:class:`SimAgent`): a process of its own; when its agent dies it kills
   the workers and carries out the will; while its agent lives, it kills the workers
   ``LEASE_SLACK`` after the last lease it was told ends.
-- **a guardian's death** (``kill_guardian``, drawn only when asked for): the agent, while
-  it runs, starts another :data:`GUARDIAN_START` later, which learns the lease and the
-  will again; until then nothing fences the workers or carries out a will;
+- **a guardian's death** (``kill_guardian``, drawn only when asked for): its twin
+  (:func:`~agentd.hygiene.guardian_process.start_twin`) stands in at once, fencing the
+  lease and carrying out the will, until the agent, while it runs, starts another
+  :data:`GUARDIAN_START` later, which learns the lease and the will again; a twin
+  standing in that dies too leaves nothing to fence the workers or carry out a will
+  until then;
 - **SIGSTOP** pauses everything the agent runs (:class:`~tests.sim.clock.Owner`), not its
   guardian or workers; **SIGKILL** stops it for good; a **lost host** takes agent,
   guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
@@ -486,16 +489,25 @@ class SimAgent:
             self.world.note(f"guardian {self.index}: {said}")
 
     def kill_guardian(self) -> None:
-        """The guardian dies; the agent starts another (once it runs again, if paused)."""
+        """The guardian dies, and its twin stands in (unless the twin is the one that
+        died); the agent starts another (once it runs again, if paused)."""
         self.guardian.dead = True
+        if self.guardian.name.startswith("guardian"):
+            self.world.note(f"guardian {self.index}'s twin stands in")
+            self._guard(f"twin{self.index}")
         spawn(self.owner, self._replace_guardian(), f"replace guardian{self.index}")
 
     async def _replace_guardian(self) -> None:
         await asyncio.sleep(GUARDIAN_START)
-        self.guardian = Owner(f"guardian{self.index}")
-        self.lease_moved = asyncio.Event()  # the dead one's fence waits on the old one
+        if self.guardian.name.startswith("twin"):
+            self.guardian.dead = True  # standing in, it stands aside
         self.world.note(f"agent {self.index} starts a new guardian")
-        spawn(self.guardian, self._fence(), f"guardian{self.index}")
+        self._guard(f"guardian{self.index}")
+
+    def _guard(self, name: str) -> None:
+        self.guardian = Owner(name)
+        self.lease_moved = asyncio.Event()  # the dead one's fence waits on the old one
+        spawn(self.guardian, self._fence(), name)
 
     def lose_host(self) -> None:
         self.owner.dead = self.guardian.dead = True

@@ -1,0 +1,130 @@
+"""The guardian's twin: a guardian killed while its agent is frozen leaves the workers
+fenced all the same. Before, nothing fenced them until the agent ran again (it starts a
+new guardian only then), so they outlived the lease on their ranks beside the round the
+others formed over them (``bench/simulate.py --kinds ...,kill_guardian``, seeds 1941,
+3255, 4736, 6185 and 8717: S1).
+
+An agent here is a small program that starts the guardian program as agentd does, with
+one worker group and a lease, then sleeps; the tests freeze it (SIGSTOP) and kill its
+guardian (SIGKILL) as the simulation does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+from agentd.hygiene.guardian_process import LEASE_SLACK
+from tests.conftest import pid_alive, wait_until
+
+LEASE = 2.0
+
+AGENT = """
+import subprocess, sys, time
+from agentd.hygiene import guardian_process
+lease = float(sys.argv[1])
+worker = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+)
+guardian = subprocess.Popen(
+    [sys.executable, "-I", "-S", guardian_process.__file__, "twin-test-" + sys.argv[2]],
+    stdin=subprocess.PIPE,
+    start_new_session=True,
+)
+guardian.stdin.write(f"+{worker.pid}\\nL{time.monotonic() + lease:.6f}\\n".encode())
+guardian.stdin.flush()
+print(worker.pid, guardian.pid, flush=True)
+for line in sys.stdin:  # a new lease ends ('renew'); a new guardian, told it all ('replace')
+    if line.strip() == "renew":
+        guardian.stdin.write(f"L{time.monotonic() + lease:.6f}\\n".encode())
+        guardian.stdin.flush()
+    elif line.strip() == "replace":
+        guardian = subprocess.Popen(
+            [sys.executable, "-I", "-S", guardian_process.__file__, "twin-test-" + sys.argv[2]],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
+        guardian.stdin.write(f"+{worker.pid}\\nL{time.monotonic() + lease:.6f}\\n".encode())
+        guardian.stdin.flush()
+        print(guardian.pid, flush=True)
+"""
+
+
+@dataclass
+class Agent:
+    proc: subprocess.Popen[str]
+    worker: int
+    guardian: int
+    twin: int
+
+    def say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    argv = [sys.executable, "-c", AGENT, str(LEASE), str(os.getpid())]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    worker, guardian = map(int, proc.stdout.readline().split())
+    twins = wait_until(lambda: psutil.Process(guardian).children(), what="the guardian's twin")
+    made = Agent(proc, worker, guardian, twins[0].pid)  # type: ignore[index]
+    try:
+        yield made
+    finally:
+        for pid in (made.worker, made.guardian, made.twin):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()  # type: ignore[union-attr]
+
+
+def test_a_guardian_killed_while_its_agent_is_frozen_leaves_its_twin_to_fence(agent):
+    """The twin kills the workers at the lease's end, though the agent never runs again;
+    once the agent is gone it acts for it, and exits."""
+    agent.proc.send_signal(signal.SIGSTOP)
+    os.kill(agent.guardian, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: not pid_alive(agent.worker), timeout=LEASE + 30, what="the fence")
+    assert time.monotonic() - killed <= LEASE + LEASE_SLACK + 10
+    assert pid_alive(agent.twin)  # guarding still: the agent lives
+    agent.proc.kill()  # a stopped process dies of SIGKILL
+    agent.proc.wait()
+    wait_until(lambda: not pid_alive(agent.twin), what="the twin to act for the dead agent")
+
+
+def test_a_twin_leaves_the_workers_to_the_guardian_the_agent_starts_again(agent):
+    """An agent that runs replaces a dead guardian at once, and renews its lease with the
+    new one: the twin stands aside, and fences nothing at the old lease's end."""
+    os.kill(agent.guardian, signal.SIGKILL)
+    agent.say("replace")
+    wait_until(lambda: not pid_alive(agent.twin), what="the twin to stand aside")
+    ends = time.monotonic() + LEASE + LEASE_SLACK + 1.0
+    while time.monotonic() < ends:  # past the lease the twin knew
+        agent.say("renew")
+        time.sleep(0.2)
+    assert pid_alive(agent.worker)
+
+
+def test_a_guardian_that_ends_takes_its_twin_with_it(agent):
+    """The agent stops: the guardian's input ends, and its twin is gone before it is."""
+    assert agent.proc.stdin is not None
+    agent.proc.kill()  # its end of the guardian's pipe closes
+    agent.proc.wait()
+    wait_until(lambda: not pid_alive(agent.guardian), what="the guardian to end")
+    assert not pid_alive(agent.twin)
+    assert not pid_alive(agent.worker)  # killed, the agent gone
