@@ -153,8 +153,9 @@ def measure_idle(
 ) -> tuple[float, float, float, float]:
     """(peak RSS MiB of the agent, of its helper processes, CPU seconds, wake-ups per
     second) while its workers sleep. The helpers are the guardian and the zygote, where
-    the agent keeps one, and the zygote's spares, counted by their own pages (USS: the
-    rest is the zygote's, shared); CPU and wake-ups count the agent and its helpers."""
+    the agent keeps one, the zygote's spares and the guardian's twin, each of these two
+    counted by its own pages (USS: the rest is its parent's, shared); CPU and wake-ups
+    count the agent and its helpers."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = start(cmd, out, "sleep", str(seconds + 5), restarts=restarts)
@@ -162,18 +163,21 @@ def measure_idle(
         time.sleep(1.0)  # settle after the start (the zygote and its spares are up)
         agent = psutil.Process(proc.pid)
         found = zygotes(agent)
-        forked_ahead = [spare for zygote in found for spare in spares(zygote)]
-        watched = [agent, *guardians(agent), *found, *forked_ahead]
+        guarding = guardians(agent)
+        twins = [p for p in guarding if p.ppid() in {q.pid for q in guarding}]
+        own_pages_only = [spare for zygote in found for spare in spares(zygote)] + twins
+        primaries = [p for p in guarding if p not in twins]
+        watched = [agent, *primaries, *found, *own_pages_only]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in watched)
         sw0 = sum(task_stats(p)[0] for p in watched)
         time.sleep(seconds)
         cpu1 = sum(sum(p.cpu_times()[:2]) for p in watched)
-        own = sum(p.memory_full_info().uss for p in forked_ahead)
+        own = sum(p.memory_full_info().uss for p in own_pages_only)
         stats = [task_stats(p) for p in watched]
         proc.terminate()
         finish(proc)
         sw1 = sum(switches for switches, _ in stats)
-        helpers = sum(hwm for _, hwm in stats[1 : len(stats) - len(forked_ahead)]) + own
+        helpers = sum(hwm for _, hwm in stats[1 : len(stats) - len(own_pages_only)]) + own
         return stats[0][1] / 2**20, helpers / 2**20, cpu1 - cpu0, (sw1 - sw0) / seconds
 
 
