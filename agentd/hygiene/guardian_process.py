@@ -270,13 +270,14 @@ class Charge:
                 sys.stderr.write("agentd guardian: workers still alive; membership not released\n")
 
 
-def guard(fd: int, mark: str, charge: Charge, twin: int | None) -> int | None:
-    """Read the agent's lines from ``fd`` into ``charge`` until its end, fencing the lease
-    meanwhile, and pass each on through the pipe ``twin`` (None: this is the twin, which
-    reads them from the guardian and leaves the fence to it). The pipe, while open."""
+def guard(fd: int, mark: str, charge: Charge, twin: int | None, fences: bool) -> int | None:
+    """Read the agent's lines from ``fd`` into ``charge`` until its end, and pass each on
+    through the pipe ``twin`` (None: none, or it is gone); ``fences``: fence the lease
+    meanwhile (the guardian; its twin leaves that to it while it lives). The pipe to the
+    twin, while open."""
     pending = b""
     while True:
-        lease = charge.lease if twin is not None else None
+        lease = charge.lease if fences else None
         timeout = None if lease is None else max(0.0, lease + LEASE_SLACK - time.monotonic())
         readable, _, _ = select.select([fd], [], [], timeout)
         if not readable:  # the lease ran out and the agent did not stop its workers
@@ -293,7 +294,8 @@ def guard(fd: int, mark: str, charge: Charge, twin: int | None) -> int | None:
 
 
 def _tell(twin: int, chunk: bytes) -> int | None:
-    """Pass ``chunk`` on to the twin; None once it is gone (killed: nothing to tell)."""
+    """Pass ``chunk`` (at most 4096 bytes: one atomic write) on to the twin; None once it
+    is gone, or does not read (stopped): the guardian never waits on its twin."""
     try:
         os.write(twin, chunk)
     except OSError:
@@ -317,11 +319,17 @@ def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
     agent = os.getppid()
     try:
         read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
         pid = os.fork()
     except OSError:
+        os.close(read_end)
+        os.close(write_end)
         return None
     if pid:
         os.close(read_end)
+        os.set_blocking(write_end, False)
         return write_end, pid
     os.close(write_end)
     null = os.open(os.devnull, os.O_RDONLY)  # the agent's pipe is the guardian's alone
@@ -329,7 +337,7 @@ def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
     os.close(null)
     code = 0
     try:
-        guard(read_end, mark, charge, None)
+        guard(read_end, mark, charge, None, fences=False)
         if not charge.done:
             stand_in(mark, charge, agent)
     except BaseException:  # the twin never returns into the guardian's code
@@ -338,14 +346,14 @@ def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
 
 
 def stand_in(mark: str, charge: Charge, agent: int) -> None:
-    """The guardian died before the agent: fence the lease until another guardian of
-    ``mark`` runs (the agent started it, and tells it everything again), or act for the
-    agent once it is gone."""
+    """The guardian died before the agent (or let this twin go): fence the lease until
+    another guardian of ``mark`` runs (the agent started it, and tells it everything
+    again), or act for the agent once it is gone."""
     while True:
+        if _another_guardian(mark):  # in charge: a new one, or ours if it let us go
+            return
         if not _running(agent):
             charge.carry_out(mark)
-            return
-        if _another_guardian(mark):
             return
         if charge.lease is not None and time.monotonic() >= charge.lease + LEASE_SLACK:
             charge.fence(mark)
@@ -384,7 +392,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     charge = Charge()
     twin = start_twin(mark, charge)
-    told = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None)
+    told = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None, fences=True)
     charge.carry_out(mark)
     if told is not None and _tell(told, b"Q\n") is not None:  # the twin has nothing to do
         os.close(told)

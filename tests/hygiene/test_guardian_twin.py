@@ -39,9 +39,10 @@ guardian = subprocess.Popen(
     stdin=subprocess.PIPE,
     start_new_session=True,
 )
-guardian.stdin.write(f"+{worker.pid}\\nL{time.monotonic() + lease:.6f}\\n".encode())
+told = f"+{worker.pid}\\nL{time.monotonic() + lease:.6f}\\n".encode()
+guardian.stdin.write(told)
 guardian.stdin.flush()
-print(worker.pid, guardian.pid, flush=True)
+print(worker.pid, guardian.pid, len(told), flush=True)
 for line in sys.stdin:  # a new lease ends ('renew'); a new guardian, told it all ('replace')
     if line.strip() == "renew":
         guardian.stdin.write(f"L{time.monotonic() + lease:.6f}\\n".encode())
@@ -56,6 +57,12 @@ for line in sys.stdin:  # a new lease ends ('renew'); a new guardian, told it al
         guardian.stdin.flush()
         print(guardian.pid, flush=True)
 """
+
+
+def bytes_read(pid: int) -> int:
+    """What ``pid`` has read since it started (a fork starts at 0): the twin's, its pipe."""
+    with open(f"/proc/{pid}/io") as fp:
+        return int(next(line for line in fp if line.startswith("rchar:")).split()[1])
 
 
 @dataclass
@@ -77,9 +84,10 @@ def agent() -> Iterator[Agent]:
     argv = [sys.executable, "-c", AGENT, str(LEASE), str(os.getpid())]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
-    worker, guardian = map(int, proc.stdout.readline().split())
+    worker, guardian, told = map(int, proc.stdout.readline().split())
     twins = wait_until(lambda: psutil.Process(guardian).children(), what="the guardian's twin")
     made = Agent(proc, worker, guardian, twins[0].pid)  # type: ignore[index]
+    wait_until(lambda: bytes_read(made.twin) >= told, what="the twin to learn the charge")
     try:
         yield made
     finally:
@@ -128,3 +136,14 @@ def test_a_guardian_that_ends_takes_its_twin_with_it(agent):
     wait_until(lambda: not pid_alive(agent.guardian), what="the guardian to end")
     assert not pid_alive(agent.twin)
     assert not pid_alive(agent.worker)  # killed, the agent gone
+
+
+def test_a_guardian_whose_twin_died_guards_on(agent):
+    """The twin is a spare: its death costs the guardian nothing (the next line the
+    agent sends is told to nobody), and the guardian fences the frozen agent's workers."""
+    os.kill(agent.twin, signal.SIGKILL)
+    agent.say("renew")  # a line for the guardian to pass on: the twin's pipe is broken
+    wait_until(lambda: not pid_alive(agent.twin), what="the twin to die")
+    agent.proc.send_signal(signal.SIGSTOP)
+    wait_until(lambda: not pid_alive(agent.worker), timeout=LEASE + 30, what="the fence")
+    assert pid_alive(agent.guardian)
