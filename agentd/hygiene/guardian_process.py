@@ -30,6 +30,12 @@ clock for every process), ``L-`` takes it back. A lease not renewed by its end (
 starved): the guardian kills them as above and goes on guarding, so no worker outlives
 the lease on its ranks.
 
+The guardian forks a **twin** as it starts and passes it every chunk it reads, then
+``Q`` once it has acted for a gone agent. The twin does nothing while the guardian lives.
+Should the guardian die first (a frozen agent starts no other: its workers would outlive
+the lease unfenced), the twin stands in (:func:`stand_in`) until another guardian of
+``MARK`` runs, and acts for the agent if it is gone too.
+
 :func:`marked_processes` and :func:`kill_marked` are also the agent's (see orphans.py).
 """
 
@@ -135,14 +141,22 @@ def _pids() -> list[int]:
 
 def _alive(pid: int, groups: set[int], mark: str) -> bool:
     """Whether ``pid`` runs (not a zombie) in one of ``groups`` or with ``mark``."""
+    fields = _stat(pid)
+    return _running(fields) and (int(fields[2]) in groups or read_mark(pid) == mark)
+
+
+def _stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command's name ([]: gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fp:
-            fields = fp.read().rsplit(b")", 1)[1].split()
+            return fp.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    if fields[0] in (b"Z", b"X"):
-        return False
-    return int(fields[2]) in groups or read_mark(pid) == mark
+        return []
+
+
+def _running(fields: list[bytes]) -> bool:
+    """The process of these :func:`_stat` fields runs (neither gone nor a zombie)."""
+    return fields[:1] not in ([], [b"Z"], [b"X"])
 
 
 def run_will(will: bytes) -> None:
@@ -213,8 +227,7 @@ GUARDIAN_IGNORES = (
 
 
 class Charge:
-    """What the agent has put in the guardian's care: its lines, read (see the module
-    docstring)."""
+    """What the agent has put in the guardian's care: its lines, read (see above)."""
 
     def __init__(self) -> None:
         self.groups: set[int] = set()
@@ -222,8 +235,7 @@ class Charge:
         self.secret_files: dict[str, str] = {}
         self.lease: float | None = None
         self.will: bytes | None = None
-        self.done = False
-        """The twin's: the guardian acted for the agent gone (``Q``), leaving it nothing."""
+        self.done = False  # the twin's: Q came (the guardian acted for a gone agent)
 
     def read(self, line: bytes) -> None:
         if line[:1] in (b"+", b"-") and line[1:].isdigit():
@@ -271,10 +283,9 @@ class Charge:
 
 
 def guard(fd: int, mark: str, charge: Charge, twin: int | None, fences: bool) -> int | None:
-    """Read the agent's lines from ``fd`` into ``charge`` until its end, and pass each on
-    through the pipe ``twin`` (None: none, or it is gone); ``fences``: fence the lease
-    meanwhile (the guardian; its twin leaves that to it while it lives). The pipe to the
-    twin, while open."""
+    """Read the agent's lines from ``fd`` into ``charge`` until its end, passing each on to
+    the pipe ``twin`` (None: none, or gone, which it returns); ``fences``: fence the lease
+    (the guardian does; its twin leaves that to it while it lives)."""
     pending = b""
     while True:
         lease = charge.lease if fences else None
@@ -294,8 +305,8 @@ def guard(fd: int, mark: str, charge: Charge, twin: int | None, fences: bool) ->
 
 
 def _tell(twin: int, chunk: bytes) -> int | None:
-    """Pass ``chunk`` (at most 4096 bytes: one atomic write) on to the twin; None once it
-    is gone, or does not read (stopped): the guardian never waits on its twin."""
+    """Pass ``chunk`` (≤ 4096 bytes: one atomic write) to the twin; None once it is gone,
+    or does not read (stopped): the guardian never waits on its twin."""
     try:
         os.write(twin, chunk)
     except OSError:
@@ -305,17 +316,12 @@ def _tell(twin: int, chunk: bytes) -> int | None:
 
 
 TWIN_LOOKS_EVERY = 0.25
-"""How often a twin whose guardian died looks for the agent, the guardian that replaced
-it, and the lease's end."""
+"""How often a twin standing in looks for a guardian, the agent, and the lease's end."""
 
 
 def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
-    """Fork the guardian's twin, which reads every line the guardian reads and, should the
-    guardian die before the agent, fences the workers in its stead until the agent has a
-    new guardian (a frozen agent starts none: a guardian dead then left the workers
-    unfenced past the lease, beside the round the others formed over their ranks), or
-    acts for the agent if it is gone too. The pipe to the twin and its pid (None: none
-    started)."""
+    """Fork the guardian's twin (see the module docstring): the pipe to it and its pid
+    (None: none started)."""
     agent = os.getppid()
     try:
         read_end, write_end = os.pipe()
@@ -332,40 +338,28 @@ def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
         os.set_blocking(write_end, False)
         return write_end, pid
     os.close(write_end)
-    null = os.open(os.devnull, os.O_RDONLY)  # the agent's pipe is the guardian's alone
-    os.dup2(null, 0)
-    os.close(null)
-    code = 0
+    os.close(0)  # the agent's pipe is the guardian's alone: 0 is /dev/null's now
+    os.open(os.devnull, os.O_RDONLY)
     try:
         guard(read_end, mark, charge, None, fences=False)
         if not charge.done:
             stand_in(mark, charge, agent)
-    except BaseException:  # the twin never returns into the guardian's code
-        code = 1
-    os._exit(code)
+    finally:
+        os._exit(0)  # the twin never returns into the guardian's code
 
 
 def stand_in(mark: str, charge: Charge, agent: int) -> None:
-    """The guardian died before the agent (or let this twin go): fence the lease until
-    another guardian of ``mark`` runs (the agent started it, and tells it everything
-    again), or act for the agent once it is gone."""
+    """The guardian died first (or let this twin go): fence the lease until another
+    guardian of ``mark`` runs (the agent's new one), or act for the agent once it is gone."""
     while True:
         if _another_guardian(mark):  # in charge: a new one, or ours if it let us go
             return
-        if not _running(agent):
+        if not _running(_stat(agent)):
             charge.carry_out(mark)
             return
         if charge.lease is not None and time.monotonic() >= charge.lease + LEASE_SLACK:
             charge.fence(mark)
         time.sleep(TWIN_LOOKS_EVERY)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            return fp.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _another_guardian(mark: str) -> bool:
