@@ -190,6 +190,8 @@ class Prober:
             for ask in asks.values():
                 if not ask.done():
                     await cancel_and_wait(ask)
+                elif not ask.cancelled():
+                    ask.exception()  # read: one raised above, once; the others with it
 
     async def ask(self, index: int, op: str, body: dict[str, Any], term: int) -> RoleReport:
         """``role`` or ``promote`` at candidate ``index``, answered within the timeout; a
