@@ -53,14 +53,19 @@ from collections.abc import Callable, Collection, Iterator
 OWNER_ENV = "AGENTD_OWNER"
 
 
+def _proc(pid: int, name: str) -> bytes:
+    """The content of ``/proc/PID/NAME`` (empty: unreadable, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fp:
+            return fp.read()
+    except OSError:
+        return b""
+
+
 def read_mark(pid: int) -> str | None:
     """The ``AGENTD_OWNER`` value in the environment ``pid`` started with, if readable."""
     needle = OWNER_ENV.encode() + b"="
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fp:
-            environ = fp.read()
-    except OSError:
-        return None
+    environ = _proc(pid, "environ")
     if environ.startswith(needle):
         start = 0
     else:
@@ -147,11 +152,7 @@ def _alive(pid: int, groups: set[int], mark: str) -> bool:
 
 def _stat(pid: int) -> list[bytes]:
     """The fields of ``/proc/PID/stat`` after the command's name ([]: gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            return fp.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
+    return _proc(pid, "stat").rsplit(b")", 1)[-1].split()
 
 
 def _running(fields: list[bytes]) -> bool:
@@ -365,11 +366,7 @@ def stand_in(mark: str, charge: Charge, agent: int) -> None:
 def _another_guardian(mark: str) -> bool:
     """Whether a guardian of ``mark`` other than this process runs (or its twin)."""
     for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fp:
-                args = fp.read().split(b"\0")[:-1]
-        except OSError:
-            continue
+        args = _proc(pid, "cmdline").split(b"\0")[:-1]
         if args[-2:-1] and args[-2].endswith(b"guardian_process.py") and args[-1] == mark.encode():
             return True
     return False
@@ -386,13 +383,15 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     charge = Charge()
     twin = start_twin(mark, charge)
-    told = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None, fences=True)
+    pipe = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None, fences=True)
     charge.carry_out(mark)
-    if told is not None and _tell(told, b"Q\n") is not None:  # the twin has nothing to do
-        os.close(told)
-    if twin is not None:  # gone with the guardian: a stop leaves no process behind
+    said = False
+    if pipe is not None and _tell(pipe, b"Q\n") is not None:  # the twin has nothing to do
+        os.close(pipe)
+        said = True
+    if twin is not None:  # gone with the guardian (unless it let go a twin that stood still)
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(twin[1], 0)
+            os.waitpid(twin[1], 0 if said else os.WNOHANG)
     return 0
 
 
