@@ -249,6 +249,9 @@ def run_agentd(
             argv = [*prefix, sys.executable, "-m", "agentd", command]
         if log_dir and command == "run":
             argv += ["--log-dir", str(logs)]
+        elif command == "run" and "TMPDIR" not in (env or {}):  # its default log folder too
+            full_env["TMPDIR"] = str(tmp_path / "tmp")
+            (tmp_path / "tmp").mkdir(exist_ok=True)
         stdout_path, stderr_path = out_dir / "agent.stdout", out_dir / "agent.stderr"
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
