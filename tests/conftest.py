@@ -155,6 +155,19 @@ def private_runtime_dir(
     return run
 
 
+@pytest.fixture(autouse=True)
+def private_temp_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """``TMPDIR`` is this test's own directory, for the test and every process it starts:
+    what agents make there by default (log folders, timer pipes) goes with pytest's
+    temporary directories instead of piling up in /tmp."""
+    temp = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
+    return temp
+
+
 UNTRUSTED = "dropped (untrusted"
 """What an agent logs when a timer request or heartbeat comes from a pid it does not
 trust: from its own workers, in either start mode, never."""
@@ -249,9 +262,6 @@ def run_agentd(
             argv = [*prefix, sys.executable, "-m", "agentd", command]
         if log_dir and command == "run":
             argv += ["--log-dir", str(logs)]
-        elif command == "run" and "TMPDIR" not in (env or {}):  # its default log folder too
-            full_env["TMPDIR"] = str(tmp_path / "tmp")
-            (tmp_path / "tmp").mkdir(exist_ok=True)
         stdout_path, stderr_path = out_dir / "agent.stdout", out_dir / "agent.stderr"
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             proc = subprocess.Popen(

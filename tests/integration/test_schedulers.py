@@ -117,7 +117,6 @@ def test_the_batch_script_runs_one_world_under_a_simulated_slurm(tmp_path):
         SLURM_NNODES="3",
         SLURM_JOB_NODELIST="127.0.0.[1-3]",
         FAKE_SRUN_OUT=str(logs),
-        TMPDIR=str(tmp_path),  # the agents' default log folders
         PATH=os.pathsep.join((str(bin_dir), str(Path(sys.executable).parent), env["PATH"])),
     )
     script = REPO / "deploy" / "slurm" / "train.sbatch"

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,23 +38,21 @@ def run_script(
 ) -> dict:
     """Run ``scripts/<name>`` with ``ELASTIC`` naming the implementation's prefix; returns
     the JSON object its last stdout line holds."""
-    with tempfile.TemporaryDirectory(prefix="agentd-test-") as temp:  # its default log dirs
-        env = {
-            **os.environ,
-            "ELASTIC": PREFIXES[impl],
-            "LAUNCHER": LAUNCHERS[impl],
-            "PYTHONWARNINGS": "ignore",
-            "TMPDIR": temp,
-            **(extra_env or {}),
-        }
-        proc = subprocess.run(
-            [sys.executable, str(SCRIPTS / name), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+    env = {
+        **os.environ,
+        "ELASTIC": PREFIXES[impl],
+        "LAUNCHER": LAUNCHERS[impl],
+        "PYTHONWARNINGS": "ignore",
+        **(extra_env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines, (
         proc.returncode,

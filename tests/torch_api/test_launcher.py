@@ -26,7 +26,6 @@ def test_a_failed_launch_raises_child_failed_error_and_record_passes_the_root_ca
         "LAUNCHER": LAUNCHERS[impl],
         "PYTHONWARNINGS": "ignore",
         "TORCHELASTIC_ERROR_FILE": str(error_file),
-        "TMPDIR": str(tmp_path),  # its default log dirs
     }
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "launch.py"), "fail", str(free_port())],
