@@ -3,7 +3,7 @@
     python bench/bench_failover.py [--runs 3]
         [--launchers agentd,agentd-candidates,agentd-no-standby,torchrun]
     python bench/bench_failover.py --defaults --after 0,1,3,6 [--runs 3] [--record]
-    python bench/bench_failover.py --lost-earlier [--runs 3] [--record]
+    python bench/bench_failover.py --lost-earlier [--given] [--runs 3] [--record]
 
 Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3``
 job (one worker each, ``member_worker.py``: it records its start and world size, then
@@ -31,7 +31,9 @@ node on a loopback address of its own, whose fourth node is frozen first (SIGSTO
 candidate takes connections and never answers, as on a lost host); once the other three
 run at world 3, and a second more, the store's host is SIGKILLed: the figure is the time
 to both survivors at world 2. A search that waited out the silent candidate's 2 s probe
-timeout would add those 2 s (docs/protocol.md, the silent candidates named).
+timeout would add those 2 s (docs/protocol.md, the silent candidates named). With
+``--given``, the four are given as a list (``--rdzv-endpoint 127.0.0.1:P,...,127.0.0.4:P``)
+instead of the one endpoint that grows into one.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def command(launcher: str, port: int, conf: str = CONF) -> list[str]:
+def command(launcher: str, port: int, conf: str = CONF, given: int = 2) -> list[str]:
+    """The launcher's command line; ``given``: how many candidates ``agentd-candidates``
+    lists (127.0.0.1, .2, ...)."""
     if launcher == "torchrun":
         return [
             sys.executable,
@@ -79,7 +83,7 @@ def command(launcher: str, port: int, conf: str = CONF) -> list[str]:
         ]
     endpoint = f"127.0.0.1:{port}"
     if launcher == "agentd-candidates":
-        endpoint += f",127.0.0.2:{port}"
+        endpoint = ",".join(f"127.0.0.{i + 1}:{port}" for i in range(given))
     if launcher == "agentd-no-standby":
         conf += ",standby=0"
     return [
@@ -123,7 +127,7 @@ def run_once(
             "OMP_NUM_THREADS": "1",
         }
         argv = [
-            *command(launcher, port, conf),
+            *command(launcher, port, conf, 4 if frozen else 2),
             "--nnodes",
             "2:4" if frozen else "2:3",
             "--rdzv-id",
@@ -208,6 +212,9 @@ def main() -> None:
         action="store_true",
         help="agentd alone, four nodes, one frozen before the store's host is killed",
     )
+    parser.add_argument(
+        "--given", action="store_true", help="with --lost-earlier: the four given as a list"
+    )
     parser.add_argument("--record", action="store_true", help="write docs/figures.json")
     args = parser.parse_args()
     if args.defaults:
@@ -275,12 +282,14 @@ def after_round(args: argparse.Namespace) -> None:
 
 def lost_earlier(args: argparse.Namespace) -> None:
     """The store's host killed after another node was lost (frozen: its candidate silent)."""
+    launcher = "agentd-candidates" if args.given else "agentd"
     print(
         "store host SIGKILLed in a 4-node --nnodes 2:4 job after a fourth node froze and the "
-        f"others went on at world 3 -> both survivors at world 2 ({args.runs} runs, "
+        f"others went on at world 3 -> both survivors at world 2 ({launcher}: "
+        f"{'a given list' if args.given else 'one endpoint'}; {args.runs} runs, "
         f"{os.cpu_count()} CPUs)"
     )
-    results = [run_once("agentd", args.timeout, hosts=True, frozen=True) for _ in range(args.runs)]
+    results = [run_once(launcher, args.timeout, hosts=True, frozen=True) for _ in range(args.runs)]
     ok = [took for took, _ in results if took is not None]
     line = f"  went on {len(ok)}/{args.runs}"
     if ok:
@@ -289,12 +298,15 @@ def lost_earlier(args: argparse.Namespace) -> None:
     if args.record and len(ok) == args.runs:
         from figures import record
 
+        given = " --given" if args.given else ""
         record(
-            "store_host_lost_after_a_lost_host",
+            f"store_host_lost_after_a_lost_host{given.replace(' --', '_')}",
             f"{statistics.median(ok):.2f} s",
-            f".venv/bin/python bench/bench_failover.py --lost-earlier --runs {args.runs} --record",
+            f".venv/bin/python bench/bench_failover.py --lost-earlier{given} --runs {args.runs} "
+            "--record",
             f"the median of {args.runs} runs: a fourth node frozen, the others at world 3, "
-            "then the store's host SIGKILLed -> both survivors at world 2 (TTL 3 s)",
+            "then the store's host SIGKILLed -> both survivors at world 2 (TTL 3 s; "
+            f"{'a given list of the four' if args.given else 'one endpoint: a growing list'})",
         )
 
 

@@ -19,9 +19,10 @@ steps down, which it does on evidence of a successor:
   older than ``CUT_OFF`` waits for the next round, so no lease is renewed longer after
   the others' last sign (the fence of :func:`agentd.rendezvous.forgotten.lifetime` adds
   that much). A list of two never applies it (the other alone never promotes itself),
-  nor a given list (its candidates may be stores apart from the agents). The answers also
-  tell the clients which candidates are silent (:meth:`Candidacy.absent`). See
-  docs/protocol.md.
+  nor a given list (its candidates may be stores apart from the agents: one cut off from
+  them may still serve its clients). A serving candidate of any list of three or more
+  asks the others all the same: its answers tell the clients which are silent
+  (:meth:`Candidacy.absent`), and an answer may show a successor. See docs/protocol.md.
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
@@ -42,13 +43,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing
-from agentd.store.candidates import (
-    MAX_CANDIDATES,
-    CandidateMismatch,
-    Prober,
-    RoleReport,
-    grows,
-)
+from agentd.store.candidates import MAX_CANDIDATES, CandidateMismatch, Prober, RoleReport, grows
 from agentd.store.contact import ContactLog
 from agentd.support.aio import cancel_and_wait
 
@@ -63,7 +58,7 @@ LOOK_FOR = 300.0
 TELL_AGAIN = 30.0
 """How often a candidate that has heard the term is told again (it may have restarted)."""
 CONTACT_EVERY = 1.0
-"""How often a serving candidate of a growing list of three or more asks the others."""
+"""How often a serving candidate of a list of three or more asks the others."""
 STALL = 1.0
 """How much longer than its asks' timeout a round of asks must take to have stood still."""
 
@@ -123,10 +118,6 @@ class Candidacy:
         """Our place in the list (-1: a member not admitted yet)."""
         return self.endpoints.index(self.own) if self.own in self.endpoints else -1
 
-    @property
-    def endpoint(self) -> str:
-        return self.own
-
     def share_token(self, token: str) -> None:
         """The token of the server we belong to (one it made itself, on loopback)."""
         self._prober.token = token
@@ -136,15 +127,20 @@ class Candidacy:
         return self.role == "serving"
 
     @property
+    def asks_others(self) -> bool:
+        """Serving, we ask the others every :data:`CONTACT_EVERY`: three or more of us."""
+        return len(self.endpoints) >= 3
+
+    @property
     def watches_contact(self) -> bool:
         """The cut-off rule applies: a growing list of three or more."""
-        return self.growing and len(self.endpoints) >= 3
+        return self.growing and self.asks_others
 
     def document(self) -> dict[str, Any]:
-        doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.endpoint}
+        doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.own}
+        doc["absent"] = [self.endpoints[i] for i in self.absent()]
         if self.growing:
-            silent = [self.endpoints[i] for i in self.absent()]
-            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off, absent=silent)
+            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off)
         return doc
 
     def extend(self, endpoints: Sequence[str]) -> None:
@@ -163,7 +159,7 @@ class Candidacy:
         self.contact.admitted(endpoint)
         log.info(
             "Store %s: %s stands by as candidate %d",
-            self.endpoint,
+            self.own,
             endpoint,
             len(self.endpoints) - 1,
         )
@@ -176,7 +172,7 @@ class Candidacy:
         if given is None or given == self.fingerprint:
             return ""
         return (
-            f"the candidate at {self.endpoint} was started with the list "
+            f"the candidate at {self.own} was started with the list "
             f"{','.join(self.endpoints)!r}, another list (or order) than this client's: "
             "every agent and store must be given the same list, in the same order"
         )
@@ -202,7 +198,7 @@ class Candidacy:
             log.info(
                 "Store %s: not serving under term %d: no other candidate has answered "
                 "since this one was cut off",
-                self.endpoint,
+                self.own,
                 term,
             )
             return
@@ -217,7 +213,7 @@ class Candidacy:
         log.log(
             logging.INFO,
             "Store %s: now serving (candidate %d of %d, term %d)",
-            self.endpoint,
+            self.own,
             self.index,
             len(self.endpoints),
             term,
@@ -232,7 +228,7 @@ class Candidacy:
             return
         self._look_until = time.monotonic() + LOOK_FOR
         if self._looking is None or self._looking.done():
-            log.debug("Store %s: %s; looking for another candidate serving", self.endpoint, why)
+            log.debug("Store %s: %s; looking for another candidate serving", self.own, why)
             self._looking = asyncio.create_task(self._look_for_successor(), name="store-look")
 
     async def while_serving(self, call: Awaitable[T]) -> T:
@@ -265,7 +261,7 @@ class Candidacy:
     def absent(self) -> list[int]:
         """The indexes of the other candidates silent to our asks, while we serve and ask
         them (see :meth:`ContactLog.absent`): a client's search need not wait for them."""
-        if not (self.serving and self.watches_contact):
+        if not (self.serving and self.asks_others):
             return []
         return [self.endpoints.index(e) for e in self.contact.absent(self._others())]
 
@@ -273,7 +269,7 @@ class Candidacy:
         return [e for e in self.endpoints if e != self.own]
 
     def _keep_in_touch(self) -> None:
-        if self.growing and (self._touching is None or self._touching.done()):
+        if (self.growing or self.asks_others) and (self._touching is None or self._touching.done()):
             self._touching = asyncio.create_task(self._keep_contact(), name="store-contact")
 
     async def _keep_contact(self) -> None:
@@ -283,7 +279,7 @@ class Candidacy:
         try:
             while self.serving or self.cut_off:
                 began = time.monotonic()
-                if self.watches_contact:
+                if self.asks_others:
                     self._heard(began, await self._ask_the_others(began))
                 await asyncio.sleep(max(0.0, began + CONTACT_EVERY - time.monotonic()))
         finally:
@@ -311,7 +307,7 @@ class Candidacy:
         """The candidate at ``endpoint`` answered (or refused) an ask sent at ``began``."""
         self.contact.heard(began, endpoint)
         if self.cut_off:
-            log.info("Store %s: another candidate answers again", self.endpoint)
+            log.info("Store %s: another candidate answers again", self.own)
             self.cut_off = False
         self._asked.set()
 
@@ -345,16 +341,13 @@ class Candidacy:
         self._asked.set()
 
     def not_serving_message(self) -> str:
-        return f"the candidate at {self.endpoint} stands by (term {self.term}); it does not serve"
+        return f"the candidate at {self.own} stands by (term {self.term}); it does not serve"
 
     async def _look_for_successor(self) -> None:
         body = {"endpoints": list(self.endpoints)} if self.growing else None
         while self.serving and time.monotonic() < self._look_until:
-            for report in await self._prober.roles(self.term, skip=self.index, body=body):
-                if report.serving and (report.term, -report.index) > (self.term, -self.index):
-                    self._step_down(f"{report.endpoint} serves under term {report.term}")
-                    self.term = max(self.term, report.term)
-                    return
+            if any(map(self._outranked, await self._prober.roles(self.term, self.index, body))):
+                return
             await asyncio.sleep(LOOK_EVERY)
 
     async def _tell_the_others(self) -> None:
@@ -370,17 +363,25 @@ class Candidacy:
             ]
             body = {"endpoints": list(self.endpoints)}
             for report in await self._prober.roles_of(due, self.term, body):
-                if report.serving and (report.term, -report.index) > (self.term, -self.index):
-                    self._step_down(f"{report.endpoint} serves under term {report.term}")
-                    self.term = max(self.term, report.term)
+                if self._outranked(report):
                     return
                 told = report.reachable and report.term >= self.term
                 heard[report.endpoint] = now + (TELL_AGAIN if told else 0.0)
             await asyncio.sleep(LOOK_EVERY)
 
+    def _outranked(self, report: RoleReport) -> bool:
+        """``report`` shows a candidate serving ahead of us (a newer term, or ours at a
+        lower index): we step down, and take its term."""
+        if not (report.serving and (report.term, -report.index) > (self.term, -self.index)):
+            return False
+        if self.serving:
+            self._step_down(f"{report.endpoint} serves under term {report.term}")
+        self.term = max(self.term, report.term)
+        return True
+
     def _step_down(self, why: str) -> None:
         said = "Store %s: stepping down (%s); another candidate serves: standing by, state dropped"
-        log.info(said, self.endpoint, why)
+        log.info(said, self.own, why)
         self.role = "standby"
         self._standing_by.set()
         if self.on_step_down is not None:

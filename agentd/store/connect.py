@@ -249,7 +249,7 @@ def candidates_opener(
             texts, token, retry_timeout=retry_timeout, request_timeout=request_timeout, tls=tls
         )
         if server is not None:
-            client.own_candidate = server.candidacy.endpoint if server.candidacy else ""
+            client.own_candidate = server.candidacy.own if server.candidacy else ""
 
         async def close() -> None:
             await client.close()

@@ -1,8 +1,9 @@
-"""A serving candidate of a growing list asks the others every second, over real HTTP on
-loopback addresses (:mod:`agentd.store.contact`): when no other candidate answers, it
-steps down (:mod:`agentd.store.candidacy`, "cut off": the others, on the far side of a
-partition, may have promoted one of theirs); while others answer, it names the silent
-ones in its answers, and a client's search does not wait out their probe timeout.
+"""A serving candidate of a list of three or more asks the others every second, over real
+HTTP on loopback addresses (:mod:`agentd.store.contact`): in a growing list, when no
+other candidate answers, it steps down (:mod:`agentd.store.candidacy`, "cut off": the
+others, on the far side of a partition, may have promoted one of theirs); in any list,
+while others answer, it names the silent ones in its answers, and a client's search does
+not wait out their probe timeout.
 
 The other candidates answer at first, then fall silent as a partitioned host sees them:
 a listener on their address that takes the connection and never answers. The probe
@@ -68,10 +69,12 @@ class Silent:
 
 
 class Group:
-    """Candidate 0 of a growing list of ``count`` on 127.0.0.1, .2, ...: the others stand
-    by and answer, until :meth:`silence` cuts one off (or :meth:`stop` ends it: refused)."""
+    """Candidate 0 of a list of ``count`` on 127.0.0.1, .2, ... (growing from the first,
+    or given whole): the others stand by and answer, until :meth:`silence` cuts one off
+    (or :meth:`stop` ends it: refused)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, growing: bool = True) -> None:
+        self.growing = growing
         self.port = free_port()
         self.endpoints = [f"127.0.0.{i + 1}:{self.port}" for i in range(count)]
         self.silent = [Silent() for _ in range(count)]
@@ -79,7 +82,7 @@ class Group:
 
     def candidacy(self, index: int) -> Candidacy:
         prober = functools.partial(Prober, timeout=PROBE)
-        return Candidacy(self.endpoints, index, TOKEN, growing=True, prober=prober)
+        return Candidacy(self.endpoints, index, TOKEN, growing=self.growing, prober=prober)
 
     async def answer(self, index: int) -> StoreServer:
         await self.silent[index].stop()
@@ -103,7 +106,7 @@ class Group:
         assert candidacy is not None
         candidacy.promote(1)
         others = set(self.endpoints[1:])
-        if candidacy.watches_contact:  # a list of two asks nothing
+        if candidacy.asks_others:  # a list of two asks nothing
             await until(lambda: others <= set(candidacy.contact.answered))
         return candidacy
 
@@ -118,8 +121,8 @@ class Group:
 async def group() -> AsyncIterator[Callable[[int], Group]]:
     made: list[Group] = []
 
-    async def make(count: int) -> Group:
-        one = Group(count)
+    async def make(count: int, growing: bool = True) -> Group:
+        one = Group(count, growing)
         made.append(one)
         for index in range(1, count):
             await one.answer(index)
@@ -223,6 +226,18 @@ async def test_two_candidates_never_apply_it(group):
     await serves_on(two, candidacy)
 
 
+async def test_a_given_list_never_applies_it(group):
+    """A given list's candidates may be stores apart from the agents: one cut off from
+    them may still serve its clients, so it serves on (asking, and naming no one)."""
+    three = await group(3, growing=False)
+    candidacy = await three.serving()
+    await three.silence(1)
+    await until(lambda: candidacy.absent() == [1])  # it asks them too
+    await three.silence(2)
+    await until(lambda: candidacy.absent() == [])  # hearing nobody, it names nobody
+    await serves_on(three, candidacy)
+
+
 async def test_a_refused_candidate_is_contact(group):
     """A host that refuses the connection (its agent died) is reachable: the refusal
     proves this host is not cut off, and a dead candidate promotes nobody."""
@@ -258,7 +273,7 @@ async def test_a_round_of_asks_that_stood_still_decides_nothing(group):
 # -- the silent candidates, named in the answers ---------------------------------------------
 
 
-async def absent_said(client: HttpStore, expected: frozenset[int]) -> None:
+async def absent_said(client: HttpStore | FailoverStore, expected: frozenset[int]) -> None:
     """Send requests until the serving candidate's answers name ``expected`` as absent."""
     ends = time.monotonic() + 10.0
     while True:
@@ -269,10 +284,11 @@ async def absent_said(client: HttpStore, expected: frozenset[int]) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_the_serving_candidate_names_the_silent_ones_in_its_answers(group):
+@pytest.mark.parametrize("growing", [True, False], ids=["growing", "given"])
+async def test_the_serving_candidate_names_the_silent_ones_in_its_answers(group, growing):
     """A candidate silent to the asks for CUT_OFF is named; one that refuses (its host is
     up) is not, nor one that answers again."""
-    four = await group(4)
+    four = await group(4, growing)
     candidacy = await four.serving()
     client = client_of(four)
     try:
@@ -298,24 +314,26 @@ async def test_nobody_is_named_while_the_serving_candidate_hears_no_other(group)
     await until(lambda: candidacy.absent() == [] and not candidacy.serving)
 
 
-async def test_a_search_does_not_wait_out_a_candidate_named_silent(group):
+@pytest.mark.parametrize("growing", [True, False], ids=["growing", "given"])
+async def test_a_search_does_not_wait_out_a_candidate_named_silent(group, growing):
     """The store's host lost after another host was: the search takes the others' answers
     and promotes the next candidate without waiting out the lost one's probe timeout,
     which is made longer here than the test's whole deadline."""
     long_probe = 60.0
-    four = await group(4)
+    four = await group(4, growing)
     await four.serving()
-    await four.silence(1)  # a host lost earlier: below the next candidate to promote
     client = FailoverStore(
         four.endpoints,
         TOKEN,
-        growing=True,
+        growing=growing,
         retry_timeout=30.0,
         request_timeout=5.0,
         prober=functools.partial(Prober, timeout=long_probe),
     )
     try:
-        await absent_said(client._client, frozenset({1}))
+        await client.set("k", b"v")  # a given list's client finds the server first
+        await four.silence(1)  # a host lost earlier: below the next candidate to promote
+        await absent_said(client, frozenset({1}))
         await four.stop(0)  # the store's agent is killed: refused
         async with asyncio.timeout(long_probe / 3):
             await client.set("k", b"w")
