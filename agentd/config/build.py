@@ -48,10 +48,17 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     )
     rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"
+    meets = static and bool(config.rdzv_endpoint)  # as torchrun: the endpoint names the master
     if config.master_addr and not static:
         log.warning(
             "--master-addr is ignored by the %s rendezvous: group rank 0's address is used",
             rdzv.get_backend(),
+        )
+    if meets and (config.master_addr or config.master_port):
+        log.warning(
+            "--master-addr/--master-port are ignored: the static rendezvous meets at "
+            "--rdzv-endpoint %s (as torchrun's does)",
+            config.rdzv_endpoint,
         )
     if config.no_python:
         entrypoint, args = config.script, list(config.script_args)
@@ -71,8 +78,8 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         rdzv_handler=rdzv,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
-        master_addr=config.master_addr if static else None,
-        master_port=config.master_port or None,
+        master_addr=config.master_addr if static and not meets else None,
+        master_port=None if meets else config.master_port or None,
         local_addr=config.local_addr,
         redirects=config.redirects,
         tee=config.tee,
@@ -305,8 +312,8 @@ def _node_gate(config: AgentConfig, spec: WorkerSpec) -> NodeGate:
     from agentd.store.candidates import parse_candidates
 
     store = None
-    if config.rdzv_endpoint and not config.standalone:
-        store = parse_candidates(config.rdzv_endpoint)[0]
+    if config.rdzv_endpoint and not config.standalone and config.rdzv_backend != "static":
+        store = parse_candidates(config.rdzv_endpoint)[0]  # static's: the workers' (not up yet)
     log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.gettempdir())
     checks = build_checks(config.node_check, log_dir, spec.local_world_size, store)
     settings = NodeCheckSettings(

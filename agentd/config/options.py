@@ -64,7 +64,8 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "",
         "The rendezvous store, host:port (the agent on that host serves it), or candidate "
         "stores host:port,host:port,... (one serves, the others take over); for etcd, its "
-        "members, host:port[,host:port...].",
+        "members, host:port[,host:port...]; for static, where the workers meet (in place of "
+        "--master-addr and --master-port, as torchrun's).",
         metavar="HOST:PORT",
     ),
     _o(

@@ -217,7 +217,7 @@ class StoreReachable:
 
     async def run(self) -> CheckResult:
         if self._endpoint is None:
-            return CheckResult(self.name, True, "skipped: no store endpoint (--standalone)")
+            return CheckResult(self.name, True, "skipped: no agents' store (--standalone, static)")
         host, port = self._endpoint
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):

@@ -83,6 +83,19 @@ def _solo(request: RendezvousRequest, run_id: str, conf: dict[str, str]) -> Solo
     return SoloRendezvous(run_id, request.local_addr or "127.0.0.1", request.master_port or None)
 
 
+def static_master(request: RendezvousRequest) -> tuple[str, int]:
+    """Where a static job's workers meet (0: a free port, for one node): torchrun's rule,
+    ``--rdzv-endpoint`` when given (a host alone takes ``--master-port``, else 29500),
+    else ``--master-addr`` and ``--master-port``."""
+    if request.rdzv_endpoint:
+        from agentd.support.net import split_endpoint
+
+        return split_endpoint(
+            request.rdzv_endpoint, default_port=request.master_port or TORCHRUN_MASTER_PORT
+        )
+    return request.master_addr or "127.0.0.1", request.master_port
+
+
 def _static(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> StaticRendezvous:
@@ -99,16 +112,17 @@ def _static(
             f"--node-rank: {request.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
         )
     if conf:
-        from agentd.rendezvous.conf import reject_unknown
+        from agentd.rendezvous.conf import pop_seconds, reject_unknown
 
+        pop_seconds(conf, "timeout")  # torch's agents wait this long for node 0's store: none here
         reject_unknown(conf, "static")
-    addr = request.master_addr or "127.0.0.1"
+    addr, port = static_master(request)
     if low == 1:
-        return StaticRendezvous(run_id, addr, request.master_port or None)
+        return StaticRendezvous(run_id, addr, port or None)
     return StaticRendezvous(
         run_id,
         addr,
-        request.master_port or TORCHRUN_MASTER_PORT,
+        port or TORCHRUN_MASTER_PORT,
         node_rank=request.node_rank,
         nnodes=low,
         role=request.role,

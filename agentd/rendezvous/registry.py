@@ -154,20 +154,13 @@ def _build_handler(params: RendezvousParameters, conf: dict[str, Any]) -> Rendez
             f"backend: {params.backend!r} is not a rendezvous backend here; "
             f"known: {', '.join(BACKENDS)}"
         )
-    static = params.backend == "static"
-    master_addr = master_port = None
-    if static and params.endpoint:
-        master_addr, _, port = params.endpoint.rpartition(":")
-        master_port = int(port) if port else None
     request = RendezvousRequest(
         nnodes=(params.min_nodes, params.max_nodes),
         rdzv_backend=params.backend,
-        rdzv_endpoint="" if static else params.endpoint,
+        rdzv_endpoint=params.endpoint,  # static: where the workers meet (static_master)
         rdzv_conf=",".join(f"{k}={v}" for k, v in conf.items() if k != "rank"),
         node_rank=int(conf.get("rank", 0)),
         local_addr=params.local_addr,
-        master_addr=master_addr or None,
-        master_port=master_port or 0,
     )
     return build_rendezvous(request, params.run_id, local_world_size=1)
 

@@ -34,6 +34,14 @@ from tests.conftest import WORKER
             "--rdzv-endpoint: '127.0.0.1:x' has no valid port",
         ),
         (
+            ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:x", WORKER],  # static's master
+            "--rdzv-endpoint: '127.0.0.1:x' has no valid port",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-conf", "timeout=soon", WORKER],
+            "--rdzv-conf: timeout='soon' must be a number of seconds > 0",
+        ),
+        (
             ["--standalone", "--rdzv-conf", "join_timeout=-1", WORKER],
             "--rdzv-conf: join_timeout='-1' must be a number of seconds > 0",
         ),

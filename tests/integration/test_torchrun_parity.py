@@ -164,6 +164,48 @@ def test_virtual_local_rank(run_agentd, launcher, tmp_path):
     }
 
 
+def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path):
+    """torchrun's static rendezvous (its default backend) takes ``--rdzv-endpoint`` as the
+    master's address, before ``--master-addr``/``--master-port``, and its ``timeout``
+    setting. agentd once ignored the endpoint: every node's workers got 127.0.0.1:29500,
+    and a job of several hosts hung at its first collective."""
+    from tests.conftest import free_port
+
+    port = str(free_port())
+    env_script = script(
+        tmp_path,
+        "env.py",
+        "import json, os; print('ENV ' + json.dumps({k: os.environ[k] for k in "
+        "('MASTER_ADDR', 'MASTER_PORT', 'RANK')}), flush=True)\n",
+    )
+    agents = [
+        run_agentd(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-conf",
+            "timeout=60",
+            "--tee",
+            "3",
+            env_script,
+            launcher=launcher,
+        )
+        for rank in (0, 1)
+    ]
+    assert [agent.wait(120) for agent in agents] == [0, 0], agents[1].stderr()[-3000:]
+    seen = [
+        json.loads(line.split("ENV ", 1)[1])
+        for agent in agents
+        for line in agent.stdout().splitlines()
+        if "ENV " in line
+    ]
+    assert sorted(s["RANK"] for s in seen) == ["0", "1"]
+    assert {(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen} == {("127.0.0.1", port)}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
