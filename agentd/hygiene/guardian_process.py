@@ -1,8 +1,8 @@
 """The guardian program: kills an agent's workers if the agent dies without stopping them.
 
 Run by the agent as ``python -I -S guardian_process.py MARK`` in a session of its own: a
-standalone program on the standard library's lightest modules only, so it
-starts in a few milliseconds and never competes with the workers for the CPU.
+standalone program on the standard library's lightest modules only, so it starts in a
+few milliseconds and never competes with the workers for the CPU.
 
 The agent writes ``+PGID`` / ``-PGID`` lines on its stdin as worker process groups come and
 go. End of input means the agent is gone (exited or killed): the guardian sends SIGKILL to
@@ -34,7 +34,8 @@ The guardian forks a **twin** as it starts and passes it every chunk it reads, t
 ``Q`` once it has acted for a gone agent. The twin does nothing while the guardian lives.
 Should the guardian die first (a frozen agent starts no other: its workers would outlive
 the lease unfenced), the twin stands in (:func:`stand_in`) until another guardian of
-``MARK`` runs, and acts for the agent if it is gone too.
+``MARK`` runs, and acts for the agent if it is gone too; it forks a twin of its own as it
+stands in, which stands in should it die as well.
 
 :func:`marked_processes` and :func:`kill_marked` are also the agent's (see orphans.py).
 """
@@ -64,26 +65,20 @@ def _proc(pid: int, name: str) -> bytes:
 
 def read_mark(pid: int) -> str | None:
     """The ``AGENTD_OWNER`` value in the environment ``pid`` started with, if readable."""
-    needle = OWNER_ENV.encode() + b"="
-    environ = _proc(pid, "environ")
-    if environ.startswith(needle):
-        start = 0
-    else:
-        start = environ.find(b"\0" + needle) + 1
-        if start == 0:
-            return None
-    end = environ.find(b"\0", start)
+    needle = b"\0" + OWNER_ENV.encode() + b"="
+    environ = b"\0" + _proc(pid, "environ")  # every entry after a NUL, the first too
+    start = environ.find(needle)
+    if start < 0:
+        return None
+    end = environ.find(b"\0", start + len(needle))
     return environ[start + len(needle) : end if end >= 0 else None].decode(errors="replace")
 
 
 def marked_processes() -> Iterator[tuple[int, str]]:
     """Every process readable by us that carries an owner mark: ``(pid, mark)``."""
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            mark = read_mark(int(name))
-            if mark is not None:
-                yield int(name), mark
+    for pid in _pids():
+        if (mark := read_mark(pid)) is not None:
+            yield pid, mark
 
 
 def kill_marked(
@@ -103,10 +98,8 @@ def kill_marked(
 
 
 def _group_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
+    fields = _stat(pid)
+    return int(fields[2]) if len(fields) > 2 else None
 
 
 LEASE_SLACK = 0.5
@@ -320,10 +313,9 @@ TWIN_LOOKS_EVERY = 0.25
 """How often a twin standing in looks for a guardian, the agent, and the lease's end."""
 
 
-def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
-    """Fork the guardian's twin (see the module docstring): the pipe to it and its pid
-    (None: none started)."""
-    agent = os.getppid()
+def start_twin(mark: str, charge: Charge, agent: int) -> tuple[int, int] | None:
+    """Fork the twin of a guardian (or of a twin standing in) of ``agent`` (see the module
+    docstring): the pipe to it and its pid (None: none started)."""
     try:
         read_end, write_end = os.pipe()
     except OSError:
@@ -351,21 +343,35 @@ def start_twin(mark: str, charge: Charge) -> tuple[int, int] | None:
 
 def stand_in(mark: str, charge: Charge, agent: int) -> None:
     """The guardian died first (or let this twin go): fence the lease until another
-    guardian of ``mark`` runs (the agent's new one), or act for the agent once it is gone."""
-    while True:
-        if _another_guardian(mark):  # in charge: a new one, or ours if it let us go
-            return
-        if not _running(_stat(agent)):
-            charge.carry_out(mark)
-            return
-        if charge.lease is not None and time.monotonic() >= charge.lease + LEASE_SLACK:
-            charge.fence(mark)
-        time.sleep(TWIN_LOOKS_EVERY)
+    guardian of ``mark`` runs (the agent's new one), or act for the agent once it is gone.
+    A twin of its own stands in should it die too (the agent may stay frozen)."""
+    twin = start_twin(mark, charge, agent)
+    try:
+        while not _another_guardian(mark, but=twin[1] if twin else 0):  # ours, if it let us go
+            if not _running(_stat(agent)):
+                charge.carry_out(mark)
+                return
+            if charge.lease is not None and time.monotonic() >= charge.lease + LEASE_SLACK:
+                charge.fence(mark)
+            time.sleep(TWIN_LOOKS_EVERY)
+    finally:
+        if twin is not None:
+            _let_go(*twin)
 
 
-def _another_guardian(mark: str) -> bool:
-    """Whether a guardian of ``mark`` other than this process runs (or its twin)."""
-    for pid in _pids():
+def _let_go(pipe: int | None, twin: int) -> None:
+    """Tell the twin on ``pipe`` it has nothing to do (``Q``), and wait for it if it took that."""
+    wait = os.WNOHANG
+    if pipe is not None and _tell(pipe, b"Q\n") is not None:
+        os.close(pipe)  # the end of its input ends it
+        wait = 0
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(twin, wait)
+
+
+def _another_guardian(mark: str, but: int) -> bool:
+    """Whether a guardian of ``mark`` runs, other than this process and ``but`` (its twin)."""
+    for pid in set(_pids()) - {but}:
         args = _proc(pid, "cmdline").split(b"\0")[:-1]
         if args[-2:-1] and args[-2].endswith(b"guardian_process.py") and args[-1] == mark.encode():
             return True
@@ -382,16 +388,11 @@ def main(argv: list[str]) -> int:
     for sig in GUARDIAN_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
     charge = Charge()
-    twin = start_twin(mark, charge)
+    twin = start_twin(mark, charge, os.getppid())
     pipe = guard(sys.stdin.fileno(), mark, charge, twin[0] if twin else None, fences=True)
     charge.carry_out(mark)
-    said = False
-    if pipe is not None and _tell(pipe, b"Q\n") is not None:  # the twin has nothing to do
-        os.close(pipe)
-        said = True
-    if twin is not None:  # gone with the guardian (unless it let go a twin that stood still)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(twin[1], 0 if said else os.WNOHANG)
+    if twin is not None:  # gone with the guardian
+        _let_go(pipe, twin[1])
     return 0
 
 

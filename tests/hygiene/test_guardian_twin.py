@@ -71,6 +71,7 @@ class Agent:
     worker: int
     guardian: int
     twin: int
+    more: list[int]  # the twins' own twins: killed after the test too
 
     def say(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -86,12 +87,12 @@ def agent() -> Iterator[Agent]:
     assert proc.stdout is not None
     worker, guardian, told = map(int, proc.stdout.readline().split())
     twins = wait_until(lambda: psutil.Process(guardian).children(), what="the guardian's twin")
-    made = Agent(proc, worker, guardian, twins[0].pid)  # type: ignore[index]
+    made = Agent(proc, worker, guardian, twins[0].pid, [])  # type: ignore[index]
     wait_until(lambda: bytes_read(made.twin) >= told, what="the twin to learn the charge")
     try:
         yield made
     finally:
-        for pid in (made.worker, made.guardian, made.twin):
+        for pid in (made.worker, made.guardian, made.twin, *made.more):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.kill()
@@ -113,6 +114,24 @@ def test_a_guardian_killed_while_its_agent_is_frozen_leaves_its_twin_to_fence(ag
     agent.proc.kill()  # a stopped process dies of SIGKILL
     agent.proc.wait()
     wait_until(lambda: not pid_alive(agent.twin), what="the twin to act for the dead agent")
+
+
+def test_a_twin_killed_as_it_stands_in_leaves_its_own_twin_to_fence(agent):
+    """Three faults: the agent frozen, its guardian killed, then the twin standing in. It
+    forked a twin of its own as it stood in, which stands in and fences at the lease's
+    end (before, nothing did); once the agent is gone it acts for it, and ends its own."""
+    agent.proc.send_signal(signal.SIGSTOP)
+    os.kill(agent.guardian, signal.SIGKILL)
+    second = wait_until(lambda: psutil.Process(agent.twin).children(), what="the twin's twin")
+    agent.more.append(second[0].pid)  # type: ignore[index]
+    os.kill(agent.twin, signal.SIGKILL)
+    third = wait_until(lambda: psutil.Process(agent.more[0]).children(), what="its own twin")
+    agent.more.append(third[0].pid)  # type: ignore[index]
+    wait_until(lambda: not pid_alive(agent.worker), timeout=LEASE + 30, what="the fence")
+    assert all(pid_alive(pid) for pid in agent.more)  # guarding still: the agent lives
+    agent.proc.kill()
+    agent.proc.wait()
+    wait_until(lambda: not any(map(pid_alive, agent.more)), what="both to end")
 
 
 def test_a_twin_leaves_the_workers_to_the_guardian_the_agent_starts_again(agent):

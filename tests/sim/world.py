@@ -24,8 +24,7 @@ clock). What is modelled, and how:
   (:func:`~agentd.hygiene.guardian_process.start_twin`) stands in at once, fencing the
   lease and carrying out the will, until the agent, while it runs, starts another
   :data:`GUARDIAN_START` later, which learns the lease and the will again; a twin
-  standing in that dies too leaves nothing to fence the workers or carry out a will
-  until then;
+  standing in forks a twin of its own, which stands in should it die too;
 - **SIGSTOP** pauses everything the agent runs (:class:`~tests.sim.clock.Owner`), not its
   guardian or workers; **SIGKILL** stops it for good; a **lost host** takes agent,
   guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
@@ -489,12 +488,11 @@ class SimAgent:
             self.world.note(f"guardian {self.index}: {said}")
 
     def kill_guardian(self) -> None:
-        """The guardian dies, and its twin stands in (unless the twin is the one that
-        died); the agent starts another (once it runs again, if paused)."""
+        """The guardian (or a twin standing in) dies, and its twin stands in; the agent
+        starts another guardian (once it runs again, if paused)."""
         self.guardian.dead = True
-        if self.guardian.name.startswith("guardian"):
-            self.world.note(f"guardian {self.index}'s twin stands in")
-            self._guard(f"twin{self.index}")
+        self.world.note(f"{self.guardian.name}'s twin stands in")
+        self._guard(f"twin{self.index}")
         spawn(self.owner, self._replace_guardian(), f"replace guardian{self.index}")
 
     async def _replace_guardian(self) -> None:
