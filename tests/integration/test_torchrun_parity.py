@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 
 PRINT_ENV = (
     "import json, os; print('ENV ' + json.dumps({k: os.environ.get(k) for k in "
@@ -169,8 +169,6 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     master's address, before ``--master-addr``/``--master-port``, and its ``timeout``
     setting. agentd once ignored the endpoint: every node's workers got 127.0.0.1:29500,
     and a job of several hosts hung at its first collective."""
-    from tests.conftest import free_port
-
     port = str(free_port())
     env_script = script(
         tmp_path,
@@ -180,16 +178,8 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     )
     agents = [
         run_agentd(
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(rank),
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-conf",
-            "timeout=60",
-            "--tee",
-            "3",
+            *f"--nnodes 2 --node-rank {rank} --rdzv-endpoint 127.0.0.1:{port}".split(),
+            *["--rdzv-conf", "timeout=60", "--tee", "3"],
             env_script,
             launcher=launcher,
         )
