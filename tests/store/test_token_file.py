@@ -38,6 +38,7 @@ def test_an_open_run_dir_of_ours_is_closed(private_runtime_dir):
     os.chmod(private_runtime_dir, 0o755)
     token_file.publish(1, "t")
     assert stat.S_IMODE(os.stat(private_runtime_dir).st_mode) == 0o700
+    token_file.withdraw(1, "t")  # this process's listeners (a later test's) hear of it no more
 
 
 def test_a_symlink_in_place_of_the_run_dir_is_refused(private_runtime_dir, tmp_path):
