@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.rendezvous.rounds import POLL
-from agentd.store.api import StoreError, StoreUnavailable
+from agentd.store.api import StoreError, StoreLeft, StoreUnavailable
 
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
@@ -161,6 +161,8 @@ class Leaving:
             await self._membership.stop()
         if self._store is None or self._opened is None:
             return
+        if self._opened.leaving is not None:
+            self._opened.leaving()
         handed = False
         try:
             if not self._closed:  # the others re-form without us, at once
@@ -179,6 +181,8 @@ class Leaving:
                 await self._store.delete(self._keys.heartbeat(self.node_id))
             if self._opened.serves and not handed:
                 await self._wait_for_peers_to_leave()
+        except StoreLeft as exc:
+            log.info("Rendezvous %s: the others have left too (%s)", self._run_id, exc)
         except (StoreError, TimeoutError) as exc:
             log.warning(
                 "Rendezvous %s: could not leave cleanly: %s",

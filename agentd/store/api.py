@@ -26,6 +26,11 @@ class StoreOutcomeUnknown(StoreUnavailable):
     """A request that must not be resent (``add``) failed after it may have been applied."""
 
 
+class StoreLeft(StoreUnavailable):
+    """No candidate of the store answers an agent that leaves: the agents that could serve
+    it have left as well (a job stopped whole), so nobody is left to tell."""
+
+
 class StoreNotServing(StoreError):
     """A candidate store server stands by: another one serves (see store/candidates.py)."""
 

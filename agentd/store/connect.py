@@ -58,6 +58,9 @@ class OpenedStore(NamedTuple):
     the round's N members (the argument) knows one: an agent that leaves a job that goes
     on (SIGTERM, a drain) lets the others fail over at once, before it counts itself gone
     there, instead of when it exits (a second restart for them). True if it did."""
+    leaving: Callable[[], None] | None = None
+    """Called as this agent leaves: a search for the server that finds no candidate
+    answering then gives up at once (see :meth:`FailoverStore.leave`)."""
 
     @property
     def serves(self) -> bool:
@@ -190,6 +193,7 @@ def http_store_opener(
             client_spec=lambda: client_spec(client, token if server is None else server.token),
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
+            leaving=client.leave,
         )
 
     return open_store
@@ -269,6 +273,7 @@ def candidates_opener(
             describe=describe,
             client_spec=lambda: client_spec(client, token),
             hand_over=lambda members: hand_over_store(server, client, members),
+            leaving=client.leave,
         )
 
     return open_store

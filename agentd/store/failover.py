@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentd.store.api import StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
+from agentd.store.api import StoreLeft, StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
 from agentd.store.forwarding import ForwardingStore
 from agentd.store.http_client import HttpStore
@@ -122,6 +122,8 @@ class FailoverStore(ForwardingStore):
         """The endpoint of the candidate on this agent's host, if it stands as one."""
         self.peers: tuple[str, ...] = ()
         """Where the other members of our last round stand by (see the module docstring)."""
+        self.leaving = False
+        """This agent leaves (:meth:`leave`)."""
         self._moves = 0
         self._lock = asyncio.Lock()
         self._search: asyncio.Task[None] | None = None
@@ -249,6 +251,8 @@ class FailoverStore(ForwardingStore):
                 if found is not None:
                     self._move(old, found, why)
                     return
+                if self.leaving and not any(report.reachable for report in reports):
+                    raise StoreLeft(f"no store candidate answers: {self._states(reports)}")
                 if not await self._learn_from_peers() and not await backoff.pause():
                     raise StoreUnavailable(self._none_serving(reports))
                 reports = await self._prober.roles(self.term, body=self._list(), spare=spare)
@@ -321,9 +325,20 @@ class FailoverStore(ForwardingStore):
             found.term,
         )
 
+    def leave(self) -> None:
+        """This agent leaves: from now on a search that finds no candidate answering gives
+        up at once (:class:`StoreLeft`) instead of trying for ``retry_timeout``. Its leave
+        tells the others it is gone; with every candidate's agent gone (a job stopped
+        whole, the store's host handing it over to one leaving too), there are none."""
+        self.leaving = True
+
     def _none_serving(self, reports: list[RoleReport]) -> str:
-        states = "; ".join(f"{r.endpoint}: {r.problem or r.role}" for r in reports)
+        states = self._states(reports)
         return f"no store candidate serves, after {self._retry_timeout:g}s of trying ({states})"
+
+    @staticmethod
+    def _states(reports: list[RoleReport]) -> str:
+        return "; ".join(f"{r.endpoint}: {r.problem or r.role}" for r in reports)
 
     def _adopt(self, term: int) -> None:
         if term > self.term:

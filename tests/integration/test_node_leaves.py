@@ -107,3 +107,33 @@ def test_spares_take_over_when_every_member_is_lost_at_once(run_agentd, run_stor
     wait_until(lambda: one_round(spares, 2), 30, what="the spares' own round of two")
     stop.touch()
     assert [s.wait(30) for s in spares] == [0, 0], [s.stderr()[-2000:] for s in spares]
+
+
+def test_a_job_stopped_whole_ends_in_seconds(run_agentd, tmp_path):
+    """Every agent SIGTERMed at once (scancel, a Kubernetes delete): the store's host hands
+    the store over as it leaves, to a candidate whose agent is leaving too. Once no
+    candidate answers, nobody is left to tell: it stops at once, as the others do. It used
+    to search for a server for 30 s (its close timeout) and log that it could not leave
+    cleanly, on every stop of a job of two or more."""
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    out.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = []
+    for i in range(2):  # torchrun's command line, the defaults
+        agents.append(
+            run_agentd(
+                *f"--rdzv-backend c10d --rdzv-endpoint {endpoint} --rdzv-id job --nnodes 2".split(),
+                WORLD,
+                str(out),
+                str(stop),
+            )
+        )
+        if i == 0:
+            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
+    wait_until(lambda: len(worlds(out, 2)) == 2, 60, what="a world of 2")
+    wait_until(lambda: "Standing by as store candidate" in agents[1].stderr(), 30)
+    for agent in agents:
+        agent.proc.send_signal(signal.SIGTERM)
+    for agent in agents:  # seconds, on a loaded machine: not the close timeout's 30
+        assert agent.wait(15) == 128 + signal.SIGTERM, agent.stderr()[-3000:]
+    assert "no answer in time" not in agents[0].stderr()

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from agentd.exceptions import ConfigError
-from agentd.store.api import StoreUnavailable
+from agentd.store.api import StoreLeft, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import CandidateMismatch, fingerprint, parse_candidates
 from agentd.store.failover import FailoverStore
@@ -184,6 +184,29 @@ async def test_no_candidate_answering_is_one_error_naming_each(three):
     with pytest.raises(StoreUnavailable, match="no store candidate serves") as caught:
         await client.get("k")
     assert all(endpoint in str(caught.value) for endpoint in three.endpoints)
+
+
+async def test_a_client_that_leaves_gives_up_at_once_when_no_candidate_answers(three):
+    """Leaving (a job stopped whole), a search that finds no candidate answering ends at
+    once: their agents have left too. Before, it tried for its retry timeout (30 s)."""
+    client = three.client(retry=600.0)
+    await client.set("k", b"v")
+    for index in range(3):
+        await three.stop(index)
+    client.leave()
+    async with asyncio.timeout(60):  # the retry timeout would be 600 s
+        with pytest.raises(StoreLeft, match="no store candidate answers") as caught:
+            await client.get("k")
+    assert all(endpoint in str(caught.value) for endpoint in three.endpoints)
+
+
+async def test_a_client_that_leaves_still_moves_to_a_candidate_that_answers(three):
+    client = three.client()
+    await client.set("k", b"v")
+    client.leave()
+    await three.stop(0)
+    await client.set("k", b"w")  # candidate 1, promoted: the leave goes on there
+    assert client.serving == 1
 
 
 async def test_a_list_in_another_order_is_refused_naming_both(three, caplog):
