@@ -15,12 +15,17 @@ so their workers are forked from the zygote):
 - **A stop while waiting for peers.** ``--nnodes 2`` with no second node: SIGTERM once the
   agent waits in the rendezvous; seconds to its exit and its exit status, against
   torchrun's in the same run.
+- **A job stopped whole.** Two nodes of ``--nnodes 2`` (``c10d``, one endpoint: the
+  first one serves the store), one worker each: SIGTERM to both at once once both
+  workers run (``scancel``, ``kubectl delete``); seconds until both have exited, and
+  their exit statuses, against torchrun's in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -119,6 +124,46 @@ def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, int]:
             proc.wait()
 
 
+READY_JOB = """\
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], "ready_" + os.environ["RANK"]).touch()
+time.sleep(120)
+"""
+
+
+def stop_whole(folder: Path, launcher: str) -> tuple[float, list[int]]:
+    """Seconds from SIGTERM to both nodes of a running two-node job to the exit of the
+    last, and their statuses."""
+    script, ready = folder / "ready_job.py", folder / f"ready-{launcher}"
+    write_report(script, READY_JOB)
+    shutil.rmtree(ready, ignore_errors=True)
+    ready.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    flags += ["--rdzv-endpoint", endpoint, "--rdzv-id", "whole", str(script), str(ready)]
+    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
+    procs = []
+    try:
+        for node in range(2):
+            with open(folder / f"{launcher}-{node}.err", "wb") as out:
+                procs.append(subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out))
+        if not wait_for(lambda: len(list(ready.iterdir())) == 2, 60):
+            raise SystemExit(f"{launcher}'s two-node job never ran")
+        began = time.monotonic()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            codes = [proc.wait(timeout=60) for proc in procs]
+        except subprocess.TimeoutExpired:
+            return float("inf"), []
+        return time.monotonic() - began, codes
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
@@ -145,6 +190,18 @@ def main() -> int:
                 f"SIGTERM while waiting for a peer, {launcher}: median "
                 f"{medians[launcher]:.2f}s, exit {codes}"
             )
+        whole: dict[str, list[tuple[float, list[int]]]] = {"agentd": [], "torchrun": []}
+        for _ in range(max(3, args.runs // 2)):
+            for launcher in whole:
+                whole[launcher].append(stop_whole(folder, launcher))
+        ends = {}
+        for launcher, found in whole.items():
+            ends[launcher] = statistics.median(s for s, _ in found)
+            codes = sorted({c for _, cs in found for c in cs})
+            print(
+                f"SIGTERM to both nodes of a running job, {launcher}: median {ends[launcher]:.2f}s "
+                f"(slowest {max(s for s, _ in found):.2f}), exit {codes}"
+            )
     if args.record:
         sys.path.insert(0, str(Path(__file__).parent))
         from figures import record
@@ -170,6 +227,18 @@ def main() -> int:
         record(
             "stop_waiting_torchrun",
             f"{medians['torchrun']:.2f} s",
+            COMMAND,
+            "the same, torchrun, in the same run",
+        )
+        record(
+            "stop_whole_job",
+            f"{ends['agentd']:.2f} s",
+            COMMAND,
+            "median seconds from SIGTERM to both nodes of a running two-node job to both exits",
+        )
+        record(
+            "stop_whole_job_torchrun",
+            f"{ends['torchrun']:.2f} s",
             COMMAND,
             "the same, torchrun, in the same run",
         )
