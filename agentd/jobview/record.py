@@ -13,7 +13,8 @@ A record is a small JSON object (a few hundred bytes for 8 workers)::
     compute           the recent compute time of a step, the sum of its sections' times
                       (the straggler comparison's measure; None: no sections timed)
     last_failure      {rank, exitcode, signal, at} of this node's last failed worker
-    drain             the reason of the drain this node follows, if one is under way
+    drain             the reason of the drain under way here: this node's own, or a
+                      peer's its workers follow (None once they restarted without it)
     gpu_memory_mib    the GPU memory its workers hold, where NVML answers (else None)
     health            its agent's health endpoint (URL; None: it serves none), where
                       ``agentd logs`` asks for its lines
@@ -57,7 +58,7 @@ def node_record(
     ]
     sections = view.step_times.node_summary()
     failure = view.last_failure
-    drain = view.drain_status()
+    drain = _drain_under_way(view, node)
     now, rate_now = time.time(), rate.reading(steps, time.monotonic())
     if not step_times and rate_now:
         step_times = [1.0 / rate_now]
@@ -81,7 +82,21 @@ def node_record(
             "signal": failure.signal_name() or None,
             "at": failure.timestamp,
         },
-        "drain": drain["reason"] if drain and "outcome" not in drain else None,
+        "drain": drain,
         "gpu_memory_mib": gpu_memory_mib,
         "at": now,
     }
+
+
+def _drain_under_way(view: AgentView, node: str) -> str | None:
+    """The reason of the drain under way here: this node's own until it ends, or a peer's
+    requested since these workers started (once they restarted, the round re-formed
+    without the peer: its drain is over here, though it is still the last one followed)."""
+    drain = view.drain_status()
+    if not drain or "outcome" in drain:
+        return None
+    if drain.get("node") != node:
+        started = min((p.started_at for p in view.worker_processes().values()), default=None)
+        if started is None or float(drain.get("requested_at") or 0.0) < started:
+            return None
+    return str(drain["reason"])

@@ -84,3 +84,47 @@ def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_stor
     [marked] = [line for line in lines if re.search(r"\d! ", line)]
     assert "127.0.0.3" in marked
     stop_all(agents, stop)
+
+
+def test_a_drain_that_is_over_is_not_shown_on_the_nodes_that_followed_it(
+    run_agentd, run_store, tmp_path
+):
+    """The third node is drained; the other two follow the drain, and re-form without it.
+    Their rows say no drain then: it was over. (They said ``draining: POST /drain`` for as
+    long as they ran, as though they were the ones leaving.)"""
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, "2:3"),
+            *("--local-addr", f"127.0.0.{i + 1}", "--health-port", "0"),
+            *(TRAIN, str(out), str(stop)),
+            env={"AGENTD_STORE_TOKEN": TOKEN},
+        )
+        for i in range(3)
+    ]
+    urls = [
+        wait_until(
+            lambda a=agent: re.search(r"Health endpoint on (http://\S+)", a.stderr()), 30
+        ).group(1)
+        for agent in agents
+    ]
+
+    def rows() -> list[dict]:
+        answer = status_job(urls[0], "--json")
+        assert answer.returncode == 0, answer.stderr
+        return json.loads(answer.stdout)["nodes"]
+
+    wait_until(lambda: len(rows()) == 3, 60, what="three nodes")
+    drain = [sys.executable, "-m", "agentd", "drain", "--url", urls[2]]
+    assert subprocess.run(drain, capture_output=True, timeout=30).returncode == 0
+    assert agents[2].wait(60) == 0, agents[2].stderr()[-3000:]
+
+    def running_again() -> list[dict] | None:
+        found = rows()
+        return found if len(found) == 2 and all(r["steps"] for r in found) else None
+
+    after = wait_until(running_again, 60, what="two nodes, running again")
+    assert [r["drain"] for r in after] == [None, None], after
+    stop_all(agents[:2], stop)
