@@ -145,7 +145,8 @@ def stop_whole(folder: Path, launcher: str) -> tuple[float, list[int]]:
     procs = []
     try:
         for node in range(2):
-            with open(folder / f"{launcher}-{node}.err", "wb") as out:
+            err = folder / f"{launcher}-{node}.err"
+            with open(err, "wb") as out:
                 procs.append(subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out))
         if not wait_for(lambda: len(list(ready.iterdir())) == 2, 60):
             raise SystemExit(f"{launcher}'s two-node job never ran")
