@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from report_files import write_report
@@ -96,7 +97,26 @@ def first_heartbeat(folder: Path, runs: int) -> int:
     return dropped
 
 
-def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, int]:
+def timed_stops(
+    what: str, stop: Callable[[Path, str], tuple[float, list[int]]], folder: Path, runs: int
+) -> dict[str, float]:
+    """``stop`` ``runs`` times for each launcher, in turns: the median seconds of each
+    (printed with the slowest and the exit statuses seen)."""
+    found: dict[str, list[tuple[float, list[int]]]] = {"agentd": [], "torchrun": []}
+    for _ in range(runs):
+        for launcher, results in found.items():
+            results.append(stop(folder, launcher))
+    medians = {}
+    for launcher, results in found.items():
+        medians[launcher] = statistics.median(s for s, _ in results)
+        codes = sorted({c for _, cs in results for c in cs})
+        slowest = max(s for s, _ in results)
+        median = medians[launcher]
+        print(f"{what}, {launcher}: median {median:.2f}s (slowest {slowest:.2f}), exit {codes}")
+    return medians
+
+
+def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, list[int]]:
     """Seconds from SIGTERM to the exit of a launcher waiting for its peer, and its status."""
     script = folder / "ok.py"
     write_report(script, "print('never runs')\n")
@@ -116,8 +136,8 @@ def stop_while_waiting(folder: Path, launcher: str) -> tuple[float, int]:
         try:
             code = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            return float("inf"), -1
-        return time.monotonic() - began, code
+            return float("inf"), []
+        return time.monotonic() - began, [code]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -179,30 +199,9 @@ def main() -> int:
         )
         dropped = first_heartbeat(folder, args.runs)
         print(f"first heartbeat of 4 forked workers: dropped in {dropped}/{args.runs} runs")
-        stops: dict[str, list[tuple[float, int]]] = {"agentd": [], "torchrun": []}
-        for _ in range(max(3, args.runs // 2)):
-            for launcher in stops:
-                stops[launcher].append(stop_while_waiting(folder, launcher))
-        medians = {}
-        for launcher, found in stops.items():
-            medians[launcher] = statistics.median(s for s, _ in found)
-            codes = sorted({c for _, c in found})
-            print(
-                f"SIGTERM while waiting for a peer, {launcher}: median "
-                f"{medians[launcher]:.2f}s, exit {codes}"
-            )
-        whole: dict[str, list[tuple[float, list[int]]]] = {"agentd": [], "torchrun": []}
-        for _ in range(max(3, args.runs // 2)):
-            for launcher in whole:
-                whole[launcher].append(stop_whole(folder, launcher))
-        ends = {}
-        for launcher, found in whole.items():
-            ends[launcher] = statistics.median(s for s, _ in found)
-            codes = sorted({c for _, cs in found for c in cs})
-            print(
-                f"SIGTERM to both nodes of a running job, {launcher}: median {ends[launcher]:.2f}s "
-                f"(slowest {max(s for s, _ in found):.2f}), exit {codes}"
-            )
+        runs = max(3, args.runs // 2)
+        medians = timed_stops("SIGTERM while waiting for a peer", stop_while_waiting, folder, runs)
+        ends = timed_stops("SIGTERM to both nodes of a running job", stop_whole, folder, runs)
     if args.record:
         sys.path.insert(0, str(Path(__file__).parent))
         from figures import record

@@ -24,34 +24,25 @@ def worlds(out, size: int) -> list[str]:
     return sorted(p.name for p in out.glob(f"w{size}_*"))
 
 
+def start_job(run_agentd, count: int, nnodes: str, out, stop) -> list:
+    """``count`` agents of one job on 127.0.0.1, with torchrun's command line and no
+    ``--rdzv-conf`` (the defaults): the first serves the store."""
+    out.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = f"--rdzv-backend c10d --rdzv-endpoint {endpoint} --rdzv-id job --nnodes {nnodes}"
+    agents = [run_agentd(*flags.split(), "--max-restarts", "0", WORLD, str(out), str(stop))]
+    wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
+    for _ in range(count - 1):
+        agents.append(run_agentd(*flags.split(), "--max-restarts", "0", WORLD, str(out), str(stop)))
+    return agents
+
+
 @pytest.mark.parametrize(
     "how", ["SIGTERM", "SIGKILL", "SIGKILL of the store's host", "SIGTERM of the store's host"]
 )
 def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path, how):
     out, stop = tmp_path / "worlds", tmp_path / "stop"
-    out.mkdir()
-    endpoint = f"127.0.0.1:{free_port()}"
-    agents = []
-    for i in range(3):  # torchrun's command line, no --rdzv-conf: the defaults
-        agents.append(
-            run_agentd(
-                "--rdzv-backend",
-                "agentd",
-                "--rdzv-endpoint",
-                endpoint,
-                "--rdzv-id",
-                "job",
-                "--nnodes",
-                "2:3",
-                "--max-restarts",
-                "0",
-                WORLD,
-                str(out),
-                str(stop),
-            )
-        )
-        if i == 0:
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
+    agents = start_job(run_agentd, 3, "2:3", out, stop)
     wait_until(lambda: len(worlds(out, 3)) == 3, 60, what="a world of 3")
     leaver = agents[0] if how.endswith("host") else agents[2]
     stayers = [agent for agent in agents if agent is not leaver]
@@ -116,20 +107,7 @@ def test_a_job_stopped_whole_ends_in_seconds(run_agentd, tmp_path):
     to search for a server for 30 s (its close timeout) and log that it could not leave
     cleanly, on every stop of a job of two or more."""
     out, stop = tmp_path / "worlds", tmp_path / "stop"
-    out.mkdir()
-    endpoint = f"127.0.0.1:{free_port()}"
-    agents = []
-    for i in range(2):  # torchrun's command line, the defaults
-        agents.append(
-            run_agentd(
-                *f"--rdzv-backend c10d --rdzv-endpoint {endpoint} --rdzv-id job --nnodes 2".split(),
-                WORLD,
-                str(out),
-                str(stop),
-            )
-        )
-        if i == 0:
-            wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
+    agents = start_job(run_agentd, 2, "2", out, stop)
     wait_until(lambda: len(worlds(out, 2)) == 2, 60, what="a world of 2")
     wait_until(lambda: "Standing by as store candidate" in agents[1].stderr(), 30)
     for agent in agents:
