@@ -206,8 +206,15 @@ def resolve(
         file_values = read_toml(config_file)
         unknown = set(file_values) - set(OPTIONS_BY_NAME) - {"script", "args"}
         if unknown:
+            import difflib
+
             key = sorted(unknown)[0]
-            raise ConfigError(f"{config_file}: {key} is not a known option (see agentd run --help)")
+            names = sorted({*OPTIONS_BY_NAME, "script", "args"})
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"{config_file}: {key} is not a known option ({hint}see agentd run --help)"
+            )
     picks = {o.name: _pick(o, cli, environ, file_values, config_file) for o in OPTIONS}
     detected = _detect(picks, environ)
     if detected is not None:
