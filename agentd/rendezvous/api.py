@@ -110,6 +110,21 @@ class RendezvousInfo:
     """Every agent's workers kept across the restart (local ranks), by group rank, when the
     backend carries them (:class:`KeepsWorkers`; else empty)."""
 
+    @property
+    def rank(self) -> int:
+        """torch's name for :attr:`group_rank`."""
+        return self.group_rank
+
+    @property
+    def world_size(self) -> int:
+        """torch's name for :attr:`group_world_size`."""
+        return self.group_world_size
+
+    @property
+    def bootstrap_store_info(self) -> RendezvousStoreInfo:
+        """Where the workers' store is served, as torch's ``RendezvousInfo`` says it."""
+        return RendezvousStoreInfo(self.master_addr, self.master_port)
+
 
 class RendezvousHandler(Protocol):
     """What the agent needs from a rendezvous backend."""
