@@ -87,15 +87,20 @@ class RendezvousParameters:
             ) from exc
 
 
+RendezvousHandlerCreator = Callable[[RendezvousParameters], Any]
+"""What :meth:`RendezvousHandlerRegistry.register` takes: a backend's handler from the
+parameters (torch's name)."""
+
+
 class RendezvousHandlerRegistry:
     """Backends added by name (torch's registry): ``register(backend, creator)`` where
     ``creator(params)`` returns a handler. A registered name takes precedence over
     agentd's own backends of that name."""
 
     def __init__(self) -> None:
-        self._creators: dict[str, Callable[[RendezvousParameters], Any]] = {}
+        self._creators: dict[str, RendezvousHandlerCreator] = {}
 
-    def register(self, backend: str, creator: Callable[[RendezvousParameters], Any]) -> None:
+    def register(self, backend: str, creator: RendezvousHandlerCreator) -> None:
         if not backend:
             raise ValueError("backend: must be a non-empty name")
         current = self._creators.get(backend)
@@ -106,7 +111,7 @@ class RendezvousHandlerRegistry:
     def create_handler(self, params: RendezvousParameters) -> Any:
         return get_rendezvous_handler(params)
 
-    def creator(self, backend: str) -> Callable[[RendezvousParameters], Any] | None:
+    def creator(self, backend: str) -> RendezvousHandlerCreator | None:
         return self._creators.get(backend)
 
 

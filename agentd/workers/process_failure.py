@@ -54,6 +54,12 @@ class ProcessFailure(WorkerFailure):
         if content.timestamp is not None:
             self.timestamp = int(content.timestamp)
 
+    def timestamp_isoformat(self) -> str:
+        """When it failed, local time, as ``YYYY-MM-DD_HH:MM:SS`` (torch's)."""
+        import datetime
+
+        return datetime.datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
+
     def signal_name(self) -> str:
         if self.exitcode >= 0:
             return NOT_AVAILABLE

@@ -3,6 +3,7 @@ them, on both implementations."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 
@@ -35,6 +36,7 @@ def test_an_error_file_gives_message_and_whole_second_timestamp(impl, tmp_path, 
     path.write_text(json.dumps({"message": "out of memory", "timestamp": timestamp}))
     failure = errors.ProcessFailure(0, 1, 1, str(path))
     assert (failure.message, failure.timestamp) == ("out of memory", 10)
+    assert failure.timestamp_isoformat() == datetime.datetime.fromtimestamp(10).isoformat("_")
 
 
 def test_a_malformed_error_file_is_refused(impl, tmp_path):

@@ -222,3 +222,11 @@ def test_the_store_utilities_export_what_torchs_do(impl):
     utils = elastic(impl, "utils.store")
     for name in ("barrier", "get_all", "store_timeout", "synchronize"):
         assert callable(getattr(utils, name)), name
+
+
+def test_the_rendezvous_package_exports_what_a_site_registers_with(impl):
+    """``from torch.distributed.elastic.rendezvous import RendezvousHandlerCreator``, to type
+    the creator a site registers, and the store info a handler builds its answer from."""
+    rdzv = elastic(impl, "rendezvous")
+    assert "RendezvousHandlerCreator" in rdzv.__all__ and rdzv.RendezvousHandlerCreator
+    assert rdzv.RendezvousStoreInfo("h", 1).master_port == 1

@@ -12,6 +12,7 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from agentd.rendezvous.registry import (
+    RendezvousHandlerCreator,
     RendezvousHandlerRegistry,
     RendezvousParameters,
     rendezvous_handler_registry,
@@ -23,6 +24,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousGracefulExitError",
     "RendezvousHandler",
+    "RendezvousHandlerCreator",
     "RendezvousHandlerRegistry",
     "RendezvousInfo",
     "RendezvousParameters",
