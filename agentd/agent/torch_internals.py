@@ -4,19 +4,23 @@ A mixin of :class:`~agentd.agent.template.SimpleElasticAgent`: ``_record_metrics
 ``_record_flakiness_metric`` publish torch's ``workers.<role>.*`` metrics at the end of a
 run (group ``torchelastic``), ``_record_restart`` the restarts left at each restart,
 ``_record_worker_events`` one status event per worker, ``_construct_event`` builds torch's
-event for the agent or a worker, and ``get_event_succeeded`` / ``get_event_failed`` are
-the agent's own outcome as torch's launcher records it. ``_assign_worker_ranks`` is
-torch's rank assignment over a store its peers share. The metrics go through the
-``put_metric`` of :mod:`agentd.agent.template` (torch's agent module, which a test or a
-framework patches), through the template's ``_put_metric``.
+event for the agent or a worker (``record_duration`` records one that times a block), and
+``get_event_succeeded`` / ``get_event_failed`` are the agent's own outcome as torch's
+launcher records it. ``_assign_worker_ranks`` is torch's rank assignment over a store its
+peers share. The metrics go through the ``put_metric`` of :mod:`agentd.agent.template`
+(torch's agent module, which a test or a framework patches), through the template's
+``_put_metric``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import sys
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentd.group import RunResult, Worker, WorkerGroup, WorkerState
@@ -113,6 +117,21 @@ class TorchInternals:
                     worker_pid=failure.pid,
                 )
             events.record(event, group.spec.event_log_handler)
+
+    @contextlib.contextmanager
+    def record_duration(self, state: str) -> Iterator[None]:
+        """Time the block, then record torch's agent event ``state`` with its
+        ``duration_ms`` (torch's template times its rendezvous and rank assignment so; a
+        subclass may time its own steps)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            from agentd.telemetry import events
+
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            event = self._construct_event(state, "AGENT", duration_ms=elapsed_ms)
+            events.record(event, self._worker_group.spec.event_log_handler)
 
     def _construct_event(
         self,

@@ -19,6 +19,7 @@ def test_a_successful_run_publishes_torchs_metrics_and_worker_events(impl):
     assert seen["workers.trainer.run_failed_no_retries"] == 0
     assert seen["workers.trainer.run_success_with_retries"] == 0
     assert out["events"].count("torchelastic.worker.status.SUCCEEDED") == 2
+    assert out["events"][-1] == "torchelastic.worker.status.TIMED"  # record_duration's
 
 
 def test_a_failed_run_says_so_in_metrics_and_events(impl):
