@@ -276,9 +276,16 @@ class WorkerSpec:
     standby_cuda: bool = False
     """Each standby initialises CUDA and makes a context on its local rank's device while
     it waits (torch preloaded; :mod:`agentd.preload.warm_cuda`)."""
+    numa_options: Any = None
+    """torch's NUMA binding of the workers, which agentd does not do: only None is taken
+    (``agentd run --numa-binding`` is refused the same way)."""
 
     def __post_init__(self) -> None:
         check_name("role", self.role)
+        if self.numa_options is not None:
+            raise field_error(
+                "numa_options", self.numa_options, "must be None: NUMA binding is not supported"
+            )
         if (
             not isinstance(self.local_world_size, int)
             or not 1 <= self.local_world_size <= MAX_LOCAL_WORLD_SIZE

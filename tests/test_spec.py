@@ -144,3 +144,10 @@ def test_rdzv_conf_variables_lose_only_their_password():
         }
     )
     assert env == {"PET_RDZV_CONF": "join_timeout=5,key_prefix=/x", "PATH": "/bin"}
+
+
+def test_a_numa_binding_is_refused_in_one_line():
+    """torch binds workers to NUMA nodes when given ``numa_options``; agentd does not, and
+    says so at once rather than run them unbound."""
+    with pytest.raises(ConfigError, match=r"numa_options: .* NUMA binding is not supported"):
+        WorkerSpec("trainer", 1, entrypoint="python", numa_options=object())

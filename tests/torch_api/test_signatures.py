@@ -43,6 +43,14 @@ def test_worker_spec_takes_torch_fields_in_torch_order(impl):
     assert (spec.master_port, spec.master_addr, spec.local_addr) == (None, None, None)
 
 
+def test_worker_spec_takes_torchs_numa_options_keyword(impl):
+    server = elastic(impl, "agent.server")
+    spec = server.WorkerSpec(
+        "trainer", 1, static_handler(impl), entrypoint=sys.executable, numa_options=None
+    )
+    assert spec.numa_options is None
+
+
 def test_worker_spec_fn_is_deprecated_but_works(impl):
     server = elastic(impl, "agent.server")
     with warnings.catch_warnings(record=True) as caught:
