@@ -68,29 +68,6 @@ def test_settings_a_backend_does_not_use_are_ignored(impl, backend):
     handler.shutdown()
 
 
-def test_a_static_handler_meets_at_its_endpoint(impl):
-    """The endpoint of a static rendezvous is where the workers meet (torch's master), and
-    the round's outcome reads as torch's ``RendezvousInfo`` does."""
-    rdzv, registry = elastic(impl, "rendezvous"), elastic(impl, "rendezvous.registry")
-    port = free_port()
-    params = rdzv.RendezvousParameters(
-        backend="static",
-        endpoint=f"127.0.0.1:{port}",
-        run_id="static",
-        min_nodes=1,
-        max_nodes=1,
-        rank=0,
-    )
-    handler = registry.get_rendezvous_handler(params)
-    try:
-        info = handler.next_rendezvous()
-        assert (info.rank, info.world_size) == (0, 1)
-        store = info.bootstrap_store_info
-        assert (store.master_addr, store.master_port) == ("127.0.0.1", port)
-    finally:
-        handler.shutdown()
-
-
 @pytest.mark.torch
 def test_a_torch_rendezvous_handler_drives_agentds_agent(tmp_path):
     """A site's own handler (here torch's static one: synchronous methods) keeps working."""

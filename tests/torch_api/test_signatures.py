@@ -19,12 +19,12 @@ def trainer() -> None:
     """A function entrypoint for specs built here."""
 
 
-def static_handler(impl: str, run_id: str = "sig"):
+def static_handler(impl: str, run_id: str = "sig", port: int | None = None):
     rdzv = elastic(impl, "rendezvous")
     registry = elastic(impl, "rendezvous.registry")
     params = rdzv.RendezvousParameters(
         backend="static",
-        endpoint=f"127.0.0.1:{free_port()}",
+        endpoint=f"127.0.0.1:{port or free_port()}",
         run_id=run_id,
         min_nodes=1,
         max_nodes=1,
@@ -238,3 +238,17 @@ def test_the_rendezvous_package_exports_what_a_site_registers_with(impl):
     rdzv = elastic(impl, "rendezvous")
     assert "RendezvousHandlerCreator" in rdzv.__all__ and rdzv.RendezvousHandlerCreator
     assert rdzv.RendezvousStoreInfo("h", 1).master_port == 1
+
+
+def test_a_static_handler_meets_at_its_endpoint(impl):
+    """The endpoint of a static rendezvous is where the workers meet (torch's master), and
+    the round's outcome reads as torch's ``RendezvousInfo`` does."""
+    port = free_port()
+    handler = static_handler(impl, "static", port)
+    try:
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        store = info.bootstrap_store_info
+        assert (store.master_addr, store.master_port) == ("127.0.0.1", port)
+    finally:
+        handler.shutdown()
