@@ -7,9 +7,10 @@ back (one ``add`` on ``round/<g>/back/<G>``, for a member) and reads three count
 when the count adds up it seals the round at once, instead of waiting for the last
 call. A member that leaves for good (SIGTERM, a drain, ``agentd drain``, its guardian
 after a SIGKILL, or its lease found expired) is marked gone once, by whoever notices
-first (``round/<G>/gone/<node>`` then ``add`` on ``round/<G>/gone``), and the marker
-checks the count again: of two nodes that each change a counter and then read the
-other's, the later one sees both, so no last change goes unnoticed.
+first (``round/<G>/gone/<node>`` and ``round/<G>/gone`` in one ``add_once``, which a
+lost answer resends safely), and the marker checks the count again: of two nodes that
+each change a counter and then read the other's, the later one sees both, so no last
+change goes unnoticed.
 
 A round seals early when:
 
@@ -107,6 +108,9 @@ async def count(
     )
 
 
+LEFT, LAPSED = b"left", b"lapsed"
+"""Why a node was counted gone: it said it left (itself, or its guardian), or its lease
+was seen not held."""
 MEMBERS = "gone"
 SPARES = "spares_gone"
 """The counters of ``carried``'s round that :func:`mark_gone` adds to."""
@@ -121,15 +125,17 @@ async def mark_gone(
     counter: str = MEMBERS,
 ) -> bool:
     """Count ``node``, a member of ``carried``'s round (or, with ``counter`` SPARES, a
-    spare that waited after it), gone for good (once, whoever calls first); whether
-    this call did. ``lapsed``: because its lease was not held: only where the store
-    that takes the mark holds no heartbeat of it, in the same step (the lease was read in
-    one store; a failover may carry the mark to another, where the node beats)."""
+    spare that waited after it), gone for good, once, in one step (``add_once``: a
+    resend after a lost answer counts nothing twice); whether it was counted for this
+    reason (by this call, by an earlier one, or by another caller for the same reason:
+    a count made twice costs nothing, one missed costs the round its last call).
+    ``lapsed``: because its lease was not held: only where the store that takes the mark
+    holds no heartbeat of it, in the same step (the lease was read in one store; a
+    failover may carry the mark to another, where the node beats)."""
     marker = keys.round(carried.generation, f"{counter}/{node}")
     absent = [keys.heartbeat(node)] if lapsed else []
-    placed, _ = await store.compare_set(marker, None, b"1", absent=absent)
-    if placed:
-        await store.add(keys.round(carried.generation, counter), 1)
+    total = keys.round(carried.generation, counter)
+    placed, _ = await store.add_once(total, marker, LAPSED if lapsed else LEFT, absent)
     return placed
 
 

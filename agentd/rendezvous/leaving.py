@@ -109,6 +109,8 @@ class Leaving:
         try:
             async with asyncio.timeout(self.settings.heartbeat_ttl):
                 await self._rounds_or_fail().advance(current.generation, reason)
+        except StoreLeft:
+            raise  # nobody is left to end it for
         except (StoreUnavailable, TimeoutError) as exc:
             self._unended = current.generation
             why = str(exc) or "no answer in time"

@@ -23,7 +23,8 @@ class StoreUnavailable(StoreError, StartError):
 
 
 class StoreOutcomeUnknown(StoreUnavailable):
-    """A request that must not be resent (``add``) failed after it may have been applied."""
+    """A request that must not be resent (``add``) failed after it may have been applied
+    (``add_once`` is resent instead)."""
 
 
 class StoreLeft(StoreUnavailable):
@@ -86,6 +87,19 @@ class Store(Protocol):
 
     async def add(self, key: str, delta: int) -> int:
         """Add ``delta`` to the integer at ``key`` (0 if missing); returns the new value."""
+        ...
+
+    async def add_once(
+        self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
+    ) -> tuple[bool, int]:
+        """Create ``marker`` holding ``mark`` and add 1 to the integer at ``counter`` (0 if
+        missing), in one step, unless ``marker`` exists already or a key of ``absent`` does.
+
+        Returns whether ``marker`` holds ``mark`` now (this call, or an earlier one with the
+        same ``mark``, counted it) and the integer at ``counter``. Unlike :meth:`add`, it
+        is safe to resend when an answer was lost: a mark is counted once however often it
+        is sent (a member counted gone as a connection closes under it).
+        """
         ...
 
     async def compare_set(

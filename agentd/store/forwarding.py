@@ -68,6 +68,11 @@ class ForwardingStore:
     async def add(self, key: str, delta: int) -> int:
         return await self._call(lambda s: s.add(key, delta))
 
+    async def add_once(
+        self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
+    ) -> tuple[bool, int]:
+        return await self._call(lambda s: s.add_once(counter, marker, mark, absent))
+
     async def compare_set(
         self,
         key: str,

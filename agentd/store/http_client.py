@@ -4,7 +4,7 @@
 Connection failures are retried with jittered exponential backoff until ``retry_timeout``
 runs out, so a store that restarts, or starts a little after its clients, is waited for.
 A request that may have reached the server is resent only if resending cannot change
-the outcome (everything but ``add``).
+the outcome (everything but ``add``; ``add_once`` is).
 """
 
 from __future__ import annotations
@@ -200,7 +200,9 @@ class HttpStore:
                     )
                 elif status == 401 and self._token_port is not None:
                     # the published token: not there yet, or an earlier store's; read again
-                    problem = self._auth_problem(headers)
+                    self._token = None
+                    given = "Authorization" in headers
+                    problem = token_file.refused(self.url, self._token_port, given)
                 else:
                     if self.observer is not None and not poll:  # a long poll is not latency
                         self.observer(op, time.monotonic() - began)
@@ -226,19 +228,6 @@ class HttpStore:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         return headers
-
-    def _auth_problem(self, sent: dict[str, str]) -> StoreAuthError:
-        assert self._token_port is not None
-        self._token = None  # refused, or none yet: read the file again for the next try
-        path = token_file.token_path(self._token_port)
-        if "Authorization" not in sent:
-            why = f"no token was given and {path} does not exist (yet)"
-        else:
-            why = f"it refused the token in {path}"
-        return StoreAuthError(
-            f"store at {self.url}: {why}; a store served by another user "
-            "needs its token in AGENTD_STORE_TOKEN"
-        )
 
     def _client(self) -> JsonClient:
         """The connections to the server at :attr:`url` (new ones after a move)."""
@@ -303,6 +292,13 @@ class HttpStore:
     async def add(self, key: str, delta: int) -> int:
         doc = await self._call("add", {"key": key, "delta": delta}, idempotent=False)
         return int(doc["value"])
+
+    async def add_once(
+        self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
+    ) -> tuple[bool, int]:
+        body = {"counter": counter, "marker": marker, "mark": b64(mark), "absent": list(absent)}
+        doc = await self._call("add_once", body)  # resent: the marker counts it once
+        return bool(doc["counted"]), int(doc["value"])
 
     async def compare_set(
         self,

@@ -148,14 +148,19 @@ class MemoryStore:
         return item.value if item else None
 
     async def add(self, key: str, delta: int) -> int:
-        item = self._live(key)
-        try:
-            current = int(item.value) if item else 0
-        except ValueError:
-            raise StoreError(f"add: key {key!r} does not hold an integer") from None
-        total = current + delta
+        total = self._integer("add", key) + delta
         self._put(key, str(total).encode(), None)
         return total
+
+    async def add_once(
+        self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
+    ) -> tuple[bool, int]:
+        held = self._live(marker)
+        total = self._integer("add_once", counter)
+        if held is not None or any(self._live(k) is not None for k in absent):
+            return held is not None and held.value == mark, total
+        await self.multi_set({marker: mark, counter: str(total + 1).encode()})
+        return True, total + 1
 
     async def compare_set(
         self,
@@ -273,6 +278,14 @@ class MemoryStore:
             self._tick = None
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _integer(self, op: str, key: str) -> int:
+        """The integer at ``key`` (0 if missing), for ``op``."""
+        item = self._live(key)
+        try:
+            return int(item.value) if item else 0
+        except ValueError:
+            raise StoreError(f"{op}: key {key!r} does not hold an integer") from None
 
     def _live(self, key: str) -> _Item | None:
         item = self._items.get(key)

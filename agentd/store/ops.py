@@ -134,6 +134,16 @@ async def _add(store: MemoryStore, a: Args) -> dict[str, Any]:
     return {"value": await store.add(a.key(), a.integer("delta"))}
 
 
+async def _add_once(store: MemoryStore, a: Args) -> dict[str, Any]:
+    counted, total = await store.add_once(
+        a.key("counter"),
+        a.key("marker"),
+        a.value("mark") or b"",
+        a.keys("absent", MAX_PRESENT, optional=True),
+    )
+    return {"counted": counted, "value": total}
+
+
 async def _compare_set(store: MemoryStore, a: Args) -> dict[str, Any]:
     ok, current = await store.compare_set(
         a.key(),
@@ -191,6 +201,7 @@ OPS: dict[str, Callable[[MemoryStore, Args], Awaitable[dict[str, Any]]]] = {
     "set": _set,
     "get": _get,
     "add": _add,
+    "add_once": _add_once,
     "compare_set": _compare_set,
     "refresh": _refresh,
     "multi_get": _multi_get,

@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 
 from agentd.exceptions import StartError
+from agentd.store.api import StoreAuthError
 from agentd.support.secrets import published, withdrawn
 
 
@@ -103,3 +104,17 @@ def for_agent(url: str, given: str | None) -> str | None:
     if parts.hostname in ("localhost", "::1") or (parts.hostname or "").startswith("127."):
         return read(parts.port or 80, "health")
     return None
+
+
+def refused(url: str, port: int, given: bool) -> StoreAuthError:
+    """Why the loopback store at ``url`` refused a client using the token it publishes
+    for ``port`` (``given``: the request carried one)."""
+    path = token_path(port)
+    if given:
+        why = f"it refused the token in {path}"
+    else:
+        why = f"no token was given and {path} does not exist (yet)"
+    return StoreAuthError(
+        f"store at {url}: {why}; a store served by another user needs its token in "
+        "AGENTD_STORE_TOKEN"
+    )

@@ -21,7 +21,7 @@ from agentd.rendezvous.api import (
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.sealing import ENDED
-from agentd.store.api import Store, StoreOutcomeUnknown
+from agentd.store.api import Store, StoreLeft, StoreOutcomeUnknown
 from agentd.store.connect import OpenedStore
 from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
@@ -263,6 +263,39 @@ async def test_an_arrival_of_unknown_outcome_joins_again_even_in_the_first_rende
         infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), 20)
         assert sorted(i.group_rank for i in infos) == [0, 1] and store.lost
     finally:
+        await shutdown_all(a, b)
+        await store.close()
+
+
+class Deserted(MemoryStore):
+    """A store whose candidates all stop answering a leaving agent's writes once
+    ``deserted`` is set (its client raises StoreLeft: a job stopped whole)."""
+
+    deserted = False
+
+    async def compare_set(self, key, *args, **kwargs):
+        if self.deserted:
+            raise StoreLeft("no store candidate answers: 127.0.0.1:1: cannot connect")
+        return await super().compare_set(key, *args, **kwargs)
+
+
+async def test_a_round_ended_in_a_deserted_store_says_the_others_left_too(caplog):
+    """Before, ending the round turned StoreLeft into StoreUnavailable ("the round will
+    be ended when it answers"), and such a leave of a job stopped whole logged "could not
+    leave cleanly" as a WARNING."""
+    caplog.set_level("INFO", logger="agentd.rendezvous")
+    store = Deserted()
+    a, b = handler(store, nodes=(2, 2)), handler(store, nodes=(2, 2))
+    try:
+        await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), 20)
+        store.deserted = True
+        with pytest.raises(StoreLeft, match="no store candidate answers"):
+            await a.end_round("this node leaves")
+        await asyncio.wait_for(a.shutdown(), 10)
+        assert "the others have left too (no store candidate answers" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        store.deserted = False
         await shutdown_all(a, b)
         await store.close()
 

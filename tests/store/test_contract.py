@@ -91,6 +91,36 @@ async def test_arrivals_each_get_their_own_count_and_read_as_an_integer(store: S
     assert await store.delete("round/join") and await store.add("round/join", 1) == 1
 
 
+async def test_add_once_counts_each_marker_once_and_says_whose_mark_it_holds(store: Store):
+    """A member counted gone: a resend of the same mark (its first answer lost) counts
+    nothing twice and says it was counted; another mark of the same marker is refused."""
+    assert await store.add_once("gone", "gone/a", b"left") == (True, 1)
+    assert await store.add_once("gone", "gone/a", b"left") == (True, 1)
+    assert await store.add_once("gone", "gone/a", b"lapsed") == (False, 1)
+    assert await store.add_once("gone", "gone/b", b"lapsed") == (True, 2)
+    assert await store.multi_get(["gone", "gone/a", "gone/b"]) == [b"2", b"left", b"lapsed"]
+    await store.set("text", b"abc")
+    with pytest.raises(StoreError, match="does not hold an integer"):
+        await store.add_once("text", "text/a", b"left")
+    assert await store.get("text/a") is None
+
+
+async def test_add_once_only_while_every_named_key_is_absent(store: Store):
+    """A lapsed lease's gone mark names the heartbeat: a store where it beats counts
+    nothing; on a counter another ``add`` made (etcd counts by version), it adds on."""
+    await store.set("hb/live", b"1", ttl=30)
+    assert await store.add_once("gone", "gone/live", b"lapsed", ["hb/live"]) == (False, 0)
+    assert await store.multi_get(["gone", "gone/live"]) == [None, None]
+    assert await store.add("gone", 1) == 1
+    assert await store.add_once("gone", "gone/lost", b"lapsed", ["hb/lost"]) == (True, 2)
+
+
+async def test_add_once_from_many_at_once_counts_each_marker_once(store: Store):
+    marks = [store.add_once("n", f"n/{i % 8}", b"left") for i in range(24)]
+    assert all(counted for counted, _ in await asyncio.gather(*marks))
+    assert await store.get("n") == b"8"
+
+
 async def test_compare_set(store: Store):
     assert await store.compare_set("c", None, b"first") == (True, b"first")
     assert await store.compare_set("c", None, b"again") == (False, b"first")

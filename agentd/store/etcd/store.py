@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 2379
 MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: longer multi-key requests are split."""
+_Guard = tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
+"""The compares, puts and counting reads ``add_once`` adds to an add's transaction."""
 
 
 class EtcdStore:
@@ -165,7 +167,9 @@ class EtcdStore:
                 return counted
         else:
             kv = self._first_kv(await self._gw.post("get", "/v3/kv/range", {"key": self._key(key)}))
-        return await self._add_to_value(key, delta, kv)
+        total = await self._add_to_value(key, delta, kv)
+        assert total is not None  # unguarded: it returns only once added
+        return total
 
     async def _count_one(self, key: str) -> tuple[int | None, dict[str, Any] | None]:
         """One more version of a counted or missing key, in one transaction: its count;
@@ -189,9 +193,37 @@ class EtcdStore:
             return int(kv["version"]), kv
         return None, kv
 
-    async def _add_to_value(self, key: str, delta: int, kv: dict[str, Any] | None) -> int:
+    async def add_once(
+        self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
+    ) -> tuple[bool, int]:
+        """A transaction on the counter's revision as read that also compares ``marker``
+        and ``absent`` missing; resent where its answer was lost, since a resend finds the
+        marker and counts nothing twice."""
+        if len(absent) + 2 >= MAX_TXN_OPS:
+            raise StoreError(f"add_once: absent names {len(absent)} keys, etcd allows fewer")
+        kv = self._first_kv(await self._gw.post("get", "/v3/kv/range", {"key": self._key(counter)}))
+        guarded = [marker, *absent]
+        compare = [
+            {"key": self._key(k), "target": "VERSION", "version": "0", "result": "EQUAL"}
+            for k in guarded
+        ]
+        reads = [{"request_range": {"key": self._key(k), "count_only": True}} for k in guarded]
+        guard = (compare, [{"request_put": self._put(marker, mark, None)}], reads)
+        total = await self._add_to_value(counter, 1, kv, guard)
+        if total is not None:
+            return True, total
+        held, value = await self.multi_get([marker, counter])
+        return held == mark, int(value or b"0")
+
+    async def _add_to_value(
+        self, key: str, delta: int, kv: dict[str, Any] | None, guard: _Guard | None = None
+    ) -> int | None:
         """A transaction on the revision of ``kv`` (as read); on a lost race, again after a
-        jittered pause of up to a round trip, doubling with each loss."""
+        jittered pause of up to a round trip, doubling with each loss. With ``guard``
+        (compares, puts and counting reads of :meth:`add_once`), None once a guarded key
+        is found to exist."""
+        compares, puts, reads = guard or ([], [], [])
+        op = "add" if guard is None else "add_once"
         round_trip = 0.0
         for lost in itertools.count():
             if lost > 1:  # the others' transactions take about a round trip each: spread out
@@ -200,16 +232,19 @@ class EtcdStore:
             try:
                 total = int(self._value(kv) or b"0") + delta
             except ValueError:
-                raise StoreError(f"add: key {key!r} does not hold an integer") from None
+                raise StoreError(f"{op}: key {key!r} does not hold an integer") from None
             seen = kv.get("mod_revision", "0") if kv else "0"
-            compare = [{"key": self._key(key), "target": "MOD", "mod_revision": seen}]
-            put = [{"request_put": self._put(key, str(total).encode(), None)}]
-            reread = [{"request_range": {"key": self._key(key)}}]
-            doc = await self._txn("add", compare, put, reread, idempotent=False)
+            compare = [{"key": self._key(key), "target": "MOD", "mod_revision": seen}, *compares]
+            put = [{"request_put": self._put(key, str(total).encode(), None)}, *puts]
+            reread = [{"request_range": {"key": self._key(key)}}, *reads]
+            doc = await self._txn(op, compare, put, reread, idempotent=guard is not None)
             round_trip = time.monotonic() - began
             if doc.get("succeeded"):
                 return total
-            kv = self._first_kv(doc["responses"][0]["response_range"])
+            responses = doc["responses"]
+            kv = self._first_kv(responses[0]["response_range"])
+            if any(int(r["response_range"].get("count", 0)) for r in responses[1:]):
+                return None
         raise AssertionError("unreachable")
 
     async def compare_set(

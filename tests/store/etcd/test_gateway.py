@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from agentd.store.api import StoreOutcomeUnknown, StoreRefused, StoreUnavailable
+from agentd.store.etcd.gateway import b64
 from agentd.store.etcd.store import EtcdStore
 
 Answer = tuple[int, dict[str, object]]
@@ -102,6 +103,25 @@ async def test_an_arrival_that_may_have_been_counted_is_not_resent(gateway):
     with pytest.raises(StoreOutcomeUnknown, match="not resent, it may have been applied"):
         await store().add("counter", 1)
     assert fake.paths == ["/v3/kv/txn"]
+
+
+async def test_a_count_once_that_may_have_been_applied_is_resent(gateway):
+    """The resend finds the marker (the first try was applied): counted, once, and the
+    caller told so, with the count read back."""
+    fake, store = gateway
+    kv = {"kvs": [{"value": b64(b"1"), "mod_revision": "4", "version": "1"}]}
+    marked = {"succeeded": False, "responses": [{"response_range": kv}, counted(1)]}
+    read = {"responses": [{"response_range": {"kvs": [{"value": b64(b"left")}]}}]}
+    read["responses"].append({"response_range": kv})
+    fake.answers = [(200, {"header": {"revision": "3"}}), DEADLINE]
+    fake.answers += [(200, {"header": {"revision": "4"}, **marked})]
+    fake.answers += [(200, {"header": {"revision": "4"}, **read})]
+    assert await store().add_once("gone", "gone/a", b"left") == (True, 1)
+    assert fake.paths == ["/v3/kv/range", "/v3/kv/txn", "/v3/kv/txn", "/v3/kv/txn"]
+
+
+def counted(count: int) -> dict[str, object]:
+    return {"response_range": {"count": str(count)}}
 
 
 async def test_an_add_refused_before_raft_is_resent(gateway):
