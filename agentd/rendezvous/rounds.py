@@ -251,7 +251,12 @@ class Rounds(SealWait):
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}
         mine = json.dumps(node).encode()
         arrival = self._arrival = Arrival(generation, rank, mine, start, incarnation)
-        placed, held = await store.compare_set(keys.round(generation, f"node/{rank}"), None, mine)
+        entry, sealed_key = keys.round(generation, f"node/{rank}"), keys.round(generation, "sealed")
+        placed, held = await store.compare_set(entry, None, mine, absent=[sealed_key])
+        if not placed and held is None:  # sealed (or ended) before our entry: too late for it
+            self._arrival = None
+            await self._arrived_late(generation, await store.get(sealed_key))
+            return False
         if held == mine and not await self._placed_here(arrival, held):
             self._arrival = None
             log.info(

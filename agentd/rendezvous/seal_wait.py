@@ -97,30 +97,11 @@ class SealWait(Sealing):
             log.info(_STORE_LOST_ROUND, self._run_id, generation)
             await self._carry_if_forgotten_with_us(generation, rank, instance)
             return None
-        if sealed == ENDED:
-            log.info(
-                "Rendezvous %s: round %d ended before it was sealed; joining the next",
-                self._run_id,
-                generation,
-            )
-            await self._move_past_ended(generation)
+        summary = None if sealed == ENDED else decode(sealed)
+        if summary is None or rank >= summary.size:
+            await self._arrived_late(generation, sealed)
             return None
-        summary = decode(sealed)
-        size = summary.size
-        if rank >= size:
-            log.info(
-                "Rendezvous %s: arrived after round %d was sealed; waiting for the next",
-                self._run_id,
-                generation,
-            )
-            self.carried = Carried(generation, size, False, instance_of(self._store))
-            if size < settings.max_nodes:  # there is room: end the round to admit us
-                await self.advance(generation, f"node {self._node['node']} wants to join")
-                await self.wait_for_generation_after(generation)
-            else:
-                await self.wait_for_generation_after(generation, full=size)
-            return None
-        self.carried = Carried(generation, size, True, instance_of(self._store))
+        self.carried = Carried(generation, summary.size, True, instance_of(self._store))
         self.unsure = None  # a round sealed with us: the one before no longer matters
         assert self._membership is not None
         lapsed = self._membership.lapsed()
@@ -136,6 +117,32 @@ class SealWait(Sealing):
             await self.advance(generation, f"node {self._node['node']}'s lease {why}")
             return None
         return Round(generation, rank, summary, revision, mine)
+
+    async def _arrived_late(self, generation: int, sealed: bytes | None) -> None:
+        """Round ``generation`` was ended, or ``sealed`` without us: wait for the next
+        round, ending this one to be admitted where it has room."""
+        if sealed is None:  # moved away from under us (the store failed over): join again
+            return
+        if sealed == ENDED:
+            log.info(
+                "Rendezvous %s: round %d ended before it was sealed; joining the next",
+                self._run_id,
+                generation,
+            )
+            await self._move_past_ended(generation)
+            return
+        log.info(
+            "Rendezvous %s: arrived after round %d was sealed; waiting for the next",
+            self._run_id,
+            generation,
+        )
+        size = decode(sealed).size
+        self.carried = Carried(generation, size, False, instance_of(self._store))
+        if size < self._settings.max_nodes:  # there is room: end the round to admit us
+            await self.advance(generation, f"node {self._node['node']} wants to join")
+            await self.wait_for_generation_after(generation)
+        else:
+            await self.wait_for_generation_after(generation, full=size)
 
     async def _move_past_ended(self, generation: int) -> None:
         """Round ``generation`` is marked ended: move the generation past it where that
