@@ -3,7 +3,8 @@ each back or gone for good, and the nodes that waited for a place.
 
 A node remembers the last sealed round it saw (:class:`Carried`): the one it was a member
 of, or the one it arrived too late for. When it joins a later round it counts itself
-back (one ``add`` on ``round/<g>/back/<G>``, for a member) and reads three counters;
+back (one ``add_once`` on ``round/<g>/back/<G>``, marked ``round/<g>/back/<G>/<node>``,
+for a member) and reads three counters;
 when the count adds up it seals the round at once, instead of waiting for the last
 call. A member that leaves for good (SIGTERM, a drain, ``agentd drain``, its guardian
 after a SIGKILL, or its lease found expired) is marked gone once, by whoever notices
@@ -78,18 +79,24 @@ class Count(NamedTuple):
         return self.back >= expected and self.joined >= target
 
 
-async def count_back(store: Store, keys: RunKeys, generation: int, carried: Carried) -> int:
-    """Count this node, a member of ``carried``'s round, back in round ``generation``:
-    how many are back now."""
-    return await store.add(keys.round(generation, f"back/{carried.generation}"), 1)
+async def count_back(
+    store: Store, keys: RunKeys, generation: int, carried: Carried, node: str
+) -> int:
+    """Count ``node``, a member of ``carried``'s round, back in round ``generation``, once
+    (``add_once``: a join resumed after a lost answer counts nothing twice): how many are
+    back now."""
+    counter = keys.round(generation, f"back/{carried.generation}")
+    return (await store.add_once(counter, f"{counter}/{node}", BACK))[1]
 
 
 async def count(
-    store: Store, keys: RunKeys, generation: int, carried: Carried, *, arrive: bool
+    store: Store, keys: RunKeys, generation: int, carried: Carried, arriving: str | None
 ) -> Count:
-    """Round ``generation``'s count (counting this node back first, with ``arrive``)."""
+    """Round ``generation``'s count (counting node ``arriving`` back first, if given)."""
     back_key = keys.round(generation, f"back/{carried.generation}")
-    back = await count_back(store, keys, generation, carried) if arrive else None
+    back = None
+    if arriving is not None:
+        back = await count_back(store, keys, generation, carried, arriving)
     raw = await store.multi_get(
         [
             back_key,
@@ -111,6 +118,8 @@ async def count(
 LEFT, LAPSED = b"left", b"lapsed"
 """Why a node was counted gone: it said it left (itself, or its guardian), or its lease
 was seen not held."""
+BACK = b"back"
+"""The mark of a member counted back."""
 MEMBERS = "gone"
 SPARES = "spares_gone"
 """The counters of ``carried``'s round that :func:`mark_gone` adds to."""

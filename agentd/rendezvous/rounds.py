@@ -241,10 +241,10 @@ class Rounds(SealWait):
             if carried is not None and carried.member and carried.generation < generation:
                 # back, if without a place (its workers are stopped): a store that forgot
                 # our round need not fence it for us (seed 22498 of --failover: 16.5 s)
-                await accounting.count_back(store, keys, generation, carried)
+                await accounting.count_back(store, keys, generation, carried, self.node_id)
             # named, so the next round's first member back can see our lease lapse
             spare = keys.round(generation, f"spare/{rank}")
-            await store.set(spare, str(self._node["node"]).encode())
+            await store.set(spare, self.node_id.encode())
             self.carried = Carried(generation, settings.max_nodes, False, instance_of(store))
             await self.wait_for_generation_after(generation, full=settings.max_nodes)
             return False
@@ -282,7 +282,7 @@ class Rounds(SealWait):
         round, or as we step out of the job for a while."""
         carried = self.carried
         if carried is not None and carried.member:
-            key = self._keys.round(carried.generation, f"out/{self._node['node']}")
+            key = self._keys.round(carried.generation, f"out/{self.node_id}")
             await self._store.set(key, b"1")
 
     async def _end_if_abandoned(self, generation: int, size: int, settle: bool) -> None:

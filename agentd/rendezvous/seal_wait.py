@@ -52,7 +52,6 @@ class SealWait(Sealing):
     """Waiting for a round's seal (state lives on :class:`~agentd.rendezvous.rounds.Rounds`)."""
 
     _membership: Membership | None
-    _node: dict[str, object]
     unsure: tuple[int, int, str] | None
     _unsure_until: float
 
@@ -80,7 +79,9 @@ class SealWait(Sealing):
         if rank + 1 == settings.max_nodes:
             if carried is not None and carried.member and carried.generation < generation:
                 # a store that forgot our last round waits for its members to be back
-                await accounting.count_back(self._store, self._keys, generation, carried)
+                await accounting.count_back(
+                    self._store, self._keys, generation, carried, self.node_id
+                )
             sealed = await self._seal(generation, settings.max_nodes, rank)
         elif carried is not None and carried.generation < generation:
             sealed, checker = await self._seal_if_counted(generation, carried)
@@ -114,7 +115,7 @@ class SealWait(Sealing):
                 generation,
                 why,
             )
-            await self.advance(generation, f"node {self._node['node']}'s lease {why}")
+            await self.advance(generation, f"node {self.node_id}'s lease {why}")
             return None
         return Round(generation, rank, summary, revision, mine)
 
@@ -139,7 +140,7 @@ class SealWait(Sealing):
         size = decode(sealed).size
         self.carried = Carried(generation, size, False, instance_of(self._store))
         if size < self._settings.max_nodes:  # there is room: end the round to admit us
-            await self.advance(generation, f"node {self._node['node']} wants to join")
+            await self.advance(generation, f"node {self.node_id} wants to join")
             await self.wait_for_generation_after(generation)
         else:
             await self.wait_for_generation_after(generation, full=size)

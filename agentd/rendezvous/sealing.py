@@ -39,6 +39,12 @@ class Sealing:
     _keys: RunKeys
     _settings: RoundSettings
     carried: Carried | None
+    _node: dict[str, object]
+
+    @property
+    def node_id(self) -> str:
+        """This node's id, as its entries name it."""
+        return str(self._node["node"])
 
     if TYPE_CHECKING:
 
@@ -52,9 +58,8 @@ class Sealing:
         """Count this agent in round ``generation`` and seal it if everyone expected is in;
         also whether this agent is the first member back (it checks the missing ones'
         leases while it waits)."""
-        counted = await accounting.count(
-            self._store, self._keys, generation, carried, arrive=carried.member
-        )
+        arriving = self.node_id if carried.member else None
+        counted = await accounting.count(self._store, self._keys, generation, carried, arriving)
         first_back = carried.member and counted.back == 1
         return await self._seal_counted(generation, carried, counted), first_back
 
@@ -82,7 +87,7 @@ class Sealing:
         carried = self.carried
         if carried is None:
             return None
-        counted = await accounting.count(self._store, self._keys, generation, carried, arrive=False)
+        counted = await accounting.count(self._store, self._keys, generation, carried, None)
         return await self._seal_counted(generation, carried, counted)
 
     async def settle(self, node: str) -> None:

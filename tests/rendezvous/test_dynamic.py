@@ -21,7 +21,7 @@ from agentd.rendezvous.api import (
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.sealing import ENDED
-from agentd.store.api import Store, StoreLeft, StoreOutcomeUnknown
+from agentd.store.api import Store, StoreLeft, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.connect import OpenedStore
 from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
@@ -301,24 +301,25 @@ async def test_a_round_ended_in_a_deserted_store_says_the_others_left_too(caplog
 
 
 class LosesACount(MemoryStore):
-    """A store that applies the first ``add`` to a round's ``back`` count and loses its
-    answer: the arrival that fills the round has its entry in, its count unknown."""
+    """A store that applies the first count of a member back in a round and loses its
+    answer, until the client gives up: the arrival that fills the round has its entry
+    in, its count unknown."""
 
     lost = False
 
-    async def add(self, key: str, delta: int) -> int:
-        value = await super().add(key, delta)
-        if "/back/" in key and not self.lost:
+    async def add_once(self, counter, marker, mark, absent=()):
+        answer = await super().add_once(counter, marker, mark, absent)
+        if "/back/" in counter and not self.lost:
             self.lost = True
-            raise StoreOutcomeUnknown("add failed (request timed out); not resent")
-        return value
+            raise StoreUnavailable("store at http://127.0.0.1:1 is unreachable after 30s")
+        return answer
 
 
 async def test_a_join_cut_short_after_its_entry_resumes_in_its_round(caplog):
     """Seed 28208 of ``bench/simulate.py --failover``: joining again from the start took a
     place past MAX, and the round was sealed with the first place, whose workers nobody
     started. The node goes on in its round: one entry each, sealed at once (the last call
-    is a minute away), the count lost and counted again."""
+    is a minute away), the count lost and made again, which counts the node once."""
     caplog.set_level("INFO", logger="agentd.rendezvous.rounds")
     store = LosesACount()
     a, b = (handler(store, nodes=(2, 2), last_call_timeout=60.0) for _ in range(2))
@@ -329,6 +330,7 @@ async def test_a_join_cut_short_after_its_entry_resumes_in_its_round(caplog):
         assert store.lost and {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
         assert sorted(i.group_rank for i in infos) == [0, 1]
         assert await store.get("agentd/job/round/1/join") == b"2"  # nobody arrived twice
+        assert await store.get("agentd/job/round/1/back/0") == b"2"  # nor came back twice
         assert re.search(r"still node \d of round 1", caplog.text)
     finally:
         await shutdown_all(a, b)

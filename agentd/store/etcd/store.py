@@ -162,7 +162,7 @@ class EtcdStore:
         once make N transactions, not N^2. Any other add is a transaction on the revision
         read, and the key holds the integer from then on."""
         if delta == 1:
-            counted, kv = await self._count_one(key)
+            counted, kv, _ = await self._count_one(key)
             if counted is not None:
                 return counted
         else:
@@ -171,37 +171,45 @@ class EtcdStore:
         assert total is not None  # unguarded: it returns only once added
         return total
 
-    async def _count_one(self, key: str) -> tuple[int | None, dict[str, Any] | None]:
+    async def _count_one(
+        self, key: str, guard: _Guard | None = None
+    ) -> tuple[int | None, dict[str, Any] | None, bool]:
         """One more version of a counted or missing key, in one transaction: its count;
-        else (None, the key as read: it holds an integer of its own)."""
+        else (None, the key as read: it holds an integer of its own). With ``guard``
+        (:meth:`add_once`'s compares, puts and counting reads), only while no guarded key
+        exists: else (None, the key, True)."""
+        compares, puts, reads = guard or ([], [], [])
         me = self._key(key)
-        count = [{"request_put": self._put(key, COUNTER, None)}, {"request_range": {"key": me}}]
+        count = [*puts, {"request_put": self._put(key, COUNTER, None)}]
+        count.append({"request_range": {"key": me}})
         counted = {"key": me, "target": "VALUE", "value": b64(COUNTER)}
         if_counted = {
-            "compare": [counted],
+            "compare": [counted, *compares],
             "success": count,
-            "failure": [{"request_range": {"key": me}}],
+            "failure": [*reads, {"request_range": {"key": me}}],
         }
         missing = {"key": me, "target": "CREATE", "create_revision": "0"}
+        op, idempotent = ("add", False) if guard is None else ("add_once", True)
         doc = await self._txn(
-            "add", [missing], count, [{"request_txn": if_counted}], idempotent=False
+            op, [missing, *compares], count, [{"request_txn": if_counted}], idempotent
         )
         if not doc.get("succeeded"):
             doc = doc["responses"][0]["response_txn"]
-        kv = self._first_kv(doc["responses"][-1]["response_range"])
+        responses = doc["responses"]
+        kv = self._first_kv(responses[-1]["response_range"])
         if doc.get("succeeded") and kv is not None:
-            return int(kv["version"]), kv
-        return None, kv
+            return int(kv["version"]), kv, False
+        return None, kv, any(int(r["response_range"].get("count", 0)) for r in responses[:-1])
 
     async def add_once(
         self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
     ) -> tuple[bool, int]:
-        """A transaction on the counter's revision as read that also compares ``marker``
-        and ``absent`` missing; resent where its answer was lost, since a resend finds the
-        marker and counts nothing twice."""
-        if len(absent) + 2 >= MAX_TXN_OPS:
+        """As :meth:`add` of 1, guarded: the count by version where the counter is missing
+        or counted (N marks at once make N transactions), else a transaction on its
+        revision as read, each comparing ``marker`` and ``absent`` missing. Resent where
+        an answer was lost: a resend finds the marker and counts nothing twice."""
+        if len(absent) + 3 >= MAX_TXN_OPS:
             raise StoreError(f"add_once: absent names {len(absent)} keys, etcd allows fewer")
-        kv = self._first_kv(await self._gw.post("get", "/v3/kv/range", {"key": self._key(counter)}))
         guarded = [marker, *absent]
         compare = [
             {"key": self._key(k), "target": "VERSION", "version": "0", "result": "EQUAL"}
@@ -209,9 +217,13 @@ class EtcdStore:
         ]
         reads = [{"request_range": {"key": self._key(k), "count_only": True}} for k in guarded]
         guard = (compare, [{"request_put": self._put(marker, mark, None)}], reads)
-        total = await self._add_to_value(counter, 1, kv, guard)
-        if total is not None:
-            return True, total
+        counted, kv, refused = await self._count_one(counter, guard)
+        if counted is not None:
+            return True, counted
+        if not refused:
+            total = await self._add_to_value(counter, 1, kv, guard)
+            if total is not None:
+                return True, total
         held, value = await self.multi_get([marker, counter])
         return held == mark, int(value or b"0")
 

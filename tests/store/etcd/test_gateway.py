@@ -110,14 +110,14 @@ async def test_a_count_once_that_may_have_been_applied_is_resent(gateway):
     caller told so, with the count read back."""
     fake, store = gateway
     kv = {"kvs": [{"value": b64(b"1"), "mod_revision": "4", "version": "1"}]}
-    marked = {"succeeded": False, "responses": [{"response_range": kv}, counted(1)]}
+    inner = {"succeeded": False, "responses": [counted(1), {"response_range": kv}]}
+    marked = {"succeeded": False, "responses": [{"response_txn": inner}]}
     read = {"responses": [{"response_range": {"kvs": [{"value": b64(b"left")}]}}]}
     read["responses"].append({"response_range": kv})
-    fake.answers = [(200, {"header": {"revision": "3"}}), DEADLINE]
-    fake.answers += [(200, {"header": {"revision": "4"}, **marked})]
+    fake.answers = [DEADLINE, (200, {"header": {"revision": "4"}, **marked})]
     fake.answers += [(200, {"header": {"revision": "4"}, **read})]
     assert await store().add_once("gone", "gone/a", b"left") == (True, 1)
-    assert fake.paths == ["/v3/kv/range", "/v3/kv/txn", "/v3/kv/txn", "/v3/kv/txn"]
+    assert fake.paths == ["/v3/kv/txn"] * 3
 
 
 def counted(count: int) -> dict[str, object]:
