@@ -98,11 +98,15 @@ def first_heartbeat(folder: Path, runs: int) -> int:
 
 
 def timed_stops(
-    what: str, stop: Callable[[Path, str], tuple[float, list[int]]], folder: Path, runs: int
+    what: str,
+    stop: Callable[[Path, str], tuple[float, list[int]]],
+    folder: Path,
+    runs: int,
+    launchers: tuple[str, ...] = ("agentd", "torchrun"),
 ) -> dict[str, float]:
     """``stop`` ``runs`` times for each launcher, in turns: the median seconds of each
     (printed with the slowest and the exit statuses seen)."""
-    found: dict[str, list[tuple[float, list[int]]]] = {"agentd": [], "torchrun": []}
+    found: dict[str, list[tuple[float, list[int]]]] = {launcher: [] for launcher in launchers}
     for _ in range(runs):
         for launcher, results in found.items():
             results.append(stop(folder, launcher))

@@ -31,6 +31,7 @@ LOGS = {
     ("bench_first_step.py", "log_path"),
     ("bench_stragglers.py", "log_path"),
     ("bench_defaults.py", "err"),
+    ("bench_grow.py", "err"),
     ("bench_rdzv.py", "log_path"),
 }
 """Files opened for writing that are a subprocess's stderr, read after it exited."""

@@ -1,0 +1,124 @@
+"""A node that joins a running elastic job below its MAX: how soon does it work in the
+larger world?
+
+    python bench/bench_grow.py [--runs 3] [--most 4] [--launchers agentd,torchrun] [--record]
+
+Two nodes of ``--nnodes 2:MOST`` (``c10d``, one endpoint: the first one serves the
+store), one worker each, run; then a third node starts. The figure is the time from its
+start to the start of a worker of rank 2 (a world of 3), against torchrun's in the same
+run. With ``--most 3`` the third node takes the round's last place; below that, the
+world of 3 is whatever the round holds when it is sealed. A launcher whose third node is
+not at work within 120 s counts as never (torchrun 2.13 on one host: its agents' next
+round timed out on its store's keys after 60 s, with ``--most`` 3 and 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_defaults import READY_JOB, agentd, timed_stops
+from report_files import write_report
+from run_control import free_port, wait_for
+
+COMMAND = ".venv/bin/python bench/bench_grow.py --runs 3 --record"
+ADMIT_WITHIN = 120.0
+"""Seconds a third node is given to work in a world of 3."""
+
+
+def third_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]]:
+    """Seconds from the third node's start to its world of 3's rank 2 worker, and the
+    three launchers' exit statuses once stopped."""
+    script, ready = folder / "ready_job.py", folder / f"ready-{launcher}"
+    write_report(script, READY_JOB)
+    shutil.rmtree(ready, ignore_errors=True)
+    ready.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = ["--nnodes", f"2:{most}", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    flags += ["--rdzv-endpoint", endpoint, "--rdzv-id", "grow", str(script), str(ready)]
+    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(node: int) -> None:
+        err = folder / f"{launcher}-{node}.err"
+        with open(err, "wb") as out:
+            procs.append(subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out))
+
+    try:
+        for node in range(2):
+            start(node)
+        if not wait_for(lambda: len(list(ready.iterdir())) == 2, 90):
+            raise SystemExit(f"{launcher}'s two-node job never ran")
+        began = time.monotonic()
+        start(2)
+        if not wait_for(lambda: (ready / "ready_2").exists(), ADMIT_WITHIN):
+            return float("inf"), []
+        took = time.monotonic() - began
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        return took, [proc.wait(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def shown(median: float, runs: int) -> str:
+    """A median of seconds as a figure; never within :data:`ADMIT_WITHIN`: says so."""
+    if median == float("inf"):
+        return f"none within {ADMIT_WITHIN:g} s (median of {runs} runs)"
+    return f"{median:.2f} s"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--most", type=int, default=4, help="the job's MAX nodes (3 or more)")
+    parser.add_argument("--launchers", default="agentd,torchrun")
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    launchers = tuple(args.launchers.split(","))
+    if not set(launchers) <= {"agentd", "torchrun"}:
+        parser.error(f"--launchers: {args.launchers!r} names others than agentd, torchrun")
+    if args.record and len(launchers) < 2:
+        parser.error("--record: needs both launchers (the figures are compared)")
+    if args.most < 3:
+        parser.error(f"--most: {args.most} leaves no room for a third node (3 or more)")
+    with tempfile.TemporaryDirectory(prefix="bench-grow-") as tmp:
+        folder = Path(tmp)
+        medians = timed_stops(
+            f"a third node joins a running 2:{args.most} job",
+            lambda f, launcher: third_node(f, launcher, args.most),
+            folder,
+            args.runs,
+            launchers,
+        )
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from figures import record
+
+        record(
+            "grow_third_node",
+            shown(medians["agentd"], args.runs),
+            COMMAND,
+            f"median seconds from a third node's start to its worker in a world of 3 "
+            f"(--nnodes 2:{args.most}, c10d)",
+        )
+        record(
+            "grow_third_node_torchrun",
+            shown(medians["torchrun"], args.runs),
+            COMMAND,
+            "the same, torchrun, in the same run",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
