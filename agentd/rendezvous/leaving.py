@@ -164,7 +164,7 @@ class Leaving:
         if self._store is None or self._opened is None:
             return
         if self._opened.leaving is not None:
-            self._opened.leaving()
+            await self._opened.leaving()
         handed = False
         try:
             if not self._closed:  # the others re-form without us, at once

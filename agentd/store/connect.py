@@ -18,6 +18,7 @@ from agentd.support.net import is_local_address
 if TYPE_CHECKING:
     from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
+    from agentd.store.standby import Standby
     from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,10 @@ class OpenedStore(NamedTuple):
     the round's N members (the argument) knows one: an agent that leaves a job that goes
     on (SIGTERM, a drain) lets the others fail over at once, before it counts itself gone
     there, instead of when it exits (a second restart for them). True if it did."""
-    leaving: Callable[[], None] | None = None
+    leaving: Callable[[], Awaitable[None]] | None = None
     """Called as this agent leaves: a search for the server that finds no candidate
-    answering then gives up at once (see :meth:`FailoverStore.leave`)."""
+    answering then gives up at once (see :meth:`FailoverStore.leave`), and this agent's
+    candidate server stops unless it serves (see :meth:`Standby.leave`)."""
 
     @property
     def serves(self) -> bool:
@@ -193,7 +195,7 @@ def http_store_opener(
             client_spec=lambda: client_spec(client, token if server is None else server.token),
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
-            leaving=client.leave,
+            leaving=lambda: leave(client, standby),
         )
 
     return open_store
@@ -264,6 +266,13 @@ def candidates_opener(
             hosting = server.candidacy if server is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
+        async def leaving() -> None:
+            nonlocal server
+            client.leave()
+            if server is not None and not (server.candidacy and server.candidacy.serving):
+                await server.stop()  # as a standby's (see Standby.leave)
+                server = None
+
         return OpenedStore(
             client,
             close,
@@ -273,10 +282,18 @@ def candidates_opener(
             describe=describe,
             client_spec=lambda: client_spec(client, token),
             hand_over=lambda members: hand_over_store(server, client, members),
-            leaving=client.leave,
+            leaving=leaving,
         )
 
     return open_store
+
+
+async def leave(client: FailoverStore, standby: Standby | None) -> None:
+    """What a leaving agent of a growing list does to its store (see
+    :attr:`OpenedStore.leaving`)."""
+    client.leave()
+    if standby is not None:
+        await standby.leave()
 
 
 async def hand_over_store(server: StoreServer | None, client: FailoverStore, members: int) -> bool:

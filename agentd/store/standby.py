@@ -183,6 +183,16 @@ class Standby:
         )
         return None
 
+    async def leave(self) -> None:
+        """This agent leaves: stop standing by, so that no client promotes a candidate
+        whose agent is about to go, unless ours serves the store now (its hand-over stops
+        it where the others can move on). Three of five agents stopped at once, the
+        store's host among them: the host handed the store to a leaving one, the leavers
+        counted themselves gone in stores of their own, and the two left re-formed only
+        after the fence of the store they moved to (20 s)."""
+        if not self.serving:
+            await self.close()
+
     async def close(self) -> None:
         await cancel_and_wait(self._task)
         if self.server is not None:

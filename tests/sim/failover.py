@@ -34,7 +34,7 @@ from agentd.rendezvous.forgotten import lifetime
 from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import PROBE_TIMEOUT, Prober, RoleReport
-from agentd.store.connect import OpenedStore, client_spec, hand_over_store
+from agentd.store.connect import OpenedStore, client_spec, hand_over_store, leave
 from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
@@ -338,7 +338,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         hand_over=lambda members: hand_over_store(
             server or (standby and standby.server), client, members
         ),
-        leaving=client.leave,
+        leaving=lambda: leave(client, standby),
     )
 
 
