@@ -22,7 +22,7 @@ from agentd.assembly.settings import AgentSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
-from agentd.rendezvous.api import KeepsWorkers
+from agentd.rendezvous.api import KeepsWorkers, LeasedMembership
 from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
@@ -149,12 +149,15 @@ class LocalElasticAgent(WorkerLifecycle):
             return
         self._shut_down = True
         group = self._worker_group
+        handler = self.rdzv_handler
         try:
+            if self._stop_signal is not None and isinstance(handler, LeasedMembership):
+                await handler.leaving_soon()  # before the workers: they take a while
             if self._procs:
                 await self._stop_workers(group)
                 if group.state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY):
                     self._set_state(WorkerState.STOPPED, "agent shutting down")
-            await self.rdzv_handler.shutdown()
+            await handler.shutdown()
             await self._services.gpus.settled()  # the agent ends once its GPUs are free
         finally:
             drop_staged_attempt(self.run_dir)

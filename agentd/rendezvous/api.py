@@ -242,6 +242,11 @@ class LeasedMembership(Protocol):
         rounds for a while: a round sealed without it need not wait for its lease."""
         ...
 
+    async def leaving_soon(self) -> None:
+        """This agent was told to stop and leaves once its workers are stopped: it stops
+        offering to take over the store now, so that no peer moves the store to it."""
+        ...
+
 
 @runtime_checkable
 class ReservesMasterPort(Protocol):

@@ -91,6 +91,13 @@ class Leaving:
             for listener in self._will_listeners:
                 listener(doc)
 
+    async def leaving_soon(self) -> None:
+        """As :class:`~agentd.rendezvous.api.LeasedMembership` says: its workers take a
+        while to stop, and a store's host that hands the store over meanwhile (all stopped
+        at once) would otherwise pass it to this agent, which passes it on as it leaves."""
+        if self._opened is not None and self._opened.stop_standing_by is not None:
+            await self._opened.stop_standing_by()
+
     async def workers_stopped(self) -> None:
         """Our workers of the current round are stopped, and we step out of the job for a
         while (a node check failed): the others need not fence us (see
@@ -171,12 +178,14 @@ class Leaving:
                 if self._round is None and self._rounds is not None:
                     async with asyncio.timeout(_LEAVE_TIMEOUT):
                         self._round = await self._rounds.sealed_with_us()
-                current = self._round
+                current, marked = self._round, {}
                 if self._opened.hand_over is not None and current is not None:
+                    if self._opened.serves and self._rounds is not None:
+                        marked = await self._rounds.gone_marks()  # the others who left
                     handed = await self._opened.hand_over(current.size)  # to its next server
                 async with asyncio.timeout(self.settings.close_timeout):
                     if self._round is not None and self._rounds is not None:
-                        await self._rounds.settle(self.node_id)
+                        await self._rounds.settle(self.node_id, marked if handed else None)
                     await self.end_round(f"node {self.node_id} left")
                     await self._end_forming_round()
             async with asyncio.timeout(_LEAVE_TIMEOUT):

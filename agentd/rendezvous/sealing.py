@@ -90,13 +90,30 @@ class Sealing:
         counted = await accounting.count(self._store, self._keys, generation, carried, None)
         return await self._seal_counted(generation, carried, counted)
 
-    async def settle(self, node: str) -> None:
+    async def gone_marks(self) -> dict[str, bytes]:
+        """The members of our last round this store holds marked gone, with their marks:
+        what a store's host hands over with the store (:meth:`settle`)."""
+        carried = self.carried
+        if carried is None or not carried.member:
+            return {}
+        nodes = await accounting.members(self._store, self._keys, carried)
+        keys = [self._keys.round(carried.generation, f"gone/{node}") for node in nodes]
+        return {n: m for n, m in zip(nodes, await self._store.multi_get(keys), strict=True) if m}
+
+    async def settle(self, node: str, marked: dict[str, bytes] | None = None) -> None:
         """``node``, a member of our last round, left for good: mark it gone, and seal the
         round being joined now if that completes its count (nothing to do once the
-        rendezvous is closed). For a leaving agent and its guardian."""
+        rendezvous is closed). For a leaving agent and its guardian. ``marked``: the
+        members an earlier store held marked gone (:meth:`gone_marks`), marked again here:
+        a store's host that hands it over as others leave too carries their marks, which
+        the new store would otherwise learn only when its fence for the round ends (20 s,
+        three of five agents stopped at once)."""
         carried = self.carried
         if carried is None or not carried.member:
             return
+        for other, mark in (marked or {}).items():
+            lapsed = mark == accounting.LAPSED
+            await accounting.mark_gone(self._store, self._keys, carried, other, lapsed)
         await accounting.mark_gone(self._store, self._keys, carried, node)
         try:
             generation = await self.generation()

@@ -59,6 +59,9 @@ class OpenedStore(NamedTuple):
     the round's N members (the argument) knows one: an agent that leaves a job that goes
     on (SIGTERM, a drain) lets the others fail over at once, before it counts itself gone
     there, instead of when it exits (a second restart for them). True if it did."""
+    stop_standing_by: Callable[[], Awaitable[None]] | None = None
+    """Stop this agent's candidate server unless it serves (an agent told to stop, before
+    its workers are: see :meth:`Standby.leave`)."""
     leaving: Callable[[], Awaitable[None]] | None = None
     """Called as this agent leaves: a search for the server that finds no candidate
     answering then gives up at once (see :meth:`FailoverStore.leave`), and this agent's
@@ -195,6 +198,7 @@ def http_store_opener(
             client_spec=lambda: client_spec(client, token if server is None else server.token),
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
+            stop_standing_by=standby.leave if standby else None,
             leaving=lambda: leave(client, standby),
         )
 
@@ -266,12 +270,15 @@ def candidates_opener(
             hosting = server.candidacy if server is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
-        async def leaving() -> None:
+        async def stop_standing_by() -> None:
             nonlocal server
-            client.leave()
             if server is not None and not (server.candidacy and server.candidacy.serving):
                 await server.stop()  # as a standby's (see Standby.leave)
                 server = None
+
+        async def leaving() -> None:
+            client.leave()
+            await stop_standing_by()
 
         return OpenedStore(
             client,
@@ -282,6 +289,7 @@ def candidates_opener(
             describe=describe,
             client_spec=lambda: client_spec(client, token),
             hand_over=lambda members: hand_over_store(server, client, members),
+            stop_standing_by=stop_standing_by,
             leaving=leaving,
         )
 

@@ -115,3 +115,28 @@ def test_a_job_stopped_whole_ends_in_seconds(run_agentd, tmp_path):
     for agent in agents:  # seconds, on a loaded machine: not the close timeout's 30
         assert agent.wait(15) == 128 + signal.SIGTERM, agent.stderr()[-3000:]
     assert "no answer in time" not in agents[0].stderr()
+
+
+def test_the_store_host_and_two_others_leaving_at_once_cost_the_two_left_seconds(
+    run_agentd, tmp_path
+):
+    """Three of five SIGTERMed at once, the store's host among them: the host handed the
+    store to a leaving candidate, the other leavers counted themselves gone in a store
+    that went with them, and the two left re-formed after the fence of the store they
+    moved to (20 s, in 5 of 5 drills). A leaving agent stops standing by, and the host
+    carries the gone marks it holds to the next server."""
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    agents = start_job(run_agentd, 5, "2:5", out, stop)
+    wait_until(lambda: len(worlds(out, 5)) == 5, 60, what="a world of 5")
+    wait_until(
+        lambda: all("Standing by as store candidate" in a.stderr() for a in agents[1:]),
+        30,
+        what="all four to stand by",
+    )
+    for agent in agents[:3]:
+        agent.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: len(worlds(out, 2)) == 2, LEASE / 2, what="a world of 2")
+    said = "".join(agent.stderr() for agent in agents)
+    assert "round 1 has every node expected (2 of round 0's 5 back, 3 gone" in said, said
+    for agent in agents[:3]:
+        assert agent.wait(15) == 128 + signal.SIGTERM, agent.stderr()[-3000:]

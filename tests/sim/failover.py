@@ -338,6 +338,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         hand_over=lambda members: hand_over_store(
             server or (standby and standby.server), client, members
         ),
+        stop_standing_by=standby.leave if standby else None,
         leaving=lambda: leave(client, standby),
     )
 

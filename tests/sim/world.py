@@ -519,6 +519,8 @@ class SimAgent:
         spawn(self.owner, self._leave(), f"leave{self.index}")
 
     async def _leave(self) -> None:
+        with contextlib.suppress(Exception):  # as agentd run does, before its workers stop
+            await self.handler.leaving_soon()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
         self.hold = None
