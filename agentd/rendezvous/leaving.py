@@ -181,7 +181,7 @@ class Leaving:
                 current, marked = self._round, {}
                 if self._opened.hand_over is not None and current is not None:
                     if self._opened.serves and self._rounds is not None:
-                        marked = await self._rounds.gone_marks()  # the others who left
+                        marked = await self._gone_marks()  # the others who left
                     handed = await self._opened.hand_over(current.size)  # to its next server
                 async with asyncio.timeout(self.settings.close_timeout):
                     if self._round is not None and self._rounds is not None:
@@ -203,6 +203,15 @@ class Leaving:
         finally:
             await self._opened.close()
             self._store = self._opened = self._membership = self._rounds = None
+
+    async def _gone_marks(self) -> dict[str, bytes]:
+        """The gone marks our store holds for our round's other members, to carry to the
+        next server; none where they cannot be read at once (a courtesy, as the leave)."""
+        rounds = self._rounds
+        with contextlib.suppress(StoreError, TimeoutError):
+            async with asyncio.timeout(_LEAVE_TIMEOUT):
+                return await rounds.gone_marks() if rounds is not None else {}
+        return {}
 
     async def _member_ids(self) -> list[str]:
         """The node ids of the current round's members (none between rounds)."""
