@@ -100,16 +100,22 @@ def test_a_restarted_attempt_meets_in_a_new_store_and_the_old_one_is_gone(run_ag
     assert out.count("the old store is gone") == 4, out
 
 
-def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path):
+@pytest.mark.parametrize("nnodes", ["2:3", "2:4"])
+def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnodes):
+    """Below MAX (``2:4``) the third node's place is not the round's last one: it waited
+    for its own last call (60 s here) before it learned it came after the seal."""
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     first = [
-        run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(2)
+        run_agentd(*agent_args(store.endpoint, nnodes), *member_job(stop), env=env)
+        for _ in range(2)
     ]
     for agent in first:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
-    third = run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env)
+    late = FAST.replace("last_call_timeout=0.5", "last_call_timeout=60") + ",is_host=0"
+    third_args = agent_args(store.endpoint, nnodes, conf=late)
+    third = run_agentd(*third_args, *member_job(stop), env=env)
     wait_until(lambda: world_sizes(third, 0) == {3}, what="the third agent to be admitted")
     for agent in first:  # scale-up restarted them without spending a restart
         wait_until(lambda a=agent: world_sizes(a, 1) == {3}, what="the first two to restart")
