@@ -97,19 +97,19 @@ def first_heartbeat(folder: Path, runs: int) -> int:
     return dropped
 
 
-def timed_stops(
+def timed_runs(
     what: str,
-    stop: Callable[[Path, str], tuple[float, list[int]]],
+    measure: Callable[[Path, str], tuple[float, list[int]]],
     folder: Path,
     runs: int,
     launchers: tuple[str, ...] = ("agentd", "torchrun"),
 ) -> dict[str, float]:
-    """``stop`` ``runs`` times for each launcher, in turns: the median seconds of each
+    """``measure`` ``runs`` times for each launcher, in turns: the median seconds of each
     (printed with the slowest and the exit statuses seen)."""
     found: dict[str, list[tuple[float, list[int]]]] = {launcher: [] for launcher in launchers}
     for _ in range(runs):
         for launcher, results in found.items():
-            results.append(stop(folder, launcher))
+            results.append(measure(folder, launcher))
     medians = {}
     for launcher, results in found.items():
         medians[launcher] = statistics.median(s for s, _ in results)
@@ -204,8 +204,8 @@ def main() -> int:
         dropped = first_heartbeat(folder, args.runs)
         print(f"first heartbeat of 4 forked workers: dropped in {dropped}/{args.runs} runs")
         runs = max(3, args.runs // 2)
-        medians = timed_stops("SIGTERM while waiting for a peer", stop_while_waiting, folder, runs)
-        ends = timed_stops("SIGTERM to both nodes of a running job", stop_whole, folder, runs)
+        medians = timed_runs("SIGTERM while waiting for a peer", stop_while_waiting, folder, runs)
+        ends = timed_runs("SIGTERM to both nodes of a running job", stop_whole, folder, runs)
     if args.record:
         sys.path.insert(0, str(Path(__file__).parent))
         from figures import record

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_defaults import READY_JOB, agentd, timed_stops
+from bench_defaults import READY_JOB, agentd, timed_runs
 from report_files import write_report
 from run_control import free_port, wait_for
 
@@ -93,7 +93,7 @@ def main() -> int:
         parser.error(f"--most: {args.most} leaves no room for a third node (3 or more)")
     with tempfile.TemporaryDirectory(prefix="bench-grow-") as tmp:
         folder = Path(tmp)
-        medians = timed_stops(
+        medians = timed_runs(
             f"a third node joins a running 2:{args.most} job",
             lambda f, launcher: third_node(f, launcher, args.most),
             folder,

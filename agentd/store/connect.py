@@ -18,7 +18,6 @@ from agentd.support.net import is_local_address
 if TYPE_CHECKING:
     from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
-    from agentd.store.standby import Standby
     from agentd.store.tls import StoreTls
 
 log = logging.getLogger(__name__)
@@ -199,7 +198,7 @@ def http_store_opener(
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
             stop_standing_by=standby.leave if standby else None,
-            leaving=lambda: leave(client, standby),
+            leaving=lambda: leave(client, standby.leave if standby else None),
         )
 
     return open_store
@@ -276,10 +275,6 @@ def candidates_opener(
                 await server.stop()  # as a standby's (see Standby.leave)
                 server = None
 
-        async def leaving() -> None:
-            client.leave()
-            await stop_standing_by()
-
         return OpenedStore(
             client,
             close,
@@ -290,18 +285,19 @@ def candidates_opener(
             client_spec=lambda: client_spec(client, token),
             hand_over=lambda members: hand_over_store(server, client, members),
             stop_standing_by=stop_standing_by,
-            leaving=leaving,
+            leaving=lambda: leave(client, stop_standing_by),
         )
 
     return open_store
 
 
-async def leave(client: FailoverStore, standby: Standby | None) -> None:
-    """What a leaving agent of a growing list does to its store (see
-    :attr:`OpenedStore.leaving`)."""
+async def leave(
+    client: FailoverStore, stop_standing_by: Callable[[], Awaitable[None]] | None
+) -> None:
+    """What a leaving agent does to its store (see :attr:`OpenedStore.leaving`)."""
     client.leave()
-    if standby is not None:
-        await standby.leave()
+    if stop_standing_by is not None:
+        await stop_standing_by()
 
 
 async def hand_over_store(server: StoreServer | None, client: FailoverStore, members: int) -> bool:

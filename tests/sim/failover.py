@@ -339,7 +339,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
             server or (standby and standby.server), client, members
         ),
         stop_standing_by=standby.leave if standby else None,
-        leaving=lambda: leave(client, standby),
+        leaving=lambda: leave(client, standby.leave if standby else None),
     )
 
 

@@ -45,6 +45,11 @@ _Guard = tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
 """The compares, puts and counting reads ``add_once`` adds to an add's transaction."""
 
 
+def _any_found(reads: list[dict[str, Any]]) -> bool:
+    """Whether a guard's counting reads (a failed transaction's answers) found a key."""
+    return any(int(r["response_range"].get("count", 0)) for r in reads)
+
+
 class EtcdStore:
     """A :class:`~agentd.store.api.Store` on the etcd cluster at ``endpoints`` (base URLs,
     ``http://host:port`` or ``https://...``); requests fail over between them."""
@@ -199,7 +204,7 @@ class EtcdStore:
         kv = self._first_kv(responses[-1]["response_range"])
         if doc.get("succeeded") and kv is not None:
             return int(kv["version"]), kv, False
-        return None, kv, any(int(r["response_range"].get("count", 0)) for r in responses[:-1])
+        return None, kv, _any_found(responses[:-1])
 
     async def add_once(
         self, counter: str, marker: str, mark: bytes, absent: Sequence[str] = ()
@@ -255,7 +260,7 @@ class EtcdStore:
                 return total
             responses = doc["responses"]
             kv = self._first_kv(responses[0]["response_range"])
-            if any(int(r["response_range"].get("count", 0)) for r in responses[1:]):
+            if _any_found(responses[1:]):
                 return None
         raise AssertionError("unreachable")
 
