@@ -32,6 +32,7 @@ LOGS = {
     ("bench_stragglers.py", "log_path"),
     ("bench_defaults.py", "err"),
     ("bench_grow.py", "err"),
+    ("bench_seed_back.py", "log"),
     ("bench_rdzv.py", "log_path"),
 }
 """Files opened for writing that are a subprocess's stderr, read after it exited."""

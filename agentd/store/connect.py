@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentd.exceptions import StartError
 from agentd.store.api import Store
 from agentd.store.memory import MemoryStore
-from agentd.support.net import is_local_address
+from agentd.support.net import is_local_address, is_loopback
 
 if TYPE_CHECKING:
     from agentd.store.failover import FailoverStore
@@ -165,7 +165,10 @@ def http_store_opener(
             served.admitted.append(lambda: client.adopt(served.endpoints))
         standby = None
         if want_standby and server is None:
-            standby = Standby(client, standby_host, _connection_cap(workers))
+            keeps_token = not token and is_loopback(host)  # the published token: the job's
+            standby = Standby(
+                client, standby_host, _connection_cap(workers), keeps_token=keeps_token
+            )
 
         async def close() -> None:
             await client.close()

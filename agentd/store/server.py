@@ -69,9 +69,10 @@ LONG_POLLS = frozenset({"wait", "watch"})
 class StoreServer:
     """Serves a :class:`MemoryStore` on ``host:port`` (port 0: an ephemeral one).
 
-    Every request needs the bearer ``token``. Without one, the server makes its own (only
-    on loopback) and publishes it for this user's clients on this host, from the moment it
-    listens until it stops (see :mod:`agentd.store.token_file`).
+    Every request needs the bearer ``token``. Without one (only on loopback), the server
+    takes the one a job's member keeps for ``port``, else makes its own, and publishes it
+    for this user's clients on this host, from the moment it listens until it stops (see
+    :mod:`agentd.store.token_file`).
 
     With a ``candidacy``, it is one of several candidates: it serves only while promoted,
     each time from an empty store, and answers 421 meanwhile (see
@@ -99,7 +100,7 @@ class StoreServer:
         self.tls = tls
         """Served over TLS with this node's certificate (None: plain HTTP)."""
         self._given_token = bool(token)
-        self.token = token or token_file.new_token()
+        self.token = token or (port and token_file.read(port)) or token_file.new_token()
         self._token = self.token.encode()
         self.token_file: Path | None = None
         """Where the token this server made is published (None: the user gave one)."""

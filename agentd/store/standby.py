@@ -21,11 +21,14 @@ alone finds the job after the host was lost (the peers of :mod:`agentd.store.fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError, StartError
+from agentd.store import token_file
 from agentd.store.api import StoreError
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES, Prober
@@ -43,7 +46,9 @@ class Standby:
     """This agent's offer to serve the store of ``client``'s growing list if its host is
     lost: a candidate server on ``host`` ('': the address we reach the seed from),
     preferably on the seed's port, taking at most ``max_connections``; ``prober`` asks the
-    other candidates (the protocol simulation's own)."""
+    other candidates (the protocol simulation's own). ``keeps_token``: the job's token is
+    the one its loopback seed published, and we keep a copy of it while we stand by (see
+    :mod:`agentd.store.token_file`)."""
 
     def __init__(
         self,
@@ -51,8 +56,11 @@ class Standby:
         host: str,
         max_connections: int,
         prober: Callable[..., Prober] = Prober,
+        keeps_token: bool = False,
     ) -> None:
         self._client = client
+        self._keeps_token = keeps_token
+        self._token_copy: tuple[Path, str] | None = None
         self._prober = prober
         self._host = host
         self._max_connections = max_connections
@@ -117,6 +125,9 @@ class Standby:
         server = self.server = await self._listen(host, seed_port, candidacy, token)
         if server is None:
             return
+        if self._keeps_token:
+            with contextlib.suppress(OSError, StartError):  # a restarted seed makes a new one
+                self._token_copy = token_file.keep_copy(seed_port, token), token
         candidacy.extend(client.endpoints)
         candidacy.observe(client.term)
         client.on_list = candidacy.extend
@@ -198,3 +209,6 @@ class Standby:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+        if self._token_copy is not None:
+            token_file.drop_copy(*self._token_copy)
+            self._token_copy = None

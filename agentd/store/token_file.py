@@ -9,6 +9,13 @@ without a token read the file, so one user's agents on one host meet with no
 configuration, while another local user can neither read the token nor use the store.
 Off loopback, a token must be given (the file cannot reach another host).
 
+The token is the job's, not one server's: each member standing by for the seed keeps a
+copy (``store-<port>.<pid>-<n>.token``, :func:`keep_copy`) while it does, and a store
+started on that port without a token takes the job's (:func:`read`) before making one. A
+seed restarted at the endpoint after the job failed over is then told the job's term and
+list by its candidates, and follows them, instead of serving a second job alone, its
+new token refused by every candidate of the first.
+
 A killed agent cannot withdraw what it published: each file is told to
 :func:`agentd.support.secrets.on_published`'s listeners, the agent's guardian among them
 (:mod:`agentd.hygiene.guardian_process`), which removes each one that still holds its token
@@ -18,6 +25,7 @@ once the agent is gone.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import stat
@@ -63,7 +71,27 @@ def new_token() -> str:
 
 def publish(port: int, token: str, kind: str = "store") -> Path:
     """Publish ``token`` as the one of the store on ``port`` (atomically, mode 0600)."""
-    path = token_path(port, kind)
+    return _write(token_path(port, kind), token)
+
+
+def keep_copy(port: int, token: str) -> Path:
+    """Keep a copy of ``token``, the job's whose seed listens on ``port``, for a store
+    started there later (:func:`read`), until :func:`drop_copy`."""
+    return _write(run_dir() / f"store-{port}.{os.getpid()}-{next(_copies)}.token", token)
+
+
+def drop_copy(path: Path, token: str) -> None:
+    """Remove a copy :func:`keep_copy` made, if it still holds ``token``."""
+    with contextlib.suppress(OSError):
+        withdrawn(path, token)
+        if path.read_text().strip() == token:
+            path.unlink()
+
+
+_copies = itertools.count()
+
+
+def _write(path: Path, token: str) -> Path:
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -76,11 +104,31 @@ def publish(port: int, token: str, kind: str = "store") -> Path:
 
 
 def read(port: int, kind: str = "store") -> str | None:
-    """The published token of the loopback store on ``port``, if there is one."""
+    """The published token of the loopback store on ``port``, else the newest copy a
+    member of its job keeps (see the module docstring), if there is one."""
     try:
         return token_path(port, kind).read_text().strip() or None
     except (OSError, StartError):
+        pass
+    if kind != "store":
         return None
+    try:
+        copies = list(run_dir().glob(f"store-{port}.*.token"))
+    except (OSError, StartError):
+        return None
+    for path in sorted(copies, key=_newest_first):
+        with contextlib.suppress(OSError):
+            if token := path.read_text().strip():
+                return token
+    return None
+
+
+def _newest_first(path: Path) -> float:
+    """Sorts the most recently written first (an unreadable one last)."""
+    try:
+        return -path.stat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 def withdraw(port: int, token: str, kind: str = "store") -> None:

@@ -30,16 +30,16 @@ def status(agent) -> dict:
         return json.load(response)
 
 
-def start_agent(run_agentd, endpoint, stop, *extra, conf=FAST):
-    """An agent of the job; the shared token lets a restarted store host find it again (a
-    store that makes its own token on loopback makes a new one each time it starts)."""
+def start_agent(run_agentd, endpoint, stop, *extra, conf=FAST, given_token=True):
+    """An agent of the job, with the shared ``AGENTD_STORE_TOKEN`` unless not
+    ``given_token`` (then the seed makes one on loopback and publishes it for this user)."""
     health = free_port()
     agent = run_agentd(
         *agent_args(endpoint, "2:3", *extra, conf=conf),
         "--health-port",
         str(health),
         *member_job(stop),
-        env={"AGENTD_STORE_TOKEN": TOKEN},
+        env={"AGENTD_STORE_TOKEN": TOKEN} if given_token else {},
     )
     agent.health = health
     return agent
@@ -64,14 +64,21 @@ def kill_the_host_and_wait_for_two(host, survivors):
         assert latest_attempt(agent) == before[agent.pid] + 1  # one restart each
 
 
-def three_hosts(run_agentd, endpoint, stop, conf=FAST):
+def three_hosts(run_agentd, endpoint, stop, conf=FAST, given_token=True):
     """Three agents on 127.0.0.1-3, the first hosting the store, once they run as one
     round and the other two stand by: (the host, the other two)."""
     agents = []
     for index in range(3):
+        address = f"127.0.0.{index + 1}"
         agents.append(
             start_agent(
-                run_agentd, endpoint, stop, "--local-addr", f"127.0.0.{index + 1}", conf=conf
+                run_agentd,
+                endpoint,
+                stop,
+                "--local-addr",
+                address,
+                conf=conf,
+                given_token=given_token,
             )
         )
         if index == 0:  # the first one hosts the store
@@ -85,11 +92,17 @@ def three_hosts(run_agentd, endpoint, stop, conf=FAST):
     return host, survivors
 
 
-def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, tmp_path):
+@pytest.mark.parametrize("given_token", [True, False], ids=["given-token", "published-token"])
+def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(
+    run_agentd, tmp_path, given_token, private_runtime_dir
+):
+    """With a published token too: the restarted host used to make a new one, which the
+    job's candidates could not use to tell it their term, so it served a second job alone
+    at the endpoint (the members now keep a copy of the job's token for it)."""
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
     stop = tmp_path / "stop"
-    host, survivors = three_hosts(run_agentd, endpoint, stop)
+    host, survivors = three_hosts(run_agentd, endpoint, stop, given_token=given_token)
     # each client learns a longer list with its next answer from the store
     shown = wait_until(
         lambda: (doc := status(survivors[0])["store"]) and len(doc["endpoints"]) == 3 and doc,
@@ -108,7 +121,9 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     # the lost host comes back (as systemd or Kubernetes would restart it): it serves an
     # empty store at the endpoint until the new server tells it the job moved, then joins
     shrunk = {a.pid: latest_attempt(a) for a in survivors}
-    back = start_agent(run_agentd, endpoint, stop, "--local-addr", "127.0.0.1")
+    back = start_agent(
+        run_agentd, endpoint, stop, "--local-addr", "127.0.0.1", given_token=given_token
+    )
     wait_until(
         lambda: one_round([*survivors, back], 3, after=shrunk),
         timeout=30,
@@ -123,6 +138,8 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(run_agentd, 
     for agent in everyone:
         faults = [line for line in agent.stderr().splitlines() if " WARNING " in line]
         assert not faults, faults
+    # the killed host's token went with its guardian, the others' with them
+    assert list(private_runtime_dir.glob("agentd/store-*")) == []
 
 
 def test_standby_0_opts_out(run_agentd, tmp_path):

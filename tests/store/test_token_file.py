@@ -89,3 +89,51 @@ async def test_without_a_token_a_client_gives_up_with_a_clear_error():
     finally:
         await client.close()
         await server.stop()
+
+
+def test_a_members_copy_of_the_jobs_token_is_read_when_its_seed_published_none(
+    private_runtime_dir,
+):
+    assert token_file.read(29401) is None
+    older = token_file.keep_copy(29401, "stale")
+    os.utime(older, (1, 1))  # a copy left by an agent killed with its guardian, long ago
+    copy = token_file.keep_copy(29401, "job")
+    token_file.keep_copy(294010, "another port's")
+    assert stat.S_IMODE(os.stat(copy).st_mode) == 0o600
+    assert token_file.read(29401) == "job"  # the newest copy
+    token_file.publish(29401, "seed")
+    assert token_file.read(29401) == "seed"  # the seed's own file comes first
+    token_file.withdraw(29401, "seed")
+    token_file.drop_copy(copy, "another token")  # not ours any more: kept
+    assert token_file.read(29401) == "job"
+    token_file.drop_copy(copy, "job")
+    assert token_file.read(29401) == "stale"
+    assert token_file.read(29401, "health") is None  # only a store's token is copied
+    assert not (private_runtime_dir / "health-29401.token").exists()
+
+
+async def test_a_store_started_where_a_job_keeps_its_token_takes_that_token(
+    private_runtime_dir,
+):
+    """A seed restarted at its endpoint serves with the job's token, which the job's
+    candidates tell their term with, and publishes it as its own."""
+    first = StoreServer()
+    await first.start()
+    port, token = first.port, first.token
+    copy = token_file.keep_copy(port, token)  # a member standing by for this seed
+    await first.stop()  # killed, its file withdrawn by its guardian
+    assert not token_file.token_path(port).exists()
+    second = StoreServer(port=port)
+    try:
+        await second.start()
+        assert second.token == token
+        assert token_file.token_path(port).read_text() == token
+        client = HttpStore(f"127.0.0.1:{port}", retry_timeout=5)
+        try:
+            await client.set("k", b"v")
+        finally:
+            await client.close()
+    finally:
+        await second.stop()
+        token_file.drop_copy(copy, token)
+    assert StoreServer(port=port).token != token  # nobody keeps it now: a new one
