@@ -76,6 +76,35 @@ def test_kill_9_of_a_store_host_leaves_no_token_file(run_agentd, tmp_path):
     wait_until(lambda: not any(published.iterdir()), what="the guardian to remove the tokens")
 
 
+def test_kill_9_of_a_member_leaves_no_copy_of_the_jobs_token(run_agentd, tmp_path):
+    """A member standing by for a loopback seed keeps a copy of the job's token (for a
+    store restarted at the endpoint); killed, its guardian removes the copy, and the
+    seed's own file stays."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    port = free_port()
+    agents = [
+        run_agentd(
+            *agent_args(f"127.0.0.1:{port}", "2", conf=FAST),
+            *member_job(tmp_path / "stop"),
+            env={"XDG_RUNTIME_DIR": str(runtime)},
+        )
+        for _ in range(2)
+    ]
+    wait_until(lambda: all(world_sizes(a, 0) == {2} for a in agents), what="a job of two")
+    published = runtime / "agentd"
+    copies = lambda: list(published.glob(f"store-{port}.*.token"))  # noqa: E731
+    [copy] = wait_until(copies, what="the member's copy of the token")
+    seed = published / f"store-{port}.token"
+    assert copy.read_text() == seed.read_text()
+    [member] = [a for a in agents if "Hosting the rendezvous store" not in a.stderr()]
+    wait_until(lambda: guardian_of(member.proc.pid) is not None, what="the member's guardian")
+    member.proc.kill()
+    member.wait()
+    wait_until(lambda: not copies(), what="the guardian to remove the copy")
+    assert seed.exists()
+
+
 def guardian_of(pid: int) -> psutil.Process | None:
     for child in psutil.Process(pid).children():
         if any(arg.endswith("guardian_process.py") for arg in child.cmdline()):

@@ -1,0 +1,163 @@
+"""A node started at the endpoint after the store's host was lost: does it find the job?
+
+    python bench/bench_seed_back.py [--runs 3] [--after 0,3]
+        [--launchers agentd,agentd-given,torchrun] [--record]
+
+Three nodes of ``--nnodes 2:4`` run on 127.0.0.1 with one ``--rdzv-endpoint`` and the
+defaults (one worker each, ``member_worker.py``); the node serving the store is SIGKILLed,
+and ``--after`` seconds later a fourth node starts with the same command line (a restarted
+pod or unit of the lost host, or a node added). The figure is the time from the fourth
+node's start to its worker in a world of 3, beside the two survivors; none within
+:data:`WITHIN` counts as never. The launchers:
+
+* ``agentd``: no token given: on loopback the seed makes one and publishes it for this
+  user (agentd/store/token_file.py), and the members standing by keep a copy for a store
+  started at the endpoint later;
+* ``agentd-given``: ``AGENTD_STORE_TOKEN`` shared by all four;
+* ``torchrun``: its c10d rendezvous (needs torch).
+
+Each run gets a private ``XDG_RUNTIME_DIR``, so no token of another run is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_failover import TOKEN, WORKER, reports
+from run_control import end_run, free_port, wait_for
+
+WITHIN = 30.0
+"""Seconds the fourth node is given to work in a world of 3."""
+COMMAND = ".venv/bin/python bench/bench_seed_back.py --runs 3 --record"
+
+
+def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
+    """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
+    and the exit statuses of the survivors and the fourth once stopped."""
+    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+        folder = Path(tmp)
+        runtime = folder / "runtime"
+        runtime.mkdir(mode=0o700)
+        stop = folder / "stop"
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONWARNINGS": "ignore"}
+        if launcher == "agentd-given":
+            env["AGENTD_STORE_TOKEN"] = TOKEN
+        base = (
+            [sys.executable, "-m", "torch.distributed.run"]
+            if launcher == "torchrun"
+            else [sys.executable, "-m", "agentd", "run"]
+        )
+        flags = ["--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-id", "seed-back"]
+        flags += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def start(node: int) -> Path:
+            out = folder / f"node{node}"
+            out.mkdir()
+            argv = [*base, *flags, WORKER, str(out), str(stop)]
+            log = folder / f"node{node}.err"
+            with open(log, "wb") as err:
+                procs.append(subprocess.Popen(argv, env=env, stdout=err, stderr=err, cwd=folder))
+            return out
+
+        try:
+            outs = [start(0)]
+            time.sleep(0.5)  # the first one serves the store
+            outs += [start(1), start(2)]
+            if not wait_for(lambda: all(at_world(out, 3) for out in outs), 90):
+                raise SystemExit(f"{launcher}'s three-node job never ran")
+            time.sleep(1.0)  # the others stand by as the round forms (agentd)
+            procs[0].send_signal(signal.SIGKILL)
+            procs[0].wait()
+            killed = time.time()
+            time.sleep(after)
+            began = time.time()
+            fourth = start(3)
+            if not wait_for(lambda: at_world(fourth, 3, killed), WITHIN):
+                return float("inf"), []
+            took = max(r["started"] for r in reports(fourth) if r["world"] == 3) - began
+            stop.touch()
+            return took, [proc.wait(60) for proc in procs[1:]]
+        finally:
+            end_run(procs)
+
+
+def at_world(out: Path, world: int, after: float = 0.0) -> bool:
+    """Whether the node whose worker reports to ``out`` ran one in a world of ``world``
+    started after ``after`` (epoch seconds)."""
+    return any(r["world"] == world and r["started"] > after for r in reports(out))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--after", default="0,3", help="seconds after the kill, e.g. 0,3")
+    parser.add_argument("--launchers", default="agentd,agentd-given,torchrun")
+    parser.add_argument("--record", action="store_true", help="write docs/figures.json")
+    args = parser.parse_args()
+    launchers = args.launchers.split(",")
+    if not set(launchers) <= {"agentd", "agentd-given", "torchrun"}:
+        parser.error(f"--launchers: {args.launchers!r} names others than the three")
+    if "torchrun" in launchers and importlib.util.find_spec("torch") is None:
+        print("torch is not installed: torchrun is left out")
+        launchers.remove("torchrun")
+    delays = [float(d) for d in args.after.split(",")]
+    print(
+        "store host SIGKILLed in a 3-node --nnodes 2:4 job on 127.0.0.1, a fourth node "
+        f"started S s later: its start -> its worker in a world of 3 ({args.runs} runs, "
+        f"{os.cpu_count()} CPUs; none within {WITHIN:g} s: never)"
+    )
+    slowest: dict[str, float] = {}
+    for launcher in launchers:
+        for delay in delays:
+            results = [run_once(launcher, delay) for _ in range(args.runs)]
+            took = [t for t, _ in results]
+            codes = sorted({str(c) for _, cs in results for c in cs})
+            print(
+                f"  {launcher:<13} after {delay:3g} s: median {shown(statistics.median(took))}"
+                f"  max {shown(max(took))}  (exit statuses: {', '.join(codes) or 'none'})",
+                flush=True,
+            )
+            slowest[launcher] = max(slowest.get(launcher, 0.0), max(took))
+    if args.record:
+        record(args, slowest, delays)
+    return 0
+
+
+def shown(seconds: float) -> str:
+    return "never" if seconds == float("inf") else f"{seconds:5.2f} s"
+
+
+def record(args: argparse.Namespace, slowest: dict[str, float], delays: list[float]) -> None:
+    from figures import record as write
+
+    if set(slowest) != {"agentd", "agentd-given", "torchrun"}:
+        raise SystemExit("--record: needs all three launchers (the figures are compared)")
+    after = ", ".join(f"{d:g}" for d in delays)
+    for launcher, name in (
+        ("agentd", "seed_back_published_token"),
+        ("agentd-given", "seed_back_given_token"),
+        ("torchrun", "seed_back_torchrun"),
+    ):
+        seconds = slowest[launcher]
+        write(
+            name,
+            f"none within {WITHIN:g} s" if seconds == float("inf") else f"{seconds:.2f} s",
+            COMMAND,
+            f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
+            f"SIGKILLed, a fourth node started then: its start -> its worker in a world of 3 "
+            f"({launcher})",
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
