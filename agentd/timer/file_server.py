@@ -51,6 +51,9 @@ class FileTimerServer(TimerServer):
         source.registry = self
         self._source = source
         self._log_event = log_event
+        self._ended: int | None = None
+        """The epoch second the watchdog stopped, or its task ended (None: it runs, or
+        has not started)."""
 
     @property
     def path(self) -> str:
@@ -62,10 +65,31 @@ class FileTimerServer(TimerServer):
             self._source.open()
         first = self._task is None
         super().start_on_loop()
-        if first:
+        if first and self._task is not None:
+            self._ended = None
+            self._task.add_done_callback(self._task_ended)
             self.log_event("watchdog started", None)
 
+    def _task_ended(self, _: object) -> None:
+        if self._ended is None:
+            self._ended = int(self._wall())
+
+    def get_last_progress_time(self) -> int:
+        """torch's: the epoch second of the watchdog's last sign of progress, the alive
+        callback torch's agent gives its health check server. This server is woken by
+        events, not by passes: while :meth:`alive`, its progress is now; with a deadline
+        overdue beyond ``max_overdue`` (its loop blocked), the second that deadline fell
+        due; stopped, or its task ended, the second it did. Before it starts: now, as
+        torch's answers before a client opens the pipe."""
+        task = self._task
+        if task is None or task.done():
+            return self._ended if self._ended is not None else int(self._wall())
+        head = self.next_deadline()
+        late = 0.0 if head is None else self._clock() - head
+        return int(self._wall() - (late if late > self.max_overdue else 0.0))
+
     async def stop_async(self) -> None:
+        self._task_ended(None)
         await super().stop_async()
         self._source.close()
         self.log_event("watchdog stopped", None)

@@ -334,3 +334,22 @@ def test_another_pid_namespaces_pipe_dirs_are_judged_by_their_lock(tmp_path):
         process_start_ticks(os.getpid()),
         pid_namespace(),
     )
+
+
+async def test_last_progress_stops_at_the_deadline_a_blocked_loop_missed(tmp_path):
+    """torch's ``get_last_progress_time`` for an event-driven watchdog: now while it
+    keeps its deadlines, the second of the one it missed while its loop is blocked, and
+    the second it stopped once stopped (a health check's alive callback sees it stale)."""
+    server = FileTimerServer(str(tmp_path / "timer.fifo"), max_overdue=0.1)
+    await server.start_async()
+    try:
+        due = time.time() + 0.05
+        server.register_timers([TimerRequest(os.getpid(), "work", due)])  # never reaped: ours
+        assert abs(server.get_last_progress_time() - time.time()) <= 1
+        time.sleep(0.4)  # the loop blocked: the deadline passes unmet  # noqa: ASYNC251
+        assert abs(server.get_last_progress_time() - due) <= 1
+        assert time.time() - server.get_last_progress_time() >= 0.3
+    finally:
+        await server.stop_async()
+    stopped = server.get_last_progress_time()
+    assert abs(stopped - time.time()) <= 1

@@ -89,3 +89,22 @@ def test_a_reap_that_fails_is_retried_at_the_next_pass(impl):
     finally:
         hung.kill()
         hung.wait()
+
+
+def test_a_file_timer_servers_last_progress_is_now_while_it_serves(impl):
+    """``get_last_progress_time()`` is the alive callback torch's agent gives its health
+    check server (``HealthCheckServer(server.get_last_progress_time, port, timeout)``):
+    whole epoch seconds, recent before and while the watchdog serves a client."""
+    timer = elastic(impl, "timer")
+    path = f"/tmp/agentd-test-timer-{uuid.uuid4().hex}"
+    server = timer.FileTimerServer(path, "run", max_interval=0.1)
+    before = server.get_last_progress_time()
+    assert isinstance(before, int) and abs(before - time.time()) <= 1
+    server.start()
+    try:
+        timer.FileTimerClient(path).acquire("scope", time.time() + 60)
+        server.run_once()  # the request is read: the client has started
+        progress = server.get_last_progress_time()
+        assert isinstance(progress, int) and 0 <= time.time() - progress <= 2
+    finally:
+        server.stop()
