@@ -13,6 +13,7 @@ import faulthandler
 import json
 import logging
 import os
+from typing import Any
 
 from agentd.errors.error_file import ERROR_FILE_ENV, read_error_file, write_error_file
 
@@ -46,12 +47,33 @@ class ErrorHandler:
             )
             return
         data = dict(content.data)
-        if error_code and isinstance(data.get("message"), dict):
-            data["message"] = {**data["message"], "errorCode": error_code}
+        if error_code:
+            if isinstance(data.get("message"), dict):
+                data["message"] = dict(data["message"])  # not the content's own
+            self.override_error_code_in_rootcause_data(rootcause_error_file, data, error_code)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as fp:
             json.dump(data, fp)
         os.replace(tmp, path)
+
+    def override_error_code_in_rootcause_data(
+        self, rootcause_error_file: str, rootcause_error: dict[str, Any], error_code: int = 0
+    ) -> None:
+        """torch's: set ``errorCode`` in the error file data ``rootcause_error`` (read from
+        ``rootcause_error_file``), in place: the child could not record it when a signal
+        ended it. Only the ``@record`` format whose ``message`` is an object has the field;
+        another (a string ``message``, or none) is left as it is, with a warning."""
+        message = rootcause_error.get("message")
+        if isinstance(message, dict):
+            message["errorCode"] = error_code
+            return
+        shape = "has no field 'message'" if message is None else "has a message of another form"
+        log.warning(
+            "child error file %s %s; its error code (%s) is not set",
+            rootcause_error_file,
+            shape,
+            error_code,
+        )
 
 
 def get_error_handler() -> ErrorHandler:

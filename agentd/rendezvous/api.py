@@ -9,7 +9,7 @@ import json
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from agentd.exceptions import AgentdError, StartError
 
@@ -89,8 +89,32 @@ class RoleInstanceInfo:
 class RendezvousStoreInfo:
     """Where the workers' store is served: torch's master address and port."""
 
+    MASTER_ADDR_KEY: ClassVar[str] = "MASTER_ADDR"
+    MASTER_PORT_KEY: ClassVar[str] = "MASTER_PORT"
     master_addr: str
     master_port: int
+
+    @staticmethod
+    def build(
+        rank: int, store: Any, local_addr: str | None, server_port: int | None = None
+    ) -> RendezvousStoreInfo:
+        """torch's: rank 0 puts its address (``local_addr``, else this host's FQDN) and
+        ``server_port`` (a shared TCPStore's; else a free port) under
+        :attr:`MASTER_ADDR_KEY` and :attr:`MASTER_PORT_KEY` in ``store`` (a c10d store:
+        ``set`` and ``get`` of bytes); every rank reads them back, waiting as the store's
+        ``get`` waits."""
+        from agentd.support.net import get_free_port
+
+        if rank == 0:
+            addr = local_addr or socket.getfqdn()
+            store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, addr.encode())
+            port = server_port or get_free_port()
+            store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(port).encode())
+        addr = store.get(RendezvousStoreInfo.MASTER_ADDR_KEY).decode()
+        text = store.get(RendezvousStoreInfo.MASTER_PORT_KEY).decode()
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise ValueError(f"{RendezvousStoreInfo.MASTER_PORT_KEY}: {text!r} is not a port")
+        return RendezvousStoreInfo(addr, int(text))
 
 
 @dataclass(frozen=True)

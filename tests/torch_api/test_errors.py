@@ -94,3 +94,19 @@ def test_record_copies_only_a_childs_error_file(impl, tmp_path, monkeypatch):
     with pytest.raises(errors.ChildFailedError):
         launch(str(child))
     assert "root cause" in mine.read_text()
+
+
+def test_the_error_code_is_set_in_a_root_cause_whose_message_is_an_object(impl, caplog):
+    """``override_error_code_in_rootcause_data``, as torch's ``dump_error_file`` uses it:
+    the code goes in the ``@record`` format's message object, in place; a string message,
+    or none, is left alone, with a warning naming the file."""
+    handler = elastic(impl, "multiprocessing.errors").ErrorHandler()
+    recorded = {"message": {"message": "RuntimeError: boom", "extraInfo": {}}}
+    handler.override_error_code_in_rootcause_data("child.json", recorded, -11)
+    assert recorded["message"]["errorCode"] == -11
+    for other in ({"message": "RuntimeError: boom"}, {"timestamp": "1"}):
+        before = json.dumps(other)
+        caplog.clear()
+        handler.override_error_code_in_rootcause_data("child.json", other, -11)
+        assert json.dumps(other) == before
+        assert "child.json" in caplog.text

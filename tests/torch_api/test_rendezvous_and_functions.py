@@ -3,6 +3,7 @@ function entrypoints that cannot be spawned."""
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -113,3 +114,28 @@ def test_a_worker_that_cannot_load_its_function_names_the_error(impl):
     out = run_script(impl, "unloadable.py")
     assert out["state"] == "FAILED"
     assert "RuntimeError: this module refuses to load in a worker" in out["message"]
+
+
+class _BytesStore:
+    """The two calls of a c10d store ``RendezvousStoreInfo.build`` makes."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+
+def test_rendezvous_store_info_build_gives_every_rank_rank_0s_address(impl):
+    api = elastic(impl, "rendezvous.api")
+    info = api.RendezvousStoreInfo
+    store = _BytesStore()
+    first = info.build(0, store, "10.0.0.1", server_port=29500)
+    other = info.build(1, store, "10.0.0.2")
+    assert first == other == info("10.0.0.1", 29500)
+    assert store.data == {info.MASTER_ADDR_KEY: b"10.0.0.1", info.MASTER_PORT_KEY: b"29500"}
+    picked = info.build(0, _BytesStore(), None)  # no address, no shared port: found
+    assert picked.master_addr == socket.getfqdn() and 0 < picked.master_port < 65536
