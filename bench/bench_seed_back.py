@@ -2,6 +2,7 @@
 
     python bench/bench_seed_back.py [--runs 3] [--after 0,3]
         [--launchers agentd,agentd-given,torchrun] [--record]
+    python bench/bench_seed_back.py --both-lost [--local-addrs] [--runs 3] [--after 0,3]
 
 Three nodes of ``--nnodes 2:4`` run on 127.0.0.1 with one ``--rdzv-endpoint`` and the
 defaults (one worker each, ``member_worker.py``); the node serving the store is SIGKILLed,
@@ -15,6 +16,13 @@ node's start to its worker in a world of 3, beside the two survivors; none withi
   started at the endpoint later;
 * ``agentd-given``: ``AGENTD_STORE_TOKEN`` shared by all four;
 * ``torchrun``: its c10d rendezvous (needs torch).
+
+``--both-lost``: once the two survivors run at world 2, the one serving the store after
+the failover is SIGKILLed too, and ``--after`` seconds later both killed nodes start
+again with their command lines; the figure is the time from the second kill to the three
+at work in a world of 3. All three share 127.0.0.1 unless ``--local-addrs`` gives each
+its own loopback address (as hosts of their own: a member stands by on the seed's port
+there, so a restarted node stands by where it stood before).
 
 Each run gets a private ``XDG_RUNTIME_DIR``, so no token of another run is found.
 """
@@ -40,55 +48,107 @@ WITHIN = 30.0
 COMMAND = ".venv/bin/python bench/bench_seed_back.py --runs 3 --record"
 
 
-def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
-    """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
-    and the exit statuses of the survivors and the fourth once stopped."""
-    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
-        folder = Path(tmp)
+class Job:
+    """Nodes of one ``--nnodes 2:4`` job on this machine, started by ``launcher`` in
+    ``folder`` (each a worker reporting to ``node<N>/``, its output in ``node<N>.err``);
+    ``addrs``: node N on 127.0.0.N+1 (``--local-addr``), as on hosts of their own."""
+
+    def __init__(self, folder: Path, launcher: str, addrs: bool = False) -> None:
+        self.folder = folder
+        self.addrs = addrs
         runtime = folder / "runtime"
         runtime.mkdir(mode=0o700)
-        stop = folder / "stop"
-        env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONWARNINGS": "ignore"}
+        self.stop = folder / "stop"
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONWARNINGS": "ignore"}
         if launcher == "agentd-given":
-            env["AGENTD_STORE_TOKEN"] = TOKEN
-        base = (
+            self.env["AGENTD_STORE_TOKEN"] = TOKEN
+        self.base = (
             [sys.executable, "-m", "torch.distributed.run"]
             if launcher == "torchrun"
             else [sys.executable, "-m", "agentd", "run"]
         )
-        flags = ["--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-id", "seed-back"]
-        flags += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-        procs: list[subprocess.Popen[bytes]] = []
+        self.flags = ["--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-id", "seed-back"]
+        self.flags += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        self.procs: list[subprocess.Popen[bytes]] = []
 
-        def start(node: int) -> Path:
-            out = folder / f"node{node}"
-            out.mkdir()
-            argv = [*base, *flags, WORKER, str(out), str(stop)]
-            log = folder / f"node{node}.err"
-            with open(log, "wb") as err:
-                procs.append(subprocess.Popen(argv, env=env, stdout=err, stderr=err, cwd=folder))
-            return out
+    def start(self, host: int) -> Path:
+        """Start a node on host ``host`` (its address with ``addrs``): where it reports."""
+        index = len(self.procs)
+        out = self.folder / f"node{index}"
+        out.mkdir()
+        own = ["--local-addr", f"127.0.0.{host + 1}"] if self.addrs else []
+        argv = [*self.base, *self.flags, *own, WORKER, str(out), str(self.stop)]
+        log = self.folder / f"node{index}.err"
+        with open(log, "wb") as err:
+            self.procs.append(
+                subprocess.Popen(argv, env=self.env, stdout=err, stderr=err, cwd=self.folder)
+            )
+        return out
 
+    def three(self) -> list[Path]:
+        """Three nodes at work in a world of 3, the first serving the store."""
+        outs = [self.start(0)]
+        time.sleep(0.5)  # the first one serves the store
+        outs += [self.start(1), self.start(2)]
+        if not wait_for(lambda: all(at_world(out, 3) for out in outs), 90):
+            raise SystemExit("the three-node job never ran")
+        time.sleep(1.0)  # the others stand by as the round forms (agentd)
+        return outs
+
+    def kill(self, index: int) -> float:
+        """SIGKILL node ``index``: when (epoch seconds)."""
+        self.procs[index].send_signal(signal.SIGKILL)
+        self.procs[index].wait()
+        return time.time()
+
+    def log(self, index: int) -> str:
+        return (self.folder / f"node{index}.err").read_text(errors="replace")
+
+
+def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
+    """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
+    and the exit statuses of the survivors and the fourth once stopped."""
+    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+        job = Job(Path(tmp), launcher)
         try:
-            outs = [start(0)]
-            time.sleep(0.5)  # the first one serves the store
-            outs += [start(1), start(2)]
-            if not wait_for(lambda: all(at_world(out, 3) for out in outs), 90):
-                raise SystemExit(f"{launcher}'s three-node job never ran")
-            time.sleep(1.0)  # the others stand by as the round forms (agentd)
-            procs[0].send_signal(signal.SIGKILL)
-            procs[0].wait()
-            killed = time.time()
+            job.three()
+            killed = job.kill(0)
             time.sleep(after)
             began = time.time()
-            fourth = start(3)
+            fourth = job.start(0)
             if not wait_for(lambda: at_world(fourth, 3, killed), WITHIN):
                 return float("inf"), []
             took = max(r["started"] for r in reports(fourth) if r["world"] == 3) - began
-            stop.touch()
-            return took, [proc.wait(60) for proc in procs[1:]]
+            job.stop.touch()
+            return took, [proc.wait(60) for proc in job.procs[1:]]
         finally:
-            end_run(procs)
+            end_run(job.procs)
+
+
+def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int | None]]:
+    """The store's host killed; once the two others run at world 2, the one serving the
+    store now killed too; ``after`` seconds later both restarted with their command lines:
+    seconds from the second kill to the three at work in a world of 3 (inf: never)."""
+    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+        job = Job(Path(tmp), launcher, addrs)
+        try:
+            outs = job.three()
+            first = job.kill(0)
+            if not wait_for(lambda: all(at_world(out, 2, first) for out in outs[1:]), WITHIN):
+                return float("inf"), []
+            [serving] = [i for i in (1, 2) if "now serving" in job.log(i)]
+            time.sleep(1.0)
+            second = job.kill(serving)
+            time.sleep(after)
+            left = outs[3 - serving]
+            outs = [left, job.start(0), job.start(serving)]
+            if not wait_for(lambda: all(at_world(out, 3, second) for out in outs), WITHIN):
+                return float("inf"), []
+            took = max(r["started"] for o in outs for r in reports(o) if r["world"] == 3) - second
+            job.stop.touch()
+            return took, [proc.wait(60) for proc in job.procs if proc.returncode is None]
+        finally:
+            end_run(job.procs)
 
 
 def at_world(out: Path, world: int, after: float = 0.0) -> bool:
@@ -103,7 +163,17 @@ def main() -> int:
     parser.add_argument("--after", default="0,3", help="seconds after the kill, e.g. 0,3")
     parser.add_argument("--launchers", default="agentd,agentd-given,torchrun")
     parser.add_argument("--record", action="store_true", help="write docs/figures.json")
+    parser.add_argument(
+        "--both-lost",
+        action="store_true",
+        help="agentd alone: the host, then the node serving after it, killed; both restarted",
+    )
+    parser.add_argument(
+        "--local-addrs", action="store_true", help="with --both-lost: a loopback address each"
+    )
     args = parser.parse_args()
+    if args.both_lost:
+        return report_both_lost(args)
     launchers = args.launchers.split(",")
     if not set(launchers) <= {"agentd", "agentd-given", "torchrun"}:
         parser.error(f"--launchers: {args.launchers!r} names others than the three")
@@ -130,6 +200,28 @@ def main() -> int:
             slowest[launcher] = max(slowest.get(launcher, 0.0), max(took))
     if args.record:
         record(args, slowest, delays)
+    return 0
+
+
+def report_both_lost(args: argparse.Namespace) -> int:
+    """``--both-lost``: each agentd launcher, at each delay (torchrun's job does not
+    outlive the first kill)."""
+    where = "a loopback address each" if args.local_addrs else "all on 127.0.0.1"
+    print(
+        "store host SIGKILLed in a 3-node --nnodes 2:4 job, then the node serving after it; "
+        f"both restarted S s later ({where}): second kill -> the three in a world of 3 "
+        f"({args.runs} runs, {os.cpu_count()} CPUs; none within {WITHIN:g} s: never)"
+    )
+    for launcher in [name for name in args.launchers.split(",") if name != "torchrun"]:
+        for delay in (float(d) for d in args.after.split(",")):
+            results = [both_lost(launcher, delay, args.local_addrs) for _ in range(args.runs)]
+            took = [t for t, _ in results]
+            codes = sorted({str(c) for _, cs in results for c in cs})
+            print(
+                f"  {launcher:<13} after {delay:3g} s: median {shown(statistics.median(took))}"
+                f"  max {shown(max(took))}  (exit statuses: {', '.join(codes) or 'none'})",
+                flush=True,
+            )
     return 0
 
 
