@@ -2,6 +2,7 @@
 larger world?
 
     python bench/bench_grow.py [--runs 3] [--most 4] [--launchers agentd,torchrun] [--record]
+    python bench/bench_grow.py --replace [--runs 3] [--most 4] [--record]
 
 Two nodes of ``--nnodes 2:MOST`` (``c10d``, one endpoint: the first one serves the
 store), one worker each, run; then a third node starts. The figure is the time from its
@@ -10,11 +11,17 @@ run. With ``--most 3`` the third node takes the round's last place; below that, 
 world of 3 is whatever the round holds when it is sealed. A launcher whose third node is
 not at work within 120 s counts as never (torchrun 2.13 on one host: its agents' next
 round timed out on its store's keys after 60 s, with ``--most`` 3 and 4).
+
+``--replace``: the two run, the second is SIGKILLed, and a new node starts in its place
+(``--max-restarts 3``, so the one left waits for it): the time from the new node's start
+to its worker of rank 1 in a world of 2. The round after the loss lacks only its minimum
+once the lost node is accounted for; the replacement's arrival completes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -25,9 +32,11 @@ from pathlib import Path
 
 from bench_defaults import READY_JOB, agentd, timed_runs
 from report_files import write_report
-from run_control import free_port, wait_for
+from run_control import end_run, free_port, wait_for
 
 COMMAND = ".venv/bin/python bench/bench_grow.py --runs 3 --record"
+MARK = "BENCH_GROW_RUN"
+"""Marks the processes of one ``--replace`` run (see run_control.kill_marked)."""
 ADMIT_WITHIN = 120.0
 """Seconds a third node is given to work in a world of 3."""
 
@@ -70,6 +79,51 @@ def third_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]
                 proc.wait()
 
 
+def replaced_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]]:
+    """Two nodes of ``2:MOST`` run; the second is SIGKILLed and a new node started: seconds
+    from its start to a worker of rank 1 in a world of 2, and the two launchers' exit
+    statuses once stopped. ``--max-restarts 3``: the one left waits for a replacement."""
+    script, ready = folder / "ready_job.py", folder / f"ready-{launcher}"
+    write_report(script, READY_JOB)
+    shutil.rmtree(ready, ignore_errors=True)
+    ready.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = ["--nnodes", f"2:{most}", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    flags += ["--max-restarts", "3", "--rdzv-endpoint", endpoint, "--rdzv-id", "replace"]
+    flags += [str(script), str(ready)]
+    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
+    procs: list[subprocess.Popen[bytes]] = []
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"  # a killed torchrun leaves its worker
+    env = {**os.environ, MARK: marker}
+
+    def start(node: int) -> None:
+        err = folder / f"{launcher}-{node}.err"
+        with open(err, "wb") as out:
+            procs.append(
+                subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out, env=env)
+            )
+
+    try:
+        for node in range(2):
+            start(node)
+        if not wait_for(lambda: len(list(ready.iterdir())) == 2, 90):
+            raise SystemExit(f"{launcher}'s two-node job never ran")
+        time.sleep(1.0)  # its guardian runs (agentd), its keep-alives flow (torchrun)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        (ready / "ready_1").unlink()
+        began = time.monotonic()
+        start(2)
+        if not wait_for(lambda: (ready / "ready_1").exists(), ADMIT_WITHIN):
+            return float("inf"), []
+        took = time.monotonic() - began
+        for proc in (procs[0], procs[2]):
+            proc.send_signal(signal.SIGTERM)
+        return took, [proc.wait(timeout=60) for proc in (procs[0], procs[2])]
+    finally:
+        end_run(procs, MARK, marker)
+
+
 def shown(median: float, runs: int) -> str:
     """A median of seconds as a figure; never within :data:`ADMIT_WITHIN`: says so."""
     if median == float("inf"):
@@ -83,6 +137,11 @@ def main() -> int:
     parser.add_argument("--most", type=int, default=4, help="the job's MAX nodes (3 or more)")
     parser.add_argument("--launchers", default="agentd,torchrun")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="two nodes run, one is SIGKILLed and a new one started in its place",
+    )
     args = parser.parse_args()
     launchers = tuple(args.launchers.split(","))
     if not set(launchers) <= {"agentd", "torchrun"}:
@@ -91,16 +150,21 @@ def main() -> int:
         parser.error("--record: needs both launchers (the figures are compared)")
     if args.most < 3:
         parser.error(f"--most: {args.most} leaves no room for a third node (3 or more)")
+    measure, what = third_node, f"a third node joins a running 2:{args.most} job"
+    if args.replace:
+        measure, what = replaced_node, f"a node of a 2:{args.most} job of two replaced"
     with tempfile.TemporaryDirectory(prefix="bench-grow-") as tmp:
         folder = Path(tmp)
         medians = timed_runs(
-            f"a third node joins a running 2:{args.most} job",
-            lambda f, launcher: third_node(f, launcher, args.most),
+            what,
+            lambda f, launcher: measure(f, launcher, args.most),
             folder,
             args.runs,
             launchers,
         )
-    if args.record:
+    if args.record and args.replace:
+        record_replaced(medians, args.runs, args.most)
+    elif args.record:
         sys.path.insert(0, str(Path(__file__).parent))
         from figures import record
 
@@ -118,6 +182,26 @@ def main() -> int:
             "the same, torchrun, in the same run",
         )
     return 0
+
+
+def record_replaced(medians: dict[str, float], runs: int, most: int) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from figures import record
+
+    command = f".venv/bin/python bench/bench_grow.py --replace --most {most} --runs {runs} --record"
+    record(
+        "replace_lost_node",
+        shown(medians["agentd"], runs),
+        command,
+        f"median seconds from a replacement's start to its worker of rank 1 in a world of 2 "
+        f"(--nnodes 2:{most}, two nodes, one SIGKILLed; c10d)",
+    )
+    record(
+        "replace_lost_node_torchrun",
+        shown(medians["torchrun"], runs),
+        command,
+        "the same, torchrun, in the same run",
+    )
 
 
 if __name__ == "__main__":

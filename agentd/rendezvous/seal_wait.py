@@ -85,6 +85,8 @@ class SealWait(Sealing):
             sealed = await self._seal(generation, settings.max_nodes, rank)
         elif carried is not None and carried.generation < generation:
             sealed, checker = await self._seal_if_counted(generation, carried)
+        elif carried is None and (before := await self._round_before(generation)) is not None:
+            sealed, _ = await self._seal_if_counted(generation, before)
         if sealed is None:
             sealed, revision = await self._wait_for_seal(generation, rank, mine, start, checker)
             if sealed is None:
@@ -144,6 +146,27 @@ class SealWait(Sealing):
             await self.wait_for_generation_after(generation)
         else:
             await self.wait_for_generation_after(generation, full=size)
+
+    async def _round_before(self, generation: int) -> Carried | None:
+        """For a node new to the job: round ``generation`` - 1, where it was sealed in
+        this store or is the round the store forgot (``ctl/forgotten``), as a round we
+        were not in. Our arrival may complete the count of the round being joined: its
+        members are back or gone, and only the minimum was missing. A replacement
+        for a lost node of a ``2:4`` job of two waited for the last call (30 s), the
+        count complete but for its arrival, which it did not count."""
+        if generation == 0:
+            return None
+        keys = self._keys
+        sealed, record = await self._store.multi_get(
+            [keys.round(generation - 1, "sealed"), keys.forgotten]
+        )
+        summary = decode(sealed) if sealed is not None and sealed != ENDED else None
+        if summary is not None:
+            return Carried(generation - 1, summary.size, False)
+        lost = forgotten.Forgotten.decode(record) if record is not None else None
+        if lost is not None and lost.generation == generation - 1:
+            return Carried(lost.generation, lost.size, False)
+        return None
 
     async def _move_past_ended(self, generation: int) -> None:
         """Round ``generation`` is marked ended: move the generation past it where that

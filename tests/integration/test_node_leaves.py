@@ -24,16 +24,23 @@ def worlds(out, size: int) -> list[str]:
     return sorted(p.name for p in out.glob(f"w{size}_*"))
 
 
-def start_job(run_agentd, count: int, nnodes: str, out, stop) -> list:
+def start_job(run_agentd, count: int, nnodes: str, out, stop, restarts: int = 0) -> list:
     """``count`` agents of one job on 127.0.0.1, with torchrun's command line and no
-    ``--rdzv-conf`` (the defaults): the first serves the store."""
+    ``--rdzv-conf`` (the defaults): the first serves the store. Each also has a
+    ``.again()`` that starts one more with the same command line."""
     out.mkdir()
     endpoint = f"127.0.0.1:{free_port()}"
     flags = f"--rdzv-backend c10d --rdzv-endpoint {endpoint} --rdzv-id job --nnodes {nnodes}"
-    agents = [run_agentd(*flags.split(), "--max-restarts", "0", WORLD, str(out), str(stop))]
+    flags += f" --max-restarts {restarts}"
+
+    def again():
+        return run_agentd(*flags.split(), WORLD, str(out), str(stop))
+
+    agents = [again()]
     wait_until(lambda: "Hosting the rendezvous store" in agents[0].stderr(), 30)
-    for _ in range(count - 1):
-        agents.append(run_agentd(*flags.split(), "--max-restarts", "0", WORLD, str(out), str(stop)))
+    agents += [again() for _ in range(count - 1)]
+    for agent in agents:
+        agent.again = again
     return agents
 
 
@@ -140,3 +147,27 @@ def test_the_store_host_and_two_others_leaving_at_once_cost_the_two_left_seconds
     assert "round 1 has every node expected (2 of round 0's 5 back, 3 gone" in said, said
     for agent in agents[:3]:
         assert agent.wait(15) == 128 + signal.SIGTERM, agent.stderr()[-3000:]
+
+
+def test_a_replacement_that_brings_a_round_to_its_minimum_is_admitted_at_once(run_agentd, tmp_path):
+    """Three of four nodes of a ``2:4`` job SIGKILLed, then a replacement started: the one
+    left is back and the three gone (their guardians' releases), so the round lacks only
+    its minimum, which the replacement's arrival completes. A node new to the job counted
+    nothing as it arrived, so the round waited for the last call (30 s; 32 s measured with
+    two nodes of ``2:4`` and one replaced)."""
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    agents = start_job(run_agentd, 4, "2:4", out, stop, restarts=1)
+    wait_until(lambda: len(worlds(out, 4)) == 4, 60, what="a world of 4")
+    for agent in agents:  # each guardian starts right after its agent's workers
+        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), 30)
+    left, lost = agents[0], agents[1:]
+    for agent in lost:
+        agent.proc.send_signal(signal.SIGKILL)
+    for agent in lost:
+        wait_until(lambda a=agent: "released node" in a.stderr(), 10, what="each release")
+    replacement = left.again()
+    wait_until(lambda: len(worlds(out, 2)) == 2, LEASE / 2, what="a world of 2")
+    said = left.stderr() + replacement.stderr()
+    assert "has every node expected (1 of round 0's 4 back, 3 gone" in said, said[-4000:]
+    stop.touch()
+    assert [left.wait(30), replacement.wait(30)] == [0, 0]
