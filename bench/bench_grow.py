@@ -36,92 +36,92 @@ from run_control import end_run, free_port, wait_for
 
 COMMAND = ".venv/bin/python bench/bench_grow.py --runs 3 --record"
 MARK = "BENCH_GROW_RUN"
-"""Marks the processes of one ``--replace`` run (see run_control.kill_marked)."""
+"""Marks the processes of one run (see run_control.kill_marked)."""
 ADMIT_WITHIN = 120.0
 """Seconds a third node is given to work in a world of 3."""
+
+
+class TwoNodes:
+    """A job of ``2:MOST`` nodes on 127.0.0.1 started by ``launcher`` in ``folder``, one
+    worker each (``READY_JOB``: ``ready-<launcher>/ready_<RANK>`` once it runs); every
+    process it starts is marked (:data:`MARK`), so :meth:`end` kills what a killed
+    torchrun left behind too."""
+
+    def __init__(self, folder: Path, launcher: str, most: int, *flags: str) -> None:
+        script, self.ready = folder / "ready_job.py", folder / f"ready-{launcher}"
+        write_report(script, READY_JOB)
+        shutil.rmtree(self.ready, ignore_errors=True)
+        self.ready.mkdir()
+        self.folder, self.launcher = folder, launcher
+        endpoint = f"127.0.0.1:{free_port()}"
+        self.flags = ["--nnodes", f"2:{most}", "--nproc-per-node", "1", "--rdzv-backend"]
+        self.flags += ["c10d", *flags, "--rdzv-endpoint", endpoint, str(script), str(self.ready)]
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
+        self.base = torchrun if launcher == "torchrun" else agentd()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.marker = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.env = {**os.environ, MARK: self.marker}
+
+    def start(self) -> None:
+        err = self.folder / f"{self.launcher}-{len(self.procs)}.err"
+        with open(err, "wb") as out:
+            self.procs.append(
+                subprocess.Popen(
+                    [*self.base, *self.flags], cwd=self.folder, stderr=out, stdout=out, env=self.env
+                )
+            )
+
+    def run_two(self) -> None:
+        for _ in range(2):
+            self.start()
+        if not wait_for(lambda: len(list(self.ready.iterdir())) == 2, 90):
+            raise SystemExit(f"{self.launcher}'s two-node job never ran")
+
+    def stop(self, procs: list[subprocess.Popen[bytes]]) -> list[int]:
+        """SIGTERM ``procs``: their exit statuses."""
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        return [proc.wait(timeout=60) for proc in procs]
+
+    def end(self) -> None:
+        end_run(self.procs, MARK, self.marker)
 
 
 def third_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]]:
     """Seconds from the third node's start to its world of 3's rank 2 worker, and the
     three launchers' exit statuses once stopped."""
-    script, ready = folder / "ready_job.py", folder / f"ready-{launcher}"
-    write_report(script, READY_JOB)
-    shutil.rmtree(ready, ignore_errors=True)
-    ready.mkdir()
-    endpoint = f"127.0.0.1:{free_port()}"
-    flags = ["--nnodes", f"2:{most}", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
-    flags += ["--rdzv-endpoint", endpoint, "--rdzv-id", "grow", str(script), str(ready)]
-    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(node: int) -> None:
-        err = folder / f"{launcher}-{node}.err"
-        with open(err, "wb") as out:
-            procs.append(subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out))
-
+    job = TwoNodes(folder, launcher, most, "--rdzv-id", "grow")
     try:
-        for node in range(2):
-            start(node)
-        if not wait_for(lambda: len(list(ready.iterdir())) == 2, 90):
-            raise SystemExit(f"{launcher}'s two-node job never ran")
+        job.run_two()
         began = time.monotonic()
-        start(2)
-        if not wait_for(lambda: (ready / "ready_2").exists(), ADMIT_WITHIN):
+        job.start()
+        if not wait_for(lambda: (job.ready / "ready_2").exists(), ADMIT_WITHIN):
             return float("inf"), []
         took = time.monotonic() - began
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        return took, [proc.wait(timeout=60) for proc in procs]
+        return took, job.stop(job.procs)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        job.end()
 
 
 def replaced_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]]:
     """Two nodes of ``2:MOST`` run; the second is SIGKILLed and a new node started: seconds
     from its start to a worker of rank 1 in a world of 2, and the two launchers' exit
     statuses once stopped. ``--max-restarts 3``: the one left waits for a replacement."""
-    script, ready = folder / "ready_job.py", folder / f"ready-{launcher}"
-    write_report(script, READY_JOB)
-    shutil.rmtree(ready, ignore_errors=True)
-    ready.mkdir()
-    endpoint = f"127.0.0.1:{free_port()}"
-    flags = ["--nnodes", f"2:{most}", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
-    flags += ["--max-restarts", "3", "--rdzv-endpoint", endpoint, "--rdzv-id", "replace"]
-    flags += [str(script), str(ready)]
-    base = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else agentd()
-    procs: list[subprocess.Popen[bytes]] = []
-    marker = f"{os.getpid()}-{time.monotonic_ns()}"  # a killed torchrun leaves its worker
-    env = {**os.environ, MARK: marker}
-
-    def start(node: int) -> None:
-        err = folder / f"{launcher}-{node}.err"
-        with open(err, "wb") as out:
-            procs.append(
-                subprocess.Popen([*base, *flags], cwd=folder, stderr=out, stdout=out, env=env)
-            )
-
+    job = TwoNodes(folder, launcher, most, "--max-restarts", "3", "--rdzv-id", "replace")
     try:
-        for node in range(2):
-            start(node)
-        if not wait_for(lambda: len(list(ready.iterdir())) == 2, 90):
-            raise SystemExit(f"{launcher}'s two-node job never ran")
+        job.run_two()
         time.sleep(1.0)  # its guardian runs (agentd), its keep-alives flow (torchrun)
-        procs[1].send_signal(signal.SIGKILL)
-        procs[1].wait()
-        (ready / "ready_1").unlink()
+        job.procs[1].send_signal(signal.SIGKILL)
+        job.procs[1].wait()
+        (job.ready / "ready_1").unlink()
         began = time.monotonic()
-        start(2)
-        if not wait_for(lambda: (ready / "ready_1").exists(), ADMIT_WITHIN):
+        job.start()
+        if not wait_for(lambda: (job.ready / "ready_1").exists(), ADMIT_WITHIN):
             return float("inf"), []
         took = time.monotonic() - began
-        for proc in (procs[0], procs[2]):
-            proc.send_signal(signal.SIGTERM)
-        return took, [proc.wait(timeout=60) for proc in (procs[0], procs[2])]
+        return took, job.stop([job.procs[0], job.procs[2]])
     finally:
-        end_run(procs, MARK, marker)
+        job.end()
 
 
 def shown(median: float, runs: int) -> str:

@@ -190,14 +190,7 @@ def main() -> int:
     for launcher in launchers:
         for delay in delays:
             results = [run_once(launcher, delay) for _ in range(args.runs)]
-            took = [t for t, _ in results]
-            codes = sorted({str(c) for _, cs in results for c in cs})
-            print(
-                f"  {launcher:<13} after {delay:3g} s: median {shown(statistics.median(took))}"
-                f"  max {shown(max(took))}  (exit statuses: {', '.join(codes) or 'none'})",
-                flush=True,
-            )
-            slowest[launcher] = max(slowest.get(launcher, 0.0), max(took))
+            slowest[launcher] = max(slowest.get(launcher, 0.0), row(launcher, delay, results))
     if args.record:
         record(args, slowest, delays)
     return 0
@@ -215,14 +208,21 @@ def report_both_lost(args: argparse.Namespace) -> int:
     for launcher in [name for name in args.launchers.split(",") if name != "torchrun"]:
         for delay in (float(d) for d in args.after.split(",")):
             results = [both_lost(launcher, delay, args.local_addrs) for _ in range(args.runs)]
-            took = [t for t, _ in results]
-            codes = sorted({str(c) for _, cs in results for c in cs})
-            print(
-                f"  {launcher:<13} after {delay:3g} s: median {shown(statistics.median(took))}"
-                f"  max {shown(max(took))}  (exit statuses: {', '.join(codes) or 'none'})",
-                flush=True,
-            )
+            row(launcher, delay, results)
     return 0
+
+
+def row(launcher: str, delay: float, results: list[tuple[float, list[int | None]]]) -> float:
+    """Print one launcher's runs at one delay: the median, the slowest (returned) and the
+    exit statuses seen."""
+    took = [t for t, _ in results]
+    codes = sorted({str(c) for _, cs in results for c in cs})
+    print(
+        f"  {launcher:<13} after {delay:3g} s: median {shown(statistics.median(took))}"
+        f"  max {shown(max(took))}  (exit statuses: {', '.join(codes) or 'none'})",
+        flush=True,
+    )
+    return max(took)
 
 
 def shown(seconds: float) -> str:
