@@ -83,9 +83,7 @@ def keep_copy(port: int, token: str) -> Path:
 def drop_copy(path: Path, token: str) -> None:
     """Remove a copy :func:`keep_copy` made, if it still holds ``token``."""
     with contextlib.suppress(OSError):
-        withdrawn(path, token)
-        if path.read_text().strip() == token:
-            path.unlink()
+        _remove(path, token)
 
 
 _copies = itertools.count()
@@ -134,10 +132,14 @@ def _newest_first(path: Path) -> float:
 def withdraw(port: int, token: str, kind: str = "store") -> None:
     """Remove the published token, if it is still ours (a newer store may have replaced it)."""
     with contextlib.suppress(OSError, StartError):
-        path = token_path(port, kind)
-        withdrawn(path, token)
-        if path.read_text().strip() == token:
-            path.unlink()
+        _remove(token_path(port, kind), token)
+
+
+def _remove(path: Path, token: str) -> None:
+    """Tell the listeners ``path`` is withdrawn; remove it if it still holds ``token``."""
+    withdrawn(path, token)
+    if path.read_text().strip() == token:
+        path.unlink()
 
 
 def for_agent(url: str, given: str | None) -> str | None:
