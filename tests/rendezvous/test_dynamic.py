@@ -382,6 +382,24 @@ async def test_a_late_node_ends_the_round_and_all_three_meet_in_the_next(store, 
     await shutdown_all(a, b, c)
 
 
+async def test_a_new_node_that_brings_the_round_to_its_minimum_seals_it(store):
+    """Four nodes of ``2:4``, three leave for good, a new node arrives: the one left is
+    back and the three gone, and the new node's arrival brings the round to its minimum,
+    so it seals the round. A node new to the job counted nothing as it arrived, and the
+    round waited for the last call (60 s here)."""
+    nodes = [handler(store, nodes=(2, 4), last_call_timeout=60.0) for _ in range(4)]
+    await asyncio.gather(*(h.next_rendezvous() for h in nodes))  # sealed full, at once
+    left, leaving = nodes[0], nodes[1:]
+    watch = asyncio.create_task(left.round_over())
+    await shutdown_all(*leaving)
+    await asyncio.wait_for(watch, 10)
+    back = asyncio.create_task(left.next_rendezvous())
+    new = handler(store, nodes=(2, 4), last_call_timeout=60.0)
+    infos = await asyncio.wait_for(asyncio.gather(back, new.next_rendezvous()), 10)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    await shutdown_all(left, new)
+
+
 async def test_a_node_beyond_max_waits_for_a_departure(store):
     # A TTL of 1.5 s: ending the round is bounded by it, and a loaded etcd can take longer
     # than FAST's 0.3 s (b's departure would then be seen as a lost heartbeat instead).
