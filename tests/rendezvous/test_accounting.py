@@ -305,6 +305,37 @@ async def test_a_member_that_never_read_the_seal_counts_back_after_a_store_resta
         await server.stop()
 
 
+async def test_a_new_node_counts_against_the_round_a_restarted_store_forgot():
+    """Four nodes of ``2:4`` over HTTP; the store restarts empty, three leave for good (each
+    marks itself gone in the new store), one is back: the new store's round 1 lacks only
+    its minimum. A new node reads the round the store forgot (``ctl/forgotten``) and counts
+    against it, so its arrival seals round 1. Before, it counted nothing, and round 1
+    waited for the forgotten round's fence (a 30 s lease here) or the last call (60 s)."""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+    nodes = [member(over_http(port), nodes=(2, 4)) for _ in range(4)]
+    new = member(over_http(port), nodes=(2, 4))
+    try:
+        await asyncio.wait_for(asyncio.gather(*(n.next_rendezvous() for n in nodes)), SOON)
+        left, leaving = nodes[0], nodes[1:]
+        over = asyncio.create_task(left.round_over())
+        await server.stop()  # everything the store knew is gone, and its instance
+        server = StoreServer("127.0.0.1", port, "secret")
+        await server.start()
+        await asyncio.wait_for(over, SOON)
+        back = asyncio.create_task(left.next_rendezvous())
+        await server.store.wait(["agentd/job/round/1/node/0"], SOON)  # told what it forgot
+        assert await server.store.get("agentd/job/ctl/forgotten") is not None
+        await asyncio.wait_for(shutdown_all(*leaving), SOON)
+        infos = await asyncio.wait_for(asyncio.gather(back, new.next_rendezvous()), SOON)
+        assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+        assert await server.store.get("agentd/job/round/0/gone") == b"3"
+    finally:
+        await shutdown_all(*nodes, new)
+        await server.stop()
+
+
 async def test_a_node_whose_wait_is_cancelled_as_its_round_is_sealed_leaves_as_a_member():
     """A stop signal cancels a node's wait for its round's seal after the others sealed it
     and started their workers, before it read the seal. It leaves as a member: it marks
