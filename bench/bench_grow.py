@@ -35,7 +35,7 @@ from report_files import write_report
 from run_control import end_run, free_port, wait_for
 
 COMMAND = ".venv/bin/python bench/bench_grow.py --runs 3 --record"
-MARK = "BENCH_GROW_RUN"
+MARK_ENV = "BENCH_GROW_RUN"
 """Marks the processes of one run (see run_control.kill_marked)."""
 ADMIT_WITHIN = 120.0
 """Seconds a third node is given to work in a world of 3."""
@@ -44,7 +44,7 @@ ADMIT_WITHIN = 120.0
 class TwoNodes:
     """A job of ``2:MOST`` nodes on 127.0.0.1 started by ``launcher`` in ``folder``, one
     worker each (``READY_JOB``: ``ready-<launcher>/ready_<RANK>`` once it runs); every
-    process it starts is marked (:data:`MARK`), so :meth:`end` kills what a killed
+    process it starts is marked (:data:`MARK_ENV`), so :meth:`end` kills what a killed
     torchrun left behind too."""
 
     def __init__(self, folder: Path, launcher: str, most: int, *flags: str) -> None:
@@ -59,8 +59,8 @@ class TwoNodes:
         torchrun = [sys.executable, "-m", "torch.distributed.run"]
         self.base = torchrun if launcher == "torchrun" else agentd()
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.marker = f"{os.getpid()}-{time.monotonic_ns()}"
-        self.env = {**os.environ, MARK: self.marker}
+        self.marker = os.urandom(6).hex()
+        self.env = {**os.environ, MARK_ENV: self.marker}
 
     def start(self) -> None:
         err = self.folder / f"{self.launcher}-{len(self.procs)}.err"
@@ -84,7 +84,7 @@ class TwoNodes:
         return [proc.wait(timeout=60) for proc in procs]
 
     def end(self) -> None:
-        end_run(self.procs, MARK, self.marker)
+        end_run(self.procs, MARK_ENV, self.marker)
 
 
 def third_node(folder: Path, launcher: str, most: int) -> tuple[float, list[int]]:

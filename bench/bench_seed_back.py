@@ -43,6 +43,8 @@ from pathlib import Path
 from bench_failover import TOKEN, WORKER, reports
 from run_control import end_run, free_port, wait_for
 
+MARK_ENV = "BENCH_SEED_BACK_RUN"
+"""Marks every process of one run: a SIGKILLed torchrun leaves its worker behind."""
 WITHIN = 30.0
 """Seconds the fourth node is given to work in a world of 3."""
 COMMAND = ".venv/bin/python bench/bench_seed_back.py --runs 3 --record"
@@ -59,7 +61,9 @@ class Job:
         runtime = folder / "runtime"
         runtime.mkdir(mode=0o700)
         self.stop = folder / "stop"
+        self.marker = os.urandom(6).hex()
         self.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONWARNINGS": "ignore"}
+        self.env[MARK_ENV] = self.marker
         if launcher == "agentd-given":
             self.env["AGENTD_STORE_TOKEN"] = TOKEN
         self.base = (
@@ -104,6 +108,10 @@ class Job:
     def log(self, index: int) -> str:
         return (self.folder / f"node{index}.err").read_text(errors="replace")
 
+    def end(self) -> None:
+        """Kill what is left of the run, by pid: launchers and every marked process."""
+        end_run(self.procs, MARK_ENV, self.marker)
+
 
 def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
     """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
@@ -122,7 +130,7 @@ def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
             job.stop.touch()
             return took, [proc.wait(60) for proc in job.procs[1:]]
         finally:
-            end_run(job.procs)
+            job.end()
 
 
 def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int | None]]:
@@ -148,7 +156,7 @@ def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int
             job.stop.touch()
             return took, [proc.wait(60) for proc in job.procs if proc.returncode is None]
         finally:
-            end_run(job.procs)
+            job.end()
 
 
 def at_world(out: Path, world: int, after: float = 0.0) -> bool:
