@@ -197,7 +197,7 @@ def http_store_opener(
             prepare=standby.prepare if standby else None,
             after_round=standby.after_round if standby else None,
             serving=(lambda: standby.serving) if standby else None,
-            client_spec=lambda: client_spec(client, token if server is None else server.token),
+            client_spec=lambda: client_spec(client),
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
             stop_standing_by=standby.leave if standby else None,
@@ -285,7 +285,7 @@ def candidates_opener(
             remote=True,
             where=",".join(texts),
             describe=describe,
-            client_spec=lambda: client_spec(client, token),
+            client_spec=lambda: client_spec(client),
             hand_over=lambda members: hand_over_store(server, client, members),
             stop_standing_by=stop_standing_by,
             leaving=lambda: leave(client, stop_standing_by),
@@ -325,9 +325,12 @@ async def hand_over_store(server: StoreServer | None, client: FailoverStore, mem
     return True
 
 
-def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
+def client_spec(client: FailoverStore) -> dict[str, Any]:
     """What :func:`client_from_spec` needs to reach ``client``'s store from another process
-    (JSON; it holds the token, so it is only ever passed on a private pipe)."""
+    (JSON; it holds the token, so it is only ever passed on a private pipe). The token is
+    the one ``client`` sends: on loopback without one given, the one the seed published,
+    which a client made from the spec could not find for another candidate's port (a
+    killed member's guardian was refused everywhere after a failover)."""
     tls = client.tls
     return {
         "endpoints": list(client.endpoints),
@@ -335,7 +338,7 @@ def client_spec(client: FailoverStore, token: str | None) -> dict[str, Any]:
         "serving": client.serving,
         "term": client.term,
         "absent": sorted(client.absent),
-        "token": token or "",
+        "token": client.token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
     }
 

@@ -333,7 +333,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         prepare=standby.prepare if standby else None,
         after_round=standby.after_round if standby else None,
         serving=(lambda: standby.serving) if standby else None,
-        client_spec=lambda: client_spec(client, TOKEN),
+        client_spec=lambda: client_spec(client),
         on_candidates=hosting.admitted.append if hosting is not None else None,
         hand_over=lambda members: hand_over_store(
             server or (standby and standby.server), client, members

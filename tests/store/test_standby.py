@@ -448,7 +448,7 @@ async def test_a_client_made_from_a_spec_promotes_above_the_term_its_agent_saw(j
     member promoted, and the job was split between the two (seed 10409 of
     ``bench/simulate.py --failover``)."""
     first, standby = await job.member(2)
-    spec = client_spec(first, TOKEN)
+    spec = client_spec(first)
     assert spec["term"] == 1
     await job.server.stop()
     job.server = None
@@ -465,7 +465,7 @@ async def test_a_spec_carries_the_candidates_named_silent_and_a_spec_without_the
     them, or with junk in their place, reads as naming none."""
     endpoints = ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]
     client = FailoverStore(endpoints, TOKEN, growing=True, absent=[2])
-    spec = client_spec(client, TOKEN)
+    spec = client_spec(client)
     made = [client]
     try:
         assert spec["absent"] == [2]

@@ -137,3 +137,42 @@ async def test_a_store_started_where_a_job_keeps_its_token_takes_that_token(
         await second.stop()
         token_file.drop_copy(copy, token)
     assert StoreServer(port=port).token != token  # nobody keeps it now: a new one
+
+
+async def test_a_members_guardian_reaches_the_candidate_serving_after_a_failover():
+    """On loopback with no token given, a member's client sends the token its seed
+    published for the seed's port. The client its guardian makes from the spec goes first
+    to the candidate that serves now, on another port, for which nothing is published:
+    the spec carries the token itself. Before, it carried none, and a killed member's
+    guardian was refused by every candidate (401) once the job had failed over, so its
+    release was lost and the round waited for the forgotten round's fence
+    (``bench/bench_seed_back.py --both-lost``: 20 s)."""
+    from agentd.store.connect import client_from_spec, http_store_opener
+    from tests.conftest import free_port
+
+    port = free_port()
+    seed = await http_store_opener("127.0.0.1", port, None, True)()
+    member = await http_store_opener("127.0.0.1", port, None, False, standby=True)()
+    guardian = None
+    try:
+        assert seed.prepare is None and member.prepare is not None
+        await member.store.set("hello", b"1")
+        candidate = await member.prepare()  # on another port: the seed's is taken here
+        assert candidate and candidate != f"127.0.0.1:{port}"
+        for _ in range(100):  # its offer is answered in the background
+            if candidate in member.store.endpoints:
+                break
+            await asyncio.sleep(0.05)
+        await seed.close()  # the store's host is lost; the member's candidate takes over
+        await member.store.set("moved", b"1")
+        assert member.serving is not None and member.serving()
+        assert member.client_spec is not None
+        spec = member.client_spec()
+        assert spec["endpoints"][spec["serving"]] == candidate
+        guardian = client_from_spec(spec, 5.0)
+        assert await guardian.get("moved") == b"1"
+    finally:
+        if guardian is not None:
+            await guardian.close()
+        await member.close()
+        await seed.close()
