@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing
-from agentd.store.candidates import MAX_CANDIDATES, CandidateMismatch, Prober, RoleReport, grows
+from agentd.store.candidates import MAX_CANDIDATES, CandidateMismatch, Prober, RoleReport
 from agentd.store.contact import ContactLog
 from agentd.support.aio import cancel_and_wait
 
@@ -114,6 +114,11 @@ class Candidacy:
         return self._prober.endpoints
 
     @property
+    def list_term(self) -> int:
+        """The term our list was served under: ours while we serve."""
+        return self._prober.list_term
+
+    @property
     def index(self) -> int:
         """Our place in the list (-1: a member not admitted yet)."""
         return self.endpoints.index(self.own) if self.own in self.endpoints else -1
@@ -140,13 +145,15 @@ class Candidacy:
         doc = {"role": self.role, "term": self.term, "index": self.index, "endpoint": self.own}
         doc["absent"] = [self.endpoints[i] for i in self.absent()]
         if self.growing:
-            doc.update(endpoints=list(self.endpoints), cut_off=self.cut_off)
+            doc.update(self._prober.list_doc(), cut_off=self.cut_off)
         return doc
 
-    def extend(self, endpoints: Sequence[str]) -> None:
-        """Adopt a later version of our growing list (anything else is ignored)."""
-        if self.growing and grows(self.endpoints, endpoints):
-            self._prober.endpoints = tuple(endpoints)
+    def extend(self, endpoints: Sequence[str], term: int = 0) -> None:
+        """Adopt ``endpoints``, served under ``term``, if it replaces our growing list
+        (:func:`~agentd.store.candidates.replaces`; serving, only a later version of it:
+        the list we serve is the job's under our term)."""
+        if self.growing:
+            self._prober.take(endpoints, term, f"Store {self.own}", grow_only=self.serving)
 
     def admit(self, endpoint: str) -> bool:
         """A member at ``endpoint`` stands by: append it to the list we serve (False: the
@@ -157,12 +164,8 @@ class Candidacy:
             return False
         self._prober.endpoints += (endpoint,)
         self.contact.admitted(endpoint)
-        log.info(
-            "Store %s: %s stands by as candidate %d",
-            self.own,
-            endpoint,
-            len(self.endpoints) - 1,
-        )
+        said = "Store %s: %s stands by as candidate %d"
+        log.info(said, self.own, endpoint, len(self.endpoints) - 1)
         for call in self.admitted:
             call()
         return True
@@ -184,14 +187,15 @@ class Candidacy:
                 self._step_down(f"a client has seen term {term}, newer than ours ({self.term})")
             self.term = term
 
-    def promote(self, term: int, endpoints: Sequence[str] = ()) -> None:
+    def promote(self, term: int, endpoints: Sequence[str] = (), list_term: int = 0) -> None:
         """Serve under ``term``, if it is newer than ours (else nothing changes);
-        ``endpoints``: the promoting client's list, when it grows. Serving already, we
-        serve on under our term unless the client has seen a newer one (``term`` - 1):
-        two clients that fail over at once, one of which asked us before the other
-        promoted us, meet here instead of dropping the state the first one began (seed
-        505 of ``bench/simulate.py --failover``: a killed host's release was lost so)."""
-        self.extend(endpoints)
+        ``endpoints``: the promoting client's list, when it grows, served under
+        ``list_term``. Serving already, we serve on under our term unless the client has
+        seen a newer one (``term`` - 1): two clients that fail over at once, one of which
+        asked us before the other promoted us, meet here instead of dropping the state the
+        first one began (seed 505 of ``bench/simulate.py --failover``: a killed host's
+        release was lost so)."""
+        self.extend(endpoints, list_term)
         if term <= self.term:
             return
         if self.cut_off:
@@ -207,17 +211,12 @@ class Candidacy:
         if self.serving:
             self._step_down(f"promoted again, under term {term}")
         self.term, self.role = term, "serving"
+        self._prober.list_term = term
         self._standing_by = asyncio.Event()
         self.contact.begin()
         self.on_promote()
-        log.log(
-            logging.INFO,
-            "Store %s: now serving (candidate %d of %d, term %d)",
-            self.own,
-            self.index,
-            len(self.endpoints),
-            term,
-        )
+        said = "Store %s: now serving (candidate %d of %d, term %d)"
+        log.info(said, self.own, self.index, len(self.endpoints), term)
         if self.growing and term > 1 and (self._telling is None or self._telling.done()):
             self._telling = asyncio.create_task(self._tell_the_others(), name="store-tell")
         self._keep_in_touch()
@@ -289,7 +288,7 @@ class Candidacy:
         """Every other candidate's role (one started with another list counts as silent).
         The first answer renews the contact at once: a silent candidate's probe timeout
         holds back neither the contact nor a request waiting on it."""
-        body = {"endpoints": list(self.endpoints)}
+        body = self._prober.list_doc()
 
         async def one(index: int) -> RoleReport:
             try:
@@ -317,12 +316,10 @@ class Candidacy:
         still (frozen, or starved): its silence may be our own, so the next round
         decides (the others' answers to it may have waited unread)."""
         for report in reports:
-            if report.term > self.term or (
-                report.serving and (report.term, -report.index) > (self.term, -self.index)
-            ):
+            if not self._outranked(report) and report.term > self.term:
                 if self.serving:
                     self._step_down(f"{report.endpoint} has seen term {report.term}")
-                self.term = max(self.term, report.term)
+                self.term = report.term
         answered = any(report.reachable or report.refused for report in reports)
         stalled = time.monotonic() - began > self._prober.timeout + STALL
         if (
@@ -344,7 +341,7 @@ class Candidacy:
         return f"the candidate at {self.own} stands by (term {self.term}); it does not serve"
 
     async def _look_for_successor(self) -> None:
-        body = {"endpoints": list(self.endpoints)} if self.growing else None
+        body = self._prober.list_doc() if self.growing else None
         while self.serving and time.monotonic() < self._look_until:
             if any(map(self._outranked, await self._prober.roles(self.term, self.index, body))):
                 return
@@ -361,8 +358,7 @@ class Candidacy:
                 for i, endpoint in enumerate(self.endpoints)
                 if i != self.index and heard.get(endpoint, 0.0) <= now
             ]
-            body = {"endpoints": list(self.endpoints)}
-            for report in await self._prober.roles_of(due, self.term, body):
+            for report in await self._prober.roles_of(due, self.term, self._prober.list_doc()):
                 if self._outranked(report):
                     return
                 told = report.reachable and report.term >= self.term

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ from agentd.exceptions import ConfigError
 from agentd.store.tls import tls_problem
 from agentd.store.wire import CANDIDATES_HEADER, TERM_HEADER
 from agentd.support.aio import cancel_and_wait
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentd.store.tls import StoreTls
@@ -84,6 +87,25 @@ def grows(ours: Sequence[str], theirs: Sequence[str]) -> bool:
     return len(theirs) > len(ours) and tuple(theirs[: len(ours)]) == tuple(ours)
 
 
+def replaces(ours: Sequence[str], our_term: int, theirs: Sequence[str], their_term: int) -> bool:
+    """``theirs``, a growing list a candidate served under ``their_term``, replaces
+    ``ours`` (served under ``our_term``): a later version of it (:func:`grows`), or a fork
+    of it served under a newer term. A store host restarted at the endpoint serves a
+    fresh list under term 1 and may admit a node to it before the job's serving candidate
+    tells it the term; told, it and its clients take the job's list instead of promoting
+    their fork over the job's store (``bench/bench_seed_back.py --both-lost``: 22 s)."""
+    if grows(ours, theirs):
+        return True
+    forked = bool(theirs) and tuple(ours[: len(theirs)]) != tuple(theirs)
+    return forked and their_term > our_term
+
+
+def list_term(value: Any) -> int:
+    """The term a list in a JSON document was served under (0: not said, or not one)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return value if ok else 0
+
+
 def endpoint_list(value: Any) -> tuple[str, ...]:
     """A list of endpoints from a JSON document (anything else: empty)."""
     if not isinstance(value, list) or len(value) > MAX_CANDIDATES:
@@ -104,6 +126,8 @@ class RoleReport:
     problem: str = ""
     endpoints: tuple[str, ...] = ()
     """The candidate's own list, when it grows."""
+    list_term: int = 0
+    """The term its list was served under (see :func:`replaces`)."""
     refused: bool = False
     """Its host refused the connection: the host is up and reachable, and nothing serves
     there (the candidate's process is gone)."""
@@ -136,6 +160,8 @@ class Prober:
         tls: StoreTls | None = None,
     ) -> None:
         self.endpoints = tuple(endpoints)
+        self.list_term = 0
+        """The term our growing list was served under (see :func:`replaces`)."""
         self.token = token
         self._tls = tls
         self.fingerprint = fingerprint(self.endpoints[:1] if growing else self.endpoints)
@@ -148,6 +174,36 @@ class Prober:
     def timeout(self) -> float:
         """Seconds a candidate has to answer one ask."""
         return self._timeout
+
+    def take(self, endpoints: Sequence[str], term: int, who: str, grow_only: bool = False) -> bool:
+        """Take ``endpoints``, a growing list served under ``term``, as ours if it replaces
+        ours (:func:`replaces`; ``grow_only``: if it is a later version of it); where ours
+        is it, or a later version of it, ours was served under ``term`` too. A fork
+        replaced is logged, ``who`` naming us."""
+        ours = self.endpoints
+        if not replaces(ours, self.list_term, endpoints, term):
+            if endpoints and tuple(ours[: len(endpoints)]) == tuple(endpoints):  # ours, or later
+                self.list_term = max(self.list_term, term)
+            return False
+        if not grows(ours, endpoints):
+            if grow_only:
+                return False
+            log.info(
+                "%s: the candidate list served under term %d, %s, replaces ours (term %d: "
+                "%s), which a store restarted at the endpoint served",
+                who,
+                term,
+                ",".join(endpoints),
+                self.list_term,
+                ",".join(ours),
+            )
+        self.endpoints, self.list_term = tuple(endpoints), max(self.list_term, term)
+        return True
+
+    def list_doc(self) -> dict[str, Any]:
+        """Our growing list and the term it was served under, as requests and answers
+        carry them."""
+        return {"endpoints": list(self.endpoints), "list_term": self.list_term}
 
     def headers(self, term: int) -> dict[str, str]:
         return {
@@ -270,6 +326,7 @@ class Prober:
             str(doc.get("role", "")),
             int(doc.get("term", 0)),
             endpoints=endpoint_list(doc.get("endpoints")),
+            list_term=list_term(doc.get("list_term")),
         )
 
     async def close(self) -> None:

@@ -162,7 +162,7 @@ def http_store_opener(
         if hosting is not None:  # our client knows a new candidate at once, and so our will
             client.own_candidate = where
             served = hosting
-            served.admitted.append(lambda: client.adopt(served.endpoints))
+            served.admitted.append(lambda: client.adopt(served.endpoints, served.list_term))
         standby = None
         if want_standby and server is None:
             keeps_token = not token and is_loopback(host)  # the published token: the job's
@@ -337,6 +337,7 @@ def client_spec(client: FailoverStore) -> dict[str, Any]:
         "growing": client.growing,
         "serving": client.serving,
         "term": client.term,
+        "list_term": client.list_term,
         "absent": sorted(client.absent),
         "token": client.token or "",
         "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
@@ -345,6 +346,7 @@ def client_spec(client: FailoverStore) -> dict[str, Any]:
 
 def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
     """A client of the store :func:`client_spec` describes, giving up after ``timeout``."""
+    from agentd.store.candidates import list_term
     from agentd.store.failover import FailoverStore
     from agentd.store.tls import StoreTls
 
@@ -365,4 +367,5 @@ def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
         start=start,
         term=term if isinstance(term, int) and term > 0 else 0,
         absent=[i for i in absent if isinstance(i, int)] if isinstance(absent, list) else (),
+        list_term=list_term(spec.get("list_term")),
     )

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreLeft, StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
-from agentd.store.candidates import Prober, RoleReport, endpoint_list, grows
+from agentd.store.candidates import Prober, RoleReport, endpoint_list, list_term
 from agentd.store.forwarding import ForwardingStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
@@ -72,7 +72,8 @@ class FailoverStore(ForwardingStore):
     there first, not to a seed that may be the host just lost), and ``term`` the newest
     term that client had seen: a failover promotes above it, never beside a server that
     is only frozen (seed 10409 of ``bench/simulate.py --failover``); ``absent``, the
-    candidates the server had last said were silent (see the module docstring).
+    candidates the server had last said were silent (see the module docstring);
+    ``list_term``, the term its list was served under.
     """
 
     def __init__(
@@ -90,11 +91,13 @@ class FailoverStore(ForwardingStore):
         start: int | None = None,
         term: int = 0,
         absent: Collection[int] = (),
+        list_term: int = 0,
     ) -> None:
         self.growing = growing
         self.tls = tls
         """The TLS of every connection to a candidate (None: plain HTTP)."""
         self._prober = prober(endpoints, token or "", growing=growing, tls=tls)
+        self._prober.list_term = list_term
         alone = growing and len(endpoints) == 1
         self._client = connect(
             endpoints[start or 0],
@@ -111,8 +114,8 @@ class FailoverStore(ForwardingStore):
         """The newest term seen: requests carry it, so a replaced server learns it was."""
         self.serving: int | None = start if start is not None else (0 if growing else None)
         """The index of the candidate this client talks to (None: not found yet)."""
-        self.on_list: Callable[[tuple[str, ...]], None] | None = None
-        """Told each longer version of a growing list this client adopts."""
+        self.on_list: Callable[[tuple[str, ...], int], None] | None = None
+        """Told each version of a growing list this client adopts, and its term."""
         self._learning = False
         self._closed = False
         self.failed: dict[str, str] = {}
@@ -135,6 +138,11 @@ class FailoverStore(ForwardingStore):
         return self._prober.endpoints
 
     @property
+    def list_term(self) -> int:
+        """The term our growing list was served under."""
+        return self._prober.list_term
+
+    @property
     def alone(self) -> bool:
         """A growing list that holds the seed only: nothing to fail over to yet."""
         return self.growing and len(self.endpoints) == 1
@@ -152,6 +160,7 @@ class FailoverStore(ForwardingStore):
             "failed": dict(self.failed),
             "peers": list(self.peers),
             "tls": self.tls is not None,
+            "list_term": self.list_term,
         }
 
     # -- finding the server ------------------------------------------------------------------
@@ -203,33 +212,34 @@ class FailoverStore(ForwardingStore):
         if not self._grow(reachable):
             return False
         self._adopt(max(report.term for report in reachable))
-        log.info(
-            "Store: %s, which this agent had not heard of, are the candidates now: learned "
-            "from a peer of its round",
-            ",".join(self.endpoints[1:]),
-        )
+        said = "Store: %s, which this agent had not heard of, are the candidates now: "
+        said += "learned from a peer of its round"
+        log.info(said, ",".join(self.endpoints[1:]))
         return True
 
     def _grow(self, reports: list[RoleReport]) -> bool:
-        """Adopt the longest later version of our growing list that ``reports`` show."""
-        return any(
-            self.adopt(report.endpoints)
-            for report in sorted(reports, key=lambda r: len(r.endpoints), reverse=True)
-        )
+        """Adopt the list that ``reports`` show that replaces ours: served under the
+        newest term, the longest of those."""
+        newest = sorted(reports, key=lambda r: (r.list_term, len(r.endpoints)), reverse=True)
+        return any(self.adopt(report.endpoints, report.list_term) for report in newest)
 
-    def adopt(self, endpoints: Sequence[str]) -> bool:
-        """Take ``endpoints`` as our growing list if it is a later version of it."""
-        if not (self.growing and grows(self.endpoints, endpoints)):
+    def adopt(self, endpoints: Sequence[str], term: int = 0) -> bool:
+        """Take ``endpoints``, served under ``term``, as our growing list if it replaces
+        ours (:func:`~agentd.store.candidates.replaces`: a later version of it, or a fork
+        served under a newer term)."""
+        alone, ours = self.alone, self.endpoints
+        if not (self.growing and self._prober.take(endpoints, term, "Store")):
             return False
-        if self.alone:  # from now on a lost server is left for another, in time
-            self._client.set_timeouts(
-                retry_timeout=SERVER_RETRY, request_timeout=self._request_timeout
-            )
+        if alone:  # from now on a lost server is left for another, in time
+            timeouts = {"retry_timeout": SERVER_RETRY, "request_timeout": self._request_timeout}
+            self._client.set_timeouts(**timeouts)
             self._client.refused_is_final = True
-        self._prober.endpoints = tuple(endpoints)
         log.debug("Store: the candidates are now %s", ",".join(endpoints))
+        if self.serving is not None:  # a fork's index may be another's in the job's list
+            serving = ours[self.serving]
+            self.serving = endpoints.index(serving) if serving in endpoints else None
         if self.on_list is not None:
-            self.on_list(self._prober.endpoints)
+            self.on_list(self._prober.endpoints, self.list_term)
         return True
 
     async def _find_server(self, moves: int, why: str) -> None:
@@ -249,6 +259,7 @@ class FailoverStore(ForwardingStore):
                 reports = await self._with_new_candidates(reports)
                 found = await self._serving_or_promoted(reports)
                 if found is not None:
+                    self._grow([found])  # its list, or ours served under its term
                     self._move(old, found, why)
                     return
                 if self.leaving and not any(report.reachable for report in reports):
@@ -295,7 +306,7 @@ class FailoverStore(ForwardingStore):
         return promoted if promoted.serving else None
 
     def _list(self) -> dict[str, Any]:  # a candidate a search steps down learns it too
-        return {"endpoints": list(self.endpoints)} if self.growing else {}
+        return self._prober.list_doc() if self.growing else {}
 
     def _move(self, old: int | None, found: RoleReport, why: str) -> None:
         self.failed.pop(found.endpoint, None)
@@ -305,25 +316,14 @@ class FailoverStore(ForwardingStore):
         self._moves += 1
         self._client.move_to(found.endpoint, lost_state=old is not None)
         if old is None and self.failovers == 0 and self._moves == 1:
-            log.info(
-                "Store: candidate %d of %d, %s, serves (term %d)",
-                found.index,
-                len(self.endpoints),
-                found.endpoint,
-                found.term,
-            )
+            said = "Store: candidate %d of %d, %s, serves (term %d)"
+            log.info(said, found.index, len(self.endpoints), found.endpoint, found.term)
             return
         self.failovers += 1
         gone = self.endpoints[old] if old is not None else "the store"
-        log.info(
-            "Store failover: %s stopped serving (%s); now using %s (candidate %d, "
-            "term %d); its state starts empty, so the round re-forms there",
-            gone,
-            why or "no answer",
-            found.endpoint,
-            found.index,
-            found.term,
-        )
+        said = "Store failover: %s stopped serving (%s); now using %s (candidate %d, term %d); "
+        said += "its state starts empty, so the round re-forms there"
+        log.info(said, gone, why or "no answer", found.endpoint, found.index, found.term)
 
     def leave(self) -> None:
         """This agent leaves: from now on a search that finds no candidate answering gives
@@ -382,7 +382,7 @@ class FailoverStore(ForwardingStore):
         list, ours included once admitted, is ours from now on (a member that stood by
         must know where to go should the store's host be lost before its next answer)."""
         answer = await self._call(lambda s: s.stand(endpoint))
-        self.adopt(endpoint_list(answer.get("endpoints")))
+        self.adopt(endpoint_list(answer.get("endpoints")), list_term(answer.get("list_term")))
         return answer
 
     async def close(self) -> None:

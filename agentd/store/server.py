@@ -24,7 +24,7 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import endpoint_list
+from agentd.store.candidates import endpoint_list, list_term
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
 from agentd.store.tls import scheme
@@ -279,8 +279,9 @@ class StoreServer:
             raise BadRequest("body: not valid JSON") from None
         body = body if isinstance(body, dict) else {}
         endpoints = endpoint_list(body.get("endpoints"))
+        served = list_term(body.get("list_term"))
         if op == "promote":
-            candidacy.promote(Args(body).integer("term"), endpoints)
+            candidacy.promote(Args(body).integer("term"), endpoints, served)
         elif op == "stand":
             if not candidacy.growing:
                 raise BadRequest("op: 'stand' needs a growing candidate list (one endpoint)")
@@ -289,7 +290,7 @@ class StoreServer:
             admitted = candidacy.admit(_endpoint(body.get("endpoint")))
             return {**candidacy.document(), "admitted": admitted}  # the list, with it
         else:
-            candidacy.extend(endpoints)
+            candidacy.extend(endpoints, served)
         return candidacy.document()
 
 

@@ -128,10 +128,27 @@ class Standby:
         if self._keeps_token:
             with contextlib.suppress(OSError, StartError):  # a restarted seed makes a new one
                 self._token_copy = token_file.keep_copy(seed_port, token), token
-        candidacy.extend(client.endpoints)
+        candidacy.extend(client.endpoints, client.list_term)
         candidacy.observe(client.term)
-        client.on_list = candidacy.extend
+        client.on_list = self._follow
         client.own_candidate = candidacy.own
+
+    def _follow(self, endpoints: tuple[str, ...], term: int) -> None:
+        """Our client took ``endpoints`` (served under ``term``) as its list: so does our
+        candidate; and where it is the job's list in place of a fork a restarted store
+        host served, which had admitted us, we offer our candidate again."""
+        candidacy = self.server.candidacy if self.server is not None else None
+        if candidacy is None:
+            return
+        candidacy.extend(endpoints, term)
+        if self._offered and candidacy.own not in endpoints and len(endpoints) < MAX_CANDIDATES:
+            log.info(
+                "Store: %s is not among the candidates %s: offering it again",
+                candidacy.own,
+                ",".join(endpoints),
+            )
+            self._offered = False
+            self.start_soon()
 
     async def _stand_by(self) -> None:
         if not self._prepared:

@@ -68,7 +68,7 @@ def store_host_lost_bound(settings: RendezvousSettings) -> float:
 
 
 def host_of(agent: SimAgent) -> str:
-    return f"10.0.0.{agent.index + 1}"
+    return f"10.0.0.{agent.host + 1}"
 
 
 @dataclass
@@ -294,7 +294,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
     stand by after each round."""
     seed = f"{host_of(network.world.agents[0])}:{PORT}"
     server: SimServer | None = None
-    if agent.index == 0:
+    if agent.host == 0:
         candidacy = Candidacy(
             (seed,), 0, TOKEN, growing=True, prober=partial(SimProber, network, agent)
         )
@@ -313,7 +313,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
     if hosting is not None:
         client.own_candidate = seed
         served = hosting
-        served.admitted.append(lambda: client.adopt(served.endpoints))
+        served.admitted.append(lambda: client.adopt(served.endpoints, served.list_term))
     standby = SimStandby(network, agent, client) if server is None else None
 
     async def close() -> None:
@@ -353,6 +353,7 @@ def release_client(network: Network, agent: SimAgent, spec: dict[str, Any]) -> F
         start=spec["serving"],
         term=spec["term"],
         absent=spec["absent"],
+        list_term=spec["list_term"],
         retry_timeout=RELEASE_TIMEOUT,
         request_timeout=RELEASE_TIMEOUT / 2,
         alone_request_timeout=RELEASE_TIMEOUT / 2,

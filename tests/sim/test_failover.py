@@ -135,6 +135,23 @@ def test_a_member_cut_off_from_every_other_candidate_never_promotes_its_own():
     assert outcome.violations == []
 
 
+def test_a_restarted_store_hosts_fork_gives_way_to_the_jobs_list():
+    """``bench/bench_seed_back.py --both-lost``'s shape: the store's host SIGKILLed and
+    restarted at the endpoint 10.5 s later, a member SIGKILLed 10 s after it and restarted
+    (on a host of its own) 0.5 s later. The restarted seed serves a fresh list under term
+    1 and admits the new node to it before the job's server tells it term 2; told, both
+    take the job's list, and the three are in one round within 3 s. Before, the fork's
+    clients promoted the seed under term 3, the job's server stepped down, its gone mark
+    of the killed member dropped, and the round waited for the fence of the one the
+    seed's store forgot: 22 s."""
+    faults = (Fault(40.0, "restart", 0, 10.5), Fault(50.0, "restart", 1, 0.5))
+    outcome = simulate(Schedule(0, 3, 2, 4, faults, failover=True))
+    assert outcome.violations == []
+    back = {n.split("s ", 1)[1].split(":")[0]: at(n) for n in outcome.notes if ": round 2, " in n}
+    assert set(back) == {"agent 2", "agent 3", "agent 4"}, outcome.notes
+    assert max(back.values()) - 50.0 <= 3.0, outcome.notes
+
+
 @pytest.mark.parametrize(
     ("seed", "finding"),
     [

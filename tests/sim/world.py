@@ -25,6 +25,10 @@ clock). What is modelled, and how:
   lease and carrying out the will, until the agent, while it runs, starts another
   :data:`GUARDIAN_START` later, which learns the lease and the will again; a twin
   standing in forks a twin of its own, which stands in should it die too;
+- **a restart** (``restart``, drawn only when asked for): SIGKILL, and ``duration``
+  seconds later a new node started with the same command line, as Kubernetes restarts a
+  pod: on a host of its own (a pod's new address), but the store's host comes back at
+  the endpoint and serves the seed again, empty, under term 1;
 - **SIGSTOP** pauses everything the agent runs (:class:`~tests.sim.clock.Owner`), not its
   guardian or workers; **SIGKILL** stops it for good; a **lost host** takes agent,
   guardian and workers; **SIGTERM** stops the workers and leaves, as ``agentd run`` does.
@@ -117,7 +121,7 @@ AGENT_FAULTS = ("kill", "lose_host", "term", "stop", "partition")
 STORE_FAULTS = ("freeze_store", "restart_store")
 KINDS = (*AGENT_FAULTS, *STORE_FAULTS, "join")
 """The kinds a seed draws from by default (the seeds pinned in the tests were drawn so)."""
-MORE_KINDS = ("kill_guardian",)
+MORE_KINDS = ("kill_guardian", "restart")
 """Kinds drawn only when asked for (``--kinds``): adding one to :data:`KINDS` would draw
 every seed's schedule anew."""
 GUARDIAN_START = 0.1
@@ -173,6 +177,11 @@ def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS, failover: bool = Fal
         kind = rng.choice(kinds)
         if kind == "join":
             faults.append(Fault(round(at, 3), kind, joined))
+            joined += 1
+        elif kind == "restart":
+            target = 0 if failover and rng.random() < 0.5 else rng.randrange(joined)
+            delay = rng.choice((0.0, rng.uniform(0, 5), rng.uniform(0, 30)))
+            faults.append(Fault(round(at, 3), kind, target, round(delay, 3)))
             joined += 1
         elif kind in STORE_FAULTS:
             faults.append(Fault(round(at, 3), kind, -1, round(rng.uniform(0.5, 20), 3)))
@@ -337,9 +346,11 @@ class Hold:
 class SimAgent:
     """One agent with its guardian and its worker."""
 
-    def __init__(self, world: World, index: int) -> None:
+    def __init__(self, world: World, index: int, host: int | None = None) -> None:
         self.world = world
         self.index = index
+        self.host = index if host is None else host
+        """Its host's number: its own, but a restarted store host's is the seed's (0)."""
         self.owner = Owner(f"agent{index}")
         self.guardian = Owner(f"guardian{index}")
         self.partitioned = False
@@ -630,6 +641,10 @@ class World:
             agent.lose_host()
         elif fault.kind == "kill_guardian":
             agent.kill_guardian()
+        elif fault.kind == "restart":
+            agent.sigkill()
+            host = 0 if agent.host == 0 and self.network is not None else None
+            self.loop.call_later(fault.duration, self._add_agent, host)
         elif fault.kind == "term":
             agent.sigterm()
         elif fault.kind == "stop":
@@ -657,6 +672,7 @@ class World:
         round, if still at least MIN, are in a later round within the bound."""
         ttl = agent.handler.settings.heartbeat_ttl
         bounds = {"term": LEAVE_BOUND, "kill": LEAVE_BOUND, "lose_host": ttl + HOST_LOST_SLACK}
+        bounds["restart"] = LEAVE_BOUND  # a kill, its node back later
         if self.network is not None and self.network.serves(agent):
             bounds["lose_host"] = failover.store_host_lost_bound(agent.handler.settings)
         bound = bounds.get(fault.kind)
@@ -701,8 +717,9 @@ class World:
                     f"({fault.kind} at t={fault.at:.3f}s)",
                 )
 
-    def _add_agent(self) -> None:
-        agent = SimAgent(self, len(self.agents))
+    def _add_agent(self, host: int | None = None) -> None:
+        """A new node, on a host of its own (``host``: that host, where it comes back)."""
+        agent = SimAgent(self, len(self.agents), host)
         self.agents.append(agent)
         agent.start()
 

@@ -269,6 +269,7 @@ def test_the_status_document_before_any_request():
         "failed": {},
         "peers": [],
         "tls": False,
+        "list_term": 0,
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 from agentd.store import candidacy as candidacy_module
 from agentd.store.api import StoreNotServing, StoreUnavailable
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import MAX_CANDIDATES, fingerprint
+from agentd.store.candidates import MAX_CANDIDATES, fingerprint, replaces
 from agentd.store.connect import client_from_spec, client_spec
 from agentd.store.failover import FailoverStore
 from agentd.store.server import StoreServer
@@ -130,6 +130,51 @@ async def test_a_restarted_seed_is_told_it_was_replaced_and_its_client_follows(j
     assert restarted.candidacy.role == "standby" and restarted.candidacy.term == 2
     assert await lone.get("moved") == b"1"  # it learned the list, and went to the job
     assert lone.endpoints == first.endpoints and lone.term == 2
+
+
+async def test_a_restarted_seeds_fork_gives_way_to_the_list_served_under_a_newer_term(job):
+    """The store's host restarted at the endpoint after a failover admits a new member
+    to a fresh list, served under term 1, before the job's server tells it the term. Told,
+    it takes the job's list (served under term 2) in place of its fork, and so does the
+    new member's client, which goes to the job's server and offers its candidate there.
+    Before, the fork was not a later version of the job's list: the seed stepped down
+    knowing only the fork, the new member's client promoted it under term 3, and the
+    job's server stepped down, its state dropped (``bench/bench_seed_back.py
+    --both-lost``: 22 s)."""
+    first, member = await job.member(2)
+    await job.server.stop()
+    await first.set("moved", b"1")  # promotes the member, under term 2
+    job_list = first.endpoints
+    assert member.serving and first.list_term == 2
+    restarted = await job.start_seed()  # serves an empty store under term 1
+    new, newcomer = await job.member(4)  # standing by in the fork, before the word comes
+    assert newcomer.server is not None
+    fork = (job.seed, newcomer.server.candidacy.own)
+    assert new.endpoints == fork and restarted.candidacy.endpoints == fork
+    for _ in range(100):  # the job's server tells the seed its term and list (every 2 s)
+        if not restarted.candidacy.serving:
+            break
+        await asyncio.sleep(0.05)
+    assert restarted.candidacy.endpoints == job_list and restarted.candidacy.list_term == 2
+    assert await new.get("moved") == b"1"  # the job's store, its state kept
+    assert member.serving and member.server.candidacy.term == 2
+    assert not restarted.candidacy.serving and new.term == 2
+    for _ in range(100):  # the new member offers its candidate again, to the job's server
+        if newcomer.server.candidacy.index >= 0:
+            break
+        await asyncio.sleep(0.05)
+    assert new.endpoints == (*job_list, newcomer.server.candidacy.own)
+    assert member.server.candidacy.endpoints == new.endpoints
+
+
+def test_a_list_served_under_a_newer_term_replaces_a_fork_only():
+    """Which version of a growing list replaces which (see ``candidates.replaces``)."""
+    job_list, fork = ("s", "a", "b"), ("s", "x")
+    assert replaces(fork, 1, job_list, 2) and not replaces(job_list, 2, fork, 1)
+    assert not replaces(fork, 2, job_list, 2)  # forks of one term: neither knows better
+    assert replaces(("s",), 0, job_list, 0)  # a later version, under any term
+    assert not replaces(job_list, 1, ("s", "a"), 3)  # an earlier version of ours: ours stays
+    assert not replaces(job_list, 1, job_list, 3)
 
 
 async def test_a_heartbeat_told_the_seed_stands_by_moves_its_lone_client_at_once(job):
