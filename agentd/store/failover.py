@@ -117,6 +117,7 @@ class FailoverStore(ForwardingStore):
         self.on_list: Callable[[tuple[str, ...], int], None] | None = None
         """Told each version of a growing list this client adopts, and its term."""
         self._learning = False
+        self._taught: tuple[int | None, int] | None = None
         self._closed = False
         self.failed: dict[str, str] = {}
         """Candidates seen failing, and why (the last time), until seen serving again."""
@@ -186,18 +187,25 @@ class FailoverStore(ForwardingStore):
                 await self._find_server(moves, str(exc))
                 continue
             self._adopt(self._client.server_term)
-            if self.growing and self._client.candidate_count > len(self.endpoints):
-                await self._learn_list()
+            count = self._client.candidate_count
+            if self.growing and 0 < count != len(self.endpoints):
+                await self._share_list(count)
             return result
 
-    async def _learn_list(self) -> None:
-        """Fetch the serving candidate's longer list (one request per new version)."""
-        if self._learning or self.serving is None:
+    async def _share_list(self, count: int) -> None:
+        """The serving candidate's list holds ``count``: more than ours, fetch it (once per
+        version); fewer, tell it ours (once per server and count): a store host restarted
+        at the endpoint knew the seed alone, and so did its guardian's release (seed 1819
+        of ``--failover --kinds ...,restart``: the fence, 20 s)."""
+        teach = count < len(self.endpoints)
+        told = (self.serving, count)
+        if self._learning or self.serving is None or (teach and self._taught == told):
             return
-        self._learning = True
+        self._learning, self._taught = True, (told if teach else self._taught)
         try:
             self._prober.token = self.token or ""
-            self._grow([await self._prober.ask(self.serving, "role", {}, self.term)])
+            body = self._list() if teach else {}
+            self._grow([await self._prober.ask(self.serving, "role", body, self.term)])
         finally:
             self._learning = False
 

@@ -13,7 +13,7 @@ from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
 from tests.sim.test_protocol import at
-from tests.sim.world import Fault, Schedule, schedule_for, simulate
+from tests.sim.world import KINDS, Fault, Schedule, schedule_for, simulate
 
 SEEDS = range(120)
 CHUNK = 30
@@ -35,6 +35,20 @@ def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
         if outcome.violations:
             found[seed] = "+".join(sorted({v.split(" ")[0] for v in outcome.violations}))
     assert found == {s: g for s, g in KNOWN_GAPS.items() if s in seeds}, found
+
+
+RESTART_SEEDS = range(80)
+"""Seeds drawn with restarts among the faults (``--kinds ...,restart``)."""
+
+
+def test_seeds_with_restarts_break_no_invariant():
+    """A node SIGKILLed and started again, the store's host at the endpoint: its fresh
+    list forks from the job's (see the tests below)."""
+    kinds = (*KINDS, "restart")  # the store's own faults are not drawn with failover
+    drawn = [schedule_for(seed, kinds, failover=True) for seed in RESTART_SEEDS]
+    assert sum(f.kind == "restart" and f.target == 0 for s in drawn for f in s.faults) >= 10
+    found = {s.seed: simulate(s).violations for s in drawn}
+    assert {seed: v for seed, v in found.items() if v} == {}
 
 
 def test_without_faults_the_others_stand_by_and_one_round_forms():
@@ -76,8 +90,11 @@ def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover()
     place there, so it counts back as they do. Before, the next round waited for the
     forgotten round's fence to end, as for a member never to be seen again. Agent 1
     itself moved the generation past round 0 (its entry was gone as it sealed) before
-    the others wrote that record, so it asks for it while it waits in round 1."""
-    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.14, "term", 0),), failover=True))
+    the others wrote that record, so it asks for it while it waits in round 1. (At
+    30.14 s, as shrunk; 30.058 s since the clients tell a serving candidate with a
+    shorter list theirs: those requests moved the seeded latencies, and the seal, so
+    the SIGTERM is 20 ms after it again.)"""
+    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.058, "term", 0),), failover=True))
     assert outcome.violations == []
     assert not any("agent 1: round 0," in n for n in outcome.notes), outcome.notes
     restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
@@ -150,6 +167,32 @@ def test_a_restarted_store_hosts_fork_gives_way_to_the_jobs_list():
     back = {n.split("s ", 1)[1].split(":")[0]: at(n) for n in outcome.notes if ": round 2, " in n}
     assert set(back) == {"agent 2", "agent 3", "agent 4"}, outcome.notes
     assert max(back.values()) - 50.0 <= 3.0, outcome.notes
+
+
+def test_a_new_node_beside_a_round_whose_places_late_arrivals_took_is_admitted():
+    """Seed 8933 of ``--kinds ...,restart``, shrunk: the store's host restarted arrives
+    after the job re-formed with four of five, and is killed again; its restart arrives
+    too. The round's five places were taken (four members, one late arrival), but it was
+    sealed with four: there is room, so the new node ends the round to be admitted, as a
+    late arrival does. Before, it counted the round full and waited beside it for ever
+    (S5)."""
+    faults = (Fault(18.19, "restart", 0, 1.25), Fault(20.226, "restart", 5, 0.0))
+    outcome = simulate(Schedule(8933, 5, 2, 5, faults, failover=True))
+    assert outcome.violations == [], outcome.notes
+    assert any("agent 6: round" in n for n in outcome.notes), outcome.notes
+
+
+def test_a_store_host_restarted_before_anyone_failed_over_learns_the_members_list():
+    """Seed 1819 of ``--kinds ...,restart``, shrunk: the store's host restarts at the
+    endpoint at once, so the others' next requests reach its new store, which knows the
+    seed alone; the members, in its list already, offer nothing. Their clients now tell
+    it the list, so when it is killed 30 s later its guardian releases it through the
+    candidate promoted, and the others re-form within S3's 3 s. Before, the guardian knew
+    no other candidate and the round waited for the forgotten round's fence (20 s)."""
+    faults = (Fault(0.36, "restart", 0, 0.0), Fault(30.77, "kill", 4))
+    outcome = simulate(Schedule(1819, 4, 1, 4, faults, failover=True))
+    assert outcome.violations == [], outcome.notes
+    assert any("guardian 4: released" in n for n in outcome.notes), outcome.notes
 
 
 @pytest.mark.parametrize(
