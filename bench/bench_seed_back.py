@@ -3,6 +3,7 @@
     python bench/bench_seed_back.py [--runs 3] [--after 0,3]
         [--launchers agentd,agentd-given,torchrun] [--record]
     python bench/bench_seed_back.py --both-lost [--local-addrs] [--runs 3] [--after 0,3]
+        [--launchers agentd,agentd-given] [--record]
 
 Three nodes of ``--nnodes 2:4`` run on 127.0.0.1 with one ``--rdzv-endpoint`` and the
 defaults (one worker each, ``member_worker.py``); the node serving the store is SIGKILLed,
@@ -19,17 +20,20 @@ node's start to its worker in a world of 3, beside the two survivors; none withi
 
 ``--both-lost``: once the two survivors run at world 2, the one serving the store after
 the failover is SIGKILLed too, and ``--after`` seconds later both killed nodes start
-again with their command lines; the figure is the time from the second kill to the three
-at work in a world of 3. All three share 127.0.0.1 unless ``--local-addrs`` gives each
+again with their command lines; the figure is the time from their start to the three at
+work in a world of 3 (``--record``: the slowest, all on 127.0.0.1, for ``agentd`` and
+``agentd-given``). All three share 127.0.0.1 unless ``--local-addrs`` gives each
 its own loopback address (as hosts of their own: a member stands by on the seed's port
 there, so a restarted node stands by where it stood before).
 
-Each run gets a private ``XDG_RUNTIME_DIR``, so no token of another run is found.
+Each run gets a private ``XDG_RUNTIME_DIR``, so no token of another run is found. With
+BENCH_SEED_BACK_KEEP=1 set, each run's folder (the nodes' logs, `node<N>.err`) is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import signal
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench_failover import TOKEN, WORKER, reports
@@ -48,6 +53,7 @@ MARK_ENV = "BENCH_SEED_BACK_RUN"
 WITHIN = 30.0
 """Seconds the fourth node is given to work in a world of 3."""
 COMMAND = ".venv/bin/python bench/bench_seed_back.py --runs 3 --record"
+BOTH_LOST_COMMAND = ".venv/bin/python bench/bench_seed_back.py --both-lost --runs 3 --record"
 
 
 class Job:
@@ -116,7 +122,7 @@ class Job:
 def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
     """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
     and the exit statuses of the survivors and the fourth once stopped."""
-    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+    with run_folder() as tmp:
         job = Job(Path(tmp), launcher)
         try:
             job.three()
@@ -136,8 +142,8 @@ def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
 def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int | None]]:
     """The store's host killed; once the two others run at world 2, the one serving the
     store now killed too; ``after`` seconds later both restarted with their command lines:
-    seconds from the second kill to the three at work in a world of 3 (inf: never)."""
-    with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+    seconds from their start to the three at work in a world of 3 (inf: never)."""
+    with run_folder() as tmp:
         job = Job(Path(tmp), launcher, addrs)
         try:
             outs = job.three()
@@ -149,14 +155,31 @@ def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int
             second = job.kill(serving)
             time.sleep(after)
             left = outs[3 - serving]
+            began = time.time()
             outs = [left, job.start(0), job.start(serving)]
             if not wait_for(lambda: all(at_world(out, 3, second) for out in outs), WITHIN):
                 return float("inf"), []
-            took = max(r["started"] for o in outs for r in reports(o) if r["world"] == 3) - second
+            took = max(r["started"] for o in outs for r in reports(o) if r["world"] == 3) - began
             job.stop.touch()
             return took, [proc.wait(60) for proc in job.procs if proc.returncode is None]
         finally:
             job.end()
+
+
+KEEP_ENV = "BENCH_SEED_BACK_KEEP"
+"""Set (to anything): each run's folder, the nodes' logs in it, is kept and named."""
+
+
+@contextlib.contextmanager
+def run_folder() -> Iterator[str]:
+    """A run's folder: removed after it, unless :data:`KEEP_ENV` is set."""
+    if not os.environ.get(KEEP_ENV):
+        with tempfile.TemporaryDirectory(prefix="bench-seed-back-") as tmp:
+            yield tmp
+        return
+    tmp = tempfile.mkdtemp(prefix="bench-seed-back-")
+    print(f"  (the run's folder, kept: {tmp})", flush=True)
+    yield tmp
 
 
 def at_world(out: Path, world: int, after: float = 0.0) -> bool:
@@ -210,13 +233,16 @@ def report_both_lost(args: argparse.Namespace) -> int:
     where = "a loopback address each" if args.local_addrs else "all on 127.0.0.1"
     print(
         "store host SIGKILLed in a 3-node --nnodes 2:4 job, then the node serving after it; "
-        f"both restarted S s later ({where}): second kill -> the three in a world of 3 "
+        f"both restarted S s later ({where}): their start -> the three in a world of 3 "
         f"({args.runs} runs, {os.cpu_count()} CPUs; none within {WITHIN:g} s: never)"
     )
+    slowest: dict[str, float] = {}
     for launcher in [name for name in args.launchers.split(",") if name != "torchrun"]:
         for delay in (float(d) for d in args.after.split(",")):
             results = [both_lost(launcher, delay, args.local_addrs) for _ in range(args.runs)]
-            row(launcher, delay, results)
+            slowest[launcher] = max(slowest.get(launcher, 0.0), row(launcher, delay, results))
+    if args.record:
+        record_both_lost(args, slowest)
     return 0
 
 
@@ -256,6 +282,26 @@ def record(args: argparse.Namespace, slowest: dict[str, float], delays: list[flo
             f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
             f"SIGKILLed, a fourth node started then: its start -> its worker in a world of 3 "
             f"({launcher})",
+        )
+
+
+def record_both_lost(args: argparse.Namespace, slowest: dict[str, float]) -> None:
+    from figures import record as write
+
+    if set(slowest) != {"agentd", "agentd-given"} or args.local_addrs:
+        raise SystemExit("--both-lost --record: needs both agentd launchers, on 127.0.0.1")
+    for launcher, name in (
+        ("agentd", "seed_back_both_lost_published_token"),
+        ("agentd-given", "seed_back_both_lost_given_token"),
+    ):
+        seconds = slowest[launcher]
+        write(
+            name,
+            f"none within {WITHIN:g} s" if seconds == float("inf") else f"{seconds:.2f} s",
+            BOTH_LOST_COMMAND,
+            f"the slowest of {args.runs} runs at each delay ({args.after} s): the store's "
+            "host SIGKILLed, then the node serving after it, both restarted (all on "
+            f"127.0.0.1): their start -> the three in a world of 3 ({launcher})",
         )
 
 
