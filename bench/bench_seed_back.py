@@ -264,45 +264,42 @@ def shown(seconds: float) -> str:
 
 
 def record(args: argparse.Namespace, slowest: dict[str, float], delays: list[float]) -> None:
-    from figures import record as write
-
     if set(slowest) != {"agentd", "agentd-given", "torchrun"}:
         raise SystemExit("--record: needs all three launchers (the figures are compared)")
     after = ", ".join(f"{d:g}" for d in delays)
-    for launcher, name in (
-        ("agentd", "seed_back_published_token"),
-        ("agentd-given", "seed_back_given_token"),
-        ("torchrun", "seed_back_torchrun"),
-    ):
-        seconds = slowest[launcher]
-        write(
-            name,
-            f"none within {WITHIN:g} s" if seconds == float("inf") else f"{seconds:.2f} s",
-            COMMAND,
-            f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
-            f"SIGKILLed, a fourth node started then: its start -> its worker in a world of 3 "
-            f"({launcher})",
-        )
+    what = (
+        f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
+        "SIGKILLed, a fourth node started then: its start -> its worker in a world of 3"
+    )
+    names = {"agentd": "seed_back_published_token", "agentd-given": "seed_back_given_token"}
+    write_figures({**names, "torchrun": "seed_back_torchrun"}, slowest, COMMAND, what)
 
 
 def record_both_lost(args: argparse.Namespace, slowest: dict[str, float]) -> None:
-    from figures import record as write
-
     if set(slowest) != {"agentd", "agentd-given"} or args.local_addrs:
         raise SystemExit("--both-lost --record: needs both agentd launchers, on 127.0.0.1")
-    for launcher, name in (
-        ("agentd", "seed_back_both_lost_published_token"),
-        ("agentd-given", "seed_back_both_lost_given_token"),
-    ):
+    what = (
+        f"the slowest of {args.runs} runs at each delay ({args.after} s): the store's host "
+        "SIGKILLed, then the node serving after it, both restarted (all on 127.0.0.1): "
+        "their start -> the three in a world of 3"
+    )
+    names = {
+        "agentd": "seed_back_both_lost_published_token",
+        "agentd-given": "seed_back_both_lost_given_token",
+    }
+    write_figures(names, slowest, BOTH_LOST_COMMAND, what)
+
+
+def write_figures(
+    names: dict[str, str], slowest: dict[str, float], command: str, what: str
+) -> None:
+    """Record each launcher's slowest run as the figure ``names`` gives it."""
+    from figures import record as write
+
+    for launcher, name in names.items():
         seconds = slowest[launcher]
-        write(
-            name,
-            f"none within {WITHIN:g} s" if seconds == float("inf") else f"{seconds:.2f} s",
-            BOTH_LOST_COMMAND,
-            f"the slowest of {args.runs} runs at each delay ({args.after} s): the store's "
-            "host SIGKILLed, then the node serving after it, both restarted (all on "
-            f"127.0.0.1): their start -> the three in a world of 3 ({launcher})",
-        )
+        text = f"none within {WITHIN:g} s" if seconds == float("inf") else f"{seconds:.2f} s"
+        write(name, text, command, f"{what} ({launcher})")
 
 
 if __name__ == "__main__":
