@@ -20,6 +20,7 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.sealing import ENDED
 from agentd.store.api import Store, StoreLeft, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.connect import OpenedStore
@@ -377,6 +378,25 @@ async def test_a_late_node_ends_the_round_and_all_three_meet_in_the_next(store, 
     reasons = await asyncio.wait_for(asyncio.gather(*watches), 10)
     assert all("generation 0 ended" in r for r in reasons)
     assert await a.num_nodes_waiting() == 1
+    infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), late)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 3)}
+    await shutdown_all(a, b, c)
+
+
+async def test_a_node_beside_a_round_whose_places_late_arrivals_took_ends_it(store):
+    """Round 0 of ``2:3`` sealed with two; a late arrival took the third place and died
+    before it ended the round (seed 8933 of ``bench/simulate.py --failover --kinds
+    ...,restart``). The next node finds every place taken, but the seal says two: there
+    is room, so it ends the round and the three meet in the next. Before, it waited
+    beside the round as beside a full one, for ever."""
+    a, b = handler(store, nodes=(2, 3)), handler(store, nodes=(2, 3))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())  # at the last call
+    watches = [asyncio.create_task(h.round_over()) for h in (a, b)]
+    assert await store.add(RunKeys("job").round(0, "join"), 1) == 3  # the dead arrival
+    c = handler(store, nodes=(2, 3))
+    late = asyncio.create_task(c.next_rendezvous())
+    reasons = await asyncio.wait_for(asyncio.gather(*watches), 10)
+    assert all("generation 0 ended" in r for r in reasons), reasons
     infos = await asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), late)
     assert {(i.generation, i.group_world_size) for i in infos} == {(1, 3)}
     await shutdown_all(a, b, c)
