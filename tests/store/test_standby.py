@@ -167,6 +167,26 @@ async def test_a_restarted_seeds_fork_gives_way_to_the_list_served_under_a_newer
     assert member.server.candidacy.endpoints == new.endpoints
 
 
+async def test_a_store_host_restarted_before_anyone_failed_over_is_told_the_list(job):
+    """The store's host restarts at the endpoint before the members' clients look for
+    another candidate: they reach its new store, which knows the seed alone, and the
+    members, in the list already, offer nothing. The first answer's count says its list
+    is shorter, so the client tells it the list; the seed's agent and its guardian then
+    know the candidates to fail over to (seed 1819 of ``bench/simulate.py --failover
+    --kinds ...,restart``: before, the restarted host's guardian knew none, 20 s)."""
+    first, _ = await job.member(2)
+    await job.member(3)
+    await first.get("hello/2")  # the list of three
+    job_list = first.endpoints
+    await job.server.stop()
+    restarted = await job.start_seed()  # back before anyone failed over
+    assert restarted.candidacy.endpoints == (job.seed,)
+    await first.set("after", b"1")  # the new store, under term 1
+    assert first.serving == 0 and first.term == 1
+    assert restarted.candidacy.endpoints == job_list
+    assert await first.get("after") == b"1"  # told once: the requests go on as before
+
+
 def test_a_list_served_under_a_newer_term_replaces_a_fork_only():
     """Which version of a growing list replaces which (see ``candidates.replaces``)."""
     job_list, fork = ("s", "a", "b"), ("s", "x")
