@@ -55,6 +55,9 @@ from report_files import reports as finished_reports
 from run_control import end_run, wait_for
 
 WORKER = str(Path(__file__).with_name("member_worker.py"))
+MARK_ENV = "BENCH_FAILOVER_RUN"
+"""Marks a run's processes, so a run that fails kills what its launchers left (torchrun's
+workers outlive a killed torchrun)."""
 CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=30"
 TTL = 3.0
 TOKEN = "bench-secret"
@@ -120,8 +123,10 @@ def run_once(
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
+        marker = os.urandom(6).hex()
         env = {
             **os.environ,
+            MARK_ENV: marker,
             "AGENTD_STORE_TOKEN": TOKEN,
             "PYTHONWARNINGS": "ignore",
             "OMP_NUM_THREADS": "1",
@@ -189,7 +194,7 @@ def run_once(
                     codes.append(None)
             return took, codes
         finally:
-            end_run(procs)
+            end_run(procs, MARK_ENV, marker)
 
 
 def main() -> None:
