@@ -22,8 +22,9 @@ from agentd.elastic import events
 from agentd.errors.record import ChildFailedError
 from agentd.exceptions import AgentStopped, field_error
 from agentd.rendezvous import registry
-from agentd.spec import DefaultLogsSpecs, LogsSpecs, WorkerSpec
+from agentd.spec import WorkerSpec
 from agentd.workers.env import SIGNALS_ENV
+from agentd.workers.logs_specs import DefaultLogsSpecs, LogsSpecs
 
 log = logging.getLogger(__name__)
 

@@ -92,37 +92,6 @@ class Std(enum.IntFlag):
         )
 
 
-class LogsSpecs:
-    """Where the workers' output goes: torch's ``LogsSpecs``/``DefaultLogsSpecs``.
-
-    ``log_dir`` is the root of agentd's layout (``<run_id>/attempt_<n>/<local_rank>/``; a
-    temporary directory when None); ``redirects``, ``tee`` and ``local_ranks_filter`` are
-    the worker spec's fields of those names.
-    """
-
-    def __init__(
-        self,
-        log_dir: str | None = None,
-        redirects: Std | dict[int, Std] = Std.NONE,
-        tee: Std | dict[int, Std] = Std.NONE,
-        local_ranks_filter: set[int] | None = None,
-    ) -> None:
-        self._root_log_dir = log_dir
-        self.redirects = redirects
-        self.tee = tee
-        self.local_ranks_filter = (
-            frozenset(local_ranks_filter) if local_ranks_filter is not None else None
-        )
-
-    @property
-    def root_log_dir(self) -> str | None:
-        return self._root_log_dir
-
-
-class DefaultLogsSpecs(LogsSpecs):
-    """torch's default :class:`LogsSpecs` (the same thing here)."""
-
-
 START_METHODS = ("spawn", "fork", "forkserver")
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agentd.heartbeats.stragglers import StepTimes, Straggler
     from agentd.rendezvous.api import RendezvousHandler
     from agentd.timer.server import TimerServer
+    from agentd.workers.logs_specs import LogsSpecs
     from agentd.workers.processes import WorkerProcess
 
 
@@ -119,6 +120,10 @@ class AgentView(Protocol):
 
     control_file: str | None
     """The drain's control file of the current attempt (None: no drains)."""
+
+    logs_specs: LogsSpecs | None
+    """The log specs the agent was given (None: agentd's layout); one whose ``reify`` is
+    its own decides where the workers' output and error files go."""
 
     @property
     def step_times(self) -> StepTimes: ...

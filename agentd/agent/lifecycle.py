@@ -29,7 +29,7 @@ from agentd.workers.output import (
     stage_next_attempt,
     take_staged_attempt,
 )
-from agentd.workers.plan import plan_workers
+from agentd.workers.plan import plan_workers, reified_error_files
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from agentd.assembly.services import AgentHooks, LocalServices
     from agentd.assembly.settings import AgentSettings
     from agentd.view import Service
+    from agentd.workers.logs_specs import LogsSpecs
     from agentd.workers.release_gate import ReleaseGate
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     run_dir: Path
     started_at: float
     control_file: str | None
+    logs_specs: LogsSpecs | None
+    error_files: dict[int, str]
+    """Each worker's error file in the current attempt where the user's log specs chose
+    it, by local rank (empty: agentd's layout's)."""
 
     @abc.abstractmethod
     def worker_readings(self) -> list[dict[str, Any]]:
@@ -87,6 +92,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if dropped:
             await self._stop_dropped(dropped)
         plans = plan_workers(self, group, staged)
+        self.error_files = reified_error_files(self, plans)
         if isinstance(spec.entrypoint, str):
             handler, peer_loss = self.rdzv_handler, 0.0
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):

@@ -23,7 +23,7 @@ from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
 from agentd.rendezvous.api import KeepsWorkers, LeasedMembership
-from agentd.spec import LogsSpecs, WorkerSpec, check_log_prefix, check_name, check_start_method
+from agentd.spec import WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
 from agentd.support.sync_bridge import agent_step
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from agentd.assembly.services import ServicesFactory
     from agentd.view import Service
     from agentd.wire.progress import ProgressMessage
+    from agentd.workers.logs_specs import LogsSpecs
     from agentd.workers.release_gate import ReleaseGate
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class LocalElasticAgent(WorkerLifecycle):
             logs_specs, start_method = None, logs_specs
         check_start_method(start_method)
         settings = settings or AgentSettings()
+        self.logs_specs = logs_specs
+        self.error_files: dict[int, str] = {}
         if logs_specs is not None:
             log_dir = log_dir or logs_specs.root_log_dir
             spec.redirects, spec.tee = logs_specs.redirects, logs_specs.tee

@@ -41,6 +41,7 @@ class LocalAgentViews:
     attempt: int
     hostname: str
     rdzv_handler: RendezvousHandler
+    error_files: dict[int, str]
 
     @property
     def restart_kinds(self) -> dict[str, int]:
@@ -159,7 +160,9 @@ class LocalAgentViews:
         return None
 
     def _failure(self, group: WorkerGroup, worker: Worker, proc: WorkerProcess) -> WorkerFailure:
-        error_file = attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
+        error_file = self.error_files.get(worker.local_rank) or (
+            attempt_dir(self.run_dir, self.attempt, worker.local_rank) / "error.json"
+        )
         failure = WorkerFailure(
             local_rank=worker.local_rank,
             pid=proc.pid,

@@ -7,26 +7,25 @@ one failed, None while they run; a failure stops the others), ``close(death_sig)
 command (a ``str`` entrypoint) runs as a :class:`SubprocessContext`, a function as a
 :class:`MultiprocessContext` (spawned as agentd's function workers are, return values by
 local rank). The processes are agentd's workers: their own process group, the
-parent-death signal, output routed per ``logs_specs`` into ``<log_dir>/<name>/<rank>/``,
-``TORCHELASTIC_ERROR_FILE`` there. They live on a background event loop, so the calls are
-synchronous, as torch's.
+parent-death signal, output and ``TORCHELASTIC_ERROR_FILE`` where ``logs_specs.reify``
+puts them (:mod:`agentd.workers.logs_specs`). They live on a background event loop, so
+the calls are synchronous, as torch's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentd.errors.error_file import ERROR_FILE_ENV
 from agentd.exceptions import field_error
-from agentd.spec import LogsSpecs, Std, std_for
 from agentd.support.sync_bridge import BackgroundLoop
-from agentd.workers.output import plan_route
+from agentd.support.tempdirs import private_dir
+from agentd.workers.logs_specs import CONSOLE, LogsSpecs, dest_routes
 from agentd.workers.process_failure import ProcessFailure
 from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
 from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
@@ -65,13 +64,14 @@ class PContext:
         self.args = dict(args)
         self.envs = {rank: dict(env) for rank, env in envs.items()}
         self.nprocs = len(self.args)
-        root = Path(logs_specs.root_log_dir or tempfile.mkdtemp(prefix="agentd-pcontext-"))
-        self.log_dir = root / name
-        self._logs = logs_specs
+        dest = logs_specs.reify(self.envs)  # and each env's TORCHELASTIC_ERROR_FILE
+        self.stdouts = {r: dest.stdouts.get(r, CONSOLE) for r in self.args}
+        self.stderrs = {r: dest.stderrs.get(r, CONSOLE) for r in self.args}
+        self.error_files = {r: dest.error_files.get(r, "") for r in self.args}
+        self._dest = dest
+        self._work: Path | None = None
+        """A function's call and return files, by local rank (removed at close)."""
         self._prefixes = dict(log_line_prefixes or {})
-        self.error_files = {r: str(self.log_dir / str(r) / "error.json") for r in self.args}
-        self.stdouts = {r: str(self.log_dir / str(r) / "stdout.log") for r in self.args}
-        self.stderrs = {r: str(self.log_dir / str(r) / "stderr.log") for r in self.args}
         self._loop: BackgroundLoop | None = None
         self._procs: dict[int, WorkerProcess] = {}
         self._gate: ReleaseGate | None = None
@@ -87,39 +87,34 @@ class PContext:
         if not isinstance(self.entrypoint, str):
             self._gate = ReleaseGate(self.nprocs)
         for rank in sorted(self.args):
-            folder = self.log_dir / str(rank)
-            folder.mkdir(parents=True, exist_ok=True)
-            env = {**self.envs[rank], ERROR_FILE_ENV: self.error_files[rank]}
-            argv, pass_fds = self._argv(rank, folder)
+            argv, pass_fds = self._argv(rank)
+            env = dict(self.envs[rank])
             if self._gate is not None:
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
-            routes = [
-                plan_route(
-                    redirect=bool(std_for(self._logs.redirects, rank) & std),
-                    tee=bool(std_for(self._logs.tee, rank) & std),
-                    shown=True,
-                    is_stderr=std is Std.ERR,
-                    file_path=Path(path),
-                    prefix=self._prefixes.get(rank, f"[{self.name}{rank}]:"),
-                )
-                for std, path in ((Std.OUT, self.stdouts[rank]), (Std.ERR, self.stderrs[rank]))
-            ]
+            prefix = self._prefixes.get(rank, f"[{self.name}{rank}]:")
+            routes = dest_routes(self._dest, rank, prefix)
             self._procs[rank] = await spawn_worker(
                 rank, argv, env, routes[0], routes[1], None, pass_fds
             )
         if self._gate is not None:
             self._gate.spawned()
 
-    def _argv(self, rank: int, folder: Path) -> tuple[list[str], list[int]]:
+    def _argv(self, rank: int) -> tuple[list[str], list[int]]:
         if isinstance(self.entrypoint, str):
             return [self.entrypoint, *map(str, self.args[rank])], []
         from agentd.workers.function import write_call
         from agentd.workers.plan import FUNCTION_WORKER
 
-        call = folder / "call.pickle"
+        call, result = self._work_files(rank)
         fds = write_call(call, self.entrypoint, tuple(self.args[rank]))
-        return [*FUNCTION_WORKER, str(call), str(folder / "return.pickle")], fds
+        return [*FUNCTION_WORKER, str(call), str(result)], fds
+
+    def _work_files(self, rank: int) -> tuple[Path, Path]:
+        """Local rank ``rank``'s call and return files, in a private directory."""
+        if self._work is None:
+            self._work = Path(private_dir(f"agentd-pcontext-{self.name}-"))
+        return self._work / f"call_{rank}.pickle", self._work / f"return_{rank}.pickle"
 
     def pids(self) -> dict[int, int]:
         return {rank: proc.pid for rank, proc in self._procs.items()}
@@ -153,7 +148,7 @@ class PContext:
         if not isinstance(self.entrypoint, str):
             from agentd.workers.function import read_result
 
-            values = {r: read_result(self.log_dir / str(r) / "return.pickle") for r in self.args}
+            values = {r: read_result(self._work_files(r)[1]) for r in self.args}
         else:
             values = dict.fromkeys(self.args)
         return RunProcsResult(values, {}, self.stdouts, self.stderrs)
@@ -176,6 +171,8 @@ class PContext:
             loop.call(self._stop, int(death_sig or signal.SIGTERM), float(timeout))
         finally:
             loop.close()
+            if self._work is not None:
+                shutil.rmtree(self._work, ignore_errors=True)
 
 
 class SubprocessContext(PContext):

@@ -36,7 +36,47 @@ def plan_workers(
     """:func:`plan_worker` for every worker of ``group``, with their common environment
     made once; ``staged``: the attempt's directories were made ahead, empty."""
     common = common_env(group.spec)
-    return [plan_worker(agent, group, worker, common, staged) for worker in group.workers]
+    plans = [plan_worker(agent, group, worker, common, staged) for worker in group.workers]
+    if agent.logs_specs is not None:  # agentd's own CLI gives none: nothing to import
+        from agentd.workers.logs_specs import overrides_reify
+
+        if overrides_reify(agent.logs_specs):
+            reroute(agent, group, plans)
+    return plans
+
+
+def reified_error_files(agent: AgentView, plans: list[tuple[Any, ...]]) -> dict[int, str]:
+    """The workers' error files by local rank where the user's log specs chose them
+    (:func:`reroute`); empty where agentd's layout did."""
+    if agent.logs_specs is None:
+        return {}
+    from agentd.errors.error_file import ERROR_FILE_ENV
+    from agentd.workers.logs_specs import overrides_reify
+
+    if not overrides_reify(agent.logs_specs):
+        return {}
+    return {worker.local_rank: env.get(ERROR_FILE_ENV, "") for worker, _, env, *_ in plans}
+
+
+def reroute(agent: AgentView, group: WorkerGroup, plans: list[tuple[Any, ...]]) -> None:
+    """Where log specs of the user's own decide the paths (torch's ``LogsSpecs.reify``,
+    given every worker's environment at once): each worker's output routes, and the
+    ``TORCHELASTIC_ERROR_FILE`` that ``reify`` set in its environment."""
+    from agentd.workers.logs_specs import dest_routes
+
+    assert agent.logs_specs is not None
+    spec = group.spec
+    envs = {worker.local_rank: env for worker, _, env, *_ in plans}
+    dest = agent.logs_specs.reify(envs)  # sets the error files in place
+    filters = (
+        tuple(spec.duplicate_stdout_filters or ()),
+        tuple(spec.duplicate_stderr_filters or ()),
+    )
+    for index, (worker, argv, env, _, _, cwd, pass_fds) in enumerate(plans):
+        prefix = worker_prefix(agent, group, worker)
+        times_of = (worker.global_rank, agent.attempt)
+        out, err = dest_routes(dest, worker.local_rank, prefix, times_of, filters)
+        plans[index] = (worker, argv, env, out, err, cwd, pass_fds)
 
 
 def plan_worker(
@@ -93,14 +133,7 @@ def plan_worker(
         pass_fds = write_call(call, spec.entrypoint, tuple(args))
         argv = [*FUNCTION_WORKER, str(call), str(result)]
     shown = spec.local_ranks_filter is None or rank in spec.local_ranks_filter
-    prefix = spec.log_line_prefix_template.format(
-        role=spec.role,
-        local_rank=rank,
-        rank=worker.global_rank,
-        host=agent.hostname,
-        node_rank=group.group_rank,
-        attempt=agent.attempt,
-    )
+    prefix = worker_prefix(agent, group, worker)
     routes = [
         plan_route(
             redirect=bool(std_for(spec.redirects, rank) & std),
@@ -119,3 +152,16 @@ def plan_worker(
         )
     ]
     return worker, argv, env, routes[0], routes[1], None, pass_fds
+
+
+def worker_prefix(agent: AgentView, group: WorkerGroup, worker: Worker) -> str:
+    """The prefix of ``worker``'s console lines (``--log-line-prefix-template``)."""
+    spec = group.spec
+    return spec.log_line_prefix_template.format(
+        role=spec.role,
+        local_rank=worker.local_rank,
+        rank=worker.global_rank,
+        host=agent.hostname,
+        node_rank=group.group_rank,
+        attempt=agent.attempt,
+    )

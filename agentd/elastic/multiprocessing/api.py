@@ -7,11 +7,11 @@ results and the signal exception, as torch's users name them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from agentd.exceptions import SignalException
-from agentd.spec import DefaultLogsSpecs, LogsSpecs, Std
+from agentd.spec import Std
+from agentd.workers.logs_specs import DefaultLogsSpecs, LogsDest, LogsSpecs
 from agentd.workers.pcontext import (
     MultiprocessContext,
     PContext,
@@ -49,14 +49,3 @@ def to_map(val_or_map: _T | dict[int, _T], local_world_size: int) -> dict[int, _
             )
         return dict(val_or_map)
     return dict.fromkeys(range(local_world_size), val_or_map)
-
-
-@dataclass
-class LogsDest:
-    """Where each local rank's output and error file go (paths by local rank)."""
-
-    stdouts: dict[int, str] = field(default_factory=dict)
-    stderrs: dict[int, str] = field(default_factory=dict)
-    tee_stdouts: dict[int, str] = field(default_factory=dict)
-    tee_stderrs: dict[int, str] = field(default_factory=dict)
-    error_files: dict[int, str] = field(default_factory=dict)
