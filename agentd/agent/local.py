@@ -77,8 +77,9 @@ class LocalElasticAgent(WorkerLifecycle):
         self.error_files: dict[int, str] = {}
         if logs_specs is not None:
             log_dir = log_dir or logs_specs.root_log_dir
-            spec.redirects, spec.tee = logs_specs.redirects, logs_specs.tee
-            spec.local_ranks_filter = logs_specs.local_ranks_filter
+            from agentd.workers.logs_specs import output_settings
+
+            spec.redirects, spec.tee, spec.local_ranks_filter = output_settings(logs_specs)
         if log_line_prefix_template is not None:
             spec.log_line_prefix_template = check_log_prefix(log_line_prefix_template)
         super().__init__(spec, exit_barrier_timeout)

@@ -133,8 +133,31 @@ class DefaultLogsSpecs(LogsSpecs):
 
 
 def overrides_reify(specs: LogsSpecs | None) -> bool:
-    """Whether ``specs`` decides its paths itself (a subclass with its own ``reify``)."""
+    """Whether ``specs`` decides its paths itself: a subclass with its own ``reify``, or
+    torch's own log specs (any of its classes)."""
     return specs is not None and type(specs).reify is not LogsSpecs.reify
+
+
+def output_settings(
+    specs: object,
+) -> tuple[Std | dict[int, Std], Std | dict[int, Std], frozenset[int] | None]:
+    """``(redirects, tee, local_ranks_filter)`` of log specs, agentd's or torch's (whose
+    settings are ``_redirects``, ``_tee`` and ``_local_ranks_filter``; its ``Std`` has
+    the same values as agentd's)."""
+    if isinstance(specs, LogsSpecs):
+        return specs.redirects, specs.tee, specs.local_ranks_filter
+    chosen = getattr(specs, "_local_ranks_filter", None)
+    return (
+        _as_std(getattr(specs, "_redirects", Std.NONE)),
+        _as_std(getattr(specs, "_tee", Std.NONE)),
+        frozenset(chosen) if chosen is not None else None,
+    )
+
+
+def _as_std(value: object) -> Std | dict[int, Std]:
+    if isinstance(value, dict):
+        return {int(rank): Std(int(std)) for rank, std in value.items()}
+    return Std(int(value))  # type: ignore[call-overload]
 
 
 def dest_routes(

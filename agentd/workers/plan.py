@@ -73,9 +73,8 @@ def reroute(agent: AgentView, group: WorkerGroup, plans: list[tuple[Any, ...]]) 
         tuple(spec.duplicate_stderr_filters or ()),
     )
     for index, (worker, argv, env, _, _, cwd, pass_fds) in enumerate(plans):
-        prefix = worker_prefix(agent, group, worker)
-        times_of = (worker.global_rank, agent.attempt)
-        out, err = dest_routes(dest, worker.local_rank, prefix, times_of, filters)
+        prefix = worker_prefix(agent, group, worker)  # no line-times files beside theirs
+        out, err = dest_routes(dest, worker.local_rank, prefix, None, filters)
         plans[index] = (worker, argv, env, out, err, cwd, pass_fds)
 
 

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 from tests.torch_api.conftest import elastic
 
@@ -128,6 +130,35 @@ def test_the_agent_writes_where_a_sites_reify_says_and_reads_its_error_file(impl
     assert failure.error_file == str(logs / "error-1.json")
     assert json.loads((logs / "error-1.json").read_text())["message"] == "rank 1 gave up"
     assert "rank 1 gave up" in str(failure.message)
+
+
+def test_agentds_agent_takes_torchs_own_log_specs(tmp_path):
+    """Code that moved to agentd's agent but kept torch's ``DefaultLogsSpecs``: its
+    settings are read, and its layout is torch's (its reify's)."""
+    torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    server = elastic("agentd", "agent.server")
+    local = elastic("agentd", "agent.server.local_elastic_agent")
+    rdzv, registry = elastic("agentd", "rendezvous"), elastic("agentd", "rendezvous.registry")
+    params = rdzv.RendezvousParameters(
+        backend="c10d",
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="mixed",
+        min_nodes=1,
+        max_nodes=1,
+    )
+    spec = server.WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        rdzv_handler=registry.get_rendezvous_handler(params),
+        entrypoint=sys.executable,
+        args=("-c", SAY),
+    )
+    logs = torch_mp.DefaultLogsSpecs(log_dir=str(tmp_path), redirects=torch_mp.Std.ALL)
+    result = local.LocalElasticAgent(spec, logs, "spawn").run()
+    assert result.state == server.WorkerState.SUCCEEDED
+    (out,) = [p for p in tmp_path.glob("mixed_*/attempt_0/0/stdout.log")]
+    assert out.read_text().splitlines()[0] == "out 0"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["stderr.log", "stdout.log"]
 
 
 def test_the_default_reify_lays_files_out_by_run_attempt_and_rank(impl, tmp_path):
