@@ -77,6 +77,12 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     def request_drain(self, reason: str, signum: int | None = None) -> None:
         """Drain this node (the local agent's)."""
 
+    def _logs_at(self) -> str:
+        """Where this attempt's worker logs are, for the start line."""
+        if self.error_files:  # the user's log specs chose
+            return f"the places {type(self.logs_specs).__name__}.reify chose"
+        return str(self.run_dir / f"attempt_{self.attempt}")
+
     @agent_step
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
@@ -158,7 +164,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             len(started),
             self.attempt,
             [p.pid for p in started],
-            self.run_dir / f"attempt_{self.attempt}",
+            self._logs_at(),
         )
         if can_restart(self):  # the next attempt's directories, off its path
             stage_next_attempt(self.run_dir, (w.local_rank for w in group.workers))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentd.config.resolve import AgentConfig, local_world_size
 from agentd.exceptions import ConfigError
@@ -211,10 +211,44 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     )
     return LocalElasticAgent(
         spec,
+        logs_specs_from(config) if config.logs_specs else None,
         exit_barrier_timeout=config.exit_barrier_timeout,
         log_dir=config.log_dir,
         settings=settings,
     )
+
+
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
+
+
+def logs_specs_from(config: AgentConfig) -> Any:
+    """``--logs-specs NAME``: the class the installed entry point ``NAME`` of
+    :data:`LOGS_SPECS_GROUP` names, made with the output options as torchrun makes it
+    (a subclass of torch's or agentd's ``LogsSpecs``)."""
+    from importlib.metadata import entry_points
+
+    found = {point.name: point for point in entry_points(group=LOGS_SPECS_GROUP)}
+    point = found.get(config.logs_specs)
+    if point is None:
+        names = ", ".join(sorted(found)) or "none"
+        raise ConfigError(
+            f"--logs-specs: {config.logs_specs!r} is not an entry point of "
+            f"{LOGS_SPECS_GROUP} (installed: {names})"
+        )
+    try:
+        made = point.load()(
+            log_dir=config.log_dir,
+            redirects=config.redirects,
+            tee=config.tee,
+            local_ranks_filter=config.local_ranks_filter,
+        )
+    except Exception as exc:  # the site's code: any failure is its message
+        raise ConfigError(
+            f"--logs-specs: {config.logs_specs!r} ({point.value}) could not be made: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    log.info("Worker logs: --logs-specs %s (%s)", config.logs_specs, point.value)
+    return made
 
 
 def _heartbeats(config: AgentConfig) -> HeartbeatSettings | None:

@@ -190,7 +190,7 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "logs_specs",
         v.logs_specs,
         "",
-        "torchrun.logs_specs entry point name; only the default layout is supported.",
+        "torchrun.logs_specs entry point: a LogsSpecs class that places the workers' logs.",
         metavar="NAME",
     ),
     _o(

@@ -145,13 +145,14 @@ def optional_text(text: str) -> str | None:
 
 
 def logs_specs(text: str) -> str:
+    """torchrun's ``--logs-specs``: an entry point's name (``""``: the default layout);
+    :func:`agentd.config.build.logs_specs_from` loads it."""
     name = text.strip()
-    if name in ("", "default"):
+    if name == "default":
         return ""
-    raise RuleError(
-        "must be 'default': agentd has one log layout, and custom LogsSpecs "
-        "plugins (torchrun.logs_specs entry points) are not supported"
-    )
+    if name and not re.fullmatch(r"[\w.-]+", name):
+        raise RuleError("must name a torchrun.logs_specs entry point (letters, digits, _ . -)")
+    return name
 
 
 def filters(text: str) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ say why.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
@@ -200,19 +201,92 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     ("args", "message"),
     [
         (["--numa-binding", "node"], "--numa-binding: 'node' NUMA binding is not supported"),
-        (["--logs-specs", "mine"], "--logs-specs: 'mine' must be 'default'"),
+        (["--logs-specs", "mine"], "--logs-specs: 'mine' is not an entry point of"),
     ],
 )
 def test_torchrun_flags_agentd_cannot_honour_are_one_line_errors(
     run_agentd, tmp_path, args, message
 ):
-    """agentd only: torchrun honours these (NUMA binding near GPUs, which fails on a
-    CPU-only host; LogsSpecs plugins); agentd says it does not, in one line, and starts
-    nothing (README)."""
+    """agentd only: torchrun honours NUMA binding near GPUs (which fails on a CPU-only
+    host), and raises a traceback for a log specs plugin that is not installed; agentd
+    says so in one line, and starts nothing (README)."""
     hello = script(tmp_path, "hello.py", "print('hello')\n")
     agent = run_agentd("--standalone", *args, hello)
     assert agent.wait(60) == 2
     assert message in agent.stderr() and len(agent.stderr().strip().splitlines()) == 1
+
+
+FLAT_LOGS = """
+import os
+try:
+    from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
+except ImportError:
+    from agentd.elastic.multiprocessing import LogsDest, LogsSpecs
+
+
+class FlatLogs(LogsSpecs):
+    @property
+    def root_log_dir(self):
+        return str(self._root_log_dir)
+
+    def reify(self, envs):
+        folder = os.path.join(self._root_log_dir, "flat-" + envs[0]["TORCHELASTIC_RUN_ID"])
+        os.makedirs(folder, exist_ok=True)
+        ranks = range(len(envs))
+        dest = LogsDest(
+            stdouts={r: os.path.join(folder, f"out-{r}.txt") for r in ranks},
+            stderrs={r: os.path.join(folder, f"err-{r}.txt") for r in ranks},
+            error_files={r: os.path.join(folder, f"error-{r}.json") for r in ranks},
+        )
+        for r in ranks:
+            envs[r]["TORCHELASTIC_ERROR_FILE"] = dest.error_files[r]
+        return dest
+"""
+
+
+def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_path):
+    """``--logs-specs NAME`` loads the installed entry point ``NAME`` of
+    ``torchrun.logs_specs`` (here a distribution on PYTHONPATH), made from the output
+    options; its reify places every worker's streams and error file."""
+    site = tmp_path / "site"
+    (site / "flatlogs-1.0.dist-info").mkdir(parents=True)
+    (site / "flatlogs-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flatlogs\nVersion: 1.0\n"
+    )
+    (site / "flatlogs-1.0.dist-info" / "entry_points.txt").write_text(
+        "[torchrun.logs_specs]\nflat = flatlogs:FlatLogs\n"
+    )
+    (site / "flatlogs.py").write_text(FLAT_LOGS)
+    fail = script(
+        tmp_path,
+        "fail.py",
+        """
+        import json, os, sys
+        print("out", os.environ["LOCAL_RANK"])
+        if os.environ["LOCAL_RANK"] == "1":
+            with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+                json.dump({"message": "rank 1 gave up"}, f)
+            sys.exit(3)
+        """,
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--logs-specs",
+        "flat",
+        fail,
+        env={"PYTHONPATH": path},
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 1, agent.stderr()[-3000:]
+    [folder] = agent.log_dir.glob("flat-*")
+    assert {"out-0.txt", "out-1.txt", "err-0.txt", "err-1.txt", "error-1.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    assert (folder / "out-0.txt").read_text() == "out 0\n"
+    assert "rank 1 gave up" in agent.stderr()  # the failure read from the plugin's file
 
 
 def test_a_directory_as_the_script_says_so(run_agentd, tmp_path):
