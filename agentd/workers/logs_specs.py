@@ -68,17 +68,16 @@ class LogsSpecs:
 
     @property
     def redirects(self) -> Std | dict[int, Std]:
-        return getattr(self, "_redirects", Std.NONE)
+        return self._redirects
 
     @property
     def tee(self) -> Std | dict[int, Std]:
-        return getattr(self, "_tee", Std.NONE)
+        return self._tee
 
     @property
     def local_ranks_filter(self) -> frozenset[int] | None:
         """The local ranks whose output reaches the console (None: all)."""
-        chosen = getattr(self, "_local_ranks_filter", None)
-        return frozenset(chosen) if chosen is not None else None
+        return self._local_ranks_filter
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         """The files of the local ranks whose environments are ``envs`` (one attempt):
@@ -141,17 +140,14 @@ def overrides_reify(specs: LogsSpecs | None) -> bool:
 def output_settings(
     specs: object,
 ) -> tuple[Std | dict[int, Std], Std | dict[int, Std], frozenset[int] | None]:
-    """``(redirects, tee, local_ranks_filter)`` of log specs, agentd's or torch's (whose
-    settings are ``_redirects``, ``_tee`` and ``_local_ranks_filter``; its ``Std`` has
-    the same values as agentd's)."""
+    """``(redirects, tee, local_ranks_filter)`` of log specs, agentd's or torch's (its
+    ``Std`` has the same values as agentd's)."""
     if isinstance(specs, LogsSpecs):
         return specs.redirects, specs.tee, specs.local_ranks_filter
-    chosen = getattr(specs, "_local_ranks_filter", None)
-    return (
-        _as_std(getattr(specs, "_redirects", Std.NONE)),
-        _as_std(getattr(specs, "_tee", Std.NONE)),
-        frozenset(chosen) if chosen is not None else None,
-    )
+    from agentd.support.compat.torch import logs_specs_settings
+
+    redirects, tee, chosen = logs_specs_settings(specs)
+    return _as_std(redirects), _as_std(tee), frozenset(chosen) if chosen is not None else None
 
 
 def _as_std(value: object) -> Std | dict[int, Std]:

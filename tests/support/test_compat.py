@@ -170,6 +170,25 @@ def test_torch_process_groups_and_abort(tmp_path):
     assert run_python(code).strip() == "ok", f"torch {torch.__version__}"
 
 
+@pytest.mark.torch
+def test_torch_logs_specs_keep_their_settings_where_compat_reads_them(tmp_path):
+    torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    from agentd.support.compat.torch import logs_specs_settings
+
+    specs = torch_mp.DefaultLogsSpecs(
+        log_dir=str(tmp_path),
+        redirects=torch_mp.Std.ERR,
+        tee={0: torch_mp.Std.OUT},
+        local_ranks_filter={1},
+    )
+    torch = sys.modules["torch"]
+    assert logs_specs_settings(specs) == (
+        torch_mp.Std.ERR,
+        {0: torch_mp.Std.OUT},
+        {1},
+    ), f"torch {torch.__version__}"
+
+
 DOCUMENTED = (" os._exit", " sys._getframe")
 """Names with an underscore that their library documents as public API."""
 ALLOWED_PRIVATE = ("_agentd",)

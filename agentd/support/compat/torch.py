@@ -1,5 +1,6 @@
 """torch.distributed's private parts: the process groups of this process, a group's
-backend, and aborting every group (torch 2.x; checked on 2.11 and 2.13)."""
+backend, aborting every group, and a ``LogsSpecs``' settings (torch 2.x; checked on 2.11
+and 2.13)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def abort_process_groups(dist: Any) -> None:
     """Abort every process group: communicators and buffers go, nothing waits for a peer
     (``distributed_c10d._abort_process_group``)."""
     dist.distributed_c10d._abort_process_group()
+
+
+def logs_specs_settings(specs: Any) -> tuple[Any, Any, Any]:
+    """``(redirects, tee, local_ranks_filter)`` of torch's ``LogsSpecs`` (or a subclass),
+    which keeps them as ``_redirects``, ``_tee`` and ``_local_ranks_filter`` only. A
+    subclass that set none of them has the defaults (nothing redirected, every rank)."""
+    return (
+        getattr(specs, "_redirects", 0),
+        getattr(specs, "_tee", 0),
+        getattr(specs, "_local_ranks_filter", None),
+    )
