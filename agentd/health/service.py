@@ -127,11 +127,16 @@ class HealthService:
         if self._log_reader is None:
             self._log_reader = LogReader(agent.run_dir)
         handler = agent.rdzv_handler
-        who = (
+        who: dict[str, Any] = (
             {"node": handler.job.node_id, "host": handler.job.addr}
             if isinstance(handler, ShowsJob)
             else {"node": agent.hostname, "host": agent.hostname}
         )
+        if agent.logs_specs is not None:
+            from agentd.workers.logs_specs import overrides_reify
+
+            if overrides_reify(agent.logs_specs):
+                who["placed_by"] = type(agent.logs_specs).__name__
         return await logs_response(
             request, self._token, self._log_reader, lambda: agent.attempt, lambda: who
         )

@@ -59,6 +59,8 @@ class Source:
         self.cursor = ""
         self.files = 0
         """How many log files the node's agent has (0: it writes none)."""
+        self.placed_by = ""
+        """The log specs class that places its workers' logs, where not agentd's layout."""
         self.token = token_file.for_agent(url, os.environ.get(DRAIN_TOKEN_ENV))
 
     def ask(
@@ -89,6 +91,8 @@ class Source:
                 f"cannot reach {self.host}'s agent at {self.url}: {reason}", 3
             ) from None
         self.cursor = doc["cursor"]
+        self.files = doc.get("files") or 0
+        self.placed_by = doc.get("placed_by") or ""
         return doc
 
 
@@ -181,8 +185,16 @@ def _drain(
 
 
 def _files_note(nodes: list[Source]) -> None:
+    """On stderr, a line for each node whose lines cannot be read: it keeps no log files,
+    or its log specs put them where ``agentd logs`` does not read."""
     for source in nodes:
-        if not source.files:
+        if source.placed_by:
+            sys.stderr.write(
+                f"agentd: {source.host}'s workers write their output where "
+                f"{source.placed_by}.reify puts it (--logs-specs); agentd logs reads "
+                "agentd's own layout only\n"
+            )
+        elif not source.files:
             sys.stderr.write(
                 f"agentd: {source.host} keeps no log files: its agent writes them with --tee 3 "
                 "(or --redirects 3)\n"

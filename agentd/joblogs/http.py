@@ -7,7 +7,8 @@ lines from then on), ``rank`` (one global rank). The answer::
 
     {"node": ..., "host": ..., "attempt": <current>, "files": <log files>,
      "lines": [[at, attempt, rank, local_rank, stream, text], ...],   # in time order
-     "cursor": "...", "more": <bool: ask again from cursor at once>}
+     "cursor": "...", "more": <bool: ask again from cursor at once>,
+     "placed_by": <the log specs class, where the user's chose the paths: no lines here>}
 
 A malformed query is a 400 naming the field, its value and the rule.
 """

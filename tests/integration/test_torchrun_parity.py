@@ -8,7 +8,6 @@ say why.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import sys
@@ -17,6 +16,7 @@ import textwrap
 import pytest
 
 from tests.conftest import free_port, wait_until
+from tests.helpers.logs_plugin import flat_logs_installed
 
 PRINT_ENV = (
     "import json, os; print('ENV ' + json.dumps({k: os.environ.get(k) for k in "
@@ -216,47 +216,10 @@ def test_torchrun_flags_agentd_cannot_honour_are_one_line_errors(
     assert message in agent.stderr() and len(agent.stderr().strip().splitlines()) == 1
 
 
-FLAT_LOGS = """
-import os
-try:
-    from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
-except ImportError:
-    from agentd.elastic.multiprocessing import LogsDest, LogsSpecs
-
-
-class FlatLogs(LogsSpecs):
-    @property
-    def root_log_dir(self):
-        return str(self._root_log_dir)
-
-    def reify(self, envs):
-        folder = os.path.join(self._root_log_dir, "flat-" + envs[0]["TORCHELASTIC_RUN_ID"])
-        os.makedirs(folder, exist_ok=True)
-        ranks = range(len(envs))
-        dest = LogsDest(
-            stdouts={r: os.path.join(folder, f"out-{r}.txt") for r in ranks},
-            stderrs={r: os.path.join(folder, f"err-{r}.txt") for r in ranks},
-            error_files={r: os.path.join(folder, f"error-{r}.json") for r in ranks},
-        )
-        for r in ranks:
-            envs[r]["TORCHELASTIC_ERROR_FILE"] = dest.error_files[r]
-        return dest
-"""
-
-
 def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_path):
     """``--logs-specs NAME`` loads the installed entry point ``NAME`` of
     ``torchrun.logs_specs`` (here a distribution on PYTHONPATH), made from the output
     options; its reify places every worker's streams and error file."""
-    site = tmp_path / "site"
-    (site / "flatlogs-1.0.dist-info").mkdir(parents=True)
-    (site / "flatlogs-1.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: flatlogs\nVersion: 1.0\n"
-    )
-    (site / "flatlogs-1.0.dist-info" / "entry_points.txt").write_text(
-        "[torchrun.logs_specs]\nflat = flatlogs:FlatLogs\n"
-    )
-    (site / "flatlogs.py").write_text(FLAT_LOGS)
     fail = script(
         tmp_path,
         "fail.py",
@@ -269,7 +232,6 @@ def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_p
             sys.exit(3)
         """,
     )
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     agent = run_agentd(
         "--standalone",
         "--nproc-per-node",
@@ -277,7 +239,7 @@ def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_p
         "--logs-specs",
         "flat",
         fail,
-        env={"PYTHONPATH": path},
+        env={"PYTHONPATH": flat_logs_installed(tmp_path / "site")},
         launcher=launcher,
     )
     assert agent.wait(120) == 1, agent.stderr()[-3000:]

@@ -14,6 +14,7 @@ import urllib.request
 
 from tests.conftest import WORKER, wait_until
 from tests.helpers.jobs import TOKEN, agent_args
+from tests.helpers.logs_plugin import flat_logs_installed
 
 TICKS = 15
 LINE = re.compile(r"(127\.0\.0\.\d):(\d+) a0\| tick (\d+) of rank (\d+) at ([\d.]+)\Z")
@@ -60,6 +61,7 @@ def test_every_nodes_lines_merged_in_time_order(run_agentd, run_store, tmp_path)
         return found if len(found) == 3 * 2 * TICKS else None
 
     lines = wait_until(merged, 30, what="every node's records, then every line")
+    assert logs(urls[0]).stderr == ""  # every node keeps its files: no note
     printed = [float(m.group(5)) for m in lines]
     assert all(b >= a - SLACK for a, b in itertools.pairwise(printed)), printed
     assert len({m.group(1) for m in lines[: len(lines) // 2]}) == 3  # interleaved, not by node
@@ -99,4 +101,29 @@ def test_every_nodes_lines_merged_in_time_order(run_agentd, run_store, tmp_path)
         assert exc.code == 401 and b"needs the bearer token" in exc.read()
     stop.touch()
     for agent in agents:
+        assert agent.wait(30) == 0, agent.stderr()[-3000:]
+
+
+def test_a_node_whose_lines_cannot_be_read_is_named_once(run_agentd, tmp_path):
+    """Without --tee or --redirects a node keeps no files; with a log specs plugin its
+    files are where the plugin put them: ``agentd logs`` says which, on stderr."""
+    stop = tmp_path / "stop"
+    work = [WORKER, "ticks", "--code", "2", "--stop-file", str(stop)]
+    plain = run_agentd("--standalone", "--health-port", "0", *work)
+    env = {"PYTHONPATH": flat_logs_installed(tmp_path / "site")}
+    placed = run_agentd(
+        "--standalone", "--health-port", "0", "--logs-specs", "flat", *work, env=env
+    )
+    for agent, note in (
+        (plain, "keeps no log files: its agent writes them with --tee 3"),
+        (placed, "workers write their output where FlatLogs.reify puts it (--logs-specs)"),
+    ):
+        found = wait_until(
+            lambda a=agent: re.search(r"Health endpoint on (http://\S+)", a.stderr()), 30
+        )
+        answer = logs(found.group(1))
+        assert answer.returncode == 0 and answer.stdout == "", answer
+        assert answer.stderr.count(note) == 1, answer.stderr
+    stop.touch()
+    for agent in (plain, placed):
         assert agent.wait(30) == 0, agent.stderr()[-3000:]
