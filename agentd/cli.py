@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a running agent's status (its --health-port endpoint)",
         description="Ask a running agent for its status; exit 0 ok, 1 unhealthy, 3 unreachable.",
     )
+    status.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
     status.add_argument(
         "--url",
         help="the agent's health endpoint "
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         "at the same step, then the job goes on without this node. Exit 0 draining, 1 "
         "refused, 3 unreachable.",
     )
+    drain.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
     drain.add_argument("--url", help="the agent's health endpoint (as for agentd status)")
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
     drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
@@ -335,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if args.command in ("status", "drain") and args.url_arg is not None:
+            if args.url is not None and args.url != args.url_arg:
+                parser.error(f"URL: {args.url_arg!r} and --url {args.url!r} name two agents")
+            args.url = args.url_arg
         if args.command == "status":
             from agentd.health import status_cli
 

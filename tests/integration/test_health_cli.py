@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import WORKER, wait_until
 
 
@@ -97,6 +99,26 @@ def test_job_flags_that_do_not_go_together_exit_2():
     assert fast.returncode == 2 and "--watch: 0.01 must be within 0.1..3600 seconds" in fast.stderr
     gone = status("--job", url=url)
     assert gone.returncode == 3 and "cannot reach the agent at http://127.0.0.1:9" in gone.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "drain"])
+def test_the_url_may_be_given_as_logs_takes_it(command):
+    """``agentd status URL`` and ``agentd drain URL``, as ``agentd logs URL``: the URL the
+    agent's start line printed, pasted; with a different --url too, a usage error."""
+
+    def agentd(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "agentd", command, *args, "--timeout", "2"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    gone = agentd("http://127.0.0.1:9")
+    assert gone.returncode == 3 and "http://127.0.0.1:9" in gone.stderr, gone.stderr
+    same = agentd("http://127.0.0.1:9", "--url", "http://127.0.0.1:9")
+    assert same.returncode == 3, same.stderr
+    two = agentd("http://127.0.0.1:9", "--url", "http://127.0.0.1:10")
+    assert two.returncode == 2
+    assert "URL: 'http://127.0.0.1:9' and --url 'http://127.0.0.1:10' name two agents" in (
+        two.stderr
+    )
 
 
 def test_bad_health_flags_exit_2(run_agentd):
