@@ -99,25 +99,32 @@ def test_start_processes_writes_where_a_sites_reify_says(impl, tmp_path, capfd):
     assert "out 1" in capfd.readouterr().out  # teed
 
 
-def test_the_agent_writes_where_a_sites_reify_says_and_reads_its_error_file(impl, tmp_path):
+def one_node_spec(impl: str, run_id: str, nproc: int, code: str):
+    """A ``WorkerSpec`` of ``nproc`` workers running ``python -c code``, one node meeting
+    at a c10d endpoint of its own, as a torch user builds it."""
     server = elastic(impl, "agent.server")
-    local = elastic(impl, "agent.server.local_elastic_agent")
     rdzv, registry = elastic(impl, "rendezvous"), elastic(impl, "rendezvous.registry")
     params = rdzv.RendezvousParameters(
         backend="c10d",
         endpoint=f"127.0.0.1:{free_port()}",
-        run_id="flat",
+        run_id=run_id,
         min_nodes=1,
         max_nodes=1,
     )
-    spec = server.WorkerSpec(
+    return server.WorkerSpec(
         role="trainer",
-        local_world_size=2,
+        local_world_size=nproc,
         rdzv_handler=registry.get_rendezvous_handler(params),
         entrypoint=sys.executable,
-        args=("-c", FAIL_ON_ONE),
+        args=("-c", code),
         max_restarts=0,
     )
+
+
+def test_the_agent_writes_where_a_sites_reify_says_and_reads_its_error_file(impl, tmp_path):
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    spec = one_node_spec(impl, "flat", 2, FAIL_ON_ONE)
     logs = tmp_path / "logs"
     logs.mkdir()
     with torchs_open_files_ignored(impl):
@@ -138,21 +145,7 @@ def test_agentds_agent_takes_torchs_own_log_specs(tmp_path):
     torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
     server = elastic("agentd", "agent.server")
     local = elastic("agentd", "agent.server.local_elastic_agent")
-    rdzv, registry = elastic("agentd", "rendezvous"), elastic("agentd", "rendezvous.registry")
-    params = rdzv.RendezvousParameters(
-        backend="c10d",
-        endpoint=f"127.0.0.1:{free_port()}",
-        run_id="mixed",
-        min_nodes=1,
-        max_nodes=1,
-    )
-    spec = server.WorkerSpec(
-        role="trainer",
-        local_world_size=1,
-        rdzv_handler=registry.get_rendezvous_handler(params),
-        entrypoint=sys.executable,
-        args=("-c", SAY),
-    )
+    spec = one_node_spec("agentd", "mixed", 1, SAY)
     logs = torch_mp.DefaultLogsSpecs(log_dir=str(tmp_path), redirects=torch_mp.Std.ALL)
     result = local.LocalElasticAgent(spec, logs, "spawn").run()
     assert result.state == server.WorkerState.SUCCEEDED
