@@ -236,10 +236,11 @@ def logs_specs_from(config: AgentConfig) -> Any:
             f"{LOGS_SPECS_GROUP} (installed: {names})"
         )
     try:
-        made = point.load()(
+        cls = point.load()
+        made = cls(
             log_dir=config.log_dir,
-            redirects=config.redirects,
-            tee=config.tee,
+            redirects=in_std_of(cls, config.redirects),
+            tee=in_std_of(cls, config.tee),
             local_ranks_filter=config.local_ranks_filter,
         )
     except Exception as exc:  # the site's code: any failure is its message
@@ -249,6 +250,19 @@ def logs_specs_from(config: AgentConfig) -> Any:
         ) from exc
     log.info("Worker logs: --logs-specs %s (%s)", config.logs_specs, point.value)
     return made
+
+
+def in_std_of(cls: type, value: Any) -> Any:
+    """An output option (a ``Std``, or one per local rank) in the ``Std`` of the module
+    that defines ``cls``' ``LogsSpecs`` base: torch's ``to_map`` knows its own ``Std``
+    only (agentd's has the same values)."""
+    base = next((c for c in cls.__mro__ if c.__name__ == "LogsSpecs"), None)
+    std = getattr(sys.modules.get(base.__module__), "Std", None) if base else None
+    if std is None:
+        return value
+    if isinstance(value, dict):
+        return {rank: std(int(each)) for rank, each in value.items()}
+    return std(int(value))
 
 
 def _heartbeats(config: AgentConfig) -> HeartbeatSettings | None:

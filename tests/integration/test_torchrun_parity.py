@@ -251,6 +251,33 @@ def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_p
     assert "rank 1 gave up" in agent.stderr()  # the failure read from the plugin's file
 
 
+def test_a_logs_specs_plugin_on_the_default_layout_gets_the_output_options(
+    run_agentd, launcher, tmp_path
+):
+    """A plugin that subclasses the default log specs and calls its ``reify``: it is made
+    with --redirects as its own library's ``Std`` (torch's ``reify`` knows no other)."""
+    hello = script(tmp_path, "hello.py", "import os; print('hello', os.environ['LOCAL_RANK'])\n")
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "0:1,1:3",
+        "--logs-specs",
+        "counted",
+        hello,
+        env={"PYTHONPATH": flat_logs_installed(tmp_path / "site")},
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    assert (agent.log_dir / "reified").read_text() == "1\n"
+    for rank in range(2):
+        [out] = agent.log_dir.glob(f"*/attempt_0/{rank}/stdout.log")
+        assert out.read_text() == f"hello {rank}\n"
+    assert not list(agent.log_dir.glob("*/attempt_0/0/stderr.log"))  # 0:1: stdout only
+    assert list(agent.log_dir.glob("*/attempt_0/1/stderr.log"))
+
+
 def test_a_directory_as_the_script_says_so(run_agentd, tmp_path):
     (tmp_path / "pkg").mkdir()
     agent = run_agentd("--standalone", "pkg")
