@@ -216,6 +216,22 @@ def test_torchrun_flags_agentd_cannot_honour_are_one_line_errors(
     assert message in agent.stderr() and len(agent.stderr().strip().splitlines()) == 1
 
 
+def with_plugin(run_agentd, launcher: str, tmp_path, plugin: str, path: str, *flags: str):
+    """Two workers of ``path`` on one node, with ``--logs-specs plugin`` installed
+    (:func:`~tests.helpers.logs_plugin.flat_logs_installed`) and ``flags``."""
+    return run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *flags,
+        "--logs-specs",
+        plugin,
+        path,
+        env={"PYTHONPATH": flat_logs_installed(tmp_path / "site")},
+        launcher=launcher,
+    )
+
+
 def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_path):
     """``--logs-specs NAME`` loads the installed entry point ``NAME`` of
     ``torchrun.logs_specs`` (here a distribution on PYTHONPATH), made from the output
@@ -232,16 +248,7 @@ def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_p
             sys.exit(3)
         """,
     )
-    agent = run_agentd(
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--logs-specs",
-        "flat",
-        fail,
-        env={"PYTHONPATH": flat_logs_installed(tmp_path / "site")},
-        launcher=launcher,
-    )
+    agent = with_plugin(run_agentd, launcher, tmp_path, "flat", fail)
     assert agent.wait(120) == 1, agent.stderr()[-3000:]
     [folder] = agent.log_dir.glob("flat-*")
     assert {"out-0.txt", "out-1.txt", "err-0.txt", "err-1.txt", "error-1.json"} <= {
@@ -257,18 +264,7 @@ def test_a_logs_specs_plugin_on_the_default_layout_gets_the_output_options(
     """A plugin that subclasses the default log specs and calls its ``reify``: it is made
     with --redirects as its own library's ``Std`` (torch's ``reify`` knows no other)."""
     hello = script(tmp_path, "hello.py", "import os; print('hello', os.environ['LOCAL_RANK'])\n")
-    agent = run_agentd(
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--redirects",
-        "0:1,1:3",
-        "--logs-specs",
-        "counted",
-        hello,
-        env={"PYTHONPATH": flat_logs_installed(tmp_path / "site")},
-        launcher=launcher,
-    )
+    agent = with_plugin(run_agentd, launcher, tmp_path, "counted", hello, "--redirects", "0:1,1:3")
     assert agent.wait(120) == 0, agent.stderr()[-3000:]
     assert (agent.log_dir / "reified").read_text() == "1\n"
     for rank in range(2):
