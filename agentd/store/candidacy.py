@@ -150,10 +150,12 @@ class Candidacy:
 
     def extend(self, endpoints: Sequence[str], term: int = 0) -> None:
         """Adopt ``endpoints``, served under ``term``, if it replaces our growing list
-        (:func:`~agentd.store.candidates.replaces`; serving, only a later version of it:
-        the list we serve is the job's under our term)."""
-        if self.growing:
-            self._prober.take(endpoints, term, f"Store {self.own}", grow_only=self.serving)
+        (:func:`~agentd.store.candidates.replaces`); serving, only a later version of it,
+        or merge a fork of it served under our term (:meth:`~.candidates.Prober.merge`)."""
+        who = f"Store {self.own}"
+        merged = self._prober.merge(endpoints, term, who) if self.growing and self.serving else []
+        if self.growing and not self._joined(merged):
+            self._prober.take(endpoints, term, who, grow_only=self.serving)
 
     def admit(self, endpoint: str) -> bool:
         """A member at ``endpoint`` stands by: append it to the list we serve (False: the
@@ -163,12 +165,18 @@ class Candidacy:
         if not (self.growing and self.serving) or len(self.endpoints) >= MAX_CANDIDATES:
             return False
         self._prober.endpoints += (endpoint,)
-        self.contact.admitted(endpoint)
         said = "Store %s: %s stands by as candidate %d"
         log.info(said, self.own, endpoint, len(self.endpoints) - 1)
-        for call in self.admitted:
-            call()
+        self._joined([endpoint])
         return True
+
+    def _joined(self, endpoints: Sequence[str]) -> bool:
+        """``endpoints`` joined the list we serve (their silence counts from now): any?"""
+        for endpoint in endpoints:
+            self.contact.admitted(endpoint)
+        for call in self.admitted if endpoints else ():
+            call()
+        return bool(endpoints)
 
     def mismatch(self, given: str | None) -> str:
         """Why a client with candidate list ``given`` (a fingerprint) is refused ('' if not)."""
@@ -199,12 +207,8 @@ class Candidacy:
         if term <= self.term:
             return
         if self.cut_off:
-            log.info(
-                "Store %s: not serving under term %d: no other candidate has answered "
-                "since this one was cut off",
-                self.own,
-                term,
-            )
+            why = "no other candidate has answered since this one was cut off"
+            log.info("Store %s: not serving under term %d: %s", self.own, term, why)
             return
         if self.serving and term - 1 <= self.term:
             return  # the client saw no term newer than ours: its report of us was stale

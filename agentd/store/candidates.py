@@ -31,6 +31,7 @@ both hold.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -81,6 +82,12 @@ def fingerprint(endpoints: Sequence[str]) -> str:
     return hashlib.sha256(",".join(endpoints).encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=16)
+def list_fingerprint(endpoints: tuple[str, ...]) -> str:
+    """:func:`fingerprint` of a whole growing list (kept: every answer names it)."""
+    return fingerprint(endpoints)
+
+
 def grows(ours: Sequence[str], theirs: Sequence[str]) -> bool:
     """``theirs`` is a later version of the growing list ``ours``: longer, and the same
     where both have an entry."""
@@ -93,10 +100,14 @@ def replaces(ours: Sequence[str], our_term: int, theirs: Sequence[str], their_te
     of it served under a newer term. A store host restarted at the endpoint serves a
     fresh list under term 1 and may admit a node to it before the job's serving candidate
     tells it the term; told, it and its clients take the job's list instead of promoting
-    their fork over the job's store (``bench/bench_seed_back.py --both-lost``: 22 s)."""
+    their fork over the job's store (``bench/bench_seed_back.py --both-lost``: 22 s). A
+    fork served under the same term replaces ours only as a merge of it (longer, holding
+    every entry of ours: :meth:`Prober.merge`)."""
     if grows(ours, theirs):
         return True
     forked = bool(theirs) and tuple(ours[: len(theirs)]) != tuple(theirs)
+    if forked and their_term == our_term:  # the serving candidate's merge of two forks
+        return len(theirs) > len(ours) and set(ours) <= set(theirs)
     return forked and their_term > our_term
 
 
@@ -199,6 +210,31 @@ class Prober:
             )
         self.endpoints, self.list_term = tuple(endpoints), max(self.list_term, term)
         return True
+
+    def merge(self, endpoints: Sequence[str], term: int, who: str) -> list[str]:
+        """Serving, told ``endpoints``, a fork of our list served under its term: the
+        restarted seed admitted members to a fresh list before a client of the job told
+        it the job's. Ours becomes the job's list, then our other entries (its clients keep
+        their places; ours take the merge as :func:`replaces` says). The entries added."""
+        ours = self.endpoints
+        if term != self.list_term or not endpoints or replaces(ours, term, endpoints, term):
+            return []
+        if tuple(ours[: len(endpoints)]) == tuple(endpoints) or grows(endpoints, ours):
+            return []  # a version of ours, not a fork
+        merged = (*endpoints, *(e for e in ours if e not in endpoints))[:MAX_CANDIDATES]
+        if set(merged) <= set(ours):
+            return []
+        log.info(
+            "%s: a client of the job served under term %d tells the list %s, a fork of ours "
+            "(%s): serving %s",
+            who,
+            term,
+            ",".join(endpoints),
+            ",".join(ours),
+            ",".join(merged),
+        )
+        self.endpoints = merged
+        return [e for e in merged if e not in ours]
 
     def list_doc(self) -> dict[str, Any]:
         """Our growing list and the term it was served under, as requests and answers

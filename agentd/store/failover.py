@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreLeft, StoreNotServing, StoreOutcomeUnknown, StoreUnavailable
-from agentd.store.candidates import Prober, RoleReport, endpoint_list, list_term
+from agentd.store.candidates import Prober, RoleReport, endpoint_list, list_fingerprint, list_term
 from agentd.store.forwarding import ForwardingStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
@@ -117,7 +117,7 @@ class FailoverStore(ForwardingStore):
         self.on_list: Callable[[tuple[str, ...], int], None] | None = None
         """Told each version of a growing list this client adopts, and its term."""
         self._learning = False
-        self._taught: tuple[int | None, int] | None = None
+        self._taught: tuple[int | None, str] | None = None
         self._closed = False
         self.failed: dict[str, str] = {}
         """Candidates seen failing, and why (the last time), until seen serving again."""
@@ -187,25 +187,25 @@ class FailoverStore(ForwardingStore):
                 await self._find_server(moves, str(exc))
                 continue
             self._adopt(self._client.server_term)
-            count = self._client.candidate_count
-            if self.growing and 0 < count != len(self.endpoints):
-                await self._share_list(count)
+            listed = self._client.candidate_list
+            if self.growing and listed and listed != list_fingerprint(self.endpoints):
+                await self._share_list(listed)
             return result
 
-    async def _share_list(self, count: int) -> None:
-        """The serving candidate's list holds ``count``: more than ours, fetch it (once per
-        version); fewer, tell it ours (once per server and count): a store host restarted
-        at the endpoint knew the seed alone, and so did its guardian's release (seed 1819
-        of ``--failover --kinds ...,restart``: the fence, 20 s)."""
-        teach = count < len(self.endpoints)
-        told = (self.serving, count)
-        if self._learning or self.serving is None or (teach and self._taught == told):
+    async def _share_list(self, listed: str) -> None:
+        """The serving candidate's list (fingerprint ``listed``) is not ours: tell it ours,
+        take its answer's (once per server and list). A shorter one learns ours (seed 1819
+        of ``--failover --kinds ...,restart``: the fence, 20 s); a same-term fork merges it
+        (:meth:`~agentd.store.candidates.Prober.merge`: before, two stores served term 2)."""
+        told = (self.serving, listed)
+        if self._learning or self.serving is None or self._taught == told:
             return
-        self._learning, self._taught = True, (told if teach else self._taught)
+        self._learning = True
         try:
             self._prober.token = self.token or ""
-            body = self._list() if teach else {}
-            self._grow([await self._prober.ask(self.serving, "role", body, self.term)])
+            report = await self._prober.ask(self.serving, "role", self._list(), self.term)
+            self._taught = told if report.reachable else self._taught
+            self._grow([report])
         finally:
             self._learning = False
 

@@ -31,6 +31,11 @@ class ForwardingStore:
         return self._client.candidate_count
 
     @property
+    def candidate_list(self) -> str:
+        """The fingerprint of that list, as it last said."""
+        return self._client.candidate_list
+
+    @property
     def observer(self) -> Callable[[str, float], None] | None:
         return self._client.observer
 

@@ -32,6 +32,7 @@ from agentd.store.tls import scheme, tls_problem
 from agentd.store.wire import (
     ABSENT_HEADER,
     CANDIDATE_COUNT_HEADER,
+    CANDIDATE_LIST_HEADER,
     INSTANCE_HEADER,
     MAX_KEYS,
     MAX_POLL,
@@ -60,6 +61,7 @@ _JSON = {"Content-Type": "application/json"}
 INSTANCE_KEY, TERM_KEY, COUNT_KEY, ABSENT_KEY = (
     name.lower() for name in (INSTANCE_HEADER, TERM_HEADER, CANDIDATE_COUNT_HEADER, ABSENT_HEADER)
 )
+LIST_KEY = CANDIDATE_LIST_HEADER.lower()
 
 
 class HttpStore:
@@ -117,8 +119,9 @@ class HttpStore:
         """Sent with every request (a candidate list's term and fingerprint)."""
         self.server_term = 0
         """The term the server last answered under (candidate servers only)."""
-        self.candidate_count = 0
-        """How many candidates the server's growing list holds (0: it has none)."""
+        self.candidate_count, self.candidate_list = 0, ""
+        """How many candidates the server's growing list holds (0: it has none), and that
+        list's fingerprint (see :data:`CANDIDATE_LIST_HEADER`)."""
         self.absent: frozenset[int] = frozenset()
         """The candidates the server said it has not heard lately (see :data:`ABSENT_HEADER`)."""
         self._closed = False
@@ -142,7 +145,7 @@ class HttpStore:
         self.instance = None
         if lost_state:
             self._rebase()
-        self.server_term = self.candidate_count = 0
+        self.server_term, self.candidate_count, self.candidate_list = 0, 0, ""
         self.absent = frozenset()
 
     async def _call(
@@ -255,6 +258,7 @@ class HttpStore:
         count = headers.get(COUNT_KEY, "")
         if count.isdigit():
             self.candidate_count = int(count)
+            self.candidate_list = headers.get(LIST_KEY, "")[:64]
 
     def _note_instance(self, instance: str | None) -> None:
         if instance is None:

@@ -24,13 +24,14 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.store import token_file
 from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeout, WatchResult
 from agentd.store.candidacy import Candidacy
-from agentd.store.candidates import endpoint_list, list_term
+from agentd.store.candidates import endpoint_list, list_fingerprint, list_term
 from agentd.store.memory import MemoryStore
 from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
 from agentd.store.tls import scheme
 from agentd.store.wire import (
     ABSENT_HEADER,
     CANDIDATE_COUNT_HEADER,
+    CANDIDATE_LIST_HEADER,
     CANDIDATES_HEADER,
     INSTANCE_HEADER,
     MAX_CONNECTIONS,
@@ -217,6 +218,7 @@ class StoreServer:
             answered[TERM_HEADER] = str(candidacy.term)
             if candidacy.growing:
                 answered[CANDIDATE_COUNT_HEADER] = str(len(candidacy.endpoints))
+                answered[CANDIDATE_LIST_HEADER] = list_fingerprint(candidacy.endpoints)
             absent = candidacy.absent()
             if absent:
                 answered[ABSENT_HEADER] = ",".join(map(str, absent))

@@ -27,6 +27,9 @@ MAX_POLL = 60.0
 CANDIDATE_COUNT_HEADER = "Agentd-Store-Candidate-Count"
 """How many candidates a growing list holds (see :mod:`agentd.store.standby`): a client
 whose list is shorter asks the server for the rest."""
+CANDIDATE_LIST_HEADER = "Agentd-Store-Candidate-List"
+"""A fingerprint of the growing list the serving candidate holds: a client whose own is
+another version, or a fork, tells it its list and takes its answer's."""
 ABSENT_HEADER = "Agentd-Store-Absent"
 """The indexes of the candidates that the serving one of a growing list has not heard
 lately (comma-separated; see :mod:`agentd.store.contact`): a client's search does not

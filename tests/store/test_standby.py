@@ -187,11 +187,47 @@ async def test_a_store_host_restarted_before_anyone_failed_over_is_told_the_list
     assert await first.get("after") == b"1"  # told once: the requests go on as before
 
 
+@pytest.mark.parametrize("members", [1, 2])
+async def test_a_restarted_seeds_fork_of_the_same_term_merges_into_the_jobs_list(job, members):
+    """The store's host restarts at the endpoint before anyone failed over, and a new
+    member stands by in its fresh list, served under term 1 as the job's is, before a
+    client of the job reaches it. Told the job's list, the seed serves the merge (the
+    job's list, then its own entries) and every client takes it, so when the seed is lost
+    again they all promote one candidate. Before, neither list replaced the other: the
+    job's clients promoted 127.0.0.2 and the new member's client its own candidate, two
+    stores serving term 2, neither seeing the other's writes. With one member the two
+    lists are as long as each other: the answers' list fingerprint tells them apart."""
+    first, _ = await job.member(2)
+    if members == 2:
+        await job.member(3)
+    await first.get(f"hello/{members + 1}")
+    job_list = first.endpoints
+    await job.server.stop()
+    restarted = await job.start_seed()  # back at once: nobody failed over
+    new, newcomer = await job.member(4)  # standing by in the fresh list first
+    assert newcomer.server is not None
+    fork = (job.seed, newcomer.server.candidacy.own)
+    assert restarted.candidacy.endpoints == new.endpoints == fork
+    await first.set("after", b"1")  # the job's client tells the seed its list
+    merged = (*job_list, newcomer.server.candidacy.own)
+    assert restarted.candidacy.endpoints == first.endpoints == merged
+    await new.set("mine", b"1")  # the new member's client takes the merge
+    assert new.endpoints == merged and newcomer.server.candidacy.index == len(job_list)
+    await restarted.stop()  # lost again: one candidate is promoted, by both
+    await first.set("x", b"1")
+    await new.set("y", b"1")
+    assert first.endpoints[first.serving] == new.endpoints[new.serving] == job_list[1]
+    assert await first.get("y") == b"1" and await new.get("x") == b"1"
+
+
 def test_a_list_served_under_a_newer_term_replaces_a_fork_only():
     """Which version of a growing list replaces which (see ``candidates.replaces``)."""
     job_list, fork = ("s", "a", "b"), ("s", "x")
     assert replaces(fork, 1, job_list, 2) and not replaces(job_list, 2, fork, 1)
     assert not replaces(fork, 2, job_list, 2)  # forks of one term: neither knows better
+    merged = (*job_list, "x")
+    assert replaces(fork, 1, merged, 1) and replaces(job_list, 1, merged, 1)  # the merge
+    assert not replaces(merged, 1, fork, 1) and not replaces(fork, 1, ("s", "a", "y"), 1)
     assert replaces(("s",), 0, job_list, 0)  # a later version, under any term
     assert not replaces(job_list, 1, ("s", "a"), 3)  # an earlier version of ours: ours stays
     assert not replaces(job_list, 1, job_list, 3)
