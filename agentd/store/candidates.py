@@ -219,8 +219,8 @@ class Prober:
         ours = self.endpoints
         if term != self.list_term or not endpoints or replaces(ours, term, endpoints, term):
             return []
-        if tuple(ours[: len(endpoints)]) == tuple(endpoints) or grows(endpoints, ours):
-            return []  # a version of ours, not a fork
+        if tuple(ours[: len(endpoints)]) == tuple(endpoints):
+            return []  # ours, or an earlier version of it: not a fork
         merged = (*endpoints, *(e for e in ours if e not in endpoints))[:MAX_CANDIDATES]
         if set(merged) <= set(ours):
             return []
