@@ -256,13 +256,11 @@ def in_std_of(cls: type, value: Any) -> Any:
     """An output option (a ``Std``, or one per local rank) in the ``Std`` of the module
     that defines ``cls``' ``LogsSpecs`` base: torch's ``to_map`` knows its own ``Std``
     only (agentd's has the same values)."""
+    from agentd.workers.logs_specs import std_as
+
     base = next((c for c in cls.__mro__ if c.__name__ == "LogsSpecs"), None)
     std = getattr(sys.modules.get(base.__module__), "Std", None) if base else None
-    if std is None:
-        return value
-    if isinstance(value, dict):
-        return {rank: std(int(each)) for rank, each in value.items()}
-    return std(int(value))
+    return value if std is None else std_as(value, std)
 
 
 def _heartbeats(config: AgentConfig) -> HeartbeatSettings | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentd.errors.error_file import ERROR_FILE_ENV
 from agentd.spec import Std, std_for
@@ -147,13 +148,15 @@ def output_settings(
     from agentd.support.compat.torch import logs_specs_settings
 
     redirects, tee, chosen = logs_specs_settings(specs)
-    return _as_std(redirects), _as_std(tee), frozenset(chosen) if chosen is not None else None
+    return std_as(redirects), std_as(tee), frozenset(chosen) if chosen is not None else None
 
 
-def _as_std(value: object) -> Std | dict[int, Std]:
+def std_as(value: Any, std: Any = Std) -> Any:
+    """An output setting (a ``Std``, or one per local rank) as the ``Std`` type ``std``:
+    agentd's and torch's have the same values, and each library's code knows its own."""
     if isinstance(value, dict):
-        return {int(rank): Std(int(std)) for rank, std in value.items()}
-    return Std(int(value))  # type: ignore[call-overload]
+        return {int(rank): std(int(each)) for rank, each in value.items()}
+    return std(int(value))
 
 
 def dest_routes(
