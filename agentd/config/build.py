@@ -45,6 +45,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         master_port=config.master_port,
         role=config.role,
         store_token=config.store_token,
+        log_dir=config.log_dir,
     )
     rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"

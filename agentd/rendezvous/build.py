@@ -17,6 +17,7 @@ from agentd.rendezvous.api import RendezvousHandler
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.dynamic import DynamicRendezvous
+    from agentd.rendezvous.host_memory import RoundKeeper
     from agentd.rendezvous.solo import SoloRendezvous
     from agentd.rendezvous.static import StaticRendezvous
     from agentd.store.connect import StoreOpener
@@ -45,6 +46,9 @@ class RendezvousRequest(NamedTuple):
     master_port: int = 0
     role: str = "default"
     store_token: str | None = None
+    log_dir: str | None = None
+    """Where the store's host keeps its last round across its own restart (see
+    :mod:`agentd.rendezvous.host_memory`; None: the temporary directory)."""
 
 
 def build_rendezvous(
@@ -178,7 +182,12 @@ def _dynamic(
         standby_host=request.local_addr or "",
         tls=tls,
     )
-    return _handler(request, run_id, local_world_size, opener, settings, addr)
+    keeper = None
+    if is_host and port:  # a restart here comes back at the endpoint with an empty store
+        from agentd.rendezvous.host_memory import file_keeper
+
+        keeper = file_keeper(request.log_dir, run_id, port)
+    return _handler(request, run_id, local_world_size, opener, settings, addr, keeper)
 
 
 def _candidates(
@@ -270,6 +279,7 @@ def _handler(
     open_store: StoreOpener,
     settings: RendezvousSettings,
     addr: str,
+    keeper: RoundKeeper | None = None,
 ) -> DynamicRendezvous:
     from agentd.rendezvous.dynamic import DynamicRendezvous
 
@@ -282,4 +292,5 @@ def _handler(
         addr=addr,
         master_port=request.master_port or None,
         backend=_ALIASES.get(request.rdzv_backend, request.rdzv_backend),
+        keeper=keeper,
     )

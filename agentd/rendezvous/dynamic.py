@@ -41,6 +41,7 @@ from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.exit_barrier import ExitBarrier
+from agentd.rendezvous.host_memory import HostMemory, RoundKeeper
 from agentd.rendezvous.job_records import JobRecords
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.leaving import Leaving
@@ -79,6 +80,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         addr: str = "127.0.0.1",
         master_port: int | None = None,
         backend: str = "agentd",
+        keeper: RoundKeeper | None = None,
     ) -> None:
         if not 1 <= settings.min_nodes <= settings.max_nodes:
             raise ConfigError(
@@ -92,6 +94,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._addr = addr
         self._master_port = master_port
         self._backend = backend
+        self._keeper = keeper
+        self._memory: HostMemory | None = None
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._keys = RunKeys(run_id)
         self._beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
@@ -223,6 +227,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             raise RendezvousTimeoutError(message) from None
         self._round = joined
         self._tell_will(member=True)
+        if self._memory is not None:
+            self._memory.renewed(membership.deadline)
         self._joined_once = True
         if self._opened is not None and self._opened.after_round is not None:
             own = self._node.get("candidate")
@@ -375,6 +381,12 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._rounds = Rounds(
             self._run_id, opened.store, self._keys, limits, membership, node, opened.prepare
         )
+        if opened.hosted and self._keeper is not None:  # a restart here forgets the run
+            memory = self._memory = HostMemory(
+                self._keeper, self._run_id, settings.keep_alive_interval
+            )
+            memory.restore(self._rounds, asyncio.get_running_loop().time())
+            membership.on_lease(memory.renewed)
 
     def _raise_if_failed(self, closed: bytes) -> None:
         """A peer failed for good: the job is over here too (a peer's success is not: our

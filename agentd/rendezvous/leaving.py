@@ -22,6 +22,7 @@ from agentd.store.api import StoreError, StoreLeft, StoreUnavailable
 
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
+    from agentd.rendezvous.host_memory import HostMemory
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
     from agentd.rendezvous.round import Round
@@ -48,6 +49,7 @@ class Leaving:
     _store: Store | None
     _opened: OpenedStore | None
     _membership: Membership | None
+    _memory: HostMemory | None
     _ended_generation: int | None
     _unended: int | None
     _closed: bool
@@ -150,6 +152,13 @@ class Leaving:
                 await self._store.compare_set(self._keys.closed, None, json.dumps(doc).encode())
         except TimeoutError:
             raise StoreUnavailable("the store cannot be reached to close the rendezvous") from None
+        self._no_lease_left()
+
+    def _no_lease_left(self) -> None:
+        """No worker of the run can hold a lease of our store now (the run closed, or every
+        other member left): a restart of our host need not fence our last round."""
+        if self._memory is not None:
+            self._memory.forget()
 
     async def shutdown(self) -> None:
         """Leave the job: hand the store over if we serve it, end our round so the others
@@ -190,8 +199,8 @@ class Leaving:
                     await self._end_forming_round()
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
-            if self._opened.serves and not handed:
-                await self._wait_for_peers_to_leave()
+            if self._opened.serves and not handed and await self._wait_for_peers_to_leave():
+                self._no_lease_left()
         except StoreLeft as exc:
             log.info("Rendezvous %s: the others have left too (%s)", self._run_id, exc)
         except (StoreError, TimeoutError) as exc:
@@ -218,9 +227,10 @@ class Leaving:
         current, rounds = self._round, self._rounds
         return await rounds.member_ids(current) if current and rounds else []
 
-    async def _wait_for_peers_to_leave(self) -> None:
+    async def _wait_for_peers_to_leave(self) -> bool:
         """Keep the store we serve up until the round's other members are gone (their
-        heartbeats deleted or expired), at most ``close_timeout`` seconds."""
+        heartbeats deleted or expired), at most ``close_timeout`` seconds; False if some
+        were not."""
         store = self.store
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.close_timeout):
@@ -228,5 +238,6 @@ class Leaving:
                 while True:
                     revision = await store.revision()
                     if all(beat is None for beat in await store.multi_get(keys)):
-                        return
+                        return True
                     await store.watch(self._keys.heartbeats, revision, POLL)
+        return False

@@ -195,6 +195,20 @@ def test_a_store_host_restarted_before_anyone_failed_over_learns_the_members_lis
     assert any("guardian 4: released" in n for n in outcome.notes), outcome.notes
 
 
+def test_a_store_host_restarted_at_once_fences_the_round_its_store_forgot():
+    """Seed 162 of ``--kinds ...,restart``, shrunk: a ``2:2`` job's store host SIGKILLed
+    and back at the endpoint in the same instant, as a new node arrives. The two sealed
+    round 0 in the empty store 33 ms later, beside the other member's worker of the old
+    round 0 (S1). The host now keeps its last round on its disk, so its new store's first
+    round waits until that round's members are back or gone."""
+    faults = (Fault(0.146, "restart", 0, 0.0), Fault(0.146, "join", 3))
+    outcome = simulate(Schedule(162, 2, 2, 2, faults, failover=True))
+    assert outcome.violations == [], outcome.notes
+    sealed = [at(n) for n in outcome.notes if ": round 1, rank" in n]
+    released = [at(n) for n in outcome.notes if "guardian 0: released" in n]
+    assert len(sealed) == 2 and released and min(sealed) > released[0], outcome.notes
+
+
 @pytest.mark.parametrize(
     ("seed", "finding"),
     [

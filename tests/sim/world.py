@@ -343,6 +343,23 @@ class Hold:
     rank: int
 
 
+class HostDisk:
+    """What a host keeps across its agent's restart: the store host's last round
+    (``agentd.rendezvous.host_memory``)."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        return self.doc
+
+    def save(self, doc: dict[str, Any]) -> None:
+        self.doc = dict(doc)
+
+    def clear(self) -> None:
+        self.doc = None
+
+
 class SimAgent:
     """One agent with its guardian and its worker."""
 
@@ -371,8 +388,9 @@ class SimAgent:
         self.rounds_at: dict[int, float] = {}
         """When its workers of each round started."""
         settings = RendezvousSettings(world.schedule.min_nodes, world.schedule.max_nodes)
+        disk = world.disks.setdefault(self.host, HostDisk())
         with mock.patch("os.urandom", world.rng.randbytes):
-            self.handler = DynamicRendezvous(RUN_ID, self._open, settings)
+            self.handler = DynamicRendezvous(RUN_ID, self._open, settings, keeper=disk)
         self.handler.node_id = f"node{index}"
         self.heartbeat_key = RunKeys(RUN_ID).heartbeat(self.handler.node_id)
         self.handler.on_lease(self._on_lease)
@@ -559,6 +577,7 @@ class World:
         self.schedule = schedule
         self.rng = random.Random(schedule.seed ^ 0x5EED)
         self.host = StoreHost(loop)
+        self.disks: dict[int, HostDisk] = {}
         self.network = failover.Network(self) if schedule.failover else None
         self.agents: list[SimAgent] = []
         self.requests = 0

@@ -1,0 +1,199 @@
+"""S1 across the store host's own restart: the last round its agent saw, kept on disk.
+
+The embedded store lives in the agent that hosts it. When that agent is killed and comes
+back at the endpoint (systemd's ``Restart=``, a container restarted in its pod), its store
+is empty and the new agent knows nothing, while the others' workers may still run on
+leases the old store granted. A new node arriving in those moments sealed a round there
+at once beside them (seed 162 of ``bench/simulate.py --failover --kinds ...,restart``:
+rank 0 started a second time 33 ms after the restart).
+
+So the hosting agent keeps its last sealed round (:class:`~agentd.rendezvous.accounting.
+Carried`) in a small record, rewritten with each lease renewal, with the time until which
+a lease its store granted may still run, its guardian's kill and the fence included. An
+agent that starts as the store's host and finds that record live (this boot, before that
+time) carries the round as one it was not a member of: its first request finds the new
+store behind, writes the fence there (``ctl/forgotten``), and the first round sealed
+there waits until the round's members are back or gone, or the fence has ended
+(:mod:`agentd.rendezvous.forgotten`). A run closed for good, or a host that saw every
+other agent leave, deletes the record: no lease of its store is left to fence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentd.rendezvous.accounting import FENCE, Carried
+from agentd.rendezvous.forgotten import GUARDIAN_SLACK
+from agentd.store.contact import CUT_OFF
+
+if TYPE_CHECKING:
+    from agentd.rendezvous.rounds import Rounds
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "store_round_{port}.json"
+
+
+class RoundKeeper(Protocol):
+    """Where a record outlives the agent: a file (:class:`FileKeeper`), or the
+    simulation's host."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, doc: dict[str, Any]) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+class HostMemory:
+    """The store host's record of run ``run_id``'s last round (see the module's
+    docstring); ``interval``: the heartbeat interval."""
+
+    def __init__(self, keeper: RoundKeeper, run_id: str, interval: float) -> None:
+        self._keeper = keeper
+        self._run_id = run_id
+        self._interval = interval
+        self._rounds: Rounds | None = None
+        self._restored: Carried | None = None
+
+    def restore(self, rounds: Rounds, now: float) -> Carried | None:
+        """Carry the round a live record names into ``rounds`` (our first request then
+        fences it in the new store), and keep ``rounds``' rounds from now on."""
+        self._rounds = rounds
+        doc = self._keeper.load()
+        kept = _decode(doc) if doc is not None else None
+        if kept is None or kept[1] <= now:
+            if doc is not None:
+                self._keeper.clear()
+            return None
+        carried, until = kept
+        rounds.carried = self._restored = carried
+        rounds.floor = max(rounds.floor, carried.generation + 1)
+        log.info(
+            "Rendezvous %s: this host served the store until it restarted; round %d (%d "
+            "node(s)) may still run workers on its leases for %.1fs: the first round here "
+            "waits until they are back or gone",
+            self._run_id,
+            carried.generation,
+            carried.size,
+            until - now,
+        )
+        return carried
+
+    def renewed(self, deadline: float | None) -> None:
+        """Our lease runs to ``deadline`` (monotonic): no lease our store granted outlives
+        it by more than one heartbeat interval."""
+        rounds = self._rounds
+        carried = rounds.carried if rounds is not None else None
+        if deadline is None or carried is None or carried is self._restored:
+            return  # the restored round's leases end as its record said, not later
+        until = deadline + self._interval + GUARDIAN_SLACK + FENCE + CUT_OFF
+        doc = {
+            "generation": carried.generation,
+            "size": carried.size,
+            "instance": carried.instance,
+            "until": until,
+        }
+        self._keeper.save(doc)
+
+    def forget(self) -> None:
+        """No lease of our store is left to fence: the run closed, or everyone left."""
+        if self._rounds is not None:
+            self._rounds = None
+            self._keeper.clear()
+
+
+def _decode(doc: dict[str, Any]) -> tuple[Carried, float] | None:
+    try:
+        instance = doc.get("instance")
+        carried = Carried(
+            int(doc["generation"]),
+            int(doc["size"]),
+            False,  # our old self's workers count gone through its guardian, never back
+            instance if isinstance(instance, str) else None,
+        )
+        return carried, float(doc["until"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def boot_id() -> str:
+    """This boot's id: a monotonic time is only comparable within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fp:
+            return fp.read().strip()
+    except OSError:
+        return ""
+
+
+class FileKeeper:
+    """The record in one JSON file, for this boot only, written whole or not at all. A
+    file that cannot be written is said once and the record is not kept."""
+
+    def __init__(self, path: Path, private: Path | None = None) -> None:
+        self.path = path
+        self._private = private
+        """A shared folder's own folder of ours: written only if it is ours alone."""
+        self._boot = boot_id()
+        self._failed = False
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("boot") != self._boot:
+            return None
+        return doc
+
+    def save(self, doc: dict[str, Any]) -> None:
+        if self._failed:
+            return
+        temporary = self.path.with_suffix(".tmp")
+        try:
+            if self._private is not None:
+                self._private.mkdir(mode=0o700, exist_ok=True)
+                _check_ours(self._private)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            temporary.write_text(json.dumps({**doc, "boot": self._boot}))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            self._failed = True
+            log.warning(
+                "Rendezvous: cannot keep the store's last round in %s (%s): a restart of "
+                "this host at once is not fenced",
+                self.path,
+                exc.strerror or exc,
+            )
+
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+
+
+def _check_ours(folder: Path) -> None:
+    """Raise unless ``folder`` is a real folder that only this user may write to (one in
+    a shared temporary directory could be anyone's)."""
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(errno.EPERM, "not a folder of this user's alone", str(folder))
+
+
+def file_keeper(log_dir: str | None, run_id: str, port: int) -> FileKeeper:
+    """Where the host of the store on ``port`` keeps run ``run_id``'s last round: in the
+    run's folder under ``log_dir`` (a volume can outlive a container), else in a folder
+    of this user's in the temporary directory."""
+    from agentd.support.tempdirs import temp_root
+
+    name = FILE_NAME.format(port=port)
+    if log_dir:
+        return FileKeeper(Path(log_dir) / run_id / name)
+    private = Path(temp_root()) / f"agentd-{os.getuid()}"
+    return FileKeeper(private / run_id / name, private)
