@@ -385,7 +385,10 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             memory = self._memory = HostMemory(
                 self._keeper, self._run_id, settings.keep_alive_interval
             )
-            memory.restore(self._rounds, asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            await memory.restore(
+                self._rounds, opened.store, self._keys, settings.heartbeat_ttl, now
+            )
             membership.on_lease(memory.renewed)
 
     def _raise_if_failed(self, closed: bytes) -> None:

@@ -29,12 +29,15 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentd.rendezvous import forgotten
 from agentd.rendezvous.accounting import FENCE, Carried
 from agentd.rendezvous.forgotten import GUARDIAN_SLACK
 from agentd.store.contact import CUT_OFF
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.rounds import Rounds
+    from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +64,13 @@ class HostMemory:
         self._run_id = run_id
         self._interval = interval
         self._rounds: Rounds | None = None
-        self._restored: Carried | None = None
 
-    def restore(self, rounds: Rounds, now: float) -> Carried | None:
-        """Carry the round a live record names into ``rounds`` (our first request then
-        fences it in the new store), and keep ``rounds``' rounds from now on."""
+    async def restore(
+        self, rounds: Rounds, store: Store, keys: RunKeys, ttl: float, now: float
+    ) -> Carried | None:
+        """Fence, in the new ``store`` we serve, the round a live record names, and keep
+        ``rounds``' rounds from now on. The round is not carried into ``rounds``: counted
+        against in another store (the job's, once ours steps down), it would be stale."""
         self._rounds = rounds
         doc = self._keeper.load()
         kept = _decode(doc) if doc is not None else None
@@ -74,7 +79,7 @@ class HostMemory:
                 self._keeper.clear()
             return None
         carried, until = kept
-        rounds.carried = self._restored = carried
+        await forgotten.remember(store, keys, carried, ttl)
         rounds.floor = max(rounds.floor, carried.generation + 1)
         log.info(
             "Rendezvous %s: this host served the store until it restarted; round %d (%d "
@@ -92,8 +97,8 @@ class HostMemory:
         it by more than one heartbeat interval."""
         rounds = self._rounds
         carried = rounds.carried if rounds is not None else None
-        if deadline is None or carried is None or carried is self._restored:
-            return  # the restored round's leases end as its record said, not later
+        if deadline is None or carried is None:
+            return
         until = deadline + self._interval + GUARDIAN_SLACK + FENCE + CUT_OFF
         doc = {
             "generation": carried.generation,

@@ -9,9 +9,19 @@ import os
 from types import SimpleNamespace
 
 from agentd.rendezvous.accounting import Carried
+from agentd.rendezvous.forgotten import Forgotten
 from agentd.rendezvous.host_memory import FileKeeper, HostMemory, file_keeper
+from agentd.rendezvous.keys import RunKeys
+from agentd.store.memory import MemoryStore
 
 INTERVAL = 0.5
+TTL = 2.0
+KEYS = RunKeys("job")
+
+
+async def restore(memory: HostMemory, rounds: SimpleNamespace, now: float) -> Carried | None:
+    """Start as the store's host: ``memory`` restores into a new, empty store."""
+    return await memory.restore(rounds, MemoryStore(), KEYS, TTL, now)  # type: ignore[arg-type]
 
 
 def fresh_rounds() -> SimpleNamespace:
@@ -19,55 +29,59 @@ def fresh_rounds() -> SimpleNamespace:
     return SimpleNamespace(carried=None, floor=0)
 
 
-def test_a_restarted_host_carries_the_round_its_record_names(tmp_path):
+async def test_a_restarted_host_fences_the_round_its_record_names(tmp_path):
     keeper = FileKeeper(tmp_path / "run" / "store_round_29500.json")
     before = HostMemory(keeper, "job", INTERVAL)
     served = SimpleNamespace(carried=Carried(4, 3, True, "inst-a"), floor=5)
-    before.restore(served, now=100.0)  # its own start found no record
+    assert await restore(before, served, now=100.0) is None  # its own start found none
     before.renewed(110.0)  # a lease renewed to t=110
 
-    after = fresh_rounds()
-    carried = HostMemory(FileKeeper(keeper.path), "job", INTERVAL).restore(after, now=112.0)
+    after, store = fresh_rounds(), MemoryStore()
+    memory = HostMemory(FileKeeper(keeper.path), "job", INTERVAL)
+    carried = await memory.restore(after, store, KEYS, TTL, 112.0)  # type: ignore[arg-type]
 
     # never as a member: the old agent's workers count gone through its guardian
     assert carried == Carried(4, 3, False, "inst-a")
-    assert after.carried == carried and after.floor == 5  # its first request fences it
+    # the fence, as the first member to reach a store that forgot the run writes it; the
+    # round is not carried (in the job's store, once ours steps down, it would be stale)
+    assert Forgotten.decode(await store.get(KEYS.forgotten) or b"") == Forgotten(4, 3, "inst-a")
+    assert after.carried is None and after.floor == 5
     doc = json.loads(keeper.path.read_text())
     # a lease the old store granted ends by one interval after ours; then the guardian's
     # kill, the fence and a cut-off store's renewals (forgotten.lifetime's terms)
     assert doc["until"] == 110.0 + INTERVAL + 0.5 + 1.0 + 3.0
 
 
-def test_a_record_past_its_leases_or_of_another_boot_is_not_carried(tmp_path):
+async def test_a_record_past_its_leases_or_of_another_boot_is_not_fenced(tmp_path):
     path = tmp_path / "store_round_1.json"
     memory = HostMemory(FileKeeper(path), "job", INTERVAL)
-    memory.restore(SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
+    await restore(memory, SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
     memory.renewed(10.0)
     until = json.loads(path.read_text())["until"]
 
     late = fresh_rounds()
-    assert HostMemory(FileKeeper(path), "job", INTERVAL).restore(late, now=until + 0.1) is None
-    assert late.carried is None and late.floor == 0
+    assert await restore(HostMemory(FileKeeper(path), "job", INTERVAL), late, until + 0.1) is None
+    assert late.floor == 0
     assert not path.exists()  # stale: removed
 
     memory.renewed(10.0)
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "boot": "another-boot"}))  # monotonic times restart
-    assert HostMemory(FileKeeper(path), "job", INTERVAL).restore(fresh_rounds(), now=11.0) is None
+    other_boot = HostMemory(FileKeeper(path), "job", INTERVAL)
+    assert await restore(other_boot, fresh_rounds(), now=11.0) is None
 
 
-def test_the_restored_round_is_not_kept_alive_by_the_new_agents_leases(tmp_path):
+async def test_the_new_agent_keeps_its_own_rounds_and_forgets_them_at_the_end(tmp_path):
     path = tmp_path / "store_round_1.json"
     first = HostMemory(FileKeeper(path), "job", INTERVAL)
-    first.restore(SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
+    await restore(first, SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
     first.renewed(10.0)
-    until = json.loads(path.read_text())["until"]
 
     rounds = fresh_rounds()
     second = HostMemory(FileKeeper(path), "job", INTERVAL)
-    second.restore(rounds, now=11.0)
-    second.renewed(30.0)  # the new agent's lease: the old round's leases end as they did
-    assert json.loads(path.read_text())["until"] == until
+    assert await restore(second, rounds, now=11.0) is not None
+    second.renewed(30.0)  # no round seen yet: the old record stands as it was
+    assert json.loads(path.read_text())["generation"] == 2
     rounds.carried = Carried(3, 2, True)  # a round sealed in the new store is kept
     second.renewed(30.0)
     assert json.loads(path.read_text())["generation"] == 3
