@@ -91,12 +91,15 @@ def lifetime(ttl: float) -> float:
     return ttl + GUARDIAN_SLACK + FENCE + CUT_OFF
 
 
-async def remember(store: Store, keys: RunKeys, carried: Carried, ttl: float) -> None:
+async def remember(
+    store: Store, keys: RunKeys, carried: Carried, ttl: float, lives: float | None = None
+) -> None:
     """Tell a store that forgot the run about ``carried``'s round (its members may still
     run workers on the old lease), unless it already holds a later one; then mark the
     round ``fenced`` (no TTL), so a fence that ended is told from one never set. The mark
     is set only where the fence is, in one step: a failover between the two (seed 47215
-    of ``--failover``) would have left the mark alone in the next store."""
+    of ``--failover``) would have left the mark alone in the next store. The fence lives
+    :func:`lifetime` of the heartbeat TTL ``ttl``, or ``lives`` seconds where given."""
     mine = Forgotten(carried.generation, carried.size, carried.instance)
     held = await store.get(keys.forgotten)
     while True:
@@ -104,7 +107,7 @@ async def remember(store: Store, keys: RunKeys, carried: Carried, ttl: float) ->
         if known is not None and known.generation >= mine.generation:
             break
         placed, held = await store.compare_set(
-            keys.forgotten, held, mine.encode(), ttl=lifetime(ttl)
+            keys.forgotten, held, mine.encode(), ttl=lifetime(ttl) if lives is None else lives
         )
         if placed:
             break

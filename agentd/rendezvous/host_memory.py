@@ -11,11 +11,16 @@ So the hosting agent keeps its last sealed round (:class:`~agentd.rendezvous.acc
 Carried`) in a small record, rewritten with each lease renewal, with the time until which
 a lease its store granted may still run, its guardian's kill and the fence included. An
 agent that starts as the store's host and finds that record live (this boot, before that
-time) carries the round as one it was not a member of: its first request finds the new
-store behind, writes the fence there (``ctl/forgotten``), and the first round sealed
-there waits until the round's members are back or gone, or the fence has ended
-(:mod:`agentd.rendezvous.forgotten`). A run closed for good, or a host that saw every
-other agent leave, deletes the record: no lease of its store is left to fence.
+time) writes the round's fence in its new store (``ctl/forgotten``) and moves the
+generation past it, as the first member to reach a store that forgot the run does: the
+first round sealed there waits until the round's members are back or gone, or the fence
+has ended (:mod:`agentd.rendezvous.forgotten`). A record whose leases have ended still
+holds that first round for :data:`TOLD_WITHIN`: the job may live on at a candidate that
+tells this one its term within that time, and a round sealed here first would run beside
+it (seeds 12697 and 14746: the host back 28 s and 27 s after its kill).
+
+A run closed for good, or a host that saw every other agent leave, deletes the record: no
+lease of its store is left to fence, and no job lives on elsewhere.
 """
 
 from __future__ import annotations
@@ -42,11 +47,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FILE_NAME = "store_round_{port}.json"
+TOLD_WITHIN = 3.0
+"""How long a restarted host whose record's leases have ended fences its first round: a
+candidate serving the job elsewhere tells an unheard one its term every 2 s
+(``agentd.store.candidacy.LOOK_EVERY``), and the answer comes well within a second."""
 
 
 class RoundKeeper(Protocol):
     """Where a record outlives the agent: a file (:class:`FileKeeper`), or the
-    simulation's host."""
+    simulation's host. ``boot``: what a record's ``boot`` must be for its monotonic times
+    to be this machine's."""
+
+    boot: str
 
     def load(self) -> dict[str, Any] | None: ...
 
@@ -68,28 +80,34 @@ class HostMemory:
     async def restore(
         self, rounds: Rounds, store: Store, keys: RunKeys, ttl: float, now: float
     ) -> Carried | None:
-        """Fence, in the new ``store`` we serve, the round a live record names, and keep
+        """Fence, in the new ``store`` we serve, the round our record names, and keep
         ``rounds``' rounds from now on. The round is not carried into ``rounds``: counted
         against in another store (the job's, once ours steps down), it would be stale."""
         self._rounds = rounds
         doc = self._keeper.load()
         kept = _decode(doc) if doc is not None else None
-        if kept is None or kept[1] <= now:
+        if doc is None or kept is None:
             if doc is not None:
                 self._keeper.clear()
             return None
         carried, until = kept
-        await forgotten.remember(store, keys, carried, ttl)
+        leased = doc.get("boot") == self._keeper.boot and until > now
+        lives = forgotten.lifetime(ttl) if leased else TOLD_WITHIN
+        await forgotten.remember(store, keys, carried, ttl, lives)
         rounds.floor = max(rounds.floor, carried.generation + 1)
-        log.info(
-            "Rendezvous %s: this host served the store until it restarted; round %d (%d "
-            "node(s)) may still run workers on its leases for %.1fs: the first round here "
-            "waits until they are back or gone",
-            self._run_id,
-            carried.generation,
-            carried.size,
-            until - now,
-        )
+        if leased:
+            said = (
+                "Rendezvous %s: this host served the store until it restarted; round %d (%d "
+                "node(s)) may still run workers on its leases: the first round here waits "
+                "until they are back or gone, %.1fs at most"
+            )
+        else:
+            said = (
+                "Rendezvous %s: this host served the store of round %d (%d node(s)) before "
+                "it restarted; the first round here waits %.1fs for a candidate that serves "
+                "that job elsewhere to tell it"
+            )
+        log.info(said, self._run_id, carried.generation, carried.size, lives)
         return carried
 
     def renewed(self, deadline: float | None) -> None:
@@ -105,6 +123,7 @@ class HostMemory:
             "size": carried.size,
             "instance": carried.instance,
             "until": until,
+            "boot": self._keeper.boot,
         }
         self._keeper.save(doc)
 
@@ -139,14 +158,14 @@ def boot_id() -> str:
 
 
 class FileKeeper:
-    """The record in one JSON file, for this boot only, written whole or not at all. A
-    file that cannot be written is said once and the record is not kept."""
+    """The record in one JSON file, written whole or not at all. A file that cannot be
+    written is said once and the record is not kept."""
 
     def __init__(self, path: Path, private: Path | None = None) -> None:
         self.path = path
         self._private = private
         """A shared folder's own folder of ours: written only if it is ours alone."""
-        self._boot = boot_id()
+        self.boot = boot_id()
         self._failed = False
 
     def load(self) -> dict[str, Any] | None:
@@ -154,9 +173,7 @@ class FileKeeper:
             doc = json.loads(self.path.read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(doc, dict) or doc.get("boot") != self._boot:
-            return None
-        return doc
+        return doc if isinstance(doc, dict) else None
 
     def save(self, doc: dict[str, Any]) -> None:
         if self._failed:
@@ -167,7 +184,7 @@ class FileKeeper:
                 self._private.mkdir(mode=0o700, exist_ok=True)
                 _check_ours(self._private)
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            temporary.write_text(json.dumps({**doc, "boot": self._boot}))
+            temporary.write_text(json.dumps(doc))
             os.replace(temporary, self.path)
         except OSError as exc:
             self._failed = True

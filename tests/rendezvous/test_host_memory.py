@@ -9,9 +9,10 @@ import os
 from types import SimpleNamespace
 
 from agentd.rendezvous.accounting import Carried
-from agentd.rendezvous.forgotten import Forgotten
-from agentd.rendezvous.host_memory import FileKeeper, HostMemory, file_keeper
+from agentd.rendezvous.forgotten import Forgotten, lifetime
+from agentd.rendezvous.host_memory import TOLD_WITHIN, FileKeeper, HostMemory, file_keeper
 from agentd.rendezvous.keys import RunKeys
+from agentd.store.candidacy import LOOK_EVERY
 from agentd.store.memory import MemoryStore
 
 INTERVAL = 0.5
@@ -22,6 +23,16 @@ KEYS = RunKeys("job")
 async def restore(memory: HostMemory, rounds: SimpleNamespace, now: float) -> Carried | None:
     """Start as the store's host: ``memory`` restores into a new, empty store."""
     return await memory.restore(rounds, MemoryStore(), KEYS, TTL, now)  # type: ignore[arg-type]
+
+
+class Clock:
+    """A store's clock that the test moves (no stall: the store counts every second)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def store(self) -> MemoryStore:
+        return MemoryStore(clock=lambda: self.now, stall_guard=False)
 
 
 def fresh_rounds() -> SimpleNamespace:
@@ -36,7 +47,8 @@ async def test_a_restarted_host_fences_the_round_its_record_names(tmp_path):
     assert await restore(before, served, now=100.0) is None  # its own start found none
     before.renewed(110.0)  # a lease renewed to t=110
 
-    after, store = fresh_rounds(), MemoryStore()
+    clock = Clock()
+    after, store = fresh_rounds(), clock.store()
     memory = HostMemory(FileKeeper(keeper.path), "job", INTERVAL)
     carried = await memory.restore(after, store, KEYS, TTL, 112.0)  # type: ignore[arg-type]
 
@@ -46,29 +58,43 @@ async def test_a_restarted_host_fences_the_round_its_record_names(tmp_path):
     # round is not carried (in the job's store, once ours steps down, it would be stale)
     assert Forgotten.decode(await store.get(KEYS.forgotten) or b"") == Forgotten(4, 3, "inst-a")
     assert after.carried is None and after.floor == 5
+    clock.now = lifetime(TTL) - 0.01  # the fence outlives every lease the old store granted
+    assert await store.get(KEYS.forgotten) is not None
     doc = json.loads(keeper.path.read_text())
     # a lease the old store granted ends by one interval after ours; then the guardian's
     # kill, the fence and a cut-off store's renewals (forgotten.lifetime's terms)
     assert doc["until"] == 110.0 + INTERVAL + 0.5 + 1.0 + 3.0
 
 
-async def test_a_record_past_its_leases_or_of_another_boot_is_not_fenced(tmp_path):
+async def test_a_record_past_its_leases_or_of_another_boot_holds_the_first_round_briefly(
+    tmp_path,
+):
+    """The job may live on elsewhere, whose serving candidate tells this host its term
+    within :data:`TOLD_WITHIN`: a round sealed here first would run beside it."""
     path = tmp_path / "store_round_1.json"
     memory = HostMemory(FileKeeper(path), "job", INTERVAL)
     await restore(memory, SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
     memory.renewed(10.0)
     until = json.loads(path.read_text())["until"]
 
-    late = fresh_rounds()
-    assert await restore(HostMemory(FileKeeper(path), "job", INTERVAL), late, until + 0.1) is None
-    assert late.floor == 0
-    assert not path.exists()  # stale: removed
+    for now, boot in ((until + 100.0, None), (11.0, "another-boot")):
+        if boot is not None:  # monotonic times restart with the machine
+            path.write_text(json.dumps({**json.loads(path.read_text()), "boot": boot}))
+        clock = Clock()
+        store, late = clock.store(), fresh_rounds()
+        restarted = HostMemory(FileKeeper(path), "job", INTERVAL)
+        held = await restarted.restore(late, store, KEYS, TTL, now)  # type: ignore[arg-type]
+        assert held == Carried(2, 2, False) and late.floor == 3
+        assert await store.get(KEYS.forgotten) is not None
+        clock.now = TOLD_WITHIN + 0.01  # not lifetime(TTL), 6.5 s: no lease is left
+        assert await store.get(KEYS.forgotten) is None
+    assert TOLD_WITHIN > LOOK_EVERY  # one telling interval, and its answer
 
-    memory.renewed(10.0)
-    doc = json.loads(path.read_text())
-    path.write_text(json.dumps({**doc, "boot": "another-boot"}))  # monotonic times restart
-    other_boot = HostMemory(FileKeeper(path), "job", INTERVAL)
-    assert await restore(other_boot, fresh_rounds(), now=11.0) is None
+    path.write_text("{not json")  # a torn or foreign file: dropped, nothing fenced
+    store = MemoryStore()
+    broken = HostMemory(FileKeeper(path), "job", INTERVAL)
+    assert await broken.restore(fresh_rounds(), store, KEYS, TTL, 0.0) is None  # type: ignore[arg-type]
+    assert await store.get(KEYS.forgotten) is None
 
 
 async def test_the_new_agent_keeps_its_own_rounds_and_forgets_them_at_the_end(tmp_path):

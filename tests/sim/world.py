@@ -347,6 +347,8 @@ class HostDisk:
     """What a host keeps across its agent's restart: the store host's last round
     (``agentd.rendezvous.host_memory``)."""
 
+    boot = "sim"
+
     def __init__(self) -> None:
         self.doc: dict[str, Any] | None = None
 
