@@ -122,8 +122,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "log_dir",
         v.optional_text,
         "",
-        "Directory for worker logs, error files and result.json "
-        "(default: a new temporary directory).",
+        "Directory for worker logs, error files and result.json, and the store host's "
+        "last round, kept across its restart (default: a new temporary directory; the "
+        "last round then in $TMPDIR/agentd-<uid>).",
         metavar="DIR",
     ),
     _o(

@@ -208,12 +208,15 @@ def _check_ours(folder: Path) -> None:
         raise PermissionError(errno.EPERM, "not a folder of this user's alone", str(folder))
 
 
-def file_keeper(log_dir: str | None, run_id: str, port: int) -> FileKeeper:
+def file_keeper(log_dir: str | None, run_id: str, port: int) -> FileKeeper | None:
     """Where the host of the store on ``port`` keeps run ``run_id``'s last round: in the
     run's folder under ``log_dir`` (a volume can outlive a container), else in a folder
-    of this user's in the temporary directory."""
+    of this user's in the temporary directory. None: ``run_id`` is no folder's name (the
+    agent refuses such an id; torch's API passes its own through)."""
     from agentd.support.tempdirs import temp_root
 
+    if not run_id or run_id.startswith(".") or os.sep in run_id or "\0" in run_id:
+        return None
     name = FILE_NAME.format(port=port)
     if log_dir:
         return FileKeeper(Path(log_dir) / run_id / name)

@@ -121,6 +121,7 @@ def test_without_a_log_dir_the_record_is_kept_only_in_a_folder_of_ours(
 ):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     keeper = file_keeper(None, "job", 29500)
+    assert keeper is not None
     assert keeper.path == tmp_path / f"agentd-{os.getuid()}" / "job" / "store_round_29500.json"
     keeper.save({"generation": 1})
     assert keeper.load() is not None
@@ -133,6 +134,7 @@ def test_without_a_log_dir_the_record_is_kept_only_in_a_folder_of_ours(
     planted.mkdir(mode=0o777)
     planted.chmod(0o777)  # anyone could have made it, and may write in it
     other = file_keeper(None, "job", 29500)
+    assert other is not None
     with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.host_memory"):
         other.save({"generation": 1})
         other.save({"generation": 2})
@@ -141,4 +143,7 @@ def test_without_a_log_dir_the_record_is_kept_only_in_a_folder_of_ours(
     assert str(other.path) in said and "not fenced" in said
 
     with_logs = file_keeper(str(tmp_path / "logs"), "job", 29500)
+    assert with_logs is not None
     assert with_logs.path == tmp_path / "logs" / "job" / "store_round_29500.json"
+    for unsafe in ("../elsewhere", "a/b", "..", ""):  # torch's API passes any run id
+        assert file_keeper(str(tmp_path / "logs"), unsafe, 29500) is None
