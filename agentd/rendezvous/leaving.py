@@ -203,6 +203,7 @@ class Leaving:
                 self._no_lease_left()
         except StoreLeft as exc:
             log.info("Rendezvous %s: the others have left too (%s)", self._run_id, exc)
+            self._no_lease_left()
         except (StoreError, TimeoutError) as exc:
             log.warning(
                 "Rendezvous %s: could not leave cleanly: %s",

@@ -13,7 +13,15 @@ import signal
 import time
 
 from tests.conftest import free_port, pid_alive, wait_until
-from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
+from tests.helpers.jobs import (
+    FAST,
+    TOKEN,
+    agent_args,
+    latest_attempt,
+    member_job,
+    members,
+    one_round,
+)
 
 # a lease of 4 s: the frozen member's worker lives ~4.5 s after its last heartbeat, long
 # after a restarted host and a new node have met in the empty store
@@ -58,3 +66,29 @@ def test_a_restarted_store_host_seals_no_round_beside_the_old_rounds_workers(run
     assert [a.wait(30) for a in (back, new)] == [0, 0], [a.stderr()[-2000:] for a in (back, new)]
     # a job closed for good leaves no record to fence a later run with
     assert list(host_logs.glob("*/store_round_*.json")) == []
+
+
+def test_a_job_stopped_whole_leaves_no_record_to_hold_its_next_start(run_agentd, tmp_path):
+    """SIGTERM to every agent at once (Ctrl-C in the terminal that started them): no lease
+    of the host's store is left, so a start of the job again must not wait for one.
+    Before, the host's record stayed, and a job started within a lease waited the whole
+    fence at its first round."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    stop = tmp_path / "stop"
+    host_logs = tmp_path / "host_logs"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    host = run_agentd(
+        *agent_args(endpoint, "2:2", "--log-dir", str(host_logs), conf=FAST),
+        *member_job(stop),
+        env=env,
+        log_dir=False,
+    )
+    wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the host")
+    member = run_agentd(*agent_args(endpoint, "2:2"), *member_job(stop), env=env)
+    wait_until(lambda: one_round([host, member], 2), what="a job of two")
+    assert list(host_logs.glob("*/store_round_*.json")), "the host keeps no record"
+    for agent in (host, member):
+        agent.proc.send_signal(signal.SIGTERM)
+    for agent in (host, member):
+        agent.wait(30)
+    assert list(host_logs.glob("*/store_round_*.json")) == [], host.stderr()[-2000:]
