@@ -113,11 +113,22 @@ class HostMemory:
     def renewed(self, deadline: float | None) -> None:
         """Our lease runs to ``deadline`` (monotonic): no lease our store granted outlives
         it by more than one heartbeat interval."""
-        rounds = self._rounds
-        carried = rounds.carried if rounds is not None else None
-        if deadline is None or carried is None:
+        if deadline is not None:
+            self._save(deadline + self._interval + GUARDIAN_SLACK + FENCE + CUT_OFF)
+
+    def handed_over(self, now: float) -> None:
+        """Our store was handed over as we leave (the job goes on at the next candidate):
+        the leases it granted are renewed there, and that candidate tells this endpoint
+        its term every 2 s, so a restart here holds its first round only
+        :data:`TOLD_WITHIN`. The others leaving too at that moment (a job stopped whole:
+        their leave may race ours) then cost a start of the job again that much at most."""
+        self._save(now)
+        self._rounds = None  # kept as it is now
+
+    def _save(self, until: float) -> None:
+        carried = self._rounds.carried if self._rounds is not None else None
+        if carried is None:
             return
-        until = deadline + self._interval + GUARDIAN_SLACK + FENCE + CUT_OFF
         doc = {
             "generation": carried.generation,
             "size": carried.size,
@@ -129,9 +140,8 @@ class HostMemory:
 
     def forget(self) -> None:
         """No lease of our store is left to fence: the run closed, or everyone left."""
-        if self._rounds is not None:
-            self._rounds = None
-            self._keeper.clear()
+        self._rounds = None
+        self._keeper.clear()
 
 
 def _decode(doc: dict[str, Any]) -> tuple[Carried, float] | None:

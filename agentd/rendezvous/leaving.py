@@ -192,6 +192,8 @@ class Leaving:
                     if self._opened.serves and self._rounds is not None:
                         marked = await self._gone_marks()  # the others who left
                     handed = await self._opened.hand_over(current.size)  # to its next server
+                    if handed and self._memory is not None:
+                        self._memory.handed_over(asyncio.get_running_loop().time())
                 async with asyncio.timeout(self.settings.close_timeout):
                     if self._round is not None and self._rounds is not None:
                         await self._rounds.settle(self.node_id, marked if handed else None)

@@ -97,7 +97,7 @@ async def test_a_record_past_its_leases_or_of_another_boot_holds_the_first_round
     assert await store.get(KEYS.forgotten) is None
 
 
-async def test_the_new_agent_keeps_its_own_rounds_and_forgets_them_at_the_end(tmp_path):
+async def test_the_new_agent_keeps_its_own_rounds_until_it_hands_over_or_the_end(tmp_path):
     path = tmp_path / "store_round_1.json"
     first = HostMemory(FileKeeper(path), "job", INTERVAL)
     await restore(first, SimpleNamespace(carried=Carried(2, 2, True), floor=3), now=0.0)
@@ -112,7 +112,19 @@ async def test_the_new_agent_keeps_its_own_rounds_and_forgets_them_at_the_end(tm
     second.renewed(30.0)
     assert json.loads(path.read_text())["generation"] == 3
 
-    second.forget()  # the run closed, or everyone left
+    # leaving, it hands the store over: the job's leases are renewed at the next
+    # candidate, which tells this endpoint its term; a restart holds only TOLD_WITHIN
+    second.handed_over(40.0)
+    second.renewed(45.0)  # its last heartbeats change nothing now
+    assert json.loads(path.read_text())["until"] == 40.0
+    clock = Clock()
+    store = clock.store()
+    third = HostMemory(FileKeeper(path), "job", INTERVAL)
+    assert await third.restore(fresh_rounds(), store, KEYS, TTL, 41.0) is not None  # type: ignore[arg-type]
+    clock.now = TOLD_WITHIN + 0.01
+    assert await store.get(KEYS.forgotten) is None
+
+    third.forget()  # the run closed, or everyone left
     assert not path.exists()
 
 
