@@ -37,6 +37,7 @@ from typing import Any
 
 from agentd.inprocess import cuda_ipc
 from agentd.support import tempdirs
+from agentd.support.boot import boot_id
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
@@ -88,13 +89,12 @@ class Written:
 def this_place() -> str | None:
     """The host and the ``/dev/shm`` this process sees (ranks in containers of one host
     may see different ones, and CUDA IPC needs one), or None where there is none."""
+    boot = boot_id()
     try:
-        with open("/proc/sys/kernel/random/boot_id") as fp:
-            boot = fp.read().strip()
         shm = os.stat(SHM_DIR)
     except OSError:
         return None
-    return f"{boot}:{shm.st_dev}:{shm.st_ino}"
+    return None if boot is None else f"{boot}:{shm.st_dev}:{shm.st_ino}"
 
 
 def me(digest: float, tensors: list[Any]) -> Peer:

@@ -38,6 +38,7 @@ from agentd.rendezvous import forgotten
 from agentd.rendezvous.accounting import FENCE, Carried
 from agentd.rendezvous.forgotten import GUARDIAN_SLACK
 from agentd.store.contact import CUT_OFF
+from agentd.support.boot import boot_id
 
 if TYPE_CHECKING:
     from agentd.rendezvous.keys import RunKeys
@@ -158,15 +159,6 @@ def _decode(doc: dict[str, Any]) -> tuple[Carried, float] | None:
         return None
 
 
-def boot_id() -> str:
-    """This boot's id: a monotonic time is only comparable within one boot."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fp:
-            return fp.read().strip()
-    except OSError:
-        return ""
-
-
 class FileKeeper:
     """The record in one JSON file, written whole or not at all. A file that cannot be
     written is said once and the record is not kept."""
@@ -175,7 +167,7 @@ class FileKeeper:
         self.path = path
         self._private = private
         """A shared folder's own folder of ours: written only if it is ours alone."""
-        self.boot = boot_id()
+        self.boot = boot_id() or ""
         self._failed = False
 
     def load(self) -> dict[str, Any] | None:
