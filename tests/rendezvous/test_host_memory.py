@@ -138,6 +138,8 @@ def test_without_a_log_dir_the_record_is_kept_only_in_a_folder_of_ours(
     keeper.save({"generation": 1})
     assert keeper.load() is not None
     assert (tmp_path / f"agentd-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+    keeper.clear()  # nothing of the run is left in the shared temporary directory
+    assert list((tmp_path / f"agentd-{os.getuid()}").iterdir()) == []
 
     shared = tmp_path / "shared"
     monkeypatch.setenv("TMPDIR", str(shared))
