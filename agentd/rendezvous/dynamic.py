@@ -383,7 +383,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         )
         if opened.hosted and self._keeper is not None:  # a restart here forgets the run
             memory = self._memory = HostMemory(
-                self._keeper, self._run_id, settings.keep_alive_interval
+                self._keeper, self._run_id, settings.keep_alive_interval, opened.hosting
             )
             now = asyncio.get_running_loop().time()
             await memory.restore(

@@ -19,6 +19,13 @@ holds that first round for :data:`TOLD_WITHIN`: the job may live on at a candida
 tells this one its term within that time, and a round sealed here first would run beside
 it (seeds 12697 and 14746: the host back 28 s and 27 s after its kill).
 
+The record keeps the candidate list the store served too. The restarted host asks it at
+once (:meth:`~agentd.store.candidacy.Candidacy.recall`): a candidate serving the job under a
+newer term makes its fresh store stand by, and its agent follows the list to the job,
+without waiting to be told (seed 14063: the job's candidate told the restarted host
+nothing in the 0.2 s it was back, and a new node that reached it then learned its fresh
+list alone).
+
 A run closed for good, or a host that saw every other agent leave, deletes the record: no
 lease of its store is left to fence, and no job lives on elsewhere.
 """
@@ -31,6 +38,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,22 +76,36 @@ class RoundKeeper(Protocol):
     def clear(self) -> None: ...
 
 
+class Seed(Protocol):
+    """The candidacy of the store this agent serves at the endpoint."""
+
+    @property
+    def endpoints(self) -> tuple[str, ...]: ...
+
+    async def recall(self, endpoints: Sequence[str]) -> bool: ...
+
+
 class HostMemory:
     """The store host's record of run ``run_id``'s last round (see the module's
-    docstring); ``interval``: the heartbeat interval."""
+    docstring); ``interval``: the heartbeat interval; ``seed``: the candidacy of the store
+    we serve (None: a store of one place, with no list to keep)."""
 
-    def __init__(self, keeper: RoundKeeper, run_id: str, interval: float) -> None:
+    def __init__(
+        self, keeper: RoundKeeper, run_id: str, interval: float, seed: Seed | None = None
+    ) -> None:
         self._keeper = keeper
         self._run_id = run_id
         self._interval = interval
+        self._seed = seed
         self._rounds: Rounds | None = None
 
     async def restore(
         self, rounds: Rounds, store: Store, keys: RunKeys, ttl: float, now: float
     ) -> Carried | None:
-        """Fence, in the new ``store`` we serve, the round our record names, and keep
-        ``rounds``' rounds from now on. The round is not carried into ``rounds``: counted
-        against in another store (the job's, once ours steps down), it would be stale."""
+        """Fence, in the new ``store`` we serve, the round our record names, ask the list
+        it names for the job, and keep ``rounds``' rounds from now on. The round is not
+        carried into ``rounds``: counted against in another store (the job's, once ours
+        steps down), it would be stale."""
         self._rounds = rounds
         doc = self._keeper.load()
         kept = _decode(doc) if doc is not None else None
@@ -109,6 +131,9 @@ class HostMemory:
                 "that job elsewhere to tell it"
             )
         log.info(said, self._run_id, carried.generation, carried.size, lives)
+        candidates = _endpoints(doc.get("candidates"))
+        if self._seed is not None and len(candidates) > 1:
+            await self._seed.recall(candidates)
         return carried
 
     def renewed(self, deadline: float | None) -> None:
@@ -136,6 +161,7 @@ class HostMemory:
             "instance": carried.instance,
             "until": until,
             "boot": self._keeper.boot,
+            "candidates": list(self._seed.endpoints) if self._seed is not None else [],
         }
         self._keeper.save(doc)
 
@@ -157,6 +183,13 @@ def _decode(doc: dict[str, Any]) -> tuple[Carried, float] | None:
         return carried, float(doc["until"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _endpoints(value: Any) -> list[str]:
+    """A record's candidate list: endpoints, or none where it is not a list of them."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return []
+    return value
 
 
 class FileKeeper:

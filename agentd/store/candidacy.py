@@ -5,24 +5,15 @@ it finds no candidate serving (see :mod:`agentd.store.candidates`). It serves un
 steps down, which it does on evidence of a successor:
 
 * a request carrying a higher term than its own (a client that moved on), or
-* a candidate found serving under a higher term, or the same term at a lower index. It
-  looks for one only after a sign that it may have been cut off or frozen: a heartbeat
-  key expired in its store (its clients went quiet), or its loop stood still. It then asks
-  the other candidates every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR` seconds.
+* a candidate found serving under a higher term, or the same term at a lower index, which
+  it looks for (every :data:`LOOK_EVERY` seconds for :data:`LOOK_FOR`) after a sign that
+  it was cut off or frozen: a heartbeat key expired in its store, or its loop stood still.
 * **cut off**: in a growing list of three or more, a serving candidate that no other
-  candidate answered (nor refused) for ``CUT_OFF`` seconds, where two or more had
-  answered within ``PRESENT`` (both in :mod:`agentd.store.contact`), steps down, and
-  takes no promotion until one answers again: on the far side of a partition, two
-  candidates that reach each other promote one of theirs, and it would go on serving its
-  own agent over loopback beside them (S1, ``bench/simulate.py --failover`` seed 882). It
-  asks them every :data:`CONTACT_EVERY` seconds; a request that finds the last answer
-  older than ``CUT_OFF`` waits for the next round, so no lease is renewed longer after
-  the others' last sign (the fence of :func:`agentd.rendezvous.forgotten.lifetime` adds
-  that much). A list of two never applies it (the other alone never promotes itself),
-  nor a given list (its candidates may be stores apart from the agents: one cut off from
-  them may still serve its clients). A serving candidate of any list of three or more
-  asks the others all the same: its answers tell the clients which are silent
-  (:meth:`Candidacy.absent`), and an answer may show a successor. See docs/protocol.md.
+  candidate answered for ``CUT_OFF`` seconds, where two or more had answered lately,
+  steps down and takes no promotion until one answers again (the rule, and why, in
+  :mod:`agentd.store.contact`). A serving candidate of any list of three or more asks the
+  others every :data:`CONTACT_EVERY` seconds: its answers tell the clients which are
+  silent (:meth:`Candidacy.absent`), and an answer may show a successor.
 
 Stepping down drops the state (a later promotion starts empty) and answers the long
 polls waiting on it at once, so their clients move to the successor without delay.
@@ -30,7 +21,8 @@ polls waiting on it at once, so their clients move to the successor without dela
 In a growing list (see :mod:`agentd.store.standby`), the serving candidate admits members
 that stand by, and one promoted after a failover tells every other candidate its term and
 the list until each has heard it: the old host, restarted as a lone seed serving an empty
-store, steps down and its agent follows the list to the job.
+store, steps down and its agent follows the list to the job. A seed whose host kept the
+list it served asks it at once (:meth:`Candidacy.recall`).
 """
 
 from __future__ import annotations
@@ -369,6 +361,16 @@ class Candidacy:
                 heard[report.endpoint] = now + (TELL_AGAIN if told else 0.0)
             await asyncio.sleep(LOOK_EVERY)
 
+    async def recall(self, endpoints: Sequence[str]) -> bool:
+        """A restarted seed, ask ``endpoints`` (the list we served before) for one serving
+        the job under a newer term: stand by for it and take its list (True)."""
+        reports = await self._prober.peers([e for e in endpoints if e != self.own], self.term)
+        for report in sorted(reports, key=lambda r: (r.term, r.list_term), reverse=True):
+            if report.term > self.term and self._outranked(report):
+                self.extend(report.endpoints, report.list_term)
+                return True
+        return False
+
     def _outranked(self, report: RoleReport) -> bool:
         """``report`` shows a candidate serving ahead of us (a newer term, or ours at a
         lower index): we step down, and take its term."""
@@ -390,9 +392,8 @@ class Candidacy:
             task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        await cancel_and_wait(self._looking)
-        await cancel_and_wait(self._telling)
-        await cancel_and_wait(self._touching)
+        for asking in (self._looking, self._telling, self._touching):
+            await cancel_and_wait(asking)
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await task

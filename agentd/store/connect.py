@@ -16,6 +16,7 @@ from agentd.store.memory import MemoryStore
 from agentd.support.net import is_local_address, is_loopback
 
 if TYPE_CHECKING:
+    from agentd.store.candidacy import Candidacy
     from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
     from agentd.store.tls import StoreTls
@@ -61,6 +62,10 @@ class OpenedStore(NamedTuple):
     stop_standing_by: Callable[[], Awaitable[None]] | None = None
     """Stop this agent's candidate server unless it serves (an agent told to stop, before
     its workers are: see :meth:`Standby.leave`)."""
+    hosting: Candidacy | None = None
+    """The candidacy of the seed this agent serves (a growing list's host): its list, kept
+    across a restart of this agent, and asked by the restarted one (see
+    :mod:`agentd.rendezvous.host_memory`)."""
     leaving: Callable[[], Awaitable[None]] | None = None
     """Called as this agent leaves: a search for the server that finds no candidate
     answering then gives up at once (see :meth:`FailoverStore.leave`), and this agent's
@@ -201,6 +206,7 @@ def http_store_opener(
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
             stop_standing_by=standby.leave if standby else None,
+            hosting=hosting,
             leaving=lambda: leave(client, standby.leave if standby else None),
         )
 

@@ -3,7 +3,18 @@
 each last answered. From that, whether it is still in touch (:meth:`ContactLog.stale`),
 whether the cut-off rule applies (:meth:`ContactLog.exposed`), and which candidates are
 silent, so a client's search need not wait out their probe timeout
-(:meth:`ContactLog.absent`; see :mod:`agentd.store.failover`)."""
+(:meth:`ContactLog.absent`; see :mod:`agentd.store.failover`).
+
+The cut-off rule: a serving candidate that no other candidate answered (nor refused) for
+:data:`CUT_OFF` seconds, where two or more had answered within :data:`PRESENT`, steps
+down, and takes no promotion until one answers again. On the far side of a partition, two
+candidates that reach each other promote one of theirs, and it would go on serving its own
+agent over loopback beside them (S1, ``bench/simulate.py --failover`` seed 882). A request
+that finds the last answer older than ``CUT_OFF`` waits for the next round of asks, so no
+lease is renewed longer after the others' last sign (the fence of
+:func:`agentd.rendezvous.forgotten.lifetime` adds that much). A list of two never applies
+it (the other alone never promotes itself), nor a given list (its candidates may be stores
+apart from the agents: one cut off from them may still serve its clients)."""
 
 from __future__ import annotations
 

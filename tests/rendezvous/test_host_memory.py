@@ -12,8 +12,10 @@ from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.forgotten import Forgotten, lifetime
 from agentd.rendezvous.host_memory import TOLD_WITHIN, FileKeeper, HostMemory, file_keeper
 from agentd.rendezvous.keys import RunKeys
+from agentd.store import candidacy as candidacy_module
 from agentd.store.candidacy import LOOK_EVERY
 from agentd.store.memory import MemoryStore
+from tests.store.test_standby import Job
 
 INTERVAL = 0.5
 TTL = 2.0
@@ -126,6 +128,39 @@ async def test_the_new_agent_keeps_its_own_rounds_until_it_hands_over_or_the_end
 
     third.forget()  # the run closed, or everyone left
     assert not path.exists()
+
+
+async def test_the_record_keeps_the_list_and_the_restarted_host_asks_it_for_the_job(
+    tmp_path, monkeypatch
+):
+    """Real candidate servers on loopback: the job fails over to a member as the host is
+    lost, and the host restarts. Its record names the list, so it asks it at once and
+    stands by, and a new node's client goes to the job, without the 2 s telling."""
+    monkeypatch.setattr(candidacy_module, "LOOK_EVERY", 60.0)  # no telling: the ask alone
+    job = Job()
+    seed = await job.start_seed()
+    try:
+        member, _ = await job.member(2)
+        path = tmp_path / "store_round_1.json"
+        served = SimpleNamespace(carried=Carried(2, 2, True), floor=3)
+        memory = HostMemory(FileKeeper(path), "job", INTERVAL, seed.candidacy)
+        await restore(memory, served, now=0.0)
+        memory.renewed(10.0)
+        assert json.loads(path.read_text())["candidates"] == list(member.endpoints)
+        await seed.stop()
+        job.server = None
+        await member.set("moved", b"1")  # the job fails over to the member's candidate
+
+        restarted = await job.start_seed()  # an empty store, under term 1
+        again = HostMemory(FileKeeper(path), "job", INTERVAL, restarted.candidacy)
+        await restore(again, fresh_rounds(), now=11.0)
+        assert restarted.candidacy.role == "standby" and restarted.candidacy.term == 2
+        assert restarted.candidacy.endpoints == member.endpoints
+        newcomer = job.client()
+        assert await newcomer.get("moved") == b"1"
+        assert newcomer.endpoints == member.endpoints and newcomer.term == 2
+    finally:
+        await job.close()
 
 
 def test_without_a_log_dir_the_record_is_kept_only_in_a_folder_of_ours(

@@ -339,6 +339,7 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
             server or (standby and standby.server), client, members
         ),
         stop_standing_by=standby.leave if standby else None,
+        hosting=hosting,
         leaving=lambda: leave(client, standby.leave if standby else None),
     )
 

@@ -132,6 +132,16 @@ async def test_a_restarted_seed_is_told_it_was_replaced_and_its_client_follows(j
     assert lone.endpoints == first.endpoints and lone.term == 2
 
 
+async def test_a_seed_that_asks_a_list_where_none_serves_a_newer_term_serves_on(job):
+    """What a restarted store host does with the list its record kept (see
+    rendezvous/host_memory.py), where the job lives nowhere else: a member standing by,
+    one gone."""
+    await job.member(2)
+    gone = f"127.0.0.9:{free_port()}"
+    assert not await job.server.candidacy.recall((*job.server.candidacy.endpoints, gone))
+    assert job.server.candidacy.serving and job.server.candidacy.term == 1
+
+
 async def test_a_restarted_seeds_fork_gives_way_to_the_list_served_under_a_newer_term(job):
     """The store's host restarted at the endpoint after a failover admits a new member
     to a fresh list, served under term 1, before the job's server tells it the term. Told,
