@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import contextvars
 import gc
+import inspect
 import selectors
 import warnings
 from collections.abc import Callable, Coroutine
@@ -170,6 +171,7 @@ def _gate(
         if loop.ending:
             return callback(*args)
         if owner.dead:
+            _close_unstarted(callback)
             return None
         if owner.paused:
             owner.held.append((callback, args, context, gated.handle))  # type: ignore[attr-defined]
@@ -178,6 +180,15 @@ def _gate(
         return callback(*args)
 
     return gated
+
+
+def _close_unstarted(callback: Callable[..., object]) -> None:
+    """A dead owner's task that never took its first step (spawned as its process died)
+    never will: close its coroutine, which Python would otherwise call never awaited."""
+    task = getattr(callback, "__self__", None)
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+        coro.close()
 
 
 def run(main: Callable[[VirtualLoop], Coroutine[Any, Any, Any]]) -> Any:

@@ -10,6 +10,7 @@ prints its schedule, the events and the fewest faults that still break it).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -62,6 +63,23 @@ def test_the_virtual_loop_jumps_to_timers_holds_a_paused_owner_and_drops_a_dead_
     assert run(main) == 109.7
     assert ticks == [1.0, 2.0, 3.0, 8.5, 9.5]
     assert time.perf_counter() - began < 5  # no real sleeping (a generous bound)
+
+
+def test_a_task_spawned_as_its_owner_dies_is_closed_not_left_never_awaited():
+    """A guardian's fence spawned in the instant its process was killed: its coroutine
+    never starts, and a collection during the run warned of it (``never awaited``)."""
+
+    async def fence() -> None:
+        raise AssertionError("a dead process runs nothing")
+
+    async def main(loop):
+        guardian = Owner("g")
+        task = spawn(guardian, fence(), "fence")
+        guardian.dead = True
+        await asyncio.sleep(1.0)
+        return inspect.getcoroutinestate(task.get_coro())
+
+    assert run(main) == inspect.CORO_CLOSED
 
 
 def test_a_schedule_gives_the_same_outcome_every_time():
