@@ -1,7 +1,7 @@
 """A node started at the endpoint after the store's host was lost: does it find the job?
 
     python bench/bench_seed_back.py [--runs 3] [--after 0,3]
-        [--launchers agentd,agentd-given,torchrun] [--record]
+        [--launchers agentd,agentd-given,torchrun] [--new-host] [--record]
     python bench/bench_seed_back.py --both-lost [--local-addrs] [--runs 3] [--after 0,3]
         [--launchers agentd,agentd-given] [--record]
 
@@ -10,7 +10,11 @@ defaults (one worker each, ``member_worker.py``); the node serving the store is 
 and ``--after`` seconds later a fourth node starts with the same command line (a restarted
 pod or unit of the lost host, or a node added). The figure is the time from the fourth
 node's start to its worker in a world of 3, beside the two survivors; none within
-:data:`WITHIN` counts as never. The launchers:
+:data:`WITHIN` counts as never. The fourth node shares the lost host's temporary
+directory, where that host kept its store's last round and candidate list
+(agentd/rendezvous/host_memory.py): the host restarted. With ``--new-host`` it has one of
+its own: a node added on another machine, or the pod replaced without its volume. The
+launchers:
 
 * ``agentd``: no token given: on loopback the seed makes one and publishes it for this
   user (agentd/store/token_file.py), and the members standing by keep a copy for a store
@@ -27,7 +31,8 @@ its own loopback address (as hosts of their own: a member stands by on the seed'
 there, so a restarted node stands by where it stood before).
 
 Each run gets a private ``XDG_RUNTIME_DIR``, so no token of another run is found. With
-BENCH_SEED_BACK_KEEP=1 set, each run's folder (the nodes' logs, `node<N>.err`) is kept.
+BENCH_SEED_BACK_KEEP=1 set, each run's folder (the nodes' logs, `node<N>.err`) is kept;
+a run slower than 5 s keeps a copy of it all the same.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -53,6 +59,10 @@ MARK_ENV = "BENCH_SEED_BACK_RUN"
 WITHIN = 30.0
 """Seconds the fourth node is given to work in a world of 3."""
 COMMAND = ".venv/bin/python bench/bench_seed_back.py --runs 3 --record"
+NEW_HOST_COMMAND = (
+    ".venv/bin/python bench/bench_seed_back.py --new-host --launchers agentd,agentd-given "
+    "--runs 3 --record"
+)
 BOTH_LOST_COMMAND = ".venv/bin/python bench/bench_seed_back.py --both-lost --runs 3 --record"
 
 
@@ -69,6 +79,7 @@ class Job:
         self.stop = folder / "stop"
         self.marker = os.urandom(6).hex()
         self.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONWARNINGS": "ignore"}
+        self.env["TMPDIR"] = str(self.disk("tmp"))  # the hosts' disk: records of this run
         self.env[MARK_ENV] = self.marker
         if launcher == "agentd-given":
             self.env["AGENTD_STORE_TOKEN"] = TOKEN
@@ -81,17 +92,25 @@ class Job:
         self.flags += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, host: int) -> Path:
-        """Start a node on host ``host`` (its address with ``addrs``): where it reports."""
+    def disk(self, name: str) -> Path:
+        """A temporary directory of the run's, for the nodes that share it."""
+        folder = self.folder / name
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder
+
+    def start(self, host: int, tmpdir: Path | None = None) -> Path:
+        """Start a node on host ``host`` (its address with ``addrs``), with a temporary
+        directory of its own if ``tmpdir`` is given: where it reports."""
         index = len(self.procs)
         out = self.folder / f"node{index}"
         out.mkdir()
         own = ["--local-addr", f"127.0.0.{host + 1}"] if self.addrs else []
         argv = [*self.base, *self.flags, *own, WORKER, str(out), str(self.stop)]
         log = self.folder / f"node{index}.err"
+        env = self.env if tmpdir is None else {**self.env, "TMPDIR": str(tmpdir)}
         with open(log, "wb") as err:
             self.procs.append(
-                subprocess.Popen(argv, env=self.env, stdout=err, stderr=err, cwd=self.folder)
+                subprocess.Popen(argv, env=env, stdout=err, stderr=err, cwd=self.folder)
             )
         return out
 
@@ -119,9 +138,10 @@ class Job:
         end_run(self.procs, MARK_ENV, self.marker)
 
 
-def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
+def run_once(launcher: str, after: float, new_host: bool) -> tuple[float, list[int | None]]:
     """Seconds from the fourth node's start to its worker in a world of 3 (inf: never),
-    and the exit statuses of the survivors and the fourth once stopped."""
+    and the exit statuses of the survivors and the fourth once stopped. ``new_host``:
+    the fourth has a temporary directory of its own."""
     with run_folder() as tmp:
         job = Job(Path(tmp), launcher)
         try:
@@ -129,10 +149,11 @@ def run_once(launcher: str, after: float) -> tuple[float, list[int | None]]:
             killed = job.kill(0)
             time.sleep(after)
             began = time.time()
-            fourth = job.start(0)
+            fourth = job.start(0, job.disk("new-host") if new_host else None)
             if not wait_for(lambda: at_world(fourth, 3, killed), WITHIN):
-                return float("inf"), []
+                return keep_if_slow(tmp, float("inf")), []
             took = max(r["started"] for r in reports(fourth) if r["world"] == 3) - began
+            keep_if_slow(tmp, took)
             job.stop.touch()
             return took, [proc.wait(60) for proc in job.procs[1:]]
         finally:
@@ -158,8 +179,9 @@ def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int
             began = time.time()
             outs = [left, job.start(0), job.start(serving)]
             if not wait_for(lambda: all(at_world(out, 3, second) for out in outs), WITHIN):
-                return float("inf"), []
+                return keep_if_slow(tmp, float("inf")), []
             took = max(r["started"] for o in outs for r in reports(o) if r["world"] == 3) - began
+            keep_if_slow(tmp, took)
             job.stop.touch()
             return took, [proc.wait(60) for proc in job.procs if proc.returncode is None]
         finally:
@@ -168,6 +190,19 @@ def both_lost(launcher: str, after: float, addrs: bool) -> tuple[float, list[int
 
 KEEP_ENV = "BENCH_SEED_BACK_KEEP"
 """Set (to anything): each run's folder, the nodes' logs in it, is kept and named."""
+SLOW = 5.0
+"""A run slower than this keeps a copy of its folder all the same: its logs say why."""
+
+
+def keep_if_slow(folder: str, took: float) -> float:
+    """Copy the run's ``folder`` aside (and name it) if it took over :data:`SLOW`
+    seconds and is not kept anyway; ``took``, returned."""
+    if took > SLOW and not os.environ.get(KEEP_ENV):
+        copy = shutil.copytree(
+            folder, tempfile.mkdtemp(prefix="bench-seed-back-slow-"), dirs_exist_ok=True
+        )
+        print(f"  (a run took {shown(took).strip()}: its folder, copied: {copy})", flush=True)
+    return took
 
 
 @contextlib.contextmanager
@@ -195,6 +230,11 @@ def main() -> int:
     parser.add_argument("--launchers", default="agentd,agentd-given,torchrun")
     parser.add_argument("--record", action="store_true", help="write docs/figures.json")
     parser.add_argument(
+        "--new-host",
+        action="store_true",
+        help="the fourth node has a temporary directory of its own (no record of the store)",
+    )
+    parser.add_argument(
         "--both-lost",
         action="store_true",
         help="agentd alone: the host, then the node serving after it, killed; both restarted",
@@ -212,15 +252,16 @@ def main() -> int:
         print("torch is not installed: torchrun is left out")
         launchers.remove("torchrun")
     delays = [float(d) for d in args.after.split(",")]
+    disk = "a temporary directory of its own" if args.new_host else "the lost host's disk"
     print(
         "store host SIGKILLed in a 3-node --nnodes 2:4 job on 127.0.0.1, a fourth node "
-        f"started S s later: its start -> its worker in a world of 3 ({args.runs} runs, "
-        f"{os.cpu_count()} CPUs; none within {WITHIN:g} s: never)"
+        f"({disk}) started S s later: its start -> its worker in a world of 3 ({args.runs} "
+        f"runs, {os.cpu_count()} CPUs; none within {WITHIN:g} s: never)"
     )
     slowest: dict[str, float] = {}
     for launcher in launchers:
         for delay in delays:
-            results = [run_once(launcher, delay) for _ in range(args.runs)]
+            results = [run_once(launcher, delay, args.new_host) for _ in range(args.runs)]
             slowest[launcher] = max(slowest.get(launcher, 0.0), row(launcher, delay, results))
     if args.record:
         record(args, slowest, delays)
@@ -264,13 +305,25 @@ def shown(seconds: float) -> str:
 
 
 def record(args: argparse.Namespace, slowest: dict[str, float], delays: list[float]) -> None:
-    if set(slowest) != {"agentd", "agentd-given", "torchrun"}:
-        raise SystemExit("--record: needs all three launchers (the figures are compared)")
+    """The default: the fourth node on the lost host's disk, each launcher (torchrun keeps
+    nothing there). ``--new-host``: the two agentd launchers."""
+    needed = {"agentd", "agentd-given"} | (set() if args.new_host else {"torchrun"})
+    if set(slowest) != needed:
+        raise SystemExit(f"--record: needs the launchers {','.join(sorted(needed))}")
     after = ", ".join(f"{d:g}" for d in delays)
+    disk = "a temporary directory of its own" if args.new_host else "the lost host's disk"
     what = (
         f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
-        "SIGKILLed, a fourth node started then: its start -> its worker in a world of 3"
+        f"SIGKILLed, a fourth node ({disk}) started then: its start -> its worker in a "
+        "world of 3"
     )
+    if args.new_host:
+        names = {
+            "agentd": "seed_back_new_host_published_token",
+            "agentd-given": "seed_back_new_host_given_token",
+        }
+        write_figures(names, slowest, NEW_HOST_COMMAND, what)
+        return
     names = {"agentd": "seed_back_published_token", "agentd-given": "seed_back_given_token"}
     write_figures({**names, "torchrun": "seed_back_torchrun"}, slowest, COMMAND, what)
 
