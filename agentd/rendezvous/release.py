@@ -17,6 +17,13 @@ another candidate stands by to serve it (the will names every candidate: renewed
 moment the store it serves admits one, and with each heartbeat): its release then reaches
 the candidate that took the store over, and marks it gone in the new store. A lost host,
 whose guardian went with it, still waits for its lease.
+
+The will names the server instance that held the round. A release that reaches another
+(the store restarted or failed over since) asks every candidate for one serving under a
+newer term than the one it reached, and releases there too: a new node started at once
+at a killed host's endpoint serves a fresh store under term 1, which took the mark and
+dropped it on stepping down to the job's candidate, whose round then waited for the
+forgotten round's fence (20 s, ``bench/bench_seed_back.py --new-host``, 2 runs of 57).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.round import RoundSettings
 from agentd.rendezvous.rounds import Rounds
+from agentd.rendezvous.seal_wait import instance_of
 
 if TYPE_CHECKING:
     from agentd.rendezvous.round import Round
@@ -61,6 +69,7 @@ def will(
         "round": [current.generation, current.size],
         "limits": list(rounds.settings),
         "store": store,
+        "instance": instance_of(opened.store),
         "path": [entry for entry in sys.path if entry],
     }
 
@@ -69,23 +78,53 @@ async def release(doc: dict[str, Any], store: Store | None = None) -> str:
     """Carry out the will ``doc``; what was done, in one line. It reaches the store its
     ``store`` spec names, or ``store`` where given (the protocol simulation's)."""
     run_id, node = str(doc["run_id"]), str(doc["node"])
-    generation, size = (int(n) for n in doc["round"])
-    keys = RunKeys(run_id)
+    generation = int(doc["round"][0])
     own = store is None
     if store is None:
         from agentd.store.connect import client_from_spec
 
         store = client_from_spec(doc["store"], TIMEOUT)
     try:
-        rounds = Rounds(run_id, store, keys, RoundSettings(*doc["limits"]), None, {"node": node})
-        rounds.carried = Carried(generation, size, member=True)
         async with asyncio.timeout(TIMEOUT):
-            await rounds.settle(node)
-            await store.delete(keys.heartbeat(node))
+            await _release_in(store, doc)
+            held = doc.get("instance")
+            if own and isinstance(held, str) and instance_of(store) not in (None, held):
+                await _release_at_newer(doc, getattr(store, "term", 0))
     finally:
         if own:
             await store.close()
     return f"released node {node}'s membership of round {generation} of run {run_id!r}"
+
+
+async def _release_in(store: Store, doc: dict[str, Any]) -> None:
+    """Mark the will's node gone in ``store``, and delete its heartbeat there."""
+    run_id, node = str(doc["run_id"]), str(doc["node"])
+    generation, size = (int(n) for n in doc["round"])
+    keys = RunKeys(run_id)
+    rounds = Rounds(run_id, store, keys, RoundSettings(*doc["limits"]), None, {"node": node})
+    rounds.carried = Carried(generation, size, member=True)
+    await rounds.settle(node)
+    await store.delete(keys.heartbeat(node))
+
+
+async def _release_at_newer(doc: dict[str, Any], term: int) -> None:
+    """The store reached forgot the round: release in a candidate serving under a term
+    newer than ``term`` too, if one does."""
+    from agentd.store.connect import client_from_spec, prober_from_spec
+
+    prober = prober_from_spec(doc["store"])
+    try:
+        reports = await prober.roles(term)
+    finally:
+        await prober.close()
+    newer = [r for r in reports if r.serving and r.term > term]
+    for report in sorted(newer, key=lambda r: r.term, reverse=True)[:1]:
+        spec = {**doc["store"], "serving": report.index, "term": report.term}
+        store = client_from_spec(spec, TIMEOUT)
+        try:
+            await _release_in(store, doc)
+        finally:
+            await store.close()
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ from agentd.support.net import is_local_address, is_loopback
 
 if TYPE_CHECKING:
     from agentd.store.candidacy import Candidacy
+    from agentd.store.candidates import Prober
     from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
     from agentd.store.tls import StoreTls
@@ -350,14 +351,29 @@ def client_spec(client: FailoverStore) -> dict[str, Any]:
     }
 
 
+def _tls_from_spec(spec: dict[str, Any]) -> StoreTls | None:
+    from agentd.store.tls import StoreTls
+
+    files = spec.get("tls")
+    return StoreTls(files[0], files[1], files[2], serve=False) if files else None
+
+
+def prober_from_spec(spec: dict[str, Any]) -> Prober:
+    """A prober of the candidates of the store :func:`client_spec` describes."""
+    from agentd.store.candidates import Prober
+
+    growing = bool(spec.get("growing"))
+    return Prober(
+        spec["endpoints"], spec.get("token") or "", growing=growing, tls=_tls_from_spec(spec)
+    )
+
+
 def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
     """A client of the store :func:`client_spec` describes, giving up after ``timeout``."""
     from agentd.store.candidates import list_term
     from agentd.store.failover import FailoverStore
-    from agentd.store.tls import StoreTls
 
-    files = spec.get("tls")
-    tls = StoreTls(files[0], files[1], files[2], serve=False) if files else None
+    tls = _tls_from_spec(spec)
     serving = spec.get("serving")
     start = serving if isinstance(serving, int) and 0 <= serving < len(spec["endpoints"]) else None
     term = spec.get("term")

@@ -4,10 +4,14 @@ host, over real HTTP on loopback addresses (127.0.0.2 and up bind like hosts).""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
 
+from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.release import release
+from agentd.rendezvous.round import RoundSettings
 from agentd.store import candidacy as candidacy_module
 from agentd.store.api import StoreNotServing, StoreUnavailable
 from agentd.store.candidacy import Candidacy
@@ -140,6 +144,36 @@ async def test_a_seed_that_asks_a_list_where_none_serves_a_newer_term_serves_on(
     gone = f"127.0.0.9:{free_port()}"
     assert not await job.server.candidacy.recall((*job.server.candidacy.endpoints, gone))
     assert job.server.candidacy.serving and job.server.candidacy.term == 1
+
+
+async def test_a_killed_hosts_release_reaching_a_fresh_seed_reaches_the_job_too(job, monkeypatch):
+    """A killed store host's guardian releases its membership through its will, whose
+    client starts at the endpoint. A new node serving a fresh store there under term 1
+    took the mark, and dropped it on stepping down to the job's candidate, whose round
+    waited for the forgotten round's fence (``bench/bench_seed_back.py --new-host``:
+    20 s). The release that reaches a store of another instance than its round's asks
+    the list for a newer term, and releases there too."""
+    monkeypatch.setattr(candidacy_module, "LOOK_EVERY", 60.0)  # nobody tells the new seed
+    member, standby = await job.member(2)
+    await member.get("hello/2")  # its client knows the list, and the seed's instance
+    doc = {
+        "run_id": "job",
+        "node": "host",
+        "round": [0, 2],
+        "limits": list(RoundSettings(2, 3, 30.0, 600.0, 15.0)),
+        "store": client_spec(member),  # the host's own client knew as much
+        "instance": member.instance,
+    }
+    await job.server.stop()
+    await member.set("moved", b"1")  # the job fails over to the member's candidate
+    assert standby.serving and member.term == 2
+    fresh = await job.start_seed()  # a new node at the endpoint, serving under term 1
+
+    said = await release(json.loads(json.dumps(doc)))
+    assert said == "released node host's membership of round 0 of run 'job'"
+    gone = RunKeys("job").round(0, "gone")
+    assert fresh.candidacy.serving and await fresh.store.get(gone) == b"1"  # reached first
+    assert await member.get(gone) == b"1"  # and the job's store, where the round waits
 
 
 async def test_a_restarted_seeds_fork_gives_way_to_the_list_served_under_a_newer_term(job):
