@@ -118,13 +118,16 @@ async def _release_at_newer(doc: dict[str, Any], term: int) -> None:
     finally:
         await prober.close()
     newer = [r for r in reports if r.serving and r.term > term]
-    for report in sorted(newer, key=lambda r: r.term, reverse=True)[:1]:
-        spec = {**doc["store"], "serving": report.index, "term": report.term}
-        store = client_from_spec(spec, TIMEOUT)
-        try:
-            await _release_in(store, doc)
-        finally:
-            await store.close()
+    if not newer:
+        return
+    newest = max(newer, key=lambda r: r.term)
+    store = client_from_spec(
+        {**doc["store"], "serving": newest.index, "term": newest.term}, TIMEOUT
+    )
+    try:
+        await _release_in(store, doc)
+    finally:
+        await store.close()
 
 
 def main() -> int:
