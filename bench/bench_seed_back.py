@@ -252,7 +252,7 @@ def main() -> int:
         print("torch is not installed: torchrun is left out")
         launchers.remove("torchrun")
     delays = [float(d) for d in args.after.split(",")]
-    disk = "a temporary directory of its own" if args.new_host else "the lost host's disk"
+    disk = fourth_disk(args)
     print(
         "store host SIGKILLed in a 3-node --nnodes 2:4 job on 127.0.0.1, a fourth node "
         f"({disk}) started S s later: its start -> its worker in a world of 3 ({args.runs} "
@@ -266,6 +266,11 @@ def main() -> int:
     if args.record:
         record(args, slowest, delays)
     return 0
+
+
+def fourth_disk(args: argparse.Namespace) -> str:
+    """Where the fourth node's temporary directory is, in words."""
+    return "a temporary directory of its own" if args.new_host else "the lost host's disk"
 
 
 def report_both_lost(args: argparse.Namespace) -> int:
@@ -311,7 +316,7 @@ def record(args: argparse.Namespace, slowest: dict[str, float], delays: list[flo
     if set(slowest) != needed:
         raise SystemExit(f"--record: needs the launchers {','.join(sorted(needed))}")
     after = ", ".join(f"{d:g}" for d in delays)
-    disk = "a temporary directory of its own" if args.new_host else "the lost host's disk"
+    disk = fourth_disk(args)
     what = (
         f"the slowest of {args.runs} runs at each delay ({after} s): the store's host "
         f"SIGKILLed, a fourth node ({disk}) started then: its start -> its worker in a "
