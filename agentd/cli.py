@@ -32,6 +32,7 @@ from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import WorkerState
 from agentd.spec import WorkerSpec
+from agentd.support.agent_url import add_endpoint_arguments, given_url, named_endpoint
 from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
@@ -93,12 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a running agent's status (its --health-port endpoint)",
         description="Ask a running agent for its status; exit 0 ok, 1 unhealthy, 3 unreachable.",
     )
-    status.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
-    status.add_argument(
-        "--url",
-        help="the agent's health endpoint "
-        "(default: AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT "
-        "or :29401)",
+    add_endpoint_arguments(
+        status,
+        "the agent's health endpoint: a URL, host:port or a local port (default: "
+        "AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT or :29401)",
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
@@ -131,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "at the same step, then the job goes on without this node. Exit 0 draining, 1 "
         "refused, 3 unreachable.",
     )
-    drain.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
-    drain.add_argument("--url", help="the agent's health endpoint (as for agentd status)")
+    add_endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)")
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
     drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     drain.add_argument("--cacert", help=CACERT_HELP)
@@ -143,9 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "each line prefixed host:rank and the attempt. Exit 0, 1 an agent refused, 3 "
         "unreachable.",
     )
-    logs.add_argument(
-        "url", nargs="?", metavar="URL", help="any agent's health endpoint (as for agentd status)"
-    )
+    add_endpoint_arguments(logs, "any agent's health endpoint (as for agentd status)")
     logs.add_argument("-f", "--follow", action="store_true", help="go on printing new lines")
     logs.add_argument("--rank", type=int, help="only this global rank's lines")
     logs.add_argument("--node", help="only this node's (its group rank, host or node id)")
@@ -337,10 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        if args.command in ("status", "drain") and args.url_arg is not None:
-            if args.url is not None and args.url != args.url_arg:
-                parser.error(f"URL: {args.url_arg!r} and --url {args.url!r} name two agents")
-            args.url = args.url_arg
+        if args.command in ("status", "drain", "logs"):
+            args.url = named_endpoint(args)
+        if args.command == "status" and args.job:
+            args.job = given_url(args.job)
         if args.command == "status":
             from agentd.health import status_cli
 

@@ -64,11 +64,6 @@ def option(
     )
 
 
-_FLAGS: set[str] = set()
-"""Every ``--flag`` of agentd's parsers (argparse reports a command's unknown flags at the
-top parser, which does not know them)."""
-
-
 class Formatter(argparse.HelpFormatter):
     """argparse's help layout, sized without importing shutil.
 
@@ -103,30 +98,46 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so every error is one line and exit 2."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: set[str] = set()
+        """This parser's own ``--flag`` spellings."""
+        self._commands: dict[str, Parser] = {}
+        self._argv: list[str] = []
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags.update(flag for flag in action.option_strings if flag.startswith("--"))
+        return action
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        commands = super().add_subparsers(**kwargs)
+        self._commands = commands.choices
+        return commands
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(message + self._suggestion(message))
 
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action = super().add_argument(*args, **kwargs)
-        _FLAGS.update(flag for flag in action.option_strings if flag.startswith("--"))
-        return action
-
-    @staticmethod
-    def _suggestion(message: str) -> str:
-        """For an unknown ``--flag``: the flag meant, when one is close (a typo)."""
+    def _suggestion(self, message: str) -> str:
+        """For an unknown ``--flag``: the flag meant, when one of the command's own flags
+        is close (a typo). argparse reports a command's unknown flags here, at the top
+        parser, so the command is found in the arguments."""
         import difflib
 
         prefix = "unrecognized arguments: "
         if not message.startswith(prefix):
             return ""
+        command = next((word for word in self._argv if not word.startswith("-")), "")
+        flags = sorted(self._commands[command].flags if command in self._commands else self.flags)
         hints = []
         for word in message[len(prefix) :].split():
             flag = word.split("=", 1)[0]
-            close = difflib.get_close_matches(flag, sorted(_FLAGS), n=1, cutoff=0.8)
-            if flag.startswith("--") and close:
+            close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.8)
+            if flag.startswith("--") and close and close[0] != flag:
                 hints.append((flag, close[0]))
         if len(hints) == 1:
             return f" (did you mean {hints[0][1]}?)"

@@ -1,11 +1,14 @@
 """Where a command line reaches the local agent's HTTP endpoint (``agentd status``,
-``agentd drain``), and whether a URL given for it can be one."""
+``agentd drain``, ``agentd logs``), and whether a URL given for it can be one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agentd.exceptions import ConfigError
+
 if TYPE_CHECKING:
+    import argparse
     import ssl
 
 DEFAULT_PORT = 29401
@@ -20,6 +23,44 @@ def default_url(environ: dict[str, str]) -> str:
     return f"http://127.0.0.1:{port or DEFAULT_PORT}"
 
 
+def given_url(text: str) -> str:
+    """An endpoint as a user types it: ``29401`` or ``:29401`` (this host's agent on that
+    port, as ``--health-port`` set it), ``host:29401`` (over http), or a URL, unchanged."""
+    if "://" in text:
+        return text
+    host, _, port = text.rpartition(":")
+    if not port.isdigit():
+        return text
+    return f"http://{host or '127.0.0.1'}:{port}"
+
+
+def add_endpoint_arguments(command: argparse.ArgumentParser, url_help: str) -> None:
+    """The ways a command names the agent it asks: URL, ``--url`` or ``--health-port``."""
+    command.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
+    command.add_argument("--url", help=url_help)
+    command.add_argument(
+        "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
+    )
+
+
+def named_endpoint(args: argparse.Namespace) -> str | None:
+    """The one agent that URL, ``--url`` and ``--health-port`` name (None: the default);
+    a :class:`ConfigError` where they name two, or the port is none."""
+    port = args.health_port
+    if port is not None and not (port.isdigit() and 0 < int(port) <= 65535):
+        raise ConfigError(f"--health-port: {port!r} must be a port, 1..65535")
+    given = [
+        (name, value)
+        for name, value in (("URL", args.url_arg), ("--url", args.url), ("--health-port", port))
+        if value is not None
+    ]
+    urls = [given_url(value) for _, value in given]
+    for (one, first), (other, second), url in zip(given, given[1:], urls[1:], strict=False):
+        if url != urls[0]:
+            raise ConfigError(f"{one}: {first!r} and {other} {second!r} name two agents")
+    return urls[0] if urls else None
+
+
 def url_problem(url: str) -> str:
     """Why ``url`` cannot be an agent's health endpoint ('' when it can)."""
     from urllib.parse import urlsplit
@@ -30,7 +71,10 @@ def url_problem(url: str) -> str:
     except ValueError as exc:
         return f"is not a valid URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http(s)://host:port URL, e.g. http://127.0.0.1:29401"
+        return (
+            "must be an http(s)://host:port URL (e.g. http://127.0.0.1:29401), host:port or "
+            "the local agent's port"
+        )
     return ""
 
 

@@ -144,6 +144,15 @@ def test_a_broken_job_in_the_config_file_fails_even_when_the_cli_names_one(
         (["--url", "notaurl"], "--url: 'notaurl' must be an http(s)://host:port URL"),
         (["--url", "http://127.0.0.1:99999"], "is not a valid URL (Port out of range"),
         (["--timeout", "-1"], "--timeout: -1.0 must be within 0..3600 seconds"),
+        (["--health-port", "0"], "--health-port: '0' must be a port, 1..65535"),
+        (["--health-port", "http://h:1"], "--health-port: 'http://h:1' must be a port"),
+        (["9", "--health-port", "99999"], "--health-port: '99999' must be a port, 1..65535"),
+        # the command's own flags are the ones suggested: not run's, nor the flag given
+        (
+            ["--health-prt", "1"],
+            "unrecognized arguments: --health-prt (did you mean --health-port?)",
+        ),
+        (["--nproc-per-node", "2"], "unrecognized arguments: --nproc-per-node\n"),
     ],
 )
 def test_status_with_a_bad_url_is_one_line_exit_2(run_agentd, args, message):

@@ -49,6 +49,11 @@ def test_status_table_json_and_checks(run_agentd, tmp_path):
     assert doc["state"] == "HEALTHY" and len(doc["workers"]) == 2
     live = status("--check", "livez", url=url)
     assert (live.returncode, live.stdout) == (0, "ok\n")
+    port = url.rsplit(":", 1)[1]
+    for named in ([port], [f"127.0.0.1:{port}"], ["--health-port", port]):  # as a user types
+        argv = [sys.executable, "-m", "agentd", "status", *named, "--check", "livez"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout) == (0, "ok\n"), (named, done.stderr)
     assert status("--check", "readyz", url=url).returncode == 0
     job = json.loads(status("--job", "--json", url=url).stdout)  # standalone: one row, live
     assert (job["size"], job["spares"], job["store"]) == (1, 0, None)
@@ -101,24 +106,29 @@ def test_job_flags_that_do_not_go_together_exit_2():
     assert gone.returncode == 3 and "cannot reach the agent at http://127.0.0.1:9" in gone.stderr
 
 
-@pytest.mark.parametrize("command", ["status", "drain"])
+@pytest.mark.parametrize("command", ["status", "drain", "logs"])
 def test_the_url_may_be_given_as_logs_takes_it(command):
-    """``agentd status URL`` and ``agentd drain URL``, as ``agentd logs URL``: the URL the
-    agent's start line printed, pasted; with a different --url too, a usage error."""
+    """``agentd status URL``, ``agentd drain URL`` and ``agentd logs URL``: the URL the
+    agent's start line printed, pasted, or its port alone (``--health-port``'s); naming two
+    agents at once is a usage error."""
 
     def agentd(*args: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "agentd", command, *args, "--timeout", "2"]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
-    gone = agentd("http://127.0.0.1:9")
-    assert gone.returncode == 3 and "http://127.0.0.1:9" in gone.stderr, gone.stderr
-    same = agentd("http://127.0.0.1:9", "--url", "http://127.0.0.1:9")
+    for named in (["http://127.0.0.1:9"], ["9"], [":9"], ["--health-port", "9"]):
+        gone = agentd(*named)
+        assert gone.returncode == 3 and "http://127.0.0.1:9" in gone.stderr, (named, gone.stderr)
+    same = agentd("http://127.0.0.1:9", "--url", "http://127.0.0.1:9", "--health-port", "9")
     assert same.returncode == 3, same.stderr
     two = agentd("http://127.0.0.1:9", "--url", "http://127.0.0.1:10")
     assert two.returncode == 2
     assert "URL: 'http://127.0.0.1:9' and --url 'http://127.0.0.1:10' name two agents" in (
         two.stderr
     )
+    port = agentd("9", "--health-port", "10")
+    assert port.returncode == 2
+    assert "URL: '9' and --health-port '10' name two agents" in port.stderr, port.stderr
 
 
 def test_bad_health_flags_exit_2(run_agentd):
