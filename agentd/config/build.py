@@ -27,11 +27,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+SHARED_RUN_ID = "none"
+"""torchrun's ``--rdzv-id`` default: every agent that reaches the store without one is of
+the same run."""
+
+
+def _meets_in_a_store(config: AgentConfig) -> bool:
+    """Whether the agents meet in a rendezvous store, where the run id is what they share:
+    without ``--rdzv-id`` they take torchrun's default, so each does not form a job of its
+    own. A standalone or static job meets nobody, and gets an id of its own."""
+    return not config.standalone and config.rdzv_backend != "static"
+
+
 def worker_spec(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
     from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
 
-    run_id = config.rdzv_id or os.urandom(6).hex()
+    run_id = config.rdzv_id or (SHARED_RUN_ID if _meets_in_a_store(config) else os.urandom(6).hex())
     nproc = local_world_size(config.nproc_per_node)
     request = RendezvousRequest(
         nnodes=config.nnodes,
@@ -192,7 +204,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
 
     settings = AgentSettings(
         keep_attempts=config.keep_attempts,
-        fresh_run_id=not config.rdzv_id,
+        fresh_run_id=not config.rdzv_id and not _meets_in_a_store(config),
         watchdog=WatchdogSettings(
             file_timer=config.file_timer,
             timer_file=config.timer_file,

@@ -72,7 +72,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "rdzv_id",
         v.optional_run_name,
         "",
-        "Run id shared by the job's agents, 1..128 of [A-Za-z0-9_.-] (default: random).",
+        "Run id shared by the job's agents, 1..128 of [A-Za-z0-9_.-] (default: torchrun's "
+        "'none' where the agents meet in a store, so give each job that shares one its own; "
+        "a random id for --standalone and static jobs).",
         metavar="ID",
     ),
     _o(

@@ -197,6 +197,37 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     assert {(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen} == {("127.0.0.1", port)}
 
 
+def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_path):
+    """``--rdzv-id`` is optional under torchrun (its default, ``none``, is shared by every
+    agent). agentd once made up a random id for each agent: at one store they formed a
+    job each, and never met (with ``--nnodes 1:2``, two jobs of one node, silently)."""
+    port = str(free_port())
+    env_script = script(
+        tmp_path,
+        "env.py",
+        "import json, os; print('ENV ' + json.dumps({k: os.environ[k] for k in "
+        "('RANK', 'WORLD_SIZE', 'TORCHELASTIC_RUN_ID')}), flush=True)\n",
+    )
+    agents = [
+        run_agentd(
+            *f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}".split(),
+            *["--tee", "3"],
+            env_script,
+            launcher=launcher,
+        )
+        for _ in range(2)
+    ]
+    assert [agent.wait(120) for agent in agents] == [0, 0], agents[1].stderr()[-3000:]
+    seen = [
+        json.loads(line.split("ENV ", 1)[1])
+        for agent in agents
+        for line in agent.stdout().splitlines()
+        if "ENV " in line
+    ]
+    assert sorted(s["RANK"] for s in seen) == ["0", "1"]
+    assert {(s["WORLD_SIZE"], s["TORCHELASTIC_RUN_ID"]) for s in seen} == {("2", "none")}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
