@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-SHARED_RUN_ID = "none"
-"""torchrun's ``--rdzv-id`` default: every agent that reaches the store without one is of
-the same run."""
-
-
 def _meets_in_a_store(config: AgentConfig) -> bool:
     """Whether the agents meet in a rendezvous store, where the run id is what they share:
     without ``--rdzv-id`` they take torchrun's default, so each does not form a job of its
@@ -42,6 +37,7 @@ def _meets_in_a_store(config: AgentConfig) -> bool:
 def worker_spec(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
     from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
+    from agentd.rendezvous.keys import SHARED_RUN_ID
 
     run_id = config.rdzv_id or (SHARED_RUN_ID if _meets_in_a_store(config) else os.urandom(6).hex())
     nproc = local_world_size(config.nproc_per_node)

@@ -31,6 +31,10 @@ Keys, under ``agentd/<run_id>/``::
 
 from __future__ import annotations
 
+SHARED_RUN_ID = "none"
+"""torchrun's ``--rdzv-id`` default: every agent that reaches the store without one is of
+this run."""
+
 
 class RunKeys:
     """The keys of run ``run_id`` (see the module docstring)."""

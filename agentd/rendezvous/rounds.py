@@ -26,7 +26,7 @@ from agentd.exceptions import StartError
 from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
-from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.keys import SHARED_RUN_ID, RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.seal_wait import POLL, SealWait, incarnation_of, instance_of
@@ -41,8 +41,9 @@ SPARE_CHECK = 5.0
 """How often a spare waiting beside a full round checks that its members still live."""
 
 
-def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
-    """The error a closed rendezvous raises, from its ``ctl/closed`` document."""
+def closed_error(run_id: str, raw: bytes, *, newcomer: bool = False) -> RendezvousClosedError:
+    """The error a closed rendezvous raises, from its ``ctl/closed`` document; to an agent
+    that never saw a round of it (``newcomer``) under the default id, why it is closed."""
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -50,8 +51,15 @@ def closed_error(run_id: str, raw: bytes) -> RendezvousClosedError:
     succeeded = doc.get("outcome") == "succeeded"
     what = "the job succeeded" if succeeded else f"node {doc.get('node', '?')} failed"
     reason = doc.get("reason", "")
+    hint = ""
+    if newcomer and run_id == SHARED_RUN_ID:
+        hint = (
+            f"; {run_id!r} is torchrun's default run id: if this is a new job, a store that "
+            "outlives its jobs (agentd store, etcd) needs each job to have an --rdzv-id of "
+            "its own"
+        )
     return RendezvousClosedError(
-        f"rendezvous {run_id!r} is closed: {what}" + (f" ({reason})" if reason else ""),
+        f"rendezvous {run_id!r} is closed: {what}" + (f" ({reason})" if reason else "") + hint,
         succeeded=succeeded,
     )
 
@@ -129,7 +137,7 @@ class Rounds(SealWait):
         store = self._store
         raw, closed = await store.multi_get([self._keys.gen, self._keys.closed])
         if closed is not None:
-            raise closed_error(self._run_id, closed)
+            raise closed_error(self._run_id, closed, newcomer=self.carried is None)
         while int(raw or b"0") < self.floor:
             behind = int(raw or b"0")
             if self.carried is not None and self._membership is not None:

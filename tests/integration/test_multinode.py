@@ -124,6 +124,25 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnod
     assert [a.wait(30) for a in (*first, third)] == [0, 0, 0]
 
 
+def test_a_job_without_a_run_id_at_a_store_that_outlived_the_last_one_says_why_it_ends(
+    run_agentd, run_store
+):
+    """Without ``--rdzv-id`` every job is torchrun's run ``none``: at a store that outlives
+    its jobs, the next one finds that run closed and ends at once (as under torchrun),
+    saying why and what to give."""
+    store = run_store()
+    args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", store.endpoint, "--nnodes", "1"]
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    first = run_agentd(*args, WORKER, "ok", env=env)
+    assert first.wait() == 0, first.stderr()
+    assert first.stdout() == "hello from rank 0\n"
+    second = run_agentd(*args, WORKER, "ok", env=env)
+    assert second.wait() == 0, second.stderr()
+    assert second.stdout() == "" and list(second.out_dir.glob("pid_*")) == []  # none ran
+    assert "rendezvous 'none' is closed: the job succeeded" in second.stderr()
+    assert "needs each job to have an --rdzv-id of its own" in second.stderr()
+
+
 def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path):
     store = run_store()
     stop = tmp_path / "stop"
