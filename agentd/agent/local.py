@@ -87,7 +87,7 @@ class LocalElasticAgent(WorkerLifecycle):
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
         base = Path(log_dir) if log_dir else Path(private_dir("agentd_"))
         self.log_dir = base
-        self.run_dir = base / self.run_id
+        self.run_dir = base / (settings.run_folder or self.run_id)
         self.hostname = socket.gethostname()
         self.started_at = time.time()
         self.attempt = -1

@@ -21,7 +21,10 @@ class AgentSettings:
     ``process_hygiene`` (the default): the agent becomes a child subreaper, reaps orphans,
     runs a guardian that kills the workers if the agent is killed, and kills workers left
     over by a dead agent of the same run id (``fresh_run_id`` says the id was just
-    generated, so there can be none and the look for them is skipped). ``watchdog`` adds
+    generated, so there can be none and the look for them is skipped). ``run_folder``
+    names the run's folder under the log directory (None: the run id; ``agentd run``
+    gives a run under torchrun's default id a folder of its own, ``none_<random>``, as
+    torch's log specs do, so successive jobs never share one). ``watchdog`` adds
     torch's named-pipe timers and D-state detection (None: torch's environment switches
     decide); ``health`` serves ``/livez``, ``/readyz``, ``/status`` and ``/metrics`` (None:
     ``TORCHELASTIC_HEALTH_CHECK_PORT`` decides); ``event_log`` appends the run's events as
@@ -50,6 +53,7 @@ class AgentSettings:
         "keep_attempts",
         "node_checks",
         "process_hygiene",
+        "run_folder",
         "slow_nodes",
         "torch_env",
         "watchdog",
@@ -71,6 +75,7 @@ class AgentSettings:
         gpu_release_timeout: float = 30.0,
         slow_nodes: SlowNodeSettings | None = None,
         torch_env: bool = True,
+        run_folder: str | None = None,
     ) -> None:
         self.process_hygiene = process_hygiene
         self.fresh_run_id = fresh_run_id
@@ -85,6 +90,7 @@ class AgentSettings:
         self.gpu_release_timeout = gpu_release_timeout
         self.slow_nodes = slow_nodes
         self.torch_env = torch_env
+        self.run_folder = run_folder
 
     def replace(self, **changes: Any) -> AgentSettings:
         """A copy, with ``changes`` (field names and their new values)."""

@@ -34,6 +34,16 @@ def _meets_in_a_store(config: AgentConfig) -> bool:
     return not config.standalone and config.rdzv_backend != "static"
 
 
+def _run_folder(config: AgentConfig) -> str | None:
+    """A run under the shared default id gets a folder of its own, as under torchrun (None:
+    the run id names it); a run named by ``--rdzv-id`` keeps one across agent restarts."""
+    from agentd.rendezvous.keys import SHARED_RUN_ID
+
+    if config.rdzv_id or not _meets_in_a_store(config):
+        return None
+    return f"{SHARED_RUN_ID}_{os.urandom(4).hex()}"
+
+
 def worker_spec(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
     from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
@@ -201,6 +211,7 @@ def local_agent(config: AgentConfig, spec: WorkerSpec) -> LocalElasticAgent:
     settings = AgentSettings(
         keep_attempts=config.keep_attempts,
         fresh_run_id=not config.rdzv_id and not _meets_in_a_store(config),
+        run_folder=_run_folder(config),
         watchdog=WatchdogSettings(
             file_timer=config.file_timer,
             timer_file=config.timer_file,

@@ -233,9 +233,8 @@ class FileKeeper:
     def clear(self) -> None:
         with contextlib.suppress(OSError):
             self.path.unlink(missing_ok=True)
-        if self._private is not None:  # the run's folder in the shared one, if now empty
-            with contextlib.suppress(OSError):
-                self.path.parent.rmdir()
+        with contextlib.suppress(OSError):  # the run's folder, if the record was all of it
+            self.path.parent.rmdir()
 
 
 def _check_ours(folder: Path) -> None:

@@ -228,6 +228,27 @@ def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_
     assert {(s["WORLD_SIZE"], s["TORCHELASTIC_RUN_ID"]) for s in seen} == {("2", "none")}
 
 
+def test_jobs_without_a_run_id_keep_their_logs_apart(run_agentd, launcher, tmp_path):
+    """Under the shared default id, each job's files get a folder of their own in the log
+    directory (``none_<random>``, torch's layout), so a job run again at the same
+    ``--log-dir`` neither overwrites the last one's logs nor reads its state."""
+    hello = script(tmp_path, "hello.py", "print('hello', flush=True)\n")
+    logs = tmp_path / "logs"
+    for _ in range(2):
+        port = str(free_port())
+        agent = run_agentd(
+            *f"--nnodes 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}".split(),
+            *["--log-dir", str(logs), "--redirects", "3"],
+            hello,
+            launcher=launcher,
+        )
+        assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    runs = sorted(logs.glob("none_*"))
+    assert len(runs) == 2, sorted(logs.iterdir())
+    for run in runs:
+        assert (run / "attempt_0" / "0" / "stdout.log").read_text() == "hello\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
