@@ -32,7 +32,6 @@ from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import WorkerState
 from agentd.spec import WorkerSpec
-from agentd.support.agent_url import add_endpoint_arguments, given_url, named_endpoint
 from agentd.view import AgentObserver
 
 if TYPE_CHECKING:
@@ -94,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a running agent's status (its --health-port endpoint)",
         description="Ask a running agent for its status; exit 0 ok, 1 unhealthy, 3 unreachable.",
     )
-    add_endpoint_arguments(
+    _endpoint_arguments(
         status,
         "the agent's health endpoint: a URL, host:port or a local port (default: "
         "AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT or :29401)",
@@ -130,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "at the same step, then the job goes on without this node. Exit 0 draining, 1 "
         "refused, 3 unreachable.",
     )
-    add_endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)")
+    _endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)")
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
     drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     drain.add_argument("--cacert", help=CACERT_HELP)
@@ -141,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "each line prefixed host:rank and the attempt. Exit 0, 1 an agent refused, 3 "
         "unreachable.",
     )
-    add_endpoint_arguments(logs, "any agent's health endpoint (as for agentd status)")
+    _endpoint_arguments(logs, "any agent's health endpoint (as for agentd status)")
     logs.add_argument("-f", "--follow", action="store_true", help="go on printing new lines")
     logs.add_argument("--rank", type=int, help="only this global rank's lines")
     logs.add_argument("--node", help="only this node's (its group rank, host or node id)")
@@ -321,6 +320,15 @@ async def serve_store(
         return await serve(host, port, token, peers, index, tls)
 
 
+def _endpoint_arguments(command: argparse.ArgumentParser, url_help: str) -> None:
+    """The ways a command names the agent it asks: URL, ``--url`` or ``--health-port``."""
+    command.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
+    command.add_argument("--url", help=url_help)
+    command.add_argument(
+        "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     gc.disable()  # until the workers run (CollectOnceRunning); other commands: below
@@ -334,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         if args.command in ("status", "drain", "logs"):
+            from agentd.support.agent_url import given_url, named_endpoint
+
             args.url = named_endpoint(args)
-        if args.command == "status" and args.job:
-            args.job = given_url(args.job)
+            if args.command == "status" and args.job:
+                args.job = given_url(args.job)
         if args.command == "status":
             from agentd.health import status_cli
 

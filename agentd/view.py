@@ -58,7 +58,8 @@ class AgentView(Protocol):
 
     @property
     def run_dir(self) -> Path:
-        """``<log_dir>/<run_id>``: every attempt's files and the run's own."""
+        """``<log_dir>/<run_id>`` (see :mod:`agentd.workers.run_folder` for the others):
+        every attempt's files and the run's own."""
         ...
 
     @property

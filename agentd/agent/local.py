@@ -85,10 +85,16 @@ class LocalElasticAgent(WorkerLifecycle):
         super().__init__(spec, exit_barrier_timeout)
         self.start_method = start_method
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
-        base = Path(log_dir) if log_dir else Path(private_dir("agentd_"))
-        self.log_dir = base
-        self.run_dir = base / (settings.run_folder or self.run_id)
         self.hostname = socket.gethostname()
+        folder = settings.run_folder or self.run_id
+        if log_dir:  # maybe shared with other hosts: the run's folder is claimed
+            from agentd.workers.run_folder import claim_run_dir
+
+            self.log_dir = Path(log_dir)
+            self.run_dir = claim_run_dir(self.log_dir, folder, self.hostname)
+        else:
+            self.log_dir = Path(private_dir("agentd_"))
+            self.run_dir = self.log_dir / folder
         self.started_at = time.time()
         self.attempt = -1
         self._settings = settings.replace(fresh_run_id=settings.fresh_run_id or self.fresh_run_id)

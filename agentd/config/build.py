@@ -34,22 +34,29 @@ def _meets_in_a_store(config: AgentConfig) -> bool:
     return not config.standalone and config.rdzv_backend != "static"
 
 
+def _default_run_id(config: AgentConfig) -> str:
+    """Without ``--rdzv-id``: torchrun's shared default where the agents meet in a store,
+    else an id of this agent's own."""
+    if not _meets_in_a_store(config):
+        return os.urandom(6).hex()
+    from agentd.rendezvous.keys import SHARED_RUN_ID
+
+    return SHARED_RUN_ID
+
+
 def _run_folder(config: AgentConfig) -> str | None:
     """A run under the shared default id gets a folder of its own, as under torchrun (None:
     the run id names it); a run named by ``--rdzv-id`` keeps one across agent restarts."""
-    from agentd.rendezvous.keys import SHARED_RUN_ID
-
     if config.rdzv_id or not _meets_in_a_store(config):
         return None
-    return f"{SHARED_RUN_ID}_{os.urandom(4).hex()}"
+    return f"{_default_run_id(config)}_{os.urandom(4).hex()}"
 
 
 def worker_spec(config: AgentConfig) -> WorkerSpec:
     """The WorkerSpec and its rendezvous for a resolved config (checks everything)."""
     from agentd.rendezvous.build import RendezvousRequest, build_rendezvous
-    from agentd.rendezvous.keys import SHARED_RUN_ID
 
-    run_id = config.rdzv_id or (SHARED_RUN_ID if _meets_in_a_store(config) else os.urandom(6).hex())
+    run_id = config.rdzv_id or _default_run_id(config)
     nproc = local_world_size(config.nproc_per_node)
     request = RendezvousRequest(
         nnodes=config.nnodes,

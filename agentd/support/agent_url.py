@@ -34,15 +34,6 @@ def given_url(text: str) -> str:
     return f"http://{host or '127.0.0.1'}:{port}"
 
 
-def add_endpoint_arguments(command: argparse.ArgumentParser, url_help: str) -> None:
-    """The ways a command names the agent it asks: URL, ``--url`` or ``--health-port``."""
-    command.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
-    command.add_argument("--url", help=url_help)
-    command.add_argument(
-        "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
-    )
-
-
 def named_endpoint(args: argparse.Namespace) -> str | None:
     """The one agent that URL, ``--url`` and ``--health-port`` name (None: the default);
     a :class:`ConfigError` where they name two, or the port is none."""
