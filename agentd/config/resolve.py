@@ -164,7 +164,13 @@ _FIELDS = dict.fromkeys(AgentConfig.__annotations__)
 _UNCOMPARED = frozenset({"sources", "detected"})
 
 
-def _toml_text(value: Any, separator: str = ",") -> str:
+_PAIRS = frozenset({"rdzv_conf"})
+"""Options of ``key=value,...`` pairs: in a config file, a table is one too."""
+
+
+def _toml_text(value: Any, separator: str = ",", pairs: bool = False) -> str:
+    if pairs and isinstance(value, dict):
+        return ",".join(f"{key}={_toml_text(item)}" for key, item in value.items())
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
@@ -287,7 +293,8 @@ def _pick(
     if option.name in file_values:
         where = f"{config_file}: {option.name}"
         try:
-            return _toml_text(file_values[option.name], option.separator), where
+            value = file_values[option.name]
+            return _toml_text(value, option.separator, option.name in _PAIRS), where
         except v.RuleError as exc:
             raise ConfigError(f"{where}: {file_values[option.name]!r} {exc}") from None
     return option.default, "default"

@@ -57,6 +57,21 @@ def test_file_describes_the_job(tmp_path):
     assert (config.script, config.script_args) == ("other.py", ("x",))
 
 
+def test_rdzv_conf_in_a_file_is_a_table_a_list_or_a_string(tmp_path):
+    """``rdzv_conf = {join_timeout = 5, is_host = false}``, as TOML writes settings."""
+    from agentd.rendezvous.conf import parse_rdzv_conf
+
+    file = tmp_path / "c.toml"
+    for text in (
+        "rdzv_conf = {join_timeout = 5, is_host = false}",
+        'rdzv_conf = ["join_timeout=5", "is_host=false"]',
+        'rdzv_conf = "join_timeout=5,is_host=false"',
+    ):
+        file.write_text(text + "\n")
+        config = resolve({"script": "t.py"}, {}, str(file))
+        assert parse_rdzv_conf(config.rdzv_conf) == {"join_timeout": "5", "is_host": "false"}
+
+
 @pytest.mark.parametrize(
     ("cli", "env", "text", "message"),
     [
@@ -73,6 +88,7 @@ def test_file_describes_the_job(tmp_path):
         ),
         ({}, {}, "nproc_per_nodes = 2", "(did you mean nproc_per_node? see agentd run --help)"),
         ({}, {}, "role = {a = 1}", "role: {'a': 1} must be a string"),
+        ({}, {}, "rdzv_conf = {a = {b = 1}}", "rdzv_conf: {'a': {'b': 1}} must be a string"),
         ({}, {}, "max_restarts = [", "is not valid TOML"),
         ({"signals_to_handle": "SIGKILL"}, {}, "", "cannot include SIGKILL"),
         ({"non_retryable_exit_codes": "300"}, {}, "", "within 1..255"),
