@@ -154,14 +154,14 @@ def _dynamic(
         is_host = serves_here(host, request.local_addr)
     standby = pop_bool(conf, "standby") is not False
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
-    tls = _tls(conf, [host], serves=is_host or standby)
-    settings = _rendezvous_settings(request, conf)
     token = request.store_token
-    if is_host and not token and not is_loopback(host):
+    if is_host and not token and not is_loopback(host):  # before a warning about the token
         raise ConfigError(
             f"--store-token: required to host the store on {host!r}, which is not loopback "
             "(set AGENTD_STORE_TOKEN on every node)"
         )
+    tls = _tls(conf, [host], serves=is_host or standby)
+    settings = _rendezvous_settings(request, conf)
     if port == 0 and not is_host:
         raise ConfigError(
             f"--rdzv-endpoint: {request.rdzv_endpoint!r}: port 0 only works "

@@ -87,6 +87,13 @@ from tests.conftest import WORKER
             "--non-retryable-exit-codes: '1,,2' has an empty item",
         ),
         (["--rdzv-backend", "etcd", WORKER], "--rdzv-endpoint: required by --rdzv-backend etcd"),
+        (  # one line: no warning first about the token that crosses the network
+            [
+                *("--rdzv-backend", "c10d", "--rdzv-endpoint", "node0.example:29400"),
+                *("--rdzv-conf", "is_host=1", WORKER),
+            ],
+            "--store-token: required to host the store on 'node0.example', which is not",
+        ),
         (
             [
                 "--rdzv-backend",
