@@ -52,7 +52,8 @@ def node_record(
     """``view``'s record now (see the module docstring); ``rate`` keeps the last reading."""
     group = view.get_worker_group()
     watched = (view.heartbeat_status() or {}).get("workers") or []
-    steps = min((int(w["steps"]) for w in watched), default=None) if watched else None
+    reporting = [w for w in watched if w.get("heartbeating") or w.get("steps")]
+    steps = min((int(w["steps"]) for w in reporting), default=None)
     step_times = [
         float(w["times"]["step"]["seconds"]) for w in watched if "step" in (w.get("times") or {})
     ]

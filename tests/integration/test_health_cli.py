@@ -59,6 +59,7 @@ def test_status_table_json_and_checks(run_agentd, tmp_path):
     assert (job["size"], job["spares"], job["store"]) == (1, 0, None)
     [row] = job["nodes"]
     assert (row["state"], row["ranks"], row["host"]) == ("HEALTHY", [0, 1], doc["host"])
+    assert (row["steps"], row["step_rate"]) == (None, None)  # its workers report no steps
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 143
     gone = status(url=url)
