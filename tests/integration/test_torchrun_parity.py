@@ -44,6 +44,27 @@ def script(tmp_path, name: str, body: str) -> str:
     return str(path)
 
 
+def printing_env(tmp_path, *names: str) -> str:
+    """A script whose workers print ``ENV`` and the JSON of these variables."""
+    return script(
+        tmp_path,
+        "env.py",
+        "import json, os; print('ENV ' + json.dumps({k: os.environ[k] for k in "
+        f"{names!r}}}), flush=True)\n",
+    )
+
+
+def envs_seen(agents) -> list[dict[str, str]]:
+    """What the workers of ``agents`` printed with :func:`printing_env`, once all ended 0."""
+    assert [agent.wait(120) for agent in agents] == [0] * len(agents), agents[-1].stderr()[-3000:]
+    return [
+        json.loads(line.split("ENV ", 1)[1])
+        for agent in agents
+        for line in agent.stdout().splitlines()
+        if "ENV " in line
+    ]
+
+
 def test_torchs_prefix_template_variable_and_syntax(run_agentd, launcher, tmp_path):
     hello = script(tmp_path, "hello.py", "print('hello', flush=True)\n")
     agent = run_agentd(
@@ -171,12 +192,7 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     setting. agentd once ignored the endpoint: every node's workers got 127.0.0.1:29500,
     and a job of several hosts hung at its first collective."""
     port = str(free_port())
-    env_script = script(
-        tmp_path,
-        "env.py",
-        "import json, os; print('ENV ' + json.dumps({k: os.environ[k] for k in "
-        "('MASTER_ADDR', 'MASTER_PORT', 'RANK')}), flush=True)\n",
-    )
+    env_script = printing_env(tmp_path, "MASTER_ADDR", "MASTER_PORT", "RANK")
     agents = [
         run_agentd(
             *f"--nnodes 2 --node-rank {rank} --rdzv-endpoint 127.0.0.1:{port}".split(),
@@ -186,13 +202,7 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
         )
         for rank in (0, 1)
     ]
-    assert [agent.wait(120) for agent in agents] == [0, 0], agents[1].stderr()[-3000:]
-    seen = [
-        json.loads(line.split("ENV ", 1)[1])
-        for agent in agents
-        for line in agent.stdout().splitlines()
-        if "ENV " in line
-    ]
+    seen = envs_seen(agents)
     assert sorted(s["RANK"] for s in seen) == ["0", "1"]
     assert {(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen} == {("127.0.0.1", port)}
 
@@ -202,12 +212,7 @@ def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_
     agent). agentd once made up a random id for each agent: at one store they formed a
     job each, and never met (with ``--nnodes 1:2``, two jobs of one node, silently)."""
     port = str(free_port())
-    env_script = script(
-        tmp_path,
-        "env.py",
-        "import json, os; print('ENV ' + json.dumps({k: os.environ[k] for k in "
-        "('RANK', 'WORLD_SIZE', 'TORCHELASTIC_RUN_ID')}), flush=True)\n",
-    )
+    env_script = printing_env(tmp_path, "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
     agents = [
         run_agentd(
             *f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}".split(),
@@ -217,13 +222,7 @@ def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_
         )
         for _ in range(2)
     ]
-    assert [agent.wait(120) for agent in agents] == [0, 0], agents[1].stderr()[-3000:]
-    seen = [
-        json.loads(line.split("ENV ", 1)[1])
-        for agent in agents
-        for line in agent.stdout().splitlines()
-        if "ENV " in line
-    ]
+    seen = envs_seen(agents)
     assert sorted(s["RANK"] for s in seen) == ["0", "1"]
     assert {(s["WORLD_SIZE"], s["TORCHELASTIC_RUN_ID"]) for s in seen} == {("2", "none")}
 
