@@ -27,7 +27,12 @@ nothing in the 0.2 s it was back, and a new node that reached it then learned it
 list alone).
 
 A run closed for good, or a host that saw every other agent leave, deletes the record: no
-lease of its store is left to fence, and no job lives on elsewhere.
+lease of its store is left to fence, and no job lives on elsewhere. So does a restarted
+host whose record names a round of one, its own agent, where no other candidate ever stood
+by (a one-node job killed and started again): no other node ran workers on its leases or
+can serve the job, and its own old workers are gone (they die with their agent, its
+guardian ends what else it started, and this start's hygiene kills what a dead agent of
+the run left), so its first round waits for nothing.
 """
 
 from __future__ import annotations
@@ -114,6 +119,16 @@ class HostMemory:
                 self._keeper.clear()
             return None
         carried, until = kept
+        candidates = _endpoints(doc.get("candidates"))
+        if doc.get("member") is True and carried.size == 1 and len(candidates) <= 1:
+            said = (
+                "Rendezvous %s: this host served the store of round %d before it restarted; "
+                "this host's agent was its only member and no other candidate stood by: "
+                "nothing runs on its leases (its workers were ended with it)"
+            )
+            log.info(said, self._run_id, carried.generation)
+            self._keeper.clear()
+            return None
         leased = doc.get("boot") == self._keeper.boot and until > now
         lives = forgotten.lifetime(ttl) if leased else TOLD_WITHIN
         await forgotten.remember(store, keys, carried, ttl, lives)
@@ -131,7 +146,6 @@ class HostMemory:
                 "that job elsewhere to tell it"
             )
         log.info(said, self._run_id, carried.generation, carried.size, lives)
-        candidates = _endpoints(doc.get("candidates"))
         if self._seed is not None and len(candidates) > 1:
             await self._seed.recall(candidates)
         return carried
@@ -158,6 +172,7 @@ class HostMemory:
         doc = {
             "generation": carried.generation,
             "size": carried.size,
+            "member": carried.member,
             "instance": carried.instance,
             "until": until,
             "boot": self._keeper.boot,

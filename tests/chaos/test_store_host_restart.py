@@ -103,3 +103,43 @@ def test_a_job_stopped_whole_leaves_no_record_to_hold_its_next_start(run_agentd,
     for record in job.records():
         until = json.loads(record.read_text())["until"]
         assert until <= time.monotonic(), host.stderr()[-2000:]
+
+
+def test_a_one_node_jobs_host_killed_whole_starts_again_without_waiting_out_its_lease(
+    run_agentd, tmp_path
+):
+    """A one-node job whose agent and guardian are SIGKILLed: the host started again finds
+    a record of a round of its own agent alone, with no other candidate, so its first round
+    waits for no lease (before: the old lease, 19.6 s with the defaults). Nothing of the old
+    round runs: its worker died with its agent (a parent-death signal)."""
+    import psutil
+
+    endpoint, stop, logs = f"127.0.0.1:{free_port()}", tmp_path / "stop", tmp_path / "logs"
+    args = agent_args(endpoint, "1", "--log-dir", str(logs), conf=SLOW)
+
+    def host():
+        env = {"AGENTD_STORE_TOKEN": TOKEN}
+        return run_agentd(*args, *member_job(stop), env=env, log_dir=False)
+
+    first = host()
+    wait_until(lambda: latest_attempt(first) == 0, what="the first worker")
+    [worker] = [int(m["PID"]) for m in members(first, 0)]
+    wait_until(lambda: list(logs.glob("*/store_round_*.json")), what="the host's record")
+    guardians = [
+        p
+        for p in psutil.Process(first.pid).children(recursive=True)
+        if "guardian_process" in " ".join(p.cmdline())
+    ]
+    assert guardians, "the agent runs no guardian"
+    for process in [psutil.Process(first.pid), *guardians]:
+        process.kill()
+    first.proc.wait()
+    wait_until(lambda: not pid_alive(worker), timeout=15, what="the old worker's end")
+
+    back = host()
+    wait_until(lambda: latest_attempt(back) == 0, timeout=30, what="the new worker")
+    said = back.stderr()
+    assert "this host's agent was its only member and no other candidate" in said, said
+    assert "may still run workers on its leases" not in said
+    stop.touch()
+    assert back.wait(30) == 0, back.stderr()[-2000:]

@@ -99,6 +99,39 @@ async def test_a_record_past_its_leases_or_of_another_boot_holds_the_first_round
     assert await store.get(KEYS.forgotten) is None
 
 
+class Seed(SimpleNamespace):
+    """The seed's candidacy as the record reads it: the list it served."""
+
+
+async def test_a_round_of_this_host_alone_with_no_other_candidate_fences_nothing(tmp_path):
+    """A one-node job's host killed and started again: nobody else ran workers on its
+    leases or can serve the job, and its own old workers are gone, so its first round does
+    not wait (it waited out the old lease, 19.6 s with the defaults). A round with another
+    member, one it was a spare of, or a list that grew, is fenced as before."""
+    path = tmp_path / "store_round_1.json"
+    cases = [
+        (Carried(2, 1, True), ["h:1"], False),  # alone: nothing to fence
+        (Carried(2, 1, False), ["h:1"], True),  # another node's round of one
+        (Carried(2, 2, True), ["h:1"], True),  # another member
+        (Carried(2, 1, True), ["h:1", "h:2"], True),  # a candidate stood by
+    ]
+    for carried, endpoints, fenced in cases:
+        served = SimpleNamespace(carried=carried, floor=3)
+        before = HostMemory(FileKeeper(path), "job", INTERVAL, Seed(endpoints=endpoints))
+        await restore(before, served, now=0.0)
+        before.renewed(10.0)
+        store, rounds = MemoryStore(), fresh_rounds()
+        after = HostMemory(FileKeeper(path), "job", INTERVAL)
+        held = await after.restore(rounds, store, KEYS, TTL, 11.0)  # type: ignore[arg-type]
+        assert (held is not None, await store.get(KEYS.forgotten) is not None) == (
+            fenced,
+            fenced,
+        ), (carried, endpoints)
+        assert rounds.floor == (3 if fenced else 0)
+        assert path.exists() == fenced  # a record with nothing to fence is gone
+        path.unlink(missing_ok=True)
+
+
 async def test_the_new_agent_keeps_its_own_rounds_until_it_hands_over_or_the_end(tmp_path):
     path = tmp_path / "store_round_1.json"
     first = HostMemory(FileKeeper(path), "job", INTERVAL)
