@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import textwrap
 
-import pytest
-
 from agentd.workers.run_folder import CLAIM, claim_run_dir
+from tests.chaos.conftest import require_root
 from tests.conftest import free_port
 
 
@@ -34,11 +31,9 @@ def uts() -> tuple[str, ...]:
     return ("unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh")
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root for UTS namespaces"
-)
 def test_two_hosts_at_one_log_dir_keep_their_workers_files_apart(run_agentd, tmp_path):
     """Before, both nodes' local rank 0 wrote ``<log-dir>/job/attempt_0/0/stdout.log``."""
+    require_root("hosts of their own (UTS namespaces)")
     hello = tmp_path / "hello.py"
     hello.write_text(
         textwrap.dedent(
