@@ -93,8 +93,8 @@ class StoreServer:
     ) -> None:
         if not token and not is_loopback(host):
             raise ConfigError(
-                f"store_token: required when the store binds {host!r}, which is not loopback "
-                "(set --store-token or AGENTD_STORE_TOKEN)"
+                f"--store-token: required when the store binds {host!r}, which is not loopback "
+                "(or AGENTD_STORE_TOKEN)"
             )
         self.host = host
         self.port = port

@@ -119,7 +119,7 @@ def test_store_refuses_a_public_address_without_a_token():
         env={"PATH": "/usr/bin"},
     )
     assert out.returncode == 2
-    assert out.stderr.startswith("agentd: error: store_token: required when the store binds")
+    assert out.stderr.startswith("agentd: error: --store-token: required when the store binds")
     assert out.stderr.count("\n") == 1
 
 

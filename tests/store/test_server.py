@@ -108,7 +108,7 @@ async def test_other_methods_405(server):
 
 
 async def test_token_required_off_loopback():
-    with pytest.raises(ConfigError, match="store_token: required when the store binds"):
+    with pytest.raises(ConfigError, match="--store-token: required when the store binds"):
         StoreServer("0.0.0.0", 0)
     StoreServer("127.0.0.1", 0)  # loopback: allowed without a token
     StoreServer("::1", 0)
