@@ -41,6 +41,12 @@ SPARE_CHECK = 5.0
 """How often a spare waiting beside a full round checks that its members still live."""
 
 
+SHARED_RUN_HINT = (
+    " (the run id is torchrun's default: if another job runs at this endpoint, give each "
+    "its own --rdzv-id or port)"
+)
+
+
 def closed_error(run_id: str, raw: bytes, *, newcomer: bool = False) -> RendezvousClosedError:
     """The error a closed rendezvous raises, from its ``ctl/closed`` document; to an agent
     that never saw a round of it (``newcomer``) under the default id, why it is closed."""
@@ -244,7 +250,10 @@ class Rounds(SealWait):
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
             log.info(
-                "Rendezvous %s: round %d is full; waiting for the next", self._run_id, generation
+                "Rendezvous %s: round %d is full; waiting for the next%s",
+                self._run_id,
+                generation,
+                SHARED_RUN_HINT if self._run_id == SHARED_RUN_ID else "",
             )
             carried = self.carried
             if carried is not None and carried.member and carried.generation < generation:

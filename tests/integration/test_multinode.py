@@ -143,6 +143,23 @@ def test_a_job_without_a_run_id_at_a_store_that_outlived_the_last_one_says_why_i
     assert "needs each job to have an --rdzv-id of its own" in second.stderr()
 
 
+def test_a_second_job_at_the_same_endpoint_waits_as_a_spare_and_says_why(run_agentd):
+    """Two one-node jobs at one endpoint without ``--rdzv-id`` are one run to the store,
+    as under torchrun: the second waits beside the first, and says what to give."""
+    args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    first = run_agentd(*args, "--nnodes", "1", WORKER, "sleep")
+    first.wait_ready(1)
+    second = run_agentd(*args, "--nnodes", "1", WORKER, "ok")
+    said = wait_until(
+        lambda: "round 0 is full; waiting for the next" in second.stderr() and second.stderr(),
+        what="the second job to wait",
+    )
+    assert "the run id is torchrun's default: if another job runs at this endpoint" in said
+    for agent in (second, first):
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 143
+
+
 def test_a_sigkilled_agent_leaves_a_smaller_job(run_agentd, run_store, tmp_path):
     store = run_store()
     stop = tmp_path / "stop"
