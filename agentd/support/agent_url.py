@@ -36,7 +36,7 @@ def given_url(text: str) -> str:
 
 def named_endpoint(args: argparse.Namespace) -> str | None:
     """The one agent that URL, ``--url`` and ``--health-port`` name (None: the default);
-    a :class:`ConfigError` where they name two, or the port is none."""
+    a :class:`ConfigError` where they name two, or ``--health-port`` is no port."""
     port = args.health_port
     if port is not None and not (port.isdigit() and 0 < int(port) <= 65535):
         raise ConfigError(f"--health-port: {port!r} must be a port, 1..65535")
