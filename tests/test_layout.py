@@ -124,7 +124,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("exceptions", "support")),
     ("contracts", ("wire", "errors", "view")),
     ("domain", ("restart_policy", "spec", "group")),
-    ("stores", ("store", "rendezvous")),
+    ("stores", ("store", "tcpstore", "rendezvous")),
     ("processes", ("hygiene", "workers")),
     (
         "services",
@@ -132,7 +132,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpus",
             "reports",
             "telemetry",
-            "tcpstore",
             "inprocess",
             "preload",
             "timer",

@@ -19,7 +19,7 @@ from agentd.rendezvous.api import (
     ComparesNodes,
     CoordinatesDrains,
     KeepsWorkers,
-    agent_serves_store,
+    fresh_store_each_attempt,
 )
 from agentd.support.sync_bridge import agent_step
 from agentd.wire import control
@@ -270,7 +270,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec = group.spec
-        fresh_store = agent_serves_store(self.rdzv_handler, group.spec.master_addr)
+        fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
         kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]

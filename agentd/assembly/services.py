@@ -19,8 +19,8 @@ from agentd.assembly.standins import HeartbeatsOnDemand, NoGpus, NoInProcessRest
 from agentd.hygiene.service import ProcessHygiene
 from agentd.preload.service import PreloadService
 from agentd.rendezvous.api import LeasedMembership, ShowsJob
+from agentd.rendezvous.workers_store import WorkerStoreService
 from agentd.reports.result_service import ResultFileService
-from agentd.tcpstore.service import WorkerStoreService
 from agentd.timer.service import Watchdog
 from agentd.timer.settings import WatchdogSettings
 

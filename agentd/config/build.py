@@ -28,10 +28,13 @@ log = logging.getLogger(__name__)
 
 
 def _meets_in_a_store(config: AgentConfig) -> bool:
-    """Whether the agents meet in a rendezvous store, where the run id is what they share:
-    without ``--rdzv-id`` they take torchrun's default, so each does not form a job of its
-    own. A standalone or static job meets nobody, and gets an id of its own."""
-    return not config.standalone and config.rdzv_backend != "static"
+    """Whether the agents meet in a store (a rendezvous store, or node 0's under a static
+    job of several nodes), where the run id is what they share: without ``--rdzv-id`` they
+    take torchrun's default, so each does not form a job of its own. A standalone job, or
+    a static one of one node, meets nobody, and gets an id of its own."""
+    if config.standalone:
+        return False
+    return config.rdzv_backend != "static" or config.nnodes[0] > 1
 
 
 def _default_run_id(config: AgentConfig) -> str:

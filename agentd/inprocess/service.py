@@ -193,8 +193,9 @@ class InProcessRestarts:
         returns those kept, by local rank. Nothing is kept when no survivor opted in, when
         the group is stopped for good, or on a fallback of the whole group (see the module
         docstring). ``fresh_store``: every attempt's workers meet in a new store (the
-        agent's); a store that outlives attempts (rank 0's worker hosts it under
-        ``static``) would hand a kept rank the last attempt's keys."""
+        agent's); a store that outlives attempts (node 0's agent serves one for the whole
+        job under ``static``; rank 0's worker hosts it at a pinned address elsewhere)
+        would hand a kept rank the last attempt's keys."""
         if not self._restarting:
             return {}
         survivors = {
@@ -208,8 +209,9 @@ class InProcessRestarts:
             return self._fall_back(
                 "static_store",
                 everyone,
-                "In-process restarts need the agent's workers' store (a fresh one per "
-                "attempt), not one in rank 0's worker (--rdzv-backend static)",
+                "In-process restarts need a fresh workers' store per attempt, and this "
+                "job's outlives its attempts (--rdzv-backend static, or --master-addr "
+                "pinned to another host)",
             )
         if self._quick_repeat():
             return self._fall_back(

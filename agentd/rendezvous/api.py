@@ -283,6 +283,17 @@ class ReservesMasterPort(Protocol):
 
 
 @runtime_checkable
+class HostsWorkersStore(Protocol):
+    """A rendezvous whose group rank 0 serves the workers' store itself, one store for all
+    its attempts (the static rendezvous of several nodes, torch's design): the agent opens
+    none of its own, and each attempt's workers meet in it under their own prefix."""
+
+    def hosts_workers_store(self) -> bool:
+        """Always True: the method's presence is the declaration."""
+        ...
+
+
+@runtime_checkable
 class ReportsStore(Protocol):
     """A rendezvous over a networked store, whose requests and state health reports."""
 
@@ -357,8 +368,17 @@ def agent_serves_store(handler: RendezvousHandler, pinned: str | None) -> bool:
     user's own: rank 0's worker hosts the store there, as before agents served it."""
     if not handler.use_agent_store:
         return False
+    if isinstance(handler, HostsWorkersStore):
+        return True  # served wherever the user pinned it: by that rendezvous, for its run
     if not pinned:
         return True
     from agentd.support.net import is_local_address  # only for an address the user pinned
 
     return is_local_address(pinned)
+
+
+def fresh_store_each_attempt(handler: RendezvousHandler, pinned: str | None) -> bool:
+    """Whether every attempt's workers meet in a new store, the agent's: a kept rank (an
+    in-process restart) never sees the last attempt's keys. Not so when a worker hosts the
+    store, nor when the rendezvous serves one store for all its attempts."""
+    return agent_serves_store(handler, pinned) and not isinstance(handler, HostsWorkersStore)

@@ -115,15 +115,18 @@ def _static(
         raise ConfigError(
             f"--node-rank: {request.node_rank!r} must be within 0..{low - 1} (--nnodes {low})"
         )
+    timeout = None
     if conf:
         from agentd.rendezvous.conf import pop_seconds, reject_unknown
 
-        pop_seconds(conf, "timeout")  # torch's agents wait this long for node 0's store: none here
+        timeout = pop_seconds(conf, "timeout")  # the wait for node 0's store and the others
         reject_unknown(conf, "static")
     addr, port = static_master(request)
     if low == 1:
         return StaticRendezvous(run_id, addr, port or None)
-    return StaticRendezvous(
+    from agentd.rendezvous.static_nodes import DEFAULT_TIMEOUT, StaticNodesRendezvous
+
+    return StaticNodesRendezvous(
         run_id,
         addr,
         port or TORCHRUN_MASTER_PORT,
@@ -131,6 +134,7 @@ def _static(
         nnodes=low,
         role=request.role,
         local_world_size=local_world_size,
+        timeout=timeout or DEFAULT_TIMEOUT,
     )
 
 

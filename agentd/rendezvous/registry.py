@@ -124,7 +124,7 @@ def get_rendezvous_handler(params: RendezvousParameters) -> Any:
     the agent drives the async handler behind it). A ConfigError names a bad setting.
 
     As torch's registry, a setting the backend does not use (``is_host`` for etcd,
-    ``timeout`` for static, ...) is ignored, and said so in the log; ``agentd run
+    ``join_timeout`` for static, ...) is ignored, and said so in the log; ``agentd run
     --rdzv-conf`` refuses such a key instead."""
     from agentd.rendezvous.torch_facade import TorchRendezvousHandler
 

@@ -93,6 +93,12 @@ class TCPStoreServer:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
 
+    def clear_except(self, prefix: str) -> None:
+        """Forget every key outside ``prefix`` (the agents' own), for a new attempt's workers:
+        the caller knows that no worker of an earlier attempt is left to use them."""
+        if self._table is not None:
+            self._table.clear_except(prefix.encode())
+
     # -- a connection --------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

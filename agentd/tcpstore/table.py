@@ -75,6 +75,13 @@ class KeyTable:
     def queue_len(self, key: bytes) -> int:
         return len(self._queues.get(key) or ())
 
+    def clear_except(self, prefix: bytes) -> None:
+        """Drop every key and queue whose name does not start with ``prefix``."""
+        for key in [k for k in self._data if not k.startswith(prefix)]:
+            self.delete(key)
+        for key in [k for k in self._queues if not k.startswith(prefix)]:
+            self._bytes -= sum(len(value) for value in self._queues.pop(key))
+
     def num_keys(self) -> int:
         return len(self._data)
 

@@ -349,8 +349,8 @@ def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_
 
 
 def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_process(tmp_path):
-    """Under --rdzv-backend static the workers' store lives in rank 0's worker and outlives
-    attempts: a kept rank 0 would hand the others the last attempt's keys."""
+    """Under --rdzv-backend static of one node the workers' store lives in rank 0's worker
+    and outlives attempts: a kept rank 0 would hand the others the last attempt's keys."""
     (tmp_path / "out").mkdir()
     argv = [
         sys.executable,
@@ -379,7 +379,7 @@ def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_proces
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "In-process restarts need the agent's workers' store" in done.stderr
+    assert "In-process restarts need a fresh workers' store per attempt" in done.stderr
     calls = calls_of(tmp_path)
     for rank in range(3):
         assert calls[rank][1]["pid"] != calls[rank][0]["pid"]

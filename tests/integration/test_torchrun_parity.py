@@ -207,6 +207,87 @@ def test_a_static_job_meets_at_the_rdzv_endpoint(run_agentd, launcher, tmp_path)
     assert {(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen} == {("127.0.0.1", port)}
 
 
+STATIC_WORLD = """
+    import json, os, sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    names = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
+             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    if sys.argv[1:2] == ["crash"]:  # each node's first worker, once (a marker file each)
+        first = f"{sys.argv[2]}.{os.environ['GROUP_RANK']}"
+        if not os.path.exists(first):
+            open(first, "w").close()
+            if os.environ["GROUP_RANK"] == "1":
+                sys.exit(3)  # node 1's worker dies
+            time.sleep(3)  # computing, unless stopped: node 1 has restarted its workers
+            dist.all_reduce(total)  # where node 0's worker would learn of it
+    dist.barrier()
+    seen = {k: os.environ[k] for k in names}
+    print("ENV " + json.dumps(dict(seen, SUM=int(total.item()))), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def static_nodes(
+    run_agentd, launcher: str, nprocs: tuple[int, ...], *flags: str, job: tuple[str, ...]
+):
+    """A static job of ``len(nprocs)`` nodes on this host, each node its own agent, each
+    running ``job`` (the script and its arguments)."""
+    port = str(free_port())
+    return [
+        run_agentd(
+            *f"--nnodes {len(nprocs)} --node-rank {rank} --nproc-per-node {nproc}".split(),
+            *f"--master-addr 127.0.0.1 --master-port {port} --tee 3".split(),
+            *flags,
+            *job,
+            launcher=launcher,
+        )
+        for rank, nproc in enumerate(nprocs)
+    ]
+
+
+def test_static_nodes_with_different_worker_counts_form_one_world(run_agentd, launcher, tmp_path):
+    """torchrun's static agents gather every node's worker count in node 0's store (which
+    the workers share: ``TORCHELASTIC_USE_AGENT_STORE=True``), so nodes may differ.
+    agentd's once assumed every node ran as many workers as its own: node 0 counted a world
+    of 2 and node 1 of 4, and the job hung at its first collective."""
+    job = script(tmp_path, "world.py", STATIC_WORLD)
+    seen = envs_seen(static_nodes(run_agentd, launcher, (1, 2), job=(job,)))
+    assert sorted((s["RANK"], s["GROUP_RANK"], s["LOCAL_WORLD_SIZE"]) for s in seen) == [
+        ("0", "0", "1"),
+        ("1", "1", "2"),
+        ("2", "1", "2"),
+    ]
+    assert {
+        (s["WORLD_SIZE"], s["SUM"], s["TORCHELASTIC_RUN_ID"], s["TORCHELASTIC_USE_AGENT_STORE"])
+        for s in seen
+    } == {("3", 3, "none", "True")}
+
+
+def test_a_static_job_recovers_from_a_worker_lost_on_one_node(run_agentd, tmp_path):
+    """Node 1's worker dies after the first collective, and node 1 restarts its workers
+    while node 0's compute. agentd's workers once hosted their own store, a new one each
+    attempt in rank 0's worker: node 1's new workers reached the old one as it went down,
+    and every restart after that failed the same way. Now node 1's restart ends the round
+    on node 0 too, and both meet in node 0's agent's store, cleared for the new workers.
+
+    agentd only: torchrun keeps one store for every attempt, and torch 2.13's workers do
+    not tell attempts apart in it, so node 1's new workers can meet the last attempt's
+    keys; here torchrun recovered in 2 of 3 runs."""
+    job = script(tmp_path, "world.py", STATIC_WORLD)
+    agents = static_nodes(
+        run_agentd, "agentd", (1, 1), "--max-restarts", "3", job=(job, "crash", str(tmp_path / "m"))
+    )
+    seen = envs_seen(agents)
+    assert sorted((s["RANK"], s["SUM"]) for s in seen) == [("0", 2), ("1", 2)]
+    assert [s["TORCHELASTIC_RESTART_COUNT"] for s in seen if s["RANK"] == "1"] == ["1"]
+    node0 = agents[0].stderr()
+    assert "Rendezvous round over" in node0, node0[-3000:]
+
+
 def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_path):
     """``--rdzv-id`` is optional under torchrun (its default, ``none``, is shared by every
     agent). agentd once made up a random id for each agent: at one store they formed a

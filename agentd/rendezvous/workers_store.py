@@ -1,5 +1,7 @@
 """The workers' store service: group rank 0's agent serves the store its workers' process
-group meets in (:mod:`agentd.tcpstore.server`), a new one for every attempt.
+group meets in (:mod:`agentd.tcpstore.server`), a new one for every attempt (a rendezvous
+that serves one store for all its attempts, :class:`~agentd.rendezvous.api.HostsWorkersStore`,
+is left to it).
 
 A store opens just before its attempt's workers start, and closes when the next attempt's
 opens or when the agent shuts down (after the exit barrier). The next attempt starts only
@@ -14,15 +16,31 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.rendezvous.api import ReservesMasterPort, agent_serves_store
+from agentd.rendezvous.api import HostsWorkersStore, ReservesMasterPort, agent_serves_store
 from agentd.support import fdlimits
 from agentd.tcpstore.server import MAX_CONNECTIONS, TCPStoreServer
 
 if TYPE_CHECKING:
+    import socket
+
     from agentd.group import WorkerGroup
     from agentd.view import AgentView
 
 log = logging.getLogger(__name__)
+
+
+def store_server(
+    host: str, port: int, workers: int, sock: socket.socket | None = None
+) -> TCPStoreServer:
+    """A workers' store for ``host:port`` (or the reserved ``sock``), taking as many
+    connections as the open-files limit allows beside this host's ``workers``."""
+    cap = fdlimits.listener_cap(
+        MAX_CONNECTIONS,
+        fdlimits.raise_open_files_limit(),
+        fdlimits.worker_reserve(workers),
+        share=0.5,
+    )
+    return TCPStoreServer(host, port, sock=sock, max_connections=cap)
 
 
 class WorkerStoreService:
@@ -43,18 +61,13 @@ class WorkerStoreService:
         """The store of the attempt about to start: this agent's if it is group rank 0."""
         await self._close()
         handler = self._agent.rdzv_handler
+        if isinstance(handler, HostsWorkersStore):
+            return  # it serves its own, for every attempt
         if not agent_serves_store(handler, group.spec.master_addr) or group.group_rank != 0:
             return
         host, port = str(group.master_addr), int(group.master_port or 0)
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
-        workers = group.spec.local_world_size
-        cap = fdlimits.listener_cap(
-            MAX_CONNECTIONS,
-            fdlimits.raise_open_files_limit(),
-            fdlimits.worker_reserve(workers),
-            share=0.5,
-        )
-        server = TCPStoreServer(host, port, sock=sock, max_connections=cap)
+        server = store_server(host, port, group.spec.local_world_size, sock)
         given = group.spec.master_port and sock is None  # the user's port: name the flag
         await server.start("--master-port" if given else "workers' store")
         self.server = server

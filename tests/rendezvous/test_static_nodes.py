@@ -1,0 +1,197 @@
+"""The static rendezvous of several nodes: agents on one event loop meet in node 0's real
+store on 127.0.0.1, as agents on several hosts meet in it over the network."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentd.exceptions import ConfigError, StartError
+from agentd.rendezvous.api import (
+    HostsWorkersStore,
+    RendezvousClosedError,
+    RendezvousTimeoutError,
+    agent_serves_store,
+    fresh_store_each_attempt,
+)
+from agentd.rendezvous.static_nodes import StaticNodesRendezvous
+from tests.conftest import free_port
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[list[StaticNodesRendezvous]]:
+    """The handlers a test made (append them), shut down after it."""
+    made: list[StaticNodesRendezvous] = []
+    yield made
+    for handler in reversed(made):
+        await handler.shutdown()
+
+
+def node(made: list, port: int, rank: int, nnodes: int, lws: int = 1, timeout: float = 30):
+    handler = StaticNodesRendezvous(
+        "job", "127.0.0.1", port, node_rank=rank, nnodes=nnodes, local_world_size=lws,
+        timeout=timeout,
+    )  # fmt: skip
+    made.append(handler)
+    return handler
+
+
+async def test_nodes_of_different_sizes_meet_whoever_starts_first(nodes):
+    port = free_port()
+    late_zero = node(nodes, port, 0, 3, lws=2)
+    others = [node(nodes, port, 1, 3, lws=4), node(nodes, port, 2, 3, lws=1)]
+    first = [asyncio.ensure_future(h.next_rendezvous()) for h in others]
+    await asyncio.sleep(0.3)  # node 0 is not up yet: the others keep trying
+    assert not any(f.done() for f in first)
+    infos = await asyncio.wait_for(asyncio.gather(late_zero.next_rendezvous(), *first), 20)
+    assert [info.group_rank for info in infos] == [0, 1, 2]
+    for info in infos:
+        assert [(r.rank, r.local_world_size) for r in info.role_infos] == [(0, 2), (1, 4), (2, 1)]
+        assert (info.master_addr, info.master_port, info.generation) == ("127.0.0.1", port, 0)
+
+
+async def test_a_node_that_restarts_ends_the_round_everywhere_and_all_meet_again(nodes):
+    """Node 1's workers fail: its agent ends the round, node 0's sees it, and both meet
+    at round 1, where node 0 has cleared the workers' keys before anyone's workers start."""
+    from agentd.tcpstore.client import TCPStoreClient
+
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2, lws=3)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    worker = await TCPStoreClient.connect("127.0.0.1", port, 10)
+    await worker.set("default_pg/0//rank_0", b"an address of round 0")  # a worker's key
+    watching = asyncio.ensure_future(zero.round_over())
+    await asyncio.sleep(0.2)
+    assert not watching.done()
+    await one.end_round("rank 1 failed with exit code 3")
+    assert await asyncio.wait_for(watching, 10) == "rank 1 failed with exit code 3"
+    again = await asyncio.wait_for(
+        asyncio.gather(one.next_rendezvous(), zero.next_rendezvous()), 10
+    )
+    assert [info.generation for info in again] == [1, 1]
+    assert [r.local_world_size for r in again[0].role_infos] == [1, 3]  # the claims, kept
+    assert await worker.multi_get(["default_pg/0//rank_0"]) == [b""]
+    await worker.close()
+
+
+async def test_a_node_restarting_alone_waits_for_the_others(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2, timeout=0.5)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    with pytest.raises(RendezvousTimeoutError, match="not every node of --nnodes 2 restarted"):
+        await asyncio.wait_for(one.next_rendezvous(), 10)
+
+
+async def test_a_node_that_gives_up_closes_the_job_for_the_others(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    watching = asyncio.ensure_future(zero.round_over())
+    await one.set_closed(False, "rank 1 failed with exit code 3")
+    with pytest.raises(RendezvousClosedError, match=r"another node ended the job \(rank 1 failed"):
+        await asyncio.wait_for(watching, 10)
+
+
+async def test_a_node_rank_taken_twice_is_a_config_error_naming_the_other_agent(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 3), node(nodes, port, 1, 3)
+    waiting = [asyncio.ensure_future(h.next_rendezvous()) for h in (zero, one)]
+    second_one = node(nodes, port, 1, 3)
+    with pytest.raises(ConfigError) as caught:
+        await asyncio.wait_for(_after_claims(second_one, port, 2), 20)
+    assert str(caught.value) == (
+        f"--node-rank: 1 is taken by the agent on {os.uname().nodename} (pid {os.getpid()}): "
+        "each node of a static job needs its own --node-rank in 0..2"
+    )
+    for future in waiting:
+        future.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def _after_claims(handler: StaticNodesRendezvous, port: int, claims: int):
+    """``handler``'s first round, once ``claims`` node ranks are claimed in the store."""
+    from agentd.rendezvous.static_nodes import node_key
+    from agentd.tcpstore.client import TCPStoreClient
+
+    store = await TCPStoreClient.connect("127.0.0.1", port, 10)
+    try:
+        assert await store.wait([node_key(rank) for rank in range(claims)], 10)
+    finally:
+        await store.close()
+    return await handler.next_rendezvous()
+
+
+async def test_nodes_given_different_nnodes_are_told(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 3)
+    results = await asyncio.gather(
+        asyncio.wait_for(zero.next_rendezvous(), 20),
+        asyncio.wait_for(one.next_rendezvous(), 2),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], ConfigError)
+    assert str(results[0]) == (
+        f"--nnodes: 2 here, but node rank 1 (on {os.uname().nodename}) was given 3: every "
+        "node of a static job takes the same --nnodes"
+    )
+    assert isinstance(results[1], TimeoutError)  # it waits for a node rank 2 of its own
+
+
+async def test_a_node_that_never_comes_is_named_when_the_wait_runs_out(nodes):
+    port = free_port()
+    zero = node(nodes, port, 0, 3, timeout=0.5)
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        await asyncio.wait_for(zero.next_rendezvous(), 20)
+    assert str(caught.value) == (
+        f"static rendezvous: node rank(s) [1, 2] of --nnodes 3 did not join at "
+        f"127.0.0.1:{port} within 0.5s (rdzv_conf timeout)"
+    )
+
+
+async def test_without_node_0_a_node_gives_up_after_the_timeout(nodes):
+    port = free_port()
+    with pytest.raises(RendezvousTimeoutError, match=rf"no store at 127.0.0.1:{port} within"):
+        await asyncio.wait_for(node(nodes, port, 1, 2, timeout=0.3).next_rendezvous(), 20)
+
+
+async def test_two_node_0s_on_one_host_are_told_at_the_port(nodes):
+    port = free_port()
+    first = asyncio.ensure_future(node(nodes, port, 0, 2).next_rendezvous())
+    await asyncio.sleep(0.2)
+    with pytest.raises(StartError, match="is another agent of this job on this host also"):
+        await asyncio.wait_for(node(nodes, port, 0, 2).next_rendezvous(), 20)
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+
+
+async def test_the_exit_barrier_holds_node_0_until_every_node_is_done(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    leaving = asyncio.ensure_future(zero.exit_barrier())
+    await asyncio.sleep(0.3)
+    assert not leaving.done()  # node 1's workers still run: its store must stay up
+    await asyncio.wait_for(one.exit_barrier(), 10)
+    await asyncio.wait_for(leaving, 10)
+
+
+async def test_a_barrier_left_alone_by_node_0_ends(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    waiting = asyncio.ensure_future(one.exit_barrier())
+    await asyncio.sleep(0.2)
+    await zero.shutdown()  # node 0's own barrier timed out, and it left
+    await asyncio.wait_for(waiting, 10)
+
+
+def test_it_serves_one_store_for_all_attempts_wherever_the_address_points():
+    handler = StaticNodesRendezvous("job", "10.255.0.1", 29500, node_rank=0, nnodes=2)
+    assert isinstance(handler, HostsWorkersStore) and handler.use_agent_store
+    assert agent_serves_store(handler, "10.255.0.1")  # not an address here: still ours
+    assert not fresh_store_each_attempt(handler, "10.255.0.1")
