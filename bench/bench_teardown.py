@@ -9,8 +9,9 @@ exit 0 on both agents, the median wall time of a job, and the first lines of a f
 Launchers:
   agentd          ``--rdzv-backend c10d``: the agent of group rank 0 serves the workers'
                   store, which outlives every worker (TORCHELASTIC_USE_AGENT_STORE=True).
-  agentd-static   ``--rdzv-backend static``: rank 0's *worker* hosts the store, as every
-                  agentd backend did before; the control that shows the cause.
+  agentd-static   ``--rdzv-backend static``: node 0's agent serves the job's store for
+                  the whole job, as torchrun's static agents do (until 2026-12-01, rank
+                  0's *worker* hosted it: the control that showed the cause).
   torchrun        ``torch.distributed.run --rdzv-backend c10d`` (where torch is installed).
 """
 
