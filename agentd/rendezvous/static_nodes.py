@@ -98,6 +98,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         self._client: TCPStoreClient | None = None
         self._infos: tuple[RoleInstanceInfo, ...] | None = None
         self._token = os.urandom(6).hex()  # tells this agent's claim from any other's
+        self._finished = False  # its workers succeeded: at the exit barrier, or past it
 
     @property
     def use_agent_store(self) -> bool:
@@ -146,6 +147,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         client = self._client
         if client is None:
             return
+        self._finished = True
         try:
             if await client.add(_FINISHED, 1) >= self._nnodes:
                 await client.set(_ALL_FINISHED, b"1")
@@ -154,8 +156,14 @@ class StaticNodesRendezvous(StaticRendezvous):
             log.info("Exit barrier: the job's store at %s is gone (%s)", self._where(), exc)
 
     async def shutdown(self) -> None:
+        """Leave; an agent that leaves before the job ends (a signal, an error) ends it on
+        every node, which would otherwise wait for this one at their next round."""
         client, self._client = self._client, None
         if client is not None:
+            if not self._finished:
+                with contextlib.suppress(ConnectionError, OSError):
+                    reason = f"node rank {self._node_rank}'s agent left before the job ended"
+                    await client.set(_CLOSED, reason.encode())
             await client.close()
         server, self._server = self._server, None
         if server is not None:
@@ -181,13 +189,25 @@ class StaticNodesRendezvous(StaticRendezvous):
             raise self._lost(exc) from None
 
     async def _until(self, key: str, deadline: float, generation: int) -> None:
-        left = deadline - asyncio.get_running_loop().time()
-        if await self._first_of(key, max(0.0, left)) is None:
-            return
-        raise RendezvousTimeoutError(
-            f"static rendezvous: not every node of --nnodes {self._nnodes} restarted its "
-            f"workers within {self._timeout:g}s (rdzv_conf timeout; round {generation})"
-        )
+        loop = asyncio.get_running_loop()
+        while True:
+            left = max(0.0, deadline - loop.time())
+            if await self._first_of(key, min(left, REPORT_EVERY)) is None:
+                return
+            if loop.time() >= deadline:
+                raise RendezvousTimeoutError(
+                    f"static rendezvous: not every node of --nnodes {self._nnodes} restarted "
+                    f"its workers within {self._timeout:g}s (rdzv_conf timeout; round "
+                    f"{generation})"
+                )
+            (arrived,) = await self._store().multi_get([round_key(generation, "arrived")])
+            log.info(
+                "[%s] Waiting for the other nodes to restart their workers: %s of %d at round %d",
+                self._role,
+                arrived.decode() or "0",
+                self._nnodes,
+                generation,
+            )
 
     async def _first_of(self, key: str, seconds: float | None) -> str | None:
         """Wait for ``key`` (None) or ``seconds`` (its reason, if ``key`` is a round's

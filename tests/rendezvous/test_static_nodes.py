@@ -195,3 +195,25 @@ def test_it_serves_one_store_for_all_attempts_wherever_the_address_points():
     assert isinstance(handler, HostsWorkersStore) and handler.use_agent_store
     assert agent_serves_store(handler, "10.255.0.1")  # not an address here: still ours
     assert not fresh_store_each_attempt(handler, "10.255.0.1")
+
+
+async def test_an_agent_that_leaves_before_the_end_ends_the_job_everywhere(nodes):
+    """Node 1's agent is stopped (a signal, an error): node 0 must not wait for it at its
+    next round for the whole timeout."""
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    await one.shutdown()
+    with pytest.raises(RendezvousClosedError, match="node rank 1's agent left before the job"):
+        await asyncio.wait_for(zero.next_rendezvous(), 10)
+
+
+async def test_an_agent_that_leaves_after_success_ends_nothing(nodes):
+    port = free_port()
+    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    await asyncio.gather(zero.exit_barrier(), one.exit_barrier())
+    await one.shutdown()
+    from agentd.rendezvous.static_nodes import _CLOSED
+
+    assert await zero._store().multi_get([_CLOSED]) == [b""]
