@@ -107,6 +107,11 @@ class StaticNodesRendezvous(StaticRendezvous):
     def hosts_workers_store(self) -> bool:
         return True
 
+    @property
+    def master_port(self) -> int:
+        """Where node 0's agent serves the job's store (and the workers meet)."""
+        return int(self._master_port or 0)
+
     async def next_rendezvous(self) -> RendezvousInfo:
         if self._infos is None:
             self._infos = await self._meet()  # every rank claimed: all are at round 0

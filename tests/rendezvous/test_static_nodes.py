@@ -40,6 +40,15 @@ def node(made: list, port: int, rank: int, nnodes: int, lws: int = 1, timeout: f
     return handler
 
 
+async def met_pair(made: list, lws: int = 1, wait: float = 30):
+    """Node 0 and node 1 (``lws`` workers, waiting ``wait`` seconds) of a job of 2, past
+    round 0."""
+    port = free_port()
+    zero, one = node(made, port, 0, 2), node(made, port, 1, 2, lws=lws, timeout=wait)
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    return zero, one
+
+
 async def test_nodes_of_different_sizes_meet_whoever_starts_first(nodes):
     port = free_port()
     late_zero = node(nodes, port, 0, 3, lws=2)
@@ -59,10 +68,8 @@ async def test_a_node_that_restarts_ends_the_round_everywhere_and_all_meet_again
     at round 1, where node 0 has cleared the workers' keys before anyone's workers start."""
     from agentd.tcpstore.client import TCPStoreClient
 
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2, lws=3)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
-    worker = await TCPStoreClient.connect("127.0.0.1", port, 10)
+    zero, one = await met_pair(nodes, lws=3)
+    worker = await TCPStoreClient.connect("127.0.0.1", zero.master_port, 10)
     await worker.set("default_pg/0//rank_0", b"an address of round 0")  # a worker's key
     watching = asyncio.ensure_future(zero.round_over())
     await asyncio.sleep(0.2)
@@ -79,17 +86,13 @@ async def test_a_node_that_restarts_ends_the_round_everywhere_and_all_meet_again
 
 
 async def test_a_node_restarting_alone_waits_for_the_others(nodes):
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2, timeout=0.5)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    _, one = await met_pair(nodes, wait=0.5)
     with pytest.raises(RendezvousTimeoutError, match="not every node of --nnodes 2 restarted"):
         await asyncio.wait_for(one.next_rendezvous(), 10)
 
 
 async def test_a_node_that_gives_up_closes_the_job_for_the_others(nodes):
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    zero, one = await met_pair(nodes)
     watching = asyncio.ensure_future(zero.round_over())
     await one.set_closed(False, "rank 1 failed with exit code 3")
     with pytest.raises(RendezvousClosedError, match=r"another node ended the job \(rank 1 failed"):
@@ -170,9 +173,7 @@ async def test_two_node_0s_on_one_host_are_told_at_the_port(nodes):
 
 
 async def test_the_exit_barrier_holds_node_0_until_every_node_is_done(nodes):
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    zero, one = await met_pair(nodes)
     leaving = asyncio.ensure_future(zero.exit_barrier())
     await asyncio.sleep(0.3)
     assert not leaving.done()  # node 1's workers still run: its store must stay up
@@ -181,9 +182,7 @@ async def test_the_exit_barrier_holds_node_0_until_every_node_is_done(nodes):
 
 
 async def test_a_barrier_left_alone_by_node_0_ends(nodes):
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    zero, one = await met_pair(nodes)
     waiting = asyncio.ensure_future(one.exit_barrier())
     await asyncio.sleep(0.2)
     await zero.shutdown()  # node 0's own barrier timed out, and it left
@@ -200,18 +199,14 @@ def test_it_serves_one_store_for_all_attempts_wherever_the_address_points():
 async def test_an_agent_that_leaves_before_the_end_ends_the_job_everywhere(nodes):
     """Node 1's agent is stopped (a signal, an error): node 0 must not wait for it at its
     next round for the whole timeout."""
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    zero, one = await met_pair(nodes)
     await one.shutdown()
     with pytest.raises(RendezvousClosedError, match="node rank 1's agent left before the job"):
         await asyncio.wait_for(zero.next_rendezvous(), 10)
 
 
 async def test_an_agent_that_leaves_after_success_ends_nothing(nodes):
-    port = free_port()
-    zero, one = node(nodes, port, 0, 2), node(nodes, port, 1, 2)
-    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous())
+    zero, one = await met_pair(nodes)
     await asyncio.gather(zero.exit_barrier(), one.exit_barrier())
     await one.shutdown()
     from agentd.rendezvous.static_nodes import _CLOSED

@@ -13,20 +13,14 @@ import pytest
 from agentd.tcpstore.client import TCPStoreClient
 from agentd.tcpstore.server import TCPStoreServer
 from tests.conftest import free_port
+from tests.helpers.torch_store import torch_master_store
 
 
 @pytest.fixture(params=["agentd", "torch"])
 async def port(request) -> AsyncIterator[int]:
     if request.param == "torch":
-        dist = pytest.importorskip("torch.distributed")
-        master = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            world_size=None,
-            is_master=True,
-            timeout=timedelta(seconds=10),
-            wait_for_workers=False,
-        )
+        pytest.importorskip("torch.distributed")
+        master = torch_master_store()
         yield master.port
         del master
     else:

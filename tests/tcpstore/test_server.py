@@ -19,6 +19,7 @@ import pytest
 from agentd.tcpstore.server import TCPStoreServer
 from agentd.tcpstore.session import MAGIC
 from agentd.tcpstore.table import StoreLimits
+from tests.helpers.torch_store import torch_master_store
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.torch
@@ -45,14 +46,7 @@ class ThreadedServer:
 @pytest.fixture(params=["agentd", "torch"])
 def server_port(request) -> Iterator[int]:
     if request.param == "torch":  # the reference: torch's own server
-        master = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            world_size=None,
-            is_master=True,
-            timeout=timedelta(seconds=10),
-            wait_for_workers=False,
-        )
+        master = torch_master_store()
         yield master.port
         del master
     else:
