@@ -84,7 +84,8 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "Rendezvous settings, key=value,...: join_timeout, last_call_timeout, "
         "close_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout; is_host, "
         "standby (agentd); protocol, cacert, cert, key (TLS: agentd and etcd); username, "
-        "password, key_prefix (etcd).",
+        "password, key_prefix (etcd); timeout (static: the wait for node 0 and every "
+        "node, 600 s).",
         metavar="CONF",
     ),
     _o(
@@ -104,7 +105,14 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "the variable: flags show in ps).",
         metavar="TOKEN",
     ),
-    _o("node_rank", v.integer(0), "0", "This node's rank for the static rendezvous.", metavar="N"),
+    _o(
+        "node_rank",
+        v.integer(0),
+        "0",
+        "This node's rank for the static rendezvous, 0..N-1, each node its own (node 0's "
+        "agent serves the job's store).",
+        metavar="N",
+    ),
     _o(
         "max_restarts",
         v.integer(0),
