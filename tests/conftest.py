@@ -53,6 +53,15 @@ _handed_out: set[int] = set()
 before its processes bind any)."""
 
 
+def port_share() -> range:
+    """This pytest-xdist worker's ports below the ephemeral range (every Nth one): no other
+    worker's test is handed one of them (see :func:`free_port`)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return range(20000, min(low, 32768))[int(worker) if worker.isdigit() else 0 :: workers]
+
+
 def free_port() -> int:
     """A free port below the ephemeral range: a client retrying an ephemeral port with no
     listener can connect to itself (TCP self-connect) and hold the port a restart needs.
@@ -62,10 +71,7 @@ def free_port() -> int:
     one twice, or two tests could be handed the same port before either binds it. The
     probe binds every address (tests listen on 127.0.0.1-3: a store's candidates take
     the endpoint's port on 127.0.0.2 and .3); it never listens."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    share = range(20000, min(low, 32768))[int(worker) if worker.isdigit() else 0 :: workers]
+    share = port_share()
     unused = [port for port in share if port not in _handed_out]
     if not unused:  # every port of the share given out: long bound or long freed
         _handed_out.clear()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agentd.schedulers.slurm import PORT_BASE, PORT_SPAN
-from tests.conftest import SCHEDULED_ENV, TESTS, wait_until
+from tests.conftest import SCHEDULED_ENV, TESTS, port_share, wait_until
 
 WORLD = str(TESTS / "workers" / "world_loop.py")
 REPO = TESTS.parent
@@ -48,12 +48,17 @@ def kill_the_store_host_and_see_two_go_on(agents, out: Path, stop: Path) -> None
 
 
 def free_slurm_job() -> str:
-    """A job id whose store port is free on all three addresses."""
+    """A job id whose store port is free on all three addresses, and one of this test
+    worker's ports: another worker's test, handed its ports by ``free_port``, once took
+    the port that the job id gave, and the job's agents joined that test's store."""
     import random
     import socket
 
-    for job in random.sample(range(100_000, 999_999), 50):
+    mine = port_share()
+    for job in random.sample(range(100_000, 999_999), 2000):
         port = PORT_BASE + zlib.crc32(f"slurm-{job}.0".encode()) % PORT_SPAN  # step 0
+        if port not in mine:
+            continue
         try:
             for host in HOSTS:
                 with socket.socket() as sock:
