@@ -181,7 +181,8 @@ class StaticNodesRendezvous(StaticRendezvous):
         client = self._store()
         deadline = asyncio.get_running_loop().time() + self._timeout
         try:
-            await client.set(round_key(generation - 1, "over"), b"a node restarts its workers")
+            ended = round_key(generation - 1, "over")  # unless end_round said why already
+            await client.compare_set(ended, b"", b"a node restarts its workers")
             if await client.add(round_key(generation, "arrived"), 1) >= self._nnodes:
                 await client.set(round_key(generation, "all"), b"1")
             if self._node_rank == 0:

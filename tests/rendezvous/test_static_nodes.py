@@ -82,6 +82,10 @@ async def test_a_node_that_restarts_ends_the_round_everywhere_and_all_meet_again
     assert [info.generation for info in again] == [1, 1]
     assert [r.local_world_size for r in again[0].role_infos] == [1, 3]  # the claims, kept
     assert await worker.multi_get(["default_pg/0//rank_0"]) == [b""]
+    from agentd.rendezvous.static_nodes import round_key
+
+    said = await worker.multi_get([round_key(0, "over")])  # arriving kept the reason given
+    assert said == [b"rank 1 failed with exit code 3"]
     await worker.close()
 
 
