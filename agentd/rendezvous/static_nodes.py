@@ -123,7 +123,7 @@ class StaticNodesRendezvous(StaticRendezvous):
             group_rank=self._node_rank,
             group_world_size=self._nnodes,
             master_addr=self._master_addr,
-            master_port=int(self._master_port or 0),
+            master_port=self.master_port,
             generation=self._generation,
             role_infos=self._infos,
         )
@@ -134,7 +134,7 @@ class StaticNodesRendezvous(StaticRendezvous):
             why = await self._first_of(round_key(self._generation, "over"), None)
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise self._lost(exc) from None
-        return why or "a node restarts its workers"
+        return (why or b"").decode() or "a node restarts its workers"
 
     async def end_round(self, reason: str) -> None:
         """Tell the other nodes at once (they stop their workers and meet at the next round)."""
@@ -198,7 +198,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         loop = asyncio.get_running_loop()
         while True:
             left = max(0.0, deadline - loop.time())
-            if await self._first_of(key, min(left, REPORT_EVERY)) is None:
+            if await self._first_of(key, min(left, REPORT_EVERY)) is not None:
                 return
             if loop.time() >= deadline:
                 raise RendezvousTimeoutError(
@@ -215,13 +215,13 @@ class StaticNodesRendezvous(StaticRendezvous):
                 generation,
             )
 
-    async def _first_of(self, key: str, seconds: float | None) -> str | None:
-        """Wait for ``key`` (None) or ``seconds`` (its reason, if ``key`` is a round's
-        ``over``; else "timeout"), on connections of their own, watching the job's close
-        beside it (RendezvousClosedError)."""
+    async def _first_of(self, key: str, seconds: float | None) -> bytes | None:
+        """``key``'s value once it exists, or None when ``seconds`` pass first; the job's
+        close, watched beside it, raises RendezvousClosedError. On connections of their
+        own: a cancelled wait closes its connection, and never the agent's."""
         from agentd.tcpstore.client import TCPStoreClient
 
-        port = int(self._master_port or 0)
+        port = self.master_port
         clients = [await TCPStoreClient.connect(self._master_addr, port, 10) for _ in "kc"]
         waits = [
             asyncio.ensure_future(clients[0].wait([key], seconds)),
@@ -235,11 +235,9 @@ class StaticNodesRendezvous(StaticRendezvous):
                     f"static rendezvous: another node ended the job ({reason.decode()})"
                 )
             if not waits[0].result():
-                return "timeout"
-            if key.endswith("/over"):
-                (why,) = await clients[0].multi_get([key])
-                return why.decode() or None
-            return None
+                return None
+            (value,) = await clients[0].multi_get([key])
+            return value
         finally:
             for task in waits:
                 task.cancel()
@@ -269,7 +267,7 @@ class StaticNodesRendezvous(StaticRendezvous):
             await self._serve()
         try:
             client = await TCPStoreClient.connect(
-                self._master_addr, int(self._master_port or 0), self._timeout
+                self._master_addr, self.master_port, self._timeout
             )
         except TimeoutError as exc:
             raise RendezvousTimeoutError(
@@ -295,7 +293,7 @@ class StaticNodesRendezvous(StaticRendezvous):
 
         # torch's store listens on every interface; an address of this host is enough.
         host = self._master_addr if is_local_address(self._master_addr) else ""
-        server = store_server(host, int(self._master_port or 0), self._local_world_size)
+        server = store_server(host, self.master_port, self._local_world_size)
         try:
             await server.start("--master-port")
         except StartError as exc:
