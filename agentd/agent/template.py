@@ -83,10 +83,11 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
         if spec.rdzv_handler is None:
             import os
 
-            from agentd.rendezvous.static import StaticRendezvous
+            from agentd.rendezvous.solo import SoloRendezvous
 
             run_id = os.urandom(6).hex()
-            spec.rdzv_handler = StaticRendezvous(run_id, spec.local_addr or "127.0.0.1")
+            addr = spec.local_addr or "127.0.0.1"
+            spec.rdzv_handler = SoloRendezvous(run_id, addr, backend="static")
         elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: drive it adapted
             from agentd.rendezvous.registry import as_agentd_handler
 

@@ -103,8 +103,6 @@ def static_master(request: RendezvousRequest) -> tuple[str, int]:
 def _static(
     request: RendezvousRequest, run_id: str, local_world_size: int, conf: dict[str, str]
 ) -> StaticRendezvous:
-    from agentd.rendezvous.static import StaticRendezvous
-
     low, high = request.nnodes
     if low != high:
         raise ConfigError(
@@ -122,8 +120,10 @@ def _static(
         timeout = pop_seconds(conf, "timeout")  # the wait for node 0's store and the others
         reject_unknown(conf, "static")
     addr, port = static_master(request)
-    if low == 1:
-        return StaticRendezvous(run_id, addr, port or None)
+    if low == 1:  # meets nobody; its agent serves the workers' store, as torchrun's does
+        from agentd.rendezvous.solo import SoloRendezvous
+
+        return SoloRendezvous(run_id, addr, port or None, backend="static")
     from agentd.rendezvous.static_nodes import DEFAULT_TIMEOUT, StaticNodesRendezvous
 
     return StaticNodesRendezvous(

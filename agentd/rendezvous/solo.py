@@ -1,12 +1,14 @@
-"""The rendezvous of ``--standalone``: one node, no peers, no store to meet in.
+"""The rendezvous of a job of one node: ``--standalone``, or ``static`` with ``--nnodes 1``
+(torchrun's default command line). No peers, no store to meet in.
 
 torchrun's ``--standalone`` runs its c10d rendezvous against a store on localhost that no
-other agent can reach; here a job of one node skips the membership machinery (leases,
-rounds, roll calls, releases) it could never use. What the job still sees is what a
-standalone job gets under torchrun: its agent serves the workers' store
-(``use_agent_store``), on a port reserved for it each attempt, and the backend reports
-itself as ``agentd``. A drain still works: it is agreed, among this node's workers alone,
-in a store inside the agent, built when first asked for.
+other agent can reach, and its ``static`` one of one node a store that only this agent
+uses; here a job of one node skips the membership machinery (leases, rounds, roll calls,
+releases) it could never use. What the job still sees is what it gets under torchrun: its
+agent serves the workers' store (``use_agent_store``), a new one each attempt, on a port
+reserved for it (or the one ``--master-port`` pins), and the backend reports itself as
+``agentd`` (``--standalone``) or ``static``. A drain still works: it is agreed, among this
+node's workers alone, in a store inside the agent, built when first asked for.
 """
 
 from __future__ import annotations
@@ -25,15 +27,23 @@ if TYPE_CHECKING:
 class SoloRendezvous(StaticRendezvous):
     """A rendezvous of this node alone (see the module docstring)."""
 
-    def __init__(self, run_id: str, addr: str = "127.0.0.1", master_port: int | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        *,
+        backend: str = "agentd",
+    ) -> None:
         super().__init__(run_id, addr, master_port)
+        self._backend = backend
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._reserved: socket.socket | None = None
         self._store: MemoryStore | None = None
         self._drains: Drains | None = None
 
     def get_backend(self) -> str:
-        return "agentd"
+        return self._backend
 
     @property
     def use_agent_store(self) -> bool:

@@ -1,10 +1,11 @@
 """The static rendezvous: a fixed set of nodes that know their ranks, no store, no peers' news.
 
-``--rdzv-backend static`` (torchrun's default): each node is told ``--node-rank`` of a fixed
-``--nnodes N`` and where group rank 0's workers listen (``--master-addr``/``--master-port``).
-Nodes are assumed alike (same role, same ``--nproc-per-node``); nothing is exchanged, so a
-failure on one node reaches the others only through their workers' collectives. With
-``--nnodes 1`` (and ``--standalone`` without a store) it is a rendezvous of one.
+The base of what ``--rdzv-backend static`` (torchrun's default) builds: each node is told
+``--node-rank`` of a fixed ``--nnodes N`` and where group rank 0's workers listen
+(``--master-addr``/``--master-port``). This class alone exchanges nothing and leaves the
+workers' store to rank 0's worker; ``agentd run`` builds its subclasses, in which the
+agent serves it, as torchrun's does: :mod:`agentd.rendezvous.solo` for one node,
+:mod:`agentd.rendezvous.static_nodes` for several.
 """
 
 from __future__ import annotations

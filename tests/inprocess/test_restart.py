@@ -348,25 +348,20 @@ def test_with_no_restart_left_the_raise_fails_the_job_and_is_the_root_cause(tmp_
     ] * 3
 
 
-def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_process(tmp_path):
-    """Under --rdzv-backend static of one node the workers' store lives in rank 0's worker
-    and outlives attempts: a kept rank 0 would hand the others the last attempt's keys."""
+@pytest.mark.parametrize("flags", [(), ("--master-port", "pinned")], ids=["default", "pinned"])
+def test_a_static_job_of_one_node_keeps_its_survivors(tmp_path, flags):
+    """torchrun's most common command line (the static backend, one node): the agent
+    serves a new workers' store each attempt, pinned port or not, so the survivors are
+    kept (they were not while rank 0's worker hosted a store that outlived attempts)."""
     (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "release").write_text("")  # attempt 1 returns at once
+    pinned = [str(free_port()) if flag == "pinned" else flag for flag in flags]
     argv = [
         sys.executable,
         "-m",
         "agentd",
         "run",
-        "--rdzv-backend",
-        "static",
-        "--nnodes",
-        "1",
-        "--node-rank",
-        "0",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
+        *pinned,
         "--nproc-per-node",
         "3",
         "--max-restarts",
@@ -375,14 +370,17 @@ def test_with_rank_0s_worker_hosting_the_store_every_worker_restarts_as_a_proces
         str(tmp_path / "logs"),
         JOB,
         str(tmp_path / "out"),
-        "stuck",
+        "loop",
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "In-process restarts need a fresh workers' store per attempt" in done.stderr
+    assert "in-process fallback" not in done.stderr
     calls = calls_of(tmp_path)
-    for rank in range(3):
-        assert calls[rank][1]["pid"] != calls[rank][0]["pid"]
+    for rank in (0, 2):
+        first, second = calls[rank]
+        assert second["pid"] == first["pid"] and second["count"] == 1
+    first, second = calls[1]  # the dead rank: a new process
+    assert second["pid"] != first["pid"] and second["replaced"] == [1]
 
 
 def test_quick_repeated_in_process_restarts_fall_back_to_new_processes(tmp_path):

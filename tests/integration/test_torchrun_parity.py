@@ -288,6 +288,50 @@ def test_a_static_job_recovers_from_a_worker_lost_on_one_node(run_agentd, tmp_pa
     assert "Rendezvous round over" in node0, node0[-3000:]
 
 
+RANK_0_FIRST = """
+    import os, sys, time
+    from datetime import timedelta
+    import psutil
+    import torch.distributed as dist
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        store.set("rank_0", str(os.getpid()))
+        os._exit(0)  # done first, while rank 1 still has the store to use
+    rank_0 = int(store.get("rank_0"))
+    deadline = time.monotonic() + 30
+    while running(rank_0):
+        if time.monotonic() > deadline:
+            sys.exit(4)
+        time.sleep(0.01)
+    store.set("rank_1", "done")  # where the store lived in rank 0's process, it is gone
+    print("STORE " + store.get("rank_1").decode(), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_static_job_of_one_node_keeps_the_store_after_rank_0_is_done(
+    run_agentd, launcher, tmp_path
+):
+    """torchrun's most common command line: its agent serves the workers' store, so
+    rank 0 ending first does not take it from the others. agentd's rank 0 worker hosted
+    it, and rank 1 failed with 'Connection reset by peer'."""
+    agent = run_agentd(
+        *f"--nproc-per-node 2 --master-port {free_port()} --max-restarts 0 --tee 3".split(),
+        script(tmp_path, "rank_0_first.py", RANK_0_FIRST),
+        launcher=launcher,
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-3000:]
+    assert "STORE done" in agent.stdout()
+
+
 def test_an_elastic_job_without_a_run_id_meets_as_one(run_agentd, launcher, tmp_path):
     """``--rdzv-id`` is optional under torchrun (its default, ``none``, is shared by every
     agent). agentd once made up a random id for each agent: at one store they formed a
