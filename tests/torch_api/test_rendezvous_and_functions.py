@@ -99,6 +99,36 @@ def test_a_torch_rendezvous_handler_drives_agentds_agent(tmp_path):
     assert agent.run_id == "foreign"
 
 
+AGENT_STORE_AT = (
+    "import os, sys; env = os.environ; sys.exit(0 if (env['TORCHELASTIC_USE_AGENT_STORE'], "
+    "env['MASTER_PORT'], env['TORCHELASTIC_RUN_ID']) == ('True', sys.argv[1], 'direct') else 5)"
+)
+
+
+def test_a_static_tcp_rendezvous_built_directly_runs_a_job(impl, tmp_path):
+    """torch's constructor (master address and port, node rank, number of nodes, run id,
+    timeout); the agent serves the workers' store at that port. agentd's class used to be
+    its own static rendezvous, with another signature."""
+    static_tcp = elastic(impl, "rendezvous.static_tcp_rendezvous")
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    port = free_port()
+    handler = static_tcp.StaticTCPRendezvous("127.0.0.1", port, 0, 1, "direct", 60)
+    assert (handler.get_backend(), handler.get_run_id()) == ("static", "direct")
+    assert handler.use_agent_store and (handler.rank, handler.world_size) == (0, 1)
+    spec = server.WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        rdzv_handler=handler,
+        entrypoint=sys.executable,
+        args=("-c", AGENT_STORE_AT, str(port)),
+        max_restarts=0,
+    )
+    logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
+    assert local.LocalElasticAgent(spec, logs).run().state == server.WorkerState.SUCCEEDED
+    assert handler.shutdown() is True
+
+
 @pytest.mark.parametrize("impl", ["agentd"])
 def test_a_lambda_entrypoint_is_a_clear_error(impl):
     """torch fails later, in the worker's spawn; agentd says so when the spec is built."""
