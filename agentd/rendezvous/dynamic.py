@@ -21,8 +21,9 @@ Invariants under faults:
   returns before the lease on our heartbeat can end, and :meth:`lease_deadline` tells
   the agent when the workers must be gone. The round is ended for the others as soon as
   the store answers again.
-* **A store outage is waited out.** Once this agent has been in a round, a store that
-  cannot be reached while it rejoins is retried until the join timeout.
+* **A store outage is waited out.** A store that cannot be reached while this agent
+  joins is retried until the join timeout, at the first rendezvous too (its host may
+  start later).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
 from agentd.rendezvous.rounds import Rounds, closed_error
 from agentd.rendezvous.timings import NodeTimings
-from agentd.store.api import Store, StoreError, StoreOutcomeUnknown, StoreUnavailable
+from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.aio import first_done
 from agentd.support.ratelog import RateLimitedLog
@@ -270,9 +271,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         return self._rounds
 
     async def _join_until_member(self) -> Round:
-        """Join rounds until one completes with us in it. An unreachable store ends the
-        first rendezvous (a configuration problem until proven otherwise; an overloaded one
-        that lost an arrival is not: join again); later ones wait for it."""
+        """Join rounds until one completes with us in it. A store out of reach is waited for
+        until the join timeout, the first time too: its host may start after this agent."""
         rounds = self._rounds_or_fail()
         while True:
             try:
@@ -281,15 +281,15 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
                     self._unended = None
                 joined = await rounds.join()
             except StoreUnavailable as exc:
-                if not (self._joined_once or isinstance(exc, StoreOutcomeUnknown)):
-                    raise
                 self._store_problem = str(exc)
                 self._problems.warning(
                     "unreachable",
-                    "Rendezvous %s: the store is unreachable "
-                    "(%s); trying again until the join timeout",
+                    "Rendezvous %s: the store is unreachable (%s); trying again until the "
+                    "join timeout (%gs)%s",
                     self._run_id,
                     exc,
+                    self.settings.join_timeout,
+                    "" if self._joined_once else ": its host may not have started yet",
                 )
                 await asyncio.sleep(RETRY_PAUSE)
                 continue

@@ -175,6 +175,7 @@ class Leaving:
         self._tell_will(member=False)  # this agent releases its own membership now
         if self._rounds is not None:
             self._rounds.release()
+        reached = self._membership is not None and self._membership.answered
         if self._membership is not None:
             await self._membership.stop()
         if self._store is None or self._opened is None:
@@ -183,6 +184,8 @@ class Leaving:
             await self._opened.leaving()
         handed = False
         try:
+            if not reached:  # the store never answered us: nothing of ours is there
+                return
             if not self._closed:  # the others re-form without us, at once
                 if self._round is None and self._rounds is not None:
                     async with asyncio.timeout(_LEAVE_TIMEOUT):

@@ -116,6 +116,11 @@ class Membership:
     # -- the lease -------------------------------------------------------------------------
 
     @property
+    def answered(self) -> bool:
+        """The store has confirmed a heartbeat of ours at least once: it has been reached."""
+        return self._confirmed_until is not None
+
+    @property
     def deadline(self) -> float | None:
         """When the lease ends (monotonic seconds); None without a lease."""
         return self._deadline if self._leased else None
@@ -302,13 +307,25 @@ class Membership:
         first = self._failing_since is None
         if first:
             self._failing_since = now
+        level = logging.INFO if first else logging.WARNING
+        problem = str(exc) or "no answer in time"
+        if not self.member:  # no lease anyone counts on: the store is waited for
+            self._problems(
+                level,
+                "no answer once" if first else "no answer",
+                "Rendezvous: the store at %s does not answer (%s); waiting for it "
+                "(this agent is in no round now)",
+                self._where,
+                problem,
+            )
+            return
         left = (self.deadline or now) - now
         self._problems(
-            logging.INFO if first else logging.WARNING,
+            level,
             "unreachable once" if first else "unreachable",
             "Rendezvous: heartbeat to the store at %s failed "
             "(%s); membership lapses in %.1fs unless it answers",
             self._where,
-            str(exc) or "no answer in time",
+            problem,
             max(0.0, left),
         )

@@ -28,6 +28,7 @@ from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
 from agentd.store.memory import MemoryStore
 from agentd.store.server import StoreServer
+from tests.conftest import free_port
 
 FAST = {
     "keep_alive_interval": 0.1,
@@ -566,6 +567,45 @@ async def test_a_store_restart_mid_rendezvous_is_survived():
         with contextlib.suppress(Exception):
             await shutdown_all(a, b)
         await server.stop()
+
+
+async def test_a_store_whose_host_starts_later_is_waited_for_at_the_first_rendezvous(caplog):
+    """Node 1's agent started before node 0's, the store's host (a pod scheduled later): it
+    waits, saying so, until the join timeout. It used to exit 3 once its store client gave
+    up (30 s), where torchrun's agents wait 60 s and more; the heartbeat's warnings said
+    its membership would lapse, though it had none, and it tried to leave a store it had
+    never reached ("could not leave cleanly")."""
+    caplog.set_level("INFO", logger="agentd.rendezvous")
+    port = free_port()
+
+    def over_http(join_timeout: float) -> DynamicRendezvous:
+        async def open_store() -> OpenedStore:
+            client = HttpStore(f"127.0.0.1:{port}", retry_timeout=0.3)  # gives up early
+            where = f"127.0.0.1:{port}"
+            return OpenedStore(client, client.close, remote=True, single_process=True, where=where)
+
+        settings = {**FAST, "join_timeout": join_timeout}
+        conf = RendezvousSettings(min_nodes=1, max_nodes=1, **settings)
+        return DynamicRendezvous("late", open_store, conf)
+
+    early = over_http(20)
+    waiting = asyncio.create_task(early.next_rendezvous())
+    await wait_for_log(caplog, "its host may not have started yet")
+    assert "membership lapses" not in caplog.text
+    server = StoreServer("127.0.0.1", port)
+    await server.start()
+    try:
+        info = await asyncio.wait_for(waiting, 20)
+        assert (info.group_rank, info.group_world_size) == (0, 1)
+    finally:
+        await early.shutdown()
+        await server.stop()
+    never = over_http(1.5)
+    with pytest.raises(RendezvousTimeoutError, match="the store could not be reached"):
+        await never.next_rendezvous()  # the same, with the store gone for good
+    caplog.clear()
+    await never.shutdown()
+    assert "could not leave cleanly" not in caplog.text
 
 
 async def test_a_round_short_of_its_minimum_says_what_it_waits_for(store, monkeypatch, caplog):

@@ -215,6 +215,7 @@ async def test_one_failed_heartbeat_is_said_at_info_and_a_second_at_warning(capl
 
     m = membership(MemoryStore())
     await m.announce()
+    m.member = True  # in a round: the lease is at stake
     with caplog.at_level("INFO", logger="agentd.rendezvous.membership"):
         for _ in range(2):
             m._failed(StoreUnavailable("connection refused"))

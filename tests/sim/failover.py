@@ -128,6 +128,22 @@ class Network:
             return True
         return any(s.agent is not agent for s in servers for agent in live)
 
+    def stranded(self, agent: SimAgent) -> bool:
+        """``agent`` has never been in a round, and no endpoint its client knows (the seed
+        alone, until a store tells it the list) is a live server within its reach: it
+        waits for the store until the join timeout, saying so, and then ``agentd run``
+        exits 3 naming it. A node started as the store's host is lost, with an endpoint
+        that names that host alone, cannot find the job."""
+        opened = agent.handler._opened
+        if agent.handler._joined_once or opened is None:
+            return False
+        known = getattr(opened.store, "endpoints", ())
+        servers = [self.servers.get(endpoint) for endpoint in known]
+        return not any(
+            server is not None and not server.agent.owner.dead and self._reachable(agent, server)
+            for server in servers
+        )
+
     def _reachable(self, sender: SimAgent, server: SimServer) -> bool:
         if sender is server.agent:
             return True

@@ -747,6 +747,8 @@ class World:
     def check_liveness(self) -> None:
         """S5: every live agent is in the same round, of all of them (up to MAX)."""
         live = [a for a in self.agents if a.alive]
+        if self.network is not None:  # waiting for a store it can never reach: not judged
+            live = [a for a in live if not self.network.stranded(a)]
         schedule = self.schedule
         if len(live) < schedule.min_nodes:
             return
