@@ -248,9 +248,14 @@ class Membership:
 
     async def announce(self) -> int:
         """(Re)create our heartbeat, as on every join (a restarted store forgot it); returns
-        the store's revision after it."""
-        sent = self._announced_at = time.monotonic()
-        revision = await self._store.set(self._key, self._value, ttl=self.ttl)
+        the store's revision after it. The lease counts from the send, so one answered
+        more than a heartbeat interval after it (retried while the store was out of reach)
+        is sent once more: its lease could end before the round it joins is sealed."""
+        for _ in range(2):
+            sent = self._announced_at = time.monotonic()
+            revision = await self._store.set(self._key, self._value, ttl=self.ttl)
+            if time.monotonic() - sent <= self._interval:
+                break
         self._deadline = None  # a new lease: the old one may have been extended
         self.dropped = False
         self._confirm(sent)

@@ -55,6 +55,30 @@ async def test_silence_ends_membership_a_margin_before_the_lease():
     assert not m.told_expired  # silence: nobody to ask
 
 
+class SlowAtFirst(MemoryStore):
+    """A store whose first write is answered late: its client retried it while the store's
+    host was not up yet."""
+
+    sets = 0
+
+    async def set(self, key, value, ttl=None):
+        self.sets += 1
+        if self.sets == 1:
+            await asyncio.sleep(0.6)
+        return await super().set(key, value, ttl=ttl)
+
+
+async def test_a_heartbeat_answered_long_after_its_send_is_announced_again():
+    """An agent started before the store's host: its join's heartbeat, retried for 15 s,
+    gave a lease that had nearly run out when it was answered, and the round sealed a
+    second later was ended for it ("its lease ran out meanwhile")."""
+    store = SlowAtFirst()
+    m = membership(store, ttl=0.8, interval=0.2)
+    await m.announce()
+    assert store.sets == 2
+    assert m.deadline is not None and m.deadline - time.monotonic() > 0.6
+
+
 async def test_a_heartbeat_the_store_forgot_ends_membership_at_once():
     store = MemoryStore()
     m = membership(store, ttl=5.0, interval=0.05)

@@ -272,9 +272,20 @@ def test_spares_wait_for_the_workers_of_a_member_cut_off_from_the_store():
     assert simulate(schedule_for(145)).violations == []
 
 
-@pytest.mark.parametrize("seed", [8, 221, 1193])
+def test_an_agent_paused_as_it_first_sets_its_heartbeat_joins_with_a_fresh_lease():
+    """Seed 8: agent 2 is SIGSTOPped for 20 s as its first heartbeat is sent, longer than
+    the lease that heartbeat gave. Its answer came after the pause, the round was sealed
+    with it, and it ended that round at once (its lease had run out): a restart of the
+    job for nothing. A heartbeat answered more than an interval after its send is now set
+    again, so it joins with a fresh lease: one round of all four."""
+    outcome = simulate(schedule_for(8))
+    assert outcome.violations == []
+    assert outcome.rounds == 1, outcome.notes
+
+
+@pytest.mark.parametrize("seed", [221, 1193])
 def test_an_agent_paused_or_cut_off_as_its_round_seals_ends_that_round(seed):
-    """Seeds 8, 221 and 1193 (S1, S5): an agent SIGSTOPped or partitioned as its round
+    """Seeds 8 (until its heartbeat was set again, above), 221 and 1193 (S1, S5): an agent SIGSTOPped or partitioned as its round
     is sealed comes back past its lease, or to a store that expired (or, restarted,
     forgot) its heartbeat meanwhile. It starts no worker of that round (the others may
     have its ranks by now) and ends it, so the job re-forms with it rather than waiting
