@@ -8,6 +8,7 @@ at the end, and how it leaves the job (a drain, failed node checks).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.agent.lifecycle import WorkerLifecycle
 from agentd.assembly.services import AgentHooks, build_services
 from agentd.assembly.settings import AgentSettings
-from agentd.exceptions import AgentStopped, Drained, StartError
+from agentd.exceptions import AgentStopped, Drained, StartError, field_error
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
 from agentd.rendezvous.api import KeepsWorkers, LeasedMembership
@@ -34,6 +35,7 @@ from agentd.workers.processes import WorkerProcess
 if TYPE_CHECKING:
     from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
     from agentd.assembly.services import ServicesFactory
+    from agentd.assembly.torch_env import Stoppable
     from agentd.view import Service
     from agentd.wire.progress import ProgressMessage
     from agentd.workers.logs_specs import LogsSpecs
@@ -64,6 +66,9 @@ class LocalElasticAgent(WorkerLifecycle):
         start_method: str = "spawn",
         exit_barrier_timeout: float = 300.0,
         log_line_prefix_template: str | None = None,
+        shutdown_timeout: float | None = None,
+        health_check_server: Stoppable | None = None,
+        uninterruptible_state_timeout: float | None = None,
         *,
         log_dir: str | os.PathLike[str] | None = None,
         settings: AgentSettings | None = None,
@@ -72,7 +77,18 @@ class LocalElasticAgent(WorkerLifecycle):
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
         check_start_method(start_method)
+        if shutdown_timeout is not None:  # torch's name for the workers' stop timeout
+            if shutdown_timeout < 0:
+                raise field_error("shutdown_timeout", shutdown_timeout, "must be >= 0 seconds")
+            spec.stop_timeout = float(shutdown_timeout)
         settings = settings or AgentSettings()
+        if health_check_server is not None or uninterruptible_state_timeout is not None:
+            from agentd.assembly.torch_env import with_torch_arguments
+
+            settings = with_torch_arguments(
+                settings, health_check_server, uninterruptible_state_timeout
+            )
+        self._health_check_server = health_check_server
         self.logs_specs = logs_specs
         self.error_files: dict[int, str] = {}
         if logs_specs is not None:
@@ -177,6 +193,8 @@ class LocalElasticAgent(WorkerLifecycle):
                     await service.stop()
                 except Exception:
                     log.exception("Could not stop %s", type(service).__name__)
+            if self._health_check_server is not None:  # the caller's: torch's agent stops it
+                await asyncio.to_thread(self._health_check_server.stop)
 
     # -- joining, leaving, restarting (the lifecycle itself: agent/lifecycle.py) ------
 

@@ -193,3 +193,32 @@ async def test_a_hang_fails_the_group_with_its_report_through_the_python_api(tmp
     assert root.hang is not None and root.hang["timeout_source"] == "explicit"
     assert [d["rank"] for d in heard] == [1]
     assert agent.heartbeat_status()["hangs"] == 1
+
+
+def test_torchs_d_state_timeout_comes_from_its_argument_else_its_variable(tmp_path, monkeypatch):
+    """As torch's agent: the argument wins, then TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT
+    (a Python caller's agent ignored the variable); 0 or less is off, and a value that is
+    not a number is an error naming the variable (torch turns the check off silently)."""
+    from agentd.exceptions import ConfigError
+
+    def stuck_after(*args: float) -> float:
+        spec = WorkerSpec(role="t", local_world_size=1, entrypoint=sys.executable, args=("-c", ""))
+        agent = LocalElasticAgent(spec, None, "spawn", 300, None, 7, None, *args, log_dir=tmp_path)
+        assert agent._worker_group.spec.stop_timeout == 7  # shutdown_timeout
+        watchdog = agent._settings.watchdog
+        return watchdog.uninterruptible_timeout if watchdog is not None else 0.0
+
+    monkeypatch.setenv("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "4.5")
+    assert stuck_after(2.0) == 2.0
+    assert stuck_after(-1.0) == 0.0
+    from agentd.assembly.torch_env import watchdog_from_env
+
+    assert watchdog_from_env().uninterruptible_timeout == 4.5
+    monkeypatch.setenv("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "-3")
+    assert watchdog_from_env().uninterruptible_timeout == 0.0
+    monkeypatch.setenv("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match=r"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT.*soon"):
+        watchdog_from_env()
+    with pytest.raises(ConfigError, match="shutdown_timeout"):
+        spec = WorkerSpec(role="t", local_world_size=1, entrypoint=sys.executable, args=("-c", ""))
+        LocalElasticAgent(spec, shutdown_timeout=-1, log_dir=tmp_path)

@@ -285,11 +285,11 @@ def test_an_agent_paused_as_it_first_sets_its_heartbeat_joins_with_a_fresh_lease
 
 @pytest.mark.parametrize("seed", [221, 1193])
 def test_an_agent_paused_or_cut_off_as_its_round_seals_ends_that_round(seed):
-    """Seeds 8 (until its heartbeat was set again, above), 221 and 1193 (S1, S5): an agent SIGSTOPped or partitioned as its round
-    is sealed comes back past its lease, or to a store that expired (or, restarted,
-    forgot) its heartbeat meanwhile. It starts no worker of that round (the others may
-    have its ranks by now) and ends it, so the job re-forms with it rather than waiting
-    on it for ever."""
+    """Seeds 221 and 1193, and 8 until its heartbeat was set again (above) (S1, S5): an
+    agent SIGSTOPped or partitioned as its round is sealed comes back past its lease, or
+    to a store that expired (or, restarted, forgot) its heartbeat meanwhile. It starts no
+    worker of that round (the others may have its ranks by now) and ends it, so the job
+    re-forms with it rather than waiting on it for ever."""
     outcome = simulate(schedule_for(seed))
     assert outcome.violations == []
     assert outcome.rounds >= 2

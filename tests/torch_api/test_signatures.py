@@ -81,6 +81,40 @@ def test_local_elastic_agent_takes_torch_positional_arguments(impl, tmp_path):
     assert not (tmp_path / "spawn").exists()  # "spawn" is the start method, not a directory
 
 
+class CallersServer:
+    """A health check server of the caller's: torch's agent stops it at its end."""
+
+    stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_local_elastic_agent_takes_torchs_shutdown_health_and_d_state_arguments(impl, tmp_path):
+    """torch 2.13's last three arguments, by keyword (agentd refused them: TypeError)."""
+    server = elastic(impl, "agent.server")
+    local = elastic(impl, "agent.server.local_elastic_agent")
+    logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
+    spec = server.WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        entrypoint=sys.executable,
+        args=("-c", "pass"),
+        rdzv_handler=static_handler(impl),
+        max_restarts=0,
+    )
+    health = CallersServer()
+    agent = local.LocalElasticAgent(
+        spec,
+        logs,
+        shutdown_timeout=5,
+        health_check_server=health,
+        uninterruptible_state_timeout=2.5,
+    )
+    assert agent.run().state == server.WorkerState.SUCCEEDED
+    assert health.stopped
+
+
 def test_process_failure_reads_the_error_file_as_torch_does(impl, tmp_path):
     errors = elastic(impl, "multiprocessing.errors")
     path = tmp_path / "error.json"
