@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from agentd.agent.lifecycle import WorkerLifecycle
 from agentd.assembly.services import AgentHooks, build_services
 from agentd.assembly.settings import AgentSettings
-from agentd.exceptions import AgentStopped, Drained, StartError, field_error
+from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
 from agentd.rendezvous.api import KeepsWorkers, LeasedMembership
@@ -77,10 +77,6 @@ class LocalElasticAgent(WorkerLifecycle):
         if isinstance(logs_specs, str):  # the documentation's LocalElasticAgent(spec, "spawn")
             logs_specs, start_method = None, logs_specs
         check_start_method(start_method)
-        if shutdown_timeout is not None:  # torch's name for the workers' stop timeout
-            if shutdown_timeout < 0:
-                raise field_error("shutdown_timeout", shutdown_timeout, "must be >= 0 seconds")
-            spec.stop_timeout = float(shutdown_timeout)
         settings = settings or AgentSettings()
         if health_check_server is not None or uninterruptible_state_timeout is not None:
             from agentd.assembly.torch_env import with_torch_arguments
@@ -98,7 +94,7 @@ class LocalElasticAgent(WorkerLifecycle):
             spec.redirects, spec.tee, spec.local_ranks_filter = output_settings(logs_specs)
         if log_line_prefix_template is not None:
             spec.log_line_prefix_template = check_log_prefix(log_line_prefix_template)
-        super().__init__(spec, exit_barrier_timeout)
+        super().__init__(spec, exit_barrier_timeout, shutdown_timeout)
         self.start_method = start_method
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
         self.hostname = socket.gethostname()

@@ -76,7 +76,16 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
     event-driven and returns only when something happened.
     """
 
-    def __init__(self, spec: WorkerSpec, exit_barrier_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        exit_barrier_timeout: float = 300.0,
+        shutdown_timeout: float | None = None,
+    ) -> None:
+        if shutdown_timeout is not None:  # torch's name for the workers' stop timeout
+            if shutdown_timeout < 0:
+                raise ConfigError(f"shutdown_timeout: {shutdown_timeout!r} must be >= 0")
+            spec.stop_timeout = float(shutdown_timeout)
         self._rdzv_handler: RendezvousHandler | None = None
         self.fresh_run_id = spec.rdzv_handler is None
         """No rendezvous was given: the group runs alone here, under a new run id."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentd.errors.error_handler import get_error_handler
+from agentd.errors.error_handler import ErrorHandler, get_error_handler
 
 if TYPE_CHECKING:
     from agentd.group import WorkerFailure
@@ -83,7 +83,7 @@ def _failure_block(index: int, rank: int, failure: WorkerFailure) -> str:
     )
 
 
-def record(fn: _F) -> _F:
+def record(fn: _F, error_handler: ErrorHandler | None = None) -> _F:
     """Decorate a worker's main function: an uncaught exception lands in the error file.
 
     The same contract as torch's ``torch.distributed.elastic.multiprocessing.errors.record``,
@@ -91,11 +91,13 @@ def record(fn: _F) -> _F:
     ``SystemExit(0)`` is a clean exit and returns None; for a :class:`ChildFailedError` (a
     launcher's) the root cause's error file is copied, and nothing is written when the
     root cause left none. ``faulthandler`` is enabled, so a native crash leaves a stack.
+    ``error_handler`` (torch's argument) does the writing; by default
+    :func:`~agentd.errors.error_handler.get_error_handler`'s.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        handler = get_error_handler()
+        handler = error_handler or get_error_handler()
         handler.initialize()
         try:
             return fn(*args, **kwargs)

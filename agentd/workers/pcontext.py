@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentd.exceptions import field_error
+from agentd.spec import check_start_method
 from agentd.support.sync_bridge import BackgroundLoop
 from agentd.support.tempdirs import private_dir
 from agentd.workers.logs_specs import CONSOLE, LogsSpecs, dest_routes
@@ -180,7 +181,21 @@ class SubprocessContext(PContext):
 
 
 class MultiprocessContext(PContext):
-    """Processes running a function."""
+    """Processes running a function; torch's arguments, ``start_method`` among them
+    (every method runs as ``spawn``)."""
+
+    def __init__(
+        self,
+        name: str,
+        entrypoint: Callable[..., Any] | str,
+        args: Mapping[int, tuple[Any, ...]],
+        envs: Mapping[int, Mapping[str, str]],
+        start_method: str,
+        logs_specs: LogsSpecs,
+        log_line_prefixes: Mapping[int, str] | None = None,
+    ) -> None:
+        check_start_method(start_method)
+        super().__init__(name, entrypoint, args, envs, logs_specs, log_line_prefixes)
 
 
 def start_processes(
@@ -194,8 +209,13 @@ def start_processes(
     **_: Any,
 ) -> PContext:
     """Start the processes (see the module); every ``start_method`` runs as ``spawn``."""
-    kind = SubprocessContext if isinstance(entrypoint, str) else MultiprocessContext
-    context = kind(name, entrypoint, args, envs, logs_specs, log_line_prefixes)
+    context: PContext
+    if isinstance(entrypoint, str):
+        context = SubprocessContext(name, entrypoint, args, envs, logs_specs, log_line_prefixes)
+    else:
+        context = MultiprocessContext(
+            name, entrypoint, args, envs, start_method, logs_specs, log_line_prefixes
+        )
     try:
         context.start()
     except BaseException:

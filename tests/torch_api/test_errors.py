@@ -63,6 +63,24 @@ def test_record_writes_the_error_file_the_failure_reads(impl, tmp_path, monkeypa
     assert stamp == str(failure.timestamp) and "lost" in json.dumps(failure.error_file_data)
 
 
+def test_record_takes_an_error_handler_of_the_callers(impl, tmp_path, monkeypatch):
+    """torch's second argument (agentd's ``record`` took the function alone)."""
+    errors = elastic(impl, "multiprocessing.errors")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    seen = []
+
+    class Collecting(errors.ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            seen.append(repr(e))
+
+    def main():
+        raise KeyError("lost")
+
+    with pytest.raises(KeyError):
+        errors.record(main, error_handler=Collecting())()
+    assert seen == ["KeyError('lost')"] and not (tmp_path / "error.json").exists()
+
+
 def test_record_treats_exit_0_as_success(impl, tmp_path, monkeypatch):
     errors = elastic(impl, "multiprocessing.errors")
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))

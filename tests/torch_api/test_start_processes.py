@@ -39,6 +39,26 @@ def test_a_function_returns_its_values_by_local_rank(impl, tmp_path):
         context.close()
 
 
+def test_a_multiprocess_context_takes_torchs_arguments_start_method_among_them(impl, tmp_path):
+    """torch's order puts ``start_method`` before ``logs_specs``: agentd's context had no
+    such argument, so a torch user's call failed (by keyword) or misplaced the log specs."""
+    mp = elastic(impl, "multiprocessing")
+    context = mp.MultiprocessContext(
+        name="fn",
+        entrypoint=rank_times_ten,
+        args={0: (0,), 1: (1,)},
+        envs=_envs(2),
+        start_method="spawn",
+        logs_specs=mp.DefaultLogsSpecs(log_dir=str(tmp_path)),
+    )
+    try:
+        context.start()
+        result = context.wait()
+        assert not result.is_failed() and result.return_values == {0: 0, 1: 10}
+    finally:
+        context.close()
+
+
 def test_a_failing_rank_is_reported_with_its_error_file(impl, tmp_path):
     mp = elastic(impl, "multiprocessing")
     context = mp.start_processes(
