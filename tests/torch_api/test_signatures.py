@@ -61,9 +61,10 @@ def test_worker_spec_fn_is_deprecated_but_works(impl):
     assert spec.fn is trainer and caught  # torch warns that fn is deprecated
 
 
-def test_local_elastic_agent_takes_torch_positional_arguments(impl, tmp_path):
+def one_worker_agent_parts(impl: str, tmp_path):
+    """The agent module, the implementation's log specs, and a spec of one worker that
+    exits 0."""
     server = elastic(impl, "agent.server")
-    local = elastic(impl, "agent.server.local_elastic_agent")
     logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
     spec = server.WorkerSpec(
         role="trainer",
@@ -73,6 +74,12 @@ def test_local_elastic_agent_takes_torch_positional_arguments(impl, tmp_path):
         rdzv_handler=static_handler(impl),
         max_restarts=0,
     )
+    return elastic(impl, "agent.server.local_elastic_agent"), logs, spec
+
+
+def test_local_elastic_agent_takes_torch_positional_arguments(impl, tmp_path):
+    server = elastic(impl, "agent.server")
+    local, logs, spec = one_worker_agent_parts(impl, tmp_path)
     agent = local.LocalElasticAgent(
         spec, logs, "spawn", 5, "[${rank}]:" if impl == "torch" else "[{rank}]:"
     )
@@ -93,16 +100,7 @@ class CallersServer:
 def test_local_elastic_agent_takes_torchs_shutdown_health_and_d_state_arguments(impl, tmp_path):
     """torch 2.13's last three arguments, by keyword (agentd refused them: TypeError)."""
     server = elastic(impl, "agent.server")
-    local = elastic(impl, "agent.server.local_elastic_agent")
-    logs = elastic(impl, "multiprocessing").DefaultLogsSpecs(log_dir=str(tmp_path))
-    spec = server.WorkerSpec(
-        role="trainer",
-        local_world_size=1,
-        entrypoint=sys.executable,
-        args=("-c", "pass"),
-        rdzv_handler=static_handler(impl),
-        max_restarts=0,
-    )
+    local, logs, spec = one_worker_agent_parts(impl, tmp_path)
     health = CallersServer()
     agent = local.LocalElasticAgent(
         spec,
