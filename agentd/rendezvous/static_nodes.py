@@ -265,15 +265,26 @@ class StaticNodesRendezvous(StaticRendezvous):
         deadline = loop.time() + self._timeout
         if self._node_rank == 0:
             await self._serve()
+        connecting = asyncio.ensure_future(
+            TCPStoreClient.connect(self._master_addr, self.master_port, self._timeout)
+        )
         try:
-            client = await TCPStoreClient.connect(
-                self._master_addr, self.master_port, self._timeout
-            )
+            while not (await asyncio.wait({connecting}, timeout=REPORT_EVERY))[0]:
+                log.info(
+                    "[%s] Waiting for node rank 0's agent to serve the job's store at %s "
+                    "(rdzv_conf timeout=%gs)",
+                    self._role,
+                    self._where(),
+                    self._timeout,
+                )
+            client = connecting.result()
         except TimeoutError as exc:
             raise RendezvousTimeoutError(
                 f"static rendezvous: {exc}; node rank 0's agent serves it at --master-addr "
                 f"and --master-port (rdzv_conf timeout={self._timeout:g})"
             ) from None
+        finally:
+            connecting.cancel()
         self._client = client
         try:
             mine = self._claim()

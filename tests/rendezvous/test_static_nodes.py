@@ -49,13 +49,21 @@ async def met_pair(made: list, lws: int = 1, wait: float = 30):
     return zero, one
 
 
-async def test_nodes_of_different_sizes_meet_whoever_starts_first(nodes):
+async def test_nodes_of_different_sizes_meet_whoever_starts_first(nodes, monkeypatch, caplog):
+    """The nodes started before node 0 wait for its store, and say so (they were silent)."""
+    from agentd.rendezvous import static_nodes
+
+    monkeypatch.setattr(static_nodes, "REPORT_EVERY", 0.1)
+    caplog.set_level("INFO", logger="agentd.rendezvous.static_nodes")
     port = free_port()
     late_zero = node(nodes, port, 0, 3, lws=2)
     others = [node(nodes, port, 1, 3, lws=4), node(nodes, port, 2, 3, lws=1)]
     first = [asyncio.ensure_future(h.next_rendezvous()) for h in others]
     await asyncio.sleep(0.3)  # node 0 is not up yet: the others keep trying
     assert not any(f.done() for f in first)
+    assert f"Waiting for node rank 0's agent to serve the job's store at 127.0.0.1:{port}" in (
+        caplog.text
+    )
     infos = await asyncio.wait_for(asyncio.gather(late_zero.next_rendezvous(), *first), 20)
     assert [info.group_rank for info in infos] == [0, 1, 2]
     for info in infos:
