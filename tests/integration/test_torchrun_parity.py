@@ -301,6 +301,7 @@ RANK_0_FIRST = """
             return False
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    dist.barrier()  # both ends of gloo's connections are up: rank 0 may leave now
     store = dist.distributed_c10d._get_default_store()
     if dist.get_rank() == 0:
         store.set("rank_0", str(os.getpid()))
