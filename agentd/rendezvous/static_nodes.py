@@ -14,24 +14,26 @@ that restarts first can meet the last attempt's keys, and its restarts fail now 
 
 At the first round each agent claims its node rank, with its role and worker count, and
 waits (``rdzv_conf`` ``timeout``, 600 s as torch's) until every rank of ``--nnodes`` is
-claimed: nodes may run different ``--nproc-per-node``; a node given a rank another node
-took is told so, and so are nodes given different ``--nnodes``. The nodes of a static job
-never change: later rounds reuse the claims. A node that gives up closes the job for
-all. When the workers have all succeeded the agents meet once more (the exit barrier), so
-node 0 keeps the store up until every node's workers are done.
+claimed: nodes may run different ``--nproc-per-node``; a node given a rank another live
+agent holds is told so, and so are nodes given different ``--nnodes``
+(:mod:`~agentd.rendezvous.static_claims`). The nodes of a static job never change: later
+rounds reuse the claims. An agent that comes back after its old self was killed takes
+its rank over: it ends the round its old self was in, and meets the others at the next
+one (a round counts one arrival per node rank, so an old self that arrived before it died
+is not counted twice). A node that gives up closes the job for all. When the workers have
+all succeeded the agents meet once more (the exit barrier), so node 0 keeps the store up
+until every node's workers are done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING
 
-from agentd.exceptions import ConfigError, StartError
+from agentd.exceptions import StartError
 from agentd.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -40,6 +42,17 @@ from agentd.rendezvous.api import (
     RoleInstanceInfo,
 )
 from agentd.rendezvous.static import StaticRendezvous
+from agentd.rendezvous.static_claims import (
+    PREFIX,
+    REPORT_EVERY,
+    beat,
+    claim,
+    node_key,
+    role_infos,
+    take_rank,
+    wait_for_claims,
+    who,
+)
 
 if TYPE_CHECKING:
     from agentd.tcpstore.client import TCPStoreClient
@@ -49,23 +62,23 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds an agent waits for node 0's store and for every node's claim (torch's)."""
-REPORT_EVERY = 30.0
-"""Seconds between the lines that name the node ranks still awaited."""
-_PREFIX = "/agentd/static/"
-_FINISHED, _ALL_FINISHED = _PREFIX + "finished", _PREFIX + "all_finished"
-_CLOSED = _PREFIX + "closed"
+_CLOSED = PREFIX + "closed"
+_CURRENT = PREFIX + "current"
+"""The last round node 0 let start (none yet: round 0)."""
 
-
-def node_key(rank: int) -> str:
-    """The store key of node ``rank``'s claim."""
-    return f"{_PREFIX}node/{rank}"
+__all__ = ["StaticNodesRendezvous", "node_key", "round_key"]
 
 
 def round_key(generation: int, what: str) -> str:
     """The store key of round ``generation``'s ``what``: ``over`` (why it ended),
-    ``arrived`` (how many agents came), ``all`` (every agent came) or ``go`` (node 0
-    cleared the workers' keys: start)."""
-    return f"{_PREFIX}round/{generation}/{what}"
+    ``here/<node rank>`` (that node's agent came) or ``go`` (node 0 cleared the workers'
+    keys: start)."""
+    return f"{PREFIX}round/{generation}/{what}"
+
+
+def finished_key(rank: int) -> str:
+    """The store key that says node ``rank``'s workers succeeded (the exit barrier)."""
+    return f"{PREFIX}finished/{rank}"
 
 
 class StaticNodesRendezvous(StaticRendezvous):
@@ -98,6 +111,10 @@ class StaticNodesRendezvous(StaticRendezvous):
         self._client: TCPStoreClient | None = None
         self._infos: tuple[RoleInstanceInfo, ...] | None = None
         self._token = os.urandom(6).hex()  # tells this agent's claim from any other's
+        self._claim = claim(role, local_world_size, nnodes, self._token)
+        self._claimed = False  # the rank is ours: leaving before the end ends the job
+        self._replacing = ""  # whose rank we took over, and why it counted as gone
+        self._beat: asyncio.Task[None] | None = None
         self._finished = False  # its workers succeeded: at the exit barrier, or past it
 
     @property
@@ -115,6 +132,8 @@ class StaticNodesRendezvous(StaticRendezvous):
     async def next_rendezvous(self) -> RendezvousInfo:
         if self._infos is None:
             self._infos = await self._meet()  # every rank claimed: all are at round 0
+            if self._replacing:  # the others were at a round with our old self
+                await self._arrive(await self._take_place() + 1)
         else:
             await self._arrive(self._generation + 1)
         self._generation += 1
@@ -154,9 +173,8 @@ class StaticNodesRendezvous(StaticRendezvous):
             return
         self._finished = True
         try:
-            if await client.add(_FINISHED, 1) >= self._nnodes:
-                await client.set(_ALL_FINISHED, b"1")
-            await client.wait([_ALL_FINISHED])
+            await client.set(finished_key(self._node_rank), b"1")
+            await client.wait([finished_key(rank) for rank in range(self._nnodes)])
         except (ConnectionError, OSError) as exc:  # node 0 left: nobody is left to wait for
             log.info("Exit barrier: the job's store at %s is gone (%s)", self._where(), exc)
 
@@ -164,8 +182,11 @@ class StaticNodesRendezvous(StaticRendezvous):
         """Leave; an agent that leaves before the job ends (a signal, an error) ends it on
         every node, which would otherwise wait for this one at their next round."""
         client, self._client = self._client, None
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
         if client is not None:
-            if not self._finished:
+            if self._claimed and not self._finished:
                 with contextlib.suppress(ConnectionError, OSError):
                     reason = f"node rank {self._node_rank}'s agent left before the job ended"
                     await client.set(_CLOSED, reason.encode())
@@ -180,25 +201,63 @@ class StaticNodesRendezvous(StaticRendezvous):
         """Meet every node at round ``generation`` (this one's workers are stopped)."""
         client = self._store()
         deadline = asyncio.get_running_loop().time() + self._timeout
+        here = [round_key(generation, f"here/{rank}") for rank in range(self._nnodes)]
         try:
+            (holder,) = await client.multi_get([node_key(self._node_rank)])
+            if holder != self._claim:
+                self._claimed = False  # the job goes on with the agent that took our place
+                raise RendezvousClosedError(
+                    f"static rendezvous: node rank {self._node_rank} was taken over by "
+                    f"{who(holder)}, which judged this agent gone (its beat stood still)"
+                )
             ended = round_key(generation - 1, "over")  # unless end_round said why already
             await client.compare_set(ended, b"", b"a node restarts its workers")
-            if await client.add(round_key(generation, "arrived"), 1) >= self._nnodes:
-                await client.set(round_key(generation, "all"), b"1")
+            await client.set(here[self._node_rank], self._token.encode())
             if self._node_rank == 0:
-                await self._until(round_key(generation, "all"), deadline, generation)
+                await self._until(here, deadline, generation)
                 assert self._server is not None
-                self._server.clear_except(_PREFIX)  # no worker of an earlier round is left
+                self._server.clear_except(PREFIX)  # no worker of an earlier round is left
+                await client.set(_CURRENT, str(generation).encode())
                 await client.set(round_key(generation, "go"), b"1")
-            await self._until(round_key(generation, "go"), deadline, generation)
+            await self._until([round_key(generation, "go")], deadline, generation)
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise self._lost(exc) from None
 
-    async def _until(self, key: str, deadline: float, generation: int) -> None:
+    async def _take_place(self) -> int:
+        """Take our gone old self's place: end the round it was in (or had run), which the
+        others then leave, and return that round's generation; an old self whose workers had
+        succeeded leaves nothing to run (RendezvousClosedError, as succeeded)."""
+        client = self._store()
+        rank = self._node_rank
+        try:
+            (done, current) = await client.multi_get([finished_key(rank), _CURRENT])
+            if done:
+                self._finished = True  # (and nobody waits for us: our old self's key counts)
+                raise RendezvousClosedError(
+                    f"static rendezvous: node rank {rank}'s workers had succeeded before "
+                    "this agent took its place; nothing is left to run here",
+                    succeeded=True,
+                )
+            generation = int(current or b"0")
+            why = f"node rank {rank}'s agent was replaced".encode()
+            await client.compare_set(round_key(generation, "over"), b"", why)
+        except (ConnectionError, OSError) as exc:
+            raise self._lost(exc) from None
+        log.info(
+            "[%s] Took node rank %d over from %s; meeting the other nodes at round %d",
+            self._role,
+            rank,
+            self._replacing,
+            generation + 1,
+        )
+        self._generation = generation
+        return generation
+
+    async def _until(self, keys: list[str], deadline: float, generation: int) -> None:
         loop = asyncio.get_running_loop()
         while True:
             left = max(0.0, deadline - loop.time())
-            if await self._first_of(key, min(left, REPORT_EVERY)) is not None:
+            if await self._first_of(keys, min(left, REPORT_EVERY)) is not None:
                 return
             if loop.time() >= deadline:
                 raise RendezvousTimeoutError(
@@ -206,25 +265,29 @@ class StaticNodesRendezvous(StaticRendezvous):
                     f"its workers within {self._timeout:g}s (rdzv_conf timeout; round "
                     f"{generation})"
                 )
-            (arrived,) = await self._store().multi_get([round_key(generation, "arrived")])
+            here = [round_key(generation, f"here/{rank}") for rank in range(self._nnodes)]
+            arrived = [rank for rank, v in enumerate(await self._store().multi_get(here)) if v]
             log.info(
-                "[%s] Waiting for the other nodes to restart their workers: %s of %d at round %d",
+                "[%s] Waiting for the other nodes to restart their workers: %d of %d at "
+                "round %d (node ranks %s not yet)",
                 self._role,
-                arrived.decode() or "0",
+                len(arrived),
                 self._nnodes,
                 generation,
+                sorted(set(range(self._nnodes)) - set(arrived)),
             )
 
-    async def _first_of(self, key: str, seconds: float | None) -> bytes | None:
-        """``key``'s value once it exists, or None when ``seconds`` pass first; the job's
-        close, watched beside it, raises RendezvousClosedError. On connections of their
-        own: a cancelled wait closes its connection, and never the agent's."""
+    async def _first_of(self, keys: str | list[str], seconds: float | None) -> bytes | None:
+        """Once every key exists, the first one's value; None when ``seconds`` pass first;
+        the job's close, watched beside it, raises RendezvousClosedError. On connections of
+        their own: a cancelled wait closes its connection, and never the agent's."""
         from agentd.tcpstore.client import TCPStoreClient
 
+        keys = [keys] if isinstance(keys, str) else keys
         port = self.master_port
         clients = [await TCPStoreClient.connect(self._master_addr, port, 10) for _ in "kc"]
         waits = [
-            asyncio.ensure_future(clients[0].wait([key], seconds)),
+            asyncio.ensure_future(clients[0].wait(keys, seconds)),
             asyncio.ensure_future(clients[1].wait([_CLOSED], seconds)),
         ]
         try:
@@ -236,7 +299,7 @@ class StaticNodesRendezvous(StaticRendezvous):
                 )
             if not waits[0].result():
                 return None
-            (value,) = await clients[0].multi_get([key])
+            (value,) = await clients[0].multi_get(keys[:1])
             return value
         finally:
             for task in waits:
@@ -287,16 +350,22 @@ class StaticNodesRendezvous(StaticRendezvous):
             connecting.cancel()
         self._client = client
         try:
-            mine = self._claim()
-            held = await client.compare_set(node_key(self._node_rank), b"", mine)
-            if held != mine:
-                raise ConfigError(self._taken(held))
-            keys = [node_key(rank) for rank in range(self._nnodes)]
-            await self._wait_for(keys, deadline)
-            claims = [_parse(raw) for raw in await client.multi_get(keys)]
+            await self._take_rank(client)
+            claims = await wait_for_claims(
+                client, self._nnodes, deadline, self._where(), self._timeout
+            )
         except (ConnectionError, OSError) as exc:
             raise self._lost(exc) from None
-        return self._role_infos(claims)
+        return role_infos(claims, self._nnodes)
+
+    async def _take_rank(self, client: TCPStoreClient) -> None:
+        """Claim our node rank (or take it over from a gone agent), then beat for it."""
+        from agentd.tcpstore.client import TCPStoreClient
+
+        self._replacing = await take_rank(client, self._node_rank, self._claim, self._nnodes)
+        self._claimed = True
+        beating = await TCPStoreClient.connect(self._master_addr, self.master_port, 10)
+        self._beat = asyncio.ensure_future(_beat_until_closed(beating, self._node_rank))
 
     async def _serve(self) -> None:
         from agentd.rendezvous.workers_store import store_server
@@ -315,68 +384,12 @@ class StaticNodesRendezvous(StaticRendezvous):
         self._server = server
         log.info("[%s] Serving the job's store on %s", self._role, self._where())
 
-    def _claim(self) -> bytes:
-        return json.dumps(
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "role": self._role,
-                "local_world_size": self._local_world_size,
-                "nnodes": self._nnodes,
-                "token": self._token,
-            },
-            sort_keys=True,
-        ).encode()
-
-    def _taken(self, held: bytes) -> str:
-        other = _parse(held)
-        return (
-            f"--node-rank: {self._node_rank!r} is taken by the agent on "
-            f"{other.get('host', '?')} (pid {other.get('pid', '?')}): each node of a static "
-            f"job needs its own --node-rank in 0..{self._nnodes - 1}"
-        )
-
-    async def _wait_for(self, keys: list[str], deadline: float) -> None:
-        client = self._client
-        assert client is not None
-        loop = asyncio.get_running_loop()
-        while not await client.wait(keys, max(0.0, min(deadline - loop.time(), REPORT_EVERY))):
-            missing = [rank for rank, key in enumerate(keys) if not await client.check([key])]
-            if loop.time() >= deadline:
-                raise RendezvousTimeoutError(
-                    f"static rendezvous: node rank(s) {missing} of --nnodes {self._nnodes} "
-                    f"did not join at {self._where()} within {self._timeout:g}s "
-                    "(rdzv_conf timeout)"
-                )
-            log.info(
-                "[%s] Waiting for node rank(s) %s of --nnodes %d at %s",
-                self._role,
-                missing,
-                self._nnodes,
-                self._where(),
-            )
-
-    def _role_infos(self, claims: list[dict[str, object]]) -> tuple[RoleInstanceInfo, ...]:
-        for rank, claim in enumerate(claims):
-            if claim.get("nnodes") != self._nnodes:
-                raise ConfigError(
-                    f"--nnodes: {self._nnodes!r} here, but node rank {rank} (on "
-                    f"{claim.get('host', '?')}) was given {claim.get('nnodes')!r}: every node "
-                    "of a static job takes the same --nnodes"
-                )
-        return tuple(
-            RoleInstanceInfo(str(claim["role"]), rank, int(str(claim["local_world_size"])))
-            for rank, claim in enumerate(claims)
-        )
-
     def _where(self) -> str:
         return f"{self._master_addr}:{self._master_port}"
 
 
-def _parse(raw: bytes) -> dict[str, object]:
-    """A node's claim (an unreadable one reads as empty, and then fails its checks)."""
+async def _beat_until_closed(client: TCPStoreClient, rank: int) -> None:
     try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        await beat(client, rank)
+    finally:
+        await client.close()

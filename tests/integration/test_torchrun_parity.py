@@ -7,12 +7,16 @@ say why.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import free_port, wait_until
@@ -232,11 +236,16 @@ STATIC_WORLD = """
 
 
 def static_nodes(
-    run_agentd, launcher: str, nprocs: tuple[int, ...], *flags: str, job: tuple[str, ...]
+    run_agentd,
+    launcher: str,
+    nprocs: tuple[int, ...],
+    *flags: str,
+    job: tuple[str, ...],
+    port: int | None = None,
 ):
     """A static job of ``len(nprocs)`` nodes on this host, each node its own agent, each
-    running ``job`` (the script and its arguments)."""
-    port = str(free_port())
+    running ``job`` (the script and its arguments), meeting at ``port`` (else a free one)."""
+    port = port or free_port()
     return [
         run_agentd(
             *f"--nnodes {len(nprocs)} --node-rank {rank} --nproc-per-node {nproc}".split(),
@@ -286,6 +295,72 @@ def test_a_static_job_recovers_from_a_worker_lost_on_one_node(run_agentd, tmp_pa
     assert [s["TORCHELASTIC_RESTART_COUNT"] for s in seen if s["RANK"] == "1"] == ["1"]
     node0 = agents[0].stderr()
     assert "Rendezvous round over" in node0, node0[-3000:]
+
+
+UNTIL_NODE_1_IS_BACK = """
+    import json, os, sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    back = sys.argv[1]  # the test writes it once node 1's new agent is started
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    total = torch.ones(1)
+    if not os.path.exists(back):
+        open(f"{back}.{os.environ['RANK']}.started", "w").close()
+        while not os.path.exists(back):  # until node 1 is killed: a collective fails
+            dist.all_reduce(torch.ones(1))
+            time.sleep(0.05)
+    dist.all_reduce(total)
+    seen = {k: os.environ[k] for k in ("RANK", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT")}
+    print("ENV " + json.dumps(dict(seen, SUM=int(total.item()))), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_static_node_killed_and_started_again_rejoins_its_job(run_agentd, tmp_path):
+    """Node 1's agent and workers are SIGKILLed (an out-of-memory kill, a reboot) and
+    started again with the same flags (systemd, a pod restarted): node 0 restarts its
+    workers, and the job goes on with the new node 1. agentd's new agent was refused,
+    'rank 1 is taken by the agent ... (pid <the dead one>)', and its exit closed the job
+    on node 0 too.
+
+    agentd only: torchrun rejoins too, but its restarted workers can meet the last
+    attempt's keys in the store it keeps (the dead worker's gloo address, refused); it
+    ended 0 in 2 of 4 runs here."""
+    launcher = "agentd"
+    job = script(tmp_path, "until_back.py", UNTIL_NODE_1_IS_BACK)
+    back = tmp_path / "back"
+    flags = ("--max-restarts", "2", "--rdzv-conf", "timeout=120")
+    port = free_port()
+    zero, one = static_nodes(run_agentd, launcher, (1, 1), *flags, job=(job, str(back)), port=port)
+    wait_until(
+        lambda: all(Path(f"{back}.{rank}.started").exists() for rank in (0, 1)),
+        what=f"both ranks computing (node 1: {one.stderr()[-2000:]})",
+    )
+    node_1 = [one.pid, *(p.pid for p in psutil.Process(one.pid).children(recursive=True))]
+    for pid in node_1:  # the whole node: torchrun's workers outlive their agent
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    one.wait(30)
+    wait_until(lambda: not any(_running(pid) for pid in node_1), what="node 1's processes gone")
+    back.touch()  # before the new node 1: every worker from now on computes once
+    node = "--nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --tee 3"
+    again = run_agentd(
+        *node.split(), "--master-port", str(port), *flags, job, str(back), launcher=launcher
+    )
+    seen = envs_seen([zero, again])
+    assert sorted((s["RANK"], s["SUM"]) for s in seen) == [("0", 2), ("1", 2)]
+    assert "generation=1 group_rank=0/2" in zero.stderr()  # node 0's workers, restarted
+    assert (
+        f"Took node rank 1 over from the agent on {os.uname().nodename} (pid {one.pid}): "
+        "its process has exited" in again.stderr()
+    )
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 RANK_0_FIRST = """

@@ -22,6 +22,15 @@ from agentd.rendezvous.static_nodes import StaticNodesRendezvous
 from tests.conftest import free_port
 
 
+@pytest.fixture(autouse=True)
+def quick_beats(monkeypatch):
+    """A claim's beat, and a newcomer's watch of it, in tenths of a second."""
+    from agentd.rendezvous import static_claims
+
+    monkeypatch.setattr(static_claims, "BEAT_EVERY", 0.05)
+    monkeypatch.setattr(static_claims, "JUDGE_AFTER", 0.3)
+
+
 @pytest.fixture
 async def nodes() -> AsyncIterator[list[StaticNodesRendezvous]]:
     """The handlers a test made (append them), shut down after it."""
@@ -224,3 +233,115 @@ async def test_an_agent_that_leaves_after_success_ends_nothing(nodes):
     from agentd.rendezvous.static_nodes import _CLOSED
 
     assert await zero._store().multi_get([_CLOSED]) == [b""]
+
+
+async def killed(handler: StaticNodesRendezvous) -> None:
+    """``handler``'s agent dies at once (SIGKILL): its beat stops and its connections
+    drop, and it closes nothing."""
+    assert handler._beat is not None and handler._client is not None
+    handler._beat.cancel()
+    await asyncio.gather(handler._beat, return_exceptions=True)
+    await handler._client.close()
+    handler._beat = handler._client = None
+
+
+async def test_an_agent_started_again_after_a_kill_takes_its_rank_back(nodes, caplog):
+    """Node 1's agent is SIGKILLed while its workers run, and started again: it takes node
+    rank 1 over once its old self's beat stood still, ends round 0 (node 0's workers stop),
+    and both meet at round 1 with the ranks placed as before. Its claim was refused as
+    'taken' by the dead agent, and the refusal closed the job for node 0."""
+    caplog.set_level("INFO", logger="agentd.rendezvous")
+    zero, one = await met_pair(nodes, lws=2)
+    await killed(one)
+    watching = asyncio.ensure_future(zero.round_over())
+    new_one = node(nodes, zero.master_port, 1, 2, lws=2)
+    joining = asyncio.ensure_future(new_one.next_rendezvous())
+    assert await asyncio.wait_for(watching, 10) == "node rank 1's agent was replaced"
+    infos = await asyncio.wait_for(asyncio.gather(zero.next_rendezvous(), joining), 10)
+    assert [(i.group_rank, i.generation) for i in infos] == [(0, 1), (1, 1)]
+    assert [r.local_world_size for r in infos[1].role_infos] == [1, 2]
+    assert "watching its beat" in caplog.text
+    assert f"(pid {os.getpid()}): its beat stood still for 0.3s; meeting" in caplog.text
+
+
+async def test_an_old_self_that_arrived_before_it_died_is_not_counted_twice(nodes):
+    """Node 1's agent arrived at round 1 (its workers had failed) and was killed there.
+    Its arrival stands for node rank 1, once: node 0 passes round 1 with it, or with the
+    new agent, never with both counted while another node is still on its way."""
+    port = free_port()
+    zero, one, two = (node(nodes, port, rank, 3) for rank in range(3))
+    await asyncio.gather(zero.next_rendezvous(), one.next_rendezvous(), two.next_rendezvous())
+    await one.end_round("rank 1 failed with exit code 3")
+    arriving = asyncio.ensure_future(one.next_rendezvous())
+    from agentd.rendezvous.static_nodes import round_key
+    from agentd.tcpstore.client import TCPStoreClient
+
+    store = await TCPStoreClient.connect("127.0.0.1", port, 10)
+    assert await store.wait([round_key(1, "here/1")], 10)
+    arriving.cancel()
+    await asyncio.gather(arriving, return_exceptions=True)
+    await killed(one)
+    new_one = node(nodes, port, 1, 3)
+    zero_next = asyncio.ensure_future(zero.next_rendezvous())
+    new_next = asyncio.ensure_future(new_one.next_rendezvous())
+    await asyncio.sleep(1.0)  # node 2 has not stopped its workers yet: nobody may start
+    assert not zero_next.done() and not new_next.done()
+    infos = await asyncio.wait_for(asyncio.gather(zero_next, new_next, two.next_rendezvous()), 10)
+    assert len({i.generation for i in infos}) == 1
+    await store.close()
+
+
+async def test_a_live_agent_keeps_its_rank_and_a_newcomer_leaves_the_job_alone(nodes):
+    """A second agent given node rank 1 while the first beats is told (ConfigError), and
+    its exit ends nothing: node 0's round goes on."""
+    zero, _ = await met_pair(nodes)
+    second = node(nodes, zero.master_port, 1, 2)
+    with pytest.raises(ConfigError, match="--node-rank: 1 is taken by the agent on"):
+        await asyncio.wait_for(second.next_rendezvous(), 10)
+    watching = asyncio.ensure_future(zero.round_over())
+    await second.shutdown()
+    await asyncio.sleep(0.3)
+    assert not watching.done()
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_a_newcomer_with_another_worker_count_is_told(nodes):
+    zero, one = await met_pair(nodes, lws=2)
+    await killed(one)
+    with pytest.raises(ConfigError) as caught:
+        await asyncio.wait_for(node(nodes, zero.master_port, 1, 2, lws=4).next_rendezvous(), 10)
+    assert str(caught.value) == (
+        "--nproc-per-node: 4 here, but node rank 1 ran with 2 before this agent took its "
+        "place: a node of a static job that comes back keeps its worker count and role"
+    )
+
+
+async def test_an_agent_judged_gone_finds_its_rank_taken_at_its_next_round(nodes):
+    """A live agent whose beat stood still (frozen) lost its rank to a newcomer: at its
+    next round it leaves, without closing the job that goes on with the newcomer."""
+    zero, one = await met_pair(nodes)
+    assert one._beat is not None
+    one._beat.cancel()  # frozen: no beat, but its connection stays
+    new_one = node(nodes, zero.master_port, 1, 2)
+    joining = asyncio.ensure_future(new_one.next_rendezvous())
+    await asyncio.wait_for(one.round_over(), 10)  # the newcomer ended round 0
+    with pytest.raises(RendezvousClosedError, match="node rank 1 was taken over by the agent"):
+        await asyncio.wait_for(one.next_rendezvous(), 10)
+    await one.shutdown()
+    infos = await asyncio.wait_for(asyncio.gather(zero.next_rendezvous(), joining), 10)
+    assert [i.generation for i in infos] == [1, 1]
+
+
+async def test_an_agent_started_again_after_its_workers_succeeded_has_nothing_to_run(nodes):
+    zero, one = await met_pair(nodes)
+    leaving = asyncio.ensure_future(zero.exit_barrier())
+    await one._store().set("/agentd/static/finished/1", b"1")  # its barrier, then the kill
+    await killed(one)
+    new_one = node(nodes, zero.master_port, 1, 2)
+    with pytest.raises(RendezvousClosedError, match="workers had succeeded") as caught:
+        await asyncio.wait_for(new_one.next_rendezvous(), 10)
+    assert caught.value.succeeded
+    await asyncio.wait_for(leaving, 10)  # node 0 waited for node 1's workers: they were done
+    await new_one.shutdown()
+    assert await zero._store().multi_get(["/agentd/static/closed"]) == [b""]
