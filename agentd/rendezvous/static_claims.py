@@ -1,13 +1,14 @@
-"""The node ranks of a static job of several nodes: each agent claims its ``--node-rank``
-in node 0's store, and keeps the claim alive with a beat.
+"""The node ranks of a static job of several nodes, and the agents' keys in node 0's
+store: each agent claims its ``--node-rank`` there, and keeps the claim alive with a beat.
 
 A claim names its agent (host, pid, pid namespace, a random token), its role, worker
 count and ``--nnodes``. A second agent given a rank that is claimed takes the claim over
 only once its holder is surely gone: a process of this host and pid namespace that no
 longer exists, or a beat that has not moved for :data:`JUDGE_AFTER` seconds. That is an
 agent restarted after a SIGKILL, an out-of-memory kill or a reboot (systemd, a pod
-restarted or made again), which under torchrun rejoins its job too. A holder that beats
-is another agent given the same rank: a configuration error, told to the newcomer alone.
+restarted or made again), which under torchrun rejoins its job too; and at once, a claim
+its agent gave back as it left (a signal). A holder that beats is another agent given
+the same rank: a configuration error, told to the newcomer alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ import socket
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError
-from agentd.rendezvous.api import RendezvousTimeoutError, RoleInstanceInfo
+from agentd.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousTimeoutError,
+    RoleInstanceInfo,
+)
 
 if TYPE_CHECKING:
     from agentd.tcpstore.client import TCPStoreClient
@@ -36,6 +41,24 @@ JUDGE_AFTER = 2.5 * BEAT_EVERY
 """Seconds a newcomer watches a claimed rank's beat before it counts the holder gone."""
 REPORT_EVERY = 30.0
 """Seconds between the lines that name the node ranks still awaited."""
+
+
+CLOSED = PREFIX + "closed"
+"""Why the job was closed (a node failed for good)."""
+CURRENT = PREFIX + "current"
+"""The last round node 0 let start (none yet: round 0)."""
+
+
+def round_key(generation: int, what: str) -> str:
+    """The store key of round ``generation``'s ``what``: ``over`` (why it ended),
+    ``here/<node rank>`` (that node's agent came) or ``go`` (node 0 cleared the workers'
+    keys: start)."""
+    return f"{PREFIX}round/{generation}/{what}"
+
+
+def finished_key(rank: int) -> str:
+    """The store key that says node ``rank``'s workers succeeded (the exit barrier)."""
+    return f"{PREFIX}finished/{rank}"
 
 
 def node_key(rank: int) -> str:
@@ -62,6 +85,11 @@ def claim(role: str, local_world_size: int, nnodes: int, token: str) -> bytes:
         },
         sort_keys=True,
     ).encode()
+
+
+def released(held: bytes) -> bytes:
+    """A claim given back by its agent as it left: a newcomer takes it at once."""
+    return json.dumps(dict(parse(held), left=True), sort_keys=True).encode()
 
 
 def parse(raw: bytes) -> dict[str, object]:
@@ -134,6 +162,24 @@ async def take_rank(client: TCPStoreClient, rank: int, mine: bytes, nnodes: int)
     return f"{who(held)}: {gone}"
 
 
+async def end_old_round(client: TCPStoreClient, rank: int) -> int:
+    """For an agent that took ``rank`` over: end the round its old self was in (or had
+    run), which the others then leave, and return that round's generation. An old self
+    whose workers had succeeded leaves nothing to run (RendezvousClosedError, as
+    succeeded)."""
+    done, current = await client.multi_get([finished_key(rank), CURRENT])
+    if done:
+        raise RendezvousClosedError(
+            f"static rendezvous: node rank {rank}'s workers had succeeded before this agent "
+            "took its place; nothing is left to run here",
+            succeeded=True,
+        )
+    generation = int(current or b"0")
+    why = f"node rank {rank}'s agent was replaced".encode()
+    await client.compare_set(round_key(generation, "over"), b"", why)
+    return generation
+
+
 async def wait_for_claims(
     client: TCPStoreClient, nnodes: int, deadline: float, where: str, allowed: float
 ) -> list[dict[str, object]]:
@@ -158,6 +204,8 @@ async def holder_gone(client: TCPStoreClient, rank: int, held: bytes) -> str:
     lives): at once for a dead process of this host, else once its beat stood still for
     :data:`JUDGE_AFTER`."""
     other = parse(held)
+    if other.get("left"):
+        return "it gave the rank back as it left"
     if _dead_here(other):
         return "its process has exited"
     log.info(

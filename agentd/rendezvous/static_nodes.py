@@ -43,12 +43,18 @@ from agentd.rendezvous.api import (
 )
 from agentd.rendezvous.static import StaticRendezvous
 from agentd.rendezvous.static_claims import (
+    CLOSED,
+    CURRENT,
     PREFIX,
     REPORT_EVERY,
     beat,
     claim,
+    end_old_round,
+    finished_key,
     node_key,
+    released,
     role_infos,
+    round_key,
     take_rank,
     wait_for_claims,
     who,
@@ -62,23 +68,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds an agent waits for node 0's store and for every node's claim (torch's)."""
-_CLOSED = PREFIX + "closed"
-_CURRENT = PREFIX + "current"
-"""The last round node 0 let start (none yet: round 0)."""
-
 __all__ = ["StaticNodesRendezvous", "node_key", "round_key"]
-
-
-def round_key(generation: int, what: str) -> str:
-    """The store key of round ``generation``'s ``what``: ``over`` (why it ended),
-    ``here/<node rank>`` (that node's agent came) or ``go`` (node 0 cleared the workers'
-    keys: start)."""
-    return f"{PREFIX}round/{generation}/{what}"
-
-
-def finished_key(rank: int) -> str:
-    """The store key that says node ``rank``'s workers succeeded (the exit barrier)."""
-    return f"{PREFIX}finished/{rank}"
 
 
 class StaticNodesRendezvous(StaticRendezvous):
@@ -164,7 +154,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         """A job that failed here fails everywhere: the other nodes stop waiting for this one."""
         if not succeeded and self._client is not None:
             with contextlib.suppress(ConnectionError, OSError):
-                await self._client.set(_CLOSED, reason.encode() or b"closed")
+                await self._client.set(CLOSED, reason.encode() or b"closed")
 
     async def exit_barrier(self) -> None:
         """Wait until every node's workers have succeeded (the agent bounds the wait)."""
@@ -179,8 +169,10 @@ class StaticNodesRendezvous(StaticRendezvous):
             log.info("Exit barrier: the job's store at %s is gone (%s)", self._where(), exc)
 
     async def shutdown(self) -> None:
-        """Leave; an agent that leaves before the job ends (a signal, an error) ends it on
-        every node, which would otherwise wait for this one at their next round."""
+        """Leave. An agent that leaves before the job ends (a signal, an error) gives its
+        rank back and ends the round: the other nodes stop their workers at once, and wait
+        at the next round for an agent to take its place (a pod made again, a restart), as
+        they do for one killed. A failure for good closes the job (:meth:`set_closed`)."""
         client, self._client = self._client, None
         if self._beat is not None:
             self._beat.cancel()
@@ -188,12 +180,24 @@ class StaticNodesRendezvous(StaticRendezvous):
         if client is not None:
             if self._claimed and not self._finished:
                 with contextlib.suppress(ConnectionError, OSError):
-                    reason = f"node rank {self._node_rank}'s agent left before the job ended"
-                    await client.set(_CLOSED, reason.encode())
+                    await self._give_rank_back(client)
             await client.close()
         server, self._server = self._server, None
         if server is not None:
             await server.stop()
+
+    async def _give_rank_back(self, client: TCPStoreClient) -> None:
+        rank = self._node_rank
+        await client.compare_set(node_key(rank), self._claim, released(self._claim))
+        why = f"node rank {rank}'s agent left; an agent may take its place".encode()
+        await client.compare_set(round_key(max(0, self._generation), "over"), b"", why)
+        log.info(
+            "[%s] Gave node rank %d back: the other nodes wait for an agent to take its place "
+            "(rdzv_conf timeout=%gs)",
+            self._role,
+            rank,
+            self._timeout,
+        )
 
     # -- the rounds --------------------------------------------------------------------------
 
@@ -217,7 +221,7 @@ class StaticNodesRendezvous(StaticRendezvous):
                 await self._until(here, deadline, generation)
                 assert self._server is not None
                 self._server.clear_except(PREFIX)  # no worker of an earlier round is left
-                await client.set(_CURRENT, str(generation).encode())
+                await client.set(CURRENT, str(generation).encode())
                 await client.set(round_key(generation, "go"), b"1")
             await self._until([round_key(generation, "go")], deadline, generation)
         except (ConnectionError, OSError, TimeoutError) as exc:
@@ -227,22 +231,14 @@ class StaticNodesRendezvous(StaticRendezvous):
         """Take our gone old self's place: end the round it was in (or had run), which the
         others then leave, and return that round's generation; an old self whose workers had
         succeeded leaves nothing to run (RendezvousClosedError, as succeeded)."""
-        client = self._store()
         rank = self._node_rank
         try:
-            (done, current) = await client.multi_get([finished_key(rank), _CURRENT])
-            if done:
-                self._finished = True  # (and nobody waits for us: our old self's key counts)
-                raise RendezvousClosedError(
-                    f"static rendezvous: node rank {rank}'s workers had succeeded before "
-                    "this agent took its place; nothing is left to run here",
-                    succeeded=True,
-                )
-            generation = int(current or b"0")
-            why = f"node rank {rank}'s agent was replaced".encode()
-            await client.compare_set(round_key(generation, "over"), b"", why)
+            generation = await end_old_round(self._store(), rank)
         except (ConnectionError, OSError) as exc:
             raise self._lost(exc) from None
+        except RendezvousClosedError:
+            self._finished = True  # (and nobody waits for us: our old self's key counts)
+            raise
         log.info(
             "[%s] Took node rank %d over from %s; meeting the other nodes at round %d",
             self._role,
@@ -288,12 +284,12 @@ class StaticNodesRendezvous(StaticRendezvous):
         clients = [await TCPStoreClient.connect(self._master_addr, port, 10) for _ in "kc"]
         waits = [
             asyncio.ensure_future(clients[0].wait(keys, seconds)),
-            asyncio.ensure_future(clients[1].wait([_CLOSED], seconds)),
+            asyncio.ensure_future(clients[1].wait([CLOSED], seconds)),
         ]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if waits[1].done() and waits[1].result():
-                (reason,) = await clients[1].multi_get([_CLOSED])
+                (reason,) = await clients[1].multi_get([CLOSED])
                 raise RendezvousClosedError(
                     f"static rendezvous: another node ended the job ({reason.decode()})"
                 )

@@ -316,16 +316,18 @@ UNTIL_NODE_1_IS_BACK = """
 """
 
 
-def test_a_static_node_killed_and_started_again_rejoins_its_job(run_agentd, tmp_path):
-    """Node 1's agent and workers are SIGKILLed (an out-of-memory kill, a reboot) and
-    started again with the same flags (systemd, a pod restarted): node 0 restarts its
-    workers, and the job goes on with the new node 1. agentd's new agent was refused,
-    'rank 1 is taken by the agent ... (pid <the dead one>)', and its exit closed the job
-    on node 0 too.
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_path, how):
+    """Node 1 goes, and is started again with the same flags (systemd, a pod restarted or
+    made again): SIGKILLed whole (an out-of-memory kill, a reboot), or its agent stopped
+    with SIGTERM (a pod deleted, preempted). Node 0 restarts its workers, and the job goes
+    on with the new node 1. agentd's new agent was refused after a SIGKILL, 'rank 1 is
+    taken by the agent ... (pid <the dead one>)', and its exit closed the job on node 0;
+    after a SIGTERM, the leaving agent closed the job itself.
 
     agentd only: torchrun rejoins too, but its restarted workers can meet the last
     attempt's keys in the store it keeps (the dead worker's gloo address, refused); it
-    ended 0 in 2 of 4 runs here."""
+    ended 0 in 2 of 4 runs here after a SIGKILL."""
     launcher = "agentd"
     job = script(tmp_path, "until_back.py", UNTIL_NODE_1_IS_BACK)
     back = tmp_path / "back"
@@ -337,10 +339,15 @@ def test_a_static_node_killed_and_started_again_rejoins_its_job(run_agentd, tmp_
         what=f"both ranks computing (node 1: {one.stderr()[-2000:]})",
     )
     node_1 = [one.pid, *(p.pid for p in psutil.Process(one.pid).children(recursive=True))]
-    for pid in node_1:  # the whole node: torchrun's workers outlive their agent
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    one.wait(30)
+    if how == "SIGKILL":
+        for pid in node_1:  # the whole node: torchrun's workers outlive their agent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        why = f"(pid {one.pid}): its process has exited"
+    else:
+        one.proc.send_signal(signal.SIGTERM)
+        why = f"(pid {one.pid}): it gave the rank back as it left"
+    one.wait(60)
     wait_until(lambda: not any(_running(pid) for pid in node_1), what="node 1's processes gone")
     back.touch()  # before the new node 1: every worker from now on computes once
     node = "--nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --tee 3"
@@ -350,9 +357,8 @@ def test_a_static_node_killed_and_started_again_rejoins_its_job(run_agentd, tmp_
     seen = envs_seen([zero, again])
     assert sorted((s["RANK"], s["SUM"]) for s in seen) == [("0", 2), ("1", 2)]
     assert "generation=1 group_rank=0/2" in zero.stderr()  # node 0's workers, restarted
-    assert (
-        f"Took node rank 1 over from the agent on {os.uname().nodename} (pid {one.pid}): "
-        "its process has exited" in again.stderr()
+    assert f"Took node rank 1 over from the agent on {os.uname().nodename} {why}" in (
+        again.stderr()
     )
 
 

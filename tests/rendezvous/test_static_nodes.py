@@ -18,6 +18,7 @@ from agentd.rendezvous.api import (
     agent_serves_store,
     fresh_store_each_attempt,
 )
+from agentd.rendezvous.static_claims import CLOSED
 from agentd.rendezvous.static_nodes import StaticNodesRendezvous
 from tests.conftest import free_port
 
@@ -217,22 +218,31 @@ def test_it_serves_one_store_for_all_attempts_wherever_the_address_points():
     assert not fresh_store_each_attempt(handler, "10.255.0.1")
 
 
-async def test_an_agent_that_leaves_before_the_end_ends_the_job_everywhere(nodes):
-    """Node 1's agent is stopped (a signal, an error): node 0 must not wait for it at its
-    next round for the whole timeout."""
-    zero, one = await met_pair(nodes)
+async def test_an_agent_that_leaves_before_the_end_gives_its_rank_to_the_next(nodes):
+    """Node 1's agent is stopped (a signal: a pod deleted, preempted): node 0's round ends
+    at once, and node 0 waits at the next one for an agent to take node rank 1, which one
+    does at once (no beat to watch). Such a leave once closed the job on every node: a
+    node preempted and made again found its job over."""
+    zero, one = await met_pair(nodes, lws=2)
+    watching = asyncio.ensure_future(zero.round_over())
     await one.shutdown()
-    with pytest.raises(RendezvousClosedError, match="node rank 1's agent left before the job"):
-        await asyncio.wait_for(zero.next_rendezvous(), 10)
+    assert await asyncio.wait_for(watching, 10) == (
+        "node rank 1's agent left; an agent may take its place"
+    )
+    waiting = asyncio.ensure_future(zero.next_rendezvous())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    new_one = node(nodes, zero.master_port, 1, 2, lws=2)
+    infos = await asyncio.wait_for(asyncio.gather(waiting, new_one.next_rendezvous()), 10)
+    assert [(i.group_rank, i.generation) for i in infos] == [(0, 1), (1, 1)]
+    assert new_one._replacing.endswith(": it gave the rank back as it left")
 
 
 async def test_an_agent_that_leaves_after_success_ends_nothing(nodes):
     zero, one = await met_pair(nodes)
     await asyncio.gather(zero.exit_barrier(), one.exit_barrier())
     await one.shutdown()
-    from agentd.rendezvous.static_nodes import _CLOSED
-
-    assert await zero._store().multi_get([_CLOSED]) == [b""]
+    assert await zero._store().multi_get([CLOSED]) == [b""]
 
 
 async def killed(handler: StaticNodesRendezvous) -> None:
@@ -344,4 +354,4 @@ async def test_an_agent_started_again_after_its_workers_succeeded_has_nothing_to
     assert caught.value.succeeded
     await asyncio.wait_for(leaving, 10)  # node 0 waited for node 1's workers: they were done
     await new_one.shutdown()
-    assert await zero._store().multi_get(["/agentd/static/closed"]) == [b""]
+    assert await zero._store().multi_get([CLOSED]) == [b""]
