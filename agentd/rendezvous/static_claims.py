@@ -1,5 +1,6 @@
 """The node ranks of a static job of several nodes, and the agents' keys in node 0's
-store: each agent claims its ``--node-rank`` there, and keeps the claim alive with a beat.
+store (claims, beats, rounds) with the waits on them: each agent claims its
+``--node-rank`` there, and keeps the claim alive with a beat.
 
 A claim names its agent (host, pid, pid namespace, a random token), its role, worker
 count and ``--nnodes``. A second agent given a rank that is claimed takes the claim over
@@ -162,11 +163,11 @@ async def take_rank(client: TCPStoreClient, rank: int, mine: bytes, nnodes: int)
     return f"{who(held)}: {gone}"
 
 
-async def end_old_round(client: TCPStoreClient, rank: int) -> int:
-    """For an agent that took ``rank`` over: end the round its old self was in (or had
-    run), which the others then leave, and return that round's generation. An old self
-    whose workers had succeeded leaves nothing to run (RendezvousClosedError, as
-    succeeded)."""
+async def end_old_round(client: TCPStoreClient, rank: int, whose: str) -> int:
+    """For an agent that took ``rank`` over (from ``whose``, and why): end the round its
+    old self was in (or had run), which the others then leave, and return that round's
+    generation. An old self whose workers had succeeded leaves nothing to run
+    (RendezvousClosedError, as succeeded)."""
     done, current = await client.multi_get([finished_key(rank), CURRENT])
     if done:
         raise RendezvousClosedError(
@@ -177,7 +178,47 @@ async def end_old_round(client: TCPStoreClient, rank: int) -> int:
     generation = int(current or b"0")
     why = f"node rank {rank}'s agent was replaced".encode()
     await client.compare_set(round_key(generation, "over"), b"", why)
+    log.info(
+        "Took node rank %d over from %s; meeting the other nodes at round %d",
+        rank,
+        whose,
+        generation + 1,
+    )
     return generation
+
+
+async def first_of(
+    host: str, port: int, keys: str | list[str], seconds: float | None
+) -> bytes | None:
+    """Once every key exists in the store at ``host:port``, the first one's value; None
+    when ``seconds`` pass first; the job's close, watched beside it, raises
+    RendezvousClosedError. On connections of their own: a cancelled wait closes its
+    connection, and never the agent's."""
+    from agentd.tcpstore.client import TCPStoreClient
+
+    keys = [keys] if isinstance(keys, str) else keys
+    clients = [await TCPStoreClient.connect(host, port, 10) for _ in "kc"]
+    waits = [
+        asyncio.ensure_future(clients[0].wait(keys, seconds)),
+        asyncio.ensure_future(clients[1].wait([CLOSED], seconds)),
+    ]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if waits[1].done() and waits[1].result():
+            (reason,) = await clients[1].multi_get([CLOSED])
+            raise RendezvousClosedError(
+                f"static rendezvous: another node ended the job ({reason.decode()})"
+            )
+        if not waits[0].result():
+            return None
+        (value,) = await clients[0].multi_get(keys[:1])
+        return value
+    finally:
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        for client in clients:
+            await client.close()
 
 
 async def wait_for_claims(

@@ -20,7 +20,9 @@ agent holds is told so, and so are nodes given different ``--nnodes``
 rounds reuse the claims. An agent that comes back after its old self was killed takes
 its rank over: it ends the round its old self was in, and meets the others at the next
 one (a round counts one arrival per node rank, so an old self that arrived before it died
-is not counted twice). A node that gives up closes the job for all. When the workers have
+is not counted twice). Node 0's agent started again serves a new, empty store: the others
+stop their workers when theirs goes, wait for the new one, and meet there as at the first
+round. A node that gives up closes the job for all. When the workers have
 all succeeded the agents meet once more (the exit barrier), so node 0 keeps the store up
 until every node's workers are done.
 """
@@ -51,6 +53,7 @@ from agentd.rendezvous.static_claims import (
     claim,
     end_old_round,
     finished_key,
+    first_of,
     node_key,
     released,
     role_infos,
@@ -106,6 +109,8 @@ class StaticNodesRendezvous(StaticRendezvous):
         self._replacing = ""  # whose rank we took over, and why it counted as gone
         self._beat: asyncio.Task[None] | None = None
         self._finished = False  # its workers succeeded: at the exit barrier, or past it
+        self._round = -1  # in the store of node 0's agent: it counts from 0 in a new one
+        self._base = 0  # our generation at that store's round 0
 
     @property
     def use_agent_store(self) -> bool:
@@ -122,11 +127,25 @@ class StaticNodesRendezvous(StaticRendezvous):
     async def next_rendezvous(self) -> RendezvousInfo:
         if self._infos is None:
             self._infos = await self._meet()  # every rank claimed: all are at round 0
+            assert self._infos is not None
+            self._round = 0
             if self._replacing:  # the others were at a round with our old self
-                await self._arrive(await self._take_place() + 1)
+                self._round = await self._take_place() + 1
+                await self._arrive(self._round)
         else:
-            await self._arrive(self._generation + 1)
-        self._generation += 1
+            try:
+                await self._arrive(self._round + 1)
+                self._round += 1
+            except RendezvousConnectionError as exc:
+                if self._node_rank == 0:
+                    raise
+                infos = await self._meet_again(exc)
+                if infos is None:  # the same store, reached again: its rounds go on
+                    await self._arrive(self._round + 1)
+                    self._round += 1
+                else:
+                    self._infos, self._base, self._round = infos, self._generation + 1, 0
+        self._generation = self._base + self._round
         return RendezvousInfo(
             run_id=self._run_id,
             group_rank=self._node_rank,
@@ -140,15 +159,17 @@ class StaticNodesRendezvous(StaticRendezvous):
     async def round_over(self) -> str:
         """Once another node restarts its workers (RendezvousClosedError: it gave up)."""
         try:
-            why = await self._first_of(round_key(self._generation, "over"), None)
+            why = await self._first_of(round_key(self._round, "over"), None)
         except (ConnectionError, OSError, TimeoutError) as exc:
-            raise self._lost(exc) from None
+            if self._node_rank == 0:
+                raise self._lost(exc) from None
+            return f"the job's store at {self._where()} is gone ({exc})"  # node 0 may be back
         return (why or b"").decode() or "a node restarts its workers"
 
     async def end_round(self, reason: str) -> None:
         """Tell the other nodes at once (they stop their workers and meet at the next round)."""
         with contextlib.suppress(ConnectionError, OSError):
-            await self._store().set(round_key(self._generation, "over"), reason.encode())
+            await self._store().set(round_key(self._round, "over"), reason.encode())
 
     async def set_closed(self, succeeded: bool, reason: str) -> None:
         """A job that failed here fails everywhere: the other nodes stop waiting for this one."""
@@ -174,9 +195,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         at the next round for an agent to take its place (a pod made again, a restart), as
         they do for one killed. A failure for good closes the job (:meth:`set_closed`)."""
         client, self._client = self._client, None
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
+        await self._stop_beat()
         if client is not None:
             if self._claimed and not self._finished:
                 with contextlib.suppress(ConnectionError, OSError):
@@ -190,7 +209,7 @@ class StaticNodesRendezvous(StaticRendezvous):
         rank = self._node_rank
         await client.compare_set(node_key(rank), self._claim, released(self._claim))
         why = f"node rank {rank}'s agent left; an agent may take its place".encode()
-        await client.compare_set(round_key(max(0, self._generation), "over"), b"", why)
+        await client.compare_set(round_key(max(0, self._round), "over"), b"", why)
         log.info(
             "[%s] Gave node rank %d back: the other nodes wait for an agent to take its place "
             "(rdzv_conf timeout=%gs)",
@@ -231,23 +250,13 @@ class StaticNodesRendezvous(StaticRendezvous):
         """Take our gone old self's place: end the round it was in (or had run), which the
         others then leave, and return that round's generation; an old self whose workers had
         succeeded leaves nothing to run (RendezvousClosedError, as succeeded)."""
-        rank = self._node_rank
         try:
-            generation = await end_old_round(self._store(), rank)
+            return await end_old_round(self._store(), self._node_rank, self._replacing)
         except (ConnectionError, OSError) as exc:
             raise self._lost(exc) from None
         except RendezvousClosedError:
             self._finished = True  # (and nobody waits for us: our old self's key counts)
             raise
-        log.info(
-            "[%s] Took node rank %d over from %s; meeting the other nodes at round %d",
-            self._role,
-            rank,
-            self._replacing,
-            generation + 1,
-        )
-        self._generation = generation
-        return generation
 
     async def _until(self, keys: list[str], deadline: float, generation: int) -> None:
         loop = asyncio.get_running_loop()
@@ -274,35 +283,7 @@ class StaticNodesRendezvous(StaticRendezvous):
             )
 
     async def _first_of(self, keys: str | list[str], seconds: float | None) -> bytes | None:
-        """Once every key exists, the first one's value; None when ``seconds`` pass first;
-        the job's close, watched beside it, raises RendezvousClosedError. On connections of
-        their own: a cancelled wait closes its connection, and never the agent's."""
-        from agentd.tcpstore.client import TCPStoreClient
-
-        keys = [keys] if isinstance(keys, str) else keys
-        port = self.master_port
-        clients = [await TCPStoreClient.connect(self._master_addr, port, 10) for _ in "kc"]
-        waits = [
-            asyncio.ensure_future(clients[0].wait(keys, seconds)),
-            asyncio.ensure_future(clients[1].wait([CLOSED], seconds)),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if waits[1].done() and waits[1].result():
-                (reason,) = await clients[1].multi_get([CLOSED])
-                raise RendezvousClosedError(
-                    f"static rendezvous: another node ended the job ({reason.decode()})"
-                )
-            if not waits[0].result():
-                return None
-            (value,) = await clients[0].multi_get(keys[:1])
-            return value
-        finally:
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-            for client in clients:
-                await client.close()
+        return await first_of(self._master_addr, self.master_port, keys, seconds)
 
     def _store(self) -> TCPStoreClient:
         if self._client is None:
@@ -315,9 +296,28 @@ class StaticNodesRendezvous(StaticRendezvous):
             "rank 0's agent ended, and its log says why"
         )
 
+    async def _meet_again(
+        self, lost: RendezvousConnectionError
+    ) -> tuple[RoleInstanceInfo, ...] | None:
+        """Node 0's store is out of reach (its agent was killed, or stopped): wait for node
+        0's agent to serve a new one (started again), and meet there as at the first round;
+        None where the store that answers still holds our claim (it was the connection)."""
+        log.warning(
+            "[%s] %s; waiting for it to be started again (rdzv_conf timeout=%gs)",
+            self._role,
+            lost,
+            self._timeout,
+        )
+        client, self._client = self._client, None
+        await self._stop_beat()
+        if client is not None:
+            await client.close()
+        self._claimed = False  # (nothing to give back in a store that is gone)
+        return await self._meet(again=True)
+
     # -- the first round ---------------------------------------------------------------------
 
-    async def _meet(self) -> tuple[RoleInstanceInfo, ...]:
+    async def _meet(self, again: bool = False) -> tuple[RoleInstanceInfo, ...] | None:
         from agentd.tcpstore.client import TCPStoreClient
 
         loop = asyncio.get_running_loop()
@@ -346,6 +346,9 @@ class StaticNodesRendezvous(StaticRendezvous):
             connecting.cancel()
         self._client = client
         try:
+            if again and await client.multi_get([node_key(self._node_rank)]) == [self._claim]:
+                await self._take_rank(client)  # ours still: the store was not restarted
+                return None
             await self._take_rank(client)
             claims = await wait_for_claims(
                 client, self._nnodes, deadline, self._where(), self._timeout
@@ -362,6 +365,11 @@ class StaticNodesRendezvous(StaticRendezvous):
         self._claimed = True
         beating = await TCPStoreClient.connect(self._master_addr, self.master_port, 10)
         self._beat = asyncio.ensure_future(_beat_until_closed(beating, self._node_rank))
+
+    async def _stop_beat(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
 
     async def _serve(self) -> None:
         from agentd.rendezvous.workers_store import store_server

@@ -316,50 +316,54 @@ UNTIL_NODE_1_IS_BACK = """
 """
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_path, how):
-    """Node 1 goes, and is started again with the same flags (systemd, a pod restarted or
+@pytest.mark.parametrize(("lost", "how"), [(1, "SIGKILL"), (1, "SIGTERM"), (0, "SIGKILL")], ids=str)
+def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_path, lost, how):
+    """A node goes, and is started again with the same flags (systemd, a pod restarted or
     made again): SIGKILLed whole (an out-of-memory kill, a reboot), or its agent stopped
-    with SIGTERM (a pod deleted, preempted). Node 0 restarts its workers, and the job goes
-    on with the new node 1. agentd's new agent was refused after a SIGKILL, 'rank 1 is
-    taken by the agent ... (pid <the dead one>)', and its exit closed the job on node 0;
-    after a SIGTERM, the leaving agent closed the job itself.
+    with SIGTERM (a pod deleted, preempted). The other restarts its workers, and the job
+    goes on. agentd's new node 1 was refused after a SIGKILL, 'rank 1 is taken by the
+    agent ... (pid <the dead one>)', and its exit closed the job on node 0; after a
+    SIGTERM, the leaving agent closed the job itself; node 1 exited 1 when node 0 (the
+    job's store) went, and the new node 0 waited for it until its timeout.
 
-    agentd only: torchrun rejoins too, but its restarted workers can meet the last
-    attempt's keys in the store it keeps (the dead worker's gloo address, refused); it
-    ended 0 in 2 of 4 runs here after a SIGKILL."""
+    agentd only: torchrun rejoins a new node 1 too, but its restarted workers can meet the
+    last attempt's keys in the store it keeps (the dead worker's gloo address, refused);
+    it ended 0 in 2 of 4 runs here after a SIGKILL. After node 0's, its node 1 exited 1
+    ('Broken pipe')."""
     launcher = "agentd"
     job = script(tmp_path, "until_back.py", UNTIL_NODE_1_IS_BACK)
     back = tmp_path / "back"
     flags = ("--max-restarts", "2", "--rdzv-conf", "timeout=120")
     port = free_port()
-    zero, one = static_nodes(run_agentd, launcher, (1, 1), *flags, job=(job, str(back)), port=port)
+    agents = static_nodes(run_agentd, launcher, (1, 1), *flags, job=(job, str(back)), port=port)
     wait_until(
         lambda: all(Path(f"{back}.{rank}.started").exists() for rank in (0, 1)),
-        what=f"both ranks computing (node 1: {one.stderr()[-2000:]})",
+        what=f"both ranks computing (node 1: {agents[1].stderr()[-2000:]})",
     )
-    node_1 = [one.pid, *(p.pid for p in psutil.Process(one.pid).children(recursive=True))]
+    gone, kept = agents[lost], agents[1 - lost]
+    whole = [gone.pid, *(p.pid for p in psutil.Process(gone.pid).children(recursive=True))]
     if how == "SIGKILL":
-        for pid in node_1:  # the whole node: torchrun's workers outlive their agent
+        for pid in whole:  # the whole node: torchrun's workers outlive their agent
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        why = f"(pid {one.pid}): its process has exited"
     else:
-        one.proc.send_signal(signal.SIGTERM)
-        why = f"(pid {one.pid}): it gave the rank back as it left"
-    one.wait(60)
-    wait_until(lambda: not any(_running(pid) for pid in node_1), what="node 1's processes gone")
-    back.touch()  # before the new node 1: every worker from now on computes once
-    node = "--nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --tee 3"
+        gone.proc.send_signal(signal.SIGTERM)
+    gone.wait(60)
+    wait_until(lambda: not any(_running(pid) for pid in whole), what="the node's processes gone")
+    back.touch()  # before the new node: every worker from now on computes once
+    node = f"--nnodes 2 --node-rank {lost} --nproc-per-node 1 --master-addr 127.0.0.1 --tee 3"
     again = run_agentd(
         *node.split(), "--master-port", str(port), *flags, job, str(back), launcher=launcher
     )
-    seen = envs_seen([zero, again])
+    seen = envs_seen([kept, again])
     assert sorted((s["RANK"], s["SUM"]) for s in seen) == [("0", 2), ("1", 2)]
-    assert "generation=1 group_rank=0/2" in zero.stderr()  # node 0's workers, restarted
-    assert f"Took node rank 1 over from the agent on {os.uname().nodename} {why}" in (
-        again.stderr()
-    )
+    assert f"generation=1 group_rank={1 - lost}/2" in kept.stderr()  # restarted there
+    if lost == 1:
+        why = "its process has exited" if how == "SIGKILL" else "it gave the rank back as it left"
+        took = f"Took node rank 1 over from the agent on {os.uname().nodename} (pid {gone.pid})"
+        assert f"{took}: {why}" in again.stderr()
+    else:
+        assert "waiting for it to be started again" in kept.stderr()
 
 
 def _running(pid: int) -> bool:

@@ -355,3 +355,46 @@ async def test_an_agent_started_again_after_its_workers_succeeded_has_nothing_to
     await asyncio.wait_for(leaving, 10)  # node 0 waited for node 1's workers: they were done
     await new_one.shutdown()
     assert await zero._store().multi_get([CLOSED]) == [b""]
+
+
+async def test_node_0_started_again_serves_a_new_store_where_the_others_meet_it(nodes):
+    """Node 0's agent is killed, and with it the job's store: node 1's round ends, and
+    node 1 waits for node 0's agent to serve a new store (it used to exit: 'lost the job's
+    store'), then meets it there as at the first round, its generations going on."""
+    zero, one = await met_pair(nodes, lws=2)
+    port = zero.master_port
+    watching = asyncio.ensure_future(one.round_over())
+    await killed(zero)
+    assert zero._server is not None
+    await zero._server.stop()
+    zero._server = None
+    assert (await asyncio.wait_for(watching, 10)).startswith(
+        f"the job's store at 127.0.0.1:{port} is gone"
+    )
+    waiting = asyncio.ensure_future(one.next_rendezvous())
+    await asyncio.sleep(0.5)  # no store: node 1 waits for one
+    assert not waiting.done()
+    new_zero = node(nodes, port, 0, 2)
+    again = await asyncio.wait_for(asyncio.gather(new_zero.next_rendezvous(), waiting), 20)
+    assert [(i.group_rank, i.generation) for i in again] == [(0, 0), (1, 1)]
+    assert [r.local_world_size for r in again[1].role_infos] == [1, 2]
+    watching = asyncio.ensure_future(new_zero.round_over())
+    await one.end_round("rank 1 failed with exit code 3")  # the rounds go on in the new store
+    assert await asyncio.wait_for(watching, 10) == "rank 1 failed with exit code 3"
+    again = await asyncio.wait_for(
+        asyncio.gather(new_zero.next_rendezvous(), one.next_rendezvous()), 10
+    )
+    assert [i.generation for i in again] == [1, 2]
+
+
+async def test_a_connection_lost_to_a_store_that_lives_on_resumes_its_rounds(nodes):
+    """Node 1's connection to node 0's store breaks while the store lives on: node 1
+    connects again, finds its claim there, and arrives at the next round as usual (not at
+    a first round of its own, which nobody else would be at)."""
+    zero, one = await met_pair(nodes)
+    assert one._client is not None
+    await one._client.close()  # reset: node 0 and its store are fine
+    infos = await asyncio.wait_for(
+        asyncio.gather(one.next_rendezvous(), zero.next_rendezvous()), 10
+    )
+    assert [i.generation for i in infos] == [1, 1]
