@@ -261,6 +261,8 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_other_node_keeps_its_workers
     wait_until(lambda: sorted(len(reports(a)) for a in agents) == [0, 2, 2], 60, "a round of 2")
     victim, kept = [a for a in agents if reports(a)]
     spare = next(a for a in agents if not reports(a))
+    # (started last, it may not have joined yet: without it, the kept node cannot go on)
+    wait_until(lambda: "is full; waiting for the next" in spare.stderr(), 60, "the spare")
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait()
     wait_until(
