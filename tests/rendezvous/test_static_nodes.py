@@ -61,10 +61,10 @@ async def met_pair(made: list, lws: int = 1, wait: float = 30):
 
 async def test_nodes_of_different_sizes_meet_whoever_starts_first(nodes, monkeypatch, caplog):
     """The nodes started before node 0 wait for its store, and say so (they were silent)."""
-    from agentd.rendezvous import static_nodes
+    from agentd.rendezvous import static_meeting
 
-    monkeypatch.setattr(static_nodes, "REPORT_EVERY", 0.1)
-    caplog.set_level("INFO", logger="agentd.rendezvous.static_nodes")
+    monkeypatch.setattr(static_meeting, "REPORT_EVERY", 0.1)
+    caplog.set_level("INFO", logger="agentd.rendezvous")
     port = free_port()
     late_zero = node(nodes, port, 0, 3, lws=2)
     others = [node(nodes, port, 1, 3, lws=4), node(nodes, port, 2, 3, lws=1)]
