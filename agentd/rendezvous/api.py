@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.drains import Drains
     from agentd.rendezvous.exclusions import Exclusions
-    from agentd.rendezvous.job_records import JobRecords
     from agentd.rendezvous.timings import NodeTimings
 
 LOST_REASON = "left (no heartbeat)"
@@ -329,12 +328,27 @@ class ComparesNodes(Protocol):
     async def num_nodes_waiting(self) -> int: ...
 
 
+class StatusRecords(Protocol):
+    """The members' status records in a rendezvous' store (for the job at a glance), and
+    this node's id and address in them."""
+
+    node_id: str
+    addr: str
+
+    async def publish(
+        self, generation: int, rank: int, doc: dict[str, Any], ttl: float
+    ) -> None: ...
+
+    async def gather(self, generation: int, size: int) -> tuple[dict[int, dict[str, Any]], int]: ...
+
+
 @runtime_checkable
 class ShowsJob(Protocol):
     """A rendezvous whose store carries each member's status record
-    (:mod:`agentd.rendezvous.job_records`), for the job at a glance."""
+    (:mod:`agentd.rendezvous.job_records`, :mod:`agentd.rendezvous.static_job`), for the
+    job at a glance."""
 
-    job: JobRecords
+    job: StatusRecords
     settings: RendezvousSettings
 
     async def num_nodes_waiting(self) -> int: ...

@@ -135,6 +135,7 @@ def _static(
         role=request.role,
         local_world_size=local_world_size,
         timeout=timeout or DEFAULT_TIMEOUT,
+        local_addr=request.local_addr,
     )
 
 

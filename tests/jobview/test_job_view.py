@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import TESTS, wait_until
+from tests.conftest import TESTS, free_port, wait_until
 from tests.helpers.jobs import TOKEN, agent_args
 
 TRAIN = str(TESTS / "drain" / "train_steps.py")
@@ -128,3 +128,50 @@ def test_a_drain_that_is_over_is_not_shown_on_the_nodes_that_followed_it(
     after = wait_until(running_again, 60, what="two nodes, running again")
     assert [r["drain"] for r in after] == [None, None], after
     stop_all(agents[:2], stop)
+
+
+def test_a_static_job_shows_every_node_from_any_of_them(run_agentd, tmp_path):
+    """torchrun's default backend, two nodes on 127.0.0.1-2: asked of node 1, ``agentd
+    status --job`` lists both nodes, their hosts, ranks and steps, read from node 0's store.
+    It listed node 1 alone, and node 0 as UNKNOWN, without a host (a static job kept no
+    records)."""
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    port = str(free_port())
+    agents = [
+        run_agentd(
+            *("--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", str(2 - i)),
+            *(
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "--local-addr",
+                f"127.0.0.{i + 1}",
+            ),
+            *(("--health-port", "0") if i == 1 else ()),
+            *(TRAIN, str(out), str(stop)),
+        )
+        for i in range(2)
+    ]
+    found = wait_until(
+        lambda: re.search(r"Health endpoint on (http://\S+)", agents[1].stderr()), 30
+    )
+
+    def settled() -> dict | None:
+        answer = status_job(found.group(1), "--json")
+        assert answer.returncode == 0, answer.stderr
+        doc = json.loads(answer.stdout)
+        rows = doc["nodes"]
+        ready = len(rows) == 2 and all(r["state"] == "HEALTHY" and r["steps"] for r in rows)
+        return doc if ready else None
+
+    doc = wait_until(settled, 60, what="both nodes, stepping")
+    assert (doc["size"], doc["min_nodes"], doc["max_nodes"], doc["world_size"]) == (2, 2, 2, 3)
+    assert doc["store"] == {"where": f"127.0.0.1:{port}"}
+    rows = {r["group_rank"]: r for r in doc["nodes"]}
+    assert {g: (r["host"], r["ranks"]) for g, r in rows.items()} == {
+        0: ("127.0.0.1", [0, 1]),
+        1: ("127.0.0.2", [2]),
+    }
+    stop_all(agents, stop)

@@ -378,6 +378,8 @@ async def test_node_0_started_again_serves_a_new_store_where_the_others_meet_it(
     again = await asyncio.wait_for(asyncio.gather(new_zero.next_rendezvous(), waiting), 20)
     assert [(i.group_rank, i.generation) for i in again] == [(0, 0), (1, 1)]
     assert [r.local_world_size for r in again[1].role_infos] == [1, 2]
+    await one.job.publish(1, 1, {"node": "one"}, 10)  # the job view: one round, two numbers
+    assert await new_zero.job.gather(0, 2) == ({1: {"node": "one"}}, 0)
     watching = asyncio.ensure_future(new_zero.round_over())
     await one.end_round("rank 1 failed with exit code 3")  # the rounds go on in the new store
     assert await asyncio.wait_for(watching, 10) == "rank 1 failed with exit code 3"
