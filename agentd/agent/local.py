@@ -23,7 +23,7 @@ from agentd.assembly.settings import AgentSettings
 from agentd.exceptions import AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
-from agentd.rendezvous.api import KeepsWorkers, LeasedMembership
+from agentd.rendezvous.api import KeepsWorkers, LeavesSoon
 from agentd.spec import WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
@@ -173,7 +173,7 @@ class LocalElasticAgent(WorkerLifecycle):
         group = self._worker_group
         handler = self.rdzv_handler
         try:
-            if self._stop_signal is not None and isinstance(handler, LeasedMembership):
+            if self._stop_signal is not None and isinstance(handler, LeavesSoon):
                 await handler.leaving_soon()  # before the workers: they take a while
             if self._procs:
                 await self._stop_workers(group)

@@ -265,10 +265,14 @@ class LeasedMembership(Protocol):
         rounds for a while: a round sealed without it need not wait for its lease."""
         ...
 
-    async def leaving_soon(self) -> None:
-        """This agent was told to stop and leaves once its workers are stopped: it stops
-        offering to take over the store now, so that no peer moves the store to it."""
-        ...
+
+@runtime_checkable
+class LeavesSoon(Protocol):
+    """A rendezvous told that its agent, stopped on a signal, leaves once its workers are
+    stopped (they take a while): the dynamic one stops offering to take over the store now
+    (no peer moves it here), a static one gives its rank back and ends the round."""
+
+    async def leaving_soon(self) -> None: ...
 
 
 @runtime_checkable
@@ -329,8 +333,7 @@ class ComparesNodes(Protocol):
 
 
 class StatusRecords(Protocol):
-    """The members' status records in a rendezvous' store (for the job at a glance), and
-    this node's id and address in them."""
+    """The members' status records in the store (the job at a glance); this node's id."""
 
     node_id: str
     addr: str
@@ -344,9 +347,8 @@ class StatusRecords(Protocol):
 
 @runtime_checkable
 class ShowsJob(Protocol):
-    """A rendezvous whose store carries each member's status record
-    (:mod:`agentd.rendezvous.job_records`, :mod:`agentd.rendezvous.static_job`), for the
-    job at a glance."""
+    """A rendezvous whose store carries each member's status record, for the job at a
+    glance (:mod:`agentd.rendezvous.job_records`, :mod:`agentd.rendezvous.static_job`)."""
 
     job: StatusRecords
     settings: RendezvousSettings

@@ -193,9 +193,18 @@ class StaticNodesRendezvous(StaticNodesMeeting):
         if server is not None:
             await server.stop()
 
+    async def leaving_soon(self) -> None:
+        """Stopped on a signal: give the rank back and end the round now, before our workers
+        stop, so the other nodes re-form at once (without spending a restart) rather than
+        count our workers' end as their own workers' failure."""
+        if self._client is not None and self._claimed and not self._finished:
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._give_rank_back(self._client)
+
     async def _give_rank_back(self, client: TCPStoreClient) -> None:
         rank = self._node_rank
         await client.compare_set(node_key(rank), self._claim, released(self._claim))
+        self._claimed = False  # given back: nothing is left to give at the shutdown
         why = f"node rank {rank}'s agent left; an agent may take its place".encode()
         await client.compare_set(round_key(max(0, self._round), "over"), b"", why)
         log.info(

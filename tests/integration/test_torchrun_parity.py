@@ -298,10 +298,23 @@ def test_a_static_job_recovers_from_a_worker_lost_on_one_node(run_agentd, tmp_pa
 
 
 UNTIL_NODE_1_IS_BACK = """
-    import json, os, sys, time
+    import json, os, signal, sys, time
     from datetime import timedelta
     import torch, torch.distributed as dist
     back = sys.argv[1]  # the test writes it once node 1's new agent is started
+
+    def saving(signum, frame):  # node 1's worker, stopped: it takes a while (a checkpoint)
+        ended = "Rendezvous round over (node rank 1's agent left"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # has node 0 re-formed while we still live?
+            if ended in open(sys.argv[2]).read():
+                open(f"{back}.ended_first", "w").close()
+                break
+            time.sleep(0.05)
+        sys.exit(0)
+
+    if os.environ["GROUP_RANK"] == "1" and len(sys.argv) > 2:
+        signal.signal(signal.SIGTERM, saving)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     total = torch.ones(1)
     if not os.path.exists(back):
@@ -323,7 +336,8 @@ def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_pa
     with SIGTERM (a pod deleted, preempted). The other restarts its workers, and the job
     goes on. agentd's new node 1 was refused after a SIGKILL, 'rank 1 is taken by the
     agent ... (pid <the dead one>)', and its exit closed the job on node 0; after a
-    SIGTERM, the leaving agent closed the job itself; node 1 exited 1 when node 0 (the
+    SIGTERM, the leaving agent closed the job itself (and with torchrun's default of no
+    restarts, node 0 gave up as its worker failed); node 1 exited 1 when node 0 (the
     job's store) went, and the new node 0 waited for it until its timeout.
 
     agentd only: torchrun rejoins a new node 1 too, but its restarted workers can meet the
@@ -333,9 +347,15 @@ def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_pa
     launcher = "agentd"
     job = script(tmp_path, "until_back.py", UNTIL_NODE_1_IS_BACK)
     back = tmp_path / "back"
-    flags = ("--max-restarts", "2", "--rdzv-conf", "timeout=120")
+    # (a node that leaves on a signal ends the round before its workers stop, so the others
+    # re-form without spending a restart: torchrun's default of none is enough)
+    restarts = "0" if how == "SIGTERM" else "2"
+    flags = ("--max-restarts", restarts, "--rdzv-conf", "timeout=120")
     port = free_port()
-    agents = static_nodes(run_agentd, launcher, (1, 1), *flags, job=(job, str(back)), port=port)
+    node_0_log = tmp_path / "out0" / "agent.stderr"  # (run_agentd's first agent)
+    job_args = (job, str(back), *((str(node_0_log),) if how == "SIGTERM" else ()))
+    agents = static_nodes(run_agentd, launcher, (1, 1), *flags, job=job_args, port=port)
+    assert agents[0].stderr_path == node_0_log
     wait_until(
         lambda: all(Path(f"{back}.{rank}.started").exists() for rank in (0, 1)),
         what=f"both ranks computing (node 1: {agents[1].stderr()[-2000:]})",
@@ -346,8 +366,9 @@ def test_a_static_node_lost_and_started_again_rejoins_its_job(run_agentd, tmp_pa
         for pid in whole:  # the whole node: torchrun's workers outlive their agent
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    else:
+    else:  # its worker takes a while to stop: node 0 re-forms meanwhile, not after it
         gone.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: Path(f"{back}.ended_first").exists(), 30, what="node 0 re-formed")
     gone.wait(60)
     wait_until(lambda: not any(_running(pid) for pid in whole), what="the node's processes gone")
     back.touch()  # before the new node: every worker from now on computes once

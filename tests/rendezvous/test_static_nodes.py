@@ -400,3 +400,16 @@ async def test_a_connection_lost_to_a_store_that_lives_on_resumes_its_rounds(nod
         asyncio.gather(one.next_rendezvous(), zero.next_rendezvous()), 10
     )
     assert [i.generation for i in infos] == [1, 1]
+
+
+async def test_an_agent_stopped_on_a_signal_ends_the_round_before_its_workers_stop(nodes):
+    """``leaving_soon`` (the agent calls it before it stops its workers) gives the rank
+    back and ends the round; the shutdown after it has nothing left to give."""
+    zero, one = await met_pair(nodes)
+    watching = asyncio.ensure_future(zero.round_over())
+    await one.leaving_soon()
+    assert await asyncio.wait_for(watching, 10) == (
+        "node rank 1's agent left; an agent may take its place"
+    )
+    await one.shutdown()
+    assert await zero._store().multi_get([CLOSED]) == [b""]
