@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING
+import socket
+from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import StartError
 from agentd.rendezvous.api import (
@@ -17,8 +18,10 @@ from agentd.rendezvous.api import (
     RendezvousTimeoutError,
     RoleInstanceInfo,
 )
+from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.static import StaticRendezvous
 from agentd.rendezvous.static_claims import (
+    BEAT_EVERY,
     REPORT_EVERY,
     beat,
     claim,
@@ -27,6 +30,8 @@ from agentd.rendezvous.static_claims import (
     take_rank,
     wait_for_claims,
 )
+from agentd.rendezvous.static_job import StaticJobRecords
+from agentd.support.net import is_loopback
 
 if TYPE_CHECKING:
     from agentd.tcpstore.client import TCPStoreClient
@@ -40,7 +45,9 @@ DEFAULT_TIMEOUT = 600.0
 
 class StaticNodesMeeting(StaticRendezvous):
     """Node ``node_rank`` of ``nnodes`` (> 1), connected to node 0's store at
-    ``master_addr:master_port`` (see the module docstring)."""
+    ``master_addr:master_port`` (see the module docstring); ``local_addr`` is where the
+    other nodes reach this one (the job view's links to its health endpoint), whose
+    records this store keeps too (:mod:`~agentd.rendezvous.static_job`)."""
 
     def __init__(
         self,
@@ -53,6 +60,7 @@ class StaticNodesMeeting(StaticRendezvous):
         role: str = "default",
         local_world_size: int = 1,
         timeout: float = DEFAULT_TIMEOUT,
+        local_addr: str | None = None,
     ) -> None:
         super().__init__(
             run_id,
@@ -75,6 +83,18 @@ class StaticNodesMeeting(StaticRendezvous):
         self._finished = False  # its workers succeeded: at the exit barrier, or past it
         self._round = -1  # in the store of node 0's agent: it counts from 0 in a new one
         self._base = 0  # our generation at that store's round 0
+        addr = local_addr or ("127.0.0.1" if is_loopback(master_addr) else socket.getfqdn())
+        node_id = f"{socket.gethostname()}_{os.getpid()}_{self._token[:6]}"
+        self.job = StaticJobRecords(
+            master_addr, lambda: self.master_port, node_id, addr, lambda g: g - self._base
+        )
+        self.settings = RendezvousSettings(
+            min_nodes=nnodes, max_nodes=nnodes, join_timeout=timeout, keep_alive_interval=BEAT_EVERY
+        )
+
+    def store_status(self) -> dict[str, Any] | None:
+        """Where node 0's agent serves the job's store (the job view's header)."""
+        return {"where": self._where()}
 
     @property
     def use_agent_store(self) -> bool:

@@ -32,9 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentd.rendezvous.api import (
     RendezvousClosedError,
@@ -67,49 +65,7 @@ __all__ = ["DEFAULT_TIMEOUT", "StaticNodesRendezvous", "node_key", "round_key"]
 
 class StaticNodesRendezvous(StaticNodesMeeting):
     """Node ``node_rank`` of ``nnodes`` (> 1), meeting at ``master_addr:master_port``
-    (see the module docstring); ``local_addr`` is where the other nodes reach this one
-    (the job view's links to its health endpoint)."""
-
-    def __init__(
-        self,
-        run_id: str,
-        master_addr: str,
-        master_port: int,
-        *,
-        node_rank: int,
-        nnodes: int,
-        role: str = "default",
-        local_world_size: int = 1,
-        timeout: float = DEFAULT_TIMEOUT,
-        local_addr: str | None = None,
-    ) -> None:
-        super().__init__(
-            run_id,
-            master_addr,
-            master_port,
-            node_rank=node_rank,
-            nnodes=nnodes,
-            role=role,
-            local_world_size=local_world_size,
-            timeout=timeout,
-        )
-        from agentd.rendezvous.conf import RendezvousSettings
-        from agentd.rendezvous.static_claims import BEAT_EVERY
-        from agentd.rendezvous.static_job import StaticJobRecords
-        from agentd.support.net import is_loopback
-
-        addr = local_addr or ("127.0.0.1" if is_loopback(master_addr) else socket.getfqdn())
-        node_id = f"{socket.gethostname()}_{os.getpid()}_{self._token[:6]}"
-        self.job = StaticJobRecords(
-            master_addr, lambda: self.master_port, node_id, addr, lambda g: g - self._base
-        )
-        self.settings = RendezvousSettings(
-            min_nodes=nnodes, max_nodes=nnodes, join_timeout=timeout, keep_alive_interval=BEAT_EVERY
-        )
-
-    def store_status(self) -> dict[str, Any] | None:
-        """Where node 0's agent serves the job's store (the job view's header)."""
-        return {"where": self._where()}
+    (see the module docstring)."""
 
     async def next_rendezvous(self) -> RendezvousInfo:
         if self._infos is None:
