@@ -20,11 +20,13 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.api import (
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousTimeoutError,
     RoleInstanceInfo,
 )
@@ -263,13 +265,14 @@ async def holder_gone(client: TCPStoreClient, rank: int, held: bytes) -> str:
     return f"its beat stood still for {JUDGE_AFTER:g}s" if after == before else ""
 
 
-async def beat(client: TCPStoreClient, rank: int) -> None:
-    """Keep ``rank``'s claim alive (on a connection of its own: the agent's may wait long)
-    until cancelled or the store is gone."""
-    with contextlib.suppress(ConnectionError, OSError):
-        while True:
-            await client.add(beat_key(rank), 1)
-            await asyncio.sleep(BEAT_EVERY)
+async def beat(add: Callable[[str, int], Awaitable[int]], rank: int) -> None:
+    """Keep ``rank``'s claim alive until cancelled, through ``add`` (a side connection
+    that connects again after a failure: the agent's own may wait long, and a beat that
+    stopped at a dropped connection would let a newcomer take a live agent's rank)."""
+    while True:
+        with contextlib.suppress(RendezvousConnectionError):
+            await add(beat_key(rank), 1)
+        await asyncio.sleep(BEAT_EVERY)
 
 
 def _dead_here(other: dict[str, object]) -> bool:

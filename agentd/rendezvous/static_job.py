@@ -1,5 +1,6 @@
 """The job at a glance for a static job of several nodes: each agent's status record in
-node 0's store, as the elastic backends keep theirs (:mod:`~agentd.rendezvous.job_records`).
+node 0's store, as the elastic backends keep theirs (:mod:`~agentd.rendezvous.job_records`),
+over the agent's side connection to it (which its claim's beat shares).
 
 Keys, under ``/agentd/static/job/<round>/`` (one round of node 0's store; a new round,
 new keys)::
@@ -67,6 +68,10 @@ class StaticJobRecords:
         keys = [job_key(self._store_round(generation), rank) for rank in range(size)]
         values = await self._request(lambda c: c.multi_get(keys))
         return {rank: json.loads(v) for rank, v in enumerate(values) if v}, 0
+
+    async def add(self, key: str, delta: int) -> int:
+        """Add ``delta`` to ``key`` over the same connection (the claim's beat)."""
+        return int(await self._request(lambda c: c.add(key, delta)))
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -182,12 +182,9 @@ class StaticNodesMeeting(StaticRendezvous):
 
     async def _take_rank(self, client: TCPStoreClient) -> None:
         """Claim our node rank (or take it over from a gone agent), then beat for it."""
-        from agentd.tcpstore.client import TCPStoreClient
-
         self._replacing = await take_rank(client, self._node_rank, self._claim, self._nnodes)
         self._claimed = True
-        beating = await TCPStoreClient.connect(self._master_addr, self.master_port, 10)
-        self._beat = asyncio.ensure_future(_beat_until_closed(beating, self._node_rank))
+        self._beat = asyncio.ensure_future(beat(self.job.add, self._node_rank))
 
     async def _stop_beat(self) -> None:
         if self._beat is not None:
@@ -213,10 +210,3 @@ class StaticNodesMeeting(StaticRendezvous):
 
     def _where(self) -> str:
         return f"{self._master_addr}:{self._master_port}"
-
-
-async def _beat_until_closed(client: TCPStoreClient, rank: int) -> None:
-    try:
-        await beat(client, rank)
-    finally:
-        await client.close()

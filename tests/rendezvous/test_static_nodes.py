@@ -252,6 +252,7 @@ async def killed(handler: StaticNodesRendezvous) -> None:
     handler._beat.cancel()
     await asyncio.gather(handler._beat, return_exceptions=True)
     await handler._client.close()
+    await handler.job.close()
     handler._beat = handler._client = None
 
 
@@ -413,3 +414,15 @@ async def test_an_agent_stopped_on_a_signal_ends_the_round_before_its_workers_st
     )
     await one.shutdown()
     assert await zero._store().multi_get([CLOSED]) == [b""]
+
+
+async def test_a_beat_goes_on_after_its_connection_drops(nodes):
+    """The beat's connection breaks under a live agent: the next beat connects again, so a
+    newcomer given the same rank still finds it held (a beat that stopped at the drop
+    would have let it take a live agent's rank)."""
+    zero, one = await met_pair(nodes)
+    assert one.job._client is not None
+    await one.job._client.close()  # dropped under it
+    second = node(nodes, zero.master_port, 1, 2)
+    with pytest.raises(ConfigError, match="--node-rank: 1 is taken by the agent on"):
+        await asyncio.wait_for(second.next_rendezvous(), 10)
