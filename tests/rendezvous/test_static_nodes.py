@@ -18,7 +18,7 @@ from agentd.rendezvous.api import (
     agent_serves_store,
     fresh_store_each_attempt,
 )
-from agentd.rendezvous.static_claims import CLOSED
+from agentd.rendezvous.static_claims import CLOSED, finished_key
 from agentd.rendezvous.static_nodes import StaticNodesRendezvous
 from tests.conftest import free_port
 
@@ -347,7 +347,7 @@ async def test_an_agent_judged_gone_finds_its_rank_taken_at_its_next_round(nodes
 async def test_an_agent_started_again_after_its_workers_succeeded_has_nothing_to_run(nodes):
     zero, one = await met_pair(nodes)
     leaving = asyncio.ensure_future(zero.exit_barrier())
-    await one._store().set("/agentd/static/finished/1", b"1")  # its barrier, then the kill
+    await one._store().set(finished_key(1), b"1")  # its barrier, then the kill
     await killed(one)
     new_one = node(nodes, zero.master_port, 1, 2)
     with pytest.raises(RendezvousClosedError, match="workers had succeeded") as caught:
