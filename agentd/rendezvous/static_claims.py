@@ -199,12 +199,17 @@ async def first_of(
     from agentd.tcpstore.client import TCPStoreClient
 
     keys = [keys] if isinstance(keys, str) else keys
-    clients = [await TCPStoreClient.connect(host, port, 10) for _ in "kc"]
-    waits = [
-        asyncio.ensure_future(clients[0].wait(keys, seconds)),
-        asyncio.ensure_future(clients[1].wait([CLOSED], seconds)),
-    ]
+    clients: list[TCPStoreClient] = []
+    waits: list[asyncio.Future[bool]] = []
     try:
+        # The second connection is made just after the first reached the store: one
+        # refused then means the store is gone, told at once (and the first one closed).
+        for retry_for in (10.0, 1.0):
+            clients.append(await TCPStoreClient.connect(host, port, retry_for))
+        waits = [
+            asyncio.ensure_future(clients[0].wait(keys, seconds)),
+            asyncio.ensure_future(clients[1].wait([CLOSED], seconds)),
+        ]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if waits[1].done() and waits[1].result():
             (reason,) = await clients[1].multi_get([CLOSED])

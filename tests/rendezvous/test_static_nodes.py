@@ -426,3 +426,31 @@ async def test_a_beat_goes_on_after_its_connection_drops(nodes):
     second = node(nodes, zero.master_port, 1, 2)
     with pytest.raises(ConfigError, match="--node-rank: 1 is taken by the agent on"):
         await asyncio.wait_for(second.next_rendezvous(), 10)
+
+
+async def test_a_store_gone_between_a_watchs_two_connections_is_told_at_once(monkeypatch):
+    """Node 0's store stops just after a round's watch made its first connection: the
+    watch says so within a second or two, and closes that first connection (it used to
+    retry the second for 10 s and then leave the first open)."""
+    from agentd.rendezvous import static_claims
+    from agentd.rendezvous.workers_store import store_server
+    from agentd.tcpstore.client import TCPStoreClient
+
+    server = store_server("127.0.0.1", 0, 1)
+    await server.start()
+    made: list[TCPStoreClient] = []
+    real_connect = TCPStoreClient.connect
+
+    async def connect_then_lose_the_store(host: str, port: int, retry_for: float):
+        client = await real_connect(host, port, retry_for)
+        made.append(client)
+        await server.stop()  # node 0's agent dies after the first connection
+        return client
+
+    monkeypatch.setattr(TCPStoreClient, "connect", connect_then_lose_the_store)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(TimeoutError, match=r"no store at 127\.0\.0\.1"):
+        await asyncio.wait_for(static_claims.first_of("127.0.0.1", server.port, "k", None), 9)
+    assert loop.time() - began < 5
+    assert len(made) == 1 and made[0]._writer.transport.is_closing()
