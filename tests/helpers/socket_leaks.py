@@ -1,5 +1,6 @@
 """A pytest plugin: a test that leaves an asyncio socket open after its event loop closed
-fails itself, naming the peer and where the socket was opened.
+fails itself, naming the peer and where the socket was opened; a socket or stream writer
+collected unclosed while its loop runs warns with where the socket was opened.
 
 Without it, such a socket is found later by the garbage collector, in whichever test a
 full collection happens to run, as an unraisable ResourceWarning that
@@ -13,7 +14,7 @@ import functools
 import traceback
 import warnings
 import weakref
-from asyncio import selector_events
+from asyncio import selector_events, streams
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,6 +65,30 @@ def _warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
 
 
 selector_events._SelectorTransport.__del__ = _warn_with_origin  # type: ignore[method-assign]
+
+
+_writer_collected = getattr(streams.StreamWriter, "__del__", None)  # (Python 3.11.5 and later)
+
+
+def _writer_warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
+    """A stream writer collected while its loop runs and its transport is open (nobody
+    closed it): the warning names where its socket was opened, which asyncio's own does
+    not (CI once failed a test on 'unclosed <StreamWriter ...>' with no clue)."""
+    opened_at = getattr(self._transport, "_opened_at", None)
+    if self._transport.is_closing() or self._loop.is_closed() or opened_at is None:
+        assert _writer_collected is not None
+        _writer_collected(self)
+        return
+    self.close()
+    _warn(
+        f"unclosed {self!r}, its socket opened at:\n{''.join(opened_at)}",
+        ResourceWarning,
+        source=self,
+    )
+
+
+if _writer_collected is not None:
+    streams.StreamWriter.__del__ = _writer_warn_with_origin  # type: ignore[method-assign]
 
 
 def left_open() -> list[Any]:

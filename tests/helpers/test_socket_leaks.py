@@ -93,3 +93,31 @@ def test_a_transport_whose_init_fails_closes_its_socket_and_blames_nobody():
     finally:
         theirs.close()
         loop.close()
+
+
+def test_a_stream_writer_dropped_unclosed_warns_with_where_its_socket_was_opened():
+    """A writer nobody closed, collected while its loop runs: asyncio's warning alone says
+    'unclosed <StreamWriter ...>' (CI, 2026-12-01); this one names the line that opened it."""
+    import asyncio
+    import gc
+    import socket
+    import warnings
+
+    async def open_and_drop(port: int) -> None:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del writer  # its last reference: collected here
+            gc.collect()
+        messages = [str(w.message) for w in caught if w.category is ResourceWarning]
+        assert any("unclosed <StreamWriter" in m and "in open_and_drop" in m for m in messages), (
+            messages
+        )
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        asyncio.run(open_and_drop(listener.getsockname()[1]))
+    finally:
+        listener.close()
