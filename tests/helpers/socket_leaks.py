@@ -67,7 +67,7 @@ def _warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
 selector_events._SelectorTransport.__del__ = _warn_with_origin  # type: ignore[method-assign]
 
 
-_writer_collected = getattr(streams.StreamWriter, "__del__", None)  # (Python 3.11.5 and later)
+_writer_collected = getattr(streams.StreamWriter, "__del__", None)  # (not in every 3.11)
 
 
 def _writer_warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
