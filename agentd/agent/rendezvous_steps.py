@@ -105,7 +105,7 @@ class RendezvousSteps:
     _stop_requested: asyncio.Event
     lost_peer: dict[str, Any] | None = None
     """The peer whose loss failed this node's workers (its lease ran out): the root cause
-    a failure report names (:func:`lost_node`). None when there was none."""
+    a failure report names (:func:`~agentd.agent.lost_peer.lost_node`); else None."""
     _leaving_alone: bool = False
     """No other node runs the job this node leaves: it ends here (a drain of the last)."""
     generation: int
@@ -180,6 +180,8 @@ class RendezvousSteps:
             return why
         if LOST_REASON not in why:
             return ""
+        from agentd.agent.lost_peer import lost_node  # on a peer's loss alone
+
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         log.warning(_LOST, group.spec.role, why, left, needed)
@@ -197,6 +199,8 @@ class RendezvousSteps:
         needed = handler.min_nodes()
         if await self._enough_without_one(group, needed):
             return False
+        from agentd.agent.lost_peer import lost_node  # on a peer's loss alone
+
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         log.warning(_LOST, group.spec.role, why, (group.group_world_size or 1) - 1, needed)
         return True
@@ -375,24 +379,3 @@ class RendezvousSteps:
             log.exception("Exit barrier failed; our workers succeeded, so the job is done here")
             return
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
-
-
-def lost_node(why: str, ttl: float) -> dict[str, Any]:
-    """What a report says of a lost peer, from the round watch's ``node <addr> (<id>) left
-    (no heartbeat)`` (or ``node <id> ...``): its node id, host (its address, else the
-    hostname in its id) and agent pid (node ids are ``host_pid_random``), when its lease
-    was seen to lapse, and so when it was last heard (a lease lasts ``ttl``)."""
-    node = why.removeprefix("node ").removesuffix(f" {LOST_REASON}")
-    addr, _, named = node.partition(" (")  # "ADDR (ID)", or a bare id
-    node = named.removesuffix(")") if named else addr
-    host, _, rest = node.rpartition("_")[0].rpartition("_")
-    pid = int(rest) if rest.isdigit() else None
-    lapsed = time.time()
-    return {
-        "node": node,
-        "host": (addr if named else host) or node,
-        "agent_pid": pid,
-        "lapsed_at": lapsed,
-        "last_heard_before": ttl,
-        "reason": why,
-    }

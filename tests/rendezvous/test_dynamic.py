@@ -723,7 +723,7 @@ async def test_a_store_that_lost_the_round_is_said_at_info_an_expiry_at_warning(
 
 
 def test_a_lost_peer_is_named_by_its_address_with_its_id_beside_it():
-    from agentd.agent.rendezvous_steps import lost_node
+    from agentd.agent.lost_peer import lost_node
 
     named = lost_node("node 10.0.0.3 (node3_16678_7c5933) left (no heartbeat)", 15.0)
     assert (named["node"], named["host"], named["agent_pid"]) == (
