@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "drain",
         help="drain a running agent's node (its --health-port endpoint)",
         description="Ask a running agent to drain its node: every rank of the job checkpoints "
-        "at the same step, then the job goes on without this node. Exit 0 draining, 1 "
-        "refused, 3 unreachable.",
+        "at the same step, then the job goes on without this node (a static job waits for "
+        "a node in its place). Exit 0 draining, 1 refused, 3 unreachable.",
     )
     _endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)")
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")

@@ -1,6 +1,6 @@
 """A node leaves on purpose (a preemption notice): what does the job lose?
 
-    python bench/bench_drain.py [--runs 3] [--every 200] [--launchers agentd,torchrun]
+    python bench/bench_drain.py [--runs 3] [--every 200] [--launchers agentd,torchrun] [--static]
 
 Each run starts three launchers on this machine as three nodes of one ``--nnodes 2:3`` job
 (2 gloo workers each, ``drain_worker.py``: one all-reduce per step, a periodic checkpoint
@@ -10,6 +10,11 @@ every ``--every`` steps), lets it run at world 6 for 2 s, then signals the third
   agents choose, the job re-forms without the node;
 * ``torchrun``: SIGTERM, as a preemption sends it: the node's workers stop, the others'
   collectives fail, and they restart from the last periodic checkpoint.
+
+With ``--static``, the job is torchrun's default instead: ``--rdzv-backend static``, two
+nodes that know their ranks (node 0's launcher serves the store), and the second node is
+signalled the same way; once it has exited, a launcher is started in its place (a node
+replaced, a pod made again), which the job waits for.
 
 Figures: the signal -> every rank's checkpoint callback entered (agentd), whether every
 rank saved at one step, steps lost (the step reached when the signal was sent minus the
@@ -52,32 +57,23 @@ def notes(out: Path, pattern: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in finished_reports(out, pattern)]
 
 
-def command(launcher: str, port: int) -> list[str]:
+def command(launcher: str, port: int, node_rank: int | None) -> list[str]:
+    """The launcher's command line: a node of the elastic job, or (``node_rank``) of the
+    static one."""
     module = "torch.distributed.run" if launcher == "torchrun" else "agentd"
     run = [] if launcher == "torchrun" else ["run", "--drain-on", "SIGUSR1"]
-    return [
-        sys.executable,
-        "-m",
-        module,
-        *run,
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-conf",
-        CONF,
-        "--rdzv-id",
-        "bench",
-        "--nnodes",
-        "2:3",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "3",
+    shape = ["--nproc-per-node", "2", "--max-restarts", "3"]
+    if node_rank is not None:
+        static = ["--nnodes", "2", "--node-rank", str(node_rank), "--master-port", str(port)]
+        return [sys.executable, "-m", module, *run, *static, *shape]
+    elastic = [
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"),
+        *("--rdzv-conf", CONF, "--rdzv-id", "bench", "--nnodes", "2:3"),
     ]
+    return [sys.executable, "-m", module, *run, *elastic, *shape]
 
 
-def run_once(launcher: str, every: int, timeout: float) -> dict | None:
+def run_once(launcher: str, every: int, timeout: float, static: bool) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as tmp:
         out, port = Path(tmp), free_port()
         stop = out / "stop"
@@ -89,27 +85,34 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
             "OMP_NUM_THREADS": "1",
             MARK_ENV: marker,
         }
-        argv = [*command(launcher, port), WORKER, tmp, str(stop), str(every)]
+        nodes = 2 if static else 3
         procs: list[subprocess.Popen[bytes]] = []
+
+        def start(node: int) -> subprocess.Popen[bytes]:
+            argv = command(launcher, port, node if static else None)
+            return subprocess.Popen(
+                [*argv, WORKER, tmp, str(stop), str(every)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+
         try:
-            for _ in range(3):  # one after the other: the first serves the store
-                procs.append(
-                    subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        env=env,
-                    )
-                )
+            for node in range(nodes):  # one after the other: the first serves the store
+                procs.append(start(node))
                 time.sleep(0.5)
             first = "start_0_*.json"
-            if not wait_for(lambda: len(notes(out, first)) == 6, timeout):
+            if not wait_for(lambda: len(notes(out, first)) == 2 * nodes, timeout):
                 return None
             time.sleep(2.0)
             at_signal = max(p["step"] for p in notes(out, "progress_0_*.json"))
             sent = time.time()
-            procs[2].send_signal(signal.SIGUSR1 if launcher == "agentd" else signal.SIGTERM)
+            procs[-1].send_signal(signal.SIGUSR1 if launcher == "agentd" else signal.SIGTERM)
+            if static:  # the job waits for a node in its place
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    procs[-1].wait(timeout)
+                procs.append(start(nodes - 1))
 
             def reformed() -> list[dict]:
                 return [s for s in notes(out, "start_*.json") if s["world"] == 4 and s["at"] > sent]
@@ -120,14 +123,14 @@ def run_once(launcher: str, every: int, timeout: float) -> dict | None:
             resumed = min(s["resumed_at"] for s in reformed())
             result = {
                 "callbacks": max(c["entered"] for c in drained) - sent
-                if len(drained) == 6
+                if len(drained) == 2 * nodes
                 else None,
                 "one_step": len({c["step"] for c in drained}) == 1 if drained else None,
                 "lost": max(0, at_signal - resumed),
                 "reformed": max(s["at"] for s in reformed()) - sent,
             }
             stop.touch()
-            for proc in procs[:2]:
+            for proc in procs[:2] if not static else (procs[0], procs[-1]):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout)
             return result
@@ -141,18 +144,23 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=200, help="periodic checkpoint, steps")
     parser.add_argument("--launchers", default="agentd,torchrun")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--static", action="store_true", help="a static job of two nodes")
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         print("torch is not installed: the benchmark needs it")
         return
+    job = "static 2-node gloo job (4 ranks" if args.static else "3-node gloo job (6 ranks"
     print(
-        f"a node of a 3-node gloo job (6 ranks, 5 ms steps, a checkpoint every {args.every} "
-        f"steps) signalled to leave; {args.runs} runs, {os.cpu_count()} CPUs"
+        f"a node of a {job}, 5 ms steps, a checkpoint every {args.every} steps) signalled "
+        f"to leave{', then replaced' if args.static else ''}; {args.runs} runs, "
+        f"{os.cpu_count()} CPUs"
     )
     for name in args.launchers.split(","):
         results = [
             r
-            for r in (run_once(name, args.every, args.timeout) for _ in range(args.runs))
+            for r in (
+                run_once(name, args.every, args.timeout, args.static) for _ in range(args.runs)
+            )
             if r is not None
         ]
         line = f"  {name:<9} went on {len(results)}/{args.runs}"

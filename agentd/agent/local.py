@@ -197,6 +197,13 @@ class LocalElasticAgent(WorkerLifecycle):
     async def _before_join(self) -> None:
         if isinstance(self.rdzv_handler, KeepsWorkers):
             self.rdzv_handler.announce_kept(self._services.inprocess.keeping())
+        if self._drain is not None and self._exit_on_leave is None:
+            # The round ended during this node's own drain (a node draining with it left
+            # first): it leaves once its drain is done, rather than join the next round.
+            await first_done(self._drain.finished(), self._stop_requested.wait())
+            self._raise_if_stop_requested()
+            if self._exit_on_leave is not None:
+                log.warning("This node %s; leaving the job", self._stepping_out)
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained(code)

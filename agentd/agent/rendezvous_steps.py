@@ -27,6 +27,7 @@ from agentd.rendezvous.api import (
     RendezvousHandler,
     RendezvousInfo,
     RoleInstanceInfo,
+    ShowsJob,
 )
 from agentd.spec import WorkerSpec
 from agentd.support.aio import first_done
@@ -262,6 +263,8 @@ class RendezvousSteps:
         after = "the others go on without it"
         if self._leaving_alone:
             after = "no other node runs it: it ends here, unfinished"
+        elif _fixed_size(self.rdzv_handler):
+            after = "the others wait for a node to take its place"
         log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
         handler = self.rdzv_handler
@@ -379,3 +382,12 @@ class RendezvousSteps:
             log.exception("Exit barrier failed; our workers succeeded, so the job is done here")
             return
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
+
+
+def _fixed_size(handler: RendezvousHandler) -> bool:
+    """Whether the job runs only at one size (a static job, or ``--nnodes N``): the others
+    cannot go on without a node that leaves."""
+    if not isinstance(handler, ShowsJob):
+        return False
+    settings = handler.settings
+    return settings.min_nodes == settings.max_nodes > 1

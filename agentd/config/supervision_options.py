@@ -54,8 +54,9 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         v.optional_signals,
         "",
         "Signals that drain this node instead of stopping it: every rank of the job "
-        "checkpoints at the same step, the job goes on without this node, which exits 128+N "
-        "(e.g. SIGTERM for a preemption notice; a second signal stops it as a stop signal does).",
+        "checkpoints at the same step, the job goes on without this node (a static job: "
+        "waits for a node in its place), which exits 128+N (e.g. SIGTERM for a preemption "
+        "notice; a second signal stops it as a stop signal does).",
         metavar="SIGNALS",
     ),
     _o(

@@ -5,7 +5,8 @@ its workers through the control file (and ``--checkpoint-signal``, if set), repo
 furthest step they reported, passes on the step chosen, and acknowledges once every local
 worker said its checkpoint is saved. The draining agent also chooses the step and waits
 for every node's acknowledgement (or ``--drain-timeout``); then it leaves the job, which
-re-forms without it, and exits.
+re-forms without it, and exits. An agent asked to drain during another node's drain joins
+it, and leaves once it is done, without joining the next round meanwhile.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ SETTLE = 0.02
 """After a worker's first report, how long the node's others are waited for: in a
 synchronous job a rank blocked in a collective (its peer paused to report) cannot report,
 nor be ahead."""
+STALE_MARGIN = 10.0
+"""Seconds past the longest a drain lasts after which its request, still standing, is
+stale (its agent died before it withdrew it): a new drain replaces it, not joins it."""
 TOLD_WITHIN = 5.0
 """How long the draining agent waits for every member to tell its workers of the drain
 before it chooses the step without those missing (their ranks may then checkpoint later
@@ -223,13 +227,30 @@ class DrainService:
 
     # -- the draining agent --------------------------------------------------------------
 
+    async def finished(self) -> None:
+        """Return once this node's drain, if one was asked for, is done (it has left)."""
+        if self._draining is not None:
+            await asyncio.wait({self._draining})
+
     async def _drain(self, reason: str, exit_code: int) -> None:
         began = time.monotonic()
+        joined = False
         try:
-            request = await self._drains.request(reason)
-            step, missing = await self._drains.choose_step(
-                request.id, told_within=TOLD_WITHIN, window=REPORT_WINDOW + 0.05, settle=SETTLE
-            )
+            stale_after = TOLD_WITHIN + REPORT_WINDOW + self.settings.timeout + STALE_MARGIN
+            request, joined = await self._drains.request(reason, stale_after)
+            if joined:
+                log.warning(
+                    "Drain: node %s drains already (%s); this node leaves with it, once "
+                    "every node's checkpoint is saved",
+                    request.node,
+                    request.reason,
+                )
+                step = await self._drains.chosen_step(request.id, TOLD_WITHIN + 1.0)
+                missing: list[str] = []
+            else:
+                step, missing = await self._drains.choose_step(
+                    request.id, told_within=TOLD_WITHIN, window=REPORT_WINDOW + 0.05, settle=SETTLE
+                )
             if missing:
                 log.warning(
                     "Drain %d: node(s) %s did not tell their workers of the drain within "
@@ -254,13 +275,15 @@ class DrainService:
                 acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
         except StoreError as exc:
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
-            acks, step = {}, -1
+            acks, step, request = {}, -1, None
         try:
             members: list[str] | None = await self._drains.members()
+            leaving = await self._drains.leaving(request.id) if request is not None else set()
         except StoreError:
             members = None  # who else runs the job is unknown: leave as asked
+            leaving = set()
         missing = [node for node in members or () if node not in acks and step is not None]
-        alone = members is not None and not set(members) - {self._drains.node_id}
+        alone = members is not None and not set(members) - leaving - {self._drains.node_id}
         seconds = time.monotonic() - began
         outcome = {
             "step": step,
@@ -269,11 +292,13 @@ class DrainService:
             "missing": missing,
             "seconds": round(seconds, 3),
             "alone": alone,
+            "leaving": sorted(leaving | {self._drains.node_id}),
         }
         self.status_doc = {**(self.status_doc or {}), "outcome": outcome}
         self._notify("drain_done", outcome)
-        with contextlib.suppress(StoreError):  # an agent that joins later must not follow it
-            await self._drains.finish()
+        if not joined:  # its requester withdraws it: an agent that joins later must not follow it
+            with contextlib.suppress(StoreError):
+                await self._drains.finish()
         if missing:
             log.warning(
                 "Drain: %d node(s) did not confirm their checkpoints within %gs: %s",

@@ -4,6 +4,8 @@ every node's acknowledgement.
 Keys, under ``agentd/<run_id>/drain/``::
 
     request             JSON {"id", "node", "reason", "at"}: the drain every agent follows
+    <id>/leaving/<node> that node leaves once the drain is done (why): the requester, and
+                        every node asked to drain while the request stood
     <id>/told/<node>    that node's workers are told of the drain (each pauses at its next step)
     <id>/step/<node>    the furthest step that node's workers reported when they learned of it
     <id>/at_step        the step every rank checkpoints at: one past the furthest reported
@@ -12,6 +14,11 @@ Keys, under ``agentd/<run_id>/drain/``::
 The draining agent writes ``request`` and ``at_step``; every agent (the draining one too)
 watches the prefix, reports its step and acknowledges. One watch wakes every agent, so a
 request reaches every node within one store round trip.
+
+One drain at a time: a node asked to drain while another's request stands (a scheduler's
+warning reaches every node of the job at once) joins that drain instead of replacing it,
+and leaves with the requester once every node's checkpoint is saved. A request older
+than the caller's ``stale_after`` (its agent died before it withdrew it) is replaced.
 """
 
 from __future__ import annotations
@@ -20,14 +27,40 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from agentd.rendezvous.keys import RunKeys
-from agentd.store.api import Store
+from agentd.store.api import WatchResult
 
 POLL = 5.0
 """Seconds a watch waits before looking again (a change wakes it at once)."""
+TRIES = 3
+"""Compare-and-sets a request makes before it writes over what stands (a request withdrawn
+and another made at each try)."""
+
+
+class DrainStore(Protocol):
+    """What the protocol needs of a store: any :class:`~agentd.store.api.Store`, or node
+    0's TCPStore in a static job (:mod:`~agentd.rendezvous.static_drains`)."""
+
+    async def set(self, key: str, value: bytes) -> int: ...
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]: ...
+
+    async def wait(self, keys: Sequence[str], timeout: float) -> None: ...
+
+    async def watch(self, prefix: str, after_revision: int, timeout: float) -> WatchResult: ...
+
+    async def revision(self) -> int: ...
 
 
 class DrainRequest(NamedTuple):
@@ -42,7 +75,7 @@ class Drains:
 
     def __init__(
         self,
-        store: Callable[[], Store],
+        store: Callable[[], DrainStore],
         keys: RunKeys,
         node_id: str,
         member_ids: Callable[[], Awaitable[list[str]]],
@@ -60,14 +93,46 @@ class Drains:
         alone needs them)."""
         return await self._member_ids()
 
-    async def request(self, reason: str) -> DrainRequest:
-        """Start a drain of this node (its id is new)."""
-        request = DrainRequest(
+    async def request(self, reason: str, stale_after: float) -> tuple[DrainRequest, bool]:
+        """Start a drain of this node (its id is new), or join the one another node
+        requested less than ``stale_after`` seconds ago: the drain this node leaves with,
+        and whether it joined it (see the module docstring)."""
+        mine = DrainRequest(
             int.from_bytes(os.urandom(7), "big") or 1, self.node_id, reason, time.time()
         )
-        doc = {"id": request.id, "node": request.node, "reason": reason, "at": request.at}
-        await self._store().set(self._prefix + "request", json.dumps(doc).encode())
-        return request
+        doc = {"id": mine.id, "node": mine.node, "reason": reason, "at": mine.at}
+        store, key = self._store(), self._prefix + "request"
+        request, joined, expected = mine, False, None
+        for _ in range(TRIES):
+            done, held = await store.compare_set(key, expected, json.dumps(doc).encode())
+            if done:
+                break
+            standing = _parse(held) if held else None
+            if standing is not None and time.time() - standing.at < stale_after:
+                request, joined = standing, True
+                break
+            expected = held  # none now (withdrawn meanwhile), or stale: replace it
+        else:
+            await store.set(key, json.dumps(doc).encode())
+        await store.set(self._key(request.id, f"leaving/{self.node_id}"), reason.encode() or b"?")
+        return request, joined
+
+    async def leaving(self, drain_id: int) -> set[str]:
+        """The members that leave once drain ``drain_id`` is done."""
+        members = await self.members()
+        values = await self._store().multi_get(
+            [self._key(drain_id, f"leaving/{node}") for node in members]
+        )
+        return {node for node, value in zip(members, values, strict=True) if value}
+
+    async def chosen_step(self, drain_id: int, within: float) -> int | None:
+        """(A node that joined the drain) The step its requester chose, waiting up to
+        ``within`` seconds (None: none was chosen, as no worker reports steps)."""
+        key = self._key(drain_id, "at_step")
+        with contextlib.suppress(TimeoutError):
+            await self._store().wait([key], within)
+        step = await self._store().get(key)
+        return int(step) if step is not None else None
 
     async def current(self) -> tuple[DrainRequest | None, int | None]:
         """The drain requested (None) and its chosen step (None: not chosen yet)."""
@@ -75,10 +140,7 @@ class Drains:
         raw = await store.get(self._prefix + "request")
         if raw is None:
             return None, None
-        doc = json.loads(raw)
-        request = DrainRequest(
-            int(doc["id"]), str(doc["node"]), str(doc["reason"]), float(doc["at"])
-        )
+        request = _parse(raw)
         step = await store.get(self._key(request.id, "at_step"))
         return request, int(step) if step is not None else None
 
@@ -168,3 +230,8 @@ class Drains:
             await self._store().wait(keys, within)
         values = await self._store().multi_get(keys)
         return {node: json.loads(v) for node, v in zip(members, values, strict=True) if v}
+
+
+def _parse(raw: bytes) -> DrainRequest:
+    doc = json.loads(raw)
+    return DrainRequest(int(doc["id"]), str(doc["node"]), str(doc["reason"]), float(doc["at"]))

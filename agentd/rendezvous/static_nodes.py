@@ -56,6 +56,8 @@ from agentd.rendezvous.static_claims import (
 from agentd.rendezvous.static_meeting import DEFAULT_TIMEOUT, StaticNodesMeeting
 
 if TYPE_CHECKING:
+    from agentd.rendezvous.drains import Drains
+    from agentd.rendezvous.static_drains import StaticDrainStore
     from agentd.tcpstore.client import TCPStoreClient
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,30 @@ __all__ = ["DEFAULT_TIMEOUT", "StaticNodesRendezvous", "node_key", "round_key"]
 class StaticNodesRendezvous(StaticNodesMeeting):
     """Node ``node_rank`` of ``nnodes`` (> 1), meeting at ``master_addr:master_port``
     (see the module docstring)."""
+
+    _drain_store: StaticDrainStore | None = None
+    _drains: Drains | None = None
+
+    def drains(self) -> Drains:
+        """The drain protocol among the job's nodes, named by their node ranks, in node 0's
+        store (:mod:`~agentd.rendezvous.static_drains`; built on the first call)."""
+        if self._drains is None:
+            from agentd.rendezvous.drains import Drains
+            from agentd.rendezvous.keys import RunKeys
+            from agentd.rendezvous.static_drains import StaticDrainStore
+
+            store = self._drain_store = StaticDrainStore(
+                self._master_addr, lambda: self.master_port
+            )
+            ranks = [str(rank) for rank in range(self._nnodes)]
+
+            async def members() -> list[str]:
+                return ranks  # a static job's nodes never change
+
+            self._drains = Drains(
+                lambda: store, RunKeys(self._run_id), ranks[self._node_rank], members
+            )
+        return self._drains
 
     async def next_rendezvous(self) -> RendezvousInfo:
         if self._infos is None:
@@ -138,6 +164,8 @@ class StaticNodesRendezvous(StaticNodesMeeting):
         at the next round for an agent to take its place (a pod made again, a restart), as
         they do for one killed. A failure for good closes the job (:meth:`set_closed`)."""
         await self.job.close()
+        if self._drain_store is not None:
+            await self._drain_store.close()
         client, self._client = self._client, None
         await self._stop_beat()
         if client is not None:

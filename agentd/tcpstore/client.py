@@ -3,7 +3,7 @@ client side, with no torch import.
 
 What an agent needs to meet its peers in a TCPStore that group rank 0's agent serves (the
 static rendezvous): connect, retrying until a deadline while that agent is not up yet;
-set, compare-and-set, add, read several keys, and wait for keys with a timeout. One
+set, compare-and-set, add, delete, read several keys, and wait for keys with a timeout. One
 request is in flight at a time. A connection that breaks, or a request abandoned half way
 (cancelled), closes the client: every later request raises ``ConnectionError``.
 """
@@ -20,6 +20,7 @@ from agentd.tcpstore.session import (
     CANCEL_WAIT,
     CHECK,
     COMPARE_SET,
+    DELETE_KEY,
     MAGIC,
     MULTI_GET,
     READY,
@@ -101,6 +102,12 @@ class TCPStoreClient:
         async with self._request():
             self._writer.write(bytes([ADD]) + _blob(key.encode()) + _I64.pack(delta))
             return int(_I64.unpack(await self._reader.readexactly(8))[0])
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        async with self._request():
+            self._writer.write(bytes([DELETE_KEY]) + _blob(key.encode()))
+            return int(_I64.unpack(await self._reader.readexactly(8))[0]) > 0
 
     async def check(self, keys: list[str]) -> bool:
         """Whether every key exists now."""

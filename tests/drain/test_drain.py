@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentd.exceptions import DRAINED_ALONE
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.helpers.jobs import FAST, TOKEN, agent_args
 
 ALL_AT_ONCE = FAST.replace("last_call_timeout=0.5", "last_call_timeout=10") + ",is_host=0"
@@ -138,6 +138,110 @@ def test_workers_that_fail_as_a_peer_leaves_cost_no_restart(run_agentd, run_stor
     logs = "".join(a.stderr() for a in stay)
     assert "Our workers failed as a member left the round" in logs, logs  # the case at hand
     assert "without spending a restart" in logs and "restart 1 of" not in logs, logs
+
+
+def test_a_static_jobs_drained_node_checkpoints_every_rank_and_its_replacement_resumes(
+    run_agentd, tmp_path
+):
+    """The default rendezvous (static, node 0's agent serving the store) had no drains: the
+    drain signal stopped the node as SIGTERM does, and no rank checkpointed. Now every rank
+    of both nodes checkpoints at one step; node 0's agent waits, spending no restart, for
+    an agent to take node 1's place; and the one started for it resumes at that step."""
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    port = str(free_port())
+
+    def static_node(rank: int, *more: str):
+        return run_agentd(
+            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
+            *("--nproc-per-node", "2", "--max-restarts", "0", *more),
+            *(TRAIN, str(out), str(stop)),
+        )
+
+    zero, leaving = static_node(0), static_node(1, "--drain-on", "SIGUSR1")
+    wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
+    wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(), what="the workers")
+    leaving.proc.send_signal(signal.SIGUSR1)
+    assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 4, leaving.stderr()[-3000:]
+    assert len({c["step"] for c in ckpts}) == 1, ckpts
+    step = ckpts[0]["step"]
+    assert "leaving the job (the others wait for a node to take its place)" in leaving.stderr()
+
+    replacement = static_node(1)  # its attempt 0 (ranks 2 and 3) meets node 0's attempt 1
+
+    def again() -> list[dict]:
+        return [*starts(out, 1), *notes(out, "start_0_[23]")]
+
+    wait_until(
+        lambda: [s["resumed_at"] for s in again()] == [step] * 4,
+        30,
+        what="all four ranks again, from the drain's step",
+    )
+    assert {s["world"] for s in again()} == {4}
+    stop.touch()
+    assert [a.wait(30) for a in (zero, replacement)] == [0, 0], zero.stderr()[-3000:]
+    assert "Drain requested by node 1" in zero.stderr()
+    assert "without spending a restart" in zero.stderr()
+
+
+def test_nodes_told_to_drain_at_once_checkpoint_once_and_leave_together(run_agentd, tmp_path):
+    """Slurm's time-limit warning reaches every node of a job at once. Each drain replaced
+    the other's request: the nodes followed one, and the node whose drain was replaced
+    waited out --drain-timeout (60 s) for acknowledgements that never came, then left.
+    Now the second request joins the first, and both nodes leave at once."""
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    port = str(free_port())
+    nodes = [
+        run_agentd(
+            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
+            *("--nproc-per-node", "2", "--drain-on", "SIGUSR1"),
+            *(TRAIN, str(out), str(stop)),
+        )
+        for rank in (0, 1)
+    ]
+    wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
+    for node in nodes:
+        wait_until(lambda n=node: "Started 2 worker(s), attempt 0" in n.stderr(), what="workers")
+    for node in nodes:
+        node.proc.send_signal(signal.SIGUSR1)
+    codes = [node.wait(20) for node in nodes]  # not after the 60 s drain timeout
+    assert codes == [128 + signal.SIGUSR1] * 2, [n.stderr()[-3000:] for n in nodes]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 4 and len({c["step"] for c in ckpts}) == 1, ckpts
+    logs = "".join(n.stderr() for n in nodes)
+    assert "drains already" in logs and "did not confirm" not in logs, logs
+    assert not starts(out, 1)  # neither node started workers again
+
+
+def test_two_of_three_elastic_nodes_drained_at_once_leave_the_third_going_on(
+    run_agentd, run_store, tmp_path
+):
+    """The same for the elastic rendezvous: the two drained nodes leave together, and the
+    third goes on alone from the step every rank checkpointed at."""
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    rdzv = agent_args(store.endpoint, "1:3", conf=ALL_AT_ONCE)
+    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
+    agents = [run_agentd(*rdzv, *job, env=env) for _ in range(3)]
+    wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
+    for agent in agents:
+        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    leaving, stay = agents[:2], agents[2]
+    for agent in leaving:
+        agent.proc.send_signal(signal.SIGUSR1)
+    codes = [agent.wait(20) for agent in leaving]
+    assert codes == [128 + signal.SIGUSR1] * 2, [a.stderr()[-3000:] for a in leaving]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 3 and len({c["step"] for c in ckpts}) == 1, ckpts
+    wait_until(lambda: [s["world"] for s in starts(out, 1)] == [1], 30, what="the third alone")
+    assert starts(out, 1)[0]["resumed_at"] == ckpts[0]["step"]
+    stop.touch()
+    assert stay.wait(30) == 0, stay.stderr()[-3000:]
 
 
 def drain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ async def a_drain() -> tuple[Drains, Drains, DrainRequest]:
         return ["a", "b"]
 
     leaving, other = (Drains(lambda: store, RunKeys("job"), n, members) for n in ("a", "b"))
-    request = await leaving.request("preempted")
+    request, _ = await leaving.request("preempted", 60)
     await leaving.told(request.id)
     return leaving, other, request
 
@@ -59,3 +59,27 @@ async def test_no_worker_counting_steps_means_no_step_is_chosen():
         await node.report_step(request.id, -1)
     assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (None, [])
     assert await other.current() == (request, None)
+
+
+async def test_a_node_asked_to_drain_during_anothers_drain_joins_it():
+    """A scheduler's warning reaches every node at once: the second request joins the
+    first (it replaced it before, and its requester waited out the drain's timeout for
+    acknowledgements of a drain no one followed)."""
+    first, second, request = await a_drain()
+    joined, was_joined = await second.request("time limit", 60)
+    assert (joined, was_joined) == (request, True)
+    assert await first.current() == (request, None)  # still the one every node follows
+    assert await first.leaving(request.id) == {"a", "b"}
+    await second.told(request.id)
+    await first.report_step(request.id, 9)
+    waiting = asyncio.ensure_future(second.chosen_step(request.id, 10))
+    assert await first.choose_step(request.id, told_within=60, **QUICK) == (10, [])
+    assert await waiting == 10
+
+
+async def test_a_request_left_standing_by_a_dead_agent_is_replaced_once_stale():
+    dead, alive, request = await a_drain()
+    replaced, joined = await alive.request("maintenance", 0.0)  # older than 0 s: stale
+    assert not joined and replaced.id != request.id and replaced.node == "b"
+    assert (await dead.current())[0] == replaced
+    assert await alive.leaving(replaced.id) == {"b"}

@@ -40,6 +40,8 @@ async def test_each_request(port):
     assert await store.compare_set("/claim", b"mine", b"next") == b"next"
     assert await store.check(["/k", "/n"]) and not await store.check(["/k", "/nope"])
     assert await store.wait(["/k", "/n"], 5)
+    assert await store.delete("/k") and not await store.delete("/k")
+    assert not await store.check(["/k"])
     await store.close()
 
 
