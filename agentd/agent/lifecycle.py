@@ -208,7 +208,9 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if self._drain is None:
             from agentd.assembly.services import drain_service
 
-            self._drain = drain_service(self._settings.drain, handler.drains(), self._hooks)
+            self._drain = drain_service(
+                self._settings.drain, handler.drains(), self._hooks, self._services.heartbeats.hold
+            )
             self._running.append(self._drain)  # stopped with the other services
         if self._drain_attempt != self.attempt:
             self._drain_attempt = self.attempt

@@ -298,12 +298,20 @@ def gpu_release(timeout: float, helpers: ProcessHygiene) -> GpusPort:
     return GpuRelease(timeout, helpers)
 
 
-def drain_service(settings: DrainSettings | None, drains: Drains, hooks: AgentHooks) -> DrainPort:
-    """The drain's service, built when the first attempt with a control file starts."""
+def drain_service(
+    settings: DrainSettings | None,
+    drains: Drains,
+    hooks: AgentHooks,
+    hold_hangs: Callable[[float | None], None],
+) -> DrainPort:
+    """The drain's service, built when the first attempt with a control file starts;
+    ``hold_hangs``: the hang detection's hold, while a drain pauses the workers."""
     from agentd.drain.service import DrainService
     from agentd.drain.settings import DrainSettings
 
-    return DrainService(settings or DrainSettings(), drains, hooks.procs, hooks.leave, hooks.notify)
+    return DrainService(
+        settings or DrainSettings(), drains, hooks.procs, hooks.leave, hooks.notify, hold_hangs
+    )
 
 
 def slow_node_service(

@@ -130,6 +130,10 @@ class HeartbeatsOnDemand:
     def feed(self, messages: list[ProgressMessage]) -> None:
         self._service().feed(messages)
 
+    def hold(self, seconds: float | None) -> None:
+        if self.service is not None:  # none yet: no worker heartbeats, none is judged
+            self.service.hold(seconds)
+
     def status(self) -> dict[str, Any]:
         return self._service().status()
 

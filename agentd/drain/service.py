@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from agentd.drain.client import PAUSE_LIMIT
 from agentd.drain.settings import DrainSettings
 from agentd.exceptions import DRAINED_ALONE
 from agentd.rendezvous.drains import DrainRequest, Drains
@@ -47,7 +48,8 @@ than the others)."""
 
 class DrainService:
     """Runs ``drains`` for one agent, whose workers ``workers()`` gives; ``leave(why,
-    exit_code)`` takes the draining agent out of the job."""
+    exit_code)`` takes the draining agent out of the job; ``hold_hangs(seconds)`` holds
+    the hang detection while a drain pauses the workers (None: holds it no longer)."""
 
     def __init__(
         self,
@@ -56,12 +58,14 @@ class DrainService:
         workers: Callable[[], Mapping[int, WorkerProcess]],
         leave: Callable[[str, int, bool], None],
         notify: Callable[..., None],
+        hold_hangs: Callable[[float | None], None] = lambda seconds: None,
     ) -> None:
         self.settings = settings
         self._drains = drains
         self._workers = workers
         self._leave = leave
         self._notify = notify
+        self._hold_hangs = hold_hangs
         self._control: str | None = None
         self._watch: asyncio.Task[None] | None = None
         self._draining: asyncio.Task[None] | None = None
@@ -73,6 +77,7 @@ class DrainService:
         self._saved: dict[int, int] = {}
         self._acknowledged = False
         self._step: int | None = None
+        self._holding = False
         self.status_doc: dict[str, Any] | None = None
 
     # -- the agent's hooks ---------------------------------------------------------------
@@ -143,6 +148,9 @@ class DrainService:
                 request, step = await drains.current()
                 if request is not None:
                     await self._follow_request(request, step)
+                elif self._request is not None and self._holding:
+                    self._holding = False  # withdrawn: the workers go on, judged again
+                    self._hold_hangs(None)
                 revision = await drains.changes(revision)
             except (StoreError, RuntimeError) as exc:  # RuntimeError: the store is closed
                 log.debug("Drain watch: %s", exc)
@@ -165,6 +173,10 @@ class DrainService:
     def _start_following(self, request: DrainRequest, path: str) -> None:
         self._request, self._step = request, None
         self._reported, self._saved, self._acknowledged = {}, {}, False
+        # Every rank pauses at its step, then checkpoints, while other nodes' ranks wait on
+        # them in a collective: no hang, for as long as the drain may last.
+        self._holding = True
+        self._hold_hangs(PAUSE_LIMIT + self.settings.timeout + TOLD_WITHIN)
         control.publish(path, request.id)
         self.status_doc = {
             "id": request.id,

@@ -90,6 +90,7 @@ class ProgressMonitor:
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
         self._reported = False
+        self._held_until = float("-inf")
 
     def active(self) -> bool:
         return self.timeouts.instrumented or self.timeouts.settings.initial_timeout is not None
@@ -99,8 +100,20 @@ class ProgressMonitor:
         now = self._clock()
         self._cancel()
         self._reported = False
+        self._held_until = float("-inf")
         self._watches = {lr: _Watch(lr, pid, now) for lr, pid in pids.items()}
         self.step_times.new_attempt(ranks)
+        self._arm()
+
+    def hold(self, seconds: float | None) -> None:
+        """Hold no worker to its timeout for ``seconds`` from now; None ends the hold now.
+        A drain pauses every rank at its step and has it checkpoint, while the ranks of
+        other nodes wait on them in a collective: silences that are no hang. Each
+        worker's silence counts from the hold's end, and no interval across the hold is a
+        sample of a timeout."""
+        now = self._clock()
+        self._held_until = now + seconds if seconds is not None else min(self._held_until, now)
+        self._cancel()
         self._arm()
 
     def unwatch(self) -> None:
@@ -125,7 +138,7 @@ class ProgressMonitor:
         self.timeouts.mark_instrumented()
         # The timeout bounds the time from one message to the next, wherever they come
         # from: every such interval is a sample of the innermost section it passed in.
-        if w.last is not None and not w.done:
+        if w.last is not None and not w.done and w.last >= self._held_until:
             self.timeouts.observe(w.key, at - w.last)
         if m.kind == "beat":
             if not w.sections:
@@ -164,9 +177,9 @@ class ProgressMonitor:
             if not self.active():
                 return None
             timeout = Timeout(self.timeouts.settings.initial, "initial")
-            return w.started + timeout.seconds, timeout
+            return max(w.started, self._held_until) + timeout.seconds, timeout
         timeout = self.timeouts.timeout(w.key)
-        return w.last + timeout.seconds, timeout
+        return max(w.last, self._held_until) + timeout.seconds, timeout
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of the watched workers (monotonic), if any."""

@@ -120,6 +120,13 @@ class HeartbeatService:
         if early:
             self.feed(early)
 
+    def hold(self, seconds: float | None) -> None:
+        """Judge no hang for ``seconds`` from now (None: from now on again), as a drain
+        pauses the workers and they checkpoint
+        (:meth:`~agentd.heartbeats.monitor.ProgressMonitor.hold`)."""
+        if self._engine is not None:
+            self._engine.monitor.hold(seconds)
+
     async def stopped(self) -> None:
         """The attempt's workers are being stopped: watch nothing, dump nothing more."""
         self._pids = {}

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -242,6 +243,43 @@ def test_two_of_three_elastic_nodes_drained_at_once_leave_the_third_going_on(
     assert starts(out, 1)[0]["resumed_at"] == ckpts[0]["step"]
     stop.touch()
     assert stay.wait(30) == 0, stay.stderr()[-3000:]
+
+
+def test_a_drain_that_waits_on_a_slow_node_is_no_hang(run_agentd, tmp_path):
+    """The step is chosen once every node told its workers (up to 5 s): meanwhile the
+    draining node's ranks wait at their step and the others' in the lockstep. Past the
+    learned heartbeat timeout (2 s here) the hang detection killed the paused ranks, and
+    the drain failed the job (--max-restarts 0). It holds its judgement while a drain
+    pauses the workers; the drain completes at one step."""
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    port = str(free_port())
+    # The slow node is frozen to make it slow: its own judgement, late on its thaw, is
+    # not this test's (a fixed 600 s timeout); the draining node learns 2 s (the floor).
+    nodes = [
+        run_agentd(
+            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
+            *("--nproc-per-node", "1", "--drain-on", "SIGUSR1", *more),
+            *(TRAIN, str(out), str(stop)),
+        )
+        for rank, more in ((0, ()), (1, ("--heartbeat-timeout", "600")))
+    ]
+    leaving, slow = nodes
+    wait_until(lambda: "Heartbeat timeout for the step" in leaving.stderr(), 60)
+    wait_until(lambda: len(starts(out, 0)) == 2, 60, what="both ranks")
+    slow.proc.send_signal(signal.SIGSTOP)  # an agent slow to tell its workers of the drain
+    try:
+        leaving.proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: "Drain requested" in leaving.stderr(), what="the drain")
+        time.sleep(3.5)  # the fault itself: longer than the 2 s timeout, within the 5 s
+    finally:
+        slow.proc.send_signal(signal.SIGCONT)
+    assert leaving.wait(30) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    assert "Hang:" not in leaving.stderr(), leaving.stderr()[-3000:]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 2 and len({c["step"] for c in ckpts}) == 1, ckpts
+    slow.proc.send_signal(signal.SIGTERM)
+    assert slow.wait(30) == 128 + signal.SIGTERM
 
 
 def drain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

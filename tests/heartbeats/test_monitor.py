@@ -132,3 +132,28 @@ async def test_step_times_and_stragglers_come_from_the_beats():
     histograms = {(lr, name): count for lr, _, name, _, _, count in monitor.step_times.histograms()}
     assert histograms[(0, "step")] == 7
     monitor.unwatch()
+
+
+async def test_a_drains_hold_judges_no_silence_and_learns_nothing_from_it():
+    """A drain pauses every rank at its step and has it checkpoint, while other nodes'
+    ranks wait on them in a collective: with a learned 2 s timeout, a pause of a few
+    seconds (a node slow to tell its workers) had the paused ranks killed as hung, and the
+    drain meant to save the job failed it."""
+    monitor, clock, _, _ = make_monitor(HeartbeatSettings(step_timeout=2.0))
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    t = clock.now
+    monitor.feed([(0, msg("beat", 1, t)), (1, msg("beat", 1, t))])
+    monitor.feed([(0, msg("drain", 1, t + 0.1))])  # rank 0 pauses; rank 1 waits on it
+    monitor.hold(70.0)
+    clock.now = t + 30
+    assert not any(s.overdue for s in monitor.silences())
+    assert monitor.next_deadline() == pytest.approx(t + 70 + 2.0)
+    monitor.feed([(0, msg("saved", 2, clock.now))])
+    monitor.hold(None)  # the drain is over: silences count from now
+    assert monitor.next_deadline() == pytest.approx(clock.now + 2.0)
+    samples = monitor.timeouts.timeout(STEP).samples
+    monitor.feed([(1, msg("beat", 2, clock.now + 0.2))])  # its interval spans the hold
+    assert monitor.timeouts.timeout(STEP).samples == samples
+    clock.now += 2.5
+    assert {s.local_rank for s in monitor.silences() if s.overdue} == {0, 1}
+    monitor.unwatch()
