@@ -150,6 +150,7 @@ class StaticNodesMeeting(StaticRendezvous):
         connecting = asyncio.ensure_future(
             TCPStoreClient.connect(self._master_addr, self.master_port, self._timeout)
         )
+        client = None
         try:
             while not (await asyncio.wait({connecting}, timeout=REPORT_EVERY))[0]:
                 log.info(
@@ -166,7 +167,8 @@ class StaticNodesMeeting(StaticRendezvous):
                 f"and --master-port (rdzv_conf timeout={self._timeout:g})"
             ) from None
         finally:
-            connecting.cancel()
+            if not connecting.cancel() and not taken(connecting, client):
+                await connecting.result().close()  # connected just as we were cancelled
         self._client = client
         try:
             if again and await client.multi_get([node_key(self._node_rank)]) == [self._claim]:
@@ -210,3 +212,9 @@ class StaticNodesMeeting(StaticRendezvous):
 
     def _where(self) -> str:
         return f"{self._master_addr}:{self._master_port}"
+
+
+def taken(connecting: asyncio.Future[TCPStoreClient], client: TCPStoreClient | None) -> bool:
+    """Whether a finished connect left nothing to close: it failed, or its client was
+    taken (``client``)."""
+    return connecting.cancelled() or connecting.exception() is not None or client is not None

@@ -454,3 +454,33 @@ async def test_a_store_gone_between_a_watchs_two_connections_is_told_at_once(mon
         await asyncio.wait_for(static_claims.first_of("127.0.0.1", server.port, "k", None), 9)
     assert loop.time() - began < 5
     assert len(made) == 1 and made[0]._writer.transport.is_closing()
+
+
+async def test_a_connection_made_as_the_first_meeting_is_cancelled_is_closed(nodes, monkeypatch):
+    """An agent stopped while it waits for node 0's store, just as its connection is made:
+    the connection is closed, not left behind (the wait cancelled only a connect under
+    way)."""
+    from agentd.rendezvous.workers_store import store_server
+    from agentd.tcpstore.client import TCPStoreClient
+
+    server = store_server("127.0.0.1", 0, 1)
+    await server.start()
+    made: list[TCPStoreClient] = []
+    real_connect = TCPStoreClient.connect
+    meeting: asyncio.Task | None = None
+
+    async def connect_as_the_agent_stops(host: str, port: int, retry_for: float):
+        client = await real_connect(host, port, retry_for)
+        made.append(client)
+        assert meeting is not None
+        meeting.cancel()  # SIGTERM: the agent's step is cancelled now
+        return client
+
+    monkeypatch.setattr(TCPStoreClient, "connect", connect_as_the_agent_stops)
+    try:
+        meeting = asyncio.ensure_future(node(nodes, server.port, 1, 2).next_rendezvous())
+        with pytest.raises(asyncio.CancelledError):
+            await meeting
+        assert len(made) == 1 and made[0]._writer.transport.is_closing()
+    finally:
+        await server.stop()
