@@ -15,9 +15,12 @@ protocol's own keys (``agentd/<run id>/drain/``) go with the workers' keys when 
 round starts, so an agent that joins later (a replacement) never follows a drain that
 is over, even one whose draining agent died before it withdrew its request.
 
-A waiting request holds its connection, so each request takes an idle connection of a
-small pool, or opens one: a watch never delays a report. Connections go when their
-request fails, and reach node 0's store anew the next time (its agent may be back).
+A waiting request holds its connection, so each request takes the idle connection, or
+opens one: a watch never delays a report. One connection is kept between requests, so
+an agent holds one more connection to node 0's store while its workers run (the drain's
+watch, re-armed every 5 s), and a second only for the moments a drain's reports overlap
+it. Connections go when their request fails, and reach node 0's store anew the next
+time (its agent may be back).
 A value that is empty counts as missing (a TCPStore answers a missing key with an
 empty value); the protocol never writes one.
 """
@@ -38,8 +41,9 @@ COUNTER = PREFIX + "drain/revision"
 """How many writes the drain protocol made in this store."""
 CONNECT_FOR = 2.0
 """Seconds a request tries to reach node 0's store before it fails."""
-IDLE_KEPT = 4
-"""Idle connections kept for the next requests (a drain makes a few at once)."""
+IDLE_KEPT = 1
+"""Idle connections kept for the next request (node 0's store serves every agent and
+every worker of the job: each connection counts against its bound)."""
 
 
 def marker(revision: int) -> str:

@@ -60,12 +60,17 @@ async def test_a_missing_or_deleted_key_reads_none_and_a_wait_times_out(stores):
         await store.wait(["k"], 0.2)
 
 
-async def test_a_watch_never_delays_a_request_of_the_same_agent(stores):
+async def test_a_watch_never_delays_a_request_of_the_same_agent(server, stores):
+    """...and one connection is kept after them: node 0's store serves every agent and
+    worker of the job, within a bound on its connections."""
     store = stores[0]
     watching = asyncio.ensure_future(store.watch("", await store.revision(), 30))
     await asyncio.sleep(0.1)
     await asyncio.wait_for(store.set("report", b"3"), 2)  # its own connection
     await asyncio.wait_for(watching, 5)
+    async with asyncio.timeout(10):
+        while len(server._connections) != 1:
+            await asyncio.sleep(0.01)
 
 
 async def test_a_store_gone_is_unavailable_and_one_served_again_is_reached(server, stores):
