@@ -17,8 +17,9 @@ request reaches every node within one store round trip.
 
 One drain at a time: a node asked to drain while another's request stands (a scheduler's
 warning reaches every node of the job at once) joins that drain instead of replacing it,
-and leaves with the requester once every node's checkpoint is saved. A request older
-than the caller's ``stale_after`` (its agent died before it withdrew it) is replaced.
+and leaves with the requester once every node's checkpoint is saved. A request whose
+agent died before it withdrew it is replaced: one older than the caller's
+``stale_after``, or one by a node no longer in the round.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class Drains:
             if done:
                 break
             standing = _parse(held) if held else None
-            if standing is not None and time.time() - standing.at < stale_after:
+            if standing is not None and await self._live(standing, stale_after):
                 request, joined = standing, True
                 break
             expected = held  # none now (withdrawn meanwhile), or stale: replace it
@@ -116,6 +117,13 @@ class Drains:
             await store.set(key, json.dumps(doc).encode())
         await store.set(self._key(request.id, f"leaving/{self.node_id}"), reason.encode() or b"?")
         return request, joined
+
+    async def _live(self, request: DrainRequest, stale_after: float) -> bool:
+        """Whether a standing request is a drain under way: made less than ``stale_after``
+        seconds ago, by a member of the current round (one whose agent died during its
+        drain is out of the round once the others re-formed)."""
+        fresh = time.time() - request.at < stale_after
+        return fresh and request.node in await self.members()
 
     async def leaving(self, drain_id: int) -> set[str]:
         """The members that leave once drain ``drain_id`` is done."""

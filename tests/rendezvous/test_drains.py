@@ -83,3 +83,20 @@ async def test_a_request_left_standing_by_a_dead_agent_is_replaced_once_stale():
     assert not joined and replaced.id != request.id and replaced.node == "b"
     assert (await dead.current())[0] == replaced
     assert await alive.leaving(replaced.id) == {"b"}
+
+
+async def test_a_request_by_a_node_gone_from_the_round_is_replaced_at_once():
+    """Its agent was killed during its drain, and the others re-formed without it: a new
+    drain joined that dead one before (its step long passed, no acknowledgement coming)
+    and waited out the drain's timeout."""
+    store = MemoryStore()
+    members = ["a", "b", "c"]
+
+    async def current_round() -> list[str]:
+        return members
+
+    dead, alive = (Drains(lambda: store, RunKeys("job"), n, current_round) for n in ("a", "b"))
+    request, _ = await dead.request("preempted", 60)
+    members = ["b", "c"]  # re-formed without a
+    replaced, joined = await alive.request("maintenance", 60)
+    assert not joined and replaced.id != request.id
