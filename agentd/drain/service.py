@@ -146,6 +146,8 @@ class DrainService:
                 if not revision:
                     revision = await drains.revision()
                 request, step = await drains.current()
+                if request is not None and not await drains.live(request, self._stale_after):
+                    request = None  # its agent died during its drain: nobody leaves with it
                 if request is not None:
                     await self._follow_request(request, step)
                 elif self._request is not None and self._holding:
@@ -234,6 +236,12 @@ class DrainService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @property
+    def _stale_after(self) -> float:
+        """Seconds after which a drain's request, still standing, is stale: its agent died
+        before it withdrew it."""
+        return TOLD_WITHIN + REPORT_WINDOW + self.settings.timeout + STALE_MARGIN
+
     def _live_pids(self) -> set[int]:
         return {p.pid for p in self._workers().values() if p.returncode is None}
 
@@ -248,8 +256,7 @@ class DrainService:
         began = time.monotonic()
         joined = False
         try:
-            stale_after = TOLD_WITHIN + REPORT_WINDOW + self.settings.timeout + STALE_MARGIN
-            request, joined = await self._drains.request(reason, stale_after)
+            request, joined = await self._drains.request(reason, self._stale_after)
             if joined:
                 log.warning(
                     "Drain: node %s drains already (%s); this node leaves with it, once "

@@ -109,7 +109,7 @@ class Drains:
             if done:
                 break
             standing = _parse(held) if held else None
-            if standing is not None and await self._live(standing, stale_after):
+            if standing is not None and await self.live(standing, stale_after):
                 request, joined = standing, True
                 break
             expected = held  # none now (withdrawn meanwhile), or stale: replace it
@@ -118,7 +118,7 @@ class Drains:
         await store.set(self._key(request.id, f"leaving/{self.node_id}"), reason.encode() or b"?")
         return request, joined
 
-    async def _live(self, request: DrainRequest, stale_after: float) -> bool:
+    async def live(self, request: DrainRequest, stale_after: float) -> bool:
         """Whether a standing request is a drain under way: made less than ``stale_after``
         seconds ago, by a member of the current round (one whose agent died during its
         drain is out of the round once the others re-formed)."""
