@@ -90,14 +90,14 @@ class Drains:
         return f"{self._prefix}{drain_id}/{name}"
 
     async def members(self) -> list[str]:
-        """The node ids of the current round (read from the store: the draining agent
-        alone needs them)."""
+        """The node ids of the current round (read from the store, only when a drain
+        stands or starts)."""
         return await self._member_ids()
 
     async def request(self, reason: str, stale_after: float) -> tuple[DrainRequest, bool]:
-        """Start a drain of this node (its id is new), or join the one another node
-        requested less than ``stale_after`` seconds ago: the drain this node leaves with,
-        and whether it joined it (see the module docstring)."""
+        """Start a drain of this node (its id is new), or join the one under way (see
+        :meth:`live`): the drain this node leaves with, and whether it joined it (see the
+        module docstring)."""
         mine = DrainRequest(
             int.from_bytes(os.urandom(7), "big") or 1, self.node_id, reason, time.time()
         )
