@@ -26,6 +26,9 @@ from agentd.wire.progress import ProgressMessage
 
 log = logging.getLogger(__name__)
 
+LATE = 1.0
+"""Seconds past its deadline after which a check finds the agent itself was not running."""
+
 
 @dataclass
 class _Watch:
@@ -205,11 +208,24 @@ class ProgressMonitor:
         self._timer, self._armed_at = None, None
 
     def _fire(self) -> None:
+        armed_at = self._armed_at
         self._timer, self._armed_at = None, None
         self._drain()  # messages already sent (the loop may have been late) count first
         if self._reported:
             return
         now = self._clock()
+        if armed_at is not None and now - armed_at > LATE:
+            # This agent did not run meanwhile (frozen, starved): the silence it sees may
+            # be its own, and what it has not read yet (a drain, a round's end) may explain
+            # the workers' waits. Each silence counts from now.
+            log.warning(
+                "The hang check ran %.1fs late (this agent was not running); the workers' "
+                "silences count from now",
+                now - armed_at,
+            )
+            self._held_until = max(self._held_until, now)
+            self._arm()
+            return
         silences = self.silences(now)
         if not any(s.overdue for s in silences):
             self._arm()

@@ -157,3 +157,22 @@ async def test_a_drains_hold_judges_no_silence_and_learns_nothing_from_it():
     clock.now += 2.5
     assert {s.local_rank for s in monitor.silences() if s.overdue} == {0, 1}
     monitor.unwatch()
+
+
+async def test_a_check_that_runs_late_counts_silences_from_then():
+    """The agent itself did not run past a worker's deadline (frozen, starved): a rank
+    that waited meanwhile on another node's drain was judged hung at the thaw, before the
+    agent could read the drain's request. Silences count from the late check; a check on
+    time judges."""
+    monitor, clock, hangs, _ = make_monitor(HeartbeatSettings(step_timeout=2.0))
+    monitor.watch({0: 100}, {0: 0})
+    t = clock.now
+    monitor.feed([(0, msg("beat", 1, t))])
+    assert monitor.next_deadline() == t + 2.0
+    clock.now = t + 6.0  # the timer fires 4 s late
+    monitor._fire()
+    assert hangs == [] and monitor.next_deadline() == t + 8.0
+    clock.now = t + 8.1
+    monitor._fire()
+    assert [s.overdue for s in hangs[0]] == [True]
+    monitor.unwatch()
