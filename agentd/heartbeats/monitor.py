@@ -94,6 +94,7 @@ class ProgressMonitor:
         self._armed_at: float | None = None
         self._reported = False
         self._held_until = float("-inf")
+        self._graced = False
 
     def active(self) -> bool:
         return self.timeouts.instrumented or self.timeouts.settings.initial_timeout is not None
@@ -214,18 +215,23 @@ class ProgressMonitor:
         if self._reported:
             return
         now = self._clock()
-        if armed_at is not None and now - armed_at > LATE:
+        lateness = now - armed_at if armed_at is not None else 0.0
+        late = lateness > LATE
+        if late and not self._graced:
             # This agent did not run meanwhile (frozen, starved): the silence it sees may
             # be its own, and what it has not read yet (a drain, a round's end) may explain
-            # the workers' waits. Each silence counts from now.
+            # the workers' waits. Each silence counts from now, once: an agent late at
+            # every check still judges, at the next.
+            self._graced = True
             log.warning(
                 "The hang check ran %.1fs late (this agent was not running); the workers' "
                 "silences count from now",
-                now - armed_at,
+                lateness,
             )
             self._held_until = max(self._held_until, now)
             self._arm()
             return
+        self._graced = late
         silences = self.silences(now)
         if not any(s.overdue for s in silences):
             self._arm()

@@ -176,3 +176,17 @@ async def test_a_check_that_runs_late_counts_silences_from_then():
     monitor._fire()
     assert [s.overdue for s in hangs[0]] == [True]
     monitor.unwatch()
+
+
+async def test_an_agent_late_at_every_check_still_judges_at_the_second():
+    monitor, clock, hangs, _ = make_monitor(HeartbeatSettings(step_timeout=2.0))
+    monitor.watch({0: 100}, {0: 0})
+    t = clock.now
+    monitor.feed([(0, msg("beat", 1, t))])
+    for late_by, judged in ((4.0, False), (4.0, True)):
+        deadline = monitor.next_deadline()
+        assert deadline is not None
+        clock.now = deadline + late_by
+        monitor._fire()
+        assert bool(hangs) == judged
+    monitor.unwatch()
