@@ -203,6 +203,9 @@ class DrainService:
         with contextlib.suppress(StoreError):
             await self._drains.told(drain_id)
         await self._report(drain_id)
+        if not self._live_pids() and not self._acknowledged:
+            self._acknowledged = True  # its workers are done (the exit barrier): none saves
+            await self._acknowledge()
 
     async def _report(self, drain_id: int) -> None:
         """Report the furthest step our workers reported (once all did, or the window)."""
@@ -229,7 +232,10 @@ class DrainService:
         self.status_doc.update(saved_ranks=sorted(by_rank), acknowledged=True)
         with contextlib.suppress(StoreError):
             await self._drains.acknowledge(request.id, doc)
-        log.info("Drain: the checkpoints of this node's %d worker(s) are saved", len(by_rank))
+        if self._live_pids():
+            log.info("Drain: the checkpoints of this node's %d worker(s) are saved", len(by_rank))
+        else:
+            log.info("Drain: this node's workers are done: nothing to save")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+from types import SimpleNamespace
 
 from agentd.drain.service import DrainService
 from agentd.drain.settings import DrainSettings
@@ -58,6 +61,37 @@ async def test_a_request_left_by_a_node_gone_from_the_round_is_not_followed(tmp_
             while not followed or followed[-1] != "c":
                 await asyncio.sleep(0.01)
         assert followed == ["c"] and len(holds) == 1
+    finally:
+        await service.stop()
+        await store.close()
+
+
+async def test_a_node_whose_workers_are_done_acknowledges_at_once(tmp_path):
+    """Its workers succeeded (it waits in the exit barrier): none can save, and the
+    draining node waited out --drain-timeout (60 s) for its word."""
+    store = MemoryStore()
+
+    async def current_round() -> list[str]:
+        return ["a", "b"]
+
+    def node(name: str) -> Drains:
+        return Drains(lambda: store, RunKeys("job"), name, current_round)
+
+    done = SimpleNamespace(pid=os.getpid(), local_rank=0, returncode=0)
+    service = DrainService(
+        DrainSettings(), node("b"), lambda: {0: done}, lambda *a: None, lambda *a: None
+    )
+    path = str(tmp_path / "drain.control")
+    control.create(path)
+    service.attempt(path)
+    service.workers_started()
+    try:
+        request, _ = await node("a").request("preempted", 60)
+        acked = f"agentd/job/drain/{request.id}/ack/b"
+        async with asyncio.timeout(10):
+            while await store.get(acked) is None:
+                await asyncio.sleep(0.01)
+        assert json.loads(await store.get(acked) or b"") == {"ranks": 1, "steps": []}
     finally:
         await service.stop()
         await store.close()
