@@ -264,7 +264,7 @@ class RendezvousSteps:
         if self._leaving_alone:
             after = "no other node runs it: it ends here, unfinished"
         elif _fixed_size(self.rdzv_handler):
-            after = "the others wait for a node to take its place"
+            after = "the others wait for it, or for a node in its place"
         log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
         handler = self.rdzv_handler
