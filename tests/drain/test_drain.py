@@ -36,6 +36,21 @@ def starts(out: Path, attempt: int) -> list[dict]:
     return notes(out, f"start_{attempt}_*")
 
 
+def static_nodes(run_agentd, out: Path, stop: Path, nproc: int):
+    """Start node ``rank`` of a static job of two nodes of ``nproc`` workers each (``TRAIN``
+    into ``out``), with ``flags``."""
+    port = str(free_port())
+
+    def start(rank: int, *flags: str):
+        return run_agentd(
+            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
+            *("--nproc-per-node", str(nproc), *flags),
+            *(TRAIN, str(out), str(stop)),
+        )
+
+    return start
+
+
 def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     run_agentd, run_store, tmp_path
 ):
@@ -150,16 +165,11 @@ def test_a_static_jobs_drained_node_checkpoints_every_rank_and_its_replacement_r
     an agent to take node 1's place; and the one started for it resumes at that step."""
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    port = str(free_port())
-
-    def static_node(rank: int, *more: str):
-        return run_agentd(
-            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
-            *("--nproc-per-node", "2", "--max-restarts", "0", *more),
-            *(TRAIN, str(out), str(stop)),
-        )
-
-    zero, leaving = static_node(0), static_node(1, "--drain-on", "SIGUSR1")
+    start_node = static_nodes(run_agentd, out, stop, 2)
+    zero, leaving = (
+        start_node(0, "--max-restarts", "0"),
+        start_node(1, "--max-restarts", "0", "--drain-on", "SIGUSR1"),
+    )
     wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
     wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(), what="the workers")
     leaving.proc.send_signal(signal.SIGUSR1)
@@ -170,7 +180,7 @@ def test_a_static_jobs_drained_node_checkpoints_every_rank_and_its_replacement_r
     step = ckpts[0]["step"]
     assert "(the others wait for it, or for a node in its place)" in leaving.stderr()
 
-    replacement = static_node(1)  # its attempt 0 (ranks 2 and 3) meets node 0's attempt 1
+    replacement = start_node(1, "--max-restarts", "0")  # its attempt 0 meets node 0's attempt 1
 
     def again() -> list[dict]:
         return [*starts(out, 1), *notes(out, "start_0_[23]")]
@@ -194,15 +204,8 @@ def test_nodes_told_to_drain_at_once_checkpoint_once_and_leave_together(run_agen
     Now the second request joins the first, and both nodes leave at once."""
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    port = str(free_port())
-    nodes = [
-        run_agentd(
-            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
-            *("--nproc-per-node", "2", "--drain-on", "SIGUSR1"),
-            *(TRAIN, str(out), str(stop)),
-        )
-        for rank in (0, 1)
-    ]
+    start_node = static_nodes(run_agentd, out, stop, 2)
+    nodes = [start_node(rank, "--drain-on", "SIGUSR1") for rank in (0, 1)]
     wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
     for node in nodes:
         wait_until(lambda n=node: "Started 2 worker(s), attempt 0" in n.stderr(), what="workers")
@@ -253,15 +256,8 @@ def test_a_drain_that_waits_on_a_slow_node_is_no_hang(run_agentd, tmp_path):
     pauses the workers; the drain completes at one step, and no node judges a hang."""
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    port = str(free_port())
-    nodes = [
-        run_agentd(
-            *("--nnodes", "2", "--node-rank", str(rank), "--master-port", port),
-            *("--nproc-per-node", "1", "--drain-on", "SIGUSR1"),
-            *(TRAIN, str(out), str(stop)),
-        )
-        for rank in (0, 1)
-    ]
+    start_node = static_nodes(run_agentd, out, stop, 1)
+    nodes = [start_node(rank, "--drain-on", "SIGUSR1") for rank in (0, 1)]
     for node in nodes:  # a timeout learned (2 s, the floor), and so a hang possible
         wait_until(lambda n=node: "Heartbeat timeout for the step" in n.stderr(), 60)
     leaving, slow = nodes
