@@ -203,7 +203,8 @@ class LocalElasticAgent(WorkerLifecycle):
             await first_done(self._drain.finished(), self._stop_requested.wait())
             self._raise_if_stop_requested()
             if self._exit_on_leave is not None:
-                log.warning("This node %s; leaving the job", self._stepping_out)
+                role = self._worker_group.spec.role
+                log.warning("[%s] This node %s; leaving the job", role, self._stepping_out)
         if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained(code)
