@@ -65,7 +65,9 @@ async def test_a_watch_never_delays_a_request_of_the_same_agent(server, stores):
     worker of the job, within a bound on its connections."""
     store = stores[0]
     watching = asyncio.ensure_future(store.watch("", await store.revision(), 30))
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(10):
+        while store._idle:  # the watch has taken the connection the revision left idle
+            await asyncio.sleep(0.01)
     await asyncio.wait_for(store.set("report", b"3"), 2)  # its own connection
     await asyncio.wait_for(watching, 5)
     async with asyncio.timeout(10):
