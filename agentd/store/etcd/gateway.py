@@ -26,11 +26,17 @@ from agentd.store.api import (
     StoreRefused,
     StoreUnavailable,
 )
-from agentd.store.etcd.codes import UNAUTHENTICATED, Verdict, classify
+from agentd.store.etcd.codes import NOT_FOUND, UNAUTHENTICATED, Verdict, classify
 from agentd.store.retry import Backoff
 from agentd.store.sockets import keepalive_socket
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLapsed(StoreRefused):
+    """A write named a lease etcd no longer has: it lapsed (or was revoked) after its grant.
+    The write was refused whole; under a new lease it can be sent again."""
+
 
 _TLS_FAILED = (aiohttp.ClientSSLError,)
 
@@ -215,7 +221,10 @@ class EtcdGateway:
                 "--rdzv-conf username= and password=)"
             )
         if refusal.verdict is Verdict.REFUSED:
-            raise StoreRefused(f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})")
+            refused = f"etcd at {endpoint} refused {op}: {message} (gRPC code {code})"
+            if code == NOT_FOUND and "lease not found" in message:
+                raise LeaseLapsed(refused)
+            raise StoreRefused(refused)
         return refusal.maybe_applied
 
     @staticmethod

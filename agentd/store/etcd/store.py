@@ -21,20 +21,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import random
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentd.store.api import (
-    StoreError,
-    StoreTimeout,
-    WatchResult,
-)
+from agentd.store.api import StoreError, StoreTimeout, WatchResult
 from agentd.store.etcd.gateway import COUNTER, EtcdGateway, b64, kv_value, prefix_end
-from agentd.store.etcd.watch import EtcdWatch
+from agentd.store.etcd.leases import leased
+from agentd.store.etcd.watch import EtcdWatch, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +100,6 @@ class EtcdStore:
     def _key(self, key: str) -> str:
         return b64((self._prefix + key).encode())
 
-    async def _grant(self, ttl: float) -> str:
-        """A new lease of ``ttl`` seconds (rounded up; etcd may raise it to its minimum)."""
-        doc = await self._gw.post("lease_grant", "/v3/lease/grant", {"TTL": max(1, math.ceil(ttl))})
-        return str(doc["ID"])
-
     def _put(self, key: str, value: bytes, lease: str | None) -> dict[str, Any]:
         put: dict[str, Any] = {"key": self._key(key), "value": b64(value)}
         if lease is not None:
@@ -153,9 +144,10 @@ class EtcdStore:
     # -- the Store protocol ------------------------------------------------------------------
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> int:
-        lease = None if ttl is None else await self._grant(ttl)
-        doc = await self._gw.post("set", "/v3/kv/put", self._put(key, value, lease))
-        return int(doc["header"]["revision"])
+        async def put(lease: str | None) -> dict[str, Any]:
+            return await self._gw.post("set", "/v3/kv/put", self._put(key, value, lease))
+
+        return int((await leased(self._gw, ttl, put))["header"]["revision"])
 
     async def get(self, key: str) -> bytes | None:
         doc = await self._gw.post("get", "/v3/kv/range", {"key": self._key(key)})
@@ -283,7 +275,6 @@ class EtcdStore:
         inside, beyond = list(present[:room]), list(present[room:])
         if beyond and None in await self.multi_get(beyond):
             return False, await self.get(key)
-        lease = None if ttl is None else await self._grant(ttl)
         compare: dict[str, Any] = {"key": self._key(key)}
         if expected is None:
             compare.update(target="CREATE", create_revision="0")
@@ -297,16 +288,21 @@ class EtcdStore:
             {"key": self._key(k), "target": "VERSION", "version": "0", "result": "EQUAL"}
             for k in absent
         ]
-        doc = await self._txn(
-            "compare_set",
-            [compare, *exist],
-            [{"request_put": self._put(key, desired, lease)}],
-            [{"request_range": {"key": self._key(key)}}],
-        )
+
+        async def txn(lease: str | None) -> dict[str, Any]:
+            doc = await self._txn(
+                "compare_set",
+                [compare, *exist],
+                [{"request_put": self._put(key, desired, lease)}],
+                [{"request_range": {"key": self._key(key)}}],
+            )
+            if lease is not None and not doc.get("succeeded"):
+                await self._gw.post("lease_revoke", "/v3/lease/revoke", {"ID": lease})
+            return doc
+
+        doc = await leased(self._gw, ttl, txn)
         if doc.get("succeeded"):
             return True, desired
-        if lease is not None:
-            await self._gw.post("lease_revoke", "/v3/lease/revoke", {"ID": lease})
         return False, self._value(self._first_kv(doc["responses"][0]["response_range"]))
 
     async def refresh(self, key: str, ttl: float) -> bool:
@@ -327,13 +323,16 @@ class EtcdStore:
 
     async def multi_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> int:
         """Set ``items``; atomically up to 128 keys (etcd's txn limit), in chunks beyond."""
-        lease = None if ttl is None else await self._grant(ttl)
-        puts = [{"request_put": self._put(k, v, lease)} for k, v in items.items()]
-        revision = await self.revision() if not puts else 0
-        for start in range(0, len(puts), MAX_TXN_OPS):
-            doc = await self._txn("multi_set", [], puts[start : start + MAX_TXN_OPS], [])
-            revision = int(doc["header"]["revision"])
-        return revision
+        if not items:
+            return await self.revision()
+
+        async def txns(lease: str | None) -> int:
+            puts = [{"request_put": self._put(k, v, lease)} for k, v in items.items()]
+            for start in range(0, len(puts), MAX_TXN_OPS):
+                doc = await self._txn("multi_set", [], puts[start : start + MAX_TXN_OPS], [])
+            return int(doc["header"]["revision"])
+
+        return await leased(self._gw, ttl, txns)
 
     async def delete(self, key: str) -> bool:
         doc = await self._gw.post("delete", "/v3/kv/deleterange", {"key": self._key(key)})
@@ -364,7 +363,7 @@ class EtcdStore:
     async def wait(self, keys: Sequence[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         wanted = set(keys)
-        scope = _common_prefix(keys)
+        scope = common_prefix(keys)
         values, revision = await self._snapshot(keys)
         missing = {k for k, v in zip(keys, values, strict=True) if v is None}
         while missing:
@@ -387,14 +386,3 @@ class EtcdStore:
 
     async def close(self) -> None:
         await self._gw.close()
-
-
-def _common_prefix(keys: Sequence[str]) -> str:
-    """The longest prefix every key shares (what one watch must cover)."""
-    if not keys:
-        return ""
-    low, high = min(keys), max(keys)
-    size = 0
-    while size < min(len(low), len(high)) and low[size] == high[size]:
-        size += 1
-    return low[:size]

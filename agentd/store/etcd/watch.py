@@ -13,7 +13,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -203,3 +203,14 @@ class EtcdWatch:
 def _loop_time(deadline: float) -> float:
     """A ``time.monotonic`` deadline on the running loop's clock."""
     return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+def common_prefix(keys: Sequence[str]) -> str:
+    """The longest prefix every key shares (what one watch must cover)."""
+    if not keys:
+        return ""
+    low, high = min(keys), max(keys)
+    size = 0
+    while size < min(len(low), len(high)) and low[size] == high[size]:
+        size += 1
+    return low[:size]
