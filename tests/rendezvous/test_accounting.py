@@ -30,9 +30,11 @@ have counted the killed member gone (with FAST's 0.3 s its lease lapsed first, a
 tests passed with the release removed)."""
 
 
-def job(store, count: int, nodes: tuple[int, int] = (2, 3), **settings):
+def job(store, count: int, nodes: tuple[int, int] = (2, 3), lapsing: int | None = None, **settings):
+    """``count`` handlers; the one at index ``lapsing`` is to lose its lease (a shorter one)."""
     return [
-        handler(store, nodes=nodes, last_call_timeout=LAST_CALL, **settings) for _ in range(count)
+        handler(store, nodes=nodes, last_call_timeout=LAST_CALL, lapses=i == lapsing, **settings)
+        for i in range(count)
     ]
 
 
@@ -59,7 +61,7 @@ async def test_a_restart_below_max_seals_when_the_last_member_is_back(store):
 
 
 async def test_a_member_whose_lease_lapsed_is_counted_gone(store):
-    a, b, c = job(store, 3)
+    a, b, c = job(store, 3, lapsing=2)
     await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
     assert c._membership is not None and c._rounds is not None
     await c._membership.stop()  # c was lost with its host: its heartbeat stops, nothing else
@@ -73,7 +75,7 @@ async def test_a_member_whose_lease_lapsed_is_counted_gone(store):
 async def test_a_member_lost_while_the_others_already_wait_is_found_by_the_first_back(store):
     """The survivors' workers failed first (the collective broke): they wait in the next
     round before anyone saw the lost member's lease lapse."""
-    a, b, c = job(store, 3)
+    a, b, c = job(store, 3, lapsing=2)
     await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
     assert c._membership is not None and c._rounds is not None
     await a.end_round("a collective failed")
@@ -103,7 +105,7 @@ async def test_a_spare_lost_while_it_waits_is_no_longer_waited_for(store):
     """The spare's host is lost while it waits for a place: the next round expected it,
     and sealed only at the last call (seed 26183 of ``bench/simulate.py --failover``:
     30 s, after a member left 40 s later). The first member back sees its lease lapse."""
-    a, b, c, spare = job(store, 4, nodes=(2, 3))
+    a, b, c, spare = job(store, 4, nodes=(2, 3), lapsing=3)
     await asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), c.next_rendezvous())
     waiting = asyncio.create_task(spare.next_rendezvous())  # beyond MAX: it waits for a place
     async with asyncio.timeout(SOON):
