@@ -48,24 +48,44 @@ class Silent:
 
     def __init__(self) -> None:
         self._server: asyncio.Server | None = None
-        self._held: list[asyncio.StreamWriter] = []
+        self._held: list[_Held] = []
+        self.stopped = False
 
     async def start(self, host: str, port: int) -> None:
-        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self._held.append(writer)
-            with contextlib.suppress(ConnectionError):
-                while await reader.read(4096):
-                    pass
-
-        self._server = await asyncio.start_server(hold, host, port)
+        self.stopped = False
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Held(self), host, port)
 
     async def stop(self) -> None:
+        """Stop listening and close every connection taken, those whose protocol has not
+        yet been told of its transport too: a candidate's asks connect all the time, and a
+        connection accepted just before the close, left open, outlived the test's loop."""
         if self._server is not None:
+            self.stopped = True
             self._server.close()
-            for writer in self._held:
-                writer.close()
+            for held in self._held:
+                held.close()
             await self._server.wait_closed()
+            await asyncio.sleep(0)  # a yield: connections accepted before the close are told
             self._server = None
+
+
+class _Held(asyncio.Protocol):
+    """One connection a :class:`Silent` holds: read and never answered."""
+
+    def __init__(self, silent: Silent) -> None:
+        self._silent = silent
+        self._transport: asyncio.BaseTransport | None = None
+        silent._held.append(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        if self._silent.stopped:
+            transport.close()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
 
 class Group:
