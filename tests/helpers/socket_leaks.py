@@ -1,6 +1,7 @@
 """A pytest plugin: a test that leaves an asyncio socket open after its event loop closed
 fails itself, naming the peer and where the socket was opened; a socket or stream writer
-collected unclosed while its loop runs warns with where the socket was opened.
+collected unclosed while its loop runs warns with where the socket was opened, and so does
+a bare socket that never had a transport (a connect given up, say).
 
 Without it, such a socket is found later by the garbage collector, in whichever test a
 full collection happens to run, as an unraisable ResourceWarning that
@@ -11,6 +12,8 @@ full collection happens to run, as an unraisable ResourceWarning that
 from __future__ import annotations
 
 import functools
+import socket
+import sys
 import traceback
 import warnings
 import weakref
@@ -89,6 +92,58 @@ def _writer_warn_with_origin(self: Any, _warn: Any = warnings.warn) -> None:
 
 if _writer_collected is not None:
     streams.StreamWriter.__del__ = _writer_warn_with_origin  # type: ignore[method-assign]
+
+
+_created_at: dict[int, tuple[tuple[str, int, str], ...]] = {}
+"""Where the socket now holding each descriptor was made (file, line, function), newest
+first. A socket collected unclosed still holds its descriptor, so its entry is its own."""
+_socket_init = socket.socket.__init__
+
+
+def _recorded(self: socket.socket, *args: Any, **kwargs: Any) -> None:
+    _socket_init(self, *args, **kwargs)
+    frames, frame = [], sys._getframe(1)
+    while frame is not None and len(frames) < 14:  # cheap: every socket of the suite
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    _created_at[self.fileno()] = tuple(frames)
+
+
+socket.socket.__init__ = _recorded  # type: ignore[method-assign]
+
+
+def socket_origin(sock: object) -> str | None:
+    """Where the unclosed ``sock`` was made, as a stack (None: not a socket, or closed)."""
+    if not isinstance(sock, socket.socket) or sock.fileno() < 0:
+        return None
+    frames = _created_at.get(sock.fileno())
+    if frames is None:
+        return None
+    return "".join(f'  File "{f}", line {n}, in {name}\n' for f, n, name in reversed(frames))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Wrap pytest's hook for unraisable exceptions (installed by its own configure,
+    before this one): an unclosed socket's warning says where the socket was made."""
+    inner = sys.unraisablehook
+
+    def with_origin(unraisable: Any) -> None:
+        origin = socket_origin(unraisable.object)
+        if origin is not None and isinstance(unraisable.exc_value, ResourceWarning):
+            said = unraisable.err_msg or "Exception ignored in"
+            unraisable = type(unraisable)(
+                (
+                    unraisable.exc_type,
+                    unraisable.exc_value,
+                    unraisable.exc_traceback,
+                    f"{said} (a socket made at:\n{origin}) ",
+                    unraisable.object,
+                )
+            )
+        inner(unraisable)
+
+    sys.unraisablehook = with_origin
 
 
 def left_open() -> list[Any]:

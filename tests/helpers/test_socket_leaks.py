@@ -66,6 +66,43 @@ def test_the_test_that_leaves_a_socket_open_fails_and_the_next_one_does_not(tmp_
     assert "in send_and_close" in out.stdout  # where it was opened
 
 
+DROPPED = """
+import gc, socket
+
+def a_connect_given_up():
+    box = [socket.socket()]  # never closed, never given a transport
+    box.append(box)  # a cycle: a later collection finds it, in another test
+
+def test_drops():
+    a_connect_given_up()
+
+def test_collects():
+    gc.collect()
+"""
+
+
+def test_a_bare_socket_collected_unclosed_says_where_it_was_made(tmp_path):
+    """The warning names the socket alone, in whichever test the collection runs: the
+    suite once failed a failover test on such a socket, made who knows where."""
+    (tmp_path / "test_inner.py").write_text(DROPPED)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nfilterwarnings = error\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    plugins = ["-p", "tests.helpers.socket_leaks", "-p", "no:cacheprovider"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "test_inner.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "1 failed, 1 passed" in out.stdout, out.stdout + out.stderr
+    failure = out.stdout[out.stdout.index("test_collects") :]
+    assert "unclosed <socket.socket" in failure
+    assert "a socket made at" in failure and "in a_connect_given_up" in failure, failure
+
+
 def test_a_transport_whose_init_fails_closes_its_socket_and_blames_nobody():
     """Python 3.11's server, closed as it accepts a connection, fails the new transport's
     init (``Server._attach`` asserts the server is open) with the socket still open; a
