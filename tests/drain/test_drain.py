@@ -248,6 +248,46 @@ def test_two_of_three_elastic_nodes_drained_at_once_leave_the_third_going_on(
     assert stay.wait(30) == 0, stay.stderr()[-3000:]
 
 
+def test_a_drain_whose_node_was_killed_midway_is_followed_by_nobody(
+    run_agentd, run_store, tmp_path
+):
+    """The drained node's agent is SIGKILLed while its ranks save: its request stands, and
+    nobody will withdraw it. The others re-form without the node and train on, and so
+    does the job with a node that joins later; before, the newcomer read the request as
+    it started and followed it: every rank checkpointed again and waited, paused, for
+    acknowledgements that never came."""
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    rdzv = agent_args(store.endpoint, "1:3", conf=ALL_AT_ONCE)
+    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
+    stay = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
+    leaving = run_agentd(*rdzv, *job, env={**env, "AGENTD_TEST_SAVE_SECONDS": "60"})
+    wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
+    for agent in [*stay, leaving]:
+        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    leaving.proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: len(notes(out, "ckpt_0_*")) == 3, 30, what="every rank saving")
+    [step] = {c["step"] for c in notes(out, "ckpt_0_*")}
+    leaving.proc.kill()  # its ranks still save: its drain is never done, nor withdrawn
+    wait_until(lambda: len(starts(out, 1)) == 2, 30, what="the two others, without it")
+    stay.append(run_agentd(*rdzv, *job, env=env))  # a node that joins later
+
+    def resumed() -> list[dict]:  # the newcomer's attempt 0, and the others' attempt 2
+        return [s for s in notes(out, "start_*") if s["world"] == 3 and s["resumed_at"]]
+
+    def furthest() -> int:
+        done = [p.read_text() for p in out.glob("steps_*/*") if p.suffix != ".tmp"]
+        return max((int(d) for d in done if d), default=0)
+
+    wait_until(lambda: len(resumed()) == 3, 30, what="the job of three again")
+    wait_until(lambda: furthest() >= step + 100, 20, what="the job training on")
+    assert {c["step"] for c in notes(out, "ckpt_*")} == {step}, "the dead drain was followed"
+    stop.touch()
+    assert [a.wait(30) for a in stay] == [0, 0, 0], [a.stderr()[-3000:] for a in stay]
+
+
 def test_a_drain_that_waits_on_a_slow_node_is_no_hang(run_agentd, tmp_path):
     """The step is chosen once every node told its workers (up to 5 s): meanwhile the
     draining node's ranks wait at their step and the others' in the lockstep. Past the

@@ -13,7 +13,8 @@ a rank exits 1 right after it saved (as a collective fails once a drained node's
 are gone); with ``AGENTD_TEST_FAIL_ON_PEER_EXIT``, a rank stopped by SIGTERM says so as it
 goes, and the others exit 1 as they see it; the stopped rank exits only once their agents
 have reaped them (up to 20 s), so its agent's leave reaches theirs after their workers'
-failure, as a real peer's loss does. It notes each start
+failure, as a real peer's loss does. With ``AGENTD_TEST_SAVE_SECONDS``, a rank takes that
+long to save (its drain stays open meanwhile). It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
 """
@@ -125,6 +126,7 @@ while not os.path.exists(stop):
     agentd.heartbeat()
     if agentd.checkpoint_requested():
         write(f"ckpt_{host}{attempt}_{rank}", {"step": step, "at": time.time(), "world": world})
+        time.sleep(float(os.environ.get("AGENTD_TEST_SAVE_SECONDS", "0")))
         agentd.checkpoint_saved()
         if os.environ.get("AGENTD_TEST_FAIL_AFTER_SAVE"):
             sys.exit(1)  # as a collective fails once the drained node's ranks are gone
