@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from agentd.exceptions import DRAINED_ALONE
-from tests.conftest import TESTS, wait_until
+from tests.conftest import TESTS, installed, wait_until
 from tests.drain.test_drain import drain_cli, health_url
 
 
@@ -22,7 +22,7 @@ def stepping(url: str) -> bool:
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
-    pytest.importorskip("lightning")
+    installed("lightning")
     root = tmp_path / "lightning"
     agent = run_agentd(
         "--standalone",
@@ -45,8 +45,7 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_the_hugging_face_callback_saves_on_a_drain(run_agentd, tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    installed("transformers", "accelerate")
     out = tmp_path / "hf"
     agent = run_agentd(
         "--standalone",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentd.wire.progress import encode
-from tests.conftest import TESTS, wait_until
+from tests.conftest import TESTS, installed, wait_until
 
 JOB = str(TESTS / "workers" / "heartbeat_job.py")
 FLOOR = ("--heartbeat-min-timeout", "1")
@@ -291,7 +291,7 @@ def test_a_torch_rank_hung_while_the_others_wait_in_all_reduce(run_agentd):
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_the_lightning_callback_in_a_ddp_cpu_job(run_agentd, tmp_path):
-    pytest.importorskip("lightning")
+    installed("lightning")
     job = str(TESTS / "workers" / "lightning_ddp.py")
     agent = run_agentd("--nproc-per-node", "2", job, str(tmp_path / "lightning"))
     assert agent.wait(timeout=180) == 0, agent.stderr()
@@ -303,8 +303,7 @@ def test_the_lightning_callback_in_a_ddp_cpu_job(run_agentd, tmp_path):
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_the_hugging_face_callback_in_a_trainer_job(run_agentd, tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    installed("transformers", "accelerate")
     job = str(TESTS / "workers" / "hf_trainer.py")
     agent = run_agentd(job, str(tmp_path / "hf"), env={"TRANSFORMERS_OFFLINE": "1"})
     assert agent.wait(timeout=180) == 0, agent.stderr()
