@@ -9,6 +9,10 @@ from tests.conftest import WORKER, AgentProc
 
 TOKEN = "job-secret"
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
+STEADY = FAST.replace("keep_alive_max_attempt=4", "keep_alive_max_attempt=20")
+"""FAST with a 10 s heartbeat TTL, for a test of something else than a lost node: FAST's 2 s
+lapsed once on a loaded 2-core machine (the suite's second run of 2026-12-01), and the
+round that re-formed restarted every worker under a test that counted their lines."""
 
 
 def members(agent: AgentProc, attempt: int) -> list[dict[str, str]]:
