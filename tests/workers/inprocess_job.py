@@ -126,7 +126,7 @@ def train() -> None:
             os.closerange(0, 1024)  # the channel, the pipes: what the kernel closes first
             with open(os.path.join(out, "dying"), "w"):  # the peers' sockets close
                 pass
-            time.sleep(1.5)  # a CUDA context's teardown
+            time.sleep(1.0)  # a CUDA context's teardown: up to a second, within DYING_WAIT (2 s)
         if mode == "hang":
             from agentd.timer import expires
 
