@@ -6,16 +6,21 @@ The wait ends when every member wrote ``round/<g>/done/<i>``; when our lease is 
 store is out of reach: nobody can be waited for without it); or when the rendezvous is
 closed, which a member that failed for good does: its done key would never come, and its
 peers waited out the agent's whole barrier timeout (300 s by default) before.
+
+A round ended meanwhile (a member's workers failed, or it was lost) does not end the wait:
+the others may finish the job in the next round, and close the run once they have. The
+agent says so once, when the next round has its first arrival; it used to wait silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.store.api import StoreUnavailable
+from agentd.store.api import StoreError, StoreUnavailable
 from agentd.support.aio import first_done
 
 if TYPE_CHECKING:
@@ -65,8 +70,11 @@ class ExitBarrier:
                     "heartbeat TTL"
                 ) from None
             return
-        barrier, lost, closed = await first_done(
-            self._barrier(current), membership.lost(), self._closed_elsewhere()
+        barrier, lost, closed, _ = await first_done(
+            self._barrier(current),
+            membership.lost(),
+            self._closed_elsewhere(),
+            self._say_if_ended(current),
         )
         if closed.done() and not closed.cancelled():
             why, failed = closed.result()
@@ -83,6 +91,19 @@ class ExitBarrier:
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
         await store.wait(done, FOREVER)
+
+    async def _say_if_ended(self, current: Round) -> None:
+        """Never returns: once the next round has an arrival (this one ended), say that this
+        node waits on, and for what."""
+        with contextlib.suppress(StoreError):  # the barrier's own wait meets it too
+            await self.store.wait([self._keys.round(current.generation + 1, "join")], FOREVER)
+            log.warning(
+                "Exit barrier: round %d ended while this node waited (its workers succeeded; "
+                "a peer's failed, or a peer was lost); waiting, up to the barrier timeout, "
+                "for the others to finish in the next round and close the run",
+                current.generation,
+            )
+        await asyncio.get_running_loop().create_future()
 
     async def _closed_elsewhere(self) -> tuple[str, bool]:
         """Once the rendezvous is closed: by whom and why, and whether as failed (a member

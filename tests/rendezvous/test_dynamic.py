@@ -539,6 +539,27 @@ async def test_exit_barrier_waits_for_every_member(store):
     await shutdown_all(a, b)
 
 
+async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(store, caplog):
+    """A peer's workers failed after ours succeeded: the peer may finish the job in the next
+    round, so the wait goes on until it closes the run, and the node says why it waits
+    (it used to wait silently, up to the barrier timeout of 300 s)."""
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    barrier = asyncio.create_task(a.exit_barrier())
+    with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.exit_barrier"):
+        await b.end_round("its workers failed")
+        info = await asyncio.wait_for(b.next_rendezvous(), 10)  # alone: at least one node
+        assert (info.generation, info.group_world_size) == (1, 1)
+        async with asyncio.timeout(10):
+            while "round 0 ended while this node waited" not in caplog.text:
+                await asyncio.sleep(0.01)
+        assert not barrier.done()
+        await b.exit_barrier()
+        await b.set_closed(True, "the workers succeeded")
+        await asyncio.wait_for(barrier, 10)  # the run is closed: nobody left to wait for
+    await shutdown_all(a, b)
+
+
 async def test_join_timeout_names_what_was_missing(store):
     lonely = handler(store, nodes=(2, 2), join_timeout=0.3)
     with pytest.raises(RendezvousTimeoutError, match=r"1 node\(s\) joined, 2..2 needed"):
