@@ -9,18 +9,20 @@ peers waited out the agent's whole barrier timeout (300 s by default) before.
 
 A round ended meanwhile (a member's workers failed, or it was lost) does not end the wait:
 the others may finish the job in the next round, and close the run once they have. The
-agent says so once, when the next round has its first arrival; it used to wait silently.
+agent says so once; it used to wait silently. The wait for the ``done`` keys is made in
+pieces of :data:`ENDED_CHECK` seconds with the generation read between them, so a node in
+the barrier holds no more long polls at the store than it did (a job's size is bounded by
+the store's connections).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.store.api import StoreError, StoreUnavailable
+from agentd.store.api import StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
 if TYPE_CHECKING:
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 FOREVER = 7 * 86400.0
 """A store wait with no end of its own (the agent's barrier timeout ends it)."""
+ENDED_CHECK = 30.0
+"""Seconds between two reads of the generation while the barrier waits: a round ended
+meanwhile is said within this long."""
 
 
 class ExitBarrier:
@@ -70,11 +75,8 @@ class ExitBarrier:
                     "heartbeat TTL"
                 ) from None
             return
-        barrier, lost, closed, _ = await first_done(
-            self._barrier(current),
-            membership.lost(),
-            self._closed_elsewhere(),
-            self._say_if_ended(current),
+        barrier, lost, closed = await first_done(
+            self._barrier(current), membership.lost(), self._closed_elsewhere()
         )
         if closed.done() and not closed.cancelled():
             why, failed = closed.result()
@@ -90,20 +92,21 @@ class ExitBarrier:
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
+        while True:
+            try:
+                await store.wait(done, ENDED_CHECK)
+                return
+            except StoreTimeout:
+                now = await store.get(self._keys.gen) or b""
+                if now.isdigit() and int(now) > gen:  # the round ended meanwhile
+                    break
+        log.warning(
+            "Exit barrier: round %d ended while this node waited (its workers succeeded; a "
+            "peer's failed, or a peer was lost); waiting, up to the barrier timeout, for the "
+            "others to finish in the next round and close the run",
+            gen,
+        )
         await store.wait(done, FOREVER)
-
-    async def _say_if_ended(self, current: Round) -> None:
-        """Never returns: once the next round has an arrival (this one ended), say that this
-        node waits on, and for what."""
-        with contextlib.suppress(StoreError):  # the barrier's own wait meets it too
-            await self.store.wait([self._keys.round(current.generation + 1, "join")], FOREVER)
-            log.warning(
-                "Exit barrier: round %d ended while this node waited (its workers succeeded; "
-                "a peer's failed, or a peer was lost); waiting, up to the barrier timeout, "
-                "for the others to finish in the next round and close the run",
-                current.generation,
-            )
-        await asyncio.get_running_loop().create_future()
 
     async def _closed_elsewhere(self) -> tuple[str, bool]:
         """Once the rendezvous is closed: by whom and why, and whether as failed (a member

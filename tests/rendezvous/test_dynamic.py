@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from agentd.rendezvous import rounds
+from agentd.rendezvous import exit_barrier, rounds
 from agentd.rendezvous.api import (
     RendezvousClosedError,
     RendezvousStateError,
@@ -539,10 +539,13 @@ async def test_exit_barrier_waits_for_every_member(store):
     await shutdown_all(a, b)
 
 
-async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(store, caplog):
+async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(
+    store, caplog, monkeypatch
+):
     """A peer's workers failed after ours succeeded: the peer may finish the job in the next
     round, so the wait goes on until it closes the run, and the node says why it waits
     (it used to wait silently, up to the barrier timeout of 300 s)."""
+    monkeypatch.setattr(exit_barrier, "ENDED_CHECK", 0.2)
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
     await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
     barrier = asyncio.create_task(a.exit_barrier())
