@@ -51,6 +51,29 @@ def static_nodes(run_agentd, out: Path, stop: Path, nproc: int):
     return start
 
 
+def elastic_job(run_agentd, run_store, tmp_path: Path):
+    """An elastic job of 1..3 nodes of one ``TRAIN`` worker each, drained by SIGUSR1:
+    ``(start, out, stop)``, where ``start(**env)`` starts a node with ``env`` added."""
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    rdzv = agent_args(store.endpoint, "1:3", conf=ALL_AT_ONCE)
+    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
+
+    def start(**env: str):
+        return run_agentd(*rdzv, *job, env={"AGENTD_STORE_TOKEN": TOKEN, **env})
+
+    return start, out, stop
+
+
+def running(out: Path, agents: list) -> list:
+    """``agents``, once they form one round and each has started its worker."""
+    wait_until(lambda: len(starts(out, 0)) == len(agents), 60, what="one job of every node")
+    for agent in agents:
+        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    return agents
+
+
 def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     run_agentd, run_store, tmp_path
 ):
@@ -225,16 +248,8 @@ def test_two_of_three_elastic_nodes_drained_at_once_leave_the_third_going_on(
 ):
     """The same for the elastic rendezvous: the two drained nodes leave together, and the
     third goes on alone from the step every rank checkpointed at."""
-    store = run_store()
-    out, stop = tmp_path / "job", tmp_path / "stop"
-    out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN}
-    rdzv = agent_args(store.endpoint, "1:3", conf=ALL_AT_ONCE)
-    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
-    agents = [run_agentd(*rdzv, *job, env=env) for _ in range(3)]
-    wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
-    for agent in agents:
-        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    start, out, stop = elastic_job(run_agentd, run_store, tmp_path)
+    agents = running(out, [start() for _ in range(3)])
     leaving, stay = agents[:2], agents[2]
     for agent in leaving:
         agent.proc.send_signal(signal.SIGUSR1)
@@ -256,23 +271,14 @@ def test_a_drain_whose_node_was_killed_midway_is_followed_by_nobody(
     does the job with a node that joins later; before, the newcomer read the request as
     it started and followed it: every rank checkpointed again and waited, paused, for
     acknowledgements that never came."""
-    store = run_store()
-    out, stop = tmp_path / "job", tmp_path / "stop"
-    out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN}
-    rdzv = agent_args(store.endpoint, "1:3", conf=ALL_AT_ONCE)
-    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
-    stay = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
-    leaving = run_agentd(*rdzv, *job, env={**env, "AGENTD_TEST_SAVE_SECONDS": "60"})
-    wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
-    for agent in [*stay, leaving]:
-        wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    start, out, stop = elastic_job(run_agentd, run_store, tmp_path)
+    *stay, leaving = running(out, [start(), start(), start(AGENTD_TEST_SAVE_SECONDS="60")])
     leaving.proc.send_signal(signal.SIGUSR1)
     wait_until(lambda: len(notes(out, "ckpt_0_*")) == 3, 30, what="every rank saving")
     [step] = {c["step"] for c in notes(out, "ckpt_0_*")}
     leaving.proc.kill()  # its ranks still save: its drain is never done, nor withdrawn
     wait_until(lambda: len(starts(out, 1)) == 2, 30, what="the two others, without it")
-    stay.append(run_agentd(*rdzv, *job, env=env))  # a node that joins later
+    stay.append(start())  # a node that joins later
 
     def resumed() -> list[dict]:  # the newcomer's attempt 0, and the others' attempt 2
         return [s for s in notes(out, "start_*") if s["world"] == 3 and s["resumed_at"]]
