@@ -51,6 +51,19 @@ def static_nodes(run_agentd, out: Path, stop: Path, nproc: int):
     return start
 
 
+def stepping(out: Path, ranks: int) -> None:
+    """Wait until ``ranks`` ranks have each finished a step. A drain asked before any rank
+    has stepped finds no step to checkpoint at (none is reported within 0.25 s), and the
+    node leaves without a checkpoint: a loaded CI machine signalled that early once,
+    with every worker started but none past its first step (2026-12-01)."""
+
+    def stepped() -> bool:
+        done = [p.read_text() for p in out.glob("steps_*/*") if p.name.isdigit()]
+        return sum(1 for d in done if d.isdigit() and int(d) > 0) >= ranks
+
+    wait_until(stepped, 60, what=f"{ranks} ranks past their first step")
+
+
 def elastic_job(run_agentd, run_store, tmp_path: Path):
     """An elastic job of 1..3 nodes of one ``TRAIN`` worker each, drained by SIGUSR1:
     ``(start, out, stop)``, where ``start(**env)`` starts a node with ``env`` added."""
@@ -71,6 +84,7 @@ def running(out: Path, agents: list) -> list:
     wait_until(lambda: len(starts(out, 0)) == len(agents), 60, what="one job of every node")
     for agent in agents:
         wait_until(lambda a=agent: "Started 1 worker(s), attempt 0" in a.stderr(), what="workers")
+    stepping(out, len(agents))
     return agents
 
 
@@ -101,6 +115,7 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
         lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(),
         what="the leaving agent's workers",
     )
+    stepping(out, 6)
 
     leaving.proc.send_signal(signal.SIGTERM)
     assert leaving.wait(60) == 128 + signal.SIGTERM, leaving.stderr()[-3000:]
@@ -141,6 +156,7 @@ def test_workers_that_fail_as_a_drained_node_leaves_cost_no_restart(
     leaving = run_agentd(*rdzv, "--drain-on", "SIGUSR1", *job, env=env)
     wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
     wait_until(lambda: "Started 1 worker(s), attempt 0" in leaving.stderr(), what="the workers")
+    stepping(out, 3)
     leaving.proc.send_signal(signal.SIGUSR1)
     assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
     wait_until(lambda: len(starts(out, 1)) == 2, 30, what="the two others, without it")
@@ -169,6 +185,7 @@ def test_workers_that_fail_as_a_peer_leaves_cost_no_restart(run_agentd, run_stor
     wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
     leaving, stay = agents[0], agents[1:]
     wait_until(lambda: "Started 1 worker(s), attempt 0" in leaving.stderr(), what="the workers")
+    stepping(out, 3)
     leaving.proc.send_signal(signal.SIGTERM)
     assert leaving.wait(60) == 128 + signal.SIGTERM, leaving.stderr()[-3000:]
     wait_until(lambda: len(starts(out, 1)) == 2, 30, what="the two others, without it")
@@ -195,6 +212,7 @@ def test_a_static_jobs_drained_node_checkpoints_every_rank_and_its_replacement_r
     )
     wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
     wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(), what="the workers")
+    stepping(out, 4)
     leaving.proc.send_signal(signal.SIGUSR1)
     assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
     ckpts = notes(out, "ckpt_0_*")
@@ -232,6 +250,7 @@ def test_nodes_told_to_drain_at_once_checkpoint_once_and_leave_together(run_agen
     wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
     for node in nodes:
         wait_until(lambda n=node: "Started 2 worker(s), attempt 0" in n.stderr(), what="workers")
+    stepping(out, 4)
     for node in nodes:
         node.proc.send_signal(signal.SIGUSR1)
     codes = [node.wait(20) for node in nodes]  # not after the 60 s drain timeout
@@ -284,8 +303,8 @@ def test_a_drain_whose_node_was_killed_midway_is_followed_by_nobody(
         return [s for s in notes(out, "start_*") if s["world"] == 3 and s["resumed_at"]]
 
     def furthest() -> int:
-        done = [p.read_text() for p in out.glob("steps_*/*") if p.suffix != ".tmp"]
-        return max((int(d) for d in done if d), default=0)
+        done = [p.read_text() for p in out.glob("steps_*/*") if p.name.isdigit()]
+        return max((int(d) for d in done if d.isdigit()), default=0)
 
     wait_until(lambda: len(resumed()) == 3, 30, what="the job of three again")
     wait_until(lambda: furthest() >= step + 100, 20, what="the job training on")

@@ -221,6 +221,8 @@ def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_pat
 
     import psutil
 
+    from tests.drain.test_drain import stepping
+
     def notes(pattern: str) -> list[dict]:
         return [json.loads(p.read_text()) for p in out.glob(pattern) if p.suffix != ".tmp"]
 
@@ -235,6 +237,7 @@ def test_slurms_warning_to_every_process_of_a_node_drains_it(run_agentd, tmp_pat
     wait_until(lambda: len(notes("start_0_*")) == 3, 60, what="a job of three nodes")
     leaving = agents[1]
     wait_until(lambda: "Started 1 worker(s), attempt 0" in leaving.stderr(), what="its worker")
+    stepping(out, 3)
     step = psutil.Process(leaving.pid)
     for process in [step, *step.children(recursive=True)]:
         process.send_signal(signal.SIGUSR1)
