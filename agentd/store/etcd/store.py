@@ -19,6 +19,7 @@ a write that may have been applied is resent only when resending cannot change i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.store.api import StoreError, StoreTimeout, WatchResult
-from agentd.store.etcd.gateway import COUNTER, EtcdGateway, b64, kv_value, prefix_end
+from agentd.store.etcd.gateway import COUNTER, EtcdGateway, LeaseLapsed, b64, kv_value, prefix_end
 from agentd.store.etcd.leases import leased
 from agentd.store.etcd.watch import EtcdWatch, common_prefix
 
@@ -297,7 +298,8 @@ class EtcdStore:
                 [{"request_range": {"key": self._key(key)}}],
             )
             if lease is not None and not doc.get("succeeded"):
-                await self._gw.post("lease_revoke", "/v3/lease/revoke", {"ID": lease})
+                with contextlib.suppress(LeaseLapsed):  # gone already: nothing to revoke
+                    await self._gw.post("lease_revoke", "/v3/lease/revoke", {"ID": lease})
             return doc
 
         doc = await leased(self._gw, ttl, txn)

@@ -26,12 +26,14 @@ class Lapsing:
 
     def __init__(self, store: EtcdStore, url: str) -> None:
         self.count = 0
+        self.granted = 0
         self.revoked: list[str] = []
         gateway = store._gw
         post = gateway.post
 
         async def granted_then_lapsed(op: str, path: str, body: Any, **kw: Any) -> Any:
             doc = await post(op, path, body, **kw)
+            self.granted += op == "lease_grant"
             if op == "lease_grant" and self.count > 0:
                 self.count -= 1
                 etcd_call(url, "/v3/lease/revoke", {"ID": doc["ID"]})
@@ -70,8 +72,9 @@ async def test_a_compare_set_whose_lease_lapsed_first_is_sent_again(store):
     lapsing.count = 1
     assert await etcd.compare_set("drain", None, b"node1", ttl=5) == (True, b"node1")
     assert await lease_of(etcd, "drain") not in (None, *lapsing.revoked)
-    lapsing.count = 1  # refused by its compare: the current value, whatever the lease did
+    lapsing.count, lapsing.granted = 1, 0  # refused by its compare: the value stands, and
     assert await etcd.compare_set("drain", None, b"node2", ttl=5) == (False, b"node1")
+    assert lapsing.granted == 1  # the lapsed lease is not sent again: it had nothing to hold
 
 
 async def test_a_multi_set_whose_lease_lapsed_first_sets_every_key_under_a_new_one(store):
