@@ -102,7 +102,9 @@ class Membership:
         we were in no round, and it was made again: a round sealed meanwhile may have
         gone on without us."""
         self._announced_at = -math.inf
-        """When the latest :meth:`announce` was sent (monotonic seconds)."""
+        """When the latest :meth:`announce` was answered (monotonic seconds): a heartbeat
+        sent before, or while one is under way, may have read the key before the write."""
+        self._announcing = 0
         self._confirmed_until: float | None = None
         self._deadline: float | None = None
         self._pending_since: float | None = None
@@ -251,11 +253,16 @@ class Membership:
         the store's revision after it. The lease counts from the send, so one answered
         more than a heartbeat interval after it (retried while the store was out of reach)
         is sent once more: its lease could end before the round it joins is sealed."""
-        for _ in range(2):
-            sent = self._announced_at = time.monotonic()
-            revision = await self._store.set(self._key, self._value, ttl=self.ttl)
-            if time.monotonic() - sent <= self._interval:
-                break
+        self._announcing += 1
+        try:
+            for _ in range(2):
+                sent = time.monotonic()
+                revision = await self._store.set(self._key, self._value, ttl=self.ttl)
+                if time.monotonic() - sent <= self._interval:
+                    break
+        finally:
+            self._announcing -= 1
+            self._announced_at = time.monotonic()
         self._deadline = None  # a new lease: the old one may have been extended
         self.dropped = False
         self._confirm(sent)
@@ -292,8 +299,8 @@ class Membership:
                 self._pending_since = None
             if alive:
                 self._confirm(sent)
-            elif sent < self._announced_at:
-                continue  # about the lease before the latest join's: it was made again since
+            elif sent < self._announced_at or self._announcing:
+                continue  # read before the latest join's write was answered: made since
             elif self.member:
                 self.told_expired = True
                 self._lose(

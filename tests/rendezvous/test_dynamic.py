@@ -40,12 +40,13 @@ FAST = {
 ETCD_ATTEMPTS = 50
 """On etcd a node's heartbeats may all miss for 5 s (50 x 0.1 s) before its lease ends, not
 FAST's 0.3 s: etcd rounds a lease up to a second and runs it on its own clock, and on a
-loaded 2-core machine a stall of etcd or of the test's loop outlasted 1 s once, then 2 s
-(the first suite run of 2026-12-01, two tests). The node whose lease lapsed as its round
-was sealed then ended the round, as it must, after its peer had returned from it (the
-peer's ``next_rendezvous`` was not called again), and waited alone until the join timeout.
-A test of a lapsed lease builds its handlers with ``lapses=True``: it waits for the lease,
-so it keeps a shorter one (:data:`ETCD_LAPSING_ATTEMPTS`), and only such tests take the risk."""
+loaded 2-core machine a stall of etcd or of the test's loop once outlasted 1 s (a 3 s
+stall of the loop lapses a 2 s lease: tried by hand on 2026-12-01). The node whose lease
+lapsed as its round was sealed then ended the round, as it must, after its peer had
+returned from it (the peer's ``next_rendezvous`` was not called again), and waited alone
+until the join timeout. A test of a lapsed lease builds its handlers with
+``lapses=True``: it waits for the lease, so it keeps a shorter one
+(:data:`ETCD_LAPSING_ATTEMPTS`), and only such tests take the risk."""
 
 ETCD_LAPSING_ATTEMPTS = 20
 """The lease on etcd of a node whose heartbeat a test stops: 2 s, waited for in full."""

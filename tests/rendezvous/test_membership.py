@@ -227,6 +227,50 @@ async def test_an_expired_answer_to_a_heartbeat_sent_after_the_join_still_counts
         await m.stop()
 
 
+class AppliesLate(MemoryStore):
+    """A store that applies a write a while after it was sent and answers reads meanwhile:
+    a join's put still on its way to etcd (a loaded machine: grant, then put) while the
+    heartbeat's read, sent after it, is answered first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_while_writing = self.sets = self.refreshes = 0
+        self._writing = 0
+
+    async def set(self, key, value, ttl=None):
+        self._writing += 1
+        self.sets += 1
+        try:
+            await asyncio.sleep(0.15)
+            return await super().set(key, value, ttl=ttl)
+        finally:
+            self._writing -= 1
+
+    async def refresh(self, key: str, ttl: float) -> bool:
+        self.refreshes += 1
+        self.read_while_writing += self._writing > 0
+        return await super().refresh(key, ttl)
+
+
+async def test_a_heartbeat_read_while_the_join_writes_it_is_no_drop():
+    """The first join's heartbeat was read by a beat before the join's write was applied:
+    "expired", so the node counted itself dropped, and the round sealed with it was ended
+    ("its lease expired at the store meanwhile"), after its peer had returned from it
+    (etcd, CI, twice on 2026-12-01: the peer then waited for it until the join timeout)."""
+    store = AppliesLate()
+    m = membership(store, ttl=5.0, interval=0.05)
+    m.start()
+    try:
+        await m.announce()  # beats run meanwhile: the key is not there yet
+        assert store.read_while_writing  # the race, as it happened
+        beats = store.refreshes
+        await asyncio.wait_for(_until(lambda: store.refreshes >= beats + 2), 5)  # settled
+        assert not m.dropped
+        assert store.sets == 2  # the join's own (sent twice: answered late), no other
+    finally:
+        await m.stop()
+
+
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.01)
