@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 
 from agentd.rendezvous.membership import Membership
+from agentd.store.etcd.store import EtcdStore
 from agentd.store.memory import MemoryStore
 
 
@@ -227,13 +229,13 @@ async def test_an_expired_answer_to_a_heartbeat_sent_after_the_join_still_counts
         await m.stop()
 
 
-class AppliesLate(MemoryStore):
-    """A store that applies a write a while after it was sent and answers reads meanwhile:
-    a join's put still on its way to etcd (a loaded machine: grant, then put) while the
+class WritesLate:
+    """A store whose writes go out a while after they are made, while reads go at once: a
+    join's put still on its way to etcd (a loaded machine: grant, then put) while the
     heartbeat's read, sent after it, is answered first."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, inner) -> None:
+        self.inner = inner
         self.read_while_writing = self.sets = self.refreshes = 0
         self._writing = 0
 
@@ -242,23 +244,35 @@ class AppliesLate(MemoryStore):
         self.sets += 1
         try:
             await asyncio.sleep(0.15)
-            return await super().set(key, value, ttl=ttl)
+            return await self.inner.set(key, value, ttl=ttl)
         finally:
             self._writing -= 1
 
     async def refresh(self, key: str, ttl: float) -> bool:
         self.refreshes += 1
         self.read_while_writing += self._writing > 0
-        return await super().refresh(key, ttl)
+        return await self.inner.refresh(key, ttl)
 
 
-async def test_a_heartbeat_read_while_the_join_writes_it_is_no_drop():
+@pytest.fixture(params=["memory", "etcd"])
+async def late_writes(request):
+    """:class:`WritesLate` over the in-process store, and over a real etcd."""
+    if request.param == "etcd":
+        cluster = request.getfixturevalue("etcd_cluster")
+        inner = EtcdStore(cluster.urls, prefix=f"/membership/{uuid.uuid4().hex}/")
+    else:
+        inner = MemoryStore()
+    yield WritesLate(inner)
+    await inner.close()
+
+
+async def test_a_heartbeat_read_while_the_join_writes_it_is_no_drop(late_writes):
     """The first join's heartbeat was read by a beat before the join's write was applied:
     "expired", so the node counted itself dropped, and the round sealed with it was ended
     ("its lease expired at the store meanwhile"), after its peer had returned from it
     (etcd, CI, twice on 2026-12-01: the peer then waited for it until the join timeout)."""
-    store = AppliesLate()
-    m = membership(store, ttl=5.0, interval=0.05)
+    store = late_writes
+    m = membership(store, ttl=5.0, interval=0.05, single_process=False)
     m.start()
     try:
         await m.announce()  # beats run meanwhile: the key is not there yet
