@@ -227,15 +227,18 @@ class Candidacy:
             self._looking = asyncio.create_task(self._look_for_successor(), name="store-look")
 
     async def while_serving(self, call: Awaitable[T]) -> T:
-        """``call``'s result, unless this candidate steps down first (:class:`StoreNotServing`)."""
+        """``call``'s result, unless this candidate steps down first (:class:`StoreNotServing`).
+        Cancelled (its client went away), it cancels ``call`` too: a long poll ends with its
+        client."""
         task = asyncio.ensure_future(call)
         stop = asyncio.ensure_future(self._standing_by.wait())
         try:
             await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
-        if not task.done():
-            await cancel_and_wait(task)
+            if not task.done():
+                await cancel_and_wait(task)
+        if task.cancelled():
             raise StoreNotServing(self.not_serving_message())
         return task.result()
 

@@ -8,8 +8,10 @@ import json
 import pytest
 
 from agentd.health.server import HealthCheckServer
+from agentd.store.candidacy import Candidacy
 from agentd.store.server import StoreServer
 from agentd.support.http_site import Limits
+from tests.conftest import free_port
 
 
 async def exchange(port: int, request: bytes) -> bytes:
@@ -84,15 +86,33 @@ async def test_a_store_request_whose_body_never_arrives_gets_408():
         await server.stop()
 
 
-async def test_an_abandoned_long_poll_is_cancelled():
-    server = StoreServer()
+LONG_POLLS = {
+    "watch": b'{"prefix": "", "after_revision": 0, "timeout": 60}',
+    "wait": b'{"keys": ["never"], "timeout": 60}',
+}
+
+
+@pytest.mark.parametrize("candidate", [False, True], ids=["plain", "candidate"])
+@pytest.mark.parametrize("op", sorted(LONG_POLLS))
+async def test_an_abandoned_long_poll_is_cancelled(op, candidate):
+    """Also on a store served by a candidate (every job of several nodes): its long polls
+    run beside a watch for a step-down, and used to outlive their client by up to 60 s."""
+    candidacy = None
+    if candidate:
+        port = free_port()
+        candidacy = Candidacy((f"127.0.0.1:{port}",), 0, "t" * 16, growing=True)
+        server = StoreServer("127.0.0.1", port, "t" * 16, candidacy=candidacy)
+    else:
+        server = StoreServer()
     await server.start()
+    if candidacy is not None:
+        candidacy.promote(1)
     try:
-        body = b'{"prefix": "", "after_revision": 0, "timeout": 60}'
+        body = LONG_POLLS[op]
         _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         auth = f"Authorization: Bearer {server.token}\r\n".encode()
         writer.write(
-            b"POST /v1/watch HTTP/1.1\r\nHost: x\r\n"
+            f"POST /v1/{op} HTTP/1.1\r\nHost: x\r\n".encode()
             + auth
             + b"Content-Length: "
             + str(len(body)).encode()
@@ -101,7 +121,7 @@ async def test_an_abandoned_long_poll_is_cancelled():
         )
         await writer.drain()
         async with asyncio.timeout(5):
-            while not server.store.waiting:  # the watch is waiting
+            while not server.store.waiting:  # the long poll is waiting
                 await asyncio.sleep(0.01)
         writer.close()
         async with asyncio.timeout(5):
