@@ -31,13 +31,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentd.store.api import StoreNotServing
 from agentd.store.candidates import MAX_CANDIDATES, CandidateMismatch, Prober, RoleReport
 from agentd.store.contact import ContactLog
-from agentd.support.aio import cancel_and_wait
+from agentd.support.aio import cancel_and_wait, first_done
 
 if TYPE_CHECKING:
     from agentd.store.tls import StoreTls
@@ -226,18 +226,10 @@ class Candidacy:
             log.debug("Store %s: %s; looking for another candidate serving", self.own, why)
             self._looking = asyncio.create_task(self._look_for_successor(), name="store-look")
 
-    async def while_serving(self, call: Awaitable[T]) -> T:
-        """``call``'s result, unless this candidate steps down first (:class:`StoreNotServing`).
-        Cancelled (its client went away), it cancels ``call`` too: a long poll ends with its
-        client."""
-        task = asyncio.ensure_future(call)
-        stop = asyncio.ensure_future(self._standing_by.wait())
-        try:
-            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not task.done():
-                await cancel_and_wait(task)
+    async def while_serving(self, call: Coroutine[Any, Any, T]) -> T:
+        """``call``'s result, unless this candidate steps down first (:class:`StoreNotServing`);
+        cancelled with its caller (a long poll ends with its client)."""
+        task, _ = await first_done(call, self._standing_by.wait())
         if task.cancelled():
             raise StoreNotServing(self.not_serving_message())
         return task.result()

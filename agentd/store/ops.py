@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from agentd.store.api import WatchResult
@@ -197,7 +197,7 @@ async def _watch(store: MemoryStore, a: Args) -> dict[str, Any]:
     return watch_doc(await store.watch(prefix, after, a.number("timeout", 0, MAX_POLL)))
 
 
-OPS: dict[str, Callable[[MemoryStore, Args], Awaitable[dict[str, Any]]]] = {
+OPS: dict[str, Callable[[MemoryStore, Args], Coroutine[Any, Any, dict[str, Any]]]] = {
     "set": _set,
     "get": _get,
     "add": _add,
