@@ -23,7 +23,10 @@ rules is the contract:
    Unknown (the monitor could not tell): stop and raise without spending a restart (ABORT),
    as torch's agent does.
 5. Failed or unhealthy: restart while restarts remain and the root cause's exit code is
-   retryable (RESTART); otherwise the group has failed for good (GIVE_UP).
+   retryable (RESTART); otherwise the group has failed for good (GIVE_UP). Before it
+   restarts, the loop asks the store whether a round could form again: members whose
+   workers succeeded run no more, and when the rest fall short of MIN it gives up instead
+   (:meth:`~agentd.agent.restart_steps.RestartSteps._no_round_to_restart_in`).
 """
 
 from __future__ import annotations

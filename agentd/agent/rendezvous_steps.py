@@ -153,7 +153,7 @@ class RendezvousSteps:
                 log.info(_DRAINED, group.spec.role, draining, wait)
                 await self._wait_for_round_end(wait)
             why = self._round_ended
-            if why is not None and await self._enough_without_one(group, handler.min_nodes()):
+            if why is not None and await self._enough_without(group, handler.min_nodes()):
                 return why
             return ""
         if self._round_ended is None and self._round_closed is None:
@@ -175,7 +175,7 @@ class RendezvousSteps:
         why = self._round_ended or ""
         if why and LOST_REASON not in why and await handler.departed() > 0:
             # a peer that left for good (SIGTERM, a drain, a release): a membership change
-            if not await self._enough_without_one(group, handler.min_nodes()):
+            if not await self._enough_without(group, handler.min_nodes()):
                 return ""
             log.info(_LEFT, group.spec.role, why)
             return why
@@ -186,7 +186,7 @@ class RendezvousSteps:
         self.lost_peer = lost_node(why, handler.peer_loss_timeout())
         left, needed = (group.group_world_size or 1) - 1, handler.min_nodes()
         log.warning(_LOST, group.spec.role, why, left, needed)
-        return why if await self._enough_without_one(group, needed) else ""
+        return why if await self._enough_without(group, needed) else ""
 
     async def _lost_below_min(self, group: WorkerGroup) -> bool:
         """Whether the round ended because a member was lost (its lease ran out) and the
@@ -198,7 +198,7 @@ class RendezvousSteps:
         if LOST_REASON not in why or not isinstance(handler, FindsLostPeers):
             return False
         needed = handler.min_nodes()
-        if await self._enough_without_one(group, needed):
+        if await self._enough_without(group, needed):
             return False
         from agentd.agent.lost_peer import lost_node  # on a peer's loss alone
 
@@ -220,10 +220,10 @@ class RendezvousSteps:
         """The node whose drain this agent follows since its workers started ('': none)."""
         return ""
 
-    async def _enough_without_one(self, group: WorkerGroup, needed: int) -> bool:
-        """Whether the round's nodes but one, with the spares waiting to join, reach
+    async def _enough_without(self, group: WorkerGroup, needed: int, gone: int = 1) -> bool:
+        """Whether the round's nodes but ``gone``, with the spares waiting to join, reach
         ``needed`` (MIN); a store that cannot say how many wait counts as yes."""
-        left = (group.group_world_size or 1) - 1
+        left = (group.group_world_size or 1) - gone
         if left >= needed:
             return True
         try:

@@ -11,7 +11,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agentd.agent.rendezvous_steps import RendezvousSteps
-from agentd.group import RunResult, WorkerGroup, WorkerState
+from agentd.group import RunResult, WorkerFailure, WorkerGroup, WorkerState
+from agentd.rendezvous.api import KnowsFinishedNodes
 from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,30 @@ class RestartSteps(RendezvousSteps):
             spec.max_restarts,
         )
         await self._restart_group(group, reason=reason, stopped=True)
+
+    async def _no_round_to_restart_in(self, group: WorkerGroup, failed: str) -> bool:
+        """Whether a restart would meet no round, said with ``failed`` (what failed): members
+        of the round whose workers succeeded run no more (they wait in their exit barrier),
+        and the rest, with the nodes waiting to join, are fewer than MIN. Restarting would
+        wait for them while their barrier waited for us, up to its timeout (300 s by
+        default); giving up closes the rendezvous as failed, which ends their wait now."""
+        handler = self.rdzv_handler
+        if not isinstance(handler, KnowsFinishedNodes) or (group.group_world_size or 1) < 2:
+            return False
+        finished = await handler.finished()
+        needed = handler.min_nodes()
+        if not finished or await self._enough_without(group, needed, gone=len(finished)):
+            return False
+        log.warning(
+            "[%s] %s; not restarting: the workers of group rank(s) %s have succeeded (those "
+            "nodes wait in their exit barrier and run no more), and no round of %d node(s) "
+            "can form without them",
+            group.spec.role,
+            failed,
+            ", ".join(map(str, finished)),
+            needed,
+        )
+        return True
 
     async def _give_up(self, group: WorkerGroup, result: RunResult, reason: str) -> RunResult:
         """The group failed for good: close the rendezvous as failed, stop, FAILED."""
@@ -149,3 +174,11 @@ class RestartSteps(RendezvousSteps):
         except TimeoutError:
             return
         self._raise_if_stop_requested()
+
+
+def what_failed(root: WorkerFailure | None, reason: str) -> str:
+    """Who failed and how, in one line: the root cause's summary, else the group's state."""
+    if root is None:
+        return f"The worker group is {reason}"
+    line = root.summary().splitlines()[0]
+    return line[:1].upper() + line[1:]

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from agentd.agent.restart_steps import RestartSteps
+from agentd.agent.restart_steps import RestartSteps, what_failed
 from agentd.agent.torch_internals import TorchInternals, fq_hostname
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import (  # Worker: torch's agent module exports it
@@ -315,11 +315,12 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
                 self._notify("phase_timed", "detect", max(0.0, time.time() - root.timestamp))
             for failure in sorted(result.failures.values(), key=lambda f: f.timestamp):
                 self._notify("worker_failed", failure)
-            if action is Action.RESTART:
+            failed = what_failed(root, reason)
+            if action is Action.RESTART and not await self._no_round_to_restart_in(group, failed):
                 log.info(
                     "[%s] %s; restarting the group (restart %d of %d)",
                     role,
-                    _what_failed(root, reason),
+                    failed,
                     self.restart_count + 1,
                     spec.max_restarts,
                 )
@@ -390,11 +391,3 @@ def _how_started(spec: WorkerSpec) -> str:
     if not spec.preload:
         return f"first workers spawned, restarts forked from a bare zygote{why}"
     return f"workers forked from a zygote preloading {', '.join(spec.preload)}{why}"
-
-
-def _what_failed(root: WorkerFailure | None, reason: str) -> str:
-    """Who failed and how, in one line: the root cause's summary, else the group's state."""
-    if root is None:
-        return f"The worker group is {reason}"
-    line = root.summary().splitlines()[0]
-    return line[:1].upper() + line[1:]

@@ -161,34 +161,27 @@ class RendezvousHandler(Protocol):
 
     async def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and return its outcome once it completes."""
-        ...
 
     async def round_over(self) -> str:
         """Return, saying why, once the current round ends for a reason outside this agent:
         a peer failed, a node joined or left. Raises :class:`RendezvousClosedError` when a
         peer failed for good. A rendezvous of one never returns. The agent awaits it while
         its group runs: watched, not polled."""
-        ...
 
     async def end_round(self, reason: str) -> None:
         """This agent's group failed and restarts: end the round for every peer at once."""
-        ...
 
     async def num_nodes_waiting(self) -> int:
         """How many nodes wait for the next round (torch's query; agentd watches instead)."""
-        ...
 
     async def exit_barrier(self) -> None:
         """Return once every agent of this round is done (the caller bounds the wait)."""
-        ...
 
     async def set_closed(self, succeeded: bool, reason: str) -> None:
         """Close the rendezvous for good: the job succeeded, or this node failed for good."""
-        ...
 
     async def shutdown(self) -> None:
         """Leave: the other agents re-form without this one (unless closed), then release."""
-        ...
 
 
 @runtime_checkable
@@ -197,7 +190,6 @@ class BindsWorkerSpec(Protocol):
 
     def bind_worker_spec(self, role: str, local_world_size: int) -> None:
         """The agent's role and worker count, for rank assignment."""
-        ...
 
 
 @runtime_checkable
@@ -207,12 +199,10 @@ class KeepsWorkers(Protocol):
 
     def announce_kept(self, local_ranks: Sequence[int]) -> None:
         """The local ranks this node keeps into the rounds it joins from now (none: [])."""
-        ...
 
     def peer_loss_timeout(self) -> float:
         """Seconds until every member knows that a peer is lost (its lease runs out): how
         long a survivor whose collective failed waits to be told to restart."""
-        ...
 
 
 @runtime_checkable
@@ -222,19 +212,15 @@ class FindsLostPeers(Protocol):
 
     async def roll_call(self, wait: float) -> list[str]:
         """The other members of the current round that did not answer within ``wait``."""
-        ...
 
     async def departed(self) -> int:
         """How many members of the current round left it for good (0: none, or unknown)."""
-        ...
 
     def min_nodes(self) -> int:
         """The fewest nodes the job runs with."""
-        ...
 
     def peer_loss_timeout(self) -> float:
         """Seconds until every member knows that a peer is lost (its lease runs out)."""
-        ...
 
 
 @runtime_checkable
@@ -243,27 +229,22 @@ class LeasedMembership(Protocol):
 
     def on_lease(self, listener: Callable[[float | None], None]) -> None:
         """Tell ``listener`` the lease's end (monotonic seconds) whenever it moves."""
-        ...
 
     def lease_deadline(self) -> float | None:
         """When the lease ends (monotonic seconds): no worker may run after it."""
-        ...
 
     def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Tell ``listener`` how to release this agent's membership should it die (a
         document for :mod:`agentd.rendezvous.release`), whenever that changes; None while
         there is nothing another process could release (between rounds, after a clean
         leave, or when this agent serves the store itself)."""
-        ...
 
     def membership_lost(self) -> str:
         """Why this agent is no longer a member of its round ('' while it is)."""
-        ...
 
     async def workers_stopped(self) -> None:
         """This agent's workers of its round are stopped and it stays out of the next
         rounds for a while: a round sealed without it need not wait for its lease."""
-        ...
 
 
 @runtime_checkable
@@ -282,7 +263,6 @@ class ReservesMasterPort(Protocol):
 
     def take_master_socket(self, port: int) -> socket.socket | None:
         """The socket bound to ``port`` (the caller owns it then), or None."""
-        ...
 
 
 @runtime_checkable
@@ -293,7 +273,6 @@ class HostsWorkersStore(Protocol):
 
     def hosts_workers_store(self) -> bool:
         """Always True: the method's presence is the declaration."""
-        ...
 
 
 @runtime_checkable
@@ -302,11 +281,24 @@ class ReportsStore(Protocol):
 
     def observe_store(self, observer: Callable[[str, float], None]) -> None:
         """Tell ``observer`` (operation, seconds) of every store request."""
-        ...
 
     def store_status(self) -> dict[str, Any] | None:
         """Which store serves (candidate stores), for /status."""
-        ...
+
+
+@runtime_checkable
+class KnowsFinishedNodes(Protocol):
+    """A rendezvous that can say which members of the round run no more: their workers
+    succeeded, and they wait in their exit barrier. A failure after theirs may leave no
+    round to restart in."""
+
+    async def finished(self) -> list[int]:
+        """Their group ranks, never this node's (empty when the store cannot say)."""
+
+    def min_nodes(self) -> int:
+        """The fewest nodes the job runs with."""
+
+    async def num_nodes_waiting(self) -> int: ...
 
 
 @runtime_checkable
@@ -318,7 +310,6 @@ class PublishesExclusions(Protocol):
 
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Publish this node's exclusion ``doc`` (None: it is back)."""
-        ...
 
 
 @runtime_checkable
@@ -364,7 +355,6 @@ class CoordinatesDrains(Protocol):
 
     def drains(self) -> Drains:
         """This node's side of the protocol (built on the first call where that costs)."""
-        ...
 
 
 _AGENTD_METHODS = ("next_rendezvous", "round_over", "end_round", "exit_barrier")

@@ -45,6 +45,7 @@ class ExitBarrier:
     """``exit_barrier()`` of a rendezvous that holds the store, keys, round and lease."""
 
     settings: RendezvousSettings
+    _run_id: str
     _keys: RunKeys
     _round: Round | None
     _membership: Membership | None
@@ -91,6 +92,14 @@ class ExitBarrier:
         store = self.store
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
+        if current.size > 1:
+            log.info(
+                "Rendezvous %s: this node's workers are done (round %d); waiting for those of "
+                "the other %d node(s) (exit barrier)",
+                self._run_id,
+                gen,
+                current.size - 1,
+            )
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
         while True:
             try:

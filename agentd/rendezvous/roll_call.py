@@ -91,6 +91,23 @@ class RollCalls:
             return 0
         return int(gone or b"0")
 
+    async def finished(self) -> list[int]:
+        """The group ranks of the current round's members whose workers succeeded (their
+        ``done`` key: they wait in their exit barrier, or have left), which never run again
+        (empty when the store cannot say). One read of the round's ``done`` keys."""
+        current = self._round
+        if current is None or current.size < 2:
+            return []
+        places = [i for i in range(current.size) if i != current.rank]
+        try:
+            done = await self.store.multi_get(
+                [self._keys.round(current.generation, f"done/{i}") for i in places]
+            )
+        except StoreError as exc:
+            log.debug("Could not read who finished round %d: %s", current.generation, exc)
+            return []
+        return [i for i, value in zip(places, done, strict=True) if value is not None]
+
     def min_nodes(self) -> int:
         """The fewest nodes the job runs with (``--nnodes MIN:MAX``)."""
         return self.settings.min_nodes

@@ -147,16 +147,43 @@ class StaticNodesRendezvous(StaticNodesMeeting):
                 await self._client.set(CLOSED, reason.encode() or b"closed")
 
     async def exit_barrier(self) -> None:
-        """Wait until every node's workers have succeeded (the agent bounds the wait)."""
+        """Wait until every node's workers have succeeded, or a node that failed for good
+        closes the job (the agent bounds the wait; it used to wait all of it then)."""
         client = self._client
         if client is None:
             return
         self._finished = True
         try:
             await client.set(finished_key(self._node_rank), b"1")
-            await client.wait([finished_key(rank) for rank in range(self._nnodes)])
+            log.info(
+                "[%s] Node rank %d's workers are done; waiting for those of the other %d "
+                "node(s) (exit barrier)",
+                self._role,
+                self._node_rank,
+                self._nnodes - 1,
+            )
+            await self._first_of([finished_key(rank) for rank in range(self._nnodes)], None)
+        except RendezvousClosedError as exc:
+            log.warning("Exit barrier: %s; not waiting for the other nodes", exc)
         except (ConnectionError, OSError) as exc:  # node 0 left: nobody is left to wait for
             log.info("Exit barrier: the job's store at %s is gone (%s)", self._where(), exc)
+
+    async def finished(self) -> list[int]:
+        """The node ranks whose workers succeeded (they wait in their exit barrier, or have
+        left), which never run again; empty when the store cannot say."""
+        client = self._client
+        others = [rank for rank in range(self._nnodes) if rank != self._node_rank]
+        if client is None or not others:
+            return []
+        try:
+            done = await client.multi_get([finished_key(rank) for rank in others])
+        except (ConnectionError, OSError):
+            return []
+        return [rank for rank, value in zip(others, done, strict=True) if value]
+
+    def min_nodes(self) -> int:
+        """Every node: a static job runs at one size."""
+        return self._nnodes
 
     async def shutdown(self) -> None:
         """Leave. An agent that leaves before the job ends (a signal, an error) gives its

@@ -363,11 +363,22 @@ def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_pa
     assert not any("Restarting" in a.stderr() or "without spending" in a.stderr() for a in agents)
 
 
-def test_a_node_failing_for_good_ends_its_peers_exit_barrier(run_agentd, tmp_path):
+def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
+    """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
+    torchrun's static one, which meets at node 0's store on the endpoint's port."""
+    if backend == "static":
+        port = endpoint.rpartition(":")[2]
+        return ["--nnodes", nnodes, "--node-rank", str(rank), "--master-port", port, *extra]
+    return agent_args(endpoint, nnodes, "--node-rank", str(rank), *extra, conf=FAST)
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
+def test_a_node_failing_for_good_ends_its_peers_exit_barrier(run_agentd, tmp_path, backend):
     """Node 0's worker succeeds at once and its agent waits in the exit barrier; node 1's
     fails for good. Its done key will never come: node 0 leaves when node 1 closes the
     rendezvous, not after the barrier's 300 s (256 agents on 2 cores, some starved out of
-    their lease, kept the rest waiting for all of it)."""
+    their lease, kept the rest waiting for all of it; the static barrier waited all of it
+    until 2026-12-01)."""
     script = tmp_path / "one_fails.py"
     script.write_text(
         "import os, sys, time\n"
@@ -376,11 +387,87 @@ def test_a_node_failing_for_good_ends_its_peers_exit_barrier(run_agentd, tmp_pat
         "    sys.exit(7)\n"
     )
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = [
-        run_agentd(*agent_args(endpoint, "2", "--node-rank", str(rank), conf=FAST), str(script))
-        for rank in (0, 1)
-    ]
+    agents = [run_agentd(*node_args(backend, endpoint, "2", rank), str(script)) for rank in (0, 1)]
     codes = [a.wait(60) for a in agents]  # within a minute, not after the 300 s barrier
     assert sorted(codes) == [0, 1], [a.stderr()[-2000:] for a in agents]
     waiting = agents[codes.index(0)]  # its workers succeeded: exit 0, as under torch
-    assert "closed the rendezvous as failed" in waiting.stderr(), waiting.stderr()[-2000:]
+    said = "another node ended the job" if backend == "static" else "closed the rendezvous"
+    assert said in waiting.stderr(), waiting.stderr()[-2000:]
+    assert "failed with exit code 7" in waiting.stderr()
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
+def test_a_node_failing_after_its_peers_succeeded_gives_up_instead_of_restarting(
+    run_agentd, tmp_path, backend
+):
+    """Node 1's worker fails (in a final save, say) after node 0's succeeded. A restart
+    could form no round of 2 (node 0 runs no more: it waits in its exit barrier), so node 1
+    gives up at once, closing the rendezvous, which ends node 0's wait. It used to restart
+    and wait for node 0, while node 0 waited for it until the barrier's 300 s."""
+    go = tmp_path / "go"
+    script = tmp_path / "fails_last.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "if os.environ['GROUP_RANK'] == '1':\n"
+        f"    while not pathlib.Path({str(go)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+        "    sys.exit(7)\n"
+    )
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        run_agentd(*node_args(backend, endpoint, "2", rank, "--max-restarts", "3"), str(script))
+        for rank in (0, 1)
+    ]
+    wait_until(
+        lambda: any("waiting for those of the other 1 node(s)" in a.stderr() for a in agents),
+        what="a node in its exit barrier",
+    )
+    go.touch()
+    codes = [a.wait(60) for a in agents]  # within a minute, not after the 300 s barrier
+    assert sorted(codes) == [0, 1], [a.stderr()[-2000:] for a in agents]
+    failed, waiting = agents[codes.index(1)], agents[codes.index(0)]
+    assert (
+        "failed with exit code 7; not restarting: the workers of group rank(s) 0 have "
+        "succeeded" in failed.stderr()
+    ), failed.stderr()[-2000:]
+    assert "Restarting" not in failed.stderr()
+    said = "another node ended the job" if backend == "static" else "closed the rendezvous"
+    assert said in waiting.stderr(), waiting.stderr()[-2000:]
+
+
+def test_a_node_failing_after_one_peer_succeeded_restarts_where_a_round_can_form(
+    run_agentd, tmp_path
+):
+    """The same failure in a job of 2:3 nodes, whose third node still works: the two that
+    are left can form a round, so the failed node restarts, as before, and they finish
+    the job there; node 0 leaves its exit barrier once they close the run."""
+    go = tmp_path / "go"
+    script = tmp_path / "fails_last.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "if os.environ['GROUP_WORLD_SIZE'] == '3' and os.environ['GROUP_RANK'] != '0':\n"
+        f"    while not pathlib.Path({str(go)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+        "    if os.environ['GROUP_RANK'] == '1':\n"
+        "        sys.exit(7)\n"
+        "    time.sleep(600)  # node 2 works on, until the round ends\n"
+    )
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        run_agentd(
+            *agent_args(
+                endpoint, "2:3", "--node-rank", str(rank), "--max-restarts", "3", conf=FAST
+            ),
+            str(script),
+        )
+        for rank in (0, 1, 2)
+    ]
+    wait_until(
+        lambda: any("waiting for those of the other 2 node(s)" in a.stderr() for a in agents),
+        what="a node in its exit barrier",
+    )
+    go.touch()
+    assert [a.wait(60) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
+    logs = "".join(a.stderr() for a in agents)
+    assert "failed with exit code 7; restarting the group (restart 1 of 3)" in logs
+    assert "not restarting" not in logs

@@ -564,6 +564,24 @@ async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(
     await shutdown_all(a, b)
 
 
+async def test_the_members_whose_workers_succeeded_are_named_as_finished(store):
+    """A node whose workers failed asks who will never run again before it restarts:
+    those in their exit barrier (their ``done`` key), by group rank, never itself."""
+    nodes = [handler(store, nodes=(3, 3)) for _ in range(3)]
+    infos = await asyncio.wait_for(asyncio.gather(*(n.next_rendezvous() for n in nodes)), 10)
+    by_rank = {info.group_rank: node for info, node in zip(infos, nodes, strict=True)}
+    assert [await n.finished() for n in nodes] == [[], [], []]
+    barrier = asyncio.create_task(by_rank[2].exit_barrier())
+    async with asyncio.timeout(10):
+        while await by_rank[0].finished() != [2]:
+            await asyncio.sleep(0.01)
+    assert await by_rank[1].finished() == [2]
+    assert await by_rank[2].finished() == []  # its own key is not counted
+    await by_rank[1].set_closed(False, "rank 1 failed")  # ends the barrier
+    await asyncio.wait_for(barrier, 10)
+    await shutdown_all(*nodes)
+
+
 async def test_join_timeout_names_what_was_missing(store):
     lonely = handler(store, nodes=(2, 2), join_timeout=0.3)
     with pytest.raises(RendezvousTimeoutError, match=r"1 node\(s\) joined, 2..2 needed"):
