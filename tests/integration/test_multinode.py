@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import DEADLINE, TESTS, WORKER, free_port, processes_of_agent, wait_until
 from tests.helpers.jobs import (
     FAST,
+    STEADY,
     TOKEN,
     agent_args,
     latest_attempt,
@@ -107,13 +108,14 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnod
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
+    conf = STEADY + ",is_host=0"  # a lease lapsed under load re-forms the round once more
     first = [
-        run_agentd(*agent_args(store.endpoint, nnodes), *member_job(stop), env=env)
+        run_agentd(*agent_args(store.endpoint, nnodes, conf=conf), *member_job(stop), env=env)
         for _ in range(2)
     ]
     for agent in first:
         wait_until(lambda a=agent: world_sizes(a, 0) == {2}, what="a job of two")
-    late = FAST.replace("last_call_timeout=0.5", "last_call_timeout=60") + ",is_host=0"
+    late = conf.replace("last_call_timeout=0.5", "last_call_timeout=60")
     third_args = agent_args(store.endpoint, nnodes, conf=late)
     third = run_agentd(*third_args, *member_job(stop), env=env)
     wait_until(lambda: world_sizes(third, 0) == {3}, what="the third agent to be admitted")
@@ -369,7 +371,7 @@ def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) 
     if backend == "static":
         port = endpoint.rpartition(":")[2]
         return ["--nnodes", nnodes, "--node-rank", str(rank), "--master-port", port, *extra]
-    return agent_args(endpoint, nnodes, "--node-rank", str(rank), *extra, conf=FAST)
+    return agent_args(endpoint, nnodes, "--node-rank", str(rank), *extra, conf=STEADY)
 
 
 @pytest.mark.parametrize("backend", ["c10d", "static"])
@@ -454,12 +456,7 @@ def test_a_node_failing_after_one_peer_succeeded_restarts_where_a_round_can_form
     )
     endpoint = f"127.0.0.1:{free_port()}"
     agents = [
-        run_agentd(
-            *agent_args(
-                endpoint, "2:3", "--node-rank", str(rank), "--max-restarts", "3", conf=FAST
-            ),
-            str(script),
-        )
+        run_agentd(*node_args("c10d", endpoint, "2:3", rank, "--max-restarts", "3"), str(script))
         for rank in (0, 1, 2)
     ]
     wait_until(
