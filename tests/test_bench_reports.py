@@ -28,6 +28,7 @@ LOGS = {
     ("bench_timer.py", "log_path"),
     ("bench_recovery.py", "log"),
     ("bench_leave.py", "log_path"),
+    ("bench_late_failure.py", "log_path"),
     ("bench_first_step.py", "log_path"),
     ("bench_stragglers.py", "log_path"),
     ("bench_defaults.py", "err"),
