@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from report_files import write_report
-from run_control import end_run, free_port, wait_for
+from run_control import end_run, free_port, marked_env, wait_for
 
 MARK_ENV = "BENCH_LATE_FAILURE_RUN"
 IN_BARRIER = {
@@ -46,9 +46,7 @@ if os.environ["GROUP_RANK"] == "1":
 
 def run_once(launcher: str, timeout: float) -> tuple[float, list[int | None]] | str:
     """Seconds from node 1's failure to both exits, and the exit codes; or why not."""
-    marker = os.urandom(6).hex()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", MARK_ENV: marker}
-    env = {k: v for k, v in env.items() if not k.startswith(("AGENTD_", "PET_"))}
+    env, marker = marked_env(MARK_ENV)
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-late-") as tmp:
         out, port = Path(tmp), free_port()

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_control import end_run, wait_for
+from run_control import end_run, marked_env, wait_for
 
 WORKER = str(Path(__file__).resolve().parent.parent / "tests" / "workers" / "world_loop.py")
 MARK_ENV = "BENCH_LEAVE_RUN"
@@ -56,9 +56,7 @@ def worlds(out: Path, size: int) -> list[str]:
 
 def run_once(launcher: str, how: str, timeout: float) -> float | str:
     """Seconds from the signal to world 2, or why not."""
-    marker = os.urandom(6).hex()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", MARK_ENV: marker}
-    env = {k: v for k, v in env.items() if not k.startswith(("AGENTD_", "PET_"))}
+    env, marker = marked_env(MARK_ENV)
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-leave-") as tmp:
         out, port = Path(tmp), free_port()

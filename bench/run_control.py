@@ -10,6 +10,7 @@ workers, blocked in gloo, outlive it.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import statistics
 import subprocess
@@ -41,6 +42,14 @@ def wait_for(condition: Callable[[], object], timeout: float, interval: float = 
             return True
         time.sleep(interval)
     return False
+
+
+def marked_env(env_name: str) -> tuple[dict[str, str], str]:
+    """A run's environment and its new marker (``env_name`` = marker): this one's, without
+    agentd's and torchrun's options (``AGENTD_*``, ``PET_*``), warnings silenced."""
+    marker = os.urandom(6).hex()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTD_", "PET_"))}
+    return {**env, "PYTHONWARNINGS": "ignore", env_name: marker}, marker
 
 
 def kill_marked(env_name: str, marker: str) -> None:
