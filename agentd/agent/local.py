@@ -96,6 +96,7 @@ class LocalElasticAgent(WorkerLifecycle):
             spec.log_line_prefix_template = check_log_prefix(log_line_prefix_template)
         super().__init__(spec, exit_barrier_timeout, shutdown_timeout)
         self.start_method = start_method
+        self._drain_after_done = False
         self.run_id = check_name("run_id", self.rdzv_handler.get_run_id())
         self.hostname = socket.gethostname()
         folder = settings.run_folder or self.run_id
@@ -224,8 +225,20 @@ class LocalElasticAgent(WorkerLifecycle):
     def request_drain(self, reason: str, signum: int | None = None) -> None:
         """Drain this node: every rank checkpoints at one step, then the job goes on
         without it, and it exits 0 (128+``signum`` for a signal). A second request, or one
-        without running workers, stops at once."""
-        drain = self._drain_now() if self._procs else None
+        without running workers, stops at once. Workers that succeeded leave nothing to
+        save and no rank to replace: the first request asks no node to checkpoint, and
+        the agent leaves at the end of its exit barrier (its peers may need its store)."""
+        if self._worker_group.state is WorkerState.SUCCEEDED and not self._drain_after_done:
+            self._drain_after_done = True
+            log.info(
+                "Drain (%s): this node's workers have succeeded; no node is asked to "
+                "checkpoint, and this one leaves at the end of its exit barrier (again "
+                "to stop now)",
+                reason,
+            )
+            return
+        done = self._worker_group.state is WorkerState.SUCCEEDED
+        drain = self._drain_now() if self._procs and not done else None
         exit_code = 128 + signum if signum is not None else 0
         if drain is None or not self._procs or not drain.request(reason, exit_code):
             self.request_stop(signum or signal.SIGTERM)

@@ -18,7 +18,7 @@ import pytest
 
 from agentd.exceptions import DRAINED_ALONE
 from tests.conftest import free_port, wait_until
-from tests.helpers.jobs import FAST, TOKEN, agent_args
+from tests.helpers.jobs import FAST, STEADY, TOKEN, agent_args
 
 ALL_AT_ONCE = FAST.replace("last_call_timeout=0.5", "last_call_timeout=10") + ",is_host=0"
 """FAST, but the first round waits 10 s for the nodes started together: one slow to start
@@ -503,3 +503,36 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
     assert drain_cli("--url", url).returncode == 0
     assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
     assert sorted(p.name for p in tmp_path.glob("signal_*")) == ["signal_0", "signal_1"]
+
+
+def test_a_drain_of_a_node_whose_workers_succeeded_asks_no_node_to_checkpoint(run_agentd, tmp_path):
+    """Node 0's worker succeeded and its agent waits in the exit barrier when it is told to
+    drain (a pod deleted at the end of its job): its ranks need no checkpoint and no
+    replacement, so node 1's workers, still at work, are not asked for one (they were),
+    and node 0 leaves once node 1 is done."""
+    stop = tmp_path / "stop"
+    script = tmp_path / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, time\n"
+        "if os.environ['GROUP_RANK'] == '1':\n"
+        f"    while not pathlib.Path({str(stop)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+    )
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        run_agentd(
+            *agent_args(endpoint, "2", "--node-rank", str(rank), conf=STEADY),
+            *("--drain-on", "SIGUSR1", str(script)),
+        )
+        for rank in (0, 1)
+    ]
+    done = wait_until(
+        lambda: [a for a in agents if "waiting for those of the other 1" in a.stderr()],
+        what="a node in its exit barrier",
+    )[0]
+    working = agents[1 - agents.index(done)]
+    done.proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "no node is asked to checkpoint" in done.stderr(), what="the drain said")
+    stop.touch()
+    assert [a.wait(60) for a in agents] == [0, 0], [a.stderr()[-2000:] for a in agents]
+    assert "Drain requested" not in working.stderr(), working.stderr()[-2000:]
