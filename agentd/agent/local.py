@@ -228,7 +228,8 @@ class LocalElasticAgent(WorkerLifecycle):
         without running workers, stops at once. Workers that succeeded leave nothing to
         save and no rank to replace: the first request asks no node to checkpoint, and
         the agent leaves at the end of its exit barrier (its peers may need its store)."""
-        if self._worker_group.state is WorkerState.SUCCEEDED and not self._drain_after_done:
+        done = self._worker_group.state is WorkerState.SUCCEEDED
+        if done and not self._drain_after_done:
             self._drain_after_done = True
             log.info(
                 "Drain (%s): this node's workers have succeeded; no node is asked to "
@@ -237,7 +238,6 @@ class LocalElasticAgent(WorkerLifecycle):
                 reason,
             )
             return
-        done = self._worker_group.state is WorkerState.SUCCEEDED
         drain = self._drain_now() if self._procs and not done else None
         exit_code = 128 + signum if signum is not None else 0
         if drain is None or not self._procs or not drain.request(reason, exit_code):
