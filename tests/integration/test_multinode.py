@@ -442,16 +442,21 @@ def test_a_node_failing_after_one_peer_succeeded_restarts_where_a_round_can_form
 ):
     """The same failure in a job of 2:3 nodes, whose third node still works: the two that
     are left can form a round, so the failed node restarts, as before, and they finish
-    the job there; node 0 leaves its exit barrier once they close the run."""
+    the job there; node 0 leaves its exit barrier once they close the run. (Workers in a
+    world of 2 wait for the failure first: a round sealed before the third node arrived
+    re-forms once it does.)"""
     go = tmp_path / "go"
     script = tmp_path / "fails_last.py"
     script.write_text(
         "import os, pathlib, sys, time\n"
-        "if os.environ['GROUP_WORLD_SIZE'] == '3' and os.environ['GROUP_RANK'] != '0':\n"
-        f"    while not pathlib.Path({str(go)!r}).exists():\n"
-        "        time.sleep(0.05)\n"
-        "    if os.environ['GROUP_RANK'] == '1':\n"
-        "        sys.exit(7)\n"
+        "world, group = os.environ['GROUP_WORLD_SIZE'], os.environ['GROUP_RANK']\n"
+        "if world == '3' and group == '0':\n"
+        "    sys.exit(0)\n"
+        f"while not pathlib.Path({str(go)!r}).exists():\n"
+        "    time.sleep(0.05)\n"
+        "if world == '3' and group == '1':\n"
+        "    sys.exit(7)\n"
+        "if world == '3':\n"
         "    time.sleep(600)  # node 2 works on, until the round ends\n"
     )
     endpoint = f"127.0.0.1:{free_port()}"
