@@ -94,7 +94,10 @@ def test_a_reap_that_fails_is_retried_at_the_next_pass(impl):
 def test_a_file_timer_servers_last_progress_is_now_while_it_serves(impl):
     """``get_last_progress_time()`` is the alive callback torch's agent gives its health
     check server (``HealthCheckServer(server.get_last_progress_time, port, timeout)``):
-    whole epoch seconds, recent before and while the watchdog serves a client."""
+    whole epoch seconds, recent before and while the watchdog serves a client. Recent, not
+    now: torch's stays at its last pass, and a loaded machine (CI, 2026-12-01) ran none
+    between the client's late open (torch's client retries it) and ``run_once``, so it
+    was the server's start, 3.4 s before."""
     timer = elastic(impl, "timer")
     path = f"/tmp/agentd-test-timer-{uuid.uuid4().hex}"
     server = timer.FileTimerServer(path, "run", max_interval=0.1)
@@ -105,6 +108,6 @@ def test_a_file_timer_servers_last_progress_is_now_while_it_serves(impl):
         timer.FileTimerClient(path).acquire("scope", time.time() + 60)
         server.run_once()  # the request is read: the client has started
         progress = server.get_last_progress_time()
-        assert isinstance(progress, int) and 0 <= time.time() - progress <= 2
+        assert isinstance(progress, int) and before <= progress <= time.time()
     finally:
         server.stop()
