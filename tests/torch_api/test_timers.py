@@ -91,7 +91,7 @@ def test_a_reap_that_fails_is_retried_at_the_next_pass(impl):
         hung.wait()
 
 
-def test_a_file_timer_servers_last_progress_is_now_while_it_serves(impl):
+def test_a_file_timer_servers_last_progress_is_recent_while_it_serves(impl):
     """``get_last_progress_time()`` is the alive callback torch's agent gives its health
     check server (``HealthCheckServer(server.get_last_progress_time, port, timeout)``):
     whole epoch seconds, recent before and while the watchdog serves a client. Recent, not
