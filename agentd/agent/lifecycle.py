@@ -209,7 +209,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             from agentd.assembly.services import drain_service
 
             self._drain = drain_service(
-                self._settings.drain, handler.drains(), self._hooks, self._services.heartbeats.hold
+                self._settings.drain, handler.drains(), self._hooks, self._services.heartbeats
             )
             self._running.append(self._drain)  # stopped with the other services
         if self._drain_attempt != self.attempt:

@@ -302,15 +302,22 @@ def drain_service(
     settings: DrainSettings | None,
     drains: Drains,
     hooks: AgentHooks,
-    hold_hangs: Callable[[float | None], None],
+    heartbeats: HeartbeatsPort,
 ) -> DrainPort:
     """The drain's service, built when the first attempt with a control file starts;
-    ``hold_hangs``: the hang detection's hold, while a drain pauses the workers."""
+    ``heartbeats``: the hang detection, held while a drain pauses the workers, and which
+    says how long the workers that heartbeat take to report their step."""
     from agentd.drain.service import DrainService
     from agentd.drain.settings import DrainSettings
 
     return DrainService(
-        settings or DrainSettings(), drains, hooks.procs, hooks.leave, hooks.notify, hold_hangs
+        settings or DrainSettings(),
+        drains,
+        hooks.procs,
+        hooks.leave,
+        hooks.notify,
+        heartbeats.hold,
+        heartbeats.beats_due_in,
     )
 
 

@@ -134,6 +134,9 @@ class HeartbeatsOnDemand:
         if self.service is not None:  # none yet: no worker heartbeats, none is judged
             self.service.hold(seconds)
 
+    def beats_due_in(self) -> float | None:
+        return self.service.beats_due_in() if self.service is not None else None
+
     def status(self) -> dict[str, Any]:
         return self._service().status()
 

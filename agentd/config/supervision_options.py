@@ -63,7 +63,8 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         "drain_timeout",
         v.number(0.0),
         "60",
-        "Seconds a draining node waits for every rank's checkpoint before it leaves.",
+        "Seconds a draining node waits for every rank's step and checkpoint, in all, "
+        "before it leaves.",
         metavar="SECONDS",
     ),
     _o(

@@ -31,8 +31,11 @@ from agentd.workers.processes import WorkerProcess
 log = logging.getLogger(__name__)
 
 REPORT_WINDOW = 0.25
-"""How long the workers' steps are waited for at most (a worker that never heartbeats never
-reports); the workers pause meanwhile, so this bounds the pause too."""
+"""How long a node waits for its workers' steps when none of them heartbeats (it may be
+the attempt's first step, or the script never calls ``agentd.heartbeat()``). A node whose
+workers heartbeat waits for them until each is due to beat again (the hang detection's
+deadline, this window past it), within ``--drain-timeout``: a step longer than this
+window is a step, not silence."""
 SETTLE = 0.02
 """After a worker's first report, how long the node's others are waited for: in a
 synchronous job a rank blocked in a collective (its peer paused to report) cannot report,
@@ -49,7 +52,9 @@ than the others)."""
 class DrainService:
     """Runs ``drains`` for one agent, whose workers ``workers()`` gives; ``leave(why,
     exit_code)`` takes the draining agent out of the job; ``hold_hangs(seconds)`` holds
-    the hang detection while a drain pauses the workers (None: holds it no longer)."""
+    the hang detection while a drain pauses the workers (None: holds it no longer);
+    ``beats_due_in()`` says within how many seconds every worker that heartbeats beats
+    again unless hung (None: none heartbeats)."""
 
     def __init__(
         self,
@@ -59,6 +64,7 @@ class DrainService:
         leave: Callable[[str, int, bool], None],
         notify: Callable[..., None],
         hold_hangs: Callable[[float | None], None] = lambda seconds: None,
+        beats_due_in: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self._drains = drains
@@ -66,6 +72,7 @@ class DrainService:
         self._leave = leave
         self._notify = notify
         self._hold_hangs = hold_hangs
+        self._beats_due_in = beats_due_in
         self._control: str | None = None
         self._watch: asyncio.Task[None] | None = None
         self._draining: asyncio.Task[None] | None = None
@@ -198,19 +205,28 @@ class DrainService:
                     os.kill(proc.pid, sig)
 
     async def _tell_and_report(self, drain_id: int) -> None:
-        """Say our workers are told (the choice waits for every node's word), then report
-        their step."""
+        """Say our workers are told and how long their steps may take to come (the choice
+        waits for every node's word), then report their step."""
+        within = self._report_within()
         with contextlib.suppress(StoreError):
-            await self._drains.told(drain_id)
-        await self._report(drain_id)
+            await self._drains.told(drain_id, within)
+        await self._report(drain_id, within)
         if not self._live_pids() and not self._acknowledged:
             self._acknowledged = True  # its workers are done (the exit barrier): none saves
             await self._acknowledge()
 
-    async def _report(self, drain_id: int) -> None:
-        """Report the furthest step our workers reported (once all did, or the window)."""
+    def _report_within(self) -> float:
+        """How long our workers' steps are waited for (see :data:`REPORT_WINDOW`)."""
+        due = self._beats_due_in()
+        if due is None:
+            return REPORT_WINDOW
+        return min(self.settings.timeout, due + REPORT_WINDOW)
+
+    async def _report(self, drain_id: int, within: float) -> None:
+        """Report the furthest step our workers reported, once all did, ``SETTLE`` after
+        the first, or ``within`` seconds on (a worker blocked in a collective cannot)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPORT_WINDOW
+        deadline = loop.time() + within
         with contextlib.suppress(TimeoutError):
             while set(self._reported) < self._live_pids():
                 if self._reported:
@@ -274,7 +290,7 @@ class DrainService:
                 missing: list[str] = []
             else:
                 step, missing = await self._drains.choose_step(
-                    request.id, told_within=TOLD_WITHIN, window=REPORT_WINDOW + 0.05, settle=SETTLE
+                    request.id, told_within=TOLD_WITHIN, grace=0.05, settle=SETTLE
                 )
             if missing:
                 log.warning(
@@ -292,12 +308,13 @@ class DrainService:
                     "its first step yet), so no checkpoint could be coordinated; this node "
                     "leaves without one",
                     request.id,
-                    REPORT_WINDOW,
+                    time.monotonic() - began,
                 )
                 acks = {}
             else:
                 log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
-                acks = await self._drains.acknowledgements(request.id, self.settings.timeout)
+                left = self.settings.timeout - (time.monotonic() - began)
+                acks = await self._drains.acknowledgements(request.id, max(0.0, left))
         except StoreError as exc:
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
             acks, step, request = {}, -1, None

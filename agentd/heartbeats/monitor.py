@@ -185,6 +185,18 @@ class ProgressMonitor:
         timeout = self.timeouts.timeout(w.key)
         return max(w.last, self._held_until) + timeout.seconds, timeout
 
+    def beats_due_in(self) -> float | None:
+        """Seconds from now within which every running worker that heartbeats will send
+        its next message unless it is hung (its deadline, a hold aside); None when none of
+        the attempt's running workers has sent one."""
+        now = self._clock()
+        due = [
+            w.last + self.timeouts.timeout(w.key).seconds - now
+            for w in self._watches.values()
+            if w.last is not None and not w.done and self._running(w.local_rank)
+        ]
+        return max(0.0, *due) if due else None
+
     def next_deadline(self) -> float | None:
         """The earliest deadline of the watched workers (monotonic), if any."""
         deadlines = [d[0] for w in self._watches.values() if (d := self._deadline(w))]

@@ -127,6 +127,11 @@ class HeartbeatService:
         if self._engine is not None:
             self._engine.monitor.hold(seconds)
 
+    def beats_due_in(self) -> float | None:
+        """Seconds within which every worker that heartbeats will beat again unless hung
+        (:meth:`~agentd.heartbeats.monitor.ProgressMonitor.beats_due_in`)."""
+        return self._engine.monitor.beats_due_in() if self._engine is not None else None
+
     async def stopped(self) -> None:
         """The attempt's workers are being stopped: watch nothing, dump nothing more."""
         self._pids = {}

@@ -6,7 +6,8 @@ Keys, under ``agentd/<run_id>/drain/``::
     request             JSON {"id", "node", "reason", "at"}: the drain every agent follows
     <id>/leaving/<node> that node leaves once the drain is done (why): the requester, and
                         every node asked to drain while the request stood
-    <id>/told/<node>    that node's workers are told of the drain (each pauses at its next step)
+    <id>/told/<node>    that node's workers are told of the drain (each pauses at its next
+                        step): the seconds within which that node reports its step
     <id>/step/<node>    the furthest step that node's workers reported when they learned of it
     <id>/at_step        the step every rank checkpoints at: one past the furthest reported
     <id>/ack/<node>     JSON {"ranks", "steps"}: that node's workers saved their checkpoints
@@ -163,22 +164,23 @@ class Drains:
     async def report_step(self, drain_id: int, step: int) -> None:
         await self._store().set(self._key(drain_id, f"step/{self.node_id}"), str(step).encode())
 
-    async def told(self, drain_id: int) -> None:
+    async def told(self, drain_id: int, within: float) -> None:
         """Our workers are told of drain ``drain_id``: each pauses at its next step until
-        the step is chosen."""
-        await self._store().set(self._key(drain_id, f"told/{self.node_id}"), b"1")
+        the step is chosen; we report their step within ``within`` seconds."""
+        value = f"{within:.3f}".encode()
+        await self._store().set(self._key(drain_id, f"told/{self.node_id}"), value)
 
     async def choose_step(
-        self, drain_id: int, *, told_within: float, window: float, settle: float
+        self, drain_id: int, *, told_within: float, grace: float, settle: float
     ) -> tuple[int | None, list[str]]:
         """(The draining agent) Choose and publish one step past the furthest reported;
         with the members that had not told their workers of the drain ``told_within``
         seconds on. The choice waits until every member told its workers, and then until
-        every member reported a step, or ``settle`` seconds after the first report (in a
+        every member reported, or ``settle`` seconds after the first step reported (in a
         synchronous job a rank blocked in a collective cannot report, and cannot be ahead
-        either), or ``window`` seconds after the start. None, and nothing published, when
-        no worker of any node reported a step: nobody counts steps, so no checkpoint can
-        be coordinated.
+        either), or until the longest a member said its report may take is over (``grace``
+        seconds past it). None, and nothing published, when no worker of any node
+        reported a step: nobody counts steps, so no checkpoint can be coordinated.
 
         Why every member is waited for: a worker told of the drain pauses at its next
         step until the step is chosen, so it cannot pass the step before it knows it.
@@ -192,28 +194,33 @@ class Drains:
         ]
         began = time.monotonic()
         first: float | None = None
+        every_told_at: float | None = None
         revision = await store.revision()
         while True:
             values = await store.multi_get(keys)
             told, steps = values[: len(nodes)], values[len(nodes) :]
             now = time.monotonic()
-            if first is None and any(v is not None for v in steps):
+            if first is None and any(_step(v) >= 0 for v in steps):
                 first = now
             every_told = all(
                 t is not None or v is not None for t, v in zip(told, steps, strict=True)
             )
-            until = began + window if first is None else min(began + window, first + settle)
             if not every_told:
                 until = began + told_within
             elif all(v is not None for v in steps):
                 break
+            elif first is not None:
+                until = first + settle
+            else:
+                every_told_at = every_told_at or now
+                until = every_told_at + max(_seconds(t) for t in told) + grace
             if now >= until:
                 break
             revision = (await store.watch(self._key(drain_id, ""), revision, until - now)).revision
         missing = [
             node for node, t, v in zip(nodes, told, steps, strict=True) if t is None and v is None
         ]
-        reported = [s for s in (int(v) for v in steps if v is not None) if s >= 0]
+        reported = [s for s in map(_step, steps) if s >= 0]
         if not reported:
             return None, missing
         chosen = max(reported) + 1
@@ -238,6 +245,19 @@ class Drains:
             await self._store().wait(keys, within)
         values = await self._store().multi_get(keys)
         return {node: json.loads(v) for node, v in zip(members, values, strict=True) if v}
+
+
+def _step(raw: bytes | None) -> int:
+    """A member's reported step (-1: none, or not yet)."""
+    return int(raw) if raw is not None else -1
+
+
+def _seconds(raw: bytes | None) -> float:
+    """The seconds a member said its report may take (0: it did not say)."""
+    try:
+        return float(raw) if raw is not None else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _parse(raw: bytes) -> DrainRequest:

@@ -440,6 +440,39 @@ def test_a_drain_of_workers_that_report_no_steps_says_so(run_agentd, torch_worke
     assert "no checkpoint in" in err and "checkpoints at step" not in err
 
 
+def test_a_drain_waits_for_the_step_of_workers_whose_steps_are_long(
+    run_agentd, run_store, tmp_path
+):
+    """Each rank reports its step at its next heartbeat. A step of a second (a real
+    model's is often longer) took longer than the quarter second every node waited for
+    the reports, so no node reported one and no checkpoint was made (the CI machine lost
+    a drain that way once, with 10 ms steps, under load). A node whose workers heartbeat
+    now waits for them as long as its hang detection would."""
+    store = run_store()
+    out, stop = tmp_path / "job", tmp_path / "stop"
+    out.mkdir()
+    rdzv = agent_args(store.endpoint, "1:2", conf=ALL_AT_ONCE)  # sealed once both are in
+    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "1.0"}
+    leaving, staying = running(out, [run_agentd(*rdzv, *job, env=env) for _ in range(2)])
+    lockstep = next(out.glob("steps_*"))
+
+    def step() -> int:
+        text = (lockstep / "0").read_text()
+        return int(text) if text.isdigit() else -1
+
+    before = step()
+    wait_until(lambda: step() > before, 30, what="a rank's next step")
+    leaving.proc.send_signal(signal.SIGUSR1)  # the ranks heartbeat again in about 1 s
+    assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    ckpts = notes(out, "ckpt_0_*")
+    assert len(ckpts) == 2, leaving.stderr()[-3000:]
+    assert len({c["step"] for c in ckpts}) == 1, ckpts
+    stop.touch()
+    assert staying.wait(30) == 0, staying.stderr()[-3000:]
+    assert {s["resumed_at"] for s in starts(out, 1)} == {ckpts[0]["step"]}
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(300)  # six gloo ranks import torch at once: its waits allow 120 s each
 def test_a_gloo_job_checkpoints_at_one_step_and_loses_none(run_agentd, run_store, tmp_path):

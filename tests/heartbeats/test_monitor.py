@@ -159,6 +159,25 @@ async def test_a_drains_hold_judges_no_silence_and_learns_nothing_from_it():
     monitor.unwatch()
 
 
+async def test_the_beats_due_are_the_heartbeating_workers_deadlines_whatever_the_hold():
+    """What a drain waits for its workers' steps: each worker that heartbeats beats again
+    before its deadline unless it is hung; one that never did is not waited for."""
+    monitor, clock, _, _ = make_monitor(HeartbeatSettings(step_timeout=2.0))
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    t = clock.now
+    assert monitor.beats_due_in() is None  # nobody heartbeats yet
+    monitor.feed([(0, msg("beat", 1, t)), (1, msg("enter", 1, t - 0.5, "compute"))])
+    clock.now = t + 0.5
+    assert monitor.beats_due_in() == pytest.approx(600.0 - 1.0)  # compute: not learned yet
+    monitor.feed([(1, msg("done", 1, clock.now))])
+    assert monitor.beats_due_in() == pytest.approx(1.5)  # rank 0's step
+    monitor.hold(70.0)  # a drain's: the workers beat as they did
+    assert monitor.beats_due_in() == pytest.approx(1.5)
+    clock.now = t + 5
+    assert monitor.beats_due_in() == 0.0  # overdue
+    monitor.unwatch()
+
+
 async def test_a_check_that_runs_late_counts_silences_from_then():
     """The agent itself did not run past a worker's deadline (frozen, starved): a rank
     that waited meanwhile on another node's drain was judged hung at the thaw, before the

@@ -5,6 +5,7 @@ they passed it; and, once all are told, without waiting on ranks blocked in a co
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from agentd.rendezvous.drains import DrainRequest, Drains
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.memory import MemoryStore
 
-QUICK = {"window": 0.3, "settle": 0.02}
+QUICK = {"grace": 0.05, "settle": 0.02}
 
 
 async def a_drain() -> tuple[Drains, Drains, DrainRequest]:
@@ -24,7 +25,7 @@ async def a_drain() -> tuple[Drains, Drains, DrainRequest]:
 
     leaving, other = (Drains(lambda: store, RunKeys("job"), n, members) for n in ("a", "b"))
     request, _ = await leaving.request("preempted", 60)
-    await leaving.told(request.id)
+    await leaving.told(request.id, 0.25)
     return leaving, other, request
 
 
@@ -34,14 +35,14 @@ async def test_the_step_waits_for_a_member_that_learns_of_the_drain_late():
     choice = asyncio.ensure_future(leaving.choose_step(request.id, told_within=60, **QUICK))
     with pytest.raises(TimeoutError):  # the first report alone chose 20 before
         await asyncio.wait_for(asyncio.shield(choice), 1.0)
-    await late.told(request.id)  # its ranks pause at their next step from now on
+    await late.told(request.id, 0.25)  # its ranks pause at their next step from now on
     assert await choice == (20, [])
     assert await late.current() == (request, 20)
 
 
 async def test_once_every_member_is_told_ranks_blocked_in_a_collective_are_not_waited_for():
     leaving, blocked, request = await a_drain()
-    await blocked.told(request.id)
+    await blocked.told(request.id, 0.25)
     await leaving.report_step(request.id, 7)  # b's ranks wait in the all-reduce: no report
     assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (8, [])
 
@@ -54,11 +55,34 @@ async def test_a_member_silent_for_the_window_is_named_and_left_out():
 
 async def test_no_worker_counting_steps_means_no_step_is_chosen():
     leaving, other, request = await a_drain()
-    await other.told(request.id)
+    await other.told(request.id, 0.25)
     for node in (leaving, other):
         await node.report_step(request.id, -1)
     assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (None, [])
     assert await other.current() == (request, None)
+
+
+async def test_the_step_waits_as_long_as_a_member_said_its_workers_steps_take():
+    """A member whose workers heartbeat reports at their next step, and says how long that
+    may take; one with none to wait for reports at once (-1), which ends no wait. The
+    choice waited 0.3 s in all before, and a step of a second was never reported."""
+    leaving, other, request = await a_drain()
+    await leaving.report_step(request.id, -1)
+    await other.told(request.id, 2.0)
+    choice = asyncio.ensure_future(leaving.choose_step(request.id, told_within=60, **QUICK))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(choice), 1.0)
+    await other.report_step(request.id, 30)
+    assert await choice == (31, [])
+
+
+async def test_a_member_that_says_nothing_more_is_waited_for_as_long_as_it_said():
+    leaving, other, request = await a_drain()
+    await leaving.report_step(request.id, -1)
+    await other.told(request.id, 0.5)  # and its agent dies
+    began = time.monotonic()
+    assert await leaving.choose_step(request.id, told_within=60, **QUICK) == (None, [])
+    assert 0.5 <= time.monotonic() - began < 10
 
 
 async def test_a_node_asked_to_drain_during_anothers_drain_joins_it():
@@ -70,7 +94,7 @@ async def test_a_node_asked_to_drain_during_anothers_drain_joins_it():
     assert (joined, was_joined) == (request, True)
     assert await first.current() == (request, None)  # still the one every node follows
     assert await first.leaving(request.id) == {"a", "b"}
-    await second.told(request.id)
+    await second.told(request.id, 0.25)
     await first.report_step(request.id, 9)
     waiting = asyncio.ensure_future(second.chosen_step(request.id, 10))
     assert await first.choose_step(request.id, told_within=60, **QUICK) == (10, [])

@@ -107,9 +107,9 @@ async def test_two_nodes_agree_on_a_step_and_the_round_clears_the_drain(server, 
     assert not joined
     assert (await zero.current())[0] == request
     for drains, step in ((zero, 41), (one, 40)):
-        await drains.told(request.id)
+        await drains.told(request.id, 0.25)
         await drains.report_step(request.id, step)
-    chosen, missing = await one.choose_step(request.id, told_within=5, window=1, settle=1)
+    chosen, missing = await one.choose_step(request.id, told_within=5, grace=1, settle=1)
     assert (chosen, missing) == (42, [])
     assert await zero.current() == (request, 42)
     for drains in (zero, one):
