@@ -286,7 +286,9 @@ class DrainService:
                     request.node,
                     request.reason,
                 )
-                step = await self._drains.chosen_step(request.id, TOLD_WITHIN + 1.0)
+                # as long as the choice may take: every node told, then their reports
+                within = TOLD_WITHIN + self.settings.timeout + 1.0
+                step = await self._drains.chosen_step(request.id, within)
                 missing: list[str] = []
             else:
                 step, missing = await self._drains.choose_step(

@@ -10,6 +10,7 @@ Keys, under ``agentd/<run_id>/drain/``::
                         step): the seconds within which that node reports its step
     <id>/step/<node>    the furthest step that node's workers reported when they learned of it
     <id>/at_step        the step every rank checkpoints at: one past the furthest reported
+                        (-1: none, as no worker reported a step)
     <id>/ack/<node>     JSON {"ranks", "steps"}: that node's workers saved their checkpoints
 
 The draining agent writes ``request`` and ``at_step``; every agent (the draining one too)
@@ -136,12 +137,12 @@ class Drains:
 
     async def chosen_step(self, drain_id: int, within: float) -> int | None:
         """(A node that joined the drain) The step its requester chose, waiting up to
-        ``within`` seconds (None: none was chosen, as no worker reports steps)."""
+        ``within`` seconds (None: none was chosen, as no worker reports steps, or none
+        in time)."""
         key = self._key(drain_id, "at_step")
         with contextlib.suppress(TimeoutError):
             await self._store().wait([key], within)
-        step = await self._store().get(key)
-        return int(step) if step is not None else None
+        return _chosen(await self._store().get(key))
 
     async def current(self) -> tuple[DrainRequest | None, int | None]:
         """The drain requested (None) and its chosen step (None: not chosen yet)."""
@@ -150,8 +151,7 @@ class Drains:
         if raw is None:
             return None, None
         request = _parse(raw)
-        step = await store.get(self._key(request.id, "at_step"))
-        return request, int(step) if step is not None else None
+        return request, _chosen(await store.get(self._key(request.id, "at_step")))
 
     async def changes(self, revision: int) -> int:
         """Wait for a change under the prefix after ``revision``; returns the new one."""
@@ -180,7 +180,8 @@ class Drains:
         synchronous job a rank blocked in a collective cannot report, and cannot be ahead
         either), or until the longest a member said its report may take is over (``grace``
         seconds past it). None, and nothing published, when no worker of any node
-        reported a step: nobody counts steps, so no checkpoint can be coordinated.
+        reported a step: nobody counts steps, so no checkpoint can be coordinated (-1 is
+        published, so the nodes that joined the drain know at once).
 
         Why every member is waited for: a worker told of the drain pauses at its next
         step until the step is chosen, so it cannot pass the step before it knows it.
@@ -221,11 +222,9 @@ class Drains:
             node for node, t, v in zip(nodes, told, steps, strict=True) if t is None and v is None
         ]
         reported = [s for s in map(_step, steps) if s >= 0]
-        if not reported:
-            return None, missing
-        chosen = max(reported) + 1
+        chosen = max(reported) + 1 if reported else -1
         await self._store().set(self._key(drain_id, "at_step"), str(chosen).encode())
-        return chosen, missing
+        return (chosen if chosen >= 0 else None), missing
 
     async def finish(self) -> None:
         """(The draining agent) The drain is over: withdraw the request."""
@@ -250,6 +249,12 @@ class Drains:
 def _step(raw: bytes | None) -> int:
     """A member's reported step (-1: none, or not yet)."""
     return int(raw) if raw is not None else -1
+
+
+def _chosen(raw: bytes | None) -> int | None:
+    """The step a drain's ``at_step`` names (None: not chosen yet, or none: -1)."""
+    step = _step(raw)
+    return step if step >= 0 else None
 
 
 def _seconds(raw: bytes | None) -> float:

@@ -101,6 +101,20 @@ async def test_a_node_asked_to_drain_during_anothers_drain_joins_it():
     assert await waiting == 10
 
 
+async def test_a_node_that_joined_learns_at_once_that_no_step_was_chosen():
+    """It waited for a step that never came (6 s before); it must not wait as long as a
+    choice may take (the reports of long steps) once the choice is made."""
+    first, second, request = await a_drain()
+    await second.request("time limit", 60)
+    await second.told(request.id, 0.25)
+    for node in (first, second):
+        await node.report_step(request.id, -1)
+    waiting = asyncio.ensure_future(second.chosen_step(request.id, 30))
+    assert await first.choose_step(request.id, told_within=60, **QUICK) == (None, [])
+    assert await asyncio.wait_for(waiting, 5) is None
+    assert await second.current() == (request, None)
+
+
 async def test_a_request_left_standing_by_a_dead_agent_is_replaced_once_stale():
     dead, alive, request = await a_drain()
     replaced, joined = await alive.request("maintenance", 0.0)  # older than 0 s: stale
