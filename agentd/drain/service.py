@@ -36,6 +36,8 @@ the attempt's first step, or the script never calls ``agentd.heartbeat()``). A n
 workers heartbeat waits for them until each is due to beat again (the hang detection's
 deadline, this window past it), within ``--drain-timeout``: a step longer than this
 window is a step, not silence."""
+SLOW_REPORT = 0.5
+"""Seconds after which the wait for this node's workers' steps is worth a line in the log."""
 SETTLE = 0.02
 """After a worker's first report, how long the node's others are waited for: in a
 synchronous job a rank blocked in a collective (its peer paused to report) cannot report,
@@ -226,7 +228,8 @@ class DrainService:
         """Report the furthest step our workers reported, once all did, ``SETTLE`` after
         the first, or ``within`` seconds on (a worker blocked in a collective cannot)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
+        began = loop.time()
+        deadline = began + within
         with contextlib.suppress(TimeoutError):
             while set(self._reported) < self._live_pids():
                 if self._reported:
@@ -235,6 +238,13 @@ class DrainService:
                 async with asyncio.timeout_at(deadline):
                     await self._new_report.wait()
         steps = list(self._reported.values())
+        waited = loop.time() - began
+        if waited >= SLOW_REPORT:  # a long step, or ranks blocked on a paused peer
+            log.info(
+                "Drain: this node's workers reported %s after %.1fs (at their next heartbeat)",
+                f"step {max(steps)}" if steps else "no step",
+                waited,
+            )
         with contextlib.suppress(StoreError):
             await self._drains.report_step(drain_id, max(steps) if steps else -1)
 
