@@ -179,9 +179,9 @@ class Drains:
         every member reported, or ``settle`` seconds after the first step reported (in a
         synchronous job a rank blocked in a collective cannot report, and cannot be ahead
         either), or until the longest a member said its report may take is over (``grace``
-        seconds past it). None, and nothing published, when no worker of any node
-        reported a step: nobody counts steps, so no checkpoint can be coordinated (-1 is
-        published, so the nodes that joined the drain know at once).
+        seconds past it). None when no worker of any node reported a step: nobody counts
+        steps, so no checkpoint can be coordinated (-1 is published, so the nodes that
+        joined the drain know at once).
 
         Why every member is waited for: a worker told of the drain pauses at its next
         step until the step is chosen, so it cannot pass the step before it knows it.
