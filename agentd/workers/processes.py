@@ -214,12 +214,30 @@ async def stop_workers(
     try:
         await _wait_groups_gone(workers, deadline, force)
     finally:
+        if loop.time() >= deadline:
+            _say_killed(workers, stop_signal, stop_timeout)
         signal_groups(pgids, signal.SIGKILL)
         if mark is not None:
             strays = kill_marked(lambda m: m == mark, spare_groups=spare_groups)
         await asyncio.shield(asyncio.gather(*(w.exited for w in workers)))
         await asyncio.shield(asyncio.gather(*(w.drain() for w in workers)))
     return strays
+
+
+def _say_killed(workers: Sequence[WorkerProcess], stop_signal: int, stop_timeout: float) -> None:
+    """Log the workers still running when the stop's time is up (the SIGKILL that follows
+    would otherwise be silent: a rank blocked in native code, say a collective whose peer
+    is gone, runs no Python signal handler)."""
+    running = [w for w in workers if w.returncode is None]
+    if running:
+        log.warning(
+            "Local rank(s) %s (pid(s) %s) still ran %gs after %s (--stop-timeout): killing "
+            "them with SIGKILL",
+            [w.local_rank for w in running],
+            ", ".join(str(w.pid) for w in running),
+            stop_timeout,
+            signal.Signals(stop_signal).name,
+        )
 
 
 async def _wait_groups_gone(

@@ -29,6 +29,8 @@ def test_stop_timeout_then_sigkill(run_agentd):
     agent.proc.send_signal(signal.SIGINT)
     assert agent.wait() == 128 + signal.SIGINT
     assert not pid_alive(pid)
+    # the kill is said, with whom it killed: it was silent, a 30 s gap in the log
+    assert f"Local rank(s) [0] (pid(s) {pid}) still ran 0.3s after SIGTERM" in agent.stderr()
 
 
 def test_second_sigint_forces_kill(run_agentd):
