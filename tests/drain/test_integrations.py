@@ -30,6 +30,10 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
         "2",
         "--health-port",
         "0",
+        # Lightning's SIGTERM handler broadcasts from within the handler: the ranks
+        # stopped after the drain may block each other until the stop timeout (1 in 5)
+        "--stop-timeout",
+        "5",
         str(TESTS / "workers" / "lightning_ddp.py"),
         str(root),
         "1000",  # the drain ends it, whenever it comes
