@@ -10,11 +10,20 @@ checkpoint (:mod:`agentd.drain`), every rank calls ``trainer.save_checkpoint`` a
 batch, to ``drain_checkpoint`` (default ``<default_root_dir>/drain.ckpt``), and says it
 is saved; resume with ``trainer.fit(..., ckpt_path=...)``. Built on ``lightning.pytorch``
 (or, when only that is installed, ``pytorch_lightning``).
+
+A stop (the agent's SIGTERM, after a drain or for a restart) ends training at the next
+batch, as Lightning decides it: every rank learns rank 0's SIGTERM through the broadcast
+Lightning makes each batch. Lightning 2.6's SIGTERM handler also broadcasts from within
+the handler, which runs wherever the rank happens to be (in another collective, say), so
+the ranks of a DDP job could block one another until the stop's timeout killed them (1
+stop in 8 of a drained job); the callback's handler does the rest of what Lightning's
+does, without that broadcast.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -26,6 +35,8 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]
 
+log = logging.getLogger(__name__)
+
 
 class HeartbeatCallback(Callback):  # type: ignore[misc]
     """Heartbeats and sections for agentd's hang detection (see the module docstring)."""
@@ -35,6 +46,7 @@ class HeartbeatCallback(Callback):  # type: ignore[misc]
         self.drain_checkpoint = drain_checkpoint
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        _sigterm_without_broadcast(trainer)
         io = trainer.strategy.checkpoint_io
         save = io.save_checkpoint
         if getattr(save, "_agentd_section", False):
@@ -77,3 +89,22 @@ class HeartbeatCallback(Callback):  # type: ignore[misc]
         if self._validation is not None:
             self._validation.__exit__(None, None, None)
             self._validation = None
+
+
+def _sigterm_without_broadcast(trainer: Any) -> None:
+    """Have Lightning register, for SIGTERM, a notifier that does what its own does but the
+    collective (see the module docstring). Run from ``setup``, before Lightning registers
+    its handlers; a Lightning without that notifier is left as it is."""
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is None or not hasattr(connector, "_sigterm_notifier_fn"):
+        return
+
+    def notify(signum: int, frame: Any) -> None:
+        log.info("[rank %s] Received SIGTERM: %s", getattr(trainer, "local_rank", "?"), signum)
+        if not connector.received_sigterm:
+            launcher = getattr(trainer.strategy, "launcher", None)
+            if launcher is not None:
+                launcher.kill(signum)
+        connector.received_sigterm = True
+
+    connector._sigterm_notifier_fn = notify

@@ -1,9 +1,11 @@
 """The Lightning and Hugging Face callbacks save a checkpoint when a drain asks, on every
-rank at the same step, and confirm it (real trainers, one agent)."""
+rank at the same step, and confirm it (real trainers, one agent); a Lightning job stopped
+after it (or at any time) stops at once."""
 
 from __future__ import annotations
 
 import json
+import signal
 import urllib.request
 
 import pytest
@@ -30,8 +32,7 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
         "2",
         "--health-port",
         "0",
-        # Lightning's SIGTERM handler broadcasts from within the handler: the ranks
-        # stopped after the drain may block each other until the stop timeout (1 in 5)
+        # the checkpoint is what this tests, not the stop after it (the test below)
         "--stop-timeout",
         "5",
         str(TESTS / "workers" / "lightning_ddp.py"),
@@ -68,3 +69,29 @@ def test_the_hugging_face_callback_saves_on_a_drain(run_agentd, tmp_path):
     saved = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
     assert len(saved) == 1, saved  # the drain's: the schedule makes none
     assert "the checkpoints of this node's 1 worker(s) are saved" in agent.stderr()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_lightning_ddp_job_stopped_while_its_ranks_are_apart_stops_at_once(run_agentd, tmp_path):
+    """Rank 0 waits in an all-reduce while rank 1 sleeps. Lightning 2.6's SIGTERM handler
+    broadcasts from within the handler: rank 1 ran it at once, its broadcast met rank 0's
+    all-reduce, and both waited until the stop's timeout killed them (every time; 1 stop
+    in 8 of a drained job). The callback's handler makes no collective: Lightning's own
+    broadcast at the next batch ends both."""
+    installed("lightning")
+    out = tmp_path / "apart"
+    out.mkdir()
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--stop-timeout",
+        "60",
+        str(TESTS / "workers" / "lightning_sigterm.py"),
+        str(out),
+    )
+    wait_until(lambda: (out / "0").exists() and (out / "1").exists(), 180, what="ranks apart")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(40) == 128 + signal.SIGTERM, agent.stderr()[-3000:]  # not at 60 s
+    assert "still ran" not in agent.stderr()
