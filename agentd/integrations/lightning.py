@@ -23,19 +23,17 @@ does, without that broadcast.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from typing import Any
 
 import agentd.drain.client as drain
 import agentd.heartbeats.client as progress
+from agentd.support.compat.lightning import sigterm_without_broadcast
 
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the older package name
     from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]
-
-log = logging.getLogger(__name__)
 
 
 class HeartbeatCallback(Callback):  # type: ignore[misc]
@@ -46,7 +44,7 @@ class HeartbeatCallback(Callback):  # type: ignore[misc]
         self.drain_checkpoint = drain_checkpoint
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        _sigterm_without_broadcast(trainer)
+        sigterm_without_broadcast(trainer)
         io = trainer.strategy.checkpoint_io
         save = io.save_checkpoint
         if getattr(save, "_agentd_section", False):
@@ -89,22 +87,3 @@ class HeartbeatCallback(Callback):  # type: ignore[misc]
         if self._validation is not None:
             self._validation.__exit__(None, None, None)
             self._validation = None
-
-
-def _sigterm_without_broadcast(trainer: Any) -> None:
-    """Have Lightning register, for SIGTERM, a notifier that does what its own does but the
-    collective (see the module docstring). Run from ``setup``, before Lightning registers
-    its handlers; a Lightning without that notifier is left as it is."""
-    connector = getattr(trainer, "_signal_connector", None)
-    if connector is None or not hasattr(connector, "_sigterm_notifier_fn"):
-        return
-
-    def notify(signum: int, frame: Any) -> None:
-        log.info("[rank %s] Received SIGTERM: %s", getattr(trainer, "local_rank", "?"), signum)
-        if not connector.received_sigterm:
-            launcher = getattr(trainer.strategy, "launcher", None)
-            if launcher is not None:
-                launcher.kill(signum)
-        connector.received_sigterm = True
-
-    connector._sigterm_notifier_fn = notify

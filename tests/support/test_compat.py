@@ -18,6 +18,7 @@ from aiohttp import web
 
 from agentd.support.compat import aiohttp as compat_aiohttp
 from agentd.support.compat.multiprocessing import inheriting, queue_reader_fd
+from tests.conftest import installed
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentd"
 AIOHTTP = f"aiohttp {aiohttp.__version__}"
@@ -168,6 +169,29 @@ def test_torch_process_groups_and_abort(tmp_path):
         "print('ok')\n"
     )
     assert run_python(code).strip() == "ok", f"torch {torch.__version__}"
+
+
+@pytest.mark.torch
+def test_lightning_registers_the_sigterm_notifier_agentd_gives_its_trainer():
+    """Run in a fresh process (Lightning's import is heavy): the notifier set on the
+    connector is the one Lightning's registration composes for SIGTERM, and it sets the
+    trainer's flag (what its training loop reads)."""
+    installed("lightning")
+    code = (
+        "import signal\n"
+        "import lightning as L\n"
+        "from agentd.support.compat.lightning import sigterm_without_broadcast\n"
+        "trainer = L.Trainer(accelerator='cpu', devices=1, logger=False)\n"
+        "assert sigterm_without_broadcast(trainer)\n"
+        "connector = trainer._signal_connector\n"
+        "notify = connector._sigterm_notifier_fn\n"
+        "connector.register_signal_handlers()\n"
+        "assert notify in signal.getsignal(signal.SIGTERM).signal_handlers\n"
+        "notify(signal.SIGTERM, None)\n"
+        "assert trainer.received_sigterm\n"
+        "print('ok')\n"
+    )
+    assert run_python(code).strip() == "ok", f"lightning {version('lightning')}"
 
 
 @pytest.mark.torch
