@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentd.exceptions import DRAINED_ALONE
-from tests.conftest import free_port, wait_until
+from tests.conftest import WORKER, free_port, wait_until
 from tests.helpers.jobs import FAST, STEADY, TOKEN, agent_args
 
 ALL_AT_ONCE = FAST.replace("last_call_timeout=0.5", "last_call_timeout=10") + ",is_host=0"
@@ -260,6 +260,27 @@ def test_nodes_told_to_drain_at_once_checkpoint_once_and_leave_together(run_agen
     logs = "".join(n.stderr() for n in nodes)
     assert "drains already" in logs and "did not confirm" not in logs, logs
     assert not starts(out, 1)  # neither node started workers again
+
+
+def test_nodes_drained_at_once_whose_workers_report_no_steps_leave_at_the_decision(
+    run_agentd, run_store
+):
+    """Slurm's warning to every node of a job whose script never heartbeats: no step can
+    be chosen. The node that joined the other's drain waited 6 s for a step that was
+    never published; it now reads the decision (none) and leaves with the other. (A store
+    of its own: a node serving it would end the other's wait as it left.)"""
+    store = run_store()
+    rdzv = agent_args(store.endpoint, "1:2", conf=ALL_AT_ONCE)
+    job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", WORKER, "sleep"]
+    nodes = [run_agentd(*rdzv, *job, env={"AGENTD_STORE_TOKEN": TOKEN}) for _ in range(2)]
+    for node in nodes:
+        node.wait_ready(1)
+    for node in nodes:
+        node.proc.send_signal(signal.SIGUSR1)
+    assert [n.wait(30) for n in nodes] == [128 + signal.SIGUSR1] * 2
+    [joined] = [n.stderr() for n in nodes if "drains already" in n.stderr()]
+    seconds = float(re.search(r"no checkpoint in ([\d.]+)s", joined).group(1))
+    assert seconds < 6.0, joined[-3000:]  # the joined node's whole drain: not the 6 s wait
 
 
 def test_two_of_three_elastic_nodes_drained_at_once_leave_the_third_going_on(
