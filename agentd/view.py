@@ -211,4 +211,4 @@ class AgentObserver:
 
     def drain_done(self, outcome: dict[str, Any]) -> None:
         """This node's drain is over (``outcome``: step, nodes, acknowledged, missing,
-        seconds); it leaves the job."""
+        seconds, alone, leaving, store_lost); it leaves the job."""

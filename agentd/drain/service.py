@@ -286,7 +286,10 @@ class DrainService:
 
     async def _drain(self, reason: str, exit_code: int) -> None:
         began = time.monotonic()
-        joined = False
+        joined, lost = False, False
+        request: DrainRequest | None = None
+        step: int | None = None
+        acks: dict[str, Any] = {}
         try:
             request, joined = await self._drains.request(reason, self._stale_after)
             if joined:
@@ -322,21 +325,21 @@ class DrainService:
                     request.id,
                     time.monotonic() - began,
                 )
-                acks = {}
             else:
                 log.info("Drain %d: every rank checkpoints at step %d", request.id, step)
                 left = self.settings.timeout - (time.monotonic() - began)
                 acks = await self._drains.acknowledgements(request.id, max(0.0, left))
-        except StoreError as exc:
+        except StoreError as exc:  # who confirmed is unknown; the step chosen, if any, stands
             log.error("Drain: the store cannot be reached (%s); leaving without it", exc)
-            acks, step, request = {}, -1, None
+            lost = True
         try:
             members: list[str] | None = await self._drains.members()
             leaving = await self._drains.leaving(request.id) if request is not None else set()
         except StoreError:
             members = None  # who else runs the job is unknown: leave as asked
             leaving = set()
-        missing = [node for node in members or () if node not in acks and step is not None]
+        confirmed = step is not None and not lost  # else no confirmation was waited for
+        missing = [node for node in members or () if node not in acks and confirmed]
         alone = members is not None and not set(members) - leaving - {self._drains.node_id}
         seconds = time.monotonic() - began
         outcome = {
@@ -347,6 +350,7 @@ class DrainService:
             "seconds": round(seconds, 3),
             "alone": alone,
             "leaving": sorted(leaving | {self._drains.node_id}),
+            "store_lost": lost,
         }
         self.status_doc = {**(self.status_doc or {}), "outcome": outcome}
         self._notify("drain_done", outcome)
@@ -366,5 +370,9 @@ class DrainService:
                 "Drain: no other node runs this job: it ends here, unfinished (exit %d)", exit_code
             )
         saved = "no checkpoint" if step is None else f"checkpoints at step {step}"
+        if lost:
+            saved += (
+                ", unconfirmed: the store was lost" if step is not None else ": the store was lost"
+            )
         why = f"drained ({reason}; {saved} in {seconds:.2f}s)"
         self._leave(why, exit_code, alone)

@@ -92,7 +92,8 @@ class AgentMetrics(AgentObserver):
         )
         self.drains = Counter(
             "agentd_drains",
-            "Drains this node led, by outcome (complete: every node confirmed its checkpoints)",
+            "Drains this node led, by outcome (complete: every node confirmed its checkpoints, "
+            "the store reachable throughout)",
             ["outcome"],
             registry=r,
         )
@@ -129,7 +130,8 @@ class AgentMetrics(AgentObserver):
         self.failures.labels(kind).inc()
 
     def drain_done(self, outcome: dict[str, Any]) -> None:
-        self.drains.labels("incomplete" if outcome["missing"] else "complete").inc()
+        complete = not outcome["missing"] and not outcome.get("store_lost")
+        self.drains.labels("complete" if complete else "incomplete").inc()
         self.drain_seconds.observe(outcome["seconds"])
 
     def store_request(self, op: str, seconds: float) -> None:
