@@ -17,11 +17,41 @@ from agentd.inprocess import wire
 
 log = logging.getLogger(__name__)
 
+EFFECT_AFTER_CAUSE = 1e-6
+"""How much later than a close read in the same turn of the loop an error is stamped: a
+worker's death makes its peers' collectives raise, so the death comes first (a training
+function that raises parks its process, which does not close its channel)."""
+READS_PER_TURN = 16
+"""Reads of up to 64 KiB one channel gets in one turn of the loop: enough for every
+message pending and the close behind them, not a worker that floods its channel."""
+
+
+class ReadClock:
+    """One time for all that the agent reads from its channels in one turn of the event
+    loop. What is read together was pending together: the order of the reads is the
+    order the selector gave, not the order the workers wrote in, so stamped one by one
+    a peer's error could precede the close of the dying worker that caused it."""
+
+    def __init__(self) -> None:
+        self._now: float | None = None
+
+    def __call__(self) -> float:
+        if self._now is None:
+            self._now = time.time()
+            asyncio.get_running_loop().call_soon(self._turn_over)  # runs in the next turn
+        return self._now
+
+    def _turn_over(self) -> None:
+        self._now = None
+
 
 class Channel:
-    """The agent's end of one worker's channel, read on the loop."""
+    """The agent's end of one worker's channel, read on the loop; ``clock`` stamps what
+    it reads (a :class:`ReadClock` shared by the agent's channels)."""
 
-    def __init__(self, on_error: Callable[[], None]) -> None:
+    def __init__(
+        self, on_error: Callable[[], None], clock: Callable[[], float] = time.time
+    ) -> None:
         self.agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.worker_fd: int | None = worker_end.detach()
         self.agent_end.setblocking(False)
@@ -35,6 +65,7 @@ class Channel:
         self.error: tuple[str, float] | None = None
         """What the worker's training function raised, and when the agent heard of it."""
         self._on_error = on_error
+        self._clock = clock
         self._buffer = b""
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.agent_end.fileno(), self._readable)
@@ -55,24 +86,30 @@ class Channel:
         return True
 
     def _readable(self) -> None:
-        try:
-            data = self.agent_end.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.closed_by_worker = time.time()
-            self.close()
-            return
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            self._take(line)
-        if len(self._buffer) > wire.MAX_LINE:
-            self._take(self._buffer)
+        """Read what is pending, the close included: a close read a turn after the
+        worker's last message was stamped after what its peers said in that turn."""
+        now = self._clock()
+        for _ in range(READS_PER_TURN):
+            try:
+                data = self.agent_end.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.closed_by_worker = now
+                self.close()
+                return
+            self._buffer += data
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                self._take(line, now)
+            if len(self._buffer) > wire.MAX_LINE:
+                self._take(self._buffer, now)
+            if self.broken:
+                return
 
-    def _take(self, line: bytes) -> None:
+    def _take(self, line: bytes, now: float) -> None:
         if self.broken:
             return
         try:
@@ -84,7 +121,8 @@ class Channel:
         if message["op"] == "hello":
             self.opted_in = True
         elif message["op"] == "error":
-            self.error = (message.get("message") or "the training function raised", time.time())
+            what = message.get("message") or "the training function raised"
+            self.error = (what, now + EFFECT_AFTER_CAUSE)
             self._on_error()
         else:
             self.parked.set()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
-from agentd.inprocess.channel import Channel
+from agentd.inprocess.channel import Channel, ReadClock
 from agentd.inprocess.settings import (
     FALLBACK_REASONS,
     QUICK_WINDOW,
@@ -55,6 +55,7 @@ class InProcessRestarts:
         self.park_timeout = settings.park_timeout
         self.quick_repeats = settings.quick_repeats
         self._on_error = on_error
+        self._read_clock = ReadClock()
         self._clock = time.monotonic
         self._quick: list[float] = []
         """When the recent in-process restarts happened, while each came soon after the last."""
@@ -165,7 +166,7 @@ class InProcessRestarts:
         old = self._channels.pop(local_rank, None)
         if old is not None:
             old.close()
-        channel = Channel(self._on_error)
+        channel = Channel(self._on_error, self._read_clock)
         self._channels[local_rank] = channel
         assert channel.worker_fd is not None
         return channel.worker_fd, {wire.CHANNEL_FD_ENV: str(channel.worker_fd)}
