@@ -23,20 +23,22 @@ class StartError(AgentdError):
     exit_code = 3
 
 
-DRAINED_ALONE = 5
-"""The exit code of a node drained while no other node ran its job: the job ended there,
-unfinished (its checkpoints saved), which a scheduler must not record as a success."""
+DRAINED_UNFINISHED = 5
+"""The exit code of a node drained from a job that cannot finish without it: no other
+node ran the job, which ended there, or the job runs only at its size (a static job,
+``--nnodes N``), whose other nodes wait for a node in its place. Its checkpoints are
+saved. Not a success: a scheduler that records one starts no node in its place."""
 
 
 class Drained(AgentdError):
     """This node was drained: its workers checkpointed and it left the job. Exit 0 when
-    the job goes on without it, :data:`DRAINED_ALONE` when no other node ran it."""
+    the job goes on without it, :data:`DRAINED_UNFINISHED` when it cannot."""
 
     def __init__(self, exit_code: int = 0) -> None:
-        alone = exit_code == DRAINED_ALONE
+        unfinished = exit_code == DRAINED_UNFINISHED
         super().__init__(
-            "node drained; no other node ran its job, which ended unfinished"
-            if alone
+            "node drained; its job cannot finish without it, or a node in its place"
+            if unfinished
             else "node drained"
         )
         self.exit_code = exit_code

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.agent.lifecycle import WorkerLifecycle
+from agentd.agent.rendezvous_steps import fixed_size
 from agentd.assembly.services import AgentHooks, build_services
 from agentd.assembly.settings import AgentSettings
-from agentd.exceptions import AgentStopped, Drained, StartError
+from agentd.exceptions import DRAINED_UNFINISHED, AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
 from agentd.rendezvous.api import KeepsWorkers, LeavesSoon
@@ -218,16 +219,21 @@ class LocalElasticAgent(WorkerLifecycle):
 
     def _leave(self, why: str, exit_code: int | None = None, alone: bool = False) -> None:
         """Leave the job (its round ends; no restart spent); with ``exit_code``, for good;
-        ``alone``: no other node runs the job, so it ends here."""
+        ``alone``: no other node runs the job, so it ends here. A drained node (exit 0) of
+        a job that runs only at its size exits :data:`DRAINED_UNFINISHED`: its peers wait
+        for a node in its place, which a scheduler starts only for a node that failed."""
+        if exit_code == 0 and fixed_size(self.rdzv_handler):
+            exit_code = DRAINED_UNFINISHED
         self._stepping_out, self._exit_on_leave, self._leaving_alone = why, exit_code, alone
         self._wakeup.set()
 
     def request_drain(self, reason: str, signum: int | None = None) -> None:
         """Drain this node: every rank checkpoints at one step, then the job goes on
-        without it, and it exits 0 (128+``signum`` for a signal). A second request, or one
-        without running workers, stops at once. Workers that succeeded leave nothing to
-        save and no rank to replace: the first request asks no node to checkpoint, and
-        the agent leaves at the end of its exit barrier (its peers may need its store)."""
+        without it, and it exits 0 (128+``signum`` for a signal; see :meth:`_leave`). A
+        second request, or one without running workers, stops at once. Workers that
+        succeeded leave nothing to save and no rank to replace: the first request asks no
+        node to checkpoint, and the agent leaves at the end of its exit barrier (its peers
+        may need its store)."""
         done = self._worker_group.state is WorkerState.SUCCEEDED
         if done and not self._drain_after_done:
             self._drain_after_done = True

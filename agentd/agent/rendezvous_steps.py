@@ -263,7 +263,7 @@ class RendezvousSteps:
         after = "the others go on without it"
         if self._leaving_alone:
             after = "no other node runs it: it ends here, unfinished"
-        elif _fixed_size(self.rdzv_handler):
+        elif fixed_size(self.rdzv_handler):
             after = "the others wait for it, or for a node in its place"
         log.warning("[%s] This node %s; leaving the job (%s)", group.spec.role, why, after)
         await self._stop_as_round_ends(group, f"node {socket.gethostname()} {why}")
@@ -384,7 +384,7 @@ class RendezvousSteps:
         log.debug("Exit barrier passed after %.3fs", time.monotonic() - started)
 
 
-def _fixed_size(handler: RendezvousHandler) -> bool:
+def fixed_size(handler: RendezvousHandler) -> bool:
     """Whether the job runs only at one size (a static job, or ``--nnodes N``): the others
     cannot go on without a node that leaves."""
     if not isinstance(handler, ShowsJob):

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentd.drain.client import PAUSE_LIMIT
 from agentd.drain.settings import DrainSettings
-from agentd.exceptions import DRAINED_ALONE
+from agentd.exceptions import DRAINED_UNFINISHED
 from agentd.rendezvous.drains import DrainRequest, Drains
 from agentd.store.api import StoreError
 from agentd.wire import control
@@ -365,7 +365,7 @@ class DrainService:
                 ", ".join(missing),
             )
         if alone and exit_code == 0:  # not a success: the job did not finish
-            exit_code = DRAINED_ALONE
+            exit_code = DRAINED_UNFINISHED
             log.warning(
                 "Drain: no other node runs this job: it ends here, unfinished (exit %d)", exit_code
             )

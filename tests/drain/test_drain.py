@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd.exceptions import DRAINED_ALONE
+from agentd.exceptions import DRAINED_UNFINISHED
 from tests.conftest import WORKER, free_port, wait_until
 from tests.helpers.jobs import FAST, STEADY, TOKEN, agent_args
 
@@ -202,19 +202,24 @@ def test_a_static_jobs_drained_node_checkpoints_every_rank_and_its_replacement_r
     """The default rendezvous (static, node 0's agent serving the store) had no drains: the
     drain signal stopped the node as SIGTERM does, and no rank checkpointed. Now every rank
     of both nodes checkpoints at one step; node 0's agent waits, spending no restart, for
-    an agent to take node 1's place; and the one started for it resumes at that step."""
+    an agent to take node 1's place; and the one started for it resumes at that step.
+    Drained by ``agentd drain``, node 1 exited 0, which tells a scheduler its work is done
+    (a Kubernetes Job does not start a pod in its place): it now exits 5, unfinished (a
+    drain by signal exits 128+N, as the other static tests' do)."""
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     start_node = static_nodes(run_agentd, out, stop, 2)
     zero, leaving = (
         start_node(0, "--max-restarts", "0"),
-        start_node(1, "--max-restarts", "0", "--drain-on", "SIGUSR1"),
+        start_node(1, "--max-restarts", "0", "--health-port", "0"),
     )
+    url = health_url(leaving)
     wait_until(lambda: len(starts(out, 0)) == 4, 60, what="a job of two nodes, four ranks")
     wait_until(lambda: "Started 2 worker(s), attempt 0" in leaving.stderr(), what="the workers")
     stepping(out, 4)
-    leaving.proc.send_signal(signal.SIGUSR1)
-    assert leaving.wait(60) == 128 + signal.SIGUSR1, leaving.stderr()[-3000:]
+    done = drain_cli("--url", url)  # the token its agent published for its user
+    assert done.returncode == 0, done.stderr
+    assert leaving.wait(60) == DRAINED_UNFINISHED, leaving.stderr()[-3000:]
     ckpts = notes(out, "ckpt_0_*")
     assert len(ckpts) == 4, leaving.stderr()[-3000:]
     assert len({c["step"] for c in ckpts}) == 1, ckpts
@@ -437,7 +442,7 @@ def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_pa
     done = drain_cli("--url", url)  # no AGENTD_DRAIN_TOKEN: the published file is read
     assert done.returncode == 0, done.stderr
     # no other node runs the job: it ends unfinished, which is not a success (exit 5)
-    assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
+    assert agent.wait(60) == DRAINED_UNFINISHED, agent.stderr()[-3000:]
     assert agent.stderr().count("no other node runs this job: it ends here, unfinished") == 1
     assert "the others go on without it" not in agent.stderr()
     assert notes(out, "ckpt_0_*"), "the worker checkpointed before the node left"
@@ -455,7 +460,7 @@ def test_a_drain_of_workers_that_report_no_steps_says_so(run_agentd, torch_worke
     agent.wait_ready(1)
     done = drain_cli("--url", url)
     assert done.returncode == 0, done.stderr
-    assert agent.wait(30) == DRAINED_ALONE, agent.stderr()[-3000:]
+    assert agent.wait(30) == DRAINED_UNFINISHED, agent.stderr()[-3000:]
     err = agent.stderr()
     assert "the workers report no steps" in err and "this node leaves without one" in err
     assert "no checkpoint in" in err and "checkpoints at step" not in err
@@ -555,7 +560,7 @@ def test_the_checkpoint_signal_reaches_every_worker_as_a_drain_starts(run_agentd
     # a worker that has not set its handler yet dies of the signal (its default action)
     wait_until(lambda: len(list(tmp_path.glob("ready_*"))) == 2, what="the workers' handlers")
     assert drain_cli("--url", url).returncode == 0
-    assert agent.wait(60) == DRAINED_ALONE, agent.stderr()[-3000:]
+    assert agent.wait(60) == DRAINED_UNFINISHED, agent.stderr()[-3000:]
     assert sorted(p.name for p in tmp_path.glob("signal_*")) == ["signal_0", "signal_1"]
 
 

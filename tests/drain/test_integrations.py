@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from agentd.exceptions import DRAINED_ALONE
+from agentd.exceptions import DRAINED_UNFINISHED
 from tests.conftest import TESTS, installed, wait_until
 from tests.drain.test_drain import drain_cli, health_url
 
@@ -42,7 +42,7 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
     url = health_url(agent)
     wait_until(lambda: stepping(url), 180, what="training to start")
     assert drain_cli("--url", url, "--reason", "test").returncode == 0
-    assert agent.wait(180) == DRAINED_ALONE, agent.stderr()[-3000:]  # a standalone job
+    assert agent.wait(180) == DRAINED_UNFINISHED, agent.stderr()[-3000:]  # a standalone job
     assert (root / "drain.ckpt").stat().st_size > 0
     assert "the checkpoints of this node's 2 worker(s) are saved" in agent.stderr()
 
@@ -65,7 +65,7 @@ def test_the_hugging_face_callback_saves_on_a_drain(run_agentd, tmp_path):
     url = health_url(agent)
     wait_until(lambda: stepping(url), 180, what="training to start")
     assert drain_cli("--url", url).returncode == 0
-    assert agent.wait(180) == DRAINED_ALONE, agent.stderr()[-3000:]  # a standalone job
+    assert agent.wait(180) == DRAINED_UNFINISHED, agent.stderr()[-3000:]  # a standalone job
     saved = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
     assert len(saved) == 1, saved  # the drain's: the schedule makes none
     assert "the checkpoints of this node's 1 worker(s) are saved" in agent.stderr()
