@@ -49,6 +49,9 @@ class ExitBarrier:
     _keys: RunKeys
     _round: Round | None
     _membership: Membership | None
+    _done_generation: int | None = None
+    """The round whose ``done`` key this node wrote (its workers succeeded in it): its
+    leave then ends no round (:mod:`agentd.rendezvous.round_watch`)."""
 
     if TYPE_CHECKING:
 
@@ -92,6 +95,7 @@ class ExitBarrier:
         store = self.store
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
+        self._done_generation = gen
         if current.size > 1:
             log.info(
                 "Rendezvous %s: this node's workers are done (round %d); waiting for those of "

@@ -51,6 +51,7 @@ class Leaving:
     _membership: Membership | None
     _memory: HostMemory | None
     _ended_generation: int | None
+    _done_generation: int | None
     _unended: int | None
     _closed: bool
     _leaving: bool
@@ -197,11 +198,16 @@ class Leaving:
                     handed = await self._opened.hand_over(current.size)  # to its next server
                     if handed and self._memory is not None:
                         self._memory.handed_over(asyncio.get_running_loop().time())
+                # A member whose workers succeeded (in its exit barrier) leaves no work
+                # undone: the round goes on for the others' workers.
+                done = current is not None and current.generation == self._done_generation
                 async with asyncio.timeout(self.settings.close_timeout):
                     if self._round is not None and self._rounds is not None:
-                        await self._rounds.settle(self.node_id, marked if handed else None)
-                    await self.end_round(f"node {self.node_id} left")
-                    await self._end_forming_round()
+                        marks = marked if handed else None
+                        await self._rounds.settle(self.node_id, marks, round_goes_on=done)
+                    if not done:
+                        await self.end_round(f"node {self.node_id} left")
+                        await self._end_forming_round()
             async with asyncio.timeout(_LEAVE_TIMEOUT):
                 await self._store.delete(self._keys.heartbeat(self.node_id))
             if self._opened.serves and not handed and await self._wait_for_peers_to_leave():

@@ -7,12 +7,19 @@ Each member watches :data:`WATCHED` heartbeats: its successors' by group rank (w
 around). A member that dies is noticed by the members just before it, which end the
 round for everyone; should they all be gone too, the ones before them notice that. So any
 loss short of the whole round is seen, even while some members are not watching (their
-workers finished: they wait in the exit barrier), and each member reads O(1) keys, not N."""
+workers finished: they wait in the exit barrier), and each member reads O(1) keys, not N.
+
+A member whose workers had succeeded (its ``done`` key is set) is not lost when its
+heartbeat goes: it left from its exit barrier (stopped, drained, killed), its work done,
+and the round goes on for the workers still running. Ending the round there stopped the
+others' workers in the middle of their work (rank 0 saving the final model), as torch's
+agents do not."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +30,8 @@ from agentd.rendezvous.round import Round
 from agentd.rendezvous.rounds import POLL
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.support.ratelog import RateLimitedLog
+
+log = logging.getLogger(__name__)
 
 WATCHED = 3
 """Successors whose heartbeats each member watches."""
@@ -47,6 +56,10 @@ class RoundWatch:
     succeeded_elsewhere: bool = False
     _addrs: dict[str, str] = field(default_factory=dict)
     """The watched members' addresses (``--local-addr``), by node id, for messages."""
+    _ranks: dict[str, int] = field(default_factory=dict)
+    """The watched members' places in the round, by node id."""
+    _finished: set[str] = field(default_factory=set)
+    """Watched members that left after their workers succeeded: watched no more."""
 
     async def reason(self) -> str:
         """Why the round ended elsewhere, once it has; store trouble is waited out (the
@@ -90,7 +103,9 @@ class RoundWatch:
                 if event.key == self.keys.rollcall and event.value is not None:
                     await answer(store, self.keys, event.value, current)
                 if event.key in members and event.value is None and not self.succeeded_elsewhere:
-                    return await self._lost(members[event.key])
+                    why = await self._lost(event.key, members)
+                    if why:
+                        return why
 
     async def _revision(self, otherwise: int = 0) -> int:
         """The store's revision now (``otherwise`` while it cannot be reached)."""
@@ -105,10 +120,13 @@ class RoundWatch:
         ranks = {(current.rank + step) % current.size for step in range(1, WATCHED + 1)}
         ranks.discard(current.rank)
         keys = [self.keys.round(current.generation, f"node/{rank}") for rank in sorted(ranks)]
-        entries = [json.loads(e) for e in await self.store.multi_get(keys) if e is not None]
+        found = zip(sorted(ranks), await self.store.multi_get(keys), strict=True)
         # (gone: the store lost the round; the check says so)
-        self._addrs.update({str(e["node"]): str(e.get("addr") or "") for e in entries})
-        return {self.keys.heartbeat(str(e["node"])): str(e["node"]) for e in entries}
+        entries = [(rank, json.loads(e)) for rank, e in found if e is not None]
+        self._addrs.update({str(e["node"]): str(e.get("addr") or "") for _, e in entries})
+        self._ranks.update({str(e["node"]): rank for rank, e in entries})
+        nodes = [str(e["node"]) for _, e in entries]
+        return {self.keys.heartbeat(n): n for n in nodes if n not in self._finished}
 
     async def _state(self, members: dict[str, str]) -> str:
         """Why the round is over already ('' if it is not). Fills ``members`` with the
@@ -127,9 +145,11 @@ class RoundWatch:
             return f"generation {generation} ended"  # (round 0 runs before the key exists)
         if entry != current.mine:
             return _old_state(generation)
-        for key, beat in zip(members, beats, strict=True):
+        for key, beat in zip(list(members), beats, strict=True):
             if beat is None and not self.succeeded_elsewhere:
-                return await self._lost(members[key])
+                why = await self._lost(key, members)
+                if why:
+                    return why
         return ""
 
     async def store_lost_round(self) -> str:
@@ -146,10 +166,23 @@ class RoundWatch:
             return ""
         return _old_state(current.generation) if entry != current.mine else ""
 
-    async def _lost(self, node: str) -> str:
-        """A member's heartbeat is gone: end the round for everyone (the first member back
-        counts it gone once its workers are surely dead: see
-        :data:`agentd.rendezvous.accounting.FENCE`)."""
+    async def _lost(self, key: str, members: dict[str, str]) -> str:
+        """The heartbeat ``key`` of a watched member is gone: end the round for everyone
+        (the first member back counts it gone once its workers are surely dead: see
+        :data:`agentd.rendezvous.accounting.FENCE`); why. '' where the member's workers had
+        succeeded: it is watched no more, and the round goes on."""
+        node = members[key]
+        rank = self._ranks.get(node)
+        done = self.keys.round(self.current.generation, f"done/{rank}")
+        if rank is not None and await self.store.get(done) is not None:
+            del members[key]
+            self._finished.add(node)
+            log.info(
+                "Rendezvous %s: node %s left after its workers succeeded; the round goes on",
+                self.run_id,
+                node,
+            )
+            return ""
         addr = self._addrs.get(node)
         why = f"node {addr} ({node}) {LOST_REASON}" if addr else f"node {node} {LOST_REASON}"
         await self.end_round(why)

@@ -100,14 +100,19 @@ class Sealing:
         keys = [self._keys.round(carried.generation, f"gone/{node}") for node in nodes]
         return {n: m for n, m in zip(nodes, await self._store.multi_get(keys), strict=True) if m}
 
-    async def settle(self, node: str, marked: dict[str, bytes] | None = None) -> None:
+    async def settle(
+        self, node: str, marked: dict[str, bytes] | None = None, round_goes_on: bool = False
+    ) -> None:
         """``node``, a member of our last round, left for good: mark it gone, and seal the
         round being joined now if that completes its count (nothing to do once the
         rendezvous is closed). For a leaving agent and its guardian. ``marked``: the
         members an earlier store held marked gone (:meth:`gone_marks`), marked again here:
         a store's host that hands it over as others leave too carries their marks, which
         the new store would otherwise learn only when its fence for the round ends (20 s,
-        three of five agents stopped at once)."""
+        three of five agents stopped at once). ``round_goes_on``: the leave does not end
+        our round (our workers succeeded), so the generation is only read: a store behind
+        our floor is not moved on (:meth:`generation`), which ended the round (in round 0,
+        whose generation no key holds, every time)."""
         carried = self.carried
         if carried is None or not carried.member:
             return
@@ -115,10 +120,16 @@ class Sealing:
             lapsed = mark == accounting.LAPSED
             await accounting.mark_gone(self._store, self._keys, carried, other, lapsed)
         await accounting.mark_gone(self._store, self._keys, carried, node)
-        try:
-            generation = await self.generation()
-        except RendezvousClosedError:
-            return
+        if round_goes_on:
+            raw, closed = await self._store.multi_get([self._keys.gen, self._keys.closed])
+            if closed is not None:
+                return
+            generation = int(raw or b"0")
+        else:
+            try:
+                generation = await self.generation()
+            except RendezvousClosedError:
+                return
         if generation > carried.generation:
             await self._settle_count(generation)
 

@@ -365,6 +365,54 @@ def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_pa
     assert not any("Restarting" in a.stderr() or "without spending" in a.stderr() for a in agents)
 
 
+@pytest.mark.parametrize("nnodes", ["2", "1:2"])
+def test_a_node_stopped_in_its_exit_barrier_leaves_its_peers_workers_running(
+    run_agentd, run_store, tmp_path, nnodes
+):
+    """Node A's worker succeeded and its agent waits in the exit barrier when it is stopped
+    (a spot node reclaimed, a pod deleted while rank 0 still saves the final model). Its
+    leave ended the round: node B's healthy workers were stopped in the middle of their
+    work, and B then waited for a round it could not form (``2``: the join timeout, exit
+    3) or re-formed alone and ran its workers again from the start (``1:2``). torchrun's
+    node B finishes. Now A's leave is no membership change: B's workers finish, and B
+    exits 0."""
+    store = run_store()
+    stop = tmp_path / "stop"
+    script = tmp_path / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "attempt, node = os.environ['TORCHELASTIC_RESTART_COUNT'], os.environ['GROUP_RANK']\n"
+        "pathlib.Path(sys.argv[1], f'started-{attempt}-{node}').touch()\n"
+        "if node == '1':\n"
+        f"    while not pathlib.Path({str(stop)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+    )
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, nnodes, conf=STEADY), str(script), str(tmp_path), env=env
+        )
+        for _ in range(2)
+    ]
+    done = wait_until(
+        lambda: [a for a in agents if "waiting for those of the other 1" in a.stderr()],
+        what="a node in its exit barrier",
+    )[0]
+    working = agents[1 - agents.index(done)]
+    wait_until(lambda: (tmp_path / "started-0-1").exists(), what="the working node's worker")
+    done.proc.send_signal(signal.SIGTERM)
+    assert done.wait(30) == 128 + signal.SIGTERM, done.stderr()[-2000:]
+    wait_until(  # its heartbeat is gone: the round would have ended by now
+        lambda: "left after its workers succeeded; the round goes on" in working.stderr(),
+        what="the working node to see the other leave",
+    )
+    stop.touch()
+    assert working.wait(60) == 0, working.stderr()[-3000:]
+    logs = [a.stderr()[-3000:] for a in (done, working)]
+    assert not list(tmp_path.glob("started-1-*")), logs  # no second attempt
+    assert "round over" not in working.stderr(), logs
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""
