@@ -295,9 +295,8 @@ class Rounds(SealWait):
         return True
 
     async def mark_out(self) -> None:
-        """Our workers of our last round are stopped: a round sealed without us need not
-        wait for our lease to run out (:meth:`Sealing._fence`). Written as we join a later
-        round, or as we step out of the job for a while."""
+        """Our workers of our last round are stopped (we join a later round, or step out
+        for a while): a round sealed without us need not wait for our lease's end."""
         carried = self.carried
         if carried is not None and carried.member:
             key = self._keys.round(carried.generation, f"out/{self.node_id}")
@@ -305,16 +304,18 @@ class Rounds(SealWait):
 
     async def _end_if_abandoned(self, generation: int, size: int, settle: bool) -> None:
         """End a full round whose members are gone, or one sealed with fewer than ``size``
-        (late arrivals took the rest), so a late arrival never waits on it.
-        With ``settle`` (a check after the first), seal a full round nobody has sealed, as
-        its last arrival would have: each arrival that filled it joined again elsewhere
-        (the store failed over during its join) and left its place empty, and the spares
-        beside it waited for ever (seed 1611 of ``bench/simulate.py --failover``). The
-        seal ends a round with a place still empty after the entry timeout."""
+        (late arrivals took the rest), so a late arrival never waits on it. With ``settle``
+        (a check after the first), seal a full round nobody has sealed, as its last arrival
+        would have: each arrival that filled it joined again elsewhere (the store failed
+        over during its join) and left its place empty, and the spares beside it waited
+        for ever (seed 1611 of ``bench/simulate.py --failover``); the seal ends a round
+        with a place still empty after the entry timeout."""
         sealed_key = self._keys.round(generation, "sealed")
-        keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
+        kinds = ("node", "done")  # a member whose workers succeeded left no place to take (S7)
+        keys = [self._keys.round(generation, f"{k}/{i}") for k in kinds for i in range(size)]
         sealed, *values = await self._store.multi_get([sealed_key, *keys])
-        nodes = [json.loads(v) for v in values if v is not None]
+        entries, done = values[:size], values[size:]
+        nodes = [json.loads(v) for v, d in zip(entries, done, strict=True) if v and not d]
         beats = await self._store.multi_get([self._keys.heartbeat(str(n["node"])) for n in nodes])
         if any(beat is None for beat in beats):
             await self.advance(generation, "a member of the full round is gone")

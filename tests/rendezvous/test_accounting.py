@@ -101,6 +101,32 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
     await shutdown_all(a, spare)
 
 
+async def test_a_waiting_spare_leaves_the_place_of_a_member_done_to_it(store):
+    """b's workers succeeded, and b leaves from its exit barrier: the round goes on for a's
+    workers (S7), so the spare does not take b's place. It ended the round, and a's
+    workers were stopped mid-work (seed 746 of ``bench/simulate.py --kinds ...,finish``)."""
+    a, b, spare = job(store, 3, nodes=(2, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    waiting = asyncio.create_task(spare.next_rendezvous())  # beyond MAX: it waits for a place
+    async with asyncio.timeout(SOON):
+        while await a.store.get(a._keys.round(0, "spare/2")) is None:
+            await asyncio.sleep(0.02)
+    barrier = asyncio.create_task(b.exit_barrier())  # waits for a's workers
+    async with asyncio.timeout(SOON):
+        while b._done_generation is None:
+            await asyncio.sleep(0.02)
+    watch = asyncio.create_task(a.round_over())
+    await b.shutdown()  # stopped in its barrier
+    assert spare._rounds is not None  # what the spare checks at each change, or every 5 s:
+    await spare._rounds._end_if_abandoned(0, 2, settle=True)
+    assert await a.store.get(a._keys.gen) in (None, b"0")  # round 0 goes on
+    assert not watch.done() and not waiting.done()
+    barrier.cancel()
+    watch.cancel()
+    waiting.cancel()
+    await shutdown_all(a, spare)
+
+
 async def test_a_spare_lost_while_it_waits_is_no_longer_waited_for(store):
     """The spare's host is lost while it waits for a place: the next round expected it,
     and sealed only at the last call (seed 26183 of ``bench/simulate.py --failover``:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from agentd.rendezvous.round_watch import RoundWatch
 from tests.sim import world
 from tests.sim.clock import START, Owner, run, spawn
 from tests.sim.world import (
@@ -166,6 +167,44 @@ def test_seeds_with_a_guardians_death_break_no_invariant():
     assert sum(f.kind == "kill_guardian" for s in drawn for f in s.faults) >= 20
     found = {s.seed: simulate(s).violations for s in drawn}
     assert {seed: v for seed, v in found.items() if v} == {}
+
+
+FINISH_SEEDS = range(100)
+"""Seeds drawn with workers that succeed among the faults (``MORE_KINDS``)."""
+
+
+def test_seeds_with_workers_that_succeed_break_no_invariant():
+    kinds = (*KINDS, "finish")
+    drawn = [schedule_for(seed, kinds) for seed in FINISH_SEEDS]
+    assert sum(f.kind == "finish" for s in drawn for f in s.faults) >= 20
+    found = {s.seed: simulate(s).violations for s in drawn}
+    assert {seed: v for seed, v in found.items() if v} == {}
+
+
+@pytest.mark.parametrize(("kind", "duration"), [("term", 0.0), ("kill", 0.0), ("stop", 20.0)])
+def test_a_member_that_leaves_or_freezes_in_its_exit_barrier_ends_no_round(
+    kind, duration, monkeypatch
+):
+    """Seeds 303 and 368 of ``--kinds ...,finish`` (S7, before 2026-12-02), shrunk: agent
+    1's worker succeeds, and in its exit barrier it is stopped, killed (its guardian
+    releases it) or frozen past its lease. The others' round ended with it, and their
+    workers were stopped mid-work. A member whose ``done`` key is set is no longer one
+    whose leave or lost heartbeat ends the round."""
+    faults = (Fault(5.0, "finish", 1), Fault(7.0, kind, 1, duration))
+    outcome = simulate(Schedule(1, 3, 2, 3, faults))
+    assert outcome.violations == [], outcome.notes
+    assert any("agent 1: its worker succeeded" in n for n in outcome.notes), outcome.notes
+    assert not rounds_of(outcome, 1), outcome.notes  # no round after the first
+    monkeypatch.setattr(RoundWatch, "_lost", _lost_as_before)  # the check can fail
+    [violation] = simulate(Schedule(1, 3, 2, 3, faults)).violations
+    assert violation.startswith("S7") and f"met {kind} at t=7.000s" in violation, violation
+
+
+async def _lost_as_before(self, key: str, members: dict[str, str]) -> str:
+    """The round watch before 2026-12-02: any watched heartbeat gone ends the round."""
+    why = f"node {members[key]} left"
+    await self.end_round(why)
+    return why
 
 
 def test_a_guardian_dead_as_its_agent_freezes_leaves_its_twin_to_fence_the_workers():
