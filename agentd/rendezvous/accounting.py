@@ -29,6 +29,13 @@ It checks the spares' leases too: a spare names itself as it waits
 last call (seed 26183 of ``bench/simulate.py --failover``: 30 s, when a member left 40 s
 later).
 
+A member whose workers succeeded (it waits in its exit barrier, and never runs again) is
+counted too, as it writes its ``done`` key: in ``round/<G>/done`` by the same marker
+(``round/<G>/gone/<node>``, :data:`DONE`), so that a leave or a lapse after it counts
+nothing twice, and ``round/<G>/gone`` still counts only the members that left (the
+departures :meth:`~agentd.rendezvous.roll_call.RollCalls.departed` reads). A restart after
+one member had finished waited for it until the last call (30 s).
+
 The last call still decides where nobody can know who is coming: the first round, and a
 round whose count never adds up (a member that joined and died before sealing).
 """
@@ -70,6 +77,7 @@ class Count(NamedTuple):
 
     back: int
     gone: int
+    """Members that left for good, or finished (:data:`DONE`)."""
     joined: int
     waiting: int
 
@@ -104,24 +112,26 @@ async def count(
             keys.round(generation, "join"),
             keys.round(carried.generation, "join"),
             keys.round(carried.generation, SPARES),
+            keys.round(carried.generation, FINISHED),
         ]
     )
-    read_back, gone, joined, late, spares_gone = (int(value or b"0") for value in raw)
+    read_back, gone, joined, late, spares_gone, done = (int(value or b"0") for value in raw)
     return Count(
         back if back is not None else read_back,
-        gone,
+        gone + done,
         joined,
         max(0, late - carried.size - spares_gone),
     )
 
 
-LEFT, LAPSED = b"left", b"lapsed"
+LEFT, LAPSED, DONE = b"left", b"lapsed", b"done"
 """Why a node was counted gone: it said it left (itself, or its guardian), or its lease
-was seen not held."""
+was seen not held; or done: its workers succeeded (counted in :data:`FINISHED`)."""
 BACK = b"back"
 """The mark of a member counted back."""
 MEMBERS = "gone"
 SPARES = "spares_gone"
+FINISHED = "done"
 """The counters of ``carried``'s round that :func:`mark_gone` adds to."""
 
 
@@ -146,6 +156,13 @@ async def mark_gone(
     total = keys.round(carried.generation, counter)
     placed, _ = await store.add_once(total, marker, LAPSED if lapsed else LEFT, absent)
     return placed
+
+
+async def mark_done(store: Store, keys: RunKeys, carried: Carried, node: str) -> None:
+    """Count ``node``, a member of ``carried``'s round whose workers succeeded, as not
+    coming back (in :data:`FINISHED`), under its gone marker: once, whatever follows."""
+    marker = keys.round(carried.generation, f"{MEMBERS}/{node}")
+    await store.add_once(keys.round(carried.generation, FINISHED), marker, DONE)
 
 
 class LeaseCheck:
@@ -196,15 +213,16 @@ class LeaseCheck:
     async def _forgotten_fence_passed(self, carried: Carried) -> int:
         keys = self._keys
         back_key = keys.round(self._generation, f"back/{carried.generation}")
-        fence, fenced, back, gone = await self._store.multi_get(
+        fence, fenced, back, gone, done = await self._store.multi_get(
             [
                 keys.forgotten,
                 keys.round(carried.generation, "fenced"),
                 back_key,
                 keys.round(carried.generation, "gone"),
+                keys.round(carried.generation, FINISHED),
             ]
         )
-        missing = carried.size - int(back or b"0") - int(gone or b"0")
+        missing = carried.size - sum(int(n or b"0") for n in (back, gone, done))
         if fence is not None or missing <= 0:
             return 0
         if fenced is None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
     from agentd.rendezvous.round import Round
+    from agentd.rendezvous.rounds import Rounds
     from agentd.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ class ExitBarrier:
     settings: RendezvousSettings
     _run_id: str
     _keys: RunKeys
+    node_id: str
     _round: Round | None
+    _rounds: Rounds | None
     _membership: Membership | None
     _done_generation: int | None = None
     """The round whose ``done`` key this node wrote (its workers succeeded in it): its
@@ -96,6 +99,8 @@ class ExitBarrier:
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
         self._done_generation = gen
+        if self._rounds is not None:  # a restart of the others need not wait for us
+            await self._rounds.count_finished(self.node_id, gen)
         if current.size > 1:
             log.info(
                 "Rendezvous %s: this node's workers are done (round %d); waiting for those of "

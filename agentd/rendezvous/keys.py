@@ -15,7 +15,7 @@ Keys, under ``agentd/<run_id>/``::
     round/<g>/sealed    the member count n, set once: arrivals < n are the round's members;
                         "0" when the round ended before it was sealed
     round/<g>/done/<i>  member i's workers succeeded (the exit barrier)
-    round/<g>/back/<G>, round/<G>/gone, round/<G>/gone/<node>
+    round/<g>/back/<G>, round/<G>/gone, round/<G>/gone/<node>, round/<G>/done
                         the count of a round against the last sealed one (see
                         rendezvous/accounting.py)
     round/<G>/out/<node> that member of round G stopped its workers and joined a later

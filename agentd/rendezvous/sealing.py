@@ -133,6 +133,18 @@ class Sealing:
         if generation > carried.generation:
             await self._settle_count(generation)
 
+    async def count_finished(self, node: str, generation: int) -> None:
+        """``node``'s workers succeeded in round ``generation``, our last (it waits in its
+        exit barrier): count it as not coming back (:func:`accounting.mark_done`), and seal
+        a later round being joined now if that completes its count."""
+        carried = self.carried
+        if carried is None or not carried.member or carried.generation != generation:
+            return
+        await accounting.mark_done(self._store, self._keys, carried, node)
+        raw, closed = await self._store.multi_get([self._keys.gen, self._keys.closed])
+        if closed is None and int(raw or b"0") > carried.generation:
+            await self._settle_count(int(raw or b"0"))
+
     async def _seal(self, generation: int, count: int, own: int | None = None) -> bytes | None:
         """Seal round ``generation`` with its first ``count`` arrivals as members: their
         summary, unless the round is sealed already. Returns the ``sealed`` value then.

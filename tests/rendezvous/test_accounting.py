@@ -127,6 +127,25 @@ async def test_a_waiting_spare_leaves_the_place_of_a_member_done_to_it(store):
     await shutdown_all(a, spare)
 
 
+async def test_a_restart_after_a_member_finished_waits_no_last_call_for_it(store):
+    """a's workers succeeded (it waits in its exit barrier, and never runs again); then
+    c's failed, and b and c restart. Neither back nor gone, a was waited for until the
+    last call (30 s by default). A member done is counted with those gone, once."""
+    a, b, c = job(store, 3)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    barrier = asyncio.create_task(a.exit_barrier())
+    async with asyncio.timeout(SOON):
+        while a._done_generation is None:
+            await asyncio.sleep(0.02)
+    watch = asyncio.create_task(b.round_over())
+    await c.end_round("a worker failed")
+    await asyncio.wait_for(watch, SOON)
+    infos = await asyncio.wait_for(asyncio.gather(b.next_rendezvous(), c.next_rendezvous()), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    barrier.cancel()
+    await shutdown_all(a, b, c)
+
+
 async def test_a_spare_lost_while_it_waits_is_no_longer_waited_for(store):
     """The spare's host is lost while it waits for a place: the next round expected it,
     and sealed only at the last call (seed 26183 of ``bench/simulate.py --failover``:

@@ -584,7 +584,9 @@ async def test_the_members_whose_workers_succeeded_are_named_as_finished(store):
 
 async def test_join_timeout_names_what_was_missing(store):
     lonely = handler(store, nodes=(2, 2), join_timeout=0.3)
-    with pytest.raises(RendezvousTimeoutError, match=r"1 node\(s\) joined, 2..2 needed"):
+    # (0 joined where a loaded machine let the timeout pass before its own arrival: -n 4
+    # beside the simulation, 2026-12-02)
+    with pytest.raises(RendezvousTimeoutError, match=r"[01] node\(s\) joined, 2..2 needed"):
         await lonely.next_rendezvous()
     await lonely.shutdown()
 
