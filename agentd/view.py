@@ -162,7 +162,9 @@ class AgentView(Protocol):
 
     def add_observer(self, observer: AgentObserver) -> None: ...
 
-    def request_drain(self, reason: str, signum: int | None = None) -> None: ...
+    def request_drain(
+        self, reason: str, signum: int | None = None, replaced: bool = False
+    ) -> None: ...
 
 
 PHASES = ("detect", "stop", "rendezvous", "start")

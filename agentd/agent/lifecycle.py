@@ -74,8 +74,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         """Each worker's readings, for ``/status`` (the local agent's)."""
 
     @abc.abstractmethod
-    def request_drain(self, reason: str, signum: int | None = None) -> None:
-        """Drain this node (the local agent's)."""
+    def request_drain(self, reason: str, signum: int | None = None, replaced: bool = False) -> None:
+        """Drain this node (the local agent's; ``replaced``: a spare takes its place)."""
 
     def _logs_at(self) -> str:
         """Where this attempt's worker logs are, for the start line."""

@@ -219,21 +219,20 @@ class LocalElasticAgent(WorkerLifecycle):
 
     def _leave(self, why: str, exit_code: int | None = None, alone: bool = False) -> None:
         """Leave the job (its round ends; no restart spent); with ``exit_code``, for good;
-        ``alone``: no other node runs the job, so it ends here. A drained node (exit 0) of
-        a job that runs only at its size exits :data:`DRAINED_UNFINISHED`: its peers wait
-        for a node in its place, which a scheduler starts only for a node that failed."""
-        if exit_code == 0 and fixed_size(self.rdzv_handler):
-            exit_code = DRAINED_UNFINISHED
+        ``alone``: no other node runs the job, so it ends here."""
         self._stepping_out, self._exit_on_leave, self._leaving_alone = why, exit_code, alone
         self._wakeup.set()
 
-    def request_drain(self, reason: str, signum: int | None = None) -> None:
+    def request_drain(self, reason: str, signum: int | None = None, replaced: bool = False) -> None:
         """Drain this node: every rank checkpoints at one step, then the job goes on
-        without it, and it exits 0 (128+``signum`` for a signal; see :meth:`_leave`). A
-        second request, or one without running workers, stops at once. Workers that
-        succeeded leave nothing to save and no rank to replace: the first request asks no
-        node to checkpoint, and the agent leaves at the end of its exit barrier (its peers
-        may need its store)."""
+        without it, and it exits 0 (128+``signum`` for a signal). A job that runs only at
+        its size (static, ``--nnodes N``) cannot go on without it unless a spare takes its
+        place (``replaced``, the straggler swap): it exits :data:`DRAINED_UNFINISHED`,
+        since its peers wait for a node in its place, and a scheduler starts one only for
+        a node that did not succeed. A second request, or one without running workers,
+        stops at once. Workers that succeeded leave nothing to save and no rank to
+        replace: the first request asks no node to checkpoint, and the agent leaves at
+        the end of its exit barrier (its peers may need its store)."""
         done = self._worker_group.state is WorkerState.SUCCEEDED
         if done and not self._drain_after_done:
             self._drain_after_done = True
@@ -246,6 +245,8 @@ class LocalElasticAgent(WorkerLifecycle):
             return
         drain = self._drain_now() if self._procs and not done else None
         exit_code = 128 + signum if signum is not None else 0
+        if exit_code == 0 and not replaced and fixed_size(self.rdzv_handler):
+            exit_code = DRAINED_UNFINISHED
         if drain is None or not self._procs or not drain.request(reason, exit_code):
             self.request_stop(signum or signal.SIGTERM)
 

@@ -190,7 +190,8 @@ class SlowNodeService(AgentObserver):
             ratio = ratios.get(self._node_id, 0.0)
             self._view.request_drain(
                 f"{SWAP_REASON} {ratio:.2f}x the other nodes' compute time; a waiting spare "
-                "takes its place"
+                "takes its place",
+                replaced=True,
             )
 
     def _name(self, node: str, ratio: float, median: dict[str, float]) -> None:
