@@ -220,7 +220,10 @@ async def test_refresh_extends_a_ttl_without_a_change(store: Store):
 async def test_watch_from_a_revision_the_store_never_had_says_compacted(store: Store):
     now = await store.set("k", b"v")
     result = await store.watch("", now + 100, timeout=5)
-    assert result.compacted and result.revision == now
+    assert result.compacted and now <= result.revision < now + 100
+    if not isinstance(store, EtcdStore):  # etcd's revision is the shared cluster's: another
+        assert result.revision == now  # test's lease that expired meanwhile moved it (CI,
+        # 2026-12-02: 428 for 427)
 
 
 async def test_wait(store: Store):
