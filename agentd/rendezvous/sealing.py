@@ -121,15 +121,12 @@ class Sealing:
             await accounting.mark_gone(self._store, self._keys, carried, other, lapsed)
         await accounting.mark_gone(self._store, self._keys, carried, node)
         if round_goes_on:
-            raw, closed = await self._store.multi_get([self._keys.gen, self._keys.closed])
-            if closed is not None:
-                return
-            generation = int(raw or b"0")
-        else:
-            try:
-                generation = await self.generation()
-            except RendezvousClosedError:
-                return
+            await self._settle_later_round(carried)
+            return
+        try:
+            generation = await self.generation()
+        except RendezvousClosedError:
+            return
         if generation > carried.generation:
             await self._settle_count(generation)
 
@@ -141,6 +138,11 @@ class Sealing:
         if carried is None or not carried.member or carried.generation != generation:
             return
         await accounting.mark_done(self._store, self._keys, carried, node)
+        await self._settle_later_round(carried)
+
+    async def _settle_later_round(self, carried: Carried) -> None:
+        """Count again a round after ``carried``'s being joined now, if any (the run not
+        closed), reading the generation without moving it (:meth:`generation` would)."""
         raw, closed = await self._store.multi_get([self._keys.gen, self._keys.closed])
         if closed is None and int(raw or b"0") > carried.generation:
             await self._settle_count(int(raw or b"0"))
