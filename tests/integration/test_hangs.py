@@ -58,9 +58,12 @@ def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(
     )
     assert agent.wait(timeout=90) == 0, agent.stderr()
     err = agent.stderr()
-    assert "Heartbeat timeout for the step: 1.00s learned" in err
+    # learned: the floor (1 s), or more where a loaded machine stretched the steps
+    # (CI, 2026-12-02: 1.07 s, from a p99 of 0.535 s)
+    learned = re.search(r"Heartbeat timeout for the step: (\d+\.\d+)s learned", err)
+    assert learned is not None and float(learned.group(1)) >= 1.0, err[-3000:]
     assert "hang: rank 1 stopped first (no progress for" in err
-    assert "in the step; timeout 1.00s learned" in err
+    assert re.search(r"in the step; timeout \d+\.\d+s learned", err), err[-3000:]
     assert "it was at hang (" in err and "heartbeat_job.py:" in err
     assert trained(agent) == ["trained 0", "trained 1"]
     [run_dir] = agent.log_dir.iterdir()
