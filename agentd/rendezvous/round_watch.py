@@ -166,6 +166,10 @@ class RoundWatch:
             return ""
         return _old_state(current.generation) if entry != current.mine else ""
 
+    def _done_key(self, rank: int) -> str:
+        """The key a member at ``rank`` of our round sets once its workers succeeded."""
+        return self.keys.round(self.current.generation, f"done/{rank}")
+
     async def _lost(self, key: str, members: dict[str, str]) -> str:
         """The heartbeat ``key`` of a watched member is gone: end the round for everyone
         (the first member back counts it gone once its workers are surely dead: see
@@ -173,8 +177,8 @@ class RoundWatch:
         succeeded: it is watched no more, and the round goes on."""
         node = members[key]
         rank = self._ranks.get(node)
-        done = self.keys.round(self.current.generation, f"done/{rank}")
-        if rank is not None and await self.store.get(done) is not None:
+        done = rank is not None and await self.store.get(self._done_key(rank)) is not None
+        if done:
             del members[key]
             self._finished.add(node)
             log.info(
