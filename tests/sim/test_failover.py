@@ -15,7 +15,7 @@ from tests.sim.failover import store_host_lost_bound
 from tests.sim.test_protocol import at
 from tests.sim.world import KINDS, Fault, Schedule, schedule_for, simulate
 
-SEEDS = range(120)
+SEEDS = range(60)
 CHUNK = 30
 
 KNOWN_GAPS: dict[int, str] = {}
@@ -37,8 +37,9 @@ def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
     assert found == {s: g for s, g in KNOWN_GAPS.items() if s in seeds}, found
 
 
-RESTART_SEEDS = range(80)
-"""Seeds drawn with restarts among the faults (``--kinds ...,restart``)."""
+RESTART_SEEDS = range(40)
+"""Seeds drawn with restarts among the faults (``--kinds ...,restart``): a sample that
+earns its seconds in the suite; the soaks of thousands are ``bench/simulate.py``'s."""
 
 
 def test_seeds_with_restarts_break_no_invariant():
@@ -46,7 +47,7 @@ def test_seeds_with_restarts_break_no_invariant():
     list forks from the job's (see the tests below)."""
     kinds = (*KINDS, "restart")  # the store's own faults are not drawn with failover
     drawn = [schedule_for(seed, kinds, failover=True) for seed in RESTART_SEEDS]
-    assert sum(f.kind == "restart" and f.target == 0 for s in drawn for f in s.faults) >= 10
+    assert sum(f.kind == "restart" and f.target == 0 for s in drawn for f in s.faults) >= 5
     found = {s.seed: simulate(s).violations for s in drawn}
     assert {seed: v for seed, v in found.items() if v} == {}
 
