@@ -83,9 +83,14 @@ async def test_a_member_lost_while_the_others_already_wait_is_found_by_the_first
     await asyncio.sleep(0.2)
     await c._membership.stop()
     c._rounds.release()
-    infos = await asyncio.wait_for(waiting, SOON)
-    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
-    await shutdown_all(a, b)
+    try:
+        infos = await asyncio.wait_for(waiting, SOON)
+    finally:
+        await shutdown_all(a, b)  # or their reserved ports leak into the next test's warnings
+    # generation 1, or 2 where etcd stalled past a survivor's lease too (seen in the suite:
+    # "requested lease not found"), which ends the round once more, as it must
+    [(generation, world)] = {(i.generation, i.group_world_size) for i in infos}
+    assert world == 2 and generation in (1, 2), infos
 
 
 async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
