@@ -24,7 +24,7 @@ from agentd.assembly.settings import AgentSettings
 from agentd.exceptions import DRAINED_UNFINISHED, AgentStopped, Drained, StartError
 from agentd.group import WorkerGroup, WorkerState
 from agentd.hygiene import orphans
-from agentd.rendezvous.api import KeepsWorkers, LeavesSoon
+from agentd.rendezvous.api import Hurries, KeepsWorkers, LeavesSoon
 from agentd.spec import WorkerSpec, check_log_prefix, check_name, check_start_method
 from agentd.support import fdlimits
 from agentd.support.aio import first_done
@@ -174,6 +174,10 @@ class LocalElasticAgent(WorkerLifecycle):
         self._shut_down = True
         group = self._worker_group
         handler = self.rdzv_handler
+        hurried = asyncio.ensure_future(self._force.wait())  # a second stop request
+        if isinstance(handler, Hurries):
+            hurry = handler.hurry
+            hurried.add_done_callback(lambda task: None if task.cancelled() else hurry())
         try:
             if self._stop_signal is not None and isinstance(handler, LeavesSoon):
                 await handler.leaving_soon()  # before the workers: they take a while
@@ -184,6 +188,7 @@ class LocalElasticAgent(WorkerLifecycle):
             await handler.shutdown()
             await self._services.gpus.settled()  # the agent ends once its GPUs are free
         finally:
+            hurried.cancel()
             drop_staged_attempt(self.run_dir)
             while self._running:
                 service = self._running.pop()

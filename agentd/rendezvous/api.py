@@ -257,6 +257,14 @@ class LeavesSoon(Protocol):
 
 
 @runtime_checkable
+class Hurries(Protocol):
+    """A rendezvous whose leave may wait for its peers (a store's host in its exit barrier
+    keeps the store up until they finish): a second stop request cuts that wait."""
+
+    def hurry(self) -> None: ...
+
+
+@runtime_checkable
 class ReservesMasterPort(Protocol):
     """A rendezvous that binds group rank 0's MASTER_PORT itself, so no other process can
     take it before the workers' store listens on it."""

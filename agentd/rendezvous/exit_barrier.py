@@ -7,6 +7,9 @@ store is out of reach: nobody can be waited for without it); or when the rendezv
 closed, which a member that failed for good does: its done key would never come, and its
 peers waited out the agent's whole barrier timeout (300 s by default) before.
 
+A store's host stopped in its barrier (SIGTERM, a second drain request) keeps the store up
+for the others as it leaves, until they close the run (:meth:`ExitBarrier._serve_the_others`).
+
 A round ended meanwhile (a member's workers failed, or it was lost) does not end the wait:
 the others may finish the job in the next round, and close the run once they have. The
 agent says so once; it used to wait silently. The wait for the ``done`` keys is made in
@@ -18,11 +21,12 @@ the store's connections).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.store.api import StoreTimeout, StoreUnavailable
+from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
 if TYPE_CHECKING:
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
     from agentd.rendezvous.round import Round
     from agentd.rendezvous.rounds import Rounds
     from agentd.store.api import Store
+    from agentd.store.connect import OpenedStore
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,9 @@ FOREVER = 7 * 86400.0
 ENDED_CHECK = 30.0
 """Seconds between two reads of the generation while the barrier waits: a round ended
 meanwhile is said within this long."""
+SERVING_CHECK = 1.0
+"""Seconds between two reads of the generation while a leaving store's host waits for the
+others to close the run (it waits ``close_timeout`` at most, not the barrier's 300 s)."""
 
 
 class ExitBarrier:
@@ -55,6 +63,9 @@ class ExitBarrier:
     _done_generation: int | None = None
     """The round whose ``done`` key this node wrote (its workers succeeded in it): its
     leave then ends no round (:mod:`agentd.rendezvous.round_watch`)."""
+    _opened: OpenedStore | None
+    _hurry: asyncio.Event | None = None
+    """Set by a second stop request: a leaving store's host waits for the others no more."""
 
     if TYPE_CHECKING:
 
@@ -137,3 +148,57 @@ class ExitBarrier:
             return why, doc["outcome"] != "succeeded"
         except (ValueError, KeyError, TypeError):
             return "the rendezvous was closed", True
+
+    def hurry(self) -> None:
+        """A second stop request: a store's host that keeps the store up for the others as
+        it leaves from its exit barrier (:meth:`_serve_the_others`) leaves at once."""
+        if self._hurry is None:
+            self._hurry = asyncio.Event()
+        self._hurry.set()
+
+    async def _serve_the_others(self) -> bool:
+        """Whether the run was closed while this node, leaving from its exit barrier, kept
+        the store it serves up for the others: until the last of them passes its barrier
+        and closes the run, for ``close_timeout`` seconds at most, unless the round ends or
+        a second stop request comes first (:meth:`hurry`). Nothing to wait for (False)
+        where this node did not finish in its round, serves no store, or is alone.
+
+        Handing the store over at once started the next candidate empty: the others'
+        round went with the old state, and their workers were stopped in the middle of
+        their work (rank 0's final save), where a member that is not the store's host
+        leaves the round going on (:mod:`agentd.rendezvous.round_watch`)."""
+        current, opened = self._round, self._opened
+        if current is None or current.generation != self._done_generation or current.size < 2:
+            return False
+        if opened is None or not opened.serves:
+            return False
+        hurry = self._hurry = self._hurry or asyncio.Event()
+        if hurry.is_set():
+            return False
+        limit = self.settings.close_timeout
+        log.info(
+            "Rendezvous %s: this node serves the store and its workers are done: it keeps "
+            "the store up until the other nodes' workers are done too (at most %gs, "
+            "close_timeout; a second stop request leaves at once)",
+            self._run_id,
+            limit,
+        )
+        why = f"they did not finish within {limit:g}s"
+        with contextlib.suppress(TimeoutError, StoreError):
+            async with asyncio.timeout(limit):
+                ended, _ = await first_done(self._closed_or_ended(current), hurry.wait())
+                why = "a second stop request" if ended.cancelled() else ended.result()
+        log.info("Rendezvous %s: this node leaves the store: %s", self._run_id, why)
+        return why == "the run was closed"
+
+    async def _closed_or_ended(self, current: Round) -> str:
+        """Once the run is closed, or round ``current`` ended: which."""
+        store, keys = self.store, self._keys
+        while True:
+            try:
+                await store.wait([keys.closed], SERVING_CHECK)
+                return "the run was closed"
+            except StoreTimeout:
+                now = await store.get(keys.gen) or b""
+                if now.isdigit() and int(now) > current.generation:
+                    return f"round {current.generation} ended"

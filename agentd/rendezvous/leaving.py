@@ -2,7 +2,8 @@
 restart, a node that leaves), closes the rendezvous with the job's outcome, and at
 shutdown counts itself gone, deletes its heartbeat and, when it serves the store, hands it
 over to the next candidate while the job goes on (the others fail over once, as it
-leaves), or keeps it up until the round's other members are gone once the job is over.
+leaves), or keeps it up until the round's other members are gone once the job is over
+(and, leaving from its exit barrier, first until the others have finished the job).
 Should it die instead, its will tells its guardian how to release it
 (:mod:`agentd.rendezvous.release`). A mixin of
 :class:`~agentd.rendezvous.dynamic.DynamicRendezvous`.
@@ -65,6 +66,8 @@ class Leaving:
         def store(self) -> Store: ...
 
         def _rounds_or_fail(self) -> Rounds: ...
+
+        async def _serve_the_others(self) -> bool: ...
 
     def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Tell ``listener`` how another process may release our membership should this
@@ -187,6 +190,8 @@ class Leaving:
         try:
             if not reached:  # the store never answered us: nothing of ours is there
                 return
+            if not self._closed and await self._serve_the_others():
+                self._closed = True  # the others finished and closed the run meanwhile
             if not self._closed:  # the others re-form without us, at once
                 if self._round is None and self._rounds is not None:
                     async with asyncio.timeout(_LEAVE_TIMEOUT):

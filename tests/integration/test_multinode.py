@@ -417,6 +417,57 @@ def test_a_node_stopped_in_its_exit_barrier_leaves_its_peers_workers_running(
     assert "round over" not in working.stderr(), logs
 
 
+@pytest.mark.parametrize(
+    ("nnodes", "twice"), [("2", False), ("1:2", False), ("2", True)], ids=["2", "1:2", "2-twice"]
+)
+def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer_finishes(
+    run_agentd, tmp_path, nnodes, twice
+):
+    """As above, with the stopped node the store's host (the first agent at a single
+    endpoint). It handed the store over at once: the other candidate started empty, the
+    round went with the old state, and the working node's worker was stopped mid-work
+    (``2``: it then waited for a round of two until the join timeout; ``1:2``: it ran its
+    worker again from the start). Now the host keeps the store up until the working node
+    has finished and closed the run; its exit code is still SIGTERM's. A second SIGTERM
+    (``twice``) leaves at once, as before."""
+    stop = tmp_path / "stop"
+    script = tmp_path / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "attempt, works_on = os.environ['TORCHELASTIC_RESTART_COUNT'], 'WORKS_ON' in os.environ\n"
+        "pathlib.Path(sys.argv[1], f'started-{attempt}-{int(works_on)}').touch()\n"
+        "if works_on:\n"
+        f"    while not pathlib.Path({str(stop)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+    )
+    flags = agent_args(f"127.0.0.1:{free_port()}", nnodes, conf=STEADY)
+    host = run_agentd(*flags, str(script), str(tmp_path))
+    wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
+    working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in host.stderr(), what="the barrier")
+    wait_until(lambda: (tmp_path / "started-0-1").exists(), what="the working node's worker")
+    wait_until(  # only then can the host hand the store over at all
+        lambda: "Standing by as store candidate" in working.stderr(), what="a candidate"
+    )
+    host.proc.send_signal(signal.SIGTERM)
+    wait_until(
+        lambda: "keeps the store up until the other nodes' workers are done" in host.stderr(),
+        what="the host to keep the store up",
+    )
+    logs = lambda: [a.stderr()[-3000:] for a in (host, working)]  # noqa: E731
+    if twice:
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.wait(10) == 128 + signal.SIGTERM, logs()
+        assert "this node leaves the store: a second stop request" in host.stderr(), logs()
+        return
+    stop.touch()
+    assert working.wait(60) == 0, logs()
+    assert host.wait(30) == 128 + signal.SIGTERM, logs()
+    assert "this node leaves the store: the run was closed" in host.stderr(), logs()
+    assert not list(tmp_path.glob("started-1-*")), logs()  # no second attempt
+    assert "round over" not in working.stderr(), logs()
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""

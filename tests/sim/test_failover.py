@@ -262,3 +262,26 @@ def test_a_restarted_store_host_asks_the_list_it_kept_for_the_job():
 )
 def test_each_fixed_finding_keeps_its_seed(seed, finding):
     assert failover_seed(seed).violations == [], finding
+
+
+FINISH_KINDS = ("kill", "lose_host", "term", "stop", "partition", "join", "finish")
+
+
+def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(monkeypatch):
+    """Seed 382 of ``--failover --kinds kill,lose_host,term,stop,partition,join,finish``:
+    agent 0, the store's host, is SIGTERMed in its exit barrier while agents 1, 2 and 4
+    still work. It handed the store over at once, the next candidate started empty, and
+    the three stopped their workers mid-work (S7). It now keeps the store up for them
+    (``close_timeout`` at most); with the hand-over of before, S7 breaks again."""
+    from agentd.rendezvous.exit_barrier import ExitBarrier
+
+    schedule = schedule_for(382, FINISH_KINDS, failover=True)
+    assert any(f.kind == "term" and f.target == 0 for f in schedule.faults)
+    assert simulate(schedule).violations == []
+
+    async def hand_over_at_once(self) -> bool:
+        return False
+
+    monkeypatch.setattr(ExitBarrier, "_serve_the_others", hand_over_at_once)
+    [violation] = simulate(schedule).violations
+    assert violation.startswith("S7") and "after agent 0" in violation, violation

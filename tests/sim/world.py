@@ -770,14 +770,17 @@ class World:
 
     def _judge_finished_leave(self, fault: Fault, agent: SimAgent) -> None:
         """S7: a fault to an agent in its exit barrier, alone (no other fault but
-        successes near it): the members of its round at work keep their workers."""
+        successes near it): the members of its round at work keep their workers, for
+        ``close_timeout`` at least where it was the store's host, SIGTERMed."""
         generation = agent.finished
         if generation is None or fault.kind == "kill_guardian":
             return
-        if self.network is not None and self.network.serves(agent):
+        serves = self.network is not None and self.network.serves(agent)
+        if serves and fault.kind != "term":
             return  # the store goes with it: docs/protocol.md's known gap
         ttl = agent.handler.settings.heartbeat_ttl
-        bound = fault.duration + ttl + 2.0
+        # a store's host SIGTERMed keeps the store up for the others' workers (close_timeout)
+        bound = agent.handler.settings.close_timeout if serves else fault.duration + ttl + 2.0
         for other in self.schedule.faults:
             lasts = other.at + other.duration + ttl + 2.0
             near = other.at <= fault.at + bound and lasts >= fault.at - QUIET_BEFORE
