@@ -440,7 +440,10 @@ def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer
         f"    while not pathlib.Path({str(stop)!r}).exists():\n"
         "        time.sleep(0.05)\n"
     )
-    flags = agent_args(f"127.0.0.1:{free_port()}", nnodes, conf=STEADY)
+    # a last call long enough for the second agent to join round 0 on a loaded machine
+    # (``1:2`` once sealed it with the host alone); the round seals as soon as both are in
+    conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
+    flags = agent_args(f"127.0.0.1:{free_port()}", nnodes, conf=conf)
     host = run_agentd(*flags, str(script), str(tmp_path))
     wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
     working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
