@@ -174,9 +174,10 @@ class LocalElasticAgent(WorkerLifecycle):
         self._shut_down = True
         group = self._worker_group
         handler = self.rdzv_handler
-        hurried = asyncio.ensure_future(self._force.wait())  # a second stop request
+        hurried = None  # a second stop request cuts a wait of the leave for the peers
         if isinstance(handler, Hurries):
             hurry = handler.hurry
+            hurried = asyncio.ensure_future(self._force.wait())
             hurried.add_done_callback(lambda task: None if task.cancelled() else hurry())
         try:
             if self._stop_signal is not None and isinstance(handler, LeavesSoon):
@@ -188,7 +189,8 @@ class LocalElasticAgent(WorkerLifecycle):
             await handler.shutdown()
             await self._services.gpus.settled()  # the agent ends once its GPUs are free
         finally:
-            hurried.cancel()
+            if hurried is not None:
+                hurried.cancel()
             drop_staged_attempt(self.run_dir)
             while self._running:
                 service = self._running.pop()

@@ -152,9 +152,12 @@ class ExitBarrier:
     def hurry(self) -> None:
         """A second stop request: a store's host that keeps the store up for the others as
         it leaves from its exit barrier (:meth:`_serve_the_others`) leaves at once."""
+        self._hurried().set()
+
+    def _hurried(self) -> asyncio.Event:
         if self._hurry is None:
             self._hurry = asyncio.Event()
-        self._hurry.set()
+        return self._hurry
 
     async def _serve_the_others(self) -> bool:
         """Whether the run was closed while this node, leaving from its exit barrier, kept
@@ -172,7 +175,7 @@ class ExitBarrier:
             return False
         if opened is None or not opened.serves:
             return False
-        hurry = self._hurry = self._hurry or asyncio.Event()
+        hurry = self._hurried()
         if hurry.is_set():
             return False
         limit = self.settings.close_timeout
@@ -183,22 +186,26 @@ class ExitBarrier:
             self._run_id,
             limit,
         )
-        why = f"they did not finish within {limit:g}s"
+        closed, why = False, f"they did not finish within {limit:g}s"
         with contextlib.suppress(TimeoutError, StoreError):
             async with asyncio.timeout(limit):
                 ended, _ = await first_done(self._closed_or_ended(current), hurry.wait())
-                why = "a second stop request" if ended.cancelled() else ended.result()
+                if ended.cancelled():
+                    why = "a second stop request"
+                else:
+                    closed = ended.result()
+                    why = "the run was closed" if closed else f"round {current.generation} ended"
         log.info("Rendezvous %s: this node leaves the store: %s", self._run_id, why)
-        return why == "the run was closed"
+        return closed
 
-    async def _closed_or_ended(self, current: Round) -> str:
-        """Once the run is closed, or round ``current`` ended: which."""
+    async def _closed_or_ended(self, current: Round) -> bool:
+        """Once the run is closed (True), or round ``current`` ended (False)."""
         store, keys = self.store, self._keys
         while True:
             try:
                 await store.wait([keys.closed], SERVING_CHECK)
-                return "the run was closed"
+                return True
             except StoreTimeout:
                 now = await store.get(keys.gen) or b""
                 if now.isdigit() and int(now) > current.generation:
-                    return f"round {current.generation} ended"
+                    return False

@@ -81,6 +81,18 @@ async def test_a_second_stop_request_leaves_at_once(caplog):
     await peer.shutdown()
 
 
+async def test_a_round_ended_meanwhile_ends_the_wait(caplog):
+    """The peer's workers failed: it re-forms without the host, so keeping the store up
+    saves it nothing (the generation is read every second)."""
+    with caplog.at_level(logging.INFO, logger=LOG):
+        _, peer, leave = await host_in_its_barrier()
+        await says(caplog, "keeps the store up")
+        await peer.end_round("its workers failed")
+        await asyncio.wait_for(leave, 10)
+    assert "this node leaves the store: round 0 ended" in caplog.text
+    await peer.shutdown()
+
+
 async def test_the_wait_ends_at_the_close_timeout(caplog):
     with caplog.at_level(logging.INFO, logger=LOG):
         _, peer, leave = await host_in_its_barrier(close_timeout=0.5)
