@@ -13,7 +13,7 @@ from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
 from tests.sim.test_protocol import at
-from tests.sim.world import KINDS, Fault, Schedule, schedule_for, simulate
+from tests.sim.world import AGENT_FAULTS, KINDS, Fault, Schedule, schedule_for, simulate
 
 SEEDS = range(60)
 CHUNK = 30
@@ -264,7 +264,9 @@ def test_each_fixed_finding_keeps_its_seed(seed, finding):
     assert failover_seed(seed).violations == [], finding
 
 
-FINISH_KINDS = ("kill", "lose_host", "term", "stop", "partition", "join", "finish")
+FINISH_KINDS = (*AGENT_FAULTS, "join", "finish")
+"""``--kinds kill,lose_host,term,stop,partition,join,finish`` (the store's own faults are
+not drawn with failover)."""
 
 
 def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(monkeypatch):
