@@ -22,6 +22,23 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         await task
 
 
+async def close_stream(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer`` and wait until its connection is gone, whatever went wrong on it
+    (a caller cancelled meanwhile gets CancelledError, as at any await).
+
+    The wait is shielded: asyncio's ``StreamWriter.wait_closed()`` awaits a future that the
+    connection keeps, and a task cancelled in it cancels that future, so every later close
+    of the same stream would raise CancelledError (a request abandoned while it closed
+    its connection, then its owner's close: an agent that crashed in its exit barrier)."""
+    writer.close()
+    await asyncio.shield(_wait_closed(writer))
+
+
+async def _wait_closed(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):  # a reset or broken connection is closed too
+        await writer.wait_closed()
+
+
 async def first_done(*coros: Coroutine[Any, Any, Any]) -> list[asyncio.Task[Any]]:
     """Run ``coros`` until the first one finishes; the others are cancelled and waited for.
 

@@ -15,6 +15,7 @@ import contextlib
 import struct
 from collections.abc import AsyncIterator
 
+from agentd.support.aio import close_stream
 from agentd.tcpstore.session import (
     ADD,
     CANCEL_WAIT,
@@ -76,10 +77,9 @@ class TCPStoreClient:
         return cls(reader, writer)
 
     async def close(self) -> None:
+        """Close the connection (again: a no-op); every later request raises ConnectionError."""
         self._broken = True
-        self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        await close_stream(self._writer)
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -113,3 +113,18 @@ async def test_a_store_that_goes_away_is_a_connection_error_for_good():
         await asyncio.wait_for(waiting, 10)
     with pytest.raises(ConnectionError, match="is closed"):
         await store.set("/k", b"v")
+
+
+async def test_a_close_cancelled_half_way_leaves_the_client_closable(port):
+    """A request abandoned as its connection broke closes the client in its own task; that
+    task cancelled in the close (``first_of`` cancels its waits when one fails) once left
+    the connection's close future cancelled, and the owner's close then raised
+    CancelledError: a static node crashed in its exit barrier as node 0's store went."""
+    store = await TCPStoreClient.connect("127.0.0.1", port, 10)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)  # suspended in the close's wait
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await asyncio.wait_for(store.close(), 10)
+    with pytest.raises(ConnectionError, match="is closed"):
+        await store.set("/k", b"v")
