@@ -3,12 +3,15 @@
 ``allreduce``: every rank all-reduces rank + 1 and prints the sum.
 ``late``: rank 0 leaves the moment the process group is torn down; the others use the
 store a second later (a worker's exit must not pull the store from under its peers).
-``restart``: attempt 0 records its store's port and fails on rank 1 after an all-reduce;
-attempt 1 checks that the old store is gone and that its own works. The port is kept by
-local rank: ranks follow the order in which agents join a round, and that order may change
-from one round to the next.
+``restart``: attempt 0 records its store's port, marks the store, and fails on rank 1
+after an all-reduce; attempt 1 checks that the old store is gone and that its own works.
+The port is kept by local rank: ranks follow the order in which agents join a round, and
+that order may change from one round to the next. Something that answers on the old port
+is the old store only if it holds the mark: on a busy host the freed port may already be
+another listener's (a gloo rank's, say, of this very attempt).
 """
 
+import asyncio
 import os
 import socket
 import sys
@@ -16,6 +19,20 @@ import time
 
 import torch
 import torch.distributed as dist
+
+
+async def holds(addr: str, port: int, key: str) -> bool:
+    """Whether a TCPStore at ``addr:port`` holds ``key`` (torch's client writes the keys
+    under a ``/``); agentd's client, whose wait a timeout bounds: torch's, facing a
+    listener that never answers, waits for ever."""
+    from agentd.tcpstore.client import TCPStoreClient
+
+    client = await TCPStoreClient.connect(addr, port, 0)
+    try:
+        return await client.check([key])
+    finally:
+        await client.close()
+
 
 mode = sys.argv[1]
 out = os.environ.get("AGENTD_TEST_OUT", ".")
@@ -36,9 +53,11 @@ if mode == "late":
 elif mode == "restart":
     port = os.environ["MASTER_PORT"]
     kept = os.path.join(out, f"port_{os.environ['LOCAL_RANK']}")
+    addr, mark = os.environ["MASTER_ADDR"], "torch_store_test/attempt_0"
     if attempt == 0:
         with open(kept, "w") as fp:
             fp.write(port)
+        dist.TCPStore(addr, int(port), is_master=False).set(mark, "1")
         dist.barrier()
         if rank == 1:
             sys.exit(3)
@@ -47,9 +66,10 @@ elif mode == "restart":
         old = fp.read()
     assert old != port, "a new attempt, a new store"
     try:
-        socket.create_connection((os.environ["MASTER_ADDR"], int(old)), timeout=2).close()
-        print(f"rank {rank}: the old store still answers", flush=True)
-    except OSError:
-        print(f"rank {rank}: the old store is gone", flush=True)
+        socket.create_connection((addr, int(old)), timeout=2).close()
+        answers = asyncio.run(asyncio.wait_for(holds(addr, int(old), "/" + mark), 3))
+    except (OSError, EOFError):  # nothing listens there, or no store (or a silent one)
+        answers = False
+    print(f"rank {rank}: the old store {'still answers' if answers else 'is gone'}", flush=True)
     dist.barrier()
 dist.destroy_process_group()
