@@ -196,9 +196,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cpu-log",
         metavar="PATH",
-        help="append each test's CPU seconds (the test process and the children it waited "
-        "for: agents, their workers) and its id to PATH, one line per test: the suite is "
-        "CPU-bound on 2 cores, so this, not --durations, says what to make cheaper",
+        help="append a line per test to PATH: its CPU seconds (the test process and the "
+        "children it waited for: agents, their workers), wall seconds, end (Unix time), "
+        "xdist worker and id. The suite is CPU-bound on 2 cores: the CPU, not --durations, "
+        "says what to make cheaper, and the ends show the workers' idle tail",
     )
 
 
@@ -215,10 +216,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
         )
         return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
-    began = cpu()
+    began, wall = cpu(), time.time()
     result = yield
+    ended = time.time()
     with open(path, "a") as log:  # one short line per write: workers append side by side
-        log.write(f"{cpu() - began:.2f} {item.nodeid}\n")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+        log.write(f"{cpu() - began:.2f} {ended - wall:.2f} {ended:.2f} {worker} {item.nodeid}\n")
     return result
 
 
