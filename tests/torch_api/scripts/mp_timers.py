@@ -25,7 +25,7 @@ def main():
     queue = ctx.Queue()
     server = timer.LocalTimerServer(queue, max_interval=0.01)
     server.start()
-    procs = [ctx.Process(target=child, args=(rank, queue)) for rank in range(4)]
+    procs = [ctx.Process(target=child, args=(rank, queue)) for rank in range(2)]
     for proc in procs:
         proc.start()
     for proc in procs:
