@@ -157,7 +157,8 @@ def test_a_teardown_that_hangs_is_caught_by_the_shutdown_sections_timeout(run_ag
 
 
 def test_sections_learn_their_own_timeouts_longer_than_the_step(run_agentd):
-    """Checkpoints of 0.8 s pass while the step's timeout is 0.5 s; once learned, the
+    """Checkpoints of 0.8 s pass while the step's timeout is shorter (0.5 s, its floor,
+    or a little more where a loaded machine stretched some steps); once learned, the
     checkpoint's own timeout (2 x 0.8 s) catches a checkpoint that hangs."""
     agent = run_agentd(
         "--nproc-per-node",
@@ -181,7 +182,9 @@ def test_sections_learn_their_own_timeouts_longer_than_the_step(run_agentd):
     )
     assert agent.wait(timeout=90) == 1
     err = agent.stderr()
-    assert "Heartbeat timeout for the step: 0.50s learned" in err
+    step = re.search(r"Heartbeat timeout for the step: ([\d.]+)s learned", err)
+    assert step, err  # the floor, or 2 x a step stretched by the load (0.58 s in one CI run)
+    assert 0.5 <= float(step[1]) < 0.8, step[0]  # shorter than a checkpoint, which passed
     learned = re.search(r"Heartbeat timeout for the section 'checkpoint': ([\d.]+)s learned", err)
     assert learned, err  # 2 x the checkpoint's 0.8 s, or a little more on a loaded machine
     assert 1.6 <= float(learned[1]) < 3.0, learned[0]
