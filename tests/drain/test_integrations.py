@@ -35,6 +35,9 @@ def test_the_lightning_callback_saves_on_a_drain(run_agentd, tmp_path):
         # the checkpoint is what this tests, not the stop after it (the test below)
         "--stop-timeout",
         "5",
+        # nor how the workers start: one import of Lightning (5 CPU-seconds) for both
+        "--preload",
+        "lightning,torch",
         str(TESTS / "workers" / "lightning_ddp.py"),
         str(root),
         "1000",  # the drain ends it, whenever it comes
