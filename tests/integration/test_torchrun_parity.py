@@ -523,9 +523,17 @@ def test_a_logs_specs_plugin_places_the_workers_logs(run_agentd, launcher, tmp_p
         tmp_path,
         "fail.py",
         """
-        import json, os, sys
-        print("out", os.environ["LOCAL_RANK"])
+        import json, os, sys, time
+        # rank 1 fails once rank 0 has printed: the launcher stops rank 0 when rank 1
+        # fails, and on a loaded machine it once did so before rank 0's line was out
+        printed = os.path.join(os.path.dirname(os.path.abspath(__file__)), "printed-0")
+        print("out", os.environ["LOCAL_RANK"], flush=True)
+        if os.environ["LOCAL_RANK"] == "0":
+            open(printed, "w").close()
         if os.environ["LOCAL_RANK"] == "1":
+            deadline = time.monotonic() + 60
+            while not os.path.exists(printed) and time.monotonic() < deadline:
+                time.sleep(0.01)
             with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
                 json.dump({"message": "rank 1 gave up"}, f)
             sys.exit(3)
