@@ -313,12 +313,15 @@ class Membership:
                 self.dropped = True
 
     def _failed(self, exc: BaseException) -> None:
-        """A heartbeat failed: said at INFO the first time (a failover to the next store
-        candidate, or a blip, is over by the next one), at WARNING while it goes on."""
+        """A heartbeat failed: said at INFO while the failures are younger than an
+        interval (a failover to the next store candidate, or a blip, is over by then), at
+        WARNING once they go on longer. Counting failures instead misled: a heartbeat
+        held until its connection was reset is retried at once, and in a CI run that
+        retry was refused 11 ms before the failover it was part of ended."""
         now = time.monotonic()
-        first = self._failing_since is None
-        if first:
+        if self._failing_since is None:
             self._failing_since = now
+        first = now - self._failing_since < self._interval
         level = logging.INFO if first else logging.WARNING
         problem = str(exc) or "no answer in time"
         if not self.member:  # no lease anyone counts on: the store is waited for
