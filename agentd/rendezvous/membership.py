@@ -321,13 +321,13 @@ class Membership:
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-        first = now - self._failing_since < self._interval
-        level = logging.INFO if first else logging.WARNING
+        brief = now - self._failing_since < self._interval
+        level = logging.INFO if brief else logging.WARNING
         problem = str(exc) or "no answer in time"
         if not self.member:  # no lease anyone counts on: the store is waited for
             self._problems(
                 level,
-                "no answer once" if first else "no answer",
+                "no answer once" if brief else "no answer",
                 "Rendezvous: the store at %s does not answer (%s); waiting for it "
                 "(this agent is in no round now)",
                 self._where,
@@ -337,7 +337,7 @@ class Membership:
         left = (self.deadline or now) - now
         self._problems(
             level,
-            "unreachable once" if first else "unreachable",
+            "unreachable once" if brief else "unreachable",
             "Rendezvous: heartbeat to the store at %s failed "
             "(%s); membership lapses in %.1fs unless it answers",
             self._where,
