@@ -13,7 +13,6 @@ another listener's (a gloo rank's, say, of this very attempt).
 
 import asyncio
 import os
-import socket
 import sys
 import time
 
@@ -66,7 +65,6 @@ elif mode == "restart":
         old = fp.read()
     assert old != port, "a new attempt, a new store"
     try:
-        socket.create_connection((addr, int(old)), timeout=2).close()
         answers = asyncio.run(asyncio.wait_for(holds(addr, int(old), "/" + mark), 3))
     except (OSError, EOFError):  # nothing listens there, or no store (or a silent one)
         answers = False
