@@ -27,12 +27,21 @@ log = logging.getLogger(__name__)
 
 class Guardian:
     """Starts the guardian program and keeps it told of the worker process groups;
-    ``on_lost(pid, exit_code)`` is called when it dies while it was not asked to stop."""
+    ``on_lost(pid, exit_code)`` is called when it dies while it was not asked to stop.
+
+    What it is told before :meth:`start` is in its pipe before it runs: an agent killed
+    in the moments after the guardian's spawn (before the loop wrote another line) still
+    has its charge carried out. Before, the lines were written once the spawn returned,
+    and an agent killed between the two left its pipe directory, its token files and its
+    will to nobody (its workers died all the same: the guardian kills what bears its mark)."""
 
     def __init__(self, mark: str, on_lost: Callable[[int, int], None] | None = None) -> None:
         self._mark = mark
         self._on_lost = on_lost
         self._process: asyncio.subprocess.Process | None = None
+        self._input: asyncio.WriteTransport | None = None
+        self._told: list[bytes] | None = []
+        """Lines told while its input is not open yet (None once it is)."""
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -44,17 +53,36 @@ class Guardian:
         use_pidfd_child_watcher()
         env = child_env()
         env.pop(guardian_process.OWNER_ENV, None)
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",
-            guardian_process.__file__,
-            self._mark,
-            stdin=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        read_end, write_end = os.pipe()
+        try:
+            os.set_blocking(write_end, False)
+            first, self._told = b"".join(self._told or ()), []
+            written = _write_some(write_end, first)
+            self._told.insert(0, first[written:])
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                guardian_process.__file__,
+                self._mark,
+                stdin=read_end,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
         self._watch = asyncio.ensure_future(self._watch_exit(self._process))
+        pipe = os.fdopen(write_end, "wb", buffering=0)  # the transport closes it
+        transport, _ = await asyncio.get_running_loop().connect_write_pipe(
+            asyncio.BaseProtocol, pipe
+        )
+        self._input = transport
+        rest, self._told = b"".join(self._told), None
+        if rest:
+            transport.write(rest)
 
     async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
@@ -89,13 +117,12 @@ class Guardian:
         self._send(f"-{pgid}\n")
 
     def _send(self, line: str) -> None:
-        proc = self._process
-        if proc is None or proc.stdin is None or proc.returncode is not None:
+        if self._told is not None:  # not started yet, or starting
+            self._told.append(line.encode())
             return
-        try:
-            proc.stdin.write(line.encode())
-        except (BrokenPipeError, ConnectionResetError):
-            log.warning("Guardian %s is gone: workers may outlive a killed agent", proc.pid)
+        if self._input is None or self._input.is_closing():
+            return  # gone (its loss is said as it is reaped) or stopped
+        self._input.write(line.encode())
 
     async def stop(self) -> None:
         """Close the guardian's input (nothing is left to kill) and reap it."""
@@ -103,15 +130,21 @@ class Guardian:
         proc = self._process
         if proc is None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await proc.stdin.wait_closed()
+        if self._input is not None:
+            self._input.close()  # once what was written is flushed
         await proc.wait()
         if self._watch is not None:
             await self._watch
             self._watch = None
         self._process = None
+
+
+def _write_some(fd: int, data: bytes) -> int:
+    """Write what a non-blocking pipe ``fd`` takes of ``data`` now; how much that was."""
+    try:
+        return os.write(fd, data) if data else 0
+    except BlockingIOError:
+        return 0
 
 
 class SecretFiles:

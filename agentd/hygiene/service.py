@@ -173,18 +173,11 @@ class ProcessHygiene:
             self._guardian.remove_when_gone(path)
 
     async def _start_guardian(self) -> None:
-        """Start the guardian and tell it everything known (groups, lease, will, pipe
-        directories); what changes meanwhile is sent again once it runs."""
+        """Start a guardian that knows everything known (groups, lease, will, pipe
+        directories, secret files) as it runs: told before its start, it finds it all in its
+        pipe; what changes meanwhile follows, in order."""
         guardian = self._guardian = Guardian(self._mark, self._guardian_lost)
-        with self._reaper.spawning():
-            try:
-                await guardian.start()
-            except BaseException:
-                self._guardian = None  # none runs: the next start tries again
-                raise
-            assert guardian.pid is not None
-            self._reaper.own(guardian.pid)
-        for pgid in self._guarded:
+        for pgid in self._guarded:  # in its pipe before it runs (see Guardian)
             guardian.watch(pgid)
         if self._lease is not None:
             guardian.set_lease(self._lease)
@@ -193,6 +186,15 @@ class ProcessHygiene:
         for path in self._private_dirs:
             guardian.remove_when_gone(path)
         self._secrets.attach(guardian)
+        with self._reaper.spawning():
+            try:
+                await guardian.start()
+            except BaseException:
+                self._guardian = None  # none runs: the next start tries again
+                self._secrets.attach(None)
+                raise
+            assert guardian.pid is not None
+            self._reaper.own(guardian.pid)
 
     def _guardian_lost(self, pid: int, code: int) -> None:
         """The guardian died (killed, or out of memory): without one, a killed agent's
