@@ -18,8 +18,9 @@ import contextvars
 import gc
 import inspect
 import selectors
+import sys
 import warnings
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 from unittest import mock
 
@@ -201,12 +202,39 @@ def run(main: Callable[[VirtualLoop], Coroutine[Any, Any, Any]]) -> Any:
     CPU instead of 13."""
     gc.freeze()
     try:
-        return _run(main)
+        with _dead_coroutines_quiet():
+            try:
+                return _run(main)
+            finally:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # coroutines never started
+                    gc.collect()  # nothing of the run is referenced any more: all of it goes
     finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # coroutines it never started
-            gc.collect()  # nothing of the run is referenced any more: all of it goes
         gc.unfreeze()
+
+
+IGNORED_EXIT = "coroutine ignored GeneratorExit"
+
+
+@contextlib.contextmanager
+def _dead_coroutines_quiet() -> Iterator[None]:
+    """A dead owner's coroutines, suspended in a ``finally`` that awaits (a cleanup, say
+    :func:`agentd.support.aio.first_done`'s), are closed by the garbage collector, and
+    awaiting again there is what Python reports as unraisable (:data:`IGNORED_EXIT`). A
+    killed process's work is lost, and a real loop never closes coroutines that way: that
+    report is dropped; any other goes on to the hook before."""
+    before = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == IGNORED_EXIT):
+            before(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = before
 
 
 def _run(main: Callable[[VirtualLoop], Coroutine[Any, Any, Any]]) -> Any:
