@@ -78,6 +78,8 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"
     meets = static and bool(config.rdzv_endpoint)  # as torchrun: the endpoint names the master
+    if config.standalone:
+        _say_what_standalone_ignores(config)
     if config.master_addr and not static:
         log.warning(
             "--master-addr is ignored by the %s rendezvous: group rank 0's address is used",
@@ -127,6 +129,21 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
+
+
+def _say_what_standalone_ignores(config: AgentConfig) -> None:
+    """Warn of a rendezvous backend or endpoint given with ``--standalone``, which meets no
+    other node (torchrun replaces them as silently: a store that was meant to be met, or a
+    malformed endpoint, passed unseen)."""
+    given = {"rdzv_backend": config.rdzv_backend, "rdzv_endpoint": config.rdzv_endpoint}
+    sources = config.sources
+    ignored = [f"{sources[name]} {value!r}" for name, value in given.items() if name in sources]
+    if ignored:
+        log.warning(
+            "%s ignored: --standalone meets no other node (it serves its own store on "
+            "127.0.0.1, as torchrun's does)",
+            " and ".join(ignored),
+        )
 
 
 def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:

@@ -297,3 +297,18 @@ def test_standbys_asked_of_workers_auto_spawns_are_a_usage_error(tmp_path):
     [line] = [ln for ln in done.stderr.splitlines() if "--standby-workers" in ln]
     assert "2 needs a zygote to fork them from, and the workers are spawned (auto: " in line
     assert "imports psutil" in line
+
+
+def test_a_rendezvous_given_with_standalone_is_said_to_be_ignored(caplog):
+    """torchrun replaces them in silence: a store meant to be met, or a malformed endpoint,
+    passed unseen. The warning names where each came from and its value."""
+    from agentd.config.build import worker_spec
+
+    cli = {"script": "t.py", "standalone": True, "rdzv_endpoint": "node0:99999"}
+    with caplog.at_level("WARNING", logger="agentd.config.build"):
+        worker_spec(resolve(cli, {"PET_RDZV_BACKEND": "c10d"}))
+        [line] = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+        assert line.startswith("PET_RDZV_BACKEND 'c10d' and --rdzv-endpoint 'node0:99999' ignored")
+        caplog.clear()
+        worker_spec(resolve({"script": "t.py", "standalone": True}, {}))
+        assert not [r for r in caplog.records if "ignored" in r.getMessage()]
