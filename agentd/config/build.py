@@ -80,6 +80,17 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     meets = static and bool(config.rdzv_endpoint)  # as torchrun: the endpoint names the master
     if config.standalone:
         _say_what_standalone_ignores(config)
+    beyond = sorted(r for r in config.local_ranks_filter or () if r >= nproc)
+    if beyond:
+        shown = sorted(r for r in config.local_ranks_filter or () if r < nproc)
+        log.warning(
+            "--local-ranks-filter: local rank(s) %s are not among this node's %d worker(s) "
+            "(0..%d): %s",
+            beyond,
+            nproc,
+            nproc - 1,
+            f"only {shown} shown on the console" if shown else "no worker's output is shown",
+        )
     if config.master_addr and not static:
         log.warning(
             "--master-addr is ignored by the %s rendezvous: group rank 0's address is used",

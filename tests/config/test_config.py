@@ -312,3 +312,22 @@ def test_a_rendezvous_given_with_standalone_is_said_to_be_ignored(caplog):
         caplog.clear()
         worker_spec(resolve({"script": "t.py", "standalone": True}, {}))
         assert not [r for r in caplog.records if "ignored" in r.getMessage()]
+
+
+def test_local_ranks_filtered_beyond_the_workers_are_said(caplog):
+    """A filter naming no local rank of the node showed nothing, silently (as torchrun)."""
+    from agentd.config.build import worker_spec
+
+    def said(nproc: str, ranks: str) -> list[str]:
+        caplog.clear()
+        cli = {"script": "t.py", "nproc_per_node": nproc, "local_ranks_filter": ranks}
+        with caplog.at_level("WARNING", logger="agentd.config.build"):
+            worker_spec(resolve(cli, {}))
+        return [r.getMessage() for r in caplog.records if "--local-ranks-filter" in r.getMessage()]
+
+    [line] = said("2", "5")
+    assert "local rank(s) [5] are not among this node's 2 worker(s) (0..1)" in line
+    assert line.endswith("no worker's output is shown")
+    [line] = said("2", "1,2,3")
+    assert line.endswith("only [1] shown on the console")
+    assert said("4", "1,3") == []
