@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agentd.config.resolve import AgentConfig, local_world_size
+from agentd.config.unheeded import say_what_is_unheeded
 from agentd.exceptions import ConfigError
 from agentd.spec import WorkerSpec
 
@@ -78,30 +79,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"
     meets = static and bool(config.rdzv_endpoint)  # as torchrun: the endpoint names the master
-    if config.standalone:
-        _say_what_standalone_ignores(config)
-    beyond = sorted(r for r in config.local_ranks_filter or () if r >= nproc)
-    if beyond:
-        shown = sorted(r for r in config.local_ranks_filter or () if r < nproc)
-        log.warning(
-            "--local-ranks-filter: local rank(s) %s are not among this node's %d worker(s) "
-            "(0..%d): %s",
-            beyond,
-            nproc,
-            nproc - 1,
-            f"only {shown} shown on the console" if shown else "no worker's output is shown",
-        )
-    if config.master_addr and not static:
-        log.warning(
-            "--master-addr is ignored by the %s rendezvous: group rank 0's address is used",
-            rdzv.get_backend(),
-        )
-    if meets and (config.master_addr or config.master_port):
-        log.warning(
-            "--master-addr/--master-port are ignored: the static rendezvous meets at "
-            "--rdzv-endpoint %s (as torchrun's does)",
-            config.rdzv_endpoint,
-        )
+    say_what_is_unheeded(config, rdzv.get_backend(), nproc)
     if config.no_python:
         entrypoint, args = config.script, list(config.script_args)
     else:
@@ -140,21 +118,6 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )
-
-
-def _say_what_standalone_ignores(config: AgentConfig) -> None:
-    """Warn of a rendezvous backend or endpoint given with ``--standalone``, which meets no
-    other node (torchrun replaces them as silently: a store that was meant to be met, or a
-    malformed endpoint, passed unseen)."""
-    given = {"rdzv_backend": config.rdzv_backend, "rdzv_endpoint": config.rdzv_endpoint}
-    sources = config.sources
-    ignored = [f"{sources[name]} {value!r}" for name, value in given.items() if name in sources]
-    if ignored:
-        log.warning(
-            "%s ignored: --standalone meets no other node (it serves its own store on "
-            "127.0.0.1, as torchrun's does)",
-            " and ".join(ignored),
-        )
 
 
 def _preload(config: AgentConfig) -> tuple[tuple[str, ...] | None, str]:

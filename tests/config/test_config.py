@@ -305,7 +305,7 @@ def test_a_rendezvous_given_with_standalone_is_said_to_be_ignored(caplog):
     from agentd.config.build import worker_spec
 
     cli = {"script": "t.py", "standalone": True, "rdzv_endpoint": "node0:99999"}
-    with caplog.at_level("WARNING", logger="agentd.config.build"):
+    with caplog.at_level("WARNING", logger="agentd.config.unheeded"):
         worker_spec(resolve(cli, {"PET_RDZV_BACKEND": "c10d"}))
         [line] = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
         assert line.startswith("PET_RDZV_BACKEND 'c10d' and --rdzv-endpoint 'node0:99999' ignored")
@@ -321,7 +321,7 @@ def test_local_ranks_filtered_beyond_the_workers_are_said(caplog):
     def said(nproc: str, ranks: str) -> list[str]:
         caplog.clear()
         cli = {"script": "t.py", "nproc_per_node": nproc, "local_ranks_filter": ranks}
-        with caplog.at_level("WARNING", logger="agentd.config.build"):
+        with caplog.at_level("WARNING", logger="agentd.config.unheeded"):
             worker_spec(resolve(cli, {}))
         return [r.getMessage() for r in caplog.records if "--local-ranks-filter" in r.getMessage()]
 
