@@ -62,8 +62,8 @@ class GpuRelease:
         self.look()
         if self._looking is None:
             return None
-        if self._usage is None:
-            self._usage = await self._looking
+        if self._usage is None:  # (shared: a caller cancelled meanwhile leaves it running)
+            self._usage = await asyncio.shield(self._looking)
             if self._usage is not None:
                 log.debug("GPU memory is read through %s", self._usage.name)
         return self._usage

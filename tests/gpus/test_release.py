@@ -235,3 +235,32 @@ async def test_a_start_cut_short_leaves_the_wait_for_the_next_one():
     release._usage.held = False
     await asyncio.wait_for(release.settled(), 5)
     assert wait.done() and release._waits == []
+
+
+async def test_a_stop_cut_short_while_the_gpus_are_looked_for_leaves_the_look_to_the_next(
+    monkeypatch,
+):
+    """The first look for the GPUs (NVML loads in a thread, tens of milliseconds) is shared
+    by every caller: a stop cancelled while it ran cancelled the look too, and every later
+    stop, and the shutdown's ``settled()``, raised CancelledError of their own."""
+    import threading
+
+    from agentd.gpus import release as release_module
+    from agentd.gpus import usage as usage_module
+
+    begun, go_on = threading.Event(), threading.Event()
+
+    def slow_open(helpers: object) -> None:
+        begun.set()
+        go_on.wait(10)  # no GPU found, once let through
+
+    monkeypatch.setattr(release_module, "may_have_gpus", lambda: True)
+    monkeypatch.setattr(usage_module, "open_usage", slow_open)
+    gpus = release_module.GpuRelease(30.0)
+    first = asyncio.create_task(gpus.watched([os.getpid()]))
+    assert await asyncio.to_thread(begun.wait, 10)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    go_on.set()
+    assert await asyncio.wait_for(gpus.watched([os.getpid()]), 10) == set()
