@@ -12,7 +12,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agentd.config.resolve import AgentConfig, local_world_size
-from agentd.config.unheeded import say_what_is_unheeded
 from agentd.exceptions import ConfigError
 from agentd.spec import WorkerSpec
 
@@ -26,6 +25,11 @@ if TYPE_CHECKING:
     from agentd.slownodes.settings import SlowNodeSettings
 
 log = logging.getLogger(__name__)
+
+
+MAYBE_UNUSED = ("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "local_ranks_filter")
+"""Options that may be given and not used here (:mod:`agentd.config.unheeded` says which; it
+is loaded only where one of them was given)."""
 
 
 def _meets_in_a_store(config: AgentConfig) -> bool:
@@ -79,7 +83,10 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     rdzv = build_rendezvous(request, run_id, nproc)
     static = rdzv.get_backend() == "static"
     meets = static and bool(config.rdzv_endpoint)  # as torchrun: the endpoint names the master
-    say_what_is_unheeded(config, rdzv.get_backend(), nproc)
+    if any(name in config.sources for name in MAYBE_UNUSED):
+        from agentd.config.unheeded import say_what_is_unheeded
+
+        say_what_is_unheeded(config, rdzv.get_backend(), nproc)
     if config.no_python:
         entrypoint, args = config.script, list(config.script_args)
     else:
