@@ -50,9 +50,11 @@ def become_subreaper() -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """In a forked child: die with ``sig`` when the parent dies (and if it already has)."""
-    parent = os.getppid()
+def set_parent_death_signal(parent: int, sig: int = signal.SIGKILL) -> None:
+    """In a forked child: die with ``sig`` when its parent dies, and at once if it has died
+    already. ``parent`` is the forker's pid as the forker read it before the fork: one read
+    in the child after a parent's death names the new parent, and nothing would ever signal
+    the orphan (an agent SIGKILLed just after a worker's fork left that worker running)."""
     _prctl(_PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)

@@ -25,8 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agentd.hygiene.orphans import set_parent_death_signal
-
 Compiled = Callable[[str], types.CodeType | None]
 """The script's code object compiled ahead, for its absolute path (None: compile it now)."""
 
@@ -168,10 +166,9 @@ def _wait_at_gate(gate: int) -> bool:
 
 
 def detach(zygote_fds: Sequence[int], leading: int) -> None:
-    """Lead a session and process group of our own, die with the zygote, say so on
-    ``leading``, and drop the zygote's signal set-up and descriptors."""
+    """Lead a session and process group of our own, say so on ``leading``, and drop the
+    zygote's signal set-up and descriptors (the zygote's fork made us die with it)."""
     os.setsid()
-    set_parent_death_signal()
     os.write(leading, b"1")
     os.close(leading)
     signal.set_wakeup_fd(-1)

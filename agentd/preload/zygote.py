@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from agentd.hygiene.orphans import set_parent_death_signal
 from agentd.preload import child, spare, wire
 
 
@@ -277,10 +278,13 @@ class Zygote:
         self._pending(leading, _Child(pid, os.pidfd_open(pid), channel=agents, slot=slot))
 
     def _fork_child(self, become: Callable[[list[int], int], NoReturn]) -> tuple[int, int]:
-        """Fork; the child runs ``become(the zygote's descriptors, its leading pipe)``."""
+        """Fork; the child dies with the zygote, and runs ``become(the zygote's descriptors,
+        its leading pipe)``."""
+        zygote = os.getpid()  # (the child's own reading may name a new parent already)
         leading, led = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
+            set_parent_death_signal(zygote)
             own = [
                 self.sock.fileno(),
                 self.wake_r.fileno(),

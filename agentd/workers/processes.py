@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -127,7 +128,7 @@ async def spawn_worker(
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_in_child,
+            preexec_fn=functools.partial(_in_child, os.getpid()),
             pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
@@ -149,16 +150,16 @@ async def spawn_process(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=_in_child,
+        preexec_fn=functools.partial(_in_child, os.getpid()),
         pass_fds=tuple(pass_fds),
     )
 
 
-def _in_child() -> None:
-    """In the forked worker, before exec: die with the agent, see the agent's original
-    open files limit (the agent raised its own), and ignore the drain signals meant for
-    the agent (:mod:`agentd.support.child_signals`)."""
-    set_parent_death_signal()
+def _in_child(agent: int) -> None:
+    """In the forked worker, before exec: die with the agent (pid ``agent``, read before the
+    fork), see the agent's original open files limit (the agent raised its own), and
+    ignore the drain signals meant for the agent (:mod:`agentd.support.child_signals`)."""
+    set_parent_death_signal(agent)
     restore_for_child()
     apply_in_child()
 
