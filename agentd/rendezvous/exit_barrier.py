@@ -12,10 +12,14 @@ for the others as it leaves, until they close the run (:meth:`ExitBarrier._serve
 
 A round ended meanwhile (a member's workers failed, or it was lost) does not end the wait:
 the others may finish the job in the next round, and close the run once they have. The
-agent says so once; it used to wait silently. The wait for the ``done`` keys is made in
-pieces of :data:`ENDED_CHECK` seconds with the generation read between them, so a node in
-the barrier holds no more long polls at the store than it did (a job's size is bounded by
-the store's connections).
+agent says so once; it used to wait silently. But where every member is done or left for
+good (a leave, or its guardian's release after a SIGKILL) and nobody arrived at the next
+round, no node will write the missing ``done`` keys nor close the run: the wait ends, with
+a WARNING, instead of at the barrier timeout (300 s by default), after which the run was
+closed as succeeded all the same. The wait for the ``done`` keys is made in pieces of
+:data:`CHECK` seconds with the round's state read between them, so a node in the barrier
+holds no more long polls at the store than it did (a job's size is bounded by the store's
+connections).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from agentd.rendezvous import accounting
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
@@ -42,9 +47,22 @@ log = logging.getLogger(__name__)
 
 FOREVER = 7 * 86400.0
 """A store wait with no end of its own (the agent's barrier timeout ends it)."""
-ENDED_CHECK = 30.0
-"""Seconds between two reads of the generation while the barrier waits: a round ended
-meanwhile is said within this long."""
+CHECK = 5.0
+"""Seconds between two reads of the round's state while the barrier waits (one request
+per node, as a heartbeat): a round ended meanwhile is said, and one that nobody can
+finish any more is left, within this long."""
+
+
+class _RoundState(NamedTuple):
+    ended: bool
+    """The generation moved past the round."""
+    gone: int
+    """Members of the round that left for good (a leave, or a guardian's release)."""
+    nobody_left: bool
+    """Every member is gone or done, and nobody arrived at the next round: no node will
+    ever write the missing ``done`` keys, nor finish the job and close the run."""
+
+
 SERVING_CHECK = 1.0
 """Seconds between two reads of the generation while a leaving store's host waits for the
 others to close the run (it waits ``close_timeout`` at most, not the barrier's 300 s)."""
@@ -121,21 +139,50 @@ class ExitBarrier:
                 current.size - 1,
             )
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
+        said_ended = False
         while True:
             try:
-                await store.wait(done, ENDED_CHECK)
+                await store.wait(done, CHECK)
                 return
             except StoreTimeout:
-                now = await store.get(self._keys.gen) or b""
-                if now.isdigit() and int(now) > gen:  # the round ended meanwhile
-                    break
-        log.warning(
-            "Exit barrier: round %d ended while this node waited (its workers succeeded; a "
-            "peer's failed, or a peer was lost); waiting, up to the barrier timeout, for the "
-            "others to finish in the next round and close the run",
-            gen,
+                pass
+            state = await self._round_state(gen, current.size)
+            if state.nobody_left:
+                log.warning(
+                    "Exit barrier: %d node(s) of round %d left before their workers "
+                    "finished, every other one's are done, and no node is at the next "
+                    "round to finish the job: leaving now, not at the barrier timeout",
+                    state.gone,
+                    gen,
+                )
+                return
+            if state.ended and not said_ended:
+                said_ended = True
+                log.warning(
+                    "Exit barrier: round %d ended while this node waited (its workers "
+                    "succeeded; a peer's failed, or a peer was lost); waiting, up to the "
+                    "barrier timeout, for the others to finish in the next round and close "
+                    "the run",
+                    gen,
+                )
+
+    async def _round_state(self, gen: int, size: int) -> _RoundState:
+        """What became of round ``gen`` (of ``size`` members) while this node waits."""
+        keys = self._keys
+        now, gone, finished, joined = await self.store.multi_get(
+            [
+                keys.gen,
+                keys.round(gen, accounting.MEMBERS),
+                keys.round(gen, accounting.FINISHED),
+                keys.round(gen + 1, "join"),
+            ]
         )
-        await store.wait(done, FOREVER)
+        left = int(gone or b"0")
+        return _RoundState(
+            ended=(now or b"").isdigit() and int(now or b"0") > gen,
+            gone=left,
+            nobody_left=left > 0 and left + int(finished or b"0") >= size and joined is None,
+        )
 
     async def _closed_elsewhere(self) -> tuple[str, bool]:
         """Once the rendezvous is closed: by whom and why, and whether as failed (a member

@@ -471,6 +471,32 @@ def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer
     assert "round over" not in working.stderr(), logs()
 
 
+def test_a_peer_killed_before_its_workers_finish_ends_the_exit_barrier(run_agentd, tmp_path):
+    """The store's host waits in its exit barrier; the other node is SIGKILLed while its
+    worker still works. Its guardian marks it gone: nobody will write its ``done`` key,
+    and nobody is at a next round, so the host leaves (exit 0, as after the barrier
+    timeout) at once. It used to wait out the whole ``--exit-barrier-timeout``."""
+    script = tmp_path / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "if 'WORKS_ON' in os.environ:\n"
+        "    pathlib.Path(sys.argv[1], 'working').touch()\n"
+        "    time.sleep(120)\n"
+    )
+    conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
+    flags = agent_args(f"127.0.0.1:{free_port()}", "2", "--exit-barrier-timeout", "120", conf=conf)
+    host = run_agentd(*flags, str(script), str(tmp_path))
+    wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
+    working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in host.stderr(), what="the barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="the working node's worker")
+    working.proc.kill()
+    working.wait()
+    logs = lambda: host.stderr()[-3000:]  # noqa: E731
+    assert host.wait(30) == 0, logs()
+    assert "1 node(s) of round 0 left before their workers finished" in host.stderr(), logs()
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""

@@ -546,7 +546,7 @@ async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(
     """A peer's workers failed after ours succeeded: the peer may finish the job in the next
     round, so the wait goes on until it closes the run, and the node says why it waits
     (it used to wait silently, up to the barrier timeout of 300 s)."""
-    monkeypatch.setattr(exit_barrier, "ENDED_CHECK", 0.2)
+    monkeypatch.setattr(exit_barrier, "CHECK", 0.2)
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
     await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
     barrier = asyncio.create_task(a.exit_barrier())
@@ -562,6 +562,28 @@ async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(
         await b.set_closed(True, "the workers succeeded")
         await asyncio.wait_for(barrier, 10)  # the run is closed: nobody left to wait for
     await shutdown_all(a, b)
+
+
+async def test_a_barrier_that_nobody_can_complete_ends_without_the_timeout(
+    store, caplog, monkeypatch
+):
+    """Our workers succeeded; the peer's had not when it left for good: nobody will ever
+    write its ``done`` key, nor close the run from a next round that nobody joined. The
+    wait ends (it used to last the barrier timeout, 300 s, before the run was closed as
+    succeeded all the same), and says why."""
+    monkeypatch.setattr(exit_barrier, "CHECK", 0.2)
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    barrier = asyncio.create_task(a.exit_barrier())
+    with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.exit_barrier"):
+        async with asyncio.timeout(10):
+            while not await b.finished():  # a's done key is in
+                await asyncio.sleep(0.01)
+        assert not barrier.done()
+        await b.shutdown()  # gone for good, its workers not done
+        await asyncio.wait_for(barrier, 10)
+    assert "1 node(s) of round 0 left before their workers finished" in caplog.text
+    await shutdown_all(a)
 
 
 async def test_the_members_whose_workers_succeeded_are_named_as_finished(store):

@@ -778,6 +778,9 @@ class World:
         serves = self.network is not None and self.network.serves(agent)
         if serves and fault.kind != "term":
             return  # the store goes with it: docs/protocol.md's known gap
+        earlier = (f for f in self.schedule.faults if f.target == fault.target and f.at < fault.at)
+        if serves and any(f.kind == "term" for f in earlier):
+            return  # a second stop request: the host leaves at once, as asked (seed 374)
         ttl = agent.handler.settings.heartbeat_ttl
         # a store's host SIGTERMed keeps the store up for the others' workers (close_timeout)
         bound = agent.handler.settings.close_timeout if serves else fault.duration + ttl + 2.0
