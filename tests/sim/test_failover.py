@@ -287,3 +287,14 @@ def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(mon
     monkeypatch.setattr(ExitBarrier, "_serve_the_others", hand_over_at_once)
     [violation] = simulate(schedule).violations
     assert violation.startswith("S7") and "after agent 0" in violation, violation
+
+
+def test_a_second_stop_request_to_a_store_host_in_its_barrier_is_no_s7():
+    """Seed 374 of every ``--failover`` kind: agent 0, the store's host, finishes, is
+    SIGTERMed (it keeps the store up for the others), and SIGTERMed again 21 s later,
+    which leaves at once, as asked. S7 judged that second request as a first."""
+    kinds = (*AGENT_FAULTS, "join", "kill_guardian", "restart", "finish")
+    schedule = schedule_for(374, kinds, failover=True)
+    terms = [f for f in schedule.faults if f.kind == "term" and f.target == 0]
+    assert len(terms) == 2
+    assert simulate(schedule).violations == []
