@@ -373,3 +373,14 @@ def test_a_timer_held_by_a_paused_agent_and_cancelled_after_its_resume_never_run
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         simulate(schedule_for(seed))
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_leave_after_a_peer_closed_the_run_as_succeeded_is_not_judged_a_stall():
+    """Seed 975 of every kind (no failover): agent 2 finishes, is cut off in its barrier
+    until its lease lapses, and then closes the run as succeeded, as ``agentd run`` does;
+    the others, at work, leave as they finish from then on, so agent 3's restart 33 s
+    later re-forms nothing. S3 expected a new round within 3 s."""
+    kinds = (*KINDS, *MORE_KINDS)
+    schedule = schedule_for(975, kinds, False)
+    assert [f.kind for f in schedule.faults if f.target == 2][:2] == ["finish", "partition"]
+    assert simulate(schedule).violations == []
