@@ -56,9 +56,8 @@ class Guardian:
         read_end, write_end = os.pipe()
         try:
             os.set_blocking(write_end, False)
-            first, self._told = b"".join(self._told or ()), []
-            written = _write_some(write_end, first)
-            self._told.insert(0, first[written:])
+            first = b"".join(self._told or ())
+            self._told = [first[_write_some(write_end, first) :]]  # the rest follows it
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-I",
