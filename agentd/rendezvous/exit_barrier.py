@@ -16,10 +16,12 @@ agent says so once; it used to wait silently. But where every member is done or 
 good (a leave, or its guardian's release after a SIGKILL) and nobody arrived at the next
 round, no node will write the missing ``done`` keys nor close the run: the wait ends, with
 a WARNING, instead of at the barrier timeout (300 s by default), after which the run was
-closed as succeeded all the same. The wait for the ``done`` keys is made in pieces of
-:data:`CHECK` seconds with the round's state read between them, so a node in the barrier
-holds no more long polls at the store than it did (a job's size is bounded by the store's
-connections).
+closed as succeeded all the same. A member lost with no mark (its host lost, its agent
+frozen past its lease, killed on etcd) is counted gone by the members before it, which
+look at their successors' leases meanwhile (:mod:`~agentd.rendezvous.barrier_leases`).
+The wait for the ``done`` keys is made in pieces of :data:`CHECK` seconds with the round's
+state read between them, so a node in the barrier holds no more long polls at the store
+than it did (a job's size is bounded by the store's connections).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import logging
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentd.rendezvous import accounting
+from agentd.rendezvous.accounting import FENCE
+from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
@@ -61,6 +65,10 @@ class _RoundState(NamedTuple):
     nobody_left: bool
     """Every member is gone or done, and nobody arrived at the next round: no node will
     ever write the missing ``done`` keys, nor finish the job and close the run."""
+    unaccounted: bool
+    """Some member is neither gone nor done, nobody arrived at the next round (whose first
+    member would count the lapsed ones gone), and the store holds the round: the leases
+    of the members still at work are worth a look (:mod:`~agentd.rendezvous.barrier_leases`)."""
 
 
 SERVING_CHECK = 1.0
@@ -139,19 +147,26 @@ class ExitBarrier:
                 current.size - 1,
             )
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
-        said_ended = False
+        leases = SuccessorLeases(store, self._keys, gen, current.size, current.rank)
+        said_ended, pause = False, CHECK
         while True:
             try:
-                await store.wait(done, CHECK)
+                await store.wait(done, pause)
                 return
             except StoreTimeout:
                 pass
             state = await self._round_state(gen, current.size)
+            pause = CHECK
+            if state.unaccounted:
+                marked, fencing = await leases.look(asyncio.get_running_loop().time())
+                if marked:
+                    state = await self._round_state(gen, current.size)
+                pause = FENCE if fencing else CHECK
             if state.nobody_left:
                 log.warning(
-                    "Exit barrier: %d node(s) of round %d left before their workers "
-                    "finished, every other one's are done, and no node is at the next "
-                    "round to finish the job: leaving now, not at the barrier timeout",
+                    "Exit barrier: %d node(s) of round %d left or were lost before their "
+                    "workers finished, every other one's are done, and no node is at the "
+                    "next round to finish the job: leaving now, not at the barrier timeout",
                     state.gone,
                     gen,
                 )
@@ -169,19 +184,22 @@ class ExitBarrier:
     async def _round_state(self, gen: int, size: int) -> _RoundState:
         """What became of round ``gen`` (of ``size`` members) while this node waits."""
         keys = self._keys
-        now, gone, finished, joined = await self.store.multi_get(
+        now, gone, finished, joined, sealed = await self.store.multi_get(
             [
                 keys.gen,
                 keys.round(gen, accounting.MEMBERS),
                 keys.round(gen, accounting.FINISHED),
                 keys.round(gen + 1, "join"),
+                keys.round(gen, "sealed"),
             ]
         )
         left = int(gone or b"0")
+        accounted = left + int(finished or b"0")
         return _RoundState(
             ended=(now or b"").isdigit() and int(now or b"0") > gen,
             gone=left,
-            nobody_left=left > 0 and left + int(finished or b"0") >= size and joined is None,
+            nobody_left=left > 0 and accounted >= size and joined is None,
+            unaccounted=accounted < size and joined is None and sealed is not None,
         )
 
     async def _closed_elsewhere(self) -> tuple[str, bool]:

@@ -119,6 +119,36 @@ def test_a_sigkilled_agent_leaves_a_smaller_job_when_its_lease_expires(run_agent
     assert "heartbeat" in "".join(a.stderr() for a in agents)
 
 
+def test_a_peer_sigkilled_before_its_workers_finish_ends_the_exit_barrier(
+    run_agentd, etcd, tmp_path
+):
+    """On etcd a SIGKILLed agent has no guardian to mark it gone: its lease lapses, and
+    nothing else. Node A waits in its exit barrier (its worker is done); node B is killed
+    while its worker works. A counts B gone once B's lease lapsed and leaves (exit 0, as
+    after the barrier timeout): it used to wait out the whole ``--exit-barrier-timeout``."""
+    script = tmp_path / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "if 'WORKS_ON' in os.environ:\n"
+        "    pathlib.Path(sys.argv[1], 'working').touch()\n"
+        "    time.sleep(120)\n"
+    )
+    run_id = f"barrier-{uuid.uuid4().hex[:8]}"
+    conf = FAST.replace("keep_alive_max_attempt=4", "keep_alive_max_attempt=8")  # a 4 s lease
+    barrier = ("--exit-barrier-timeout", "120")
+    flags = etcd_args(etcd.endpoints, "2", *barrier, conf=conf, run_id=run_id)
+    done = run_agentd(*flags, str(script), str(tmp_path))
+    working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), what="the barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="the working node's worker")
+    working.proc.kill()
+    working.wait()
+    logs = lambda: done.stderr()[-3000:]  # noqa: E731
+    assert done.wait(60) == 0, logs()
+    assert "its lease lapsed before its workers finished" in done.stderr(), logs()
+    assert "1 node(s) of round 0 left or were lost before their workers" in done.stderr(), logs()
+
+
 def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, etcd, tmp_path):
     stop = tmp_path / "stop"
     run_id = f"crash-{uuid.uuid4().hex[:8]}"

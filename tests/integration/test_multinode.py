@@ -494,7 +494,8 @@ def test_a_peer_killed_before_its_workers_finish_ends_the_exit_barrier(run_agent
     working.wait()
     logs = lambda: host.stderr()[-3000:]  # noqa: E731
     assert host.wait(30) == 0, logs()
-    assert "1 node(s) of round 0 left before their workers finished" in host.stderr(), logs()
+    said = "1 node(s) of round 0 left or were lost before their workers finished"
+    assert said in host.stderr(), logs()
 
 
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:

@@ -582,8 +582,57 @@ async def test_a_barrier_that_nobody_can_complete_ends_without_the_timeout(
         assert not barrier.done()
         await b.shutdown()  # gone for good, its workers not done
         await asyncio.wait_for(barrier, 10)
-    assert "1 node(s) of round 0 left before their workers finished" in caplog.text
+    assert "1 node(s) of round 0 left or were lost before their workers finished" in caplog.text
     await shutdown_all(a)
+
+
+async def test_a_peer_lost_with_no_mark_ends_a_barrier_that_nobody_can_complete(
+    store, caplog, monkeypatch
+):
+    """The peer's host was lost (or its agent frozen, or killed on etcd, where no guardian
+    speaks for it) before its workers finished: nothing marks it gone, and nobody watched
+    its heartbeat, since we wait in our barrier. We look at its lease there, count it gone
+    once it lapsed, and leave: the barrier timeout (300 s) was waited out before."""
+    monkeypatch.setattr(exit_barrier, "CHECK", 0.2)
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2), lapses=True)
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    barrier = asyncio.create_task(a.exit_barrier())
+    with caplog.at_level(logging.INFO, logger="agentd.rendezvous"):
+        async with asyncio.timeout(10):
+            while not await b.finished():  # a's done key is in
+                await asyncio.sleep(0.01)
+        assert b._membership is not None and b._rounds is not None
+        await b._membership.stop()  # b's heartbeat stops, and nothing else happens
+        b._rounds.release()
+        await asyncio.wait_for(barrier, 20)
+    assert f"node {b.node_id} of round 0 is gone: its lease lapsed" in caplog.text
+    assert "1 node(s) of round 0 left or were lost before their workers finished" in caplog.text
+    assert await store.get(f"agentd/job/round/0/gone/{b.node_id}") == b"lapsed"
+    await shutdown_all(a)
+
+
+async def test_a_barrier_waits_for_a_peer_whose_lease_holds(store, monkeypatch):
+    """The peer's workers still work, its heartbeat beats: the barrier's looks at its lease
+    count nothing gone, and the barrier ends when the peer's workers are done."""
+    looks: list[tuple[int, bool]] = []
+
+    class Counted(exit_barrier.SuccessorLeases):
+        async def look(self, now: float) -> tuple[int, bool]:
+            looks.append(await super().look(now))
+            return looks[-1]
+
+    monkeypatch.setattr(exit_barrier, "CHECK", 0.05)
+    monkeypatch.setattr(exit_barrier, "SuccessorLeases", Counted)
+    a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    barrier = asyncio.create_task(a.exit_barrier())
+    async with asyncio.timeout(10):
+        while len(looks) < 5:
+            await asyncio.sleep(0.01)
+    assert set(looks) == {(0, False)} and not barrier.done()
+    assert await store.get(f"agentd/job/round/0/gone/{b.node_id}") is None
+    await asyncio.wait_for(asyncio.gather(barrier, b.exit_barrier()), 10)
+    await shutdown_all(a, b)
 
 
 async def test_the_members_whose_workers_succeeded_are_named_as_finished(store):

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.rendezvous.round_watch import RoundWatch
 from tests.sim import world
 from tests.sim.clock import START, Owner, run, spawn
@@ -198,6 +199,30 @@ def test_a_member_that_leaves_or_freezes_in_its_exit_barrier_ends_no_round(
     monkeypatch.setattr(RoundWatch, "_lost", _lost_as_before)  # the check can fail
     [violation] = simulate(Schedule(1, 3, 2, 3, faults)).violations
     assert violation.startswith("S7") and f"met {kind} at t=7.000s" in violation, violation
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_members_in_their_exit_barrier_leave_once_the_last_one_at_work_is_lost(
+    nodes, monkeypatch
+):
+    """Every member's worker succeeded but the last one's, whose host is then lost whole:
+    no guardian marks it gone, and no member watches its heartbeat from its barrier. The
+    others count it gone once its lease lapsed and leave (they waited forever here, where
+    the barrier has no timeout; ``agentd run`` waits out ``--exit-barrier-timeout``)."""
+    faults = (
+        *(Fault(5.0, "finish", i) for i in range(nodes - 1)),
+        Fault(7.0, "lose_host", nodes - 1),
+    )
+    outcome = simulate(Schedule(1, nodes, 1, nodes, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(SuccessorLeases, "look", _no_look)  # the check can fail
+    [violation] = simulate(Schedule(1, nodes, 1, nodes, faults)).violations
+    assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+async def _no_look(self, now: float) -> tuple[int, bool]:
+    """The exit barrier before 2026-12-02, later: no look at the leases."""
+    return 0, False
 
 
 async def _lost_as_before(self, key: str, members: dict[str, str]) -> str:

@@ -50,7 +50,8 @@ The invariants (docs/protocol.md), checked at the event that could break them:
   2 s), if still at least MIN, were in a later round by then;
 - S5 at the end: every live agent is in one round with all of them, within a bound after
   the last fault (but those whose worker succeeded, which wait in their exit barrier; and
-  where the round goes on beside them, a spare waits for its end);
+  where the round goes on beside them, a spare waits for its end); and none waits in its
+  exit barrier where no agent is left at work (the barrier has no timeout here);
 - S6 when a lease moves: it ends no later than one TTL after the last heartbeat sent that
   reached the store;
 - S7 at the end, from what happened: an agent whose worker succeeded and which then left,
@@ -846,8 +847,16 @@ class World:
         agent.start()
 
     def check_liveness(self) -> None:
-        """S5: every live agent is in the same round, of all of them (up to MAX)."""
+        """S5: every live agent is in the same round, of all of them (up to MAX); and none
+        waits in its exit barrier where no agent is left at work."""
         live = [a for a in self.agents if a.alive and a.finished is None]
+        waiting = [a.index for a in self.agents if a.alive and a.finished is not None]
+        if waiting and not live:
+            self.violate(
+                "S5",
+                f"{SETTLE:g}s after the last fault, agent(s) {waiting} still wait in their "
+                "exit barrier, though no agent is left at work to finish the job",
+            )
         if self.network is not None:  # waiting for a store it can never reach: not judged
             live = [a for a in live if not self.network.stranded(a)]
         schedule = self.schedule

@@ -1,0 +1,107 @@
+"""The exit barrier's look at the leases of the members still at work.
+
+A member in its exit barrier watches no heartbeat (:mod:`agentd.rendezvous.round_watch`
+stops with its workers). Where every member but one waits there, nobody saw that one's
+lease lapse: its host lost, its agent frozen past its lease, or killed on etcd, where no
+guardian marks it gone. Its ``done`` key never comes, and the others waited out the whole
+barrier timeout (300 s by default) before closing the run as succeeded all the same.
+
+So each member in its barrier looks, every few seconds, at the leases of its
+:data:`~agentd.rendezvous.round_watch.WATCHED` nearest successors by group rank that
+answer for themselves: a successor whose heartbeat is gone and that was counted gone
+already (it finished, left, or was found lapsed) is skipped for the next one, so a run of
+lost members is covered from the first live member before it, as in the round watch. A
+successor whose heartbeat has been missing for :data:`~agentd.rendezvous.accounting.FENCE`
+and that carries no mark is counted gone, as lapsed (:func:`accounting.mark_gone`: only
+where the store holds no heartbeat of it in the same step). The barrier's count of the
+round then shows that nobody is left to finish it (:mod:`agentd.rendezvous.exit_barrier`).
+
+Each look costs one read of O(1) keys (the successors' entries once, then their
+heartbeats and marks), whatever the job's size, unless many successors in a row were lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from agentd.rendezvous import accounting
+from agentd.rendezvous.keys import RunKeys
+from agentd.rendezvous.round_watch import WATCHED
+from agentd.store.api import Store
+
+log = logging.getLogger(__name__)
+
+
+class SuccessorLeases:
+    """The leases of the successors of group rank ``rank`` in round ``generation`` (of
+    ``size`` members), looked at by :meth:`look`."""
+
+    def __init__(self, store: Store, keys: RunKeys, generation: int, size: int, rank: int):
+        self._store, self._keys = store, keys
+        self._round = accounting.Carried(generation, size, member=True)
+        self._order = [(rank + step) % size for step in range(1, size)]
+        self._nodes: dict[int, str] = {}
+        self._missing_since: dict[str, float] = {}
+
+    async def look(self, now: float) -> tuple[int, bool]:
+        """Look once (``now``: monotonic seconds): how many successors were newly counted
+        gone, and whether one was seen missing that its fence does not let us count yet
+        (look again in :data:`~agentd.rendezvous.accounting.FENCE` seconds)."""
+        unmarked: list[str] = []
+        watched = 0
+        for start in range(0, len(self._order), WATCHED):
+            batch = await self._named(self._order[start : start + WATCHED])
+            if batch is None:  # the store lost the round: the barrier's other ends apply
+                break
+            keys, generation = self._keys, self._round.generation
+            read = await self._store.multi_get(
+                [keys.heartbeat(node) for node in batch]
+                + [keys.round(generation, f"{accounting.MEMBERS}/{node}") for node in batch]
+            )
+            beats, marks = read[: len(batch)], read[len(batch) :]
+            for node, beat, mark in zip(batch, beats, marks, strict=True):
+                if beat is None and mark is not None:
+                    self._missing_since.pop(node, None)
+                    continue  # counted gone already: the next one answers for it
+                watched += 1
+                if beat is None:
+                    unmarked.append(node)
+                else:
+                    self._missing_since.pop(node, None)
+                if watched == WATCHED:
+                    break
+            if watched == WATCHED:
+                break
+        return await self._mark(unmarked, now)
+
+    async def _named(self, ranks: list[int]) -> list[str] | None:
+        """The node ids at ``ranks`` (read once each); None where the store lost them."""
+        unknown = [rank for rank in ranks if rank not in self._nodes]
+        if unknown:
+            generation = self._round.generation
+            entries = await self._store.multi_get(
+                [self._keys.round(generation, f"node/{rank}") for rank in unknown]
+            )
+            if any(entry is None for entry in entries):
+                return None
+            for rank, entry in zip(unknown, entries, strict=True):
+                self._nodes[rank] = str(json.loads(entry or b"{}")["node"])
+        return [self._nodes[rank] for rank in ranks]
+
+    async def _mark(self, unmarked: list[str], now: float) -> tuple[int, bool]:
+        marked, fencing = 0, False
+        for node in unmarked:
+            since = self._missing_since.setdefault(node, now)
+            if now - since < accounting.FENCE:
+                fencing = True
+                continue
+            if await accounting.mark_gone(self._store, self._keys, self._round, node, True):
+                log.info(
+                    "Rendezvous: node %s of round %d is gone: its lease lapsed before its "
+                    "workers finished",
+                    node,
+                    self._round.generation,
+                )
+                marked += 1
+        return marked, fencing
