@@ -2,6 +2,7 @@
 again at the smaller world?
 
     python bench/bench_leave.py [--runs 3] [--launchers agentd,torchrun] [--record]
+                                [--backend etcd]
 
 Each run starts three launchers as the nodes of one ``--nnodes 2:3`` job on 127.0.0.1, with
 torchrun's command line and no ``--rdzv-conf`` (the first launcher hosts the store), one
@@ -13,11 +14,16 @@ SIGSTOP (a lost host: only its lease tells). The figure is the time from
 the signal to both other nodes' workers running at world 2; a run that takes longer than
 ``--timeout`` counts as not recovered. The restart count the new workers see is checked
 too: leaving is a membership change, which spends no restart.
+
+``--backend etcd`` runs agentd's nodes on a real etcd started here (Debian's etcd-server)
+instead: nobody hosts the store there, so ``SIGKILL-host`` does not apply, and torchrun is
+left out (its etcd backend speaks etcd's v2 API, through python-etcd).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -54,8 +60,9 @@ def worlds(out: Path, size: int) -> list[str]:
     return [p.name for p in out.glob(f"w{size}_*")]
 
 
-def run_once(launcher: str, how: str, timeout: float) -> float | str:
-    """Seconds from the signal to world 2, or why not."""
+def run_once(launcher: str, how: str, timeout: float, etcd: str | None = None) -> float | str:
+    """Seconds from the signal to world 2, or why not (``etcd``: its endpoints, where the
+    nodes meet on etcd)."""
     env, marker = marked_env(MARK_ENV)
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-leave-") as tmp:
@@ -68,11 +75,11 @@ def run_once(launcher: str, how: str, timeout: float) -> float | str:
         argv = [
             *base,
             "--rdzv-backend",
-            "c10d",
+            "etcd" if etcd else "c10d",
             "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
+            etcd or f"127.0.0.1:{port}",
             "--rdzv-id",
-            "job",
+            f"job-{marker}" if etcd else "job",
             "--nnodes",
             "2:3",
             "--nproc-per-node",
@@ -129,6 +136,7 @@ def main() -> None:
     parser.add_argument("--launchers", default="agentd,torchrun")
     parser.add_argument("--hows", default=",".join(HOWS), help="how the node leaves")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     parser.add_argument(
         "--record", action="store_true", help="write agentd's medians to docs/figures.json"
     )
@@ -137,15 +145,35 @@ def main() -> None:
     hows = args.hows.split(",")
     if set(hows) - set(HOWS) or set(launchers) - {"agentd", "torchrun"}:
         sys.exit(f"--hows: {', '.join(HOWS)}; --launchers: agentd, torchrun")
+    if args.backend == "etcd":
+        if args.record:
+            sys.exit("--record: the figures are c10d's; run --backend etcd without it")
+        hows = [how for how in hows if not how.endswith("-host")]
+        launchers = [launcher for launcher in launchers if launcher == "agentd"]
+        with contextlib.ExitStack() as stack:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+            from tests.helpers.etcd_server import EtcdCluster
+
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-leave-etcd-"))
+            cluster = stack.enter_context(EtcdCluster(Path(folder)))
+            measure(args, launchers, hows, cluster.endpoints)
+        return
+    measure(args, launchers, hows, None)
+
+
+def measure(
+    args: argparse.Namespace, launchers: list[str], hows: list[str], etcd: str | None
+) -> None:
     print(
-        f"3 nodes, --nnodes 2:3, default rendezvous settings; the third leaves -> the others "
-        f"run at world 2 ({args.runs} runs, {os.cpu_count()} CPUs)"
+        f"3 nodes, --nnodes 2:3, default rendezvous settings, on {'etcd' if etcd else 'c10d'}; "
+        f"the third leaves -> the others run at world 2 ({args.runs} runs, "
+        f"{os.cpu_count()} CPUs)"
     )
     for how in hows:
         for launcher in launchers:
             times: list[float] = []
             for run in range(args.runs):
-                took = run_once(launcher, how, args.timeout)
+                took = run_once(launcher, how, args.timeout, etcd)
                 if isinstance(took, str):
                     print(f"  {how:<8} {launcher:<9} run {run + 1}: {took}", flush=True)
                 else:

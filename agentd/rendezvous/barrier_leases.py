@@ -2,9 +2,10 @@
 
 A member in its exit barrier watches no heartbeat (:mod:`agentd.rendezvous.round_watch`
 stops with its workers). Where every member but one waits there, nobody saw that one's
-lease lapse: its host lost, its agent frozen past its lease, or killed on etcd, where no
-guardian marks it gone. Its ``done`` key never comes, and the others waited out the whole
-barrier timeout (300 s by default) before closing the run as succeeded all the same.
+lease lapse: its host lost (its guardian with it, which would have marked it gone), its
+agent frozen or cut off past its lease. Its ``done`` key never comes, and the others waited
+out the whole barrier timeout (300 s by default) before closing the run as succeeded all
+the same.
 
 So each member in its barrier looks, every few seconds, at the leases of its
 :data:`~agentd.rendezvous.round_watch.WATCHED` nearest successors by group rank that

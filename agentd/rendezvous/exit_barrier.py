@@ -17,7 +17,7 @@ good (a leave, or its guardian's release after a SIGKILL) and nobody arrived at 
 round, no node will write the missing ``done`` keys nor close the run: the wait ends, with
 a WARNING, instead of at the barrier timeout (300 s by default), after which the run was
 closed as succeeded all the same. A member lost with no mark (its host lost, its agent
-frozen past its lease, killed on etcd) is counted gone by the members before it, which
+frozen or cut off past its lease) is counted gone by the members before it, which
 look at their successors' leases meanwhile (:mod:`~agentd.rendezvous.barrier_leases`).
 The wait for the ``done`` keys is made in pieces of :data:`CHECK` seconds with the round's
 state read between them, so a node in the barrier holds no more long polls at the store

@@ -84,7 +84,7 @@ class Leaving:
         current = self._round if member and not self._leaving else None
         doc = will(self._run_id, self.node_id, self._opened, self._rounds, current)
         if doc != self._will:
-            before = self._will["store"]["endpoints"] if self._will else None
+            before = self._will["store"].get("endpoints") if self._will else None
             self._will = doc
             serves = self._opened is not None and self._opened.serves
             if doc is not None and serves and doc["store"]["endpoints"] != before:

@@ -16,7 +16,9 @@ the next one), or after it left cleanly. An agent that serves the store has one 
 another candidate stands by to serve it (the will names every candidate: renewed the
 moment the store it serves admits one, and with each heartbeat): its release then reaches
 the candidate that took the store over, and marks it gone in the new store. A lost host,
-whose guardian went with it, still waits for its lease.
+whose guardian went with it, still waits for its lease. On etcd the will names the
+cluster (its members, key prefix, TLS files and credentials): a SIGKILLed agent there
+waited for its lease too before 2026-12-02.
 
 The will names the server instance that held the round. A release that reaches another
 (the store restarted or failed over since) asks every candidate for one serving under a
@@ -81,9 +83,7 @@ async def release(doc: dict[str, Any], store: Store | None = None) -> str:
     generation = int(doc["round"][0])
     own = store is None
     if store is None:
-        from agentd.store.connect import client_from_spec
-
-        store = client_from_spec(doc["store"], TIMEOUT)
+        store = _client(doc["store"])
     try:
         async with asyncio.timeout(TIMEOUT):
             await _release_in(store, doc)
@@ -94,6 +94,17 @@ async def release(doc: dict[str, Any], store: Store | None = None) -> str:
         if own:
             await store.close()
     return f"released node {node}'s membership of round {generation} of run {run_id!r}"
+
+
+def _client(spec: dict[str, Any]) -> Store:
+    """A client of the store the will's ``spec`` describes: etcd's, or agentd's own."""
+    if spec.get("kind") == "etcd":
+        from agentd.store.etcd.connect import etcd_client_from_spec
+
+        return etcd_client_from_spec(spec, TIMEOUT)
+    from agentd.store.connect import client_from_spec
+
+    return client_from_spec(spec, TIMEOUT)
 
 
 async def _release_in(store: Store, doc: dict[str, Any]) -> None:

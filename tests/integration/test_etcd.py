@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentd.store.etcd.gateway import prefix_end
@@ -94,38 +96,49 @@ def test_two_runs_on_one_etcd_never_collide(run_agentd, etcd, tmp_path):
     assert [a.wait(30) for a in agents] == [0, 0]
 
 
-def test_a_sigkilled_agent_leaves_a_smaller_job_when_its_lease_expires(run_agentd, etcd, tmp_path):
+LONG_LEASE = FAST.replace("keep_alive_max_attempt=4", "keep_alive_max_attempt=60")
+"""A 30 s heartbeat lease: the others re-form well within half of it only by the release."""
+
+
+@pytest.mark.parametrize("auth", [False, True])
+def test_a_sigkilled_agents_guardian_releases_it_so_the_others_go_on_at_once(
+    run_agentd, request, tmp_path, auth
+):
+    """The guardian of a SIGKILLed agent kills its workers, then carries out its will on
+    etcd as on agentd's own store (the cluster's members, prefix and credentials): the
+    others re-form without it at once. They waited for its lease (15 s by default) before
+    2026-12-02."""
     stop = tmp_path / "stop"
     run_id = f"shrink-{uuid.uuid4().hex[:8]}"
-    agents = [
-        run_agentd(*etcd_args(etcd.endpoints, "2:3", run_id=run_id), *member_job(stop))
-        for _ in range(3)
-    ]
+    cluster = request.getfixturevalue("etcd_with_auth" if auth else "etcd")
+    conf = LONG_LEASE + ",username=root" if auth else LONG_LEASE  # its password from the env
+    env = {"AGENTD_ETCD_PASSWORD": "rootpw"} if auth else None
+    flags = etcd_args(cluster.endpoints, "2:3", conf=conf, run_id=run_id)
+    agents = [run_agentd(*flags, *member_job(stop), env=env) for _ in range(3)]
     # one slow to start arrives after a round of two: then the three meet in the next
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     before = {a.pid: latest_attempt(a) for a in agents}
     victim = agents.pop()
+    wait_until(lambda: "Started 1 worker(s)" in victim.stderr(), what="the victim's guardian")
     workers = processes_of_agent(victim.pid)
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait()
-    # its heartbeat lease runs out: the others re-form without it
-    wait_until(lambda: one_round(agents, 2, after=before), what="a job of two")
-    wait_until(
-        lambda: not any(p in processes_of_agent(victim.pid) for p in workers),
-        what="the killed agent's workers to be gone",
-    )
+    wait_until(lambda: one_round(agents, 2, after=before), 15, what="a job of two within the lease")
+    wait_until(lambda: "released node" in victim.stderr(), 10, what="the guardian's line")
+    assert not any(p in processes_of_agent(victim.pid) for p in workers)
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0]
-    assert "heartbeat" in "".join(a.stderr() for a in agents)
 
 
-def test_a_peer_sigkilled_before_its_workers_finish_ends_the_exit_barrier(
+def test_a_peer_whose_host_is_lost_before_its_workers_finish_ends_the_exit_barrier(
     run_agentd, etcd, tmp_path
 ):
-    """On etcd a SIGKILLed agent has no guardian to mark it gone: its lease lapses, and
-    nothing else. Node A waits in its exit barrier (its worker is done); node B is killed
-    while its worker works. A counts B gone once B's lease lapsed and leaves (exit 0, as
-    after the barrier timeout): it used to wait out the whole ``--exit-barrier-timeout``."""
+    """Node A waits in its exit barrier (its worker is done); node B's host is lost while
+    its worker works (agent, guardian and workers SIGKILLed: nothing marks B gone, its
+    lease lapses and nothing else). A counts B gone once B's lease lapsed and leaves (exit
+    0, as after the barrier timeout): it used to wait out the whole
+    ``--exit-barrier-timeout``, and so it did after every SIGKILL on etcd, where a killed
+    agent's guardian released nothing before 2026-12-02."""
     script = tmp_path / "one_works_on.py"
     script.write_text(
         "import os, pathlib, sys, time\n"
@@ -141,12 +154,24 @@ def test_a_peer_sigkilled_before_its_workers_finish_ends_the_exit_barrier(
     working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
     wait_until(lambda: "waiting for those of the other 1" in done.stderr(), what="the barrier")
     wait_until(lambda: (tmp_path / "working").exists(), what="the working node's worker")
-    working.proc.kill()
+    lose_host(working.pid)
     working.wait()
     logs = lambda: done.stderr()[-3000:]  # noqa: E731
     assert done.wait(60) == 0, logs()
     assert "its lease lapsed before its workers finished" in done.stderr(), logs()
     assert "1 node(s) of round 0 left or were lost before their workers" in done.stderr(), logs()
+
+
+def lose_host(agent_pid: int) -> None:
+    """The agent's host lost whole: the agent and everything it runs (workers, guardian and
+    the guardian's twin) frozen at once, then killed, so nothing of it can act."""
+    tree = [agent_pid, *processes_of_agent(agent_pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree += [child.pid for child in psutil.Process(agent_pid).children(recursive=True)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in dict.fromkeys(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, etcd, tmp_path):

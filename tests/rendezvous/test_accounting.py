@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 
 from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import Carried
@@ -14,6 +15,7 @@ from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.release import release, will
 from agentd.store.api import Store
 from agentd.store.connect import OpenedStore, http_store_opener
+from agentd.store.etcd.connect import etcd_settings, etcd_store_opener
 from agentd.store.http_client import HttpStore
 from agentd.store.server import StoreServer
 from tests.rendezvous import test_dynamic
@@ -223,6 +225,40 @@ async def test_a_will_released_over_http_lets_the_others_go_on():
         assert c._opened is not None
         await c._opened.close()
         await server.stop()
+
+
+async def test_a_will_released_on_etcd_lets_the_others_go_on(etcd_cluster):
+    """On etcd too: the will names the cluster (members, key prefix), and the release
+    reaches it with a client of its own, so the others go on without waiting out the
+    killed agent's lease. A SIGKILLed agent had no will there before 2026-12-02."""
+    prefix = f"/will/{uuid.uuid4().hex}/"
+    opener = etcd_store_opener(etcd_settings(etcd_cluster.endpoints, {"key_prefix": prefix}))
+    settings = RendezvousSettings(
+        min_nodes=2,
+        max_nodes=3,
+        **{**FAST, "last_call_timeout": 30, **LONG_LEASE, "keep_alive_max_attempt": 60},
+    )
+    a, b, c = (DynamicRendezvous("job", opener, settings, role="default") for _ in range(3))
+    try:
+        await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+        doc = will("job", c.node_id, c._opened, c._rounds, c._round)
+        assert doc is not None and doc["store"]["kind"] == "etcd"
+        assert doc["store"]["prefix"] == prefix
+        assert c._membership is not None and c._rounds is not None
+        await c._membership.stop()  # SIGKILL: nothing of c runs any more
+        c._rounds.release()
+        watches = asyncio.gather(a.round_over(), b.round_over())
+        said = await release(json.loads(json.dumps(doc)))  # what crosses the pipe
+        assert said == f"released node {c.node_id}'s membership of round 0 of run 'job'"
+        await asyncio.wait_for(watches, SOON)  # its heartbeat deleted: the round ends
+        infos = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    finally:
+        await shutdown_all(a, b)
+        assert c._opened is not None
+        await c._opened.close()
 
 
 def test_a_lapsed_member_is_counted_gone_only_after_its_guardian_killed_its_workers():

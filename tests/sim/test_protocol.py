@@ -202,9 +202,7 @@ def test_a_member_that_leaves_or_freezes_in_its_exit_barrier_ends_no_round(
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_members_in_their_exit_barrier_leave_once_the_last_one_at_work_is_lost(
-    nodes, monkeypatch
-):
+def test_members_in_their_exit_barrier_leave_once_the_last_one_at_work_is_lost(nodes, monkeypatch):
     """Every member's worker succeeded but the last one's, whose host is then lost whole:
     no guardian marks it gone, and no member watches its heartbeat from its barrier. The
     others count it gone once its lease lapsed and leave (they waited forever here, where

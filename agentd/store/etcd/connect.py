@@ -10,10 +10,14 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from agentd.exceptions import ConfigError
 from agentd.store.connect import OpenedStore, StoreOpener
 from agentd.support.net import split_endpoint
+
+if TYPE_CHECKING:
+    from agentd.store.etcd.store import EtcdStore
 
 DEFAULT_PORT = 2379
 PASSWORD_ENV = "AGENTD_ETCD_PASSWORD"
@@ -33,6 +37,9 @@ class EtcdSettings:
     username: str | None = None
     password: str | None = None
     request_timeout: float = 10.0
+    tls_files: tuple[str | None, str | None, str | None] | None = None
+    """The TLS files (``cacert``, ``cert``, ``key``) the context was made of: another
+    process (a killed agent's guardian) makes its own from them."""
 
 
 def etcd_settings(
@@ -86,6 +93,7 @@ def etcd_settings(
         username=username,
         password=password,
         request_timeout=request_timeout,
+        tls_files=(cacert, cert, key) if context is not None else None,
     )
 
 
@@ -131,6 +139,44 @@ def etcd_store_opener(settings: EtcdSettings, retry_timeout: float = 30.0) -> St
         except BaseException:
             await store.close()
             raise
-        return OpenedStore(store, store.close, remote=True, where=store.where)
+        return OpenedStore(
+            store,
+            store.close,
+            remote=True,
+            where=store.where,
+            client_spec=lambda: etcd_client_spec(settings),
+        )
 
     return open_store
+
+
+def etcd_client_spec(settings: EtcdSettings) -> dict[str, Any]:
+    """What :func:`etcd_client_from_spec` needs to reach the cluster from another process: a
+    killed agent's guardian, which releases its membership (JSON; it holds the password,
+    so it is only ever passed on a private pipe, as the embedded store's token is)."""
+    return {
+        "kind": "etcd",
+        "urls": list(settings.urls),
+        "prefix": settings.key_prefix,
+        "tls": list(settings.tls_files) if settings.tls_files else None,
+        "username": settings.username,
+        "password": settings.password,
+    }
+
+
+def etcd_client_from_spec(spec: dict[str, Any], timeout: float) -> EtcdStore:
+    """A client of the cluster :func:`etcd_client_spec` describes, giving up after
+    ``timeout``."""
+    from agentd.store.etcd.store import EtcdStore
+
+    files = spec.get("tls")
+    context = _ssl_context(*files) if files else None
+    return EtcdStore(
+        spec["urls"],
+        prefix=spec.get("prefix") or "",
+        ssl_context=context,
+        username=spec.get("username"),
+        password=spec.get("password"),
+        retry_timeout=timeout,
+        request_timeout=timeout / 2,
+    )
