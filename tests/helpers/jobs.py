@@ -75,3 +75,17 @@ def result_json(agent: AgentProc) -> dict:
     """The run's result.json (the agent's log dir holds one run)."""
     [path] = agent.log_dir.glob("*/result.json")
     return json.loads(path.read_text())
+
+
+def one_works_on(folder: Path) -> list[str]:
+    """A job whose worker exits at once (success) on every node but one started with
+    ``WORKS_ON`` in its environment, whose worker touches ``folder/working`` and works on
+    for 120 s: that node is still at work while the others wait in their exit barrier."""
+    script = folder / "one_works_on.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "if 'WORKS_ON' in os.environ:\n"
+        "    pathlib.Path(sys.argv[1], 'working').touch()\n"
+        "    time.sleep(120)\n"
+    )
+    return [str(script), str(folder)]

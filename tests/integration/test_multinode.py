@@ -23,6 +23,7 @@ from tests.helpers.jobs import (
     member_job,
     members,
     one_round,
+    one_works_on,
     world_sizes,
 )
 
@@ -476,18 +477,12 @@ def test_a_peer_killed_before_its_workers_finish_ends_the_exit_barrier(run_agent
     worker still works. Its guardian marks it gone: nobody will write its ``done`` key,
     and nobody is at a next round, so the host leaves (exit 0, as after the barrier
     timeout) at once. It used to wait out the whole ``--exit-barrier-timeout``."""
-    script = tmp_path / "one_works_on.py"
-    script.write_text(
-        "import os, pathlib, sys, time\n"
-        "if 'WORKS_ON' in os.environ:\n"
-        "    pathlib.Path(sys.argv[1], 'working').touch()\n"
-        "    time.sleep(120)\n"
-    )
+    job = one_works_on(tmp_path)
     conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
     flags = agent_args(f"127.0.0.1:{free_port()}", "2", "--exit-barrier-timeout", "120", conf=conf)
-    host = run_agentd(*flags, str(script), str(tmp_path))
+    host = run_agentd(*flags, *job)
     wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
-    working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
+    working = run_agentd(*flags, *job, env={"WORKS_ON": "1"})
     wait_until(lambda: "waiting for those of the other 1" in host.stderr(), what="the barrier")
     wait_until(lambda: (tmp_path / "working").exists(), what="the working node's worker")
     working.proc.kill()

@@ -564,6 +564,17 @@ async def test_a_round_ended_during_the_exit_barrier_is_said_and_waited_through(
     await shutdown_all(a, b)
 
 
+async def in_barrier(a: DynamicRendezvous, b: DynamicRendezvous) -> asyncio.Task[None]:
+    """``a`` and ``b`` form a round, and ``a``'s workers succeeded: its exit barrier, once
+    its ``done`` key is in (``b`` reads it as finished)."""
+    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
+    barrier = asyncio.create_task(a.exit_barrier())
+    async with asyncio.timeout(10):
+        while not await b.finished():
+            await asyncio.sleep(0.01)
+    return barrier
+
+
 async def test_a_barrier_that_nobody_can_complete_ends_without_the_timeout(
     store, caplog, monkeypatch
 ):
@@ -573,12 +584,8 @@ async def test_a_barrier_that_nobody_can_complete_ends_without_the_timeout(
     succeeded all the same), and says why."""
     monkeypatch.setattr(exit_barrier, "CHECK", 0.2)
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
-    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
-    barrier = asyncio.create_task(a.exit_barrier())
+    barrier = await in_barrier(a, b)
     with caplog.at_level(logging.WARNING, logger="agentd.rendezvous.exit_barrier"):
-        async with asyncio.timeout(10):
-            while not await b.finished():  # a's done key is in
-                await asyncio.sleep(0.01)
         assert not barrier.done()
         await b.shutdown()  # gone for good, its workers not done
         await asyncio.wait_for(barrier, 10)
@@ -589,18 +596,14 @@ async def test_a_barrier_that_nobody_can_complete_ends_without_the_timeout(
 async def test_a_peer_lost_with_no_mark_ends_a_barrier_that_nobody_can_complete(
     store, caplog, monkeypatch
 ):
-    """The peer's host was lost (or its agent frozen, or killed on etcd, where no guardian
-    speaks for it) before its workers finished: nothing marks it gone, and nobody watched
+    """The peer's host was lost (its guardian with it), or its agent frozen past its lease,
+    before its workers finished: nothing marks it gone, and nobody watched
     its heartbeat, since we wait in our barrier. We look at its lease there, count it gone
     once it lapsed, and leave: the barrier timeout (300 s) was waited out before."""
     monkeypatch.setattr(exit_barrier, "CHECK", 0.2)
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2), lapses=True)
-    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
-    barrier = asyncio.create_task(a.exit_barrier())
     with caplog.at_level(logging.INFO, logger="agentd.rendezvous"):
-        async with asyncio.timeout(10):
-            while not await b.finished():  # a's done key is in
-                await asyncio.sleep(0.01)
+        barrier = await in_barrier(a, b)
         assert b._membership is not None and b._rounds is not None
         await b._membership.stop()  # b's heartbeat stops, and nothing else happens
         b._rounds.release()
@@ -624,8 +627,7 @@ async def test_a_barrier_waits_for_a_peer_whose_lease_holds(store, monkeypatch):
     monkeypatch.setattr(exit_barrier, "CHECK", 0.05)
     monkeypatch.setattr(exit_barrier, "SuccessorLeases", Counted)
     a, b = handler(store, nodes=(1, 2)), handler(store, nodes=(1, 2))
-    await asyncio.gather(a.next_rendezvous(), b.next_rendezvous())
-    barrier = asyncio.create_task(a.exit_barrier())
+    barrier = await in_barrier(a, b)
     async with asyncio.timeout(10):
         while len(looks) < 5:
             await asyncio.sleep(0.01)
