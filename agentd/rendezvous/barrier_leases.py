@@ -13,8 +13,9 @@ answer for themselves: a successor whose heartbeat is gone and that was counted 
 already (it finished, left, or was found lapsed) is skipped for the next one, so a run of
 lost members is covered from the first live member before it, as in the round watch. A
 successor whose heartbeat has been missing for :data:`~agentd.rendezvous.accounting.FENCE`
-and that carries no mark is counted gone, as lapsed (:func:`accounting.mark_gone`: only
-where the store holds no heartbeat of it in the same step). The barrier's count of the
+and that carries no mark is counted gone, as lapsed (:func:`accounting.mark_lapsed`, as
+the first member back at a next round counts it: only where the store holds no heartbeat
+of it in the same step). The barrier's count of the
 round then shows that nobody is left to finish it (:mod:`agentd.rendezvous.exit_barrier`).
 
 Each look costs one read of O(1) keys (the successors' entries once, then their
@@ -24,14 +25,11 @@ heartbeats and marks), whatever the job's size, unless many successors in a row 
 from __future__ import annotations
 
 import json
-import logging
 
 from agentd.rendezvous import accounting
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.round_watch import WATCHED
 from agentd.store.api import Store
-
-log = logging.getLogger(__name__)
 
 
 class SuccessorLeases:
@@ -74,7 +72,13 @@ class SuccessorLeases:
                     break
             if watched == WATCHED:
                 break
-        return await self._mark(unmarked, now)
+        if not unmarked:
+            return 0, False
+        since = self._missing_since
+        store, keys = self._store, self._keys
+        marked = await accounting.mark_lapsed(store, keys, self._round, unmarked, since, now)
+        fencing = any(now - since[node] < accounting.FENCE for node in unmarked if node in since)
+        return marked, fencing
 
     async def _named(self, ranks: list[int]) -> list[str] | None:
         """The node ids at ``ranks`` (read once each); None where the store lost them."""
@@ -89,20 +93,3 @@ class SuccessorLeases:
             for rank, entry in zip(unknown, entries, strict=True):
                 self._nodes[rank] = str(json.loads(entry or b"{}")["node"])
         return [self._nodes[rank] for rank in ranks]
-
-    async def _mark(self, unmarked: list[str], now: float) -> tuple[int, bool]:
-        marked, fencing = 0, False
-        for node in unmarked:
-            since = self._missing_since.setdefault(node, now)
-            if now - since < accounting.FENCE:
-                fencing = True
-                continue
-            if await accounting.mark_gone(self._store, self._keys, self._round, node, True):
-                log.info(
-                    "Rendezvous: node %s of round %d is gone: its lease lapsed before its "
-                    "workers finished",
-                    node,
-                    self._round.generation,
-                )
-                marked += 1
-        return marked, fencing
