@@ -161,7 +161,8 @@ class ExitBarrier:
                 marked, fencing = await leases.look(asyncio.get_running_loop().time())
                 if marked:
                     state = await self._round_state(gen, current.size)
-                pause = FENCE if fencing else CHECK
+                if fencing:  # look again once its fence let it be counted
+                    pause = FENCE
             if state.nobody_left:
                 log.warning(
                     "Exit barrier: %d node(s) of round %d left or were lost before their "
