@@ -15,8 +15,8 @@ lost members is covered from the first live member before it, as in the round wa
 successor whose heartbeat has been missing for :data:`~agentd.rendezvous.accounting.FENCE`
 and that carries no mark is counted gone, as lapsed (:func:`accounting.mark_lapsed`, as
 the first member back at a next round counts it: only where the store holds no heartbeat
-of it in the same step). The barrier's count of the
-round then shows that nobody is left to finish it (:mod:`agentd.rendezvous.exit_barrier`).
+of it in the same step). The barrier's count of the round then shows that nobody is left
+to finish it (:mod:`agentd.rendezvous.exit_barrier`).
 
 Each look costs one read of O(1) keys (the successors' entries once, then their
 heartbeats and marks), whatever the job's size, unless many successors in a row were lost.
@@ -47,36 +47,32 @@ class SuccessorLeases:
         """Look once (``now``: monotonic seconds): how many successors were newly counted
         gone, and whether one was seen missing that its fence does not let us count yet
         (look again in :data:`~agentd.rendezvous.accounting.FENCE` seconds)."""
-        unmarked: list[str] = []
-        watched = 0
+        answering: list[tuple[str, bytes | None]] = []  # (node, heartbeat)
+        keys, generation = self._keys, self._round.generation
         for start in range(0, len(self._order), WATCHED):
             batch = await self._named(self._order[start : start + WATCHED])
             if batch is None:  # the store lost the round: the barrier's other ends apply
                 break
-            keys, generation = self._keys, self._round.generation
             read = await self._store.multi_get(
                 [keys.heartbeat(node) for node in batch]
                 + [keys.round(generation, f"{accounting.MEMBERS}/{node}") for node in batch]
             )
             beats, marks = read[: len(batch)], read[len(batch) :]
-            for node, beat, mark in zip(batch, beats, marks, strict=True):
-                if beat is None and mark is not None:
-                    self._missing_since.pop(node, None)
-                    continue  # counted gone already: the next one answers for it
-                watched += 1
-                if beat is None:
-                    unmarked.append(node)
-                else:
-                    self._missing_since.pop(node, None)
-                if watched == WATCHED:
-                    break
-            if watched == WATCHED:
+            answering += [  # one counted gone with its heartbeat gone: the next answers for it
+                (node, beat)
+                for node, beat, mark in zip(batch, beats, marks, strict=True)
+                if beat is not None or mark is None
+            ]
+            if len(answering) >= WATCHED:
                 break
+        since = self._missing_since
+        for node, beat in answering[:WATCHED]:
+            if beat is not None:
+                since.pop(node, None)
+        unmarked = [node for node, beat in answering[:WATCHED] if beat is None]
         if not unmarked:
             return 0, False
-        since = self._missing_since
-        store, keys = self._store, self._keys
-        marked = await accounting.mark_lapsed(store, keys, self._round, unmarked, since, now)
+        marked = await accounting.mark_lapsed(self._store, keys, self._round, unmarked, since, now)
         fencing = any(now - since[node] < accounting.FENCE for node in unmarked if node in since)
         return marked, fencing
 
