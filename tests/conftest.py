@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentd.hygiene import orphans
@@ -114,6 +115,18 @@ def processes_of_agent(agent_pid: int) -> list[int]:
         for pid, mark in orphans.marked_processes()
         if mark.startswith(f"{agent_pid}.") and pid_alive(pid)
     ]
+
+
+def lose_host(agent_pid: int) -> None:
+    """The agent's host lost whole: the agent and everything it runs (workers, guardian and
+    the guardian's twin) frozen at once, then killed, so nothing of it can act."""
+    tree = [agent_pid, *processes_of_agent(agent_pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree += [child.pid for child in psutil.Process(agent_pid).children(recursive=True)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in dict.fromkeys(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 def kill_pids(pids: list[int]) -> None:

@@ -35,6 +35,7 @@ LOGS = {
     ("bench_grow.py", "err"),
     ("bench_seed_back.py", "log"),
     ("bench_rdzv.py", "log_path"),
+    ("bench_barrier_host.py", "logs[i]"),
 }
 """Files opened for writing that are a subprocess's stderr, read after it exited."""
 

@@ -32,6 +32,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentd.exceptions import ConfigError
 from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import FENCE
 from agentd.rendezvous.barrier_leases import SuccessorLeases
@@ -71,6 +72,9 @@ class _RoundState(NamedTuple):
     of the members still at work are worth a look (:mod:`~agentd.rendezvous.barrier_leases`)."""
 
 
+HAND_DOWN_READS = 64
+"""The most members at work whose candidates a store's host in its barrier reads (a list
+holds eight at most)."""
 SERVING_CHECK = 1.0
 """Seconds between two reads of the generation while a leaving store's host waits for the
 others to close the run (it waits ``close_timeout`` at most, not the barrier's 300 s)."""
@@ -149,12 +153,14 @@ class ExitBarrier:
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
         leases = SuccessorLeases(store, self._keys, gen, current.size, current.rank)
         said_ended, pause = False, CHECK
+        handed = await self._hand_the_store_down(gen, current.size)
         while True:
             try:
                 await store.wait(done, pause)
                 return
             except StoreTimeout:
                 pass
+            handed = handed or await self._hand_the_store_down(gen, current.size)
             state = await self._round_state(gen, current.size)
             pause = CHECK
             if state.unaccounted:
@@ -181,6 +187,36 @@ class ExitBarrier:
                     "the run",
                     gen,
                 )
+
+    async def _hand_the_store_down(self, gen: int, size: int) -> bool:
+        """Where this node serves the store, hand it, state and all, to the candidate of a
+        member of round ``gen`` still at work (:mod:`agentd.store.succession`), so that
+        losing this node in its barrier (a SIGKILL, its host lost, a freeze) costs the
+        others' round nothing: the store went with it, and their workers were stopped
+        mid-work. Whether there is nothing more to try (handed, or nothing to hand); none
+        at work stands by yet: tried again at the next check."""
+        opened = self._opened
+        if opened is None or opened.hand_down is None or not opened.serves or size < 2:
+            return True
+        keys, store = self._keys, self.store
+        try:
+            done = await store.multi_get([keys.round(gen, f"done/{i}") for i in range(size)])
+            at_work = [i for i, mark in enumerate(done) if mark is None][:HAND_DOWN_READS]
+            entries = await store.multi_get([keys.round(gen, f"node/{i}") for i in at_work])
+            prefer = [str(json.loads(e).get("candidate") or "") for e in entries if e is not None]
+            to = await opened.hand_down([c for c in prefer if c]) if at_work else ""
+        except (StoreError, ConfigError, ValueError, AttributeError) as exc:
+            log.debug("Exit barrier: the store not handed down: %s", exc)
+            return False
+        if to:
+            log.info(
+                "Rendezvous %s: this node's workers are done: it handed the store it served "
+                "to %s, the candidate of a node still at work (this node's loss no longer "
+                "takes the store's state along)",
+                self._run_id,
+                to,
+            )
+        return bool(to) or not at_work
 
     async def _round_state(self, gen: int, size: int) -> _RoundState:
         """What became of round ``gen`` (of ``size`` members) while this node waits."""

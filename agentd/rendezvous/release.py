@@ -102,7 +102,7 @@ def _client(spec: dict[str, Any]) -> Store:
         from agentd.store.etcd.connect import etcd_client_from_spec
 
         return etcd_client_from_spec(spec, TIMEOUT)
-    from agentd.store.connect import client_from_spec
+    from agentd.store.client_spec import client_from_spec
 
     return client_from_spec(spec, TIMEOUT)
 
@@ -121,7 +121,7 @@ async def _release_in(store: Store, doc: dict[str, Any]) -> None:
 async def _release_at_newer(doc: dict[str, Any], term: int) -> None:
     """The store reached forgot the round: release in a candidate serving under a term
     newer than ``term`` too, if one does."""
-    from agentd.store.connect import client_from_spec, prober_from_spec
+    from agentd.store.client_spec import client_from_spec, prober_from_spec
 
     prober = prober_from_spec(doc["store"])
     try:

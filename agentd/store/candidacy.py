@@ -15,8 +15,8 @@ steps down, which it does on evidence of a successor:
   others every :data:`CONTACT_EVERY` seconds: its answers tell the clients which are
   silent (:meth:`Candidacy.absent`), and an answer may show a successor.
 
-Stepping down drops the state (a later promotion starts empty) and answers the long
-polls waiting on it at once, so their clients move to the successor without delay.
+Stepping down drops the state (a later promotion starts empty, unless ``inherit`` hands
+it one: :mod:`agentd.store.succession`) and answers the long polls waiting on it at once.
 
 In a growing list (see :mod:`agentd.store.standby`), the serving candidate admits members
 that stand by, and one promoted after a failover tells every other candidate its term and
@@ -184,7 +184,7 @@ class Candidacy:
         """A request showed ``term``: one higher than ours means we were replaced."""
         if term > self.term:
             if self.serving:
-                self._step_down(f"a client has seen term {term}, newer than ours ({self.term})")
+                self.step_down(f"a client has seen term {term}, newer than ours ({self.term})")
             self.term = term
 
     def promote(self, term: int, endpoints: Sequence[str] = (), list_term: int = 0) -> None:
@@ -205,7 +205,7 @@ class Candidacy:
         if self.serving and term - 1 <= self.term:
             return  # the client saw no term newer than ours: its report of us was stale
         if self.serving:
-            self._step_down(f"promoted again, under term {term}")
+            self.step_down(f"promoted again, under term {term}")
         self.term, self.role = term, "serving"
         self._prober.list_term = term
         self._standing_by = asyncio.Event()
@@ -307,9 +307,9 @@ class Candidacy:
         still (frozen, or starved): its silence may be our own, so the next round
         decides (the others' answers to it may have waited unread)."""
         for report in reports:
-            if not self._outranked(report) and report.term > self.term:
+            if not self.outranked(report) and report.term > self.term:
                 if self.serving:
-                    self._step_down(f"{report.endpoint} has seen term {report.term}")
+                    self.step_down(f"{report.endpoint} has seen term {report.term}")
                 self.term = report.term
         answered = any(report.reachable or report.refused for report in reports)
         stalled = time.monotonic() - began > self._prober.timeout + STALL
@@ -321,7 +321,7 @@ class Candidacy:
             and self._exposed()
         ):
             self.cut_off = True
-            self._step_down(
+            self.step_down(
                 f"cut off: none of the {len(reports)} other candidates has answered for "
                 f"{time.monotonic() - self.contact.last:.1f}s; those that reach each other may "
                 "have promoted one of theirs"
@@ -334,7 +334,7 @@ class Candidacy:
     async def _look_for_successor(self) -> None:
         body = self._prober.list_doc() if self.growing else None
         while self.serving and time.monotonic() < self._look_until:
-            if any(map(self._outranked, await self._prober.roles(self.term, self.index, body))):
+            if any(map(self.outranked, await self._prober.roles(self.term, self.index, body))):
                 return
             await asyncio.sleep(LOOK_EVERY)
 
@@ -350,33 +350,37 @@ class Candidacy:
                 if i != self.index and heard.get(endpoint, 0.0) <= now
             ]
             for report in await self._prober.roles_of(due, self.term, self._prober.list_doc()):
-                if self._outranked(report):
+                if self.outranked(report):
                     return
                 told = report.reachable and report.term >= self.term
                 heard[report.endpoint] = now + (TELL_AGAIN if told else 0.0)
             await asyncio.sleep(LOOK_EVERY)
+
+    async def ask(self, endpoint: str, op: str, body: dict[str, Any]) -> RoleReport:
+        """``op`` at the candidate at ``endpoint`` of our list, under our term."""
+        return await self._prober.ask(self.endpoints.index(endpoint), op, body, self.term)
 
     async def recall(self, endpoints: Sequence[str]) -> bool:
         """A restarted seed, ask ``endpoints`` (the list we served before) for one serving
         the job under a newer term: stand by for it and take its list (True)."""
         reports = await self._prober.peers([e for e in endpoints if e != self.own], self.term)
         for report in sorted(reports, key=lambda r: (r.term, r.list_term), reverse=True):
-            if report.term > self.term and self._outranked(report):
+            if report.term > self.term and self.outranked(report):
                 self.extend(report.endpoints, report.list_term)
                 return True
         return False
 
-    def _outranked(self, report: RoleReport) -> bool:
+    def outranked(self, report: RoleReport) -> bool:
         """``report`` shows a candidate serving ahead of us (a newer term, or ours at a
         lower index): we step down, and take its term."""
         if not (report.serving and (report.term, -report.index) > (self.term, -self.index)):
             return False
         if self.serving:
-            self._step_down(f"{report.endpoint} serves under term {report.term}")
+            self.step_down(f"{report.endpoint} serves under term {report.term}")
         self.term = max(self.term, report.term)
         return True
 
-    def _step_down(self, why: str) -> None:
+    def step_down(self, why: str) -> None:
         said = "Store %s: stepping down (%s); another candidate serves: standing by, state dropped"
         log.info(said, self.own, why)
         self.role = "standby"

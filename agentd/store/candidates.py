@@ -19,7 +19,8 @@ client that moved on, and steps down. Which candidate serves, and when one steps
   may be the one cut off).
 
 The state a new server starts from is empty: the rendezvous re-creates it (it is soft
-state), and the clients see the switch as a store that restarted.
+state), and the clients see the switch as a store that restarted; unless the serving one
+handed it its state as it stepped down (:mod:`agentd.store.succession`).
 
 A list is given (every agent and store is started with the same one), or it **grows**: it
 starts with the one endpoint every agent was given (the *seed*) and members append
@@ -142,6 +143,10 @@ class RoleReport:
     refused: bool = False
     """Its host refused the connection: the host is up and reachable, and nothing serves
     there (the candidate's process is gone)."""
+    unsure: bool = False
+    """No answer came, though the request may have arrived (it may have been carried out)."""
+    inherited: bool = False
+    """It serves the state its predecessor handed it (:mod:`agentd.store.succession`)."""
 
     @property
     def serving(self) -> bool:
@@ -320,7 +325,8 @@ class Prober:
                 )
             doc = json.loads(reply.body)
         except TimeoutError:
-            return RoleReport(index, endpoint, problem="no answer within the probe timeout")
+            why = "no answer within the probe timeout"
+            return RoleReport(index, endpoint, problem=why, unsure=True)
         except TlsFailed as exc:
             return RoleReport(index, endpoint, problem=tls_problem(exc.__cause__ or exc))
         except NotSent as exc:
@@ -330,7 +336,8 @@ class Prober:
                 index, endpoint, problem=f"cannot connect ({why})", refused=exc.refused
             )
         except MaybeSent as exc:
-            return RoleReport(index, endpoint, problem=str(exc) or "the connection was lost")
+            why = str(exc) or "the connection was lost"
+            return RoleReport(index, endpoint, problem=why, unsure=True)
         except ValueError:
             return RoleReport(index, endpoint, problem=f"{reply.status}: the answer is not JSON")
         return self.report(index, reply.status, doc, endpoint)
@@ -363,6 +370,7 @@ class Prober:
             int(doc.get("term", 0)),
             endpoints=endpoint_list(doc.get("endpoints")),
             list_term=list_term(doc.get("list_term")),
+            inherited=doc.get("inherited") is True,
         )
 
     async def close(self) -> None:

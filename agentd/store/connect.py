@@ -17,7 +17,6 @@ from agentd.support.net import is_local_address, is_loopback
 
 if TYPE_CHECKING:
     from agentd.store.candidacy import Candidacy
-    from agentd.store.candidates import Prober
     from agentd.store.failover import FailoverStore
     from agentd.store.server import StoreServer
     from agentd.store.tls import StoreTls
@@ -60,6 +59,11 @@ class OpenedStore(NamedTuple):
     the round's N members (the argument) knows one: an agent that leaves a job that goes
     on (SIGTERM, a drain) lets the others fail over at once, before it counts itself gone
     there, instead of when it exits (a second restart for them). True if it did."""
+    hand_down: Callable[[Sequence[str]], Awaitable[str]] | None = None
+    """Hand the store this agent serves, state and all, to the first of the given
+    candidates that takes it (:func:`agentd.store.succession.hand_down`): the endpoint
+    that did, or ''. A store's host in its exit barrier, so that losing it there costs the
+    others' round nothing."""
     stop_standing_by: Callable[[], Awaitable[None]] | None = None
     """Stop this agent's candidate server unless it serves (an agent told to stop, before
     its workers are: see :meth:`Standby.leave`)."""
@@ -75,7 +79,7 @@ class OpenedStore(NamedTuple):
     @property
     def serves(self) -> bool:
         """This agent serves the store: it must outlive the other agents' last requests."""
-        return self.hosted or (self.serving is not None and self.serving())
+        return self.serving() if self.serving is not None else self.hosted
 
 
 StoreOpener = Callable[[], Awaitable[OpenedStore]]
@@ -126,7 +130,9 @@ def http_store_opener(
     want_standby = standby
 
     async def open_store() -> OpenedStore:
+        from agentd.store import succession
         from agentd.store.candidacy import Candidacy
+        from agentd.store.client_spec import client_spec
         from agentd.store.failover import FailoverStore
         from agentd.store.standby import Standby
         from agentd.support.net import endpoint_text
@@ -188,9 +194,14 @@ def http_store_opener(
             hosting = serves.candidacy if serves is not None else None
             return {**client.status(), "hosting": hosting and hosting.document()}
 
+        def ours() -> StoreServer | None:
+            return server or (standby.server if standby is not None else None)
+
         async def hand_over(members: int) -> bool:
-            serves = server or (standby.server if standby is not None else None)
-            return await hand_over_store(serves, client, members)
+            return await hand_over_store(ours(), client, members)
+
+        async def hand_down(prefer: Sequence[str]) -> str:
+            return await succession.hand_down(ours(), prefer)
 
         return OpenedStore(
             client,
@@ -202,10 +213,11 @@ def http_store_opener(
             describe=describe,
             prepare=standby.prepare if standby else None,
             after_round=standby.after_round if standby else None,
-            serving=(lambda: standby.serving) if standby else None,
+            serving=lambda: serves_now(ours()),
             client_spec=lambda: client_spec(client),
             on_candidates=hosting.admitted.append if hosting is not None else None,
             hand_over=hand_over,
+            hand_down=hand_down,
             stop_standing_by=standby.leave if standby else None,
             hosting=hosting,
             leaving=lambda: leave(client, standby.leave if standby else None),
@@ -235,7 +247,9 @@ def candidates_opener(
     any other."""
 
     async def open_store() -> OpenedStore:
+        from agentd.store import succession
         from agentd.store.candidacy import Candidacy
+        from agentd.store.client_spec import client_spec
         from agentd.store.failover import FailoverStore
         from agentd.store.server import StoreServer
         from agentd.support.net import endpoint_text
@@ -294,6 +308,7 @@ def candidates_opener(
             describe=describe,
             client_spec=lambda: client_spec(client),
             hand_over=lambda members: hand_over_store(server, client, members),
+            hand_down=lambda prefer: succession.hand_down(server, prefer),
             stop_standing_by=stop_standing_by,
             leaving=lambda: leave(client, stop_standing_by),
         )
@@ -308,6 +323,11 @@ async def leave(
     client.leave()
     if stop_standing_by is not None:
         await stop_standing_by()
+
+
+def serves_now(server: StoreServer | None) -> bool:
+    """``server`` serves the store now (one without a candidacy always does)."""
+    return server is not None and (server.candidacy is None or server.candidacy.serving)
 
 
 async def hand_over_store(server: StoreServer | None, client: FailoverStore, members: int) -> bool:
@@ -330,64 +350,3 @@ async def hand_over_store(server: StoreServer | None, client: FailoverStore, mem
     )
     await server.stop()
     return True
-
-
-def client_spec(client: FailoverStore) -> dict[str, Any]:
-    """What :func:`client_from_spec` needs to reach ``client``'s store from another process
-    (JSON; it holds the token, so it is only ever passed on a private pipe). The token is
-    the one ``client`` sends: on loopback without one given, the one the seed published,
-    which a client made from the spec could not find for another candidate's port (a
-    killed member's guardian was refused everywhere after a failover)."""
-    tls = client.tls
-    return {
-        "endpoints": list(client.endpoints),
-        "growing": client.growing,
-        "serving": client.serving,
-        "term": client.term,
-        "list_term": client.list_term,
-        "absent": sorted(client.absent),
-        "token": client.token or "",
-        "tls": None if tls is None else [tls.cacert, tls.cert, tls.key],
-    }
-
-
-def _tls_from_spec(spec: dict[str, Any]) -> StoreTls | None:
-    from agentd.store.tls import StoreTls
-
-    files = spec.get("tls")
-    return StoreTls(files[0], files[1], files[2], serve=False) if files else None
-
-
-def prober_from_spec(spec: dict[str, Any]) -> Prober:
-    """A prober of the candidates of the store :func:`client_spec` describes."""
-    from agentd.store.candidates import Prober
-
-    growing = bool(spec.get("growing"))
-    return Prober(
-        spec["endpoints"], spec.get("token") or "", growing=growing, tls=_tls_from_spec(spec)
-    )
-
-
-def client_from_spec(spec: dict[str, Any], timeout: float) -> FailoverStore:
-    """A client of the store :func:`client_spec` describes, giving up after ``timeout``."""
-    from agentd.store.candidates import list_term
-    from agentd.store.failover import FailoverStore
-
-    tls = _tls_from_spec(spec)
-    serving = spec.get("serving")
-    start = serving if isinstance(serving, int) and 0 <= serving < len(spec["endpoints"]) else None
-    term = spec.get("term")
-    absent = spec.get("absent")
-    return FailoverStore(
-        spec["endpoints"],
-        spec.get("token") or None,
-        growing=bool(spec.get("growing")),
-        retry_timeout=timeout,
-        request_timeout=timeout / 2,
-        alone_request_timeout=timeout / 2,
-        tls=tls,
-        start=start,
-        term=term if isinstance(term, int) and term > 0 else 0,
-        absent=[i for i in absent if isinstance(i, int)] if isinstance(absent, list) else (),
-        list_term=list_term(spec.get("list_term")),
-    )

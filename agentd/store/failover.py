@@ -8,9 +8,9 @@ term or promotes the lowest-index candidate that answers, and sends the request 
 there (except an ``add`` that may have been applied). It waits for every answer, each
 within the probe timeout, but for those of the candidates the server last said it had
 not heard lately (on a host lost earlier: see :mod:`agentd.store.contact`), once the
-others are in. The new server's state is empty, which the caller sees as a store that
-restarted: the next watch answers ``compacted`` and the rendezvous re-forms its round
-there.
+others are in. The new server's state is empty (unless the old one handed it over:
+:mod:`agentd.store.succession`): the next watch answers ``compacted``, and the
+rendezvous reads the round again there, and re-forms it where it is gone.
 
 With a growing list (``growing``; see :mod:`agentd.store.standby`), it starts with the
 seed alone and talks to it as to a single store. Every answer says how long the server's
@@ -330,7 +330,7 @@ class FailoverStore(ForwardingStore):
         self.failovers += 1
         gone = self.endpoints[old] if old is not None else "the store"
         said = "Store failover: %s stopped serving (%s); now using %s (candidate %d, term %d); "
-        said += "its state starts empty, so the round re-forms there"
+        said += "it was handed the state" if found.inherited else "its state starts empty"
         log.info(said, gone, why or "no answer", found.endpoint, found.index, found.term)
 
     def leave(self) -> None:

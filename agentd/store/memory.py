@@ -7,8 +7,7 @@ values are bounded too: a write past ``max_bytes`` is refused with :class:`Store
 TTL keys expire on one loop timer set for the earliest expiry, measured on the
 :class:`ServingClock`: time the store was frozen (SIGSTOP) or starved does not count, so
 on resume it reads the heartbeats queued meanwhile before it expires anyone. Waiters
-sleep on an event that every change replaces, so a change wakes exactly the waiters that
-were asleep.
+sleep on an event that every change replaces (a change wakes exactly those asleep).
 """
 
 from __future__ import annotations
@@ -26,24 +25,17 @@ from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, Watc
 from agentd.store.watch_index import PrefixIndex, Wakeups
 
 DEFAULT_HISTORY = 1 << 17
-"""Events the watch history keeps: watchers re-watch at once, and one that falls further
-behind reads the keys again ("compacted"); a long-running job's store stays flat. A round
-that re-forms makes about 5 changes per node (out, join, node, back, heartbeat) while its
-members watch from their join: room for 16,384 nodes, so none of them needs the extra
-reads (4,096 nodes overran a history of 16,384 events: five more requests each, 1.7 s
-more to re-form)."""
+"""Events the watch history keeps (one that falls further behind reads the keys again,
+"compacted"): a round that re-forms makes about 5 changes per node while its members
+watch, so 16,384 nodes need no extra reads (4,096 overran 16,384 events: 1.7 s more)."""
 DEFAULT_HISTORY_BYTES = 32 << 20
-"""Bytes of keys and values the watch history keeps (about 250 per rendezvous change; 200
-overwrites of a 1 MiB key once pinned 200 MiB)."""
+"""Bytes of keys and values the watch history keeps (about 250 per change)."""
 DEFAULT_MAX_BYTES = 64 << 20
 """Bytes of live keys and values; rendezvous needs a few KiB per node."""
 _EVENT_OVERHEAD = 64
 """What one event or item costs beyond its key and value, roughly (so empty values count)."""
-
-
 EXPIRY_ROUNDING = 1e-6
 """Seconds early a TTL key may expire: far below any TTL, far above a float's rounding."""
-
 STALL = 2.0
 """The most serving time one gap between two readings of the clock may count."""
 TICK = 1.0
@@ -228,6 +220,17 @@ class MemoryStore:
 
     async def revision(self) -> int:
         return self._revision
+
+    def snapshot(self) -> list[tuple[str, bytes, float | None]]:
+        """Every live key, its value and its seconds left (None: no TTL), in the order
+        written: what :meth:`restore` writes (a store handed to its successor)."""
+        self._expire_due()
+        now, held = self._clock(), sorted(self._items.items(), key=lambda p: p[1].revision)
+        return [(k, i.value, None if i.expires_at is None else i.expires_at - now) for k, i in held]
+
+    def restore(self, items: Sequence[tuple[str, bytes, float | None]]) -> None:
+        for key, value, ttl in items:
+            self._put(key, value, ttl)
 
     @property
     def waiting(self) -> int:

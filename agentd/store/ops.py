@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Coroutine
+import math
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from agentd.store.api import WatchResult
@@ -213,3 +214,38 @@ OPS: dict[str, Callable[[MemoryStore, Args], Coroutine[Any, Any, dict[str, Any]]
     "wait": _wait,
     "watch": _watch,
 }
+
+
+Item = tuple[str, bytes, float | None]
+"""A key, its value and the seconds its TTL has left (None: no TTL)."""
+
+
+def encode_items(items: Sequence[Item]) -> list[list[Any]]:
+    """A snapshot as ``inherit`` carries it: ``[key, base64 value, seconds left or None]``."""
+    return [[key, base64.b64encode(value).decode(), ttl] for key, value, ttl in items]
+
+
+def decode_items(value: Any) -> list[Item]:
+    """An ``inherit`` request's ``items``, or a :class:`BadRequest` naming what is wrong."""
+    if not isinstance(value, list):
+        raise BadRequest("items: must be a list of [key, base64 value, ttl or null]")
+    items: list[Item] = []
+    for index, entry in enumerate(value):
+        where = f"items[{index}]"
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise BadRequest(f"{where}: {str(entry)[:80]!r} is not [key, base64 value, ttl]")
+        key, raw, ttl = entry
+        if not isinstance(key, str) or not key:
+            raise BadRequest(f"{where}: key {str(key)[:80]!r} must be a non-empty string")
+        try:
+            data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
+        except (binascii.Error, ValueError):
+            data = None
+        if data is None:
+            raise BadRequest(f"{where}: value of {key!r} must be base64")
+        if ttl is not None and not (
+            isinstance(ttl, int | float) and not isinstance(ttl, bool) and math.isfinite(ttl)
+        ):
+            raise BadRequest(f"{where}: ttl of {key!r} is {ttl!r}, not a number of seconds")
+        items.append((key, data, None if ttl is None else max(0.0, float(ttl))))
+    return items

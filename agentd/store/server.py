@@ -10,13 +10,15 @@ operations and their checks are in :mod:`agentd.store.ops`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import gc
 import hmac
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,7 @@ from agentd.store.api import StoreError, StoreFull, StoreNotServing, StoreTimeou
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import endpoint_list, list_fingerprint, list_term
 from agentd.store.memory import MemoryStore
-from agentd.store.ops import OPS, Args, BadRequest, term_header, watch_doc
+from agentd.store.ops import OPS, Args, BadRequest, decode_items, term_header, watch_doc
 from agentd.store.tls import scheme
 from agentd.store.wire import (
     ABSENT_HEADER,
@@ -60,7 +62,7 @@ LIMITS = Limits(max_connections=MAX_CONNECTIONS, idle_timeout=30.0, body_timeout
 it, even by a client whose loop lags seconds behind its answers (16,384 handlers, 4,096
 per process: with 10 s, thousands of ``add`` requests went out on connections the store
 had just closed, their outcome unknown)."""
-CANDIDATE_OPS = frozenset({"role", "promote", "stand"})
+CANDIDATE_OPS = frozenset({"role", "promote", "stand", "inherit"})
 CANDIDATES_KEY = CANDIDATES_HEADER.lower()
 TERM_KEY = TERM_HEADER.lower()
 LONG_POLLS = frozenset({"wait", "watch"})
@@ -108,6 +110,10 @@ class StoreServer:
         self.store = store or MemoryStore()
         self.instance = os.urandom(8).hex()
         """Names this server's state: clients see a restart (state lost) when it changes."""
+        self.inherited = False
+        """Our state is the one our predecessor handed us (:mod:`agentd.store.succession`)."""
+        self._unheld = asyncio.Event()
+        self._unheld.set()
         self.candidacy = candidacy
         if candidacy is not None:
             candidacy.on_promote = self._fresh_store
@@ -160,6 +166,17 @@ class StoreServer:
         assert candidacy is not None
         self.store = MemoryStore(on_lapse=candidacy.suspect)
         self.instance = os.urandom(8).hex()
+        self.inherited = False
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While this holds, every request that could change our state (or the list we
+        serve) waits: the state is being handed to a successor."""
+        self._unheld.clear()
+        try:
+            yield
+        finally:
+            self._unheld.set()
 
     async def _drop_store(self) -> None:
         await self.store.close()
@@ -239,6 +256,8 @@ class StoreServer:
         method = OPS.get(op)
         candidacy = self.candidacy
         if op in CANDIDATE_OPS:
+            if op == "stand":  # a list changed under a hand-over would be lost with it
+                await self._unheld.wait()
             return 200, self._candidate_op(op, raw), {}
         if method is None:
             return 404, {"error": f"op: {op!r} is not one of {sorted(OPS)}"}, {}
@@ -252,6 +271,7 @@ class StoreServer:
             raise BadRequest("body: must be a JSON object")
         if candidacy is not None:  # a candidate cut off from the others renews no lease
             await candidacy.confirm_contact()
+        await self._unheld.wait()  # (no wait when nothing holds)
         if candidacy is not None and not candidacy.serving:  # checked after the last await:
             raise StoreNotServing(candidacy.not_serving_message())  # no step-down comes first
         seen = body.get("instance")
@@ -268,8 +288,11 @@ class StoreServer:
         return 200, result, {INSTANCE_HEADER: instance}
 
     def _candidate_op(self, op: str, raw: bytes) -> dict[str, Any]:
-        """``role`` (any server: one without a candidacy always serves), ``promote`` and
-        ``stand`` (a member joining a growing list; only the serving candidate admits)."""
+        """``role`` (any server: one without a candidacy always serves), ``promote``,
+        ``inherit`` (a promotion with the state of the serving candidate, which hands it
+        down: :mod:`agentd.store.succession`; written before anyone is answered from the
+        new store) and ``stand`` (a member joining a growing list; only the serving
+        candidate admits)."""
         candidacy = self.candidacy
         if candidacy is None:
             if op != "role":
@@ -284,6 +307,16 @@ class StoreServer:
         served = list_term(body.get("list_term"))
         if op == "promote":
             candidacy.promote(Args(body).integer("term"), endpoints, served)
+        elif op == "inherit":
+            items, term, before = decode_items(body.get("items")), Args(body).integer("term"), None
+            if candidacy.term < term:
+                before = candidacy.term
+                candidacy.promote(term, endpoints, served)
+            took = before is not None and candidacy.serving and candidacy.term == term
+            if took:  # promoted now, with a fresh store: nobody has been answered from it
+                self.store.restore(items)
+                self.inherited = True
+            return {**candidacy.document(), "inherited": took}
         elif op == "stand":
             if not candidacy.growing:
                 raise BadRequest("op: 'stand' needs a growing candidate list (one endpoint)")
@@ -293,7 +326,7 @@ class StoreServer:
             return {**candidacy.document(), "admitted": admitted}  # the list, with it
         else:
             candidacy.extend(endpoints, served)
-        return candidacy.document()
+        return {**candidacy.document(), "inherited": candidacy.serving and self.inherited}
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Answer:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import signal
@@ -12,11 +11,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from agentd.store.etcd.gateway import prefix_end
-from tests.conftest import TESTS, WORKER, free_port, processes_of_agent, wait_until
+from tests.conftest import TESTS, WORKER, free_port, lose_host, processes_of_agent, wait_until
 from tests.helpers import jobs
 from tests.helpers.etcd_server import EtcdCluster, etcd_call, make_tls, require_etcd
 from tests.helpers.jobs import FAST, latest_attempt, member_job, members, one_round, world_sizes
@@ -155,18 +153,6 @@ def test_a_peer_whose_host_is_lost_before_its_workers_finish_ends_the_exit_barri
     assert done.wait(60) == 0, logs()
     assert "of round 0 is gone (its lease is not held)" in done.stderr(), logs()
     assert "1 node(s) of round 0 left or were lost before their workers" in done.stderr(), logs()
-
-
-def lose_host(agent_pid: int) -> None:
-    """The agent's host lost whole: the agent and everything it runs (workers, guardian and
-    the guardian's twin) frozen at once, then killed, so nothing of it can act."""
-    tree = [agent_pid, *processes_of_agent(agent_pid)]
-    with contextlib.suppress(psutil.NoSuchProcess):
-        tree += [child.pid for child in psutil.Process(agent_pid).children(recursive=True)]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in dict.fromkeys(tree):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
 
 
 def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, etcd, tmp_path):

@@ -8,12 +8,21 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
 
-from tests.conftest import DEADLINE, TESTS, WORKER, free_port, processes_of_agent, wait_until
+from tests.conftest import (
+    DEADLINE,
+    TESTS,
+    WORKER,
+    free_port,
+    lose_host,
+    processes_of_agent,
+    wait_until,
+)
 from tests.helpers.jobs import (
     FAST,
     STEADY,
@@ -418,21 +427,12 @@ def test_a_node_stopped_in_its_exit_barrier_leaves_its_peers_workers_running(
     assert "round over" not in working.stderr(), logs
 
 
-@pytest.mark.parametrize(
-    ("nnodes", "twice"), [("2", False), ("1:2", False), ("2", True)], ids=["2", "1:2", "2-twice"]
-)
-def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer_finishes(
-    run_agentd, tmp_path, nnodes, twice
-):
-    """As above, with the stopped node the store's host (the first agent at a single
-    endpoint). It handed the store over at once: the other candidate started empty, the
-    round went with the old state, and the working node's worker was stopped mid-work
-    (``2``: it then waited for a round of two until the join timeout; ``1:2``: it ran its
-    worker again from the start). Now the host keeps the store up until the working node
-    has finished and closed the run; its exit code is still SIGTERM's. A second SIGTERM
-    (``twice``) leaves at once, as before."""
-    stop = tmp_path / "stop"
-    script = tmp_path / "one_works_on.py"
+def works_until(folder: Path) -> tuple[list[str], Path]:
+    """A job whose worker on a node started with ``WORKS_ON`` works until the returned stop
+    file exists, and exits at once (success) elsewhere; each worker touches
+    ``started-<attempt>-<1 if it works on, else 0>`` in ``folder`` as it starts."""
+    stop = folder / "stop"
+    script = folder / "works_until.py"
     script.write_text(
         "import os, pathlib, sys, time\n"
         "attempt, works_on = os.environ['TORCHELASTIC_RESTART_COUNT'], 'WORKS_ON' in os.environ\n"
@@ -441,18 +441,80 @@ def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer
         f"    while not pathlib.Path({str(stop)!r}).exists():\n"
         "        time.sleep(0.05)\n"
     )
+    return [str(script), str(folder)], stop
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "host-lost"])
+def test_a_store_host_lost_in_its_exit_barrier_costs_its_peers_round_nothing(
+    run_agentd, tmp_path, how
+):
+    """The store's host (the first agent at a single endpoint) waits in its exit barrier,
+    its worker done, while the other node's worker works on (rank 0's final save), and is
+    SIGKILLed (its guardian releases it), or its host is lost whole (agent, guardian and
+    workers frozen, then killed). The store went with it: the other candidate started
+    empty, the round went with the old state, and the working node's worker was stopped
+    mid-work; with ``--nnodes 2`` it then waited for a round of two until the join
+    timeout. Now the host hands the store, state and all, to the working node's candidate
+    as it enters its barrier: its loss is that of a member whose workers succeeded, and
+    the working node's worker runs on. A SIGTERM leaves at once (it kept the store up for
+    the others until they closed the run, ``close_timeout`` at most)."""
+    job, stop = works_until(tmp_path)
+    conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
+    flags = agent_args(f"127.0.0.1:{free_port()}", "2", conf=conf)
+    host = run_agentd(*flags, *job)
+    wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
+    working = run_agentd(*flags, *job, env={"WORKS_ON": "1"})
+    wait_until(lambda: (tmp_path / "started-0-1").exists(), what="the working node's worker")
+    wait_until(
+        lambda: "handed the store it served" in host.stderr(),
+        what="the host to hand the store down in its barrier",
+    )
+    logs = lambda: [a.stderr()[-3000:] for a in (host, working)]  # noqa: E731
+    if how == "SIGTERM":
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.wait(15) == 128 + signal.SIGTERM, logs()
+        assert "keeps the store up" not in host.stderr(), logs()
+    elif how == "SIGKILL":
+        host.proc.kill()
+    else:
+        lose_host(host.pid)
+    wait_until(  # the host's heartbeat is gone: with the store, the round would be too
+        lambda: "left after its workers succeeded; the round goes on" in working.stderr(),
+        what="the working node to see the host leave",
+    )
+    stop.touch()
+    assert working.wait(60) == 0, logs()
+    assert not list(tmp_path.glob("started-1-*")), logs()  # no second attempt
+    assert "round over" not in working.stderr(), logs()
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "twice"), [("2", False), ("1:2", False), ("2", True)], ids=["2", "1:2", "2-twice"]
+)
+def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer_finishes(
+    run_agentd, tmp_path, nnodes, twice
+):
+    """As above, SIGTERMed, where no node at work stands by to be handed the store (the
+    working node's agent runs with ``standby=0``): the host keeps the store up until the
+    working node has finished and closed the run, then leaves with SIGTERM's exit code.
+    Without that, the store went as the host left, and the working node's worker was
+    stopped mid-work (``2``: it then waited for a round of two until the join timeout;
+    ``1:2``: it ran its worker again from the start). A second SIGTERM (``twice``) ends
+    that wait at once (the host then waits, ``close_timeout`` at most, for its peer to
+    leave, as a host whose store nobody can take over does)."""
+    job, stop = works_until(tmp_path)
     # a last call long enough for the second agent to join round 0 on a loaded machine
     # (``1:2`` once sealed it with the host alone); the round seals as soon as both are in
     conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
-    flags = agent_args(f"127.0.0.1:{free_port()}", nnodes, conf=conf)
-    host = run_agentd(*flags, str(script), str(tmp_path))
+    endpoint = f"127.0.0.1:{free_port()}"
+    alone = agent_args(endpoint, nnodes, conf=f"{conf},standby=0")
+    if twice:  # the host then waits for its peer to leave, as one whose store nobody can take
+        conf += ",close_timeout=5"
+    host = run_agentd(*agent_args(endpoint, nnodes, conf=conf), *job)
     wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
-    working = run_agentd(*flags, str(script), str(tmp_path), env={"WORKS_ON": "1"})
+    working = run_agentd(*alone, *job, env={"WORKS_ON": "1"})
     wait_until(lambda: "waiting for those of the other 1" in host.stderr(), what="the barrier")
     wait_until(lambda: (tmp_path / "started-0-1").exists(), what="the working node's worker")
-    wait_until(  # only then can the host hand the store over at all
-        lambda: "Standing by as store candidate" in working.stderr(), what="a candidate"
-    )
     host.proc.send_signal(signal.SIGTERM)
     wait_until(
         lambda: "keeps the store up until the other nodes' workers are done" in host.stderr(),
@@ -461,7 +523,7 @@ def test_a_store_host_stopped_in_its_exit_barrier_keeps_the_store_until_its_peer
     logs = lambda: [a.stderr()[-3000:] for a in (host, working)]  # noqa: E731
     if twice:
         host.proc.send_signal(signal.SIGTERM)
-        assert host.wait(10) == 128 + signal.SIGTERM, logs()
+        assert host.wait(20) == 128 + signal.SIGTERM, logs()
         assert "this node leaves the store: a second stop request" in host.stderr(), logs()
         return
     stop.touch()
@@ -476,13 +538,17 @@ def test_a_peer_killed_before_its_workers_finish_ends_the_exit_barrier(run_agent
     """The store's host waits in its exit barrier; the other node is SIGKILLed while its
     worker still works. Its guardian marks it gone: nobody will write its ``done`` key,
     and nobody is at a next round, so the host leaves (exit 0, as after the barrier
-    timeout) at once. It used to wait out the whole ``--exit-barrier-timeout``."""
+    timeout) at once. It used to wait out the whole ``--exit-barrier-timeout``. (The
+    working node stands by nowhere, so the store stays with the host: handed down to the
+    working node, it would go with it.)"""
     job = one_works_on(tmp_path)
     conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=20")
-    flags = agent_args(f"127.0.0.1:{free_port()}", "2", "--exit-barrier-timeout", "120", conf=conf)
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = agent_args(endpoint, "2", "--exit-barrier-timeout", "120", conf=conf)
     host = run_agentd(*flags, *job)
     wait_until(lambda: "Hosting the rendezvous store" in host.stderr(), what="the store's host")
-    working = run_agentd(*flags, *job, env={"WORKS_ON": "1"})
+    alone = agent_args(endpoint, "2", "--exit-barrier-timeout", "120", conf=f"{conf},standby=0")
+    working = run_agentd(*alone, *job, env={"WORKS_ON": "1"})
     wait_until(lambda: "waiting for those of the other 1" in host.stderr(), what="the barrier")
     wait_until(lambda: (tmp_path / "working").exists(), what="the working node's worker")
     working.proc.kill()

@@ -34,13 +34,15 @@ from agentd.rendezvous.forgotten import lifetime
 from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import PROBE_TIMEOUT, Prober, RoleReport
-from agentd.store.connect import OpenedStore, client_spec, hand_over_store, leave
+from agentd.store.client_spec import client_spec
+from agentd.store.connect import OpenedStore, hand_over_store, leave, serves_now
 from agentd.store.failover import FailoverStore
 from agentd.store.http_client import HttpStore
 from agentd.store.retry import Backoff
 from agentd.store.server import StoreServer
 from agentd.store.sockets import LIVENESS
 from agentd.store.standby import Standby
+from agentd.store.succession import hand_down
 from tests.sim.clock import answer_lost, spawn
 
 if TYPE_CHECKING:
@@ -265,8 +267,9 @@ class SimProber(Prober):
         if reply.failure == "refused":
             problem = "cannot connect (Connection refused)"
             return RoleReport(index, endpoint, problem=problem, refused=True)
-        if reply.failure:
-            return RoleReport(index, endpoint, problem="no answer within the probe timeout")
+        if reply.failure:  # lost: it may have arrived
+            why = "no answer within the probe timeout"
+            return RoleReport(index, endpoint, problem=why, unsure=True)
         return self.report(index, reply.status, reply.doc, endpoint)
 
     async def close(self) -> None:
@@ -348,12 +351,13 @@ async def open_store(network: Network, agent: SimAgent) -> OpenedStore:
         where=seed,
         prepare=standby.prepare if standby else None,
         after_round=standby.after_round if standby else None,
-        serving=(lambda: standby.serving) if standby else None,
+        serving=lambda: serves_now(server or (standby and standby.server)),
         client_spec=lambda: client_spec(client),
         on_candidates=hosting.admitted.append if hosting is not None else None,
         hand_over=lambda members: hand_over_store(
             server or (standby and standby.server), client, members
         ),
+        hand_down=lambda prefer: hand_down(server or (standby and standby.server), prefer),
         stop_standing_by=standby.leave if standby else None,
         hosting=hosting,
         leaving=lambda: leave(client, standby.leave if standby else None),

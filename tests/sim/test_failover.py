@@ -12,7 +12,7 @@ import pytest
 from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
-from tests.sim.test_protocol import at
+from tests.sim.test_protocol import at, rounds_of
 from tests.sim.world import AGENT_FAULTS, KINDS, Fault, Schedule, schedule_for, simulate
 
 SEEDS = range(60)
@@ -273,8 +273,10 @@ def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(mon
     """Seed 382 of ``--failover --kinds kill,lose_host,term,stop,partition,join,finish``:
     agent 0, the store's host, is SIGTERMed in its exit barrier while agents 1, 2 and 4
     still work. It handed the store over at once, the next candidate started empty, and
-    the three stopped their workers mid-work (S7). It now keeps the store up for them
-    (``close_timeout`` at most); with the hand-over of before, S7 breaks again."""
+    the three stopped their workers mid-work (S7). It now hands the store, state and all,
+    to one of them as it enters its barrier, and where it cannot, keeps the store up for
+    them as it leaves (``close_timeout`` at most): either alone keeps S7, and with neither
+    (the hand-over of before) S7 breaks again."""
     from agentd.rendezvous.exit_barrier import ExitBarrier
 
     schedule = schedule_for(382, FINISH_KINDS, failover=True)
@@ -285,8 +287,38 @@ def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(mon
         return False
 
     monkeypatch.setattr(ExitBarrier, "_serve_the_others", hand_over_at_once)
+    assert simulate(schedule).violations == []  # handed down: its leave ends no round
+    monkeypatch.setattr(ExitBarrier, "_hand_the_store_down", _not_handed_down)
     [violation] = simulate(schedule).violations
     assert violation.startswith("S7") and "after agent 0" in violation, violation
+
+
+async def _not_handed_down(self, gen: int, size: int) -> bool:
+    """The exit barrier before 2026-12-02 (the third change): the store stays with its host."""
+    return True
+
+
+@pytest.mark.parametrize(
+    ("kind", "duration"), [("kill", 0.0), ("lose_host", 0.0), ("stop", 25.0), ("partition", 25.0)]
+)
+def test_a_store_host_lost_in_its_exit_barrier_ends_no_round(kind, duration, monkeypatch):
+    """Agent 0, the store's host, finishes while agents 1 and 2 work, and in its exit
+    barrier it is SIGKILLed, its host is lost, or it is frozen or cut off past its lease.
+    The store went with it: the new server started empty, and the others' round went
+    with the old state (their workers stopped mid-work, a second round formed). Now it
+    hands the store to one of them as it enters its barrier: S7 is judged for it as for
+    any member, and the round goes on."""
+    from agentd.rendezvous.exit_barrier import ExitBarrier
+
+    faults = (Fault(5.0, "finish", 0), Fault(7.0, kind, 0, duration))
+    outcome = simulate(Schedule(1, 3, 2, 3, faults, failover=True))
+    assert outcome.violations == [], outcome.notes
+    assert not rounds_of(outcome, 1), outcome.notes  # no round after the first
+    assert not [n for n in outcome.notes if "stops its workers" in n], outcome.notes
+    monkeypatch.setattr(ExitBarrier, "_hand_the_store_down", _not_handed_down)
+    before = simulate(Schedule(1, 3, 2, 3, faults, failover=True))
+    stopped = {n.split()[2] for n in before.notes if "stops its workers of round 0" in n}
+    assert stopped == {"1:", "2:"}, before.notes  # (S7 skips an agent serving the store)
 
 
 def test_a_second_stop_request_to_a_store_host_in_its_barrier_is_no_s7():

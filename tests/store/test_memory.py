@@ -84,3 +84,25 @@ async def test_watches_read_the_history_as_a_full_scan_would_through_eviction_an
         if i % 50 == 0:
             check(cold[i % len(cold)], i % 40)  # more prefixes than the index keeps
     assert store.changes_since("hot/", 0).compacted  # older than the history: re-read
+
+
+async def test_a_snapshot_restored_elsewhere_holds_the_keys_with_the_seconds_they_had_left():
+    now = [100.0]
+    old = MemoryStore(clock=lambda: now[0], stall_guard=False)
+    await old.set("ctl/gen", b"3")
+    await old.set("ctl/hb/a", b"1", ttl=15.0)
+    await old.set("gone", b"x", ttl=1.0)
+    await old.set("ctl/gen", b"4")  # rewritten: it comes last, as written last
+    now[0] += 2.0  # "gone" has expired, the heartbeat has 13 s left
+    items = old.snapshot()
+    assert items == [("ctl/hb/a", b"1", 13.0), ("ctl/gen", b"4", None)]
+    later = [0.0]
+    new = MemoryStore(clock=lambda: later[0], stall_guard=False)
+    new.restore(items)
+    assert await new.multi_get(["ctl/gen", "ctl/hb/a", "gone"]) == [b"4", b"1", None]
+    later[0] = 12.9
+    assert await new.get("ctl/hb/a") == b"1"
+    later[0] = 13.0  # its lease ends when it would have ended in the old store
+    assert await new.get("ctl/hb/a") is None
+    await old.close()
+    await new.close()

@@ -16,7 +16,7 @@ from agentd.store import candidacy as candidacy_module
 from agentd.store.api import StoreNotServing, StoreUnavailable
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import MAX_CANDIDATES, fingerprint, replaces
-from agentd.store.connect import client_from_spec, client_spec
+from agentd.store.client_spec import client_from_spec, client_spec
 from agentd.store.failover import FailoverStore
 from agentd.store.server import StoreServer
 from agentd.store.standby import Standby

@@ -147,7 +147,8 @@ async def test_a_members_guardian_reaches_the_candidate_serving_after_a_failover
     guardian was refused by every candidate (401) once the job had failed over, so its
     release was lost and the round waited for the forgotten round's fence
     (``bench/bench_seed_back.py --both-lost``: 20 s)."""
-    from agentd.store.connect import client_from_spec, http_store_opener
+    from agentd.store.client_spec import client_from_spec
+    from agentd.store.connect import http_store_opener
     from tests.conftest import free_port
 
     port = free_port()
