@@ -159,8 +159,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         return opened.describe() if opened.describe else {"where": opened.where}
 
     def lease_deadline(self) -> float | None:
-        """When our membership lease ends (monotonic seconds): no worker of ours may run
-        after it. None: no lease (a store in this agent)."""
+        """When our lease ends (monotonic): no worker of ours runs after it (None: none)."""
         return self._membership.deadline if self._membership is not None else None
 
     def membership_lost(self) -> str:
@@ -312,6 +311,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             self._problems,
         )
         watch_task, lost = await first_done(watch.reason(), membership.lost())
+        self._rounds_or_fail().finished_peers = (current.generation, frozenset(watch.finished))
         if lost.done() and not lost.cancelled():
             membership.member = False
             self._unended = current.generation

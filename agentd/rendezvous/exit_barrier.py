@@ -7,8 +7,13 @@ store is out of reach: nobody can be waited for without it); or when the rendezv
 closed, which a member that failed for good does: its done key would never come, and its
 peers waited out the agent's whole barrier timeout (300 s by default) before.
 
-A store's host stopped in its barrier (SIGTERM, a second drain request) keeps the store up
-for the others as it leaves, until they close the run (:meth:`ExitBarrier._serve_the_others`).
+A store's host hands the store, state and all, to a member still at work as it enters
+its barrier (:meth:`ExitBarrier._hand_the_store_down`), so its loss there costs the
+others nothing; where it could not and is stopped there (SIGTERM, a second drain
+request), it keeps the store up for them until they close the run
+(:meth:`ExitBarrier._serve_the_others`), then passes it on with its state if it can.
+A store that fails over and forgets the round under the barrier is told at once: this
+node counts itself finished there and waits on (:meth:`ExitBarrier._closed_elsewhere`).
 
 A round ended meanwhile (a member's workers failed, or it was lost) does not end the wait:
 the others may finish the job in the next round, and close the run once they have. The
@@ -41,6 +46,7 @@ from agentd.support.aio import first_done
 
 if TYPE_CHECKING:
     from agentd.rendezvous.conf import RendezvousSettings
+    from agentd.rendezvous.host_memory import HostMemory
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
     from agentd.rendezvous.round import Round
@@ -73,8 +79,11 @@ class _RoundState(NamedTuple):
 
 
 HAND_DOWN_READS = 64
-"""The most members at work whose candidates a store's host in its barrier reads (a list
-holds eight at most)."""
+"""The most members at work (and done) whose candidates a store's host reads to hand the
+store down (a list holds eight at most)."""
+LEAVE_HAND_DOWN = 5.0
+"""Seconds a leaving store's host spends handing the store down before it hands it over
+empty, as before."""
 SERVING_CHECK = 1.0
 """Seconds between two reads of the generation while a leaving store's host waits for the
 others to close the run (it waits ``close_timeout`` at most, not the barrier's 300 s)."""
@@ -94,6 +103,7 @@ class ExitBarrier:
     """The round whose ``done`` key this node wrote (its workers succeeded in it): its
     leave then ends no round (:mod:`agentd.rendezvous.round_watch`)."""
     _opened: OpenedStore | None
+    _memory: HostMemory | None
     _hurry: asyncio.Event | None = None
     """Set by a second stop request: a leaving store's host waits for the others no more."""
 
@@ -124,16 +134,38 @@ class ExitBarrier:
                 ) from None
             return
         barrier, lost, closed = await first_done(
-            self._barrier(current), membership.lost(), self._closed_elsewhere()
+            self._barrier(current), membership.lost(), self._closed_elsewhere(current)
         )
-        if closed.done() and not closed.cancelled():
-            why, failed = closed.result()
+        while _forgotten(closed) or (
+            barrier.cancelled() and closed.cancelled() and await self._store_forgot(current)
+        ):
+            log.warning(
+                "Exit barrier: the store failed over and forgot round %d; this node's workers "
+                "are done, which it counts there, and it waits, up to the barrier timeout, "
+                "for the others to finish and close the run",
+                current.generation,
+            )  # (leaving now closed the run as succeeded while the others worked on)
+            barrier, closed = await first_done(
+                self._barrier(current), self._closed_elsewhere(current)
+            )
+        if closed.done() and not closed.cancelled() and (result := closed.result()) is not None:
+            why, failed = result
             level = logging.WARNING if failed else logging.DEBUG  # succeeded: all were done
             log.log(level, "Exit barrier: %s; not waiting for the other nodes", why)
             return
         if barrier.cancelled():
             raise StoreUnavailable(f"the store cannot be reached: {lost.result()}")
         barrier.result()
+
+    async def _store_forgot(self, current: Round) -> bool:
+        """The store answers, and no longer holds our entry of round ``current``: it failed
+        over (or restarted) empty, which a member at work's loss does where that member
+        served it; within a second, else False."""
+        key = self._keys.round(current.generation, f"node/{current.rank}")
+        with contextlib.suppress(StoreError, TimeoutError):
+            async with asyncio.timeout(1.0):
+                return await self.store.get(key) != current.mine
+        return False
 
     async def _barrier(self, current: Round) -> None:
         store = self.store
@@ -198,17 +230,14 @@ class ExitBarrier:
         opened = self._opened
         if opened is None or opened.hand_down is None or not opened.serves or size < 2:
             return True
-        keys, store = self._keys, self.store
         try:
-            done = await store.multi_get([keys.round(gen, f"done/{i}") for i in range(size)])
-            at_work = [i for i, mark in enumerate(done) if mark is None][:HAND_DOWN_READS]
-            entries = await store.multi_get([keys.round(gen, f"node/{i}") for i in at_work])
-            prefer = [str(json.loads(e).get("candidate") or "") for e in entries if e is not None]
-            to = await opened.hand_down([c for c in prefer if c]) if at_work else ""
+            at_work, _, working = await self._candidates(gen, size)
+            to = await opened.hand_down(at_work) if at_work else ""
         except (StoreError, ConfigError, ValueError, AttributeError) as exc:
             log.debug("Exit barrier: the store not handed down: %s", exc)
             return False
         if to:
+            self._handed_down()
             log.info(
                 "Rendezvous %s: this node's workers are done: it handed the store it served "
                 "to %s, the candidate of a node still at work (this node's loss no longer "
@@ -216,7 +245,47 @@ class ExitBarrier:
                 self._run_id,
                 to,
             )
-        return bool(to) or not at_work
+        return bool(to) or not working
+
+    async def _pass_the_store_on(self, current: Round) -> bool:
+        """This node leaves and serves the store: hand it, state and all, to another
+        member's candidate (those at work first), so the store is not new to the others
+        (a new one forgets the round and fences its members for a lease: a member that
+        finished and left, its marks gone with it, cost the others 20 s; seed 2381 of
+        ``bench/simulate.py --failover``). Whether it did."""
+        opened = self._opened
+        if opened is None or opened.hand_down is None or not opened.serves or current.size < 2:
+            return False
+        with contextlib.suppress(StoreError, ConfigError, ValueError, AttributeError):
+            async with asyncio.timeout(LEAVE_HAND_DOWN):
+                at_work, done, _ = await self._candidates(current.generation, current.size)
+                if await opened.hand_down([*at_work, *done]):
+                    self._handed_down()
+                    return True
+        return False
+
+    async def _candidates(self, gen: int, size: int) -> tuple[list[str], list[str], int]:
+        """Where the members of round ``gen`` stand by for the store: those still at work,
+        and those whose workers are done (:data:`HAND_DOWN_READS` of each at most); and
+        how many are at work."""
+        keys, store = self._keys, self.store
+        marks = await store.multi_get([keys.round(gen, f"done/{i}") for i in range(size)])
+        at_work = [i for i, mark in enumerate(marks) if mark is None][:HAND_DOWN_READS]
+        done = [i for i, mark in enumerate(marks) if mark is not None][:HAND_DOWN_READS]
+        entries = await store.multi_get([keys.round(gen, f"node/{i}") for i in at_work + done])
+        found = [str(json.loads(e).get("candidate") or "") if e else "" for e in entries]
+        working = sum(mark is None for mark in marks)
+        return (
+            [c for c in found[: len(at_work)] if c],
+            [c for c in found[len(at_work) :] if c],
+            working,
+        )
+
+    def _handed_down(self) -> None:
+        """A restart of this host need not fence its first round for the leases our store
+        granted: they are renewed at the successor (see :meth:`HostMemory.handed_over`)."""
+        if self._memory is not None:
+            self._memory.handed_over(asyncio.get_running_loop().time())
 
     async def _round_state(self, gen: int, size: int) -> _RoundState:
         """What became of round ``gen`` (of ``size`` members) while this node waits."""
@@ -239,13 +308,21 @@ class ExitBarrier:
             unaccounted=accounted < size and joined is None and sealed is not None,
         )
 
-    async def _closed_elsewhere(self) -> tuple[str, bool]:
+    async def _closed_elsewhere(self, current: Round) -> tuple[str, bool] | None:
         """Once the rendezvous is closed: by whom and why, and whether as failed (a member
-        that failed for good; else one that passed the barrier already)."""
-        store = self.store
-        await store.wait([self._keys.closed], FOREVER)
+        that failed for good; else one that passed the barrier already). None, at once,
+        where the store failed over and forgot round ``current`` (a watch from before a
+        move answers ``compacted``): our heartbeat, gone with it, would tell in up to a
+        heartbeat interval, and the round after it waits for us meanwhile."""
+        store, key = self.store, self._keys.closed
+        revision = await store.revision()
+        while (raw := await store.get(key)) is None:
+            result = await store.watch(key, revision, FOREVER)
+            if result.compacted and await self._store_forgot(current):
+                return None
+            revision = result.revision
         try:
-            doc = json.loads(await store.get(self._keys.closed) or b"{}")
+            doc = json.loads(raw)
             why = f"node {doc['node']} closed the rendezvous as {doc['outcome']}: {doc['reason']}"
             return why, doc["outcome"] != "succeeded"
         except (ValueError, KeyError, TypeError):
@@ -311,3 +388,8 @@ class ExitBarrier:
                 now = await store.get(keys.gen) or b""
                 if now.isdigit() and int(now) > current.generation:
                     return False
+
+
+def _forgotten(closed: asyncio.Future[tuple[str, bool] | None]) -> bool:
+    """The wait for the run's close ended on a store that forgot our round."""
+    return closed.done() and not closed.cancelled() and closed.result() is None

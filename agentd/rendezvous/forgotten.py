@@ -30,7 +30,7 @@ import json
 import logging
 from typing import NamedTuple
 
-from agentd.rendezvous.accounting import FENCE, Carried
+from agentd.rendezvous.accounting import FENCE, FINISHED, MEMBERS, Carried
 from agentd.rendezvous.keys import RunKeys
 from agentd.store.api import Store
 from agentd.store.contact import CUT_OFF
@@ -129,13 +129,14 @@ async def hold(store: Store, keys: RunKeys, run_id: str, generation: int) -> byt
         forgotten = Forgotten.decode(raw) if raw is not None else None
         if forgotten is None:
             return None
-        back, gone = await store.multi_get(
+        back, gone, finished = await store.multi_get(
             [
                 keys.round(generation, f"back/{forgotten.generation}"),
-                keys.round(forgotten.generation, "gone"),
+                keys.round(forgotten.generation, MEMBERS),
+                keys.round(forgotten.generation, FINISHED),  # their workers exited: no rank
             ]
         )
-        if int(back or b"0") + int(gone or b"0") >= forgotten.size:
+        if sum(int(n or b"0") for n in (back, gone, finished)) >= forgotten.size:
             return None
         if not waited:
             waited = True

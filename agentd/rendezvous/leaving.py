@@ -69,6 +69,8 @@ class Leaving:
 
         async def _serve_the_others(self) -> bool: ...
 
+        async def _pass_the_store_on(self, current: Round) -> bool: ...
+
     def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Tell ``listener`` how another process may release our membership should this
         agent die (see :mod:`agentd.rendezvous.release`), whenever that changes."""
@@ -198,9 +200,12 @@ class Leaving:
                         self._round = await self._rounds.sealed_with_us()
                 current, marked = self._round, {}
                 if self._opened.hand_over is not None and current is not None:
-                    if self._opened.serves and self._rounds is not None:
+                    if await self._pass_the_store_on(current):  # with its state: marks too
+                        handed = True
+                    elif self._opened.serves and self._rounds is not None:
                         marked = await self._gone_marks()  # the others who left
-                    handed = await self._opened.hand_over(current.size)  # to its next server
+                    if not handed:
+                        handed = await self._opened.hand_over(current.size)  # empty
                     if handed and self._memory is not None:
                         self._memory.handed_over(asyncio.get_running_loop().time())
                 # A member whose workers succeeded (in its exit barrier) leaves no work

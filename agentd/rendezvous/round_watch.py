@@ -58,7 +58,7 @@ class RoundWatch:
     """The watched members' addresses (``--local-addr``), by node id, for messages."""
     _ranks: dict[str, int] = field(default_factory=dict)
     """The watched members' places in the round, by node id."""
-    _finished: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
     """Watched members that left after their workers succeeded: watched no more."""
 
     async def reason(self) -> str:
@@ -126,7 +126,7 @@ class RoundWatch:
         self._addrs.update({str(e["node"]): str(e.get("addr") or "") for _, e in entries})
         self._ranks.update({str(e["node"]): rank for rank, e in entries})
         nodes = [str(e["node"]) for _, e in entries]
-        return {self.keys.heartbeat(n): n for n in nodes if n not in self._finished}
+        return {self.keys.heartbeat(n): n for n in nodes if n not in self.finished}
 
     async def _state(self, members: dict[str, str]) -> str:
         """Why the round is over already ('' if it is not). Fills ``members`` with the
@@ -180,7 +180,7 @@ class RoundWatch:
         done = rank is not None and await self.store.get(self._done_key(rank)) is not None
         if done:
             del members[key]
-            self._finished.add(node)
+            self.finished.add(node)
             log.info(
                 "Rendezvous %s: node %s left after its workers succeeded; the round goes on",
                 self.run_id,

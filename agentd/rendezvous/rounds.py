@@ -299,8 +299,8 @@ class Rounds(SealWait):
         for a while): a round sealed without us need not wait for our lease's end."""
         carried = self.carried
         if carried is not None and carried.member:
-            key = self._keys.round(carried.generation, f"out/{self.node_id}")
-            await self._store.set(key, b"1")
+            await self._store.set(self._keys.round(carried.generation, f"out/{self.node_id}"), b"1")
+            await self.carry_finished(carried)
 
     async def _end_if_abandoned(self, generation: int, size: int, settle: bool) -> None:
         """End a full round whose members are gone, or one sealed with fewer than ``size``

@@ -40,6 +40,9 @@ class Sealing:
     _settings: RoundSettings
     carried: Carried | None
     _node: dict[str, object]
+    finished_peers: tuple[int, frozenset[str]] = (-1, frozenset())
+    """Members of a round whose workers this agent's round watch saw succeed (their
+    heartbeat went with their ``done`` key set), and that round."""
 
     @property
     def node_id(self) -> str:
@@ -139,6 +142,17 @@ class Sealing:
             return
         await accounting.mark_done(self._store, self._keys, carried, node)
         await self._settle_later_round(carried)
+
+    async def carry_finished(self, carried: Carried) -> None:
+        """Count the members of ``carried``'s round that we saw finish as finished in this
+        store too (once each, whatever was counted before): a store that failed over
+        forgot them, and the next round's fence waited a lease for each (seed 2381 of
+        ``bench/simulate.py --failover``: a finished host lost whole, then the member it
+        had handed the store to killed: 20 s)."""
+        generation, nodes = self.finished_peers
+        if generation == carried.generation:
+            for node in sorted(nodes):
+                await accounting.mark_done(self._store, self._keys, carried, node)
 
     async def _settle_later_round(self, carried: Carried) -> None:
         """Count again a round after ``carried``'s being joined now, if any (the run not

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agentd.rendezvous.conf import RendezvousSettings
+from agentd.rendezvous.exit_barrier import ExitBarrier
 from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
 from tests.sim.test_protocol import at, rounds_of
@@ -84,7 +85,7 @@ def test_a_store_host_lost_whole_costs_one_failover_and_the_forgotten_rounds_fen
     assert lifetime(settings.heartbeat_ttl) <= cost <= store_host_lost_bound(settings), cost
 
 
-def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover():
+def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover(monkeypatch):
     """Seed 25946's shrunk schedule: the store's host leaves (SIGTERM) 20 ms after round 0
     was sealed, before agent 1 read the seal. The new store forgot the round; its other
     members told it so, naming the server the round was sealed in, and agent 1 held a
@@ -94,8 +95,17 @@ def test_a_member_that_never_saw_its_round_sealed_counts_back_after_a_failover()
     the others wrote that record, so it asks for it while it waits in round 1. (At
     30.14 s, as shrunk; 30.058 s since the clients tell a serving candidate with a
     shorter list theirs: those requests moved the seeded latencies, and the seal, so
-    the SIGTERM is 20 ms after it again.)"""
-    outcome = simulate(Schedule(25946, 4, 1, 5, (Fault(30.058, "term", 0),), failover=True))
+    the SIGTERM is 20 ms after it again.) Since 2026-12-02 the leaving host hands the store
+    down with its state, so the round is not forgotten at all: agent 1 reads the seal there
+    and the three re-form at once; the hand-down is turned off to keep the forgotten
+    round's path checked."""
+    schedule = Schedule(25946, 4, 1, 5, (Fault(30.058, "term", 0),), failover=True)
+    outcome = simulate(schedule)
+    assert outcome.violations == []
+    restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
+    assert len(restarted) == 3 and max(restarted) - 30.14 < 3.0, outcome.notes
+    monkeypatch.setattr(ExitBarrier, "_pass_the_store_on", _not_passed_on)
+    outcome = simulate(schedule)
     assert outcome.violations == []
     assert not any("agent 1: round 0," in n for n in outcome.notes), outcome.notes
     restarted = [at(n) for n in outcome.notes if ": round 1, rank" in n]
@@ -274,11 +284,10 @@ def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(mon
     agent 0, the store's host, is SIGTERMed in its exit barrier while agents 1, 2 and 4
     still work. It handed the store over at once, the next candidate started empty, and
     the three stopped their workers mid-work (S7). It now hands the store, state and all,
-    to one of them as it enters its barrier, and where it cannot, keeps the store up for
-    them as it leaves (``close_timeout`` at most): either alone keeps S7, and with neither
-    (the hand-over of before) S7 breaks again."""
-    from agentd.rendezvous.exit_barrier import ExitBarrier
-
+    to one of them as it enters its barrier; where it could not, keeps the store up for
+    them as it leaves (``close_timeout`` at most); and then passes it on with its state as
+    it leaves: each alone keeps S7, and with none (the hand-over of before) S7 breaks
+    again."""
     schedule = schedule_for(382, FINISH_KINDS, failover=True)
     assert any(f.kind == "term" and f.target == 0 for f in schedule.faults)
     assert simulate(schedule).violations == []
@@ -289,8 +298,15 @@ def test_a_store_host_sigtermed_in_its_exit_barrier_keeps_the_others_working(mon
     monkeypatch.setattr(ExitBarrier, "_serve_the_others", hand_over_at_once)
     assert simulate(schedule).violations == []  # handed down: its leave ends no round
     monkeypatch.setattr(ExitBarrier, "_hand_the_store_down", _not_handed_down)
+    assert simulate(schedule).violations == []  # passed on with its state as it leaves
+    monkeypatch.setattr(ExitBarrier, "_pass_the_store_on", _not_passed_on)
     [violation] = simulate(schedule).violations
     assert violation.startswith("S7") and "after agent 0" in violation, violation
+
+
+async def _not_passed_on(self, current) -> bool:
+    """A leave before 2026-12-02 (the third change): the store handed over empty."""
+    return False
 
 
 async def _not_handed_down(self, gen: int, size: int) -> bool:
@@ -308,8 +324,6 @@ def test_a_store_host_lost_in_its_exit_barrier_ends_no_round(kind, duration, mon
     with the old state (their workers stopped mid-work, a second round formed). Now it
     hands the store to one of them as it enters its barrier: S7 is judged for it as for
     any member, and the round goes on."""
-    from agentd.rendezvous.exit_barrier import ExitBarrier
-
     faults = (Fault(5.0, "finish", 0), Fault(7.0, kind, 0, duration))
     outcome = simulate(Schedule(1, 3, 2, 3, faults, failover=True))
     assert outcome.violations == [], outcome.notes
@@ -330,3 +344,52 @@ def test_a_second_stop_request_to_a_store_host_in_its_barrier_is_no_s7():
     terms = [f for f in schedule.faults if f.kind == "term" and f.target == 0]
     assert len(terms) == 2
     assert simulate(schedule).violations == []
+
+
+async def _forgets_nothing(self, current) -> bool:
+    """The exit barrier before 2026-12-02 (the fourth change): a store that forgot us ends it."""
+    return False
+
+
+async def _carries_nothing(self, carried) -> None:
+    """A rejoin before 2026-12-02 (the fourth change): no finished member carried."""
+
+
+@pytest.mark.parametrize(
+    ("faults", "off"),
+    [
+        ((Fault(36.18, "finish", 0), Fault(70.91, "restart", 1, 1.54)), "_store_forgot"),
+        (
+            (
+                Fault(2.23, "finish", 0),
+                Fault(35.76, "lose_host", 0),
+                Fault(70.91, "restart", 1, 1.54),
+            ),
+            "carry_finished",
+        ),
+    ],
+    ids=["in-its-barrier", "lost-before"],
+)
+def test_a_finished_member_is_counted_in_a_store_that_forgot_it(faults, off, monkeypatch):
+    """Seed 2381 of every ``--failover`` kind, shrunk two ways: agent 0, the store's host,
+    finishes and hands the store to agent 1, which is then SIGKILLed at work (and started
+    again). The new store forgot round 0, and its fence waited a lease for agent 0, which
+    was neither back nor gone there: agent 2 re-formed 20 s after the kill (S3: 3 s).
+    Agent 0, still in its barrier, now sees the store forgot its round at once (a watch
+    from before a move answers ``compacted``) and counts itself finished there, and stays
+    in its barrier (it left, closing the run as succeeded while agent 2 worked on); where
+    it was lost before, agent 2, whose round watch saw it finish, counts it finished as it
+    joins the next round. The fence counts finished members: their workers hold no rank."""
+    from agentd.rendezvous.sealing import Sealing
+
+    schedule = Schedule(2381, 3, 1, 3, faults, failover=True)
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
+    rejoined = [at(n) for n in outcome.notes if "agent 2: round 1," in n]
+    assert rejoined and rejoined[0] - 70.91 < 3.0, outcome.notes
+    owner = ExitBarrier if off == "_store_forgot" else Sealing
+    monkeypatch.setattr(
+        owner, off, _forgets_nothing if off == "_store_forgot" else _carries_nothing
+    )
+    [violation] = simulate(schedule).violations
+    assert violation.startswith("S3"), violation
