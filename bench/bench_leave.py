@@ -9,11 +9,12 @@ torchrun's command line and no ``--rdzv-conf`` (the first launcher hosts the sto
 worker each (``tests/workers/world_loop.py``: it writes its world size and idles). Once the
 world of 3 runs, the third node leaves: SIGTERM (a graceful leave), SIGKILL (its guardian
 releases it), SIGKILL of the first node, which serves the store (once another candidate
-stands by: its guardian releases it through the candidate that takes the store over), or
-SIGSTOP (a lost host: only its lease tells). The figure is the time from
-the signal to both other nodes' workers running at world 2; a run that takes longer than
-``--timeout`` counts as not recovered. The restart count the new workers see is checked
-too: leaving is a membership change, which spends no restart.
+stands by: its guardian releases it through the candidate that takes the store over),
+SIGTERM of that first node (it hands the store, with its state, to another candidate,
+then counts itself gone there), or SIGSTOP (a lost host: only its lease tells). The
+figure is the time from the signal to both other nodes' workers running at world 2; a
+run that takes longer than ``--timeout`` counts as not recovered. The restart count the
+new workers see is checked too: leaving is a membership change, which spends no restart.
 
 ``--backend etcd`` runs agentd's nodes on a real etcd started here (Debian's etcd-server)
 instead: nobody hosts the store there, so ``SIGKILL-host`` does not apply, and torchrun is
@@ -42,6 +43,7 @@ HOWS = {
     "SIGTERM": "leave_sigterm",
     "SIGKILL": "leave_sigkill",
     "SIGKILL-host": "leave_store_host",
+    "SIGTERM-host": "leave_store_host_sigterm",
     "SIGSTOP": "leave_lost",
 }
 """How the node leaves -> the figure it records (``-host``: the node that serves the store)."""

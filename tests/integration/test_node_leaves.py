@@ -75,10 +75,12 @@ def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path
         wait_until(lambda: "released node" in leaver.stderr(), 10, what="the guardian's line")
     if how == "SIGTERM of the store's host":  # it handed the store over as it left: the
         # others failed over once, with its leave, not a second time when it exited (it
-        # used to wait 30 s for them to leave, then drop the store under their new round)
+        # used to wait 30 s for them to leave, then drop the store under their new round);
+        # since 2026-12-02 with its state, so the store is not new to them
         assert leaver.wait(LEASE) == 128 + signal.SIGTERM, leaver.stderr()[-3000:]
-        assert "handing the store over" in leaver.stderr()
+        assert "handed the store, its" in leaver.stderr()
         assert all(a.stderr().count("Store failover") == 1 for a in stayers), said
+        assert all("it was handed the state" in a.stderr() for a in stayers), said
     stop.touch()
     for agent in stayers:
         assert agent.wait(60) == 0, agent.stderr()[-3000:]
