@@ -22,7 +22,6 @@ nodes' workers were stopped mid-work.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import psutil
 from report_files import write_report
-from run_control import end_run, free_port, marked_env, wait_for
+from run_control import end_run, free_port, launchers_parser, marked_env, wait_for
 
 MARK_ENV = "BENCH_BARRIER_HOST_RUN"
 HOWS = ("SIGKILL", "lost", "SIGTERM")
@@ -126,18 +125,11 @@ def run_once(launcher: str, how: str, timeout: float) -> tuple[bool, str, float 
             return kept, said, hold
         finally:
             stop.touch()
-            for proc in procs:  # a stopped one cannot die of SIGKILL until it runs
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGCONT)
             end_run(procs, MARK_ENV, marker)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--hows", default=",".join(HOWS))
-    parser.add_argument("--launchers", default="agentd,torchrun")
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser = launchers_parser(__doc__ or "", HOWS)
     parser.add_argument("--record", action="store_true", help="write agentd's figures")
     args = parser.parse_args()
     hows, launchers = args.hows.split(","), args.launchers.split(",")

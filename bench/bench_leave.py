@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_control import end_run, marked_env, wait_for
+from run_control import end_run, launchers_parser, marked_env, wait_for
 
 WORKER = str(Path(__file__).resolve().parent.parent / "tests" / "workers" / "world_loop.py")
 MARK_ENV = "BENCH_LEAVE_RUN"
@@ -126,18 +126,11 @@ def run_once(launcher: str, how: str, timeout: float, etcd: str | None = None) -
             return took
         finally:
             stop.touch()
-            for proc in procs:  # a stopped one cannot die of SIGKILL until it runs
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGCONT)
             end_run(procs, MARK_ENV, marker)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--launchers", default="agentd,torchrun")
-    parser.add_argument("--hows", default=",".join(HOWS), help="how the node leaves")
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser = launchers_parser(__doc__ or "", list(HOWS))
     parser.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     parser.add_argument(
         "--record", action="store_true", help="write agentd's medians to docs/figures.json"

@@ -9,8 +9,10 @@ workers, blocked in gloo, outlive it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -61,10 +63,12 @@ def kill_marked(env_name: str, marker: str) -> None:
 
 
 def end_run(procs: Sequence[subprocess.Popen[bytes]], env_name: str = "", marker: str = "") -> None:
-    """Kill and reap the run's launchers still running; with ``marker``, then every process
-    the run marked (:func:`kill_marked`), by pid."""
+    """Kill and reap the run's launchers still running (a stopped one is continued first:
+    a run may SIGSTOP one); with ``marker``, then every process the run marked
+    (:func:`kill_marked`), by pid."""
     for proc in procs:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
             proc.kill()
             proc.wait()
     if marker:
@@ -85,3 +89,14 @@ def tally(name: str, runs: int, job: Callable[[int], tuple[bool, float, str]]) -
     print(row, flush=True)
     if first_failure:
         print("  first failure: " + first_failure.replace("\n", "\n    "), flush=True)
+
+
+def launchers_parser(doc: str, hows: Sequence[str]) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs launchers through faults: ``--runs``,
+    ``--launchers`` (agentd, torchrun), ``--hows`` (of ``hows``) and ``--timeout``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--launchers", default="agentd,torchrun")
+    parser.add_argument("--hows", default=",".join(hows), help="the fault, or faults")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    return parser

@@ -69,15 +69,6 @@ class Candidates:
             await self.stop(index)
 
 
-@pytest.fixture
-async def three():
-    group = Candidates(3)
-    for index in range(3):
-        await group.start(index)
-    yield group
-    await group.close()
-
-
 async def post(endpoint: str, op: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
     headers = {"Authorization": f"Bearer {TOKEN}", **headers}
     async with (

@@ -11,16 +11,7 @@ import pytest
 
 from agentd.store.succession import hand_down
 from agentd.store.wire import TERM_HEADER
-from tests.store.test_failover import Candidates, post
-
-
-@pytest.fixture
-async def three():
-    group = Candidates(3)
-    for index in range(3):
-        await group.start(index)
-    yield group
-    await group.close()
+from tests.store.test_failover import post
 
 
 async def test_a_store_handed_down_keeps_its_keys_and_every_client_follows(three, caplog):
