@@ -45,6 +45,8 @@ from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
     from agentd.rendezvous.conf import RendezvousSettings
     from agentd.rendezvous.host_memory import HostMemory
     from agentd.rendezvous.keys import RunKeys
@@ -60,8 +62,7 @@ FOREVER = 7 * 86400.0
 """A store wait with no end of its own (the agent's barrier timeout ends it)."""
 CHECK = 5.0
 """Seconds between two reads of the round's state while the barrier waits (one request
-per node, as a heartbeat): a round ended meanwhile is said, and one that nobody can
-finish any more is left, within this long."""
+per node): a round ended is said, and one nobody can finish left, within this long."""
 
 
 class _RoundState(NamedTuple):
@@ -79,11 +80,9 @@ class _RoundState(NamedTuple):
 
 
 HAND_DOWN_READS = 64
-"""The most members at work (and done) whose candidates a store's host reads to hand the
-store down (a list holds eight at most)."""
+"""The most members at work (and done) whose candidates a store's host reads."""
 LEAVE_HAND_DOWN = 5.0
-"""Seconds a leaving store's host spends handing the store down before it hands it over
-empty, as before."""
+"""Seconds a leaving store's host tries to hand the store down before it hands it over empty."""
 SERVING_CHECK = 1.0
 """Seconds between two reads of the generation while a leaving store's host waits for the
 others to close the run (it waits ``close_timeout`` at most, not the barrier's 300 s)."""
@@ -158,9 +157,8 @@ class ExitBarrier:
         barrier.result()
 
     async def _store_forgot(self, current: Round) -> bool:
-        """The store answers, and no longer holds our entry of round ``current``: it failed
-        over (or restarted) empty, which a member at work's loss does where that member
-        served it; within a second, else False."""
+        """The store answers within a second, and no longer holds our entry of round
+        ``current``: it failed over (or restarted) empty."""
         key = self._keys.round(current.generation, f"node/{current.rank}")
         with contextlib.suppress(StoreError, TimeoutError):
             async with asyncio.timeout(1.0):
@@ -227,12 +225,12 @@ class ExitBarrier:
         others' round nothing: the store went with it, and their workers were stopped
         mid-work. Whether there is nothing more to try (handed, or nothing to hand); none
         at work stands by yet: tried again at the next check."""
-        opened = self._opened
-        if opened is None or opened.hand_down is None or not opened.serves or size < 2:
+        hand_down = self._store_to_hand_down(size)
+        if hand_down is None:
             return True
         try:
             at_work, _, working = await self._candidates(gen, size)
-            to = await opened.hand_down(at_work) if at_work else ""
+            to = await hand_down(at_work) if at_work else ""
         except (StoreError, ConfigError, ValueError, AttributeError) as exc:
             log.debug("Exit barrier: the store not handed down: %s", exc)
             return False
@@ -250,19 +248,26 @@ class ExitBarrier:
     async def _pass_the_store_on(self, current: Round) -> bool:
         """This node leaves and serves the store: hand it, state and all, to another
         member's candidate (those at work first), so the store is not new to the others
-        (a new one forgets the round and fences its members for a lease: a member that
-        finished and left, its marks gone with it, cost the others 20 s; seed 2381 of
+        (a new one fenced the round it forgot for a lease: 20 s in seed 2381 of
         ``bench/simulate.py --failover``). Whether it did."""
-        opened = self._opened
-        if opened is None or opened.hand_down is None or not opened.serves or current.size < 2:
+        hand_down = self._store_to_hand_down(current.size)
+        if hand_down is None:
             return False
         with contextlib.suppress(StoreError, ConfigError, ValueError, AttributeError):
             async with asyncio.timeout(LEAVE_HAND_DOWN):
                 at_work, done, _ = await self._candidates(current.generation, current.size)
-                if await opened.hand_down([*at_work, *done]):
+                if await hand_down([*at_work, *done]):
                     self._handed_down()
                     return True
         return False
+
+    def _store_to_hand_down(self, size: int) -> Callable[[Sequence[str]], Awaitable[str]] | None:
+        """:attr:`OpenedStore.hand_down`, where this node serves a store it can hand down
+        and its round of ``size`` has another member (None: nothing to hand)."""
+        opened = self._opened
+        if opened is None or opened.hand_down is None or not opened.serves or size < 2:
+            return None
+        return opened.hand_down
 
     async def _candidates(self, gen: int, size: int) -> tuple[list[str], list[str], int]:
         """Where the members of round ``gen`` stand by for the store: those still at work,

@@ -222,7 +222,7 @@ Item = tuple[str, bytes, float | None]
 
 def encode_items(items: Sequence[Item]) -> list[list[Any]]:
     """A snapshot as ``inherit`` carries it: ``[key, base64 value, seconds left or None]``."""
-    return [[key, base64.b64encode(value).decode(), ttl] for key, value, ttl in items]
+    return [[key, b64(value), ttl] for key, value, ttl in items]
 
 
 def decode_items(value: Any) -> list[Item]:

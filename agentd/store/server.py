@@ -308,11 +308,11 @@ class StoreServer:
         if op == "promote":
             candidacy.promote(Args(body).integer("term"), endpoints, served)
         elif op == "inherit":
-            items, term, before = decode_items(body.get("items")), Args(body).integer("term"), None
-            if candidacy.term < term:
-                before = candidacy.term
+            items, term = decode_items(body.get("items")), Args(body).integer("term")
+            newer = candidacy.term < term
+            if newer:
                 candidacy.promote(term, endpoints, served)
-            took = before is not None and candidacy.serving and candidacy.term == term
+            took = newer and candidacy.serving and candidacy.term == term
             if took:  # promoted now, with a fresh store: nobody has been answered from it
                 self.store.restore(items)
                 self.inherited = True
