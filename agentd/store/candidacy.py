@@ -380,9 +380,9 @@ class Candidacy:
         self.term = max(self.term, report.term)
         return True
 
-    def step_down(self, why: str) -> None:
+    def step_down(self, why: str, level: int = logging.INFO) -> None:
         said = "Store %s: stepping down (%s); another candidate serves: standing by, state dropped"
-        log.info(said, self.own, why)
+        log.log(level, said, self.own, why)
         self.role = "standby"
         self._standing_by.set()
         if self.on_step_down is not None:

@@ -1,16 +1,15 @@
 """FailoverStore: the Store protocol over a list of candidate servers, one serving at a time.
 
-It finds the candidate serving (see :mod:`agentd.store.candidates`) on its first request
-and keeps talking to it; while nothing fails, that is the only extra cost (one probe of
-each candidate at start). When the server stops answering, or answers that it stands
-by, the client asks every candidate its role, moves to the one serving under the newest
-term or promotes the lowest-index candidate that answers, and sends the request again
-there (except an ``add`` that may have been applied). It waits for every answer, each
-within the probe timeout, but for those of the candidates the server last said it had
-not heard lately (on a host lost earlier: see :mod:`agentd.store.contact`), once the
-others are in. The new server's state is empty (unless the old one handed it over:
-:mod:`agentd.store.succession`): the next watch answers ``compacted``, and the
-rendezvous reads the round again there, and re-forms it where it is gone.
+It finds the candidate serving (:mod:`agentd.store.candidates`) on its first request and
+keeps talking to it (one probe of each candidate at start). When the server stops
+answering, or stands by, the client asks every candidate its role, moves to the one
+serving under the newest term or promotes the lowest-index one that answers, and sends the
+request again there (except an ``add`` that may have been applied). It waits for every
+answer, each within the probe timeout, but for those of candidates the server had not
+heard lately (on a host lost earlier: :mod:`agentd.store.contact`), once the others are
+in. The new server starts empty, unless the old one handed it the state
+(:mod:`agentd.store.succession`: a "Store moved" line, where a loss logs "Store failover"):
+the next watch answers ``compacted``, and the rendezvous reads its round again there.
 
 With a growing list (``growing``; see :mod:`agentd.store.standby`), it starts with the
 seed alone and talks to it as to a single store. Every answer says how long the server's
@@ -126,8 +125,7 @@ class FailoverStore(ForwardingStore):
         """The endpoint of the candidate on this agent's host, if it stands as one."""
         self.peers: tuple[str, ...] = ()
         """Where the other members of our last round stand by (see the module docstring)."""
-        self.leaving = False
-        """This agent leaves (:meth:`leave`)."""
+        self.leaving = False  # this agent leaves (:meth:`leave`)
         self._moves = 0
         self._lock = asyncio.Lock()
         self._search: asyncio.Task[None] | None = None
@@ -139,8 +137,7 @@ class FailoverStore(ForwardingStore):
         return self._prober.endpoints
 
     @property
-    def list_term(self) -> int:
-        """The term our growing list was served under."""
+    def list_term(self) -> int:  # the term our growing list was served under
         return self._prober.list_term
 
     @property
@@ -149,8 +146,7 @@ class FailoverStore(ForwardingStore):
         return self.growing and len(self.endpoints) == 1
 
     def status(self) -> dict[str, Any]:
-        """What ``/status`` shows: the candidates, which one serves, which ones failed, the
-        peers, and whether the connections are TLS."""
+        """What ``/status`` shows: the candidates, the one serving, failed ones, peers, TLS."""
         serving = None if self.serving is None else self.endpoints[self.serving]
         return {
             "endpoints": list(self.endpoints),
@@ -329,9 +325,13 @@ class FailoverStore(ForwardingStore):
             return
         self.failovers += 1
         gone = self.endpoints[old] if old is not None else "the store"
-        said = "Store failover: %s stopped serving (%s); now using %s (candidate %d, term %d); "
-        said += "it was handed the state" if found.inherited else "its state starts empty"
-        log.info(said, gone, why or "no answer", found.endpoint, found.index, found.term)
+        if not found.inherited:
+            said = "Store failover: %s stopped serving (%s); now using %s (candidate %d, term %d); "
+            said += "its state starts empty"
+            return log.info(said, gone, why or "no answer", found.endpoint, found.index, found.term)
+        said = "Store moved: %s handed the store, state and all, to %s (candidate %d, term %d)"
+        level = logging.DEBUG if gone == self.own_candidate else logging.INFO  # (it said so)
+        log.log(level, said, gone, found.endpoint, found.index, found.term)
 
     def leave(self) -> None:
         """This agent leaves: from now on a search that finds no candidate answering gives

@@ -73,7 +73,7 @@ async def hand_down(server: StoreServer | None, prefer: Sequence[str]) -> str:
                 unsure = not answer.refused
             if answer.inherited and answer.term == term:
                 if candidacy.serving:  # (its first words to us may have said so already)
-                    candidacy.step_down(f"handed the store to {endpoint}")
+                    candidacy.step_down(f"handed the store to {endpoint}", logging.DEBUG)
                 candidacy.observe(term)
                 said = "Store %s: handed the store, its %d keys, to %s (term %d), holding "
                 said += "requests for %.1f ms"

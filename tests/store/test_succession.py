@@ -33,7 +33,10 @@ async def test_a_store_handed_down_keeps_its_keys_and_every_client_follows(three
         assert await client.multi_get(["ctl/gen", "ctl/hb/a"]) == [b"7", b"1"]
     status = client.status()
     assert (status["serving"], status["term"], status["failovers"]) == (three.endpoints[2], 2, 1)
-    assert "it was handed the state" in caplog.text
+    # a planned move, said as one: not a failover
+    moved = f"Store moved: {three.endpoints[0]} handed the store, state and all, to "
+    assert moved + three.endpoints[2] in caplog.text
+    assert "Store failover" not in caplog.text and "stepping down" not in caplog.text
     # the TTL key lives on for the seconds it had left, and no longer
     async with asyncio.timeout(10):
         while await client.get("ctl/hb/a") is not None:
