@@ -35,11 +35,13 @@ from agentd.store.wire import (
     CANDIDATE_COUNT_HEADER,
     CANDIDATE_LIST_HEADER,
     CANDIDATES_HEADER,
+    INHERIT_MAX_BODY,
     INSTANCE_HEADER,
     MAX_CONNECTIONS,
     NOT_SERVING,
     TERM_HEADER,
 )
+from agentd.support.collector import collector_paused
 from agentd.support.http_messages import Request, error_body
 from agentd.support.http_site import Limits, ServerLog
 from agentd.support.json_http import Answer, JsonHttpServer
@@ -135,7 +137,9 @@ class StoreServer:
         context = None
         if self.tls is not None:
             context = self.tls.server_context(self._refused_handshake)
-        http = JsonHttpServer(self._handle, "store", self._limits, self.server_log, MAX_BODY)
+        http = JsonHttpServer(
+            self._handle, "store", self._limits, self.server_log, MAX_BODY, self._body_limit
+        )
         self.port = await http.start(self.host, self.port, context)
         self._http = http
         if not self._given_token:
@@ -211,6 +215,10 @@ class StoreServer:
             return _error(500, f"internal error: {type(exc).__name__}")
         return status, json.dumps(doc).encode(), headers
 
+    def _body_limit(self, path: str, headers: Mapping[str, str]) -> int:
+        inherit = path == "/v1/inherit" and self._authorized(headers.get("authorization", ""))
+        return INHERIT_MAX_BODY if inherit else MAX_BODY
+
     def _authorized(self, header: str) -> bool:
         """The request carries our bearer token (compared in constant time, as bytes)."""
         scheme, _, token = header.partition(" ")
@@ -258,7 +266,8 @@ class StoreServer:
         if op in CANDIDATE_OPS:
             if op == "stand":  # a list changed under a hand-over would be lost with it
                 await self._unheld.wait()
-            return 200, self._candidate_op(op, raw), {}
+            with collector_paused() if op == "inherit" else contextlib.nullcontext():
+                return 200, self._candidate_op(op, raw), {}
         if method is None:
             return 404, {"error": f"op: {op!r} is not one of {sorted(OPS)}"}, {}
         try:

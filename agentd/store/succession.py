@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentd.store.ops import encode_items
+from agentd.store.wire import INHERIT_MAX_BODY
+from agentd.support.collector import collector_paused
 
 if TYPE_CHECKING:
     from agentd.store.server import StoreServer
@@ -61,9 +63,15 @@ async def hand_down(server: StoreServer | None, prefer: Sequence[str]) -> str:
             continue
         term = candidacy.term + 1
         listed = {"endpoints": list(candidacy.endpoints), "list_term": candidacy.list_term}
-        with server.holding():
+        with server.holding(), collector_paused():
             held = time.monotonic()
             items = server.store.snapshot()
+            size = sum(len(key) + (len(value) + 2) // 3 * 4 + 32 for key, value, _ in items)
+            if size > INHERIT_MAX_BODY:  # (its keys are ASCII, its values sent in base64)
+                said = "Store %s: its state, %d keys (%.1f MiB), is more than a successor may "
+                said += "be sent (%.1f MiB): it serves on"
+                log.info(said, candidacy.own, len(items), size / 2**20, INHERIT_MAX_BODY / 2**20)
+                return ""
             body = {"term": term, **(listed if candidacy.growing else {})}
             body["items"] = encode_items(items)
             answer = await candidacy.ask(endpoint, "inherit", body)

@@ -16,7 +16,7 @@ nothing more, and keeps every bound the aiohttp listeners of :mod:`agentd.suppor
   :data:`MAX_HEAD` bytes (or a line over ``MAX_LINE``), a chunked or a compressed body
   (its clients send neither) and anything malformed (the request line, a header, a
   ``Content-Length``, bytes that are not UTF-8) ``400`` naming what; a body over
-  ``max_body`` bytes ``413``; each 400 counted by
+  ``max_body`` bytes (or the ``body_limit`` its head is given) ``413``; each 400 counted by
   :class:`~agentd.support.http_site.ServerLog`, one log line per interval;
 * a handler whose client disconnects is cancelled (long polls end with their client);
 * requests on one connection are answered in order (pipelining), one at a time.
@@ -72,7 +72,9 @@ Handler = Callable[[Request], Awaitable[Answer]]
 
 class JsonHttpServer:
     """Serves ``handler`` on ``host:port`` (0: an ephemeral port) inside the running loop;
-    ``what`` names the listener in log lines and errors."""
+    ``what`` names the listener in log lines and errors. A request's body may hold
+    ``max_body`` bytes, or what ``body_limit`` gives for its path and headers (a larger
+    limit for one authorized operation, read before the body is)."""
 
     def __init__(
         self,
@@ -81,12 +83,14 @@ class JsonHttpServer:
         limits: Limits,
         server_log: ServerLog,
         max_body: int,
+        body_limit: Callable[[str, Mapping[str, str]], int] | None = None,
     ) -> None:
         self.handler = handler
         self.what = what
         self.limits = limits
         self.server_log = server_log
         self.max_body = max_body
+        self.body_limit = body_limit or (lambda path, headers: max_body)
         self.connections: set[_Connection] = set()
         self.refused = 0
         self._full = RateLimitedLog(log)
@@ -251,7 +255,7 @@ class _Connection(asyncio.Protocol):
         head = bytes(self._buffer[start:end])
         del self._buffer[: end + 4]
         method, path, headers, keep_alive = parse_head(head)
-        self._length = body_length(headers, self._server.max_body)
+        self._length = body_length(headers, self._server.body_limit(path, headers))
         self._head = (method, path, headers, keep_alive)
         if headers.get("expect", "").lower() == "100-continue" and len(self._buffer) < self._length:
             assert self._transport is not None

@@ -116,3 +116,36 @@ async def test_a_candidate_that_dies_as_it_is_handed_the_store_leaves_it_serving
     assert three.role(0) == ("serving", 1)
     assert await client.get("k") == b"v"
     assert client.status()["failovers"] == 0
+
+
+async def test_a_state_larger_than_any_other_request_may_be_is_handed_down_whole(three):
+    """A store's state outgrows the 4 MiB a request may carry at about 4,500 nodes: the
+    authorized ``inherit`` alone may carry more (64 MiB), and every key arrives."""
+    from agentd.store.server import MAX_BODY
+
+    client = three.client()
+    big = [(f"job/record/{i}", bytes([i]) * (1 << 20)) for i in range(6)]  # 8 MiB as sent
+    for key, value in big:
+        await client.set(key, value)
+    assert await hand_down(three.servers[0], [three.endpoints[1]]) == three.endpoints[1]
+    assert three.role(1) == ("serving", 2)
+    assert await client.multi_get([key for key, _ in big]) == [value for _, value in big]
+    # the larger limit is the authorized inherit's alone
+    body = b"{" + b" " * MAX_BODY + b"}"
+    status, doc = await post(three.endpoints[2], "role", body, {})
+    assert (status, doc["error"]) == (413, f"body: larger than {MAX_BODY} bytes")
+    status, doc = await post(three.endpoints[2], "inherit", body, {"Authorization": "Bearer x"})
+    assert (status, doc["error"]) == (413, f"body: larger than {MAX_BODY} bytes")
+
+
+async def test_a_state_too_large_to_send_is_kept_and_served_here(three, monkeypatch, caplog):
+    import agentd.store.succession as succession
+
+    client = three.client()
+    await client.set("k", b"v" * 3000)
+    monkeypatch.setattr(succession, "INHERIT_MAX_BODY", 2048)
+    with caplog.at_level(logging.INFO):
+        assert await hand_down(three.servers[0], [three.endpoints[1]]) == ""
+    assert three.role(0) == ("serving", 1) and three.role(1) == ("standby", 1)
+    assert "its state, 1 keys (0.0 MiB), is more than a successor may be sent" in caplog.text
+    assert await client.get("k") == b"v" * 3000 and client.status()["failovers"] == 0
