@@ -21,8 +21,10 @@ agent says so once; it used to wait silently. But where every member is done or 
 good (a leave, or its guardian's release after a SIGKILL) and nobody arrived at the next
 round, no node will write the missing ``done`` keys nor close the run: the wait ends, with
 a WARNING, instead of at the barrier timeout (300 s by default), after which the run was
-closed as succeeded all the same. A member lost with no mark (its host lost, its agent
-frozen or cut off past its lease) is counted gone by the members before it, which
+closed as succeeded all the same; so it does where the others re-formed without this
+node after its round ended, then all left that round too
+(:mod:`~agentd.rendezvous.barrier_state`). A member lost with no mark (its host lost, its
+agent frozen or cut off past its lease) is counted gone by the members before it, which
 look at their successors' leases meanwhile (:mod:`~agentd.rendezvous.barrier_leases`).
 The wait for the ``done`` keys is made in pieces of :data:`CHECK` seconds with the round's
 state read between them, so a node in the barrier holds no more long polls at the store
@@ -35,12 +37,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError
-from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import FENCE
 from agentd.rendezvous.barrier_leases import SuccessorLeases
+from agentd.rendezvous.barrier_state import round_state
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
@@ -63,20 +65,6 @@ FOREVER = 7 * 86400.0
 CHECK = 5.0
 """Seconds between two reads of the round's state while the barrier waits (one request
 per node): a round ended is said, and one nobody can finish left, within this long."""
-
-
-class _RoundState(NamedTuple):
-    ended: bool
-    """The generation moved past the round."""
-    gone: int
-    """Members of the round that left for good (a leave, or a guardian's release)."""
-    nobody_left: bool
-    """Every member is gone or done, and nobody arrived at the next round: no node will
-    ever write the missing ``done`` keys, nor finish the job and close the run."""
-    unaccounted: bool
-    """Some member is neither gone nor done, nobody arrived at the next round (whose first
-    member would count the lapsed ones gone), and the store holds the round: the leases
-    of the members still at work are worth a look (:mod:`~agentd.rendezvous.barrier_leases`)."""
 
 
 HAND_DOWN_READS = 64
@@ -191,14 +179,24 @@ class ExitBarrier:
             except StoreTimeout:
                 pass
             handed = handed or await self._hand_the_store_down(gen, current.size)
-            state = await self._round_state(gen, current.size)
+            state = await round_state(store, self._keys, gen, current.size)
             pause = CHECK
             if state.unaccounted:
                 marked, fencing = await leases.look(asyncio.get_running_loop().time())
                 if marked:
-                    state = await self._round_state(gen, current.size)
+                    state = await round_state(store, self._keys, gen, current.size)
                 if fencing:  # look again once its fence let it be counted
                     pause = FENCE
+            if state.nobody_left and state.later is not None:
+                log.warning(
+                    "Exit barrier: round %d ended, the others re-formed in round %d, and its "
+                    "nodes left or were lost before their workers finished (or are done); no "
+                    "node is at the next round to finish the job: leaving now, not at the "
+                    "barrier timeout",
+                    gen,
+                    state.later,
+                )
+                return
             if state.nobody_left:
                 log.warning(
                     "Exit barrier: %d node(s) of round %d left or were lost before their "
@@ -291,27 +289,6 @@ class ExitBarrier:
         granted: they are renewed at the successor (see :meth:`HostMemory.handed_over`)."""
         if self._memory is not None:
             self._memory.handed_over(asyncio.get_running_loop().time())
-
-    async def _round_state(self, gen: int, size: int) -> _RoundState:
-        """What became of round ``gen`` (of ``size`` members) while this node waits."""
-        keys = self._keys
-        now, gone, finished, joined, sealed = await self.store.multi_get(
-            [
-                keys.gen,
-                keys.round(gen, accounting.MEMBERS),
-                keys.round(gen, accounting.FINISHED),
-                keys.round(gen + 1, "join"),
-                keys.round(gen, "sealed"),
-            ]
-        )
-        left = int(gone or b"0")
-        accounted = left + int(finished or b"0")
-        return _RoundState(
-            ended=(now or b"").isdigit() and int(now or b"0") > gen,
-            gone=left,
-            nobody_left=left > 0 and accounted >= size and joined is None,
-            unaccounted=accounted < size and joined is None and sealed is not None,
-        )
 
     async def _closed_elsewhere(self, current: Round) -> tuple[str, bool] | None:
         """Once the rendezvous is closed: by whom and why, and whether as failed (a member

@@ -559,6 +559,45 @@ def test_a_peer_killed_before_its_workers_finish_ends_the_exit_barrier(run_agent
     assert said in host.stderr(), logs()
 
 
+def test_a_barrier_ends_once_the_round_its_peer_re_formed_in_is_left_too(
+    run_agentd, run_store, tmp_path
+):
+    """Node A's worker succeeds and its agent waits in the exit barrier; node B's worker
+    fails, B re-forms alone in round 1 (``--nnodes 1:2``), and is then SIGTERMed (a
+    preemption) while its new worker works. Nobody is left to finish the job: A leaves
+    (exit 0, as after the barrier timeout) within seconds. It judged its own round alone,
+    whose next round B had joined, and waited out the whole ``--exit-barrier-timeout``
+    (simulation seeds 2967 and 5404 reached it through a store restarted empty)."""
+    script = tmp_path / "b_fails_then_works.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "folder = pathlib.Path(sys.argv[1])\n"
+        "if 'WORKS_ON' in os.environ:\n"
+        "    if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+        "        while not (folder / 'fail').exists():\n"
+        "            time.sleep(0.05)\n"
+        "        sys.exit(3)\n"
+        "    (folder / 'working').touch()\n"
+        "    time.sleep(120)\n"
+    )
+    store = run_store()
+    conf = STEADY.replace("last_call_timeout=0.5", "last_call_timeout=3") + ",is_host=0"
+    flags = agent_args(store.endpoint, "1:2", "--exit-barrier-timeout", "120", conf=conf)
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    done = run_agentd(*flags, str(script), str(tmp_path), env=env)
+    failing = run_agentd(
+        *flags, "--max-restarts", "1", str(script), str(tmp_path), env={**env, "WORKS_ON": "1"}
+    )
+    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
+    (tmp_path / "fail").touch()
+    wait_until(lambda: (tmp_path / "working").exists(), 60, what="B's worker of round 1")
+    failing.proc.send_signal(signal.SIGTERM)
+    assert failing.wait(30) == 128 + signal.SIGTERM, failing.stderr()[-3000:]
+    assert done.wait(30) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
+    said = "round 0 ended, the others re-formed in round 1, and its nodes left or were lost"
+    assert said in done.stderr(), done.stderr()[-3000:]
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""

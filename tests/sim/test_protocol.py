@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from agentd.rendezvous import barrier_state
 from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.rendezvous.round_watch import RoundWatch
 from tests.sim import world
@@ -216,6 +217,45 @@ def test_members_in_their_exit_barrier_leave_once_the_last_one_at_work_is_lost(n
     monkeypatch.setattr(SuccessorLeases, "look", _no_look)  # the check can fail
     [violation] = simulate(Schedule(1, nodes, 1, nodes, faults)).violations
     assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # seed 5404, shrunk: the store restarted empty as agent 1's worker succeeded; agent
+        # 0 re-formed round 1 alone, and was SIGTERMed 35 s later
+        (
+            Fault(35.0, "restart_store", -1, 14.07),
+            Fault(35.0, "finish", 1),
+            Fault(69.86, "term", 0),
+        ),
+        # seed 2967, shrunk: the same, the store restarted 13 s into agent 1's barrier
+        (
+            Fault(35.82, "finish", 1),
+            Fault(49.13, "restart_store", -1, 14.38),
+            Fault(50.7, "term", 0),
+        ),
+    ],
+    ids=["5404", "2967"],
+)
+def test_a_barrier_leaves_once_the_round_the_others_re_formed_in_has_nobody_left(
+    faults, monkeypatch
+):
+    """The others re-formed without the member in its exit barrier (its round forgotten by
+    a store restarted empty; a worker's failure would do the same), then left too: nobody
+    can finish the job, and the barrier waited forever here (``agentd run``: until
+    ``--exit-barrier-timeout``, 300 s), since it judged its own round alone, whose next
+    round someone had joined. It now judges the round they re-formed in as well."""
+    outcome = simulate(Schedule(1, 2, 1, 3, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(barrier_state, "later_round_left", _none_left_later)
+    [violation] = simulate(Schedule(1, 2, 1, 3, faults)).violations
+    assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+async def _none_left_later(store, keys, rounds) -> None:
+    """The exit barrier before 2026-12-02, late: its own round judged alone."""
+    return None
 
 
 async def _no_look(self, now: float) -> tuple[int, bool]:
