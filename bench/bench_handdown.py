@@ -13,7 +13,7 @@ barrier does): ``hold`` is how long the host held requests meanwhile, from its l
 the median of three hand-downs.
 
 Before 2026-12-02 (late), ``inherit`` was held to any request's 4 MiB body, so a state of
-more than about 4,500 nodes was never handed down; it may now carry 64 MiB
+more than about 5,000 nodes was never handed down; it may now carry 128 MiB
 (``agentd.store.wire.INHERIT_MAX_BODY``).
 """
 

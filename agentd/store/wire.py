@@ -40,10 +40,10 @@ long poll, and its heartbeat's between beats) and a third for a moment, so 16,38
 hold about 33,000. The open-files limit caps it lower where it is lower (see
 :mod:`agentd.support.fdlimits`: 20,000 descriptors serve about 9,000 agents). Here, not in
 the server, as an agent that may stand by sizes its server before it loads one."""
-INHERIT_MAX_BODY = 64 << 20
+INHERIT_MAX_BODY = 128 << 20
 """The bytes an authorized ``inherit`` body may hold (any other request's: 4 MiB): a
-store's whole state, under 1 KiB a node (``bench/bench_handdown.py``), so that of a job of
-tens of thousands of nodes."""
+store's whole state, under 1 KiB a node as sent (``bench/bench_handdown.py``), up to the
+64 MiB of keys and values a store holds at most, its values in base64."""
 MAX_KEYS = 4096
 """The most keys one request may name (``multi_get``, ``multi_set``); clients split
 longer reads."""
