@@ -119,7 +119,7 @@ async def test_a_candidate_that_dies_as_it_is_handed_the_store_leaves_it_serving
 
 
 async def test_a_state_larger_than_any_other_request_may_be_is_handed_down_whole(three):
-    """A store's state outgrows the 4 MiB a request may carry at about 4,500 nodes: the
+    """A store's state outgrows the 4 MiB a request may carry at about 5,000 nodes: the
     authorized ``inherit`` alone may carry more (128 MiB), and every key arrives."""
     from agentd.store.server import MAX_BODY
 
