@@ -8,12 +8,15 @@ job and close the run in a later round.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentd.rendezvous import accounting, summary
 from agentd.rendezvous.api import RendezvousStateError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agentd.rendezvous.keys import RunKeys
     from agentd.store.api import Store
 
@@ -36,8 +39,11 @@ class RoundState(NamedTuple):
     """The later round that nobody is left in, where that is what ``nobody_left`` says."""
 
 
-async def round_state(store: Store, keys: RunKeys, gen: int, size: int) -> RoundState:
-    """What became of round ``gen`` (of ``size`` members) while a member of it waits."""
+async def round_state(
+    store: Store, keys: RunKeys, gen: int, size: int, arrivals: Arrivals | None = None
+) -> RoundState:
+    """What became of round ``gen`` (of ``size`` members) while a member of it waits
+    (``arrivals``: the look at a later round's arrivals, kept between reads)."""
     now, gone, finished, joined, sealed = await store.multi_get(
         [
             keys.gen,
@@ -60,6 +66,8 @@ async def round_state(store: Store, keys: RunKeys, gen: int, size: int) -> Round
         later = await later_round_left(store, keys, [g for g in (current - 1, current) if g > gen])
         if later is not None:
             return state._replace(nobody_left=True, later=later)
+        if arrivals is not None and await arrivals.all_gone(gen, size, current, accounted):
+            return state._replace(nobody_left=True, later=current)
     return state
 
 
@@ -95,3 +103,64 @@ async def later_round_left(store: Store, keys: RunKeys, rounds: list[int]) -> in
         if left > 0 and left + int(finished or b"0") >= size:
             return gen
     return None
+
+
+ARRIVALS_READ = 64
+"""Arrivals whose entries one read names (a look stops at the first one alive)."""
+
+
+class Arrivals:
+    """The arrivals at the round after ours that the others re-formed in and that was never
+    sealed: they wait there for more nodes (a job of a fixed size, and this node done),
+    and each one's heartbeat, announced as it joined, is renewed while it waits. Once
+    every one of them has had none for ``fence`` seconds (a heartbeat TTL: a lease lapsed,
+    or deleted as it left), and every member of our round is done, gone, or was one of
+    them, nobody can finish the job (seeds 4113, 7989 and 8554 of ``bench/simulate.py
+    --kinds ...,restart_store``: a store restarted empty, the one member at work back at
+    a next round that only this node's return could fill, then killed or stopped). An
+    arrival whose entry is not written yet, or whose heartbeat is there, is alive."""
+
+    def __init__(self, store: Store, keys: RunKeys, fence: float, clock: Callable[[], float]):
+        self._store, self._keys, self._fence, self._clock = store, keys, fence, clock
+        self._missing_since: dict[str, float] = {}
+
+    async def all_gone(self, ours: int, size: int, gen: int, accounted: int) -> bool:
+        """Whether round ``gen``'s arrivals are all gone (see the class docstring), where
+        ``accounted`` members of round ``ours`` (of ``size``) are gone or done."""
+        store, keys = self._store, self._keys
+        joined, sealed, back = await store.multi_get(
+            [keys.round(gen, "join"), keys.round(gen, "sealed"), keys.round(gen, f"back/{ours}")]
+        )
+        count = int(joined or b"0")
+        if sealed is not None or count == 0 or accounted + int(back or b"0") < size:
+            return False
+        now, fence = self._clock(), self._fence
+        for start in range(0, count, ARRIVALS_READ):
+            places = range(start, min(count, start + ARRIVALS_READ))
+            named = await store.multi_get(
+                [keys.round(gen, f"{kind}/{i}") for i in places for kind in ("node", "spare")]
+            )
+            nodes = [
+                _node_of(entry, spare) for entry, spare in zip(named[::2], named[1::2], strict=True)
+            ]
+            if any(node is None for node in nodes):
+                return False  # one joining still: alive
+            beats = await store.multi_get([keys.heartbeat(str(node)) for node in nodes])
+            for node, beat in zip(nodes, beats, strict=True):
+                if beat is not None:
+                    self._missing_since.pop(str(node), None)
+                    return False
+                self._missing_since.setdefault(str(node), now)
+            if any(now - self._missing_since[str(node)] < fence for node in nodes):
+                return False
+        return True
+
+
+def _node_of(entry: bytes | None, spare: bytes | None) -> str | None:
+    """The node id an arrival's place names: its entry, or its spare record."""
+    if entry is not None:
+        try:
+            return str(json.loads(entry)["node"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return spare.decode() if spare is not None else None

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.accounting import FENCE
 from agentd.rendezvous.barrier_leases import SuccessorLeases
-from agentd.rendezvous.barrier_state import round_state
+from agentd.rendezvous.barrier_state import Arrivals, round_state
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
@@ -170,6 +170,8 @@ class ExitBarrier:
             )
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
         leases = SuccessorLeases(store, self._keys, gen, current.size, current.rank)
+        loop = asyncio.get_running_loop()
+        arrivals = Arrivals(store, self._keys, self.settings.heartbeat_ttl, loop.time)
         said_ended, pause = False, CHECK
         handed = await self._hand_the_store_down(gen, current.size)
         while True:
@@ -179,20 +181,19 @@ class ExitBarrier:
             except StoreTimeout:
                 pass
             handed = handed or await self._hand_the_store_down(gen, current.size)
-            state = await round_state(store, self._keys, gen, current.size)
+            state = await round_state(store, self._keys, gen, current.size, arrivals)
             pause = CHECK
             if state.unaccounted:
                 marked, fencing = await leases.look(asyncio.get_running_loop().time())
                 if marked:
-                    state = await round_state(store, self._keys, gen, current.size)
+                    state = await round_state(store, self._keys, gen, current.size, arrivals)
                 if fencing:  # look again once its fence let it be counted
                     pause = FENCE
             if state.nobody_left and state.later is not None:
                 log.warning(
-                    "Exit barrier: round %d ended, the others re-formed in round %d, and its "
-                    "nodes left or were lost before their workers finished (or are done); no "
-                    "node is at the next round to finish the job: leaving now, not at the "
-                    "barrier timeout",
+                    "Exit barrier: round %d ended, the others went on to round %d and left it "
+                    "or were lost there before their workers finished; no node is at work to "
+                    "finish the job: leaving now, not at the barrier timeout",
                     gen,
                     state.later,
                 )

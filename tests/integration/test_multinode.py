@@ -594,7 +594,37 @@ def test_a_barrier_ends_once_the_round_its_peer_re_formed_in_is_left_too(
     failing.proc.send_signal(signal.SIGTERM)
     assert failing.wait(30) == 128 + signal.SIGTERM, failing.stderr()[-3000:]
     assert done.wait(30) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
-    said = "round 0 ended, the others re-formed in round 1, and its nodes left or were lost"
+    said = "round 0 ended, the others went on to round 1 and left it or were lost there"
+    assert said in done.stderr(), done.stderr()[-3000:]
+
+
+def test_a_barrier_ends_once_the_peer_back_at_a_round_only_it_could_fill_is_killed(
+    run_agentd, run_store, tmp_path
+):
+    """``--nnodes 2:2`` on a standalone store. A's worker succeeds and its agent waits in
+    the exit barrier; the store restarts empty, so B's round is gone: B stops its worker
+    and waits at round 1 for a second node, which only A (done) could be. B is then
+    SIGKILLed there: between rounds, it left its guardian no will, and the round never
+    seals. A leaves (exit 0, as after its barrier timeout) a heartbeat TTL later; it
+    waited out the whole ``--exit-barrier-timeout`` before (simulation seed 4113)."""
+    store = run_store()
+    flags = agent_args(
+        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
+    )
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = one_works_on(tmp_path)
+    done = run_agentd(*flags, *job, env=env)
+    working = run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="B's worker")
+    store.proc.kill()  # everything the store knew is lost
+    store.proc.wait(20)
+    run_store(port=store.port)
+    wait_until(lambda: "joined round 1" in working.stderr(), 60, what="B back at round 1")
+    working.proc.kill()
+    working.wait()
+    assert done.wait(60) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
+    said = "round 0 ended, the others went on to round 1 and left it or were lost there"
     assert said in done.stderr(), done.stderr()[-3000:]
 
 

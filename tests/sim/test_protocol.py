@@ -253,6 +253,28 @@ def test_a_barrier_leaves_once_the_round_the_others_re_formed_in_has_nobody_left
     assert violation.startswith("S5") and "still wait in their exit barrier" in violation
 
 
+def test_a_barrier_leaves_once_the_arrivals_at_a_round_nobody_else_can_fill_are_gone(
+    monkeypatch,
+):
+    """Seed 4113, shrunk (``--nnodes 2:2``): agent 0's worker succeeds; the store restarts
+    empty; agent 1, at work, is back at round 1 in the new store, which only agent 0 (done)
+    could fill, and is killed there. An agent between rounds leaves its guardian no will,
+    and the round never seals: agent 0 waited for its barrier timeout, since somebody was
+    at the next round. It now looks at that round's arrivals' heartbeats, and leaves a
+    heartbeat TTL after the last one lapsed."""
+    faults = (Fault(3.45, "finish", 0), Fault(3.45, "restart_store"), Fault(4.59, "kill", 1))
+    outcome = simulate(Schedule(1, 2, 2, 2, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(barrier_state.Arrivals, "all_gone", _never_all_gone)
+    [violation] = simulate(Schedule(1, 2, 2, 2, faults)).violations
+    assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+async def _never_all_gone(self, ours, size, gen, accounted) -> bool:
+    """The exit barrier before 2026-12-02, late: a next round's arrivals never judged."""
+    return False
+
+
 async def _none_left_later(store, keys, rounds) -> None:
     """The exit barrier before 2026-12-02, late: its own round judged alone."""
     return None
