@@ -29,8 +29,9 @@ class RoundState(NamedTuple):
     nobody_left: bool
     """Every member is gone or done, and nobody arrived at the next round: no node will
     ever write the missing ``done`` keys, nor finish the job and close the run. Or the
-    round ended, and the same holds for the last round sealed after it (see
-    :func:`later_round_left`)."""
+    round ended, and the same holds for a round sealed after it
+    (:func:`later_round_left`), or a round after it that was never sealed has only
+    arrivals gone (:class:`Arrivals`)."""
     unaccounted: bool
     """Some member is neither gone nor done, nobody arrived at the next round (whose first
     member would count the lapsed ones gone), and the store holds the round: the leases
@@ -115,10 +116,10 @@ class Arrivals:
     and each one's heartbeat, announced as it joined, is renewed while it waits. Once
     every one of them has had none for ``fence`` seconds (a heartbeat TTL: a lease lapsed,
     or deleted as it left), and every member of our round is done, gone, or was one of
-    them, nobody can finish the job (seeds 4113, 7989 and 8554 of ``bench/simulate.py
-    --kinds ...,restart_store``: a store restarted empty, the one member at work back at
-    a next round that only this node's return could fill, then killed or stopped). An
-    arrival whose entry is not written yet, or whose heartbeat is there, is alive."""
+    them, nobody can finish the job (seed 4113 of ``bench/simulate.py --kinds
+    ...,restart_store``: a store restarted empty, the one member at work back at a next
+    round that only this node's return could fill, then killed there). An arrival whose
+    entry is not written yet, or whose heartbeat is there, is alive."""
 
     def __init__(self, store: Store, keys: RunKeys, fence: float, clock: Callable[[], float]):
         self._store, self._keys, self._fence, self._clock = store, keys, fence, clock

@@ -184,7 +184,7 @@ class ExitBarrier:
             state = await round_state(store, self._keys, gen, current.size, arrivals)
             pause = CHECK
             if state.unaccounted:
-                marked, fencing = await leases.look(asyncio.get_running_loop().time())
+                marked, fencing = await leases.look(loop.time())
                 if marked:
                     state = await round_state(store, self._keys, gen, current.size, arrivals)
                 if fencing:  # look again once its fence let it be counted
