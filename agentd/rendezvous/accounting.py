@@ -260,10 +260,11 @@ async def mark_lapsed(
     missing_since: dict[str, float],
     now: float,
     counter: str = MEMBERS,
+    fence: float = FENCE,
 ) -> int:
     """Mark gone (in ``counter``) every node of ``nodes`` whose heartbeat (lease) has been
-    missing for :data:`FENCE` seconds, as seen by the calls so far (``missing_since``:
-    when each was first seen missing, kept by the caller); how many were newly marked."""
+    missing for ``fence`` seconds, as seen by the calls so far (``missing_since``: when
+    each was first seen missing, kept by the caller); how many were newly marked."""
     beats = await store.multi_get([keys.heartbeat(node) for node in nodes])
     marked = 0
     for node, beat in zip(nodes, beats, strict=True):
@@ -271,7 +272,7 @@ async def mark_lapsed(
             missing_since.pop(node, None)
             continue
         since = missing_since.setdefault(node, now)
-        if now - since >= FENCE and await mark_gone(store, keys, carried, node, True, counter):
+        if now - since >= fence and await mark_gone(store, keys, carried, node, True, counter):
             log.info(
                 "Rendezvous: %s %s of round %d is gone (its lease is not held)",
                 "node" if counter == MEMBERS else "spare",

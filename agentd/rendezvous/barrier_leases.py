@@ -18,6 +18,16 @@ the first member back at a next round counts it: only where the store holds no h
 of it in the same step). The barrier's count of the round then shows that nobody is left
 to finish it (:mod:`agentd.rendezvous.exit_barrier`).
 
+A store restarted (or failed over) empty holds neither the round's entries nor its
+members' leases. There the look goes on with the successors read as the barrier began
+(or by the round watch as the round started:
+:attr:`~agentd.rendezvous.round_watch.RoundWatch.ranks`), with a heartbeat TTL for a
+fence (:meth:`SuccessorLeases.store_forgot_round`): a live member finds its heartbeat
+forgotten at its next renewal and announces it again as it joins the next round, while a
+lost one never does (seed 7989 of ``bench/simulate.py --kinds ...,restart_store``: a
+member's host lost, the other's workers done, then the store restarted empty; the
+barrier waited its timeout).
+
 Each look costs one read of O(1) keys (the successors' entries once, then their
 heartbeats and marks), whatever the job's size, unless many successors in a row were lost.
 """
@@ -25,6 +35,7 @@ heartbeats and marks), whatever the job's size, unless many successors in a row 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from agentd.rendezvous import accounting
 from agentd.rendezvous.keys import RunKeys
@@ -34,19 +45,44 @@ from agentd.store.api import Store
 
 class SuccessorLeases:
     """The leases of the successors of group rank ``rank`` in round ``generation`` (of
-    ``size`` members), looked at by :meth:`look`."""
+    ``size`` members), looked at by :meth:`look`; ``known``: the round watch's successors
+    (rank by node id)."""
 
-    def __init__(self, store: Store, keys: RunKeys, generation: int, size: int, rank: int):
+    fence: float = accounting.FENCE
+    """How long a successor's heartbeat must be missing before it is counted gone."""
+    round_forgotten = False
+    """The store forgot the round (:meth:`store_forgot_round`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: RunKeys,
+        generation: int,
+        size: int,
+        rank: int,
+        known: Mapping[str, int] | None = None,
+    ):
         self._store, self._keys = store, keys
         self._round = accounting.Carried(generation, size, member=True)
         self._order = [(rank + step) % size for step in range(1, size)]
-        self._nodes: dict[int, str] = {}
+        self._nodes: dict[int, str] = {place: node for node, place in (known or {}).items()}
         self._missing_since: dict[str, float] = {}
+
+    async def learn(self) -> None:
+        """Read the nearest successors' ids while the store holds the round (nothing
+        where it does not)."""
+        await self._named(self._order[:WATCHED])
+
+    def store_forgot_round(self, ttl: float) -> None:
+        """The store forgot the round: a live member's heartbeat may be missing from it
+        until its next renewal, so one is counted gone only after ``ttl`` missing."""
+        self.fence, self.round_forgotten = ttl, True
+        self._missing_since.clear()
 
     async def look(self, now: float) -> tuple[int, bool]:
         """Look once (``now``: monotonic seconds): how many successors were newly counted
         gone, and whether one was seen missing that its fence does not let us count yet
-        (look again in :data:`~agentd.rendezvous.accounting.FENCE` seconds)."""
+        (look again within :attr:`fence` seconds)."""
         answering: list[tuple[str, bytes | None]] = []  # (node, heartbeat)
         keys, generation = self._keys, self._round.generation
         for start in range(0, len(self._order), WATCHED):
@@ -72,8 +108,10 @@ class SuccessorLeases:
         unmarked = [node for node, beat in answering[:WATCHED] if beat is None]
         if not unmarked:
             return 0, False
-        marked = await accounting.mark_lapsed(self._store, keys, self._round, unmarked, since, now)
-        fencing = any(now - since[node] < accounting.FENCE for node in unmarked if node in since)
+        marked = await accounting.mark_lapsed(
+            self._store, keys, self._round, unmarked, since, now, fence=self.fence
+        )
+        fencing = any(now - since[node] < self.fence for node in unmarked if node in since)
         return marked, fencing
 
     async def _named(self, ranks: list[int]) -> list[str] | None:

@@ -34,17 +34,25 @@ class RoundState(NamedTuple):
     arrivals gone (:class:`Arrivals`)."""
     unaccounted: bool
     """Some member is neither gone nor done, nobody arrived at the next round (whose first
-    member would count the lapsed ones gone), and the store holds the round: the leases
-    of the members still at work are worth a look (:mod:`~agentd.rendezvous.barrier_leases`)."""
+    member would count the lapsed ones gone), and the store holds the round (or forgot it,
+    and the waiting member knows whom to look at): the leases of the members still at work
+    are worth a look (:mod:`~agentd.rendezvous.barrier_leases`)."""
     later: int | None = None
     """The later round that nobody is left in, where that is what ``nobody_left`` says."""
 
 
 async def round_state(
-    store: Store, keys: RunKeys, gen: int, size: int, arrivals: Arrivals | None = None
+    store: Store,
+    keys: RunKeys,
+    gen: int,
+    size: int,
+    arrivals: Arrivals | None = None,
+    forgotten: bool = False,
 ) -> RoundState:
     """What became of round ``gen`` (of ``size`` members) while a member of it waits
-    (``arrivals``: the look at a later round's arrivals, kept between reads)."""
+    (``arrivals``: the look at a later round's arrivals, kept between reads;
+    ``forgotten``: in a store that forgot the round, whose members the waiting one knows
+    from its round watch)."""
     now, gone, finished, joined, sealed = await store.multi_get(
         [
             keys.gen,
@@ -61,7 +69,7 @@ async def round_state(
         ended=current > gen,
         gone=left,
         nobody_left=left > 0 and accounted >= size and joined is None,
-        unaccounted=accounted < size and joined is None and sealed is not None,
+        unaccounted=accounted < size and joined is None and (sealed is not None or forgotten),
     )
     if state.ended and not state.nobody_left:
         later = await later_round_left(store, keys, [g for g in (current - 1, current) if g > gen])
@@ -111,30 +119,52 @@ ARRIVALS_READ = 64
 
 
 class Arrivals:
-    """The arrivals at the round after ours that the others re-formed in and that was never
-    sealed: they wait there for more nodes (a job of a fixed size, and this node done),
-    and each one's heartbeat, announced as it joined, is renewed while it waits. Once
-    every one of them has had none for ``fence`` seconds (a heartbeat TTL: a lease lapsed,
-    or deleted as it left), and every member of our round is done, gone, or was one of
-    them, nobody can finish the job (seed 4113 of ``bench/simulate.py --kinds
-    ...,restart_store``: a store restarted empty, the one member at work back at a next
-    round that only this node's return could fill, then killed there). An arrival whose
-    entry is not written yet, or whose heartbeat is there, is alive."""
+    """The arrivals at the rounds after ours that the others re-formed in and that were
+    never sealed (the one the generation names, and the one before it where that ended
+    unsealed): they wait there for more nodes (a job of a fixed size, and this node done),
+    and each one's heartbeat, announced as it joined, is renewed while it waits, from one
+    round to the next. Once every one of them has had none for ``fence`` seconds (a
+    heartbeat TTL: a lease lapsed, or deleted as it left), and every member of our round
+    is done, gone, or back at one of those rounds, nobody can finish the job. Seeds of
+    ``bench/simulate.py --kinds ...,restart_store`` where a store restarted empty, the
+    one member at work back at a next round that only this node's return could fill:
+    4113, killed there; 8554, SIGTERMed there, which ended that round unsealed and left
+    the next one empty. An arrival whose entry is not written yet, or whose heartbeat is
+    there, is alive."""
 
     def __init__(self, store: Store, keys: RunKeys, fence: float, clock: Callable[[], float]):
         self._store, self._keys, self._fence, self._clock = store, keys, fence, clock
         self._missing_since: dict[str, float] = {}
 
     async def all_gone(self, ours: int, size: int, gen: int, accounted: int) -> bool:
-        """Whether round ``gen``'s arrivals are all gone (see the class docstring), where
-        ``accounted`` members of round ``ours`` (of ``size``) are gone or done."""
-        store, keys = self._store, self._keys
-        joined, sealed, back = await store.multi_get(
-            [keys.round(gen, "join"), keys.round(gen, "sealed"), keys.round(gen, f"back/{ours}")]
+        """Whether the arrivals after round ``ours`` (of ``size``) are all gone, where the
+        generation names round ``gen`` and ``accounted`` members of ours are gone or done
+        (see the class docstring)."""
+        keys = self._keys
+        rounds = [g for g in (gen - 1, gen) if g > ours]
+        got = await self._store.multi_get(
+            [keys.round(g, key) for g in rounds for key in ("join", "sealed", f"back/{ours}")]
         )
-        count = int(joined or b"0")
-        if sealed is not None or count == 0 or accounted + int(back or b"0") < size:
+        counts, back = [], 0
+        for index, g in enumerate(rounds):
+            joined, sealed, came_back = got[3 * index : 3 * index + 3]
+            if sealed is not None and _is_summary(sealed):
+                if g == gen:
+                    return False  # sealed: the round's own members are judged
+                continue
+            counts.append((g, int(joined or b"0")))
+            back = max(back, int(came_back or b"0"))  # (one node may be back at both)
+        if sum(count for _, count in counts) == 0 or accounted + back < size:
             return False
+        for g, count in counts:
+            if not await self._arrivals_gone(g, count):
+                return False
+        return True
+
+    async def _arrivals_gone(self, gen: int, count: int) -> bool:
+        """Whether each of round ``gen``'s ``count`` arrivals has had no heartbeat for
+        ``fence`` seconds (the look stops at the first one alive)."""
+        store, keys = self._store, self._keys
         now, fence = self._clock(), self._fence
         for start in range(0, count, ARRIVALS_READ):
             places = range(start, min(count, start + ARRIVALS_READ))
@@ -155,6 +185,15 @@ class Arrivals:
             if any(now - self._missing_since[str(node)] < fence for node in nodes):
                 return False
         return True
+
+
+def _is_summary(sealed: bytes) -> bool:
+    """Whether a round's ``sealed`` marker is its summary (else it ended unsealed)."""
+    try:
+        summary.decode(sealed)
+    except RendezvousStateError:
+        return False
+    return True
 
 
 def _node_of(entry: bytes | None, spare: bytes | None) -> str | None:

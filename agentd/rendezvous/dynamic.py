@@ -110,7 +110,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         self._lease_listeners: list[LeaseListener] = []
         self._will_listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self._will: dict[str, Any] | None = None
-        self._leaving = False
+        self._leaving = self._closed = False
         self._shutting: asyncio.Task[None] | None = None
         self._round: Round | None = None
         self._rounds: Rounds | None = None
@@ -119,7 +119,6 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
         """A round we left without being able to end it for the others (store unreachable)."""
         self._joined_once = False
         self._store_problem = ""
-        self._closed = False
         self._observer: Callable[[str, float], None] | None = None
         self._problems = RateLimitedLog(log)
         self._node: dict[str, Any] = {}
@@ -310,6 +309,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
             self._raise_if_failed,
             self._problems,
         )
+        self._round_watch = watch  # its successors' ids serve the exit barrier
         watch_task, lost = await first_done(watch.reason(), membership.lost())
         self._rounds_or_fail().finished_peers = (current.generation, frozenset(watch.finished))
         if lost.done() and not lost.cancelled():

@@ -25,7 +25,8 @@ closed as succeeded all the same; so it does where the others re-formed without 
 node after its round ended, then all left that round too
 (:mod:`~agentd.rendezvous.barrier_state`). A member lost with no mark (its host lost, its
 agent frozen or cut off past its lease) is counted gone by the members before it, which
-look at their successors' leases meanwhile (:mod:`~agentd.rendezvous.barrier_leases`).
+look at their successors' leases meanwhile, in a store that forgot the round too
+(:mod:`~agentd.rendezvous.barrier_leases`).
 The wait for the ``done`` keys is made in pieces of :data:`CHECK` seconds with the round's
 state read between them, so a node in the barrier holds no more long polls at the store
 than it did (a job's size is bounded by the store's connections).
@@ -40,7 +41,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError
-from agentd.rendezvous.accounting import FENCE
 from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.rendezvous.barrier_state import Arrivals, round_state
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from agentd.rendezvous.keys import RunKeys
     from agentd.rendezvous.membership import Membership
     from agentd.rendezvous.round import Round
+    from agentd.rendezvous.round_watch import RoundWatch
     from agentd.rendezvous.rounds import Rounds
     from agentd.store.api import Store
     from agentd.store.connect import OpenedStore
@@ -90,6 +91,8 @@ class ExitBarrier:
     """The round whose ``done`` key this node wrote (its workers succeeded in it): its
     leave then ends no round (:mod:`agentd.rendezvous.round_watch`)."""
     _opened: OpenedStore | None
+    _round_watch: RoundWatch | None = None
+    """The watch of the last round this node worked in (its successors' ids)."""
     _memory: HostMemory | None
     _hurry: asyncio.Event | None = None
     """Set by a second stop request: a leaving store's host waits for the others no more."""
@@ -110,10 +113,15 @@ class ExitBarrier:
         membership = self._membership
         if current is None or membership is None:
             return
+        watch = self._round_watch
+        known = watch.ranks if watch and watch.current.generation == current.generation else None
+        leases = SuccessorLeases(
+            self.store, self._keys, current.generation, current.size, current.rank, known
+        )
         if membership.expired():
             try:
                 async with asyncio.timeout(self.settings.heartbeat_ttl):
-                    await self._barrier(current)
+                    await self._barrier(current, leases)
             except TimeoutError:
                 raise StoreUnavailable(
                     "our membership had lapsed and the barrier did not complete within the "
@@ -121,7 +129,7 @@ class ExitBarrier:
                 ) from None
             return
         barrier, lost, closed = await first_done(
-            self._barrier(current), membership.lost(), self._closed_elsewhere(current)
+            self._barrier(current, leases), membership.lost(), self._closed_elsewhere(current)
         )
         while _forgotten(closed) or (
             barrier.cancelled() and closed.cancelled() and await self._store_forgot(current)
@@ -132,8 +140,9 @@ class ExitBarrier:
                 "for the others to finish and close the run",
                 current.generation,
             )  # (leaving now closed the run as succeeded while the others worked on)
+            leases.store_forgot_round(self.settings.heartbeat_ttl)
             barrier, closed = await first_done(
-                self._barrier(current), self._closed_elsewhere(current)
+                self._barrier(current, leases), self._closed_elsewhere(current)
             )
         if closed.done() and not closed.cancelled() and (result := closed.result()) is not None:
             why, failed = result
@@ -153,7 +162,9 @@ class ExitBarrier:
                 return await self.store.get(key) != current.mine
         return False
 
-    async def _barrier(self, current: Round) -> None:
+    async def _barrier(self, current: Round, leases: SuccessorLeases) -> None:
+        """Wait as :meth:`exit_barrier` says, looking at ``leases`` where some member is
+        unaccounted for."""
         store = self.store
         gen = current.generation
         await store.set(self._keys.round(gen, f"done/{current.rank}"), b"1")
@@ -169,7 +180,8 @@ class ExitBarrier:
                 current.size - 1,
             )
         done = [self._keys.round(gen, f"done/{i}") for i in range(current.size)]
-        leases = SuccessorLeases(store, self._keys, gen, current.size, current.rank)
+        await leases.learn()  # while the store holds the round: it may forget it later
+        forgotten = leases.round_forgotten
         loop = asyncio.get_running_loop()
         arrivals = Arrivals(store, self._keys, self.settings.heartbeat_ttl, loop.time)
         said_ended, pause = False, CHECK
@@ -181,14 +193,16 @@ class ExitBarrier:
             except StoreTimeout:
                 pass
             handed = handed or await self._hand_the_store_down(gen, current.size)
-            state = await round_state(store, self._keys, gen, current.size, arrivals)
+            state = await round_state(store, self._keys, gen, current.size, arrivals, forgotten)
             pause = CHECK
             if state.unaccounted:
                 marked, fencing = await leases.look(loop.time())
                 if marked:
-                    state = await round_state(store, self._keys, gen, current.size, arrivals)
+                    state = await round_state(
+                        store, self._keys, gen, current.size, arrivals, forgotten
+                    )
                 if fencing:  # look again once its fence let it be counted
-                    pause = FENCE
+                    pause = min(CHECK, leases.fence)
             if state.nobody_left and state.later is not None:
                 log.warning(
                     "Exit barrier: round %d ended, the others went on to round %d and left it "

@@ -56,8 +56,10 @@ class RoundWatch:
     succeeded_elsewhere: bool = False
     _addrs: dict[str, str] = field(default_factory=dict)
     """The watched members' addresses (``--local-addr``), by node id, for messages."""
-    _ranks: dict[str, int] = field(default_factory=dict)
-    """The watched members' places in the round, by node id."""
+    ranks: dict[str, int] = field(default_factory=dict)
+    """The watched members' places in the round, by node id: read as the watch starts,
+    they are what the exit barrier looks at once the store forgot the round
+    (:mod:`~agentd.rendezvous.barrier_leases`)."""
     finished: set[str] = field(default_factory=set)
     """Watched members that left after their workers succeeded: watched no more."""
 
@@ -124,7 +126,7 @@ class RoundWatch:
         # (gone: the store lost the round; the check says so)
         entries = [(rank, json.loads(e)) for rank, e in found if e is not None]
         self._addrs.update({str(e["node"]): str(e.get("addr") or "") for _, e in entries})
-        self._ranks.update({str(e["node"]): rank for rank, e in entries})
+        self.ranks.update({str(e["node"]): rank for rank, e in entries})
         nodes = [str(e["node"]) for _, e in entries]
         return {self.keys.heartbeat(n): n for n in nodes if n not in self.finished}
 
@@ -176,7 +178,7 @@ class RoundWatch:
         :data:`agentd.rendezvous.accounting.FENCE`); why. '' where the member's workers had
         succeeded: it is watched no more, and the round goes on."""
         node = members[key]
-        rank = self._ranks.get(node)
+        rank = self.ranks.get(node)
         done = rank is not None and await self.store.get(self._done_key(rank)) is not None
         if done:
             del members[key]

@@ -628,6 +628,36 @@ def test_a_barrier_ends_once_the_peer_back_at_a_round_only_it_could_fill_is_kill
     assert said in done.stderr(), done.stderr()[-3000:]
 
 
+def test_a_barrier_counts_a_peer_lost_with_the_stores_memory_gone(run_agentd, run_store, tmp_path):
+    """``--nnodes 2:2`` on a standalone store. A's worker succeeds and its
+    agent waits in the exit barrier; B's host is lost whole while its worker works (nothing
+    marks B gone), and the store restarts empty before B's lease lapsed there. The new
+    store holds neither round 0's entries nor B's lease, and nobody comes to round 1: A
+    counts B gone once B's heartbeat has been missing from the new store for a heartbeat
+    TTL, and leaves (exit 0). It waited out the whole ``--exit-barrier-timeout`` before
+    (simulation seed 7989)."""
+    store = run_store()
+    flags = agent_args(
+        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
+    )  # a 10 s lease: A's outlasts the store's restart on a loaded machine
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = one_works_on(tmp_path)
+    done = run_agentd(*flags, *job, env=env)
+    working = run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="B's worker")
+    lose_host(working.pid)
+    working.wait()
+    store.proc.kill()  # everything the store knew is lost, B's lease with it
+    store.proc.wait(20)
+    run_store(port=store.port)
+    assert done.wait(60) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
+    said = done.stderr()
+    forgot, gone = said.find("forgot round 0"), said.find("of round 0 is gone (its lease is not")
+    assert 0 <= forgot < gone, said[-3000:]  # counted gone in the new store
+    assert "1 node(s) of round 0 left or were lost before their workers" in said, said[-3000:]
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from agentd.rendezvous import barrier_state
+from agentd.rendezvous import barrier_state, exit_barrier
 from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.rendezvous.round_watch import RoundWatch
 from tests.sim import world
@@ -268,6 +268,48 @@ def test_a_barrier_leaves_once_the_arrivals_at_a_round_nobody_else_can_fill_are_
     monkeypatch.setattr(barrier_state.Arrivals, "all_gone", _never_all_gone)
     [violation] = simulate(Schedule(1, 2, 2, 2, faults)).violations
     assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+def test_a_barrier_in_a_store_that_forgot_the_round_counts_a_lost_member_gone(monkeypatch):
+    """Seed 7989, shrunk (``--nnodes 2:2``): agent 0's host is lost whole, and agent 1's
+    worker succeeds as the store restarts empty, before its lease lapsed. The new store
+    holds neither the round's entries nor agent 0's lease, so the barrier's look at its
+    successors' leases had nothing to read, and it waited for its timeout. It now looks at
+    the successors its round watch read, and counts agent 0 gone once its heartbeat has
+    been missing from the new store for a heartbeat TTL."""
+    faults = (
+        Fault(2.24, "lose_host", 0),
+        Fault(9.33, "finish", 1),
+        Fault(9.33, "restart_store", -1, 12.56),
+    )
+    outcome = simulate(Schedule(1, 2, 2, 2, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(exit_barrier, "round_state", _forgotten_round_not_judged)
+    [violation] = simulate(Schedule(1, 2, 2, 2, faults)).violations
+    assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+def test_a_barrier_judges_the_arrivals_at_a_round_that_ended_unsealed(monkeypatch):
+    """Seed 8554, shrunk (``--nnodes 2:2``): agent 1's worker succeeds; the store restarts
+    empty; agent 0, back at round 1 in the new store, is SIGTERMed there, which ends round
+    1 unsealed, and nobody comes to round 2. The barrier looked at round 2's arrivals
+    alone (none) and waited for its timeout; it now judges round 1's as well."""
+    faults = (
+        Fault(37.97, "finish", 1),
+        Fault(48.89, "restart_store", -1, 16.24),
+        Fault(65.73, "term", 0),
+    )
+    outcome = simulate(Schedule(1, 2, 2, 2, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(barrier_state.Arrivals, "all_gone", _never_all_gone)
+    [violation] = simulate(Schedule(1, 2, 2, 2, faults)).violations
+    assert violation.startswith("S5") and "still wait in their exit barrier" in violation
+
+
+async def _forgotten_round_not_judged(store, keys, gen, size, arrivals=None, forgotten=False):
+    """The exit barrier until late on 2026-12-02: no look at the leases in a store that
+    forgot the round."""
+    return await barrier_state.round_state(store, keys, gen, size, arrivals)
 
 
 async def _never_all_gone(self, ours, size, gen, accounted) -> bool:
