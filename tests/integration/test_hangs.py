@@ -244,7 +244,9 @@ def test_heartbeats_from_a_foreign_pid_are_dropped_and_status_shows_the_rest(run
     assert all(w["heartbeating"] and w["steps"] > 0 for w in status["workers"])
     metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     assert 'agentd_worker_step_seconds_count{local_rank="1",rank="1"}' in metrics
-    assert 'agentd_heartbeat_timeout_seconds{of="step",source="learned"} 1.0' in metrics
+    learned_line = r'agentd_heartbeat_timeout_seconds\{of="step",source="learned"\} (\S+)'
+    exported = re.search(learned_line, metrics)  # the floor, or more where steps were slow
+    assert exported and float(exported.group(1)) >= 1.0, metrics  # (2.63 s on a loaded CI)
     assert 'agentd_progress_messages_total{outcome="untrusted"} 2.0' in metrics
     assert agent.wait(timeout=90) == 0, agent.stderr()
     assert "Progress message dropped (untrusted, 1 so far): pid" in agent.stderr()
