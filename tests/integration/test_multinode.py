@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +19,8 @@ from tests.conftest import (
     DEADLINE,
     TESTS,
     WORKER,
+    AgentProc,
+    StoreProc,
     free_port,
     lose_host,
     processes_of_agent,
@@ -598,6 +601,32 @@ def test_a_barrier_ends_once_the_round_its_peer_re_formed_in_is_left_too(
     assert said in done.stderr(), done.stderr()[-3000:]
 
 
+def one_in_its_barrier(
+    run_agentd: Callable[..., AgentProc], store: StoreProc, tmp_path: Path
+) -> tuple[AgentProc, AgentProc]:
+    """Agents A and B (``--nnodes 2:2``, a 10 s lease, which outlasts a restart of the
+    store on a loaded machine) on the standalone ``store``, once A's worker succeeded and
+    A waits in its exit barrier while B's works."""
+    flags = agent_args(
+        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
+    )
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = one_works_on(tmp_path)
+    done = run_agentd(*flags, *job, env=env)
+    working = run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"})
+    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="B's worker")
+    return done, working
+
+
+def restart_empty(run_store: Callable[..., StoreProc], store: StoreProc) -> None:
+    """SIGKILL the standalone ``store`` and start another on its port: everything the
+    store knew is lost."""
+    store.proc.kill()
+    store.proc.wait(20)
+    run_store(port=store.port)
+
+
 def test_a_barrier_ends_once_the_peer_back_at_a_round_only_it_could_fill_is_killed(
     run_agentd, run_store, tmp_path
 ):
@@ -608,18 +637,8 @@ def test_a_barrier_ends_once_the_peer_back_at_a_round_only_it_could_fill_is_kill
     seals. A leaves (exit 0, as after its barrier timeout) a heartbeat TTL later; it
     waited out the whole ``--exit-barrier-timeout`` before (simulation seed 4113)."""
     store = run_store()
-    flags = agent_args(
-        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
-    )
-    env = {"AGENTD_STORE_TOKEN": TOKEN}
-    job = one_works_on(tmp_path)
-    done = run_agentd(*flags, *job, env=env)
-    working = run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"})
-    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
-    wait_until(lambda: (tmp_path / "working").exists(), what="B's worker")
-    store.proc.kill()  # everything the store knew is lost
-    store.proc.wait(20)
-    run_store(port=store.port)
+    done, working = one_in_its_barrier(run_agentd, store, tmp_path)
+    restart_empty(run_store, store)
     wait_until(lambda: "joined round 1" in working.stderr(), 60, what="B back at round 1")
     working.proc.kill()
     working.wait()
@@ -629,28 +648,18 @@ def test_a_barrier_ends_once_the_peer_back_at_a_round_only_it_could_fill_is_kill
 
 
 def test_a_barrier_counts_a_peer_lost_with_the_stores_memory_gone(run_agentd, run_store, tmp_path):
-    """``--nnodes 2:2`` on a standalone store. A's worker succeeds and its
-    agent waits in the exit barrier; B's host is lost whole while its worker works (nothing
-    marks B gone), and the store restarts empty before B's lease lapsed there. The new
-    store holds neither round 0's entries nor B's lease, and nobody comes to round 1: A
-    counts B gone once B's heartbeat has been missing from the new store for a heartbeat
-    TTL, and leaves (exit 0). It waited out the whole ``--exit-barrier-timeout`` before
-    (simulation seed 7989)."""
+    """``--nnodes 2:2`` on a standalone store. A's worker succeeds and its agent waits in
+    the exit barrier; B's host is lost whole while its worker works (nothing marks B
+    gone), and the store restarts empty before B's lease lapsed there. The new store holds
+    neither round 0's entries nor B's lease, and nobody comes to round 1: A counts B gone
+    once B's heartbeat has been missing from the new store for a heartbeat TTL, and leaves
+    (exit 0). It waited out the whole ``--exit-barrier-timeout`` before (simulation seed
+    7989)."""
     store = run_store()
-    flags = agent_args(
-        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
-    )  # a 10 s lease: A's outlasts the store's restart on a loaded machine
-    env = {"AGENTD_STORE_TOKEN": TOKEN}
-    job = one_works_on(tmp_path)
-    done = run_agentd(*flags, *job, env=env)
-    working = run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"})
-    wait_until(lambda: "waiting for those of the other 1" in done.stderr(), 60, what="A's barrier")
-    wait_until(lambda: (tmp_path / "working").exists(), what="B's worker")
+    done, working = one_in_its_barrier(run_agentd, store, tmp_path)
     lose_host(working.pid)
     working.wait()
-    store.proc.kill()  # everything the store knew is lost, B's lease with it
-    store.proc.wait(20)
-    run_store(port=store.port)
+    restart_empty(run_store, store)  # B's lease goes with it
     assert done.wait(60) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
     said = done.stderr()
     forgot, gone = said.find("forgot round 0"), said.find("of round 0 is gone (its lease is not")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import TESTS, free_port, wait_until
-from tests.helpers.jobs import TOKEN, agent_args
+from tests.helpers.jobs import STEADY, TOKEN, agent_args
 
 TRAIN = str(TESTS / "drain" / "train_steps.py")
 
@@ -28,7 +28,8 @@ def three_nodes(run_agentd, run_store, tmp_path) -> tuple[list, str, Path]:
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
-    rdzv = agent_args(store.endpoint, "3:3")
+    # a 10 s lease: FAST's 2 s lapsed on a loaded CI (2026-12-02), failing the 3:3 job
+    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY + ",is_host=0")
     agents = [
         run_agentd(
             *rdzv,
