@@ -51,8 +51,8 @@ async def round_state(
 ) -> RoundState:
     """What became of round ``gen`` (of ``size`` members) while a member of it waits
     (``arrivals``: the look at a later round's arrivals, kept between reads;
-    ``forgotten``: in a store that forgot the round, whose members the waiting one knows
-    from its round watch)."""
+    ``forgotten``: in a store that forgot the round, where the waiting one looks at the
+    successors whose ids it read before)."""
     now, gone, finished, joined, sealed = await store.multi_get(
         [
             keys.gen,
