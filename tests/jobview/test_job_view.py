@@ -98,7 +98,7 @@ def test_a_drain_that_is_over_is_not_shown_on_the_nodes_that_followed_it(
     out.mkdir()
     agents = [
         run_agentd(
-            *agent_args(store.endpoint, "2:3"),
+            *agent_args(store.endpoint, "2:3", conf=STEADY + ",is_host=0"),
             *("--local-addr", f"127.0.0.{i + 1}", "--health-port", "0"),
             *(TRAIN, str(out), str(stop)),
             env={"AGENTD_STORE_TOKEN": TOKEN},
