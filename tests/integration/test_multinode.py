@@ -269,8 +269,9 @@ def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tm
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     health = free_port()
+    rdzv = agent_args(store.endpoint, "2", conf=STEADY + ",is_host=0")  # a lapse fails 2:2
     agents = [
-        run_agentd(*agent_args(store.endpoint, "2"), *extra, *member_job(stop), env=env)
+        run_agentd(*rdzv, *extra, *member_job(stop), env=env)
         for extra in ((), ("--health-port", str(health)))
     ]
     for agent in agents:
