@@ -102,12 +102,9 @@ async def later_round_left(store: Store, keys: RunKeys, rounds: list[int]) -> in
     )
     for index, gen in enumerate(rounds):
         sealed, gone, finished, joined = got[4 * index : 4 * index + 4]
-        if sealed is None or joined is not None:
+        size = _sealed_size(sealed)
+        if size is None or joined is not None:
             continue
-        try:
-            size = summary.decode(sealed).size
-        except RendezvousStateError:
-            continue  # ended before it was sealed (its marker is no summary)
         left = int(gone or b"0")
         if left > 0 and left + int(finished or b"0") >= size:
             return gen
@@ -148,7 +145,7 @@ class Arrivals:
         counts, back = [], 0
         for index, g in enumerate(rounds):
             joined, sealed, came_back = got[3 * index : 3 * index + 3]
-            if sealed is not None and _is_summary(sealed):
+            if _sealed_size(sealed) is not None:
                 if g == gen:
                     return False  # sealed: the round's own members are judged
                 continue
@@ -187,13 +184,15 @@ class Arrivals:
         return True
 
 
-def _is_summary(sealed: bytes) -> bool:
-    """Whether a round's ``sealed`` marker is its summary (else it ended unsealed)."""
+def _sealed_size(sealed: bytes | None) -> int | None:
+    """The size of a round whose ``sealed`` marker is its summary; None where it has no
+    marker, or ended before it was sealed (its marker is no summary)."""
+    if sealed is None:
+        return None
     try:
-        summary.decode(sealed)
+        return summary.decode(sealed).size
     except RendezvousStateError:
-        return False
-    return True
+        return None
 
 
 def _node_of(entry: bytes | None, spare: bytes | None) -> str | None:
