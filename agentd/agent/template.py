@@ -96,7 +96,9 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
 
             run_id = os.urandom(6).hex()
             addr = spec.local_addr or "127.0.0.1"
-            spec.rdzv_handler = SoloRendezvous(run_id, addr, backend="static")
+            spec.rdzv_handler = SoloRendezvous(
+                run_id, addr, backend="static", addr_flag="local_addr"
+            )
         elif not is_agentd_handler(spec.rdzv_handler):  # torch's kind: drive it adapted
             from agentd.rendezvous.registry import as_agentd_handler
 

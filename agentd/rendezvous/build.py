@@ -123,7 +123,8 @@ def _static(
     if low == 1:  # meets nobody; its agent serves the workers' store, as torchrun's does
         from agentd.rendezvous.solo import SoloRendezvous
 
-        return SoloRendezvous(run_id, addr, port or None, backend="static")
+        flag = "--rdzv-endpoint" if request.rdzv_endpoint else "--master-addr"
+        return SoloRendezvous(run_id, addr, port or None, backend="static", addr_flag=flag)
     from agentd.rendezvous.static_nodes import DEFAULT_TIMEOUT, StaticNodesRendezvous
 
     return StaticNodesRendezvous(

@@ -17,6 +17,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from agentd.exceptions import StartError
 from agentd.rendezvous.static import StaticRendezvous, reserve_port
 
 if TYPE_CHECKING:
@@ -34,9 +35,12 @@ class SoloRendezvous(StaticRendezvous):
         master_port: int | None = None,
         *,
         backend: str = "agentd",
+        addr_flag: str = "--local-addr",
     ) -> None:
         super().__init__(run_id, addr, master_port)
         self._backend = backend
+        self._addr_flag = addr_flag
+        """The flag that gave ``addr``, named when this host cannot listen on it."""
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._reserved: socket.socket | None = None
         self._store: MemoryStore | None = None
@@ -52,8 +56,19 @@ class SoloRendezvous(StaticRendezvous):
     def _pick_port(self) -> int:
         """A port held (bound, not listening) until the workers' store takes it over."""
         self._release_reserved()
-        self._reserved = reserve_port(self._master_addr)
+        self._reserved = self._bind()
         return int(self._reserved.getsockname()[1])
+
+    def _bind(self) -> socket.socket:
+        """A socket bound to a free port of our address; StartError naming the flag that
+        gave the address where this host has no such address (a typo, another host's)."""
+        try:
+            return reserve_port(self._master_addr)
+        except OSError as exc:
+            raise StartError(
+                f"{self._addr_flag}: {self._master_addr!r} is not an address of this host "
+                f"({exc.strerror})"
+            ) from None
 
     def take_master_socket(self, port: int) -> socket.socket | None:
         """The socket reserved for the workers' store of this attempt, if ``port`` is its

@@ -26,6 +26,8 @@ def split_endpoint(
         has_port = True
     if not host or any(c.isspace() or c in "/[]" for c in host):
         raise ConfigError(f"{field}: {endpoint!r} must be host:port")
+    if ":" in host and not _ipv6(host):  # no host name holds a colon
+        raise ConfigError(f"{field}: {endpoint!r} must be host:port, or [IPv6]:port")
     if not has_port:
         return host, default_port
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
@@ -57,6 +59,14 @@ def serves_here(host: str, local_addr: str | None) -> bool:
         if _loopback_ip(host) and _loopback_ip(local_addr):
             return False
     return is_local_address(host)
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text.partition("%")[0])  # fe80::1%eth0: the zone aside
+    except ValueError:
+        return False
+    return True
 
 
 def _loopback_ip(text: str) -> bool:

@@ -162,6 +162,7 @@ def test_example_config_values_parse(tmp_path):
         ("[::1]:5", ("::1", 5)),
         ("[::1]", ("::1", 29400)),
         ("::1", ("::1", 29400)),
+        ("fe80::1%eth0", ("fe80::1%eth0", 29400)),
     ],
 )
 def test_endpoints_parse(text, expected):
@@ -170,7 +171,9 @@ def test_endpoints_parse(text, expected):
     assert split_endpoint(text) == expected
 
 
-@pytest.mark.parametrize("text", ["[::1", "[::1]x", ":5", "h:x", "h:70000", "a b:1", "h/p:1"])
+@pytest.mark.parametrize(
+    "text", ["[::1", "[::1]x", ":5", "h:x", "h:70000", "a b:1", "h/p:1", "::::", "[::::]:5"]
+)
 def test_malformed_endpoints_are_refused(text):
     from agentd.support.net import split_endpoint
 

@@ -82,6 +82,10 @@ from tests.conftest import WORKER
             ["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1", WORKER],
             "--rdzv-endpoint: '[::1' must be host:port, or [IPv6]:port",
         ),
+        (  # static's master: it used to be served on ':::::29500' and waited for ever
+            ["--nnodes", "2", "--rdzv-endpoint", "::::", WORKER],
+            "--rdzv-endpoint: '::::' must be host:port, or [IPv6]:port",
+        ),
         (
             ["--non-retryable-exit-codes", "1,,2", WORKER],
             "--non-retryable-exit-codes: '1,,2' has an empty item",
@@ -114,6 +118,25 @@ def test_bad_input_one_line_exit_2(run_agentd, args, message):
     err = agent.stderr()
     assert err.count("\n") == 1, err
     assert message in err
+    assert list(agent.out_dir.glob("pid_*")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--standalone", "--local-addr", "192.0.2.1"], "--local-addr"),
+        (["--nnodes", "1", "--master-addr", "192.0.2.1"], "--master-addr"),
+        (["--nnodes", "1", "--rdzv-endpoint", "192.0.2.1:0"], "--rdzv-endpoint"),
+    ],
+)
+def test_a_job_of_one_node_at_an_address_not_ours_is_one_line_exit_3(run_agentd, args, flag):
+    """The workers' store of a job of one node listens on the address given: one that this
+    host does not have ends the agent with one line naming the flag (it was a traceback)."""
+    agent = run_agentd(*args, WORKER, "ok")
+    assert agent.wait(30) == 3
+    err = agent.stderr()
+    assert f"{flag}: '192.0.2.1' is not an address of this host" in err
+    assert "Traceback" not in err
     assert list(agent.out_dir.glob("pid_*")) == []
 
 
