@@ -342,11 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         if args.command in ("status", "drain", "logs"):
-            from agentd.support.agent_url import given_url, named_endpoint
+            from agentd.support.agent_url import endpoint_problem, given_url, named_endpoint
 
             args.url = named_endpoint(args)
             if args.command == "status" and args.job:
-                args.job = given_url(args.job)
+                raw, args.job = args.job, given_url(args.job)
+                if problem := endpoint_problem(raw, args.job):
+                    raise ConfigError(f"--job: {raw!r} {problem}")
         if args.command == "status":
             from agentd.health import status_cli
 

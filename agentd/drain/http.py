@@ -66,13 +66,9 @@ async def drain_response(
 def run(url: str | None, reason: str | None, timeout: float, cacert: str | None = None) -> int:
     """``agentd drain``: 0 the agent drains, 1 it refused, 3 it cannot be reached."""
     from agentd.store import token_file
-    from agentd.support.agent_url import default_url, tls_context, url_problem
+    from agentd.support.agent_url import base_url, tls_context
 
-    base = (url or default_url(dict(os.environ))).rstrip("/")
-    problem = url_problem(base)
-    if problem:
-        sys.stderr.write(f"agentd: error: --url: {base!r} {problem}\n")
-        return 2
+    base = base_url(url, dict(os.environ))
     token = token_file.for_agent(base, os.environ.get(DRAIN_TOKEN_ENV))
     body = json.dumps({"reason": reason} if reason else {}).encode()
     request = urllib.request.Request(

@@ -14,7 +14,7 @@ import time
 import urllib.error
 from typing import Any
 
-from agentd.support.agent_url import default_url, fetch, url_problem
+from agentd.support.agent_url import base_url, fetch
 
 
 def run(
@@ -29,17 +29,7 @@ def run(
     """The ``status`` command; returns its exit code (0 ok, 1 unhealthy, 3 unreachable).
     ``job`` (a URL, or '' for ``url``'s): the job view instead (:mod:`.job_cli`)."""
     url = job or url
-    base = (url or default_url(dict(os.environ))).rstrip("/")
-    problem = url_problem(base)
-    if problem:
-        env = os.environ
-        where = (
-            "--url"
-            if url
-            else ("AGENTD_STATUS_URL" if env.get("AGENTD_STATUS_URL") else "AGENTD_HEALTH_PORT")
-        )
-        sys.stderr.write(f"agentd: error: {where}: {base!r} {problem}\n")
-        return 2
+    base = base_url(url, dict(os.environ))
     if not 0 < timeout <= 3600:
         sys.stderr.write(f"agentd: error: --timeout: {timeout!r} must be within 0..3600 seconds\n")
         return 2

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentd.drain.http import DRAIN_TOKEN_ENV
 from agentd.store import token_file
-from agentd.support.agent_url import default_url, fetch, tls_context, url_problem
+from agentd.support.agent_url import base_url, fetch, tls_context
 
 FOLLOW_EVERY = 1.0
 HOLD = 1.0
@@ -144,10 +144,8 @@ def run(
     cacert: str | None,
 ) -> int:
     """The command; its exit code (0, 1 an agent refused, 2 usage, 3 unreachable)."""
-    base = (url or default_url(dict(os.environ))).rstrip("/")
+    base = base_url(url, dict(os.environ))
     try:
-        if problem := url_problem(base):
-            raise LogsError(f"URL: {base!r} {problem}", 2)
         if rank is not None and rank < 0:
             raise LogsError(f"--rank: {rank} must be a global rank (>= 0)", 2)
         start = parse_since(since, time.time()) if since else None

@@ -46,10 +46,36 @@ def named_endpoint(args: argparse.Namespace) -> str | None:
         if value is not None
     ]
     urls = [given_url(value) for _, value in given]
+    for (name, value), url in zip(given, urls, strict=True):
+        if problem := endpoint_problem(value, url):
+            raise ConfigError(f"{name}: {value!r} {problem}")
     for (one, first), (other, second), url in zip(given, given[1:], urls[1:], strict=False):
         if url != urls[0]:
             raise ConfigError(f"{one}: {first!r} and {other} {second!r} name two agents")
     return urls[0] if urls else None
+
+
+def base_url(url: str | None, environ: dict[str, str]) -> str:
+    """The endpoint to ask, without a trailing '/': ``url`` (checked already by
+    :func:`named_endpoint`), else the default (:func:`default_url`); a
+    :class:`ConfigError` naming the variable that made the default no endpoint."""
+    base = (url or default_url(environ)).rstrip("/")
+    if url is None:
+        for name in ("AGENTD_STATUS_URL", "AGENTD_HEALTH_PORT", "TORCHELASTIC_HEALTH_CHECK_PORT"):
+            if value := environ.get(name):
+                if problem := endpoint_problem(value, base):
+                    raise ConfigError(f"{name}: {value!r} {problem}")
+                break
+    return base
+
+
+def endpoint_problem(value: str, url: str) -> str:
+    """Why ``value`` (as typed: a port, host:port or a URL; ``url`` as it reads) names no
+    agent's endpoint ('' when it does)."""
+    port = value.removeprefix(":")
+    if port.isdigit() and not 0 < int(port) <= 65535:
+        return "must be a port, 1..65535"
+    return url_problem(url)
 
 
 def url_problem(url: str) -> str:

@@ -191,6 +191,27 @@ def test_status_with_a_bad_url_is_one_line_exit_2(run_agentd, args, message):
     assert agent.stderr().count("\n") == 1 and message in agent.stderr(), agent.stderr()
 
 
+@pytest.mark.parametrize("command", ["status", "drain", "logs"])
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["70000"], {}, "URL: '70000' must be a port, 1..65535"),
+        (["--url", "ftp://h:1"], {}, "--url: 'ftp://h:1' must be an http(s)://host:port URL"),
+        ([], {"AGENTD_HEALTH_PORT": "99999"}, "AGENTD_HEALTH_PORT: '99999' must be a port"),
+        ([], {"AGENTD_STATUS_URL": "ftp://h:1"}, "AGENTD_STATUS_URL: 'ftp://h:1' must be an"),
+    ],
+)
+def test_each_command_that_asks_an_agent_names_where_a_bad_endpoint_came_from(
+    run_agentd, command, args, env, message
+):
+    """``status``, ``drain`` and ``logs`` name the argument or variable that gave the
+    endpoint (drain said ``--url`` and logs ``URL`` whatever the user had typed)."""
+    agent = run_agentd(*args, command=command, env=env)
+    assert agent.wait() == 2
+    err = agent.stderr()
+    assert err.startswith(f"agentd: error: {message}") and err.count("\n") == 1, err
+
+
 def test_config_file_and_pet_env(run_agentd, tmp_path):
     config = tmp_path / "job.toml"
     config.write_text(f'nproc-per-node = 2\nscript = "{WORKER}"\nargs = ["ok"]\n')
