@@ -102,6 +102,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._spins = 0
         self.holding: set[Owner] = set()
         """The simulation is over: every owner's callbacks run (its tasks are cancelled)."""
+        self.interrupted: BaseException | None = None
+        """What ended the run from outside the simulation (:meth:`_ended_from_outside`)."""
         super().__init__(_JumpingSelector(self))
 
     def time(self) -> float:
@@ -143,6 +145,24 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         if gated is not callback:
             gated.handle = handle  # type: ignore[attr-defined]
         return handle
+
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        task = super().create_task(coro, **kwargs)
+        task.add_done_callback(self._ended_from_outside)
+        return task
+
+    def _ended_from_outside(self, task: asyncio.Task[Any]) -> None:
+        """A task that ended on something no simulated process raises (pytest's timeout,
+        which lands in whatever task runs): it ends the run, as it would a real program.
+        Such an exception is kept in its task, not raised, and the agent whose task it was
+        looked dead, so the timeout read as an invariant broken (an S5 of a loaded machine,
+        2026-12-03)."""
+        error = None if task.cancelled() else task._exception  # type: ignore[attr-defined]
+        if error is not None and not isinstance(error, Exception):
+            task.exception()  # raised from run(): retrieved
+            if self.interrupted is None:
+                self.interrupted = error
+                self.stop()
 
     def resume(self, owner: Owner) -> None:
         """Run what ``owner`` held while it was paused, in order."""
@@ -242,7 +262,12 @@ def _run(main: Callable[[VirtualLoop], Coroutine[Any, Any, Any]]) -> Any:
     loop.set_exception_handler(_quiet_about_the_dead)
     try:
         with mock.patch("time.monotonic", loop.time):
-            return loop.run_until_complete(main(loop))
+            try:
+                return loop.run_until_complete(main(loop))
+            except RuntimeError:  # the loop stopped before main was done: what stopped it
+                if loop.interrupted is None:
+                    raise
+                raise loop.interrupted from None
     finally:
         loop.ending = True
         for owner in list(loop.holding):

@@ -13,7 +13,7 @@ from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.exit_barrier import ExitBarrier
 from agentd.rendezvous.forgotten import lifetime
 from tests.sim.failover import store_host_lost_bound
-from tests.sim.test_protocol import at, rounds_of
+from tests.sim.test_protocol import BATCH_TIMEOUT, at, rounds_of
 from tests.sim.world import AGENT_FAULTS, KINDS, Fault, Schedule, schedule_for, simulate
 
 SEEDS = range(60)
@@ -28,6 +28,7 @@ def failover_seed(seed: int):
 
 
 @pytest.mark.parametrize("first", range(SEEDS.start, SEEDS.stop, CHUNK))
+@BATCH_TIMEOUT
 def test_the_seeds_break_no_invariant_beyond_the_known_gaps(first):
     seeds = range(first, min(first + CHUNK, SEEDS.stop))
     found = {}
@@ -43,6 +44,7 @@ RESTART_SEEDS = range(40)
 earns its seconds in the suite; the soaks of thousands are ``bench/simulate.py``'s."""
 
 
+@BATCH_TIMEOUT
 def test_seeds_with_restarts_break_no_invariant():
     """A node SIGKILLed and started again, the store's host at the endpoint: its fresh
     list forks from the job's (see the tests below)."""

@@ -890,22 +890,24 @@ class World:
 
 async def _simulate(loop: VirtualLoop, schedule: Schedule) -> Outcome:
     world = World(loop, schedule)
-    for _ in range(schedule.nodes):
-        world._add_agent()
-    quiet = START
-    for fault in schedule.faults:
-        await asyncio.sleep(max(0.0, START + fault.at - loop.time()))
-        world.fault(fault)
-        quiet = max(quiet, loop.time() + fault.duration)
-    await asyncio.sleep(max(0.0, quiet + SETTLE - loop.time()))
-    world.check_liveness()
-    world.judge_leaves()
-    world.judge_finished_leaves()
-    world.outcome.requests = world.requests
-    for agent in world.agents:  # the master ports the rounds reserved, dead agents' too
-        if agent.handler._rounds is not None:
-            agent.handler._rounds.release()
-    return world.outcome
+    try:
+        for _ in range(schedule.nodes):
+            world._add_agent()
+        quiet = START
+        for fault in schedule.faults:
+            await asyncio.sleep(max(0.0, START + fault.at - loop.time()))
+            world.fault(fault)
+            quiet = max(quiet, loop.time() + fault.duration)
+        await asyncio.sleep(max(0.0, quiet + SETTLE - loop.time()))
+        world.check_liveness()
+        world.judge_leaves()
+        world.judge_finished_leaves()
+        world.outcome.requests = world.requests
+        return world.outcome
+    finally:  # also where the run was cut short (cancelled)
+        for agent in world.agents:  # the master ports the rounds reserved, dead agents' too
+            if agent.handler._rounds is not None:
+                agent.handler._rounds.release()
 
 
 def simulate(schedule: Schedule) -> Outcome:
