@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TESTS, wait_until
-from tests.helpers.jobs import STEADY, TOKEN, agent_args
+from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
 
 DEPLOY = TESTS.parent / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "agentd.json"
@@ -89,7 +89,7 @@ def test_every_metric_named_is_one_a_running_agent_exports(run_agentd, run_store
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
     job = ["--health-port", "0", "--straggler-interval", "0.5", TRAIN, str(out), str(stop)]
-    rdzv = agent_args(store.endpoint, "2:2", conf=STEADY + ",is_host=0")  # a lapse fails 2:2
+    rdzv = agent_args(store.endpoint, "2:2", conf=STEADY_MEMBER)  # a lapse fails 2:2
     agents = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
     url = wait_until(
         lambda: re.search(r"Health endpoint on (http://\S+)", agents[0].stderr()),

@@ -18,12 +18,7 @@ import pytest
 
 from agentd.exceptions import DRAINED_UNFINISHED
 from tests.conftest import WORKER, free_port, wait_until
-from tests.helpers.jobs import FAST, STEADY, TOKEN, agent_args
-
-ALL_AT_ONCE = FAST.replace("last_call_timeout=0.5", "last_call_timeout=10") + ",is_host=0"
-"""FAST, but the first round waits 10 s for the nodes started together: one slow to start
-on a loaded machine would otherwise miss it, and attempt 0 would not hold every node.
-Once a node leaves, its peers seal on their count, not at the last call."""
+from tests.helpers.jobs import ALL_AT_ONCE, STEADY, TOKEN, agent_args
 
 TRAIN = str(Path(__file__).with_name("train_steps.py"))
 
@@ -97,7 +92,7 @@ def test_a_drain_checkpoints_every_rank_at_one_step_and_the_job_goes_on(
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = ["--nproc-per-node", "2", TRAIN, str(out), str(stop)]
     # the default last call (30 s): the others must not wait for it once the node is gone
-    conf = "keep_alive_interval=0.5,keep_alive_max_attempt=4,join_timeout=60,is_host=0"
+    conf = "keep_alive_interval=0.5,keep_alive_max_attempt=20,join_timeout=60,is_host=0"
     rdzv = agent_args(store.endpoint, "2:3", conf=conf)
     stay = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]
     leaving = run_agentd(

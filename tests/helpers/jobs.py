@@ -13,6 +13,15 @@ STEADY = FAST.replace("keep_alive_max_attempt=4", "keep_alive_max_attempt=20")
 """FAST with a 10 s heartbeat TTL, for a test of something else than a lost node: FAST's 2 s
 lapsed once on a loaded 2-core machine (the suite's second run of 2026-12-01), and the
 round that re-formed restarted every worker under a test that counted their lines."""
+STEADY_MEMBER = STEADY + ",is_host=0"
+"""STEADY for an agent of a job whose store runs on its own (``run_store``). Eight more
+tests of something else than a lost node lost a 2 s lease with the suite run at ``-n 6``
+on 2 cores (2026-12-03)."""
+ALL_AT_ONCE = STEADY_MEMBER.replace("last_call_timeout=0.5", "last_call_timeout=10")
+"""STEADY_MEMBER for agents started together into an elastic job (``MIN:MAX``): the first
+round waits 10 s for them, since one slow to start on a loaded machine would otherwise
+miss it and attempt 0 would not hold every node; a round of MAX seals at once. Once a
+node leaves, its peers seal on their count, not at the last call."""
 
 
 def members(agent: AgentProc, attempt: int) -> list[dict[str, str]]:

@@ -343,13 +343,13 @@ def test_a_hang_on_one_node_restarts_every_node(run_agentd, tmp_path):
     waits in all_reduce, and its report points to the other node. Both train again."""
     pytest.importorskip("torch")
     from tests.conftest import free_port
-    from tests.helpers.jobs import FAST, agent_args
+    from tests.helpers.jobs import STEADY, agent_args
 
     endpoint = f"127.0.0.1:{free_port()}"
     job = str(TESTS / "workers" / "torch_hang.py")
     agents = [
         run_agentd(
-            *agent_args(endpoint, "2", "--max-restarts", "1", *FLOOR, conf=FAST),
+            *agent_args(endpoint, "2", "--max-restarts", "1", *FLOOR, conf=STEADY),
             job,
             "--steps",
             "80",

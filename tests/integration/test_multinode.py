@@ -27,8 +27,9 @@ from tests.conftest import (
     wait_until,
 )
 from tests.helpers.jobs import (
-    FAST,
+    ALL_AT_ONCE,
     STEADY,
+    STEADY_MEMBER,
     TOKEN,
     agent_args,
     latest_attempt,
@@ -45,7 +46,7 @@ def test_two_agents_form_one_job_with_torch_env(run_agentd, tmp_path):
     stop = tmp_path / "stop"
     agents = [
         run_agentd(
-            *agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), *member_job(stop)
+            *agent_args(endpoint, "2", "--nproc-per-node", "2", conf=STEADY), *member_job(stop)
         )
         for _ in range(2)
     ]
@@ -70,7 +71,7 @@ def test_gloo_all_reduce_across_two_agents(run_agentd):
     endpoint = f"127.0.0.1:{free_port()}"
     script = str(TESTS / "workers" / "torch_gloo.py")
     agents = [
-        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=FAST), script)
+        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "2", conf=STEADY), script)
         for _ in range(2)
     ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
@@ -85,7 +86,7 @@ def test_init_process_group_with_8_ranks_across_2_agents_meets_in_the_agents_sto
     endpoint = f"127.0.0.1:{free_port()}"
     script = str(TESTS / "workers" / "torch_store.py")
     agents = [
-        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "4", conf=FAST), script, "late")
+        run_agentd(*agent_args(endpoint, "2", "--nproc-per-node", "4", conf=STEADY), script, "late")
         for _ in range(2)
     ]
     assert [a.wait(180) for a in agents] == [0, 0], [a.stderr()[-3000:] for a in agents]
@@ -103,7 +104,7 @@ def test_a_restarted_attempt_meets_in_a_new_store_and_the_old_one_is_gone(run_ag
     script = str(TESTS / "workers" / "torch_store.py")
     agents = [
         run_agentd(
-            *agent_args(endpoint, "2", "--nproc-per-node", "2", "--max-restarts", "1", conf=FAST),
+            *agent_args(endpoint, "2", "--nproc-per-node", "2", "--max-restarts", "1", conf=STEADY),
             script,
             "restart",
         )
@@ -121,7 +122,7 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnod
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    conf = STEADY + ",is_host=0"  # a lease lapsed under load re-forms the round once more
+    conf = STEADY_MEMBER  # a lease lapsed under load re-forms the round once more
     first = [
         run_agentd(*agent_args(store.endpoint, nnodes, conf=conf), *member_job(stop), env=env)
         for _ in range(2)
@@ -205,7 +206,11 @@ def test_a_worker_crash_on_one_node_restarts_every_node(run_agentd, run_store, t
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = member_job(stop, "--crash-group", "1", "--after", "0.3", "--until-attempt", "1")
     agents = [
-        run_agentd(*agent_args(store.endpoint, "2", "--max-restarts", "1"), *job, env=env)
+        run_agentd(
+            *agent_args(store.endpoint, "2", "--max-restarts", "1", conf=STEADY_MEMBER),
+            *job,
+            env=env,
+        )
         for _ in range(2)
     ]
     for agent in agents:
@@ -221,7 +226,10 @@ def test_a_node_failing_for_good_ends_the_job_everywhere(run_agentd, run_store, 
     store = run_store()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = member_job(tmp_path / "never", "--crash-group", "0", "--code", "7")
-    agents = [run_agentd(*agent_args(store.endpoint, "2"), *job, env=env) for _ in range(2)]
+    agents = [
+        run_agentd(*agent_args(store.endpoint, "2", conf=STEADY_MEMBER), *job, env=env)
+        for _ in range(2)
+    ]
     codes = [a.wait(30) for a in agents]
     assert codes == [1, 1], [a.stderr()[-2000:] for a in agents]
     logs = "".join(a.stderr() for a in agents)
@@ -269,7 +277,7 @@ def test_bad_requests_to_the_store_leave_the_job_alone(run_agentd, run_store, tm
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     health = free_port()
-    rdzv = agent_args(store.endpoint, "2", conf=STEADY + ",is_host=0")  # a lapse fails 2:2
+    rdzv = agent_args(store.endpoint, "2", conf=STEADY_MEMBER)  # a lapse fails 2:2
     agents = [
         run_agentd(*rdzv, *extra, *member_job(stop), env=env)
         for extra in ((), ("--health-port", str(health)))
@@ -367,7 +375,7 @@ def test_a_node_done_first_does_not_restart_one_still_working(run_agentd, tmp_pa
     agents = [
         run_agentd(
             *agent_args(
-                endpoint, "2", "--node-rank", str(rank), "--exit-barrier-timeout", "0", conf=FAST
+                endpoint, "2", "--node-rank", str(rank), "--exit-barrier-timeout", "0", conf=STEADY
             ),
             str(script),
             str(tmp_path),
@@ -408,7 +416,10 @@ def test_a_node_stopped_in_its_exit_barrier_leaves_its_peers_workers_running(
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     agents = [
         run_agentd(
-            *agent_args(store.endpoint, nnodes, conf=STEADY), str(script), str(tmp_path), env=env
+            *agent_args(store.endpoint, nnodes, conf=ALL_AT_ONCE),
+            str(script),
+            str(tmp_path),
+            env=env,
         )
         for _ in range(2)
     ]
@@ -608,9 +619,7 @@ def one_in_its_barrier(
     """Agents A and B (``--nnodes 2:2``, a 10 s lease, which outlasts a restart of the
     store on a loaded machine) on the standalone ``store``, once A's worker succeeded and
     A waits in its exit barrier while B's works."""
-    flags = agent_args(
-        store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY + ",is_host=0"
-    )
+    flags = agent_args(store.endpoint, "2", "--exit-barrier-timeout", "120", conf=STEADY_MEMBER)
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = one_works_on(tmp_path)
     done = run_agentd(*flags, *job, env=env)

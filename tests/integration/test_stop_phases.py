@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import TESTS, WORKER, pid_alive, wait_until
 from tests.drain.test_drain import health_url
 from tests.drain.test_integrations import stepping
-from tests.helpers.jobs import TOKEN, agent_args
+from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 PROMPT = 2.0
@@ -32,12 +32,17 @@ def stopped_within(agent, sig: signal.Signals) -> float:
 def test_waiting_for_peers(run_agentd, run_store, sig):
     store = run_store()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    waiting = run_agentd(*agent_args(store.endpoint, "2"), WORKER, "ok", env=env)
+    waiting = run_agentd(
+        *agent_args(store.endpoint, "2", conf=STEADY_MEMBER), WORKER, "ok", env=env
+    )
     wait_until(lambda: "waiting for 2..2 node(s)" in waiting.stderr(), what="a wait for peers")
     assert stopped_within(waiting, sig) < PROMPT
     # Its membership was given back: two later agents form a round of their own at once
     # (with its lapsed membership counted, one would have waited for the last call).
-    later = [run_agentd(*agent_args(store.endpoint, "2"), WORKER, "ok", env=env) for _ in "ab"]
+    later = [
+        run_agentd(*agent_args(store.endpoint, "2", conf=STEADY_MEMBER), WORKER, "ok", env=env)
+        for _ in "ab"
+    ]
     assert [a.wait(timeout=30) for a in later] == [0, 0], later[0].stderr()
     assert all("left (no heartbeat)" not in a.stderr() for a in later)
 
@@ -57,9 +62,16 @@ def test_in_the_exit_barrier(run_agentd, run_store, sig):
     store = run_store()
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     quick = run_agentd(
-        "--log-level", "debug", *agent_args(store.endpoint, "2"), WORKER, "ok", env=env
+        "--log-level",
+        "debug",
+        *agent_args(store.endpoint, "2", conf=STEADY_MEMBER),
+        WORKER,
+        "ok",
+        env=env,
     )
-    slow = run_agentd(*agent_args(store.endpoint, "2"), WORKER, "sleep", env=env)
+    slow = run_agentd(
+        *agent_args(store.endpoint, "2", conf=STEADY_MEMBER), WORKER, "sleep", env=env
+    )
     [pid] = slow.wait_ready(1)
     wait_until(lambda: "HEALTHY -> SUCCEEDED" in quick.stderr(), what="the exit barrier")
     assert stopped_within(quick, sig) < PROMPT

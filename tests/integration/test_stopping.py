@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import WORKER, free_port, pid_alive, wait_until
-from tests.helpers.jobs import FAST, agent_args, member_job, result_json, world_sizes
+from tests.helpers.jobs import STEADY, agent_args, member_job, result_json, world_sizes
 
 
 def test_sigterm_stops_workers_and_exits_143(run_agentd):
@@ -66,7 +66,7 @@ def test_kill_9_of_a_store_host_leaves_no_token_file(run_agentd, tmp_path):
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     agent = run_agentd(
-        *agent_args(f"127.0.0.1:{free_port()}", "1", "--health-port", "0", conf=FAST),
+        *agent_args(f"127.0.0.1:{free_port()}", "1", "--health-port", "0", conf=STEADY),
         *member_job(tmp_path / "stop"),
         env={"XDG_RUNTIME_DIR": str(runtime)},
     )
@@ -88,7 +88,7 @@ def test_kill_9_of_a_member_leaves_no_copy_of_the_jobs_token(run_agentd, tmp_pat
     port = free_port()
     agents = [
         run_agentd(
-            *agent_args(f"127.0.0.1:{port}", "2", conf=FAST),
+            *agent_args(f"127.0.0.1:{port}", "2", conf=STEADY),
             *member_job(tmp_path / "stop"),
             env={"XDG_RUNTIME_DIR": str(runtime)},
         )

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 from tests.conftest import WORKER, wait_until
-from tests.helpers.jobs import STEADY, TOKEN, agent_args
+from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
 from tests.helpers.logs_plugin import flat_logs_installed
 
 TICKS = 15
@@ -41,7 +41,7 @@ def test_every_nodes_lines_merged_in_time_order(run_agentd, run_store, tmp_path)
     store = run_store()
     stop = tmp_path / "stop"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
-    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY + ",is_host=0")
+    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY_MEMBER)
     job = ["--nproc-per-node", "2", "--tee", "3", "--health-port", "0"]
     work = [WORKER, "ticks", "--code", str(TICKS), "--after", str(TICK), "--stop-file", str(stop)]
     agents = [

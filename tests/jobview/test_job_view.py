@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import TESTS, free_port, wait_until
-from tests.helpers.jobs import STEADY, TOKEN, agent_args
+from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
 
 TRAIN = str(TESTS / "drain" / "train_steps.py")
 
@@ -29,7 +29,7 @@ def three_nodes(run_agentd, run_store, tmp_path) -> tuple[list, str, Path]:
     out.mkdir()
     env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
     # a 10 s lease: FAST's 2 s lapsed on a loaded CI (2026-12-02), failing the 3:3 job
-    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY + ",is_host=0")
+    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY_MEMBER)
     agents = [
         run_agentd(
             *rdzv,
@@ -98,7 +98,7 @@ def test_a_drain_that_is_over_is_not_shown_on_the_nodes_that_followed_it(
     out.mkdir()
     agents = [
         run_agentd(
-            *agent_args(store.endpoint, "2:3", conf=STEADY + ",is_host=0"),
+            *agent_args(store.endpoint, "2:3", conf=STEADY_MEMBER),
             *("--local-addr", f"127.0.0.{i + 1}", "--health-port", "0"),
             *(TRAIN, str(out), str(stop)),
             env={"AGENTD_STORE_TOKEN": TOKEN},

@@ -10,6 +10,7 @@ import urllib.request
 
 from tests.conftest import WORKER, wait_until
 from tests.helpers.jobs import (
+    STEADY_MEMBER,
     TOKEN,
     agent_args,
     latest_attempt,
@@ -34,10 +35,13 @@ def test_a_failing_host_leaves_the_job_and_joins_again_when_it_passes(
     stop, flag, events = tmp_path / "stop", tmp_path / "sick", tmp_path / "events.jsonl"
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     healthy = [
-        run_agentd(*agent_args(store.endpoint, "2:3"), *member_job(stop), env=env) for _ in range(2)
+        run_agentd(
+            *agent_args(store.endpoint, "2:3", conf=STEADY_MEMBER), *member_job(stop), env=env
+        )
+        for _ in range(2)
     ]
     gated = run_agentd(
-        *agent_args(store.endpoint, "2:3"),
+        *agent_args(store.endpoint, "2:3", conf=STEADY_MEMBER),
         *flag_check(flag),
         "--node-check-interval",
         "0.3",

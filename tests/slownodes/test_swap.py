@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TESTS, wait_until
-from tests.helpers.jobs import STEADY, TOKEN, agent_args
+from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
 
 TRAIN = str(TESTS / "drain" / "train_steps.py")
 FAST_COMPARISON = ("--straggler-interval", "0.5")
@@ -50,7 +50,7 @@ def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
     job = ["--nproc-per-node", "1", *FAST_COMPARISON, "--replace-stragglers", *torch_worker, TRAIN]
     # a 10 s lease: a 2 s one lapsed on a loaded machine, and the re-formed round moved the
     # job's attempts on, past the attempt 0 read here (2026-12-01)
-    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY + ",is_host=0")
+    rdzv = agent_args(store.endpoint, "3:3", conf=STEADY_MEMBER)
     members = [
         run_agentd(*rdzv, *extra, *job, str(out), str(stop), env={**env, **slow})
         for extra, slow in (
