@@ -50,6 +50,11 @@ async def drain_response(
             return web.json_response(
                 {"error": f"body: must be a JSON object of at most {MAX_BODY} bytes"}, status=400
             )
+        if unknown := sorted(set(doc) - {"reason"}):  # a typo must not drain unreasoned
+            return web.json_response(
+                {"error": f"{unknown[0]}: not a field of POST /drain (it takes: reason)"},
+                status=400,
+            )
         given_reason = doc.get("reason", reason)
         if not isinstance(given_reason, str) or not 0 < len(given_reason) <= MAX_REASON:
             return web.json_response(

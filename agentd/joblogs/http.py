@@ -37,6 +37,10 @@ class BadQuery(ValueError):
     """A query field that cannot be read: the message names it."""
 
 
+QUERY = ("cursor", "since", "rank")
+"""The parameters of ``GET /logs``."""
+
+
 def encode_cursor(cursor: dict[str, int]) -> str:
     return base64.urlsafe_b64encode(json.dumps(cursor, separators=(",", ":")).encode()).decode()
 
@@ -57,7 +61,10 @@ def decode_cursor(text: str) -> dict[str, int]:
 
 
 def parse_query(query: Any) -> tuple[dict[str, int], float | None, int | None]:
-    """``cursor``, ``since`` and ``rank`` from a request's query (BadQuery naming one)."""
+    """``cursor``, ``since`` and ``rank`` from a request's query (BadQuery naming one, or
+    naming a parameter that is none of them: ``rnak=3`` would read every rank's lines)."""
+    if unknown := sorted(set(query) - set(QUERY)):
+        raise BadQuery(f"{unknown[0]}: not a parameter of GET /logs (it takes: {', '.join(QUERY)})")
     cursor = decode_cursor(query["cursor"]) if query.get("cursor") else {}
     since = None
     if query.get("since") is not None:

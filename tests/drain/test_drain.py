@@ -413,6 +413,7 @@ def test_agentd_drain_asks_over_http_with_the_drain_token(run_agentd, run_store,
     assert refused.returncode == 1 and "needs the bearer token" in refused.stderr
     assert post_drain(url, TOKEN, b"") == 401  # the store's secret is no key to the health port
     assert post_drain(url, "drain-secret", b'{"reason": 7}') == 400
+    assert post_drain(url, "drain-secret", b'{"reasn": "typo"}') == 400  # no field of drain
     assert leaving.proc.poll() is None  # nothing was drained by any
 
     done = drain_cli("--url", url, "--reason", "kernel update", env=drains)

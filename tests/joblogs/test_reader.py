@@ -111,6 +111,7 @@ def test_a_torn_or_foreign_times_file_is_read_as_far_as_it_goes():
         ({"rank": "two"}, "rank: 'two' must be a global rank (an integer >= 0)"),
         ({"cursor": "not-a-cursor!"}, "cursor: 'not-a-cursor!' is not a cursor an earlier"),
         ({"cursor": encode_cursor({"0/0/stdout": -1})}, "is not a cursor an earlier answer gave"),
+        ({"rnak": "3"}, "rnak: not a parameter of GET /logs (it takes: cursor, since, rank)"),
     ],
 )
 def test_a_bad_query_names_its_field(query, message):
