@@ -193,7 +193,14 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config: {path!r} cannot be read ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config: {path!r} is not valid TOML ({exc})") from None
-    return {key.replace("-", "_"): value for key, value in data.items()}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in values:  # the TOML is valid, but one of the two would be dropped unseen
+            first = next(k for k in data if k.replace("-", "_") == name)
+            raise ConfigError(f"{path}: {key} and {first} are one option: give it once")
+        values[name] = value
+    return values
 
 
 def resolve(

@@ -90,6 +90,12 @@ def test_rdzv_conf_in_a_file_is_a_table_a_list_or_a_string(tmp_path):
         ({}, {}, "role = {a = 1}", "role: {'a': 1} must be a string"),
         ({}, {}, "rdzv_conf = {a = {b = 1}}", "rdzv_conf: {'a': {'b': 1}} must be a string"),
         ({}, {}, "max_restarts = [", "is not valid TOML"),
+        (  # both spellings: valid TOML, and one of the two was dropped unseen
+            {},
+            {},
+            "nproc-per-node = 2\nnproc_per_node = 3",
+            "nproc_per_node and nproc-per-node are one option: give it once",
+        ),
         ({"signals_to_handle": "SIGKILL"}, {}, "", "cannot include SIGKILL"),
         ({"non_retryable_exit_codes": "300"}, {}, "", "within 1..255"),
         ({"local_ranks_filter": "a"}, {}, "", "list of local ranks"),
