@@ -36,7 +36,8 @@ def given_url(text: str) -> str:
 
 def named_endpoint(args: argparse.Namespace) -> str | None:
     """The one agent that URL, ``--url`` and ``--health-port`` name (None: the default);
-    a :class:`ConfigError` where they name two, or ``--health-port`` is no port."""
+    a :class:`ConfigError` naming the argument where one names no endpoint, or where they
+    name two agents."""
     port = args.health_port
     if port is not None and not (port.isdigit() and 0 < int(port) <= 65535):
         raise ConfigError(f"--health-port: {port!r} must be a port, 1..65535")
