@@ -77,7 +77,8 @@ class Zygote:
         self._forks: dict[int, asyncio.Future[tuple[int, int]]] = {}
         self._spares = Spares()
         """Children the zygote forked ahead: a fork takes one."""
-        self._statuses: dict[int, asyncio.Future[int]] = {}
+        self._statuses: dict[int, asyncio.Future[int | None]] = {}
+        """The zygote's report of each worker's wait status (None: it died first)."""
         self._ids = itertools.count(1)
         self._stopping = False
         self.alive = False
@@ -239,9 +240,8 @@ class Zygote:
                 async with asyncio.timeout(_STATUS_WAIT):
                     await asyncio.shield(status)
         self._statuses.pop(pid, None)
-        if status.done() and not status.cancelled():
-            return status.result()
-        return status_from_pidfd(pid, pidfd)
+        code = status.result() if status.done() else None
+        return code if code is not None else status_from_pidfd(pid, pidfd)
 
     # -- the channel -------------------------------------------------------------------------
 
@@ -314,7 +314,7 @@ class Zygote:
                 reply.set_exception(StartError(f"the zygote (pid {self.pid}) died"))
         for status in self._statuses.values():  # wake the waiters: read their pidfds now
             if not status.done():
-                status.cancel()
+                status.set_result(None)  # not cancel(): it ended the waiter's task with it
         task = asyncio.ensure_future(self._report_loss())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
