@@ -154,7 +154,10 @@ def test_a_guardian_that_ends_takes_its_twin_with_it(agent):
     agent.proc.wait()
     wait_until(lambda: not pid_alive(agent.guardian), what="the guardian to end")
     assert not pid_alive(agent.twin)
-    assert not pid_alive(agent.worker)  # killed, the agent gone
+    # SIGKILLed as the agent went: the guardian does not wait for it to die (no will to
+    # run), and on a loaded machine the death may trail the guardian's exit (CI,
+    # 2026-12-03: still alive at the assertion)
+    wait_until(lambda: not pid_alive(agent.worker), timeout=5, what="the worker killed")
 
 
 def test_a_guardian_whose_twin_died_guards_on(agent):
