@@ -14,7 +14,7 @@ STEADY = FAST.replace("keep_alive_max_attempt=4", "keep_alive_max_attempt=20")
 lapsed once on a loaded 2-core machine (the suite's second run of 2026-12-01), and the
 round that re-formed restarted every worker under a test that counted their lines."""
 STEADY_MEMBER = STEADY + ",is_host=0"
-"""STEADY for an agent of a job whose store runs on its own (``run_store``). Eight more
+"""STEADY for an agent of a job whose store runs on its own (``run_store``). Five more
 tests of something else than a lost node lost a 2 s lease with the suite run at ``-n 6``
 on 2 cores (2026-12-03)."""
 ALL_AT_ONCE = STEADY_MEMBER.replace("last_call_timeout=0.5", "last_call_timeout=10")

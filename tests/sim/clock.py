@@ -99,9 +99,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self.now = START
         self.ending = False
+        """The simulation is over: every owner's callbacks run (its tasks are cancelled)."""
         self._spins = 0
         self.holding: set[Owner] = set()
-        """The simulation is over: every owner's callbacks run (its tasks are cancelled)."""
+        """The paused owners whose callbacks are held (:meth:`resume` runs them)."""
         self.interrupted: BaseException | None = None
         """What ended the run from outside the simulation (:meth:`_ended_from_outside`)."""
         super().__init__(_JumpingSelector(self))
