@@ -20,14 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentd import __version__
 from agentd.config.build import scheduler_line, worker_spec
-from agentd.config.option import Parser
-from agentd.config.resolve import (
-    OPTIONS,
-    AgentConfig,
-    check_script,
-    config_file_from,
-    resolve,
-)
+from agentd.config.option import Parser, unknown_variables
+from agentd.config.resolve import OPTIONS, AgentConfig, check_script, config_file_from, resolve
 from agentd.config.values import RuleError, host
 from agentd.exceptions import AgentdError, AgentStopped, ConfigError
 from agentd.group import WorkerState
@@ -341,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if args.command != "run":  # run logs them once its logging is set
+            for line in unknown_variables(environ, OPTIONS):
+                print(f"agentd: warning: {line}", file=sys.stderr)
         if args.command in ("status", "drain", "logs"):
             from agentd.support.agent_url import endpoint_problem, given_url, named_endpoint
 
@@ -370,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args, environ)
         check_script(config)
         setup_logging(config.log_format, config.log_level)
+        for line in unknown_variables(environ, OPTIONS):
+            log.warning("%s", line)
         if config.detected is not None:
             log.info("%s", scheduler_line(config))
         spec = worker_spec(config)  # everything is checked before anything starts

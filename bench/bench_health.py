@@ -118,7 +118,7 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     with tempfile.TemporaryDirectory() as tmp:
-        env["AGENTD_TEST_OUT"] = tmp
+        env["TEST_AGENTD_OUT"] = tmp
         proc = subprocess.Popen(
             [
                 sys.executable,

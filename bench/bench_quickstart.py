@@ -32,7 +32,7 @@ LAUNCHERS = {
     "agentd": [sys.executable, "-m", "agentd", "run"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
-MARK = "AGENTD_BENCH_QUICKSTART"
+MARK = "BENCH_AGENTD_QUICKSTART"
 
 
 def without_teardown(folder: Path) -> Path:

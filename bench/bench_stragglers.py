@@ -114,7 +114,7 @@ def base_env(marker: str) -> dict[str, str]:
     env.update(
         PYTHONWARNINGS="ignore",
         AGENTD_STORE_TOKEN=TOKEN,
-        AGENTD_TEST_COMPUTE="0.02",
+        TEST_AGENTD_COMPUTE="0.02",
         PYTHONPATH=str(REPO),
         **{MARK_ENV: marker},
     )
@@ -130,7 +130,7 @@ def swap_once(interval: float, timeout: float) -> dict[str, float] | str:
         out, port = Path(tmp), free_port()
         try:
             for i in range(3):
-                slow = {"AGENTD_TEST_SLOW": "2"} if i == 2 else {}
+                slow = {"TEST_AGENTD_SLOW": "2"} if i == 2 else {}
                 procs.append(start_agent(out, i, port, {**env, **slow}, *flags))
                 if i == 0:
                     time.sleep(0.5)  # the first hosts the store

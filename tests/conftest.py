@@ -286,7 +286,7 @@ def run_agentd(
         out_dir.mkdir()
         logs = tmp_path / f"logs{index}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULED_ENV)}
-        full_env["AGENTD_TEST_OUT"] = str(out_dir)
+        full_env["TEST_AGENTD_OUT"] = str(out_dir)
         full_env.update(env or {})
         if launcher == "torchrun":  # the reference, for tests run through both
             argv = [*prefix, sys.executable, "-m", "torch.distributed.run"]

@@ -1,8 +1,9 @@
 """One option of ``agentd run``: its field name (also the TOML key), flags, parser, default,
-help and environment variables (the tables are in :mod:`agentd.config.options`); and the
-command-line parser the flags go to: argparse that raises a :class:`ConfigError` instead
-of exiting (every error one line, exit 2), suggests the flag meant for a mistyped one, and
-sizes its help without importing shutil."""
+help and environment variables (the tables are in :mod:`agentd.config.options`), and the
+``AGENTD_*`` variables no option reads; and the command-line parser the flags go to:
+argparse that raises a :class:`ConfigError` instead of exiting (every error one line,
+exit 2), suggests the flag meant for a mistyped one, and sizes its help without importing
+shutil."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 from agentd.exceptions import ConfigError
@@ -62,6 +63,56 @@ def option(
     return Option(
         name, tuple(flags), parse, default, help, is_flag, metavar, torch_env, repeatable, separator
     )
+
+
+OTHER_VARIABLES = frozenset(
+    {
+        # read by the commands beside ``agentd run``'s options
+        "AGENTD_CONFIG",  # --config
+        "AGENTD_STATUS_URL",  # agentd status / drain / logs
+        "AGENTD_HEALTH_CACERT",  # agentd status / drain / logs over TLS
+        "AGENTD_ETCD_PASSWORD",  # the etcd store's password, never on a command line
+        # set by the agent for its workers and guardian (an agent a worker starts has them)
+        "AGENTD_ATTEMPT",
+        "AGENTD_CONTROL_FILE",
+        "AGENTD_DUMP_SIGNAL",
+        "AGENTD_INPROCESS_FD",
+        "AGENTD_INPROCESS_FRESH",
+        "AGENTD_INPROCESS_GRACE",
+        "AGENTD_INPROCESS_REPLACED",
+        "AGENTD_INPROCESS_SOURCE",
+        "AGENTD_OWNER",
+        "AGENTD_PROGRESS_PIPE",
+        "AGENTD_REHEARSAL",
+        "AGENTD_RELEASE_FDS",
+        "AGENTD_STACK_FILE",
+        "AGENTD_SYNC_ROUTE",
+    }
+)
+"""Every ``AGENTD_*`` name agentd reads or sets that is not an option's own
+(``tests/config/test_variables.py`` checks that the source holds no other)."""
+
+
+def unknown_variables(environ: Mapping[str, str], options: Iterable[Option]) -> Iterator[str]:
+    """One line for each ``AGENTD_*`` variable of ``environ`` that is neither one of
+    ``options``' nor in :data:`OTHER_VARIABLES`, in name order, with the known name closest
+    to it. A mistyped ``AGENTD_NPROC_PER_NOD=4`` was ignored in silence (the job ran with
+    the default); the commands warn of each and go on, as a variable of a newer agentd must
+    not stop an older one. ``PET_*`` variables are torch's too, which ignores its unknown
+    ones, so they are not checked."""
+    prefix = ENV_PREFIXES[0]
+    given = sorted(name for name in environ if name.startswith(prefix))
+    known = OTHER_VARIABLES.union(n for o in options for n in o.env_names if n.startswith(prefix))
+    for name in given:
+        if name in known:
+            continue
+        import difflib  # only for a name nobody knows
+
+        # the shared prefix would make any two names look alike: the rest is compared
+        rests = {known_name.removeprefix(prefix): known_name for known_name in known}
+        close = difflib.get_close_matches(name.removeprefix(prefix), sorted(rests), 1, 0.8)
+        hint = f" (did you mean {rests[close[0]]}?)" if close else ""
+        yield f"{name} is not a variable agentd reads: ignored{hint}"
 
 
 class Formatter(argparse.HelpFormatter):

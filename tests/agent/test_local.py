@@ -138,7 +138,7 @@ async def test_a_run_cancelled_twice_still_stops_its_workers_and_records_why(tmp
     cut the shutdown short: asyncio.shield would return at once, with workers alive."""
     out = tmp_path / "out"
     out.mkdir()
-    monkeypatch.setenv("AGENTD_TEST_OUT", str(out))  # each worker notes it once it ignores TERM
+    monkeypatch.setenv("TEST_AGENTD_OUT", str(out))  # each worker notes it once it ignores TERM
     agent = make_agent(
         tmp_path, sys.executable, ("-u", WORKER, "ignore-term"), n=2, stop_timeout=0.5
     )  # stopping takes half a second: SIGTERM is ignored

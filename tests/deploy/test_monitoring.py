@@ -87,7 +87,7 @@ def test_every_metric_named_is_one_a_running_agent_exports(run_agentd, run_store
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_AGENTD_COMPUTE": "0.02"}
     job = ["--health-port", "0", "--straggler-interval", "0.5", TRAIN, str(out), str(stop)]
     rdzv = agent_args(store.endpoint, "2:2", conf=STEADY_MEMBER)  # a lapse fails 2:2
     agents = [run_agentd(*rdzv, *job, env=env) for _ in range(2)]

@@ -146,7 +146,7 @@ def test_workers_that_fail_as_a_drained_node_leaves_cost_no_restart(
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     job = ["--max-restarts", "0", "--nproc-per-node", "1", TRAIN, str(out), str(stop)]
     rdzv = agent_args(store.endpoint, "2:3", conf=ALL_AT_ONCE)
-    failing = {**env, "AGENTD_TEST_FAIL_AFTER_SAVE": "1"}
+    failing = {**env, "TEST_AGENTD_FAIL_AFTER_SAVE": "1"}
     stay = [run_agentd(*rdzv, *job, env=failing) for _ in range(2)]
     leaving = run_agentd(*rdzv, "--drain-on", "SIGUSR1", *job, env=env)
     wait_until(lambda: len(starts(out, 0)) == 3, 60, what="a job of three nodes")
@@ -173,7 +173,7 @@ def test_workers_that_fail_as_a_peer_leaves_cost_no_restart(run_agentd, run_stor
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_FAIL_ON_PEER_EXIT": "1"}
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_AGENTD_FAIL_ON_PEER_EXIT": "1"}
     job = ["--max-restarts", "0", "--nproc-per-node", "1", TRAIN, str(out), str(stop)]
     rdzv = agent_args(store.endpoint, "2:3", conf=ALL_AT_ONCE)
     agents = [run_agentd(*rdzv, *job, env=env) for _ in range(3)]
@@ -312,7 +312,7 @@ def test_a_drain_whose_node_was_killed_midway_is_followed_by_nobody(
     it started and followed it: every rank checkpointed again and waited, paused, for
     acknowledgements that never came."""
     start, out, stop = elastic_job(run_agentd, run_store, tmp_path)
-    *stay, leaving = running(out, [start(), start(), start(AGENTD_TEST_SAVE_SECONDS="60")])
+    *stay, leaving = running(out, [start(), start(), start(TEST_AGENTD_SAVE_SECONDS="60")])
     leaving.proc.send_signal(signal.SIGUSR1)
     wait_until(lambda: len(notes(out, "ckpt_0_*")) == 3, 30, what="every rank saving")
     [step] = {c["step"] for c in notes(out, "ckpt_0_*")}
@@ -475,7 +475,7 @@ def test_a_drain_waits_for_the_step_of_workers_whose_steps_are_long(
     out.mkdir()
     rdzv = agent_args(store.endpoint, "1:2", conf=ALL_AT_ONCE)  # sealed once both are in
     job = ["--nproc-per-node", "1", "--drain-on", "SIGUSR1", TRAIN, str(out), str(stop)]
-    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "1.0"}
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_AGENTD_COMPUTE": "1.0"}
     leaving, staying = running(out, [run_agentd(*rdzv, *job, env=env) for _ in range(2)])
     lockstep = next(out.glob("steps_*"))
 

@@ -6,14 +6,14 @@ on agentd.checkpoint_requested() saves and confirms. The ranks step in lockstep,
 joined by collectives do: no rank starts a step before every rank has finished the last
 one (through ``steps_<round>/<rank>`` files, a round known by its MASTER_PORT). That is
 the job a drain's promise is made for: every rank checkpoints at the same step. With
-``AGENTD_TEST_COMPUTE=SECONDS`` each step computes (sleeps) that long in
-``agentd.section("compute")``, times ``AGENTD_TEST_SLOW`` (1: a node as fast as the others)
-on the node whose agent has it in its environment. With ``AGENTD_TEST_FAIL_AFTER_SAVE``,
+``TEST_AGENTD_COMPUTE=SECONDS`` each step computes (sleeps) that long in
+``agentd.section("compute")``, times ``TEST_AGENTD_SLOW`` (1: a node as fast as the others)
+on the node whose agent has it in its environment. With ``TEST_AGENTD_FAIL_AFTER_SAVE``,
 a rank exits 1 right after it saved (as a collective fails once a drained node's ranks
-are gone); with ``AGENTD_TEST_FAIL_ON_PEER_EXIT``, a rank stopped by SIGTERM says so as it
+are gone); with ``TEST_AGENTD_FAIL_ON_PEER_EXIT``, a rank stopped by SIGTERM says so as it
 goes, and the others exit 1 as they see it; the stopped rank exits only once their agents
 have reaped them (up to 20 s), so its agent's leave reaches theirs after their workers'
-failure, as a real peer's loss does. With ``AGENTD_TEST_SAVE_SECONDS``, a rank takes that
+failure, as a real peer's loss does. With ``TEST_AGENTD_SAVE_SECONDS``, a rank takes that
 long to save (its drain stays open meanwhile). It notes each start
 (``start_<attempt>_<rank>``: world size and the step it resumed at) and exits 0 once
 STOP_FILE exists.
@@ -31,7 +31,7 @@ out, stop = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
 attempt = os.environ["AGENTD_ATTEMPT"]
-host = os.environ.get("AGENTD_TEST_HOST", "")
+host = os.environ.get("TEST_AGENTD_HOST", "")
 
 
 def write(name: str, doc: dict) -> None:
@@ -47,8 +47,8 @@ def read(name: str) -> dict:
 
 
 lockstep = os.path.join(out, f"steps_{host}{os.environ['MASTER_PORT']}")
-compute = float(os.environ.get("AGENTD_TEST_COMPUTE", "0")) * float(
-    os.environ.get("AGENTD_TEST_SLOW", "1")
+compute = float(os.environ.get("TEST_AGENTD_COMPUTE", "0")) * float(
+    os.environ.get("TEST_AGENTD_SLOW", "1")
 )
 os.makedirs(lockstep, exist_ok=True)
 
@@ -83,7 +83,7 @@ def wait_for_every_rank(step: int) -> None:
 
 
 peer_exits = ""
-if os.environ.get("AGENTD_TEST_FAIL_ON_PEER_EXIT"):
+if os.environ.get("TEST_AGENTD_FAIL_ON_PEER_EXIT"):
     peer_exits = os.path.join(lockstep, "exits")
     os.makedirs(peer_exits, exist_ok=True)
 
@@ -126,8 +126,8 @@ while not os.path.exists(stop):
     agentd.heartbeat()
     if agentd.checkpoint_requested():
         write(f"ckpt_{host}{attempt}_{rank}", {"step": step, "at": time.time(), "world": world})
-        time.sleep(float(os.environ.get("AGENTD_TEST_SAVE_SECONDS", "0")))
+        time.sleep(float(os.environ.get("TEST_AGENTD_SAVE_SECONDS", "0")))
         agentd.checkpoint_saved()
-        if os.environ.get("AGENTD_TEST_FAIL_AFTER_SAVE"):
+        if os.environ.get("TEST_AGENTD_FAIL_AFTER_SAVE"):
             sys.exit(1)  # as a collective fails once the drained node's ranks are gone
     finished(step)

@@ -233,3 +233,22 @@ def test_a_taken_master_port_is_one_line_naming_the_flag(run_agentd, torch_worke
     err = agent.stderr()
     assert f"--master-port: cannot listen on 127.0.0.1:{port} (" in err
     assert "Traceback" not in err and "the store is new" not in err
+
+
+def test_a_mistyped_variable_is_warned_of_and_the_job_runs(run_agentd):
+    """A misspelt ``AGENTD_*`` variable used to be ignored in silence: the job started with
+    the default. It is named with the one meant, and the job still runs (a variable of a
+    newer agentd must not stop an older one)."""
+    agent = run_agentd(WORKER, "ok", env={"AGENTD_NPROC_PER_NOD": "2"})
+    assert agent.wait() == 0, agent.stderr()
+    assert len(agent.stdout().splitlines()) == 1  # the default, one worker
+    assert (
+        "WARNING agentd: AGENTD_NPROC_PER_NOD is not a variable agentd reads: ignored "
+        "(did you mean AGENTD_NPROC_PER_NODE?)"
+    ) in agent.stderr()
+    status = run_agentd("http://127.0.0.1:1", command="status", env={"AGENTD_STATUS_UR": "x"})
+    assert status.wait() == 3  # nothing listens there
+    assert status.stderr().startswith(
+        "agentd: warning: AGENTD_STATUS_UR is not a variable agentd reads: ignored "
+        "(did you mean AGENTD_STATUS_URL?)\n"
+    ), status.stderr()

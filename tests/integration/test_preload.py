@@ -132,7 +132,7 @@ def test_module_entrypoint_runs_as_python_dash_m(run_agentd, tmp_path):
     (package / "__init__.py").write_text("")
     (package / "job.py").write_text(
         "import json, os, sys\n"
-        "out = os.environ['AGENTD_TEST_OUT']\n"
+        "out = os.environ['TEST_AGENTD_OUT']\n"
         "open(os.path.join(out, 'module'), 'w').write(json.dumps("
         "[__name__, __spec__.name, sys.argv, sys.path[0]]))\n"
     )
@@ -274,7 +274,7 @@ def test_a_script_edited_after_the_spares_compiled_it_runs_as_edited(run_agentd,
     agent.extra_pids += [zygote, *spares]
     source = job.read_text()
     edit = "from __future__ import annotations\n"
-    mark = 'import os as _o; open(_o.environ["AGENTD_TEST_OUT"] + "/edited", "w").close()\n'
+    mark = 'import os as _o; open(_o.environ["TEST_AGENTD_OUT"] + "/edited", "w").close()\n'
     job.write_text(source.replace(edit, edit + mark, 1))
     os.kill(first[0], signal.SIGKILL)
     second = agent.wait_ready(2, attempt=1)

@@ -27,7 +27,7 @@ def three_nodes(run_agentd, run_store, tmp_path) -> tuple[list, str, Path]:
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_AGENTD_COMPUTE": "0.02"}
     # a 10 s lease: FAST's 2 s lapsed on a loaded CI (2026-12-02), failing the 3:3 job
     rdzv = agent_args(store.endpoint, "3:3", conf=STEADY_MEMBER)
     agents = [
@@ -36,7 +36,7 @@ def three_nodes(run_agentd, run_store, tmp_path) -> tuple[list, str, Path]:
             *("--local-addr", f"127.0.0.{i + 1}", "--nproc-per-node", "2"),
             *(("--health-port", "0") if i == 0 else ()),
             *("--straggler-interval", "0.5", TRAIN, str(out), str(stop)),
-            env={**env, **({"AGENTD_TEST_SLOW": "2"} if i == 2 else {})},
+            env={**env, **({"TEST_AGENTD_SLOW": "2"} if i == 2 else {})},
         )
         for i in range(3)
     ]

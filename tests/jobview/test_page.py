@@ -1,7 +1,7 @@
 """The job page in a real headless browser (Debian's chromium through chromedriver and
 Selenium): three agents on 127.0.0.1-3, one computing twice as long; the page served at
 ``/`` of one agent shows three node rows and draws a series per node, the slow node's the
-highest and its row marked. A screenshot is saved (``AGENTD_PAGE_SCREENSHOT`` names where;
+highest and its row marked. A screenshot is saved (``TEST_AGENTD_PAGE_SCREENSHOT`` names where;
 docs/img/job-page.png is one)."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_the_page_shows_every_node_and_the_slow_one_stands_out(
     summary = browser.find_element(By.ID, "summary").text
     assert "nodes 3 (3:3)" in summary and "world size 6" in summary
     assert browser.find_element(By.ID, "problem").get_attribute("hidden") is not None
-    shot = os.environ.get("AGENTD_PAGE_SCREENSHOT") or str(tmp_path / "job-page.png")
+    shot = os.environ.get("TEST_AGENTD_PAGE_SCREENSHOT") or str(tmp_path / "job-page.png")
     assert browser.save_screenshot(shot)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []

@@ -46,7 +46,7 @@ def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
     out.mkdir()
-    env = {"AGENTD_STORE_TOKEN": TOKEN, "AGENTD_TEST_COMPUTE": "0.02"}
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_AGENTD_COMPUTE": "0.02"}
     job = ["--nproc-per-node", "1", *FAST_COMPARISON, "--replace-stragglers", *torch_worker, TRAIN]
     # a 10 s lease: a 2 s one lapsed on a loaded machine, and the re-formed round moved the
     # job's attempts on, past the attempt 0 read here (2026-12-01)
@@ -56,7 +56,7 @@ def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
         for extra, slow in (
             (("--health-port", "0"), {}),
             ((), {}),
-            ((), {"AGENTD_TEST_SLOW": "2"}),
+            ((), {"TEST_AGENTD_SLOW": "2"}),
         )
     ]
     slow = members[2]

@@ -10,7 +10,7 @@ heartbeats and its interpreter's exit takes S seconds, as torch's teardown may (
 the end the node's ranks wait for each
 other, as a job's last collective makes them (a rank cannot finish while a peer hangs),
 then each prints ``trained <rank>``.
-Writes its progress pipe's path to ``$AGENTD_TEST_OUT/pipe`` (for the foreign-pid test).
+Writes its progress pipe's path to ``$TEST_AGENTD_OUT/pipe`` (for the foreign-pid test).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.exit_time:
         atexit.register(time.sleep, args.exit_time)
-    out = os.environ.get("AGENTD_TEST_OUT")
+    out = os.environ.get("TEST_AGENTD_OUT")
     if out and RANK == 0:
         with open(os.path.join(out, "pipe"), "w") as fp:
             fp.write(os.environ.get("AGENTD_PROGRESS_PIPE", ""))

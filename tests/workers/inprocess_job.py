@@ -1,7 +1,7 @@
 """A job that restarts in process, without torch: ``inprocess_job.py OUT MODE``.
 
 In ``nodes`` mode (several agents) every rank loops until ``OUT/release`` exists and
-reports to ``$AGENTD_TEST_OUT`` (one folder per agent) instead of OUT.
+reports to ``$TEST_AGENTD_OUT`` (one folder per agent) instead of OUT.
 
 Local rank 1 dies on attempt 0 once every rank has reported (in ``hang`` mode it hangs
 under a 0.3 s expiration timer instead, and the watchdog reaps it; in ``raise`` mode its
@@ -42,7 +42,7 @@ def on_its_way_out(*_: object) -> None:
 
 
 signal.signal(signal.SIGUSR1, on_its_way_out)
-out = os.environ["AGENTD_TEST_OUT"] if mode == "nodes" else shared
+out = os.environ["TEST_AGENTD_OUT"] if mode == "nodes" else shared
 rank = int(os.environ["LOCAL_RANK"])
 
 

@@ -1,7 +1,7 @@
 """Reports what a worker process looks like from inside, for the spawn/preload peer tests.
 
 ``introspect.py CODE [ARGS...]``: writes ``report_<local_rank>.json`` to
-``$AGENTD_TEST_OUT``, prints one line on stdout and one on stderr, leaves a non-daemon
+``$TEST_AGENTD_OUT``, prints one line on stdout and one on stderr, leaves a non-daemon
 thread and an atexit handler that must both run, and exits with CODE (``1,0``: 1 on the
 first attempt, 0 on the next).
 """
@@ -26,7 +26,7 @@ except ImportError:
     numpy = None
 
 rank = os.environ["LOCAL_RANK"]
-out = os.environ["AGENTD_TEST_OUT"]
+out = os.environ["TEST_AGENTD_OUT"]
 handlers = {str(int(sig)): repr(signal.getsignal(sig)) for sig in signal.valid_signals()}
 rlimits = {
     name: resource.getrlimit(getattr(resource, name))

@@ -34,7 +34,7 @@ async def holds(addr: str, port: int, key: str) -> bool:
 
 
 mode = sys.argv[1]
-out = os.environ.get("AGENTD_TEST_OUT", ".")
+out = os.environ.get("TEST_AGENTD_OUT", ".")
 attempt = int(os.environ.get("AGENTD_ATTEMPT", "0"))
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

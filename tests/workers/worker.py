@@ -1,6 +1,6 @@
 """A tiny worker for agentd's tests: ``worker.py MODE [options]``; prints ``ready``.
 
-Writes what tests need into ``$AGENTD_TEST_OUT`` (a directory): ``pid_<rank>_<attempt>``
+Writes what tests need into ``$TEST_AGENTD_OUT`` (a directory): ``pid_<rank>_<attempt>``
 files with the pids it started and an ``env_<rank>_<attempt>.json`` of its environment.
 """
 
@@ -16,7 +16,7 @@ import time
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-OUT = os.environ.get("AGENTD_TEST_OUT")
+OUT = os.environ.get("TEST_AGENTD_OUT")
 
 
 def note(name: str, content: str) -> None:
