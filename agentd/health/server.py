@@ -160,6 +160,7 @@ class HealthCheckServer(StartedInBackground):
             "health_port",
             self._limits,
             ssl_context=self._ssl,
+            host_what="health_host",
         )
         log.info("Health endpoint on %s (/livez /readyz /status /metrics /job; page /)", self.url)
 

@@ -39,7 +39,7 @@ class SoloRendezvous(StaticRendezvous):
     ) -> None:
         super().__init__(run_id, addr, master_port)
         self._backend = backend
-        self._addr_flag = addr_flag
+        self.addr_flag = addr_flag
         """The flag that gave ``addr``, named when this host cannot listen on it."""
         self.node_id = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(3).hex()}"
         self._reserved: socket.socket | None = None
@@ -66,7 +66,7 @@ class SoloRendezvous(StaticRendezvous):
             return reserve_port(self._master_addr)
         except OSError as exc:
             raise StartError(
-                f"{self._addr_flag}: {self._master_addr!r} is not an address of this host "
+                f"{self.addr_flag}: {self._master_addr!r} is not an address of this host "
                 f"({exc.strerror})"
             ) from None
 

@@ -16,7 +16,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.rendezvous.api import HostsWorkersStore, ReservesMasterPort, agent_serves_store
+from agentd.rendezvous.api import (
+    HostsWorkersStore,
+    NamesItsAddress,
+    ReservesMasterPort,
+    agent_serves_store,
+)
 from agentd.support import fdlimits
 from agentd.tcpstore.server import MAX_CONNECTIONS, TCPStoreServer
 
@@ -69,7 +74,8 @@ class WorkerStoreService:
         sock = handler.take_master_socket(port) if isinstance(handler, ReservesMasterPort) else None
         server = store_server(host, port, group.spec.local_world_size, sock)
         given = group.spec.master_port and sock is None  # the user's port: name the flag
-        await server.start("--master-port" if given else "workers' store")
+        addr_flag = handler.addr_flag if isinstance(handler, NamesItsAddress) else None
+        await server.start("--master-port" if given else "workers' store", addr_flag)
         self.server = server
         log.info("[%s] Serving the workers' store on %s:%d", group.spec.role, host, server.port)
 

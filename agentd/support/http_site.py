@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from agentd.exceptions import StartError
 from agentd.support.compat import aiohttp as compat_aiohttp
+from agentd.support.net import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -235,13 +235,15 @@ async def serve_app(
     limits: Limits | None = None,
     server_log: ServerLog | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    host_what: str | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``host:port`` (0: an ephemeral port) inside the current loop, over
     TLS with ``ssl_context``; aiohttp reports to ``server_log`` (a new :class:`ServerLog`
     by default).
 
     Returns the runner (``await runner.cleanup()`` stops it) and the port really bound.
-    A port that cannot be bound is a :class:`StartError` naming ``what`` and the address.
+    A port that cannot be bound is a :class:`StartError` naming ``what`` and the address
+    (``host_what`` where this host has no such address).
     """
     from aiohttp import web
 
@@ -273,5 +275,5 @@ async def serve_app(
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise StartError(f"{what}: cannot listen on {host}:{port} ({exc.strerror})") from None
+        raise cannot_listen(exc, host, port, what, host_what) from None
     return runner, int(runner.addresses[0][1])

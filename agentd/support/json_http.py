@@ -37,7 +37,6 @@ import termios
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
-from agentd.exceptions import StartError
 from agentd.support.http_messages import (
     MAX_HEAD,
     Malformed,
@@ -48,6 +47,7 @@ from agentd.support.http_messages import (
     parse_head,
 )
 from agentd.support.http_site import Limits, RefusedConnection, ServerLog
+from agentd.support.net import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -115,9 +115,7 @@ class JsonHttpServer:
                 ssl=ssl_context,
             )
         except OSError as exc:
-            raise StartError(
-                f"{self.what}: cannot listen on {host}:{port} ({exc.strerror})"
-            ) from None
+            raise cannot_listen(exc, host, port, self.what) from None
         for listening in self._server.sockets:
             _deepen(listening.fileno())
         return int(self._server.sockets[0].getsockname()[1])

@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.exceptions import StartError
+from agentd.support.net import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -60,8 +60,9 @@ class TCPStoreServer:
         self._closing = False
         self._problems = RateLimitedLog(log)
 
-    async def start(self, what: str = "workers' store") -> None:
-        """Listen (StartError naming ``what``, the flag or the listener, when it cannot)."""
+    async def start(self, what: str = "workers' store", host_what: str | None = None) -> None:
+        """Listen (StartError naming ``what``, the flag or the listener, when it cannot, or
+        ``host_what``, the field that gave the address, where this host has no such one)."""
         try:
             if self._sock is not None:
                 self._server = await asyncio.start_server(self._serve, sock=self._sock)
@@ -70,9 +71,7 @@ class TCPStoreServer:
                     self._serve, self.host, self.port, reuse_address=True
                 )
         except OSError as exc:
-            raise StartError(
-                f"{what}: cannot listen on {self.host}:{self.port} ({exc.strerror})"
-            ) from None
+            raise cannot_listen(exc, self.host, self.port, what, host_what) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.debug("Workers' store listening on %s:%d", self.host, self.port)
 

@@ -127,11 +127,16 @@ def test_bad_input_one_line_exit_2(run_agentd, args, message):
         (["--standalone", "--local-addr", "192.0.2.1"], "--local-addr"),
         (["--nnodes", "1", "--master-addr", "192.0.2.1"], "--master-addr"),
         (["--nnodes", "1", "--rdzv-endpoint", "192.0.2.1:0"], "--rdzv-endpoint"),
+        # a pinned port: the address is still what is wrong (it named --master-port)
+        (["--standalone", "--local-addr", "192.0.2.1", "--master-port", "29555"], "--local-addr"),
+        # the health endpoint's address (it named health_port)
+        (["--standalone", "--health-host", "192.0.2.1", "--health-port", "0"], "health_host"),
     ],
 )
 def test_a_job_of_one_node_at_an_address_not_ours_is_one_line_exit_3(run_agentd, args, flag):
-    """The workers' store of a job of one node listens on the address given: one that this
-    host does not have ends the agent with one line naming the flag (it was a traceback)."""
+    """The workers' store of a job of one node (and the health endpoint) listens on the
+    address given: one that this host does not have ends the agent with one line naming
+    the option that gave it (it was a traceback, then the port's option)."""
     agent = run_agentd(*args, WORKER, "ok")
     assert agent.wait(30) == 3
     err = agent.stderr()
@@ -231,7 +236,7 @@ def test_a_taken_master_port_is_one_line_naming_the_flag(run_agentd, torch_worke
         agent = run_agentd("--standalone", "--master-port", str(port), *torch_worker, "ok")
         assert agent.wait() == 3
     err = agent.stderr()
-    assert f"--master-port: cannot listen on 127.0.0.1:{port} (" in err
+    assert f"--master-port: cannot listen on 127.0.0.1:{port} (Address already in use)" in err
     assert "Traceback" not in err and "the store is new" not in err
 
 
