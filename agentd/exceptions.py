@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 
 
@@ -69,3 +71,17 @@ class SignalException(AgentStopped):
 def field_error(field: str, value: object, rule: str) -> ConfigError:
     """Build the standard one-line error: ``<field>: <value!r> <rule>``."""
     return ConfigError(f"{field}: {value!r} {rule}")
+
+
+def cannot_listen(
+    exc: OSError, host: str, port: int, what: str, host_what: str | None = None
+) -> StartError:
+    """Why a listener could not bind ``host:port``, in one line naming the field at fault:
+    ``host_what`` (the one that gave the address) where this host has no such address,
+    else ``what`` (the port's, or the listener's), with the system's reason in its own
+    words (asyncio wraps it in a sentence of its own)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.EADDRNOTAVAIL and host_what:
+        return StartError(f"{host_what}: {host!r} is not an address of this host ({reason})")
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return StartError(f"{what}: cannot listen on {endpoint} ({reason})")

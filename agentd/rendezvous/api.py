@@ -274,14 +274,6 @@ class ReservesMasterPort(Protocol):
 
 
 @runtime_checkable
-class NamesItsAddress(Protocol):
-    """A rendezvous whose store address is the user's to give, and can be one this host
-    lacks (a job of one node): the option that gave it is named where it cannot be served."""
-
-    addr_flag: str
-
-
-@runtime_checkable
 class HostsWorkersStore(Protocol):
     """A rendezvous whose group rank 0 serves the workers' store itself, one store for all
     its attempts (the static rendezvous of several nodes, torch's design): the agent opens

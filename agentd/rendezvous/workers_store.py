@@ -14,14 +14,9 @@ of an earlier attempt can never reach a later store: it has a new port, or, with
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agentd.rendezvous.api import (
-    HostsWorkersStore,
-    NamesItsAddress,
-    ReservesMasterPort,
-    agent_serves_store,
-)
+from agentd.rendezvous.api import HostsWorkersStore, ReservesMasterPort, agent_serves_store
 from agentd.support import fdlimits
 from agentd.tcpstore.server import MAX_CONNECTIONS, TCPStoreServer
 
@@ -32,6 +27,14 @@ if TYPE_CHECKING:
     from agentd.view import AgentView
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class NamesItsAddress(Protocol):
+    """A rendezvous whose store address is the user's to give, and may be one this host
+    lacks (a job of one node): the option that gave it is named where it cannot be served."""
+
+    addr_flag: str
 
 
 def store_server(

@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from agentd.exceptions import cannot_listen
 from agentd.support.compat import aiohttp as compat_aiohttp
-from agentd.support.net import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:

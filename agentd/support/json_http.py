@@ -37,6 +37,7 @@ import termios
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
+from agentd.exceptions import cannot_listen
 from agentd.support.http_messages import (
     MAX_HEAD,
     Malformed,
@@ -47,7 +48,6 @@ from agentd.support.http_messages import (
     parse_head,
 )
 from agentd.support.http_site import Limits, RefusedConnection, ServerLog
-from agentd.support.net import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:

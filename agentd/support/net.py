@@ -1,15 +1,13 @@
 """Network addresses as agentd's flags spell them: ``host:port`` endpoints, loopback, and
-whether an address belongs to this machine, and why one cannot be listened on."""
+whether an address belongs to this machine."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import ipaddress
-import os
 import socket
 
-from agentd.exceptions import ConfigError, StartError
+from agentd.exceptions import ConfigError
 
 
 def split_endpoint(
@@ -102,19 +100,6 @@ def is_loopback(host: str) -> bool:
 
 def endpoint_text(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def cannot_listen(
-    exc: OSError, host: str, port: int, what: str, host_what: str | None = None
-) -> StartError:
-    """Why a listener could not bind ``host:port``, one line naming the field at fault:
-    ``host_what`` (the one that gave the address) where this host has no such address,
-    else ``what`` (the port's, or the listener's), with the system's reason in its own
-    words (asyncio wraps it in a sentence of its own)."""
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    if exc.errno == errno.EADDRNOTAVAIL and host_what:
-        return StartError(f"{host_what}: {host!r} is not an address of this host ({reason})")
-    return StartError(f"{what}: cannot listen on {endpoint_text(host, port)} ({reason})")
 
 
 def get_socket_with_port() -> socket.socket:

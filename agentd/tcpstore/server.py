@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from agentd.support.net import cannot_listen
+from agentd.exceptions import cannot_listen
 from agentd.support.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
