@@ -33,8 +33,16 @@ def elastic(impl: str, module: str = ""):
     return importlib.import_module(name)
 
 
+SCRIPT_TIMEOUT = 120
+"""The bound on one script's run: torch's launcher spawns workers that each import torch
+(``launch.py fail`` takes 9 s alone, and passed pytest's 60 s at three test processes a
+core)."""
+RUNS_SCRIPTS = pytest.mark.timeout(SCRIPT_TIMEOUT + 30)
+"""For the modules that run scripts: pytest's bound must not cut the script's short."""
+
+
 def run_script(
-    impl: str, name: str, *args: str, timeout: float = 120, extra_env: dict | None = None
+    impl: str, name: str, *args: str, timeout: float = SCRIPT_TIMEOUT, extra_env: dict | None = None
 ) -> dict:
     """Run ``scripts/<name>`` with ``ELASTIC`` naming the implementation's prefix; returns
     the JSON object its last stdout line holds."""

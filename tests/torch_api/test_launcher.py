@@ -8,7 +8,16 @@ import subprocess
 import sys
 
 from tests.conftest import free_port
-from tests.torch_api.conftest import LAUNCHERS, PREFIXES, SCRIPTS, run_script
+from tests.torch_api.conftest import (
+    LAUNCHERS,
+    PREFIXES,
+    RUNS_SCRIPTS,
+    SCRIPT_TIMEOUT,
+    SCRIPTS,
+    run_script,
+)
+
+pytestmark = RUNS_SCRIPTS
 
 
 def test_elastic_launch_returns_the_return_values_by_rank(impl):
@@ -31,7 +40,7 @@ def test_a_failed_launch_raises_child_failed_error_and_record_passes_the_root_ca
         [sys.executable, str(SCRIPTS / "launch.py"), "fail", str(free_port())],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SCRIPT_TIMEOUT,
         env=env,
     )
     assert proc.returncode != 0

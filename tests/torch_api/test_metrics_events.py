@@ -7,7 +7,9 @@ import urllib.request
 import pytest
 
 from tests.conftest import free_port
-from tests.torch_api.conftest import elastic, run_script
+from tests.torch_api.conftest import RUNS_SCRIPTS, elastic, run_script
+
+pytestmark = RUNS_SCRIPTS
 
 
 def test_a_successful_run_publishes_torchs_metrics_and_worker_events(impl):

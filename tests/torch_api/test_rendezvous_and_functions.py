@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from tests.conftest import free_port
-from tests.torch_api.conftest import elastic, run_script
+from tests.torch_api.conftest import RUNS_SCRIPTS, elastic, run_script
+
+pytestmark = RUNS_SCRIPTS
 
 CHECK_RANK = "import os, sys; sys.exit(0 if os.environ['RANK'] in ('0', '1') else 5)"
 

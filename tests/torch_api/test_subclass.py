@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tests.conftest import free_port
-from tests.torch_api.conftest import run_script
+from tests.torch_api.conftest import RUNS_SCRIPTS, run_script
+
+pytestmark = RUNS_SCRIPTS
 
 
 def test_sync_overrides_run_and_the_monitor_is_paced_by_monitor_interval(impl):

@@ -7,7 +7,9 @@ import signal
 import pytest
 
 from tests.conftest import free_port
-from tests.torch_api.conftest import run_script
+from tests.torch_api.conftest import RUNS_SCRIPTS, run_script
+
+pytestmark = RUNS_SCRIPTS
 
 
 def test_the_documented_timer_example_runs_to_success(impl):

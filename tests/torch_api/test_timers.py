@@ -11,7 +11,9 @@ import uuid
 
 import pytest
 
-from tests.torch_api.conftest import elastic, run_script
+from tests.torch_api.conftest import RUNS_SCRIPTS, elastic, run_script
+
+pytestmark = RUNS_SCRIPTS
 
 
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
