@@ -371,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning("%s", line)
         if config.detected is not None:
             log.info("%s", scheduler_line(config))
-        spec = worker_spec(config)  # everything is checked before anything starts
+        try:
+            spec = worker_spec(config)  # everything is checked before anything starts
+        except ConfigError as exc:  # a part names its field: say it as the user gave it
+            raise ConfigError(config.as_given(str(exc))) from None
     except ConfigError as exc:
         gc.enable()
         print(f"agentd: error: {exc}", file=sys.stderr)
@@ -381,7 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = asyncio.run(run_agent(config, spec))
     except AgentdError as exc:
-        log.log(logging.INFO if exc.exit_code == 0 else logging.ERROR, "%s", exc)
+        log.log(
+            logging.INFO if exc.exit_code == 0 else logging.ERROR, "%s", config.as_given(str(exc))
+        )
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130

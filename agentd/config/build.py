@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-MAYBE_UNUSED = ("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "local_ranks_filter")
+MAYBE_UNUSED = (
+    *("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "local_ranks_filter"),
+    "timer_file",
+)
 """Options that may be given and not used here (:mod:`agentd.config.unheeded` says which; it
 is loaded only where one of them was given)."""
 

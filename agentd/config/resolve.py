@@ -155,6 +155,16 @@ class AgentConfig:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def as_given(self, message: str) -> str:
+        """``message`` with a leading option field (``log_dir: ...``, as the agent's parts
+        name it) said as the user gave the option: its flag, variable or config file key
+        (the option's flag where the default was used)."""
+        field, sep, rest = message.partition(": ")
+        option = OPTIONS_BY_NAME.get(field) if sep else None
+        if option is None:
+            return message
+        return f"{self.sources.get(field, option.flags[0])}: {rest}"
+
     def __repr__(self) -> str:
         return f"AgentConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in _FIELDS)})"
 

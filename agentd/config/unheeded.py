@@ -29,6 +29,13 @@ def say_what_is_unheeded(config: AgentConfig, backend: str, nproc: int) -> None:
             config.rdzv_endpoint,
         )
     _ranks_filter(config, nproc)
+    if "timer_file" in config.sources and not config.file_timer:
+        log.warning(
+            "%s %r is ignored: the timer pipe is served only with --file-timer (as torch's "
+            "agents serve it only with TORCHELASTIC_ENABLE_FILE_TIMER=1)",
+            config.sources["timer_file"],
+            config.timer_file,
+        )
 
 
 def _standalone(config: AgentConfig) -> None:

@@ -340,3 +340,32 @@ def test_local_ranks_filtered_beyond_the_workers_are_said(caplog):
     [line] = said("2", "1,2,3")
     assert line.endswith("only [1] shown on the console")
     assert said("4", "1,3") == []
+
+
+def test_a_timer_file_without_the_file_timer_is_said_to_be_ignored(caplog):
+    """The pipe is served only with ``--file-timer`` (torch's agents too): a path given
+    alone, even one that cannot be created, did nothing in silence."""
+    from agentd.config.build import worker_spec
+
+    def said(cli: dict, environ: dict) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="agentd.config.unheeded"):
+            worker_spec(resolve({"script": "t.py", **cli}, environ))
+        return [r.getMessage() for r in caplog.records if "timer pipe" in r.getMessage()]
+
+    [line] = said({"timer_file": "/no/such/dir/pipe"}, {})
+    assert line.startswith("--timer-file '/no/such/dir/pipe' is ignored: the timer pipe is")
+    [line] = said({}, {"TORCHELASTIC_TIMER_FILE": "/tmp/pipe"})
+    assert line.startswith("TORCHELASTIC_TIMER_FILE '/tmp/pipe' is ignored")
+    assert said({"timer_file": "/tmp/pipe", "file_timer": True}, {}) == []
+
+
+def test_an_error_a_part_names_by_its_field_is_said_as_the_option_was_given():
+    """The agent's parts name a field (``log_dir: ...``), as the Python API spells it; the
+    command line says the flag, variable or file key that gave it."""
+    config = resolve({"script": "t.py", "log_dir": "/x"}, {"AGENTD_EVENT_LOG": "/y"})
+    assert config.as_given("log_dir: cannot create /x/r") == "--log-dir: cannot create /x/r"
+    assert config.as_given("event_log: cannot open /y") == "AGENTD_EVENT_LOG: cannot open /y"
+    assert config.as_given("health_host: 'h' is not") == "--health-host: 'h' is not"  # default
+    assert config.as_given("store: cannot listen") == "store: cannot listen"  # not a field
+    assert config.as_given("no field here") == "no field here"

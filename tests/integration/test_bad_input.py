@@ -130,7 +130,7 @@ def test_bad_input_one_line_exit_2(run_agentd, args, message):
         # a pinned port: the address is still what is wrong (it named --master-port)
         (["--standalone", "--local-addr", "192.0.2.1", "--master-port", "29555"], "--local-addr"),
         # the health endpoint's address (it named health_port)
-        (["--standalone", "--health-host", "192.0.2.1", "--health-port", "0"], "health_host"),
+        (["--standalone", "--health-host", "192.0.2.1", "--health-port", "0"], "--health-host"),
     ],
 )
 def test_a_job_of_one_node_at_an_address_not_ours_is_one_line_exit_3(run_agentd, args, flag):
@@ -257,3 +257,15 @@ def test_a_mistyped_variable_is_warned_of_and_the_job_runs(run_agentd):
         "agentd: warning: AGENTD_STATUS_UR is not a variable agentd reads: ignored "
         "(did you mean AGENTD_STATUS_URL?)\n"
     ), status.stderr()
+
+
+def test_a_path_the_agent_cannot_use_is_named_as_the_option_was_given(run_agentd, tmp_path):
+    """The agent's parts name the field (``log_dir: ...``); the line names the flag or the
+    variable the user gave, exit 3."""
+    agent = run_agentd("--log-dir", "/proc/no-such-dir", WORKER, "ok", log_dir=False)
+    assert agent.wait() == 3
+    assert "ERROR agentd: --log-dir: cannot create /proc/no-such-dir/" in agent.stderr()
+    missing = tmp_path / "missing" / "events.jsonl"
+    agent = run_agentd(WORKER, "ok", env={"AGENTD_EVENT_LOG": str(missing)})
+    assert agent.wait() == 3
+    assert f"ERROR agentd: AGENTD_EVENT_LOG: cannot open {missing}: No such" in agent.stderr()
