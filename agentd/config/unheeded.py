@@ -29,6 +29,7 @@ def say_what_is_unheeded(config: AgentConfig, backend: str, nproc: int) -> None:
             config.rdzv_endpoint,
         )
     _ranks_filter(config, nproc)
+    _health(config)
     if "timer_file" in config.sources and not config.file_timer:
         log.warning(
             "%s %r is ignored: the timer pipe is served only with --file-timer (as torch's "
@@ -49,6 +50,21 @@ def _standalone(config: AgentConfig) -> None:
             "%s ignored: --standalone meets no other node (it serves its own store on "
             "127.0.0.1, as torchrun's does)",
             " and ".join(ignored),
+        )
+
+
+HEALTH_OPTIONS = ("health_host", "health_timeout", "health_cert", "health_key", "drain_token")
+"""Options of the health endpoint, which is served only with ``--health-port``."""
+
+
+def _health(config: AgentConfig) -> None:
+    """Options of a health endpoint that ``--health-port`` did not ask for: named with
+    where each came from (not their values: the drain token is a secret)."""
+    given = [config.sources[name] for name in HEALTH_OPTIONS if name in config.sources]
+    if given and config.health_port is None:
+        log.warning(
+            "%s ignored: no health endpoint is served without --health-port",
+            " and ".join(given),
         )
 
 

@@ -369,3 +369,25 @@ def test_an_error_a_part_names_by_its_field_is_said_as_the_option_was_given():
     assert config.as_given("health_host: 'h' is not") == "--health-host: 'h' is not"  # default
     assert config.as_given("store: cannot listen") == "store: cannot listen"  # not a field
     assert config.as_given("no field here") == "no field here"
+
+
+def test_health_options_without_a_health_port_are_said_to_be_ignored(caplog):
+    """``--health-host``, ``--health-cert`` and the drain token shape an endpoint that only
+    ``--health-port`` serves; given alone they did nothing in silence. The token's value is
+    never logged."""
+    from agentd.config.build import worker_spec
+
+    def said(cli: dict, environ: dict) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="agentd.config.unheeded"):
+            worker_spec(resolve({"script": "t.py", **cli}, environ))
+        return [r.getMessage() for r in caplog.records if "health endpoint" in r.getMessage()]
+
+    token = {"AGENTD_DRAIN_TOKEN": "s3cret-s3cret"}
+    [line] = said({"health_host": "127.0.0.2"}, token)
+    assert line == (
+        "--health-host and AGENTD_DRAIN_TOKEN ignored: no health endpoint is served "
+        "without --health-port"
+    )
+    assert said({"health_host": "127.0.0.2", "health_port": "0"}, token) == []
+    assert said({}, {}) == []
