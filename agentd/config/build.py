@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 MAYBE_UNUSED = (
     *("master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "local_ranks_filter"),
     *("timer_file", "health_host", "health_timeout", "health_cert", "health_key", "drain_token"),
+    *("node_check_interval", "node_check_cooldown", "node_check_max_exclusions"),
 )
 """Options that may be given and not used here (:mod:`agentd.config.unheeded` says which; it
 is loaded only where one of them was given)."""

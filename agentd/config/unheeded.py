@@ -29,7 +29,7 @@ def say_what_is_unheeded(config: AgentConfig, backend: str, nproc: int) -> None:
             config.rdzv_endpoint,
         )
     _ranks_filter(config, nproc)
-    _health(config)
+    _needs(config)
     if "timer_file" in config.sources and not config.file_timer:
         log.warning(
             "%s %r is ignored: the timer pipe is served only with --file-timer (as torch's "
@@ -53,19 +53,29 @@ def _standalone(config: AgentConfig) -> None:
         )
 
 
-HEALTH_OPTIONS = ("health_host", "health_timeout", "health_cert", "health_key", "drain_token")
-"""Options of the health endpoint, which is served only with ``--health-port``."""
+NEEDS = (
+    (
+        ("health_host", "health_timeout", "health_cert", "health_key", "drain_token"),
+        "health_port",
+        "no health endpoint is served without --health-port",
+    ),
+    (
+        ("node_check_interval", "node_check_cooldown", "node_check_max_exclusions"),
+        "node_check",
+        "no node check runs without --node-check",
+    ),
+)
+"""Options that shape a part another option turns on: (the options, the one that turns
+the part on, why they are ignored without it)."""
 
 
-def _health(config: AgentConfig) -> None:
-    """Options of a health endpoint that ``--health-port`` did not ask for: named with
-    where each came from (not their values: the drain token is a secret)."""
-    given = [config.sources[name] for name in HEALTH_OPTIONS if name in config.sources]
-    if given and config.health_port is None:
-        log.warning(
-            "%s ignored: no health endpoint is served without --health-port",
-            " and ".join(given),
-        )
+def _needs(config: AgentConfig) -> None:
+    """Options of a part nothing turned on, one WARNING a part: named with where each came
+    from (not their values: the drain token is a secret)."""
+    for names, needed, why in NEEDS:
+        given = [config.sources[name] for name in names if name in config.sources]
+        if given and getattr(config, needed) in (None, ()):
+            log.warning("%s ignored: %s", " and ".join(given), why)
 
 
 def _ranks_filter(config: AgentConfig, nproc: int) -> None:

@@ -391,3 +391,18 @@ def test_health_options_without_a_health_port_are_said_to_be_ignored(caplog):
     )
     assert said({"health_host": "127.0.0.2", "health_port": "0"}, token) == []
     assert said({}, {}) == []
+
+
+def test_node_check_options_without_a_node_check_are_said_to_be_ignored(caplog):
+    from agentd.config.build import worker_spec
+
+    def said(cli: dict) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="agentd.config.unheeded"):
+            worker_spec(resolve({"script": "t.py", **cli}, {}))
+        return [r.getMessage() for r in caplog.records if "node check" in r.getMessage()]
+
+    assert said({"node_check_interval": "5"}) == [
+        "--node-check-interval ignored: no node check runs without --node-check"
+    ]
+    assert said({"node_check_interval": "5", "node_check": ["true"]}) == []
