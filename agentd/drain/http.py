@@ -89,8 +89,12 @@ def run(url: str | None, reason: str | None, timeout: float, cacert: str | None 
             sys.stdout.write(response.read().decode().strip() + "\n")
             return 0
     except urllib.error.HTTPError as exc:
-        sys.stderr.write(f"agentd: drain refused ({exc.code}): {exc.read().decode().strip()}\n")
+        sys.stderr.write(
+            f"agentd: error: drain refused ({exc.code}): {exc.read().decode().strip()}\n"
+        )
         return 1
     except (OSError, ValueError) as exc:
-        sys.stderr.write(f"agentd: cannot reach {base}: {getattr(exc, 'reason', exc)}\n")
+        sys.stderr.write(
+            f"agentd: error: cannot reach the agent at {base}: {getattr(exc, 'reason', exc)}\n"
+        )
         return 3
