@@ -30,13 +30,6 @@ def say_what_is_unheeded(config: AgentConfig, backend: str, nproc: int) -> None:
         )
     _ranks_filter(config, nproc)
     _needs(config)
-    if "timer_file" in config.sources and not config.file_timer:
-        log.warning(
-            "%s %r is ignored: the timer pipe is served only with --file-timer (as torch's "
-            "agents serve it only with TORCHELASTIC_ENABLE_FILE_TIMER=1)",
-            config.sources["timer_file"],
-            config.timer_file,
-        )
 
 
 def _standalone(config: AgentConfig) -> None:
@@ -64,6 +57,12 @@ NEEDS = (
         "node_check",
         "no node check runs without --node-check",
     ),
+    (
+        ("timer_file",),
+        "file_timer",
+        "the timer pipe is served only with --file-timer (as torch's agents serve it only "
+        "with TORCHELASTIC_ENABLE_FILE_TIMER=1)",
+    ),
 )
 """Options that shape a part another option turns on: (the options, the one that turns
 the part on, why they are ignored without it)."""
@@ -74,7 +73,8 @@ def _needs(config: AgentConfig) -> None:
     from (not their values: the drain token is a secret)."""
     for names, needed, why in NEEDS:
         given = [config.sources[name] for name in names if name in config.sources]
-        if given and getattr(config, needed) in (None, ()):
+        turned_on = getattr(config, needed)
+        if given and (turned_on is None or turned_on is False or turned_on == ()):
             log.warning("%s ignored: %s", " and ".join(given), why)
 
 
