@@ -156,11 +156,21 @@ def can_restart(agent: AgentView) -> bool:
 
 def standby_count(agent: AgentView) -> int:
     """The standby workers the zygote keeps: as the spec says, else one per local rank
-    where the group may restart (a lost rank's replacement then costs no fork)."""
+    where the group may restart (a lost rank's replacement then costs no fork). None where
+    it never restarts: they would only hold memory (with ``standby_cuda``, a CUDA context
+    each), so standbys asked for there are said not to be forked."""
     spec = agent.get_worker_group().spec
+    restarts = can_restart(agent)
+    if spec.standby_workers and not restarts:
+        logging.getLogger(__name__).warning(
+            "standby_workers %d ignored: this group is never restarted (max_restarts 0 and "
+            "a membership that cannot change), so no standby worker is forked",
+            spec.standby_workers,
+        )
+        return 0
     if spec.standby_workers is not None:
         return spec.standby_workers
-    return spec.local_world_size if can_restart(agent) else 0
+    return spec.local_world_size if restarts else 0
 
 
 def in_process_restarts(

@@ -232,6 +232,30 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
 
 
+def test_standbys_asked_of_a_group_that_never_restarts_are_not_forked(run_agentd):
+    """One node, ``--max-restarts 0``: no restart can use a standby, which would only hold
+    memory (with ``--standby-cuda``, a CUDA context each). None is forked, and it is said."""
+    port = free_port()
+    agent = run_agentd(
+        *("--preload=json", "--nproc-per-node", "2", "--standby-workers", "2"),
+        *("--health-port", str(port), WORKER, "sleep"),
+    )
+    workers = agent.wait_ready(2)
+    agent.extra_pids += workers
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
+    agent.extra_pids.append(zygote)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+        preload = json.loads(response.read())["preload"]
+    assert preload["standby_workers"] == 0 and preload["standby_pids"] == []
+    assert spares_of(zygote) == []
+    assert (
+        "standby_workers 2 ignored: this group is never restarted (max_restarts 0 and a "
+        "membership that cannot change), so no standby worker is forked"
+    ) in agent.stderr()
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 128 + signal.SIGTERM
+
+
 def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
     """The first workers are spawned (a zygote would only delay them), the zygote starts
     once they run, and the next attempt is forked from it."""
