@@ -156,15 +156,19 @@ def can_restart(agent: AgentView) -> bool:
 
 def standby_count(agent: AgentView) -> int:
     """The standby workers the zygote keeps: as the spec says, else one per local rank
-    where the group may restart (a lost rank's replacement then costs no fork). None where
-    it never restarts: they would only hold memory (with ``standby_cuda``, a CUDA context
-    each), so standbys asked for there are said not to be forked."""
+    where the group may restart (a lost rank's replacement then costs no fork). None for a
+    group of one node with no restarts, which nothing restarts: they would only hold
+    memory (with ``standby_cuda``, a CUDA context each), so standbys asked for there are
+    said not to be forked. (A static job of several nodes re-forms when a node leaves and
+    comes back, restarts or not.)"""
+    from agentd.rendezvous.solo import SoloRendezvous
+
     spec = agent.get_worker_group().spec
     restarts = can_restart(agent)
-    if spec.standby_workers and not restarts:
+    if spec.standby_workers and not restarts and isinstance(agent.rdzv_handler, SoloRendezvous):
         logging.getLogger(__name__).warning(
-            "standby_workers %d ignored: this group is never restarted (max_restarts 0 and "
-            "a membership that cannot change), so no standby worker is forked",
+            "standby_workers %d ignored: a group of one node with max_restarts 0 is never "
+            "restarted, so no standby worker is forked",
             spec.standby_workers,
         )
         return 0

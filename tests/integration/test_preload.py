@@ -249,8 +249,8 @@ def test_standbys_asked_of_a_group_that_never_restarts_are_not_forked(run_agentd
     assert preload["standby_workers"] == 0 and preload["standby_pids"] == []
     assert spares_of(zygote) == []
     assert (
-        "standby_workers 2 ignored: this group is never restarted (max_restarts 0 and a "
-        "membership that cannot change), so no standby worker is forked"
+        "standby_workers 2 ignored: a group of one node with max_restarts 0 is never "
+        "restarted, so no standby worker is forked"
     ) in agent.stderr()
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
