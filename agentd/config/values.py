@@ -228,7 +228,14 @@ def optional_port(text: str) -> int | None:
 
 
 def optional_signal(text: str) -> signal.Signals | None:
-    return parse_signal(text) if text.strip() else None
+    """A signal sent to the workers for them to act on (a checkpoint, a stack dump), or
+    none: SIGKILL and SIGSTOP, which no worker can catch, would kill or freeze it instead."""
+    if not text.strip():
+        return None
+    sig = parse_signal(text)
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise RuleError(f"cannot be {sig.name}: a worker cannot catch it (e.g. SIGUSR1)")
+    return sig
 
 
 def signals(text: str) -> tuple[signal.Signals, ...]:

@@ -16,6 +16,14 @@ from tests.conftest import WORKER
             "--nproc-per-node: 'zero' must be an integer within",
         ),
         (["--stop-signal", "SIGNOPE", WORKER], "--stop-signal: 'SIGNOPE' is not a signal"),
+        (  # a drain would kill every worker instead of asking it to checkpoint
+            ["--checkpoint-signal", "SIGKILL", WORKER],
+            "--checkpoint-signal: 'SIGKILL' cannot be SIGKILL: a worker cannot catch it",
+        ),
+        (
+            ["--timer-dump-signal", "STOP", WORKER],
+            "--timer-dump-signal: 'STOP' cannot be SIGSTOP: a worker cannot catch it",
+        ),
         (["--redirects", "7", WORKER], "--redirects: '7' must be 0-3"),
         (["--bogus-flag", WORKER], "unrecognized arguments: --bogus-flag"),
         (
