@@ -65,6 +65,13 @@ def visible_gpus(environ: Mapping[str, str], *names: str) -> tuple[str, int] | N
     return None
 
 
+def standalone(given: Mapping[str, str]) -> bool:
+    """The user asked for a job of this node alone (``--standalone``): the scheduler's
+    other nodes and hosts are not read, so a shell inside an allocation (``salloc``,
+    ``kubectl exec``) can run one."""
+    return given.get("standalone", "false").lower() in ("1", "true", "yes", "on")
+
+
 def place(
     placement: Placement, given: Mapping[str, str], job: str, token_hint: str
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -75,7 +82,7 @@ def place(
     ``--rdzv-backend static`` gets a fixed size, a node rank and rank 0's address; etcd
     gets no store endpoint (etcd's members are the user's to name), and neither does a
     job whose endpoint is given (nor does it need a token for one it would not use)."""
-    if given.get("standalone", "false").lower() in ("1", "true", "yes", "on"):
+    if standalone(given):
         return {}, {}
     values: dict[str, str] = {}
     read_from: dict[str, str] = {}

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable, Mapping
 
 from agentd.exceptions import ConfigError
-from agentd.schedulers.detected import Detected, Placement, place, visible_gpus
+from agentd.schedulers.detected import Detected, Placement, place, standalone, visible_gpus
 
 PORT = 29400
 """The store's port: each pod has its own network, so every job may use the same one."""
@@ -60,6 +60,8 @@ def detect_kubernetes(
     if gpus is not None:
         read_from["nproc_per_node"], count = gpus
         values["nproc_per_node"] = str(count)
+    if standalone(given):
+        return Detected("Kubernetes", job, values, read_from)
     nodes = _nodes(given.get("nnodes"))
     if nodes is None:
         raise ConfigError(

@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Mapping
 
 from agentd.exceptions import ConfigError
-from agentd.schedulers.detected import Detected, Placement, place, visible_gpus
+from agentd.schedulers.detected import Detected, Placement, place, standalone, visible_gpus
 from agentd.schedulers.hostlist import HostlistError, expand
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -45,7 +45,7 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
     values = {"rdzv_id": run_id, "drain_on": "SIGUSR1"}
     read_from = {"rdzv_id": job_var + (f", {step[0]}" if step else ""), "drain_on": job_var}
     _nproc(environ, values, read_from)
-    if nodes <= 1:
+    if nodes <= 1 or standalone(given):
         return Detected("Slurm", job, values, read_from)
     if step is None and not _placed_by_user(given):
         raise ConfigError(
@@ -79,8 +79,7 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
 
 def _placed_by_user(given: Mapping[str, str]) -> bool:
     """The user said where the job runs (its nodes, or a store of its own)."""
-    standalone = given.get("standalone", "false").lower() in ("1", "true", "yes", "on")
-    return standalone or any(name in given for name in ("nnodes", "rdzv_endpoint"))
+    return any(name in given for name in ("nnodes", "rdzv_endpoint"))
 
 
 def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:

@@ -133,6 +133,18 @@ def test_the_batch_script_of_several_nodes_without_srun_is_refused():
     assert run(single).nnodes == (1, 1)  # an allocation of one node needs no srun
 
 
+def test_standalone_inside_an_allocation_reads_no_hosts():
+    """A shell of ``salloc`` (the batch host: no ``SLURMD_NODENAME``, no step) or a
+    ``kubectl exec`` into a pod: ``--standalone`` runs one node there, with the job's run
+    id and workers. It was refused for the allocation's hosts it does not use."""
+    shell = {k: v for k, v in SLURM.items() if k not in ("SLURM_STEP_ID", "SLURMD_NODENAME")}
+    config = run(shell, standalone=True)
+    assert (config.standalone, config.nnodes, config.rdzv_id) == (True, (1, 1), "slurm-1234")
+    assert config.rdzv_endpoint == ""
+    found = pod(given={"standalone": "true"})
+    assert found.values == {"rdzv_id": "train"}  # no nnodes asked for, no store placed
+
+
 def test_a_single_node_job_needs_no_store():
     config = run({"SLURM_JOB_ID": "9", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"})
     assert (config.nnodes, config.rdzv_backend, config.rdzv_id) == ((1, 1), "static", "slurm-9")
