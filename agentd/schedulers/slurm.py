@@ -45,7 +45,8 @@ def detect_slurm(environ: Mapping[str, str], given: Mapping[str, str]) -> Detect
     values = {"rdzv_id": run_id, "drain_on": "SIGUSR1"}
     read_from = {"rdzv_id": job_var + (f", {step[0]}" if step else ""), "drain_on": job_var}
     _nproc(environ, values, read_from)
-    if nodes <= 1 or standalone(given):
+    one_node = standalone(given) or given.get("nnodes", "").replace(" ", "") in ("1", "1:1")
+    if nodes <= 1 or one_node:  # the allocation's hosts are not this job's to read
         return Detected("Slurm", job, values, read_from)
     if step is None and not _placed_by_user(given):
         raise ConfigError(

@@ -141,6 +141,8 @@ def test_standalone_inside_an_allocation_reads_no_hosts():
     config = run(shell, standalone=True)
     assert (config.standalone, config.nnodes, config.rdzv_id) == (True, (1, 1), "slurm-1234")
     assert config.rdzv_endpoint == ""
+    config = run(shell, nnodes="1")  # torchrun's default, said
+    assert (config.nnodes, config.rdzv_endpoint, config.local_addr) == ((1, 1), "", None)
     found = pod(given={"standalone": "true"})
     assert found.values == {"rdzv_id": "train"}  # no nnodes asked for, no store placed
 
