@@ -373,8 +373,11 @@ def check_script(config: AgentConfig, cwd: str | None = None) -> None:
             raise ConfigError(f"--module: {script!r} cannot be found (no module named {top!r})")
         return
     if Path(cwd, script).is_dir():
+        if Path(cwd, script, "__main__.py").is_file():
+            return  # python runs a directory by its __main__.py, under torchrun too
         raise ConfigError(
-            f"script: {script!r} is a directory; give a Python file, or a module with --module"
+            f"script: {script!r} is a directory without a __main__.py; give a Python file, "
+            "such a directory, or a module with --module"
         )
     if not Path(cwd, script).is_file():
         raise ConfigError(f"script: {script!r} does not exist")

@@ -102,7 +102,9 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
     else:
         source = os.path.join(cwd, target)
         path0 = os.path.dirname(os.path.realpath(source))
-        name = os.path.basename(target)
+        name = os.path.basename(target.rstrip("/"))
+        if os.path.isdir(source):  # python runs its __main__.py, the folder on its path
+            source, path0 = os.path.join(source, "__main__.py"), os.path.realpath(source)
         first = []
     if source is None:
         return AutoPreload(None, f"{name}: source not found")

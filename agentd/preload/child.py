@@ -294,6 +294,8 @@ def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
         run_module_as_main(request.target)
         return
     path = os.path.abspath(request.target)
+    if os.path.isdir(path):  # python runs a directory's __main__.py
+        path = os.path.join(path, "__main__.py")
     sys.argv = [request.target, *request.args]
     main = types.ModuleType("__main__")
     from importlib.machinery import SourceFileLoader

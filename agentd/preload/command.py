@@ -34,8 +34,8 @@ class PythonCommand(NamedTuple):
         """What ``sys.path[0]`` is for this command run in ``cwd``, as Python sets it."""
         if self.kind == "module":
             return cwd
-        script = os.path.join(cwd, self.target)
-        return os.path.dirname(os.path.realpath(script))
+        script = os.path.realpath(os.path.join(cwd, self.target))
+        return script if os.path.isdir(script) else os.path.dirname(script)  # python dir/
 
 
 def is_python(executable: str) -> bool:

@@ -232,6 +232,27 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
 
 
+def test_a_directory_with_a_main_is_forked_as_python_runs_it(run_agentd, tmp_path):
+    """``python app/``: ``app/__main__.py`` runs with ``sys.argv[0]`` the directory and the
+    directory first on the path; a forked worker sees the same as a spawned one."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text(
+        "import os, sys\nprint(os.environ['LOCAL_RANK'], sys.argv[0], __file__, sys.path[0])\n"
+    )
+    seen = {}
+    for mode, start in (("--preload=json", "forked from a zygote"), ("--no-preload", "spawned")):
+        agent = run_agentd("--standalone", mode, "--nproc-per-node", "2", str(app))
+        assert agent.wait(60) == 0, agent.stderr()[-2000:]
+        assert f"workers {start}" in agent.stderr()
+        seen[mode] = sorted(agent.stdout().splitlines())
+    assert (
+        seen["--preload=json"]
+        == seen["--no-preload"]
+        == [f"{rank} {app} {app / '__main__.py'} {app}" for rank in range(2)]
+    )
+
+
 def test_standbys_asked_of_a_group_that_never_restarts_are_not_forked(run_agentd):
     """One node, ``--max-restarts 0``: no restart can use a standby, which would only hold
     memory (with ``--standby-cuda``, a CUDA context each). None is forked, and it is said."""

@@ -569,7 +569,19 @@ def test_a_directory_as_the_script_says_so(run_agentd, tmp_path):
     (tmp_path / "pkg").mkdir()
     agent = run_agentd("--standalone", "pkg")
     assert agent.wait(60) == 2
-    assert "script: 'pkg' is a directory" in agent.stderr()
+    assert "script: 'pkg' is a directory without a __main__.py" in agent.stderr()
+
+
+def test_a_directory_with_a_main_runs_as_python_runs_it(run_agentd, launcher, tmp_path):
+    """``python app/`` runs ``app/__main__.py``, and so does torchrun: agentd refused any
+    directory."""
+    (tmp_path / "app").mkdir()
+    script(tmp_path, "app/__main__.py", "import os; print('main', os.environ['LOCAL_RANK'])\n")
+    agent = run_agentd(
+        "--standalone", "--nproc-per-node", "2", str(tmp_path / "app"), launcher=launcher
+    )
+    assert agent.wait(120) == 0, agent.stderr()[-2000:]
+    assert sorted(agent.stdout().split("\n")[:-1]) == ["main 0", "main 1"]
 
 
 def test_help_is_plain_text_and_names_the_variables():

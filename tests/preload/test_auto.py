@@ -232,3 +232,17 @@ def test_the_jobs_own_clean_modules_keep_the_fork(tmp_path):
     job(tmp_path, {"helpers/paths.py": "import os\nos.makedirs('/tmp/x', exist_ok=True)\n"})
     dirty = choose("script", str(tmp_path / "train.py"), str(tmp_path))
     assert dirty.reason.startswith("helpers/paths.py:2 runs `os.makedirs(")
+
+
+@pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
+def test_a_directory_is_read_by_its_main_with_itself_on_the_path(tmp_path):
+    """``python app/`` runs ``app/__main__.py`` with ``app`` as ``sys.path[0]``: a module of
+    the library's name there is the user's (it read as an unreadable script: spawn)."""
+    app = tmp_path / "app"
+    script(app, "import numpy\n", "__main__.py")
+    chosen = choose("script", "app", str(tmp_path))
+    assert (chosen.modules, chosen.reason) == (("numpy",), "app imports numpy")
+    (app / "numpy.py").write_text("X = 1\n")
+    chosen = choose("script", "app/", str(tmp_path))
+    assert chosen.modules is None
+    assert chosen.reason == "app's folder has its own 'numpy', not the library"
