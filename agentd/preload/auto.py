@@ -105,6 +105,11 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
         name = os.path.basename(target.rstrip("/"))
         if os.path.isdir(source):  # python runs its __main__.py, the folder on its path
             source, path0 = os.path.join(source, "__main__.py"), os.path.realpath(source)
+        elif not source.endswith(".py"):
+            from agentd.preload.command import runs_main_of  # a .py is read as it is
+
+            if runs_main_of(source):
+                return AutoPreload(None, f"{name} is a zip application (its imports not read)")
         first = []
     if source is None:
         return AutoPreload(None, f"{name}: source not found")

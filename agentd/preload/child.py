@@ -294,7 +294,8 @@ def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
         run_module_as_main(request.target)
         return
     path = os.path.abspath(request.target)
-    if os.path.isdir(path):  # python runs a directory's __main__.py
+    archive = None if os.path.isdir(path) else zip_app(path)
+    if archive is not None or os.path.isdir(path):  # python runs its __main__.py
         path = os.path.join(path, "__main__.py")
     sys.argv = [request.target, *request.args]
     main = types.ModuleType("__main__")
@@ -304,15 +305,27 @@ def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
         __file__=path,
         __cached__=None,
         __builtins__=builtins,
-        __loader__=SourceFileLoader("__main__", path),
+        __loader__=archive or SourceFileLoader("__main__", path),
     )
     sys.modules["__main__"] = main
-    code = compiled(path) if compiled is not None else None
+    code = compiled(path) if compiled is not None and archive is None else None
+    if archive is not None:
+        code = archive.get_code("__main__")
     if code is None:
         with io.open_code(path) as fp:
             source = fp.read()
         code = compile(source, path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
+
+
+def zip_app(path: str) -> Any:
+    """The importer of a zip application (``python app.pyz``), None for any other file."""
+    import zipimport
+
+    try:
+        return zipimport.zipimporter(path)
+    except zipimport.ZipImportError:
+        return None
 
 
 def _exit_status(exc: SystemExit) -> int:

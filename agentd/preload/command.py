@@ -35,7 +35,19 @@ class PythonCommand(NamedTuple):
         if self.kind == "module":
             return cwd
         script = os.path.realpath(os.path.join(cwd, self.target))
-        return script if os.path.isdir(script) else os.path.dirname(script)  # python dir/
+        return script if runs_main_of(script) else os.path.dirname(script)
+
+
+def runs_main_of(script: str) -> bool:
+    """Whether ``python script`` runs a ``__main__.py`` inside it, with ``script`` first on
+    its path: a directory, or a zip application (any file but a ``.py`` is looked into)."""
+    if os.path.isdir(script):
+        return True
+    if script.endswith(".py"):
+        return False
+    from agentd.preload.child import zip_app
+
+    return zip_app(script) is not None
 
 
 def is_python(executable: str) -> bool:

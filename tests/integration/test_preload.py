@@ -232,14 +232,21 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
 
 
-def test_a_directory_with_a_main_is_forked_as_python_runs_it(run_agentd, tmp_path):
-    """``python app/``: ``app/__main__.py`` runs with ``sys.argv[0]`` the directory and the
-    directory first on the path; a forked worker sees the same as a spawned one."""
+@pytest.mark.parametrize("packed", [False, True], ids=["directory", "zip-application"])
+def test_a_directory_or_zip_with_a_main_is_forked_as_python_runs_it(run_agentd, tmp_path, packed):
+    """``python app/`` and ``python app.pyz`` run the ``__main__.py`` inside, with
+    ``sys.argv[0]`` the directory or archive and it first on the path; a forked worker sees
+    the same as a spawned one (a forked zip application failed: its bytes were compiled)."""
+    import zipapp
+
     app = tmp_path / "app"
     app.mkdir()
     (app / "__main__.py").write_text(
         "import os, sys\nprint(os.environ['LOCAL_RANK'], sys.argv[0], __file__, sys.path[0])\n"
     )
+    if packed:
+        zipapp.create_archive(app, tmp_path / "app.pyz")
+        app = tmp_path / "app.pyz"
     seen = {}
     for mode, start in (("--preload=json", "forked from a zygote"), ("--no-preload", "spawned")):
         agent = run_agentd("--standalone", mode, "--nproc-per-node", "2", str(app))

@@ -246,3 +246,13 @@ def test_a_directory_is_read_by_its_main_with_itself_on_the_path(tmp_path):
     chosen = choose("script", "app/", str(tmp_path))
     assert chosen.modules is None
     assert chosen.reason == "app's folder has its own 'numpy', not the library"
+
+
+def test_a_zip_application_spawns_and_says_so(tmp_path):
+    import zipapp
+
+    script(tmp_path / "app", "import numpy\n", "__main__.py")
+    zipapp.create_archive(tmp_path / "app", tmp_path / "app.pyz")
+    chosen = choose("script", "app.pyz", str(tmp_path))
+    assert chosen.modules is None
+    assert chosen.reason == "app.pyz is a zip application (its imports not read)"
