@@ -131,7 +131,9 @@ class StoreServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> None:
+    async def start(self, names: tuple[str, str | None] | None = None) -> None:
+        """Listen (a StartError naming ``names``, the port's and the address's options, or
+        the store, where it cannot)."""
         young, middle, old = gc.get_threshold()
         gc.set_threshold(max(young, GC_YOUNG), middle, old)
         context = None
@@ -140,7 +142,7 @@ class StoreServer:
         http = JsonHttpServer(
             self._handle, "store", self._limits, self.server_log, MAX_BODY, self._body_limit
         )
-        self.port = await http.start(self.host, self.port, context)
+        self.port = await http.start(self.host, self.port, context, names)
         self._http = http
         if not self._given_token:
             try:

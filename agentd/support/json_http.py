@@ -102,8 +102,16 @@ class JsonHttpServer:
             close=True,
         )
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        """Listen; the port really bound. One that cannot be is a :class:`StartError`."""
+    async def start(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        names: tuple[str, str | None] | None = None,
+    ) -> int:
+        """Listen; the port really bound. One that cannot be is a :class:`StartError`
+        naming ``names`` (the option of the port and that of the address), else the
+        server's ``what``."""
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
@@ -115,7 +123,7 @@ class JsonHttpServer:
                 ssl=ssl_context,
             )
         except OSError as exc:
-            raise cannot_listen(exc, host, port, self.what) from None
+            raise cannot_listen(exc, host, port, *(names or (self.what,))) from None
         for listening in self._server.sockets:
             _deepen(listening.fileno())
         return int(self._server.sockets[0].getsockname()[1])

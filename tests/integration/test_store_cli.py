@@ -179,6 +179,34 @@ def test_a_malformed_store_host_is_a_usage_error():
     )
 
 
+def test_a_store_that_cannot_listen_names_the_option_at_fault():
+    """An address this host lacks is ``--host``'s, a taken port ``--port``'s (both said
+    ``store: cannot listen ...``, in asyncio's words), exit 3."""
+
+    def start_error(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "agentd", "store", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": "/usr/bin", "AGENTD_STORE_TOKEN": "t" * 24},
+        )
+        assert out.returncode == 3, out.stderr
+        return out.stderr
+
+    assert "ERROR agentd: --host: '192.0.2.1' is not an address of this host (" in start_error(
+        "--host", "192.0.2.1", "--port", "0"
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = start_error("--port", str(port))
+    assert (
+        f"ERROR agentd: --port: cannot listen on 127.0.0.1:{port} (Address already in use)" in err
+    )
+
+
 def test_an_agent_with_candidates_needs_a_token():
     out = subprocess.run(
         [
