@@ -319,7 +319,10 @@ def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
 
 
 def zip_app(path: str) -> Any:
-    """The importer of a zip application (``python app.pyz``), None for any other file."""
+    """The importer of a zip application (``python app.pyz``), None for any other file (a
+    ``.py`` is taken as a script unread)."""
+    if path.endswith(".py"):
+        return None
     import zipimport
 
     try:

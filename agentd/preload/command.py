@@ -44,7 +44,7 @@ def runs_main_of(script: str) -> bool:
     if os.path.isdir(script):
         return True
     if script.endswith(".py"):
-        return False
+        return False  # without importing the zygote's side for it
     from agentd.preload.child import zip_app
 
     return zip_app(script) is not None
