@@ -35,11 +35,6 @@ log = logging.getLogger("agentd")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-CACERT_HELP = (
-    "the CA that signed an https:// endpoint's certificate (--health-cert; default: "
-    "AGENTD_HEALTH_CACERT, else the system's CAs)"
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="agentd", description="An asyncio elastic agent for training jobs.")
@@ -79,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="spawn every worker (turns off a --preload from the environment or the --config file)",
     )
     run.add_argument(
+        "--dry-run", action="store_true", help="check all, print the options resolved, start none"
+    )
+    run.add_argument(
         "script", nargs="?", metavar="SCRIPT", help="training script, module (-m) or executable"
     )
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -91,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         status,
         "the agent's health endpoint: a URL, host:port or a local port (default: "
         "AGENTD_STATUS_URL, else http://127.0.0.1:$AGENTD_HEALTH_PORT or :29401)",
+        3.0,
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
@@ -114,8 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("livez", "readyz"),
         help="only probe /livez or /readyz (for exec probes)",
     )
-    status.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
-    status.add_argument("--cacert", help=CACERT_HELP)
     drain = commands.add_parser(
         "drain",
         help="drain a running agent's node (its --health-port endpoint)",
@@ -123,10 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "at the same step, then the job goes on without this node (a static job waits for "
         "a node in its place). Exit 0 draining, 1 refused, 3 unreachable.",
     )
-    _endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)")
+    _endpoint_arguments(drain, "the agent's health endpoint (as for agentd status)", 10.0)
     drain.add_argument("--reason", help="why (shown in the logs, /status and events)")
-    drain.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    drain.add_argument("--cacert", help=CACERT_HELP)
     logs = commands.add_parser(
         "logs",
         help="every node's worker output, merged in time order (needs --tee or --redirects)",
@@ -134,13 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         "each line prefixed host:rank and the attempt. Exit 0, 1 an agent refused, 3 "
         "unreachable.",
     )
-    _endpoint_arguments(logs, "any agent's health endpoint (as for agentd status)")
+    _endpoint_arguments(logs, "any agent's health endpoint (as for agentd status)", 10.0)
     logs.add_argument("-f", "--follow", action="store_true", help="go on printing new lines")
     logs.add_argument("--rank", type=int, help="only this global rank's lines")
     logs.add_argument("--node", help="only this node's (its group rank, host or node id)")
     logs.add_argument("--since", help="only lines from this long ago on: 90s, 10m, 2h, 1d")
-    logs.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    logs.add_argument("--cacert", help=CACERT_HELP)
     store = commands.add_parser(
         "store",
         help="run the rendezvous store server on its own",
@@ -314,12 +307,19 @@ async def serve_store(
         return await serve(host, port, token, peers, index, tls)
 
 
-def _endpoint_arguments(command: argparse.ArgumentParser, url_help: str) -> None:
-    """The ways a command names the agent it asks: URL, ``--url`` or ``--health-port``."""
+def _endpoint_arguments(command: argparse.ArgumentParser, url_help: str, timeout: float) -> None:
+    """The ways a command names the agent it asks (URL, ``--url`` or ``--health-port``),
+    how long it waits and the CA of an ``https://`` endpoint."""
     command.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
     command.add_argument("--url", help=url_help)
     command.add_argument(
         "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
+    )
+    command.add_argument("--timeout", type=float, default=timeout, help=f"seconds ({timeout:g})")
+    command.add_argument(
+        "--cacert",
+        help="the CA that signed an https:// endpoint's certificate (--health-cert; default: "
+        "AGENTD_HEALTH_CACERT, else the system's CAs)",
     )
 
 
@@ -339,13 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in unknown_variables(environ, OPTIONS):
                 print(f"agentd: warning: {line}", file=sys.stderr)
         if args.command in ("status", "drain", "logs"):
-            from agentd.support.agent_url import endpoint_problem, given_url, named_endpoint
+            from agentd.support.agent_url import read_endpoints
 
-            args.url = named_endpoint(args)
-            if args.command == "status" and args.job:
-                raw, args.job = args.job, given_url(args.job)
-                if problem := endpoint_problem(raw, args.job):
-                    raise ConfigError(f"--job: {raw!r} {problem}")
+            read_endpoints(args)
         if args.command == "status":
             from agentd.health import status_cli
 
@@ -375,6 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = worker_spec(config)  # everything is checked before anything starts
         except ConfigError as exc:  # a part names its field: say it as the user gave it
             raise ConfigError(config.as_given(str(exc))) from None
+        if getattr(args, "dry_run", False):
+            from agentd.config.dry_run import dry_run_text
+
+            sys.stdout.write(dry_run_text(config, spec))
+            return EXIT_OK
     except ConfigError as exc:
         gc.enable()
         print(f"agentd: error: {exc}", file=sys.stderr)

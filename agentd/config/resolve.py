@@ -131,6 +131,8 @@ class AgentConfig:
     sources: Mapping[str, str] = _EMPTY
     """Where each value not left to its default came from (a flag, a variable, the file
     or the scheduler)."""
+    given: Mapping[str, str] = _EMPTY
+    """The text each of those values was given as (what a config file may say again)."""
     detected: Detected | None = None
     """What the scheduler's environment said (None: no scheduler was read)."""
 
@@ -171,7 +173,7 @@ class AgentConfig:
 
 _FIELDS = dict.fromkeys(AgentConfig.__annotations__)
 """The fields, in the order they are declared."""
-_UNCOMPARED = frozenset({"sources", "detected"})
+_UNCOMPARED = frozenset({"sources", "given", "detected"})
 
 
 _PAIRS = frozenset({"rdzv_conf"})
@@ -246,6 +248,7 @@ def resolve(
                 picks[name] = (raw, detected.source(name))
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    given: dict[str, str] = {}
     for option in OPTIONS:
         raw, source = picks[option.name]
         try:
@@ -253,7 +256,7 @@ def resolve(
         except v.RuleError as exc:
             raise ConfigError(f"{source}: {raw!r} {exc}") from None
         if source != "default":
-            sources[option.name] = source
+            sources[option.name], given[option.name] = source, raw
     # The file's job is checked even when the command line names its own: a broken file
     # must not pass unseen until the day someone runs it without arguments.
     file_script = file_values.get("script")
@@ -274,7 +277,12 @@ def resolve(
             "executable (use --no-preload)"
         )
     return AgentConfig(
-        script=script, script_args=tuple(args), sources=sources, detected=detected, **values
+        script=script,
+        script_args=tuple(args),
+        sources=sources,
+        given=given,
+        detected=detected,
+        **values,
     )
 
 

@@ -56,6 +56,17 @@ def named_endpoint(args: argparse.Namespace) -> str | None:
     return urls[0] if urls else None
 
 
+def read_endpoints(args: argparse.Namespace) -> None:
+    """Set ``args.url`` to the agent the arguments name (:func:`named_endpoint`), and
+    ``args.job`` (``agentd status --job URL``) to its URL; a :class:`ConfigError` names the
+    argument that gave a bad one."""
+    args.url = named_endpoint(args)
+    if getattr(args, "job", None):
+        raw, args.job = args.job, given_url(args.job)
+        if problem := endpoint_problem(raw, args.job):
+            raise ConfigError(f"--job: {raw!r} {problem}")
+
+
 def base_url(url: str | None, environ: dict[str, str]) -> str:
     """The endpoint to ask, without a trailing '/': ``url`` (checked already by
     :func:`named_endpoint`), else the default (:func:`default_url`); a
