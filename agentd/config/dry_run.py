@@ -15,6 +15,7 @@ import json
 from typing import TYPE_CHECKING
 
 from agentd.config.options import OPTIONS
+from agentd.support.secrets import without_password
 
 if TYPE_CHECKING:
     from agentd.config.resolve import AgentConfig
@@ -48,18 +49,12 @@ def dry_run_text(config: AgentConfig, spec: WorkerSpec) -> str:
             continue
         text = config.given[name]
         if name == "rdzv_conf":
-            text, hidden = _without_password(text)
-            if hidden:
+            shown = without_password(text)
+            if shown != text:
                 source += "; its password is not shown"
+            text = shown
         lines.append(f"{name} = {_toml(text)}  # {source}")
     return "\n".join(lines) + "\n"
-
-
-def _without_password(conf: str) -> tuple[str, bool]:
-    """``--rdzv-conf`` text without its ``password=`` item, and whether it had one."""
-    items = conf.split(",")
-    kept = [item for item in items if item.split("=", 1)[0].strip() != "password"]
-    return ",".join(kept), len(kept) != len(items)
 
 
 def _toml(value: str | list[str]) -> str:

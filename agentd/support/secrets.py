@@ -35,9 +35,13 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in SECRET_ENV}
     for name in _CONF_ENV:
         if name in env:
-            items = [i for i in env[name].split(",") if i.split("=", 1)[0].strip() != "password"]
-            env[name] = ",".join(items)
+            env[name] = without_password(env[name])
     return env
+
+
+def without_password(conf: str) -> str:
+    """``--rdzv-conf`` text (``key=value,...``) without its ``password=`` item."""
+    return ",".join(i for i in conf.split(",") if i.split("=", 1)[0].strip() != "password")
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
