@@ -328,6 +328,15 @@ class WorkerSpec:
     def restart_policy(self) -> RestartPolicy:
         return RestartPolicy(self.max_restarts, self.restart_backoff, self.non_retryable_exit_codes)
 
+    def how_started(self) -> str:
+        """How the workers start, for the start line: spawned, or forked from what preload."""
+        why = f" ({self.preload_reason})" if self.preload_reason else ""
+        if self.preload is None:
+            return f"workers spawned{why}"
+        if not self.preload:
+            return f"first workers spawned, restarts forked from a bare zygote{why}"
+        return f"workers forked from a zygote preloading {', '.join(self.preload)}{why}"
+
     def get_entrypoint_name(self) -> str:
         """The entrypoint's name, for logs: a command's basename or a function's name."""
         if isinstance(self.entrypoint, str):

@@ -241,7 +241,7 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
             spec.get_entrypoint_name(),
             spec.max_restarts,
             self.rdzv_handler.get_backend(),
-            _how_started(spec),
+            spec.how_started(),
         )
         await self._initialize_workers(group)
         from agentd.agent.decide import Action, Situation, decide  # off the launch path
@@ -383,13 +383,3 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _how_started(spec: WorkerSpec) -> str:
-    """How the workers start, for the start line: spawned, or forked from what preload."""
-    why = f" ({spec.preload_reason})" if spec.preload_reason else ""
-    if spec.preload is None:
-        return f"workers spawned{why}"
-    if not spec.preload:
-        return f"first workers spawned, restarts forked from a bare zygote{why}"
-    return f"workers forked from a zygote preloading {', '.join(spec.preload)}{why}"

@@ -29,12 +29,11 @@ def dry_run_text(config: AgentConfig, spec: WorkerSpec) -> str:
     """The resolved options of ``config`` as a TOML file, with what ``spec`` would start."""
     from agentd.config.build import scheduler_line
 
-    start = "spawned" if spec.preload is None else "forked from a zygote"
     handler = spec.rdzv_handler
     lines = [
         "# agentd run --dry-run: every check passed; nothing was started.",
         f"# {spec.local_world_size} worker(s), rendezvous "
-        f"{handler.get_backend() if handler else 'none'}, workers {start} ({spec.preload_reason})",
+        f"{handler.get_backend() if handler else 'none'}, {spec.how_started()}",
     ]
     if config.detected is not None:
         lines.append(f"# {scheduler_line(config)}")
