@@ -294,8 +294,9 @@ def _run_target(request: ForkRequest, compiled: Compiled | None) -> None:
         run_module_as_main(request.target)
         return
     path = os.path.abspath(request.target)
-    archive = None if os.path.isdir(path) else zip_app(path)
-    if archive is not None or os.path.isdir(path):  # python runs its __main__.py
+    folder = os.path.isdir(path)
+    archive = None if folder else zip_app(path)
+    if folder or archive is not None:  # python runs its __main__.py
         path = os.path.join(path, "__main__.py")
     sys.argv = [request.target, *request.args]
     main = types.ModuleType("__main__")

@@ -53,7 +53,7 @@ async def serve(
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await server.start(("--port", "--host"))
+        await server.start("--port", "--host")
         gc.freeze()  # what the start made lives as long as the store: never scan it again
         log.info("Store: serving on %s's event loop", fast_loop.loop_name(loop))
         if candidacy is not None:

@@ -131,9 +131,9 @@ class StoreServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def start(self, names: tuple[str, str | None] | None = None) -> None:
-        """Listen (a StartError naming ``names``, the port's and the address's options, or
-        the store, where it cannot)."""
+    async def start(self, what: str | None = None, host_what: str | None = None) -> None:
+        """Listen (a StartError naming ``what``, the port's option, else the store, or
+        ``host_what``, the address's, where this host has no such address)."""
         young, middle, old = gc.get_threshold()
         gc.set_threshold(max(young, GC_YOUNG), middle, old)
         context = None
@@ -142,7 +142,7 @@ class StoreServer:
         http = JsonHttpServer(
             self._handle, "store", self._limits, self.server_log, MAX_BODY, self._body_limit
         )
-        self.port = await http.start(self.host, self.port, context, names)
+        self.port = await http.start(self.host, self.port, context, what, host_what)
         self._http = http
         if not self._given_token:
             try:

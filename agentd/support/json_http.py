@@ -107,11 +107,12 @@ class JsonHttpServer:
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None,
-        names: tuple[str, str | None] | None = None,
+        what: str | None = None,
+        host_what: str | None = None,
     ) -> int:
         """Listen; the port really bound. One that cannot be is a :class:`StartError`
-        naming ``names`` (the option of the port and that of the address), else the
-        server's ``what``."""
+        naming ``what`` (the port's option; the server's own ``what`` by default), or
+        ``host_what`` (the address's) where this host has no such address."""
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
@@ -123,7 +124,7 @@ class JsonHttpServer:
                 ssl=ssl_context,
             )
         except OSError as exc:
-            raise cannot_listen(exc, host, port, *(names or (self.what,))) from None
+            raise cannot_listen(exc, host, port, what or self.what, host_what) from None
         for listening in self._server.sockets:
             _deepen(listening.fileno())
         return int(self._server.sockets[0].getsockname()[1])
