@@ -315,7 +315,9 @@ def _endpoint_arguments(command: argparse.ArgumentParser, url_help: str, timeout
     command.add_argument(
         "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
     )
-    command.add_argument("--timeout", type=float, default=timeout, help=f"seconds ({timeout:g})")
+    command.add_argument(
+        "--timeout", type=float, default=timeout, help=f"seconds to wait (default {timeout:g})"
+    )
     command.add_argument(
         "--cacert",
         help="the CA that signed an https:// endpoint's certificate (--health-cert; default: "

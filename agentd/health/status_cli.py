@@ -30,9 +30,6 @@ def run(
     ``job`` (a URL, or '' for ``url``'s): the job view instead (:mod:`.job_cli`)."""
     url = job or url
     base = base_url(url, dict(os.environ))
-    if not 0 < timeout <= 3600:
-        sys.stderr.write(f"agentd: error: --timeout: {timeout!r} must be within 0..3600 seconds\n")
-        return 2
     if job is None and watch is not None:
         sys.stderr.write("agentd: error: --watch: redraws the job view only: add --job\n")
         return 2

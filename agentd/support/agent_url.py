@@ -59,7 +59,11 @@ def named_endpoint(args: argparse.Namespace) -> str | None:
 def read_endpoints(args: argparse.Namespace) -> None:
     """Set ``args.url`` to the agent the arguments name (:func:`named_endpoint`), and
     ``args.job`` (``agentd status --job URL``) to its URL; a :class:`ConfigError` names the
-    argument that gave a bad one."""
+    argument that gave a bad one, as it does a ``--timeout`` outside (0, 3600] seconds."""
+    if not 0 < args.timeout <= 3600:
+        raise ConfigError(
+            f"--timeout: {args.timeout:g} must be more than 0 and at most 3600 seconds"
+        )
     args.url = named_endpoint(args)
     if getattr(args, "job", None):
         raw, args.job = args.job, given_url(args.job)

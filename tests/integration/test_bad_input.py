@@ -186,7 +186,6 @@ def test_a_broken_job_in_the_config_file_fails_even_when_the_cli_names_one(
     [
         (["--url", "notaurl"], "--url: 'notaurl' must be an http(s)://host:port URL"),
         (["--url", "http://127.0.0.1:99999"], "is not a valid URL (Port out of range"),
-        (["--timeout", "-1"], "--timeout: -1.0 must be within 0..3600 seconds"),
         (["--health-port", "0"], "--health-port: '0' must be a port, 1..65535"),
         (["--health-port", "http://h:1"], "--health-port: 'http://h:1' must be a port"),
         (["9", "--health-port", "99999"], "--health-port: '99999' must be a port, 1..65535"),
@@ -212,13 +211,17 @@ def test_status_with_a_bad_url_is_one_line_exit_2(run_agentd, args, message):
         (["--url", "ftp://h:1"], {}, "--url: 'ftp://h:1' must be an http(s)://host:port URL"),
         ([], {"AGENTD_HEALTH_PORT": "99999"}, "AGENTD_HEALTH_PORT: '99999' must be a port"),
         ([], {"AGENTD_STATUS_URL": "ftp://h:1"}, "AGENTD_STATUS_URL: 'ftp://h:1' must be an"),
+        # logs and drain passed a negative timeout to urllib: a traceback
+        (["--timeout", "-1"], {}, "--timeout: -1 must be more than 0 and at most 3600 seconds"),
+        (["--timeout", "nan"], {}, "--timeout: nan must be more than 0 and at most 3600"),
     ],
 )
 def test_each_command_that_asks_an_agent_names_where_a_bad_endpoint_came_from(
     run_agentd, command, args, env, message
 ):
     """``status``, ``drain`` and ``logs`` name the argument or variable that gave the
-    endpoint (drain said ``--url`` and logs ``URL`` whatever the user had typed)."""
+    endpoint (drain said ``--url`` and logs ``URL`` whatever the user had typed), and
+    refuse a timeout that is no wait."""
     agent = run_agentd(*args, command=command, env=env)
     assert agent.wait() == 2
     err = agent.stderr()
