@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ class RestartBackoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        for value in (self.initial, self.maximum, self.factor, self.jitter):
+            if not math.isfinite(value):  # nan passed every rule below; inf never restarted
+                raise field_error("restart_backoff", value, "must be finite numbers")
         if self.initial < 0:
             raise field_error("restart_backoff", self.initial, "must be >= 0 seconds")
         if self.maximum < self.initial:

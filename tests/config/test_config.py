@@ -101,6 +101,9 @@ def test_rdzv_conf_in_a_file_is_a_table_a_list_or_a_string(tmp_path):
         ({"local_ranks_filter": "a"}, {}, "", "list of local ranks"),
         ({"log_format": "xml"}, {}, "", "must be one of text, json"),
         ({"restart_backoff": "1:0"}, {}, "", "max must be >= the initial delay"),
+        # nan broke no rule (every comparison is false); inf never restarted
+        ({"restart_backoff": "nan"}, {}, "", "--restart-backoff: 'nan' must be finite numbers"),
+        ({}, {"AGENTD_RESTART_BACKOFF": "1:inf"}, "", "'1:inf' must be finite numbers"),
         ({"module": True, "no_python": True}, {}, "", "cannot be combined"),
         ({"health_host": "not a host!!"}, {}, "", "--health-host: 'not a host!!' must be an IP"),
         ({}, {"PET_LOCAL_ADDR": "a b"}, "", "PET_LOCAL_ADDR: 'a b' must be an IP address or"),
