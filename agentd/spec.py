@@ -9,6 +9,7 @@ against torch's agent API reads the same here.
 from __future__ import annotations
 
 import enum
+import math
 import re
 import signal
 import string
@@ -285,10 +286,11 @@ class WorkerSpec:
             check_picklable_function(self.entrypoint)
         if self.max_restarts < 0:
             raise field_error("max_restarts", self.max_restarts, "must be >= 0")
-        if self.monitor_interval <= 0:
+        # written so that nan fails too (every comparison with it is false)
+        if not 0 < self.monitor_interval < math.inf:
             raise field_error("monitor_interval", self.monitor_interval, "must be > 0 seconds")
-        if self.stop_timeout < 0:
-            raise field_error("stop_timeout", self.stop_timeout, "must be >= 0 seconds")
+        if not 0 <= self.stop_timeout < math.inf:
+            raise field_error("stop_timeout", self.stop_timeout, "must be >= 0 seconds, finite")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise field_error("master_port", self.master_port, "must be within 0..65535")
         if self.preload is not None:

@@ -66,6 +66,11 @@ def test_std_parse():
         ({"max_restarts": -1}, "max_restarts: -1 must be >= 0"),
         ({"monitor_interval": 0}, "monitor_interval: 0 must be > 0"),
         ({"stop_timeout": -1}, "stop_timeout: -1 must be >= 0"),
+        # nan broke neither rule (a comparison with it is false); inf never polled, never killed
+        ({"monitor_interval": float("nan")}, "monitor_interval: nan must be > 0"),
+        ({"monitor_interval": float("inf")}, "monitor_interval: inf must be > 0"),
+        ({"stop_timeout": float("nan")}, "stop_timeout: nan must be >= 0 seconds, finite"),
+        ({"stop_timeout": float("inf")}, "stop_timeout: inf must be >= 0 seconds, finite"),
         ({"master_port": 70000}, "master_port: 70000 must be within"),
         ({"log_line_prefix_template": "{x}"}, "unknown field"),
     ],

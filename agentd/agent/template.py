@@ -83,8 +83,8 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
         shutdown_timeout: float | None = None,
     ) -> None:
         if shutdown_timeout is not None:  # torch's name for the workers' stop timeout
-            if shutdown_timeout < 0:
-                raise ConfigError(f"shutdown_timeout: {shutdown_timeout!r} must be >= 0")
+            if not 0 <= shutdown_timeout < float("inf"):
+                raise ConfigError(f"shutdown_timeout: {shutdown_timeout!r} must be >= 0, finite")
             spec.stop_timeout = float(shutdown_timeout)
         self._rdzv_handler: RendezvousHandler | None = None
         self.fresh_run_id = spec.rdzv_handler is None
@@ -106,7 +106,7 @@ class SimpleElasticAgent(RestartSteps, TorchInternals, ElasticAgent):
         handler = self._rdzv_handler or spec.rdzv_handler
         if isinstance(handler, BindsWorkerSpec):
             handler.bind_worker_spec(spec.role, spec.local_world_size)
-        if exit_barrier_timeout < 0:
+        if not exit_barrier_timeout >= 0:  # nan too
             raise ConfigError(f"exit_barrier_timeout: {exit_barrier_timeout!r} must be >= 0")
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts

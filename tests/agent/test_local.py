@@ -222,3 +222,7 @@ def test_torchs_d_state_timeout_comes_from_its_argument_else_its_variable(tmp_pa
     with pytest.raises(ConfigError, match="shutdown_timeout"):
         spec = WorkerSpec(role="t", local_world_size=1, entrypoint=sys.executable, args=("-c", ""))
         LocalElasticAgent(spec, shutdown_timeout=-1, log_dir=tmp_path)
+    with pytest.raises(ConfigError, match="shutdown_timeout: nan"):
+        LocalElasticAgent(spec, shutdown_timeout=float("nan"), log_dir=tmp_path)
+    with pytest.raises(ConfigError, match="exit_barrier_timeout: nan"):
+        LocalElasticAgent(spec, exit_barrier_timeout=float("nan"), log_dir=tmp_path)
