@@ -312,9 +312,7 @@ def _endpoint_arguments(command: argparse.ArgumentParser, url_help: str, timeout
     how long it waits and the CA of an ``https://`` endpoint."""
     command.add_argument("url_arg", nargs="?", metavar="URL", help="the same as --url")
     command.add_argument("--url", help=url_help)
-    command.add_argument(
-        "--health-port", metavar="PORT", help="the agent on this host with this --health-port"
-    )
+    command.add_argument("--health-port", metavar="PORT", help="this host's agent on this port")
     command.add_argument(
         "--timeout", type=float, default=timeout, help=f"seconds to wait (default {timeout:g})"
     )
