@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer, LoopLagMonitor
     from agentd.health.settings import HealthSettings
+    from agentd.joblogs.http import Followers
     from agentd.joblogs.reader import LogReader
     from agentd.view import AgentView
 
@@ -48,6 +49,7 @@ class HealthService:
         self._published: int | None = None
         self.history = RestartHistory()
         self._log_reader: LogReader | None = None
+        self._followers: Followers | None = None
 
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
@@ -109,6 +111,8 @@ class HealthService:
             self._lag.stop()
             self._lag = None
         if self.server is not None:
+            if self._followers is not None:  # someone read the lines: the last ones too
+                await self._followers.end()
             await self.server.stop_async()
         if self._published is not None:
             token_file.withdraw(self._published, self._token, "health")
@@ -120,12 +124,12 @@ class HealthService:
         return self.server.url if self.server is not None else None
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
-        from agentd.joblogs.http import logs_response
+        from agentd.joblogs.http import Followers, logs_response
         from agentd.joblogs.reader import LogReader
 
         agent = self._agent
-        if self._log_reader is None:
-            self._log_reader = LogReader(agent.run_dir)
+        if self._log_reader is None or self._followers is None:
+            self._log_reader, self._followers = LogReader(agent.run_dir), Followers()
         handler = agent.rdzv_handler
         who: dict[str, Any] = (
             {"node": handler.job.node_id, "host": handler.job.addr}
@@ -138,7 +142,12 @@ class HealthService:
             if overrides_reify(agent.logs_specs):
                 who["placed_by"] = type(agent.logs_specs).__name__
         return await logs_response(
-            request, self._token, self._log_reader, lambda: agent.attempt, lambda: who
+            request,
+            self._token,
+            self._log_reader,
+            lambda: agent.attempt,
+            lambda: who,
+            self._followers,
         )
 
     async def _job(self) -> dict[str, Any]:

@@ -5,7 +5,10 @@ The agent at URL (any agent's health endpoint) names its round's nodes and where
 serves its own (``/job``); each node is asked for its lines (``GET /logs``, with the
 health token: ``AGENTD_DRAIN_TOKEN``, or a local agent's published one). ``--follow``
 asks again every second and prints lines once a second old, so the nodes' lines stay in
-order as they arrive; ``--rank``, ``--node`` and ``--since`` narrow what is shown.
+order as they arrive, until every node's agent has said that its lines ended (exit 0; its
+end waits for the follower: :class:`agentd.joblogs.http.Followers`) or is gone without
+saying so (exit 3, each named as it goes); ``--rank``, ``--node`` and ``--since`` narrow
+what is shown.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import heapq
 import http.client
 import json
+import math
 import os
 import re
 import sys
@@ -23,6 +27,7 @@ import urllib.request
 from typing import Any
 
 from agentd.drain.http import DRAIN_TOKEN_ENV
+from agentd.joblogs.http import FOLLOW_HEADER
 from agentd.store import token_file
 from agentd.support.agent_url import base_url, fetch, tls_context
 
@@ -64,17 +69,25 @@ class Source:
         self.token = token_file.for_agent(url, os.environ.get(DRAIN_TOKEN_ENV))
 
     def ask(
-        self, since: float | None, rank: int | None, timeout: float, cacert: str | None
+        self,
+        since: float | None,
+        rank: int | None,
+        timeout: float,
+        cacert: str | None,
+        follow: bool = False,
     ) -> dict[str, Any]:
-        """One ``GET /logs`` from the cursor (LogsError with the exit code)."""
+        """One ``GET /logs`` from the cursor, as a follower's where ``follow`` (LogsError
+        with the exit code)."""
         query = {"cursor": self.cursor} if self.cursor else {}
         if since is not None:  # a file first read after the first request starts there too
             query["since"] = f"{since:.3f}"
         if rank is not None:
             query["rank"] = str(rank)
+        headers = {"Authorization": f"Bearer {self.token or ''}"}
+        if follow:
+            headers[FOLLOW_HEADER] = "1"
         request = urllib.request.Request(
-            f"{self.url}/logs?{urllib.parse.urlencode(query)}",
-            headers={"Authorization": f"Bearer {self.token or ''}"},
+            f"{self.url}/logs?{urllib.parse.urlencode(query)}", headers=headers
         )
         try:
             with urllib.request.urlopen(
@@ -151,7 +164,7 @@ def run(
         start = parse_since(since, time.time()) if since else None
         nodes = sources(base, node, timeout, cacert)
         if not follow:
-            batches = [_drain(source, start, rank, timeout, cacert) for source in nodes]
+            batches = [_drain(source, start, rank, timeout, cacert)[0] for source in nodes]
             for _, _, text in heapq.merge(*batches):
                 sys.stdout.write(text)
             _files_note(nodes)
@@ -169,17 +182,23 @@ Timed = tuple[float, int, str]
 
 
 def _drain(
-    source: Source, since: float | None, rank: int | None, timeout: float, cacert: str | None
-) -> list[Timed]:
-    """Every line ``source`` has (asking again while it says there is more)."""
+    source: Source,
+    since: float | None,
+    rank: int | None,
+    timeout: float,
+    cacert: str | None,
+    follow: bool = False,
+) -> tuple[list[Timed], bool]:
+    """Every line ``source`` has (asking again while it says there is more), and whether
+    its agent said that no more will come."""
     out: list[Timed] = []
     while True:
-        doc = source.ask(since, rank, timeout, cacert)
+        doc = source.ask(since, rank, timeout, cacert, follow)
         out += [
             (line[0], len(out) + i, line_text(source, line)) for i, line in enumerate(doc["lines"])
         ]
         if not doc["more"]:
-            return out
+            return out, bool(doc.get("ended"))
 
 
 def _files_note(nodes: list[Source]) -> None:
@@ -202,20 +221,35 @@ def _files_note(nodes: list[Source]) -> None:
 def _follow(
     nodes: list[Source], since: float | None, rank: int | None, timeout: float, cacert: str | None
 ) -> int:
-    """Print the nodes' lines as they come, in time order, until interrupted."""
+    """Print the nodes' lines as they come, in time order, until every node's agent said
+    its lines ended (0) or some went without saying so (3), or until interrupted."""
     held: list[Timed] = []
     count = 0
     noted = False
-    while True:
-        for source in nodes:
-            for at, _, text in _drain(source, since, rank, timeout, cacert):
+    following, lost = list(nodes), False
+    while following:
+        for source in list(following):
+            try:
+                lines, ended = _drain(source, since, rank, timeout, cacert, follow=True)
+            except LogsError as exc:
+                if exc.code != 3:
+                    raise
+                sys.stderr.write(f"agentd: error: {exc}: no more of its lines are shown\n")
+                following.remove(source)
+                lost = True
+                continue
+            for at, _, text in lines:
                 heapq.heappush(held, (at, count, text))
                 count += 1
+            if ended:
+                following.remove(source)
         if not noted:
             _files_note(nodes)
             noted = True
-        ripe = time.time() - HOLD
+        ripe = time.time() - HOLD if following else math.inf  # at the end: every line
         while held and held[0][0] <= ripe:
             sys.stdout.write(heapq.heappop(held)[2])
         sys.stdout.flush()
-        time.sleep(FOLLOW_EVERY)
+        if following:
+            time.sleep(FOLLOW_EVERY)
+    return 3 if lost else 0

@@ -131,3 +131,64 @@ def test_a_node_whose_lines_cannot_be_read_is_named_once(run_agentd, tmp_path):
     stop.touch()
     for agent in (plain, placed):
         assert agent.wait(30) == 0, agent.stderr()[-3000:]
+
+
+def _followed(agent) -> tuple[subprocess.Popen[str], str]:
+    """``agentd logs --follow`` of ``agent``'s endpoint, and the first line it printed."""
+    found = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()), 30)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "agentd", "logs", found.group(1), "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    first = follow.stdout.readline()
+    assert "tick 0 of rank" in first, first
+    return follow, first
+
+
+def _rest(follow: subprocess.Popen[str]) -> tuple[str, str]:
+    """What the follower printed after its first line, once it ended by itself (read
+    through its pipes' own buffers: ``communicate`` would skip what ``readline`` had
+    buffered)."""
+    follow.wait(60)
+    assert follow.stdout is not None and follow.stderr is not None
+    return follow.stdout.read(), follow.stderr.read()
+
+
+def test_a_follower_prints_every_line_and_ends_with_the_job(run_agentd, tmp_path):
+    """The job's end used to close the endpoint under the follower: the lines of its last
+    second, and a last line without a newline, were lost, and it exited 3 ("cannot
+    reach"). The agent's end now waits for it to read them, and it exits 0."""
+    stop = tmp_path / "stop"
+    work = [WORKER, "ticks", "--code", "5", "--after", "0.05", "--stop-file", str(stop)]
+    agent = run_agentd(
+        "--standalone", "--nproc-per-node", "2", "--tee", "3", "--health-port", "0", *work
+    )
+    follow, first = _followed(agent)
+    with follow:
+        stop.touch()  # the workers end at once, their last line unfinished
+        out, err = _rest(follow)
+    assert follow.returncode == 0 and err == "", err
+    assert agent.wait(30) == 0, agent.stderr()[-3000:]
+    lines = re.findall(r":(\d) a0\| tick (\d) of rank \1 at", first + out)
+    for rank in ("0", "1"):
+        assert [int(tick) for r, tick in lines if r == rank] == list(range(5)), first + out
+    assert out.count("a0| last words without a newline") == 2, out
+
+
+def test_a_follower_names_an_agent_gone_without_an_end_and_exits_3(run_agentd, tmp_path):
+    stop = tmp_path / "stop"
+    work = [WORKER, "ticks", "--code", "2", "--stop-file", str(stop)]
+    agent = run_agentd("--standalone", "--tee", "3", "--health-port", "0", *work)
+    follow, _ = _followed(agent)
+    with follow:
+        agent.proc.kill()
+        out, err = _rest(follow)
+    assert follow.returncode == 3, (out, err)
+    assert re.fullmatch(
+        r"agentd: error: cannot reach \S+'s agent at http://\S+: .*: no more of its lines "
+        r"are shown\n",
+        err,
+    ), err
