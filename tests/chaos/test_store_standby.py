@@ -10,6 +10,7 @@ agent an address of its own and no ``--local-addr``.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import urllib.request
@@ -23,6 +24,11 @@ from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, me
 
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
 TTL = 2.0
+LAPSED_IN_FAILOVER = re.compile(
+    r"no longer a member of round \d+: no heartbeat sent in the last [\d.]+s was confirmed "
+    r"by the store at 127\.0\.0\.1:\d+ \(unreachable since"
+)
+"""A lease that ran out before the failover from the killed host ended (see its use)."""
 
 
 def status(agent) -> dict:
@@ -134,9 +140,17 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(
     everyone = [*survivors, back]
     assert [a.wait(30) for a in everyone] == [0, 0, 0], [a.stderr()[-2000:] for a in everyone]
     # the failover, the store's new state and the old host stepping down are what the
-    # design does: INFO lines that say so, not warnings of a fault
+    # design does: INFO lines that say so, not warnings of a fault. One fault is this
+    # test's own: its 2 s lease can lapse while the failover is under way on a machine
+    # loaded three times over (pytest -n 6, 2026-12-03): the survivor's round then ends
+    # on its lease, with a WARNING, rather than on the new store's empty state, with an
+    # INFO; the same restart either way.
     for agent in everyone:
-        faults = [line for line in agent.stderr().splitlines() if " WARNING " in line]
+        faults = [
+            line
+            for line in agent.stderr().splitlines()
+            if " WARNING " in line and not LAPSED_IN_FAILOVER.search(line)
+        ]
         assert not faults, faults
     # the killed host's token went with its guardian, the others' with them
     assert list(private_runtime_dir.glob("agentd/store-*")) == []
