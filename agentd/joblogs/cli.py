@@ -7,7 +7,8 @@ health token: ``AGENTD_DRAIN_TOKEN``, or a local agent's published one). ``--fol
 asks again every second and prints lines once a second old, so the nodes' lines stay in
 order as they arrive, until every node's agent has said that its lines ended (exit 0; its
 end waits for the follower: :class:`agentd.joblogs.http.Followers`) or is gone without
-saying so (exit 3, each named as it goes); ``--rank``, ``--node`` and ``--since`` narrow
+saying so (exit 3, each named as it goes), reading the round's nodes again every
+:data:`REFRESH` to follow one that joined; ``--rank``, ``--node`` and ``--since`` narrow
 what is shown.
 """
 
@@ -34,6 +35,8 @@ from agentd.support.agent_url import base_url, fetch, tls_context
 FOLLOW_EVERY = 1.0
 HOLD = 1.0
 """With --follow, a line is printed once this old: a slower node's earlier lines first."""
+REFRESH = 5.0
+"""With --follow, how often the round's nodes are read again, for those that joined."""
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)\Z")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -63,9 +66,15 @@ class Source:
         self.url = url
         self.cursor = ""
         self.files = 0
-        """How many log files the node's agent has (0: it writes none)."""
+        """How many log files the node's agent has."""
+        self.keeps_files = True
+        """Whether its agent writes its workers' output to files (their count may still be
+        0: no worker started yet)."""
         self.placed_by = ""
         """The log specs class that places its workers' logs, where not agentd's layout."""
+        self.since: float | None = None
+        """Where set (a node that joined while followed), its lines from then on only:
+        from when the follower began, or ``--since``."""
         self.token = token_file.for_agent(url, os.environ.get(DRAIN_TOKEN_ENV))
 
     def ask(
@@ -105,12 +114,17 @@ class Source:
             ) from None
         self.cursor = doc["cursor"]
         self.files = doc.get("files") or 0
+        self.keeps_files = doc.get("keeps_files", self.files > 0)  # an older agent: its count
         self.placed_by = doc.get("placed_by") or ""
         return doc
 
 
-def sources(base: str, node: str | None, timeout: float, cacert: str | None) -> list[Source]:
-    """The round's nodes from ``base``'s ``/job`` (those ``node`` names, when given)."""
+def sources(
+    base: str, node: str | None, timeout: float, cacert: str | None, again: bool = False
+) -> list[Source]:
+    """The round's nodes from ``base``'s ``/job`` (those ``node`` names, when given);
+    ``again``: read again while following, so nothing is said of a node that serves no
+    endpoint, nor of ``node`` not found (it may join later)."""
     try:
         code, body = fetch(base + "/job", timeout, cacert)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
@@ -131,12 +145,12 @@ def sources(base: str, node: str | None, timeout: float, cacert: str | None) -> 
         url = base if row["group_rank"] == doc.get("answered_by") else row.get("health")
         if url:
             found.append(Source(row, url.rstrip("/")))
-        else:
+        elif not again:
             sys.stderr.write(
                 f"agentd: node {row['group_rank']} ({row.get('host') or 'unknown'}) serves no "
                 "health endpoint: its lines are not shown (start its agent with --health-port)\n"
             )
-    if node is not None and not found:
+    if node is not None and not found and not again:
         raise LogsError(f"--node: {node!r} is no node of round {doc['generation']}", 2)
     return found
 
@@ -169,7 +183,7 @@ def run(
                 sys.stdout.write(text)
             _files_note(nodes)
             return 0
-        return _follow(nodes, start, rank, timeout, cacert)
+        return _follow(base, nodes, node, start, rank, timeout, cacert)
     except LogsError as exc:
         sys.stderr.write(f"agentd: error: {exc}\n")
         return exc.code
@@ -193,7 +207,9 @@ def _drain(
     its agent said that no more will come."""
     out: list[Timed] = []
     while True:
-        doc = source.ask(since, rank, timeout, cacert, follow)
+        doc = source.ask(
+            since if source.since is None else source.since, rank, timeout, cacert, follow
+        )
         out += [
             (line[0], len(out) + i, line_text(source, line)) for i, line in enumerate(doc["lines"])
         ]
@@ -211,23 +227,56 @@ def _files_note(nodes: list[Source]) -> None:
                 f"{source.placed_by}.reify puts it (--logs-specs); agentd logs reads "
                 "agentd's own layout only\n"
             )
-        elif not source.files:
+        elif not source.keeps_files:
             sys.stderr.write(
                 f"agentd: {source.host} keeps no log files: its agent writes them with --tee 3 "
                 "(or --redirects 3)\n"
             )
 
 
+def _joined(
+    asked: list[str], node: str | None, known: set[str], timeout: float, cacert: str | None
+) -> list[Source]:
+    """The round's nodes not in ``known`` (node ids), read from the first agent of
+    ``asked`` that answers (none where none does)."""
+    for url in asked:
+        try:
+            return [
+                s for s in sources(url, node, timeout, cacert, again=True) if s.node not in known
+            ]
+        except LogsError:
+            continue
+    return []
+
+
 def _follow(
-    nodes: list[Source], since: float | None, rank: int | None, timeout: float, cacert: str | None
+    base: str,
+    nodes: list[Source],
+    node: str | None,
+    since: float | None,
+    rank: int | None,
+    timeout: float,
+    cacert: str | None,
 ) -> int:
     """Print the nodes' lines as they come, in time order, until every node's agent said
-    its lines ended (0) or some went without saying so (3), or until interrupted."""
+    its lines ended (0) or some went without saying so (3), or until interrupted. Every
+    :data:`REFRESH` the round's nodes are read again (from ``base``, else a node still
+    followed), and a node that joined is followed too, from then on."""
     held: list[Timed] = []
     count = 0
     noted = False
     following, lost = list(nodes), False
+    known = {source.node for source in nodes}
+    began, refresh = time.time(), time.monotonic() + REFRESH
     while following:
+        if time.monotonic() >= refresh:
+            asked = [base, *(source.url for source in following)]
+            for source in _joined(asked, node, known, timeout, cacert):
+                source.since = began if since is None else since
+                sys.stderr.write(f"agentd: {source.host} joined the round: its lines follow\n")
+                following.append(source)
+                known.add(source.node)
+            refresh = time.monotonic() + REFRESH
         for source in list(following):
             try:
                 lines, ended = _drain(source, since, rank, timeout, cacert, follow=True)

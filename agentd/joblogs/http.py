@@ -9,6 +9,7 @@ lines from then on), ``rank`` (one global rank). The answer::
      "lines": [[at, attempt, rank, local_rank, stream, text], ...],   # in time order
      "cursor": "...", "more": <bool: ask again from cursor at once>,
      "ended": <bool: the agent's run is over: once "more" is false, no line will come>,
+     "keeps_files": <bool: its workers' output goes to files (--tee or --redirects)>,
      "placed_by": <the log specs class, where the user's chose the paths: no lines here>}
 
 A request with the :data:`FOLLOW_HEADER` header is a follower's (``agentd logs

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from tests.conftest import WORKER, wait_until
 from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
@@ -133,28 +134,34 @@ def test_a_node_whose_lines_cannot_be_read_is_named_once(run_agentd, tmp_path):
         assert agent.wait(30) == 0, agent.stderr()[-3000:]
 
 
-def _followed(agent) -> tuple[subprocess.Popen[str], str]:
-    """``agentd logs --follow`` of ``agent``'s endpoint, and the first line it printed."""
-    found = wait_until(lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()), 30)
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "agentd", "logs", found.group(1), "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert follow.stdout is not None
-    first = follow.stdout.readline()
-    assert "tick 0 of rank" in first, first
-    return follow, first
+class Follower:
+    """``agentd logs --follow`` of an agent's endpoint, its output in files (read while
+    it runs), killed at the end of the test if it did not end by itself."""
 
+    def __init__(self, agent, tmp_path: Path) -> None:
+        found = wait_until(
+            lambda: re.search(r"Health endpoint on (http://\S+)", agent.stderr()), 30
+        )
+        self.out, self.err = tmp_path / "follow.out", tmp_path / "follow.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd", "logs", found.group(1), "--follow"],
+                stdout=out,
+                stderr=err,
+            )
+        wait_until(lambda: "tick 0 of rank" in self.out.read_text(), 30, what="a first line")
 
-def _rest(follow: subprocess.Popen[str]) -> tuple[str, str]:
-    """What the follower printed after its first line, once it ended by itself (read
-    through its pipes' own buffers: ``communicate`` would skip what ``readline`` had
-    buffered)."""
-    follow.wait(60)
-    assert follow.stdout is not None and follow.stderr is not None
-    return follow.stdout.read(), follow.stderr.read()
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def ended(self) -> tuple[int, str, str]:
+        """Its exit code and output, once it ended by itself."""
+        return self.proc.wait(60), self.out.read_text(), self.err.read_text()
 
 
 def test_a_follower_prints_every_line_and_ends_with_the_job(run_agentd, tmp_path):
@@ -166,15 +173,14 @@ def test_a_follower_prints_every_line_and_ends_with_the_job(run_agentd, tmp_path
     agent = run_agentd(
         "--standalone", "--nproc-per-node", "2", "--tee", "3", "--health-port", "0", *work
     )
-    follow, first = _followed(agent)
-    with follow:
+    with Follower(agent, tmp_path) as follow:
         stop.touch()  # the workers end at once, their last line unfinished
-        out, err = _rest(follow)
-    assert follow.returncode == 0 and err == "", err
+        code, out, err = follow.ended()
+    assert code == 0 and err == "", err
     assert agent.wait(30) == 0, agent.stderr()[-3000:]
-    lines = re.findall(r":(\d) a0\| tick (\d) of rank \1 at", first + out)
+    lines = re.findall(r":(\d) a0\| tick (\d) of rank \1 at", out)
     for rank in ("0", "1"):
-        assert [int(tick) for r, tick in lines if r == rank] == list(range(5)), first + out
+        assert [int(tick) for r, tick in lines if r == rank] == list(range(5)), out
     assert out.count("a0| last words without a newline") == 2, out
 
 
@@ -182,13 +188,36 @@ def test_a_follower_names_an_agent_gone_without_an_end_and_exits_3(run_agentd, t
     stop = tmp_path / "stop"
     work = [WORKER, "ticks", "--code", "2", "--stop-file", str(stop)]
     agent = run_agentd("--standalone", "--tee", "3", "--health-port", "0", *work)
-    follow, _ = _followed(agent)
-    with follow:
+    with Follower(agent, tmp_path) as follow:
         agent.proc.kill()
-        out, err = _rest(follow)
-    assert follow.returncode == 3, (out, err)
+        code, out, err = follow.ended()
+    assert code == 3, (out, err)
     assert re.fullmatch(
         r"agentd: error: cannot reach \S+'s agent at http://\S+: .*: no more of its lines "
         r"are shown\n",
         err,
     ), err
+
+
+def test_a_follower_follows_a_node_that_joins_the_round(run_agentd, run_store, tmp_path):
+    """The round's nodes were read once, as the follower began: a node that joined later
+    (an elastic job growing, a spare in a lost node's place) was never shown."""
+    store = run_store()
+    stop = tmp_path / "stop"
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    rdzv = agent_args(store.endpoint, "1:2", conf=STEADY_MEMBER)
+    job = ["--tee", "3", "--health-port", "0"]
+    work = [WORKER, "ticks", "--code", "3", "--after", "0.05", "--stop-file", str(stop)]
+    first = run_agentd(*rdzv, "--local-addr", "127.0.0.1", *job, *work, env=env)
+    with Follower(first, tmp_path) as follow:
+        second = run_agentd(*rdzv, "--local-addr", "127.0.0.2", *job, *work, env=env)
+        wait_until(
+            lambda: re.search(r"127\.0\.0\.2:\d a0\| tick 2 of", follow.out.read_text()),
+            60,
+            what="the joined node's lines (its agent's first attempt)",
+        )
+        stop.touch()
+        code, out, err = follow.ended()
+    assert code == 0 and err == "agentd: 127.0.0.2 joined the round: its lines follow\n", err
+    assert re.search(r"127\.0\.0\.1:\d a1\| tick 2 of", out)  # the first node's, restarted
+    assert [a.wait(30) for a in (first, second)] == [0, 0]
