@@ -261,7 +261,8 @@ def _follow(
     """Print the nodes' lines as they come, in time order, until every node's agent said
     its lines ended (0) or some went without saying so (3), or until interrupted. Every
     :data:`REFRESH` the round's nodes are read again (from ``base``, else a node still
-    followed), and a node that joined is followed too, from then on."""
+    followed), and a node that joined is followed too: its lines from when the follower
+    began (or ``since``)."""
     held: list[Timed] = []
     count = 0
     noted = False
