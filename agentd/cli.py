@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=int, help="only this global rank's lines")
     logs.add_argument("--node", help="only this node's (its group rank, host or node id)")
     logs.add_argument("--since", help="only lines from this long ago on: 90s, 10m, 2h, 1d")
+    logs.add_argument("--dir", help="read a run's log folder, not agents (after the job)")
     store = commands.add_parser(
         "store",
         help="run the rendezvous store server on its own",
@@ -338,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run":  # run logs them once its logging is set
             for line in unknown_variables(environ, OPTIONS):
                 print(f"agentd: warning: {line}", file=sys.stderr)
-        if args.command in ("status", "drain", "logs"):
+        if args.command in ("status", "drain"):
             from agentd.support.agent_url import read_endpoints
 
             read_endpoints(args)
@@ -353,9 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "logs":
             from agentd.joblogs import cli as logs_cli
 
-            return logs_cli.run(
-                args.url, args.follow, args.rank, args.node, args.since, args.timeout, args.cacert
-            )
+            return logs_cli.run(args)
         if args.command == "drain":
             from agentd.drain import http as drain_http
 

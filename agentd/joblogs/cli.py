@@ -14,6 +14,7 @@ what is shown.
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import http.client
 import json
@@ -28,25 +29,21 @@ import urllib.request
 from typing import Any
 
 from agentd.drain.http import DRAIN_TOKEN_ENV
+from agentd.joblogs.errors import LogsError
 from agentd.joblogs.http import FOLLOW_HEADER
+from agentd.joblogs.reader import LogLine
 from agentd.store import token_file
-from agentd.support.agent_url import base_url, fetch, tls_context
+from agentd.support.agent_url import base_url, fetch, read_endpoints, tls_context
 
 FOLLOW_EVERY = 1.0
 HOLD = 1.0
 """With --follow, a line is printed once this old: a slower node's earlier lines first."""
+ENDPOINT_ARGUMENTS = {"URL": "url_arg", "--url": "url", "--health-port": "health_port"}
+"""The arguments that name an agent to ask, by the attribute each sets."""
 REFRESH = 5.0
 """With --follow, how often the round's nodes are read again, for those that joined."""
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)\Z")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class LogsError(Exception):
-    """What stops the command: the message, and the exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def parse_since(text: str, now: float) -> float:
@@ -155,40 +152,46 @@ def sources(
     return found
 
 
-def line_text(source: Source, line: list[Any]) -> str:
-    _, attempt, rank, local_rank, _, text = line
-    who = rank if rank >= 0 else f"l{local_rank}"
-    return f"{source.host}:{who} a{attempt}| {text}\n"
-
-
-def run(
-    url: str | None,
-    follow: bool,
-    rank: int | None,
-    node: str | None,
-    since: str | None,
-    timeout: float,
-    cacert: str | None,
-) -> int:
-    """The command; its exit code (0, 1 an agent refused, 2 usage, 3 unreachable)."""
-    base = base_url(url, dict(os.environ))
+def run(args: argparse.Namespace) -> int:
+    """The command (:func:`agentd.cli.build_parser`'s ``logs`` arguments); its exit code
+    (0, 1 an agent refused or a folder holds no log, 2 usage, 3 unreachable). A bad
+    endpoint is a :class:`~agentd.exceptions.ConfigError`."""
     try:
-        if rank is not None and rank < 0:
-            raise LogsError(f"--rank: {rank} must be a global rank (>= 0)", 2)
-        start = parse_since(since, time.time()) if since else None
-        nodes = sources(base, node, timeout, cacert)
-        if not follow:
-            batches = [_drain(source, start, rank, timeout, cacert)[0] for source in nodes]
+        if args.rank is not None and args.rank < 0:
+            raise LogsError(f"--rank: {args.rank} must be a global rank (>= 0)", 2)
+        start = parse_since(args.since, time.time()) if args.since else None
+        if args.dir is not None:
+            return _from_folder(args, start)
+        read_endpoints(args)
+        base = base_url(args.url, dict(os.environ))
+        nodes = sources(base, args.node, args.timeout, args.cacert)
+        if not args.follow:
+            batches = [
+                _drain(source, start, args.rank, args.timeout, args.cacert)[0] for source in nodes
+            ]
             for _, _, text in heapq.merge(*batches):
                 sys.stdout.write(text)
             _files_note(nodes)
             return 0
-        return _follow(base, nodes, node, start, rank, timeout, cacert)
+        return _follow(base, nodes, args.node, start, args.rank, args.timeout, args.cacert)
     except LogsError as exc:
         sys.stderr.write(f"agentd: error: {exc}\n")
         return exc.code
     except KeyboardInterrupt:
         return 0
+
+
+def _from_folder(args: argparse.Namespace, since: float | None) -> int:
+    """``--dir``: the run's folders' lines, read from disk (:mod:`.folders`)."""
+    from agentd.joblogs.folders import folder_lines
+
+    if args.follow:
+        raise LogsError("--follow: asks running agents; --dir reads the files as they are", 2)
+    if given := [f for f, v in ENDPOINT_ARGUMENTS.items() if getattr(args, v) is not None]:
+        raise LogsError(f"{given[0]}: names an agent to ask; --dir reads files instead", 2)
+    for _, _, text in folder_lines(args.dir, since, args.rank, args.node):
+        sys.stdout.write(text)
+    return 0
 
 
 Timed = tuple[float, int, str]
@@ -211,7 +214,8 @@ def _drain(
             since if source.since is None else source.since, rank, timeout, cacert, follow
         )
         out += [
-            (line[0], len(out) + i, line_text(source, line)) for i, line in enumerate(doc["lines"])
+            (line[0], len(out) + i, LogLine(*line).shown(source.host))
+            for i, line in enumerate(doc["lines"])
         ]
         if not doc["more"]:
             return out, bool(doc.get("ended"))

@@ -33,6 +33,12 @@ class LogLine(NamedTuple):
     stream: str
     text: str
 
+    def shown(self, host: str) -> str:
+        """The line as ``agentd logs`` prints it: ``host:rank aN| text`` (``lN`` for a
+        rank not known: local rank N)."""
+        who = self.rank if self.rank >= 0 else f"l{self.local_rank}"
+        return f"{host}:{who} a{self.attempt}| {self.text}\n"
+
 
 class LogFile(NamedTuple):
     key: str

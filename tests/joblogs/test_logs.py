@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,11 @@ instead of by time would run back by more than twice this."""
 
 
 def logs(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "agentd", "logs", url, *extra]
+    return logs_of(url, *extra)
+
+
+def logs_of(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "agentd", "logs", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
@@ -221,3 +226,50 @@ def test_a_follower_follows_a_node_that_joins_the_round(run_agentd, run_store, t
     assert code == 0 and err == "agentd: 127.0.0.2 joined the round: its lines follow\n", err
     assert re.search(r"127\.0\.0\.1:\d a1\| tick 2 of", out)  # the first node's, restarted
     assert [a.wait(30) for a in (first, second)] == [0, 0]
+
+
+def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
+    """``agentd logs`` asked the agents, so a job that had ended (a failure's post-mortem)
+    had no merged view: ``--dir`` reads the run's folder, and on a filesystem several hosts
+    share, the other hosts' folders beside it (``<run id>.<host>``, made here by hand from
+    this host's: one host cannot make another's)."""
+    log_dir = tmp_path / "logs"
+    work = [WORKER, "ticks", "--code", "3", "--after", "0.05"]
+    agent = run_agentd(
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--tee",
+        "3",
+        "--log-dir",
+        str(log_dir),
+        *work,
+        log_dir=False,
+    )
+    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    [run] = [p for p in log_dir.iterdir() if p.is_dir()]
+    other = log_dir / f"{run.name}.node2"
+    shutil.copytree(run, other)
+    (other / ".host").write_text("node2\n")
+
+    answer = logs_of("--dir", str(run))
+    assert answer.returncode == 0 and answer.stderr == "", answer
+    host = (run / ".host").read_text().strip()
+    lines = re.findall(r"(\S+):(\d) a0\| tick (\d) of rank \2 at ([\d.]+)", answer.stdout)
+    assert sorted((h, r, int(t)) for h, r, t, _ in lines) == sorted(
+        (h, r, t) for h in (host, "node2") for r in "01" for t in range(3)
+    )
+    printed = [float(at) for *_, at in lines]  # merged by when the agent read each line:
+    assert all(b >= a - SLACK for a, b in itertools.pairwise(printed)), printed  # as above
+    assert answer.stdout.count("a0| last words without a newline") == 4  # the files' ends
+
+    one = logs_of("--dir", str(run / "attempt_0"), "--node", "node2", "--rank", "1")
+    assert one.returncode == 0 and one.stdout.splitlines() == [
+        line for line in answer.stdout.splitlines() if line.startswith("node2:1 ")
+    ], one
+    wrong = logs_of("--dir", str(log_dir))
+    assert wrong.returncode == 2 and wrong.stderr == (
+        f"agentd: error: --dir: {str(log_dir)!r} is a log directory: give the folder of one "
+        f"of its runs ({run})\n"
+    ), wrong
+    assert logs_of("--dir", str(run), "--follow").returncode == 2
