@@ -234,18 +234,8 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
     share, the other hosts' folders beside it (``<run id>.<host>``, made here by hand from
     this host's: one host cannot make another's)."""
     log_dir = tmp_path / "logs"
-    work = [WORKER, "ticks", "--code", "3", "--after", "0.05"]
-    agent = run_agentd(
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--tee",
-        "3",
-        "--log-dir",
-        str(log_dir),
-        *work,
-        log_dir=False,
-    )
+    job = ["--standalone", "--nproc-per-node", "2", "--tee", "3", "--log-dir", str(log_dir)]
+    agent = run_agentd(*job, WORKER, "ticks", "--code", "3", "--after", "0.05", log_dir=False)
     assert agent.wait(60) == 0, agent.stderr()[-3000:]
     [run] = [p for p in log_dir.iterdir() if p.is_dir()]
     other = log_dir / f"{run.name}.node2"
