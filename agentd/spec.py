@@ -330,6 +330,12 @@ class WorkerSpec:
     def restart_policy(self) -> RestartPolicy:
         return RestartPolicy(self.max_restarts, self.restart_backoff, self.non_retryable_exit_codes)
 
+    @property
+    def keeps_log_files(self) -> bool:
+        """Whether some worker's output goes to its log files (``redirects`` or ``tee``)."""
+        ranks = range(self.local_world_size)
+        return any(std_for(self.redirects, r) | std_for(self.tee, r) for r in ranks)
+
     def how_started(self) -> str:
         """How the workers start, for the start line: spawned, or forked from what preload."""
         why = f" ({self.preload_reason})" if self.preload_reason else ""

@@ -17,7 +17,6 @@ from agentd.exceptions import ConfigError, StartError
 from agentd.group import WorkerState
 from agentd.health.history import RestartHistory
 from agentd.rendezvous.api import ReportsStore, ShowsJob
-from agentd.spec import std_for
 from agentd.store import token_file
 from agentd.support import fdlimits
 
@@ -137,9 +136,7 @@ class HealthService:
             if isinstance(handler, ShowsJob)
             else {"node": agent.hostname, "host": agent.hostname}
         )
-        spec = agent.get_worker_group().spec
-        ranks = range(spec.local_world_size)  # --tee or --redirects for some rank: files
-        who["keeps_files"] = any(std_for(spec.redirects, r) | std_for(spec.tee, r) for r in ranks)
+        who["keeps_files"] = agent.get_worker_group().spec.keeps_log_files
         if agent.logs_specs is not None:
             from agentd.workers.logs_specs import overrides_reify
 

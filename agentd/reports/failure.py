@@ -11,11 +11,16 @@ if TYPE_CHECKING:
 
 
 def format_failure_report(
-    result: RunResult, run_id: str, entrypoint: str, lost_peer: dict[str, Any] | None = None
+    result: RunResult,
+    run_id: str,
+    entrypoint: str,
+    lost_peer: dict[str, Any] | None = None,
+    logs: str | None = None,
 ) -> str:
     """The human-readable failure report: the root cause in full, other failures in one
     line. A lost peer (``lost_peer``) is the root cause, this node's first failure what
-    followed."""
+    followed. ``logs``: the run's folder, where its workers' output was kept in files (the
+    report then says how to read every rank's, merged)."""
     root = result.root_cause
     bar = "=" * 72
     title = f"{entrypoint} FAILED" + (f" (run {run_id})" if run_id else "")
@@ -28,6 +33,7 @@ def format_failure_report(
                 *_lost_peer_lines(lost_peer, "  the job cannot go on without it:"),
                 "What followed on this node:",
                 "  its workers were stopped, before any of them failed",
+                *_logs_line(logs),
                 bar,
             ]
         )
@@ -68,8 +74,12 @@ def format_failure_report(
                 f"  rank {failure.global_rank} (local {failure.local_rank}, pid {failure.pid}): "
                 f"{_describe_exit(failure)}" + (f": {failure.message}" if failure.message else "")
             )
-    lines.append(bar)
+    lines += [*_logs_line(logs), bar]
     return "\n".join(lines)
+
+
+def _logs_line(logs: str | None) -> list[str]:
+    return [f"Every rank's output, merged: agentd logs --dir {logs}"] if logs else []
 
 
 def _lost_peer_lines(lost: dict[str, Any] | None, then: str) -> list[str]:

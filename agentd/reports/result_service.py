@@ -50,5 +50,13 @@ class ResultFileService:
             return ""
         from agentd.reports.failure import format_failure_report
 
-        entrypoint = agent.get_worker_group().spec.get_entrypoint_name()
-        return format_failure_report(result, agent.run_id, entrypoint, agent.lost_peer)
+        spec = agent.get_worker_group().spec
+        logs = str(agent.run_dir) if spec.keeps_log_files else None
+        if logs and agent.logs_specs is not None:
+            from agentd.workers.logs_specs import overrides_reify
+
+            if overrides_reify(agent.logs_specs):  # the files are where the user's put them
+                logs = None
+        return format_failure_report(
+            result, agent.run_id, spec.get_entrypoint_name(), agent.lost_peer, logs
+        )

@@ -263,3 +263,22 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
         f"of its runs ({run})\n"
     ), wrong
     assert logs_of("--dir", str(run), "--follow").returncode == 2
+
+
+def test_a_failure_report_says_how_to_read_every_ranks_output(run_agentd, tmp_path):
+    """The report names the root cause's last lines; every rank's output is in the run's
+    folder, and the report now says how to read it merged (only where the agent kept
+    it in files)."""
+    log_dir = tmp_path / "logs"
+    job = ["--standalone", "--nproc-per-node", "2", "--log-dir", str(log_dir)]
+    crash = [WORKER, "crash", "--rank", "1", "--code", "3"]
+    kept = run_agentd(*job, "--tee", "3", *crash, log_dir=False)
+    assert kept.wait(60) == 1
+    found = re.search(r"Every rank's output, merged: agentd logs --dir (\S+)\n", kept.stderr())
+    assert found, kept.stderr()[-3000:]
+    answer = logs_of("--dir", found.group(1))
+    assert answer.returncode == 0 and answer.stderr == "", answer
+    assert re.search(r"^\S+:1 a0\| rank 1 crashing with 3$", answer.stdout, re.M), answer
+    unkept = run_agentd(*job, *crash, log_dir=False)
+    assert unkept.wait(60) == 1 and "FAILED" in unkept.stderr()
+    assert "agentd logs --dir" not in unkept.stderr()
