@@ -38,7 +38,7 @@ def run_folders(given: str) -> tuple[list[RunFolder], int | None]:
     """The run's folders ``given`` names (its own and the other hosts' beside it), and the
     one attempt it names, if any; a :class:`LogsError` where it names none."""
     path = Path(given).expanduser()
-    if not path.is_dir():
+    if not given.strip() or not path.is_dir():  # '' would be the working directory
         raise LogsError(f"--dir: {given!r} is not a directory", 2)
     attempt = None
     if found := _ATTEMPT.match(path.name):

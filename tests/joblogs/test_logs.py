@@ -263,6 +263,8 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
         f"of its runs ({run})\n"
     ), wrong
     assert logs_of("--dir", str(run), "--follow").returncode == 2
+    empty = logs_of("--dir", "")  # not the working directory
+    assert empty.stderr == "agentd: error: --dir: '' is not a directory\n", empty
 
 
 def test_a_failure_report_says_how_to_read_every_ranks_output(run_agentd, tmp_path):
