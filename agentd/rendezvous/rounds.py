@@ -217,7 +217,9 @@ class Rounds(SealWait):
         key was read to hold, else it is read). One written after the store was replaced
         (a failover between the ``add`` and the entry) is removed: that store gave the
         place to nobody, or to another node, and a round sealed with it would wait for
-        workers never started (seed 27665 of ``--failover``)."""
+        workers never started (seed 27665 of ``--failover``). The round is ended with
+        it: a store handed over state and all gave the place, and its seal waited for it
+        (the entry timeout, 15 s)."""
         key = self._keys.round(arrival.generation, f"node/{arrival.rank}")
         if held is None:
             held = await self._store.get(key)
@@ -226,6 +228,7 @@ class Rounds(SealWait):
         if incarnation_of(self._store) == arrival.incarnation:
             return True
         await self._store.delete(key)
+        await self.advance(arrival.generation, "a place was vacated as the store changed")
         return False
 
     async def _arrive(self) -> bool:
@@ -277,9 +280,8 @@ class Rounds(SealWait):
             return False
         if held == mine and not await self._placed_here(arrival, held):
             self._arrival = None
-            log.info(
-                "Rendezvous %s: the store changed during the join; joining again", self._run_id
-            )
+            said = "Rendezvous %s: the store changed during the join; joining again"
+            log.info(said, self._run_id)
             return False
         if not placed and held != mine:  # our place was given by another store (a failover)
             self._arrival = None
@@ -362,12 +364,8 @@ class Rounds(SealWait):
             log.info("Rendezvous %s: ended round %d: %s", self._run_id, generation, reason)
             await store.compare_set(self._keys.round(generation, "sealed"), None, ENDED)
         else:
-            log.debug(
-                "Rendezvous %s: round %d had already ended (now %s)",
-                self._run_id,
-                generation,
-                current,
-            )
+            said = "Rendezvous %s: round %d had already ended (now %s)"
+            log.debug(said, self._run_id, generation, current)
 
     async def _remember_if_new(self) -> None:
         """Before round 0 is ended in a store without a generation: if this agent saw round

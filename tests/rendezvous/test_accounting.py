@@ -493,3 +493,34 @@ async def test_a_seal_read_from_a_store_restarted_empty_is_not_taken_for_our_rou
     finally:
         await shutdown_all(a, b, slow)
         await server.stop()
+
+
+async def test_a_place_given_before_a_handover_and_vacated_after_it_leaves_no_hole():
+    """A member's place was given (its ``add``) by the store before it was handed over,
+    state and all, and its entry written after: the client, in a new store's term, takes
+    its entry for one written in a store that gave the place to nobody, deletes it and
+    joins again. The handed-over count still gave that place, so the round's last arrival
+    sealed over a hole and waited for its entry for the entry timeout (15 s by default:
+    two agents left of five as three left at once, the store's host among them, in
+    ``tests/integration/test_node_leaves.py``, twice under load). The member now ends the
+    round as it vacates the place, and both form the next one at once. (The handover is
+    played by the same server under a new term of the client: its state is all there.)"""
+    server = StoreServer("127.0.0.1", 0, "secret")
+    await server.start()
+    port = server.port
+
+    def first_entry(op: str, key) -> bool:
+        return op == "compare_set" and str(key).startswith("agentd/job/round/0/node/")
+
+    held = Held(over_http(port), first_entry)
+    a, b = member(held, nodes=(2, 2)), member(over_http(port), nodes=(2, 2))
+    try:
+        joining = asyncio.create_task(a.next_rendezvous())
+        await asyncio.wait_for(held.held.wait(), SOON)  # placed, its entry not written
+        held.inner.move_to(f"127.0.0.1:{port}", lost_state=True)  # a new term for it
+        held.go.set()
+        infos = await asyncio.wait_for(asyncio.gather(joining, b.next_rendezvous()), SOON)
+        assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    finally:
+        await shutdown_all(a, b)
+        await server.stop()
