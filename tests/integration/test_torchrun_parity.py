@@ -576,7 +576,9 @@ def test_a_directory_with_a_main_runs_as_python_runs_it(run_agentd, launcher, tm
     """``python app/`` runs ``app/__main__.py``, and so does torchrun: agentd refused any
     directory."""
     (tmp_path / "app").mkdir()
-    script(tmp_path, "app/__main__.py", "import os; print('main', os.environ['LOCAL_RANK'])\n")
+    # one write a line: two ranks' print('main', r) interleaved on the shared stdout in CI
+    main = "import os, sys; sys.stdout.write('main ' + os.environ['LOCAL_RANK'] + '\\n')\n"
+    script(tmp_path, "app/__main__.py", main)
     agent = run_agentd(
         "--standalone", "--nproc-per-node", "2", str(tmp_path / "app"), launcher=launcher
     )
