@@ -12,7 +12,9 @@ running has its last line shown even where it is not finished yet.
 
 from __future__ import annotations
 
+import glob
 import heapq
+import os
 import re
 import sys
 from pathlib import Path
@@ -44,15 +46,11 @@ def run_folders(given: str) -> tuple[list[RunFolder], int | None]:
     if found := _ATTEMPT.match(path.name):
         path, attempt = path.parent, int(found.group(1))
     folders = [RunFolder(_host(path), path)]
-    for sibling in sorted(path.parent.glob(f"{glob_escape(path.name)}.*")):
-        if sibling.is_dir() and (sibling / CLAIM).is_file():
-            folders.append(RunFolder(_host(sibling), sibling))
+    for sibling in sorted(path.parent.glob(f"{glob.escape(path.name)}.*")):
+        host = _host(sibling)  # another host's folder of this run, not a run "<id>.v2"
+        if sibling.is_dir() and sibling.name == f"{path.name}.{host.replace(os.sep, '_')}":
+            folders.append(RunFolder(host, sibling))
     return folders, attempt
-
-
-def glob_escape(name: str) -> str:
-    """``name`` matched literally by :meth:`Path.glob` (a run id may hold ``[``)."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _host(folder: Path) -> str:

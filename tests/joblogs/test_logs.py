@@ -241,6 +241,9 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
     other = log_dir / f"{run.name}.node2"
     shutil.copytree(run, other)
     (other / ".host").write_text("node2\n")
+    another_run = log_dir / f"{run.name}.v2"  # a run of its own, by a host of another name
+    shutil.copytree(run, another_run)
+    (another_run / ".host").write_text("node9\n")
 
     answer = logs_of("--dir", str(run))
     assert answer.returncode == 0 and answer.stderr == "", answer
