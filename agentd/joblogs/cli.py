@@ -57,7 +57,7 @@ def parse_since(text: str, now: float) -> float:
 class Source:
     """One node: where it serves its lines, and the cursor of what was read."""
 
-    def __init__(self, row: dict[str, Any], url: str) -> None:
+    def __init__(self, row: dict[str, Any], url: str, since: float | None) -> None:
         self.host = row.get("host") or row.get("node") or "?"
         self.node = row.get("node") or "?"
         self.url = url
@@ -69,24 +69,19 @@ class Source:
         0: no worker started yet)."""
         self.placed_by = ""
         """The log specs class that places its workers' logs, where not agentd's layout."""
-        self.since: float | None = None
-        """Where set (a node that joined while followed), its lines from then on only:
-        from when the follower began, or ``--since``."""
+        self.since = since
+        """Its lines from then on only (``--since``; a node that joined while followed:
+        from when the follower began, at the latest)."""
         self.token = token_file.for_agent(url, os.environ.get(DRAIN_TOKEN_ENV))
 
     def ask(
-        self,
-        since: float | None,
-        rank: int | None,
-        timeout: float,
-        cacert: str | None,
-        follow: bool = False,
+        self, rank: int | None, timeout: float, cacert: str | None, follow: bool = False
     ) -> dict[str, Any]:
         """One ``GET /logs`` from the cursor, as a follower's where ``follow`` (LogsError
         with the exit code)."""
         query = {"cursor": self.cursor} if self.cursor else {}
-        if since is not None:  # a file first read after the first request starts there too
-            query["since"] = f"{since:.3f}"
+        if self.since is not None:  # a file first read later starts there too
+            query["since"] = f"{self.since:.3f}"
         if rank is not None:
             query["rank"] = str(rank)
         headers = {"Authorization": f"Bearer {self.token or ''}"}
@@ -117,9 +112,15 @@ class Source:
 
 
 def sources(
-    base: str, node: str | None, timeout: float, cacert: str | None, again: bool = False
+    base: str,
+    node: str | None,
+    timeout: float,
+    cacert: str | None,
+    since: float | None,
+    again: bool = False,
 ) -> list[Source]:
-    """The round's nodes from ``base``'s ``/job`` (those ``node`` names, when given);
+    """The round's nodes from ``base``'s ``/job`` (those ``node`` names, when given), each
+    to be read from ``since``;
     ``again``: read again while following, so nothing is said of a node that serves no
     endpoint, nor of ``node`` not found (it may join later)."""
     try:
@@ -141,7 +142,7 @@ def sources(
             continue
         url = base if row["group_rank"] == doc.get("answered_by") else row.get("health")
         if url:
-            found.append(Source(row, url.rstrip("/")))
+            found.append(Source(row, url.rstrip("/"), since))
         elif not again:
             sys.stderr.write(
                 f"agentd: node {row['group_rank']} ({row.get('host') or 'unknown'}) serves no "
@@ -164,11 +165,9 @@ def run(args: argparse.Namespace) -> int:
             return _from_folder(args, start)
         read_endpoints(args)
         base = base_url(args.url, dict(os.environ))
-        nodes = sources(base, args.node, args.timeout, args.cacert)
+        nodes = sources(base, args.node, args.timeout, args.cacert, start)
         if not args.follow:
-            batches = [
-                _drain(source, start, args.rank, args.timeout, args.cacert)[0] for source in nodes
-            ]
+            batches = [_drain(source, args.rank, args.timeout, args.cacert)[0] for source in nodes]
             for _, _, text in heapq.merge(*batches):
                 sys.stdout.write(text)
             _files_note(nodes)
@@ -199,20 +198,13 @@ Timed = tuple[float, int, str]
 
 
 def _drain(
-    source: Source,
-    since: float | None,
-    rank: int | None,
-    timeout: float,
-    cacert: str | None,
-    follow: bool = False,
+    source: Source, rank: int | None, timeout: float, cacert: str | None, follow: bool = False
 ) -> tuple[list[Timed], bool]:
     """Every line ``source`` has (asking again while it says there is more), and whether
     its agent said that no more will come."""
     out: list[Timed] = []
     while True:
-        doc = source.ask(
-            since if source.since is None else source.since, rank, timeout, cacert, follow
-        )
+        doc = source.ask(rank, timeout, cacert, follow)
         out += [
             (line[0], len(out) + i, LogLine(*line).shown(source.host))
             for i, line in enumerate(doc["lines"])
@@ -239,15 +231,19 @@ def _files_note(nodes: list[Source]) -> None:
 
 
 def _joined(
-    asked: list[str], node: str | None, known: set[str], timeout: float, cacert: str | None
+    asked: list[str],
+    node: str | None,
+    known: set[str],
+    timeout: float,
+    cacert: str | None,
+    since: float,
 ) -> list[Source]:
     """The round's nodes not in ``known`` (node ids), read from the first agent of
-    ``asked`` that answers (none where none does)."""
+    ``asked`` that answers (none where none does), each to be read from ``since``."""
     for url in asked:
         try:
-            return [
-                s for s in sources(url, node, timeout, cacert, again=True) if s.node not in known
-            ]
+            found = sources(url, node, timeout, cacert, since, again=True)
+            return [source for source in found if source.node not in known]
         except LogsError:
             continue
     return []
@@ -276,15 +272,15 @@ def _follow(
     while following:
         if time.monotonic() >= refresh:
             asked = [base, *(source.url for source in following)]
-            for source in _joined(asked, node, known, timeout, cacert):
-                source.since = began if since is None else since
+            from_then = began if since is None else since
+            for source in _joined(asked, node, known, timeout, cacert, from_then):
                 sys.stderr.write(f"agentd: {source.host} joined the round: its lines follow\n")
                 following.append(source)
                 known.add(source.node)
             refresh = time.monotonic() + REFRESH
         for source in list(following):
             try:
-                lines, ended = _drain(source, since, rank, timeout, cacert, follow=True)
+                lines, ended = _drain(source, rank, timeout, cacert, follow=True)
             except LogsError as exc:
                 if exc.code != 3:
                     raise

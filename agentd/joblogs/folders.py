@@ -15,19 +15,17 @@ from __future__ import annotations
 import glob
 import heapq
 import os
-import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
 from agentd.joblogs.errors import LogsError
-from agentd.joblogs.reader import LogReader
+from agentd.joblogs.reader import ATTEMPT, LogReader
 from agentd.workers.run_folder import CLAIM
 
 EVERY_ATTEMPT_OVER = sys.maxsize
 """The reader's current attempt for files read after the fact: every attempt is over, so
 a last line without its newline is shown."""
-_ATTEMPT = re.compile(r"attempt_(\d+)\Z")
 
 
 class RunFolder(NamedTuple):
@@ -43,7 +41,7 @@ def run_folders(given: str) -> tuple[list[RunFolder], int | None]:
     if not given.strip() or not path.is_dir():  # '' would be the working directory
         raise LogsError(f"--dir: {given!r} is not a directory", 2)
     attempt = None
-    if found := _ATTEMPT.match(path.name):
+    if found := ATTEMPT.match(path.name):
         path, attempt = path.parent, int(found.group(1))
     folders = [RunFolder(_host(path), path)]
     for sibling in sorted(path.parent.glob(f"{glob.escape(path.name)}.*")):

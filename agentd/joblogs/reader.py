@@ -21,7 +21,8 @@ from agentd.wire import line_times
 MAX_BYTES = 1 << 20
 """The most log bytes one read returns (the rest: ask again from its cursor)."""
 STREAMS = ("stdout", "stderr")
-_ATTEMPT = re.compile(r"attempt_(\d+)\Z")
+ATTEMPT = re.compile(r"attempt_(\d+)\Z")
+"""An attempt's folder's name: its number."""
 
 
 class LogLine(NamedTuple):
@@ -56,7 +57,7 @@ def log_files(run_dir: Path) -> list[LogFile]:
         attempts = sorted(
             (int(m.group(1)), entry.path)
             for entry in os.scandir(run_dir)
-            if entry.is_dir() and (m := _ATTEMPT.match(entry.name))
+            if entry.is_dir() and (m := ATTEMPT.match(entry.name))
         )
     except OSError:
         return []

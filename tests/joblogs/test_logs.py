@@ -30,11 +30,8 @@ with the suite at 14 minutes). Each rank's ticks span 4.2 s, so output merged by
 instead of by time would run back by more than twice this."""
 
 
-def logs(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return logs_of(url, *extra)
-
-
-def logs_of(*args: str) -> subprocess.CompletedProcess[str]:
+def logs(*args: str) -> subprocess.CompletedProcess[str]:
+    """``agentd logs ARGS`` (an agent's URL, or ``--dir`` and a folder, and options)."""
     command = [sys.executable, "-m", "agentd", "logs", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
@@ -245,7 +242,7 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
     shutil.copytree(run, another_run)
     (another_run / ".host").write_text("node9\n")
 
-    answer = logs_of("--dir", str(run))
+    answer = logs("--dir", str(run))
     assert answer.returncode == 0 and answer.stderr == "", answer
     host = (run / ".host").read_text().strip()
     lines = re.findall(r"(\S+):(\d) a0\| tick (\d) of rank \2 at ([\d.]+)", answer.stdout)
@@ -256,17 +253,17 @@ def test_a_finished_runs_folders_are_read_from_disk(run_agentd, tmp_path):
     assert all(b >= a - SLACK for a, b in itertools.pairwise(printed)), printed  # as above
     assert answer.stdout.count("a0| last words without a newline") == 4  # the files' ends
 
-    one = logs_of("--dir", str(run / "attempt_0"), "--node", "node2", "--rank", "1")
+    one = logs("--dir", str(run / "attempt_0"), "--node", "node2", "--rank", "1")
     assert one.returncode == 0 and one.stdout.splitlines() == [
         line for line in answer.stdout.splitlines() if line.startswith("node2:1 ")
     ], one
-    wrong = logs_of("--dir", str(log_dir))
+    wrong = logs("--dir", str(log_dir))
     assert wrong.returncode == 2 and wrong.stderr == (
         f"agentd: error: --dir: {str(log_dir)!r} is a log directory: give the folder of one "
         f"of its runs ({run})\n"
     ), wrong
-    assert logs_of("--dir", str(run), "--follow").returncode == 2
-    empty = logs_of("--dir", "")  # not the working directory
+    assert logs("--dir", str(run), "--follow").returncode == 2
+    empty = logs("--dir", "")  # not the working directory
     assert empty.stderr == "agentd: error: --dir: '' is not a directory\n", empty
 
 
@@ -281,7 +278,7 @@ def test_a_failure_report_says_how_to_read_every_ranks_output(run_agentd, tmp_pa
     assert kept.wait(60) == 1
     found = re.search(r"Every rank's output, merged: agentd logs --dir (\S+)\n", kept.stderr())
     assert found, kept.stderr()[-3000:]
-    answer = logs_of("--dir", found.group(1))
+    answer = logs("--dir", found.group(1))
     assert answer.returncode == 0 and answer.stderr == "", answer
     assert re.search(r"^\S+:1 a0\| rank 1 crashing with 3$", answer.stdout, re.M), answer
     unkept = run_agentd(*job, *crash, log_dir=False)
