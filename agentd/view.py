@@ -111,6 +111,12 @@ class AgentView(Protocol):
         ...
 
     @property
+    def run_over(self) -> bool:
+        """The run has ended: the agent releases what it holds (the group's state is
+        final; the rendezvous and its store may be gone)."""
+        ...
+
+    @property
     def timer_server(self) -> TimerServer: ...
 
     @property

@@ -63,6 +63,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     run_id: str
     run_dir: Path
     started_at: float
+    run_over: bool
     control_file: str | None
     logs_specs: LogsSpecs | None
     error_files: dict[int, str]

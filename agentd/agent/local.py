@@ -114,7 +114,7 @@ class LocalElasticAgent(WorkerLifecycle):
         self._settings = settings.replace(fresh_run_id=settings.fresh_run_id or self.fresh_run_id)
         self._mark = orphans.owner_mark(self.run_id)
         self._procs: dict[int, WorkerProcess] = {}
-        self._shut_down = False
+        self.run_over = False  # its shutdown began (the AgentView's)
         self._hooks = AgentHooks(
             self,
             lambda: self._procs,
@@ -169,9 +169,9 @@ class LocalElasticAgent(WorkerLifecycle):
     async def _shutdown(
         self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False
     ) -> None:
-        if self._shut_down:
+        if self.run_over:
             return
-        self._shut_down = True
+        self.run_over = True
         group = self._worker_group
         handler = self.rdzv_handler
         hurried = None  # a second stop request cuts a wait of the leave for the peers

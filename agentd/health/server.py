@@ -94,7 +94,9 @@ class HealthCheckServer(StartedInBackground):
 
     ``alive_callback`` decides ``/livez``; ``ready``, ``status``, ``metrics`` and ``job``
     (each optional) provide ``/readyz``, ``/status``, ``/metrics`` and ``/job`` (the job
-    view: a store that does not answer it is a 503 naming why) with its page at ``/``;
+    view: a store that does not answer it is a 503 naming why; ``job`` is given a
+    follower's interval, :func:`agentd.support.followers.follow_interval`) with its page
+    at ``/``;
     ``logs`` answers ``GET /logs`` (token-guarded: see :mod:`agentd.joblogs.http`).
     """
 
@@ -108,7 +110,7 @@ class HealthCheckServer(StartedInBackground):
         ready: Callable[[], bool] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], bytes] | None = None,
-        job: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        job: Callable[[float | None], Awaitable[dict[str, Any]]] | None = None,
         logs: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         drain: Callable[[str], dict[str, Any]] | None = None,
@@ -203,11 +205,12 @@ class HealthCheckServer(StartedInBackground):
         from aiohttp import web
 
         from agentd.exceptions import AgentdError
+        from agentd.support.followers import follow_interval
 
         assert self._job is not None
         try:
             async with asyncio.timeout(JOB_TIMEOUT):
-                doc, status = await self._job(), 200
+                doc, status = await self._job(follow_interval(request.headers)), 200
         except (AgentdError, TimeoutError) as exc:  # the store's trouble: say so, go on
             why = str(exc) or f"no answer within {JOB_TIMEOUT:g}s"
             doc, status = {"error": f"the job view needs the store: {why}"}, 503

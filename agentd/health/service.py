@@ -8,6 +8,7 @@ sample wakes the agent (once a second), and only while the endpoint is served.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
     from agentd.health.metrics import AgentMetrics
     from agentd.health.server import Check, HealthCheckServer, LoopLagMonitor
     from agentd.health.settings import HealthSettings
-    from agentd.joblogs.http import Followers
     from agentd.joblogs.reader import LogReader
+    from agentd.jobview.reading import JobReading
+    from agentd.support.followers import Followers
     from agentd.view import AgentView
 
 
@@ -49,7 +51,9 @@ class HealthService:
         self._published: int | None = None
         self.history = RestartHistory()
         self._log_reader: LogReader | None = None
-        self._followers: Followers | None = None
+        self._followers: Followers | None = None  # of /logs
+        self._job_reading: JobReading | None = None
+        self._watchers: Followers | None = None  # of /job
 
     async def start(self) -> None:
         from agentd.health.metrics import AgentMetrics
@@ -110,9 +114,9 @@ class HealthService:
         if self._lag is not None:
             self._lag.stop()
             self._lag = None
-        if self.server is not None:
-            if self._followers is not None:  # someone read the lines: the last ones too
-                await self._followers.end()
+        if self.server is not None:  # someone followed: it is told of the end too
+            ends = [f.end() for f in (self._followers, self._watchers) if f is not None]
+            await asyncio.gather(*ends)
             await self.server.stop_async()
         if self._published is not None:
             token_file.withdraw(self._published, self._token, "health")
@@ -124,8 +128,9 @@ class HealthService:
         return self.server.url if self.server is not None else None
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
-        from agentd.joblogs.http import Followers, logs_response
+        from agentd.joblogs.http import logs_response
         from agentd.joblogs.reader import LogReader
+        from agentd.support.followers import Followers
 
         agent = self._agent
         if self._log_reader is None or self._followers is None:
@@ -151,10 +156,19 @@ class HealthService:
             self._followers,
         )
 
-    async def _job(self) -> dict[str, Any]:
-        from agentd.jobview.reading import read_job
+    async def _job(self, every: float | None) -> dict[str, Any]:
+        """The job view, for a watcher asking every ``every`` seconds (None: not one):
+        the agent's end waits for one to be shown how the run ended."""
+        from agentd.jobview.reading import JobReading
+        from agentd.support.followers import Followers
 
-        return await read_job(self._agent)
+        if self._job_reading is None or self._watchers is None:
+            self._job_reading, self._watchers = JobReading(self._agent), Followers()
+        self._watchers.asked(every)
+        doc = await self._job_reading.read()
+        if every is not None and doc["ended"]:
+            self._watchers.told()
+        return doc
 
     def _drain(self, reason: str) -> dict[str, Any]:
         self._agent.request_drain(reason)

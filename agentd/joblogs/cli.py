@@ -6,7 +6,7 @@ serves its own (``/job``); each node is asked for its lines (``GET /logs``, with
 health token: ``AGENTD_DRAIN_TOKEN``, or a local agent's published one). ``--follow``
 asks again every second and prints lines once a second old, so the nodes' lines stay in
 order as they arrive, until every node's agent has said that its lines ended (exit 0; its
-end waits for the follower: :class:`agentd.joblogs.http.Followers`) or is gone without
+end waits for the follower: :class:`agentd.support.followers.Followers`) or is gone without
 saying so (exit 3, each named as it goes), reading the round's nodes again every
 :data:`REFRESH` to follow one that joined; ``--rank``, ``--node`` and ``--since`` narrow
 what is shown.
@@ -30,10 +30,10 @@ from typing import Any
 
 from agentd.drain.http import DRAIN_TOKEN_ENV
 from agentd.joblogs.errors import LogsError
-from agentd.joblogs.http import FOLLOW_HEADER
 from agentd.joblogs.reader import LogLine
 from agentd.store import token_file
 from agentd.support.agent_url import base_url, fetch, read_endpoints, tls_context
+from agentd.support.followers import FOLLOW_HEADER
 
 FOLLOW_EVERY = 1.0
 HOLD = 1.0
@@ -86,7 +86,7 @@ class Source:
             query["rank"] = str(rank)
         headers = {"Authorization": f"Bearer {self.token or ''}"}
         if follow:
-            headers[FOLLOW_HEADER] = "1"
+            headers[FOLLOW_HEADER] = f"{FOLLOW_EVERY:g}"
         request = urllib.request.Request(
             f"{self.url}/logs?{urllib.parse.urlencode(query)}", headers=headers
         )

@@ -12,8 +12,9 @@ lines from then on), ``rank`` (one global rank). The answer::
      "keeps_files": <bool: its workers' output goes to files (--tee or --redirects)>,
      "placed_by": <the log specs class, where the user's chose the paths: no lines here>}
 
-A request with the :data:`FOLLOW_HEADER` header is a follower's (``agentd logs
---follow``): the agent's end waits for it (:class:`Followers`).
+A request with the :data:`~agentd.support.followers.FOLLOW_HEADER` header is a
+follower's (``agentd logs --follow``): the agent's end waits for it to be told that the
+lines ended (:class:`~agentd.support.followers.Followers`).
 
 A malformed query is a 400 naming the field, its value and the rule.
 """
@@ -23,15 +24,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import json
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentd.joblogs.reader import LogReader
 from agentd.support.bearer import bearer_ok
+from agentd.support.followers import Followers, follow_interval
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -46,47 +46,6 @@ class BadQuery(ValueError):
 
 QUERY = ("cursor", "since", "rank")
 """The parameters of ``GET /logs``."""
-FOLLOW_HEADER = "Agentd-Follow"
-"""Sent (``1``) by ``agentd logs --follow``, which asks again every second: a header,
-not a parameter, which an agent of a version before it would refuse."""
-FOLLOWED_WITHIN = 3.0
-"""A follower that asked this recently is still following (it asks every second): the
-agent's end waits for it until this long after its last request."""
-
-
-class Followers:
-    """Whether the agent's run has ended, and the followers of its lines: its end
-    (:meth:`end`) waits for a follower still following to be answered that the lines
-    ended, at most until :data:`FOLLOWED_WITHIN` after its last request (one gone, a
-    Ctrl-C, asks no more). Without that wait the endpoint closed with the agent, and a
-    follower lost the lines of the last second or two and ended in an error ("cannot
-    reach"), though the job had ended well."""
-
-    def __init__(self) -> None:
-        self.ended = False
-        self._seen: float | None = None
-        self._told = asyncio.Event()
-
-    def asked(self, follower: bool) -> bool:
-        """A request came (from a follower, or not): whether the run had ended before
-        it was read (so that no line written after the read is missed)."""
-        if follower:
-            self._seen = time.monotonic()
-        return self.ended
-
-    def answered(self, follower: bool, ended: bool, more: bool) -> None:
-        if follower and ended and not more:
-            self._told.set()
-
-    async def end(self) -> None:
-        """The run is over: answer so from now on, and wait for a recent follower."""
-        self.ended = True
-        if self._seen is None:
-            return
-        left = self._seen + FOLLOWED_WITHIN - time.monotonic()
-        if left > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._told.wait(), left)
 
 
 def encode_cursor(cursor: dict[str, int]) -> str:
@@ -151,12 +110,13 @@ async def logs_response(
         cursor, since, rank = parse_query(request.query)
     except BadQuery as exc:
         return web.json_response({"error": str(exc)}, status=400)
-    follower = request.headers.get(FOLLOW_HEADER) == "1"
-    ended = followers.asked(follower)
+    every = follow_interval(request.headers)
+    ended = followers.asked(every)
     current = attempt()
     running = current + 1 if ended else current  # ended: the last attempt's lines are whole
     lines, after, more = await asyncio.to_thread(reader.read, cursor, running, since, rank)
-    followers.answered(follower, ended, more)
+    if every is not None and ended and not more:
+        followers.told()
     doc = {
         **who(),
         "attempt": current,

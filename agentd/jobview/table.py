@@ -38,7 +38,23 @@ def render_job(doc: dict[str, Any]) -> str:
         )
     for node, reason in (doc.get("excluded") or {}).items():
         lines.append(f"   - {node}: excluded by its node checks ({reason})")
+    if doc.get("ended"):
+        lines += ["", _ended(doc)]
     return "\n".join(lines) + "\n"
+
+
+def _ended(doc: dict[str, Any]) -> str:
+    """The line under the view of an agent whose run ended: how, and (where it did not
+    succeed, so the job may go on without it) another node's agent to ask."""
+    own = doc.get("answered_by")
+    text = f"The run of node {own}'s agent, which answered, ended: {doc['ended']}."
+    if len(doc["nodes"]) > 1:
+        text += " The other rows are as it last read them."
+    if doc["ended"] != "SUCCEEDED":
+        others = [r["health"] for r in doc["nodes"] if r.get("health") and r["group_rank"] != own]
+        if others:
+            text += f" Another node's: agentd status --job {others[0]}"
+    return text
 
 
 def _ranks(ranks: list[int]) -> str:

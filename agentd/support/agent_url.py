@@ -122,15 +122,18 @@ def tls_context(url: str, cacert: str | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=cacert or os.environ.get(CACERT_ENV) or None)
 
 
-def fetch(url: str, timeout: float, cacert: str | None = None) -> tuple[int, bytes]:
-    """GET ``url``: the status code and body (HTTP errors included, not raised); an
-    ``https`` one verified against ``cacert`` (see :func:`tls_context`)."""
+def fetch(
+    url: str, timeout: float, cacert: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """GET ``url`` (with ``headers``): the status code and body (HTTP errors included,
+    not raised); an ``https`` one verified against ``cacert`` (see :func:`tls_context`)."""
     import urllib.error
     import urllib.request
 
+    request = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(
-            url, timeout=timeout, context=tls_context(url, cacert)
+            request, timeout=timeout, context=tls_context(url, cacert)
         ) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:

@@ -209,7 +209,7 @@ async def test_job_view_answers_503_naming_the_store_trouble(monkeypatch):
     monkeypatch.setattr(health_server, "JOB_TIMEOUT", 0.2)
     answers = iter([StoreUnavailable("127.0.0.1:9: connection refused"), None])
 
-    async def job() -> dict:
+    async def job(every: float | None) -> dict:
         trouble = next(answers)
         if trouble is not None:
             raise trouble

@@ -217,3 +217,38 @@ def test_status_with_no_agent_listening_says_how_to_reach_one():
     assert done.returncode == 3
     assert "cannot reach the agent" in done.stderr
     assert "runs with --health-port" in done.stderr and "pass that agent's URL" in done.stderr
+
+
+@pytest.mark.parametrize("end", ["succeeded", "killed"])
+def test_a_watch_ends_with_the_job(run_agentd, tmp_path, end):
+    """``agentd status --job --watch`` of a job that ends well draws its final view and
+    exits 0 (the agent's exit waits for it); of an agent killed, it leaves the last view
+    and exits 3 saying so. It used to lose the agent between two requests and end in
+    ``cannot reach`` (exit 3) though the job had ended well."""
+    stop = tmp_path / "stop"
+    agent = run_agentd("--health-port", "0", WORKER, "member", "--stop-file", str(stop))
+    url = health_url(agent)
+    screen, errors = tmp_path / "watch.out", tmp_path / "watch.err"
+    argv = [sys.executable, "-m", "agentd", "status", "--job", "--watch", "0.2", "--url", url]
+    with open(screen, "wb") as out, open(errors, "wb") as err:
+        watch = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: b"HEALTHY" in screen.read_bytes(), what="the watch's first view")
+        if end == "succeeded":
+            stop.touch()
+            assert agent.wait() == 0
+            assert watch.wait(timeout=30) == 0, errors.read_text()
+            last = screen.read_text().rsplit("\x1b[2J", 1)[1]
+            assert "SUCCEEDED" in last.splitlines()[5], last
+            assert "The run of node 0's agent, which answered, ended: SUCCEEDED." in last
+            assert errors.read_text() == ""
+        else:
+            agent.proc.kill()
+            assert watch.wait(timeout=30) == 3
+            assert f"the agent at {url} stopped answering at" in errors.read_text()
+            assert "The view above is the last it gave" in errors.read_text()
+            assert "HEALTHY" in screen.read_text().rsplit("\x1b[2J", 1)[1]
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()

@@ -3,7 +3,6 @@ the output sink keeps beside a log file, and the query's clear errors."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -128,30 +127,3 @@ def test_a_cursor_goes_there_and_back():
         5.0,
         3,
     )
-
-
-async def test_the_agents_end_waits_for_a_follower_to_be_told_and_not_for_one_gone(
-    monkeypatch,
-):
-    from agentd.joblogs import http
-
-    nobody = http.Followers()
-    await asyncio.wait_for(nobody.end(), 1)  # nobody follows: no wait
-    assert nobody.asked(follower=False) is True
-
-    followed = http.Followers()
-    assert followed.asked(follower=True) is False
-    end = asyncio.ensure_future(followed.end())
-    await asyncio.sleep(0)
-    assert followed.ended and not end.done()
-    assert followed.asked(follower=True) is True  # read after the end: every line is there
-    followed.answered(follower=True, ended=True, more=True)  # more to read: not told yet
-    await asyncio.sleep(0)
-    assert not end.done()
-    followed.answered(follower=True, ended=True, more=False)
-    await asyncio.wait_for(end, 1)
-
-    monkeypatch.setattr(http, "FOLLOWED_WITHIN", 0.2)
-    gone = http.Followers()  # a follower that asked once, then was interrupted
-    gone.asked(follower=True)
-    await asyncio.wait_for(gone.end(), 5)

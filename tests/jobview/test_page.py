@@ -96,4 +96,6 @@ def test_the_page_shows_every_node_and_the_slow_one_stands_out(
     assert browser.save_screenshot(shot)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
-    stop_all(agents, stop)
+    stop_all(agents, stop)  # the agent's exit waited for the page to be shown the end
+    ended = browser.find_element(By.ID, "ended").text
+    assert ended == "The run of this agent ended: SUCCEEDED. The view stays as it was last read."

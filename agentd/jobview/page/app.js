@@ -211,18 +211,28 @@ function fromStatus(status) {
 async function poll() {
   const problem = document.getElementById("problem");
   try {
-    const answer = await fetch("job", { cache: "no-store" });
+    // A watcher's header: the agent's exit waits for the page to be shown the end.
+    const follow = { "Agentd-Follow": String(EVERY_MS / 1000) };
+    const answer = await fetch("job", { cache: "no-store", headers: follow });
     const doc = await answer.json();
     if (!answer.ok) throw new Error(doc.error || `/job answered ${answer.status}`);
-    const status = await fetch("status", { cache: "no-store" }).then((a) => a.json());
     problem.hidden = true;
-    fromStatus(status);
+    if (!doc.ended) {  // an agent whose run ended exits once told so: no more to ask
+      fromStatus(await fetch("status", { cache: "no-store" }).then((a) => a.json()));
+    }
     record(doc);
     drawHeader(doc);
     drawTable(doc);
     drawSteps();
     drawTimeline();
     drawGpus(doc);
+    if (doc.ended) {  // the agent exits: this view is its last
+      clearInterval(polling);
+      const ended = document.getElementById("ended");
+      ended.hidden = false;
+      ended.textContent = `The run of this agent ended: ${doc.ended}. ` +
+        "The view stays as it was last read.";
+    }
   } catch (err) {
     problem.hidden = false;
     problem.textContent = `Cannot read the job: ${err.message}`;
@@ -231,4 +241,4 @@ async function poll() {
 
 document.getElementById("every").textContent = EVERY_MS / 1000;
 poll();
-setInterval(poll, EVERY_MS);
+const polling = setInterval(poll, EVERY_MS);
