@@ -24,7 +24,7 @@ second)."""
 MARGIN = 2.0
 """Beyond a follower's own interval, how long its next request may take to come (a
 loaded machine, a slow network): the end waits for it until then."""
-LONGEST = 10.0
+LONGEST = 5.0
 """A follower that asks less often than this is not waited for: an agent's exit is not
 held longer than this (and :data:`MARGIN`) for anyone. It finds the agent gone."""
 
