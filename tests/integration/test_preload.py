@@ -490,3 +490,29 @@ def test_a_forked_workers_traceback_is_a_spawned_ones(run_agentd, tmp_path, kind
     assert forked == spawned
     assert "agentd" not in "\n".join(forked)
     assert forked[-1] == "ValueError: x"
+
+
+def test_the_zygote_exits_with_its_atexit_functions_run_and_no_teardown(run_agentd, tmp_path):
+    """The zygote leaves as a worker does (``os._exit`` after the ``atexit`` functions):
+    the interpreter's teardown of what it preloaded, torch's 0.8 s, held the agent's exit
+    at the end of every job. A preloaded module's exit function still runs there."""
+    import re
+
+    (tmp_path / "exiting_mod.py").write_text(
+        "import atexit, os\n"
+        "OUT = os.environ['TEST_AGENTD_OUT']\n"
+        "def mark(what):\n"
+        "    open(os.path.join(OUT, f'{what}_{os.getpid()}'), 'w').close()\n"
+        "atexit.register(mark, 'atexit')\n"
+        "class Teardown:\n"
+        "    def __del__(self, _open=open, name=os.path.join(OUT, f'teardown_{os.getpid()}')):\n"
+        "        _open(name, 'w').close()\n"
+        "KEPT = Teardown()  # deleted as the interpreter tears the module down\n"
+    )
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    agent = run_agentd("--preload", "exiting_mod", "--nproc-per-node", "2", "job.py", cwd=tmp_path)
+    assert agent.wait(timeout=60) == 0, agent.stderr()
+    zygote = re.search(r"Zygote pid (\d+) ready", agent.stderr()).group(1)
+    marks = {p.name for p in agent.out_dir.iterdir() if p.name.startswith(("atexit", "teardown"))}
+    assert f"atexit_{zygote}" in marks, marks
+    assert f"teardown_{zygote}" not in marks, marks

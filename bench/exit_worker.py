@@ -1,0 +1,16 @@
+"""Benchmark worker for bench_exit.py: a gloo job of one all-reduce that stamps when its
+own code was done (``$BENCH_EXIT_STAMPS/<rank>``): what follows is its exit."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+tensor = torch.ones(1)
+dist.all_reduce(tensor)
+assert tensor.item() == dist.get_world_size()
+dist.destroy_process_group()
+with open(os.path.join(os.environ["BENCH_EXIT_STAMPS"], os.environ["RANK"]), "w") as out:
+    out.write(repr(time.time()))
