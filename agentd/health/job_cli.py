@@ -20,7 +20,7 @@ from typing import Any
 
 from agentd.jobview.table import render_job
 from agentd.support.agent_url import fetch
-from agentd.support.followers import FOLLOW_HEADER
+from agentd.support.followers import FOLLOW_HEADER, LONGEST
 
 CLEAR = "\x1b[H\x1b[2J"
 """Cursor home and clear screen: a redraw in place on any ANSI terminal."""
@@ -40,10 +40,14 @@ def run(base: str, as_json: bool, watch: float | None, timeout: float, cacert: s
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             if shown:
+                why = (
+                    f"before its run ended ({reason}): killed, or its host lost?"
+                    if watch is not None and watch <= LONGEST
+                    else f"({reason}; its run's end waits for a watch every {LONGEST:g} s or less)"
+                )
                 sys.stderr.write(
                     f"agentd: error: the agent at {base} stopped answering at "
-                    f"{time.strftime('%H:%M:%S')} before its run ended ({reason}): killed, "
-                    "or its host lost? The view above is the last it gave\n"
+                    f"{time.strftime('%H:%M:%S')} {why} The view above is the last it gave\n"
                 )
             else:
                 sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
