@@ -52,6 +52,8 @@ class SuccessorLeases:
     """How long a successor's heartbeat must be missing before it is counted gone."""
     round_forgotten = False
     """The store forgot the round (:meth:`store_forgot_round`)."""
+    forgot_at: float | None = None
+    """When this member learned that (monotonic seconds)."""
 
     def __init__(
         self,
@@ -73,11 +75,23 @@ class SuccessorLeases:
         where it does not)."""
         await self._named(self._order[:WATCHED])
 
-    def store_forgot_round(self, ttl: float) -> None:
-        """The store forgot the round: a live member's heartbeat may be missing from it
-        until its next renewal, so one is counted gone only after ``ttl`` missing."""
-        self.fence, self.round_forgotten = ttl, True
+    def store_forgot_round(self, ttl: float, now: float) -> None:
+        """The store forgot the round (learned at ``now``): a live member's heartbeat may
+        be missing from it until its next renewal, so one is counted gone only after
+        ``ttl`` missing."""
+        self.fence, self.round_forgotten, self.forgot_at = ttl, True, now
         self._missing_since.clear()
+
+    def unseen_are_lost(self, now: float) -> bool:
+        """The store forgot the round a fence (a heartbeat TTL) ago or more: a member
+        alive and in reach has been back since (its renewal found its heartbeat forgotten,
+        and it joined the next round), so one that has not is lost, or cut off past its
+        lease, and at work no more, whether this member knows its id or not (seed 60963 of
+        ``bench/simulate.py --failover``: a member killed as the round began and the
+        store's host cut off, while another came back to a next round and left it; that
+        one's arrival kept the barrier from the leases, whose first member counts the
+        lapsed, and it could not in a store that forgot them)."""
+        return self.forgot_at is not None and now - self.forgot_at >= self.fence
 
     async def look(self, now: float) -> tuple[int, bool]:
         """Look once (``now``: monotonic seconds): how many successors were newly counted
@@ -108,6 +122,9 @@ class SuccessorLeases:
         unmarked = [node for node, beat in answering[:WATCHED] if beat is None]
         if not unmarked:
             return 0, False
+        if self.forgot_at is not None:  # the new store never held their heartbeats
+            for node in unmarked:
+                since.setdefault(node, self.forgot_at)
         marked = await accounting.mark_lapsed(
             self._store, keys, self._round, unmarked, since, now, fence=self.fence
         )

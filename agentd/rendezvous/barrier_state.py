@@ -48,11 +48,14 @@ async def round_state(
     size: int,
     arrivals: Arrivals | None = None,
     forgotten: bool = False,
+    unseen_lost: bool = False,
 ) -> RoundState:
     """What became of round ``gen`` (of ``size`` members) while a member of it waits
     (``arrivals``: the look at a later round's arrivals, kept between reads;
     ``forgotten``: in a store that forgot the round, where the waiting one looks at the
-    successors whose ids it read before)."""
+    successors whose ids it read before; ``unseen_lost``: it forgot it long enough ago
+    that a member neither done, gone nor back at a later round is at work no more,
+    :meth:`~agentd.rendezvous.barrier_leases.SuccessorLeases.unseen_are_lost`)."""
     now, gone, finished, joined, sealed = await store.multi_get(
         [
             keys.gen,
@@ -68,16 +71,35 @@ async def round_state(
     state = RoundState(
         ended=current > gen,
         gone=left,
-        nobody_left=left > 0 and accounted >= size and joined is None,
+        nobody_left=joined is None and ((left > 0 and accounted >= size) or unseen_lost),
         unaccounted=accounted < size and joined is None and (sealed is not None or forgotten),
     )
     if state.ended and not state.nobody_left:
         later = await later_round_left(store, keys, [g for g in (current - 1, current) if g > gen])
         if later is not None:
             return state._replace(nobody_left=True, later=later)
-        if arrivals is not None and await arrivals.all_gone(gen, size, current, accounted):
+        everyone = size if unseen_lost else accounted  # the unseen: lost
+        if arrivals is not None and await arrivals.all_gone(gen, size, current, everyone):
             return state._replace(nobody_left=True, later=current)
     return state
+
+
+def nobody_left_because(state: RoundState, gen: int, unseen_lost: bool) -> str:
+    """Why nobody is left to finish round ``gen`` where ``state`` says so (a clause)."""
+    if state.later is not None:
+        return (
+            f"round {gen} ended, the others went on to round {state.later} and left it or "
+            "were lost there before their workers finished"
+        )
+    if unseen_lost and state.gone == 0:
+        return (
+            f"the store forgot round {gen} and no other member came back to it within a "
+            "heartbeat TTL (lost, or cut off past its lease)"
+        )
+    return (
+        f"{state.gone} node(s) of round {gen} left or were lost before their workers "
+        "finished, every other one's are done, and no node is at the next round"
+    )
 
 
 async def later_round_left(store: Store, keys: RunKeys, rounds: list[int]) -> int | None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.barrier_leases import SuccessorLeases
-from agentd.rendezvous.barrier_state import Arrivals, round_state
+from agentd.rendezvous.barrier_state import Arrivals, nobody_left_because, round_state
 from agentd.store.api import StoreError, StoreTimeout, StoreUnavailable
 from agentd.support.aio import first_done
 
@@ -140,7 +140,9 @@ class ExitBarrier:
                 "for the others to finish and close the run",
                 current.generation,
             )  # (leaving now closed the run as succeeded while the others worked on)
-            leases.store_forgot_round(self.settings.heartbeat_ttl)
+            leases.store_forgot_round(
+                self.settings.heartbeat_ttl, asyncio.get_running_loop().time()
+            )
             barrier, closed = await first_done(
                 self._barrier(current, leases), self._closed_elsewhere(current)
             )
@@ -203,22 +205,15 @@ class ExitBarrier:
                     )
                 if fencing:  # look again once its fence let it be counted
                     pause = min(CHECK, leases.fence)
-            if state.nobody_left and state.later is not None:
-                log.warning(
-                    "Exit barrier: round %d ended, the others went on to round %d and left it "
-                    "or were lost there before their workers finished; no node is at work to "
-                    "finish the job: leaving now, not at the barrier timeout",
-                    gen,
-                    state.later,
+            if not state.nobody_left and (lost := leases.unseen_are_lost(loop.time())):
+                state = await round_state(
+                    store, self._keys, gen, current.size, arrivals, forgotten, lost
                 )
-                return
             if state.nobody_left:
                 log.warning(
-                    "Exit barrier: %d node(s) of round %d left or were lost before their "
-                    "workers finished, every other one's are done, and no node is at the "
-                    "next round to finish the job: leaving now, not at the barrier timeout",
-                    state.gone,
-                    gen,
+                    "Exit barrier: %s; no node is at work to finish the job: leaving now, not "
+                    "at the barrier timeout",
+                    nobody_left_because(state, gen, leases.unseen_are_lost(loop.time())),
                 )
                 return
             if state.ended and not said_ended:

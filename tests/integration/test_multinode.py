@@ -677,6 +677,34 @@ def test_a_barrier_counts_a_peer_lost_with_the_stores_memory_gone(run_agentd, ru
     assert "1 node(s) of round 0 left or were lost before their workers" in said, said[-3000:]
 
 
+def test_a_barrier_counts_a_member_that_never_came_back_to_a_store_that_forgot_the_round(
+    run_agentd, run_store, tmp_path
+):
+    """``--nnodes 3:3`` on a standalone store. A's worker succeeds and its agent waits in
+    the exit barrier; C's host is lost whole while its worker works, and the store
+    restarts empty: no store holds anything of C. B, back at round 1, is SIGTERMed there.
+    B's arrival at round 1 kept A's barrier from C's lease (a next round's first member
+    counts the lapsed, which it cannot in a store that forgot them), and A waited out its
+    ``--exit-barrier-timeout``. A member not back within a heartbeat TTL of the store's
+    forgetting is counted lost now, and A leaves (exit 0; simulation seed 60963)."""
+    store = run_store()
+    flags = agent_args(store.endpoint, "3", "--exit-barrier-timeout", "120", conf=STEADY_MEMBER)
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    job = one_works_on(tmp_path)
+    done = run_agentd(*flags, *job, env=env)
+    back, lost = (run_agentd(*flags, *job, env={**env, "WORKS_ON": "1"}) for _ in range(2))
+    wait_until(lambda: "waiting for those of the other 2" in done.stderr(), 60, what="A's barrier")
+    wait_until(lambda: (tmp_path / "working").exists(), what="the others' workers")
+    lose_host(lost.pid)
+    lost.wait()
+    restart_empty(run_store, store)
+    wait_until(lambda: "joined round 1" in back.stderr(), 60, what="B back at round 1")
+    back.proc.send_signal(signal.SIGTERM)
+    back.wait()
+    assert done.wait(60) == 0, done.stderr()[-3000:]  # not at the barrier timeout (120 s)
+    assert "the others went on to round" in done.stderr(), done.stderr()[-3000:]
+
+
 def node_args(backend: str, endpoint: str, nnodes: str, rank: int, *extra: str) -> list[str]:
     """Node ``rank``'s flags in a job of ``nnodes`` on agentd's rendezvous (``c10d``) or
     torchrun's static one, which meets at node 0's store on the endpoint's port."""

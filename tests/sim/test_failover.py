@@ -395,3 +395,18 @@ def test_a_finished_member_is_counted_in_a_store_that_forgot_it(faults, off, mon
     )
     [violation] = simulate(schedule).violations
     assert violation.startswith("S3"), violation
+
+
+def test_a_barrier_begun_after_the_store_forgot_the_round_counts_the_unseen_lost():
+    """Seed 60963 of ``--failover`` with every kind: a member killed as round 0 (of
+    three) was sealed, the store's host cut off a moment later, so the third member's
+    store failed over empty before it had read the others' ids, and its exit barrier
+    began there. The host came back, re-formed alone in round 1 and was SIGTERMed; the
+    barrier, seeing no id to look at, waited for the killed member until its timeout (S5).
+    A member that has not come back to the store within a heartbeat TTL of its forgetting
+    is counted lost now."""
+    schedule = schedule_for(60963, (*KINDS, "kill_guardian", "restart", "finish"), failover=True)
+    drawn = [(f.kind, f.target) for f in schedule.faults]
+    assert drawn[1:4] == [("kill", 1), ("partition", 0), ("finish", 2)], drawn  # as described
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
