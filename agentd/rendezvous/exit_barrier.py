@@ -205,7 +205,8 @@ class ExitBarrier:
                     )
                 if fencing:  # look again once its fence let it be counted
                     pause = min(CHECK, leases.fence)
-            if not state.nobody_left and (lost := leases.unseen_are_lost(loop.time())):
+            lost = leases.unseen_are_lost(loop.time())
+            if lost and not state.nobody_left:
                 state = await round_state(
                     store, self._keys, gen, current.size, arrivals, forgotten, lost
                 )
@@ -213,7 +214,7 @@ class ExitBarrier:
                 log.warning(
                     "Exit barrier: %s; no node is at work to finish the job: leaving now, not "
                     "at the barrier timeout",
-                    nobody_left_because(state, gen, leases.unseen_are_lost(loop.time())),
+                    nobody_left_because(state, gen, lost),
                 )
                 return
             if state.ended and not said_ended:
