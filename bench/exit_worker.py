@@ -3,14 +3,15 @@ own code was done (``$BENCH_EXIT_STAMPS/<rank>``): what follows is its exit."""
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from report_files import write_report
 
 dist.init_process_group("gloo")
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
 assert tensor.item() == dist.get_world_size()
 dist.destroy_process_group()
-with open(os.path.join(os.environ["BENCH_EXIT_STAMPS"], os.environ["RANK"]), "w") as out:
-    out.write(repr(time.time()))
+write_report(Path(os.environ["BENCH_EXIT_STAMPS"], os.environ["RANK"]), repr(time.time()))
