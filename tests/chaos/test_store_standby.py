@@ -24,11 +24,11 @@ from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, me
 
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
 TTL = 2.0
-LAPSED_IN_FAILOVER = re.compile(
+LAPSED_AT_THE_HOST = re.compile(
     r"no longer a member of round \d+: no heartbeat sent in the last [\d.]+s was confirmed "
-    r"by the store at 127\.0\.0\.1:\d+ \(unreachable since"
+    r"by the store at 127\.0\.0\.1:\d+[ ,]"
 )
-"""A lease that ran out before the failover from the killed host ended (see its use)."""
+"""A lease at the first host's store that ran out under load (see its use)."""
 
 
 def status(agent) -> dict:
@@ -141,15 +141,16 @@ def test_a_single_endpoint_job_survives_a_sigkill_of_the_store_host(
     assert [a.wait(30) for a in everyone] == [0, 0, 0], [a.stderr()[-2000:] for a in everyone]
     # the failover, the store's new state and the old host stepping down are what the
     # design does: INFO lines that say so, not warnings of a fault. One fault is this
-    # test's own: its 2 s lease can lapse while the failover is under way on a machine
-    # loaded three times over (pytest -n 6, 2026-12-03): the survivor's round then ends
-    # on its lease, with a WARNING, rather than on the new store's empty state, with an
-    # INFO; the same restart either way.
+    # test's own: its 2 s lease at the first host's store can lapse on a loaded machine,
+    # while the failover is under way (pytest -n 6, 2026-12-03) or before the kill, every
+    # agent's loop starved for 1.5 s as the three zygotes and workers started (pytest -n 4,
+    # the same day): the round then ends on its lease, with a WARNING, rather than on the
+    # new store's empty state, with an INFO; the same restart either way.
     for agent in everyone:
         faults = [
             line
             for line in agent.stderr().splitlines()
-            if " WARNING " in line and not LAPSED_IN_FAILOVER.search(line)
+            if " WARNING " in line and not LAPSED_AT_THE_HOST.search(line)
         ]
         assert not faults, faults
     # the killed host's token went with its guardian, the others' with them
