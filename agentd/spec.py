@@ -345,6 +345,11 @@ class WorkerSpec:
             return f"first workers spawned, restarts forked from a bare zygote{why}"
         return f"workers forked from a zygote preloading {', '.join(self.preload)}{why}"
 
+    @property
+    def preload_is_auto(self) -> bool:
+        """``--preload auto`` chose :attr:`preload` (see :attr:`preload_reason`)."""
+        return self.preload_reason.startswith("auto:")
+
     def get_entrypoint_name(self) -> str:
         """The entrypoint's name, for logs: a command's basename or a function's name."""
         if isinstance(self.entrypoint, str):

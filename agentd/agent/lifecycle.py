@@ -120,6 +120,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         await self._unless_stopped(self._services.gpus.settled())
         if forked:
             await self._unless_stopped(preload.ready())
+            forked = preload.forks  # not where auto's preload read a worker's variables
         spawn = preload.spawn if forked else spawn_worker
         hygiene = self._services.hygiene
         await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first

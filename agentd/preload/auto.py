@@ -3,8 +3,10 @@
 The script (or ``-m`` module) is parsed, never run. Its module-level imports (those under
 ``if``, ``try`` and ``with`` at module level included, those in functions and classes not)
 are matched against :data:`SAFE`, libraries known to import the same way in a zygote as in
-a worker: they do not read the rank, start a CUDA context or keep threads a fork could not
-copy. Nothing else is ever preloaded, the user's own modules least of all.
+a worker: they start no CUDA context and keep no thread a fork could not copy, and what
+they read of a worker's own variables at import (Lightning: the rank) each worker derives
+again (:mod:`agentd.preload.import_state`; a preload that read any other makes the agent
+spawn instead). Nothing else is ever preloaded, the user's own modules least of all.
 
 A zygote imports the library before anything of the script has run, so ``auto`` forks only
 when nothing the script runs before its first import of the library can change the
@@ -36,8 +38,11 @@ from collections.abc import Iterator, Mapping
 from importlib.machinery import PathFinder
 from typing import NamedTuple
 
-SAFE = ("torch", "numpy")
-"""The libraries ``auto`` preloads, in import order (torch first: it imports numpy)."""
+SAFE = ("torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric")
+"""The libraries ``auto`` preloads, in import order (torch first: it imports numpy, and
+Lightning imports torch)."""
+SAFE_NAMED = "torch, numpy, Lightning"
+""":data:`SAFE` as the start line names it."""
 INERT = frozenset(
     {
         "__future__", "abc", "argparse", "array", "ast", "asyncio", "atexit", "base64",
@@ -130,7 +135,7 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
         scan = reader.scan(tree, name)
     found.extend(t for t in scan.reached or () if t not in found)
     if not found:
-        return AutoPreload((), f"{name} imports none of {', '.join(SAFE)}")
+        return AutoPreload((), f"{name} imports none of {SAFE_NAMED}")
     if scan.problem is not None:
         library = (scan.reached or found)[0]
         return AutoPreload(None, f"{scan.problem} before it imports {library}")

@@ -4,9 +4,11 @@ target as ``python script.py`` or ``python -m module`` would, and exit as Python
 Before any user code runs the worker has its own session and process group, a
 parent-death signal, the agent's descriptors as its stdin/stdout/stderr and inherited
 descriptors, its working directory and environment, fresh ``sys.std*`` streams (buffered as
-Python buffers them for that environment), default signal handlers, and reseeded random
-generators. ``__main__``, ``__file__``, ``sys.argv`` and ``sys.path[0]`` are what the
-command line gives. At the end, non-daemon threads are joined, ``atexit`` handlers run and
+Python buffers them for that environment), default signal handlers, reseeded random
+generators, and what the preloaded libraries derived from the zygote's environment and
+streams at import derived again from its own (:mod:`agentd.preload.import_state`).
+``__main__``, ``__file__``, ``sys.argv`` and ``sys.path[0]`` are what the command line
+gives. At the end, non-daemon threads are joined, ``atexit`` handlers run and
 the streams are flushed, with Python's exit status (an uncaught ``KeyboardInterrupt`` ends
 by SIGINT, as it does in Python).
 """
@@ -24,6 +26,8 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from agentd.preload import import_state
 
 Compiled = Callable[[str], types.CodeType | None]
 """The script's code object compiled ahead, for its absolute path (None: compile it now)."""
@@ -187,8 +191,10 @@ def _take_on(request: ForkRequest, fds: Sequence[int]) -> None:
     for name in request.unset_env:
         os.environ.pop(name, None)
     os.environ.update(request.set_env)
+    zygote_streams = {"stdout": sys.stdout, "stderr": sys.stderr}
     _fresh_std_streams()
     _reseed()
+    import_state.rederive(zygote_streams)
     show_command_line(request.argv)
 
 

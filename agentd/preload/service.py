@@ -9,7 +9,10 @@ every later attempt forks from it.
 
 A zygote that dies is replaced at once (with a warning), so the next attempt is warm
 again. A preload that cannot work (a module fails to import, CUDA initialized at import)
-is a configuration error: the attempt fails with it, never falling back to spawn.
+is a configuration error: the attempt fails with it, never falling back to spawn. A
+preload that read a variable each worker sets for itself at import (the zygote reports it
+with its ``ready``: :mod:`agentd.preload.import_state`) is not: ``--preload auto`` spawns
+the workers instead, with a warning; a ``--preload`` given is warned about and kept.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class PreloadService:
         self.zygote: Zygote | None = None
         self.zygotes_started = 0
         self._replacing: asyncio.Task[None] | None = None
+        self._judged: Zygote | None = None
+        """The zygote whose preload's reads of the workers' variables were judged."""
 
     @property
     def forks(self) -> bool:
@@ -93,13 +98,46 @@ class PreloadService:
 
     async def ready(self) -> None:
         """Wait until a worker can be forked at once: a live zygote whose preload is done
-        (ConfigError or StartError when it cannot be)."""
+        (ConfigError or StartError when it cannot be). Where ``auto``'s preload read a
+        variable of a worker's own, the zygote is stopped instead and :attr:`forks` is
+        False from then on: ask it again after this."""
         if self._replacing is not None:
             await asyncio.shield(self._replacing)
         if self.zygote is None or not self.zygote.alive:
             await self._start_zygote()
-        assert self.zygote is not None
-        await self.zygote.ready()
+        zygote = self.zygote
+        assert zygote is not None
+        info = await zygote.ready()
+        if info.get("worker_reads") and zygote is not self._judged:
+            self._judged = zygote
+            await self._read_at_import(zygote, info["worker_reads"])
+
+    async def _read_at_import(self, zygote: Zygote, reads: dict[str, list[str]]) -> None:
+        """The preload read variables each worker sets for itself: under ``auto``, the
+        workers are spawned from now on (the zygote stops); an explicit ``--preload`` is
+        kept, with a warning."""
+        what = "; ".join(
+            f"importing {name} read {', '.join(names)}" for name, names in reads.items()
+        )
+        role, pid = self._spec.role, zygote.pid
+        if self._spec.preload_is_auto:
+            log.warning(
+                "[%s] Zygote pid %s: %s, which each worker sets for itself; spawning the "
+                "workers instead (auto), so that each import reads its own",
+                role,
+                pid,
+                what,
+            )
+            await self.stop()
+            return
+        log.warning(
+            "[%s] Zygote pid %s: %s, which each worker sets for itself; a forked worker "
+            "keeps what that import made of the zygote's environment (--preload given: "
+            "forking anyway)",
+            role,
+            pid,
+            what,
+        )
 
     async def spawn(self, local_rank: int, *launch: Any) -> ZygoteWorker:
         """Fork one worker; ``launch`` is the rest of

@@ -5,9 +5,10 @@
 ``FD`` being its end of the control channel (:mod:`agentd.preload.wire`). It sets
 ``sys.path[0]`` to ``PATH0`` (what the workers will have), imports the modules, refuses
 to go on when that started a CUDA context (a forked child cannot use its parent's), and
-says ``ready`` with the threads alive (fork copies only the calling one). Then it only
-forks: the zygote itself never runs user code, so every worker is a fork of the same
-pristine process, and it keeps ``SPARES`` children forked ahead of the requests, one per
+says ``ready`` with the threads alive (fork copies only the calling one) and the
+variables of a worker's own that each module read at import (:mod:`.import_state`). Then
+it only forks: the zygote itself never runs user code, so every worker is a fork of the
+same pristine process, and it keeps ``SPARES`` children forked ahead of the requests, one per
 slot, which compile ``SCRIPT`` (``-`` for none: the job runs a module) while they wait,
 and with ``:cuda`` initialise CUDA on their slot's device (:mod:`agentd.preload.spare`).
 It reaps its workers and reports each wait status; it exits when the agent closes the channel.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from agentd.hygiene.orphans import set_parent_death_signal
-from agentd.preload import child, spare, wire
+from agentd.preload import child, import_state, spare, wire
 
 
 def import_problem(name: str, exc: BaseException) -> str:
@@ -79,9 +80,11 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
     """Import ``modules``; tell the agent ready or failed."""
     sys.path[0] = path0
     began = time.monotonic()
+    reads: dict[str, set[str]] = {}
     for name in modules:
         try:
-            importlib.import_module(name)
+            with import_state.environment_reads() as reads[name]:
+                importlib.import_module(name)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt at import too
             wire.send(sock, {"failed": import_problem(name, exc)})
             return False
@@ -97,6 +100,11 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
             "modules": modules,
             "seconds": round(time.monotonic() - began, 6),
             "threads": live_threads(),
+            "worker_reads": {
+                name: unshared
+                for name, read in reads.items()
+                if (unshared := import_state.unshared_reads(read))
+            },
         },
     )
     return True

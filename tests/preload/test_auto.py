@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agentd.preload.auto import SAFE, choose
+from agentd.preload.auto import choose
 
 HAS_NUMPY = importlib.util.find_spec("numpy") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None
 
 
 def script(tmp_path: Path, source: str, name: str = "train.py") -> str:
@@ -48,6 +49,20 @@ def test_torch_comes_first_whatever_the_order(tmp_path):
     assert chosen.modules == ("torch", "numpy")
 
 
+@pytest.mark.skipif(not (HAS_LIGHTNING and HAS_TORCH), reason="needs torch and lightning")
+@pytest.mark.parametrize(
+    ("source", "modules"),
+    [
+        ("import lightning as L\nimport torch\n", ("torch", "lightning")),
+        ("import os\nfrom lightning.pytorch import Trainer\n", ("lightning",)),
+    ],
+)
+def test_lightning_is_preloaded_after_torch(tmp_path, source, modules):
+    """Its import reads the rank, which each forked worker derives again from its own."""
+    chosen = choose("script", script(tmp_path, source), str(tmp_path))
+    assert chosen.modules == modules
+
+
 @pytest.mark.parametrize(
     "source",
     [
@@ -61,7 +76,7 @@ def test_torch_comes_first_whatever_the_order(tmp_path):
 def test_a_script_that_imports_no_library_is_forked_from_a_bare_zygote(tmp_path, source):
     chosen = choose("script", script(tmp_path, source), str(tmp_path))
     assert chosen.modules == ()
-    assert chosen.reason == "train.py imports none of " + ", ".join(SAFE)
+    assert chosen.reason == "train.py imports none of torch, numpy, Lightning"
 
 
 @pytest.mark.parametrize(
