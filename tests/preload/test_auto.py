@@ -49,6 +49,30 @@ def test_torch_comes_first_whatever_the_order(tmp_path):
     assert chosen.modules == ("torch", "numpy")
 
 
+@pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
+@pytest.mark.parametrize(
+    ("source", "after"),
+    [
+        ("import numpy\nnumpy.seterr(all='ignore')\nimport torch\n", "train.py:2 runs `numpy"),
+        (
+            "import os\nimport numpy\nos.environ['TORCH_LOGS'] = '+dynamo'\nimport lightning\n",
+            "train.py:3 changes the environment",
+        ),
+        ("import numpy\nfrom model import Net\nimport torch\n", "model.py:3 runs `seed()`"),
+    ],
+)
+def test_a_library_imported_after_the_process_may_have_changed_is_not_preloaded(
+    tmp_path, source, after
+):
+    """The worker imports it in a process the script changed (its environment, a seed, a
+    setting): the zygote's import would not have seen that. Those before are preloaded."""
+    script(tmp_path, "import random\nseed = random.seed\nseed()\n", "model.py")
+    chosen = choose("script", script(tmp_path, source), str(tmp_path))
+    assert chosen.modules == ("numpy",)
+    later = "torch" if "torch" in source else "lightning"
+    assert chosen.reason.startswith(f"train.py imports numpy; {later} only after {after}")
+
+
 @pytest.mark.skipif(not (HAS_LIGHTNING and HAS_TORCH), reason="needs torch and lightning")
 @pytest.mark.parametrize(
     ("source", "modules"),
