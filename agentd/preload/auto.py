@@ -37,13 +37,33 @@ from collections.abc import Iterator
 from importlib.machinery import PathFinder
 from typing import NamedTuple
 
-from agentd.preload.source_reading import Reader, display, own_files, parse
-
 SAFE = ("torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric")
 """The libraries ``auto`` preloads, in import order (torch first: it imports numpy, and
 Lightning imports torch)."""
 SAFE_NAMED = "torch, numpy, Lightning"
 """:data:`SAFE` as the start line names it."""
+
+
+INERT = frozenset(
+    {
+        "__future__", "abc", "argparse", "array", "ast", "asyncio", "atexit", "base64",
+        "binascii", "bisect", "builtins", "bz2", "calendar", "cmath", "codecs", "collections",
+        "colorsys", "concurrent", "contextlib", "contextvars", "copy", "csv", "ctypes",
+        "dataclasses", "datetime", "decimal", "difflib", "dis", "enum", "errno", "faulthandler",
+        "fnmatch", "fractions", "functools", "gc", "getopt", "getpass", "glob", "graphlib",
+        "gzip", "hashlib", "heapq", "hmac", "http", "importlib", "inspect", "io", "ipaddress",
+        "itertools", "json", "keyword", "linecache", "locale", "logging", "lzma", "math",
+        "mmap", "multiprocessing", "numbers", "operator", "optparse", "os", "pathlib", "pickle",
+        "platform", "pprint", "queue", "random", "re", "resource", "runpy", "secrets",
+        "selectors", "shelve", "shlex", "shutil", "signal", "socket", "sqlite3", "stat",
+        "statistics", "string", "struct", "subprocess", "sys", "sysconfig", "tarfile",
+        "tempfile", "textwrap", "threading", "time", "timeit", "tokenize", "traceback", "types",
+        "typing", "typing_extensions", "urllib", "uuid", "warnings", "weakref", "zipfile",
+        "zlib",
+    }
+)  # fmt: skip
+"""Modules whose import leaves the process as it found it (no environment, path, signal,
+thread or library state changed): importing them before the library keeps the fork."""
 
 
 class AutoPreload(NamedTuple):
@@ -77,13 +97,22 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
     if source is None:
         return AutoPreload(None, f"{name}: source not found")
     try:
-        tree = parse(source)
+        with open(source, "rb") as fp:
+            tree = ast.parse(fp.read(), source)
     except (OSError, SyntaxError, ValueError) as exc:
         return AutoPreload(None, f"cannot read {name}: {type(exc).__name__}")
     found: list[str] = []
+    imports_only_inert = not first
     for node in _module_level(tree.body):
-        found.extend(t for t in _imported(node) if t in SAFE and t not in found)
-    reader = Reader(path0, SAFE)
+        tops = _imported(node)
+        found.extend(t for t in tops if t in SAFE and t not in found)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imports_only_inert &= bool(tops) and all(t in INERT for t in tops)
+    if imports_only_inert:  # none of the libraries, nor a module of the job's to read
+        return AutoPreload((), f"{name} imports none of {SAFE_NAMED}")
+    from agentd.preload.source_reading import Reader, display
+
+    reader = Reader(path0, SAFE, INERT)
     for init in first:
         reader.scan_file(init, display(init, cwd))
     reader.scan(tree, name)
@@ -108,6 +137,8 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
 
 def _package_inits(target: str, cwd: str) -> list[str]:
     """The ``__init__`` files ``python -m target`` runs before the module itself."""
+    from agentd.preload.source_reading import own_files
+
     inits = own_files(target, cwd)
     source = _module_source(target, cwd)
     return [path for path in inits if path != source]

@@ -5,10 +5,11 @@ libraries it imports before anything that may change the process (see
 A statement keeps the reading going when it is a docstring, a constant, a definition (a
 function without decorators, an assignment of constants), an ``if`` whose test calls
 nothing or a ``try`` (their blocks are read), an import of a module known to leave the
-process as it found it (:data:`INERT`), an import of a library the reader collects, or an
-import of the job's own module (found in its folder), read the same way. Anything else
-stops it: a call (a helper that sets the environment, ``exec``, ``site.addsitedir``), a
-write to ``os.environ`` or ``sys.path`` under any alias, an import of another library.
+process as it found it (``auto``'s :data:`~agentd.preload.auto.INERT`), an import of a
+library the reader collects, or an import of the job's own module (found in its folder),
+read the same way. Anything else stops it: a call (a helper that sets the environment,
+``exec``, ``site.addsitedir``), a write to ``os.environ`` or ``sys.path`` under any
+alias, an import of another library.
 """
 
 from __future__ import annotations
@@ -17,27 +18,6 @@ import ast
 import os
 from collections.abc import Collection, Mapping
 from importlib.machinery import PathFinder
-
-INERT = frozenset(
-    {
-        "__future__", "abc", "argparse", "array", "ast", "asyncio", "atexit", "base64",
-        "binascii", "bisect", "builtins", "bz2", "calendar", "cmath", "codecs", "collections",
-        "colorsys", "concurrent", "contextlib", "contextvars", "copy", "csv", "ctypes",
-        "dataclasses", "datetime", "decimal", "difflib", "dis", "enum", "errno", "faulthandler",
-        "fnmatch", "fractions", "functools", "gc", "getopt", "getpass", "glob", "graphlib",
-        "gzip", "hashlib", "heapq", "hmac", "http", "importlib", "inspect", "io", "ipaddress",
-        "itertools", "json", "keyword", "linecache", "locale", "logging", "lzma", "math",
-        "mmap", "multiprocessing", "numbers", "operator", "optparse", "os", "pathlib", "pickle",
-        "platform", "pprint", "queue", "random", "re", "resource", "runpy", "secrets",
-        "selectors", "shelve", "shlex", "shutil", "signal", "socket", "sqlite3", "stat",
-        "statistics", "string", "struct", "subprocess", "sys", "sysconfig", "tarfile",
-        "tempfile", "textwrap", "threading", "time", "timeit", "tokenize", "traceback", "types",
-        "typing", "typing_extensions", "urllib", "uuid", "warnings", "weakref", "zipfile",
-        "zlib",
-    }
-)  # fmt: skip
-"""Modules whose import leaves the process as it found it (no environment, path, signal,
-thread or library state changed): importing them before the library keeps the fork."""
 
 _WRITES = frozenset(
     {"setdefault", "update", "pop", "popitem", "clear", "insert", "append", "extend", "remove"}
@@ -51,13 +31,15 @@ _RUNS_CODE = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 
 class Reader:
     """Reads module-level code as Python would run it, following the job's own modules
-    (found in ``path0``), each file once: it collects the ``libraries`` imported
+    (found in ``path0``), each file once, imports of the ``inert`` modules passed over:
+    it collects the ``libraries`` imported
     (:attr:`reached`, in order) until the first statement that may change the process
     (:attr:`problem`), where it stops."""
 
-    def __init__(self, path0: str, libraries: Collection[str]) -> None:
+    def __init__(self, path0: str, libraries: Collection[str], inert: Collection[str]) -> None:
         self._path0 = path0
         self._libraries = libraries
+        self._inert = inert
         self._read: set[str] = set()
         self._aliases: dict[str, str] = {}
         """The current file's imported names -> what they were imported as."""
@@ -137,7 +119,7 @@ class Reader:
                 self.scan_file(path, display(path, self._path0))
             if self.problem is not None:
                 return
-            if not files and top not in INERT:
+            if not files and top not in self._inert:
                 self.problem = f"{where} imports {top} (not known to leave the process unchanged)"
                 return
 
