@@ -80,6 +80,17 @@ def unshared_reads(read: set[str]) -> list[str]:
     return sorted((read & WORKER_VARIABLES) - rederived())
 
 
+def varying(reads: Mapping[str, list[str]], virtual_local_rank: bool) -> dict[str, list[str]]:
+    """Of a zygote's report of :func:`unshared_reads` by module, the variables whose value
+    differs between a worker and the zygote: each worker's ``CUDA_VISIBLE_DEVICES`` is
+    the agent's (the zygote's), except with ``--virtual-local-rank``."""
+    found = {
+        module: [n for n in names if n != "CUDA_VISIBLE_DEVICES" or virtual_local_rank]
+        for module, names in reads.items()
+    }
+    return {module: names for module, names in found.items() if names}
+
+
 def rederive(zygote_streams: Mapping[str, Any]) -> None:
     """In a forked worker whose environment and ``sys.std*`` are its own now: redo what the
     preloaded libraries derived from the zygote's at import. ``zygote_streams`` maps

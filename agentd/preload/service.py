@@ -109,8 +109,12 @@ class PreloadService:
         assert zygote is not None
         info = await zygote.ready()
         if info.get("worker_reads") and zygote is not self._judged:
+            from agentd.preload.import_state import varying
+
             self._judged = zygote
-            await self._read_at_import(zygote, info["worker_reads"])
+            reads = varying(info["worker_reads"], self._spec.virtual_local_rank)
+            if reads:
+                await self._read_at_import(zygote, reads)
 
     async def _read_at_import(self, zygote: Zygote, reads: dict[str, list[str]]) -> None:
         """The preload read variables each worker sets for itself: under ``auto``, the

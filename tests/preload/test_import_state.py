@@ -90,3 +90,9 @@ def test_lightnings_rank_is_read_again_from_the_workers_own_variables(monkeypatc
     monkeypatch.setenv("RANK", "3")
     import_state.rederive({})
     assert rank_zero_only.rank == 3
+
+
+def test_cuda_visible_devices_read_at_import_varies_only_with_virtual_local_ranks():
+    reads = {"torch": ["CUDA_VISIBLE_DEVICES"], "lib": ["CUDA_VISIBLE_DEVICES", "RANK"]}
+    assert import_state.varying(reads, virtual_local_rank=False) == {"lib": ["RANK"]}
+    assert import_state.varying(reads, virtual_local_rank=True) == reads
