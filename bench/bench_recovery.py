@@ -2,7 +2,8 @@
 to first step), and crash -> every worker of the next attempt past its all-reduce.
 
     python bench/bench_recovery.py [--runs 5] [--nproc 4] [--model-mb 0] [--device cpu]
-        [--launchers agentd-inprocess,agentd,agentd-spawn,torchrun] [--lightning]
+        [--launchers agentd-inprocess,agentd,agentd-spawn,torchrun]
+        [--library lightning|transformers]
 
 Each run starts one launcher with NPROC gloo workers (``recovery_worker.py``: they import
 torch, join the process group and all-reduce); the first figure is the time from the
@@ -32,9 +33,10 @@ ratios. ``--model-mb N`` gives every worker a model of N MiB: the
 workers started anew read rank 0's checkpoint of it back; the in-process survivors keep
 theirs and hand it to the new rank. ``--device cuda`` puts the model on the GPU (the
 collectives stay gloo: on one GPU, NCCL allows one rank); the in-process checks then also
-want the survivors' CUDA memory unchanged. ``--lightning`` runs the same job from a
-script that imports Lightning first (``recovery_lightning_worker.py``; not with the
-in-process launchers): ``agentd`` then preloads Lightning too.
+want the survivors' CUDA memory unchanged. ``--library lightning`` runs the same job from
+a script that imports Lightning first, ``--library transformers`` from one that takes
+Hugging Face's ``Trainer`` after torch (``recovery_<library>_worker.py``; not with the
+in-process launchers): ``agentd`` then preloads that library too.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ from run_control import kill_marked
 WORKER = str(Path(__file__).with_name("recovery_worker.py"))
 MARK_ENV = "BENCH_RECOVERY_RUN"
 INPROCESS_WORKER = str(Path(__file__).with_name("recovery_inprocess_worker.py"))
-LIGHTNING_WORKER = str(Path(__file__).with_name("recovery_lightning_worker.py"))
+LIBRARY_WORKERS = {
+    library: str(Path(__file__).with_name(f"recovery_{library}_worker.py"))
+    for library in ("lightning", "transformers")
+}
+"""The job's script for ``--library``: it imports that library as its users' scripts do."""
 COMMANDS = {
     "agentd-inprocess-cuda-ipc": [
         *(sys.executable, "-m", "agentd", "run", "--preload", "torch", "--standby-cuda")
@@ -85,13 +91,13 @@ def run_once(
     timeout: float,
     model_mb: float,
     device: str = "cpu",
-    lightning: bool = False,
+    library: str | None = None,
 ) -> float | str:
     """Seconds from the crash to the last worker of attempt 1 past its all-reduce, or why
     the job did not recover (the launcher's exit and the last lines it wrote). The time
     to first step goes to :data:`FIRST_STEPS`."""
     inprocess = name.startswith("agentd-inprocess")
-    worker = INPROCESS_WORKER if inprocess else LIGHTNING_WORKER if lightning else WORKER
+    worker = INPROCESS_WORKER if inprocess else LIBRARY_WORKERS.get(library or "", WORKER)
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         argv = [
             *COMMANDS[name],
@@ -251,9 +257,10 @@ def main() -> None:
     parser.add_argument("--model-mb", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
     parser.add_argument(
-        "--lightning",
-        action="store_true",
-        help="the job's script imports Lightning first (not with the in-process launchers)",
+        "--library",
+        choices=sorted(LIBRARY_WORKERS),
+        help="the job's script imports this library as its users' do (not with the "
+        "in-process launchers)",
     )
     parser.add_argument(
         "--record",
@@ -264,12 +271,12 @@ def main() -> None:
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         sys.exit("bench_recovery needs torch (pip install torch==2.13.0)")
-    if args.lightning and importlib.util.find_spec("lightning") is None:
-        sys.exit("bench_recovery --lightning needs Lightning (pip install lightning)")
-    if args.lightning and ("inprocess" in args.launchers or args.record):
-        sys.exit("bench_recovery --lightning: not with the in-process launchers or --record")
+    if args.library and importlib.util.find_spec(args.library) is None:
+        sys.exit(f"bench_recovery --library {args.library}: not installed (pip install it)")
+    if args.library and ("inprocess" in args.launchers or args.record):
+        sys.exit("bench_recovery --library: not with the in-process launchers or --record")
     model = f", a {args.model_mb:g} MiB model" if args.model_mb else ""
-    model += ", a script that imports Lightning first" if args.lightning else ""
+    model += f", a script that imports {args.library}" if args.library else ""
     gpu = ""  # the GPU's name and torch's version, where the model is on one
     if args.device != "cpu":
         import torch
@@ -295,7 +302,7 @@ def main() -> None:
             if args.give_up_after and failed[name] >= args.give_up_after:
                 continue
             took = run_once(
-                name, args.nproc, args.timeout, args.model_mb, args.device, args.lightning
+                name, args.nproc, args.timeout, args.model_mb, args.device, args.library
             )
             if isinstance(took, str):
                 print(f"  {name}: run {run + 1} did not recover: {took}", flush=True)

@@ -249,8 +249,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
         "auto",
         "Fast starts and restarts: a zygote imports these modules once (comma-separated, "
         "e.g. torch) and forks every worker from them (empty: the first workers are "
-        "spawned, restarts forked); 'auto' preloads torch, numpy and Lightning when the "
-        "script imports them, and nothing when it imports none (docs/preload.md); 'off' "
+        "spawned, restarts forked); 'auto' preloads torch, numpy, Lightning and "
+        "transformers when the script imports them, and nothing when it imports none "
+        "(docs/preload.md); 'off' "
         "spawns each worker (--no-preload).",
         metavar="MODULES",
     ),

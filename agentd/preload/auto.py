@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from importlib.machinery import PathFinder
 from typing import NamedTuple
 
-SAFE = ("torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric")
+SAFE = ("torch", "numpy", "lightning", "pytorch_lightning", "lightning_fabric", "transformers")
 """The libraries ``auto`` preloads, in import order (torch first: it imports numpy, and
 Lightning imports torch)."""
-SAFE_NAMED = "torch, numpy, Lightning"
+SAFE_NAMED = "torch, numpy, Lightning, transformers"
 """:data:`SAFE` as the start line names it."""
 
 

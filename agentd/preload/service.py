@@ -176,7 +176,11 @@ class PreloadService:
     async def _announce(self, zygote: Zygote) -> None:
         """Log the zygote's preload once it is done (a failure is the first attempt's)."""
         info = await zygote.ready()
-        modules = ", ".join(info.get("modules", [])) or "nothing"
+        names = info.get("names") or {}
+        modules = ", ".join(
+            f"{m} ({', '.join(names[m])})" if names.get(m) else m for m in info.get("modules", [])
+        )
+        modules = modules or "nothing"
         log.info(
             "[%s] Zygote pid %s ready: preloaded %s in %.2fs",
             self._spec.role,

@@ -47,6 +47,9 @@ class Reader:
         """The libraries imported before :attr:`problem`, in order."""
         self.problem: str | None = None
         """The first statement that may change the process, as ``file:line what``."""
+        self.taken: dict[str, list[str]] = {}
+        """The names taken from a library itself before :attr:`problem` (``from
+        transformers import Trainer``: ``{"transformers": ["Trainer"]}``), in order."""
 
     def scan_file(self, path: str, display: str) -> None:
         """Read the file at ``path`` (``display`` names it in :attr:`problem`)."""
@@ -109,6 +112,9 @@ class Reader:
             if top in self._libraries:
                 if top not in self.reached:
                     self.reached.append(top)
+                if isinstance(node, ast.ImportFrom) and dotted == top:
+                    taken = self.taken.setdefault(top, [])
+                    taken += [a.name for a in node.names if a.name not in taken and a.name != "*"]
                 continue
             files = own_files(dotted, self._path0)
             if files and isinstance(node, ast.ImportFrom):  # submodules it names run too

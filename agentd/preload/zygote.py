@@ -6,7 +6,8 @@
 ``sys.path[0]`` to ``PATH0`` (what the workers will have), imports the modules, refuses
 to go on when that started a CUDA context (a forked child cannot use its parent's), and
 says ``ready`` with the threads alive (fork copies only the calling one) and the
-variables of a worker's own that each module read at import (:mod:`.import_state`). Then
+variables of a worker's own that each module read at import (:mod:`.import_state`), having
+looked up the names ``SCRIPT`` takes from them (:mod:`.taken_names`). Then
 it only forks: the zygote itself never runs user code, so every worker is a fork of the
 same pristine process, and it keeps ``SPARES`` children forked ahead of the requests, one per
 slot, which compile ``SCRIPT`` (``-`` for none: the job runs a module) while they wait,
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from agentd.hygiene.orphans import set_parent_death_signal
-from agentd.preload import child, import_state, spare, wire
+from agentd.preload import child, import_state, spare, taken_names, wire
 
 
 def import_problem(name: str, exc: BaseException) -> str:
@@ -76,15 +77,19 @@ def live_threads() -> list[str]:
     return names
 
 
-def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
-    """Import ``modules``; tell the agent ready or failed."""
+def preload(sock: socket.socket, path0: str, modules: list[str], script: str | None) -> bool:
+    """Import ``modules`` and the names ``script`` takes from them; tell the agent ready
+    or failed."""
     sys.path[0] = path0
     began = time.monotonic()
     reads: dict[str, set[str]] = {}
+    names = taken_names.taken(script, path0, modules) if modules else {}
+    looked_up: dict[str, list[str]] = {}
     for name in modules:
         try:
             with import_state.environment_reads() as reads[name]:
-                importlib.import_module(name)
+                module = importlib.import_module(name)
+                looked_up[name] = taken_names.look_up(module, names.get(name, ()))
         except BaseException as exc:  # SystemExit and KeyboardInterrupt at import too
             wire.send(sock, {"failed": import_problem(name, exc)})
             return False
@@ -98,6 +103,7 @@ def preload(sock: socket.socket, path0: str, modules: list[str]) -> bool:
             "ready": True,
             "pid": os.getpid(),
             "modules": modules,
+            "names": {name: found for name, found in looked_up.items() if found},
             "seconds": round(time.monotonic() - began, 6),
             "threads": live_threads(),
             "worker_reads": {
@@ -340,12 +346,12 @@ def main(argv: list[str]) -> int:
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
+    script = argv[4] if len(argv) > 4 and argv[4].strip() and argv[4] != "-" else None
     try:
-        if not preload(sock, argv[1], [m for m in argv[2].split(",") if m]):
+        if not preload(sock, argv[1], [m for m in argv[2].split(",") if m], script):
             return 2
     except (BrokenPipeError, ConnectionResetError):  # the agent stopped before our report
         return 0
-    script = argv[4] if len(argv) > 4 and argv[4].strip() and argv[4] != "-" else None
     return Zygote(sock, spares=int(spares), script=script, cuda=bool(cuda)).serve()
 
 

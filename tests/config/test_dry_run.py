@@ -35,7 +35,7 @@ def test_the_options_resolved_are_printed_as_a_config_file_and_nothing_starts(tm
     assert lines[0] == "# agentd run --dry-run: every check passed; nothing was started."
     assert lines[1] == (
         "# 2 worker(s), rendezvous agentd, first workers spawned, restarts forked from a bare "
-        "zygote (auto: worker.py imports none of torch, numpy, Lightning)"
+        "zygote (auto: worker.py imports none of torch, numpy, Lightning, transformers)"
     )  # the agent's own start line
     assert 'max_restarts = "1"  # AGENTD_MAX_RESTARTS' in lines
     assert 'node_check = "true\\ntest -d /"  # --node-check' in lines

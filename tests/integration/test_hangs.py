@@ -319,6 +319,8 @@ def test_the_hugging_face_callback_in_a_trainer_job(run_agentd, tmp_path):
     assert "trained" in agent.stdout()
     learned = samples(agent.log_dir)
     assert {"", "evaluate", "checkpoint"} <= set(learned)
+    # forked by default from a zygote that took the script's Trainer from transformers
+    assert re.search(r"preloaded torch, transformers \(Trainer\b", agent.stderr())
 
 
 def test_the_job_scripts_run_unchanged_without_agentd(tmp_path):

@@ -100,7 +100,7 @@ def test_lightning_is_preloaded_after_torch(tmp_path, source, modules):
 def test_a_script_that_imports_no_library_is_forked_from_a_bare_zygote(tmp_path, source):
     chosen = choose("script", script(tmp_path, source), str(tmp_path))
     assert chosen.modules == ()
-    assert chosen.reason == "train.py imports none of torch, numpy, Lightning"
+    assert chosen.reason == "train.py imports none of torch, numpy, Lightning, transformers"
 
 
 @pytest.mark.parametrize(
