@@ -114,9 +114,10 @@ def _lightning_rank_from(env: Mapping[str, str]) -> int:
     for name in LIGHTNING_RANK_VARIABLES:
         value = env.get(name)
         if value is not None:
-            with contextlib.suppress(ValueError):
+            try:
                 return int(value)
-            return 0
+            except ValueError:  # where Lightning's own import fails; agentd's ranks are ints
+                return 0
     return 0
 
 
