@@ -96,7 +96,7 @@ def choose(kind: str, target: str, cwd: str | None = None) -> AutoPreload:
         first = []
     if source is None:
         return AutoPreload(None, f"{name}: source not found")
-    try:
+    try:  # read here: the reader of the job's own modules loads only where there is one
         with open(source, "rb") as fp:
             tree = ast.parse(fp.read(), source)
     except (OSError, SyntaxError, ValueError) as exc:
