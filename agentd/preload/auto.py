@@ -46,7 +46,7 @@ SAFE_NAMED = "torch, numpy, Lightning, transformers"
 
 INERT = frozenset(
     {
-        "__future__", "abc", "argparse", "array", "ast", "asyncio", "atexit", "base64",
+        "__future__", "abc", "agentd", "argparse", "array", "ast", "asyncio", "atexit", "base64",
         "binascii", "bisect", "builtins", "bz2", "calendar", "cmath", "codecs", "collections",
         "colorsys", "concurrent", "contextlib", "contextvars", "copy", "csv", "ctypes",
         "dataclasses", "datetime", "decimal", "difflib", "dis", "enum", "errno", "faulthandler",
@@ -63,7 +63,10 @@ INERT = frozenset(
     }
 )  # fmt: skip
 """Modules whose import leaves the process as it found it (no environment, path, signal,
-thread or library state changed): importing them before the library keeps the fork."""
+thread or library state changed): importing them before the library keeps the fork.
+``agentd`` is one (its worker side opens nothing until first used: ``import agentd``, a
+heartbeat's, sorts before ``import torch``); its integrations import the library they
+serve, in the worker, after the zygote's."""
 
 
 class AutoPreload(NamedTuple):

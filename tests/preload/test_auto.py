@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -47,6 +48,38 @@ def test_a_safe_library_imported_at_module_level_is_preloaded(tmp_path, source):
 def test_torch_comes_first_whatever_the_order(tmp_path):
     chosen = choose("script", script(tmp_path, "import numpy\nimport torch.nn\n"), str(tmp_path))
     assert chosen.modules == ("torch", "numpy")
+
+
+@pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
+def test_agentds_own_imports_keep_the_fork_in_the_order_a_formatter_sorts_them(tmp_path):
+    """``import agentd`` (for ``agentd.heartbeat()``) sorts before ``import numpy`` or
+    ``import torch``: it used to make auto spawn the workers of the scripts it serves."""
+    source = "import agentd\nfrom agentd.integrations.lightning import HeartbeatCallback\n"
+    chosen = choose("script", script(tmp_path, source + "import numpy\n"), str(tmp_path))
+    assert chosen.modules == ("numpy",)
+
+
+def test_agentds_worker_side_leaves_the_process_as_it_found_it():
+    """What makes ``agentd`` inert for auto: importing its worker-side modules changes no
+    environment variable, path entry, signal handler or thread (each opens its channel to
+    the agent at first use)."""
+    code = textwrap.dedent(
+        """\
+        import os, signal, sys, threading
+        def state():
+            handlers = {s: signal.getsignal(s) for s in signal.valid_signals()
+                        if s not in (signal.SIGKILL, signal.SIGSTOP)}
+            return dict(os.environ), list(sys.path), handlers, threading.active_count()
+        before = state()
+        import agentd, agentd.heartbeats.client, agentd.drain.client, agentd.errors.record
+        agentd.heartbeat, agentd.section, agentd.record
+        print(state() == before)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout == "True\n", done.stderr
 
 
 @pytest.mark.skipif(not HAS_NUMPY, reason="needs numpy")
