@@ -32,9 +32,8 @@ _RUNS_CODE = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 class Reader:
     """Reads module-level code as Python would run it, following the job's own modules
     (found in ``path0``), each file once, imports of the ``inert`` modules passed over:
-    it collects the ``libraries`` imported
-    (:attr:`reached`, in order) until the first statement that may change the process
-    (:attr:`problem`), where it stops."""
+    it collects the ``libraries`` imported (:attr:`reached`, in order) until the first
+    statement that may change the process (:attr:`problem`), where it stops."""
 
     def __init__(self, path0: str, libraries: Collection[str], inert: Collection[str]) -> None:
         self._path0 = path0
