@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agentd.store.api import KeyEvent, StoreError, StoreFull, StoreTimeout, WatchResult
+from agentd.store.serving_clock import TICK, ServingClock
 from agentd.store.watch_index import PrefixIndex, Wakeups
 
 DEFAULT_HISTORY = 1 << 17
@@ -36,44 +37,7 @@ _EVENT_OVERHEAD = 64
 """What one event or item costs beyond its key and value, roughly (so empty values count)."""
 EXPIRY_ROUNDING = 1e-6
 """Seconds early a TTL key may expire: far below any TTL, far above a float's rounding."""
-STALL = 2.0
-"""The most serving time one gap between two readings of the clock may count."""
-TICK = 1.0
-"""While TTL keys exist, the clock is read this often, so only a stall makes a long gap."""
-
 log = logging.getLogger(__name__)
-
-
-class ServingClock:
-    """Seconds the store has been serving: ``clock`` time, except that a gap of more than
-    ``stall`` seconds between two readings (the process was frozen, or the loop starved)
-    counts as ``stall``. The store reads it at least every :data:`TICK` while it has TTL
-    keys, so a longer gap can only be a stall."""
-
-    def __init__(
-        self,
-        clock: Callable[[], float] = time.monotonic,
-        stall: float = STALL,
-        on_stall: Callable[[float], None] | None = None,
-    ) -> None:
-        self._clock = clock
-        self._stall = stall
-        self._on_stall = on_stall
-        self._last = clock()
-        self._serving = 0.0
-        self.stalled = 0.0
-        """Seconds left uncounted so far."""
-
-    def __call__(self) -> float:
-        now = self._clock()
-        step, self._last = now - self._last, now
-        if step > self._stall:
-            self.stalled += step - self._stall
-            if self._on_stall is not None:
-                self._on_stall(step)
-            step = self._stall
-        self._serving += max(0.0, step)
-        return self._serving
 
 
 def _size(key: str, value: bytes | None) -> int:
