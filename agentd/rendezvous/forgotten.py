@@ -19,8 +19,12 @@ accounted for: back in this round (``round/<g>/back/<G>``) or gone for good
 (``round/<G>/gone``, which a killed agent's guardian writes in the new store). A member
 that never comes back costs the others one lease; one that does costs nothing.
 
-What it cannot cover: nodes that never saw the old round's seal and fill a round of the
-new store before any member reaches it (they know nothing to fence).
+Nodes that never saw the old round's seal, and fill a round of the new store before any
+member reaches it, know nothing to fence. A standalone store started again on its port
+tells them itself how long ago it last held leases (:mod:`agentd.store.amnesia`): their
+first round waits until a lease of that time can have ended, or a member comes back with
+the fence. A store restarted with no record of its own (another machine, another boot)
+is as new.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import NamedTuple
 
 from agentd.rendezvous.accounting import FENCE, FINISHED, MEMBERS, Carried
 from agentd.rendezvous.keys import RunKeys
+from agentd.store import amnesia
 from agentd.store.api import Store
 from agentd.store.contact import CUT_OFF
 
@@ -115,20 +120,46 @@ async def remember(
     await store.compare_set(fenced, None, b"1", present=[keys.forgotten])
 
 
-async def hold(store: Store, keys: RunKeys, run_id: str, generation: int) -> bytes | None:
+async def hold(
+    store: Store, keys: RunKeys, run_id: str, generation: int, ttl: float
+) -> bytes | None:
     """S1: before round ``generation`` is sealed in a store that forgot the run, wait
-    while its fence lives and a member of the forgotten round is unaccounted for.
+    while its fence lives and a member of the forgotten round is unaccounted for; in a
+    store that says it restarted (:mod:`agentd.store.amnesia`) with no fence of the run's
+    yet, while a lease of the heartbeat TTL ``ttl`` its previous self granted may live.
     Returns the round's ``sealed`` value if another agent sealed or ended it meanwhile
     (None: seal it)."""
     sealed_key = keys.round(generation, "sealed")
     waited = False
+    until: float | None = None  # loop time until which the store's word holds the seal
+    loop = asyncio.get_running_loop()
     while True:
-        sealed, raw = await store.multi_get([sealed_key, keys.forgotten])
+        sealed, raw, word = await store.multi_get([sealed_key, keys.forgotten, amnesia.KEY])
         if sealed is not None:
             return sealed
         forgotten = Forgotten.decode(raw) if raw is not None else None
         if forgotten is None:
-            return None
+            ago = amnesia.read_word(word)
+            if ago is None:
+                return None
+            # each reading errs late (the word is up to EVERY old): the earliest end holds
+            end = loop.time() - ago + amnesia.EVERY + lifetime(ttl)
+            until = end if until is None else min(until, end)
+            if loop.time() >= until:
+                return None
+            if not waited:
+                waited = True
+                log.info(
+                    "Rendezvous %s: the store says it restarted, forgetting leases it "
+                    "held %.1fs ago, and knows no round of the run; round %d waits %.1fs "
+                    "for those leases to end, or for a member of the last round",
+                    run_id,
+                    ago,
+                    generation,
+                    until - loop.time(),
+                )
+            await asyncio.sleep(CHECK)
+            continue
         back, gone, finished = await store.multi_get(
             [
                 keys.round(generation, f"back/{forgotten.generation}"),

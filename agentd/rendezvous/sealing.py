@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
+from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.exclusions import exclusions_of
 from agentd.rendezvous.summary import decode, encode, summarize
 from agentd.store.api import StoreError, StoreTimeout
 
 if TYPE_CHECKING:
     from agentd.rendezvous.keys import RunKeys
+    from agentd.rendezvous.membership import Membership
     from agentd.rendezvous.round import Round, RoundSettings
     from agentd.store.api import Store
 
@@ -38,6 +40,7 @@ class Sealing:
     _store: Store
     _keys: RunKeys
     _settings: RoundSettings
+    _membership: Membership | None
     carried: Carried | None
     _node: dict[str, object]
     finished_peers: tuple[int, frozenset[str]] = (-1, frozenset())
@@ -173,7 +176,9 @@ class Sealing:
         store, keys = self._store, self._keys
         last = await self._last_sealed(generation)  # (generation, size): two reads at most
         if last is None:  # the store's first seal: it may have forgotten a round (S1)
-            held = await forgotten.hold(store, keys, self._run_id, generation)
+            membership = self._membership
+            ttl = membership.ttl if membership is not None else RendezvousSettings().heartbeat_ttl
+            held = await forgotten.hold(store, keys, self._run_id, generation, ttl)
             if held is not None:
                 return held
         sealed_key = keys.round(generation, "sealed")

@@ -93,6 +93,12 @@ class MemoryStore:
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._armed_for = 0.0
         """The expiry time (on the store's clock) the timer is armed for."""
+        self.longest_ttl = 0.0
+        """The longest TTL a write or refresh granted since the store last held no TTL key
+        (:mod:`agentd.store.amnesia`: how long a lease it granted may outlive it)."""
+        self.on_first_ttl_key: Callable[[], None] | None = None
+        """Called as a TTL key is written while none was held, before the write answers
+        (the store's lease record is written then, not a tick later)."""
 
     # -- reads and writes --------------------------------------------------------------------
 
@@ -143,6 +149,7 @@ class MemoryStore:
         if item is None:
             return False
         item.expires_at = self._clock() + ttl
+        self.longest_ttl = max(self.longest_ttl, ttl)
         heapq.heappush(self._expiries, (item.expires_at, key))
         self._schedule_expiry()
         return True
@@ -195,6 +202,11 @@ class MemoryStore:
     def restore(self, items: Sequence[tuple[str, bytes, float | None]]) -> None:
         for key, value, ttl in items:
             self._put(key, value, ttl)
+
+    @property
+    def holds_ttl_keys(self) -> bool:
+        """Whether a TTL key may be live (one expired but not yet dropped counts)."""
+        return bool(self._expiries)
 
     @property
     def waiting(self) -> int:
@@ -275,7 +287,11 @@ class MemoryStore:
         self._items[key] = _Item(value, self._revision, expires_at)
         self._record(KeyEvent(key, value, self._revision))
         if expires_at is not None:
+            self.longest_ttl = max(self.longest_ttl, ttl or 0.0)
+            first = not self._expiries
             heapq.heappush(self._expiries, (expires_at, key))
+            if first and self.on_first_ttl_key is not None:
+                self.on_first_ttl_key()
             self._schedule_expiry()
         return self._revision
 
@@ -329,7 +345,9 @@ class MemoryStore:
         if timer is not None:  # (a heartbeat's renewal moves no timer: one set, no timers)
             timer.cancel()
             self._expiry_timer = None
-        if self._expiries:
+        if not self._expiries:
+            self.longest_ttl = 0.0
+        else:
             at = self._armed_for = self._expiries[0][0]
             self._expiry_timer = loop.call_at(
                 loop.time() + max(0.0, at - self._clock()), self._on_expiry_timer

@@ -8,7 +8,8 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from agentd.exceptions import ConfigError
+from agentd.exceptions import ConfigError, StartError
+from agentd.store import amnesia
 from agentd.store.candidacy import Candidacy
 from agentd.store.candidates import parse_candidates
 from agentd.store.server import StoreServer
@@ -44,6 +45,7 @@ async def serve(
     server = StoreServer(host, port, token, max_connections=cap, candidacy=candidacy, tls=tls)
     received: list[int] = []
     stopped = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
 
     def on_signal(signum: int) -> None:  # only records intent; the flow below stops
         received.append(signum)
@@ -54,6 +56,8 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await server.start("--port", "--host")
+        if candidacy is None:  # a candidate's successor inherits the state instead
+            tasks = _remember_leases(server)
         gc.freeze()  # what the start made lives as long as the store: never scan it again
         log.info("Store: serving on %s's event loop", fast_loop.loop_name(loop))
         if candidacy is not None:
@@ -63,9 +67,34 @@ async def serve(
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+        for task in tasks:
+            task.cancel()
         await server.stop()
     log.info("Store stopped by %s", signal.Signals(signum).name)
     return 128 + signum
+
+
+def _remember_leases(server: StoreServer) -> list[asyncio.Task[None]]:
+    """A single store's lease record, and its word to new nodes where its previous self
+    on this port may have left leases behind (:mod:`agentd.store.amnesia`)."""
+    try:
+        record = amnesia.AliveRecord.for_port(server.port)
+    except StartError as exc:
+        log.warning("Store: keeps no lease record: %s", exc)
+        return []
+    tasks = [asyncio.create_task(record.keep(server.store), name="store-record")]
+    forgot = record.load()
+    if forgot is not None and forgot.worth_telling:
+        log.warning(
+            "Store: started again on port %d %.1fs after its previous self last held leases "
+            "(TTLs up to %gs): it tells agents so, and a new round waits until those leases "
+            "have ended or their members are back",
+            server.port,
+            forgot.ago,
+            forgot.ttl,
+        )
+        tasks.append(asyncio.create_task(amnesia.tell(server.store, forgot), name="store-word"))
+    return tasks
 
 
 def served_tls(cacert: str | None, cert: str | None, key: str | None) -> StoreTls | None:

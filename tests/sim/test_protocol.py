@@ -20,6 +20,7 @@ import pytest
 from agentd.rendezvous import barrier_state, exit_barrier
 from agentd.rendezvous.barrier_leases import SuccessorLeases
 from agentd.rendezvous.round_watch import RoundWatch
+from agentd.store import amnesia
 from tests.sim import world
 from tests.sim.clock import START, Owner, run, spawn
 from tests.sim.world import (
@@ -537,3 +538,49 @@ def test_a_leave_after_a_peer_closed_the_run_as_succeeded_is_not_judged_a_stall(
     schedule = schedule_for(975, kinds, False)
     assert [f.kind for f in schedule.faults if f.target == 2][:2] == ["finish", "partition"]
     assert simulate(schedule).violations == []
+
+
+@pytest.mark.parametrize(
+    "seed, min_nodes, faults",
+    [
+        pytest.param(
+            3096,
+            2,
+            (
+                Fault(1.582, "join", 2),
+                Fault(1.582, "join", 3),
+                Fault(1.582, "restart_store", -1, 13.551),
+            ),
+            id="3096-new-nodes-as-it-restarts",
+        ),
+        pytest.param(
+            7280,
+            1,
+            (
+                Fault(11.096, "partition", 1, 11.696),
+                Fault(11.206, "restart", 0, 1.483),
+                Fault(11.206, "restart_store", -1, 8.661),
+                Fault(20.127, "join", 3),
+            ),
+            id="7280-a-member-cut-off-meanwhile",
+        ),
+    ],
+)
+def test_new_nodes_at_a_store_restarted_empty_wait_for_the_leases_it_granted(
+    monkeypatch, seed, min_nodes, faults
+):
+    """Seeds 3096 and 7280, shrunk: the store restarts empty while a round's workers run,
+    and new nodes reach it before any member of that round (3096: in the same instant;
+    7280: 9 s later, the one member left cut off all that time). They knew no round to
+    fence and sealed one there at once, beside the old workers (S1). The store now tells
+    them how long ago its previous self held leases (``agentd.store.amnesia``), and their
+    first round waits until a lease of that time has ended, or a member is back."""
+    outcome = simulate(Schedule(seed, 2, min_nodes, 2, faults))
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(amnesia, "tell", _says_nothing)
+    [violation] = simulate(Schedule(seed, 2, min_nodes, 2, faults)).violations
+    assert violation.startswith("S1"), violation
+
+
+async def _says_nothing(*args: object, **kwargs: object) -> None:
+    """A restarted store that tells its clients nothing (the code before)."""

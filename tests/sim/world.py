@@ -84,6 +84,7 @@ from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.release import release
 from agentd.rendezvous.sealing import ENDED
 from agentd.rendezvous.summary import decode
+from agentd.store import amnesia
 from agentd.store.api import StoreError, StoreOutcomeUnknown, StoreUnavailable, WatchResult
 from agentd.store.connect import OpenedStore
 from agentd.store.memory import MemoryStore
@@ -234,11 +235,17 @@ class StoreHost:
         self._loop.resume(self.owner)
 
     def restart(self) -> None:
-        """A new, empty store: the old one's work in flight is lost with it."""
+        """A new, empty store: the old one's work in flight is lost with it. As
+        ``agentd store`` started again on its port, it tells its clients that its previous
+        self held leases until now (``agentd.store.amnesia``; its record is exact here,
+        where the server's is up to a second old)."""
         self.owner.dead = True
         self.epoch += 1
         self.owner = Owner(f"store#{self.epoch}")
-        self.store = MemoryStore(clock=self._loop.time)
+        old, self.store = self.store, MemoryStore(clock=self._loop.time)
+        if old.holds_ttl_keys:
+            forgot = amnesia.Forgot(0.0, old.longest_ttl)
+            spawn(self.owner, amnesia.tell(self.store, forgot, self._loop.time), "store-word")
         self.restarted.set()
         self.restarted = asyncio.Event()
 
