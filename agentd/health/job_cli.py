@@ -2,7 +2,8 @@
 print it for people (:mod:`agentd.jobview.table`) or scripts (``--json``), once or
 redrawn in place every few seconds (``--watch``).
 
-A watch goes on until the agent's run ends (it draws the final view and exits 0: the
+A watch started before its agent answers (the job just launched) waits for it, saying
+so, until Ctrl-C. It goes on until the agent's run ends (it draws the final view and exits 0: the
 agent's end waits for it, :class:`agentd.support.followers.Followers`), until the agent
 stops answering without an end (killed, its host lost: exit 3, the last view left on the
 screen) or until interrupted. The store not answering the view (a failover) is said on
@@ -34,6 +35,7 @@ def run(base: str, as_json: bool, watch: float | None, timeout: float, cacert: s
         return 2
     headers = {FOLLOW_HEADER: f"{watch:g}"} if watch is not None else None
     shown = ""  # the last view drawn
+    waiting = ""  # when a watch began to wait for an agent that never answered yet
     while True:
         try:
             code, body = fetch(base + "/job", timeout, cacert, headers)
@@ -49,8 +51,17 @@ def run(base: str, as_json: bool, watch: float | None, timeout: float, cacert: s
                     f"agentd: error: the agent at {base} stopped answering at "
                     f"{time.strftime('%H:%M:%S')} {why} The view above is the last it gave\n"
                 )
-            else:
-                sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
+                return 3
+            if watch is not None:  # started before its agent, or before it listens: wait
+                waiting = waiting or time.strftime("%H:%M:%S")
+                sys.stdout.write(
+                    f"{CLEAR}{time.strftime('%H:%M:%S')}  {base}/job\n\nwaiting since "
+                    f"{waiting} for the agent to answer ({reason}); Ctrl-C to stop\n"
+                )
+                sys.stdout.flush()
+                if _slept(watch):
+                    continue
+            sys.stderr.write(f"agentd: error: cannot reach the agent at {base}: {reason}\n")
             return 3
         doc = _json(body)
         if code == 503 and watch is not None and doc is not None:  # the store: ask again
@@ -69,10 +80,17 @@ def run(base: str, as_json: bool, watch: float | None, timeout: float, cacert: s
         sys.stdout.flush()
         if code == 200 and doc.get("ended"):
             return 0
-        try:
-            time.sleep(watch)
-        except KeyboardInterrupt:
+        if not _slept(watch):
             return 0
+
+
+def _slept(seconds: float) -> bool:
+    """Sleep ``seconds``; False where Ctrl-C ended the sleep."""
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        return False
+    return True
 
 
 def _json(body: bytes) -> dict[str, Any] | None:

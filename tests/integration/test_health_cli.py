@@ -252,3 +252,31 @@ def test_a_watch_ends_with_the_job(run_agentd, tmp_path, end):
         if watch.poll() is None:
             watch.kill()
             watch.wait()
+
+
+def test_a_watch_started_before_its_agent_waits_for_it(run_agentd, tmp_path):
+    """``agentd status --job --watch`` typed as the job is launched, before its agent
+    listens: it says it waits, then draws the job once the agent answers, to its end. It
+    used to exit 3 at once (``cannot reach the agent``)."""
+    from tests.conftest import free_port
+
+    port, stop = free_port(), tmp_path / "stop"
+    url = f"http://127.0.0.1:{port}"
+    screen, errors = tmp_path / "watch.out", tmp_path / "watch.err"
+    argv = [sys.executable, "-m", "agentd", "status", "--job", "--watch", "0.2", "--url", url]
+    with open(screen, "wb") as out, open(errors, "wb") as err:
+        watch = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: b"for the agent to answer" in screen.read_bytes(), what="its wait")
+        assert watch.poll() is None, errors.read_text()
+        agent = run_agentd("--health-port", str(port), WORKER, "member", "--stop-file", str(stop))
+        wait_until(lambda: b"HEALTHY" in screen.read_bytes(), what="the watch's first view")
+        stop.touch()
+        assert agent.wait() == 0
+        assert watch.wait(timeout=30) == 0, errors.read_text()
+        assert "SUCCEEDED" in screen.read_text().rsplit("\x1b[2J", 1)[1]
+        assert errors.read_text() == ""
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
