@@ -73,6 +73,7 @@ class Forgot(NamedTuple):
 
 
 def word(ago: float) -> bytes:
+    """The value of :data:`KEY` that says ``ago`` seconds."""
     return json.dumps({"ago": round(ago, 3)}).encode()
 
 
