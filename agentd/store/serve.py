@@ -82,8 +82,8 @@ def _remember_leases(server: StoreServer) -> list[asyncio.Task[None]]:
     except StartError as exc:
         log.warning("Store: keeps no lease record: %s", exc)
         return []
+    forgot = record.load()  # the previous self's, before this one writes its own
     tasks = [asyncio.create_task(record.keep(server.store), name="store-record")]
-    forgot = record.load()
     if forgot is not None and forgot.worth_telling:
         log.warning(
             "Store: started again on port %d %.1fs after its previous self last held leases "
