@@ -221,12 +221,40 @@ def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS, failover: bool = Fal
 class StoreHost:
     """The store's process: a :class:`MemoryStore` on the virtual clock."""
 
-    def __init__(self, loop: VirtualLoop) -> None:
+    def __init__(self, loop: VirtualLoop, records: bool = False) -> None:
         self._loop = loop
         self.epoch = 0
         self.owner = Owner("store")
         self.store = MemoryStore(clock=loop.time)
         self.restarted = asyncio.Event()
+        self._records = records
+        self.alive: tuple[float, float] | None = None
+        """The host's copy of ``agentd store``'s lease record (``amnesia.AliveRecord``):
+        when a store last noted that it held TTL keys, and their longest TTL. Kept where
+        the schedule restarts the store (``records``)."""
+        if records:
+            self._keep_record()
+
+    def _keep_record(self) -> None:
+        """As ``AliveRecord.keep``: noted as the first TTL key is written and every
+        second after (so, as the server's, up to a second old at a crash), by the store's
+        process (frozen with it, gone with it); dropped once it holds none."""
+        store, kept = self.store, False
+
+        def note() -> None:
+            nonlocal kept
+            if store.holds_ttl_keys:
+                self.alive, kept = (self._loop.time(), store.longest_ttl), True
+            elif kept:
+                self.alive, kept = None, False
+
+        async def keep() -> None:
+            while True:
+                note()
+                await asyncio.sleep(amnesia.EVERY)
+
+        store.on_first_ttl_key = note
+        spawn(self.owner, keep(), "store-record")
 
     def freeze(self) -> None:
         self.owner.paused = True
@@ -236,16 +264,19 @@ class StoreHost:
 
     def restart(self) -> None:
         """A new, empty store: the old one's work in flight is lost with it. As
-        ``agentd store`` started again on its port, it tells its clients that its previous
-        self held leases until now (``agentd.store.amnesia``; its record is exact here,
-        where the server's is up to a second old)."""
+        ``agentd store`` started again on its port, it tells its clients how long ago its
+        previous self last noted leases in its record (``agentd.store.amnesia``)."""
         self.owner.dead = True
         self.epoch += 1
         self.owner = Owner(f"store#{self.epoch}")
-        old, self.store = self.store, MemoryStore(clock=self._loop.time)
-        if old.holds_ttl_keys:
-            forgot = amnesia.Forgot(0.0, old.longest_ttl)
-            spawn(self.owner, amnesia.tell(self.store, forgot, self._loop.time), "store-word")
+        self.store = MemoryStore(clock=self._loop.time)
+        if self.alive is not None:
+            forgot = amnesia.Forgot(self._loop.time() - self.alive[0], self.alive[1])
+            if forgot.worth_telling:
+                told = amnesia.tell(self.store, forgot, self._loop.time)
+                spawn(self.owner, told, "store-word")
+        if self._records:
+            self._keep_record()
         self.restarted.set()
         self.restarted = asyncio.Event()
 
@@ -635,7 +666,7 @@ class World:
         self.loop = loop
         self.schedule = schedule
         self.rng = random.Random(schedule.seed ^ 0x5EED)
-        self.host = StoreHost(loop)
+        self.host = StoreHost(loop, any(f.kind == "restart_store" for f in schedule.faults))
         self.disks: dict[int, HostDisk] = {}
         self.network = failover.Network(self) if schedule.failover else None
         self.agents: list[SimAgent] = []
