@@ -106,15 +106,8 @@ class NodeGate:
                 f"node checks failed {count} times within {WINDOW / 60:g} min "
                 f"(--node-check-max-exclusions {limit}); giving up: {why}"
             )
-        factor = min(2 ** (count - 1), MAX_COOLDOWN_FACTOR)
-        cooldown = self.settings.cooldown * factor
-        self.excluded = {
-            "reason": why,
-            "checks": [r.name for r in failed],
-            "exclusions": count,
-            "cooldown": cooldown,
-            "until": time.time() + cooldown,
-        }
+        cooldown = self._cooldown(count)
+        self.excluded = self._doc(failed, count, cooldown)
         log.warning(
             "Node checks failed (%s); this node stays out of the job for %gs (exclusion %d)",
             why,
@@ -123,6 +116,27 @@ class NodeGate:
         )
         self.notify("node_excluded", dict(self.excluded))
         return cooldown
+
+    async def announce(self, failed: Sequence[CheckResult], publish: Publish) -> None:
+        """The watch found ``failed``: publish why before this host leaves the job, so the
+        round the others form without it names the reason. Before, only the check of the
+        next :meth:`admit` published it, often after that round was sealed. Not counted:
+        that check counts the exclusion, and publishes it again."""
+        count = len(self._exclusions) + 1
+        await self._publish(publish, self._doc(failed, count, self._cooldown(count)))
+
+    def _cooldown(self, count: int) -> float:
+        return self.settings.cooldown * min(2 ** (count - 1), MAX_COOLDOWN_FACTOR)
+
+    @staticmethod
+    def _doc(failed: Sequence[CheckResult], count: int, cooldown: float) -> dict[str, Any]:
+        return {
+            "reason": "; ".join(f"{r.name}: {r.detail}" for r in failed),
+            "checks": [r.name for r in failed],
+            "exclusions": count,
+            "cooldown": cooldown,
+            "until": time.time() + cooldown,
+        }
 
     async def watch(self) -> list[CheckResult]:
         """While the workers run: check every ``interval`` seconds; returns the failures

@@ -53,6 +53,9 @@ class NodeCheckService:
     async def _watch_workers(self) -> None:
         failed = await self.gate.watch()
         self._watch = None
+        handler = self._handler
+        if isinstance(handler, PublishesExclusions):  # why, before the others re-form
+            await self.gate.announce(failed, handler.publish_exclusion)
         self._leave(
             "failed its node checks (" + "; ".join(f"{r.name}: {r.detail}" for r in failed) + ")"
         )

@@ -69,7 +69,10 @@ def test_a_node_that_leaves_costs_seconds_not_the_last_call(run_agentd, tmp_path
     # the others must not wait for the last call (30 s) nor the lease (15 s): they run at 2
     wait_until(lambda: len(worlds(out, 2)) == 2, LEASE / 2, what="a world of 2")
     said = "".join(agent.stderr() for agent in agents)  # the guardian's release may seal it
-    assert "round 1 has every node expected (2 of round 0's 3 back, 1 gone" in said, said
+    # round 1, or 2 where round 1 ended as the store was handed over (a place vacated)
+    assert re.search(r"round [12] has every node expected \(2 of round 0's 3 back, 1 gone", said), (
+        said
+    )
     assert all(name.endswith("_0") for name in worlds(out, 2))  # no restart spent
     if how.startswith("SIGKILL"):
         wait_until(lambda: "released node" in leaver.stderr(), 10, what="the guardian's line")
@@ -146,7 +149,10 @@ def test_the_store_host_and_two_others_leaving_at_once_cost_the_two_left_seconds
         agent.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: len(worlds(out, 2)) == 2, LEASE / 2, what="a world of 2")
     said = "".join(agent.stderr() for agent in agents)
-    assert "round 1 has every node expected (2 of round 0's 5 back, 3 gone" in said, said
+    # round 1, or 2 where round 1 ended as the store was handed over (a place vacated)
+    assert re.search(r"round [12] has every node expected \(2 of round 0's 5 back, 3 gone", said), (
+        said
+    )
     for agent in agents[:3]:
         assert agent.wait(15) == 128 + signal.SIGTERM, agent.stderr()[-3000:]
 

@@ -89,6 +89,38 @@ async def test_watch_returns_the_failures_once_a_check_fails():
     assert failed.detail == "bad" and gate.failures == {"scripted": 1}
 
 
+async def test_a_failing_watch_publishes_why_before_the_host_leaves():
+    """The others re-form as soon as this host leaves, and name why it is out from what it
+    published: publishing only at the next admit's check lost that race under load (the
+    others' round sealed first, and said nothing). The watch's publish is not counted
+    (the admit's check counts the exclusion)."""
+    from agentd.nodecheck.service import NodeCheckService
+
+    order: list[tuple[object, ...]] = []
+
+    class Handler:
+        exclusions = None
+
+        async def publish_exclusion(self, doc):
+            order.append(("published", doc["reason"], doc["exclusions"], doc["cooldown"]))
+
+    gate = NodeGate([PassesThenFails(1)], NodeCheckSettings(interval=0.01, cooldown=0.5))
+    left = asyncio.Event()
+
+    def leave(why: str) -> None:
+        order.append(("left", why))
+        left.set()
+
+    service = NodeCheckService(gate, Handler(), leave, lambda *args: None, None)
+    service.workers_started()
+    await asyncio.wait_for(left.wait(), 5)
+    assert order == [
+        ("published", "scripted: bad", 1, 0.5),
+        ("left", "failed its node checks (scripted: bad)"),
+    ]
+    assert gate.excluded is None
+
+
 async def test_a_command_passes_on_exit_0_and_says_why_it_failed(tmp_path):
     assert (await CommandCheck("echo fine").run()).ok
     result = await CommandCheck("echo checking; echo 'ECC errors: 3' >&2; exit 2").run()
