@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -219,6 +220,15 @@ def test_status_with_no_agent_listening_says_how_to_reach_one():
     assert "runs with --health-port" in done.stderr and "pass that agent's URL" in done.stderr
 
 
+def start_watch(url: str, tmp_path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """``agentd status --job --watch 0.2`` of ``url``: the process, its screen and errors."""
+    screen, errors = tmp_path / "watch.out", tmp_path / "watch.err"
+    argv = [sys.executable, "-m", "agentd", "status", "--job", "--watch", "0.2", "--url", url]
+    with open(screen, "wb") as out, open(errors, "wb") as err:
+        watch = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    return watch, screen, errors
+
+
 @pytest.mark.parametrize("end", ["succeeded", "killed"])
 def test_a_watch_ends_with_the_job(run_agentd, tmp_path, end):
     """``agentd status --job --watch`` of a job that ends well draws its final view and
@@ -228,10 +238,7 @@ def test_a_watch_ends_with_the_job(run_agentd, tmp_path, end):
     stop = tmp_path / "stop"
     agent = run_agentd("--health-port", "0", WORKER, "member", "--stop-file", str(stop))
     url = health_url(agent)
-    screen, errors = tmp_path / "watch.out", tmp_path / "watch.err"
-    argv = [sys.executable, "-m", "agentd", "status", "--job", "--watch", "0.2", "--url", url]
-    with open(screen, "wb") as out, open(errors, "wb") as err:
-        watch = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    watch, screen, errors = start_watch(url, tmp_path)
     try:
         wait_until(lambda: b"HEALTHY" in screen.read_bytes(), what="the watch's first view")
         if end == "succeeded":
@@ -261,11 +268,7 @@ def test_a_watch_started_before_its_agent_waits_for_it(run_agentd, tmp_path):
     from tests.conftest import free_port
 
     port, stop = free_port(), tmp_path / "stop"
-    url = f"http://127.0.0.1:{port}"
-    screen, errors = tmp_path / "watch.out", tmp_path / "watch.err"
-    argv = [sys.executable, "-m", "agentd", "status", "--job", "--watch", "0.2", "--url", url]
-    with open(screen, "wb") as out, open(errors, "wb") as err:
-        watch = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    watch, screen, errors = start_watch(f"http://127.0.0.1:{port}", tmp_path)
     try:
         wait_until(lambda: b"for the agent to answer" in screen.read_bytes(), what="its wait")
         assert watch.poll() is None, errors.read_text()
