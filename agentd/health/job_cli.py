@@ -2,12 +2,12 @@
 print it for people (:mod:`agentd.jobview.table`) or scripts (``--json``), once or
 redrawn in place every few seconds (``--watch``).
 
-A watch started before its agent answers (the job just launched) waits for it, saying
-so, until Ctrl-C. It goes on until the agent's run ends (it draws the final view and exits 0: the
-agent's end waits for it, :class:`agentd.support.followers.Followers`), until the agent
-stops answering without an end (killed, its host lost: exit 3, the last view left on the
-screen) or until interrupted. The store not answering the view (a failover) is said on
-the last view's screen, and the watch goes on.
+A watch started before its agent answers (the job just launched) waits for it, saying so,
+until Ctrl-C. It goes on until the agent's run ends (it draws the final view and exits 0:
+the agent's end waits for it, :class:`agentd.support.followers.Followers`), until the
+agent stops answering without an end (killed, its host lost: exit 3, the last view left
+on the screen) or until interrupted. The store not answering the view (a failover) is
+said on the last view's screen, and the watch goes on.
 """
 
 from __future__ import annotations
