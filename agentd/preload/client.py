@@ -31,6 +31,7 @@ from agentd.preload import command, wire
 from agentd.preload.command import PythonCommand
 from agentd.preload.forked import ZygoteWorker, status_from_pidfd
 from agentd.preload.spares import Spares
+from agentd.support.procfs import state_in_words
 from agentd.workers.output import StreamRoute, StreamSink
 from agentd.workers.processes import spawn_process
 
@@ -38,9 +39,16 @@ log = logging.getLogger(__name__)
 
 _STATUS_WAIT = 2.0
 """Seconds to wait for the zygote's report of a wait status after the pidfd fired."""
+FORK_ANSWER = 10.0
+"""Seconds a zygote may take to answer a fork (a fork takes milliseconds): one that has
+not (stopped, deadlocked) does not answer, and is replaced (:class:`ZygoteUnresponsive`)."""
 _STOP_WAIT = 5.0
 _ROOM_FOR_ARGV = 4096
 """Bytes the zygote's command line is padded with, so a worker can show its own in ``ps``."""
+
+
+class ZygoteUnresponsive(StartError):
+    """The zygote did not answer a fork within :data:`FORK_ANSWER` seconds."""
 
 
 class Zygote:
@@ -82,6 +90,9 @@ class Zygote:
         self._ids = itertools.count(1)
         self._stopping = False
         self.alive = False
+        self.answering = True
+        """False once a fork went unanswered: every fork of it is then asked again of
+        its successor."""
 
     async def start(self, cwd: str) -> None:
         """Start the zygote (the preload goes on in the background: see :meth:`ready`)."""
@@ -226,10 +237,27 @@ class Zygote:
         reply: asyncio.Future[tuple[int, int]] = loop.create_future()
         self._forks[request_id] = reply
         try:
-            await _send(self._sock, {"fork": request_id, **message}, fds)
-            return await reply
+            async with asyncio.timeout(FORK_ANSWER):
+                await _send(self._sock, {"fork": request_id, **message}, fds)
+                return await reply
+        except TimeoutError:
+            self.answering = False
+            state = state_in_words(self.pid or 0)
+            raise ZygoteUnresponsive(
+                f"did not answer a fork in {FORK_ANSWER:g}s (it is {state})"
+            ) from None
         finally:
             self._forks.pop(request_id, None)
+
+    async def kill(self) -> None:
+        """End a zygote that does not answer: SIGKILL, reaped; its workers die with it
+        (their parent-death signal), and ``on_lost`` is not called: the caller replaces it."""
+        self._stopping = True
+        self._lost()
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            await self._process.wait()
 
     async def exit_status(self, pid: int, pidfd: int) -> int:
         """The exit code of our worker ``pid`` (negative: its signal), once it exited."""

@@ -1,7 +1,7 @@
 """A worker forked by the zygote, watched as a child is: its exit is an event on the
 loop from its pidfd (the zygote reports the wait status), its output comes from pipes the
 agent made; once re-parented to the agent (the zygote died), its status is read from the
-pidfd directly."""
+pidfd directly, and from its zombie where the zygote lives but does not report it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from agentd.support.procfs import zombie_status
 from agentd.workers.output import StreamSink
 from agentd.workers.processes import WorkerProcess
 
@@ -136,13 +137,19 @@ class _PipeReader(asyncio.Protocol):
 
 
 def status_from_pidfd(pid: int, pidfd: int) -> int:
-    """The exit code read from the pidfd of a worker re-parented to us; SIGKILL's when the
+    """The exit code of a worker the zygote did not report: read from the pidfd where the
+    worker was re-parented to us (the zygote died), else from the zombie the zygote has
+    not reaped (the zygote lives but does not answer: stopped, say); SIGKILL's when the
     status went with the zygote."""
     try:
         info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
     except (ChildProcessError, OSError):
         info = None
     if info is None:
+        code = zombie_status(pid)
+        if code is not None:
+            log.info("Exit status of worker pid %d read from its zombie: %d", pid, code)
+            return code
         log.warning("Exit status of worker pid %d was lost with the zygote; taken as SIGKILL", pid)
         return -signal.SIGKILL
     if info.si_code == os.CLD_EXITED:

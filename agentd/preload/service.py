@@ -8,11 +8,13 @@ are spawned, the zygote starts once they run (where the job may restart at all),
 every later attempt forks from it.
 
 A zygote that dies is replaced at once (with a warning), so the next attempt is warm
-again. A preload that cannot work (a module fails to import, CUDA initialized at import)
-is a configuration error: the attempt fails with it, never falling back to spawn. A
-preload that read a variable each worker sets for itself at import (the zygote reports it
-with its ``ready``: :mod:`agentd.preload.import_state`) is not: ``--preload auto`` spawns
-the workers instead, with a warning; a ``--preload`` given is warned about and kept.
+again; so is one that does not answer a fork (stopped, deadlocked: killed first), and the
+fork is asked of its successor. A preload that cannot work (a module fails to import, CUDA
+initialized at import) is a configuration error: the attempt fails with it, never falling
+back to spawn. A preload that read a variable each worker sets for itself at import (the
+zygote reports it with its ``ready``: :mod:`agentd.preload.import_state`) is not:
+``--preload auto`` spawns the workers instead, with a warning; a ``--preload`` given is
+warned about and kept.
 """
 
 from __future__ import annotations
@@ -148,6 +150,23 @@ class PreloadService:
         :func:`~agentd.workers.processes.spawn_worker`'s arguments (argv, env, stdout and
         stderr routes, cwd, pass_fds)."""
         await self.ready()
+        zygote = self.zygote
+        assert zygote is not None
+        try:
+            return await zygote.fork(local_rank, *launch)
+        except StartError as exc:
+            if zygote.answering:  # it died, or refused: the attempt fails with it
+                raise
+            if zygote is self.zygote:  # the first of the forks it left unanswered
+                log.warning(
+                    "[%s] Zygote pid %s %s; killing it and starting a new one",
+                    self._spec.role,
+                    zygote.pid,
+                    exc,
+                )
+                self.zygote = None
+                self._replacing = asyncio.ensure_future(self._replace(instead_of=zygote))
+        await self.ready()
         assert self.zygote is not None
         return await self.zygote.fork(local_rank, *launch)
 
@@ -211,8 +230,11 @@ class PreloadService:
         )
         self._replacing = asyncio.ensure_future(self._replace())
 
-    async def _replace(self) -> None:
+    async def _replace(self, instead_of: Zygote | None = None) -> None:
         try:
+            if instead_of is not None:  # one that does not answer: gone before its successor
+                await instead_of.kill()
+                self._hygiene.disown(instead_of.pid)
             await self._start_zygote()
         except StartError as exc:
             log.error("[%s] %s", self._spec.role, exc)

@@ -26,6 +26,7 @@ from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
 from agentd.support.aio import use_pidfd_child_watcher
 from agentd.support.child_signals import apply_in_child
 from agentd.support.fdlimits import restore_for_child
+from agentd.support.procfs import runs_in_group, zombie_status
 from agentd.workers.output import StreamRoute, StreamSink
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _group_runs(worker: WorkerProcess) -> bool:
+    """Whether a process of the exited ``worker``'s group runs. Its zombie counts while
+    its parent does not reap it (a stopped zygote's worker): the group is looked through
+    then, so an exit nobody reaps yet does not hold the stop for its whole timeout."""
+    if not group_alive(worker.pgid):
+        return False
+    if worker.pid < 0 or zombie_status(worker.pid) is None:
+        return True
+    return runs_in_group(worker.pgid)
+
+
 async def stop_workers(
     workers: Sequence[WorkerProcess],
     stop_signal: int = signal.SIGTERM,
@@ -258,7 +270,7 @@ async def _wait_groups_gone(
             await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         # The leaders are gone; their groups may still hold children, whose exits are not
         # ours to await: look every few milliseconds until the groups are empty.
-        while any(group_alive(w.pgid) for w in workers):
+        while any(_group_runs(w) for w in workers):
             if loop.time() >= deadline or (force_task is not None and force_task.done()):
                 return
             await asyncio.sleep(_GROUP_POLL_INTERVAL)

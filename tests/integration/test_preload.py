@@ -3,6 +3,7 @@ ones, and every fault (a bad preload, a dead zygote, a killed agent) is handled.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -357,6 +358,45 @@ def test_zygote_killed_between_attempts(run_agentd):
     assert agent.wait(timeout=60) == 0, agent.stderr()
     err = agent.stderr()
     assert f"Zygote pid {zygote} died" in err and err.count("ready: preloaded") == 2
+
+
+def test_a_stopped_zygote_is_replaced_and_the_job_goes_on(run_agentd, tmp_path):
+    """bench/bench_chaos.py seeds 0, 1 and 3 (2026-12-03), a zygote stopped (SIGSTOP)
+    while its workers ran: the worker that failed was reported as SIGKILLed, and the
+    restart's fork waited for the zygote's answer for ever, the agent silent after its
+    rendezvous. The failure is now the worker's own, and the zygote that leaves a fork
+    unanswered for 10 s is killed and replaced."""
+    go, stop = tmp_path / "go", tmp_path / "stop"
+    agent = run_agentd(
+        "--preload=json",
+        "--max-restarts",
+        "1",
+        WORKER,
+        "go-then-stop",
+        "--go-file",
+        str(go),
+        "--stop-file",
+        str(stop),
+    )
+    agent.extra_pids += agent.wait_ready(1)
+    [zygote] = wait_until(lambda: zygotes_of(agent), what="the zygote")
+    agent.extra_pids.append(zygote)
+    os.kill(zygote, signal.SIGSTOP)
+    try:
+        go.touch()  # attempt 0's worker fails: its exit sits in the stopped zygote's zombie
+        agent.extra_pids += agent.wait_ready(1, attempt=1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # killed as it did not answer
+            os.kill(zygote, signal.SIGCONT)
+    stop.touch()
+    assert agent.wait(60) == 0, agent.stderr()[-3000:]
+    err = agent.stderr()
+    assert re.search(r"Rank 0 \(pid \d+ on \S+\) failed with exit code 1", err), err[-3000:]
+    assert (
+        f"Zygote pid {zygote} did not answer a fork in 10s (it is stopped); killing it and "
+        "starting a new one" in err
+    )
+    assert err.count("ready: preloaded json") == 2
 
 
 @pytest.mark.parametrize("victim", ["agent", "zygote-then-agent"])

@@ -7,7 +7,10 @@ import os
 import signal
 import sys
 
-from agentd.preload.client import Zygote
+import pytest
+
+from agentd.preload import client
+from agentd.preload.client import Zygote, ZygoteUnresponsive
 from agentd.preload.command import parse
 from tests.preload.test_gate import fork_one
 
@@ -32,5 +35,49 @@ async def test_a_worker_that_exits_as_its_zygote_dies_still_reports_its_exit(tmp
                 await asyncio.sleep(0.01)
         os.kill(zygote.pid, signal.SIGKILL)  # and the zygote dies before it reports
         assert await asyncio.wait_for(worker.exited, 20) == -signal.SIGKILL
+    finally:
+        await zygote.stop()
+
+
+async def test_a_worker_whose_zygote_is_stopped_exits_with_its_own_status(tmp_path):
+    """bench/bench_chaos.py seed 1 (2026-12-03): the zygote was stopped (SIGSTOP) while
+    its workers trained; they ended their job, and each exit was taken as SIGKILL 2 s
+    later (the status sat in the zombie the stopped zygote could not reap), so a job that
+    succeeded failed. The status is now read from the zombie."""
+    (tmp_path / "job.py").write_text("import sys\nsys.exit(3)\n")
+    zygote = Zygote(parse([sys.executable, "-u", "job.py"]), [], {"PATH": "/usr/bin:/bin"})
+    await zygote.start(str(tmp_path))
+    try:
+        worker, _ = await fork_one(zygote, tmp_path, "unused")
+        assert zygote.pid is not None
+        os.kill(zygote.pid, signal.SIGSTOP)
+        worker.release()
+        assert await asyncio.wait_for(worker.exited, 20) == 3
+    finally:
+        if zygote.pid is not None:
+            os.kill(zygote.pid, signal.SIGCONT)
+        await zygote.stop()
+
+
+async def test_a_fork_a_stopped_zygote_leaves_unanswered_is_an_error_naming_its_state(
+    tmp_path, monkeypatch
+):
+    """The same seeds 0 and 3: the next attempt's fork asked of the stopped zygote waited
+    for its answer for ever, and the agent said nothing more after its rendezvous."""
+    monkeypatch.setattr(client, "FORK_ANSWER", 0.5)
+    (tmp_path / "job.py").write_text("")
+    zygote = Zygote(parse([sys.executable, "-u", "job.py"]), [], {"PATH": "/usr/bin:/bin"})
+    await zygote.start(str(tmp_path))
+    try:
+        await zygote.ready()
+        assert zygote.pid is not None
+        os.kill(zygote.pid, signal.SIGSTOP)
+        with pytest.raises(
+            ZygoteUnresponsive, match=r"did not answer a fork in 0.5s \(it is stopped\)"
+        ):
+            await fork_one(zygote, tmp_path, "never")
+        assert not zygote.answering
+        await zygote.kill()
+        assert not zygote.alive and zygote._process.returncode == -signal.SIGKILL
     finally:
         await zygote.stop()
