@@ -27,11 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentd.exceptions import ConfigError, StartError
-from agentd.preload import command, wire
+from agentd.preload import command, liveness, wire
 from agentd.preload.command import PythonCommand
 from agentd.preload.forked import ZygoteWorker, status_from_pidfd
 from agentd.preload.spares import Spares
-from agentd.support.procfs import state_in_words
 from agentd.workers.output import StreamRoute, StreamSink
 from agentd.workers.processes import spawn_process
 
@@ -39,16 +38,9 @@ log = logging.getLogger(__name__)
 
 _STATUS_WAIT = 2.0
 """Seconds to wait for the zygote's report of a wait status after the pidfd fired."""
-FORK_ANSWER = 10.0
-"""Seconds a zygote may take to answer a fork (a fork takes milliseconds): one that has
-not (stopped, deadlocked) does not answer, and is replaced (:class:`ZygoteUnresponsive`)."""
 _STOP_WAIT = 5.0
 _ROOM_FOR_ARGV = 4096
 """Bytes the zygote's command line is padded with, so a worker can show its own in ``ps``."""
-
-
-class ZygoteUnresponsive(StartError):
-    """The zygote did not answer a fork within :data:`FORK_ANSWER` seconds."""
 
 
 class Zygote:
@@ -91,8 +83,8 @@ class Zygote:
         self._stopping = False
         self.alive = False
         self.answering = True
-        """False once a fork went unanswered: every fork of it is then asked again of
-        its successor."""
+        """False once it did not answer (:mod:`agentd.preload.liveness`): what it was
+        asked is asked again of its successor."""
 
     async def start(self, cwd: str) -> None:
         """Start the zygote (the preload goes on in the background: see :meth:`ready`)."""
@@ -133,7 +125,7 @@ class Zygote:
         """Wait for the preload: its report, or ConfigError (a module failed to import,
         CUDA) or StartError (the zygote died first)."""
         assert self._ready is not None, "start() first"
-        return await asyncio.shield(self._ready)
+        return await liveness.answered(self, self._ready, "its preload")
 
     async def fork(
         self,
@@ -165,11 +157,11 @@ class Zygote:
         worker.hold_at(gate_w)
         close_after.append(gate_r)
         try:
-            if not _is_open(0):  # an agent without stdin: the worker reads /dev/null
+            if not wire.is_open(0):  # an agent without stdin: the worker reads /dev/null
                 send_fds[0] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                 close_after.append(send_fds[0])
             for fd, route in ((1, stdout), (2, stderr)):
-                if route.inherit and _is_open(fd):
+                if route.inherit and wire.is_open(fd):
                     send_fds.append(fd)
                 elif route.piped:
                     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -197,7 +189,7 @@ class Zygote:
                 [*send_fds, *pass_fds, gate_r],
             )
         except BaseException:
-            _close_all([read_end for _, read_end in reads])
+            wire.close_all([read_end for _, read_end in reads])
             worker.abandon()
             raise
         finally:
@@ -237,15 +229,8 @@ class Zygote:
         reply: asyncio.Future[tuple[int, int]] = loop.create_future()
         self._forks[request_id] = reply
         try:
-            async with asyncio.timeout(FORK_ANSWER):
-                await _send(self._sock, {"fork": request_id, **message}, fds)
-                return await reply
-        except TimeoutError:
-            self.answering = False
-            state = state_in_words(self.pid or 0)
-            raise ZygoteUnresponsive(
-                f"did not answer a fork in {FORK_ANSWER:g}s (it is {state})"
-            ) from None
+            await _send(self._sock, {"fork": request_id, **message}, fds)
+            return await liveness.answered(self, reply, "a fork", liveness.FORK_ANSWER)
         finally:
             self._forks.pop(request_id, None)
 
@@ -309,22 +294,22 @@ class Zygote:
                 if fds and "pid" in message:
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(fds[0], signal.SIGKILL)
-                _close_all(fds)
+                wire.close_all(fds)
             elif "error" in message or not fds:
-                _close_all(fds)
+                wire.close_all(fds)
                 reply.set_exception(
                     StartError(f"the zygote could not fork: {message.get('error', 'no pidfd')}")
                 )
             else:
                 reply.set_result((int(message["pid"]), fds[0]))
-                _close_all(fds[1:])
+                wire.close_all(fds[1:])
         elif "ready" in message and self._ready is not None and not self._ready.done():
             self.ready_info = message
             self._ready.set_result(message)
         elif "failed" in message and self._ready is not None and not self._ready.done():
             self._ready.set_exception(ConfigError(str(message["failed"])))
         else:
-            _close_all(fds)
+            wire.close_all(fds)
 
     def _lost(self) -> None:
         """The channel closed: the zygote is gone (or going)."""
@@ -396,22 +381,8 @@ async def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int]
                 loop.remove_writer(sock)
 
 
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
-
-
 def _describe(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return signal.Signals(-code).name
     return f"exit code {code}"
-
-
-def _close_all(fds: Sequence[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -8,13 +8,13 @@ are spawned, the zygote starts once they run (where the job may restart at all),
 every later attempt forks from it.
 
 A zygote that dies is replaced at once (with a warning), so the next attempt is warm
-again; so is one that does not answer a fork (stopped, deadlocked: killed first), and the
-fork is asked of its successor. A preload that cannot work (a module fails to import, CUDA
-initialized at import) is a configuration error: the attempt fails with it, never falling
-back to spawn. A preload that read a variable each worker sets for itself at import (the
-zygote reports it with its ``ready``: :mod:`agentd.preload.import_state`) is not:
-``--preload auto`` spawns the workers instead, with a warning; a ``--preload`` given is
-warned about and kept.
+again; so is one that does not answer (:mod:`agentd.preload.liveness`: killed first),
+and what it was asked is asked of its successor. A preload that cannot work (a module
+fails to import, CUDA initialized at import) is a configuration error: the attempt fails
+with it, never falling back to spawn. A preload that read a variable each worker sets
+for itself at import (the zygote reports it with its ``ready``:
+:mod:`agentd.preload.import_state`) is not: ``--preload auto`` spawns the workers
+instead, with a warning; a ``--preload`` given is warned about and kept.
 """
 
 from __future__ import annotations
@@ -103,13 +103,7 @@ class PreloadService:
         (ConfigError or StartError when it cannot be). Where ``auto``'s preload read a
         variable of a worker's own, the zygote is stopped instead and :attr:`forks` is
         False from then on: ask it again after this."""
-        if self._replacing is not None:
-            await asyncio.shield(self._replacing)
-        if self.zygote is None or not self.zygote.alive:
-            await self._start_zygote()
-        zygote = self.zygote
-        assert zygote is not None
-        info = await zygote.ready()
+        zygote, info = await self._ready_zygote()
         if info.get("worker_reads") and zygote is not self._judged:
             from agentd.preload.import_state import varying
 
@@ -117,6 +111,24 @@ class PreloadService:
             reads = varying(info["worker_reads"], self._spec.virtual_local_rank)
             if reads:
                 await self._read_at_import(zygote, reads)
+
+    async def _ready_zygote(self) -> tuple[Zygote, dict[str, Any]]:
+        """A live zygote, and its preload's report; one that does not answer is replaced
+        once (:meth:`_discard`)."""
+        for last_try in (False, True):
+            if self._replacing is not None:
+                await asyncio.shield(self._replacing)
+            if self.zygote is None or not self.zygote.alive:
+                await self._start_zygote()
+            zygote = self.zygote
+            assert zygote is not None
+            try:
+                return zygote, await zygote.ready()
+            except StartError as exc:
+                if zygote.answering or last_try:
+                    raise
+                self._discard(zygote, exc)
+        raise AssertionError("a second try returns or raises")
 
     async def _read_at_import(self, zygote: Zygote, reads: dict[str, list[str]]) -> None:
         """The preload read variables each worker sets for itself: under ``auto``, the
@@ -157,18 +169,23 @@ class PreloadService:
         except StartError as exc:
             if zygote.answering:  # it died, or refused: the attempt fails with it
                 raise
-            if zygote is self.zygote:  # the first of the forks it left unanswered
-                log.warning(
-                    "[%s] Zygote pid %s %s; killing it and starting a new one",
-                    self._spec.role,
-                    zygote.pid,
-                    exc,
-                )
-                self.zygote = None
-                self._replacing = asyncio.ensure_future(self._replace(instead_of=zygote))
+            self._discard(zygote, exc)
         await self.ready()
         assert self.zygote is not None
         return await self.zygote.fork(local_rank, *launch)
+
+    def _discard(self, zygote: Zygote, why: StartError) -> None:
+        """Replace ``zygote``, which does not answer (once, however many waited on it)."""
+        if zygote is not self.zygote:
+            return
+        log.warning(
+            "[%s] Zygote pid %s %s; killing it and starting a new one",
+            self._spec.role,
+            zygote.pid,
+            why,
+        )
+        self.zygote = None
+        self._replacing = asyncio.ensure_future(self._replace(instead_of=zygote))
 
     async def _start_zygote(self) -> None:
         from agentd.preload import command  # only a job that asked for --preload loads these

@@ -18,6 +18,7 @@ agent); a malformed message is still an error, never a crash.
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import socket
@@ -79,3 +80,19 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     for fd in fds:
         os.set_inheritable(fd, False)
     return message, fds
+
+
+def is_open(fd: int) -> bool:
+    """Whether ``fd`` is an open descriptor of this process."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def close_all(fds: Sequence[int]) -> None:
+    """Close each of ``fds``, those already closed aside."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

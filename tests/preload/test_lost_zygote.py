@@ -1,4 +1,5 @@
-"""A worker whose zygote dies while the agent waits for the zygote's report of its exit."""
+"""A zygote that dies or stops answering while the agent waits on it: its workers' exits,
+its forks and its preload."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import sys
 
 import pytest
 
-from agentd.preload import client
-from agentd.preload.client import Zygote, ZygoteUnresponsive
+from agentd.preload import liveness
+from agentd.preload.client import Zygote
 from agentd.preload.command import parse
+from agentd.preload.liveness import ZygoteUnresponsive
 from tests.preload.test_gate import fork_one
 
 
@@ -64,7 +66,7 @@ async def test_a_fork_a_stopped_zygote_leaves_unanswered_is_an_error_naming_its_
 ):
     """The same seeds 0 and 3: the next attempt's fork asked of the stopped zygote waited
     for its answer for ever, and the agent said nothing more after its rendezvous."""
-    monkeypatch.setattr(client, "FORK_ANSWER", 0.5)
+    monkeypatch.setattr(liveness, "FORK_ANSWER", 0.5)
     (tmp_path / "job.py").write_text("")
     zygote = Zygote(parse([sys.executable, "-u", "job.py"]), [], {"PATH": "/usr/bin:/bin"})
     await zygote.start(str(tmp_path))
@@ -81,3 +83,21 @@ async def test_a_fork_a_stopped_zygote_leaves_unanswered_is_an_error_naming_its_
         assert not zygote.alive and zygote._process.returncode == -signal.SIGKILL
     finally:
         await zygote.stop()
+
+
+async def test_a_zygote_stopped_during_its_preload_is_unresponsive(tmp_path, monkeypatch):
+    """bench/bench_chaos.py seed 24: a zygote started to replace a lost one was stopped
+    as it preloaded torch, and the agent waited for its preload for ever (a preload may
+    take long, so only a zygote that stays stopped is given up)."""
+    monkeypatch.setattr(liveness, "STOPPED_GRACE", 0.5)
+    (tmp_path / "job.py").write_text("")
+    zygote = Zygote(parse([sys.executable, "-u", "job.py"]), [], {"PATH": "/usr/bin:/bin"})
+    await zygote.start(str(tmp_path))
+    try:
+        assert zygote.pid is not None
+        os.kill(zygote.pid, signal.SIGSTOP)  # long before its interpreter is up
+        with pytest.raises(ZygoteUnresponsive, match=r"stopped for 0.5s during its preload"):
+            await zygote.ready()
+        assert not zygote.answering
+    finally:
+        await zygote.kill()

@@ -1,0 +1,383 @@
+"""Every feature on at once, under seeded faults: what breaks when they meet?
+
+    python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N]
+
+Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
+two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
+watchdog (torch's ``FileTimerClient``, ``TORCHELASTIC_ENABLE_FILE_TIMER=1``), hang
+detection from heartbeats, drains on SIGTERM, health endpoints, event logs and the
+default preload, all at once. The job (bench/chaos_worker.py) trains with gloo,
+checkpoints and resumes. While it trains, faults drawn from the seed strike at random
+times:
+
+- ``worker_kill``: SIGKILL to one worker (a crash, an OOM kill);
+- ``worker_hang``: SIGSTOP to one worker, never continued (a hang: the watchdog or the hang
+  detection must reap it);
+- ``zygote_stop``: SIGSTOP to one agent's zygote, never continued (it must be replaced);
+- ``agent_kill``: SIGKILL to one agent alone (its workers must not outlive it);
+- ``host_lost``: SIGKILL to one agent and every process under it (a host gone);
+- ``agent_term``: SIGTERM to one agent (a preemption: its node drains and leaves);
+- ``agent_freeze``: SIGSTOP to one agent and its processes for 2-6 s, then SIGCONT;
+
+and an agent that ended (killed, or left on SIGTERM) is started again 2-6 s later with the
+same command line, as systemd or a pod's restart would. No fault is drawn in the last
+third of the run, so the job can end. Then every invariant is checked:
+
+- **done**: the job trained to its last step, its parameters near the truth;
+- **exit**: every agent still running exits 0 (143 if it was sent SIGTERM), within 120 s
+  of the job's end;
+- **orphans**: no process of the run is left once the agents are gone;
+- **trust**: no agent dropped its own worker's request as untrusted;
+- **internal**: no agent logged an exception of its own (a traceback, an unretrieved
+  task exception, an asyncio error; the workers' output goes to files, ``-r 3``).
+
+One line per seed: its faults, the job's restarts and the steps they trained again (a
+restart resumes from the last checkpoint, every 10 steps or at a drain's step), and the
+invariants it broke; ``--seed N`` prints the faults as they strike and keeps the run's
+folder (the agents' logs) for a look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from run_control import free_port, kill_marked, marked_env, wait_for
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "chaos_worker.py"
+MARK = "BENCH_CHAOS_RUN"
+KINDS = (
+    "worker_kill",
+    "worker_hang",
+    "zygote_stop",
+    "agent_kill",
+    "host_lost",
+    "agent_term",
+    "agent_freeze",
+)
+AGENTS = 3
+CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
+INTERNAL = re.compile(
+    r"^(Traceback|Task exception was never retrieved|Exception in callback|.* ERROR asyncio)"
+)
+
+
+@dataclasses.dataclass
+class Agent:
+    """One node: its command line and its current process (None while it is down)."""
+
+    index: int
+    argv: list[str]
+    env: dict[str, str]
+    folder: Path
+    proc: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+    termed: bool = False  # this incarnation was sent SIGTERM: it exits 143 (128 + 15)
+    back_at: float | None = None  # when to start it again, after it ended
+    frozen: list[psutil.Process] = dataclasses.field(default_factory=list)
+    thaw_at: float | None = None
+
+    def start(self) -> None:
+        self.incarnation += 1
+        err = self.folder / f"agent{self.incarnation}.stderr"
+        out = self.folder / f"agent{self.incarnation}.stdout"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+            )
+        self.back_at = None
+        self.termed = False
+
+    def tree(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(True)]
+        return []
+
+    def workers(self) -> list[psutil.Process]:
+        """The agent's workers: processes under it whose command line is the job's (a
+        forked worker shows its own, its zygote does not)."""
+        return [
+            p
+            for p in self.tree()[1:]
+            if _runs(p, str(WORKER)) and not _runs(p, "agentd.preload.zygote")
+        ]
+
+    def zygotes(self) -> list[psutil.Process]:
+        return [p for p in self.tree()[1:] if _runs(p, "agentd.preload.zygote")]
+
+    def logs(self) -> list[Path]:
+        return sorted(self.folder.glob("agent*.stderr"))
+
+
+def _runs(proc: psutil.Process, what: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return what in " ".join(proc.cmdline())
+    return False
+
+
+@dataclasses.dataclass
+class Fault:
+    at: float
+    kind: str
+    target: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.at:.1f}s->{self.target}"
+
+
+def draw(seed: int, horizon: float) -> list[Fault]:
+    """The seed's faults: 2-5 of them, in the first two thirds of ``horizon`` seconds."""
+    rng = random.Random(seed)
+    faults = [
+        Fault(rng.uniform(3.0, horizon * 2 / 3), rng.choice(KINDS), rng.randrange(AGENTS))
+        for _ in range(rng.randint(2, 5))
+    ]
+    return sorted(faults, key=lambda f: f.at)
+
+
+def strike(fault: Fault, agents: list[Agent], rng: random.Random, now: float, say) -> None:
+    agent = agents[fault.target]
+    if agent.proc is None or agent.proc.poll() is not None or agent.frozen:
+        say(f"{fault}: agent {fault.target} is down or frozen, nothing struck")
+        return
+    if fault.kind in ("worker_kill", "worker_hang"):
+        workers = agent.workers()
+        if not workers:
+            say(f"{fault}: agent {fault.target} runs no worker now, nothing struck")
+            return
+        victim = rng.choice(workers)
+        sig = signal.SIGKILL if fault.kind == "worker_kill" else signal.SIGSTOP
+        with contextlib.suppress(psutil.Error):
+            victim.send_signal(sig)
+        say(f"{fault}: {sig.name} to worker pid {victim.pid}")
+    elif fault.kind == "zygote_stop":
+        zygotes = agent.zygotes()
+        for proc in zygotes:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+        say(f"{fault}: SIGSTOP to zygote pid(s) {[p.pid for p in zygotes]}")
+    elif fault.kind == "agent_kill":
+        agent.proc.kill()
+        say(f"{fault}: SIGKILL to agent pid {agent.proc.pid}")
+    elif fault.kind == "host_lost":
+        tree = agent.tree()
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        say(f"{fault}: SIGKILL to agent pid {agent.proc.pid} and {len(tree) - 1} under it")
+    elif fault.kind == "agent_term":
+        agent.proc.send_signal(signal.SIGTERM)
+        agent.termed = True
+        say(f"{fault}: SIGTERM to agent pid {agent.proc.pid}")
+    elif fault.kind == "agent_freeze":
+        agent.frozen = agent.tree()
+        for proc in agent.frozen:
+            with contextlib.suppress(psutil.Error):
+                proc.suspend()
+        agent.thaw_at = now + rng.uniform(2.0, 6.0)
+        say(f"{fault}: SIGSTOP to agent pid {agent.proc.pid} and its tree")
+
+
+def thaw(agent: Agent) -> None:
+    for proc in agent.frozen:
+        with contextlib.suppress(psutil.Error):
+            proc.resume()
+    agent.frozen, agent.thaw_at = [], None
+
+
+def run_seed(seed: int, steps: int, root: Path, verbose: bool) -> tuple[list[Fault], list[str]]:
+    """Run one seed's job; returns its faults and the invariants it broke (with detail)."""
+    out = root / "out"
+    out.mkdir(parents=True)
+    port = free_port()
+    endpoints = f"127.0.0.1:{port},127.0.0.2:{port}"
+    env, marker = marked_env(MARK)
+    env.update(
+        AGENTD_STORE_TOKEN="chaos",
+        TORCHELASTIC_ENABLE_FILE_TIMER="1",
+        OMP_NUM_THREADS="1",
+    )
+    horizon = steps * 0.06
+    faults = draw(seed, horizon)
+    rng = random.Random(seed * 7919 + 1)
+    began = time.monotonic()
+
+    def say(line: str) -> None:
+        if verbose:
+            print(f"  {time.monotonic() - began:6.1f}s {line}", flush=True)
+
+    agents = []
+    for index in range(AGENTS):
+        folder = root / f"node{index}"
+        folder.mkdir()
+        argv = [
+            sys.executable, "-m", "agentd", "run",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoints, "--rdzv-id", "chaos",
+            "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2", "--rdzv-conf", CONF,
+            "--max-restarts", "100", "--health-port", "0",
+            "--event-log", str(folder / "events.jsonl"), "--log-dir", str(folder / "logs"),
+            "--heartbeat-timeout", "8", "--redirects", "3",
+            str(WORKER), str(out), str(steps),
+        ]  # fmt: skip
+        agents.append(Agent(index, argv, env, folder))
+    broken: list[str] = []
+    seen: set[tuple[int, float]] = set()
+    try:
+        for agent in agents:  # one at a time: the first takes candidate 0, the next 1
+            agent.start()
+            if agent.index < 2:
+                wait_for(lambda a=agent: "store candidate" in _text(a.logs()[-1]), 20)
+        if not wait_for((out / "starts.jsonl").exists, 120):
+            return faults, ["done: the job never started"]
+        began = time.monotonic()  # the faults' clock: from the first step on
+        pending = list(faults)
+        done = out / "done.json"
+        deadline = began + horizon * 4 + 120
+        ended_at = None
+        while time.monotonic() < deadline:
+            now = time.monotonic() - began
+            for agent in agents:
+                for proc in agent.tree():
+                    with contextlib.suppress(psutil.Error):
+                        seen.add((proc.pid, proc.create_time()))
+                if agent.thaw_at is not None and now >= agent.thaw_at:
+                    thaw(agent)
+                    say(f"SIGCONT to agent {agent.index}")
+                if agent.proc is not None and agent.proc.poll() is not None:
+                    code = agent.proc.returncode
+                    if done.exists():
+                        continue
+                    say(f"agent {agent.index} exited {code}; started again later")
+                    agent.proc, agent.back_at = None, now + rng.uniform(2.0, 6.0)
+                back = agent.back_at is not None and now >= agent.back_at
+                if agent.proc is None and back and not done.exists():
+                    agent.start()
+                    say(f"agent {agent.index} started again (pid {agent.proc.pid})")
+            while pending and pending[0].at <= now and not done.exists():
+                strike(pending.pop(0), agents, rng, now, say)
+            if done.exists() and ended_at is None:
+                ended_at = time.monotonic()
+                say("the job is done")
+                for agent in agents:
+                    if agent.frozen:
+                        thaw(agent)
+            if ended_at is not None:
+                running = [a for a in agents if a.proc is not None and a.proc.poll() is None]
+                if not running or time.monotonic() - ended_at > 120:
+                    break
+            time.sleep(0.1)
+        broken += _check(agents, out, steps, done, ended_at)
+        for agent in agents:
+            if agent.proc is not None and agent.proc.poll() is None:
+                agent.proc.kill()
+                agent.proc.wait()
+        left = [pid for pid, created in seen if _alive(pid, created)]
+        # a guardian of an agent killed here releases it, up to its will's 15 s and more
+        if left and wait_for(lambda: not any(_alive(p, c) for p, c in seen), 30):
+            left = []
+        if left:
+            broken.append(f"orphans: {len(left)} process(es) of the run left: {sorted(left)}")
+    finally:
+        for agent in agents:
+            thaw(agent)
+            if agent.proc is not None and agent.proc.poll() is None:
+                agent.proc.kill()
+                agent.proc.wait()
+        kill_marked(MARK, marker)
+    return faults, broken
+
+
+def _check(agents: list[Agent], out: Path, steps: int, done: Path, ended_at) -> list[str]:
+    broken = []
+    if ended_at is None:
+        broken.append("done: the job never finished")
+    else:
+        doc = json.loads(done.read_text())
+        w = doc["w"]
+        if doc["steps"] != steps or abs(w[0] - 2.0) > 0.1 or abs(w[1] + 3.0) > 0.1:
+            broken.append(f"done: trained to {doc}")
+        for agent in agents:
+            if agent.proc is None:
+                continue
+            code = agent.proc.poll()
+            if code != (128 + signal.SIGTERM if agent.termed else 0):
+                broken.append(f"exit: agent {agent.index} {'runs on' if code is None else code}")
+    for agent in agents:
+        for log in agent.logs():
+            text = _text(log)
+            if "dropped (untrusted" in text:
+                broken.append(f"trust: {log.name} of node {agent.index} dropped a request")
+            lines = [line for line in text.splitlines() if INTERNAL.match(line)]
+            if lines:
+                broken.append(f"internal: node {agent.index} {log.name}: {lines[0]}")
+    return broken
+
+
+def _starts(out: Path) -> list[dict]:
+    """The job's attempts as its rank 0 noted them (bench/chaos_worker.py)."""
+    text = _text(out / "starts.jsonl")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _alive(pid: int, created: float) -> bool:
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, help="run one seed, say what struck, keep its logs")
+    args = parser.parse_args()
+    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
+    failing = 0
+    for seed in seeds:
+        root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
+        began = time.monotonic()
+        faults, broken = run_seed(seed, args.steps, root, verbose=args.seed is not None)
+        took = time.monotonic() - began
+        verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
+        starts = _starts(root / "out")
+        redone = sum(max(0, s.get("reached", 0) - s["step"]) for s in starts)
+        print(
+            f"seed {seed}: {' '.join(map(str, faults))} ({took:.0f}s, {len(starts) - 1} "
+            f"restarts, {redone} steps trained again): {verdict}",
+            flush=True,
+        )
+        failing += bool(broken)
+        if args.seed is None and not broken:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"  logs in {root}", flush=True)
+    print(f"{len(seeds)} seeds, {failing} broke an invariant")
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
