@@ -1,6 +1,6 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
-    python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N]
+    python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
 two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
@@ -30,6 +30,9 @@ third of the run, so the job can end. Then every invariant is checked:
 - **trust**: no agent dropped its own worker's request as untrusted;
 - **internal**: no agent logged an exception of its own (a traceback, an unretrieved
   task exception, an asyncio error; the workers' output goes to files, ``-r 3``).
+
+With ``--inprocess`` the job trains in ``agentd.inprocess.run``: the ranks that did not
+fail keep their process and hand their state to the new ones.
 
 One line per seed: its faults, the job's restarts and the steps they trained again (a
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), and the
@@ -200,7 +203,9 @@ def thaw(agent: Agent) -> None:
     agent.frozen, agent.thaw_at = [], None
 
 
-def run_seed(seed: int, steps: int, root: Path, verbose: bool) -> tuple[list[Fault], list[str]]:
+def run_seed(
+    seed: int, steps: int, root: Path, verbose: bool, inprocess: bool = False
+) -> tuple[list[Fault], list[str]]:
     """Run one seed's job; returns its faults and the invariants it broke (with detail)."""
     out = root / "out"
     out.mkdir(parents=True)
@@ -211,6 +216,7 @@ def run_seed(seed: int, steps: int, root: Path, verbose: bool) -> tuple[list[Fau
         AGENTD_STORE_TOKEN="chaos",
         TORCHELASTIC_ENABLE_FILE_TIMER="1",
         OMP_NUM_THREADS="1",
+        CHAOS_INPROCESS="1" if inprocess else "0",
     )
     horizon = steps * 0.06
     faults = draw(seed, horizon)
@@ -354,13 +360,18 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, help="run one seed, say what struck, keep its logs")
+    parser.add_argument(
+        "--inprocess",
+        action="store_true",
+        help="train in agentd.inprocess.run: the ranks that did not fail keep their process",
+    )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     failing = 0
     for seed in seeds:
         root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
         began = time.monotonic()
-        faults, broken = run_seed(seed, args.steps, root, verbose=args.seed is not None)
+        faults, broken = run_seed(seed, args.steps, root, args.seed is not None, args.inprocess)
         took = time.monotonic() - began
         verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
         starts = _starts(root / "out")

@@ -9,7 +9,9 @@ all-reduce each step; rank 0's parameters and step are broadcast at the start, r
 ``FileTimerClient`` (where the agent gives a timer file), heartbeats to agentd, and saves
 every 10 steps and whenever a drain asks. Rank 0 writes ``OUT/done.json`` at the end;
 it notes each step it finished in ``OUT/progress``, and each attempt's start in
-``OUT/starts.jsonl`` (the step resumed at, the furthest step reached before it).
+``OUT/starts.jsonl`` (the step resumed at, the furthest step reached before it). With
+``CHAOS_INPROCESS=1`` it trains in ``agentd.inprocess.run``, and a restart resumes from
+the state of the ranks that kept their process where any did.
 """
 
 import json
@@ -20,21 +22,23 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from report_files import write_report  # bench/ is the script's folder: sys.path[0]
 from torch.distributed.elastic.timer import FileTimerClient, configure, expires
 
 import agentd
+import agentd.inprocess as inprocess
 
 OUT, STEPS = sys.argv[1], int(sys.argv[2])
 CKPT = os.path.join(OUT, "ckpt.json")
 PROGRESS = os.path.join(OUT, "progress")
 TRUE = torch.tensor([2.0, -3.0])
 LR = 0.05
+INPROCESS = os.environ.get("CHAOS_INPROCESS") == "1"
+"""Train in ``agentd.inprocess.run``: the ranks that did not fail keep their process."""
 
 
-def write(path: str, doc: dict) -> None:
-    with open(path + f".{os.getpid()}", "w") as fp:
-        json.dump(doc, fp)
-    os.replace(path + f".{os.getpid()}", path)
+def write(path: str, doc: object) -> None:
+    write_report(path, json.dumps(doc))
 
 
 def resumed() -> torch.Tensor:
@@ -47,14 +51,29 @@ def resumed() -> torch.Tensor:
     return torch.tensor([float(doc["step"]), *doc["w"], doc["b"]])
 
 
-def main() -> None:
+PARAMS = torch.zeros(3)
+"""w0, w1, b: kept across an in-process restart."""
+STATE = {"step": 0}
+
+
+def resume(rank: int) -> None:
+    """Every rank takes rank 0's checkpoint (none: the start), unless a rank that kept its
+    process hands its state over (``CHAOS_INPROCESS``)."""
+    if not (INPROCESS and inprocess.sync(PARAMS)):
+        state = resumed() if rank == 0 else torch.zeros(4)
+        dist.broadcast(state, 0)
+        STATE["step"], PARAMS[:] = int(state[0].item()), state[1:]
+    if INPROCESS:
+        STATE["step"] = inprocess.sync_object(STATE["step"])
+
+
+def train() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     if os.environ.get("TORCHELASTIC_TIMER_FILE"):
         configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
-    state = resumed() if rank == 0 else torch.zeros(4)
-    dist.broadcast(state, 0)
-    start, params = int(state[0].item()), state[1:].clone()
+    resume(rank)
+    start, params = STATE["step"], PARAMS
     if rank == 0:
         try:
             with open(PROGRESS) as fp:
@@ -62,7 +81,7 @@ def main() -> None:
         except FileNotFoundError:
             reached = 0
         with open(os.path.join(OUT, "starts.jsonl"), "a") as fp:
-            note = {"step": start, "reached": reached, "world": world}
+            note = {"step": start, "reached": reached, "world": world, "pid": os.getpid()}
             fp.write(json.dumps(note) + "\n")
     for step in range(start, STEPS):
         with expires(after=20, scope="step"):
@@ -73,6 +92,7 @@ def main() -> None:
             grad = torch.cat([2 * x.T @ error / 64, (2 * error.mean()).reshape(1)])
             dist.all_reduce(grad)
             params -= LR * grad / world
+            STATE["step"] = step + 1
         agentd.heartbeat()
         asked = agentd.checkpoint_requested()
         if (asked or (step + 1) % 10 == 0) and rank == 0:
@@ -80,9 +100,7 @@ def main() -> None:
         if asked:
             agentd.checkpoint_saved()
         if rank == 0:
-            with open(PROGRESS + ".tmp", "w") as fp:
-                fp.write(str(step + 1))
-            os.replace(PROGRESS + ".tmp", PROGRESS)
+            write(PROGRESS, step + 1)
         time.sleep(0.05)
     agentd.end_heartbeats()
     if rank == 0:
@@ -92,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    inprocess.run(train) if INPROCESS else train()

@@ -24,6 +24,9 @@ reports, wait_reports, write_report = (
 )
 
 LOGS = {
+    ("bench_chaos.py", "out"),
+    ("bench_chaos.py", "err"),
+    ("chaos_worker.py", "os.path.join(OUT, 'starts.jsonl')"),
     ("bench_soak.py", "err"),
     ("bench_timer.py", "log_path"),
     ("bench_recovery.py", "log"),

@@ -26,7 +26,6 @@ from agentd.hygiene.orphans import kill_marked, set_parent_death_signal
 from agentd.support.aio import use_pidfd_child_watcher
 from agentd.support.child_signals import apply_in_child
 from agentd.support.fdlimits import restore_for_child
-from agentd.support.procfs import runs_in_group, zombie_status
 from agentd.workers.output import StreamRoute, StreamSink
 
 log = logging.getLogger(__name__)
@@ -195,6 +194,8 @@ def _group_runs(worker: WorkerProcess) -> bool:
     then, so an exit nobody reaps yet does not hold the stop for its whole timeout."""
     if not group_alive(worker.pgid):
         return False
+    from agentd.support.procfs import runs_in_group, zombie_status  # seldom needed
+
     if worker.pid < 0 or zombie_status(worker.pid) is None:
         return True
     return runs_in_group(worker.pgid)

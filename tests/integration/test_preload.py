@@ -243,7 +243,9 @@ def test_a_directory_or_zip_with_a_main_is_forked_as_python_runs_it(run_agentd, 
     app = tmp_path / "app"
     app.mkdir()
     (app / "__main__.py").write_text(
-        "import os, sys\nprint(os.environ['LOCAL_RANK'], sys.argv[0], __file__, sys.path[0])\n"
+        "import os, sys\n"  # one write: two workers' lines do not interleave on stdout
+        "line = [os.environ['LOCAL_RANK'], sys.argv[0], __file__, sys.path[0]]\n"
+        "sys.stdout.write(' '.join(line) + '\\n')\n"
     )
     if packed:
         zipapp.create_archive(app, tmp_path / "app.pyz")
@@ -369,6 +371,8 @@ def test_a_stopped_zygote_is_replaced_and_the_job_goes_on(run_agentd, tmp_path):
     go, stop = tmp_path / "go", tmp_path / "stop"
     agent = run_agentd(
         "--preload=json",
+        "--standby-workers",  # the restart's fork is asked of the zygote, not of a standby
+        "0",
         "--max-restarts",
         "1",
         WORKER,
