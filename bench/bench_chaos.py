@@ -28,6 +28,9 @@ third of the run, so the job can end. Then every invariant is checked:
   of the job's end;
 - **orphans**: no process of the run is left once the agents are gone;
 - **trust**: no agent dropped its own worker's request as untrusted;
+- **progress**: no restart resumes more than 10 steps behind the furthest step trained
+  (the job checkpoints every 10 steps; one restarted in process resumes where its kept
+  ranks were);
 - **internal**: no agent logged an exception of its own (a traceback, an unretrieved
   task exception, an asyncio error; the workers' output goes to files, ``-r 3``).
 
@@ -73,6 +76,8 @@ KINDS = (
 )
 AGENTS = 3
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
+CHECKPOINT_EVERY = 10
+"""Steps between two of the job's checkpoints: no restart trains more again."""
 INTERNAL = re.compile(
     r"^(Traceback|Task exception was never retrieved|Exception in callback|.* ERROR asyncio)"
 )
@@ -323,6 +328,14 @@ def _check(agents: list[Agent], out: Path, steps: int, done: Path, ended_at) -> 
             code = agent.proc.poll()
             if code != (128 + signal.SIGTERM if agent.termed else 0):
                 broken.append(f"exit: agent {agent.index} {'runs on' if code is None else code}")
+    starts = _starts(out)
+    for number, start in enumerate(starts[1:], 1):
+        behind = start.get("reached", 0) - start["step"]
+        if behind > CHECKPOINT_EVERY:
+            broken.append(
+                f"progress: attempt {number} of the job resumed at step {start['step']}, "
+                f"{behind} behind the furthest step trained"
+            )
     for agent in agents:
         for log in agent.logs():
             text = _text(log)
