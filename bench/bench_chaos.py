@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -175,18 +176,14 @@ def strike(fault: Fault, agents: list[Agent], rng: random.Random, now: float, sa
         say(f"{fault}: {sig.name} to worker pid {victim.pid}")
     elif fault.kind == "zygote_stop":
         zygotes = agent.zygotes()
-        for proc in zygotes:
-            with contextlib.suppress(psutil.Error):
-                proc.suspend()
+        each(zygotes, psutil.Process.suspend)
         say(f"{fault}: SIGSTOP to zygote pid(s) {[p.pid for p in zygotes]}")
     elif fault.kind == "agent_kill":
         agent.proc.kill()
         say(f"{fault}: SIGKILL to agent pid {agent.proc.pid}")
     elif fault.kind == "host_lost":
         tree = agent.tree()
-        for proc in tree:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+        each(tree, psutil.Process.kill)
         say(f"{fault}: SIGKILL to agent pid {agent.proc.pid} and {len(tree) - 1} under it")
     elif fault.kind == "agent_term":
         agent.proc.send_signal(signal.SIGTERM)
@@ -194,18 +191,21 @@ def strike(fault: Fault, agents: list[Agent], rng: random.Random, now: float, sa
         say(f"{fault}: SIGTERM to agent pid {agent.proc.pid}")
     elif fault.kind == "agent_freeze":
         agent.frozen = agent.tree()
-        for proc in agent.frozen:
-            with contextlib.suppress(psutil.Error):
-                proc.suspend()
+        each(agent.frozen, psutil.Process.suspend)
         agent.thaw_at = now + rng.uniform(2.0, 6.0)
         say(f"{fault}: SIGSTOP to agent pid {agent.proc.pid} and its tree")
 
 
 def thaw(agent: Agent) -> None:
-    for proc in agent.frozen:
-        with contextlib.suppress(psutil.Error):
-            proc.resume()
+    each(agent.frozen, psutil.Process.resume)
     agent.frozen, agent.thaw_at = [], None
+
+
+def each(procs: list[psutil.Process], act: Callable[[psutil.Process], object]) -> None:
+    """``act`` on every process of ``procs`` still there (SIGSTOP, SIGKILL, SIGCONT)."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            act(proc)
 
 
 def run_seed(

@@ -33,7 +33,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentd.inprocess import wire
-from agentd.support.compat.torch import abort_process_groups, group_backend, process_groups
+from agentd.support.compat.torch import (
+    abort_process_groups,
+    group_backend,
+    process_groups,
+    reset_group_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +226,7 @@ def _destroy_process_group() -> None:
     if dist is None or not dist.is_available():
         return
     if not dist.is_initialized():
-        _forget_unfinished_init()
+        _forget_unfinished_init(dist)
         return
     if any(_uses_nccl(dist, g) for g in process_groups(dist) if g is not None):
         abort_process_groups(dist)  # by the backend's name: never destroyed unaborted
@@ -231,18 +236,15 @@ def _destroy_process_group() -> None:
     threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
 
 
-def _forget_unfinished_init() -> None:
+def _forget_unfinished_init(dist: Any) -> None:
     """An ``init_process_group`` interrupted (or failed) before it made the default group
     named it all the same: torch counts the names it gives (``_world.group_count``), and
     only ``destroy_process_group`` resets the count, which it cannot do without a default
     group. Left, this rank's next group was named "1" and its store keys never met a new
     rank's "0" (``bench/bench_chaos.py --inprocess``, seed 0: every rank of the round
     waited out its 60 s timeout)."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    world = getattr(c10d, "_world", None)
-    if world is not None:
-        with contextlib.suppress(Exception):  # a torch without the count has nothing to reset
-            world.group_count = 0
+    with contextlib.suppress(Exception):  # a torch without the count has nothing to reset
+        reset_group_names(dist)
 
 
 def _abort(groups: list[Any]) -> None:

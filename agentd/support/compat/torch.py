@@ -1,6 +1,6 @@
 """torch.distributed's private parts: the process groups of this process, a group's
-backend, aborting every group, and a ``LogsSpecs``' settings (torch 2.x; checked on 2.11
-and 2.13)."""
+backend, aborting every group, the count of the groups' names, and a ``LogsSpecs``'
+settings (torch 2.x; checked on 2.11 and 2.13)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ def abort_process_groups(dist: Any) -> None:
     """Abort every process group: communicators and buffers go, nothing waits for a peer
     (``distributed_c10d._abort_process_group``)."""
     dist.distributed_c10d._abort_process_group()
+
+
+def reset_group_names(dist: Any) -> None:
+    """Name the next group as a new process names its first: "0" (torch counts the names
+    it gives in ``distributed_c10d._world.group_count``; only ``destroy_process_group``
+    resets it, and only where a default group was made)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None:
+        world.group_count = 0
 
 
 def logs_specs_settings(specs: Any) -> tuple[Any, Any, Any]:
