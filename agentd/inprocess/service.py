@@ -90,6 +90,14 @@ class InProcessRestarts:
         in its checkpoint). ``kept_ranks`` are the ranks every node kept, as the round told
         it (None: no node announced any, or the rendezvous cannot tell, and only a node
         that is the whole job knows them)."""
+        lost = sorted(r for r, p in self.parked.items() if p.returncode is not None)
+        if lost:
+            log.warning(
+                "Kept local rank(s) %s exited before the next attempt started: starting them "
+                "anew (the ranks agree which of them hold the job's state before any is handed "
+                "over)",
+                lost,
+            )
         self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
         world = plans[0][0].world_size if plans else 0
         if kept_ranks is None and world == len(plans):

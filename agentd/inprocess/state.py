@@ -1,7 +1,9 @@
 """Hand the survivors' state to the ranks that are new processes (torch only).
 
-Every rank calls these at the same point after ``init_process_group``; on a fresh start,
-or when no rank was replaced, they do nothing and communicate nothing.
+Every rank calls these at the same point after ``init_process_group``. On a fresh start
+they do nothing and communicate nothing; after an in-process restart, the first of them
+in an attempt has the ranks agree which of them hold the job's state, in one small
+all-reduce (:mod:`agentd.inprocess.holders`), and the state goes from the lowest of those.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agentd.inprocess import holders
 from agentd.inprocess.worker import current
 
 T = TypeVar("T")
@@ -53,12 +56,14 @@ def sync(*objects: Any) -> bool:
     ``cuda-ipc``, CUDA IPC only, where every tensor can go that way
     (:mod:`agentd.inprocess.handover`). Under NCCL everything is broadcast.
 
-    Returns whether the ranks now share a kept rank's state: False when no rank kept its
-    process (:attr:`~agentd.inprocess.Restart.fresh`: the first attempt, or a restart in
-    new processes for every rank), and the caller loads its checkpoint instead."""
-    restart = current()
+    Returns whether the ranks now share a kept rank's state: False when no rank holds the
+    job's state (:attr:`~agentd.inprocess.Restart.fresh`: the first attempt, a restart in
+    new processes for every rank, or one whose kept ranks were all lost before it began),
+    and the caller loads its checkpoint instead."""
+    restart = holders.agreed()
     source = restart.source
     if source is None:
+        holders.hold(True)
         return not restart.fresh
     import torch
     import torch.distributed as dist
@@ -79,6 +84,7 @@ def sync(*objects: Any) -> bool:
                 f"sync: {type(obj).__name__} is not a tensor, a module or an object with "
                 "state_dict() and load_state_dict()"
             )
+    holders.hold(dist.get_rank() == source)  # a receiver interrupted holds half of it
     with torch.no_grad():
         gloo = dist.get_backend() == "gloo"
         digests: list[float] = []
@@ -100,6 +106,7 @@ def sync(*objects: Any) -> bool:
             if dist.get_rank() != source:
                 obj.load_state_dict(box[0])
     _last = Synced(route, time.perf_counter() - began)
+    holders.hold(True)
     return True
 
 
@@ -165,11 +172,12 @@ def _send_to_those_who_differ(tensors: list[Any], source: int, digests: list[flo
 
 def sync_object(value: T) -> T:
     """A picklable value (a step counter, say) as the rank that kept its process has it."""
-    source = current().source
+    source = holders.agreed().source
     if source is None:
+        holders.hold(True)
         return value
     import torch.distributed as dist
 
     box = [value]
-    dist.broadcast_object_list(box, src=source)
+    dist.broadcast_object_list(box, src=source)  # a receiver holds the state once sync() returns
     return box[0]

@@ -53,9 +53,11 @@ class Interrupted(BaseException):
 class Restart:
     """Where this process stands: ``count`` in-process restarts so far; ``replaced`` the
     global ranks that are new processes in this attempt (their state comes from
-    ``source``, a rank that kept its process); both empty on a fresh start. ``fresh``:
-    no rank of this attempt kept its process (the first attempt, or a restart that used
-    new processes for every rank), so no rank holds the job's state: load the checkpoint.
+    ``source``, a rank that kept its process); both empty on a fresh start. As the agent
+    planned them until the attempt's first ``sync()``, then as the ranks agreed on them
+    (:mod:`agentd.inprocess.holders`). ``fresh``: no rank of this attempt holds the job's
+    state (the first attempt, or a restart that used new processes for every rank): load
+    the checkpoint.
     ``teardown_s``: seconds this process spent, at its last park, tearing its process
     groups down (an NCCL group's abort; a gloo group's destruction, its abort going on
     in the background); 0.0 before any."""
@@ -81,6 +83,13 @@ _current = Restart()
 def current() -> Restart:
     """This process's :class:`Restart` (read it inside the training function)."""
     return _current
+
+
+def agree(restart: Restart) -> None:
+    """This attempt's :class:`Restart` as the ranks agreed on it (see
+    :mod:`agentd.inprocess.holders`): what :func:`current` returns until the next one."""
+    global _current
+    _current = restart
 
 
 class _Channel:

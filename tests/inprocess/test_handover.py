@@ -182,3 +182,36 @@ def test_a_receiver_that_dies_leaves_no_segment_behind(tmp_path):
     two_ranks(tmp_path, [0, 3], "receiver-dies")
     report = json.loads((tmp_path / "0.json").read_text())
     assert report["failure"] and report["left"] == [], report
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_the_state_comes_from_a_rank_that_holds_it_whatever_the_plan_said(tmp_path):
+    """A kept rank lost between its node's join and the round's start is replaced by a new
+    process that the plan still names as the source: the ranks agree on who holds the
+    state (tests/inprocess/test_lost_source.py has the whole job)."""
+    pytest.importorskip("torch")
+    two_ranks(tmp_path, [0, 0], "holders")
+    reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:  # both ranks see the same agreement
+        assert report["the planned source holds nothing"] == {
+            "synced": True,
+            "source": 1,
+            "replaced": [0],
+            "fresh": False,
+            "rank 1's": True,
+        }
+        assert report["no rank holds anything"] == {
+            "synced": False,  # load the checkpoint
+            "source": None,
+            "replaced": [],
+            "fresh": True,
+            "rank 1's": report is reports[1],  # nothing was handed over
+        }
+        assert report["every rank holds it"] == {
+            "synced": True,
+            "source": None,
+            "replaced": [],
+            "fresh": False,
+            "rank 1's": report is reports[1],
+        }

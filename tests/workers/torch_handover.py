@@ -14,7 +14,11 @@ the CPU). Each rank writes ``OUT/<RANK>.json``: per round, the route and whether
 1's tensors (of several dtypes, one non-contiguous, one empty; on ``TEST_DEVICE``, the
 CPU by default, the last always on the CPU) equal rank 0's. With ``receiver-dies``, rank 1
 dies as it would open rank 0's segment, and rank 0 writes how its ``sync()`` failed and
-which of its segments are left in ``/dev/shm``.
+which of its segments are left in ``/dev/shm``. With ``holders``, the agent's plan
+(rank 0 hands over, rank 1 is new) meets other facts: rank 1 alone holds the job's state,
+then neither does, then both do while the plan names no source; each rank writes, per
+case, what ``sync()`` returned, the source and new ranks agreed, and whether its tensors
+are then rank 1's.
 """
 
 import json
@@ -25,11 +29,20 @@ import torch
 import torch.distributed as dist
 
 import agentd.inprocess as inprocess
-from agentd.inprocess import cuda_ipc, handover, worker
+from agentd.inprocess import cuda_ipc, handover, holders, worker
 
 rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-worker._current = worker.Restart(count=1, replaced=(1,), source=0, fresh=False)
+
+
+def restarted() -> None:
+    """An attempt after an in-process restart, as a resume would begin it: rank 0 kept its
+    process and holds the job's state, rank 1 is new."""
+    worker.agree(worker.Restart(count=1, replaced=(1,), source=0, fresh=False))
+    holders.hold(rank == 0)
+
+
+restarted()
 
 
 device = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
@@ -58,6 +71,31 @@ def fail(what: str):
 def said_to_be_on_one_gpu(tensors):
     return ("GPU-test", *real["device_keys"](tensors)[1:])
 
+
+if sys.argv[4:] == ["holders"]:
+    cases = {  # name: (the plan's source and new ranks, whether rank 0 and rank 1 hold)
+        "the planned source holds nothing": ((0, (1,)), (False, True)),
+        "no rank holds anything": ((0, (1,)), (False, False)),
+        "every rank holds it": ((None, ()), (True, True)),
+    }
+    found = {}
+    for name, ((source, replaced), holding) in cases.items():
+        worker.agree(worker.Restart(count=1, replaced=replaced, source=source, fresh=False))
+        holders.hold(holding[rank])
+        mine = tensors(seed=rank)
+        synced = inprocess.sync(*mine)
+        now = inprocess.current()
+        found[name] = {
+            "synced": synced,
+            "source": now.source,
+            "replaced": list(now.replaced),
+            "fresh": now.fresh,
+            "rank 1's": all(torch.equal(a, b) for a, b in zip(mine, tensors(seed=1), strict=True)),
+        }
+    with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+        json.dump(found, fp)
+    dist.destroy_process_group()
+    sys.exit(0)
 
 if sys.argv[4:] == ["receiver-dies"]:  # rank 1 dies as it would open rank 0's segment
     os.environ[handover.ROUTE_ENV] = handover.SHARED_MEMORY
@@ -101,6 +139,7 @@ ROUNDS = {  # name: AGENTD_SYNC_ROUTE on rank 0 and on rank 1
 rounds = {}
 real = {name: getattr(cuda_ipc, name) for name in ("device_keys", "export", "open_exported")}
 for name, routes in ROUNDS.items():
+    restarted()
     os.environ[handover.ROUTE_ENV] = routes[rank]
     handover.SHM_DIR = "/dev/shm"
     for attribute, function in real.items():

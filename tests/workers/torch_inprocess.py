@@ -7,9 +7,10 @@ change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writ
 which it first waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set (``cuda``: until
 its CUDA is ready; then also the GPU memory it holds, in MiB). Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
-it saw, how its last ``sync()`` handed state over, the model's weights and, with the
-model on a GPU (``TEST_DEVICE=cuda``, with ``TEST_BALLAST_MB`` more MiB held there, as a
-real model's would be), the CUDA memory its allocator held at the end of each call.
+it saw, the step its last call resumed at, how its last ``sync()`` handed state over, the
+model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
+``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
+allocator held at the end of each call.
 """
 
 import json
@@ -31,7 +32,7 @@ model = torch.nn.Linear(4, 1).to(device)
 ballast = torch.ones(int(os.environ.get("TEST_BALLAST_MB", "0")) * 2**18, device=device)
 allocated: list[int] = []
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # state to hand over
-state = {"step": 0, "calls": 0}
+state = {"step": 0, "calls": 0, "resumed": 0}
 true_w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]], device=device)
 
 
@@ -96,7 +97,7 @@ def train() -> None:
     if state["calls"] == 2 and rank == 3:  # a survivor that drifted: sync() must see it
         model.weight.data += 1.0
     assert inprocess.sync(model, optimizer) == (state["calls"] > 1 or not inprocess.current().fresh)
-    state["step"] = inprocess.sync_object(state["step"])
+    state["step"] = state["resumed"] = inprocess.sync_object(state["step"])
     while state["step"] < steps:
         step = state["step"]
         if step == crash and rank == 2 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
@@ -126,6 +127,7 @@ report = {
     "pid": os.getpid(),
     "started": started(),
     "calls": state["calls"],
+    "resumed": state["resumed"],
     "restart": inprocess.current().count,
     "teardown_s": inprocess.current().teardown_s,
     "synced": getattr(inprocess.last_sync(), "route", None),

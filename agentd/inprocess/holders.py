@@ -1,0 +1,79 @@
+"""Which ranks hold the job's state: agreed by the ranks themselves, once per attempt.
+
+The agent's plan (:mod:`agentd.inprocess.wire`) names the rank that hands its state over:
+the lowest rank every node said it kept when it joined the round. A kept process can be
+lost after its node said so and before the round starts (killed while the round waits for
+a late node); its agent then starts a new process in its place, and the plan would have
+that process, with its step 0 and its initial weights, hand them to every rank. So before
+a hand-over every rank tells the others, in one all-reduce of one small integer per rank,
+whether it holds the job's state: a process holds it once a :func:`~agentd.inprocess.sync`
+or :func:`~agentd.inprocess.sync_object` of an attempt returned in it (the first attempt's
+says to load the checkpoint), and a new process holds nothing until then. The source is
+the lowest rank that holds it; the ranks that do not receive it; where no rank holds it,
+the attempt is fresh (load the checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from agentd.inprocess import worker
+from agentd.inprocess.worker import Restart
+
+log = logging.getLogger(__name__)
+
+_holds = False
+"""Whether this process holds the job's state (see the module docstring)."""
+_agreed: Restart | None = None
+"""The attempt whose :class:`Restart` the ranks agreed on (current() is then it)."""
+
+
+def hold(holds: bool) -> None:
+    """This process holds the job's state from now on (True), or does not (False: it is
+    receiving it, and an interruption would leave it half-written)."""
+    global _holds
+    _holds = holds
+
+
+def agreed() -> Restart:
+    """This attempt's :class:`Restart` as every rank agrees on it: ``source`` the lowest
+    rank that holds the job's state (None: nothing to hand over, every rank holds it), and
+    ``replaced`` those that do not; ``fresh`` where none does. On a fresh attempt nothing
+    is communicated; otherwise every rank must call this at the same point (the first
+    :func:`~agentd.inprocess.sync` or :func:`~agentd.inprocess.sync_object` of the
+    attempt does), after ``init_process_group``."""
+    global _agreed
+    restart = worker.current()
+    if restart.fresh or restart is _agreed:
+        return restart
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    holding = torch.zeros(world, dtype=torch.int32, device=device)
+    holding[rank] = int(_holds)
+    dist.all_reduce(holding)
+    holders = [r for r, held in enumerate(holding.tolist()) if held]
+    others = tuple(sorted(set(range(world)) - set(holders)))
+    if not holders and rank == 0:  # said once for the job
+        log.warning(
+            "agentd.inprocess: no rank holds the job's state (the ranks kept were lost "
+            "before this attempt started): every rank starts from the checkpoint"
+        )
+    if not holders:
+        restart = dataclasses.replace(restart, replaced=(), source=None, fresh=True)
+    elif others or restart.source is not None:
+        if restart.source == rank and rank not in holders:  # said by that rank alone
+            log.warning(
+                "agentd.inprocess: rank %d was to hand its state over but holds none (a "
+                "new process in place of a kept one); rank %d does",
+                restart.source,
+                holders[0],
+            )
+        restart = dataclasses.replace(restart, replaced=others, source=holders[0])
+    _agreed = restart
+    worker.agree(restart)
+    return restart
