@@ -1,6 +1,7 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
+                                [--place loopback|etcd|namespaces]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
 two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
@@ -18,6 +19,10 @@ times:
 - ``host_lost``: SIGKILL to one agent and every process under it (a host gone);
 - ``agent_term``: SIGTERM to one agent (a preemption: its node drains and leaves);
 - ``agent_freeze``: SIGSTOP to one agent and its processes for 2-6 s, then SIGCONT;
+- with ``--place etcd`` (the agents meet through a 3-member etcd cluster on 127.0.0.1),
+  ``etcd_member_kill``: SIGKILL to one etcd member, started again on its data 2-6 s later;
+- with ``--place namespaces`` (root only: each agent in a network namespace of its own,
+  on a bridge), ``partition``: one agent's network cut for 2-8 s, then healed;
 
 and an agent that ended (killed, or left on SIGTERM) is started again 2-6 s later with the
 same command line, as systemd or a pod's restart would. No fault is drawn in the last
@@ -61,7 +66,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from run_control import free_port, kill_marked, marked_env, wait_for
+from chaos_networks import PLACES, Loopback
+from run_control import kill_marked, marked_env, wait_for
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "chaos_worker.py"
@@ -149,17 +155,22 @@ class Fault:
         return f"{self.kind}@{self.at:.1f}s->{self.target}"
 
 
-def draw(seed: int, horizon: float) -> list[Fault]:
+def draw(seed: int, horizon: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
     """The seed's faults: 2-5 of them, in the first two thirds of ``horizon`` seconds."""
     rng = random.Random(seed)
     faults = [
-        Fault(rng.uniform(3.0, horizon * 2 / 3), rng.choice(KINDS), rng.randrange(AGENTS))
+        Fault(rng.uniform(3.0, horizon * 2 / 3), rng.choice(kinds), rng.randrange(AGENTS))
         for _ in range(rng.randint(2, 5))
     ]
     return sorted(faults, key=lambda f: f.at)
 
 
-def strike(fault: Fault, agents: list[Agent], rng: random.Random, now: float, say) -> None:
+def strike(
+    fault: Fault, agents: list[Agent], rng: random.Random, now: float, say, place: Loopback
+) -> None:
+    if fault.kind in place.kinds:
+        place.strike(fault.kind, fault.target, now, rng, lambda line: say(f"{fault}: {line}"))
+        return
     agent = agents[fault.target]
     if agent.proc is None or agent.proc.poll() is not None or agent.frozen:
         say(f"{fault}: agent {fault.target} is down or frozen, nothing struck")
@@ -209,13 +220,28 @@ def each(procs: list[psutil.Process], act: Callable[[psutil.Process], object]) -
 
 
 def run_seed(
-    seed: int, steps: int, root: Path, verbose: bool, inprocess: bool = False
+    seed: int,
+    steps: int,
+    root: Path,
+    verbose: bool,
+    inprocess: bool = False,
+    place_name: str = "loopback",
 ) -> tuple[list[Fault], list[str]]:
-    """Run one seed's job; returns its faults and the invariants it broke (with detail)."""
+    """Run one seed's job where ``place_name`` says (:mod:`chaos_networks`); returns its
+    faults and the invariants it broke (with detail)."""
     out = root / "out"
     out.mkdir(parents=True)
-    port = free_port()
-    endpoints = f"127.0.0.1:{port},127.0.0.2:{port}"
+    place = PLACES[place_name](root, AGENTS)
+    try:
+        return _run_seed(seed, steps, root, verbose, inprocess, place)
+    finally:
+        place.close()
+
+
+def _run_seed(
+    seed: int, steps: int, root: Path, verbose: bool, inprocess: bool, place: Loopback
+) -> tuple[list[Fault], list[str]]:
+    out = root / "out"
     env, marker = marked_env(MARK)
     env.update(
         AGENTD_STORE_TOKEN="chaos",
@@ -224,7 +250,7 @@ def run_seed(
         CHAOS_INPROCESS="1" if inprocess else "0",
     )
     horizon = steps * 0.06
-    faults = draw(seed, horizon)
+    faults = draw(seed, horizon, (*KINDS, *place.kinds))
     rng = random.Random(seed * 7919 + 1)
     began = time.monotonic()
 
@@ -237,21 +263,22 @@ def run_seed(
         folder = root / f"node{index}"
         folder.mkdir()
         argv = [
-            sys.executable, "-m", "agentd", "run",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoints, "--rdzv-id", "chaos",
+            *place.prefix(index), sys.executable, "-m", "agentd", "run", *place.args(index),
+            "--rdzv-backend", place.backend, "--rdzv-endpoint", place.endpoints,
+            "--rdzv-id", "chaos",
             "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2", "--rdzv-conf", CONF,
             "--max-restarts", "100", "--health-port", "0",
             "--event-log", str(folder / "events.jsonl"), "--log-dir", str(folder / "logs"),
             "--heartbeat-timeout", "8", "--redirects", "3",
             str(WORKER), str(out), str(steps),
         ]  # fmt: skip
-        agents.append(Agent(index, argv, env, folder))
+        agents.append(Agent(index, argv, {**env, **place.env(index)}, folder))
     broken: list[str] = []
     seen: set[tuple[int, float]] = set()
     try:
         for agent in agents:  # one at a time: the first takes candidate 0, the next 1
             agent.start()
-            if agent.index < 2:
+            if agent.index < place.candidates:
                 wait_for(lambda a=agent: "store candidate" in _text(a.logs()[-1]), 20)
         if not wait_for((out / "starts.jsonl").exists, 120):
             return faults, ["done: the job never started"]
@@ -280,7 +307,8 @@ def run_seed(
                     agent.start()
                     say(f"agent {agent.index} started again (pid {agent.proc.pid})")
             while pending and pending[0].at <= now and not done.exists():
-                strike(pending.pop(0), agents, rng, now, say)
+                strike(pending.pop(0), agents, rng, now, say, place)
+            place.tend(now, say)
             if done.exists() and ended_at is None:
                 ended_at = time.monotonic()
                 say("the job is done")
@@ -378,13 +406,20 @@ def main() -> int:
         action="store_true",
         help="train in agentd.inprocess.run: the ranks that did not fail keep their process",
     )
+    parser.add_argument(
+        "--place",
+        choices=sorted(PLACES),
+        default="loopback",
+        help="where the agents meet, and its own faults (bench/chaos_networks.py)",
+    )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     failing = 0
     for seed in seeds:
         root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
         began = time.monotonic()
-        faults, broken = run_seed(seed, args.steps, root, args.seed is not None, args.inprocess)
+        verbose = args.seed is not None
+        faults, broken = run_seed(seed, args.steps, root, verbose, args.inprocess, args.place)
         took = time.monotonic() - began
         verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
         starts = _starts(root / "out")

@@ -1,0 +1,174 @@
+"""Where bench/bench_chaos.py's agents meet, and the faults that place adds.
+
+- :class:`Loopback` (the default): ``c10d`` with two store candidates, 127.0.0.1 and
+  127.0.0.2, served by the first two agents: the store fails over when its host is lost.
+- :class:`Etcd`: a 3-member etcd cluster on 127.0.0.1; ``etcd_member_kill`` SIGKILLs one
+  member and starts it again on its data 2-6 s later.
+- :class:`Namespaces` (root only): each agent in a network namespace of its own on a
+  bridge (``tests/chaos/netns.py``), ``c10d`` with the first two agents' addresses as
+  the store candidates, the workers' gloo on the namespace's interface; ``partition``
+  cuts one agent's bridge port for 2-8 s (its packets are dropped silently, as by a failed
+  switch port) and heals it.
+
+Each place starts in its constructor and is torn down by :meth:`close`; :meth:`strike`
+takes the faults of its own kinds, :meth:`tend` ends them when their time comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from run_control import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers, tests.chaos
+
+Say = Callable[[str], None]
+
+
+class Loopback:
+    """``c10d`` on this host's loopback, with two store candidates."""
+
+    name = "loopback"
+    kinds: tuple[str, ...] = ()
+    backend = "c10d"
+    candidates = 2
+    """How many agents serve a store candidate (started one at a time, in order)."""
+
+    def __init__(self, root: Path, agents: int) -> None:
+        port = free_port()
+        self.endpoints = f"127.0.0.1:{port},127.0.0.2:{port}"
+
+    def prefix(self, index: int) -> list[str]:
+        """What agent ``index``'s command line runs under."""
+        return []
+
+    def args(self, index: int) -> list[str]:
+        """Agent ``index``'s own options."""
+        return []
+
+    def env(self, index: int) -> dict[str, str]:
+        """Agent ``index``'s own environment (its workers inherit it)."""
+        return {}
+
+    def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
+        raise ValueError(f"{kind}: not a fault of {self.name}")
+
+    def tend(self, now: float, say: Say) -> None:
+        """End the faults whose time has come."""
+
+    def close(self) -> None:
+        """Tear the place down (after every agent is gone)."""
+
+
+class Etcd(Loopback):
+    """A 3-member etcd cluster on 127.0.0.1, whose members are killed and come back."""
+
+    name = "etcd"
+    kinds = ("etcd_member_kill",)
+    backend = "etcd"
+    candidates = 0
+    members = 3
+
+    def __init__(self, root: Path, agents: int) -> None:
+        from tests.helpers.etcd_server import EtcdCluster
+
+        self.cluster = EtcdCluster(root / "etcd", size=self.members).start()
+        self.endpoints = self.cluster.endpoints
+        self.back_at: dict[int, float] = {}
+
+    def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
+        index = target % self.members
+        self.cluster.kill(index)
+        self.back_at[index] = now + rng.uniform(2.0, 6.0)
+        say(f"SIGKILL to etcd member {index}")
+
+    def tend(self, now: float, say: Say) -> None:
+        for index, at in list(self.back_at.items()):
+            if now >= at:  # in a thread: a member takes seconds to be healthy
+                del self.back_at[index]
+                threading.Thread(target=self._restart, args=(index, say), daemon=True).start()
+
+    def _restart(self, index: int, say: Say) -> None:
+        try:
+            self.cluster.restart(index, timeout=30)
+        except Exception as exc:  # the harness's problem: said; two members keep quorum
+            say(f"etcd member {index} did not come back: {exc}")
+        else:
+            say(f"etcd member {index} started again")
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+
+class Namespaces(Loopback):
+    """Each agent in a network namespace on a bridge; ``partition`` cuts one off."""
+
+    name = "namespaces"
+    kinds = ("partition",)
+
+    def __init__(self, root: Path, agents: int) -> None:
+        from tests.chaos.netns import Bridge
+
+        self.bridge = Bridge()
+        try:
+            self.addresses = [self.bridge.add_host(f"h{i}") for i in range(agents)]
+        except BaseException:
+            self.bridge.close()
+            raise
+        port = free_port()
+        self.endpoints = ",".join(f"{a}:{port}" for a in self.addresses[: self.candidates])
+        self.heal_at: dict[int, float] = {}
+
+    def prefix(self, index: int) -> list[str]:
+        return self.bridge.run_in(f"h{index}")
+
+    def args(self, index: int) -> list[str]:
+        return ["--local-addr", self.addresses[index]]
+
+    def env(self, index: int) -> dict[str, str]:
+        return {"GLOO_SOCKET_IFNAME": self._interface(index)}
+
+    def _interface(self, index: int) -> str:
+        """The namespace's end of its veth pair (the bridge names it ``agi<tag><11+i>``)."""
+        listed = subprocess.run(
+            [*self.prefix(index), "ip", "-o", "link", "show"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        return next(
+            line.split(":")[1].strip().split("@")[0]
+            for line in listed.splitlines()
+            if "agi" in line
+        )
+
+    def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
+        if target in self.heal_at:
+            say(f"agent {target} is cut off already, nothing struck")
+            return
+        self.bridge.cut(f"h{target}")
+        self.heal_at[target] = now + rng.uniform(2.0, 8.0)
+        say(f"agent {target}'s network cut")
+
+    def tend(self, now: float, say: Say) -> None:
+        for index, at in list(self.heal_at.items()):
+            if now >= at:
+                del self.heal_at[index]
+                self.bridge.heal(f"h{index}")
+                say(f"agent {index}'s network healed")
+
+    def close(self) -> None:
+        for index in list(self.heal_at):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.bridge.heal(f"h{index}")
+        self.bridge.close()
+
+
+PLACES: dict[str, type[Loopback]] = {p.name: p for p in (Loopback, Etcd, Namespaces)}
