@@ -408,6 +408,7 @@ def test_agentd_drain_asks_over_http_with_the_drain_token(run_agentd, run_store,
     leaving = run_agentd(*rdzv, "--health-port", "0", *job, env=env | drains)
     url = health_url(leaving)
     wait_until(lambda: len(starts(out, 0)) == 2, what="a job of two nodes")
+    stepping(out, 2)  # a drain before their first step has no step to checkpoint at
 
     refused = drain_cli("--url", url, env={"AGENTD_DRAIN_TOKEN": "wrong"})
     assert refused.returncode == 1 and "needs the bearer token" in refused.stderr
@@ -434,7 +435,7 @@ def test_a_local_agent_publishes_its_drain_token_for_its_user(run_agentd, tmp_pa
     out.mkdir()
     agent = run_agentd("--standalone", "--health-port", "0", TRAIN, str(out), str(stop))
     url = health_url(agent)
-    wait_until(lambda: starts(out, 0), what="the worker")
+    stepping(out, 1)  # a drain before its first step has no step to checkpoint at
     done = drain_cli("--url", url)  # no AGENTD_DRAIN_TOKEN: the published file is read
     assert done.returncode == 0, done.stderr
     # no other node runs the job: it ends unfinished, which is not a success (exit 5)

@@ -60,7 +60,7 @@ def test_a_kept_rank_lost_while_its_round_forms_hands_nothing_over(run_agentd, r
 
     first = agent("0")  # node 0 (it joins first): ranks 0 and 1, back at once
     wait_until(lambda: "joined round 0 as node 0" in first.stderr(), 60, "node 0")
-    late = agent("4")  # node 1: rank 2 crashes; back 4 s later, the others waiting for it
+    late = agent("6")  # node 1: rank 2 crashes; back 6 s later, the others waiting for it
     wait_until(lambda: "joined round 1 as node 0" in first.stderr(), 120, "node 0's rejoin")
     assert "Restarting worker group" not in late.stderr()  # still within its backoff
     os.kill(first_pids(first)[0], signal.SIGKILL)  # kept, announced, then lost: rank 0
