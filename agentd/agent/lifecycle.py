@@ -93,8 +93,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         await self._services.workers_store.open_for(group)
         spec = group.spec
         if isinstance(self.rdzv_handler, CoordinatesDrains):
-            self.control_file = str(self.run_dir / "drain.control")
-            control.create(self.control_file)
+            self.control_file = self._new_control_file()
         dropped = self._services.inprocess.unresumable()  # kept, but their channel closed since
         if dropped:
             await self._stop_dropped(dropped)
@@ -171,6 +170,24 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if can_restart(self):  # the next attempt's directories, off its path
             stage_next_attempt(self.run_dir, (w.local_rank for w in group.workers))
         return {p.local_rank: p.pid for p in started}
+
+    def _new_control_file(self) -> str | None:
+        """This attempt's drain control file, in the run directory; None where it cannot be
+        made there (a full or read-only log disk): the attempt runs all the same, and a
+        drain of it stops its workers without asking them to checkpoint first."""
+        path = str(self.run_dir / "drain.control")
+        try:
+            control.create(path)
+        except OSError as exc:
+            log.warning(
+                "Could not create the drain control file %s (%s): a drain of attempt %d stops "
+                "its workers without asking them to checkpoint",
+                path,
+                exc.strerror or exc,
+                self.attempt,
+            )
+            return None
+        return path
 
     async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
         """Stop kept workers that can no longer be resumed; their ranks start anew."""

@@ -42,3 +42,34 @@ def test_a_full_log_dir_changes_nothing_but_the_log_files(tmp_path):
     assert result["state"] == "FAILED" and result["root_cause"]["exitcode"] == 7
     assert "final words" in result["root_cause"]["stderr_tail"]
     assert f"Failure report written to {logs}/full/result.json" in stderr
+
+
+def test_an_agent_started_on_a_full_log_dir_runs_its_job_and_its_restart(tmp_path):
+    """An agent started again onto the disk its logs filled (systemd's ``Restart=``): it
+    crashed before, with a traceback, making the drain control file in the run directory;
+    now each attempt runs without one, and says so."""
+    require_root("a tmpfs that fills up")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    agent = (
+        f"{sys.executable} -m agentd run --log-dir {logs} --rdzv-id full --nproc-per-node 2 "
+        f"--max-restarts 1 {WORKER} flaky"  # fails on attempt 0, succeeds on attempt 1
+    )
+    script = (
+        f"mount -t tmpfs -o size=256k agentd-full {logs} && "
+        f"{{ dd if=/dev/zero of={logs}/fill bs=4k 2>/dev/null; {agent}; }}"
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    stderr = out.stderr.decode()
+    assert out.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    for attempt in (0, 1):
+        assert (
+            f"{logs}/full/drain.control (No space left on device): a drain of attempt "
+            f"{attempt} stops its workers without asking them to checkpoint" in stderr
+        ), stderr[-3000:]
