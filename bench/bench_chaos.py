@@ -1,7 +1,7 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
-                                [--place loopback|etcd|namespaces]
+                                [--place loopback|etcd|namespaces] [--disk-full]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
 two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
@@ -23,6 +23,9 @@ times:
   ``etcd_member_kill``: SIGKILL to one etcd member, started again on its data 2-6 s later;
 - with ``--place namespaces`` (root only: each agent in a network namespace of its own,
   on a bridge), ``partition``: one agent's network cut for 2-8 s, then healed;
+- with ``--disk-full`` (root only: each agent's log dir a 64 MiB tmpfs of its own, in a
+  mount namespace of its own), ``disk_full``: one agent's log dir filled up for 2-6 s,
+  then freed;
 
 and an agent that ended (killed, or left on SIGTERM) is started again 2-6 s later with the
 same command line, as systemd or a pod's restart would. No fault is drawn in the last
@@ -104,6 +107,8 @@ class Agent:
     back_at: float | None = None  # when to start it again, after it ended
     frozen: list[psutil.Process] = dataclasses.field(default_factory=list)
     thaw_at: float | None = None
+    filled: int | None = None  # the pid whose log dir is full (its mount namespace's)
+    free_at: float | None = None
 
     def start(self) -> None:
         self.incarnation += 1
@@ -137,6 +142,10 @@ class Agent:
 
     def logs(self) -> list[Path]:
         return sorted(self.folder.glob("agent*.stderr"))
+
+    def logs_dir(self) -> Path:
+        """Its ``--log-dir`` (a tmpfs of its own with ``--disk-full``)."""
+        return self.folder / "logs"
 
 
 def _runs(proc: psutil.Process, what: str) -> bool:
@@ -205,6 +214,35 @@ def strike(
         each(agent.frozen, psutil.Process.suspend)
         agent.thaw_at = now + rng.uniform(2.0, 6.0)
         say(f"{fault}: SIGSTOP to agent pid {agent.proc.pid} and its tree")
+    elif fault.kind == "disk_full" and agent.filled is None:
+        fill = ["dd", "if=/dev/zero", f"of={agent.logs_dir() / FILL}", "bs=1M"]
+        in_its_mounts(agent.proc.pid, fill)  # until ENOSPC
+        agent.filled, agent.free_at = agent.proc.pid, now + rng.uniform(2.0, 6.0)
+        say(f"{fault}: agent {fault.target}'s log dir filled up")
+
+
+def own_disk(logs: Path) -> list[str]:
+    """The prefix that gives an agent a 64 MiB tmpfs of its own as ``logs``, in a mount
+    namespace of its own (gone with the agent)."""
+    mount = 'mkdir -p "$0" && mount -t tmpfs -o size=64m agentd-chaos "$0" && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(logs)]
+
+
+FILL = ".chaos-fill"
+"""The file that fills an agent's log dir (``disk_full``)."""
+
+
+def in_its_mounts(pid: int, argv: list[str]) -> None:
+    """Run ``argv`` in ``pid``'s mount namespace (where its log dir's tmpfs is)."""
+    subprocess.run(["nsenter", "-t", str(pid), "-m", *argv], capture_output=True, timeout=60)
+
+
+def free(agent: Agent) -> None:
+    """Free the log dir ``disk_full`` filled, if its agent still runs (a new one has a
+    new tmpfs)."""
+    if agent.filled is not None and agent.proc is not None and agent.proc.pid == agent.filled:
+        in_its_mounts(agent.filled, ["rm", "-f", str(agent.logs_dir() / FILL)])
+    agent.filled, agent.free_at = None, None
 
 
 def thaw(agent: Agent) -> None:
@@ -226,6 +264,7 @@ def run_seed(
     verbose: bool,
     inprocess: bool = False,
     place_name: str = "loopback",
+    disk_full: bool = False,
 ) -> tuple[list[Fault], list[str]]:
     """Run one seed's job where ``place_name`` says (:mod:`chaos_networks`); returns its
     faults and the invariants it broke (with detail)."""
@@ -233,13 +272,19 @@ def run_seed(
     out.mkdir(parents=True)
     place = PLACES[place_name](root, AGENTS)
     try:
-        return _run_seed(seed, steps, root, verbose, inprocess, place)
+        return _run_seed(seed, steps, root, verbose, inprocess, place, disk_full)
     finally:
         place.close()
 
 
 def _run_seed(
-    seed: int, steps: int, root: Path, verbose: bool, inprocess: bool, place: Loopback
+    seed: int,
+    steps: int,
+    root: Path,
+    verbose: bool,
+    inprocess: bool,
+    place: Loopback,
+    disk_full: bool,
 ) -> tuple[list[Fault], list[str]]:
     out = root / "out"
     env, marker = marked_env(MARK)
@@ -250,7 +295,7 @@ def _run_seed(
         CHAOS_INPROCESS="1" if inprocess else "0",
     )
     horizon = steps * 0.06
-    faults = draw(seed, horizon, (*KINDS, *place.kinds))
+    faults = draw(seed, horizon, (*KINDS, *place.kinds, *(("disk_full",) if disk_full else ())))
     rng = random.Random(seed * 7919 + 1)
     began = time.monotonic()
 
@@ -262,13 +307,15 @@ def _run_seed(
     for index in range(AGENTS):
         folder = root / f"node{index}"
         folder.mkdir()
+        logs = folder / "logs"
         argv = [
-            *place.prefix(index), sys.executable, "-m", "agentd", "run", *place.args(index),
+            *place.prefix(index), *(own_disk(logs) if disk_full else []),
+            sys.executable, "-m", "agentd", "run", *place.args(index),
             "--rdzv-backend", place.backend, "--rdzv-endpoint", place.endpoints,
             "--rdzv-id", "chaos",
             "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2", "--rdzv-conf", CONF,
             "--max-restarts", "100", "--health-port", "0",
-            "--event-log", str(folder / "events.jsonl"), "--log-dir", str(folder / "logs"),
+            "--event-log", str(folder / "events.jsonl"), "--log-dir", str(logs),
             "--heartbeat-timeout", "8", "--redirects", "3",
             str(WORKER), str(out), str(steps),
         ]  # fmt: skip
@@ -296,6 +343,9 @@ def _run_seed(
                 if agent.thaw_at is not None and now >= agent.thaw_at:
                     thaw(agent)
                     say(f"SIGCONT to agent {agent.index}")
+                if agent.free_at is not None and now >= agent.free_at:
+                    free(agent)
+                    say(f"agent {agent.index}'s log dir freed")
                 if agent.proc is not None and agent.proc.poll() is not None:
                     code = agent.proc.returncode
                     if done.exists():
@@ -407,6 +457,11 @@ def main() -> int:
         help="train in agentd.inprocess.run: the ranks that did not fail keep their process",
     )
     parser.add_argument(
+        "--disk-full",
+        action="store_true",
+        help="each agent's log dir a small tmpfs, filled up now and then (root only)",
+    )
+    parser.add_argument(
         "--place",
         choices=sorted(PLACES),
         default="loopback",
@@ -419,7 +474,9 @@ def main() -> int:
         root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
         began = time.monotonic()
         verbose = args.seed is not None
-        faults, broken = run_seed(seed, args.steps, root, verbose, args.inprocess, args.place)
+        faults, broken = run_seed(
+            seed, args.steps, root, verbose, args.inprocess, args.place, args.disk_full
+        )
         took = time.monotonic() - began
         verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
         starts = _starts(root / "out")
