@@ -7,10 +7,11 @@ a late node); its agent then starts a new process in its place, and the plan wou
 that process, with its step 0 and its initial weights, hand them to every rank. So before
 a hand-over every rank tells the others, in one all-reduce of one small integer per rank,
 whether it holds the job's state: a process holds it once a :func:`~agentd.inprocess.sync`
-or :func:`~agentd.inprocess.sync_object` of an attempt returned in it (the first attempt's
-says to load the checkpoint), and a new process holds nothing until then. The source is
-the lowest rank that holds it; the ranks that do not receive it; where no rank holds it,
-the attempt is fresh (load the checkpoint).
+of an attempt returned in it (the first attempt's says to load the checkpoint), or a
+:func:`~agentd.inprocess.sync_object` that had nothing to receive; a new process holds
+nothing until then, nor does a receiver while it receives. The source is the lowest rank
+that holds it; the ranks that do not receive it; where no rank holds it, the attempt is
+fresh (load the checkpoint).
 """
 
 from __future__ import annotations
