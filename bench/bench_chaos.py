@@ -214,7 +214,9 @@ def strike(
         each(agent.frozen, psutil.Process.suspend)
         agent.thaw_at = now + rng.uniform(2.0, 6.0)
         say(f"{fault}: SIGSTOP to agent pid {agent.proc.pid} and its tree")
-    elif fault.kind == "disk_full" and agent.filled is None:
+    elif fault.kind == "disk_full" and agent.filled is not None:
+        say(f"{fault}: agent {fault.target}'s log dir is full already, nothing struck")
+    elif fault.kind == "disk_full":
         fill = ["dd", "if=/dev/zero", f"of={agent.logs_dir() / FILL}", "bs=1M"]
         in_its_mounts(agent.proc.pid, fill)  # until ENOSPC
         agent.filled, agent.free_at = agent.proc.pid, now + rng.uniform(2.0, 6.0)

@@ -132,22 +132,7 @@ class Namespaces(Loopback):
         return ["--local-addr", self.addresses[index]]
 
     def env(self, index: int) -> dict[str, str]:
-        return {"GLOO_SOCKET_IFNAME": self._interface(index)}
-
-    def _interface(self, index: int) -> str:
-        """The namespace's end of its veth pair (the bridge names it ``agi<tag><11+i>``)."""
-        listed = subprocess.run(
-            [*self.prefix(index), "ip", "-o", "link", "show"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout
-        return next(
-            line.split(":")[1].strip().split("@")[0]
-            for line in listed.splitlines()
-            if "agi" in line
-        )
+        return {"GLOO_SOCKET_IFNAME": self.bridge.interfaces[f"h{index}"]}
 
     def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
         if target in self.heal_at:

@@ -59,12 +59,12 @@ def agreed() -> Restart:
     dist.all_reduce(holding)
     holders = [r for r, held in enumerate(holding.tolist()) if held]
     others = tuple(sorted(set(range(world)) - set(holders)))
-    if not holders and rank == 0:  # said once for the job
-        log.warning(
-            "agentd.inprocess: no rank holds the job's state (the ranks kept were lost "
-            "before this attempt started): every rank starts from the checkpoint"
-        )
     if not holders:
+        if rank == 0:  # said once for the job
+            log.warning(
+                "agentd.inprocess: no rank holds the job's state (the ranks kept were lost "
+                "before this attempt started): every rank starts from the checkpoint"
+            )
         restart = dataclasses.replace(restart, replaced=(), source=None, fresh=True)
     elif others or restart.source is not None:
         if restart.source == rank and rank not in holders:  # said by that rank alone

@@ -53,6 +53,8 @@ class Bridge:
         self.address = f"{self.subnet}.1"
         self.hosts: dict[str, tuple[str, str]] = {}
         """host name -> (namespace, bridge-side interface)"""
+        self.interfaces: dict[str, str] = {}
+        """host name -> its interface inside its namespace (what ``GLOO_SOCKET_IFNAME`` names)"""
         ip("link", "add", self.name, "type", "bridge")
         ip("addr", "add", f"{self.address}/24", "dev", self.name)
         ip("link", "set", self.name, "up")
@@ -65,6 +67,7 @@ class Bridge:
         address = f"{self.subnet}.{index}"
         ip("netns", "add", namespace)
         self.hosts[host] = (namespace, outer)
+        self.interfaces[host] = inner
         ip("link", "add", outer, "type", "veth", "peer", "name", inner)
         ip("link", "set", inner, "netns", namespace)
         ip("link", "set", outer, "master", self.name)
