@@ -1,4 +1,5 @@
-"""A network partition of one agent, in network namespaces on a bridge this test creates.
+"""A network partition of one agent, in network namespaces on a bridge this test creates,
+on agentd's own store and on etcd.
 
 Before: a partitioned agent's workers ran on as a duplicate rank for 56 s, 26 s after the
 partition healed: its heartbeat was renewed without ending its round, and its long poll
@@ -14,7 +15,8 @@ import pytest
 
 from tests.chaos.conftest import require_root
 from tests.chaos.netns import Bridge
-from tests.conftest import pid_alive, wait_until
+from tests.conftest import AgentProc, pid_alive, wait_until
+from tests.helpers.etcd_server import EtcdCluster, require_etcd
 from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
 
 TTL = 2.0
@@ -36,17 +38,24 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
 ):
     store = run_store(host=bridge.address)  # off loopback: the token is required
     stop = tmp_path / "stop"
-    agents = []
-    for host in ("h0", "h1", "h2"):
-        address = bridge.add_host(host)
-        agents.append(
-            run_agentd(
-                *agent_args(store.endpoint, "2:3", "--local-addr", address, conf=FAST),
-                *member_job(stop),
-                env={"AGENTD_STORE_TOKEN": TOKEN},
-                prefix=tuple(bridge.run_in(host)),
-            )
+    agents = [
+        run_agentd(
+            *agent_args(store.endpoint, "2:3", "--local-addr", bridge.add_host(host), conf=FAST),
+            *member_job(stop),
+            env={"AGENTD_STORE_TOKEN": TOKEN},
+            prefix=tuple(bridge.run_in(host)),
         )
+        for host in ("h0", "h1", "h2")
+    ]
+    cut_rank_0s_agent_off_and_heal(agents, bridge)
+    stop.touch()
+    assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
+
+
+def cut_rank_0s_agent_off_and_heal(agents: list[AgentProc], bridge: Bridge) -> None:
+    """Once the three agents (on hosts h0-h2) run a job of three, cut rank 0's off: its
+    worker is stopped within the TTL + 1 s, before the other two hold its rank in a job
+    of two; heal it: it rejoins within 15 s."""
     wait_until(lambda: one_round(agents, 3), what="a job of three")
     # The round of three is each agent's latest attempt: a third agent that came after the
     # first round was sealed made the other two restart once (their attempt 0 may have
@@ -72,8 +81,6 @@ def test_a_partitioned_agent_stops_its_workers_in_time_and_rejoins(
         lambda: one_round(agents, 3, after=shrunk), timeout=30, what="the healed agent to rejoin"
     )
     assert time.time() - healed < 15, "the healed agent took too long to rejoin"
-    stop.touch()
-    assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
 
 
 def test_a_partition_from_the_store_host_leaves_one_server_on_the_larger_side(
@@ -165,3 +172,26 @@ def test_a_store_host_cut_off_from_every_other_candidate_steps_down(run_agentd, 
     wait_until(lambda: one_round(agents, 3, after=shrunk), timeout=60, what="a job of three")
     stop.touch()
     assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]
+
+
+def test_an_agent_cut_off_from_etcd_stops_its_workers_in_time_and_rejoins(
+    run_agentd, tmp_path, bridge
+):
+    """The first test's partition where the agents meet through etcd (one member on the
+    bridge): the lease the cut-off agent can no longer renew is etcd's, its watches are
+    etcd's streams."""
+    require_etcd()
+    stop = tmp_path / "stop"
+    with EtcdCluster(tmp_path / "etcd", host=bridge.address) as etcd:
+        agents = [
+            run_agentd(
+                *("--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints),
+                *("--rdzv-id", "job", "--nnodes", "2:3", "--rdzv-conf", FAST),
+                *("--local-addr", bridge.add_host(host), *member_job(stop)),
+                prefix=tuple(bridge.run_in(host)),
+            )
+            for host in ("h0", "h1", "h2")
+        ]
+        cut_rank_0s_agent_off_and_heal(agents, bridge)
+        stop.touch()
+        assert [a.wait(30) for a in agents] == [0, 0, 0], [a.stderr()[-2000:] for a in agents]

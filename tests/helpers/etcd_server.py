@@ -126,15 +126,17 @@ class EtcdMember:
     data_dir: Path
     log: Path
     scheme: str = "http"
+    host: str = "127.0.0.1"
+    """The address clients reach it on (its peers always meet on 127.0.0.1)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -158,11 +160,14 @@ class MemberExited(AssertionError):
 class EtcdCluster:
     """``size`` etcd members under ``root``; use as a context manager, or start/stop.
 
-    With ``tls``, clients must speak https and show a certificate the CA signed."""
+    With ``tls``, clients must speak https and show a certificate the CA signed; ``host``
+    is the address clients reach the members on (a bridge's, for hosts in network
+    namespaces)."""
 
     root: Path
     size: int = 1
     tls: TlsFiles | None = None
+    host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
     members: list[EtcdMember] = field(default_factory=list)
     _token: str = ""
@@ -179,6 +184,7 @@ class EtcdCluster:
                     self.root / name,
                     self.root / f"{name}.log",
                     scheme,
+                    self.host,
                 )
             )
 
