@@ -9,6 +9,9 @@
   the store candidates, the workers' gloo on the namespace's interface; ``partition``
   cuts one agent's bridge port for 2-8 s (its packets are dropped silently, as by a failed
   switch port) and heals it.
+- :class:`EtcdNamespaces` (root only): both faults at once, agents in network namespaces
+  meeting through a 3-member etcd cluster on the bridge's address: a partition cuts an
+  agent off from every member at once, and members are killed besides.
 
 Each place starts in its constructor and is torn down by :meth:`close`; :meth:`strike`
 takes the faults of its own kinds, :meth:`tend` ends them when their time comes.
@@ -67,7 +70,8 @@ class Loopback:
 
 
 class Etcd(Loopback):
-    """A 3-member etcd cluster on 127.0.0.1, whose members are killed and come back."""
+    """A 3-member etcd cluster on 127.0.0.1 (on ``host``), whose members are killed and
+    come back."""
 
     name = "etcd"
     kinds = ("etcd_member_kill",)
@@ -75,10 +79,10 @@ class Etcd(Loopback):
     candidates = 0
     members = 3
 
-    def __init__(self, root: Path, agents: int) -> None:
+    def __init__(self, root: Path, agents: int, host: str = "127.0.0.1") -> None:
         from tests.helpers.etcd_server import EtcdCluster
 
-        self.cluster = EtcdCluster(root / "etcd", size=self.members).start()
+        self.cluster = EtcdCluster(root / "etcd", size=self.members, host=host).start()
         self.endpoints = self.cluster.endpoints
         self.back_at: dict[int, float] = {}
 
@@ -156,4 +160,39 @@ class Namespaces(Loopback):
         self.bridge.close()
 
 
-PLACES: dict[str, type[Loopback]] = {p.name: p for p in (Loopback, Etcd, Namespaces)}
+class EtcdNamespaces(Namespaces):
+    """:class:`Namespaces` whose agents meet through an :class:`Etcd` cluster on the
+    bridge's address: ``partition`` and ``etcd_member_kill`` both."""
+
+    name = "etcd-namespaces"
+    kinds = (*Namespaces.kinds, *Etcd.kinds)
+    backend = Etcd.backend
+    candidates = Etcd.candidates
+
+    def __init__(self, root: Path, agents: int) -> None:
+        super().__init__(root, agents)
+        try:
+            self.etcd = Etcd(root, agents, host=self.bridge.address)
+        except BaseException:
+            super().close()
+            raise
+        self.endpoints = self.etcd.endpoints
+
+    def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
+        if kind in Etcd.kinds:
+            self.etcd.strike(kind, target, now, rng, say)
+        else:
+            super().strike(kind, target, now, rng, say)
+
+    def tend(self, now: float, say: Say) -> None:
+        super().tend(now, say)
+        self.etcd.tend(now, say)
+
+    def close(self) -> None:
+        self.etcd.close()
+        super().close()
+
+
+PLACES: dict[str, type[Loopback]] = {
+    p.name: p for p in (Loopback, Etcd, Namespaces, EtcdNamespaces)
+}
