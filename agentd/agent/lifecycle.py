@@ -8,6 +8,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,22 +173,39 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         return {p.local_rank: p.pid for p in started}
 
     def _new_control_file(self) -> str | None:
-        """This attempt's drain control file, in the run directory; None where it cannot be
-        made there (a full or read-only log disk): the attempt runs all the same, and a
-        drain of it stops its workers without asking them to checkpoint first."""
-        path = str(self.run_dir / "drain.control")
-        try:
-            control.create(path)
-        except OSError as exc:
-            log.warning(
-                "Could not create the drain control file %s (%s): a drain of attempt %d stops "
-                "its workers without asking them to checkpoint",
-                path,
-                exc.strerror or exc,
-                self.attempt,
-            )
-            return None
-        return path
+        """This attempt's drain control file: the last attempt's again (its kept workers
+        map it), else ``drain.control`` in the run directory, else (a full or read-only log
+        disk) in the agent's private runtime directory, the watchdog pipe's. None where
+        none can be made: the attempt runs all the same, and a drain of it stops its
+        workers without asking them to checkpoint first."""
+        first = str(self.run_dir / control.NAME)
+        places = [first]
+        if self._services.watchdog.pipe_dir:
+            places.append(os.path.join(self._services.watchdog.pipe_dir, control.NAME))
+        if self.control_file in places:  # made by an earlier attempt: the same from now on
+            places = [self.control_file]
+        problems = []
+        for path in places:
+            try:
+                control.create(path)
+            except OSError as exc:
+                problems.append(f"{path} ({exc.strerror or exc})")
+                continue
+            if problems:
+                log.warning(
+                    "Could not create the drain control file %s: attempt %d's is %s",
+                    "; ".join(problems),
+                    self.attempt,
+                    path,
+                )
+            return path
+        log.warning(
+            "Could not create the drain control file %s: a drain of attempt %d stops its "
+            "workers without asking them to checkpoint",
+            "; ".join(problems),
+            self.attempt,
+        )
+        return None
 
     async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
         """Stop kept workers that can no longer be resumed; their ranks start anew."""

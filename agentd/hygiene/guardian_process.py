@@ -12,7 +12,8 @@ nothing is marked, so it simply exits.
 
 ``R<path>`` names a private directory of the agent's (its named pipe's) to remove when the
 agent is gone, so a killed agent leaves no litter in ``/tmp``: only a directory named
-``agentd-*`` that holds nothing but named pipes is removed.
+``agentd-*`` that holds nothing but named pipes and, maybe, the drain control file
+(:data:`CONTROL_FILE`, there when the log disk could not have it) is removed.
 
 ``F<sha256> <path>`` names a secret the agent published (its store's or health endpoint's
 token file, :mod:`agentd.store.token_file`), ``f<path>`` takes it back (withdrawn, or the
@@ -177,16 +178,25 @@ def run_will(will: bytes) -> None:
         sys.stderr.write(f"agentd guardian: could not release the membership: {exc}\n")
 
 
+CONTROL_FILE = "drain.control"  # agentd.wire.control.NAME: this program imports no agentd
+
+
+def agents_litter(path: str, name: str) -> bool:
+    """Whether ``name`` in ``path`` is an agent's: a named pipe, or the control file."""
+    mode = os.lstat(os.path.join(path, name)).st_mode
+    return stat.S_ISFIFO(mode) or (name == CONTROL_FILE and stat.S_ISREG(mode))
+
+
 def remove_private_dir(path: str) -> None:
     """Remove ``path`` if it is one of the agent's pipe directories (see the module doc)."""
     if not os.path.basename(path).startswith("agentd-"):
         return
     try:
-        entries = [os.path.join(path, name) for name in os.listdir(path)]
-        if not all(stat.S_ISFIFO(os.lstat(entry).st_mode) for entry in entries):
+        names = os.listdir(path)
+        if not all(agents_litter(path, name) for name in names):
             return
-        for entry in entries:
-            os.unlink(entry)
+        for name in names:
+            os.unlink(os.path.join(path, name))
         os.rmdir(path)
     except OSError:
         return
@@ -232,12 +242,10 @@ class Charge:
         self.done = False  # the twin's: Q came (the guardian acted for a gone agent)
 
     def read(self, line: bytes) -> None:
-        if line[:1] in (b"+", b"-") and line[1:].isdigit():
-            pgid = int(line[1:])
-            if line[:1] == b"+":
-                self.groups.add(pgid)
-            else:
-                self.groups.discard(pgid)
+        if line[:1] == b"+" and line[1:].isdigit():
+            self.groups.add(int(line[1:]))
+        elif line[:1] == b"-" and line[1:].isdigit():
+            self.groups.discard(int(line[1:]))
         elif line[:1] == b"R" and len(line) > 1:
             self.private_dirs.add(os.fsdecode(line[1:]))
         elif line[:1] == b"F" and line[65:66] == b" " and len(line) > 66:

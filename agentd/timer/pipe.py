@@ -37,11 +37,13 @@ _READ_SIZE = 1 << 16
 
 def sweep_stale_pipe_dirs(folder: str) -> list[str]:
     """Remove the private pipe directories (``agentd-timer-<pid>.<start ticks>[.<PID
-    namespace>]-*``, holding only named pipes, ours) of agents that are gone: one killed
-    before its guardian started (it starts with the first workers) could not have its
-    directory removed. An agent of another PID namespace (a container's, sharing the
-    folder) is not judged by its pid, which names another process here or none, but by its
-    lock on the directory (:func:`lock_dir`), which ends with it. Returns those removed."""
+    namespace>]-*``, holding only named pipes, ours, and maybe a drain control file) of
+    agents that are gone: one killed before its guardian started (it starts with the first
+    workers) could not have its directory removed. An agent of another PID namespace (a
+    container's, sharing the folder) is not judged by its pid, which names another process
+    here or none, but by its lock on the directory (:func:`lock_dir`), which ends with it.
+    Returns those removed."""
+    from agentd.hygiene.guardian_process import remove_private_dir
     from agentd.hygiene.orphans import agent_alive, parse_identity, pid_namespace  # agent side
 
     ours = pid_namespace()
@@ -61,13 +63,10 @@ def sweep_stale_pipe_dirs(folder: str) -> list[str]:
                     continue
             elif _young(entry.path) or tempdirs.held(entry.path):
                 continue
-            if not _only_our_fifos(entry.path):
-                continue
-            with contextlib.suppress(OSError):
-                for leftover in os.listdir(entry.path):
-                    os.unlink(os.path.join(entry.path, leftover))
-                os.rmdir(entry.path)
-                removed.append(entry.path)
+            if _ours(entry.path):
+                remove_private_dir(entry.path)  # if it holds only what an agent leaves there
+                if not os.path.lexists(entry.path):
+                    removed.append(entry.path)
     return removed
 
 
@@ -94,16 +93,13 @@ def _young(path: str) -> bool:
         return True
 
 
-def _only_our_fifos(path: str) -> bool:
+def _ours(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link to one) that this user owns."""
     try:
         info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            return False
-        return all(
-            stat.S_ISFIFO(os.lstat(os.path.join(path, name)).st_mode) for name in os.listdir(path)
-        )
     except OSError:
         return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
 OnProgress = Callable[["list[ProgressMessage]"], None]
@@ -196,6 +192,10 @@ class FifoSource:
                 os.unlink(self.path)
             self._created_fifo = False
         if self._created_dir:
+            from agentd.wire.control import NAME  # the agent may have made it here
+
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._created_dir, NAME))
             with contextlib.suppress(OSError):
                 os.rmdir(self._created_dir)
             self._created_dir = None

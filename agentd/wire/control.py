@@ -13,6 +13,8 @@ import os
 import struct
 
 CONTROL_ENV = "AGENTD_CONTROL_FILE"
+NAME = "drain.control"
+"""The file's name, in the run directory (or the agent's private runtime directory)."""
 _LAYOUT = struct.Struct("<qq")
 SIZE = _LAYOUT.size
 NO_STEP = -1

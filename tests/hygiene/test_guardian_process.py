@@ -1,6 +1,6 @@
 """The guardian removes only what is surely the agent's: a directory named agentd-* that
-holds nothing but named pipes; and it releases a dead agent's membership only once its
-workers are dead."""
+holds nothing but named pipes (and maybe the drain control file); and it releases a dead
+agent's membership only once its workers are dead."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import os
 import subprocess
 import sys
 
-from agentd.hygiene.guardian_process import remove_private_dir, remove_secret_file, wait_dead
+from agentd.hygiene.guardian_process import (
+    CONTROL_FILE,
+    remove_private_dir,
+    remove_secret_file,
+    wait_dead,
+)
+from agentd.wire import control
 
 
 def test_a_pipe_directory_is_removed(tmp_path):
@@ -18,6 +24,24 @@ def test_a_pipe_directory_is_removed(tmp_path):
     os.mkfifo(pipes / "timer.fifo")
     remove_private_dir(str(pipes))
     assert not pipes.exists()
+
+
+def test_a_pipe_directory_holding_the_drain_control_file_is_removed(tmp_path):
+    """Where the log disk could not have it, the agent makes its control file there."""
+    pipes = tmp_path / "agentd-timer-abc"
+    pipes.mkdir()
+    os.mkfifo(pipes / "timer.fifo")
+    control.create(str(pipes / control.NAME))
+    assert control.NAME == CONTROL_FILE  # the guardian imports nothing of agentd's
+    remove_private_dir(str(pipes))
+    assert not pipes.exists()
+
+
+def test_a_control_file_that_is_no_file_is_left_alone(tmp_path):
+    pipes = tmp_path / "agentd-timer-abc"
+    (pipes / control.NAME).mkdir(parents=True)
+    remove_private_dir(str(pipes))
+    assert (pipes / control.NAME).is_dir()
 
 
 def test_anything_else_is_left_alone(tmp_path):
