@@ -1,42 +1,32 @@
 """The guardian program: kills an agent's workers if the agent dies without stopping them.
 
-Run by the agent as ``python -I -S guardian_process.py MARK`` in a session of its own: a
-standalone program on the standard library's lightest modules only, so it starts in a
-few milliseconds and never competes with the workers for the CPU.
+Run by the agent as ``python -I -S guardian_process.py MARK`` in a session of its own, on
+the standard library's lightest modules only: it starts in milliseconds and never competes
+with the workers for the CPU. It reads the agent's lines on its stdin:
 
-The agent writes ``+PGID`` / ``-PGID`` lines on its stdin as worker process groups come and
-go. End of input means the agent is gone (exited or killed): the guardian sends SIGKILL to
-every process group still listed and to every process whose ``AGENTD_OWNER`` is ``MARK``
-(children that left their group), then exits. After a clean stop nothing is listed and
-nothing is marked, so it simply exits.
+- ``+PGID`` / ``-PGID``: worker process groups come and go. End of input means the agent
+  is gone (exited or killed): the guardian SIGKILLs every group still listed and every
+  process whose ``AGENTD_OWNER`` is ``MARK`` (children that left their group), then exits
+  (after a clean stop, nothing is listed or marked).
+- ``R<path>``: a private directory of the agent's to remove once it is gone, so a killed
+  agent leaves no litter in ``/tmp``: only an ``agentd-*`` directory that holds nothing but
+  named pipes, and maybe the drain control file (:data:`CONTROL_FILE`), is removed.
+- ``F<sha256> <path>`` / ``f<path>``: a secret the agent published (a token file,
+  :mod:`agentd.store.token_file`), and its withdrawal: once the agent is gone, the file is
+  removed if it still holds a token of that SHA-256 (a newer agent may have replaced it).
+- ``W<json>`` / ``W-``: the agent's will (:mod:`agentd.rendezvous.release`): once the agent
+  is gone and its workers are seen dead, ``python -m agentd.rendezvous.release`` releases
+  its membership with it, so its peers go on at once.
+- ``L<seconds>`` / ``L-``: the end of the agent's membership lease (``time.monotonic()``,
+  one clock for every process). Not renewed by then (plus :data:`LEASE_SLACK`), the agent
+  could not stop its workers in time (frozen, starved): the guardian kills them as above
+  and goes on guarding, so no worker outlives the lease on its ranks.
 
-``R<path>`` names a private directory of the agent's (its named pipe's) to remove when the
-agent is gone, so a killed agent leaves no litter in ``/tmp``: only a directory named
-``agentd-*`` that holds nothing but named pipes and, maybe, the drain control file
-(:data:`CONTROL_FILE`, there when the log disk could not have it) is removed.
-
-``F<sha256> <path>`` names a secret the agent published (its store's or health endpoint's
-token file, :mod:`agentd.store.token_file`), ``f<path>`` takes it back (withdrawn, or the
-agent stops cleanly): when the agent is gone, the file is removed if it still holds a
-token of that SHA-256 (a newer agent may have published its own there since).
-
-``W<json>`` is the agent's will (:mod:`agentd.rendezvous.release`), ``W-`` takes it back:
-when the agent is gone, once its workers are killed and seen dead, the guardian runs
-``python -m agentd.rendezvous.release`` with the will on its stdin, which releases the
-agent's membership of its round so its peers go on at once.
-
-``L<seconds>`` gives the end of the agent's membership lease (``time.monotonic()``, one
-clock for every process), ``L-`` takes it back. A lease not renewed by its end (plus
-:data:`LEASE_SLACK`) means the agent could not stop its workers in time (frozen, or
-starved): the guardian kills them as above and goes on guarding, so no worker outlives
-the lease on its ranks.
-
-The guardian forks a **twin** as it starts and passes it every chunk it reads, then
-``Q`` once it has acted for a gone agent. The twin does nothing while the guardian lives.
-Should the guardian die first (a frozen agent starts no other: its workers would outlive
-the lease unfenced), the twin stands in (:func:`stand_in`) until another guardian of
-``MARK`` runs, and acts for the agent if it is gone too; it forks a twin of its own as it
-stands in, which stands in should it die as well.
+The guardian forks a **twin** as it starts and passes it every chunk it reads, then ``Q``
+once it has acted for a gone agent. Should the guardian die first (a frozen agent starts
+no other: its workers would outlive the lease unfenced), the twin stands in
+(:func:`stand_in`) until another guardian of ``MARK`` runs, acting for the agent if it is
+gone too, with a twin of its own that stands in should it die as well.
 
 :func:`marked_processes` and :func:`kill_marked` are also the agent's (see orphans.py).
 """
