@@ -53,6 +53,20 @@ def spares_of(zygote: int) -> list[int]:
     return found
 
 
+def held_spares(port: int, zygote: int, count: int) -> list[int]:
+    """Once the agent at health ``port`` holds ``count`` spares of ``zygote``, their pids. A
+    spare runs, titled, before the agent holds it (the zygote's word of it is on its way):
+    a restart then forks anew, as on a loaded CI machine once (2026-12-03)."""
+
+    def held() -> list[int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+            return json.loads(response.read())["preload"]["standby_pids"]
+
+    pids = wait_until(lambda: len(found := held()) == count and found, what=f"{count} spares")
+    assert sorted(pids) == sorted(spares_of(zygote))
+    return pids
+
+
 def reports(agent, nproc: int) -> list[dict]:
     return [json.loads((agent.out_dir / f"report_{r}.json").read_text()) for r in range(nproc)]
 
@@ -221,13 +235,7 @@ def test_zygote_killed_mid_job_restarts_with_a_new_zygote(run_agentd):
     }
     assert len(standbys) <= 2
 
-    def standby_pids() -> list[int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
-            return json.loads(response.read())["preload"]["standby_pids"]
-
-    # the new zygote forks its standbys once quiet: /status shows them as ps does
-    held = wait_until(lambda: len(pids := standby_pids()) == 2 and pids, what="2 standbys")
-    assert sorted(held) == sorted(spares_of(new_zygote))
+    held_spares(port, new_zygote, 2)  # forked once the new zygote is quiet: /status as ps
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 128 + signal.SIGTERM
     assert not any(pid_alive(p) for p in [*new_workers, new_zygote])
@@ -290,14 +298,18 @@ def test_standbys_asked_of_a_group_that_never_restarts_are_not_forked(run_agentd
 def test_a_script_that_preloads_nothing_restarts_from_a_bare_zygote(run_agentd):
     """The first workers are spawned (a zygote would only delay them), the zygote starts
     once they run, and the next attempt is forked from it."""
-    agent = run_agentd("--nproc-per-node", "2", "--max-restarts", "1", WORKER, "sleep")
+    port = free_port()
+    agent = run_agentd(
+        *("--nproc-per-node", "2", "--max-restarts", "1", "--health-port", str(port)),
+        *(WORKER, "sleep"),
+    )
     first = agent.wait_ready(2)
     agent.extra_pids += first
     assert all(psutil.Process(p).ppid() == agent.pid for p in first)
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the bare zygote")
     agent.extra_pids.append(zygote)
     wait_until(lambda: "Zygote pid" in agent.stderr(), what="the zygote ready")
-    spares = wait_until(lambda: len(spares_of(zygote)) == 2 and spares_of(zygote), what="spares")
+    spares = held_spares(port, zygote, 2)
     agent.extra_pids += spares
     os.kill(first[0], signal.SIGKILL)
     second = agent.wait_ready(2, attempt=1)
@@ -321,12 +333,17 @@ def test_a_script_edited_after_the_spares_compiled_it_runs_as_edited(run_agentd,
     runs the file as it is then, as a spawned worker would."""
     job = tmp_path / "job.py"
     job.write_text(Path(WORKER).read_text())
-    agent = run_agentd("--nproc-per-node", "2", "--max-restarts", "1", str(job), "sleep")
+    port = free_port()
+    agent = run_agentd(
+        *("--nproc-per-node", "2", "--max-restarts", "1", "--health-port", str(port)),
+        *(str(job), "sleep"),
+    )
     first = agent.wait_ready(2)
     agent.extra_pids += first
     [zygote] = wait_until(lambda: zygotes_of(agent), what="the bare zygote")
-    spares = wait_until(lambda: len(spares_of(zygote)) == 2 and spares_of(zygote), what="spares")
-    agent.extra_pids += [zygote, *spares]
+    agent.extra_pids.append(zygote)
+    spares = held_spares(port, zygote, 2)
+    agent.extra_pids += spares
     source = job.read_text()
     edit = "from __future__ import annotations\n"
     mark = 'import os as _o; open(_o.environ["TEST_AGENTD_OUT"] + "/edited", "w").close()\n'
