@@ -8,6 +8,7 @@ the flag, the value and the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -250,6 +251,9 @@ def _etcd(
     read_timeout = pop_seconds(conf, "read_timeout") or 10.0
     etcd = etcd_settings(request.rdzv_endpoint, conf, read_timeout)
     settings = _rendezvous_settings(request, conf)
+    if len(etcd.urls) > 1:  # a stalled member must be left for another within the lease
+        timeout = min(read_timeout, settings.heartbeat_ttl / 3)
+        etcd = dataclasses.replace(etcd, request_timeout=timeout)
     local = all(is_loopback(host) for host in etcd.hosts)
     addr = request.local_addr or ("127.0.0.1" if local else socket.getfqdn())
     opener = etcd_store_opener(etcd, retry_timeout=min(_RETRY_TIMEOUT, settings.join_timeout))

@@ -14,9 +14,11 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import free_port, wait_until
@@ -312,6 +314,20 @@ class EtcdCluster:
         if member.proc is not None and member.proc.poll() is None:
             member.proc.kill()
             member.proc.wait()
+
+    @contextlib.contextmanager
+    def stalled(self, index: int) -> Iterator[None]:
+        """Member ``index`` stopped (SIGSTOP: a stalled disk, a paused VM) within, and
+        going on after: its process is seen stopped before the block runs."""
+        member = self.members[index]
+        assert member.proc is not None
+        stopped = psutil.Process(member.proc.pid)
+        stopped.suspend()
+        try:
+            wait_until(lambda: stopped.status() == psutil.STATUS_STOPPED, what="the stall")
+            yield
+        finally:
+            stopped.resume()
 
     def restart(self, *indexes: int, timeout: float = 20.0) -> None:
         """Start killed members again on their ports and data dirs; wait until healthy."""

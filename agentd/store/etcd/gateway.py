@@ -33,6 +33,10 @@ from agentd.store.sockets import keepalive_socket
 log = logging.getLogger(__name__)
 
 
+SILENT_FOR = 30.0
+"""Seconds a member that gave no answer is passed over while another may answer."""
+
+
 class LeaseLapsed(StoreRefused):
     """A write named a lease etcd no longer has: it lapsed (or was revoked) after its grant.
     The write was refused whole; under a new lease it can be sent again."""
@@ -64,6 +68,8 @@ class EtcdGateway:
         self.retry_timeout = retry_timeout
         self.request_timeout = request_timeout
         self._current = 0
+        self._silent_at: dict[str, float] = {}
+        """When each member last gave no answer (monotonic seconds; see :meth:`fail_over`)."""
         self.answering = True
         """The member in use answered last time (so a failure is news worth a warning)."""
         self._session: aiohttp.ClientSession | None = None
@@ -110,10 +116,23 @@ class EtcdGateway:
     def headers(self) -> dict[str, str]:
         return {"Authorization": self._token} if self._token else {}
 
-    def fail_over(self, problem: str) -> None:
-        """Move to the next member; say so once when the one in use stops answering."""
-        failed = self.endpoints[self._current]
-        self._current = (self._current + 1) % len(self.endpoints)
+    def fail_over(self, failed: str, problem: str, silent: bool) -> None:
+        """Move on from the member ``failed`` to the next; say so once when the one in use
+        stops answering. ``silent``: it gave no answer (no connection, or none in time);
+        such a member is passed over for :data:`SILENT_FOR` while another may answer, as
+        etcd's own answers that its cluster is electing a leader move the client on too,
+        and a stalled member came round again that way, to answer with what it knew
+        before its stall once it resumed. Where another request moved on already
+        (several were waiting on a stalled member, and each fails), nothing changes."""
+        now = time.monotonic()
+        if silent:
+            self._silent_at[failed] = now
+        if self.endpoints[self._current] != failed:
+            return
+        count = len(self.endpoints)
+        others = [(self._current + step) % count for step in range(1, count)] or [0]
+        quiet = {member for member, at in self._silent_at.items() if now - at < SILENT_FOR}
+        self._current = next((i for i in others if self.endpoints[i] not in quiet), others[0])
         if self.answering and len(self.endpoints) > 1:
             log.warning(
                 "etcd member %s failed (%s); trying %s",
@@ -153,7 +172,7 @@ class EtcdGateway:
             except _TLS_FAILED as exc:
                 raise self.tls_refused(endpoint, exc) from exc
             except NOT_SENT as exc:
-                problem = f"{endpoint}: {exc}"
+                problem, silent = f"{endpoint}: {exc}", True
             except MAYBE_SENT as exc:
                 if is_tls(exc):
                     raise self.tls_refused(endpoint, exc) from exc
@@ -162,7 +181,7 @@ class EtcdGateway:
                         f"etcd at {endpoint}: {op} failed ({exc!r}); not resent, it may have "
                         "been applied"
                     ) from exc
-                problem = f"{endpoint}: {exc!r}"
+                problem, silent = f"{endpoint}: {exc!r}", True
             except aiohttp.ClientConnectionError as exc:
                 self.raise_if_closed(endpoint, op, exc)
                 raise
@@ -175,6 +194,7 @@ class EtcdGateway:
                 code = self.answer_code(endpoint, path, status, data)
                 if code == 0:
                     self.answering = True
+                    self._silent_at.pop(endpoint, None)
                     if self.observer is not None:
                         self.observer(op, time.monotonic() - began)
                     return data
@@ -189,8 +209,8 @@ class EtcdGateway:
                         f"etcd at {endpoint}: {op} failed ({message}); "
                         "not resent, it may have been applied"
                     )
-                problem = f"{endpoint}: {message} (gRPC code {code})"
-            self.fail_over(problem)
+                problem, silent = f"{endpoint}: {message} (gRPC code {code})", False
+            self.fail_over(endpoint, problem, silent)
             if not await backoff.pause():
                 raise StoreUnavailable(self.unavailable(problem))
 

@@ -34,7 +34,14 @@ class _Resync(Exception):
 
 
 class _Retry(Exception):
-    """One attempt failed in a way another attempt, maybe on another member, can fix."""
+    """One attempt on the member ``endpoint`` failed in a way another attempt, maybe on
+    another member, can fix."""
+
+    def __init__(self, endpoint: str, problem: str, silent: bool = False) -> None:
+        super().__init__(f"{endpoint}: {problem}")
+        self.endpoint = endpoint
+        self.silent = silent
+        """The member gave no answer (see :meth:`EtcdGateway.fail_over`)."""
 
 
 RESYNCS = 1
@@ -71,7 +78,7 @@ class EtcdWatch:
                 continue
             except _Retry as exc:
                 problem = str(exc)
-            self._gw.fail_over(problem)
+                self._gw.fail_over(exc.endpoint, problem, exc.silent)
             if time.monotonic() >= deadline:
                 return WatchResult(after_revision)
             if not await backoff.pause():
@@ -102,17 +109,17 @@ class EtcdWatch:
                         data = await response.json(content_type=None)
                         code = self._gw.answer_code(endpoint, "/v3/watch", response.status, data)
                         self._gw.raise_refusal(endpoint, "watch", code, str(data.get("message")))
-                        raise _Retry(f"{endpoint}: {data.get('message')}")
+                        raise _Retry(endpoint, str(data.get("message")))
                     self._gw.answering = True
                     return await self._read_watch(endpoint, response, start, after_revision, resync)
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
-                raise _Retry(f"{endpoint}: {exc!r}") from exc
+                raise _Retry(endpoint, repr(exc), silent=True) from exc
             return WatchResult(after_revision)
         except (*NOT_SENT, *MAYBE_SENT) as exc:
             if is_tls(exc):
                 raise self._gw.tls_refused(endpoint, exc) from exc
-            raise _Retry(f"{endpoint}: {exc!r}") from exc
+            raise _Retry(endpoint, repr(exc), silent=True) from exc
         except aiohttp.ClientConnectionError as exc:
             self._gw.raise_if_closed(endpoint, "watch", exc)
             raise
@@ -139,13 +146,13 @@ class EtcdWatch:
         while True:
             line = await response.content.readline()
             if not line:
-                raise _Retry(f"{endpoint}: the watch stream ended")
+                raise _Retry(endpoint, "the watch stream ended", silent=True)
             message = json.loads(line)
             if "error" in message:  # the gateway's in-stream error: {"error": {"grpc_code": ...}}
                 error = message["error"]
                 code = int(error.get("grpc_code", UNAVAILABLE))
                 self._gw.raise_refusal(endpoint, "watch", code, str(error.get("message")))
-                raise _Retry(f"{endpoint}: {error.get('message')}")
+                raise _Retry(endpoint, str(error.get("message")))
             result = message.get("result", {})
             if result.get("canceled"):
                 if "compact_revision" in result:
@@ -153,9 +160,9 @@ class EtcdWatch:
                 reason = str(result.get("cancel_reason", ""))
                 if "Unauthenticated" in reason and self._gw.has_credentials:
                     self._gw.forget_token()
-                    raise _Retry(f"{endpoint}: {reason}")
+                    raise _Retry(endpoint, reason)
                 self._gw.raise_refusal(endpoint, "watch", watch_cancel_code(reason), reason)
-                raise _Retry(f"{endpoint}: watch cancelled: {reason}")
+                raise _Retry(endpoint, f"watch cancelled: {reason}")
             if result.get("created"):
                 current = int(result["header"].get("revision", 0))
                 if current < after_revision:  # etcd lost the history we knew: it was wiped
