@@ -150,3 +150,30 @@ async def test_a_request_under_way_when_the_store_closes_is_store_unavailable(ga
     with pytest.raises(StoreUnavailable, match="the client was closed"):
         await etcd.compare_set("k", None, b"v")
     fake.hold.set()
+
+
+async def test_a_member_that_answered_nothing_is_passed_over_while_the_others_elect():
+    """Member a stalls (holds every request); b and c say once each that their cluster is
+    electing a leader. Each answer moved the client one member on, round to the stalled a
+    again; it is passed over now, and b, asked again, answers."""
+    stalled, electing = Gateway(), [Gateway(), Gateway()]
+    stalled.hold, stalled.answers = asyncio.Event(), [SUCCEEDED]
+    for fake in electing:
+        fake.answers = [(503, {"code": 14, "message": "etcdserver: leader changed"}), SUCCEEDED]
+    runners = []
+    for fake in (stalled, *electing):
+        app = web.Application()
+        app.router.add_post("/{path:.*}", fake.handle)
+        runners.append(web.AppRunner(app))
+        await runners[-1].setup()
+        await web.TCPSite(runners[-1], "127.0.0.1", 0).start()
+    urls = [f"http://127.0.0.1:{runner.addresses[0][1]}" for runner in runners]
+    store = EtcdStore(urls, request_timeout=0.3)
+    try:
+        assert await store.compare_set("k", None, b"v") == (True, b"v")
+    finally:
+        stalled.hold.set()
+        await store.close()
+        for runner in runners:
+            await runner.cleanup()
+    assert [len(f.paths) for f in (stalled, *electing)] == [1, 2, 1]
