@@ -9,6 +9,7 @@ once (exit 3). With a username, the password is traded for a token, again when i
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import ssl
@@ -69,6 +70,7 @@ class EtcdGateway:
         self.request_timeout = request_timeout
         self._current = 0
         self._silent_at: dict[str, float] = {}
+        self._left: dict[str, asyncio.Event] = {}
         """When each member last gave no answer (monotonic seconds; see :meth:`fail_over`)."""
         self.answering = True
         """The member in use answered last time (so a failure is news worth a warning)."""
@@ -129,6 +131,8 @@ class EtcdGateway:
             self._silent_at[failed] = now
         if self.endpoints[self._current] != failed:
             return
+        if (leaving := self._left.pop(failed, None)) is not None:
+            leaving.set()  # the watches waiting there start again where the client goes
         count = len(self.endpoints)
         others = [(self._current + step) % count for step in range(1, count)] or [0]
         quiet = {member for member, at in self._silent_at.items() if now - at < SILENT_FOR}
@@ -141,6 +145,10 @@ class EtcdGateway:
                 self.endpoints[self._current],
             )
         self.answering = False
+
+    def left(self, endpoint: str) -> asyncio.Event:
+        """Set once the client moves on from the member ``endpoint`` (:meth:`fail_over`)."""
+        return self._left.setdefault(endpoint, asyncio.Event())
 
     async def post(
         self,

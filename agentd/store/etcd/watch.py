@@ -95,23 +95,11 @@ class EtcdWatch:
             "start_revision": str(after_revision + 1),
         }
         endpoint = self._gw.endpoint
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._gw.request_timeout)
         self._gw.requests += 1
         try:
             async with asyncio.timeout_at(_loop_time(deadline)):
-                async with self._gw.session().post(
-                    endpoint + "/v3/watch",
-                    headers=self._gw.headers(),
-                    json={"create_request": create},
-                    timeout=timeout,
-                ) as response:
-                    if response.status != 200:
-                        data = await response.json(content_type=None)
-                        code = self._gw.answer_code(endpoint, "/v3/watch", response.status, data)
-                        self._gw.raise_refusal(endpoint, "watch", code, str(data.get("message")))
-                        raise _Retry(endpoint, str(data.get("message")))
-                    self._gw.answering = True
-                    return await self._read_watch(endpoint, response, start, after_revision, resync)
+                stream = self._stream(endpoint, create, start, after_revision, resync)
+                return await self._unless_left(endpoint, stream)
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ServerTimeoutError):  # connecting timed out
                 raise _Retry(endpoint, repr(exc), silent=True) from exc
@@ -127,6 +115,47 @@ class EtcdWatch:
             raise StoreError(
                 f"etcd at {endpoint}: /v3/watch did not answer JSON; is this an etcd v3 client URL?"
             ) from exc
+
+    async def _stream(
+        self,
+        endpoint: str,
+        create: dict[str, str],
+        start: bytes,
+        after_revision: int,
+        resync: bool,
+    ) -> WatchResult:
+        """One watch stream on the member ``endpoint``, read as :meth:`_read_watch` says."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._gw.request_timeout)
+        async with self._gw.session().post(
+            endpoint + "/v3/watch",
+            headers=self._gw.headers(),
+            json={"create_request": create},
+            timeout=timeout,
+        ) as response:
+            if response.status != 200:
+                data = await response.json(content_type=None)
+                code = self._gw.answer_code(endpoint, "/v3/watch", response.status, data)
+                self._gw.raise_refusal(endpoint, "watch", code, str(data.get("message")))
+                raise _Retry(endpoint, str(data.get("message")))
+            self._gw.answering = True
+            return await self._read_watch(endpoint, response, start, after_revision, resync)
+
+    async def _unless_left(self, endpoint: str, stream: Awaitable[WatchResult]) -> WatchResult:
+        """``stream``'s result, unless the client moves on from the member ``endpoint``
+        first (other requests found it stalled): then the watch starts again where the
+        client went. A watch on a stalled member otherwise saw nothing until its deadline
+        (a minute), and its agent missed the rounds its peers formed meanwhile."""
+        reading = asyncio.ensure_future(stream)
+        reading.add_done_callback(_outcome_read)  # read, however this wait ends
+        left = asyncio.ensure_future(self._gw.left(endpoint).wait())
+        try:
+            await asyncio.wait({reading, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            reading.cancel()  # nothing if it is done; else its response closes as it ends
+        if reading.done() and not reading.cancelled():
+            return reading.result()
+        raise _Retry(endpoint, "the client moved on to another member")
 
     async def _read_watch(
         self,
@@ -205,6 +234,12 @@ class EtcdWatch:
             value = None if deleted else kv_value(kv)
             events.append(KeyEvent(self._unkey(kv["key"]), value, int(kv["mod_revision"])))
         return WatchResult(max(e.revision for e in events), tuple(events))
+
+
+def _outcome_read(task: asyncio.Future[WatchResult]) -> None:
+    """Retrieve an abandoned watch's outcome (asyncio logs one never retrieved)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _loop_time(deadline: float) -> float:
