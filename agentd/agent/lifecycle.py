@@ -178,8 +178,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         disk) in the agent's private runtime directory, the watchdog pipe's. None where
         none can be made: the attempt runs all the same, and a drain of it stops its
         workers without asking them to checkpoint first."""
-        first = str(self.run_dir / control.NAME)
-        places = [first]
+        places = [str(self.run_dir / control.NAME)]
         if self._services.watchdog.pipe_dir:
             places.append(os.path.join(self._services.watchdog.pipe_dir, control.NAME))
         if self.control_file in places:  # made by an earlier attempt: the same from now on

@@ -70,8 +70,9 @@ class EtcdGateway:
         self.request_timeout = request_timeout
         self._current = 0
         self._silent_at: dict[str, float] = {}
-        self._left: dict[str, asyncio.Event] = {}
         """When each member last gave no answer (monotonic seconds; see :meth:`fail_over`)."""
+        self._left: dict[str, asyncio.Event] = {}
+        """Per member, the event :meth:`left` gives (set as the client moves on from it)."""
         self.answering = True
         """The member in use answered last time (so a failure is news worth a warning)."""
         self._session: aiohttp.ClientSession | None = None
@@ -120,12 +121,12 @@ class EtcdGateway:
 
     def fail_over(self, failed: str, problem: str, silent: bool) -> None:
         """Move on from the member ``failed`` to the next; say so once when the one in use
-        stops answering. ``silent``: it gave no answer (no connection, or none in time);
-        such a member is passed over for :data:`SILENT_FOR` while another may answer, as
-        etcd's own answers that its cluster is electing a leader move the client on too,
-        and a stalled member came round again that way, to answer with what it knew
-        before its stall once it resumed. Where another request moved on already
-        (several were waiting on a stalled member, and each fails), nothing changes."""
+        stops answering. ``silent``: it gave no answer (no connection, or none in time).
+        Such a member is passed over for :data:`SILENT_FOR` while another may answer:
+        etcd's answers that its cluster is electing a leader move the client on too, and
+        took it round to a stalled member again, whose first answers once it resumed were
+        stale. Where another request moved on already (several were waiting on a stalled
+        member, and each fails), nothing changes."""
         now = time.monotonic()
         if silent:
             self._silent_at[failed] = now
