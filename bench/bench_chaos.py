@@ -1,7 +1,7 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
-                                [--place loopback|etcd|namespaces|etcd-namespaces]
+                                [--place loopback|etcd|etcd-stalls|namespaces|etcd-namespaces]
                                 [--disk-full]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
@@ -22,6 +22,8 @@ times:
 - ``agent_freeze``: SIGSTOP to one agent and its processes for 2-6 s, then SIGCONT;
 - with ``--place etcd`` (the agents meet through a 3-member etcd cluster on 127.0.0.1),
   ``etcd_member_kill``: SIGKILL to one etcd member, started again on its data 2-6 s later;
+- with ``--place etcd-stalls``, ``etcd_member_kill`` and ``etcd_member_stall``: SIGSTOP to
+  one etcd member for 2-8 s (a disk that stalls, a paused VM), then SIGCONT;
 - with ``--place namespaces`` (root only: each agent in a network namespace of its own,
   on a bridge), ``partition``: one agent's network cut for 2-8 s, then healed;
 - with ``--place etcd-namespaces`` (root only: namespaces whose agents meet through the

@@ -4,6 +4,8 @@
   127.0.0.2, served by the first two agents: the store fails over when its host is lost.
 - :class:`Etcd`: a 3-member etcd cluster on 127.0.0.1; ``etcd_member_kill`` SIGKILLs one
   member and starts it again on its data 2-6 s later.
+- :class:`EtcdStalls`: :class:`Etcd`, and ``etcd_member_stall`` SIGSTOPs one member for
+  2-8 s, then SIGCONT (it takes connections and answers nothing meanwhile).
 - :class:`Namespaces` (root only): each agent in a network namespace of its own on a
   bridge (``tests/chaos/netns.py``), ``c10d`` with the first two agents' addresses as
   the store candidates, the workers' gloo on the namespace's interface; ``partition``
@@ -20,7 +22,9 @@ takes the faults of its own kinds, :meth:`tend` ends them when their time comes.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -110,6 +114,50 @@ class Etcd(Loopback):
         self.cluster.stop()
 
 
+class EtcdStalls(Etcd):
+    """:class:`Etcd`, whose members also stall: ``etcd_member_stall`` SIGSTOPs one for 2-8 s
+    (a disk that stalls, a paused VM: it takes connections and answers nothing), then
+    SIGCONT."""
+
+    name = "etcd-stalls"
+    kinds = (*Etcd.kinds, "etcd_member_stall")
+
+    def __init__(self, root: Path, agents: int) -> None:
+        super().__init__(root, agents)
+        self.resume_at: dict[int, float] = {}
+
+    def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
+        if kind != "etcd_member_stall":
+            super().strike(kind, target, now, rng, say)
+            return
+        index = target % self.members
+        proc = self.cluster.members[index].proc
+        if index in self.resume_at or proc is None or proc.poll() is not None:
+            say(f"etcd member {index} is down or stalled already, nothing struck")
+            return
+        os.kill(proc.pid, signal.SIGSTOP)
+        self.resume_at[index] = now + rng.uniform(2.0, 8.0)
+        say(f"SIGSTOP to etcd member {index}")
+
+    def tend(self, now: float, say: Say) -> None:
+        super().tend(now, say)
+        for index, at in list(self.resume_at.items()):
+            if now >= at:
+                del self.resume_at[index]
+                self._resume(index)
+                say(f"etcd member {index} resumed")
+
+    def _resume(self, index: int) -> None:
+        proc = self.cluster.members[index].proc  # a new one if it was killed meanwhile
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        for index in self.resume_at:  # a stopped member would not take its SIGTERM
+            self._resume(index)
+        super().close()
+
+
 class Namespaces(Loopback):
     """Each agent in a network namespace on a bridge; ``partition`` cuts one off."""
 
@@ -194,5 +242,5 @@ class EtcdNamespaces(Namespaces):
 
 
 PLACES: dict[str, type[Loopback]] = {
-    p.name: p for p in (Loopback, Etcd, Namespaces, EtcdNamespaces)
+    p.name: p for p in (Loopback, Etcd, EtcdStalls, Namespaces, EtcdNamespaces)
 }
