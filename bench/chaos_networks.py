@@ -22,9 +22,7 @@ takes the faults of its own kinds, :meth:`tend` ends them when their time comes.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -135,7 +133,7 @@ class EtcdStalls(Etcd):
         if index in self.resume_at or proc is None or proc.poll() is not None:
             say(f"etcd member {index} is down or stalled already, nothing struck")
             return
-        os.kill(proc.pid, signal.SIGSTOP)
+        self.cluster.stall(index)
         self.resume_at[index] = now + rng.uniform(2.0, 8.0)
         say(f"SIGSTOP to etcd member {index}")
 
@@ -144,17 +142,12 @@ class EtcdStalls(Etcd):
         for index, at in list(self.resume_at.items()):
             if now >= at:
                 del self.resume_at[index]
-                self._resume(index)
+                self.cluster.resume(index)
                 say(f"etcd member {index} resumed")
-
-    def _resume(self, index: int) -> None:
-        proc = self.cluster.members[index].proc  # a new one if it was killed meanwhile
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
 
     def close(self) -> None:
         for index in self.resume_at:  # a stopped member would not take its SIGTERM
-            self._resume(index)
+            self.cluster.resume(index)
         super().close()
 
 

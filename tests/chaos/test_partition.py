@@ -18,6 +18,7 @@ from tests.chaos.netns import Bridge
 from tests.conftest import AgentProc, pid_alive, wait_until
 from tests.helpers.etcd_server import EtcdCluster, require_etcd
 from tests.helpers.jobs import TOKEN, agent_args, latest_attempt, member_job, members, one_round
+from tests.integration.test_etcd import etcd_args
 
 TTL = 2.0
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=60"
@@ -185,9 +186,8 @@ def test_an_agent_cut_off_from_etcd_stops_its_workers_in_time_and_rejoins(
     with EtcdCluster(tmp_path / "etcd", host=bridge.address) as etcd:
         agents = [
             run_agentd(
-                *("--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints),
-                *("--rdzv-id", "job", "--nnodes", "2:3", "--rdzv-conf", FAST),
-                *("--local-addr", bridge.add_host(host), *member_job(stop)),
+                *etcd_args(etcd.endpoints, "2:3", "--local-addr", bridge.add_host(host)),
+                *member_job(stop),
                 prefix=tuple(bridge.run_in(host)),
             )
             for host in ("h0", "h1", "h2")

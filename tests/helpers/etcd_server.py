@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import time
@@ -315,19 +316,30 @@ class EtcdCluster:
             member.proc.kill()
             member.proc.wait()
 
-    @contextlib.contextmanager
-    def stalled(self, index: int) -> Iterator[None]:
-        """Member ``index`` stopped (SIGSTOP: a stalled disk, a paused VM) within, and
-        going on after: its process is seen stopped before the block runs."""
+    def stall(self, index: int) -> None:
+        """SIGSTOP member ``index`` (a stalled disk, a paused VM: it takes connections and
+        answers nothing), and wait until its process is seen stopped."""
         member = self.members[index]
         assert member.proc is not None
         stopped = psutil.Process(member.proc.pid)
         stopped.suspend()
+        wait_until(lambda: stopped.status() == psutil.STATUS_STOPPED, what="the stall")
+
+    def resume(self, index: int) -> None:
+        """SIGCONT member ``index``, if it runs (a member killed meanwhile is gone, and one
+        restarted since was never stopped)."""
+        proc = self.members[index].proc
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def stalled(self, index: int) -> Iterator[None]:
+        """Member ``index`` stalled (:meth:`stall`) within, and going on after."""
+        self.stall(index)
         try:
-            wait_until(lambda: stopped.status() == psutil.STATUS_STOPPED, what="the stall")
             yield
         finally:
-            stopped.resume()
+            self.resume(index)
 
     def restart(self, *indexes: int, timeout: float = 20.0) -> None:
         """Start killed members again on their ports and data dirs; wait until healthy."""
