@@ -265,7 +265,11 @@ def test_learned_timeouts_survive_an_agent_restart(run_agentd, tmp_path):
     assert second.wait(timeout=60) == 1
     err = second.stderr()
     assert "Heartbeat timeouts learned by an earlier agent of this run" in err
-    assert result_json(logs)["root_cause"]["hang"]["timeout"] == 1.0
+    hang = result_json(logs)["root_cause"]["hang"]
+    # learned: the floor, or twice the p99 step where a loaded machine slowed a step
+    # (1.059 s once on 2 cores); either way far below the initial 600 s
+    assert hang["timeout_source"] == "learned"
+    assert 1.0 <= hang["timeout"] < 10, hang
 
 
 @pytest.mark.torch
