@@ -16,7 +16,6 @@ fails the restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -74,13 +73,10 @@ class GpuRelease:
         pids = set(pids)
         if not self.timeout or not pids or await self._opened() is None:
             return set()
-        import psutil
+        from agentd.support.procfs import ProcessTable
 
-        watched = set(pids)
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                watched.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        return watched
+        table = ProcessTable()
+        return pids.union(*(table.tree(pid) for pid in pids))
 
     def stopped(self, pids: set[int]) -> None:
         """``pids`` (from :meth:`watched`) are stopped: wait for their memory in the

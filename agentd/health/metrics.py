@@ -12,7 +12,6 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -319,22 +318,3 @@ def _node_metrics(agent: AgentView) -> Iterator[Metric]:
         slow.add_metric([node], 1 if node in status["slow"] else 0)
     yield ratio
     yield slow
-
-
-def process_tree_usage(pid: int) -> tuple[float, int]:
-    """CPU seconds and RSS bytes of ``pid`` and its descendants (0, 0 if it is gone)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0, 0
-    cpu, rss = 0.0, 0
-    for proc in procs:
-        try:
-            with proc.oneshot():
-                times = proc.cpu_times()
-                cpu += times.user + times.system
-                rss += proc.memory_info().rss
-        except psutil.Error:
-            continue
-    return cpu, rss

@@ -193,14 +193,16 @@ class HealthService:
 
 def worker_readings(agent: AgentView) -> list[dict[str, Any]]:
     """Each worker of the current attempt: ranks, pid, state, start time, CPU and RSS."""
-    from agentd.health.metrics import process_tree_usage
+    from agentd.support.procfs import ProcessTable
 
     by_rank = {w.local_rank: w for w in agent.get_worker_group().workers}
+    procs = agent.worker_processes().values()
+    table = ProcessTable.recent(proc.pid for proc in procs if proc.returncode is None)
     readings = []
-    for proc in agent.worker_processes().values():
+    for proc in procs:
         worker = by_rank.get(proc.local_rank)
         running = proc.returncode is None
-        cpu, rss = process_tree_usage(proc.pid) if running else (0.0, 0)
+        cpu, rss = table.tree_usage(proc.pid) if running else (0.0, 0)
         readings.append(
             {
                 "local_rank": proc.local_rank,

@@ -1,8 +1,11 @@
-"""What ``/proc/PID/stat`` says of a process: its state, and a zombie's exit status."""
+"""What ``/proc/PID/stat`` says of a process: its state, a zombie's exit status, and the
+CPU and memory of a process tree."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterable
 
 STATES = {
     "T": "stopped",
@@ -51,3 +54,63 @@ def runs_in_group(pgid: int) -> bool:
             if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
                 return True
     return False
+
+
+class ProcessTable:
+    """Every process of the host, read from ``/proc`` in one pass (each stat once): who
+    is whose child, and each one's CPU seconds and resident bytes. A tree walk per root
+    (psutil's ``children``) reads all of ``/proc`` for each root: on a host of a thousand
+    processes and eight workers, that held an agent's loop a tenth of a second at each
+    ``/status``."""
+
+    MAX_AGE = 1.0
+    """Seconds :meth:`recent` hands out the same table (a watcher polling ``/status`` in a
+    loop read all of ``/proc`` at each request)."""
+    _recent: ProcessTable | None = None
+
+    @classmethod
+    def recent(cls, roots: Iterable[int]) -> ProcessTable:
+        """A table read in the last :data:`MAX_AGE` seconds that has every one of ``roots``
+        (a process started since is never missed), else a new one."""
+        table = cls._recent
+        fresh = table is not None and time.monotonic() - table.read_at <= cls.MAX_AGE
+        if table is None or not fresh or any(root not in table.usage for root in roots):
+            table = cls._recent = cls()
+        return table
+
+    def __init__(self) -> None:
+        self.read_at = time.monotonic()
+        ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+        self.usage: dict[int, tuple[float, int]] = {}
+        self.children: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:  # os.read: a buffered file object costs a third more at a thousand
+                fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+                try:
+                    line = os.read(fd, 4096)
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue  # gone meanwhile
+            fields = line[line.rfind(b")") + 2 :].split()
+            pid = int(name)
+            self.usage[pid] = ((int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * page)
+            self.children.setdefault(int(fields[1]), []).append(pid)
+
+    def tree(self, root: int) -> set[int]:
+        """``root`` and its descendants (empty: ``root`` is gone)."""
+        found: set[int] = set()
+        todo = [root] if root in self.usage else []
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo.extend(self.children.get(pid, ()))
+        return found
+
+    def tree_usage(self, root: int) -> tuple[float, int]:
+        """CPU seconds and resident bytes of ``root`` and its descendants (0, 0: gone)."""
+        tree = [self.usage[pid] for pid in self.tree(root)]
+        return sum(cpu for cpu, _ in tree), sum(rss for _, rss in tree)

@@ -1,5 +1,5 @@
 """What /proc says of real processes: a zombie's status, a stopped one's state, a group of
-zombies that runs nothing."""
+zombies that runs nothing, a tree's processes and what they use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
-from agentd.support.procfs import runs_in_group, state_in_words, zombie_status
+import psutil
+
+from agentd.support.procfs import ProcessTable, runs_in_group, state_in_words, zombie_status
 
 
 def until(predicate, timeout: float = 20.0) -> None:
@@ -43,3 +45,54 @@ def test_a_stopped_process_says_so():
     finally:
         proc.kill()
         proc.wait()
+
+
+HOLDER = """
+import time
+held = bytearray(64 << 20)
+for i in range(0, len(held), 4096):  # touched: resident
+    held[i] = 1
+began = time.process_time()
+while time.process_time() - began < 0.3:
+    pass
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_tree_is_its_root_and_every_descendant_with_their_cpu_and_memory():
+    """The table agrees with psutil's walk of the same tree (a worker whose child holds
+    64 MiB and burned 0.3 s of CPU), and a root that is gone has nothing."""
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {HOLDER!r}])"
+    with subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True) as root:
+        try:
+            assert root.stdout is not None and root.stdout.readline() == "ready\n"
+            walked = psutil.Process(root.pid).children(recursive=True)
+            expected = {root.pid, *(child.pid for child in walked)}
+            table = ProcessTable()
+            assert table.tree(root.pid) == expected and len(expected) == 2
+            cpu, rss = table.tree_usage(root.pid)
+            assert 0.3 <= cpu < 10 and 64 << 20 < rss < 1 << 30
+            psutil_rss = sum(psutil.Process(pid).memory_info().rss for pid in expected)
+            assert abs(rss - psutil_rss) < 8 << 20
+        finally:
+            for pid in ProcessTable().tree(root.pid):
+                os.kill(pid, signal.SIGKILL)
+            root.wait()
+    gone = ProcessTable()
+    assert gone.tree(root.pid) == set() and gone.tree_usage(root.pid) == (0.0, 0)
+
+
+def test_a_recent_table_is_kept_a_second_unless_a_root_is_new_to_it(monkeypatch):
+    """``/status`` polled in a loop reads /proc once a second, never missing a worker."""
+    first = ProcessTable.recent([os.getpid()])
+    assert ProcessTable.recent([os.getpid()]) is first
+    with subprocess.Popen(["sleep", "600"]) as new:
+        try:
+            again = ProcessTable.recent([os.getpid(), new.pid])
+            assert again is not first and again.tree(new.pid) == {new.pid}
+            assert ProcessTable.recent([new.pid]) is again
+            monkeypatch.setattr(ProcessTable, "MAX_AGE", -1.0)
+            assert ProcessTable.recent([new.pid]) is not again
+        finally:
+            new.kill()
