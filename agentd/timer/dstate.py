@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from agentd.support.aio import cancel_and_wait
+from agentd.support.procfs import stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +22,8 @@ CHECK_INTERVAL = 1.0
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (``R``, ``S``, ``D``, ...), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            return fp.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 class UninterruptibleMonitor:
