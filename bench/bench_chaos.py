@@ -1,7 +1,8 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
-                                [--place loopback|etcd|etcd-stalls|namespaces|etcd-namespaces]
+                                [--place loopback|etcd|etcd-stalls|namespaces|etcd-namespaces
+                                         |etcd-namespaces-stalls]
                                 [--disk-full]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
@@ -28,6 +29,7 @@ times:
   on a bridge), ``partition``: one agent's network cut for 2-8 s, then healed;
 - with ``--place etcd-namespaces`` (root only: namespaces whose agents meet through the
   etcd cluster, on the bridge's address), both ``partition`` and ``etcd_member_kill``;
+  ``etcd-namespaces-stalls``, ``etcd_member_stall`` too;
 - with ``--disk-full`` (root only: each agent's log dir a 64 MiB tmpfs of its own, in a
   mount namespace of its own), ``disk_full``: one agent's log dir filled up for 2-6 s,
   then freed;

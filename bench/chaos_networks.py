@@ -14,6 +14,8 @@
 - :class:`EtcdNamespaces` (root only): both faults at once, agents in network namespaces
   meeting through a 3-member etcd cluster on the bridge's address: a partition cuts an
   agent off from every member at once, and members are killed besides.
+- :class:`EtcdNamespacesStalls` (root only): :class:`EtcdNamespaces` whose members also
+  stall, as :class:`EtcdStalls`'.
 
 Each place starts in its constructor and is torn down by :meth:`close`; :meth:`strike`
 takes the faults of its own kinds, :meth:`tend` ends them when their time comes.
@@ -120,8 +122,8 @@ class EtcdStalls(Etcd):
     name = "etcd-stalls"
     kinds = (*Etcd.kinds, "etcd_member_stall")
 
-    def __init__(self, root: Path, agents: int) -> None:
-        super().__init__(root, agents)
+    def __init__(self, root: Path, agents: int, host: str = "127.0.0.1") -> None:
+        super().__init__(root, agents, host)
         self.resume_at: dict[int, float] = {}
 
     def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
@@ -206,21 +208,22 @@ class EtcdNamespaces(Namespaces):
     bridge's address: ``partition`` and ``etcd_member_kill`` both."""
 
     name = "etcd-namespaces"
-    kinds = (*Namespaces.kinds, *Etcd.kinds)
+    cluster: type[Etcd] = Etcd
+    kinds = (*Namespaces.kinds, *cluster.kinds)
     backend = Etcd.backend
     candidates = Etcd.candidates
 
     def __init__(self, root: Path, agents: int) -> None:
         super().__init__(root, agents)
         try:
-            self.etcd = Etcd(root, agents, host=self.bridge.address)
+            self.etcd = self.cluster(root, agents, host=self.bridge.address)
         except BaseException:
             super().close()
             raise
         self.endpoints = self.etcd.endpoints
 
     def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
-        if kind in Etcd.kinds:
+        if kind in self.cluster.kinds:
             self.etcd.strike(kind, target, now, rng, say)
         else:
             super().strike(kind, target, now, rng, say)
@@ -234,6 +237,16 @@ class EtcdNamespaces(Namespaces):
         super().close()
 
 
+class EtcdNamespacesStalls(EtcdNamespaces):
+    """:class:`EtcdNamespaces` whose members also stall (:class:`EtcdStalls`): a node cut
+    off, a member killed, a member that takes connections and answers nothing."""
+
+    name = "etcd-namespaces-stalls"
+    cluster = EtcdStalls
+    kinds = (*Namespaces.kinds, *cluster.kinds)
+
+
 PLACES: dict[str, type[Loopback]] = {
-    p.name: p for p in (Loopback, Etcd, EtcdStalls, Namespaces, EtcdNamespaces)
+    p.name: p
+    for p in (Loopback, Etcd, EtcdStalls, Namespaces, EtcdNamespaces, EtcdNamespacesStalls)
 }
