@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import time
@@ -18,6 +19,7 @@ from agentd.health.server import Check, HealthCheckServer, create_healthcheck_se
 from agentd.health.settings import HealthSettings
 from agentd.rendezvous.static import StaticRendezvous
 from agentd.restart_policy import RestartBackoff
+from agentd.support import procfs
 from agentd.timer.api import TimerRequest
 from tests.conftest import WORKER
 
@@ -180,6 +182,35 @@ async def test_status_metrics_and_errors(tmp_path):
             for method in ("POST", "PUT", "DELETE"):
                 assert await code(http, url + "/livez", method) == 405
                 assert await code(http, url + "/status", method) == 405
+    finally:
+        agent.request_stop()
+        with pytest.raises(Exception, match="stopped"):
+            await task
+
+
+async def test_status_and_metrics_of_four_workers_read_proc_once_a_second(tmp_path, monkeypatch):
+    """Each worker's CPU and RSS count its children: one pass over /proc finds them all,
+    kept for the requests of the next second (a pass per worker, at each request, held
+    the agent's loop 0.3 s on a host of 1,000 processes: bench/bench_status.py)."""
+    passes = []  # every listing of /proc in this process: ours, psutil's (as bytes)
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: (passes.append(path), listdir(path))[1])
+    agent = agent_with_health(tmp_path, ["sleep"], n=4)
+    task = asyncio.ensure_future(agent.run_async("trainer"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            await until(lambda: _state(agent, WorkerState.HEALTHY))
+            url = agent.health_server.url
+            passes.clear()
+            monkeypatch.setattr(procfs.ProcessTable, "_recent", None)
+            monkeypatch.setattr(procfs.ProcessTable, "MAX_AGE", 60.0)  # a loaded machine
+            for path in ("/status", "/metrics", "/status"):
+                async with http.get(url + path) as response:
+                    assert response.status == 200
+                    if path == "/status":
+                        workers = (await response.json())["workers"]
+                        assert len(workers) == 4 and all(w["rss_bytes"] > 0 for w in workers)
+            assert [os.fsdecode(path) for path in passes].count("/proc") == 1
     finally:
         agent.request_stop()
         with pytest.raises(Exception, match="stopped"):
