@@ -95,6 +95,8 @@ class ProcessTable:
             except OSError:
                 continue  # gone meanwhile
             fields = line[line.rfind(b")") + 2 :].split()
+            if len(fields) < 22:
+                continue  # not a stat line this kernel writes
             pid = int(name)
             self.usage[pid] = ((int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * page)
             self.children.setdefault(int(fields[1]), []).append(pid)
