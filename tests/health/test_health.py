@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -48,6 +50,23 @@ def agent_with_health(tmp_path, args, rdzv=None, **kw) -> LocalElasticAgent:
     )
     health = AgentSettings(health=HealthSettings(port=0))
     return LocalElasticAgent(spec, log_dir=tmp_path, settings=health)
+
+
+@contextlib.asynccontextmanager
+async def healthy_agent(
+    tmp_path, n: int
+) -> AsyncIterator[tuple[LocalElasticAgent, aiohttp.ClientSession]]:
+    """An agent of ``n`` sleeping workers, once HEALTHY, and an HTTP session; stopped after."""
+    agent = agent_with_health(tmp_path, ["sleep"], n=n)
+    task = asyncio.ensure_future(agent.run_async("trainer"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            await until(lambda: _state(agent, WorkerState.HEALTHY))
+            yield agent, http
+    finally:
+        agent.request_stop()
+        with pytest.raises(Exception, match="stopped"):
+            await task
 
 
 async def until(predicate) -> None:
@@ -107,85 +126,65 @@ async def test_ready_while_healthy_then_stopped(tmp_path):
 
 
 async def test_livez_fails_when_the_watchdog_stalls_or_dies(tmp_path):
-    agent = agent_with_health(tmp_path, ["sleep"], n=1)
-    task = asyncio.ensure_future(agent.run_async("trainer"))
-    try:
-        async with aiohttp.ClientSession() as http:
-            await until(lambda: _state(agent, WorkerState.HEALTHY))
-            url = agent.health_server.url
-            assert await code(http, url + "/livez") == 200  # the watchdog runs, asleep
-            timers = agent.timer_server
-            # a stall: a deadline the sleeping watchdog was never woken for, now overdue
-            worker_pid = agent.get_worker_group().workers[0].id
-            timers._wake = asyncio.Event()  # detach the task's wake-up: it will not hear this
-            timers.register_timers([TimerRequest(worker_pid, "stalled", time.time() - 10)])
-            async with http.get(url + "/livez?verbose") as response:
-                assert response.status == 503
-                assert "[-]watchdog failed" in await response.text()
-            timers.clear_timers([worker_pid])
-            assert await code(http, url + "/livez") == 200
-            # a crash: the watchdog task is gone
-            timers._task.cancel()
-            await asyncio.sleep(0)
-            assert await code(http, url + "/livez") == 503
-    finally:
-        agent.request_stop()
-        with pytest.raises(Exception, match="stopped"):
-            await task
+    async with healthy_agent(tmp_path, n=1) as (agent, http):
+        url = agent.health_server.url
+        assert await code(http, url + "/livez") == 200  # the watchdog runs, asleep
+        timers = agent.timer_server
+        # a stall: a deadline the sleeping watchdog was never woken for, now overdue
+        worker_pid = agent.get_worker_group().workers[0].id
+        timers._wake = asyncio.Event()  # detach the task's wake-up: it will not hear this
+        timers.register_timers([TimerRequest(worker_pid, "stalled", time.time() - 10)])
+        async with http.get(url + "/livez?verbose") as response:
+            assert response.status == 503
+            assert "[-]watchdog failed" in await response.text()
+        timers.clear_timers([worker_pid])
+        assert await code(http, url + "/livez") == 200
+        # a crash: the watchdog task is gone
+        timers._task.cancel()
+        await asyncio.sleep(0)
+        assert await code(http, url + "/livez") == 503
 
 
 async def test_status_metrics_and_errors(tmp_path):
-    agent = agent_with_health(tmp_path, ["sleep"])
-    task = asyncio.ensure_future(agent.run_async("trainer"))
-    try:
-        async with aiohttp.ClientSession() as http:
-            await until(lambda: _state(agent, WorkerState.HEALTHY))
-            url = agent.health_server.url
-            async with http.get(url + "/status") as response:
-                assert response.content_type == "application/json"
-                body = await response.text()
-            doc = json.loads(body)
-            assert {
-                "run_id",
-                "role",
-                "state",
-                "restart_count",
-                "generation",
-                "node_rank",
-                "world_size",
-                "workers",
-                "last_failure",
-                "watchdog",
-            } <= set(doc)
-            assert doc["state"] == "HEALTHY" and doc["world_size"] == 2
-            assert [w["rank"] for w in doc["workers"]] == [0, 1]
-            assert all(w["rss_bytes"] > 0 and w["state"] == "running" for w in doc["workers"])
-            assert "hunter2" not in body and "SECRET_TOKEN" not in body
-            async with http.get(url + "/metrics") as response:
-                assert response.headers["Content-Type"].startswith("text/plain")
-                families = {
-                    f.name: f for f in text_string_to_metric_families(await response.text())
-                }
-            state = {
-                s.labels["state"]: s.value for s in families["agentd_worker_group_state"].samples
-            }
-            assert state["HEALTHY"] == 1 and state["INIT"] == 0
-            assert families["agentd_watchdog_alive"].samples[0].value == 1
-            assert {
-                s.labels["phase"]
-                for s in families["agentd_recovery_phase_seconds"].samples
-                if s.name.endswith("_count")
-            } == {"rendezvous", "start"}
-            assert len(families["agentd_worker_rss_bytes"].samples) == 2
-            assert "agentd_event_loop_lag_seconds" in families
-            assert await code(http, url + "/nope") == 404
-            for method in ("POST", "PUT", "DELETE"):
-                assert await code(http, url + "/livez", method) == 405
-                assert await code(http, url + "/status", method) == 405
-    finally:
-        agent.request_stop()
-        with pytest.raises(Exception, match="stopped"):
-            await task
+    async with healthy_agent(tmp_path, n=2) as (agent, http):
+        url = agent.health_server.url
+        async with http.get(url + "/status") as response:
+            assert response.content_type == "application/json"
+            body = await response.text()
+        doc = json.loads(body)
+        assert {
+            "run_id",
+            "role",
+            "state",
+            "restart_count",
+            "generation",
+            "node_rank",
+            "world_size",
+            "workers",
+            "last_failure",
+            "watchdog",
+        } <= set(doc)
+        assert doc["state"] == "HEALTHY" and doc["world_size"] == 2
+        assert [w["rank"] for w in doc["workers"]] == [0, 1]
+        assert all(w["rss_bytes"] > 0 and w["state"] == "running" for w in doc["workers"])
+        assert "hunter2" not in body and "SECRET_TOKEN" not in body
+        async with http.get(url + "/metrics") as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            families = {f.name: f for f in text_string_to_metric_families(await response.text())}
+        state = {s.labels["state"]: s.value for s in families["agentd_worker_group_state"].samples}
+        assert state["HEALTHY"] == 1 and state["INIT"] == 0
+        assert families["agentd_watchdog_alive"].samples[0].value == 1
+        assert {
+            s.labels["phase"]
+            for s in families["agentd_recovery_phase_seconds"].samples
+            if s.name.endswith("_count")
+        } == {"rendezvous", "start"}
+        assert len(families["agentd_worker_rss_bytes"].samples) == 2
+        assert "agentd_event_loop_lag_seconds" in families
+        assert await code(http, url + "/nope") == 404
+        for method in ("POST", "PUT", "DELETE"):
+            assert await code(http, url + "/livez", method) == 405
+            assert await code(http, url + "/status", method) == 405
 
 
 async def test_status_and_metrics_of_four_workers_read_proc_once_a_second(tmp_path, monkeypatch):
@@ -195,26 +194,18 @@ async def test_status_and_metrics_of_four_workers_read_proc_once_a_second(tmp_pa
     passes = []  # every listing of /proc in this process: ours, psutil's (as bytes)
     listdir = os.listdir
     monkeypatch.setattr(os, "listdir", lambda path: (passes.append(path), listdir(path))[1])
-    agent = agent_with_health(tmp_path, ["sleep"], n=4)
-    task = asyncio.ensure_future(agent.run_async("trainer"))
-    try:
-        async with aiohttp.ClientSession() as http:
-            await until(lambda: _state(agent, WorkerState.HEALTHY))
-            url = agent.health_server.url
-            passes.clear()
-            monkeypatch.setattr(procfs.ProcessTable, "_recent", None)
-            monkeypatch.setattr(procfs.ProcessTable, "MAX_AGE", 60.0)  # a loaded machine
-            for path in ("/status", "/metrics", "/status"):
-                async with http.get(url + path) as response:
-                    assert response.status == 200
-                    if path == "/status":
-                        workers = (await response.json())["workers"]
-                        assert len(workers) == 4 and all(w["rss_bytes"] > 0 for w in workers)
-            assert [os.fsdecode(path) for path in passes].count("/proc") == 1
-    finally:
-        agent.request_stop()
-        with pytest.raises(Exception, match="stopped"):
-            await task
+    async with healthy_agent(tmp_path, n=4) as (agent, http):
+        url = agent.health_server.url
+        passes.clear()
+        monkeypatch.setattr(procfs.ProcessTable, "_recent", None)
+        monkeypatch.setattr(procfs.ProcessTable, "MAX_AGE", 60.0)  # a loaded machine
+        for path in ("/status", "/metrics", "/status"):
+            async with http.get(url + path) as response:
+                assert response.status == 200
+                if path == "/status":
+                    workers = (await response.json())["workers"]
+                    assert len(workers) == 4 and all(w["rss_bytes"] > 0 for w in workers)
+        assert [os.fsdecode(path) for path in passes].count("/proc") == 1
 
 
 async def test_seed_style_server_with_a_heartbeat_callback():
