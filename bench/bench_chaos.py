@@ -3,7 +3,7 @@
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
                                 [--place loopback|etcd|etcd-stalls|namespaces|etcd-namespaces
                                          |etcd-namespaces-stalls]
-                                [--disk-full]
+                                [--disk-full] [--stragglers]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
 two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
@@ -33,6 +33,11 @@ times:
 - with ``--disk-full`` (root only: each agent's log dir a 64 MiB tmpfs of its own, in a
   mount namespace of its own), ``disk_full``: one agent's log dir filled up for 2-6 s,
   then freed;
+- with ``--stragglers`` (a fourth agent, which waits as a spare beyond ``--nnodes 2:3``,
+  and ``--replace-stragglers`` with a 0.5 s ``--straggler-interval``), ``node_slow``: one
+  node's workers compute three times as long (``agentd.section("compute")``) until its
+  agent ends (a throttled GPU, a noisy neighbour): it is to be named and swapped for the
+  spare, which the agent started again after it takes the place of;
 
 and an agent that ended (killed, or left on SIGTERM) is started again 2-6 s later with the
 same command line, as systemd or a pod's restart would. No fault is drawn in the last
@@ -47,15 +52,19 @@ third of the run, so the job can end. Then every invariant is checked:
   (the job checkpoints every 10 steps; one restarted in process resumes where its kept
   ranks were);
 - **internal**: no agent logged an exception of its own (a traceback, an unretrieved
-  task exception, an asyncio error; the workers' output goes to files, ``-r 3``).
+  task exception, an asyncio error; the workers' output goes to files, ``-r 3``);
+- **named**: no agent named a node slow that was not (every worker times its compute,
+  so the job-wide comparison runs in every run, under every fault), and, with
+  ``--stragglers``, no node was swapped out as a straggler that was not slowed.
 
 With ``--inprocess`` the job trains in ``agentd.inprocess.run``: the ranks that did not
 fail keep their process and hand their state to the new ones.
 
 One line per seed: its faults, the job's restarts and the steps they trained again (a
-restart resumes from the last checkpoint, every 10 steps or at a drain's step), and the
-invariants it broke; ``--seed N`` prints the faults as they strike and keeps the run's
-folder (the agents' logs) for a look.
+restart resumes from the last checkpoint, every 10 steps or at a drain's step), with
+``--stragglers`` the slowed nodes that were named and swapped, and the invariants it
+broke; ``--seed N`` prints the faults as they strike and keeps the run's folder (the
+agents' logs) for a look.
 """
 
 from __future__ import annotations
@@ -92,6 +101,16 @@ KINDS = (
     "agent_freeze",
 )
 AGENTS = 3
+"""The agents in the job's rounds (``--nnodes 2:3``); ``--stragglers`` adds a spare."""
+STRAGGLERS = ("--replace-stragglers", "--straggler-interval", "0.5")
+"""The agents' options with ``--stragglers``: a slow node is named within a second or two,
+and swapped for the spare."""
+SLOWER = 3
+"""How many times as long a slowed node's workers compute (bench/chaos_worker.py)."""
+NAMED = re.compile(r"Straggler node \S+_(\d+)_[0-9a-f]+:")
+"""An agent's naming of a slow node, whose name (host_pid_suffix) holds its agent's pid."""
+SWAPPED = re.compile(r"Drain requested by node \S+_(\d+)_[0-9a-f]+ \(straggler:")
+"""An agent's log of a straggler's swap (the swapped node's drain, which every agent sees)."""
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
 CHECKPOINT_EVERY = 10
 """Steps between two of the job's checkpoints: no restart trains more again."""
@@ -110,6 +129,8 @@ class Agent:
     folder: Path
     proc: subprocess.Popen[bytes] | None = None
     incarnation: int = 0
+    pids: dict[int, int] = dataclasses.field(default_factory=dict)  # incarnation -> pid
+    slowed: set[int] = dataclasses.field(default_factory=set)  # incarnations ``node_slow`` hit
     termed: bool = False  # this incarnation was sent SIGTERM: it exits 143 (128 + 15)
     back_at: float | None = None  # when to start it again, after it ended
     frozen: list[psutil.Process] = dataclasses.field(default_factory=list)
@@ -125,6 +146,8 @@ class Agent:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
             )
+        self.pids[self.incarnation] = self.proc.pid
+        self.slow_flag().unlink(missing_ok=True)  # a new incarnation: a node as fast as any
         self.back_at = None
         self.termed = False
 
@@ -154,6 +177,11 @@ class Agent:
         """Its ``--log-dir`` (a tmpfs of its own with ``--disk-full``)."""
         return self.folder / "logs"
 
+    def slow_flag(self) -> Path:
+        """While this file is there, the node's workers compute ``SLOWER`` times as long
+        (bench/chaos_worker.py reads ``CHAOS_SLOW_FLAG``)."""
+        return self.folder / "slow"
+
 
 def _runs(proc: psutil.Process, what: str) -> bool:
     with contextlib.suppress(psutil.Error):
@@ -171,11 +199,13 @@ class Fault:
         return f"{self.kind}@{self.at:.1f}s->{self.target}"
 
 
-def draw(seed: int, horizon: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+def draw(
+    seed: int, horizon: float, kinds: tuple[str, ...] = KINDS, agents: int = AGENTS
+) -> list[Fault]:
     """The seed's faults: 2-5 of them, in the first two thirds of ``horizon`` seconds."""
     rng = random.Random(seed)
     faults = [
-        Fault(rng.uniform(3.0, horizon * 2 / 3), rng.choice(kinds), rng.randrange(AGENTS))
+        Fault(rng.uniform(3.0, horizon * 2 / 3), rng.choice(kinds), rng.randrange(agents))
         for _ in range(rng.randint(2, 5))
     ]
     return sorted(faults, key=lambda f: f.at)
@@ -221,6 +251,10 @@ def strike(
         each(agent.frozen, psutil.Process.suspend)
         agent.thaw_at = now + rng.uniform(2.0, 6.0)
         say(f"{fault}: SIGSTOP to agent pid {agent.proc.pid} and its tree")
+    elif fault.kind == "node_slow":
+        agent.slow_flag().touch()
+        agent.slowed.add(agent.incarnation)
+        say(f"{fault}: agent {fault.target}'s workers compute {SLOWER}x as long")
     elif fault.kind == "disk_full" and agent.filled is not None:
         say(f"{fault}: agent {fault.target}'s log dir is full already, nothing struck")
     elif fault.kind == "disk_full":
@@ -274,14 +308,15 @@ def run_seed(
     inprocess: bool = False,
     place_name: str = "loopback",
     disk_full: bool = False,
-) -> tuple[list[Fault], list[str]]:
+    stragglers: bool = False,
+) -> tuple[list[Fault], list[str], list[Agent]]:
     """Run one seed's job where ``place_name`` says (:mod:`chaos_networks`); returns its
-    faults and the invariants it broke (with detail)."""
+    faults, the invariants it broke (with detail) and its agents."""
     out = root / "out"
     out.mkdir(parents=True)
-    place = PLACES[place_name](root, AGENTS)
+    place = PLACES[place_name](root, AGENTS + stragglers)
     try:
-        return _run_seed(seed, steps, root, verbose, inprocess, place, disk_full)
+        return _run_seed(seed, steps, root, verbose, inprocess, place, disk_full, stragglers)
     finally:
         place.close()
 
@@ -294,7 +329,8 @@ def _run_seed(
     inprocess: bool,
     place: Loopback,
     disk_full: bool,
-) -> tuple[list[Fault], list[str]]:
+    stragglers: bool,
+) -> tuple[list[Fault], list[str], list[Agent]]:
     out = root / "out"
     env, marker = marked_env(MARK)
     env.update(
@@ -304,7 +340,13 @@ def _run_seed(
         CHAOS_INPROCESS="1" if inprocess else "0",
     )
     horizon = steps * 0.06
-    faults = draw(seed, horizon, (*KINDS, *place.kinds, *(("disk_full",) if disk_full else ())))
+    kinds = (
+        *KINDS,
+        *place.kinds,
+        *(("disk_full",) if disk_full else ()),
+        *(("node_slow",) if stragglers else ()),
+    )
+    faults = draw(seed, horizon, kinds, AGENTS + stragglers)
     rng = random.Random(seed * 7919 + 1)
     began = time.monotonic()
 
@@ -313,7 +355,7 @@ def _run_seed(
             print(f"  {time.monotonic() - began:6.1f}s {line}", flush=True)
 
     agents = []
-    for index in range(AGENTS):
+    for index in range(AGENTS + stragglers):
         folder = root / f"node{index}"
         folder.mkdir()
         logs = folder / "logs"
@@ -325,10 +367,11 @@ def _run_seed(
             "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2", "--rdzv-conf", CONF,
             "--max-restarts", "100", "--health-port", "0",
             "--event-log", str(folder / "events.jsonl"), "--log-dir", str(logs),
-            "--heartbeat-timeout", "8", "--redirects", "3",
+            "--heartbeat-timeout", "8", "--redirects", "3", *(STRAGGLERS if stragglers else ()),
             str(WORKER), str(out), str(steps),
         ]  # fmt: skip
-        agents.append(Agent(index, argv, {**env, **place.env(index)}, folder))
+        slow = {"CHAOS_SLOW_FLAG": str(folder / "slow"), "CHAOS_SLOWER": str(SLOWER)}
+        agents.append(Agent(index, argv, {**env, **place.env(index), **slow}, folder))
     broken: list[str] = []
     seen: set[tuple[int, float]] = set()
     try:
@@ -337,7 +380,7 @@ def _run_seed(
             if agent.index < place.candidates:
                 wait_for(lambda a=agent: "store candidate" in _text(a.logs()[-1]), 20)
         if not wait_for((out / "starts.jsonl").exists, 120):
-            return faults, ["done: the job never started"]
+            return faults, ["done: the job never started"], agents
         began = time.monotonic()  # the faults' clock: from the first step on
         pending = list(faults)
         done = out / "done.json"
@@ -397,7 +440,7 @@ def _run_seed(
                 agent.proc.kill()
                 agent.proc.wait()
         kill_marked(MARK, marker)
-    return faults, broken
+    return faults, broken, agents
 
 
 def _check(agents: list[Agent], out: Path, steps: int, done: Path, ended_at) -> list[str]:
@@ -431,7 +474,33 @@ def _check(agents: list[Agent], out: Path, steps: int, done: Path, ended_at) -> 
             lines = [line for line in text.splitlines() if INTERNAL.match(line)]
             if lines:
                 broken.append(f"internal: node {agent.index} {log.name}: {lines[0]}")
+    named, swapped = slow_verdicts(agents)
+    for what, nodes in (("named", named), ("swapped", swapped)):
+        for node in sorted(nodes - slowed(agents)):
+            broken.append(f"named: node {node[0]} {what} slow in its incarnation {node[1]}")
     return broken
+
+
+Incarnation = tuple[int, int]
+"""An agent's index and one of its incarnations."""
+
+
+def slowed(agents: list[Agent]) -> set[Incarnation]:
+    return {(agent.index, number) for agent in agents for number in agent.slowed}
+
+
+def slow_verdicts(agents: list[Agent]) -> tuple[set[Incarnation], set[Incarnation]]:
+    """The incarnations some agent named slow, and those it saw swapped out as stragglers
+    (known by the agent pid in a node's name)."""
+    by_pid = {pid: (a.index, number) for a in agents for number, pid in a.pids.items()}
+    named: set[Incarnation] = set()
+    swapped: set[Incarnation] = set()
+    for agent in agents:
+        for log in agent.logs():
+            text = _text(log)
+            for found, pattern in ((named, NAMED), (swapped, SWAPPED)):
+                found.update(by_pid.get(int(pid), (-1, int(pid))) for pid in pattern.findall(text))
+    return named, swapped
 
 
 def _starts(out: Path) -> list[dict]:
@@ -471,6 +540,11 @@ def main() -> int:
         help="each agent's log dir a small tmpfs, filled up now and then (root only)",
     )
     parser.add_argument(
+        "--stragglers",
+        action="store_true",
+        help="a spare agent, --replace-stragglers, and nodes slowed now and then",
+    )
+    parser.add_argument(
         "--place",
         choices=sorted(PLACES),
         default="loopback",
@@ -483,16 +557,26 @@ def main() -> int:
         root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
         began = time.monotonic()
         verbose = args.seed is not None
-        faults, broken = run_seed(
-            seed, args.steps, root, verbose, args.inprocess, args.place, args.disk_full
+        faults, broken, agents = run_seed(
+            seed,
+            args.steps,
+            root,
+            verbose,
+            args.inprocess,
+            args.place,
+            args.disk_full,
+            args.stragglers,
         )
         took = time.monotonic() - began
         verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
         starts = _starts(root / "out")
         redone = sum(max(0, s.get("reached", 0) - s["step"]) for s in starts)
+        named, swapped = slow_verdicts(agents)
+        slow = f", {len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped"
         print(
             f"seed {seed}: {' '.join(map(str, faults))} ({took:.0f}s, {len(starts) - 1} "
-            f"restarts, {redone} steps trained again): {verdict}",
+            f"restarts, {redone} steps trained again{slow if args.stragglers else ''}): "
+            f"{verdict}",
             flush=True,
         )
         failing += bool(broken)

@@ -11,7 +11,10 @@ every 10 steps and whenever a drain asks. Rank 0 writes ``OUT/done.json`` at the
 it notes each step it finished in ``OUT/progress``, and each attempt's start in
 ``OUT/starts.jsonl`` (the step resumed at, the furthest step reached before it). With
 ``CHAOS_INPROCESS=1`` it trains in ``agentd.inprocess.run``, and a restart resumes from
-the state of the ranks that kept their process where any did.
+the state of the ranks that kept their process where any did. Each step computes (sleeps)
+50 ms in ``agentd.section("compute")``, which the job-wide straggler comparison times, and
+``CHAOS_SLOWER`` times as long while the file ``CHAOS_SLOW_FLAG`` names is there (the
+bench's ``node_slow``: its agent's environment gives each node its own).
 """
 
 import json
@@ -35,6 +38,15 @@ TRUE = torch.tensor([2.0, -3.0])
 LR = 0.05
 INPROCESS = os.environ.get("CHAOS_INPROCESS") == "1"
 """Train in ``agentd.inprocess.run``: the ranks that did not fail keep their process."""
+COMPUTE = 0.05
+SLOW_FLAG = os.environ.get("CHAOS_SLOW_FLAG", "")
+SLOWER = float(os.environ.get("CHAOS_SLOWER", "1"))
+
+
+def compute() -> None:
+    """A step's compute: 50 ms, ``SLOWER`` times as long while this node is slowed."""
+    with agentd.section("compute"):
+        time.sleep(COMPUTE * (SLOWER if SLOW_FLAG and os.path.exists(SLOW_FLAG) else 1))
 
 
 def write(path: str, doc: object) -> None:
@@ -101,7 +113,7 @@ def train() -> None:
             agentd.checkpoint_saved()
         if rank == 0:
             write(PROGRESS, step + 1)
-        time.sleep(0.05)
+        compute()
     agentd.end_heartbeats()
     if rank == 0:
         write(os.path.join(OUT, "done.json"), {"steps": STEPS, "w": params.tolist()})
