@@ -132,12 +132,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpus",
             "reports",
             "telemetry",
-            "inprocess",
             "preload",
             "timer",
             "nodecheck",
             "drain",
             "heartbeats",
+            "inprocess",  # its worker side starts each attempt's step count (heartbeats)
             "slownodes",
             "jobview",
             "joblogs",

@@ -76,6 +76,13 @@ def tick(steps: int, send: Callable[[str], None]) -> None:
         _fire()
 
 
+def new_attempt() -> None:
+    """A new attempt in this process: its steps count from 0 (a drain asked before it
+    keeps its step, which every rank of the attempt counts the same way)."""
+    global _steps
+    _steps = 0
+
+
 def checkpoint_requested() -> bool:
     """True from the step the drain names on (the same on every rank); False otherwise,
     and always False without agentd. Call ``heartbeat()`` once per step as well."""

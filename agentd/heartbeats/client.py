@@ -37,6 +37,7 @@ from time import monotonic, monotonic_ns
 from types import TracebackType
 from typing import IO
 
+from agentd.drain.client import new_attempt as _drain_new_attempt
 from agentd.drain.client import tick as _drain_tick
 from agentd.wire.progress import (
     DUMP_SIGNAL_ENV,
@@ -153,6 +154,16 @@ def heartbeat() -> None:
     if monotonic_ns() >= _next_send_ns:
         _send("beat")
     _drain_tick(_steps, _send)  # a drain asks every rank to checkpoint at the same step
+
+
+def new_attempt() -> None:
+    """The job restarted in this process (``agentd.inprocess.run``): count this attempt's
+    steps from 0, as a new process does. Every rank of the attempt then reports the same
+    step to a drain, whether it kept its process or not (a kept rank's count ran on from
+    the last attempt, and the drain's step was out of the new ranks' reach)."""
+    global _steps
+    _steps = 0
+    _drain_new_attempt()
 
 
 def end_heartbeats() -> None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agentd.heartbeats.client import new_attempt
 from agentd.inprocess import wire
 from agentd.support.compat.torch import (
     abort_process_groups,
@@ -324,6 +325,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             raise SystemExit(1)  # the agent is gone; it stops us anyway
         os.environ.update(channel.env)
         _current = _from_env(_current.count + 1, teardown_s)
+        new_attempt()  # its steps count from 0 on every rank, kept or new
         log.info(
             "agentd: restarting in process (restart %d, rank %s of %s; process groups "
             "torn down in %.1f ms)",

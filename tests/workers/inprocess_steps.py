@@ -1,0 +1,48 @@
+"""An in-process job that steps and checkpoints when a drain asks (no torch):
+``inprocess_steps.py OUT``.
+
+Every rank steps every 10 ms, calling ``agentd.heartbeat()`` once a step, and counts its
+steps in this call of the training function. On attempt 0, local rank 1 exits 3 at its
+30th step: the agent restarts the job in process, ranks 0 and 2 keep their process (and
+their 30 steps or so behind them) and rank 1 is a new process. Each rank notes
+``OUT/step5_<attempt>_<rank>`` (its pid) at its 5th step of an attempt, and when
+``agentd.checkpoint_requested()`` writes ``OUT/ckpt_<rank>`` (its step in this attempt,
+its pid, the attempt), confirms, and steps on until the agent stops it.
+"""
+
+import json
+import os
+import sys
+import time
+
+import agentd
+import agentd.inprocess as inprocess
+
+out = sys.argv[1]
+rank = int(os.environ["LOCAL_RANK"])
+
+
+def note(name: str, doc: dict) -> None:
+    path = os.path.join(out, name)
+    with open(path + ".tmp", "w") as fp:
+        json.dump(doc, fp)
+    os.replace(path + ".tmp", path)
+
+
+def train() -> None:
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    step = 0
+    while True:
+        time.sleep(0.01)
+        step += 1
+        agentd.heartbeat()
+        if attempt == 0 and rank == 1 and step == 30:
+            os._exit(3)
+        if step == 5:
+            note(f"step5_{attempt}_{rank}", {"pid": os.getpid()})
+        if agentd.checkpoint_requested():
+            note(f"ckpt_{rank}", {"step": step, "pid": os.getpid(), "attempt": attempt})
+            agentd.checkpoint_saved()
+
+
+inprocess.run(train)
