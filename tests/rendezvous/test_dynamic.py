@@ -22,7 +22,13 @@ from agentd.rendezvous.api import (
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.sealing import ENDED
-from agentd.store.api import Store, StoreLeft, StoreOutcomeUnknown, StoreUnavailable
+from agentd.store.api import (
+    Store,
+    StoreError,
+    StoreLeft,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
+)
 from agentd.store.connect import OpenedStore
 from agentd.store.etcd.store import EtcdStore
 from agentd.store.http_client import HttpStore
@@ -459,6 +465,21 @@ async def test_a_second_shutdown_while_the_first_runs_waits_for_it(store):
     assert await store.get(f"agentd/job/ctl/hb/{b.node_id}") is None
     await b.shutdown()  # once it is over: nothing more to do
     await shutdown_all(a)
+
+
+async def test_the_services_of_an_agent_that_left_find_its_store_closed():
+    """A service still at work as its agent leaves (a drain waiting for checkpoints when
+    the job's workers succeed) is told the store is gone (a StoreError, which it handles)
+    once the rendezvous closed it. It was a RuntimeError, whose traceback ended an
+    agent's exit (``bench/bench_chaos.py --inprocess --stragglers``, seed 3)."""
+    node = handler(MemoryStore())
+    with pytest.raises(RuntimeError, match="not opened"):  # a caller's bug: before the first
+        await node.timings.verdict(0)
+    await node.next_rendezvous()
+    assert await node.timings.verdict(0) is None
+    await node.shutdown()
+    with pytest.raises(StoreError, match="this agent left; its store is closed"):
+        await node.timings.verdict(0)
 
 
 async def test_an_expired_heartbeat_ends_the_round(store):
