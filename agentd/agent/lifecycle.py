@@ -104,7 +104,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             handler, peer_loss = self.rdzv_handler, 0.0
             if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
                 peer_loss = handler.peer_loss_timeout()  # a lost node takes that long to see
-            self._services.inprocess.plan(plans, self.kept_ranks, peer_loss)  # drops dead kept ones
+            inprocess = self._services.inprocess
+            inprocess.plan(plans, self.kept_ranks, peer_loss, self.generation)  # drops dead kept
         else:  # function workers leave together
             from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 

@@ -175,7 +175,11 @@ class InProcessPort(Protocol):
     def restarting(self) -> AbstractContextManager[None]: ...
 
     def plan(
-        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, peer_loss: float
+        self,
+        plans: list[tuple[Any, ...]],
+        kept_ranks: frozenset[int] | None,
+        peer_loss: float,
+        round_: int = 0,
     ) -> None: ...
 
     def keeping(self) -> list[int]: ...

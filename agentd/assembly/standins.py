@@ -36,7 +36,7 @@ class NoInProcessRestarts:
     def restarting(self) -> Iterator[None]:
         yield
 
-    def plan(self, plans: Any, kept_ranks: Any, peer_loss: float) -> None:
+    def plan(self, plans: Any, kept_ranks: Any, peer_loss: float, round_: int = 0) -> None:
         pass
 
     def keeping(self) -> list[int]:

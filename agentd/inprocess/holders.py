@@ -9,9 +9,17 @@ a hand-over every rank tells the others, in one all-reduce of one small integer 
 whether it holds the job's state: a process holds it once a :func:`~agentd.inprocess.sync`
 of an attempt returned in it (the first attempt's says to load the checkpoint), or a
 :func:`~agentd.inprocess.sync_object` that had nothing to receive; a new process holds
-nothing until then, nor does a receiver while it receives. The source is the lowest rank
-that holds it; the ranks that do not receive it; where no rank holds it, the attempt is
-fresh (load the checkpoint).
+nothing until then, nor does a receiver while it receives. A holder says which round's
+state it holds (the rendezvous round of the attempt whose sync it held it in): a node
+that waited as a spare while the others trained a round keeps its processes, with the
+state of the round before. Only the holders of the latest round count: the source is the
+lowest rank among them, and every other rank receives the state; where no rank holds it,
+the attempt is fresh (load the checkpoint).
+
+Before the rounds were compared (``bench/bench_chaos.py --inprocess --stragglers`` seed
+9, 2026-12-04), every rank of a round whose ranks all kept their processes held the
+state, the spare's stale ones too, and nothing was handed over: the replicas' weights
+differed from then on, and the step the job went on from was the spare's, 15 behind.
 """
 
 from __future__ import annotations
@@ -24,17 +32,18 @@ from agentd.inprocess.worker import Restart
 
 log = logging.getLogger(__name__)
 
-_holds = False
-"""Whether this process holds the job's state (see the module docstring)."""
+_held: int | None = None
+"""The round whose state this process holds (None: none; see the module docstring)."""
 _agreed: Restart | None = None
 """The attempt whose :class:`Restart` the ranks agreed on (current() is then it)."""
 
 
 def hold(holds: bool) -> None:
-    """This process holds the job's state from now on (True), or does not (False: it is
-    receiving it, and an interruption would leave it half-written)."""
-    global _holds
-    _holds = holds
+    """This process holds the job's state of the current attempt's round from now on
+    (True), or does not (False: it is receiving it, and an interruption would leave it
+    half-written)."""
+    global _held
+    _held = worker.current().round if holds else None
 
 
 def agreed() -> Restart:
@@ -54,11 +63,22 @@ def agreed() -> Restart:
     rank, world = dist.get_rank(), dist.get_world_size()
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    holding = torch.zeros(world, dtype=torch.int32, device=device)
-    holding[rank] = int(_holds)
+    holding = torch.zeros(world, dtype=torch.int64, device=device)
+    holding[rank] = 0 if _held is None else _held + 1  # 0: none
     dist.all_reduce(holding)
-    holders = [r for r, held in enumerate(holding.tolist()) if held]
+    rounds = holding.tolist()
+    latest = max(rounds)
+    holders = [r for r, held in enumerate(rounds) if held and held == latest]
+    stale = [r for r, held in enumerate(rounds) if held and held != latest]
     others = tuple(sorted(set(range(world)) - set(holders)))
+    if stale and rank == holders[0]:  # said once, by the source
+        log.warning(
+            "agentd.inprocess: rank(s) %s hold the state of an earlier round than round %d's "
+            "(their node sat a round out): they receive rank %d's",
+            stale,
+            latest - 1,
+            rank,
+        )
     if not holders:
         if rank == 0:  # said once for the job
             log.warning(

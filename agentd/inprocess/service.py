@@ -80,16 +80,21 @@ class InProcessRestarts:
             self._restarting = before
 
     def plan(
-        self, plans: list[tuple[Any, ...]], kept_ranks: frozenset[int] | None, peer_loss: float
+        self,
+        plans: list[tuple[Any, ...]],
+        kept_ranks: frozenset[int] | None,
+        peer_loss: float,
+        round_: int = 0,
     ) -> None:
         """Give each new worker's plan its channel and its grace (see
         :data:`~agentd.inprocess.wire.GRACE_ENV`: the default, plus ``peer_loss``, the
         seconds a lost node takes to be seen), and tell every rank which global ranks
         are new processes, which kept rank hands them its state, and whether no rank kept
         its process (:data:`~agentd.inprocess.wire.FRESH_ENV`: the job's state is then only
-        in its checkpoint). ``kept_ranks`` are the ranks every node kept, as the round told
-        it (None: no node announced any, or the rendezvous cannot tell, and only a node
-        that is the whole job knows them)."""
+        in its checkpoint), and the attempt's rendezvous ``round_``
+        (:data:`~agentd.inprocess.wire.ROUND_ENV`). ``kept_ranks`` are the ranks every
+        node kept, as the round told it (None: no node announced any, or the rendezvous
+        cannot tell, and only a node that is the whole job knows them)."""
         lost = sorted(r for r, p in self.parked.items() if p.returncode is not None)
         if lost:
             log.warning(
@@ -112,6 +117,7 @@ class InProcessRestarts:
             env[wire.REPLACED_ENV] = ",".join(map(str, replaced)) if source else ""
             env[wire.SOURCE_ENV] = source
             env[wire.FRESH_ENV] = fresh
+            env[wire.ROUND_ENV] = str(round_)
             if worker.local_rank not in self.parked:
                 fd, names = self.channel_for(worker.local_rank)
                 env.update(names)

@@ -23,6 +23,10 @@ REPLACED_ENV = "AGENTD_INPROCESS_REPLACED"
 (comma-separated; empty or unset when every rank is new or none is)."""
 SOURCE_ENV = "AGENTD_INPROCESS_SOURCE"
 """The global rank of a rank that kept its process: it holds the state to hand over."""
+ROUND_ENV = "AGENTD_INPROCESS_ROUND"
+"""The rendezvous round (generation) of this attempt, the same on every rank: a kept process
+whose node sat a round out (it waited as a spare while the others trained) holds an older
+round's state than the ranks of the last round (:mod:`agentd.inprocess.holders`)."""
 FRESH_ENV = "AGENTD_INPROCESS_FRESH"
 """``1`` when no rank of this attempt kept its process (a fresh start, or a restart that
 used new processes for every rank): the job's state is then only in its checkpoint."""

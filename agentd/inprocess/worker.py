@@ -61,13 +61,15 @@ class Restart:
     the checkpoint.
     ``teardown_s``: seconds this process spent, at its last park, tearing its process
     groups down (an NCCL group's abort; a gloo group's destruction, its abort going on
-    in the background); 0.0 before any."""
+    in the background); 0.0 before any. ``round``: the attempt's rendezvous round, the
+    same on every rank."""
 
     count: int = 0
     replaced: tuple[int, ...] = ()
     source: int | None = None
     fresh: bool = True
     teardown_s: float = 0.0
+    round: int = 0
 
 
 def _from_env(count: int, teardown_s: float = 0.0) -> Restart:
@@ -75,7 +77,8 @@ def _from_env(count: int, teardown_s: float = 0.0) -> Restart:
     source = os.environ.get(wire.SOURCE_ENV)
     fresh = os.environ.get(wire.FRESH_ENV, "1") != "0"
     known = int(source) if source and replaced else None
-    return Restart(count, replaced, known, fresh, teardown_s)
+    round_ = int(os.environ.get(wire.ROUND_ENV) or 0)
+    return Restart(count, replaced, known, fresh, teardown_s, round_)
 
 
 _current = Restart()

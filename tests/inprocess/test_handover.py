@@ -189,7 +189,8 @@ def test_a_receiver_that_dies_leaves_no_segment_behind(tmp_path):
 def test_the_state_comes_from_a_rank_that_holds_it_whatever_the_plan_said(tmp_path):
     """A kept rank lost between its node's join and the round's start is replaced by a new
     process that the plan still names as the source: the ranks agree on who holds the
-    state (tests/inprocess/test_lost_source.py has the whole job)."""
+    state (tests/inprocess/test_lost_source.py has the whole job). A kept rank whose node
+    sat a round out holds an older round's state: it receives the latest."""
     pytest.importorskip("torch")
     two_ranks(tmp_path, [0, 0], "holders")
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
@@ -214,4 +215,12 @@ def test_the_state_comes_from_a_rank_that_holds_it_whatever_the_plan_said(tmp_pa
             "replaced": [],
             "fresh": False,
             "rank 1's": report is reports[1],
+        }
+        # its node waited as a spare while the other trained a round (bench_chaos seed 9)
+        assert report["rank 0 holds an earlier round's"] == {
+            "synced": True,
+            "source": 1,
+            "replaced": [0],
+            "fresh": False,
+            "rank 1's": True,
         }

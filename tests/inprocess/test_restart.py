@@ -223,7 +223,7 @@ def test_without_agentd_run_is_a_plain_call(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == (
-        "5 Restart(count=0, replaced=(), source=None, fresh=True, teardown_s=0.0)"
+        "5 Restart(count=0, replaced=(), source=None, fresh=True, teardown_s=0.0, round=0)"
     )
 
 

@@ -40,6 +40,7 @@ async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_
             wire.REPLACED_ENV: "",
             wire.SOURCE_ENV: "",
             wire.FRESH_ENV: "1",
+            wire.ROUND_ENV: "0",
         }
         [fd] = plan[6]
         assert plan[2][wire.CHANNEL_FD_ENV] == str(fd)
@@ -62,13 +63,14 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
     service = InProcessRestarts()
     service.parked = {0: Kept(0), 1: Kept(1)}  # type: ignore[dict-item]
     planned = plans(2, 4)  # this node's ranks 2 and 3; the round says every rank was kept
-    service.plan(planned, frozenset(range(4)), 4.0)  # a peer lost in 4 s
+    service.plan(planned, frozenset(range(4)), 4.0, 7)  # a peer lost in 4 s; round 7
     for plan in planned:  # explicit empty values, so a resume overwrites stale ones
         assert env_of(plan) == {
             wire.GRACE_ENV: "6",
             wire.REPLACED_ENV: "",
             wire.SOURCE_ENV: "",
             wire.FRESH_ENV: "0",
+            wire.ROUND_ENV: "7",  # a kept rank's state is of the round it last synced in
         }
         assert wire.REPLACED_ENV not in os.environ  # so the resume's delta carries them
     await service.stop()

@@ -16,9 +16,10 @@ CPU by default, the last always on the CPU) equal rank 0's. With ``receiver-dies
 dies as it would open rank 0's segment, and rank 0 writes how its ``sync()`` failed and
 which of its segments are left in ``/dev/shm``. With ``holders``, the agent's plan
 (rank 0 hands over, rank 1 is new) meets other facts: rank 1 alone holds the job's state,
-then neither does, then both do while the plan names no source; each rank writes, per
-case, what ``sync()`` returned, the source and new ranks agreed, and whether its tensors
-are then rank 1's.
+then neither does, then both do while the plan names no source, then both do but rank
+0's is an earlier round's (its node sat a round out); each rank writes, per case, what
+``sync()`` returned, the source and new ranks agreed, and whether its tensors are then
+rank 1's.
 """
 
 import json
@@ -73,15 +74,19 @@ def said_to_be_on_one_gpu(tensors):
 
 
 if sys.argv[4:] == ["holders"]:
-    cases = {  # name: (the plan's source and new ranks, whether rank 0 and rank 1 hold)
-        "the planned source holds nothing": ((0, (1,)), (False, True)),
-        "no rank holds anything": ((0, (1,)), (False, False)),
-        "every rank holds it": ((None, ()), (True, True)),
+    cases = {  # name: (the plan's source and new ranks, the round rank 0 and rank 1 hold)
+        "the planned source holds nothing": ((0, (1,)), (None, 4)),
+        "no rank holds anything": ((0, (1,)), (None, None)),
+        "every rank holds it": ((None, ()), (4, 4)),
+        "rank 0 holds an earlier round's": ((None, ()), (3, 4)),
     }
     found = {}
     for name, ((source, replaced), holding) in cases.items():
-        worker.agree(worker.Restart(count=1, replaced=replaced, source=source, fresh=False))
-        holders.hold(holding[rank])
+        held = holding[rank]
+        worker.agree(worker.Restart(count=1, fresh=False, round=held or 0))
+        holders.hold(held is not None)  # what a sync of round ``held`` left behind
+        plan = worker.Restart(count=1, replaced=replaced, source=source, fresh=False, round=5)
+        worker.agree(plan)
         mine = tensors(seed=rank)
         synced = inprocess.sync(*mine)
         now = inprocess.current()
