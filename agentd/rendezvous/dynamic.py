@@ -201,13 +201,8 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
 
     @property
     def store(self) -> Store:
-        """The store, once opened; once this agent left (:meth:`shutdown`), a
-        :class:`StoreError`, which the services still running (a drain waiting for
-        checkpoints) take as the store lost, not as a bug."""
         if self._store is None:
-            if self._leaving:
-                raise StoreError(f"rendezvous {self._run_id}: this agent left; its store is closed")
-            raise RuntimeError("the rendezvous has not opened its store yet")
+            raise self._no_store()
         return self._store
 
     async def next_rendezvous(self) -> RendezvousInfo:

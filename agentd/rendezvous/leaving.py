@@ -71,6 +71,16 @@ class Leaving:
 
         async def _pass_the_store_on(self, current: Round) -> bool: ...
 
+    def _no_store(self) -> Exception:
+        """What asking for the store raises without one: before it was opened, a caller's
+        bug; once this agent left (its store closed), a :class:`StoreError`, which a
+        service still at work (a drain waiting for checkpoints as the job ends) takes as
+        the store lost. It was the bug's RuntimeError, whose traceback ended the agent's
+        exit (``bench/bench_chaos.py --inprocess --stragglers`` seed 3, 2026-12-04)."""
+        if self._leaving:
+            return StoreError(f"rendezvous {self._run_id}: this agent left; its store is closed")
+        return RuntimeError("the rendezvous has not opened its store yet")
+
     def on_will(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Tell ``listener`` how another process may release our membership should this
         agent die (see :mod:`agentd.rendezvous.release`), whenever that changes."""
