@@ -8,6 +8,7 @@ default)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import urllib.request
@@ -41,7 +42,7 @@ def get(agent, path: str) -> str:
 # (--no-preload), which passed too and cost this test 17 s of CPU more.
 @pytest.mark.parametrize("torch_worker", ["forked"], indirect=True)
 def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
-    run_agentd, run_store, tmp_path, torch_worker
+    run_agentd, run_store, tmp_path, torch_worker, monkeypatch
 ):
     store = run_store()
     out, stop = tmp_path / "job", tmp_path / "stop"
@@ -85,3 +86,9 @@ def test_a_slow_node_is_named_on_every_agent_and_swapped_for_a_spare(
     stop.touch()
     for agent in (*members[:2], spare):
         assert agent.wait(30) == 0, agent.stderr()[-6000:]
+    # bench/bench_chaos.py knows a node named and swapped by its agent's pid in these lines
+    monkeypatch.syspath_prepend(str(TESTS.parent / "bench"))
+    chaos = importlib.import_module("bench_chaos")
+    for agent in members:
+        said = agent.stderr()
+        assert chaos.NAMED.findall(said) == chaos.SWAPPED.findall(said) == [str(slow.pid)]
