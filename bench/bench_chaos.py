@@ -1,15 +1,16 @@
 """Every feature on at once, under seeded faults: what breaks when they meet?
 
     python bench/bench_chaos.py [--seeds 5] [--start 0] [--steps 400] [--seed N] [--inprocess]
-                                [--place loopback|etcd|etcd-stalls|namespaces|etcd-namespaces
-                                         |etcd-namespaces-stalls]
+                                [--place loopback|tls|etcd|etcd-stalls|namespaces
+                                         |etcd-namespaces|etcd-namespaces-stalls]
                                 [--disk-full] [--stragglers]
 
 Each seed runs one job of three real agents on this host (``--nnodes 2:3``, ``c10d`` with
-two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over), with the
-watchdog (torch's ``FileTimerClient``, ``TORCHELASTIC_ENABLE_FILE_TIMER=1``), hang
-detection from heartbeats, drains on SIGTERM, health endpoints, event logs and the
-default preload, all at once. The job (bench/chaos_worker.py) trains with gloo,
+two store candidates on 127.0.0.1 and 127.0.0.2, so the store fails over; ``--place tls``
+serves it over mutual TLS), with the watchdog (torch's ``FileTimerClient``,
+``TORCHELASTIC_ENABLE_FILE_TIMER=1``), hang detection from heartbeats, drains on SIGTERM,
+health endpoints, event logs, the job-wide straggler comparison and the default preload,
+all at once. The job (bench/chaos_worker.py) trains with gloo,
 checkpoints and resumes. While it trains, faults drawn from the seed strike at random
 times:
 
@@ -55,15 +56,19 @@ third of the run, so the job can end. Then every invariant is checked:
   task exception, an asyncio error; the workers' output goes to files, ``-r 3``);
 - **named**: no agent named a node slow that was not (every worker times its compute,
   so the job-wide comparison runs in every run, under every fault), and, with
-  ``--stragglers``, no node was swapped out as a straggler that was not slowed.
+  ``--stragglers``, no node was swapped out as a straggler that was not slowed;
+- **probes**: no agent failed 3 liveness probes in a row, which would have had a
+  kubelet restart its container (``GET /livez`` once a second with a 1 s timeout, while
+  the agent runs and nothing froze, killed or stopped it: bench/chaos_probes.py; not
+  where the agents' endpoints are in network namespaces of their own).
 
 With ``--inprocess`` the job trains in ``agentd.inprocess.run``: the ranks that did not
 fail keep their process and hand their state to the new ones.
 
 One line per seed: its faults, the job's restarts and the steps they trained again (a
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), with
-``--stragglers`` the slowed nodes that were named and swapped, and the invariants it
-broke; ``--seed N`` prints the faults as they strike and keeps the run's folder (the
+``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
+that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints the faults as they strike and keeps the run's folder (the
 agents' logs) for a look.
 """
 
@@ -86,6 +91,7 @@ from pathlib import Path
 
 import psutil
 from chaos_networks import PLACES, Loopback
+from chaos_probes import Prober
 from run_control import kill_marked, marked_env, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -100,6 +106,8 @@ KINDS = (
     "agent_term",
     "agent_freeze",
 )
+AGENT_WIDE = ("agent_kill", "host_lost", "agent_term", "agent_freeze")
+"""The faults that end or stop an agent itself: its liveness probes are not counted."""
 AGENTS = 3
 """The agents in the job's rounds (``--nnodes 2:3``); ``--stragglers`` adds a spare."""
 STRAGGLERS = ("--replace-stragglers", "--straggler-interval", "0.5")
@@ -134,6 +142,7 @@ class Agent:
     termed: bool = False  # this incarnation was sent SIGTERM: it exits 143 (128 + 15)
     back_at: float | None = None  # when to start it again, after it ended
     frozen: list[psutil.Process] = dataclasses.field(default_factory=list)
+    struck: int = 0  # bumped at each start, agent-wide fault and thaw (bench/chaos_probes.py)
     thaw_at: float | None = None
     filled: int | None = None  # the pid whose log dir is full (its mount namespace's)
     free_at: float | None = None
@@ -147,9 +156,20 @@ class Agent:
                 self.argv, env=self.env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
             )
         self.pids[self.incarnation] = self.proc.pid
+        self.struck += 1
         self.slow_flag().unlink(missing_ok=True)  # a new incarnation: a node as fast as any
         self.back_at = None
         self.termed = False
+
+    def probed(self) -> bool:
+        """Whether a liveness probe should find it live: it runs, nothing froze or
+        stopped it."""
+        return (
+            self.proc is not None
+            and self.proc.poll() is None
+            and not self.frozen
+            and not self.termed
+        )
 
     def tree(self) -> list[psutil.Process]:
         if self.proc is None:
@@ -190,6 +210,17 @@ def _runs(proc: psutil.Process, what: str) -> bool:
 
 
 @dataclasses.dataclass
+class Outcome:
+    """One seed's run: its faults, the invariants it broke (with detail), its agents,
+    and their liveness probes (None where the place's agents cannot be reached)."""
+
+    faults: list[Fault]
+    broken: list[str]
+    agents: list[Agent]
+    probes: Prober | None
+
+
+@dataclasses.dataclass
 class Fault:
     at: float
     kind: str
@@ -221,6 +252,8 @@ def strike(
     if agent.proc is None or agent.proc.poll() is not None or agent.frozen:
         say(f"{fault}: agent {fault.target} is down or frozen, nothing struck")
         return
+    if fault.kind in AGENT_WIDE:
+        agent.struck += 1  # first: a probe answered meanwhile is not counted
     if fault.kind in ("worker_kill", "worker_hang"):
         workers = agent.workers()
         if not workers:
@@ -289,6 +322,7 @@ def free(agent: Agent) -> None:
 
 
 def thaw(agent: Agent) -> None:
+    agent.struck += 1
     each(agent.frozen, psutil.Process.resume)
     agent.frozen, agent.thaw_at = [], None
 
@@ -309,9 +343,8 @@ def run_seed(
     place_name: str = "loopback",
     disk_full: bool = False,
     stragglers: bool = False,
-) -> tuple[list[Fault], list[str], list[Agent]]:
-    """Run one seed's job where ``place_name`` says (:mod:`chaos_networks`); returns its
-    faults, the invariants it broke (with detail) and its agents."""
+) -> Outcome:
+    """Run one seed's job where ``place_name`` says (:mod:`chaos_networks`)."""
     out = root / "out"
     out.mkdir(parents=True)
     place = PLACES[place_name](root, AGENTS + stragglers)
@@ -330,7 +363,7 @@ def _run_seed(
     place: Loopback,
     disk_full: bool,
     stragglers: bool,
-) -> tuple[list[Fault], list[str], list[Agent]]:
+) -> Outcome:
     out = root / "out"
     env, marker = marked_env(MARK)
     env.update(
@@ -364,7 +397,8 @@ def _run_seed(
             sys.executable, "-m", "agentd", "run", *place.args(index),
             "--rdzv-backend", place.backend, "--rdzv-endpoint", place.endpoints,
             "--rdzv-id", "chaos",
-            "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2", "--rdzv-conf", CONF,
+            "--nnodes", f"2:{AGENTS}", "--nproc-per-node", "2",
+            "--rdzv-conf", ",".join(filter(None, (CONF, place.conf(index)))),
             "--max-restarts", "100", "--health-port", "0",
             "--event-log", str(folder / "events.jsonl"), "--log-dir", str(logs),
             "--heartbeat-timeout", "8", "--redirects", "3", *(STRAGGLERS if stragglers else ()),
@@ -374,13 +408,16 @@ def _run_seed(
         agents.append(Agent(index, argv, {**env, **place.env(index), **slow}, folder))
     broken: list[str] = []
     seen: set[tuple[int, float]] = set()
+    probes = Prober(agents, lambda: time.monotonic() - began) if place.probed else None
     try:
         for agent in agents:  # one at a time: the first takes candidate 0, the next 1
             agent.start()
             if agent.index < place.candidates:
                 wait_for(lambda a=agent: "store candidate" in _text(a.logs()[-1]), 20)
+        if probes is not None:
+            probes.start()
         if not wait_for((out / "starts.jsonl").exists, 120):
-            return faults, ["done: the job never started"], agents
+            return Outcome(faults, ["done: the job never started"], agents, probes)
         began = time.monotonic()  # the faults' clock: from the first step on
         pending = list(faults)
         done = out / "done.json"
@@ -414,6 +451,9 @@ def _run_seed(
             if done.exists() and ended_at is None:
                 ended_at = time.monotonic()
                 say("the job is done")
+                if probes is not None:  # the agents end now
+                    probes.stop()
+                    broken += probes.broken()
                 for agent in agents:
                     if agent.frozen:
                         thaw(agent)
@@ -434,13 +474,15 @@ def _run_seed(
         if left:
             broken.append(f"orphans: {len(left)} process(es) of the run left: {sorted(left)}")
     finally:
+        if probes is not None:
+            probes.stop()
         for agent in agents:
             thaw(agent)
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.proc.kill()
                 agent.proc.wait()
         kill_marked(MARK, marker)
-    return faults, broken, agents
+    return Outcome(faults, broken, agents, probes)
 
 
 def _check(agents: list[Agent], out: Path, steps: int, done: Path, ended_at) -> list[str]:
@@ -557,7 +599,7 @@ def main() -> int:
         root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-"))
         began = time.monotonic()
         verbose = args.seed is not None
-        faults, broken, agents = run_seed(
+        outcome = run_seed(
             seed,
             args.steps,
             root,
@@ -568,17 +610,21 @@ def main() -> int:
             args.stragglers,
         )
         took = time.monotonic() - began
+        broken, agents, probes = outcome.broken, outcome.agents, outcome.probes
         verdict = "ok" if not broken else "BROKE " + "; ".join(broken)
         starts = _starts(root / "out")
         redone = sum(max(0, s.get("reached", 0) - s["step"]) for s in starts)
         named, swapped = slow_verdicts(agents)
-        slow = f", {len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped"
-        print(
-            f"seed {seed}: {' '.join(map(str, faults))} ({took:.0f}s, {len(starts) - 1} "
-            f"restarts, {redone} steps trained again{slow if args.stragglers else ''}): "
-            f"{verdict}",
-            flush=True,
-        )
+        said = [f"{took:.0f}s", f"{len(starts) - 1} restarts", f"{redone} steps trained again"]
+        if args.stragglers:
+            said.append(f"{len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped")
+        if probes is not None:
+            failed = f", {len(probes.failures)} failed" if probes.failures else ""
+            said.append(f"{probes.sent} probes{failed}, the slowest {probes.worst:.2f}s")
+        print(f"seed {seed}: {' '.join(map(str, outcome.faults))} ({', '.join(said)}): {verdict}")
+        for failure in probes.failures if probes is not None and verbose else ():
+            print(f"  a probe of {failure}")
+        sys.stdout.flush()
         failing += bool(broken)
         if args.seed is None and not broken:
             shutil.rmtree(root, ignore_errors=True)

@@ -2,6 +2,9 @@
 
 - :class:`Loopback` (the default): ``c10d`` with two store candidates, 127.0.0.1 and
   127.0.0.2, served by the first two agents: the store fails over when its host is lost.
+- :class:`LoopbackTls`: :class:`Loopback` over mutual TLS: the store candidates serve
+  HTTPS, each agent presents a certificate of the job's CA (made by the openssl command
+  in the run's folder), so every failover and every re-join makes new TLS connections.
 - :class:`Etcd`: a 3-member etcd cluster on 127.0.0.1; ``etcd_member_kill`` SIGKILLs one
   member and starts it again on its data 2-6 s later.
 - :class:`EtcdStalls`: :class:`Etcd`, and ``etcd_member_stall`` SIGSTOPs one member for
@@ -46,6 +49,9 @@ class Loopback:
     backend = "c10d"
     candidates = 2
     """How many agents serve a store candidate (started one at a time, in order)."""
+    probed = True
+    """Whether the bench can reach the agents' health endpoints (on this host's loopback)
+    to probe them (bench/chaos_probes.py)."""
 
     def __init__(self, root: Path, agents: int) -> None:
         port = free_port()
@@ -63,6 +69,10 @@ class Loopback:
         """Agent ``index``'s own environment (its workers inherit it)."""
         return {}
 
+    def conf(self, index: int) -> str:
+        """Agent ``index``'s own ``--rdzv-conf`` keys (comma-separated; "": none)."""
+        return ""
+
     def strike(self, kind: str, target: int, now: float, rng: random.Random, say: Say) -> None:
         raise ValueError(f"{kind}: not a fault of {self.name}")
 
@@ -71,6 +81,23 @@ class Loopback:
 
     def close(self) -> None:
         """Tear the place down (after every agent is gone)."""
+
+
+class LoopbackTls(Loopback):
+    """:class:`Loopback`, the store served over mutual TLS: a CA made for the run, and a
+    certificate and key for each agent."""
+
+    name = "tls"
+
+    def __init__(self, root: Path, agents: int) -> None:
+        from tests.helpers.tls import make_ca, node_tls
+
+        super().__init__(root, agents)
+        ca = make_ca(root / "tls")
+        self.tls = [node_tls(root / "tls", f"n{index}", ca) for index in range(agents)]
+
+    def conf(self, index: int) -> str:
+        return self.tls[index].conf()
 
 
 class Etcd(Loopback):
@@ -158,6 +185,7 @@ class Namespaces(Loopback):
 
     name = "namespaces"
     kinds = ("partition",)
+    probed = False  # each endpoint is on its own namespace's loopback
 
     def __init__(self, root: Path, agents: int) -> None:
         from tests.chaos.netns import Bridge
@@ -248,5 +276,13 @@ class EtcdNamespacesStalls(EtcdNamespaces):
 
 PLACES: dict[str, type[Loopback]] = {
     p.name: p
-    for p in (Loopback, Etcd, EtcdStalls, Namespaces, EtcdNamespaces, EtcdNamespacesStalls)
+    for p in (
+        Loopback,
+        LoopbackTls,
+        Etcd,
+        EtcdStalls,
+        Namespaces,
+        EtcdNamespaces,
+        EtcdNamespacesStalls,
+    )
 }
