@@ -68,7 +68,8 @@ fail keep their process and hand their state to the new ones.
 One line per seed: its faults, the job's restarts and the steps they trained again (a
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), with
 ``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
-that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints the faults as they strike and keeps the run's folder (the
+that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints
+the faults as they strike (and each failed probe) and keeps the run's folder (the
 agents' logs) for a look.
 """
 
