@@ -150,8 +150,7 @@ class Agent:
 
     def start(self) -> None:
         self.incarnation += 1
-        err = self.folder / f"agent{self.incarnation}.stderr"
-        out = self.folder / f"agent{self.incarnation}.stdout"
+        err, out = self.stderr_path(), self.folder / f"agent{self.incarnation}.stdout"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
@@ -193,6 +192,10 @@ class Agent:
 
     def logs(self) -> list[Path]:
         return sorted(self.folder.glob("agent*.stderr"))
+
+    def stderr_path(self) -> Path:
+        """The current incarnation's log."""
+        return self.folder / f"agent{self.incarnation}.stderr"
 
     def logs_dir(self) -> Path:
         """Its ``--log-dir`` (a tmpfs of its own with ``--disk-full``)."""
@@ -405,8 +408,9 @@ def _run_seed(
             "--heartbeat-timeout", "8", "--redirects", "3", *(STRAGGLERS if stragglers else ()),
             str(WORKER), str(out), str(steps),
         ]  # fmt: skip
-        slow = {"CHAOS_SLOW_FLAG": str(folder / "slow"), "CHAOS_SLOWER": str(SLOWER)}
-        agents.append(Agent(index, argv, {**env, **place.env(index), **slow}, folder))
+        agent = Agent(index, argv, {**env, **place.env(index)}, folder)
+        agent.env.update(CHAOS_SLOW_FLAG=str(agent.slow_flag()), CHAOS_SLOWER=str(SLOWER))
+        agents.append(agent)
     broken: list[str] = []
     seen: set[tuple[int, float]] = set()
     probes = Prober(agents, lambda: time.monotonic() - began) if place.probed else None
@@ -414,7 +418,7 @@ def _run_seed(
         for agent in agents:  # one at a time: the first takes candidate 0, the next 1
             agent.start()
             if agent.index < place.candidates:
-                wait_for(lambda a=agent: "store candidate" in _text(a.logs()[-1]), 20)
+                wait_for(lambda a=agent: "store candidate" in _text(a.stderr_path()), 20)
         if probes is not None:
             probes.start()
         if not wait_for((out / "starts.jsonl").exists, 120):

@@ -43,7 +43,8 @@ class Probed(Protocol):
     def probed(self) -> bool:
         """Whether a kubelet's probe should find it live now (running, nothing struck)."""
 
-    def logs(self) -> list[Path]: ...
+    def stderr_path(self) -> Path:
+        """The current incarnation's log."""
 
 
 @dataclasses.dataclass
@@ -114,10 +115,10 @@ class Prober(threading.Thread):
         """The agent's current incarnation's endpoint, once its log has said it."""
         key = (agent.index, agent.incarnation)
         if key not in self._urls:
-            logs = agent.logs()
-            name = f"agent{agent.incarnation}.stderr"
-            said = [p for p in logs if p.name == name]
-            found = HEALTH.search(said[0].read_text(errors="replace")) if said else None
+            try:
+                found = HEALTH.search(agent.stderr_path().read_text(errors="replace"))
+            except FileNotFoundError:
+                found = None
             if found is None:
                 return None
             self._urls[key] = found.group(1)
