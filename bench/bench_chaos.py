@@ -66,7 +66,8 @@ With ``--inprocess`` the job trains in ``agentd.inprocess.run``: the ranks that 
 fail keep their process and hand their state to the new ones.
 
 One line per seed: its faults, the job's restarts and the steps they trained again (a
-restart resumes from the last checkpoint, every 10 steps or at a drain's step), with
+restart resumes from the last checkpoint, every 10 steps or at a drain's step), the hangs
+the agents found (and how many were of ranks resumed in process, the resume timeout's), with
 ``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
 that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints
 the faults as they strike (and each failed probe) and keeps the run's folder (the
@@ -120,6 +121,9 @@ NAMED = re.compile(r"Straggler node \S+_(\d+)_[0-9a-f]+:")
 """An agent's naming of a slow node, whose name (host_pid_suffix) holds its agent's pid."""
 SWAPPED = re.compile(r"Drain requested by node \S+_(\d+)_[0-9a-f]+ \(straggler:")
 """An agent's log of a straggler's swap (the swapped node's drain, which every agent sees)."""
+HANG = re.compile(r"ERROR agentd\.heartbeats\.hang_watch: hang: rank \d+ stopped first \((.*?);")
+"""An agent's report of a hang; its group says how the rank was silent (``sent no
+heartbeat since it resumed in process``: the resume timeout's, docs/hangs.md)."""
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
 CHECKPOINT_EVERY = 10
 """Steps between two of the job's checkpoints: no restart trains more again."""
@@ -550,6 +554,13 @@ def slow_verdicts(agents: list[Agent]) -> tuple[set[Incarnation], set[Incarnatio
     return named, swapped
 
 
+def hangs_found(agents: list[Agent]) -> tuple[int, int]:
+    """The hangs the agents reported, and how many of them were ranks resumed in process
+    that never heartbeated (held to the resume timeout)."""
+    found = [m for a in agents for log in a.logs() for m in HANG.findall(_text(log))]
+    return len(found), sum(m.endswith("since it resumed in process") for m in found)
+
+
 def _starts(out: Path) -> list[dict]:
     """The job's attempts as its rank 0 noted them (bench/chaos_worker.py)."""
     text = _text(out / "starts.jsonl")
@@ -620,7 +631,9 @@ def main() -> int:
         starts = _starts(root / "out")
         redone = sum(max(0, s.get("reached", 0) - s["step"]) for s in starts)
         named, swapped = slow_verdicts(agents)
+        hangs, resumed = hangs_found(agents)
         said = [f"{took:.0f}s", f"{len(starts) - 1} restarts", f"{redone} steps trained again"]
+        said.append(f"{hangs} hangs found ({resumed} of ranks resumed in process)")
         if args.stragglers:
             said.append(f"{len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped")
         if probes is not None:

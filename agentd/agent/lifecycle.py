@@ -139,7 +139,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             started = [p for p in procs if isinstance(p, WorkerProcess)]
             self._services.inprocess.spawned(p.local_rank for p in started)
             await hygiene.started(started)
-        started += self._services.inprocess.resume_all(plans)
+        resumed = self._services.inprocess.resume_all(plans)
+        started += resumed
         if self._oom is None:
             from agentd.assembly.services import oom_watch
 
@@ -149,7 +150,8 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             self._after_first_start()
         if self._gate is not None:
             self._gate.spawned()
-        self._services.heartbeats.started(group, started)
+        resumed_ranks = {p.local_rank for p in resumed}
+        self._services.heartbeats.started(group, started, resumed_ranks, preload.preload_seconds)
         if self._services.node_checks is not None:
             self._services.node_checks.workers_started()
         self._start_drains(group)

@@ -74,7 +74,16 @@ class HeartbeatsPort(Protocol):
 
     def node_sections(self) -> dict[str, float] | None: ...
 
-    def started(self, group: WorkerGroup, procs: list[WorkerProcess]) -> None: ...
+    def started(
+        self,
+        group: WorkerGroup,
+        procs: list[WorkerProcess],
+        resumed: Collection[int] = (),
+        preload_s: float = 0.0,
+    ) -> None:
+        """A new attempt's workers run; ``resumed``: the local ranks that kept their
+        process; ``preload_s``: how long this node's zygote took to preload."""
+        ...
 
     async def stopped(self) -> None: ...
 
@@ -155,6 +164,11 @@ class PreloadPort(Protocol):
 
     async def ready(self) -> None:
         """Wait until a worker can be forked at once (the preload is done)."""
+        ...
+
+    @property
+    def preload_seconds(self) -> float:
+        """The longest a zygote of this agent took to preload (0.0: none yet)."""
         ...
 
     def status(self) -> dict[str, Any] | None: ...

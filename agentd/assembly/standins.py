@@ -9,7 +9,7 @@ ports (:mod:`agentd.assembly.ports`) kept without loading the service's modules.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class HeartbeatsOnDemand:
     def __init__(self, build: Callable[[], HeartbeatsPort]) -> None:
         self._build = build
         self.service: HeartbeatsPort | None = None
-        self._attempt: tuple[WorkerGroup, list[WorkerProcess]] | None = None
+        self._attempt: tuple[WorkerGroup, list[WorkerProcess], Collection[int], float] | None = None
 
     def _service(self) -> HeartbeatsPort:
         if self.service is None:
@@ -117,10 +117,16 @@ class HeartbeatsOnDemand:
     def node_sections(self) -> dict[str, float] | None:
         return self.service.node_sections() if self.service is not None else None
 
-    def started(self, group: WorkerGroup, procs: list[WorkerProcess]) -> None:
-        self._attempt = (group, procs)
+    def started(
+        self,
+        group: WorkerGroup,
+        procs: list[WorkerProcess],
+        resumed: Collection[int] = (),
+        preload_s: float = 0.0,
+    ) -> None:
+        self._attempt = (group, procs, resumed, preload_s)
         if self.service is not None:
-            self.service.started(group, procs)
+            self.service.started(group, procs, resumed, preload_s)
 
     async def stopped(self) -> None:
         self._attempt = None

@@ -298,29 +298,25 @@ def in_std_of(cls: type, value: Any) -> Any:
 def _heartbeats(config: AgentConfig) -> HeartbeatSettings | None:
     """Hang detection's settings where an option changed them (None: the defaults, built
     with the heartbeat service at the workers' first heartbeat)."""
-    given = (
-        config.initial_heartbeat_timeout,
-        config.heartbeat_timeout,
-        config.section_timeout,
-        config.heartbeat_safety_factor,
-        config.heartbeat_min_timeout,
-        config.straggler_factor,
-        config.straggler_steps,
-    )
-    defaults = (
-        AgentConfig.initial_heartbeat_timeout,
-        AgentConfig.heartbeat_timeout,
-        AgentConfig.section_timeout,
-        AgentConfig.heartbeat_safety_factor,
-        AgentConfig.heartbeat_min_timeout,
-        AgentConfig.straggler_factor,
-        AgentConfig.straggler_steps,
-    )
-    if given == defaults:
+    given = {field: getattr(config, option) for option, field in _HEARTBEAT_OPTIONS.items()}
+    if given == {f: getattr(AgentConfig, o) for o, f in _HEARTBEAT_OPTIONS.items()}:
         return None
     from agentd.heartbeats.settings import HeartbeatSettings
 
-    return HeartbeatSettings(*given)
+    return HeartbeatSettings(**given)
+
+
+_HEARTBEAT_OPTIONS = {
+    "initial_heartbeat_timeout": "initial_timeout",
+    "heartbeat_timeout": "step_timeout",
+    "resume_heartbeat_timeout": "resume_timeout",
+    "section_timeout": "section_timeouts",
+    "heartbeat_safety_factor": "safety_factor",
+    "heartbeat_min_timeout": "min_timeout",
+    "straggler_factor": "straggler_factor",
+    "straggler_steps": "straggler_steps",
+}
+"""The options of hang detection: each one's field of :class:`HeartbeatSettings`."""
 
 
 def _drain(config: AgentConfig) -> DrainSettings | None:

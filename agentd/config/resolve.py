@@ -111,6 +111,7 @@ class AgentConfig:
     uninterruptible_timeout: float = 0.0
     initial_heartbeat_timeout: float | None = None
     heartbeat_timeout: float | None = None
+    resume_heartbeat_timeout: float | None = None
     section_timeout: Mapping[str, float] = _EMPTY
     heartbeat_safety_factor: float = 2.0
     heartbeat_min_timeout: float = 2.0

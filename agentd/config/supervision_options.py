@@ -175,6 +175,14 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     _o(
+        "resume_heartbeat_timeout",
+        v.optional_seconds,
+        "",
+        "Seconds a rank resumed in process may run before its first heartbeat (default: "
+        "learned from the time new workers take to their first heartbeat, at least 30).",
+        metavar="SECONDS",
+    ),
+    _o(
         "section_timeout",
         v.section_timeouts,
         "",

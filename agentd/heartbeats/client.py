@@ -70,7 +70,8 @@ class _Channel:
         self._stack_file: IO[str] | None = None
 
     def register_dumps(self) -> None:
-        """Dump every thread's stack to the agent's file on its signal (if it gave both)."""
+        """Dump every thread's stack to the agent's file on its signal (if it gave both):
+        the attempt's file, again at each in-process restart."""
         import faulthandler
 
         try:
@@ -80,12 +81,15 @@ class _Channel:
         path = os.environ.get(STACK_FILE_ENV)
         if not sig or not path:
             return
+        before = self._stack_file
         try:
             self._stack_file = open(path, "a")  # noqa: SIM115 (faulthandler keeps writing it)
             faulthandler.register(sig, file=self._stack_file, all_threads=True)
         except (OSError, ValueError, RuntimeError) as exc:
             _warn(f"stack dumps are off ({exc})")
             return
+        if before is not None:
+            before.close()
         self.dump_signal = sig
 
     def send(self, kind: str, section: str | None = None) -> None:
@@ -160,10 +164,13 @@ def new_attempt() -> None:
     """The job restarted in this process (``agentd.inprocess.run``): count this attempt's
     steps from 0, as a new process does. Every rank of the attempt then reports the same
     step to a drain, whether it kept its process or not (a kept rank's count ran on from
-    the last attempt, and the drain's step was out of the new ranks' reach)."""
+    the last attempt, and the drain's step was out of the new ranks' reach). Its stack
+    dumps go to the new attempt's file, where the agent reads them."""
     global _steps
     _steps = 0
     _drain_new_attempt()
+    if _channel is not None:
+        _channel.register_dumps()  # to the new attempt's stack file, which the agent reads
 
 
 def end_heartbeats() -> None:

@@ -10,13 +10,13 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentd.heartbeats import stacks
 from agentd.heartbeats.monitor import ProgressMonitor, Silence
-from agentd.heartbeats.settings import LEARNED_FILE, HeartbeatSettings
+from agentd.heartbeats.settings import LEARNED_FILE, START, HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes, Straggler
 from agentd.heartbeats.timeouts import LearnedTimeouts, key_name
 from agentd.heartbeats.verdict import judge
@@ -69,9 +69,12 @@ class HangWatch:
         )
         self._handling: asyncio.Task[None] | None = None
 
-    def watch(self, pids: dict[int, int], ranks: dict[int, int]) -> None:
-        """Watch an attempt's workers: pid by local rank, global rank by local rank."""
-        self.monitor.watch(pids, ranks)
+    def watch(
+        self, pids: dict[int, int], ranks: dict[int, int], resumed: Collection[int] = ()
+    ) -> None:
+        """Watch an attempt's workers: pid by local rank, global rank by local rank, and
+        the local ranks resumed in process."""
+        self.monitor.watch(pids, ranks, resumed)
 
     async def unwatch(self) -> None:
         """Watch nothing, dump nothing more (the attempt's workers are being stopped)."""
@@ -103,7 +106,9 @@ class HangWatch:
         group = self._agent.get_worker_group()
         ranks = {w.local_rank: w.global_rank for w in group.workers}
         who = ", ".join(str(ranks.get(s.local_rank, s.local_rank)) for s in overdue)
-        limits = dict.fromkeys(f"{key_name(s.section)} {s.timeout.describe()}" for s in overdue)
+        limits = dict.fromkeys(
+            f"{key_name(START if s.resumed else s.section)} {s.timeout.describe()}" for s in overdue
+        )
         watched = [(s.local_rank, s.pid, s.dump_signal) for s in silences]
         targets = [
             stacks.DumpTarget(local_rank, pid, signal, self._stack_file(local_rank))

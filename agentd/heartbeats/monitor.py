@@ -4,10 +4,12 @@ Fed the progress messages of the agent's workers (see
 :mod:`agentd.wire.progress`), it keeps for each worker when it last made progress,
 which sections it is in, and so its deadline: the last progress plus the timeout of the
 innermost section (or of the step), or its start plus the initial timeout before its
-first message. One loop timer is armed at the earliest deadline (none while nothing is
-watched); when it fires with a worker past its deadline, ``on_hang`` gets what every
-watched worker was doing, once per attempt. Intervals go to the learned timeouts, step
-and section times to the straggler statistics.
+first message (a rank resumed in process: its start plus the resume timeout, learned
+from the time new workers take to their first message). One loop timer is armed at the
+earliest deadline (none while nothing is watched); when it fires with a worker past its
+deadline, ``on_hang`` gets what every watched worker was doing, once per attempt.
+Intervals go to the learned timeouts, step and section times to the straggler
+statistics.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentd.heartbeats.settings import STEP
+from agentd.heartbeats.settings import START, STEP
 from agentd.heartbeats.stragglers import STEP_SERIES, StepTimes
 from agentd.heartbeats.timeouts import LearnedTimeouts, Timeout
 from agentd.wire.progress import ProgressMessage
@@ -35,6 +37,8 @@ class _Watch:
     local_rank: int
     pid: int
     started: float
+    resumed: bool = False
+    """It kept its process through an in-process restart (it was started before)."""
     last: float | None = None
     sections: list[tuple[str, float]] = field(default_factory=list)
     steps: int = 0
@@ -63,6 +67,8 @@ class Silence:
     overdue: bool
     steps: int
     dump_signal: int
+    resumed: bool = False
+    """It resumed in process and has not heartbeated since."""
 
 
 class ProgressMonitor:
@@ -95,17 +101,27 @@ class ProgressMonitor:
         self._reported = False
         self._held_until = float("-inf")
         self._graced = False
+        self._dump_signals: dict[int, int] = {}
+        """The dump signal each worker process registered, by pid: a process resumed in
+        process registered it in an earlier attempt, and still answers it."""
 
     def active(self) -> bool:
         return self.timeouts.instrumented or self.timeouts.settings.initial_timeout is not None
 
-    def watch(self, pids: dict[int, int], ranks: dict[int, int]) -> None:
-        """Watch a new attempt's workers: ``pids`` and global ``ranks`` by local rank."""
+    def watch(
+        self, pids: dict[int, int], ranks: dict[int, int], resumed: Collection[int] = ()
+    ) -> None:
+        """Watch a new attempt's workers: ``pids`` and global ``ranks`` by local rank;
+        ``resumed``: the local ranks that kept their process (an in-process restart)."""
         now = self._clock()
         self._cancel()
         self._reported = False
         self._held_until = float("-inf")
-        self._watches = {lr: _Watch(lr, pid, now) for lr, pid in pids.items()}
+        self._watches = {lr: _Watch(lr, pid, now, lr in resumed) for lr, pid in pids.items()}
+        kept = {pids[lr]: self._dump_signals.get(pids[lr], 0) for lr in resumed if lr in pids}
+        self._dump_signals = {pid: signal for pid, signal in kept.items() if signal}
+        for w in self._watches.values():
+            w.dump_signal = self._dump_signals.get(w.pid, 0)
         self.step_times.new_attempt(ranks)
         self._arm()
 
@@ -144,6 +160,8 @@ class ProgressMonitor:
         # from: every such interval is a sample of the innermost section it passed in.
         if w.last is not None and not w.done and w.last >= self._held_until:
             self.timeouts.observe(w.key, at - w.last)
+        elif w.last is None and not w.resumed and w.started >= self._held_until:
+            self.timeouts.observe(START, at - w.started)  # a new worker's start
         if m.kind == "beat":
             if not w.sections:
                 if w.beat_at is not None and m.steps > w.beat_steps:
@@ -172,7 +190,7 @@ class ProgressMonitor:
         w.done = m.kind == "done"
         w.last, w.steps = at, m.steps
         if m.dump_signal:
-            w.dump_signal = m.dump_signal
+            w.dump_signal = self._dump_signals[w.pid] = m.dump_signal
 
     def _deadline(self, w: _Watch) -> tuple[float, Timeout] | None:
         if w.done or not self._running(w.local_rank):
@@ -180,7 +198,10 @@ class ProgressMonitor:
         if w.last is None:
             if not self.active():
                 return None
-            timeout = Timeout(self.timeouts.settings.initial, "initial")
+            if w.resumed:
+                timeout = self.timeouts.timeout(START)
+            else:
+                timeout = Timeout(self.timeouts.settings.initial, "initial")
             return max(w.started, self._held_until) + timeout.seconds, timeout
         timeout = self.timeouts.timeout(w.key)
         return max(w.last, self._held_until) + timeout.seconds, timeout
@@ -276,6 +297,7 @@ class ProgressMonitor:
                     now >= deadline,
                     w.steps,
                     w.dump_signal,
+                    w.resumed and w.last is None,
                 )
             )
         return out
@@ -303,6 +325,7 @@ class ProgressMonitor:
                 "section": w.sections[-1][0] if w.sections else None,
                 "silent_for": round(now - since, 3),
                 "heartbeating": w.last is not None and not w.done,
+                "resumed": w.resumed,
                 "timeout": round(found[1].seconds, 3) if found else None,
                 "timeout_source": found[1].source if found else None,
             }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from agentd.heartbeats.settings import LEARNED_FILE, HeartbeatSettings
@@ -60,12 +60,14 @@ class HeartbeatService:
         self.stats: collections.Counter[str] = collections.Counter()
         self._pids: dict[int, int] = {}
         """The workers' own pids -> local rank, this attempt (trusted while they run)."""
-        self._attempt: tuple[dict[int, int], dict[int, int]] | None = None
-        """The running attempt's pids and global ranks, by local rank."""
+        self._attempt: tuple[dict[int, int], dict[int, int], frozenset[int]] | None = None
+        """The running attempt's pids and global ranks, by local rank, and the local ranks
+        resumed in process."""
         self._engine: HangWatch | None = None
         self._warned_at = -_WARN_INTERVAL
         self._early: list[ProgressMessage] = []
         """Trusted messages of workers not yet placed (their attempt is starting)."""
+        self._preload_s = 0.0
 
     @property
     def engine(self) -> HangWatch:
@@ -82,6 +84,7 @@ class HeartbeatService:
                 self.stats,
                 self._helpers,
             )
+            self._engine.timeouts.allowance = self._preload_s
             if self._attempt is not None:
                 self._engine.watch(*self._attempt)
         return self._engine
@@ -109,12 +112,23 @@ class HeartbeatService:
         if self._engine is not None:
             self._engine.timeouts.save()
 
-    def started(self, group: WorkerGroup, procs: list[WorkerProcess]) -> None:
-        """A new attempt's workers run: watch them."""
+    def started(
+        self,
+        group: WorkerGroup,
+        procs: list[WorkerProcess],
+        resumed: Collection[int] = (),
+        preload_s: float = 0.0,
+    ) -> None:
+        """A new attempt's workers run: watch them. ``resumed``: the local ranks that kept
+        their process; ``preload_s``: how long this node's zygote took to preload (a node
+        that joined just now may start its workers that much later: a rank resumed here
+        waits for them)."""
         self._pids = {p.pid: p.local_rank for p in procs}
         ranks = {w.local_rank: w.global_rank for w in group.workers}
-        self._attempt = ({p.local_rank: p.pid for p in procs}, ranks)
+        self._attempt = ({p.local_rank: p.pid for p in procs}, ranks, frozenset(resumed))
+        self._preload_s = preload_s
         if self._engine is not None:
+            self._engine.timeouts.allowance = preload_s
             self._engine.watch(*self._attempt)
         early, self._early = self._early, []
         if early:

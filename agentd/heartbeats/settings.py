@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 STEP = ""
 """The key of the intervals between heartbeats outside any section."""
+START = "\x00start"
+"""The key of the times new workers took from their start to their first message, which
+bound how long a rank resumed in process waits before its first heartbeat (no section
+name holds a NUL)."""
 DEFAULT_INITIAL_TIMEOUT = 600.0
 LEARNED_FILE = "heartbeats.json"
 """Where a run's learned samples are kept, in its run directory (a new agent reads them)."""
@@ -19,7 +23,8 @@ class HeartbeatSettings:
 
     ``initial_timeout`` None means :data:`DEFAULT_INITIAL_TIMEOUT`, applied only once some
     worker of the group has heartbeated; given explicitly, it also holds a job that never
-    heartbeats. ``step_timeout`` and ``section_timeouts`` override learning.
+    heartbeats. ``step_timeout``, ``section_timeouts`` and ``resume_timeout`` (a rank
+    resumed in process, until its first heartbeat: :data:`START`) override learning.
     """
 
     initial_timeout: float | None = None
@@ -29,10 +34,13 @@ class HeartbeatSettings:
     min_timeout: float = 2.0
     straggler_factor: float = 1.5
     straggler_steps: int = 20
+    resume_timeout: float | None = None
 
     @property
     def initial(self) -> float:
         return self.initial_timeout if self.initial_timeout is not None else DEFAULT_INITIAL_TIMEOUT
 
     def explicit(self, key: str) -> float | None:
+        if key == START:
+            return self.resume_timeout
         return self.step_timeout if key == STEP else self.section_timeouts.get(key)

@@ -6,6 +6,15 @@ the key it passed in: :data:`STEP` outside sections, else the innermost section.
 samples times the safety factor, never below the floor. Until then, and until a worker's
 first message, the initial timeout applies. Flags override what is learned.
 
+A rank resumed in process (:data:`START`) is held to less than the initial timeout before
+its first heartbeat: it only waits for the new workers of the attempt to start, and the
+agent saw how long new workers take to their first message (every such time is a sample
+of :data:`START`). From one sample on, the timeout is the :data:`QUANTILE` of those
+times, plus the ``allowance`` (how long this node's zygote took to preload: a node that
+joined just now may still be preloading), times the safety factor; never below
+:data:`RESUME_FLOOR`, never above the initial timeout (``--resume-heartbeat-timeout``
+overrides it).
+
 The samples live in ``<run dir>/heartbeats.json``, so an agent restarted for the same run
 starts with what the last one learned.
 """
@@ -13,6 +22,7 @@ starts with what the last one learned.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import contextlib
 import json
 import logging
@@ -22,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentd.heartbeats.settings import STEP, HeartbeatSettings
+from agentd.heartbeats.settings import START, STEP, HeartbeatSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +43,15 @@ SAVE_INTERVAL = 5.0
 """Seconds between two writes of the learned samples while they change."""
 MAX_KEYS = 64
 """Sections remembered (the step included); more are held to the initial timeout."""
+RESUME_FLOOR = 30.0
+"""The least a rank resumed in process may take to its first heartbeat, in seconds."""
 _RELOG_RATIO = 1.25
 
 
 def key_name(key: str) -> str:
     """How a key reads in logs and reports."""
+    if key == START:
+        return "resume"
     return "step" if key == STEP else f"section {key!r}"
 
 
@@ -50,14 +64,22 @@ class Timeout:
     samples: int = 0
     observed: float = 0.0
     """The learned quantile the timeout was made from (learned only)."""
+    allowance: float = 0.0
+    """Seconds added to the quantile before the safety factor (:data:`START` only)."""
 
     def describe(self) -> str:
         if self.source == "learned":
+            added = f" + {self.allowance:.2f}s preload" if self.allowance else ""
             return (
                 f"{self.seconds:.2f}s learned (p{QUANTILE * 100:g} of {self.samples} "
-                f"intervals {self.observed:.3f}s)"
+                f"intervals {self.observed:.3f}s{added})"
             )
         return f"{self.seconds:.2f}s {self.source}"
+
+
+def _quantile(samples: collections.abc.Collection[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, math.ceil(QUANTILE * len(ordered)) - 1)]
 
 
 class LearnedTimeouts:
@@ -73,6 +95,18 @@ class LearnedTimeouts:
         self._logged: dict[str, float] = {}
         self._dirty = False
         self._saved_at = -math.inf
+        self._allowance = 0.0
+
+    @property
+    def allowance(self) -> float:
+        """Seconds a new worker may start later than those seen (see :data:`START`)."""
+        return self._allowance
+
+    @allowance.setter
+    def allowance(self, seconds: float) -> None:
+        if seconds != self._allowance:
+            self._allowance = max(0.0, seconds)
+            self._cache.pop(START, None)
 
     def load(self) -> None:
         """Take the samples a former agent of this run saved; a bad file is only logged."""
@@ -118,12 +152,14 @@ class LearnedTimeouts:
         before = self._logged.get(key)
         if before is None or not 1 / _RELOG_RATIO < timeout.seconds / before < _RELOG_RATIO:
             self._logged[key] = timeout.seconds
+            floor = RESUME_FLOOR if key == START else self.settings.min_timeout
             log.info(
-                "Heartbeat timeout for the %s: %s x %g (floor %gs)",
+                "Heartbeat timeout for the %s: %s x %g (floor %gs)%s",
                 key_name(key),
                 timeout.describe(),
                 self.settings.safety_factor,
-                self.settings.min_timeout,
+                floor,
+                " until a rank resumed in process first heartbeats" if key == START else "",
             )
 
     def timeout(self, key: str) -> Timeout:
@@ -135,15 +171,26 @@ class LearnedTimeouts:
         samples = self._samples.get(key, ())
         if explicit is not None:
             timeout = Timeout(explicit, "explicit", len(samples))
+        elif key == START:
+            timeout = self._resume_timeout(samples)
         elif len(samples) >= MIN_SAMPLES:
-            ordered = sorted(samples)
-            observed = ordered[min(len(ordered) - 1, math.ceil(QUANTILE * len(ordered)) - 1)]
+            observed = _quantile(samples)
             seconds = max(self.settings.min_timeout, observed * self.settings.safety_factor)
             timeout = Timeout(seconds, "learned", len(samples), observed)
         else:
             timeout = Timeout(self.settings.initial, "initial", len(samples))
         self._cache[key] = timeout
         return timeout
+
+    def _resume_timeout(self, starts: collections.abc.Collection[float]) -> Timeout:
+        """The :data:`START` rule (see the module's docstring)."""
+        settings = self.settings
+        if not starts:
+            return Timeout(settings.initial, "initial")
+        observed = _quantile(starts)
+        seconds = max(RESUME_FLOOR, (observed + self._allowance) * settings.safety_factor)
+        seconds = min(settings.initial, seconds)
+        return Timeout(seconds, "learned", len(starts), observed, self._allowance)
 
     def mark_instrumented(self) -> None:
         """A worker of this run heartbeated: from now on (restarts included) every worker

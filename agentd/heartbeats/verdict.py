@@ -42,7 +42,8 @@ def judge(
     culprit = max(suspects, key=lambda s: (s.silent_for, -s.local_rank))
     rank = ranks.get(culprit.local_rank, culprit.local_rank)
     if culprit.last_progress is None:
-        progress = "sent no heartbeat since it started"
+        since = "it resumed in process" if culprit.resumed else "it started"
+        progress = f"sent no heartbeat since {since}"
     else:
         progress = f"no progress for {culprit.silent_for:.2f}s in the {key_name(culprit.section)}"
     parts = [f"hang: rank {rank} stopped first ({progress}; timeout {culprit.timeout.describe()})"]
@@ -90,5 +91,6 @@ def _rank_entry(s: Silence, dump: StackDump | None, ranks: dict[int, int]) -> di
         "steps": s.steps,
         "silent_for": round(s.silent_for, 3),
         "heartbeated": s.last_progress is not None,
+        "resumed": s.resumed,
         "stack": dump.to_dict() if dump is not None else None,
     }

@@ -53,12 +53,24 @@ class PreloadService:
         self._replacing: asyncio.Task[None] | None = None
         self._judged: Zygote | None = None
         """The zygote whose preload's reads of the workers' variables were judged."""
+        self._longest_preload = 0.0
 
     @property
     def forks(self) -> bool:
         """Whether the next attempt's workers are forked (a bare zygote's, once it started
         with the first attempt: see :meth:`first_started`)."""
         return self.enabled and (bool(self._spec.preload) or self.zygotes_started > 0)
+
+    @property
+    def preload_seconds(self) -> float:
+        """The longest a zygote of this agent took to preload (0.0: none is ready yet):
+        how much later than this node a node that joined just now may start its workers."""
+        zygote = self.zygote
+        if zygote is not None and zygote.ready_info:
+            seconds = zygote.ready_info.get("seconds", 0.0)
+            if isinstance(seconds, (int, float)):
+                self._longest_preload = max(self._longest_preload, float(seconds))
+        return self._longest_preload
 
     async def start(self) -> None:
         if self.enabled and self._spec.preload:  # a command a zygote cannot run is a
@@ -93,6 +105,7 @@ class PreloadService:
             "zygote_pid": zygote.pid if zygote is not None else None,
             "ready": bool(zygote is not None and zygote.alive and zygote.ready_info),
             "zygotes_started": self.zygotes_started,
+            "preload_seconds": round(self.preload_seconds, 3),
             "standby_workers": self._spares,
             "standby_pids": zygote.spare_pids if zygote is not None else [],
             "standby_cuda": self._spec.standby_cuda,

@@ -60,9 +60,10 @@ class ProgressMessage(NamedTuple):
 
 def check_section_name(name: object) -> str:
     """``name`` if it can name a section; ValueError naming the rule otherwise."""
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_SECTION:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_SECTION or "\x00" in name:
         raise ValueError(
-            f"section: {name!r} must be a non-empty string of at most {MAX_SECTION} characters"
+            f"section: {name!r} must be a non-empty string of at most {MAX_SECTION} "
+            "characters, without NUL"
         )
     return name
 

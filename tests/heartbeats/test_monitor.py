@@ -9,9 +9,9 @@ import time
 import pytest
 
 from agentd.heartbeats.monitor import ProgressMonitor, Silence
-from agentd.heartbeats.settings import STEP, HeartbeatSettings
+from agentd.heartbeats.settings import START, STEP, HeartbeatSettings
 from agentd.heartbeats.stragglers import StepTimes
-from agentd.heartbeats.timeouts import LearnedTimeouts
+from agentd.heartbeats.timeouts import RESUME_FLOOR, LearnedTimeouts
 from agentd.wire.progress import ProgressMessage
 from tests.heartbeats.fakes import make_monitor, msg
 
@@ -208,4 +208,42 @@ async def test_an_agent_late_at_every_check_still_judges_at_the_second():
         clock.now = deadline + late_by
         monitor._fire()
         assert bool(hangs) == judged
+    monitor.unwatch()
+
+
+async def test_a_rank_resumed_in_process_is_held_to_the_starts_seen_not_the_initial_timeout():
+    """Seed 5 of ``bench/bench_chaos.py --stragglers --inprocess``: a worker was stopped
+    as the ranks kept by an in-process restart resumed, before their first heartbeat;
+    they waited for it in ``init_process_group``, and the agent held them to the initial
+    timeout (600 s) as if they were new processes importing torch."""
+    monitor, clock, _, _ = make_monitor()
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    t = clock.now
+    clock.now = t + 4
+    dumps = msg("beat", 1, t + 3)._replace(dump_signal=10)  # rank 0 can dump its stacks
+    monitor.feed([(0, dumps), (1, msg("beat", 1, t + 4)._replace(dump_signal=10))])
+    assert monitor.timeouts.timeout(START).samples == 2  # two new workers' starts
+    monitor.unwatch()
+    t = clock.now = t + 10
+    monitor.watch({0: 100, 1: 202}, {0: 0, 1: 1}, resumed={0})  # rank 1 is a new process
+    assert monitor.next_deadline() == t + RESUME_FLOOR  # 2 x 4 s is under the floor
+    clock.now = t + RESUME_FLOOR + 0.1
+    silent = {s.local_rank: s for s in monitor.silences()}
+    assert silent[0].overdue and silent[0].resumed
+    assert silent[0].timeout.source == "learned"
+    assert silent[0].dump_signal == 10  # its process registered it in the attempt before
+    assert not silent[1].overdue and not silent[1].resumed  # a new one: the initial 600 s
+    assert silent[1].dump_signal == 0
+    monitor.feed([(0, msg("beat", 1, clock.now)), (1, msg("beat", 1, clock.now))])
+    assert monitor.timeouts.timeout(START).samples == 3  # a resumed rank's wait is no start
+    monitor.unwatch()
+
+
+async def test_a_start_that_spans_a_drains_hold_is_no_sample():
+    monitor, clock, _, _ = make_monitor()
+    monitor.watch({0: 100}, {0: 0})
+    monitor.hold(20.0)
+    clock.now += 25
+    monitor.feed([(0, msg("beat", 1, clock.now))])
+    assert monitor.timeouts.timeout(START).samples == 0
     monitor.unwatch()

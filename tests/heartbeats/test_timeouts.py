@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from agentd.heartbeats.settings import STEP, HeartbeatSettings
-from agentd.heartbeats.timeouts import MIN_SAMPLES, LearnedTimeouts, Timeout
+import pytest
+
+from agentd.heartbeats.settings import START, STEP, HeartbeatSettings
+from agentd.heartbeats.timeouts import MIN_SAMPLES, RESUME_FLOOR, LearnedTimeouts, Timeout
+from agentd.wire.progress import check_section_name
 
 
 def test_the_initial_timeout_holds_until_enough_intervals_then_the_learned_one():
@@ -65,3 +68,36 @@ def test_a_corrupt_heartbeat_file_is_ignored_with_a_warning(tmp_path, caplog):
     timeouts.load()
     assert timeouts.timeout(STEP).source == "initial"
     assert "Ignoring" in caplog.text and "not a heartbeat record" in caplog.text
+
+
+def test_a_resumed_rank_is_held_to_the_starts_seen_plus_the_preload_never_under_the_floor():
+    timeouts = LearnedTimeouts(HeartbeatSettings(initial_timeout=600.0))
+    assert timeouts.timeout(START) == Timeout(600.0, "initial")  # no start seen yet
+    timeouts.observe(START, 4.0)  # one new worker's start is enough: the floor guards it
+    assert timeouts.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 4.0)
+    timeouts.observe(START, 20.0)
+    assert timeouts.timeout(START).seconds == 40.0  # the slowest start, times the factor
+    timeouts.allowance = 5.0  # this node's zygote took 5 s to preload
+    assert timeouts.timeout(START) == Timeout(50.0, "learned", 2, 20.0, 5.0)
+    assert "+ 5.00s preload" in timeouts.timeout(START).describe()
+    timeouts.observe(START, 400.0)
+    assert timeouts.timeout(START).seconds == 600.0  # never above the initial timeout
+
+
+def test_the_resume_flag_overrides_what_is_learned_and_starts_are_saved(tmp_path):
+    path = tmp_path / "heartbeats.json"
+    first = LearnedTimeouts(HeartbeatSettings(), path)
+    first.observe(START, 3.0)
+    first.save()
+    second = LearnedTimeouts(HeartbeatSettings(), path)
+    second.load()
+    assert second.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 3.0)
+    flagged = LearnedTimeouts(HeartbeatSettings(resume_timeout=5.0), path)
+    flagged.load()
+    assert flagged.timeout(START) == Timeout(5.0, "explicit", 1)
+    assert flagged.status()["resume"] == {"seconds": 5.0, "source": "explicit", "samples": 1}
+
+
+def test_no_section_can_take_the_resumes_key():
+    with pytest.raises(ValueError, match="without NUL"):
+        check_section_name(START)

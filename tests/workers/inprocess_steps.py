@@ -1,5 +1,5 @@
 """An in-process job that steps and checkpoints when a drain asks (no torch):
-``inprocess_steps.py OUT``.
+``inprocess_steps.py OUT [--hang-on-resume]``.
 
 Every rank steps every 10 ms, calling ``agentd.heartbeat()`` once a step, and counts its
 steps in this call of the training function. On attempt 0, local rank 1 exits 3 at its
@@ -7,7 +7,10 @@ steps in this call of the training function. On attempt 0, local rank 1 exits 3 
 their 30 steps or so behind them) and rank 1 is a new process. Each rank notes
 ``OUT/step5_<attempt>_<rank>`` (its pid) at its 5th step of an attempt, and when
 ``agentd.checkpoint_requested()`` writes ``OUT/ckpt_<rank>`` (its step in this attempt,
-its pid, the attempt), confirms, and steps on until the agent stops it.
+its pid, the attempt), confirms, and steps on until the agent stops it. With
+``--hang-on-resume``, a rank that kept its process notes ``OUT/resumed_<rank>`` (its pid)
+and hangs before its first heartbeat of the attempt, as a rank waiting for a peer that
+never comes would.
 """
 
 import json
@@ -19,6 +22,7 @@ import agentd
 import agentd.inprocess as inprocess
 
 out = sys.argv[1]
+hang_on_resume = "--hang-on-resume" in sys.argv[2:]
 rank = int(os.environ["LOCAL_RANK"])
 
 
@@ -31,6 +35,9 @@ def note(name: str, doc: dict) -> None:
 
 def train() -> None:
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if hang_on_resume and inprocess.current().count:
+        note(f"resumed_{rank}", {"pid": os.getpid()})
+        time.sleep(3600)
     step = 0
     while True:
         time.sleep(0.01)
