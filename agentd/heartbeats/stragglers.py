@@ -2,7 +2,9 @@
 
 A *series* is the step (time per heartbeat outside sections) or a section (time from its
 entry to its exit). For each local rank and series the agent keeps a histogram (for
-``/metrics``) and a recent value (an exponential average). A rank whose step takes at
+``/metrics``) and a recent value: the median of its last :data:`RECENT_SAMPLES` times, so
+one long step or section (a GC pause, a node frozen for seconds) moves it not at all,
+where a slowdown that lasts moves it within half as many. A rank whose step takes at
 least ``factor`` times the median of the other local ranks' recent values, for
 ``steps`` steps in a row, is a straggler: reported once, until it catches up.
 
@@ -13,6 +15,7 @@ what each rank does on its own.
 
 from __future__ import annotations
 
+import collections
 import logging
 import statistics
 from collections.abc import Callable, Iterator
@@ -39,8 +42,12 @@ BUCKETS = (
     60.0,
     300.0,
 )
-RECENT_WEIGHT = 0.3
-"""Weight of a new value in a rank's recent step time (exponential average)."""
+RECENT_SAMPLES = 9
+"""The times a rank's recent value is the median of. An exponential average (a new time
+weighing 0.3) took one section of a node frozen for 5 s to 33x its 50 ms, and 9 more
+to come back under 1.5x: long enough for the job-wide comparison to name, and swap, a
+node that was not slow (``bench/bench_chaos.py --place tls --inprocess --stragglers``
+seed 23, 2026-12-04)."""
 STEP_SERIES = "step"
 """The series of whole steps (between two heartbeats); the others are sections."""
 MAX_SERIES = 17
@@ -53,6 +60,10 @@ class _Series:
     total: float = 0.0
     count: int = 0
     recent: float | None = None
+    """The median of :attr:`last`."""
+    last: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_SAMPLES)
+    )
     slow_for: int = 0
     flagged: bool = False
 
@@ -90,6 +101,7 @@ class StepTimes:
         self._ranks = dict(ranks)
         for series in self._series.values():
             series.recent, series.slow_for, series.flagged = None, 0, False
+            series.last.clear()
 
     def observe(self, local_rank: int, name: str, seconds: float, steps: int = 1) -> None:
         """``steps`` occurrences of series ``name`` took ``seconds`` each, on average."""
@@ -106,10 +118,8 @@ class StepTimes:
                 break
         series.total += seconds * steps
         series.count += steps
-        if series.recent is None:
-            series.recent = seconds
-        else:
-            series.recent += RECENT_WEIGHT * (seconds - series.recent)
+        series.last.append(seconds)
+        series.recent = statistics.median(series.last)
         self._judge(local_rank, rank, name, series, seconds, steps)
 
     def _judge(

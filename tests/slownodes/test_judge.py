@@ -66,6 +66,44 @@ def test_a_node_summary_is_its_ranks_median_per_section_without_the_step():
     assert times.node_summary() == {"compute": 0.2}
 
 
+def test_one_long_section_of_a_node_frozen_for_seconds_names_nothing_a_lasting_slowdown_does():
+    """``bench/bench_chaos.py --place tls --inprocess --stragglers`` seed 23: a node whose
+    agent and workers were frozen for a few seconds (a paused VM) had one compute section
+    of 5 s among 50 ms ones. Its recent time, an exponential average, rose to 33x the
+    others' and took 9 more sections to come back under the factor: longer than the
+    window, so the node was named slow and swapped for the spare."""
+    step_times = {node: StepTimes(1.5, 20, lambda straggler: None) for node in ("n0", "n1")}
+    for times in step_times.values():
+        times.new_attempt({0: 0, 1: 1})
+    judge = NodeJudge(factor=1.5, window=1.0)
+
+    def sections(n0: float, count: int, now: float) -> float:
+        for _ in range(count):
+            for node, times in step_times.items():
+                for local_rank in (0, 1):
+                    times.observe(local_rank, "compute", n0 if node == "n0" else 0.05)
+            now += 0.2  # a step, and a comparison at each
+            summaries = {node: times.node_summary() for node, times in step_times.items()}
+            assert judge.judge(summaries, now)["slow"] == [], (now, summaries)
+        return now
+
+    now = sections(0.05, 20, now=0.0)
+    now = sections(5.0, 1, now)  # frozen in the middle of one
+    now = sections(0.05, 40, now)
+    step_times["n0"].observe(0, "compute", 0.15)  # now three times as slow, and it lasts
+    step_times["n0"].observe(1, "compute", 0.15)
+    with_slow = []
+    for _ in range(20):
+        now += 0.2
+        for local_rank in (0, 1):
+            step_times["n0"].observe(local_rank, "compute", 0.15)
+            step_times["n1"].observe(local_rank, "compute", 0.05)
+        summaries = {node: times.node_summary() for node, times in step_times.items()}
+        with_slow.append(judge.judge(summaries, now)["slow"])
+    assert with_slow[-1] == ["n0"]
+    assert with_slow.index(["n0"]) <= 10  # half the samples, then the window
+
+
 def test_the_interval_stretches_so_the_whole_job_asks_the_store_at_a_bounded_rate():
     from agentd.slownodes.settings import JOB_RATE, SlowNodeSettings
 
