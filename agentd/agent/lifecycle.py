@@ -101,11 +101,13 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         plans = plan_workers(self, group, staged)
         self.error_files = reified_error_files(self, plans)
         if isinstance(spec.entrypoint, str):
-            handler, peer_loss = self.rdzv_handler, 0.0
-            if (group.group_world_size or 1) > 1 and isinstance(handler, KeepsWorkers):
-                peer_loss = handler.peer_loss_timeout()  # a lost node takes that long to see
+            handler, peer_loss, stale = self.rdzv_handler, 0.0, False
+            if isinstance(handler, KeepsWorkers):  # a spare's kept workers missed a round
+                stale = handler.sat_out()
+                if (group.group_world_size or 1) > 1:  # a lost node takes that long to see
+                    peer_loss = handler.peer_loss_timeout()
             inprocess = self._services.inprocess
-            inprocess.plan(plans, self.kept_ranks, peer_loss, self.generation)  # drops dead kept
+            inprocess.plan(plans, self.kept_ranks, peer_loss, self.generation, stale)
         else:  # function workers leave together
             from agentd.workers.release_gate import RELEASE_FDS_ENV, ReleaseGate
 

@@ -194,6 +194,7 @@ class InProcessPort(Protocol):
         kept_ranks: frozenset[int] | None,
         peer_loss: float,
         round_: int = 0,
+        stale: bool = False,
     ) -> None: ...
 
     def keeping(self) -> list[int]: ...

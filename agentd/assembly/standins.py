@@ -36,7 +36,9 @@ class NoInProcessRestarts:
     def restarting(self) -> Iterator[None]:
         yield
 
-    def plan(self, plans: Any, kept_ranks: Any, peer_loss: float, round_: int = 0) -> None:
+    def plan(
+        self, plans: Any, kept_ranks: Any, peer_loss: float, round_: int = 0, stale: bool = False
+    ) -> None:
         pass
 
     def keeping(self) -> list[int]:

@@ -14,20 +14,26 @@ state it holds (the rendezvous round of the attempt whose sync it held it in): a
 that waited as a spare while the others trained a round keeps its processes, with the
 state of the round before. Only the holders of the latest round count: the source is the
 lowest rank among them, and every other rank receives the state; where no rank holds it,
-the attempt is fresh (load the checkpoint).
+the attempt is fresh (load the checkpoint). A process its agent calls stale
+(:data:`~agentd.inprocess.wire.STALE_ENV`: its node sat a round out) holds nothing, so
+its older state never stands for the job's, even where every newer holder is gone.
 
 Before the rounds were compared (``bench/bench_chaos.py --inprocess --stragglers`` seed
 9, 2026-12-04), every rank of a round whose ranks all kept their processes held the
 state, the spare's stale ones too, and nothing was handed over: the replicas' weights
 differed from then on, and the step the job went on from was the spare's, 15 behind.
+With ``--place tls`` as well (seed 23), every rank of the latest round was lost before
+the spare came back: its round-1 state was the newest held, and the job went on from step
+183, 21 behind the furthest and 17 behind its checkpoint, where it now loads the latter.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
-from agentd.inprocess import worker
+from agentd.inprocess import wire, worker
 from agentd.inprocess.worker import Restart
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,8 @@ def agreed() -> Restart:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if os.environ.get(wire.STALE_ENV) == "1":
+        hold(False)  # its node sat a round out: an older state than the job's
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     holding = torch.zeros(world, dtype=torch.int64, device=device)
@@ -83,7 +91,8 @@ def agreed() -> Restart:
         if rank == 0:  # said once for the job
             log.warning(
                 "agentd.inprocess: no rank holds the job's state (the ranks kept were lost "
-                "before this attempt started): every rank starts from the checkpoint"
+                "before this attempt started, or missed a round): every rank starts from the "
+                "checkpoint"
             )
         restart = dataclasses.replace(restart, replaced=(), source=None, fresh=True)
     elif others or restart.source is not None:

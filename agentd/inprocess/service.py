@@ -85,6 +85,7 @@ class InProcessRestarts:
         kept_ranks: frozenset[int] | None,
         peer_loss: float,
         round_: int = 0,
+        stale: bool = False,
     ) -> None:
         """Give each new worker's plan its channel and its grace (see
         :data:`~agentd.inprocess.wire.GRACE_ENV`: the default, plus ``peer_loss``, the
@@ -92,7 +93,9 @@ class InProcessRestarts:
         are new processes, which kept rank hands them its state, and whether no rank kept
         its process (:data:`~agentd.inprocess.wire.FRESH_ENV`: the job's state is then only
         in its checkpoint), and the attempt's rendezvous ``round_``
-        (:data:`~agentd.inprocess.wire.ROUND_ENV`). ``kept_ranks`` are the ranks every
+        (:data:`~agentd.inprocess.wire.ROUND_ENV`); ``stale``: this node waited outside a
+        round since its kept workers' last attempt, their state is older than the job's
+        (:data:`~agentd.inprocess.wire.STALE_ENV`). ``kept_ranks`` are the ranks every
         node kept, as the round told it (None: no node announced any, or the rendezvous
         cannot tell, and only a node that is the whole job knows them)."""
         lost = sorted(r for r, p in self.parked.items() if p.returncode is not None)
@@ -104,6 +107,12 @@ class InProcessRestarts:
                 lost,
             )
         self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
+        if stale and self.parked:
+            log.warning(
+                "Kept local rank(s) %s missed a round this node sat out as a spare: they hold "
+                "an older state than the job's, and receive it (or load the checkpoint)",
+                sorted(self.parked),
+            )
         world = plans[0][0].world_size if plans else 0
         if kept_ranks is None and world == len(plans):
             kept_ranks = frozenset(w.global_rank for w, *_ in plans if w.local_rank in self.parked)
@@ -118,6 +127,7 @@ class InProcessRestarts:
             env[wire.SOURCE_ENV] = source
             env[wire.FRESH_ENV] = fresh
             env[wire.ROUND_ENV] = str(round_)
+            env[wire.STALE_ENV] = "1" if stale and worker.local_rank in self.parked else ""
             if worker.local_rank not in self.parked:
                 fd, names = self.channel_for(worker.local_rank)
                 env.update(names)

@@ -27,6 +27,10 @@ ROUND_ENV = "AGENTD_INPROCESS_ROUND"
 """The rendezvous round (generation) of this attempt, the same on every rank: a kept process
 whose node sat a round out (it waited as a spare while the others trained) holds an older
 round's state than the ranks of the last round (:mod:`agentd.inprocess.holders`)."""
+STALE_ENV = "AGENTD_INPROCESS_STALE"
+"""``1`` for a kept worker whose node waited outside a round as a spare since its last
+attempt: that round's ranks trained on, and this process's state is older than the job's
+(:mod:`agentd.inprocess.holders`: it holds nothing, and receives)."""
 FRESH_ENV = "AGENTD_INPROCESS_FRESH"
 """``1`` when no rank of this attempt kept its process (a fresh start, or a restart that
 used new processes for every rank): the job's state is then only in its checkpoint."""

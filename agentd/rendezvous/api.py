@@ -195,10 +195,12 @@ class BindsWorkerSpec(Protocol):
 @runtime_checkable
 class KeepsWorkers(Protocol):
     """A rendezvous whose rounds tell every member which workers each node kept across a
-    restart (in-process restarts: every rank must agree on which ranks are new)."""
+    restart (in-process restarts), and this node whether it sat a round out (a spare)."""
 
     def announce_kept(self, local_ranks: Sequence[int]) -> None:
         """The local ranks this node keeps into the rounds it joins from now (none: [])."""
+
+    def sat_out(self) -> bool: ...
 
     def peer_loss_timeout(self) -> float:
         """Seconds until every member knows that a peer is lost (its lease runs out): how

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from agentd.exceptions import ConfigError
@@ -44,6 +44,7 @@ from agentd.rendezvous.exclusions import Exclusions
 from agentd.rendezvous.exit_barrier import ExitBarrier
 from agentd.rendezvous.host_memory import HostMemory, RoundKeeper
 from agentd.rendezvous.job_records import JobRecords
+from agentd.rendezvous.kept_workers import KeptWorkers
 from agentd.rendezvous.keys import RunKeys
 from agentd.rendezvous.leaving import Leaving
 from agentd.rendezvous.membership import LeaseListener, Membership
@@ -61,7 +62,7 @@ from agentd.support.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 
 
-class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
+class DynamicRendezvous(Leaving, RollCalls, ExitBarrier, KeptWorkers):
     """An elastic rendezvous for ``run_id`` over a store opened by ``open_store``.
 
     ``open_store`` is called on the first rendezvous, in the agent's loop (see
@@ -126,12 +127,6 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier):
 
     def peer_loss_timeout(self) -> float:
         return self.settings.heartbeat_ttl
-
-    def announce_kept(self, local_ranks: Sequence[int]) -> None:
-        """Our join records carry the local ranks we keep (none: no key at all)."""
-        self._kept = sorted(local_ranks)
-        self._node.pop("kept", None)
-        self._node.update({"kept": self._kept} if self._kept else {})
 
     async def publish_exclusion(self, doc: dict[str, Any] | None) -> None:
         """Tell the other agents why this node stays out (None: that it is back)."""

@@ -121,6 +121,7 @@ class Rounds(SealWait):
         self.carried: Carried | None = None
         """The last sealed round this agent saw, whose members the next round expects
         (:mod:`agentd.rendezvous.accounting`)."""
+        self.sat_out = False  # we waited outside a round sealed full: see kept_workers.py
         self.unsure: tuple[int, int, str] | None = None
         """A round the store forgot as we waited for its seal, before any member told the
         new store it was sealed: its generation, our place, and the server instance."""
@@ -267,6 +268,7 @@ class Rounds(SealWait):
             spare = keys.round(generation, f"spare/{rank}")
             await store.set(spare, self.node_id.encode())
             self.carried = Carried(generation, settings.max_nodes, False, instance_of(store))
+            self.sat_out = True
             await self.wait_for_generation_after(generation, full=settings.max_nodes)
             return False
         node = {**self._node, "port": self._node["port"] or self._reserve_port()}

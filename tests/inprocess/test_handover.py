@@ -190,7 +190,8 @@ def test_the_state_comes_from_a_rank_that_holds_it_whatever_the_plan_said(tmp_pa
     """A kept rank lost between its node's join and the round's start is replaced by a new
     process that the plan still names as the source: the ranks agree on who holds the
     state (tests/inprocess/test_lost_source.py has the whole job). A kept rank whose node
-    sat a round out holds an older round's state: it receives the latest."""
+    sat a round out holds an older round's state: it receives the latest; one whose agent
+    calls it stale (it waited as a spare) holds nothing."""
     pytest.importorskip("torch")
     two_ranks(tmp_path, [0, 0], "holders")
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
@@ -223,4 +224,14 @@ def test_the_state_comes_from_a_rank_that_holds_it_whatever_the_plan_said(tmp_pa
             "replaced": [0],
             "fresh": False,
             "rank 1's": True,
+        }
+        # its agent says so where the rounds cannot: the spare's round-4 state is older
+        # than the job's, whatever the others hold (bench_chaos --place tls seed 23)
+        assert report["rank 0's node sat a round out"] == report["rank 0 holds an earlier round's"]
+        assert report["only a stale rank holds it"] == {
+            "synced": False,  # load the checkpoint, newer than the spare's state
+            "source": None,
+            "replaced": [],
+            "fresh": True,
+            "rank 1's": report is reports[1],
         }

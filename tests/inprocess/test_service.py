@@ -41,6 +41,7 @@ async def test_a_fresh_attempt_says_nobody_was_replaced_and_every_worker_gets_a_
             wire.SOURCE_ENV: "",
             wire.FRESH_ENV: "1",
             wire.ROUND_ENV: "0",
+            wire.STALE_ENV: "",
         }
         [fd] = plan[6]
         assert plan[2][wire.CHANNEL_FD_ENV] == str(fd)
@@ -71,8 +72,19 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
             wire.SOURCE_ENV: "",
             wire.FRESH_ENV: "0",
             wire.ROUND_ENV: "7",  # a kept rank's state is of the round it last synced in
+            wire.STALE_ENV: "",
         }
         assert wire.REPLACED_ENV not in os.environ  # so the resume's delta carries them
+    await service.stop()
+
+
+async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_ones_not(caplog):
+    service = InProcessRestarts()
+    service.parked = {0: Kept(0)}  # type: ignore[dict-item]
+    planned = plans(0, 4)
+    service.plan(planned, frozenset({0}), 0.0, 9, stale=True)  # this node sat round 8 out
+    assert [plan[2][wire.STALE_ENV] for plan in planned] == ["1", ""]
+    assert "Kept local rank(s) [0] missed a round this node sat out" in caplog.text
     await service.stop()
 
 

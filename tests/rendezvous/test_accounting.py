@@ -105,6 +105,8 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
     await asyncio.wait_for(watch, SOON)
     infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), waiting), SOON)
     assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    # the spare's kept workers, if any, missed round 0: its agent is told, once
+    assert (spare.sat_out(), spare.sat_out(), a.sat_out()) == (True, False, False)
     await shutdown_all(a, spare)
 
 

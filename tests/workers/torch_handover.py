@@ -17,9 +17,10 @@ dies as it would open rank 0's segment, and rank 0 writes how its ``sync()`` fai
 which of its segments are left in ``/dev/shm``. With ``holders``, the agent's plan
 (rank 0 hands over, rank 1 is new) meets other facts: rank 1 alone holds the job's state,
 then neither does, then both do while the plan names no source, then both do but rank
-0's is an earlier round's (its node sat a round out); each rank writes, per case, what
-``sync()`` returned, the source and new ranks agreed, and whether its tensors are then
-rank 1's.
+0's is an earlier round's (its node sat a round out), then both do but rank 0's agent
+calls its state stale (its node sat a round out as a spare), then rank 0 alone does and
+its state is stale; each rank writes, per case, what ``sync()`` returned, the source and
+new ranks agreed, and whether its tensors are then rank 1's.
 """
 
 import json
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import agentd.inprocess as inprocess
-from agentd.inprocess import cuda_ipc, handover, holders, worker
+from agentd.inprocess import cuda_ipc, handover, holders, wire, worker
 
 rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -74,14 +75,18 @@ def said_to_be_on_one_gpu(tensors):
 
 
 if sys.argv[4:] == ["holders"]:
-    cases = {  # name: (the plan's source and new ranks, the round rank 0 and rank 1 hold)
-        "the planned source holds nothing": ((0, (1,)), (None, 4)),
-        "no rank holds anything": ((0, (1,)), (None, None)),
-        "every rank holds it": ((None, ()), (4, 4)),
-        "rank 0 holds an earlier round's": ((None, ()), (3, 4)),
+    cases = {  # name: (the plan's source and new ranks, the round rank 0 and rank 1 hold,
+        # and whether rank 0's agent calls its state stale)
+        "the planned source holds nothing": ((0, (1,)), (None, 4), False),
+        "no rank holds anything": ((0, (1,)), (None, None), False),
+        "every rank holds it": ((None, ()), (4, 4), False),
+        "rank 0 holds an earlier round's": ((None, ()), (3, 4), False),
+        "rank 0's node sat a round out": ((None, ()), (4, 4), True),
+        "only a stale rank holds it": ((0, (1,)), (4, None), True),
     }
     found = {}
-    for name, ((source, replaced), holding) in cases.items():
+    for name, ((source, replaced), holding, stale) in cases.items():
+        os.environ[wire.STALE_ENV] = "1" if stale and rank == 0 else ""
         held = holding[rank]
         worker.agree(worker.Restart(count=1, fresh=False, round=held or 0))
         holders.hold(held is not None)  # what a sync of round ``held`` left behind
