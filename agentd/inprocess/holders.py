@@ -15,8 +15,9 @@ that waited as a spare while the others trained a round keeps its processes, wit
 state of the round before. Only the holders of the latest round count: the source is the
 lowest rank among them, and every other rank receives the state; where no rank holds it,
 the attempt is fresh (load the checkpoint). A process its agent calls stale
-(:data:`~agentd.inprocess.wire.STALE_ENV`: its node sat a round out) holds nothing, so
-its older state never stands for the job's, even where every newer holder is gone.
+(:data:`~agentd.inprocess.wire.STALE_ENV`: its node sat a round out) holds nothing until
+it syncs again, so its older state never stands for the job's, even where every newer
+holder is gone (nor in a round that re-forms before its sync).
 
 Before the rounds were compared (``bench/bench_chaos.py --inprocess --stragglers`` seed
 9, 2026-12-04), every rank of a round whose ranks all kept their processes held the
@@ -31,9 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
-from agentd.inprocess import wire, worker
+from agentd.inprocess import worker
 from agentd.inprocess.worker import Restart
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ def hold(holds: bool) -> None:
     half-written)."""
     global _held
     _held = worker.current().round if holds else None
+    if holds:
+        worker.synced()
 
 
 def agreed() -> Restart:
@@ -67,7 +69,7 @@ def agreed() -> Restart:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if os.environ.get(wire.STALE_ENV) == "1":
+    if worker.stale():
         hold(False)  # its node sat a round out: an older state than the job's
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")

@@ -82,6 +82,22 @@ def _from_env(count: int, teardown_s: float = 0.0) -> Restart:
 
 
 _current = Restart()
+_stale = False
+"""This process was resumed as stale (:data:`~agentd.inprocess.wire.STALE_ENV`: its node
+sat a round out) and has not held the job's state since: what it holds is older than the
+job's, in every attempt until it syncs again (a round that re-forms before the sync, as
+one that takes the next node in, must not make it a holder again)."""
+
+
+def stale() -> bool:
+    """Whether the state this process holds is older than the job's (see :data:`_stale`)."""
+    return _stale
+
+
+def synced() -> None:
+    """This process holds the job's state of its attempt now (it is no longer stale)."""
+    global _stale
+    _stale = False
 
 
 def current() -> Restart:
@@ -286,7 +302,7 @@ def _no_channel_warning() -> None:
 def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn(*args, **kwargs)`` and return its result; under agentd, call it again in
     this process each time the agent restarts the job (see the module docstring)."""
-    global _current
+    global _current, _stale
     channel = _open_channel()
     _current = _from_env(_current.count, _current.teardown_s)
     if channel is None:
@@ -328,6 +344,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             raise SystemExit(1)  # the agent is gone; it stops us anyway
         os.environ.update(channel.env)
         _current = _from_env(_current.count + 1, teardown_s)
+        _stale = _stale or os.environ.get(wire.STALE_ENV) == "1"
         new_attempt()  # its steps count from 0 on every rank, kept or new
         log.info(
             "agentd: restarting in process (restart %d, rank %s of %s; process groups "

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import agentd.inprocess as inprocess
-from agentd.inprocess import cuda_ipc, handover, holders, wire, worker
+from agentd.inprocess import cuda_ipc, handover, holders, worker
 
 rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -86,10 +86,10 @@ if sys.argv[4:] == ["holders"]:
     }
     found = {}
     for name, ((source, replaced), holding, stale) in cases.items():
-        os.environ[wire.STALE_ENV] = "1" if stale and rank == 0 else ""
         held = holding[rank]
         worker.agree(worker.Restart(count=1, fresh=False, round=held or 0))
         holders.hold(held is not None)  # what a sync of round ``held`` left behind
+        worker._stale = stale and rank == 0  # what a resume its agent called stale leaves
         plan = worker.Restart(count=1, replaced=replaced, source=source, fresh=False, round=5)
         worker.agree(plan)
         mine = tensors(seed=rank)
