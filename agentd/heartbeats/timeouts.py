@@ -66,13 +66,15 @@ class Timeout:
     """The learned quantile the timeout was made from (learned only)."""
     allowance: float = 0.0
     """Seconds added to the quantile before the safety factor (:data:`START` only)."""
+    sampled: str = "intervals"
+    """What the samples are: intervals between messages, or new workers' ``starts``."""
 
     def describe(self) -> str:
         if self.source == "learned":
             added = f" + {self.allowance:.2f}s preload" if self.allowance else ""
             return (
                 f"{self.seconds:.2f}s learned (p{QUANTILE * 100:g} of {self.samples} "
-                f"intervals {self.observed:.3f}s{added})"
+                f"{self.sampled} {self.observed:.3f}s{added})"
             )
         return f"{self.seconds:.2f}s {self.source}"
 
@@ -154,12 +156,13 @@ class LearnedTimeouts:
             self._logged[key] = timeout.seconds
             floor = RESUME_FLOOR if key == START else self.settings.min_timeout
             log.info(
-                "Heartbeat timeout for the %s: %s x %g (floor %gs)%s",
-                key_name(key),
+                "Heartbeat timeout for %s: %s x %g (floor %gs)",
+                "a rank resumed in process, until its first heartbeat"
+                if key == START
+                else f"the {key_name(key)}",
                 timeout.describe(),
                 self.settings.safety_factor,
                 floor,
-                " until a rank resumed in process first heartbeats" if key == START else "",
             )
 
     def timeout(self, key: str) -> Timeout:
@@ -190,7 +193,7 @@ class LearnedTimeouts:
         observed = _quantile(starts)
         seconds = max(RESUME_FLOOR, (observed + self._allowance) * settings.safety_factor)
         seconds = min(settings.initial, seconds)
-        return Timeout(seconds, "learned", len(starts), observed, self._allowance)
+        return Timeout(seconds, "learned", len(starts), observed, self._allowance, "starts")
 
     def mark_instrumented(self) -> None:
         """A worker of this run heartbeated: from now on (restarts included) every worker

@@ -74,12 +74,14 @@ def test_a_resumed_rank_is_held_to_the_starts_seen_plus_the_preload_never_under_
     timeouts = LearnedTimeouts(HeartbeatSettings(initial_timeout=600.0))
     assert timeouts.timeout(START) == Timeout(600.0, "initial")  # no start seen yet
     timeouts.observe(START, 4.0)  # one new worker's start is enough: the floor guards it
-    assert timeouts.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 4.0)
+    assert timeouts.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 4.0, sampled="starts")
     timeouts.observe(START, 20.0)
     assert timeouts.timeout(START).seconds == 40.0  # the slowest start, times the factor
     timeouts.allowance = 5.0  # this node's zygote took 5 s to preload
-    assert timeouts.timeout(START) == Timeout(50.0, "learned", 2, 20.0, 5.0)
-    assert "+ 5.00s preload" in timeouts.timeout(START).describe()
+    assert timeouts.timeout(START) == Timeout(50.0, "learned", 2, 20.0, 5.0, "starts")
+    assert timeouts.timeout(START).describe() == (
+        "50.00s learned (p99 of 2 starts 20.000s + 5.00s preload)"
+    )
     timeouts.observe(START, 400.0)
     assert timeouts.timeout(START).seconds == 600.0  # never above the initial timeout
 
@@ -91,7 +93,7 @@ def test_the_resume_flag_overrides_what_is_learned_and_starts_are_saved(tmp_path
     first.save()
     second = LearnedTimeouts(HeartbeatSettings(), path)
     second.load()
-    assert second.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 3.0)
+    assert second.timeout(START) == Timeout(RESUME_FLOOR, "learned", 1, 3.0, sampled="starts")
     flagged = LearnedTimeouts(HeartbeatSettings(resume_timeout=5.0), path)
     flagged.load()
     assert flagged.timeout(START) == Timeout(5.0, "explicit", 1)
