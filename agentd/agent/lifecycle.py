@@ -102,7 +102,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         self.error_files = reified_error_files(self, plans)
         if isinstance(spec.entrypoint, str):
             handler, peer_loss, stale = self.rdzv_handler, 0.0, False
-            if isinstance(handler, KeepsWorkers):  # a spare's kept workers missed a round
+            if isinstance(handler, KeepsWorkers):  # kept workers that missed a round
                 stale = handler.sat_out()
                 if (group.group_world_size or 1) > 1:  # a lost node takes that long to see
                     peer_loss = handler.peer_loss_timeout()

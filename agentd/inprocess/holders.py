@@ -15,7 +15,7 @@ that waited as a spare while the others trained a round keeps its processes, wit
 state of the round before. Only the holders of the latest round count: the source is the
 lowest rank among them, and every other rank receives the state; where no rank holds it,
 the attempt is fresh (load the checkpoint). A process its agent calls stale
-(:data:`~agentd.inprocess.wire.STALE_ENV`: its node sat a round out) holds nothing until
+(:data:`~agentd.inprocess.wire.STALE_ENV`: its node missed a round) holds nothing until
 it syncs again, so its older state never stands for the job's, even where every newer
 holder is gone (nor in a round that re-forms before its sync).
 
@@ -70,7 +70,7 @@ def agreed() -> Restart:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if worker.stale():
-        hold(False)  # its node sat a round out: an older state than the job's
+        hold(False)  # its node missed a round: an older state than the job's
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     holding = torch.zeros(world, dtype=torch.int64, device=device)
@@ -84,7 +84,7 @@ def agreed() -> Restart:
     if stale and rank == holders[0]:  # said once, by the source
         log.warning(
             "agentd.inprocess: rank(s) %s hold the state of an earlier round than round %d's "
-            "(their node sat a round out): they receive rank %d's",
+            "(their node missed a round): they receive rank %d's",
             stale,
             latest - 1,
             rank,

@@ -109,7 +109,7 @@ class InProcessRestarts:
         self.parked = {r: p for r, p in self.parked.items() if p.returncode is None}
         if stale and self.parked:
             log.warning(
-                "Kept local rank(s) %s missed a round this node sat out as a spare: they hold "
+                "Kept local rank(s) %s missed a round sealed without this node: they hold "
                 "an older state than the job's, and receive it (or load the checkpoint)",
                 sorted(self.parked),
             )

@@ -25,11 +25,12 @@ SOURCE_ENV = "AGENTD_INPROCESS_SOURCE"
 """The global rank of a rank that kept its process: it holds the state to hand over."""
 ROUND_ENV = "AGENTD_INPROCESS_ROUND"
 """The rendezvous round (generation) of this attempt, the same on every rank: a kept process
-whose node sat a round out (it waited as a spare while the others trained) holds an older
-round's state than the ranks of the last round (:mod:`agentd.inprocess.holders`)."""
+whose node missed a round (one was sealed without it: the others may have trained) holds an
+older round's state than the ranks of the last round (:mod:`agentd.inprocess.holders`)."""
 STALE_ENV = "AGENTD_INPROCESS_STALE"
-"""``1`` for a kept worker whose node waited outside a round as a spare since its last
-attempt: that round's ranks trained on, and this process's state is older than the job's
+"""``1`` for a kept worker whose node missed a round since its last attempt (one was sealed
+without it: :meth:`~agentd.rendezvous.api.KeepsWorkers.sat_out`): its ranks may have
+trained on, and this process's state is older than the job's
 (:mod:`agentd.inprocess.holders`: it holds nothing, and receives)."""
 FRESH_ENV = "AGENTD_INPROCESS_FRESH"
 """``1`` when no rank of this attempt kept its process (a fresh start, or a restart that

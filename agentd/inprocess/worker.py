@@ -84,7 +84,7 @@ def _from_env(count: int, teardown_s: float = 0.0) -> Restart:
 _current = Restart()
 _stale = False
 """This process was resumed as stale (:data:`~agentd.inprocess.wire.STALE_ENV`: its node
-sat a round out) and has not held the job's state since: what it holds is older than the
+missed a round) and has not held the job's state since: what it holds is older than the
 job's, in every attempt until it syncs again (a round that re-forms before the sync, as
 one that takes the next node in, must not make it a holder again)."""
 

@@ -195,7 +195,7 @@ class BindsWorkerSpec(Protocol):
 @runtime_checkable
 class KeepsWorkers(Protocol):
     """A rendezvous whose rounds tell every member which workers each node kept across a
-    restart (in-process restarts), and this node whether it sat a round out (a spare)."""
+    restart (in-process restarts), and this node whether a round was sealed without it."""
 
     def announce_kept(self, local_ranks: Sequence[int]) -> None:
         """The local ranks this node keeps into the rounds it joins from now (none: [])."""

@@ -27,9 +27,12 @@ class KeptWorkers:
         self._node.update({"kept": self._kept} if self._kept else {})
 
     def sat_out(self) -> bool:
-        """Whether this agent waited outside a round sealed full (a spare) since it last
-        asked: that round's ranks may have trained on, and the state this node's kept
-        workers hold is then older than the job's."""
+        """Whether a round was sealed without this node since its agent last asked: it
+        waited beside one sealed full (a spare), arrived after one's seal, or came back
+        after its lease lapsed to a round later than the one after its last
+        (:meth:`~agentd.rendezvous.seal_wait.SealWait.missed_rounds`). That round's ranks
+        may have trained on, and the state this node's kept workers hold is then older
+        than the job's."""
         rounds = self._rounds
         if rounds is None:
             return False

@@ -121,7 +121,7 @@ class Rounds(SealWait):
         self.carried: Carried | None = None
         """The last sealed round this agent saw, whose members the next round expects
         (:mod:`agentd.rendezvous.accounting`)."""
-        self.sat_out = False  # we waited outside a round sealed full: see kept_workers.py
+        self.sat_out = False  # a round was sealed without us: see kept_workers.py
         self.unsure: tuple[int, int, str] | None = None
         """A round the store forgot as we waited for its seal, before any member told the
         new store it was sealed: its generation, our place, and the server instance."""
@@ -248,6 +248,7 @@ class Rounds(SealWait):
         if self.unsure is not None and self.unsure[0] < generation:  # moved past it: by
             await self._carry_if_forgotten_with_us(*self.unsure)  # one who told the store
         if self.carried is not None and self.carried.generation < generation:
+            self.sat_out |= await self.missed_rounds(generation)  # see kept_workers.py
             await self.mark_out()
         if incarnation_of(store) != incarnation:  # our heartbeat, or the generation, was
             return False  # the old store's: arrive in the new one, where nothing was written
@@ -335,8 +336,7 @@ class Rounds(SealWait):
             await self._seal(generation, size)
 
     def _reserve_port(self) -> int:
-        """A free port on our address for the workers' store, should we be group rank 0;
-        it is held (:attr:`reserved`) until the round tells who serves it."""
+        """A port for the workers' store, held (:attr:`reserved`) until the round names its host."""
         addr = str(self._node["addr"])
         self.release()
         try:

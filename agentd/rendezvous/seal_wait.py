@@ -33,6 +33,8 @@ POLL = 60.0
 """Longest single watch; the servers cap long polls at a minute."""
 UNSURE_POLL = 0.5
 """How often a node unsure of its last round asks for the store's record of it."""
+MISSED_LOOKBACK = 8
+"""How many of the rounds before the one we join :meth:`SealWait.missed_rounds` reads."""
 
 
 def incarnation_of(store: Store) -> int:
@@ -54,6 +56,7 @@ class SealWait(Sealing):
     _membership: Membership | None
     unsure: tuple[int, int, str] | None
     _unsure_until: float
+    sat_out: bool
 
     if TYPE_CHECKING:
 
@@ -141,11 +144,28 @@ class SealWait(Sealing):
         )
         size = decode(sealed).size
         self.carried = Carried(generation, size, False, instance_of(self._store))
+        self.sat_out = True  # its ranks may train on before it ends: see kept_workers.py
         if size < self._settings.max_nodes:  # there is room: end the round to admit us
             await self.advance(generation, f"node {self.node_id} wants to join")
             await self.wait_for_generation_after(generation)
         else:
             await self.wait_for_generation_after(generation, full=size)
+
+    async def missed_rounds(self, generation: int) -> bool:
+        """Whether a round was sealed after the last one we were a member of and before
+        ``generation`` (the last :data:`MISSED_LOOKBACK` of them; one the store forgot does
+        not count): its ranks trained on without ours, as where our lease lapsed and the
+        round went on before we were back (a node counted gone, or frozen). A round we
+        arrived at after its seal (:meth:`_arrived_late`), or sat out full, says so
+        itself. No request where we join the round after ours."""
+        carried = self.carried
+        if carried is None or not carried.member:
+            return False
+        first = max(carried.generation + 1, generation - MISSED_LOOKBACK)
+        if first >= generation:
+            return False
+        keys = [self._keys.round(g, "sealed") for g in range(first, generation)]
+        return any(seal not in (None, ENDED) for seal in await self._store.multi_get(keys))
 
     async def _round_before(self, generation: int) -> Carried | None:
         """For a node new to the job: round ``generation`` - 1, where it was sealed in

@@ -84,7 +84,7 @@ async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_o
     planned = plans(0, 4)
     service.plan(planned, frozenset({0}), 0.0, 9, stale=True)  # this node sat round 8 out
     assert [plan[2][wire.STALE_ENV] for plan in planned] == ["1", ""]
-    assert "Kept local rank(s) [0] missed a round this node sat out" in caplog.text
+    assert "Kept local rank(s) [0] missed a round sealed without this node" in caplog.text
     await service.stop()
 
 

@@ -9,6 +9,8 @@ import contextlib
 import json
 import uuid
 
+import pytest
+
 from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
@@ -108,6 +110,42 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
     # the spare's kept workers, if any, missed round 0: its agent is told, once
     assert (spare.sat_out(), spare.sat_out(), a.sat_out()) == (True, False, False)
     await shutdown_all(a, spare)
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["arrives-at-its-seal", "arrives-after"])
+async def test_a_member_back_after_the_round_went_on_without_it_is_told_it_missed_one(
+    store, ended: bool
+):
+    """c's lease lapsed (a node cut off, or frozen): a and b went on in round 1 without
+    it. Back, c arrives at round 1's seal and ends it to be admitted, or (``ended``) at
+    round 2, round 1 over already: either way its kept workers, if any, hold an older
+    state than the job's, and its agent is told, once."""
+    a, b, c = job(store, 3, lapsing=2)
+    await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
+    assert c._membership is not None and c._rounds is not None
+    await c._membership.stop()
+    c._rounds.release()
+    await asyncio.wait_for(asyncio.gather(a.round_over(), b.round_over()), SOON)
+    infos = await asyncio.wait_for(asyncio.gather(a.next_rendezvous(), b.next_rendezvous()), SOON)
+    assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
+    if ended:  # round 1 is over before c is back: c joins round 2 first, as it forms
+        await a.end_round("a worker failed")
+        back = asyncio.create_task(c.next_rendezvous())
+        deadline = asyncio.get_running_loop().time() + SOON
+        while await c._rounds.joined() < 1:
+            assert asyncio.get_running_loop().time() < deadline, "c never joined round 2"
+            await asyncio.sleep(0.02)
+    else:
+        back = asyncio.create_task(c.next_rendezvous())  # it ends round 1 to be admitted
+        await asyncio.wait_for(asyncio.gather(a.round_over(), b.round_over()), SOON)
+    try:
+        infos = await asyncio.wait_for(
+            asyncio.gather(a.next_rendezvous(), b.next_rendezvous(), back), SOON
+        )
+        assert {(i.generation, i.group_world_size) for i in infos} == {(2, 3)}
+        assert (c.sat_out(), c.sat_out(), a.sat_out(), b.sat_out()) == (True, False, False, False)
+    finally:
+        await shutdown_all(a, b, c)
 
 
 async def test_a_waiting_spare_leaves_the_place_of_a_member_done_to_it(store):
