@@ -38,6 +38,7 @@ from typing import Any
 
 from agentd.exceptions import ConfigError
 from agentd.rendezvous.api import RendezvousInfo, RendezvousTimeoutError
+from agentd.rendezvous.closed import closed_error
 from agentd.rendezvous.conf import RendezvousSettings
 from agentd.rendezvous.drains import Drains
 from agentd.rendezvous.exclusions import Exclusions
@@ -52,7 +53,7 @@ from agentd.rendezvous.no_round import no_round_message
 from agentd.rendezvous.roll_call import RollCalls
 from agentd.rendezvous.round import Round, RoundSettings
 from agentd.rendezvous.round_watch import RETRY_PAUSE, RoundWatch
-from agentd.rendezvous.rounds import Rounds, closed_error
+from agentd.rendezvous.rounds import Rounds
 from agentd.rendezvous.timings import NodeTimings
 from agentd.store.api import Store, StoreError, StoreUnavailable
 from agentd.store.connect import OpenedStore, StoreOpener

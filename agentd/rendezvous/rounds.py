@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 from agentd.exceptions import StartError
 from agentd.rendezvous import accounting, forgotten
 from agentd.rendezvous.accounting import Carried
-from agentd.rendezvous.api import RendezvousClosedError, RendezvousStateError
+from agentd.rendezvous.api import RendezvousStateError
+from agentd.rendezvous.closed import SHARED_RUN_HINT, closed_error
 from agentd.rendezvous.keys import SHARED_RUN_ID, RunKeys
 from agentd.rendezvous.membership import Membership
 from agentd.rendezvous.round import Round, RoundSettings
@@ -39,35 +40,6 @@ log = logging.getLogger(__name__)
 
 SPARE_CHECK = 5.0
 """How often a spare waiting beside a full round checks that its members still live."""
-
-
-SHARED_RUN_HINT = (
-    " (the run id is torchrun's default: if another job runs at this endpoint, give each "
-    "its own --rdzv-id or port)"
-)
-
-
-def closed_error(run_id: str, raw: bytes, *, newcomer: bool = False) -> RendezvousClosedError:
-    """The error a closed rendezvous raises, from its ``ctl/closed`` document; to an agent
-    that never saw a round of it (``newcomer``) under the default id, why it is closed."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        doc = {}
-    succeeded = doc.get("outcome") == "succeeded"
-    what = "the job succeeded" if succeeded else f"node {doc.get('node', '?')} failed"
-    reason = doc.get("reason", "")
-    hint = ""
-    if newcomer and run_id == SHARED_RUN_ID:
-        hint = (
-            f"; {run_id!r} is torchrun's default run id: if this is a new job, a store that "
-            "outlives its jobs (agentd store, etcd) needs each job to have an --rdzv-id of "
-            "its own"
-        )
-    return RendezvousClosedError(
-        f"rendezvous {run_id!r} is closed: {what}" + (f" ({reason})" if reason else "") + hint,
-        succeeded=succeeded,
-    )
 
 
 class Arrival(NamedTuple):
