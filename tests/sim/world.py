@@ -60,6 +60,8 @@ The invariants (docs/protocol.md), checked at the event that could break them:
   serving the store then is excepted unless SIGTERMed: it had no member at work to hand
   the store down to, docs/protocol.md's known gap; a restart is excepted too: the new
   node it brings is a membership change).
+- S8 when workers start: where a round the store still holds was sealed without the agent
+  after the last round its workers ran in, its rendezvous said so (``sat_out()``).
 """
 
 from __future__ import annotations
@@ -506,9 +508,10 @@ class SimAgent:
         try:
             while True:
                 info = await self.handler.next_rendezvous()
+                told = self.handler.sat_out()  # as the agent asks, to start or resume workers
                 self.workers_died.clear()
                 self.world.start_workers(
-                    self, info.generation, info.group_rank, info.group_world_size
+                    self, info.generation, info.group_rank, info.group_world_size, told
                 )
                 watch = asyncio.ensure_future(self.handler.round_over())
                 died = asyncio.ensure_future(self.workers_died.wait())
@@ -680,6 +683,17 @@ class World:
         """When the first worker of each round sealed with MAX members started."""
         self.closed_at = float("inf")
         """When an agent whose worker succeeded first closed the run (as succeeded)."""
+        self.sealed: dict[int, set[str]] = {}
+        """S8: the members of every round sealed, by generation."""
+
+    def _remembered(self, generation: int) -> bool:
+        """S8's premise: the store that serves now still holds round ``generation``'s seal
+        (one restarted empty, or a new server without it, forgot it: the known gap)."""
+        key = RunKeys(RUN_ID).round(generation, "sealed")
+        if self.network is None:
+            return self.host.live(key)
+        servers = self.network.servers.values()
+        return any(s.candidacy is not None and s.candidacy.serving and s.live(key) for s in servers)
 
     def latency(self) -> float:
         r = self.rng.random()
@@ -693,7 +707,23 @@ class World:
         self.outcome.violations.append(line)
         self.note(line)
 
-    def start_workers(self, agent: SimAgent, generation: int, rank: int, size: int) -> None:
+    def start_workers(
+        self, agent: SimAgent, generation: int, rank: int, size: int, told: bool = False
+    ) -> None:
+        """S1, and S8 (``told``: its rendezvous said a round was sealed without it)."""
+        last = max(agent.rounds_at, default=None)
+        missed = [
+            g
+            for g, members in self.sealed.items()
+            if last is not None and last < g < generation and agent.handler.node_id not in members
+        ]
+        if missed and not told and any(self._remembered(g) for g in missed):
+            self.violate(
+                "S8",
+                f"agent {agent.index} starts its workers of round {generation} (its last "
+                f"round {last}) untold that round(s) {missed} were sealed without it: what "
+                "its kept workers hold would pass for the job's latest state",
+            )
         for other in self.agents:
             held = other.hold
             if other is not agent and held is not None and held.rank == rank:
@@ -720,9 +750,11 @@ class World:
         size = decode(args[2]).size
         keys = RunKeys(RUN_ID)
         self.outcome.rounds += 1
+        members = self.sealed.setdefault(generation, set())
         for i in range(size):
             item = host.store._live(keys.round(generation, f"node/{i}"))
             node = json.loads(item.value)["node"] if item else f"arrival {i}"
+            members.add(node)
             if not host.live(keys.heartbeat(node)):
                 self.violate(
                     "S2",
