@@ -153,11 +153,13 @@ class SealWait(Sealing):
 
     async def missed_rounds(self, generation: int) -> bool:
         """Whether a round was sealed after the last one we were a member of and before
-        ``generation`` (the last :data:`MISSED_LOOKBACK` of them; one the store forgot does
-        not count): its ranks trained on without ours, as where our lease lapsed and the
-        round went on before we were back (a node counted gone, or frozen). A round we
-        arrived at after its seal (:meth:`_arrived_late`), or sat out full, says so
-        itself. No request where we join the round after ours."""
+        ``generation`` (the last :data:`MISSED_LOOKBACK` of them): its ranks trained on
+        without ours, as where our lease lapsed and the round went on before we were back
+        (a node counted gone, or frozen). A round the store forgot (it restarted, or
+        failed over) counts where its fence still names it (``ctl/forgotten``), else it
+        cannot be known. A round we arrived at after its seal (:meth:`_arrived_late`), or
+        sat out full, says so itself. One request, none where we join the round after
+        ours."""
         carried = self.carried
         if carried is None or not carried.member:
             return False
@@ -165,7 +167,11 @@ class SealWait(Sealing):
         if first >= generation:
             return False
         keys = [self._keys.round(g, "sealed") for g in range(first, generation)]
-        return any(seal not in (None, ENDED) for seal in await self._store.multi_get(keys))
+        *seals, record = await self._store.multi_get([*keys, self._keys.forgotten])
+        lost = forgotten.Forgotten.decode(record) if record is not None else None
+        if lost is not None and carried.generation < lost.generation < generation:
+            return True
+        return any(seal not in (None, ENDED) for seal in seals)
 
     async def _round_before(self, generation: int) -> Carried | None:
         """For a node new to the job: round ``generation`` - 1, where it was sealed in

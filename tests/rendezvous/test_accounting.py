@@ -14,6 +14,7 @@ import pytest
 from agentd.rendezvous import accounting
 from agentd.rendezvous.accounting import Carried
 from agentd.rendezvous.dynamic import DynamicRendezvous, RendezvousSettings
+from agentd.rendezvous.forgotten import Forgotten
 from agentd.rendezvous.release import release, will
 from agentd.store.api import Store
 from agentd.store.connect import OpenedStore, http_store_opener
@@ -112,14 +113,18 @@ async def test_a_waiting_spare_takes_the_place_of_a_member_that_left(store):
     await shutdown_all(a, spare)
 
 
-@pytest.mark.parametrize("ended", [False, True], ids=["arrives-at-its-seal", "arrives-after"])
+@pytest.mark.parametrize(
+    "back", ["at-its-seal", "after", "after-a-failover"], ids=lambda back: f"arrives-{back}"
+)
 async def test_a_member_back_after_the_round_went_on_without_it_is_told_it_missed_one(
-    store, ended: bool
+    store, back: str
 ):
     """c's lease lapsed (a node cut off, or frozen): a and b went on in round 1 without
-    it. Back, c arrives at round 1's seal and ends it to be admitted, or (``ended``) at
-    round 2, round 1 over already: either way its kept workers, if any, hold an older
-    state than the job's, and its agent is told, once."""
+    it. Back, c arrives at round 1's seal and ends it to be admitted, or at round 2,
+    round 1 over already, its seal in the store or (``after-a-failover``) forgotten by a
+    new server, whose fence (``ctl/forgotten``) names it: either way its kept workers, if
+    any, hold an older state than the job's, and its agent is told, once."""
+    ended = back != "at-its-seal"
     a, b, c = job(store, 3, lapsing=2)
     await asyncio.gather(*(h.next_rendezvous() for h in (a, b, c)))
     assert c._membership is not None and c._rounds is not None
@@ -130,6 +135,9 @@ async def test_a_member_back_after_the_round_went_on_without_it_is_told_it_misse
     assert {(i.generation, i.group_world_size) for i in infos} == {(1, 2)}
     if ended:  # round 1 is over before c is back: c joins round 2 first, as it forms
         await a.end_round("a worker failed")
+        if back == "after-a-failover":  # the new server's state, as a failover leaves it
+            await a.store.delete(a._keys.round(1, "sealed"))
+            await a.store.set(a._keys.forgotten, Forgotten(1, 2).encode(), ttl=SOON)
         back = asyncio.create_task(c.next_rendezvous())
         deadline = asyncio.get_running_loop().time() + SOON
         while await c._rounds.joined() < 1:

@@ -61,7 +61,8 @@ The invariants (docs/protocol.md), checked at the event that could break them:
   the store down to, docs/protocol.md's known gap; a restart is excepted too: the new
   node it brings is a membership change).
 - S8 when workers start: where a round the store still holds was sealed without the agent
-  after the last round its workers ran in, its rendezvous said so (``sat_out()``).
+  after the last round its workers ran in, its rendezvous said so (``sat_out()``), and it
+  said so nowhere else (its first workers aside: a new node keeps none).
 """
 
 from __future__ import annotations
@@ -687,13 +688,25 @@ class World:
         """S8: the members of every round sealed, by generation."""
 
     def _remembered(self, generation: int) -> bool:
-        """S8's premise: the store that serves now still holds round ``generation``'s seal
-        (one restarted empty, or a new server without it, forgot it: the known gap)."""
+        """S8's premise: the store that serves now still holds round ``generation``'s seal,
+        or the fence of a store that forgot it names it (one restarted empty, or a new
+        server without it, forgot it: the known gap once the fence's lease is over; such a
+        store may hold the round as ended since, moved past it)."""
         key = RunKeys(RUN_ID).round(generation, "sealed")
-        if self.network is None:
-            return self.host.live(key)
-        servers = self.network.servers.values()
-        return any(s.candidacy is not None and s.candidacy.serving and s.live(key) for s in servers)
+        store = self.host.store
+        if self.network is not None:  # the newest term's server (an old one, frozen, may
+            serving = [  # not have stepped down yet)
+                s
+                for s in self.network.servers.values()
+                if s.candidacy is not None and s.candidacy.serving and s.agent.alive
+            ]
+            if not serving:
+                return False
+            store = max(serving, key=lambda s: s.candidacy.term).store  # type: ignore[union-attr]
+        item, fence = store._live(key), store._live(RunKeys(RUN_ID).forgotten)
+        if fence is not None and json.loads(fence.value)["generation"] == generation:
+            return True  # the fence of a store that forgot the round names it
+        return item is not None and item.value != ENDED
 
     def latency(self) -> float:
         r = self.rng.random()
@@ -723,6 +736,13 @@ class World:
                 f"agent {agent.index} starts its workers of round {generation} (its last "
                 f"round {last}) untold that round(s) {missed} were sealed without it: what "
                 "its kept workers hold would pass for the job's latest state",
+            )
+        elif told and last is not None and not missed:
+            self.violate(
+                "S8",
+                f"agent {agent.index} starts its workers of round {generation} told that a "
+                f"round was sealed without it since its last, {last}, where none was: its "
+                "kept workers would drop the job's latest state",
             )
         for other in self.agents:
             held = other.hold
