@@ -308,7 +308,8 @@ class Rounds(SealWait):
             await self._seal(generation, size)
 
     def _reserve_port(self) -> int:
-        """A port for the workers' store, held (:attr:`reserved`) until the round names its host."""
+        """A free port on our address for the workers' store, should we be group rank 0;
+        it is held (:attr:`reserved`) until the round tells who serves it."""
         addr = str(self._node["addr"])
         self.release()
         try:
