@@ -68,6 +68,7 @@ fail keep their process and hand their state to the new ones.
 One line per seed: its faults, the job's restarts and the steps they trained again (a
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), the hangs
 the agents found (and how many were of ranks resumed in process, the resume timeout's), with
+``--inprocess`` how many times an agent told its kept workers they missed a round, with
 ``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
 that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints
 the faults as they strike (and each failed probe) and keeps the run's folder (the
@@ -124,6 +125,10 @@ SWAPPED = re.compile(r"Drain requested by node \S+_(\d+)_[0-9a-f]+ \(straggler:"
 HANG = re.compile(r"ERROR agentd\.heartbeats\.hang_watch: hang: rank \d+ stopped first \((.*?);")
 """An agent's report of a hang; its group says how the rank was silent (``sent no
 heartbeat since it resumed in process``: the resume timeout's, docs/hangs.md)."""
+STALE = re.compile(r"WARNING agentd\.inprocess\.service: Kept local rank\(s\) .*? missed a round")
+"""An agent's word that its kept workers missed a round sealed without their node (a
+spare, late to a round's seal, or back after its lease lapsed): they hold nothing, and
+receive the job's state (docs/inprocess.md)."""
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
 CHECKPOINT_EVERY = 10
 """Steps between two of the job's checkpoints: no restart trains more again."""
@@ -561,6 +566,11 @@ def hangs_found(agents: list[Agent]) -> tuple[int, int]:
     return len(found), sum(m.endswith("since it resumed in process") for m in found)
 
 
+def told_stale(agents: list[Agent]) -> int:
+    """How many times an agent marked its kept workers stale (:data:`STALE`)."""
+    return sum(len(STALE.findall(_text(log))) for a in agents for log in a.logs())
+
+
 def _starts(out: Path) -> list[dict]:
     """The job's attempts as its rank 0 noted them (bench/chaos_worker.py)."""
     text = _text(out / "starts.jsonl")
@@ -634,6 +644,8 @@ def main() -> int:
         hangs, resumed = hangs_found(agents)
         said = [f"{took:.0f}s", f"{len(starts) - 1} restarts", f"{redone} steps trained again"]
         said.append(f"{hangs} hangs found ({resumed} of ranks resumed in process)")
+        if args.inprocess:
+            said.append(f"{told_stale(agents)} times kept workers told stale")
         if args.stragglers:
             said.append(f"{len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped")
         if probes is not None:

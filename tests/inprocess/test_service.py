@@ -4,6 +4,7 @@ channel (a fake kept worker; real socket pairs on a running loop)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import socket
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from agentd.group import Worker
 from agentd.inprocess import wire
 from agentd.inprocess.service import InProcessRestarts
+from tests.conftest import TESTS
 
 
 @dataclass
@@ -78,13 +80,20 @@ async def test_with_every_rank_kept_the_last_attempts_handover_is_cleared():
     await service.stop()
 
 
-async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_ones_not(caplog):
+async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_ones_not(
+    caplog, monkeypatch
+):
     service = InProcessRestarts()
     service.parked = {0: Kept(0)}  # type: ignore[dict-item]
     planned = plans(0, 4)
     service.plan(planned, frozenset({0}), 0.0, 9, stale=True)  # this node sat round 8 out
     assert [plan[2][wire.STALE_ENV] for plan in planned] == ["1", ""]
     assert "Kept local rank(s) [0] missed a round sealed without this node" in caplog.text
+    # bench/bench_chaos.py counts these warnings in the agents' logs (their format)
+    monkeypatch.syspath_prepend(str(TESTS.parent / "bench"))
+    chaos = importlib.import_module("bench_chaos")
+    lines = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records)
+    assert len(chaos.STALE.findall(lines)) == 1
     await service.stop()
 
 
