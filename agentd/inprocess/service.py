@@ -93,8 +93,8 @@ class InProcessRestarts:
         are new processes, which kept rank hands them its state, and whether no rank kept
         its process (:data:`~agentd.inprocess.wire.FRESH_ENV`: the job's state is then only
         in its checkpoint), and the attempt's rendezvous ``round_``
-        (:data:`~agentd.inprocess.wire.ROUND_ENV`); ``stale``: this node waited outside a
-        round since its kept workers' last attempt, their state is older than the job's
+        (:data:`~agentd.inprocess.wire.ROUND_ENV`); ``stale``: a round was sealed without
+        this node since its kept workers' last attempt, their state is older than the job's
         (:data:`~agentd.inprocess.wire.STALE_ENV`). ``kept_ranks`` are the ranks every
         node kept, as the round told it (None: no node announced any, or the rendezvous
         cannot tell, and only a node that is the whole job knows them)."""
