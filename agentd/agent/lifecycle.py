@@ -9,6 +9,7 @@ import abc
 import asyncio
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from agentd.workers.output import (
     take_staged_attempt,
 )
 from agentd.workers.plan import plan_workers, reified_error_files
-from agentd.workers.processes import WorkerProcess, spawn_worker, stop_workers
+from agentd.workers.processes import WorkerProcess, signal_groups, spawn_worker, stop_workers
 
 if TYPE_CHECKING:
     from agentd.assembly.ports import DrainPort, OomPort, SlowNodesPort
@@ -306,6 +307,23 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
 
+    def _kill_hung(self, role: str, procs: list[WorkerProcess]) -> None:
+        """SIGKILL, first of all, the workers the hang detection found hung (their failure
+        says SIGKILL already). A hung rank holds its connections open, so a peer waiting
+        in a collective with it neither fails nor parks, and it may run no SIGTERM
+        handler (stopped, or blocked in native code). Killed, its peers' collectives fail
+        at once, and an in-process restart keeps them. A worker reaped by its expiration
+        timer got the signal its timer asked for, and is stopped as usual."""
+        found = {u.pid for u in self._services.watchdog.unhealthy if u.details is not None}
+        hung = [p for p in procs if p.pid in found and p.returncode is None]
+        if hung:
+            log.info(
+                "[%s] Killing the hung local rank(s) %s (SIGKILL) before the others stop",
+                role,
+                sorted(p.local_rank for p in hung),
+            )
+            signal_groups([p.pgid for p in hung], signal.SIGKILL)
+
     @agent_step
     async def _stop_workers(self, worker_group: WorkerGroup) -> None:
         group = worker_group
@@ -313,6 +331,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec = group.spec
+        self._kill_hung(spec.role, procs)
         fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
         kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
         self._failed_ranks = set()  # the next stop may be a membership change: none failed

@@ -53,6 +53,7 @@ def train(
     full = {**os.environ, "TEST_WAIT_STANDBY": "1" if standby else "", **(env or {})}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=full)
     assert done.returncode == 0, done.stderr[-3000:]
+    (tmp_path / f"{name}.stderr").write_text(done.stderr)
     reports = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     return {r["rank"]: r for r in reports}
@@ -121,3 +122,24 @@ def test_without_standby_workers_the_new_rank_is_forked_after_the_failure(tmp_pa
     assert all(r["weights"] == crashed[0]["weights"] for r in crashed.values())
     assert_trained_as_uninterrupted(crashed)
     assert {r["synced"] for r in crashed.values()} == {"shared memory"}
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_rank_is_killed_before_the_others_park(tmp_path):
+    """Rank 2 hangs (stopped, its gloo connections open) while ranks 0, 1 and 3 wait in
+    an all-reduce with it; the hang detection finds it. The agent kills it before it asks
+    the others to park: their all-reduce then fails and they park at once, kept. Before,
+    it was killed only after the park, which waited out ``--inprocess-park-timeout``
+    (10 s) for ranks stuck behind it and restarted every rank as a new process (the
+    chaos bench's seed 20, ``--place tls --inprocess --stragglers``: 12.6 s to restart
+    a node, twice in three runs)."""
+    flags = ("--heartbeat-timeout", "5", "--standby-workers", "0")
+    hung = train(tmp_path, "hung", "5", flags=flags, standby=False, env={"TEST_HANG": "1"})
+    said = (tmp_path / "hung.stderr").read_text()
+    assert "hang: rank 2 stopped first" in said, said[-3000:]
+    assert "park_timeout" not in said, said[-3000:]
+    for rank in (0, 1, 3):
+        assert hung[rank]["calls"] == 2 and hung[rank]["restart"] == 1, rank  # kept
+    assert hung[2]["calls"] == 1 and hung[2]["restart"] == 0  # the new process
+    assert {r["resumed"] for r in hung.values()} == {5}
+    assert_trained_as_uninterrupted(hung)

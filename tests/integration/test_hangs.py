@@ -38,6 +38,35 @@ def samples(log_dir: Path) -> dict[str, list[float]]:
     return json.loads(path.read_text())["samples"]
 
 
+def test_a_hung_rank_deaf_to_sigterm_is_killed_at_once(run_agentd):
+    """Rank 1 hangs with SIGTERM blocked (as a rank in native code whose Python handler
+    for it never runs). Its failure says SIGKILL, and it gets one as the group stops:
+    before, it got SIGTERM with the others, and the stop waited out ``--stop-timeout``
+    (30 s) before it was killed."""
+    agent = run_agentd(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--heartbeat-timeout",
+        "3",
+        JOB,
+        "--steps",
+        "15",
+        "--hang-rank",
+        "1",
+        "--hang-at",
+        "5",
+        "--hang-deaf",
+    )
+    assert agent.wait(timeout=90) == 0, agent.stderr()[-3000:]
+    err = agent.stderr()
+    assert "hang: rank 1 stopped first" in err, err[-3000:]
+    assert "Killing the hung local rank(s) [1] (SIGKILL) before the others stop" in err
+    assert "still ran" not in err, err[-3000:]
+    assert trained(agent) == ["trained 0", "trained 1"]
+
+
 def test_a_hang_is_found_from_learned_timeouts_dumped_and_the_group_restarted(
     run_agentd, torch_worker
 ):

@@ -3,8 +3,9 @@
 Every rank runs ``--steps`` steps of ``--step`` seconds, heartbeating after each; every
 ``--section-every`` steps it spends ``--section-time`` in the section ``--section``.
 Rank ``--hang-rank`` hangs at step ``--hang-at`` (inside the section with
-``--hang-in-section``) while the restart count is below ``--until-attempt``; with
-``--silent-rank`` that rank never heartbeats. With ``--exit-time S`` it does not end its
+``--hang-in-section``) while the restart count is below ``--until-attempt``, with SIGTERM
+blocked where ``--hang-deaf`` (as a rank blocked in native code with a Python handler for
+SIGTERM is: the handler never runs); with ``--silent-rank`` that rank never heartbeats. With ``--exit-time S`` it does not end its
 heartbeats and its interpreter's exit takes S seconds, as torch's teardown may (an
 ``atexit`` handler registered before the first heartbeat, so it runs after agentd's). At
 the end the node's ranks wait for each
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import signal
 import time
 
 import agentd
@@ -26,7 +28,9 @@ RANK = int(os.environ.get("RANK", "0"))
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def hang() -> None:
+def hang(deaf: bool = False) -> None:
+    if deaf:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     time.sleep(3600)
 
 
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=10)
     parser.add_argument("--hang-in-section", action="store_true")
+    parser.add_argument("--hang-deaf", action="store_true")
     parser.add_argument("--until-attempt", type=int, default=1)
     parser.add_argument("--silent-rank", type=int, default=-1)
     parser.add_argument("--exit-time", type=float, default=0.0)
@@ -56,8 +61,8 @@ def main() -> None:
         if hangs and step == args.hang_at:
             if args.hang_in_section:
                 with agentd.section(args.section):
-                    hang()
-            hang()
+                    hang(args.hang_deaf)
+            hang(args.hang_deaf)
         if RANK != args.silent_rank:
             agentd.heartbeat()
         if args.section_every and step % args.section_every == 0:

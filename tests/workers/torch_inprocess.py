@@ -5,7 +5,9 @@ dies at that step of attempt 0, before its all-reduce, and rank 3 drifts (its we
 change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writes
 ``crash.json``: the time (since boot), and the pid of the standby worker of its slot,
 which it first waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set (``cuda``: until
-its CUDA is ready; then also the GPU memory it holds, in MiB). Each process writes
+its CUDA is ready; then also the GPU memory it holds, in MiB). With ``TEST_HANG`` set, rank
+2 hangs there instead (it stops itself with SIGSTOP, alive with its connections open, as a
+rank stuck in native code is), and every rank heartbeats each step, so the agent finds it. Each process writes
 ``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
 it saw, the step its last call resumed at, how its last ``sync()`` handed state over, the
 model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
@@ -16,16 +18,19 @@ allocator held at the end of each call.
 import json
 import os
 import re
+import signal
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 
+import agentd
 import agentd.inprocess as inprocess
 
 out, steps = sys.argv[1], int(sys.argv[2])
 crash = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+hang = bool(os.environ.get("TEST_HANG"))
 device = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
 torch.manual_seed(1234 + int(os.environ["RANK"]))  # every rank starts different: sync() must fix it
 model = torch.nn.Linear(4, 1).to(device)
@@ -106,6 +111,8 @@ def train() -> None:
             held = gpu_mib(standby) if wait == "cuda" else None
             with open(os.path.join(out, "crash.json"), "w") as fp:
                 json.dump({"since_boot": since_boot(), "standby": standby, "mib": held}, fp)
+            if hang:
+                os.kill(os.getpid(), signal.SIGSTOP)  # never continued: the agent kills it
             os._exit(1)
         x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step * 100 + rank))
         x = x.to(device)
@@ -117,6 +124,8 @@ def train() -> None:
             p.grad /= world
         optimizer.step()
         state["step"] = step + 1
+        if hang:
+            agentd.heartbeat()
     dist.barrier()
     dist.destroy_process_group()
 
