@@ -333,7 +333,9 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         spec = group.spec
         self._kill_hung(spec.role, procs)
         fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
-        kept = await self._services.inprocess.park(procs, self._failed_ranks, fresh_store)
+        kept = await self._services.inprocess.park(
+            procs, self._failed_ranks, fresh_store, asked=self._services.workers_store.close
+        )
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)

@@ -5,7 +5,7 @@ against them), so a test or an embedder can hand the agent any object that does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -141,6 +141,8 @@ class WorkerStorePort(Protocol):
 
     async def open_for(self, group: WorkerGroup) -> None: ...
 
+    async def close(self) -> None: ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -210,7 +212,11 @@ class InProcessPort(Protocol):
     def closed_at(self, local_rank: int) -> float | None: ...
 
     async def park(
-        self, procs: Sequence[WorkerProcess], failed: Collection[int], fresh_store: bool
+        self,
+        procs: Sequence[WorkerProcess],
+        failed: Collection[int],
+        fresh_store: bool,
+        asked: Callable[[], Awaitable[None]] | None = None,
     ) -> dict[int, WorkerProcess]: ...
 
     def raised(self) -> dict[int, tuple[str, float]]: ...

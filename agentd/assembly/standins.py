@@ -59,7 +59,9 @@ class NoInProcessRestarts:
     def closed_at(self, local_rank: int) -> float | None:
         return None
 
-    async def park(self, procs: Any, failed: Any, fresh_store: bool) -> dict[int, WorkerProcess]:
+    async def park(
+        self, procs: Any, failed: Any, fresh_store: bool, asked: Any = None
+    ) -> dict[int, WorkerProcess]:
         return {}
 
     def raised(self) -> dict[int, tuple[str, float]]:

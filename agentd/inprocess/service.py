@@ -29,11 +29,14 @@ from agentd.inprocess.channel import Channel, ReadClock
 from agentd.inprocess.settings import (
     FALLBACK_REASONS,
     QUICK_WINDOW,
+    REPLACED_BECAUSE,
     Fallback,
     InProcessSettings,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -212,7 +215,11 @@ class InProcessRestarts:
         return None if channel is None else channel.closed_by_worker
 
     async def park(
-        self, procs: Sequence[WorkerProcess], failed: Collection[int], fresh_store: bool
+        self,
+        procs: Sequence[WorkerProcess],
+        failed: Collection[int],
+        fresh_store: bool,
+        asked: Callable[[], Awaitable[None]] | None = None,
     ) -> dict[int, WorkerProcess]:
         """During a restart, park every live worker whose local rank is not in ``failed``;
         returns those kept, by local rank. Nothing is kept when no survivor opted in, when
@@ -220,7 +227,9 @@ class InProcessRestarts:
         docstring). ``fresh_store``: every attempt's workers meet in a new store (the
         agent's); a store that outlives attempts (node 0's agent serves one for the whole
         job under ``static``; rank 0's worker hosts it at a pinned address elsewhere)
-        would hand a kept rank the last attempt's keys."""
+        would hand a kept rank the last attempt's keys. ``asked`` runs once the survivors
+        were asked to park, before they are waited for (the agent closes the attempt's
+        store: a survivor blocked in it fails, and parks)."""
         if not self._restarting:
             return {}
         survivors = {
@@ -257,6 +266,8 @@ class InProcessRestarts:
                     continue
                 why = "channel_closed"
             lost.setdefault(why or "channel_closed", []).append(rank)
+        if ready and asked is not None:
+            await asked()
         stuck = await self._wait_parked(ready, survivors)
         if stuck:
             return self._fall_back(
@@ -324,12 +335,7 @@ class InProcessRestarts:
     def _count(self, why: str, local_ranks: Sequence[int], kept: Mapping[int, Any]) -> None:
         """Log survivors that are replaced by new processes, and why; count those that
         were alive and well (a fallback)."""
-        what = {
-            "not_opted_in": "never called agentd.inprocess.run",
-            "channel_closed": "closed their in-process channel (their process is exiting)",
-            "broken_channel": "broke the in-process protocol",
-            "exited_while_parking": "exited while the others parked",
-        }[why]
+        what = REPLACED_BECAUSE[why]
         if why not in self.fallbacks:
             log.info(
                 "Local rank(s) %s %s: replacing them with new processes", list(local_ranks), what
@@ -337,23 +343,14 @@ class InProcessRestarts:
             return
         self.fallbacks[why] += 1
         self.last_fallback = Fallback(why, tuple(local_ranks), tuple(sorted(kept)))
-        if kept:
-            log.warning(
-                "Local rank(s) %s %s: replacing them with new processes; local rank(s) "
-                "%s keep theirs (in-process fallback: %s)",
-                list(local_ranks),
-                what,
-                sorted(kept),
-                why,
-            )
-        else:
-            log.warning(
-                "Local rank(s) %s %s: restarting every worker as a new process "
-                "(in-process fallback: %s)",
-                list(local_ranks),
-                what,
-                why,
-            )
+        how = (
+            f"replacing them with new processes; local rank(s) {sorted(kept)} keep theirs"
+            if kept
+            else "restarting every worker as a new process"
+        )
+        log.warning(
+            "Local rank(s) %s %s: %s (in-process fallback: %s)", list(local_ranks), what, how, why
+        )
 
     def _fall_back(self, why: str, local_ranks: Sequence[int], detail: str) -> dict[int, Any]:
         """Every worker restarts as a new process, because of ``why`` (``detail`` says it

@@ -24,6 +24,13 @@ FALLBACK_REASONS = (
 """Why a live, healthy rank was not kept: the first two replace that rank alone, the last
 three every rank (see the module docstring). A rank whose process is on its way out (its
 channel closed, or it exited while the others parked) is lost, not a fallback."""
+REPLACED_BECAUSE = {
+    "not_opted_in": "never called agentd.inprocess.run",
+    "channel_closed": "closed their in-process channel (their process is exiting)",
+    "broken_channel": "broke the in-process protocol",
+    "exited_while_parking": "exited while the others parked",
+}
+"""What the log says of survivors replaced by new processes alone, by reason."""
 
 
 class InProcessSettings(NamedTuple):

@@ -4,10 +4,11 @@ that serves one store for all its attempts, :class:`~agentd.rendezvous.api.Hosts
 is left to it).
 
 A store opens just before its attempt's workers start, and closes when the next attempt's
-opens or when the agent shuts down (after the exit barrier). The next attempt starts only
-after a round completes, and every member of a round has stopped its workers before it
-rejoins, so a store is never closed under a worker of its attempt, on any node. A worker
-of an earlier attempt can never reach a later store: it has a new port, or, with a pinned
+opens, when the agent shuts down (after the exit barrier), or when a restart has asked
+the workers to park (:meth:`WorkerStoreService.close`): the attempt is over on every node
+then, and a survivor blocked in the store (an ``init_process_group`` waiting for a rank
+that is gone) fails at once and parks, where it would wait out its timeout. A worker of
+an earlier attempt can never reach a later store: it has a new port, or, with a pinned
 ``--master-port``, is a new listener on it.
 """
 
@@ -63,11 +64,17 @@ class WorkerStoreService:
         """Nothing until an attempt needs it."""
 
     async def stop(self) -> None:
-        await self._close()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the attempt's store, if this agent serves one, and every connection to it."""
+        server, self.server = self.server, None
+        if server is not None:
+            await server.stop()
 
     async def open_for(self, group: WorkerGroup) -> None:
         """The store of the attempt about to start: this agent's if it is group rank 0."""
-        await self._close()
+        await self.close()
         handler = self._agent.rdzv_handler
         if isinstance(handler, HostsWorkersStore):
             return  # it serves its own, for every attempt
@@ -81,8 +88,3 @@ class WorkerStoreService:
         await server.start("--master-port" if given else "workers' store", addr_flag)
         self.server = server
         log.info("[%s] Serving the workers' store on %s:%d", group.spec.role, host, server.port)
-
-    async def _close(self) -> None:
-        server, self.server = self.server, None
-        if server is not None:
-            await server.stop()

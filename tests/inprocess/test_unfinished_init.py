@@ -51,3 +51,56 @@ def test_the_next_init_names_its_group_as_a_new_ranks_does():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0"]
+
+
+LOST_IN_INIT = textwrap.dedent(
+    """
+    import os
+    import pathlib
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import agentd.inprocess as inprocess
+
+    out = pathlib.Path(os.environ["TEST_AGENTD_OUT"])
+
+
+    def train():
+        rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+        if rank == "1" and attempt == "0":  # lost while the others wait for it in their init
+            while len(list(out.glob("init_*"))) < 3:
+                time.sleep(0.01)
+            time.sleep(0.5)
+            os._exit(1)
+        (out / f"init_{rank}_{attempt}").touch()
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        dist.all_reduce(torch.ones(1))
+        dist.destroy_process_group()
+
+
+    inprocess.run(train)
+    (out / f"done_{os.environ['RANK']}_{inprocess.current().count}").touch()
+    """
+)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_ranks_waiting_in_their_init_for_a_lost_rank_park_at_once(run_agentd, tmp_path):
+    """Rank 1 dies while ranks 0, 2 and 3 wait for it in ``init_process_group``, blocked
+    in the workers' store (native code: an interruption cannot reach them). The agent
+    closes the attempt's store once it has asked them to park: their init fails, they park
+    and are kept. Before, they waited in the store until ``--inprocess-park-timeout``
+    (10 s), and every rank restarted as a new process (a crash at start; the chaos bench's
+    seed 20 met it as a node joined while the others' ranks were in their first init)."""
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "lost_in_init.py"
+    script.write_text(LOST_IN_INIT)
+    agent = run_agentd("--standalone", "--nproc-per-node", "4", "--max-restarts", "1", str(script))
+    assert agent.wait(90) == 0, agent.stderr()[-3000:]
+    assert "park_timeout" not in agent.stderr(), agent.stderr()[-3000:]
+    done = sorted(p.name for p in agent.out_dir.glob("done_*"))
+    assert done == ["done_0_1", "done_1_0", "done_2_1", "done_3_1"]  # 0, 2, 3 kept

@@ -5,12 +5,12 @@ Every rank runs ``--steps`` steps of ``--step`` seconds, heartbeating after each
 Rank ``--hang-rank`` hangs at step ``--hang-at`` (inside the section with
 ``--hang-in-section``) while the restart count is below ``--until-attempt``, with SIGTERM
 blocked where ``--hang-deaf`` (as a rank blocked in native code with a Python handler for
-SIGTERM is: the handler never runs); with ``--silent-rank`` that rank never heartbeats. With ``--exit-time S`` it does not end its
-heartbeats and its interpreter's exit takes S seconds, as torch's teardown may (an
-``atexit`` handler registered before the first heartbeat, so it runs after agentd's). At
-the end the node's ranks wait for each
-other, as a job's last collective makes them (a rank cannot finish while a peer hangs),
-then each prints ``trained <rank>``.
+SIGTERM is: the handler never runs); with ``--silent-rank`` that rank never heartbeats.
+With ``--exit-time S`` it does not end its heartbeats and its interpreter's exit takes S
+seconds, as torch's teardown may (an ``atexit`` handler registered before the first
+heartbeat, so it runs after agentd's). At the end the node's ranks wait for each other, as
+a job's last collective makes them (a rank cannot finish while a peer hangs), then each
+prints ``trained <rank>``.
 Writes its progress pipe's path to ``$TEST_AGENTD_OUT/pipe`` (for the foreign-pid test).
 """
 

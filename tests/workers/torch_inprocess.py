@@ -7,12 +7,12 @@ change) before it syncs again: it must get rank 0's. Before it dies, rank 2 writ
 which it first waits for (up to 30 s) where ``TEST_WAIT_STANDBY`` is set (``cuda``: until
 its CUDA is ready; then also the GPU memory it holds, in MiB). With ``TEST_HANG`` set, rank
 2 hangs there instead (it stops itself with SIGSTOP, alive with its connections open, as a
-rank stuck in native code is), and every rank heartbeats each step, so the agent finds it. Each process writes
-``rank<R>.<pid>.json`` at the end: its pid, the training function's calls, the restart
-it saw, the step its last call resumed at, how its last ``sync()`` handed state over, the
-model's weights and, with the model on a GPU (``TEST_DEVICE=cuda``, with
-``TEST_BALLAST_MB`` more MiB held there, as a real model's would be), the CUDA memory its
-allocator held at the end of each call.
+rank stuck in native code is), and every rank heartbeats each step, so the agent finds
+it. Each process writes ``rank<R>.<pid>.json`` at the end: its pid, the training
+function's calls, the restart it saw, the step its last call resumed at, how its last
+``sync()`` handed state over, the model's weights and, with the model on a GPU
+(``TEST_DEVICE=cuda``, with ``TEST_BALLAST_MB`` more MiB held there, as a real model's
+would be), the CUDA memory its allocator held at the end of each call.
 """
 
 import json
