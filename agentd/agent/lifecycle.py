@@ -333,9 +333,13 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         spec = group.spec
         self._kill_hung(spec.role, procs)
         fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
+        # The attempt is over on every node: its store closes once the survivors were asked
+        # to park, so that a rank blocked in it (an init waiting for a rank that is gone,
+        # here or on another node) fails, and parks, where it would wait out its timeout.
         kept = await self._services.inprocess.park(
             procs, self._failed_ranks, fresh_store, asked=self._services.workers_store.close
         )
+        await self._services.workers_store.close()  # where nothing here was asked to park
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]
         running = sum(p.returncode is None for p in procs)

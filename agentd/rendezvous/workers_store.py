@@ -4,10 +4,11 @@ that serves one store for all its attempts, :class:`~agentd.rendezvous.api.Hosts
 is left to it).
 
 A store opens just before its attempt's workers start, and closes when the next attempt's
-opens, when the agent shuts down (after the exit barrier), or when a restart has asked
-the workers to park (:meth:`WorkerStoreService.close`): the attempt is over on every node
-then, and a survivor blocked in the store (an ``init_process_group`` waiting for a rank
-that is gone) fails at once and parks, where it would wait out its timeout. A worker of
+opens, when the agent shuts down (after the exit barrier), or when it stops its workers
+(:meth:`WorkerStoreService.close`, once the survivors were asked to park): the attempt is
+over on every node then, and a survivor blocked in the store (an ``init_process_group``
+waiting for a rank that is gone) fails at once and parks, where it would wait out its
+timeout. A worker of
 an earlier attempt can never reach a later store: it has a new port, or, with a pinned
 ``--master-port``, is a new listener on it.
 """

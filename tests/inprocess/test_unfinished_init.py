@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 
 SCRIPT = textwrap.dedent(
     """
@@ -65,13 +65,15 @@ LOST_IN_INIT = textwrap.dedent(
 
     import agentd.inprocess as inprocess
 
-    out = pathlib.Path(os.environ["TEST_AGENTD_OUT"])
+    out = pathlib.Path(os.environ.get("TEST_SHARED", os.environ["TEST_AGENTD_OUT"]))
+    others = int(os.environ["WORLD_SIZE"]) - 1
 
 
     def train():
         rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
-        if rank == "1" and attempt == "0":  # lost while the others wait for it in their init
-            while len(list(out.glob("init_*"))) < 3:
+        # the lost rank dies while the others wait for it in their init
+        if rank == os.environ.get("TEST_LOST_RANK", "1") and attempt == "0":
+            while len(list(out.glob("init_*"))) < others:
                 time.sleep(0.01)
             time.sleep(0.5)
             os._exit(1)
@@ -81,7 +83,10 @@ LOST_IN_INIT = textwrap.dedent(
         dist.destroy_process_group()
 
 
-    inprocess.run(train)
+    if os.environ.get("TEST_PLAIN"):  # never opts in: its agent parks nothing
+        train()
+    else:
+        inprocess.run(train)
     (out / f"done_{os.environ['RANK']}_{inprocess.current().count}").touch()
     """
 )
@@ -104,3 +109,33 @@ def test_ranks_waiting_in_their_init_for_a_lost_rank_park_at_once(run_agentd, tm
     assert "park_timeout" not in agent.stderr(), agent.stderr()[-3000:]
     done = sorted(p.name for p in agent.out_dir.glob("done_*"))
     assert done == ["done_0_1", "done_1_0", "done_2_1", "done_3_1"]  # 0, 2, 3 kept
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_a_rank_waiting_in_its_init_on_a_store_host_that_kept_nothing_parks_at_once(
+    run_agentd, run_store, tmp_path
+):
+    """Two nodes, one rank each. Node 0's agent serves the workers' store; its rank does
+    not call ``inprocess.run``, and dies while node 1's rank waits for it in
+    ``init_process_group``. Node 0 parks nothing, yet closes its store as it stops: node
+    1's rank fails out of its init, parks, and is kept. Before, the store stayed open
+    until node 0's next attempt, and node 1 waited out its park timeout (10 s) and
+    restarted its rank as a new process (the chaos bench's seed 20: a node joined as the
+    store host's workers had just started)."""
+    pytest.importorskip("torch.distributed")
+    from tests.helpers.jobs import STEADY_MEMBER, TOKEN, agent_args
+
+    script = tmp_path / "lost_in_init.py"
+    script.write_text(LOST_IN_INIT)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    store = run_store()
+    flags = agent_args(store.endpoint, "2", "--max-restarts", "1", conf=STEADY_MEMBER)
+    env = {"AGENTD_STORE_TOKEN": TOKEN, "TEST_SHARED": str(shared), "TEST_LOST_RANK": "0"}
+    host = run_agentd(*flags, str(script), env={**env, "TEST_PLAIN": "1"})
+    wait_until(lambda: "joined round 0 as node 0" in host.stderr(), 60, "node 0")
+    kept = run_agentd(*flags, str(script), env=env)
+    assert [a.wait(120) for a in (host, kept)] == [0, 0], kept.stderr()[-3000:]
+    assert "park_timeout" not in kept.stderr(), kept.stderr()[-3000:]
+    assert sorted(p.name for p in shared.glob("done_*")) == ["done_0_0", "done_1_1"]
