@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.agent.local_views import LocalAgentViews
+from agentd.agent.restart_steps import RoundOverBeforeStart
 from agentd.agent.template import SimpleElasticAgent
 from agentd.assembly.services import can_restart
 from agentd.group import RunResult, WorkerGroup, WorkerState
@@ -89,6 +90,17 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
     @agent_step
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         group = worker_group
+        preload = self._services.preload
+        # the stopped workers' GPU memory, waited for since their stop (the round formed
+        # meanwhile); and the preload, which can take seconds: a stop signal waits for
+        # neither, and a round over meanwhile starts no worker
+        await self._unless_stopped(self._services.gpus.settled())
+        if preload.forks:
+            await self._unless_stopped(preload.ready())
+        hygiene = self._services.hygiene
+        await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first
+        if self._round_ended is not None:
+            raise RoundOverBeforeStart(self._round_ended)
         self.attempt += 1
         staged = take_staged_attempt(self.run_dir, self.attempt)
         prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
@@ -117,17 +129,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
                 env[RELEASE_FDS_ENV] = self._gate.env_value
                 pass_fds.extend(self._gate.worker_fds)
         kept = self._services.inprocess.parked
-        preload = self._services.preload
-        forked = preload.forks
-        # the stopped workers' GPU memory, waited for since their stop (the round formed
-        # meanwhile); and the preload, which can take seconds: a stop signal waits for neither
-        await self._unless_stopped(self._services.gpus.settled())
-        if forked:
-            await self._unless_stopped(preload.ready())
-            forked = preload.forks  # not where auto's preload read a worker's variables
-        spawn = preload.spawn if forked else spawn_worker
-        hygiene = self._services.hygiene
-        await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first
+        spawn = preload.spawn if preload.forks else spawn_worker  # auto may have chosen a spawn
 
         async def start(local_rank: int, plan: tuple[Any, ...]) -> WorkerProcess:
             proc = await spawn(local_rank, *plan)

@@ -18,6 +18,11 @@ from agentd.support.sync_bridge import agent_step, call_step, is_agentd_step
 log = logging.getLogger(__name__)
 
 
+class RoundOverBeforeStart(Exception):
+    """Raised by a start step that has started nothing because the round it was to start
+    in is over (its text: why); the agent joins the next round instead."""
+
+
 class RestartSteps(RendezvousSteps):
     """Restart and start steps of the agent template (state lives on the agent)."""
 
@@ -107,16 +112,30 @@ class RestartSteps(RendezvousSteps):
 
     @agent_step
     async def _initialize_workers(self, worker_group: WorkerGroup) -> None:
-        """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY."""
+        """Rendezvous, assign ranks and start the workers; the group becomes HEALTHY. The
+        round is watched from its completion, so a start that must wait (for the zygote's
+        preload, say) starts nothing once it is over (:class:`RoundOverBeforeStart`): the
+        next round is joined instead."""
         group = worker_group
-        self._raise_if_stop_requested()
-        self._stop_round_watch()
-        began = time.monotonic()
-        await self._unless_stopped(call_step(self._rendezvous, group))
-        self._notify("phase_timed", "rendezvous", time.monotonic() - began)
-        self._raise_if_stop_requested()
-        began = time.monotonic()
-        pids = await call_step(self._start_workers, group)
+        while True:
+            self._raise_if_stop_requested()
+            self._stop_round_watch()
+            began = time.monotonic()
+            await self._unless_stopped(call_step(self._rendezvous, group))
+            self._notify("phase_timed", "rendezvous", time.monotonic() - began)
+            self._raise_if_stop_requested()
+            self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
+            began = time.monotonic()
+            try:
+                pids = await call_step(self._start_workers, group)
+                break
+            except RoundOverBeforeStart as over:
+                log.info(
+                    "[%s] Rendezvous round over before the workers started (%s); joining the "
+                    "next round",
+                    group.spec.role,
+                    over,
+                )
         if not isinstance(pids, dict):
             raise TypeError(
                 f"{type(self).__name__}._start_workers() returned {pids!r}; it "
@@ -126,7 +145,6 @@ class RestartSteps(RendezvousSteps):
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
         self._healthy_since = time.monotonic()
-        self._round_watch = asyncio.create_task(self._watch_round(), name="round-watch")
         if group.state in (WorkerState.STOPPED, WorkerState.FAILED):  # set by a subclass
             self._set_state(WorkerState.INIT, "workers starting")
         self._set_state(WorkerState.HEALTHY, "workers started")

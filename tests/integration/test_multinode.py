@@ -140,6 +140,39 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnod
     assert [a.wait(30) for a in (*first, third)] == [0, 0, 0]
 
 
+def test_a_round_over_while_a_node_waits_for_its_zygote_starts_none_of_its_workers(
+    run_agentd, run_store, tmp_path
+):
+    """Node B's zygote preloads a module that takes until the test lets it go; meanwhile a
+    third node joins and round 0 ends. B starts no worker for the round that is over: it
+    joins the next, and its first workers run in the job of three. Before, it started
+    them in round 0 and stopped them at once (in-process restarts then waited 10 s for
+    ranks that had not reached their training function: the chaos bench's seed 20)."""
+    store = run_store()
+    stop = tmp_path / "stop"
+    gate = tmp_path / "gate"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "slow_preload.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.02)\n"
+    )
+    env = {"AGENTD_STORE_TOKEN": TOKEN}
+    flags = agent_args(store.endpoint, "2:3", conf=STEADY_MEMBER)
+    first = run_agentd(*flags, *member_job(stop), env=env)
+    slow_env = {**env, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    slow = run_agentd(*flags, "--preload", "slow_preload", *member_job(stop), env=slow_env)
+    wait_until(lambda: world_sizes(first, 0) == {2}, what="node A's workers of round 0")
+    third = run_agentd(*flags, *member_job(stop), env=env)
+    wait_until(lambda: "generation 0 ended" in first.stderr(), what="round 0 to end")
+    gate.touch()
+    for agent in (first, slow, third):
+        wait_until(lambda a=agent: world_sizes(a, latest_attempt(a)) == {3}, what="three")
+    stop.touch()
+    assert [a.wait(30) for a in (first, slow, third)] == [0, 0, 0]
+    assert world_sizes(slow, 0) == {3}, slow.stderr()[-3000:]  # none started for round 0
+    assert "Rendezvous round over before the workers started" in slow.stderr()
+
+
 def test_a_job_without_a_run_id_at_a_store_that_outlived_the_last_one_says_why_it_ends(
     run_agentd, run_store
 ):
