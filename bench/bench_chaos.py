@@ -78,6 +78,7 @@ agents' logs) for a look.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -129,6 +130,9 @@ STALE = re.compile(r"WARNING agentd\.inprocess\.service: Kept local rank\(s\) .*
 """An agent's word that its kept workers missed a round sealed without their node (a
 spare, late to a round's seal, or back after its lease lapsed): they hold nothing, and
 receive the job's state (docs/inprocess.md)."""
+FALLBACK = re.compile(r"WARNING agentd\.inprocess\.service: .*\(in-process fallback: (\w+)\)")
+"""An agent's word that an in-process restart kept fewer survivors than it could, and why
+(``park_timeout``: every rank restarted as a new process; docs/inprocess.md)."""
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
 CHECKPOINT_EVERY = 10
 """Steps between two of the job's checkpoints: no restart trains more again."""
@@ -571,6 +575,12 @@ def told_stale(agents: list[Agent]) -> int:
     return sum(len(STALE.findall(_text(log))) for a in agents for log in a.logs())
 
 
+def fallbacks(agents: list[Agent]) -> collections.Counter[str]:
+    """The agents' in-process fallbacks by reason (:data:`FALLBACK`)."""
+    found = [m for a in agents for log in a.logs() for m in FALLBACK.findall(_text(log))]
+    return collections.Counter(found)
+
+
 def _starts(out: Path) -> list[dict]:
     """The job's attempts as its rank 0 noted them (bench/chaos_worker.py)."""
     text = _text(out / "starts.jsonl")
@@ -646,6 +656,9 @@ def main() -> int:
         said.append(f"{hangs} hangs found ({resumed} of ranks resumed in process)")
         if args.inprocess:
             said.append(f"{told_stale(agents)} times kept workers told stale")
+            fell = fallbacks(agents)
+            why = ", ".join(f"{n} {reason}" for reason, n in sorted(fell.items()))
+            said.append(f"{sum(fell.values())} in-process fallbacks" + (f" ({why})" if why else ""))
         if args.stragglers:
             said.append(f"{len(slowed(agents))} slowed, {len(named)} named, {len(swapped)} swapped")
         if probes is not None:

@@ -97,6 +97,17 @@ async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_o
     await service.stop()
 
 
+async def test_a_fallback_is_logged_in_the_form_the_chaos_bench_counts(caplog, monkeypatch):
+    service = InProcessRestarts()
+    service._fall_back("park_timeout", [0, 2], "Local rank(s) [0, 2] did not park within 1.0s")
+    service._count("not_opted_in", [1], {0: Kept(0)})
+    monkeypatch.syspath_prepend(str(TESTS.parent / "bench"))
+    chaos = importlib.import_module("bench_chaos")
+    lines = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records)
+    assert chaos.FALLBACK.findall(lines) == ["park_timeout", "not_opted_in"]
+    await service.stop()
+
+
 async def test_across_nodes_the_rounds_kept_ranks_decide_and_a_dead_kept_worker_is_new():
     service = InProcessRestarts()
     service.parked = {0: Kept(0), 1: Kept(1, returncode=-9)}  # type: ignore[dict-item]
