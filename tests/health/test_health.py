@@ -148,6 +148,12 @@ async def test_livez_fails_when_the_watchdog_stalls_or_dies(tmp_path):
 async def test_status_metrics_and_errors(tmp_path):
     async with healthy_agent(tmp_path, n=2) as (agent, http):
         url = agent.health_server.url
+
+        async def resident() -> bool:  # a worker read as it execs has no pages yet (CI, 12-04)
+            async with http.get(url + "/status") as response:
+                return all(w["rss_bytes"] > 0 for w in (await response.json())["workers"])
+
+        await until(resident)
         async with http.get(url + "/status") as response:
             assert response.content_type == "application/json"
             body = await response.text()
