@@ -68,7 +68,8 @@ fail keep their process and hand their state to the new ones.
 One line per seed: its faults, the job's restarts and the steps they trained again (a
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), the hangs
 the agents found (and how many were of ranks resumed in process, the resume timeout's), with
-``--inprocess`` how many times an agent told its kept workers they missed a round, with
+``--inprocess`` how many times an agent told its kept workers they missed a round and its
+in-process fallbacks by reason (``park_timeout``: every rank a new process), with
 ``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
 that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints
 the faults as they strike (and each failed probe) and keeps the run's folder (the

@@ -8,9 +8,8 @@ opens, when the agent shuts down (after the exit barrier), or when it stops its 
 (:meth:`WorkerStoreService.close`, once the survivors were asked to park): the attempt is
 over on every node then, and a survivor blocked in the store (an ``init_process_group``
 waiting for a rank that is gone) fails at once and parks, where it would wait out its
-timeout. A worker of
-an earlier attempt can never reach a later store: it has a new port, or, with a pinned
-``--master-port``, is a new listener on it.
+timeout. A worker of an earlier attempt can never reach a later store: it has a new
+port, or, with a pinned ``--master-port``, is a new listener on it.
 """
 
 from __future__ import annotations
