@@ -211,6 +211,9 @@ async def stop_workers(
 ) -> list[int]:
     """The stop policy, for every path: signal the groups, wait, SIGKILL the groups, reap.
 
+    The stop signal is followed by SIGCONT, as systemd sends it: a stopped process (a
+    ``kill -STOP``, a job-control stop) holds the stop signal pending until it runs
+    again, and would otherwise wait out the whole ``stop_timeout`` for its SIGKILL.
     Waits at most ``stop_timeout`` seconds (on the loop's monotonic clock) for every process
     of every group to be gone; ``force`` being set cuts the wait short. With ``mark``, the
     processes carrying that owner mark that left their group (``setsid``) are killed too,
@@ -225,6 +228,8 @@ async def stop_workers(
     pgids = [w.pgid for w in workers]
     deadline = loop.time() + stop_timeout
     signal_groups(pgids, stop_signal)
+    if stop_signal not in (signal.SIGKILL, signal.SIGCONT):
+        signal_groups(pgids, signal.SIGCONT)
     try:
         await _wait_groups_gone(workers, deadline, force)
     finally:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,21 @@ async def test_stop_escalates_to_sigkill_after_timeout():
     await stop_workers([worker], stop_timeout=0.3)
     assert worker.returncode == -signal.SIGKILL
     assert time.monotonic() - started >= 0.3
+
+
+async def test_a_stopped_worker_gets_its_stop_signal_at_once():
+    """A stopped process (SIGSTOP) holds SIGTERM pending until it runs again: the stop
+    follows it with SIGCONT (systemd's order), where it used to wait out its timeout."""
+    worker = await spawn(
+        "import sys,time; print('ready', file=sys.stderr, flush=True); time.sleep(60)"
+    )
+    await wait_line(worker, "ready")
+    os.kill(worker.pid, signal.SIGSTOP)
+    async with asyncio.timeout(20):
+        while Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            await asyncio.sleep(0.01)
+    await stop_workers([worker], stop_timeout=60)
+    assert worker.returncode == -signal.SIGTERM
 
 
 async def test_force_cuts_the_grace_period():
