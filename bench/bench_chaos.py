@@ -69,7 +69,7 @@ One line per seed: its faults, the job's restarts and the steps they trained aga
 restart resumes from the last checkpoint, every 10 steps or at a drain's step), the hangs
 the agents found (and how many were of ranks resumed in process, the resume timeout's), with
 ``--inprocess`` how many times an agent told its kept workers they missed a round and its
-in-process fallbacks by reason (``park_timeout``: every rank a new process), with
+in-process fallbacks by reason (``park_timeout``: a rank that did not park in time), with
 ``--stragglers`` the slowed nodes that were named and swapped, the probes sent (those
 that failed, and the slowest answer), and the invariants it broke; ``--seed N`` prints
 the faults as they strike (and each failed probe) and keeps the run's folder (the
@@ -133,7 +133,8 @@ spare, late to a round's seal, or back after its lease lapsed): they hold nothin
 receive the job's state (docs/inprocess.md)."""
 FALLBACK = re.compile(r"WARNING agentd\.inprocess\.service: .*\(in-process fallback: (\w+)\)")
 """An agent's word that an in-process restart kept fewer survivors than it could, and why
-(``park_timeout``: every rank restarted as a new process; docs/inprocess.md)."""
+(``park_timeout``: a rank that did not park in time, replaced by a new process;
+docs/inprocess.md)."""
 CONF = "keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,join_timeout=120"
 CHECKPOINT_EVERY = 10
 """Steps between two of the job's checkpoints: no restart trains more again."""

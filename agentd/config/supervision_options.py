@@ -72,7 +72,8 @@ SUPERVISION_OPTIONS: tuple[Option, ...] = (
         v.number(0.0),
         "10",
         "Seconds the surviving ranks of an in-process restart (agentd.inprocess.run) have to "
-        "leave their training function before every rank restarts as a new process.",
+        "leave their training function; a rank that has not by then restarts as a new "
+        "process, the others keep theirs.",
         metavar="SECONDS",
     ),
     _o(

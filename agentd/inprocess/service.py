@@ -5,10 +5,11 @@ that calls :func:`agentd.inprocess.run` says ``hello`` on it. When the group res
 (a failure, a hang, a membership change), :meth:`InProcessRestarts.park` asks every live
 worker outside ``failed`` to park. Those that park within ``park_timeout`` are kept; a
 survivor that cannot be kept on its own account (it never opted in, its channel closed
-because its process is on its way out, a line on it was garbage, or it exited while the
-others parked) is stopped and replaced with the failed ranks. The whole group falls back to
-new processes only when keeping any of it would be wrong: a survivor stuck past the bound,
-too many quick in-process restarts in a row, or a workers' store that outlives attempts.
+because its process is on its way out, a line on it was garbage, it exited while the
+others parked, or it did not park within the bound) is stopped and replaced with the
+failed ranks. The whole group falls back to new processes only when keeping any of it
+would be wrong: too many quick in-process restarts in a row, or a workers' store that
+outlives attempts.
 Every rank that is not kept, and why, is logged as one WARNING and counted by reason
 (:attr:`InProcessRestarts.fallbacks`). The next attempt :meth:`resume`\\ s each kept worker
 with its new variables, and new processes replace only the ranks that were lost.
@@ -269,14 +270,10 @@ class InProcessRestarts:
         if ready and asked is not None:
             await asked()
         stuck = await self._wait_parked(ready, survivors)
-        if stuck:
-            return self._fall_back(
-                "park_timeout",
-                stuck,
-                f"Local rank(s) {stuck} did not park within {self.park_timeout:.1f}s",
-            )
         for rank, channel in ready.items():
-            if survivors[rank].returncode is not None or channel.closed_by_worker is not None:
+            if rank in stuck:  # stopped with the lost ranks: its peers parked, and are kept
+                lost.setdefault("park_timeout", []).append(rank)
+            elif survivors[rank].returncode is not None or channel.closed_by_worker is not None:
                 lost.setdefault("exited_while_parking", []).append(rank)
             elif channel.broken or not channel.parked.is_set():
                 lost.setdefault("broken_channel", []).append(rank)
@@ -335,7 +332,7 @@ class InProcessRestarts:
     def _count(self, why: str, local_ranks: Sequence[int], kept: Mapping[int, Any]) -> None:
         """Log survivors that are replaced by new processes, and why; count those that
         were alive and well (a fallback)."""
-        what = REPLACED_BECAUSE[why]
+        what = REPLACED_BECAUSE[why].format(park_timeout=self.park_timeout)
         if why not in self.fallbacks:
             log.info(
                 "Local rank(s) %s %s: replacing them with new processes", list(local_ranks), what

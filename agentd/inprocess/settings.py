@@ -12,7 +12,8 @@ QUICK_WINDOW = 60.0
 before, the next restart uses new processes: what the survivors kept may be what fails."""
 PARK_TIMEOUT = 10.0
 """How long the survivors have to leave their training function (a collective in native
-code returns first) before the restart falls back to new processes."""
+code returns first): one that has not by then is replaced by a new process, and the others
+are kept."""
 
 FALLBACK_REASONS = (
     "not_opted_in",
@@ -21,16 +22,19 @@ FALLBACK_REASONS = (
     "quick_repeats",
     "static_store",
 )
-"""Why a live, healthy rank was not kept: the first two replace that rank alone, the last
-three every rank (see the module docstring). A rank whose process is on its way out (its
-channel closed, or it exited while the others parked) is lost, not a fallback."""
+"""Why a live, healthy rank was not kept: the first three replace those ranks alone, the
+last two every rank (see :mod:`agentd.inprocess.service`). A rank whose process is on its
+way out (its channel closed, or it exited while the others parked) is lost, not a
+fallback."""
 REPLACED_BECAUSE = {
     "not_opted_in": "never called agentd.inprocess.run",
     "channel_closed": "closed their in-process channel (their process is exiting)",
     "broken_channel": "broke the in-process protocol",
+    "park_timeout": "did not park within {park_timeout:.1f}s",
     "exited_while_parking": "exited while the others parked",
 }
-"""What the log says of survivors replaced by new processes alone, by reason."""
+"""What the log says of survivors replaced by new processes alone, by reason
+(``{park_timeout}``: the bound, in seconds)."""
 
 
 class InProcessSettings(NamedTuple):

@@ -143,16 +143,24 @@ def test_survivors_keep_their_process_and_learn_the_new_attempt(tmp_path, mode, 
         assert (FORKED_LINE in done.stderr) == (flags == START_MODES["forked"])
 
 
-def test_a_survivor_that_cannot_park_in_time_means_new_processes_for_all(tmp_path):
-    done, calls = run_job(tmp_path, "stuck", "--inprocess-park-timeout", "1")
+def test_a_survivor_that_cannot_park_in_time_is_replaced_and_the_others_kept(tmp_path):
+    """Rank 0 sleeps in native code through the park; rank 2 parks. Rank 0 is stopped and
+    replaced with the rank that died, as a survivor on its way out is; rank 2 keeps its
+    process and hands the state over. Before, every rank restarted as a new process."""
+    done, calls = run_job(tmp_path, "stuck-one", "--inprocess-park-timeout", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "did not park within 1.0s" in done.stderr
-    assert "(in-process fallback: park_timeout)" in done.stderr
-    for rank in range(3):
+    [line] = [ln for ln in done.stderr.splitlines() if "in-process fallback" in ln]
+    assert (
+        "Local rank(s) [0] did not park within 1.0s: replacing them with new processes; "
+        "local rank(s) [2] keep theirs (in-process fallback: park_timeout)"
+    ) in line, line
+    first, second = calls[2]
+    assert second["pid"] == first["pid"] and second["count"] == 1, calls
+    assert second["replaced"] == [0, 1] and second["source"] == 2 and not second["fresh"]
+    for rank in (0, 1):
         first, second = calls[rank]
-        assert second["pid"] != first["pid"]
-        assert second["count"] == 0 and second["replaced"] == []
-        assert second["fresh"]  # no rank holds the job's state: the script must load it
+        assert second["pid"] != first["pid"] and second["count"] == 0
+        assert second["replaced"] == [0, 1] and second["source"] == 2
 
 
 def test_garbage_on_the_channel_is_named_and_the_restart_uses_new_processes(tmp_path):
@@ -213,6 +221,10 @@ def test_every_fallback_names_its_reason_in_the_log_status_and_metrics(tmp_path)
     assert code == 0, err[-3000:]
     [line] = [ln for ln in err.splitlines() if "in-process fallback" in ln]
     assert "WARNING" in line and "Local rank(s) [0, 2] did not park within 1.0s" in line
+    assert "restarting every worker as a new process" in line, line  # no survivor parked
+    for first, second in calls_of(tmp_path).values():
+        assert second["pid"] != first["pid"] and second["replaced"] == []
+        assert second["fresh"]  # no rank holds the job's state: the script must load it
 
 
 def test_without_agentd_run_is_a_plain_call(tmp_path):

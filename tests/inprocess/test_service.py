@@ -99,12 +99,12 @@ async def test_a_spares_kept_workers_are_told_their_state_is_stale_and_its_new_o
 
 async def test_a_fallback_is_logged_in_the_form_the_chaos_bench_counts(caplog, monkeypatch):
     service = InProcessRestarts()
-    service._fall_back("park_timeout", [0, 2], "Local rank(s) [0, 2] did not park within 1.0s")
-    service._count("not_opted_in", [1], {0: Kept(0)})
+    service._count("park_timeout", [0], {2: Kept(2)})
+    service._fall_back("quick_repeats", [0, 2], "3 in-process restarts within 60s of each other")
     monkeypatch.syspath_prepend(str(TESTS.parent / "bench"))
     chaos = importlib.import_module("bench_chaos")
     lines = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records)
-    assert chaos.FALLBACK.findall(lines) == ["park_timeout", "not_opted_in"]
+    assert chaos.FALLBACK.findall(lines) == ["park_timeout", "quick_repeats"]
     await service.stop()
 
 
