@@ -309,15 +309,19 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
 
-    def _kill_hung(self, role: str, procs: list[WorkerProcess]) -> None:
-        """SIGKILL, first of all, the workers the hang detection found hung (their failure
-        says SIGKILL already). A hung rank holds its connections open, so a peer waiting
-        in a collective with it neither fails nor parks, and it may run no SIGTERM
-        handler (stopped, or blocked in native code). Killed, its peers' collectives fail
-        at once, and an in-process restart keeps them. A worker reaped by its expiration
-        timer got the signal its timer asked for, and is stopped as usual."""
-        found = {u.pid for u in self._services.watchdog.unhealthy if u.details is not None}
-        hung = [p for p in procs if p.pid in found and p.returncode is None]
+    def _kill_hung(self, role: str, procs: list[WorkerProcess], reports: list[Any]) -> None:
+        """SIGKILL the workers that hang ``reports`` found hung (their failure says SIGKILL
+        already): first thing in a stop, and as the detection finds one during a park. A
+        hung rank holds its connections open, so a peer waiting in a collective with it
+        neither fails nor parks, and it may run no SIGTERM handler (stopped, or blocked in
+        native code). Killed, its peers' collectives fail at once, and an in-process
+        restart keeps them. A rank that parked is silent by design, never killed; a worker
+        reaped by its expiration timer got the signal its timer asked for."""
+        found = {u.pid for u in reports if u.details is not None}
+        parked = self._services.inprocess.has_parked
+        hung = [
+            p for p in procs if p.pid in found and p.returncode is None and not parked(p.local_rank)
+        ]
         if hung:
             log.info(
                 "[%s] Killing the hung local rank(s) %s (SIGKILL) before the others stop",
@@ -332,15 +336,16 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         procs = list(self._procs.values())
         if not procs:
             return
-        spec = group.spec
-        self._kill_hung(spec.role, procs)
+        spec, watchdog = group.spec, self._services.watchdog
+        self._kill_hung(spec.role, procs, watchdog.unhealthy)
         fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
         # The attempt is over on every node: its store closes once the survivors were asked
         # to park, so that a rank blocked in it (an init waiting for a rank that is gone,
         # here or on another node) fails, and parks, where it would wait out its timeout.
-        kept = await self._services.inprocess.park(
-            procs, self._failed_ranks, fresh_store, asked=self._services.workers_store.close
-        )
+        with watchdog.reports_to(lambda found: self._kill_hung(spec.role, procs, [found])):
+            kept = await self._services.inprocess.park(
+                procs, self._failed_ranks, fresh_store, asked=self._services.workers_store.close
+            )
         await self._services.workers_store.close()  # where nothing here was asked to park
         self._failed_ranks = set()  # the next stop may be a membership change: none failed
         procs = [p for p in procs if p.local_rank not in kept]

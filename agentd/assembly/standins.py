@@ -59,6 +59,9 @@ class NoInProcessRestarts:
     def closed_at(self, local_rank: int) -> float | None:
         return None
 
+    def has_parked(self, local_rank: int) -> bool:
+        return False
+
     async def park(
         self, procs: Any, failed: Any, fresh_store: bool, asked: Any = None
     ) -> dict[int, WorkerProcess]:

@@ -180,6 +180,15 @@ def end_heartbeats() -> None:
         _send("done")
 
 
+def parked() -> None:
+    """This worker parked in an in-process restart (:mod:`agentd.inprocess`): silent by
+    design until it resumes, so the agent holds it to no timeout meanwhile, and a hang
+    found during the park is one of the ranks that did not park. Sent only by a worker
+    that heartbeats (one that never did is held to no timeout anyway)."""
+    if _channel is not None:
+        _send("parked")
+
+
 class section(contextlib.ContextDecorator):
     """``with section("checkpoint"):`` marks a phase with a timeout of its own.
 

@@ -157,10 +157,12 @@ class ProgressMonitor:
             at = max(at, w.last)
         self.timeouts.mark_instrumented()
         # The timeout bounds the time from one message to the next, wherever they come
-        # from: every such interval is a sample of the innermost section it passed in.
-        if w.last is not None and not w.done and w.last >= self._held_until:
+        # from: every such interval is a sample of the innermost section it passed in. A
+        # park ends one early (a failure elsewhere interrupted it): no sample.
+        sample = m.kind != "parked"
+        if sample and w.last is not None and not w.done and w.last >= self._held_until:
             self.timeouts.observe(w.key, at - w.last)
-        elif w.last is None and not w.resumed and w.started >= self._held_until:
+        elif sample and w.last is None and not w.resumed and w.started >= self._held_until:
             self.timeouts.observe(START, at - w.started)  # a new worker's start
         if m.kind == "beat":
             if not w.sections:
@@ -184,10 +186,10 @@ class ProgressMonitor:
             w.beat_at = None
         elif m.kind in ("drain", "saved"):  # a drain's pause is no step time
             w.beat_at = None
-        else:  # done
+        else:  # done, parked
             w.sections.clear()
             w.beat_at = None
-        w.done = m.kind == "done"
+        w.done = m.kind in ("done", "parked")
         w.last, w.steps = at, m.steps
         if m.dump_signal:
             w.dump_signal = self._dump_signals[w.pid] = m.dump_signal

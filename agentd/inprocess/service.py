@@ -215,6 +215,12 @@ class InProcessRestarts:
         channel = self._channels.get(local_rank)
         return None if channel is None else channel.closed_by_worker
 
+    def has_parked(self, local_rank: int) -> bool:
+        """Whether that worker parked since it was last asked to (it is silent by design
+        until it resumes)."""
+        channel = self._channels.get(local_rank)
+        return channel is not None and channel.parked.is_set()
+
     async def park(
         self,
         procs: Sequence[WorkerProcess],

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentd.heartbeats.client import new_attempt
+from agentd.heartbeats.client import parked as say_parked
 from agentd.inprocess import wire
 from agentd.support.compat.torch import (
     abort_process_groups,
@@ -338,6 +339,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             )
             raise
         teardown_s = time.perf_counter() - began
+        say_parked()  # no hang now: a hang found during the park is a rank that did not park
         channel.send("parked")
         channel.resumed.wait()
         if channel.closed.is_set():

@@ -11,9 +11,10 @@ with the first request on it, so a job whose workers set no timer never loads it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentd.hygiene import orphans
@@ -75,6 +76,7 @@ class Watchdog:
         self._progress_sink: Callable[[list[ProgressMessage]], None] | None = None
         self.unhealthy: list[Unhealthy] = []
         """Workers reaped, found stuck or hung since the group started."""
+        self._listeners: list[Callable[[Unhealthy], None]] = []
 
     @property
     def timer_server(self) -> FileTimerServer:
@@ -143,8 +145,22 @@ class Watchdog:
     def report(self, pid: int, why: str, details: dict[str, Any] | None = None) -> None:
         """Worker ``pid`` is unhealthy (``details`` go to its failure's report): the
         group restarts per policy."""
-        self.unhealthy.append(Unhealthy(pid, why, time.time(), details))
+        found = Unhealthy(pid, why, time.time(), details)
+        self.unhealthy.append(found)
+        for listener in list(self._listeners):
+            listener(found)
         self._wake()
+
+    @contextlib.contextmanager
+    def reports_to(self, listener: Callable[[Unhealthy], None]) -> Iterator[None]:
+        """Within the block, hand each new report to ``listener`` as it is made: the agent
+        stopping its workers acts on a hang found meanwhile, which it would otherwise
+        read only after the stop."""
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            self._listeners.remove(listener)
 
     async def start(self) -> None:
         self._running = True

@@ -8,7 +8,8 @@ One JSON object per line, written atomically like a timer request (see
      "section": "checkpoint"}
 
 ``kind`` is ``beat`` (a step ended), ``enter``/``exit`` (a named section began or ended),
-``done`` (the worker will heartbeat no more: stop watching it until its next message), or,
+``done`` (the worker will heartbeat no more: stop watching it until its next message),
+``parked`` (the same, for an in-process restart's park: not a sample of any timeout), or,
 during a drain (:mod:`agentd.drain`), ``drain`` (the step count when the worker learned of
 it) and ``saved`` (its checkpoint is written).
 ``steps`` counts the worker's heartbeats so far, ``at`` is when the message's event
@@ -37,7 +38,7 @@ DUMP_SIGNAL = signal.SIGRTMIN + 5
 no training library uses (SIGUSR1 is SLURM's and Lightning's requeue signal)."""
 STACK_FILE = "stacks.txt"
 """Each worker's dump file, in its attempt directory (``$AGENTD_STACK_FILE``)."""
-KINDS = ("beat", "enter", "exit", "done", "drain", "saved")
+KINDS = ("beat", "enter", "exit", "done", "parked", "drain", "saved")
 MAX_SECTION = 128
 MAX_STEPS = 1 << 53
 """Steps beyond this lose precision as JSON numbers: no real job gets there."""

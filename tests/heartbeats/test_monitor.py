@@ -64,6 +64,20 @@ async def test_done_workers_are_not_watched_until_they_speak_again():
     monitor.unwatch()
 
 
+async def test_a_parked_worker_is_not_watched_and_its_park_is_no_sample():
+    """A park (an in-process restart) interrupts a step, often long after it began (a
+    failure elsewhere had to be seen first): that interval says nothing of a step's time."""
+    monitor, clock, _, _ = make_monitor(HeartbeatSettings(min_timeout=0.1))
+    monitor.watch({0: 100, 1: 101}, {0: 0, 1: 1})
+    t = clock.now
+    monitor.feed([(r, msg("beat", 1, t)) for r in (0, 1)])
+    clock.now = t + 30.0
+    monitor.feed([(0, msg("parked", 1, clock.now))])
+    assert monitor.timeouts.timeout(STEP).samples == 0
+    assert [s.local_rank for s in monitor.silences()] == [1]  # rank 0 is judged no more
+    monitor.unwatch()
+
+
 async def test_the_loop_timer_fires_once_at_the_deadline_with_every_workers_silence():
     hangs: list[list[Silence]] = []
     timeouts = LearnedTimeouts(HeartbeatSettings(step_timeout=0.2))

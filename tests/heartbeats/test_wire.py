@@ -23,7 +23,7 @@ def test_progress_messages_round_trip_on_the_timer_pipe_wire():
 @pytest.mark.parametrize(
     ("doc", "rule"),
     [
-        ({"kind": "nap"}, "kind: 'nap' must be one of beat, enter, exit, done"),
+        ({"kind": "nap"}, "kind: 'nap' must be one of beat, enter, exit, done, parked"),
         ({"pid": 0}, "pid: 0 must be a positive integer"),
         ({"steps": -1}, "steps: -1 must be an integer"),
         ({"steps": 2**60}, "steps: 1152921504606846976 must be an integer"),

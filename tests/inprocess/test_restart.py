@@ -163,6 +163,26 @@ def test_a_survivor_that_cannot_park_in_time_is_replaced_and_the_others_kept(tmp
         assert second["replaced"] == [0, 1] and second["source"] == 2
 
 
+def test_a_rank_found_hung_while_the_others_park_is_killed_and_replaced_alone(tmp_path):
+    """Rank 1 dies as rank 0 goes silent in native code; rank 2 parks. The hang detection
+    finds rank 0 only during the park, some 3 s later: the agent kills it then, and the
+    park ends with rank 2 kept. Before, a hang found during a park was not acted on (a
+    parked rank is silent too, and could have been named): the park waited out its
+    timeout (20 s here). A rank that parks now tells the hang detection so."""
+    done, calls = run_job(
+        tmp_path, "hang-in-stop", "--heartbeat-timeout", "3", "--inprocess-park-timeout", "20"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hang: rank 0 stopped first" in done.stderr, done.stderr[-3000:]
+    assert "Killing the hung local rank(s) [0] (SIGKILL)" in done.stderr, done.stderr[-3000:]
+    assert "park_timeout" not in done.stderr, done.stderr[-3000:]
+    first, second = calls[2]
+    assert second["pid"] == first["pid"] and second["count"] == 1, calls
+    assert second["replaced"] == [0, 1] and second["source"] == 2
+    for rank in (0, 1):
+        assert calls[rank][1]["pid"] != calls[rank][0]["pid"], calls
+
+
 def test_garbage_on_the_channel_is_named_and_the_restart_uses_new_processes(tmp_path):
     done, calls = run_job(tmp_path, "garbage")
     assert done.returncode == 0, done.stderr[-3000:]

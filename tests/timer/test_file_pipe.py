@@ -46,7 +46,7 @@ def test_round_trip_matches_torch_format():
         (b"nope", "not JSON"),
         (b"[1]", "not a JSON object"),
         (wire(version=3), "version: 3 must be 1 (a timer request"),
-        (wire(version=2), "kind: None must be one of beat, enter, exit, done"),
+        (wire(version=2), "kind: None must be one of beat, enter, exit, done, parked"),
         (wire(pid=0), "pid: 0 must be a positive integer"),
         (wire(pid=True), "pid: True"),
         (wire(pid="42"), "pid: '42'"),

@@ -18,7 +18,9 @@ loop. Every call of the training function appends a JSON line to
 on its way out does. While ``OUT/hold`` exists, later attempts keep running in any mode.
 In ``undestroyable`` mode (``loop`` otherwise), local rank 2's process
 group cannot be destroyed when it parks (a stand-in for ``torch.distributed`` raises), and
-attempt 1 returns at once.
+attempt 1 returns at once. In ``hang-in-stop`` mode every rank heartbeats as it loops;
+local rank 0 goes silent in one long native sleep as rank 1 dies, so that the agent finds
+it hung only while the others park; attempt 1 returns at once.
 """
 
 import json
@@ -28,7 +30,9 @@ import socket
 import sys
 import time
 import types
+from collections.abc import Callable
 
+import agentd
 import agentd.inprocess as inprocess
 
 shared, mode = sys.argv[1], sys.argv[2]
@@ -82,6 +86,18 @@ def calls(path: str) -> int:
         return 0
 
 
+def heartbeat_while(going: Callable[[], bool]) -> None:
+    """Heartbeat every 10 ms while ``going()``."""
+    while going():
+        agentd.heartbeat()
+        time.sleep(0.01)
+
+
+def reported() -> int:
+    """How many ranks called the training function so far."""
+    return len([n for n in os.listdir(out) if n.endswith(".jsonl")])
+
+
 def train() -> None:
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     restart = inprocess.current()
@@ -107,6 +123,17 @@ def train() -> None:
             raise ValueError("still NaN")
         while True:
             time.sleep(0.01)
+    if mode == "hang-in-stop" and attempt == "0":
+        silent = os.path.join(out, "silent")
+        if rank == 0:  # once every rank beat a while, silent, where a park cannot reach it
+            heartbeat_while(lambda: reported() < int(os.environ["LOCAL_WORLD_SIZE"]))
+            until = time.monotonic() + 1.0
+            heartbeat_while(lambda: time.monotonic() < until)
+            with open(silent, "w"):
+                pass
+            time.sleep(60)
+        heartbeat_while(lambda: rank == 2 or not os.path.exists(silent))
+        os._exit(3)  # rank 1, as rank 0 goes silent
     if mode == "nodes" or attempt != "0":
         while held() or (
             mode in ("loop", "hang", "nodes", "raise", "slow-exit") and not released()
