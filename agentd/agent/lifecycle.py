@@ -344,7 +344,11 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         # here or on another node) fails, and parks, where it would wait out its timeout.
         with watchdog.reports_to(lambda found: self._kill_hung(spec.role, procs, [found])):
             kept = await self._services.inprocess.park(
-                procs, self._failed_ranks, fresh_store, asked=self._services.workers_store.close
+                procs,
+                self._failed_ranks,
+                fresh_store,
+                asked=self._services.workers_store.close,
+                where=self._services.heartbeats.where,  # a rank that did not park: its stack
             )
         await self._services.workers_store.close()  # where nothing here was asked to park
         self._failed_ranks = set()  # the next stop may be a membership change: none failed

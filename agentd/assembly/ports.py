@@ -89,6 +89,11 @@ class HeartbeatsPort(Protocol):
 
     async def stopped(self) -> None: ...
 
+    async def where(self, local_ranks: Collection[int]) -> dict[int, str]:
+        """Where these workers are now, from a dump of their stacks, by local rank (those
+        that could not be dumped are left out)."""
+        ...
+
     def feed(self, messages: list[ProgressMessage]) -> None: ...
 
     def hold(self, seconds: float | None) -> None: ...
@@ -221,6 +226,7 @@ class InProcessPort(Protocol):
         failed: Collection[int],
         fresh_store: bool,
         asked: Callable[[], Awaitable[None]] | None = None,
+        where: Callable[[list[int]], Awaitable[dict[int, str]]] | None = None,
     ) -> dict[int, WorkerProcess]: ...
 
     def raised(self) -> dict[int, tuple[str, float]]: ...

@@ -63,7 +63,7 @@ class NoInProcessRestarts:
         return False
 
     async def park(
-        self, procs: Any, failed: Any, fresh_store: bool, asked: Any = None
+        self, procs: Any, failed: Any, fresh_store: bool, asked: Any = None, where: Any = None
     ) -> dict[int, WorkerProcess]:
         return {}
 
@@ -139,6 +139,9 @@ class HeartbeatsOnDemand:
         self._attempt = None
         if self.service is not None:
             await self.service.stopped()
+
+    async def where(self, local_ranks: Collection[int]) -> dict[int, str]:
+        return await self.service.where(local_ranks) if self.service is not None else {}
 
     def feed(self, messages: list[ProgressMessage]) -> None:
         self._service().feed(messages)

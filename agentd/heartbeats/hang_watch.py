@@ -139,6 +139,23 @@ class HangWatch:
         self._notify("hang_detected", verdict.details)
         self._watchdog.report(verdict.culprit.pid, verdict.why, verdict.details)
 
+    async def where(self, local_ranks: Collection[int]) -> dict[int, str]:
+        """Where each of these watched, running workers is now, from a dump of its stacks
+        (``func (file:line)``, and the collective it waits in), for a log line; a worker
+        that could not be dumped is left out."""
+        watched = [(s.local_rank, s.pid, s.dump_signal) for s in self.monitor.silences()]
+        targets = [
+            stacks.DumpTarget(local_rank, pid, signal, self._stack_file(local_rank))
+            for local_rank, pid, signal in watched + self.monitor.ended_but_running()
+            if local_rank in local_ranks
+        ]
+        dumps = await stacks.capture(targets, self._dump_wait, self._helpers)
+        return {
+            lr: d.where + (f", in {d.waiting_in}" if d.waiting_in else "")
+            for lr, d in dumps.items()
+            if d.ok
+        }
+
     def _on_straggler(self, straggler: Straggler) -> None:
         self.stats["stragglers"] += 1
         self._notify("straggler", straggler)

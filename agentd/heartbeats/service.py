@@ -146,6 +146,11 @@ class HeartbeatService:
         (:meth:`~agentd.heartbeats.monitor.ProgressMonitor.beats_due_in`)."""
         return self._engine.monitor.beats_due_in() if self._engine is not None else None
 
+    async def where(self, local_ranks: Collection[int]) -> dict[int, str]:
+        """Where these workers are now, from their stacks (see
+        :meth:`~agentd.heartbeats.hang_watch.HangWatch.where`); none before a heartbeat."""
+        return await self._engine.where(local_ranks) if self._engine is not None else {}
+
     async def stopped(self) -> None:
         """The attempt's workers are being stopped: watch nothing, dump nothing more."""
         self._pids = {}

@@ -1,7 +1,7 @@
 """The agent's end of one worker's in-process channel (:mod:`agentd.inprocess.wire`):
 read on the event loop, it records what the worker said (``hello``, ``error``,
 ``parked``) and whether the channel broke, or closed because the worker's process is on
-its way out."""
+its way out; :func:`wait_settled` waits for a park's answers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
+
+if TYPE_CHECKING:
+    from agentd.workers.processes import WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +152,32 @@ class Channel:
         if self.broken:
             return "broken_channel"
         return None
+
+
+async def wait_settled(
+    channels: Mapping[int, Channel], procs: Mapping[int, WorkerProcess], within: float
+) -> list[int]:
+    """Wait until every worker of ``channels`` (by local rank; its process in ``procs``)
+    parked, closed its channel or exited; returns the local ranks that did none of these
+    ``within`` seconds."""
+    waits: dict[int, asyncio.Future[Any]] = {
+        r: asyncio.ensure_future(c.settled.wait()) for r, c in channels.items()
+    }
+    exits: dict[int, asyncio.Future[Any]] = {
+        r: asyncio.ensure_future(asyncio.shield(procs[r].exited)) for r in channels
+    }
+    pending = set(channels)
+    try:
+        async with asyncio.timeout(within):
+            while pending:
+                await asyncio.wait(
+                    [*(waits[r] for r in pending), *(exits[r] for r in pending)],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                pending = {r for r in pending if not (waits[r].done() or exits[r].done())}
+    except TimeoutError:
+        pass
+    finally:
+        for task in (*waits.values(), *exits.values()):
+            task.cancel()
+    return sorted(pending)

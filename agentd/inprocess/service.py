@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import TYPE_CHECKING, Any
 
 from agentd.inprocess import wire
-from agentd.inprocess.channel import Channel, ReadClock
+from agentd.inprocess.channel import Channel, ReadClock, wait_settled
 from agentd.inprocess.settings import (
     FALLBACK_REASONS,
     QUICK_WINDOW,
@@ -227,6 +227,7 @@ class InProcessRestarts:
         failed: Collection[int],
         fresh_store: bool,
         asked: Callable[[], Awaitable[None]] | None = None,
+        where: Callable[[list[int]], Awaitable[dict[int, str]]] | None = None,
     ) -> dict[int, WorkerProcess]:
         """During a restart, park every live worker whose local rank is not in ``failed``;
         returns those kept, by local rank. Nothing is kept when no survivor opted in, when
@@ -236,7 +237,8 @@ class InProcessRestarts:
         job under ``static``; rank 0's worker hosts it at a pinned address elsewhere)
         would hand a kept rank the last attempt's keys. ``asked`` runs once the survivors
         were asked to park, before they are waited for (the agent closes the attempt's
-        store: a survivor blocked in it fails, and parks)."""
+        store: a survivor blocked in it fails, and parks). ``where`` says where the
+        survivors that did not park in time are stuck (their stacks), for the log."""
         if not self._restarting:
             return {}
         survivors = {
@@ -275,7 +277,8 @@ class InProcessRestarts:
             lost.setdefault(why or "channel_closed", []).append(rank)
         if ready and asked is not None:
             await asked()
-        stuck = await self._wait_parked(ready, survivors)
+        stuck = await wait_settled(ready, survivors, self.park_timeout)
+        places = await where(stuck) if stuck and where is not None else {}
         for rank, channel in ready.items():
             if rank in stuck:  # stopped with the lost ranks: its peers parked, and are kept
                 lost.setdefault("park_timeout", []).append(rank)
@@ -285,7 +288,8 @@ class InProcessRestarts:
                 lost.setdefault("broken_channel", []).append(rank)
         kept = {r: survivors[r] for r in ready if not any(r in ranks for ranks in lost.values())}
         for why, ranks in lost.items():
-            self._count(why, ranks, kept)
+            at = "; ".join(f"local rank {r} at {places[r]}" for r in ranks if r in places)
+            self._count(why, ranks, kept, at)
         if not kept:
             self.kinds["process"] += 1
             return self._keep_none()
@@ -294,33 +298,6 @@ class InProcessRestarts:
             channel.error = None
         self.parked = kept
         return dict(kept)
-
-    async def _wait_parked(
-        self, ready: Mapping[int, Channel], survivors: Mapping[int, WorkerProcess]
-    ) -> list[int]:
-        """Wait until every ``ready`` worker parked, closed its channel or exited; returns
-        the local ranks that did none of these within the park timeout."""
-        waits: dict[int, asyncio.Future[Any]] = {
-            r: asyncio.ensure_future(c.settled.wait()) for r, c in ready.items()
-        }
-        exits: dict[int, asyncio.Future[Any]] = {
-            r: asyncio.ensure_future(asyncio.shield(survivors[r].exited)) for r in ready
-        }
-        pending = set(ready)
-        try:
-            async with asyncio.timeout(self.park_timeout):
-                while pending:
-                    await asyncio.wait(
-                        [*(waits[r] for r in pending), *(exits[r] for r in pending)],
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    pending = {r for r in pending if not (waits[r].done() or exits[r].done())}
-        except TimeoutError:
-            pass
-        finally:
-            for task in (*waits.values(), *exits.values()):
-                task.cancel()
-        return sorted(pending)
 
     def _quick_repeat(self) -> bool:
         """Count this in-process restart; True when it is one too many in a row."""
@@ -335,10 +312,13 @@ class InProcessRestarts:
             return True
         return False
 
-    def _count(self, why: str, local_ranks: Sequence[int], kept: Mapping[int, Any]) -> None:
-        """Log survivors that are replaced by new processes, and why; count those that
-        were alive and well (a fallback)."""
+    def _count(
+        self, why: str, local_ranks: Sequence[int], kept: Mapping[int, Any], at: str = ""
+    ) -> None:
+        """Log survivors that are replaced by new processes, and why (``at``: where they
+        were stuck); count those that were alive and well (a fallback)."""
         what = REPLACED_BECAUSE[why].format(park_timeout=self.park_timeout)
+        what += f" ({at})" if at else ""
         if why not in self.fallbacks:
             log.info(
                 "Local rank(s) %s %s: replacing them with new processes", list(local_ranks), what

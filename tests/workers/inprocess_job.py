@@ -10,9 +10,9 @@ while the others wait to be parked; in ``slow-exit`` mode it dies as a process h
 CUDA context does: its descriptors close at once, its exit comes 1.5 s later, and the
 others' training functions raise as their collectives with it would). The others, on
 attempt 0: ``loop`` in Python (a park interrupts them at once), ``stuck`` in one long
-native sleep (they cannot park in time; ``stuck-one``: local rank 0 alone, the others
-loop), ``garbage`` write a line the agent does not understand on their channel, then
-loop. Every call of the training function appends a JSON line to
+native sleep (they cannot park in time; ``stuck-one``: local rank 0 alone, after one
+heartbeat, the others loop), ``garbage`` write a line the agent does not understand on
+their channel, then loop. Every call of the training function appends a JSON line to
 ``OUT/rank<LOCAL_RANK>.jsonl``; on later attempts it returns (in ``loop`` mode once
 ``OUT/release`` exists). SIGUSR1 makes any rank close its channel and linger, as a process
 on its way out does. While ``OUT/hold`` exists, later attempts keep running in any mode.
@@ -165,6 +165,8 @@ def train() -> None:
     if mode == "garbage":
         os.write(int(os.environ["AGENTD_INPROCESS_FD"]), b"not json\n")
     if mode == "stuck" or (mode == "stuck-one" and rank == 0):
+        if mode == "stuck-one":
+            agentd.heartbeat()  # registers its stack dump: the agent says where it is stuck
         time.sleep(30)
     if mode == "slow-exit":
         while not os.path.exists(os.path.join(out, "dying")):
