@@ -89,22 +89,27 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
 
     @agent_step
     async def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        group = worker_group
-        preload = self._services.preload
-        # the stopped workers' GPU memory, waited for since their stop (the round formed
-        # meanwhile); and the preload, which can take seconds: a stop signal waits for
-        # neither, and a round over meanwhile starts no worker
-        await self._unless_stopped(self._services.gpus.settled())
-        if preload.forks:
-            await self._unless_stopped(preload.ready())
-        hygiene = self._services.hygiene
-        await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first
+        group, preload, hygiene = worker_group, self._services.preload, self._services.hygiene
+        # The round's workers' store serves from now on: the other nodes' workers may wait
+        # in it before ours start (refused, torch's client retries in native code, where a
+        # park cannot reach it), and it closes as soon as the round ends.
+        await self._services.workers_store.open_for(group)
+        closer = asyncio.create_task(self._close_store_as_the_round_ends())
+        try:  # the stopped workers' GPU memory, waited for since their stop; the preload,
+            # which can take seconds: a stop signal waits for neither, and a round over
+            # meanwhile starts no worker
+            await self._unless_stopped(self._services.gpus.settled())
+            if preload.forks:
+                await self._unless_stopped(preload.ready())
+            await self._unless_stopped(hygiene.guarding())  # a lease's guardian runs first
+        finally:
+            closer.cancel()
         if self._round_ended is not None:
+            await self._services.workers_store.close()
             raise RoundOverBeforeStart(self._round_ended)
         self.attempt += 1
         staged = take_staged_attempt(self.run_dir, self.attempt)
         prune_attempts(self.run_dir, self.attempt, self._settings.keep_attempts)
-        await self._services.workers_store.open_for(group)
         spec = group.spec
         if isinstance(self.rdzv_handler, CoordinatesDrains):
             self.control_file = self._new_control_file()
@@ -180,6 +185,13 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             stage_next_attempt(self.run_dir, (w.local_rank for w in group.workers))
         return {p.local_rank: p.pid for p in started}
 
+    async def _close_store_as_the_round_ends(self) -> None:
+        """While the start waits, a round that ends closes its workers' store at once: the
+        other nodes' ranks waiting in it fail and park, not wait for this node's zygote."""
+        if self._round_watch is not None:
+            await asyncio.shield(self._round_watch)
+            await self._services.workers_store.close()
+
     def _new_control_file(self) -> str | None:
         """This attempt's drain control file: the last attempt's again (its kept workers
         map it), else ``drain.control`` in the run directory, else (a full or read-only log
@@ -189,30 +201,7 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         places = [str(self.run_dir / control.NAME)]
         if self._services.watchdog.pipe_dir:
             places.append(os.path.join(self._services.watchdog.pipe_dir, control.NAME))
-        if self.control_file in places:  # made by an earlier attempt: the same from now on
-            places = [self.control_file]
-        problems = []
-        for path in places:
-            try:
-                control.create(path)
-            except OSError as exc:
-                problems.append(f"{path} ({exc.strerror or exc})")
-                continue
-            if problems:
-                log.warning(
-                    "Could not create the drain control file %s: attempt %d's is %s",
-                    "; ".join(problems),
-                    self.attempt,
-                    path,
-                )
-            return path
-        log.warning(
-            "Could not create the drain control file %s: a drain of attempt %d stops its "
-            "workers without asking them to checkpoint",
-            "; ".join(problems),
-            self.attempt,
-        )
-        return None
+        return control.create_for_attempt(places, self.control_file, self.attempt)
 
     async def _stop_dropped(self, procs: list[WorkerProcess]) -> None:
         """Stop kept workers that can no longer be resumed; their ranks start anew."""

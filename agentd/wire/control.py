@@ -8,9 +8,12 @@ step, so asking costs well under a microsecond and no system call.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
+
+log = logging.getLogger(__name__)
 
 CONTROL_ENV = "AGENTD_CONTROL_FILE"
 NAME = "drain.control"
@@ -30,6 +33,36 @@ def create(path: str) -> None:
             os.ftruncate(fd, SIZE)
     finally:
         os.close(fd)
+
+
+def create_for_attempt(places: list[str], current: str | None, attempt: int) -> str | None:
+    """The control file of ``attempt``: ``current`` again where it is one of ``places``
+    (made by an earlier attempt: its kept workers map it), else the first of ``places``
+    that can be created; None, with a WARNING, where none can."""
+    if current in places:
+        places = [current]
+    problems = []
+    for path in places:
+        try:
+            create(path)
+        except OSError as exc:
+            problems.append(f"{path} ({exc.strerror or exc})")
+            continue
+        if problems:
+            log.warning(
+                "Could not create the drain control file %s: attempt %d's is %s",
+                "; ".join(problems),
+                attempt,
+                path,
+            )
+        return path
+    log.warning(
+        "Could not create the drain control file %s: a drain of attempt %d stops its "
+        "workers without asking them to checkpoint",
+        "; ".join(problems),
+        attempt,
+    )
+    return None
 
 
 def publish(path: str, drain_id: int, step: int = NO_STEP) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,6 +141,15 @@ def test_a_third_agent_joins_a_running_job(run_agentd, run_store, tmp_path, nnod
     assert [a.wait(30) for a in (*first, third)] == [0, 0, 0]
 
 
+def serves(address: tuple[str, int]) -> bool:
+    """Whether a server accepts connections at ``address``."""
+    try:
+        socket.create_connection(address, timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
 def test_a_round_over_while_a_node_waits_for_its_zygote_starts_none_of_its_workers(
     run_agentd, run_store, tmp_path
 ):
@@ -147,7 +157,13 @@ def test_a_round_over_while_a_node_waits_for_its_zygote_starts_none_of_its_worke
     third node joins and round 0 ends. B starts no worker for the round that is over: it
     joins the next, and its first workers run in the job of three. Before, it started
     them in round 0 and stopped them at once (in-process restarts then waited 10 s for
-    ranks that had not reached their training function: the chaos bench's seed 20)."""
+    ranks that had not reached their training function: the chaos bench's seed 20).
+
+    B, group rank 0, serves round 0's workers' store from the round's start, while its
+    zygote preloads, and closes it as the round ends. Before, it opened it once its
+    zygote was ready: A's workers were refused, and torch's client retries that in native
+    code, where an in-process park cannot reach it (a rank resumed in process then waits
+    out the park timeout, stuck in ``init_process_group``)."""
     store = run_store()
     stop = tmp_path / "stop"
     gate = tmp_path / "gate"
@@ -158,12 +174,18 @@ def test_a_round_over_while_a_node_waits_for_its_zygote_starts_none_of_its_worke
     )
     env = {"AGENTD_STORE_TOKEN": TOKEN}
     flags = agent_args(store.endpoint, "2:3", conf=STEADY_MEMBER)
-    first = run_agentd(*flags, *member_job(stop), env=env)
     slow_env = {**env, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     slow = run_agentd(*flags, "--preload", "slow_preload", *member_job(stop), env=slow_env)
+    wait_until(lambda: "joined round 0 as node 0" in slow.stderr(), what="B first in round 0")
+    first = run_agentd(*flags, *member_job(stop), env=env)
     wait_until(lambda: world_sizes(first, 0) == {2}, what="node A's workers of round 0")
+    [place, *_] = members(first, 0)
+    workers_store = (place["MASTER_ADDR"], int(place["MASTER_PORT"]))
+    assert "group_rank=0/2" in slow.stderr(), slow.stderr()[-3000:]
+    assert serves(workers_store), slow.stderr()[-3000:]  # while B's zygote preloads
     third = run_agentd(*flags, *member_job(stop), env=env)
     wait_until(lambda: "generation 0 ended" in first.stderr(), what="round 0 to end")
+    wait_until(lambda: not serves(workers_store), what="B to close round 0's workers' store")
     gate.touch()
     for agent in (first, slow, third):
         wait_until(lambda a=agent: world_sizes(a, latest_attempt(a)) == {3}, what="three")
