@@ -298,7 +298,9 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
             return RunResult(WorkerState.SUCCEEDED, return_values=values)
         return RunResult(WorkerState.HEALTHY)
 
-    def _kill_hung(self, role: str, procs: list[WorkerProcess], reports: list[Any]) -> None:
+    def _kill_hung(
+        self, role: str, procs: list[WorkerProcess], reports: list[Any], when: str
+    ) -> None:
         """SIGKILL the workers that hang ``reports`` found hung (their failure says SIGKILL
         already): first thing in a stop, and as the detection finds one during a park. A
         hung rank holds its connections open, so a peer waiting in a collective with it
@@ -313,9 +315,10 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         ]
         if hung:
             log.info(
-                "[%s] Killing the hung local rank(s) %s (SIGKILL) before the others stop",
+                "[%s] Killing the hung local rank(s) %s (SIGKILL) %s",
                 role,
                 sorted(p.local_rank for p in hung),
+                when,
             )
             signal_groups([p.pgid for p in hung], signal.SIGKILL)
 
@@ -326,12 +329,13 @@ class WorkerLifecycle(LocalAgentViews, SimpleElasticAgent):
         if not procs:
             return
         spec, watchdog = group.spec, self._services.watchdog
-        self._kill_hung(spec.role, procs, watchdog.unhealthy)
+        self._kill_hung(spec.role, procs, watchdog.unhealthy, "before the others stop")
         fresh_store = fresh_store_each_attempt(self.rdzv_handler, group.spec.master_addr)
         # The attempt is over on every node: its store closes once the survivors were asked
         # to park, so that a rank blocked in it (an init waiting for a rank that is gone,
         # here or on another node) fails, and parks, where it would wait out its timeout.
-        with watchdog.reports_to(lambda found: self._kill_hung(spec.role, procs, [found])):
+        found_now = "while the others park"
+        with watchdog.reports_to(lambda u: self._kill_hung(spec.role, procs, [u], found_now)):
             kept = await self._services.inprocess.park(
                 procs,
                 self._failed_ranks,
