@@ -216,8 +216,8 @@ class InProcessRestarts:
         return None if channel is None else channel.closed_by_worker
 
     def has_parked(self, local_rank: int) -> bool:
-        """Whether that worker parked since it was last asked to (it is silent by design
-        until it resumes)."""
+        """Whether that worker is parked: it answered the last park and was not resumed
+        since (it is silent by design until it resumes)."""
         channel = self._channels.get(local_rank)
         return channel is not None and channel.parked.is_set()
 
@@ -362,6 +362,7 @@ class InProcessRestarts:
         if channel is None or channel.broken:
             return False
         delta = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        channel.parked.clear()  # it runs again: a hang found from now on may be its
         return channel.send("resume", env=delta)
 
     def forget(self, local_ranks: Iterable[int]) -> None:

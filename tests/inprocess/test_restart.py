@@ -188,6 +188,26 @@ def test_a_rank_found_hung_while_the_others_park_is_killed_and_replaced_alone(tm
         assert calls[rank][1]["pid"] != calls[rank][0]["pid"], calls
 
 
+def test_a_kept_rank_found_hung_later_is_killed_first_too(tmp_path):
+    """Rank 0 keeps its process through a first restart, then hangs in native code. The
+    agent kills it before the others park, as any hung rank. Before, the kill spared it:
+    it had parked in the first restart, and a rank that parked is never killed (the agent
+    read the last park's answer); it got SIGTERM after the park with the others. A hung
+    rank stopped, or holding its peers in a collective, then held the park until its
+    timeout (the chaos bench's seed 5: a resumed rank stopped by SIGSTOP)."""
+    done, calls = run_job(
+        tmp_path,
+        "hang-resumed",
+        *("--max-restarts", "2", "--heartbeat-timeout", "3", "--inprocess-park-timeout", "20"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = "Killing the hung local rank(s) [0] (SIGKILL) before the others stop"
+    assert killed in done.stderr, done.stderr[-3000:]
+    assert "park_timeout" not in done.stderr, done.stderr[-3000:]
+    assert len({call["pid"] for call in calls[0]}) == 2  # kept once, then a new process
+    assert len({call["pid"] for call in calls[2]}) == 1  # kept both times
+
+
 def test_garbage_on_the_channel_is_named_and_the_restart_uses_new_processes(tmp_path):
     done, calls = run_job(tmp_path, "garbage")
     assert done.returncode == 0, done.stderr[-3000:]

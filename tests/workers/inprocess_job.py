@@ -20,7 +20,9 @@ In ``undestroyable`` mode (``loop`` otherwise), local rank 2's process
 group cannot be destroyed when it parks (a stand-in for ``torch.distributed`` raises), and
 attempt 1 returns at once. In ``hang-in-stop`` mode every rank heartbeats as it loops;
 local rank 0 goes silent in one long native sleep as rank 1 dies, so that the agent finds
-it hung only while the others park; attempt 1 returns at once.
+it hung only while the others park; attempt 1 returns at once. In ``hang-resumed`` mode
+(``loop`` on attempt 0) every rank heartbeats on attempt 1, and local rank 0, kept, goes
+silent in one long native sleep after a second; attempt 2 returns at once.
 """
 
 import json
@@ -134,6 +136,12 @@ def train() -> None:
             time.sleep(60)
         heartbeat_while(lambda: rank == 2 or not os.path.exists(silent))
         os._exit(3)  # rank 1, as rank 0 goes silent
+    if mode == "hang-resumed" and attempt != "0":
+        if attempt == "1":
+            until = time.monotonic() + 1.0
+            heartbeat_while(lambda: rank != 0 or time.monotonic() < until)
+            time.sleep(60)  # rank 0: silent, where a park cannot reach it
+        return
     if mode == "nodes" or attempt != "0":
         while held() or (
             mode in ("loop", "hang", "nodes", "raise", "slow-exit") and not released()
