@@ -274,6 +274,20 @@ class DrainService:
         before it withdrew it."""
         return TOLD_WITHIN + REPORT_WINDOW + self.settings.timeout + STALE_MARGIN
 
+    def _why_no_step(self) -> str:
+        """Why no rank reported a step: this node's ranks heartbeat, so they are blocked
+        (one hung, or every one in a collective waiting for a peer that is), or they
+        report no steps at all."""
+        if self._beats_due_in() is not None:
+            return (
+                "this node's ranks heartbeat, but none reached its next step: a rank hung, "
+                "or blocked in a collective on a hung or paused peer, reports none"
+            )
+        return (
+            "they call neither agentd.heartbeat() nor agentd.checkpoint_saved(), or none "
+            "has reached its first step yet"
+        )
+
     def _live_pids(self) -> set[int]:
         return {p.pid for p in self._workers().values() if p.returncode is None}
 
@@ -318,12 +332,11 @@ class DrainService:
                 )
             if step is None:
                 log.warning(
-                    "Drain %d: the workers report no steps within %.2fs (they call neither "
-                    "agentd.heartbeat() nor agentd.checkpoint_saved(), or none has reached "
-                    "its first step yet), so no checkpoint could be coordinated; this node "
-                    "leaves without one",
+                    "Drain %d: the workers report no steps within %.2fs (%s), so no "
+                    "checkpoint could be coordinated; this node leaves without one",
                     request.id,
                     time.monotonic() - began,
+                    self._why_no_step(),
                 )
             else:
                 log.info("Drain %d: every rank checkpoints at step %d", request.id, step)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentd.exceptions import DRAINED_UNFINISHED
-from tests.conftest import WORKER, free_port, wait_until
+from tests.conftest import TESTS, WORKER, free_port, wait_until
 from tests.helpers.jobs import ALL_AT_ONCE, STEADY, TOKEN, agent_args
 
 TRAIN = str(Path(__file__).with_name("train_steps.py"))
@@ -461,6 +461,33 @@ def test_a_drain_of_workers_that_report_no_steps_says_so(run_agentd, torch_worke
     err = agent.stderr()
     assert "the workers report no steps" in err and "this node leaves without one" in err
     assert "no checkpoint in" in err and "checkpoints at step" not in err
+
+
+def test_a_drain_of_workers_blocked_mid_step_says_they_heartbeat(run_agentd):
+    """A rank hung, or blocked in a collective on a hung peer, reports no step either:
+    the warning said the workers call neither heartbeat() nor checkpoint_saved() (a
+    straggler's drain in chaos seed 131, while a rank of another node was stopped)."""
+    job = str(TESTS / "workers" / "heartbeat_job.py")
+    hang = ("--hang-rank", "0", "--hang-at", "3")
+    agent = run_agentd(
+        *("--standalone", "--health-port", "0", "--drain-timeout", "2"),
+        *(job, "--steps", "100", "--step", "0.05", *hang),
+    )
+    url = health_url(agent)
+
+    def blocked() -> bool:
+        with urllib.request.urlopen(url + "/status", timeout=10) as answer:
+            workers = json.load(answer)["heartbeats"]["workers"]
+        return any(w["steps"] >= 1 and w["silent_for"] >= 1.0 for w in workers)
+
+    wait_until(blocked, 60, what="the rank past a step, then silent")
+    done = drain_cli("--url", url)
+    assert done.returncode == 0, done.stderr
+    assert agent.wait(30) == DRAINED_UNFINISHED, agent.stderr()[-3000:]
+    err = agent.stderr()
+    assert "the workers report no steps" in err, err[-3000:]
+    assert "this node's ranks heartbeat, but none reached its next step" in err
+    assert "they call neither" not in err
 
 
 def test_a_drain_waits_for_the_step_of_workers_whose_steps_are_long(
