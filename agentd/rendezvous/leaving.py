@@ -259,14 +259,34 @@ class Leaving:
         current, rounds = self._round, self._rounds
         return await rounds.member_ids(current) if current and rounds else []
 
+    async def _spares_to_tell(self) -> list[str]:
+        """The spares waiting beside our round, once the run is closed: each reads the
+        close in our store, and leaves. A store that went away at once was gone before a
+        spare slower than its host (frozen, or on a loaded machine) had read it: the spare
+        failed over to an empty store, took it for a new job, waited out its join timeout
+        and exited 3 after a job that succeeded (``bench/bench_chaos.py`` seed 131)."""
+        current, rounds = self._round, self._rounds
+        spares = await rounds.spare_ids(current) if self._closed and current and rounds else []
+        if spares:
+            log.info(
+                "Rendezvous %s: the run is closed; this node keeps the store up until the "
+                "%d spare(s) waiting beside it have read it (at most %gs, close_timeout)",
+                self._run_id,
+                len(spares),
+                self.settings.close_timeout,
+            )
+        return spares
+
     async def _wait_for_peers_to_leave(self) -> bool:
         """Keep the store we serve up until the round's other members are gone (their
-        heartbeats deleted or expired), at most ``close_timeout`` seconds; False if some
-        were not."""
+        heartbeats deleted or expired), and, once the run is closed, its spares
+        (:meth:`_spares_to_tell`), at most ``close_timeout`` seconds; False if some were
+        not."""
         store = self.store
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.close_timeout):
-                keys = [self._keys.heartbeat(node) for node in await self._member_ids()]
+                nodes = await self._member_ids() + await self._spares_to_tell()
+                keys = [self._keys.heartbeat(node) for node in nodes]
                 while True:
                     revision = await store.revision()
                     if all(beat is None for beat in await store.multi_get(keys)):

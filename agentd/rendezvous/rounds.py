@@ -226,20 +226,21 @@ class Rounds(SealWait):
             return False  # the old store's: arrive in the new one, where nothing was written
         rank = await store.add(keys.round(generation, "join"), 1) - 1
         if rank >= settings.max_nodes:
+            carried = self.carried
+            if carried is not None and carried.member and carried.generation < generation:
+                # back, if without a place (its workers are stopped): a store that forgot
+                # our round need not fence it for us (seed 22498 of --failover: 16.5 s)
+                await accounting.count_back(store, keys, generation, carried, self.node_id)
+            # named, so the next round's first member back can see our lease lapse, and
+            # the store's host, once the run is closed, waits for us to read it
+            spare = keys.round(generation, f"spare/{rank}")
+            await store.set(spare, self.node_id.encode())
             log.info(
                 "Rendezvous %s: round %d is full; waiting for the next%s",
                 self._run_id,
                 generation,
                 SHARED_RUN_HINT if self._run_id == SHARED_RUN_ID else "",
             )
-            carried = self.carried
-            if carried is not None and carried.member and carried.generation < generation:
-                # back, if without a place (its workers are stopped): a store that forgot
-                # our round need not fence it for us (seed 22498 of --failover: 16.5 s)
-                await accounting.count_back(store, keys, generation, carried, self.node_id)
-            # named, so the next round's first member back can see our lease lapse
-            spare = keys.round(generation, f"spare/{rank}")
-            await store.set(spare, self.node_id.encode())
             self.carried = Carried(generation, settings.max_nodes, False, instance_of(store))
             self.sat_out = True
             await self.wait_for_generation_after(generation, full=settings.max_nodes)

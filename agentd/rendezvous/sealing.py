@@ -295,6 +295,11 @@ class Sealing:
         rare uses that need them all (a drain, the serving agent's departure)."""
         return await self._node_ids(current.generation, current.size)
 
+    async def spare_ids(self, current: Round) -> list[str]:
+        """The node ids of the spares that waited beside ``current`` once it was full."""
+        carried = Carried(current.generation, current.size, True)
+        return await accounting.spares(self._store, self._keys, carried)
+
     async def _node_ids(self, generation: int, size: int) -> list[str]:
         keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
         return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]

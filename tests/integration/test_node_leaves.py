@@ -5,6 +5,7 @@ guardian kills its workers and then releases its membership."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 
@@ -15,6 +16,7 @@ from tests.helpers.jobs import TOKEN, agent_args, member_job, one_round
 
 WORLD = str(TESTS / "workers" / "world_loop.py")
 CANDIDATES = re.compile(r"releases it through the store candidates \S+, \S+, \S+")
+SPARES_WAITED = "keeps the store up until the 1 spare(s) waiting beside it have read it"
 LEASE = 15.0
 """The default heartbeat TTL (5 s x 3): a node found gone by its lease, not by its leave or
 its guardian's release, would miss the deadline below, and so would the last call (30 s)."""
@@ -179,3 +181,29 @@ def test_a_replacement_that_brings_a_round_to_its_minimum_is_admitted_at_once(ru
     assert "has every node expected (1 of round 0's 4 back, 3 gone" in said, said[-4000:]
     stop.touch()
     assert [left.wait(30), replacement.wait(30)] == [0, 0]
+
+
+def test_a_spare_beside_the_last_round_learns_that_the_job_succeeded(run_agentd, tmp_path):
+    """A spare waits beside a full round as the job succeeds. The store's host left as
+    soon as the members' leases were gone, before the spare (frozen here; in chaos seed
+    131, on a loaded machine, slower to read the close than the host to leave) had read
+    that the run was closed: it failed over to an empty store, took it for a new job,
+    waited out its join timeout and exited 3 after a job that had succeeded."""
+    out, stop = tmp_path / "worlds", tmp_path / "stop"
+    both = start_job(run_agentd, 2, "2", out, stop)
+    wait_until(lambda: len(worlds(out, 2)) == 2, 60, what="a world of 2")
+    spare = both[0].again()
+    wait_until(lambda: "is full; waiting for the next" in spare.stderr(), 60, what="the spare")
+    os.kill(spare.pid, signal.SIGSTOP)
+    try:
+        stop.touch()  # the store's server is the host, or the member it handed it to
+        wait_until(
+            lambda: all(a.proc.poll() is not None or SPARES_WAITED in a.stderr() for a in both),
+            60,
+            what="each member to leave, or to wait for the spare",
+        )
+    finally:
+        os.kill(spare.pid, signal.SIGCONT)
+    assert spare.wait(30) == 0, spare.stderr()[-3000:]
+    assert "the job succeeded" in spare.stderr(), spare.stderr()[-3000:]
+    assert [a.wait(30) for a in both] == [0, 0], [a.stderr()[-3000:] for a in both]
