@@ -211,10 +211,10 @@ class LocalElasticAgent(WorkerLifecycle):
             # first): it leaves once its drain is done, rather than join the next round.
             await first_done(self._drain.finished(), self._stop_requested.wait())
             self._raise_if_stop_requested()
-            if self._exit_on_leave is not None:
+        if self._exit_on_leave is not None:  # drained: this node is done
+            if self._stepping_out is not None:  # the round ended first: no step out said so
                 role = self._worker_group.spec.role
                 log.warning("[%s] This node %s; leaving the job", role, self._stepping_out)
-        if self._exit_on_leave is not None:  # drained: this node is done
             code = self._exit_on_leave
             raise AgentStopped(code - 128) if code > 128 else Drained(code)
         if self._services.node_checks is not None:
