@@ -13,6 +13,7 @@
 #     bash bench/gpu_check.sh --fetch-wheels   # here first: the test tools' wheels, in .whl/
 #     bash bench/gpu_check.sh [OUT_DIR]        # there, with .whl/ carried along
 #
+# GPU_CHECK_SKIP_RECOVERY=1 leaves the recovery benchmarks out (a rerun of the rest).
 # The GPU machine has python3 with torch (CUDA), aiohttp and psutil, and cannot fetch
 # packages: the wheels in .whl/ (pytest, pytest-timeout, pytest-asyncio, and pynvml for
 # the test that asks NVML who holds GPU memory: pure Python, fetched here by
@@ -78,33 +79,39 @@ out = Path(sys.argv[1])
 calls = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
 raised = [float(t) for t in (out / "rank0.raised").read_text().split()]
 restart = [c["called_at"] - r for c, r in zip(calls[1:], raised)]
-abort = [c["teardown_s"] for c in calls[1:]]
+park = [c["teardown_s"] for c in calls[1:]]
 mib = lambda key: "/".join(str(c[key] >> 20) for c in calls)
 ms = lambda xs: f"median {statistics.median(xs) * 1000:.0f} ms ({min(xs) * 1000:.0f}-{max(xs) * 1000:.0f})"
 print(f"  nccl-raise {sys.argv[2]}: {len(calls)} calls in {len({c['pid'] for c in calls})} process(es); "
-      f"restart {ms(restart)}; abort {ms(abort)}; allocated MiB {mib('allocated')}; "
+      f"restart {ms(restart)}; the park's teardown {ms(park)}; allocated MiB {mib('allocated')}; "
       f"device used MiB {mib('device_used')}")
 import torch
 sys.path.insert(0, "bench")
 from figures import record
-monitoring = "TORCH_NCCL_ENABLE_MONITORING=0" if sys.argv[2] == "no-monitor" else "monitoring on"
+how = {"no-monitor": "TORCH_NCCL_ENABLE_MONITORING=0", "wait": "AGENTD_INPROCESS_NCCL_ABORT=wait"}
 record(
-    "gpu_nccl_restart" + ("_no_monitoring" if sys.argv[2] == "no-monitor" else ""),
+    "gpu_nccl_restart" + {"no-monitor": "_no_monitoring", "wait": "_abort_waited"}.get(sys.argv[2], ""),
     f"{statistics.median(restart) * 1000:,.0f} ms",
     "bash bench/gpu_check.sh (agentd run --standalone --nproc-per-node 1 --max-restarts 5 "
     "--inprocess-quick-restarts 0 tests/workers/torch_nccl_inprocess.py DIR raise)",
-    f"one NCCL rank whose training function raises 5 times ({monitoring}): from each raise "
-    f"to the next call, {ms(restart)}; NCCL's abort {ms(abort)}; {len(calls)} calls in "
+    f"one NCCL rank whose training function raises 5 times ({how.get(sys.argv[2], 'the defaults')}): "
+    f"from each raise to the next call, {ms(restart)}; the park's teardown {ms(park)}; {len(calls)} calls in "
     f"{len({c['pid'] for c in calls})} process(es)",
     device=f"{torch.cuda.get_device_name()}, torch {torch.__version__}",
 )
 PY
 }
 if [ "$device" = cuda ]; then
-    step "NCCL, one rank whose training function raises 5 times (monitoring on, then off)"
+    step "NCCL, one rank whose training function raises 5 times (the defaults, monitoring off, the park waiting for the abort)"
     nccl_run default
     nccl_run no-monitor TORCH_NCCL_ENABLE_MONITORING=0
+    nccl_run wait AGENTD_INPROCESS_NCCL_ABORT=wait
 fi
+step "NCCL's abort, timed alone (abort, destroy, and a park that leaves it to a thread)"
+timeout 100 "$py" bench/bench_nccl_abort.py --rounds 3 --record 2>&1 | tee -a "$out/bench.txt"
+if [ -n "${GPU_CHECK_SKIP_RECOVERY:-}" ]; then  # a rerun of the NCCL parts alone
+    cp docs/figures.json "$out/figures.json"
+else
 step "a rank lost, the model on $device (256 MiB): standbys with CUDA ready (the state through the group, then CUDA IPC), standbys, none, new processes"
 bench() { timeout "$1" "$py" bench/bench_recovery.py "${@:2}" 2>&1 | tee -a "$out/bench.txt"; }
 standby=agentd-inprocess-cuda,agentd-inprocess-cuda-ipc,agentd-inprocess
@@ -117,6 +124,7 @@ bench 170 --device "$device" --model-mb 256 --runs 5 --timeout 30 --give-up-afte
 bench 80 --device "$device" --model-mb 256 --runs 2 --timeout 30 --give-up-after 1 \
     --record --launchers agentd-inprocess-cold,agentd,agentd-spawn
 cp docs/figures.json "$out/figures.json"
+fi
 
 step "summary"
 "$py" - "$out" <<'PY'
@@ -147,6 +155,9 @@ for line in (out / "bench.txt").read_text().splitlines():
     elif "the new rank" in line:
         label, figures = line.strip().rsplit(": ", 1)
         print(f"| {label}: {where} | {figures} |")
+    elif line.startswith("  NCCL") or line.startswith("  NCCL_CUMEM"):
+        label, figures = line.strip().split(": ", 1)
+        print(f"| NCCL's teardown, one rank ({label}) | {figures} |")
     elif "nccl-raise" in line:
         label, figures = line.strip().split(": ", 1)
         print(f"| NCCL, one rank raising 5 times ({label.split()[1]}) | {figures} |")

@@ -35,16 +35,17 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.inprocess import cuda_ipc
+from agentd.inprocess import cuda_ipc, wire
 from agentd.support import tempdirs
 from agentd.support.boot import boot_id
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
-ROUTE_ENV = "AGENTD_SYNC_ROUTE"
-GROUP, SHARED_MEMORY, CUDA_IPC = "group", "shared-memory", "cuda-ipc"
+ROUTE_ENV = wire.ROUTE_ENV
+GROUP, SHARED_MEMORY, CUDA_IPC = "group", "shared-memory", wire.CUDA_IPC_ROUTE
 ROUTES = (GROUP, SHARED_MEMORY, CUDA_IPC)
-"""The values of ``AGENTD_SYNC_ROUTE`` (the same on every rank): ``group`` (the default),
+"""The values of ``AGENTD_SYNC_ROUTE`` (the same on every rank): ``group`` (the default;
+``cuda-ipc`` where the agent runs with ``--standby-cuda``),
 the process group; ``shared-memory``, a segment in host memory, and CUDA IPC for the
 tensors on a GPU the receivers share; ``cuda-ipc``, CUDA IPC only, where every tensor
 with any bytes is on a GPU its receivers share (else the process group)."""

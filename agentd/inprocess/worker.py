@@ -25,7 +25,6 @@ import ctypes
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -35,12 +34,7 @@ from typing import Any, TypeVar
 from agentd.heartbeats.client import new_attempt
 from agentd.heartbeats.client import parked as say_parked
 from agentd.inprocess import wire
-from agentd.support.compat.torch import (
-    abort_process_groups,
-    group_backend,
-    process_groups,
-    reset_group_names,
-)
+from agentd.inprocess.teardown import abort_nccl, destroy_process_groups
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +55,10 @@ class Restart:
     state (the first attempt, or a restart that used new processes for every rank): load
     the checkpoint.
     ``teardown_s``: seconds this process spent, at its last park, tearing its process
-    groups down (an NCCL group's abort; a gloo group's destruction, its abort going on
-    in the background); 0.0 before any. ``round``: the attempt's rendezvous round, the
-    same on every rank."""
+    groups down (a gloo group's destruction; for NCCL groups, forgetting them, their
+    abort going on in the background, or the abort itself under
+    ``AGENTD_INPROCESS_NCCL_ABORT=wait``); 0.0 before any. ``round``: the attempt's
+    rendezvous round, the same on every rank."""
 
     count: int = 0
     replaced: tuple[int, ...] = ()
@@ -155,7 +150,7 @@ class _Channel:
                         if interrupt:
                             _async_raise(self._main, Interrupted)
                     if interrupt:  # a main thread blocked in an NCCL wait returns, then raises
-                        _abort_nccl()
+                        abort_nccl()
                 else:
                     self.env = message.get("env", {})
                     self.parking.clear()
@@ -193,95 +188,6 @@ def _grace() -> float:
         return max(0.0, float(os.environ.get(wire.GRACE_ENV, wire.DEFAULT_GRACE)))
     except ValueError:
         return wire.DEFAULT_GRACE
-
-
-def _uses_nccl(dist: Any, group: Any) -> bool:
-    """Whether ``group`` runs any collective on NCCL, by its backend's name."""
-    try:
-        return "nccl" in str(dist.get_backend(group)).lower()
-    except Exception:  # a group torch no longer knows: nothing of it to abort
-        return False
-
-
-def _nccl_groups(dist: Any) -> list[Any]:
-    """The NCCL backends of this process's groups (none without CUDA or NCCL). An NCCL
-    group whose backend cannot be had is named in a WARNING: it cannot be aborted alone
-    (:func:`_destroy_process_group` still aborts it, with every group)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not dist.is_nccl_available():
-        return []
-    backends = []
-    for group in {g for g in process_groups(dist) if g is not None}:
-        if not _uses_nccl(dist, group):
-            continue
-        try:
-            backend = group_backend(group, torch.device("cuda"))
-        except Exception as exc:
-            log.warning(
-                "In-process restart: the NCCL backend of process group %r cannot be had "
-                "(%s: %s); it is aborted with every other group",
-                group,
-                type(exc).__name__,
-                exc,
-            )
-            continue
-        if isinstance(backend, dist.ProcessGroupNCCL):
-            backends.append(backend)
-    return backends
-
-
-def _abort_nccl() -> None:
-    """Abort every NCCL communicator of this process, so that a collective or a wait
-    blocked on one returns (with an error) instead of waiting for a peer that is gone."""
-    dist = sys.modules.get("torch.distributed")
-    with contextlib.suppress(Exception):
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            for backend in _nccl_groups(dist):
-                with contextlib.suppress(Exception):
-                    backend.abort()
-
-
-def _destroy_process_group() -> None:
-    """Destroy every process group, so the next call can initialise again. NCCL groups
-    are aborted (torch's ``_abort_process_group``: every communicator and its GPU buffers
-    go, and nothing waits for a peer). Gloo groups are destroyed, then aborted on a thread
-    of their own (the GIL is released there), so the restart waits for neither: the abort
-    closes their connections (20-30 ms for gloo), so a peer still blocked in a collective
-    with this rank fails at once and can park too, and the teardown that follows never
-    waits for that collective.
-
-    Raises what torch raised when a group cannot be destroyed: a worker that kept a live
-    group must not be resumed (it exits, and a new process takes its rank)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available():
-        return
-    if not dist.is_initialized():
-        _forget_unfinished_init(dist)
-        return
-    if any(_uses_nccl(dist, g) for g in process_groups(dist) if g is not None):
-        abort_process_groups(dist)  # by the backend's name: never destroyed unaborted
-        return
-    doomed = process_groups(dist)
-    dist.destroy_process_group()
-    threading.Thread(target=_abort, args=(doomed,), name="agentd-pg-abort", daemon=True).start()
-
-
-def _forget_unfinished_init(dist: Any) -> None:
-    """An ``init_process_group`` interrupted (or failed) before it made the default group
-    named it all the same: torch counts the names it gives (``_world.group_count``), and
-    only ``destroy_process_group`` resets the count, which it cannot do without a default
-    group. Left, this rank's next group was named "1" and its store keys never met a new
-    rank's "0" (``bench/bench_chaos.py --inprocess``, seed 0: every rank of the round
-    waited out its 60 s timeout)."""
-    with contextlib.suppress(Exception):  # a torch without the count has nothing to reset
-        reset_group_names(dist)
-
-
-def _abort(groups: list[Any]) -> None:
-    for group in groups:
-        with contextlib.suppress(Exception):
-            group.abort()
-    groups.clear()
 
 
 def _no_channel_warning() -> None:
@@ -331,7 +237,7 @@ def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 raise
         began = time.perf_counter()
         try:
-            _destroy_process_group()
+            destroy_process_groups()
         except Exception:
             log.error(
                 "agentd.inprocess.run: the process group could not be destroyed; "

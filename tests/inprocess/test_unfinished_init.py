@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
 
     import torch.distributed as dist
 
-    from agentd.inprocess import worker
+    from agentd.inprocess import teardown
 
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, True, wait_for_workers=False)
     try:  # rank 1 never comes: the init fails as one interrupted would, half done
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     except Exception:
         pass
     assert not dist.is_initialized()
-    worker._destroy_process_group()  # what an in-process restart does before the next call
+    teardown.destroy_process_groups()  # what an in-process restart does before the next call
     alone = dist.HashStore()
     dist.init_process_group("gloo", store=alone, rank=0, world_size=1)
     print(dist.distributed_c10d._get_default_group().group_name)

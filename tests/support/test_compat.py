@@ -172,6 +172,31 @@ def test_torch_process_groups_and_abort(tmp_path):
 
 
 @pytest.mark.torch
+def test_torch_forgets_its_groups_and_a_new_world_starts_while_they_abort(tmp_path):
+    """Run in a fresh process: the groups forgotten, torch names the next world's group
+    "0" as a new process's, and the forgotten groups abort afterwards."""
+    torch = pytest.importorskip("torch")
+    init = f"init_method='file://{tmp_path}/rdzv', rank=0, world_size=1"
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from agentd.support.compat.torch import abort_groups, forget_process_groups\n"
+        f"dist.init_process_group('gloo', {init})\n"
+        "extra = dist.new_group([0])\n"
+        "doomed = forget_process_groups(dist)\n"
+        "assert extra in doomed and len(doomed) == 2, doomed\n"
+        "assert not dist.is_initialized()\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "assert dist.distributed_c10d._get_default_group().group_name == '0'\n"
+        "abort_groups(doomed, None)\n"
+        "tensor = torch.ones(2)\n"
+        "dist.all_reduce(tensor)\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    assert run_python(code).strip() == "ok", f"torch {torch.__version__}"
+
+
+@pytest.mark.torch
 def test_lightning_registers_the_sigterm_notifier_agentd_gives_its_trainer():
     """Run in a fresh process (Lightning's import is heavy): the notifier set on the
     connector is the one Lightning's registration composes for SIGTERM, and it sets the

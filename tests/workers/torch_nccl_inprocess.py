@@ -8,13 +8,15 @@ interrupted; rank 1 dies on attempt 0. Every call appends a JSON line to
 ``OUT/rank<RANK>.jsonl``: pid, call, the restart agentd reports, the GPU memory held
 (the allocator's, and the device's used memory, NCCL's buffers included), when the call
 began (``called_at``) and how long the last park's teardown took (``teardown_s``: NCCL's
-abort); each raise appends its time to ``OUT/rank<RANK>.raised``, so a restart's time is
-the next call's start less the raise.
+groups forgotten, their abort left to a thread, which the memory figures wait for; the
+abort itself under ``AGENTD_INPROCESS_NCCL_ABORT=wait``); each raise appends its time to
+``OUT/rank<RANK>.raised``, so a restart's time is the next call's start less the raise.
 """
 
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -30,6 +32,9 @@ called_at = 0.0
 
 def report(**fields: object) -> None:
     torch.cuda.synchronize()
+    for thread in threading.enumerate():  # the last park's groups, aborting meanwhile
+        if thread.name == "agentd-nccl-abort":
+            thread.join()
     free, total = torch.cuda.mem_get_info()
     line = {
         "pid": os.getpid(),

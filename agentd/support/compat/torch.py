@@ -1,6 +1,6 @@
 """torch.distributed's private parts: the process groups of this process, a group's
-backend, aborting every group, the count of the groups' names, and a ``LogsSpecs``'
-settings (torch 2.x; checked on 2.11 and 2.13)."""
+backend, aborting every group (or forgetting them, to abort them apart), the count of the
+groups' names, and a ``LogsSpecs``' settings (torch 2.x; checked on 2.11 and 2.13)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,50 @@ def abort_process_groups(dist: Any) -> None:
     """Abort every process group: communicators and buffers go, nothing waits for a peer
     (``distributed_c10d._abort_process_group``)."""
     dist.distributed_c10d._abort_process_group()
+
+
+def forget_process_groups(dist: Any) -> list[Any]:
+    """Make torch forget every process group as ``_abort_process_group`` does (no default
+    group, no names, the name count back at "0"), without aborting them: the groups, the
+    newest first, are returned for :func:`abort_groups`. Nothing is forgotten, and the
+    list is empty, where torch keeps its groups elsewhere than this code knows."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    tables = (
+        "pg_map",
+        "pg_names",
+        "pg_group_ranks",
+        "pg_backend_config",
+        "pg_to_tag",
+        "tags_to_pg",
+        "pg_coalesce_state",
+    )
+    helpers = ("_update_default_pg", "_unregister_all_process_groups")
+    if world is None or not all(hasattr(world, t) for t in tables):
+        return []
+    if not all(hasattr(c10d, h) for h in helpers):
+        return []
+    groups = sorted(world.pg_names, key=lambda group: world.pg_names[group], reverse=True)
+    c10d._update_default_pg(None)
+    for table in tables:
+        getattr(world, table).clear()
+    c10d._unregister_all_process_groups()
+    world.group_count = 0
+    return groups
+
+
+def abort_groups(groups: list[Any], nccl: Any | None) -> None:
+    """Abort ``groups`` (from :func:`forget_process_groups`), within one NCCL group call
+    where ``nccl`` (an NCCL backend) is given: communicators' aborts then cannot deadlock
+    each other (torch's ``_abort_process_group`` does the same)."""
+    if nccl is not None:
+        nccl._group_start()
+    try:
+        for group in groups:
+            group.abort()
+    finally:
+        if nccl is not None:
+            nccl._group_end()
 
 
 def reset_group_names(dist: Any) -> None:
