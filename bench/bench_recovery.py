@@ -12,23 +12,25 @@ second figure is the time from its crash to the last worker of the next attempt 
 all-reduce. ``agentd`` is ``agentd run`` with no flags (``--preload auto``: the script
 imports torch, so a zygote preloads it and forks the workers); ``agentd-spawn`` spawns
 each worker (``--no-preload``); ``agentd-preload`` names the preload (``--preload
-torch``). ``agentd-inprocess`` does too, and its workers
-restart in process (``recovery_inprocess_worker.py``): the survivors keep their process,
-and rank 0, which crashes once the standby worker of its slot is there, is replaced by
-that standby; ``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0``: the
-new rank 0 is forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose
-CUDA is ready (``--standby-cuda``: rank 0 waits until its standby's is);
-``agentd-inprocess-shm`` hands the survivors' state to the new rank through shared memory
-rather than the process group (``AGENTD_SYNC_ROUTE=shared-memory``: with the model on
-the GPU all ranks share, CUDA IPC), and ``agentd-inprocess-cuda-ipc`` maps the model from
-a survivor's GPU memory into a standby whose CUDA is ready (``--standby-cuda``,
-``AGENTD_SYNC_ROUTE=cuda-ipc``); the route the state took is printed with the new
-rank's phases. Each run also checks that the survivors' pids and model checksums did not
-change and that the new rank's checksum matches theirs. The launchers take turns,
-run by run (a slow spell of the machine hits them all), and each launcher's output goes
-to a file: a run that does not recover within the timeout, or whose checks fail, is
-counted as failed and printed with its cause (the exit, the ranks that never got past the
-next all-reduce, the launcher's last lines). Prints median/min/max per launcher and the
+torch``). ``agentd-inprocess`` does too, and its workers restart in process
+(``recovery_inprocess_worker.py``): the survivors keep their process, and rank 0, which
+crashes once the standby worker of its slot is there, is replaced by that standby;
+``agentd-inprocess-cold`` keeps no standbys (``--standby-workers 0``: the new rank 0 is
+forked after the crash) and ``agentd-inprocess-cuda`` keeps standbys whose CUDA is ready
+(``--standby-cuda``: rank 0 waits until its standby's is) and hands the state over through
+the process group (``AGENTD_SYNC_ROUTE=group``); ``agentd-inprocess-shm`` hands the
+survivors' state to the new rank through shared memory rather than the process group
+(``AGENTD_SYNC_ROUTE=shared-memory``: with the model on the GPU all ranks share, CUDA
+IPC), and ``agentd-inprocess-cuda-ipc`` maps the model from a survivor's GPU memory into a
+standby whose CUDA is ready (``--standby-cuda`` alone: its route is ``cuda-ipc`` unless
+the environment names one); the route the state took is printed with the new rank's
+phases. Each run also checks that the survivors' pids and model checksums did not change
+and that the new rank's checksum matches theirs. The launchers take turns, run by run (a
+slow spell of the machine hits them all), and each launcher's output goes to a file: a run
+that does not recover within the timeout, or whose checks fail, is counted as failed and
+printed with its cause (the exit, the ranks that never got past the next all-reduce, the
+launcher's last lines).
+Prints median/min/max per launcher and the
 ratios. ``--model-mb N`` gives every worker a model of N MiB: the
 workers started anew read rank 0's checkpoint of it back; the in-process survivors keep
 theirs and hand it to the new rank. ``--device cuda`` puts the model on the GPU (the
@@ -165,7 +167,7 @@ ROUTES: dict[str, list[str]] = {}
 """In-process runs: the route the state took to the new rank 0 (``inprocess.last_sync()``)."""
 LAUNCHER_ENV = {
     "agentd-inprocess-shm": {"AGENTD_SYNC_ROUTE": "shared-memory"},
-    "agentd-inprocess-cuda-ipc": {"AGENTD_SYNC_ROUTE": "cuda-ipc"},
+    "agentd-inprocess-cuda": {"AGENTD_SYNC_ROUTE": "group"},
 }
 """What a launcher's workers have in their environment besides."""
 STANDBY_WAIT = {

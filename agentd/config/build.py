@@ -100,6 +100,11 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     env = {}
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
+    standby_cuda = _standby_cuda(config, preload, preload_reason)
+    if standby_cuda:  # the state by CUDA IPC: 176 ms, not 378 (docs/inprocess.md)
+        from agentd.inprocess import wire  # only a job with CUDA-ready standbys loads it
+
+        env.update({} if wire.ROUTE_ENV in os.environ else {wire.ROUTE_ENV: wire.CUDA_IPC_ROUTE})
     return WorkerSpec(
         role=config.role,
         local_world_size=nproc,
@@ -125,7 +130,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
         preload=preload,
         preload_reason=preload_reason,
         standby_workers=config.standby_workers,
-        standby_cuda=_standby_cuda(config, preload, preload_reason),
+        standby_cuda=standby_cuda,
         duplicate_stdout_filters=list(config.duplicate_stdout_filters) or None,
         duplicate_stderr_filters=list(config.duplicate_stderr_filters) or None,
     )

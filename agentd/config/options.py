@@ -269,8 +269,10 @@ JOB_OPTIONS: tuple[Option, ...] = (
         v.boolean,
         "false",
         "Each standby worker initialises CUDA and makes a context on its local rank's "
-        "device (cuda:LOCAL_RANK, modulo the devices visible) while it waits; needs torch "
-        "preloaded (docs/inprocess.md#standby-workers).",
+        "device (cuda:LOCAL_RANK, modulo the devices visible) while it waits, about 0.5 "
+        "GiB of GPU memory each; the survivors' state then reaches it by CUDA IPC where "
+        "they share its GPU (AGENTD_SYNC_ROUTE=cuda-ipc unless set); needs torch preloaded "
+        "(docs/inprocess.md#standby-workers).",
         is_flag=True,
     ),
     _o(

@@ -293,6 +293,24 @@ def test_standby_defaults():
     assert _standby_cuda(config, ("torch", "numpy"), "--preload") is True
 
 
+def test_standbys_with_cuda_ready_get_the_survivors_state_by_cuda_ipc_unless_told(
+    monkeypatch,
+):
+    """The fastest route measured with CUDA-ready standbys (docs/inprocess.md); a route
+    the environment names is kept, and a job without them keeps the default (group)."""
+    from agentd.config.build import worker_spec
+
+    monkeypatch.delenv("AGENTD_SYNC_ROUTE", raising=False)
+    cli = {"script": "t.py", "standalone": True, "preload": "torch"}
+    assert (
+        worker_spec(resolve({**cli, "standby_cuda": True}, {})).env.get("AGENTD_SYNC_ROUTE")
+        == "cuda-ipc"
+    )
+    assert "AGENTD_SYNC_ROUTE" not in worker_spec(resolve(cli, {})).env
+    monkeypatch.setenv("AGENTD_SYNC_ROUTE", "group")
+    assert "AGENTD_SYNC_ROUTE" not in worker_spec(resolve({**cli, "standby_cuda": True}, {})).env
+
+
 def test_standbys_asked_of_workers_auto_spawns_are_a_usage_error(tmp_path):
     """``--preload auto`` spawns a script that imports psutil before torch: standbys then
     have no zygote to come from, and the error says why the workers are spawned."""
