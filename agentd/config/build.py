@@ -101,10 +101,8 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
     standby_cuda = _standby_cuda(config, preload, preload_reason)
-    if standby_cuda:  # the state by CUDA IPC: 176 ms, not 378 (docs/inprocess.md)
-        from agentd.inprocess import wire  # only a job with CUDA-ready standbys loads it
-
-        env.update({} if wire.ROUTE_ENV in os.environ else {wire.ROUTE_ENV: wire.CUDA_IPC_ROUTE})
+    if standby_cuda and "AGENTD_SYNC_ROUTE" not in os.environ:  # wire.ROUTE_ENV, not loaded
+        env["AGENTD_SYNC_ROUTE"] = "cuda-ipc"  # 176 ms, not 378 by the group (docs/inprocess.md)
     return WorkerSpec(
         role=config.role,
         local_world_size=nproc,

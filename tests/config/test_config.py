@@ -299,16 +299,15 @@ def test_standbys_with_cuda_ready_get_the_survivors_state_by_cuda_ipc_unless_tol
     """The fastest route measured with CUDA-ready standbys (docs/inprocess.md); a route
     the environment names is kept, and a job without them keeps the default (group)."""
     from agentd.config.build import worker_spec
+    from agentd.inprocess.handover import CUDA_IPC, ROUTE_ENV
 
-    monkeypatch.delenv("AGENTD_SYNC_ROUTE", raising=False)
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
     cli = {"script": "t.py", "standalone": True, "preload": "torch"}
-    assert (
-        worker_spec(resolve({**cli, "standby_cuda": True}, {})).env.get("AGENTD_SYNC_ROUTE")
-        == "cuda-ipc"
-    )
-    assert "AGENTD_SYNC_ROUTE" not in worker_spec(resolve(cli, {})).env
-    monkeypatch.setenv("AGENTD_SYNC_ROUTE", "group")
-    assert "AGENTD_SYNC_ROUTE" not in worker_spec(resolve({**cli, "standby_cuda": True}, {})).env
+    with_standbys = {**cli, "standby_cuda": True}
+    assert worker_spec(resolve(with_standbys, {})).env.get(ROUTE_ENV) == CUDA_IPC
+    assert ROUTE_ENV not in worker_spec(resolve(cli, {})).env
+    monkeypatch.setenv(ROUTE_ENV, "group")
+    assert ROUTE_ENV not in worker_spec(resolve(with_standbys, {})).env
 
 
 def test_standbys_asked_of_workers_auto_spawns_are_a_usage_error(tmp_path):
