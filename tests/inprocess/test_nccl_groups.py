@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from agentd.inprocess import teardown
+from agentd.support.compat.torch import WORLD_TABLES
 
 
 class Group:
@@ -95,15 +96,7 @@ def nccl_world(monkeypatch):
     group = Group("nccl", reachable=False)
     group.abort = lambda: calls.append("group aborted")  # type: ignore[attr-defined]
     world = SimpleNamespace(group_count=1)
-    tables = (
-        "pg_map",
-        "pg_names",
-        "pg_group_ranks",
-        "pg_backend_config",
-        "pg_to_tag",
-        "tags_to_pg",
-        "pg_coalesce_state",
-    )
+    tables = WORLD_TABLES  # checked against torch's own by tests/support/test_compat.py
     for table in tables:
         setattr(world, table, {group: "0"})
     dist = fake_dist(group, calls)

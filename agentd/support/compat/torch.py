@@ -25,6 +25,18 @@ def abort_process_groups(dist: Any) -> None:
     dist.distributed_c10d._abort_process_group()
 
 
+WORLD_TABLES = (
+    "pg_map",
+    "pg_names",
+    "pg_group_ranks",
+    "pg_backend_config",
+    "pg_to_tag",
+    "tags_to_pg",
+    "pg_coalesce_state",
+)
+"""What torch's ``distributed_c10d._world`` keeps of each process group."""
+
+
 def forget_process_groups(dist: Any) -> list[Any]:
     """Make torch forget every process group as ``_abort_process_group`` does (no default
     group, no names, the name count back at "0"), without aborting them: the groups, the
@@ -32,15 +44,7 @@ def forget_process_groups(dist: Any) -> list[Any]:
     list is empty, where torch keeps its groups elsewhere than this code knows."""
     c10d = dist.distributed_c10d
     world = getattr(c10d, "_world", None)
-    tables = (
-        "pg_map",
-        "pg_names",
-        "pg_group_ranks",
-        "pg_backend_config",
-        "pg_to_tag",
-        "tags_to_pg",
-        "pg_coalesce_state",
-    )
+    tables = WORLD_TABLES
     helpers = ("_update_default_pg", "_unregister_all_process_groups")
     if world is None or not all(hasattr(world, t) for t in tables):
         return []
