@@ -144,3 +144,19 @@ def test_an_unknown_mode_is_named_and_the_default_kept(nccl_world, monkeypatch, 
     assert len(Aborting.started) == 1
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "AGENTD_INPROCESS_NCCL_ABORT='later' is not one of background, wait" in warning
+
+
+def test_a_group_whose_abort_fails_is_named_and_the_others_still_aborted(nccl_world, caplog):
+    def refuse() -> None:
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    broken = Group("nccl", reachable=False)
+    broken.abort = refuse  # type: ignore[attr-defined]
+    nccl_world.world.pg_names[broken] = "1"  # the newer group: aborted first
+    teardown.destroy_process_groups()
+    [thread] = Aborting.started
+    with caplog.at_level(logging.WARNING):
+        thread.target(*thread.args)
+    assert nccl_world.calls[-1] == "group aborted"
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "could not all be aborted (RuntimeError: NCCL error: unhandled system error)" in warning

@@ -62,15 +62,22 @@ def forget_process_groups(dist: Any) -> list[Any]:
 def abort_groups(groups: list[Any], nccl: Any | None) -> None:
     """Abort ``groups`` (from :func:`forget_process_groups`), within one NCCL group call
     where ``nccl`` (an NCCL backend) is given: communicators' aborts then cannot deadlock
-    each other (torch's ``_abort_process_group`` does the same)."""
+    each other (torch's ``_abort_process_group`` does the same). A group whose abort raises
+    does not keep the others from theirs: the first error is raised once all were tried."""
+    failed: Exception | None = None
     if nccl is not None:
         nccl._group_start()
     try:
         for group in groups:
-            group.abort()
+            try:
+                group.abort()
+            except Exception as exc:
+                failed = failed or exc
     finally:
         if nccl is not None:
             nccl._group_end()
+    if failed is not None:
+        raise failed
 
 
 def reset_group_names(dist: Any) -> None:
