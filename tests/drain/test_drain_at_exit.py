@@ -23,7 +23,7 @@ NEVER_SAVES = textwrap.dedent(
         agentd.heartbeat()
         step += 1
         if step == 5:
-            open(os.path.join(out, "stepping"), "w").close()
+            open(os.path.join(out, f"stepping{os.environ['RANK']}"), "w").close()
         time.sleep(0.01)
     """
 )
@@ -38,7 +38,10 @@ def test_a_drain_open_when_the_workers_succeed_ends_in_a_line(run_agentd, tmp_pa
     host = run_agentd(*rdzv, *job, env={"AGENTD_STORE_TOKEN": TOKEN})
     wait_until(lambda: "store candidate" in host.stderr(), 30, what="the store")
     other = run_agentd(*rdzv, *job, env={"AGENTD_STORE_TOKEN": TOKEN})
-    wait_until((tmp_path / "stepping").exists, 60, what="the worker's steps")
+    # both ranks: a drain that comes while this node's workers start has none to drain,
+    # and stops at once (CI: the other node's rank stepped as this node's was spawned)
+    stepping = [tmp_path / f"stepping{rank}" for rank in (0, 1)]
+    wait_until(lambda: all(p.exists() for p in stepping), 60, what="both ranks' steps")
     host.proc.send_signal(signal.SIGUSR1)
     wait_until(lambda: "every rank checkpoints at step" in host.stderr(), 30, what="a step")
     stop.touch()  # the job's workers succeed while the drain waits for their checkpoint
