@@ -173,7 +173,6 @@ def _forget_unfinished_init(dist: Any) -> None:
 
 
 def _abort(groups: list[Any]) -> None:
-    for group in groups:
-        with contextlib.suppress(Exception):
-            group.abort()
+    with contextlib.suppress(Exception):  # gloo: a group that cannot abort is gone anyway
+        abort_groups(groups, None)
     groups.clear()
