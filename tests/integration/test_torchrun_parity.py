@@ -59,10 +59,12 @@ def printing_env(tmp_path, *names: str) -> str:
 
 
 def envs_seen(agents) -> list[dict[str, str]]:
-    """What the workers of ``agents`` printed with :func:`printing_env`, once all ended 0."""
+    """What the workers of ``agents`` printed with :func:`printing_env`, once all ended 0.
+    The JSON is read up to its end: torchrun's ``--tee`` tails the worker's file and can
+    print a partial line, so its newline follows a second prefix (CI: ``ENV {...}[default0]:``)."""
     assert [agent.wait(120) for agent in agents] == [0] * len(agents), agents[-1].stderr()[-3000:]
     return [
-        json.loads(line.split("ENV ", 1)[1])
+        json.JSONDecoder().raw_decode(line.split("ENV ", 1)[1])[0]
         for agent in agents
         for line in agent.stdout().splitlines()
         if "ENV " in line
