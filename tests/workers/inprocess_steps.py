@@ -3,8 +3,10 @@
 
 Every rank steps every 10 ms, calling ``agentd.heartbeat()`` once a step, and counts its
 steps in this call of the training function. On attempt 0, local rank 1 exits 3 at its
-30th step: the agent restarts the job in process, ranks 0 and 2 keep their process (and
-their 30 steps or so behind them) and rank 1 is a new process. Each rank notes
+30th step, or later once every other rank noted its 5th (a rank slow to start on a loaded
+machine had not, and had no note of attempt 0): the agent restarts the job in process,
+ranks 0 and 2 keep their process (and their 30 steps or so behind them) and rank 1 is a
+new process. Each rank notes
 ``OUT/step5_<attempt>_<rank>`` (its pid) at its 5th step of an attempt, and when
 ``agentd.checkpoint_requested()`` writes ``OUT/ckpt_<rank>`` (its step in this attempt,
 its pid, the attempt), confirms, and steps on until the agent stops it. With
@@ -33,6 +35,11 @@ def note(name: str, doc: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def others_stepped() -> bool:
+    ranks = range(int(os.environ["LOCAL_WORLD_SIZE"]))
+    return all(os.path.exists(os.path.join(out, f"step5_0_{r}")) for r in ranks if r != rank)
+
+
 def train() -> None:
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if hang_on_resume and inprocess.current().count:
@@ -43,7 +50,7 @@ def train() -> None:
         time.sleep(0.01)
         step += 1
         agentd.heartbeat()
-        if attempt == 0 and rank == 1 and step == 30:
+        if attempt == 0 and rank == 1 and step >= 30 and others_stepped():
             os._exit(3)
         if step == 5:
             note(f"step5_{attempt}_{rank}", {"pid": os.getpid()})
