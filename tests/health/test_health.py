@@ -202,6 +202,13 @@ async def test_status_and_metrics_of_four_workers_read_proc_once_a_second(tmp_pa
     monkeypatch.setattr(os, "listdir", lambda path: (passes.append(path), listdir(path))[1])
     async with healthy_agent(tmp_path, n=4) as (agent, http):
         url = agent.health_server.url
+
+        async def resident() -> bool:  # a worker's exec may not have faulted a page in yet
+            monkeypatch.setattr(procfs.ProcessTable, "_recent", None)
+            async with http.get(url + "/status") as response:
+                return all(w["rss_bytes"] > 0 for w in (await response.json())["workers"])
+
+        await until(resident)  # CI: one of 4 showed 0 bytes right after its start
         passes.clear()
         monkeypatch.setattr(procfs.ProcessTable, "_recent", None)
         monkeypatch.setattr(procfs.ProcessTable, "MAX_AGE", 60.0)  # a loaded machine
