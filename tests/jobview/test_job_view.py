@@ -65,10 +65,12 @@ def test_status_job_lists_every_node_and_marks_the_slow_one(run_agentd, run_stor
     def settled() -> dict | None:
         doc = view()
         rows = doc["nodes"]
-        timed = all(r["state"] == "HEALTHY" and r["ratio"] is not None for r in rows)
+        # a node's steps are its slowest rank's: 0 until that one has stepped, while the
+        # other's step time already gives the node a ratio (CI: a row with 0 steps)
+        timed = all(r["state"] == "HEALTHY" and r["ratio"] is not None and r["steps"] for r in rows)
         return doc if len(rows) == 3 and timed and max(r["ratio"] for r in rows) >= 1.5 else None
 
-    doc = wait_until(settled, 60, what="three nodes, timed, one slow")
+    doc = wait_until(settled, 60, what="three nodes, stepping and timed, one slow")
     rows = doc["nodes"]
     assert (doc["size"], doc["min_nodes"], doc["max_nodes"], doc["world_size"]) == (3, 3, 3, 6)
     assert sorted(r["host"] for r in rows) == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
