@@ -101,7 +101,7 @@ def worker_spec(config: AgentConfig) -> WorkerSpec:
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
     standby_cuda = _standby_cuda(config, preload, preload_reason)
-    if standby_cuda and "AGENTD_SYNC_ROUTE" not in os.environ:  # wire.ROUTE_ENV, not loaded
+    if standby_cuda and "AGENTD_SYNC_ROUTE" not in os.environ:  # handover.ROUTE_ENV, unloaded
         env["AGENTD_SYNC_ROUTE"] = "cuda-ipc"  # 176 ms, not 378 by the group (docs/inprocess.md)
     return WorkerSpec(
         role=config.role,

@@ -35,14 +35,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from agentd.inprocess import cuda_ipc, wire
+from agentd.inprocess import cuda_ipc
 from agentd.support import tempdirs
 from agentd.support.boot import boot_id
 
 SHM_DIR = "/dev/shm"
 PREFIX = "agentd-sync-"
-ROUTE_ENV = wire.ROUTE_ENV
-GROUP, SHARED_MEMORY, CUDA_IPC = "group", "shared-memory", wire.CUDA_IPC_ROUTE
+ROUTE_ENV = "AGENTD_SYNC_ROUTE"
+GROUP, SHARED_MEMORY, CUDA_IPC = "group", "shared-memory", "cuda-ipc"
 ROUTES = (GROUP, SHARED_MEMORY, CUDA_IPC)
 """The values of ``AGENTD_SYNC_ROUTE`` (the same on every rank): ``group`` (the default;
 ``cuda-ipc`` where the agent runs with ``--standby-cuda``),

@@ -44,10 +44,6 @@ NCCL_ABORT_ENV = "AGENTD_INPROCESS_NCCL_ABORT"
 them at once, and a thread aborts them while the next attempt starts; their GPU buffers
 are held until it ends, about a second) or ``wait`` (the park waits for the abort)."""
 NCCL_ABORT_MODES = ("background", "wait")
-ROUTE_ENV = "AGENTD_SYNC_ROUTE"
-"""How ``sync()`` hands the survivors' state over (:mod:`agentd.inprocess.handover`)."""
-CUDA_IPC_ROUTE = "cuda-ipc"
-"""The route a job whose standbys have CUDA ready gets unless its environment names one."""
 MAX_LINE = 1 << 20
 
 WORKER_OPS = frozenset({"hello", "error", "parked"})

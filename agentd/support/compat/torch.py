@@ -44,15 +44,14 @@ def forget_process_groups(dist: Any) -> list[Any]:
     list is empty, where torch keeps its groups elsewhere than this code knows."""
     c10d = dist.distributed_c10d
     world = getattr(c10d, "_world", None)
-    tables = WORLD_TABLES
     helpers = ("_update_default_pg", "_unregister_all_process_groups")
-    if world is None or not all(hasattr(world, t) for t in tables):
+    if world is None or not all(hasattr(world, t) for t in WORLD_TABLES):
         return []
     if not all(hasattr(c10d, h) for h in helpers):
         return []
     groups = sorted(world.pg_names, key=lambda group: world.pg_names[group], reverse=True)
     c10d._update_default_pg(None)
-    for table in tables:
+    for table in WORLD_TABLES:
         getattr(world, table).clear()
     c10d._unregister_all_process_groups()
     world.group_count = 0
