@@ -202,6 +202,16 @@ class Zygote:
             return 0  # select (a worker's exit and the agent's, at the end of a job)
         finally:
             self.end_spares()
+            self.stop_waking()
+
+    def stop_waking(self) -> None:
+        """Take SIGCHLD's handler and wakeup descriptor back before the wakeup socket
+        closes: a child exiting later (a worker, before its parent-death signal) would
+        have the handler write to a closed descriptor, or to whatever reused its number."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sock in (self.wake_r, self.wake_w):
+            sock.close()
 
     def lacking(self) -> bool:
         """Whether the agent holds, or will soon, fewer spares than wanted."""

@@ -70,3 +70,38 @@ print(zygote.serve())
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "0", "")
+
+
+def test_a_child_that_exits_after_the_loop_ended_writes_to_no_closed_descriptor():
+    """The zygote's SIGCHLD wakes its loop through a socket (``signal.set_wakeup_fd``); once
+    the loop ended, that socket is closed. A child exiting after that (a worker, in the
+    moments before its parent-death signal) had the signal handler write to the closed
+    descriptor: "Exception ignored ... OSError: [Errno 9] Bad file descriptor" and a
+    traceback on the agent's stderr after the job succeeded (CI), or, had the number been
+    reused, a byte into another file. The loop ends with neither handler nor wakeup
+    descriptor left behind."""
+    code = """
+import gc, os, signal
+from agentd.preload import wire
+from agentd.preload.zygote import Zygote
+
+go, wait = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(wait)
+    os.read(go, 1)  # exits once the loop has ended
+    os._exit(0)
+os.close(go)
+agent, zygote_end = wire.socketpair()
+agent.close()
+print(Zygote(zygote_end).serve())
+gc.collect()
+os.close(wait)
+os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # its SIGCHLD has been sent
+print(signal.set_wakeup_fd(-1), signal.getsignal(signal.SIGCHLD) is signal.SIG_DFL)
+os.waitpid(child, 0)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert (out.returncode, out.stdout.split(), out.stderr) == (0, ["0", "-1", "True"], "")
