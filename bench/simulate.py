@@ -3,6 +3,7 @@
     python bench/simulate.py [--seeds 10000] [--start 0] [--kinds kill,term,...] [--jobs N]
     python bench/simulate.py --seed N
     python bench/simulate.py --failover ...  # agent 0 serves the store, the others stand by
+    python bench/simulate.py --closing ...  # jobs that end, with spares (S9)
 
 Runs agentd's rendezvous, membership, release and store code for each seed's agents and
 faults on a virtual clock, in one process per CPU (``--jobs``), and ends with one line:
@@ -24,7 +25,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.sim.world import KINDS, MORE_KINDS, Schedule, schedule_for, shrink, simulate
+from tests.sim.world import (
+    KINDS,
+    MORE_KINDS,
+    Schedule,
+    closing_schedule_for,
+    schedule_for,
+    shrink,
+    simulate,
+)
+
+
+def draw(seed: int, kinds: tuple[str, ...], failover: bool) -> Schedule:
+    """Seed ``seed``'s schedule; ``kinds`` ("closing",): a job that ends, with spares."""
+    if kinds == ("closing",):
+        return closing_schedule_for(seed)
+    return schedule_for(seed, kinds, failover)
 
 
 def _invariants(violations: list[str]) -> list[str]:
@@ -32,7 +48,7 @@ def _invariants(violations: list[str]) -> list[str]:
 
 
 def one(seed: int, kinds: tuple[str, ...], failover: bool) -> int:
-    schedule = schedule_for(seed, kinds, failover)
+    schedule = draw(seed, kinds, failover)
     outcome = simulate(schedule)
     print(schedule.describe())
     print("\n".join(outcome.notes))
@@ -59,7 +75,7 @@ def run_chunk(job: tuple[range, tuple[str, ...], bool]) -> tuple[int, dict[int, 
     requests = 0
     failing: dict[int, list[str]] = {}
     for seed in seeds:
-        outcome = simulate(schedule_for(seed, kinds, failover))
+        outcome = simulate(draw(seed, kinds, failover))
         requests += outcome.requests
         if outcome.violations:
             failing[seed] = _invariants(outcome.violations)
@@ -80,13 +96,21 @@ def main() -> int:
         help=f"the faults to draw from (also: {', '.join(MORE_KINDS)})",
     )
     parser.add_argument(
+        "--closing",
+        action="store_true",
+        help="jobs that end, with spares (S9): every node's worker succeeds, among up to two "
+        "faults; half of them with --failover",
+    )
+    parser.add_argument(
         "--failover",
         action="store_true",
         help="the store served by agent 0 as the others stand by (store faults: its host's)",
     )
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    unknown = set(kinds) - {*KINDS, *MORE_KINDS}
+    if args.closing:
+        kinds = ("closing",)
+    unknown = set(kinds) - {*KINDS, *MORE_KINDS, "closing"}
     if unknown:
         known = ", ".join((*KINDS, *MORE_KINDS))
         parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({known})")

@@ -264,9 +264,19 @@ class Leaving:
         close in our store, and leaves. A store that went away at once was gone before a
         spare slower than its host (frozen, or on a loaded machine) had read it: the spare
         failed over to an empty store, took it for a new job, waited out its join timeout
-        and exited 3 after a job that succeeded (``bench/bench_chaos.py`` seed 131)."""
+        and exited 3 after a job that succeeded (``bench/bench_chaos.py`` seed 131). A
+        spare that serves the store (it has no round) tells the other spares of the last
+        round sealed: it left at once, and with ``MIN`` nodes the next spare to take the
+        store over ran the job again (S9, seed 40 of ``bench/simulate.py --closing``)."""
         current, rounds = self._round, self._rounds
-        spares = await rounds.spare_ids(current) if self._closed and current and rounds else []
+        if rounds is None:
+            return []
+        if current is not None:
+            spares = await rounds.spare_ids(current) if self._closed else []
+        elif await self.store.get(self._keys.closed) is not None:  # a spare serving the store
+            spares = [node for node in await rounds.last_spare_ids() if node != self.node_id]
+        else:
+            spares = []
         if spares:
             log.info(
                 "Rendezvous %s: the run is closed; this node keeps the store up until the "
@@ -280,8 +290,9 @@ class Leaving:
     async def _wait_for_peers_to_leave(self) -> bool:
         """Keep the store we serve up until the round's other members are gone (their
         heartbeats deleted or expired), and, once the run is closed, its spares
-        (:meth:`_spares_to_tell`), at most ``close_timeout`` seconds; False if some were
-        not."""
+        (:meth:`_spares_to_tell`) and those still failing over to it
+        (:meth:`_outlast_a_failover`), at most ``close_timeout`` seconds; False if some
+        were not."""
         store = self.store
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.close_timeout):
@@ -290,6 +301,32 @@ class Leaving:
                 while True:
                     revision = await store.revision()
                     if all(beat is None for beat in await store.multi_get(keys)):
-                        return True
+                        break
                     await store.watch(self._keys.heartbeats, revision, POLL)
+                await self._outlast_a_failover()
+                return True
         return False
+
+    async def _outlast_a_failover(self) -> None:
+        """Once the run is closed on a store that took over from another (or restarted)
+        lately (it does not hold our round, or its fence of the round it forgot still
+        stands), keep it up one heartbeat TTL: the others may still be failing over to
+        it, and read the close only while it is up. Gone at once, it took the close
+        along: a spare failed over to the next candidate, empty, took it for a new job
+        and, with ``MIN`` nodes, ran the job again after it had succeeded (S9,
+        ``tests/sim/test_protocol.py::test_a_run_closed_after_a_failover_reaches_every_spare``)."""
+        current = self._round
+        if not self._closed or current is None:
+            return
+        sealed, fence = await self.store.multi_get(
+            [self._keys.round(current.generation, "sealed"), self._keys.forgotten]
+        )
+        if sealed is not None and fence is None:  # (the fence: it took over lately)
+            return
+        log.info(
+            "Rendezvous %s: the run is closed on a store that took over lately; this node "
+            "keeps it up %gs (the heartbeat TTL) for the others still on their way to it",
+            self._run_id,
+            self.settings.heartbeat_ttl,
+        )
+        await asyncio.sleep(self.settings.heartbeat_ttl)

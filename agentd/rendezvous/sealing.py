@@ -300,6 +300,16 @@ class Sealing:
         carried = Carried(current.generation, current.size, True)
         return await accounting.spares(self._store, self._keys, carried)
 
+    async def last_spare_ids(self) -> list[str]:
+        """The node ids of the spares that waited beside the last round sealed (for a node
+        with no round of its own)."""
+        latest = int(await self._store.get(self._keys.gen) or b"0")
+        sealed = await self._last_sealed(latest + 1)
+        if sealed is None:
+            return []
+        carried = Carried(sealed[0], sealed[1], True)
+        return await accounting.spares(self._store, self._keys, carried)
+
     async def _node_ids(self, generation: int, size: int) -> list[str]:
         keys = [self._keys.round(generation, f"node/{i}") for i in range(size)]
         return [str(json.loads(v)["node"]) for v in await self._store.multi_get(keys) if v]

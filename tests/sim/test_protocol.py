@@ -19,7 +19,9 @@ import pytest
 
 from agentd.rendezvous import barrier_state, exit_barrier
 from agentd.rendezvous.barrier_leases import SuccessorLeases
+from agentd.rendezvous.dynamic import DynamicRendezvous
 from agentd.rendezvous.round_watch import RoundWatch
+from agentd.rendezvous.rounds import Rounds
 from agentd.store import amnesia
 from tests.sim import world
 from tests.sim.clock import START, Owner, run, spawn
@@ -29,6 +31,7 @@ from tests.sim.world import (
     MORE_KINDS,
     Fault,
     Schedule,
+    closing_schedule_for,
     schedule_for,
     shrink,
     simulate,
@@ -206,6 +209,69 @@ def test_seeds_with_workers_that_succeed_break_no_invariant():
     assert sum(f.kind == "finish" for s in drawn for f in s.faults) >= 20
     found = {s.seed: simulate(s).violations for s in drawn}
     assert {seed: v for seed, v in found.items() if v} == {}
+
+
+CLOSING_SEEDS = range(100)
+"""Jobs that end with spares beside them (``bench/simulate.py --closing``, S9)."""
+
+
+@BATCH_TIMEOUT
+def test_jobs_that_end_with_spares_break_no_invariant():
+    drawn = [closing_schedule_for(seed) for seed in CLOSING_SEEDS]
+    assert sum(s.nodes > s.max_nodes for s in drawn) == len(drawn)  # every one has spares
+    found = {s.seed: simulate(s).violations for s in drawn}
+    assert {seed: v for seed, v in found.items() if v} == {}
+
+
+async def _leave_at_once(self: DynamicRendezvous) -> None:
+    """As before 2026-12-04: nothing kept a store that took over lately up."""
+
+
+async def _no_spares(self: Rounds) -> list[str]:
+    """As before 2026-12-04: a spare serving the store told no other spare."""
+    return []
+
+
+def test_a_spare_serving_the_store_keeps_it_up_until_the_other_spares_read_the_close(
+    monkeypatch,
+):
+    """Seed 40 of ``bench/simulate.py --closing``: agent 0 serves the store but is a spare
+    (``--nnodes 1:1``, 5 agents); the member's worker succeeds and closes the run. The
+    store's host, learning it, left at once with its store; the other spares failed over
+    to an empty candidate, and one of them, alone enough for ``MIN``, ran the job again
+    35 s later (round 1). It now keeps the store up until the last round's spares left."""
+    schedule = Schedule(40, 5, 1, 1, (Fault(2.55, "finish", 2),), failover=True)
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
+    assert not rounds_of(outcome, 1), outcome.notes
+    monkeypatch.setattr(Rounds, "last_spare_ids", _no_spares)  # the check can fail
+    [violation] = simulate(schedule).violations
+    assert violation.startswith("S9") and "still wait for a round" in violation, violation
+
+
+@pytest.mark.parametrize(
+    ("seed", "nodes", "faults"),
+    [
+        # the store's host frozen; the member fails over to its own candidate, closes the
+        # run there and leaves before the spares, slower to fail over, read it
+        (151, 4, (Fault(1.778, "stop", 0, 19.67), Fault(4.468, "finish", 3))),
+        # the store's host killed; the member re-forms on the next candidate, and closes
+        # the run there before the spares registered again
+        (115, 5, (Fault(0.771, "join", 5), Fault(9.467, "kill", 0), Fault(9.737, "finish", 1))),
+    ],
+    ids=["frozen-host", "killed-host"],
+)
+def test_a_run_closed_after_a_failover_reaches_every_spare(seed, nodes, faults, monkeypatch):
+    """The closing store took over lately (it lacks the member's round, or still fences
+    the round it forgot): the others may still be failing over to it. Its host left at
+    once, and the spares promoted the next candidate, empty; one ran the job again. It
+    now keeps the store up one heartbeat TTL (``leaving.py``'s ``_outlast_a_failover``)."""
+    schedule = Schedule(seed, nodes, 1, 1, faults, failover=True)
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(DynamicRendezvous, "_outlast_a_failover", _leave_at_once)
+    violations = simulate(schedule).violations  # the check can fail
+    assert violations and violations[0].startswith("S9"), violations
 
 
 @pytest.mark.parametrize(("kind", "duration"), [("term", 0.0), ("kill", 0.0), ("stop", 20.0)])

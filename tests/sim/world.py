@@ -218,6 +218,34 @@ def schedule_for(seed: int, kinds: tuple[str, ...] = KINDS, failover: bool = Fal
     return Schedule(seed, nodes, min_nodes, max_nodes, tuple(faults), failover)
 
 
+def closing_schedule_for(seed: int) -> Schedule:
+    """A job that ends (S9): more nodes than ``MAX`` (spares), every one's worker
+    succeeding between 2 and 10 s (a spare's success is no fault: it has no worker), and
+    up to two faults of :data:`KINDS` among them; half the seeds with ``failover``. A
+    drawn schedule closes its run about once in 300 seeds; this one almost always does."""
+    rng = random.Random(f"closing {seed}")
+    failover = rng.random() < 0.5
+    nodes = rng.randint(2, 5)
+    max_nodes = rng.randint(1, nodes - 1)
+    min_nodes = rng.randint(1, max_nodes)
+    faults = [Fault(round(rng.uniform(2, 10), 3), "finish", i) for i in range(nodes)]
+    joined = nodes
+    kinds = [kind for kind in KINDS if not (failover and kind in STORE_FAULTS)]
+    for _ in range(rng.randint(0, 2)):
+        kind, at = rng.choice(kinds), round(rng.uniform(0, 15), 3)
+        if kind == "join":  # and its worker succeeds too
+            faults.append(Fault(at, kind, joined))
+            faults.append(Fault(round(at + rng.uniform(0, 5), 3), "finish", joined))
+            joined += 1
+        elif kind in STORE_FAULTS:
+            faults.append(Fault(at, kind, -1, round(rng.uniform(0.5, 20), 3)))
+        else:
+            duration = round(rng.uniform(0.5, 25), 3) if kind in ("stop", "partition") else 0
+            faults.append(Fault(at, kind, rng.randrange(joined), duration))
+    faults.sort(key=lambda fault: fault.at)
+    return Schedule(seed, nodes, min_nodes, max_nodes, tuple(faults), failover)
+
+
 # -- the store and the network ---------------------------------------------------------------
 
 
@@ -939,9 +967,30 @@ class World:
         self.agents.append(agent)
         agent.start()
 
+    def _store_forgot_the_close(self) -> bool:
+        """The store restarted empty once the run was closed: S9 is not judged (no agent
+        can learn of the close then, docs/protocol.md)."""
+        closed = self.closed_at - START
+        return any(
+            f.kind == "restart_store" and f.at + f.duration >= closed for f in self.schedule.faults
+        )
+
+    def _missed_the_close(self, agent: SimAgent) -> bool:
+        """``agent`` was frozen or cut off at some time since the run was closed: the store
+        that held the close may have gone meanwhile (its host waited for the agent until its
+        lease lapsed); S9 does not judge it (it waits out its join timeout)."""
+        closed = self.closed_at - START
+        return any(
+            f.kind in ("stop", "partition")
+            and f.target == agent.index
+            and f.at + f.duration >= closed
+            for f in self.schedule.faults
+        )
+
     def check_liveness(self) -> None:
         """S5: every live agent is in the same round, of all of them (up to MAX); and none
-        waits in its exit barrier where no agent is left at work."""
+        waits in its exit barrier where no agent is left at work. S9: once the run is
+        closed as succeeded, no live agent waits for a round."""
         live = [a for a in self.agents if a.alive and a.finished is None]
         waiting = [a.index for a in self.agents if a.alive and a.finished is not None]
         if waiting and not live:
@@ -952,6 +1001,13 @@ class World:
             )
         if self.network is not None:  # waiting for a store it can never reach: not judged
             live = [a for a in live if not self.network.stranded(a)]
+        idle = [a.index for a in live if a.hold is None and not self._missed_the_close(a)]
+        if self.closed_at <= self.loop.time() and idle and not self._store_forgot_the_close():
+            self.violate(
+                "S9",
+                f"{SETTLE:g}s after the last fault, agent(s) {idle} still wait for a round, "
+                f"though the run was closed as succeeded at t={self.closed_at - START:.3f}s",
+            )
         schedule = self.schedule
         if len(live) < schedule.min_nodes:
             return
