@@ -113,6 +113,7 @@ class DynamicRendezvous(Leaving, RollCalls, ExitBarrier, KeptWorkers):
         self._will_listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self._will: dict[str, Any] | None = None
         self._leaving = self._closed = False
+        self._close: bytes | None = None
         self._shutting: asyncio.Task[None] | None = None
         self._round: Round | None = None
         self._rounds: Rounds | None = None

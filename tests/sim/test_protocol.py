@@ -249,6 +249,26 @@ def test_a_spare_serving_the_store_keeps_it_up_until_the_other_spares_read_the_c
     assert violation.startswith("S9") and "still wait for a round" in violation, violation
 
 
+async def _never_again(self: DynamicRendezvous) -> None:
+    """As before 2026-12-04: a close written once, to a store the others left."""
+
+
+def test_a_close_written_while_cut_off_is_written_again_where_the_others_went(monkeypatch):
+    """Seed 2162 of ``bench/simulate.py --closing``, shrunk: the only member serves the
+    store and is cut off for 4.5 s; its worker succeeds meanwhile, and it closes the run
+    on its own store. The spares failed over to the next candidate, which lacks the close;
+    once the fence of the forgotten round ended, one of them ran the job again. The
+    member now writes the close again where the store it reaches lacks it."""
+    faults = (Fault(6.57, "partition", 0, 4.5), Fault(8.07, "finish", 0))
+    schedule = Schedule(2162, 3, 1, 1, faults, failover=True)
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
+    assert not rounds_of(outcome, 1), outcome.notes
+    monkeypatch.setattr(DynamicRendezvous, "_close_again", _never_again)  # the check can fail
+    [violation] = simulate(schedule).violations
+    assert violation.startswith("S9") and "still wait for a round" in violation, violation
+
+
 @pytest.mark.parametrize(
     ("seed", "nodes", "faults"),
     [
