@@ -223,6 +223,19 @@ def test_jobs_that_end_with_spares_break_no_invariant():
     assert {seed: v for seed, v in found.items() if v} == {}
 
 
+def _holds_s9_with_the_fix(
+    schedule: Schedule, monkeypatch: pytest.MonkeyPatch, owner: type, name: str, before: object
+) -> world.Outcome:
+    """``schedule`` breaks no invariant, and breaks S9 with ``owner.name`` as it was
+    before the fix (``before``): the check can fail. The outcome with the fix."""
+    outcome = simulate(schedule)
+    assert outcome.violations == [], outcome.notes
+    monkeypatch.setattr(owner, name, before)
+    violations = simulate(schedule).violations
+    assert violations and violations[0].startswith("S9"), violations
+    return outcome
+
+
 async def _leave_at_once(self: DynamicRendezvous) -> None:
     """As before 2026-12-04: nothing kept a store that took over lately up."""
 
@@ -241,12 +254,8 @@ def test_a_spare_serving_the_store_keeps_it_up_until_the_other_spares_read_the_c
     to an empty candidate, and one of them, alone enough for ``MIN``, ran the job again
     35 s later (round 1). It now keeps the store up until the last round's spares left."""
     schedule = Schedule(40, 5, 1, 1, (Fault(2.55, "finish", 2),), failover=True)
-    outcome = simulate(schedule)
-    assert outcome.violations == [], outcome.notes
-    assert not rounds_of(outcome, 1), outcome.notes
-    monkeypatch.setattr(Rounds, "last_spare_ids", _no_spares)  # the check can fail
-    [violation] = simulate(schedule).violations
-    assert violation.startswith("S9") and "still wait for a round" in violation, violation
+    outcome = _holds_s9_with_the_fix(schedule, monkeypatch, Rounds, "last_spare_ids", _no_spares)
+    assert not rounds_of(outcome, 1), outcome.notes  # the job was not run again
 
 
 async def _never_again(self: DynamicRendezvous) -> None:
@@ -261,12 +270,9 @@ def test_a_close_written_while_cut_off_is_written_again_where_the_others_went(mo
     member now writes the close again where the store it reaches lacks it."""
     faults = (Fault(6.57, "partition", 0, 4.5), Fault(8.07, "finish", 0))
     schedule = Schedule(2162, 3, 1, 1, faults, failover=True)
-    outcome = simulate(schedule)
-    assert outcome.violations == [], outcome.notes
-    assert not rounds_of(outcome, 1), outcome.notes
-    monkeypatch.setattr(DynamicRendezvous, "_close_again", _never_again)  # the check can fail
-    [violation] = simulate(schedule).violations
-    assert violation.startswith("S9") and "still wait for a round" in violation, violation
+    fix = (DynamicRendezvous, "_close_again", _never_again)
+    outcome = _holds_s9_with_the_fix(schedule, monkeypatch, *fix)
+    assert not rounds_of(outcome, 1), outcome.notes  # the job was not run again
 
 
 @pytest.mark.parametrize(
@@ -287,11 +293,8 @@ def test_a_run_closed_after_a_failover_reaches_every_spare(seed, nodes, faults, 
     once, and the spares promoted the next candidate, empty; one ran the job again. It
     now keeps the store up one heartbeat TTL (``leaving.py``'s ``_outlast_a_failover``)."""
     schedule = Schedule(seed, nodes, 1, 1, faults, failover=True)
-    outcome = simulate(schedule)
-    assert outcome.violations == [], outcome.notes
-    monkeypatch.setattr(DynamicRendezvous, "_outlast_a_failover", _leave_at_once)
-    violations = simulate(schedule).violations  # the check can fail
-    assert violations and violations[0].startswith("S9"), violations
+    fix = (DynamicRendezvous, "_outlast_a_failover", _leave_at_once)
+    _holds_s9_with_the_fix(schedule, monkeypatch, *fix)
 
 
 @pytest.mark.parametrize(("kind", "duration"), [("term", 0.0), ("kill", 0.0), ("stop", 20.0)])
