@@ -328,20 +328,22 @@ class Leaving:
 
     async def _outlast_a_failover(self) -> None:
         """Once the run is closed on a store that took over from another (or restarted)
-        lately (it does not hold our round, or its fence of the round it forgot still
-        stands), keep it up one heartbeat TTL: the others may still be failing over to
-        it, and read the close only while it is up. Gone at once, it took the close
-        along: a spare failed over to the next candidate, empty, took it for a new job
-        and, with ``MIN`` nodes, ran the job again after it had succeeded (S9,
+        lately (its fence of the round it forgot still stands, or it does not hold our
+        round), keep it up one heartbeat TTL, a spare serving it too: the others may
+        still be failing over to it, and read the close only while it is up. Gone at
+        once, it took the close along: a spare failed over to the next candidate, empty,
+        took it for a new job and, with ``MIN`` nodes, ran the job again after it had
+        succeeded (S9,
         ``tests/sim/test_protocol.py::test_a_run_closed_after_a_failover_reaches_every_spare``)."""
         current = self._round
-        if not self._closed or current is None:
+        keys = [self._keys.closed, self._keys.forgotten]
+        if current is not None:
+            keys.append(self._keys.round(current.generation, "sealed"))
+        closed, fence, *sealed = await self.store.multi_get(keys)
+        if closed is None:
             return
-        sealed, fence = await self.store.multi_get(
-            [self._keys.round(current.generation, "sealed"), self._keys.forgotten]
-        )
-        if sealed is not None and fence is None:  # (the fence: it took over lately)
-            return
+        if fence is None and (current is None or sealed[0] is not None):
+            return  # (the fence: it took over lately)
         log.info(
             "Rendezvous %s: the run is closed on a store that took over lately; this node "
             "keeps it up %gs (the heartbeat TTL) for the others still on their way to it",

@@ -276,23 +276,28 @@ def test_a_close_written_while_cut_off_is_written_again_where_the_others_went(mo
 
 
 @pytest.mark.parametrize(
-    ("seed", "nodes", "faults"),
+    ("seed", "nodes", "size", "faults"),
     [
         # the store's host frozen; the member fails over to its own candidate, closes the
         # run there and leaves before the spares, slower to fail over, read it
-        (151, 4, (Fault(1.778, "stop", 0, 19.67), Fault(4.468, "finish", 3))),
+        (151, 4, 1, (Fault(1.778, "stop", 0, 19.67), Fault(4.468, "finish", 3))),
         # the store's host killed; the member re-forms on the next candidate, and closes
         # the run there before the spares registered again
-        (115, 5, (Fault(0.771, "join", 5), Fault(9.467, "kill", 0), Fault(9.737, "finish", 1))),
+        (115, 5, 1, (Fault(0.771, "join", 5), Fault(9.467, "kill", 0), Fault(9.737, "finish", 1))),
+        # seed 1789 of --closing: the store's host, a member, cut off for 20 s; the others
+        # fail over and end its round; it closes the run after the heal, and the agent then
+        # serving the store, with no round, left before the last spare read the close
+        (1789, 3, 2, (Fault(0.16, "partition", 0, 20.31), Fault(9.5, "finish", 0))),
     ],
-    ids=["frozen-host", "killed-host"],
+    ids=["frozen-host", "killed-host", "cut-off-host"],
 )
-def test_a_run_closed_after_a_failover_reaches_every_spare(seed, nodes, faults, monkeypatch):
-    """The closing store took over lately (it lacks the member's round, or still fences
-    the round it forgot): the others may still be failing over to it. Its host left at
-    once, and the spares promoted the next candidate, empty; one ran the job again. It
-    now keeps the store up one heartbeat TTL (``leaving.py``'s ``_outlast_a_failover``)."""
-    schedule = Schedule(seed, nodes, 1, 1, faults, failover=True)
+def test_a_run_closed_after_a_failover_reaches_every_spare(seed, nodes, size, faults, monkeypatch):
+    """The closing store took over lately (it still fences the round it forgot, or lacks
+    the member's round): the others may still be failing over to it. Its host left at
+    once, and the spares promoted the next candidate, empty; one ran the job again, or
+    waited out its join timeout. It now keeps the store up one heartbeat TTL
+    (``leaving.py``'s ``_outlast_a_failover``)."""
+    schedule = Schedule(seed, nodes, size, size, faults, failover=True)
     fix = (DynamicRendezvous, "_outlast_a_failover", _leave_at_once)
     _holds_s9_with_the_fix(schedule, monkeypatch, *fix)
 
