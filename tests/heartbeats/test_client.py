@@ -103,16 +103,18 @@ def test_the_first_message_registers_the_stack_dump_on_the_agents_signal(pipe, t
         [first] = read_messages(fd, until=1)
         assert first["dump_signal"] == DUMP_SIGNAL
         assert proc.stdout is not None and proc.stdout.readline() == "hanging\n"
-        # after "hanging" the worker still has to call hang(): on a loaded machine the
-        # first dump can catch it on the line before, so the signal is sent until one
-        # shows it in hang() (each dump is appended; the process is never killed by one)
+        # after "hanging" the worker still has to call hang() and reach its sleep: on a
+        # loaded machine a dump can catch it on the line before, or entering hang() (its
+        # "def" line, CI: "line 2 in hang"), so the signal is sent until one shows it in
+        # the sleep (each dump is appended; the process is never killed by one)
+        sleeping = 'File "<string>", line 3 in hang'
         end = time.monotonic() + 20
-        while "in hang" not in stacks.read_text() and time.monotonic() < end:
+        while sleeping not in stacks.read_text() and time.monotonic() < end:
             size = len(stacks.read_text())
             os.kill(proc.pid, first["dump_signal"])
             while len(stacks.read_text()) == size and time.monotonic() < end:
                 time.sleep(0.02)
-        assert 'File "<string>", line 3 in hang' in stacks.read_text()
+        assert sleeping in stacks.read_text()
         assert proc.poll() is None  # dumped, not killed
     finally:
         proc.kill()
