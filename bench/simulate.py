@@ -21,6 +21,8 @@ import concurrent.futures
 import os
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,20 +37,17 @@ from tests.sim.world import (
     simulate,
 )
 
-
-def draw(seed: int, kinds: tuple[str, ...], failover: bool) -> Schedule:
-    """Seed ``seed``'s schedule; ``kinds`` ("closing",): a job that ends, with spares."""
-    if kinds == ("closing",):
-        return closing_schedule_for(seed)
-    return schedule_for(seed, kinds, failover)
+Draw = Callable[[int], Schedule]
+"""A seed's schedule: :func:`schedule_for` with the kinds and failover given, or
+:func:`closing_schedule_for` (picklable, for the pool's processes)."""
 
 
 def _invariants(violations: list[str]) -> list[str]:
     return sorted({line.split(" ")[0] for line in violations})
 
 
-def one(seed: int, kinds: tuple[str, ...], failover: bool) -> int:
-    schedule = draw(seed, kinds, failover)
+def one(seed: int, draw: Draw) -> int:
+    schedule = draw(seed)
     outcome = simulate(schedule)
     print(schedule.describe())
     print("\n".join(outcome.notes))
@@ -69,13 +68,13 @@ CHUNK = 50
 """Seeds per task handed to a process of the pool."""
 
 
-def run_chunk(job: tuple[range, tuple[str, ...], bool]) -> tuple[int, dict[int, list[str]]]:
+def run_chunk(job: tuple[range, Draw]) -> tuple[int, dict[int, list[str]]]:
     """Run the seeds of one chunk: their requests, and the seeds with violations."""
-    seeds, kinds, failover = job
+    seeds, draw = job
     requests = 0
     failing: dict[int, list[str]] = {}
     for seed in seeds:
-        outcome = simulate(draw(seed, kinds, failover))
+        outcome = simulate(draw(seed))
         requests += outcome.requests
         if outcome.violations:
             failing[seed] = _invariants(outcome.violations)
@@ -108,17 +107,20 @@ def main() -> int:
     )
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    if args.closing:
-        kinds = ("closing",)
-    unknown = set(kinds) - {*KINDS, *MORE_KINDS, "closing"}
+    unknown = set(kinds) - {*KINDS, *MORE_KINDS}
     if unknown:
         known = ", ".join((*KINDS, *MORE_KINDS))
         parser.error(f"--kinds: {sorted(unknown)} are not fault kinds ({known})")
+    draw: Draw = (
+        closing_schedule_for
+        if args.closing
+        else partial(schedule_for, kinds=kinds, failover=args.failover)
+    )
     if args.seed is not None:
-        return one(args.seed, kinds, args.failover)
+        return one(args.seed, draw)
     began = time.perf_counter()
     seeds = range(args.start, args.start + args.seeds)
-    chunks = [(seeds[i : i + CHUNK], kinds, args.failover) for i in range(0, len(seeds), CHUNK)]
+    chunks = [(seeds[i : i + CHUNK], draw) for i in range(0, len(seeds), CHUNK)]
     requests = 0
     failing: dict[int, list[str]] = {}
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:

@@ -309,7 +309,8 @@ class Leaving:
                     if all(beat is None for beat in beats):
                         break
                     await store.watch(self._keys.heartbeats, revision, POLL)
-                await self._outlast_a_failover()
+                if closed is not None or self._close is not None:  # (written again, then)
+                    await self._outlast_a_failover()
                 return True
         return False
 
@@ -327,7 +328,7 @@ class Leaving:
         await self.store.compare_set(self._keys.closed, None, self._close)
 
     async def _outlast_a_failover(self) -> None:
-        """Once the run is closed on a store that took over from another (or restarted)
+        """The run being closed on a store that took over from another (or restarted)
         lately (its fence of the round it forgot still stands, or it does not hold our
         round), keep it up one heartbeat TTL, a spare serving it too: the others may
         still be failing over to it, and read the close only while it is up. Gone at
@@ -336,12 +337,10 @@ class Leaving:
         succeeded (S9,
         ``tests/sim/test_protocol.py::test_a_run_closed_after_a_failover_reaches_every_spare``)."""
         current = self._round
-        keys = [self._keys.closed, self._keys.forgotten]
+        keys = [self._keys.forgotten]
         if current is not None:
             keys.append(self._keys.round(current.generation, "sealed"))
-        closed, fence, *sealed = await self.store.multi_get(keys)
-        if closed is None:
-            return
+        fence, *sealed = await self.store.multi_get(keys)
         if fence is None and (current is None or sealed[0] is not None):
             return  # (the fence: it took over lately)
         log.info(
